@@ -1,0 +1,101 @@
+//! Activity contracts shared by the workflows (gateway) and the services that implement
+//! them. Bodies are never called: the macro only records name, input and output.
+#![allow(clippy::unused_async)]
+
+use crate::{
+    agent::v1::{RunAgentRequest, RunAgentResponse},
+    budget::v1::{
+        Account, CommitRequest, OpenAccountRequest, ReleaseRequest, Reservation, ReserveRequest,
+    },
+    janitor::v1::{SweepReport, SweepRequest},
+    sandbox::v1::{
+        CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
+        DestroySandboxResponse, HealthCheckRequest, HealthCheckResponse, Sandbox,
+    },
+};
+use temporalio_macros::activity_definitions;
+use temporalio_sdk::activities::ActivityError;
+
+/// Sandbox lifecycle on the `local` (bubblewrap) backend, queue `sandbox-provisioner`.
+/// Names carry the backend prefix so a run can choose its backend.
+pub struct LocalSandbox;
+
+#[activity_definitions]
+impl LocalSandbox {
+    #[activity(name = "local.create")]
+    pub fn create(_req: CreateSandboxRequest) -> Result<Sandbox, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "local.health")]
+    pub fn health(_req: HealthCheckRequest) -> Result<HealthCheckResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "local.collect_patch")]
+    pub fn collect_patch(_req: CollectPatchRequest) -> Result<CollectPatchResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "local.destroy")]
+    pub fn destroy(_req: DestroySandboxRequest) -> Result<DestroySandboxResponse, ActivityError> {
+        unimplemented!()
+    }
+}
+
+/// Agent execution, queue `agent-runner`.
+pub struct Agent;
+
+#[activity_definitions]
+impl Agent {
+    #[activity(name = "agent.run")]
+    pub fn run(_req: RunAgentRequest) -> Result<RunAgentResponse, ActivityError> {
+        unimplemented!()
+    }
+}
+
+/// Money, queue `budget-ledger`.
+pub struct Ledger;
+
+#[activity_definitions]
+impl Ledger {
+    #[activity(name = "ledger.open_account")]
+    pub fn open_account(_req: OpenAccountRequest) -> Result<Account, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "ledger.reserve")]
+    pub fn reserve(_req: ReserveRequest) -> Result<Reservation, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "ledger.commit")]
+    pub fn commit(_req: CommitRequest) -> Result<Reservation, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "ledger.release")]
+    pub fn release(_req: ReleaseRequest) -> Result<Reservation, ActivityError> {
+        unimplemented!()
+    }
+}
+
+/// Orphan sweeping, queue `janitor`.
+pub struct JanitorSweep;
+
+#[activity_definitions]
+impl JanitorSweep {
+    #[activity(name = "janitor.sweep")]
+    pub fn sweep(_req: SweepRequest) -> Result<SweepReport, ActivityError> {
+        unimplemented!()
+    }
+}
+
+/// Error types the workflows treat as final (no retry), set on `ActivityError`s.
+pub mod errors {
+    pub const BUDGET_EXCEEDED: &str = "BudgetExceeded";
+    pub const SANDBOX_AUTH: &str = "SandboxAuthError";
+    pub const AGENT_TIMEOUT: &str = "AgentTimeout";
+    pub const INVALID_INPUT: &str = "InvalidInput";
+    pub const NOT_FOUND: &str = "NotFound";
+}

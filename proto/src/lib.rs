@@ -1,0 +1,63 @@
+//! Forkyard's v1 contracts.
+//!
+//! The protobuf messages are both the gRPC bodies and the Temporal activity inputs and
+//! outputs, so each contract has one definition. [`activities`] declares every activity a
+//! workflow can call (name, input, output); each service implements its part with
+//! `#[activity(definition = ...)]`, and workflows call them on the owner's task queue.
+#![forbid(unsafe_code)]
+
+pub mod activities;
+
+pub mod common {
+    pub mod v1 {
+        tonic::include_proto!("forkyard.common.v1");
+    }
+}
+pub mod gateway {
+    pub mod v1 {
+        tonic::include_proto!("forkyard.gateway.v1");
+    }
+}
+pub mod sandbox {
+    pub mod v1 {
+        tonic::include_proto!("forkyard.sandbox.v1");
+    }
+}
+pub mod agent {
+    pub mod v1 {
+        tonic::include_proto!("forkyard.agent.v1");
+    }
+}
+pub mod budget {
+    pub mod v1 {
+        tonic::include_proto!("forkyard.budget.v1");
+    }
+}
+pub mod janitor {
+    pub mod v1 {
+        tonic::include_proto!("forkyard.janitor.v1");
+    }
+}
+
+/// Encoded `FileDescriptorSet` of every Forkyard service, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("forkyard_descriptor");
+
+/// Temporal task queues, one per service.
+pub mod queues {
+    pub const ORCHESTRATION: &str = "forkyard-orchestration";
+    pub const SANDBOX_PROVISIONER: &str = "sandbox-provisioner";
+    pub const AGENT_RUNNER: &str = "agent-runner";
+    pub const BUDGET_LEDGER: &str = "budget-ledger";
+    pub const JANITOR: &str = "janitor";
+}
+
+/// Labels the provisioner stores on every sandbox a fork creates.
+pub mod labels {
+    pub const RUN_ID: &str = "forkyard.run_id";
+    pub const FORK: &str = "forkyard.fork";
+    /// The fork workflow that owns the sandbox; the janitor checks it is still running.
+    pub const WORKFLOW_ID: &str = "forkyard.workflow_id";
+}
+
+/// Money is integer micro-USD.
+pub const MICROS_PER_USD: i64 = 1_000_000;

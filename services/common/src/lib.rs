@@ -1,0 +1,13 @@
+//! What every Forkyard service shares: flags, telemetry, shutdown, the gRPC server
+//! bootstrap (health + reflection) and the Temporal connection and worker.
+#![forbid(unsafe_code)]
+
+pub mod activity;
+pub mod config;
+pub mod server;
+pub mod service;
+pub mod shutdown;
+pub mod telemetry;
+pub mod temporal;
+
+pub use config::{exit_config_error, StateDirArg, TemporalArgs};
