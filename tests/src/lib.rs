@@ -1,0 +1,1 @@
+//! Helpers to boot the real mesh for end-to-end tests.
