@@ -99,3 +99,22 @@ pub mod errors {
     pub const INVALID_INPUT: &str = "InvalidInput";
     pub const NOT_FOUND: &str = "NotFound";
 }
+
+/// The marker types of every definition, public for `#[activity(definition = ...)]` in the
+/// implementing crates (the macro's own modules are private), e.g.
+/// `#[activity(definition = forkyard_proto::activities::markers::local_sandbox::Create)]`.
+/// Workflows call activities through the constants instead: `LocalSandbox::create`.
+pub mod markers {
+    pub mod local_sandbox {
+        pub use super::super::local_sandbox::*;
+    }
+    pub mod agent {
+        pub use super::super::agent::*;
+    }
+    pub mod ledger {
+        pub use super::super::ledger::*;
+    }
+    pub mod janitor_sweep {
+        pub use super::super::janitor_sweep::*;
+    }
+}
