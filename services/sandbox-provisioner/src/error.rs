@@ -1,0 +1,86 @@
+//! The provisioner's one error type, and how it crosses each front door: a gRPC
+//! `Status` for callers over the wire, an `ActivityError` for Temporal workflows.
+
+use forkyard_common::activity::{non_retryable, retryable};
+use forkyard_proto::activities::errors;
+use temporalio_sdk::activities::ActivityError;
+
+/// Activity failure type for a repository that cannot be cloned (final, not retried).
+pub const REPO_UNAVAILABLE: &str = "RepoUnavailable";
+/// Activity failure type for a sandbox in the wrong state (e.g. being destroyed).
+pub const SANDBOX_UNAVAILABLE: &str = "SandboxUnavailable";
+/// Activity failure type for everything else (retried per the activity's policy).
+pub const INTERNAL: &str = "SandboxInternal";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionerError {
+    /// The request is wrong; `field` names the offending request field.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument { field: &'static str, reason: String },
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    /// The repository cannot be cloned or lacks what was asked for.
+    #[error("repository unavailable: {0}")]
+    RepoUnavailable(String),
+    /// The sandbox exists but cannot do this now (e.g. it is being destroyed).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ProvisionerError {
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Self::InvalidArgument { field, reason: reason.into() }
+    }
+
+    pub fn internal(context: &str, err: impl std::fmt::Display) -> Self {
+        Self::Internal(format!("{context}: {err}"))
+    }
+
+    /// The Temporal view: bad input, a missing repo or sandbox are final; the rest is
+    /// retried by the activity's retry policy.
+    pub fn into_activity_error(self) -> ActivityError {
+        match &self {
+            Self::InvalidArgument { .. } => non_retryable(errors::INVALID_INPUT, &self),
+            Self::NotFound(_) => non_retryable(errors::NOT_FOUND, &self),
+            Self::RepoUnavailable(_) => non_retryable(REPO_UNAVAILABLE, &self),
+            Self::FailedPrecondition(_) => non_retryable(SANDBOX_UNAVAILABLE, &self),
+            Self::Internal(_) => retryable(INTERNAL, &self),
+        }
+    }
+}
+
+impl From<ProvisionerError> for tonic::Status {
+    fn from(err: ProvisionerError) -> Self {
+        let msg = err.to_string();
+        match err {
+            ProvisionerError::InvalidArgument { .. } => tonic::Status::invalid_argument(msg),
+            ProvisionerError::NotFound(_) => tonic::Status::not_found(msg),
+            ProvisionerError::RepoUnavailable(_) | ProvisionerError::FailedPrecondition(_) => {
+                tonic::Status::failed_precondition(msg)
+            }
+            ProvisionerError::Internal(_) => tonic::Status::internal(msg),
+        }
+    }
+}
+
+pub type Result<T, E = ProvisionerError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_and_messages() {
+        let s: tonic::Status = ProvisionerError::invalid("branch", "not a valid branch name").into();
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        assert!(s.message().contains("branch"), "{}", s.message());
+        let s: tonic::Status = ProvisionerError::NotFound("sbx-1".into()).into();
+        assert_eq!(s.code(), tonic::Code::NotFound);
+        let s: tonic::Status = ProvisionerError::RepoUnavailable("no such repo".into()).into();
+        assert_eq!(s.code(), tonic::Code::FailedPrecondition);
+        let s: tonic::Status = ProvisionerError::Internal("disk full".into()).into();
+        assert_eq!(s.code(), tonic::Code::Internal);
+    }
+}

@@ -1,0 +1,60 @@
+//! The gRPC front door: `forkyard.sandbox.v1.SandboxProvisioner` over [`Provisioner`].
+//! Dropping an `Exec` call drops its future, which kills the sandboxed process.
+
+use crate::provisioner::Provisioner;
+use forkyard_proto::sandbox::v1::{
+    sandbox_provisioner_server::{SandboxProvisioner, SandboxProvisionerServer},
+    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
+    DestroySandboxResponse, ExecRequest, ExecResponse, GetSandboxRequest, HealthCheckRequest,
+    HealthCheckResponse, ListSandboxesRequest, ListSandboxesResponse, Sandbox,
+};
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+#[derive(Clone)]
+pub struct SandboxService {
+    core: Arc<Provisioner>,
+}
+
+impl SandboxService {
+    pub fn new(core: Arc<Provisioner>) -> Self {
+        Self { core }
+    }
+
+    /// The tonic server for this service.
+    pub fn into_server(self) -> SandboxProvisionerServer<Self> {
+        SandboxProvisionerServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl SandboxProvisioner for SandboxService {
+    async fn create_sandbox(&self, req: Request<CreateSandboxRequest>) -> Result<Response<Sandbox>, Status> {
+        Ok(Response::new(self.core.create(req.into_inner()).await?))
+    }
+
+    async fn get_sandbox(&self, req: Request<GetSandboxRequest>) -> Result<Response<Sandbox>, Status> {
+        Ok(Response::new(self.core.get(&req.into_inner().sandbox_id)?))
+    }
+
+    async fn list_sandboxes(&self, req: Request<ListSandboxesRequest>) -> Result<Response<ListSandboxesResponse>, Status> {
+        let sandboxes = self.core.list(&req.into_inner().label_selector);
+        Ok(Response::new(ListSandboxesResponse { sandboxes }))
+    }
+
+    async fn exec(&self, req: Request<ExecRequest>) -> Result<Response<ExecResponse>, Status> {
+        Ok(Response::new(self.core.exec(req.into_inner()).await?))
+    }
+
+    async fn health_check(&self, req: Request<HealthCheckRequest>) -> Result<Response<HealthCheckResponse>, Status> {
+        Ok(Response::new(self.core.health(req.into_inner()).await?))
+    }
+
+    async fn collect_patch(&self, req: Request<CollectPatchRequest>) -> Result<Response<CollectPatchResponse>, Status> {
+        Ok(Response::new(self.core.collect_patch(req.into_inner()).await?))
+    }
+
+    async fn destroy_sandbox(&self, req: Request<DestroySandboxRequest>) -> Result<Response<DestroySandboxResponse>, Status> {
+        Ok(Response::new(self.core.destroy(req.into_inner()).await?))
+    }
+}

@@ -1,0 +1,21 @@
+//! Forkyard's sandbox provisioner, `local` backend: each sandbox is a git clone in
+//! `<state>/sandboxes/<id>/workspace`, and every command runs in a fresh bubblewrap
+//! sandbox over it. [`Provisioner`] is the core; [`SandboxService`] (gRPC) and
+//! [`SandboxActivities`] (Temporal `local.*`) are its two front doors.
+#![forbid(unsafe_code)]
+
+pub mod activities;
+pub mod bwrap;
+pub mod config;
+pub mod error;
+mod git;
+mod process;
+pub mod provisioner;
+pub mod store;
+pub mod grpc;
+
+pub use activities::SandboxActivities;
+pub use config::Args;
+pub use error::ProvisionerError;
+pub use grpc::SandboxService;
+pub use provisioner::{Config, Provisioner};

@@ -1,0 +1,150 @@
+//! Running a child process to completion: output captured up to a cap, a wall-clock
+//! limit, and an external cancel (destroy). The child is spawned with `kill_on_drop`, so
+//! dropping the future (a caller that hung up) kills it.
+
+use std::{process::Stdio, time::Duration};
+use tokio::{
+    io::{AsyncRead, AsyncReadExt},
+    process::Command,
+};
+use tokio_util::sync::CancellationToken;
+
+/// How long to keep reading a killed child's pipes before giving up on them.
+const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
+
+/// One captured stream: the first `cap` bytes and the full length seen.
+#[derive(Debug, Default)]
+pub struct Captured {
+    pub bytes: Vec<u8>,
+    pub total: u64,
+}
+
+impl Captured {
+    pub fn truncated(&self) -> bool {
+        self.total > self.bytes.len() as u64
+    }
+
+    pub fn lossy(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+}
+
+#[derive(Debug)]
+pub enum Outcome {
+    /// The process exited; `code` is -1 when a signal ended it.
+    Exited { code: i32 },
+    TimedOut,
+    /// `cancel` fired (the sandbox is being destroyed) and the process was killed.
+    Cancelled,
+}
+
+#[derive(Debug)]
+pub struct Finished {
+    pub outcome: Outcome,
+    pub stdout: Captured,
+    pub stderr: Captured,
+    pub duration: Duration,
+}
+
+/// Caps for the two captured streams.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    pub stdout: usize,
+    pub stderr: usize,
+}
+
+/// Spawn `cmd` (stdin from /dev/null) and wait for it, its timeout or `cancel`.
+pub async fn run(
+    mut cmd: Command,
+    timeout: Duration,
+    caps: Caps,
+    cancel: &CancellationToken,
+) -> std::io::Result<Finished> {
+    let started = std::time::Instant::now();
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+    let mut child = cmd.spawn()?;
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let io = async { tokio::join!(read_capped(stdout, caps.stdout), read_capped(stderr, caps.stderr)) };
+    tokio::pin!(io);
+
+    enum Step {
+        Done(std::io::Result<std::process::ExitStatus>, (Captured, Captured)),
+        TimedOut,
+        Cancelled,
+    }
+    let step = tokio::select! {
+        (status, out) = async { tokio::join!(child.wait(), &mut io) } => Step::Done(status, out),
+        () = tokio::time::sleep(timeout) => Step::TimedOut,
+        () = cancel.cancelled() => Step::Cancelled,
+    };
+    let (outcome, (stdout, stderr)) = match step {
+        Step::Done(status, out) => {
+            let code = status?.code().unwrap_or(-1);
+            (Outcome::Exited { code }, out)
+        }
+        Step::TimedOut => (Outcome::TimedOut, kill_and_drain(&mut child, io).await),
+        Step::Cancelled => (Outcome::Cancelled, kill_and_drain(&mut child, io).await),
+    };
+    Ok(Finished { outcome, stdout, stderr, duration: started.elapsed() })
+}
+
+/// SIGKILL the direct child; for bwrap that ends the sandbox's pid 1 and with it every
+/// process inside (pid namespace + --die-with-parent). Then take what output there is.
+async fn kill_and_drain(
+    child: &mut tokio::process::Child,
+    io: std::pin::Pin<&mut impl std::future::Future<Output = (Captured, Captured)>>,
+) -> (Captured, Captured) {
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    tokio::time::timeout(DRAIN_AFTER_KILL, io).await.unwrap_or_default()
+}
+
+/// Read `reader` to its end, keeping the first `cap` bytes and counting the rest (the
+/// pipe is drained so the writer never blocks on a full pipe).
+async fn read_capped(mut reader: impl AsyncRead + Unpin, cap: usize) -> Captured {
+    let mut out = Captured::default();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => return out,
+            Ok(n) => {
+                out.total += n as u64;
+                let room = cap.saturating_sub(out.bytes.len());
+                out.bytes.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(script);
+        c
+    }
+
+    #[tokio::test]
+    async fn captures_with_cap_and_exit_code() {
+        let caps = Caps { stdout: 4, stderr: 100 };
+        let f = run(sh("printf 0123456789; echo err >&2; exit 3"), Duration::from_secs(10), caps, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert!(matches!(f.outcome, Outcome::Exited { code: 3 }));
+        assert_eq!(f.stdout.bytes, b"0123");
+        assert_eq!(f.stdout.total, 10);
+        assert!(f.stdout.truncated());
+        assert_eq!(f.stderr.lossy(), "err\n");
+    }
+
+    #[tokio::test]
+    async fn timeout_kills() {
+        let caps = Caps { stdout: 10, stderr: 10 };
+        let f = run(sh("exec sleep 30"), Duration::from_millis(200), caps, &CancellationToken::new()).await.unwrap();
+        assert!(matches!(f.outcome, Outcome::TimedOut));
+        assert!(f.duration < Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,170 @@
+//! Sandbox records on disk: `<state>/sandboxes/<id>/sandbox.json` beside the
+//! `workspace/` clone. A record is written last (atomically) when a sandbox is created,
+//! so a directory without a readable record is an interrupted create.
+
+use crate::error::{ProvisionerError, Result};
+use forkyard_proto::sandbox::v1::{Sandbox, SandboxState};
+use serde::{Deserialize, Serialize};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+const RECORD: &str = "sandbox.json";
+const WORKSPACE: &str = "workspace";
+
+/// Everything the provisioner remembers about one sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Record {
+    pub id: String,
+    pub backend: String,
+    pub destroying: bool,
+    pub labels: HashMap<String, String>,
+    pub branch: String,
+    pub base_commit: String,
+    pub created_unix_ms: i64,
+    pub owner_endpoint: String,
+    pub idempotency_key: String,
+    pub network: bool,
+    pub repo: String,
+    pub base_ref: String,
+}
+
+impl Record {
+    pub fn to_proto(&self, running_execs: u32) -> Sandbox {
+        let state = if self.destroying { SandboxState::Destroying } else { SandboxState::Ready };
+        Sandbox {
+            id: self.id.clone(),
+            backend: self.backend.clone(),
+            state: state as i32,
+            labels: self.labels.clone(),
+            branch: self.branch.clone(),
+            base_commit: self.base_commit.clone(),
+            created_unix_ms: self.created_unix_ms,
+            owner_endpoint: self.owner_endpoint.clone(),
+            running_execs,
+        }
+    }
+}
+
+/// Where sandboxes live on disk.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+impl Store {
+    /// The store under `state_dir`, creating `sandboxes/` if needed.
+    pub fn open(state_dir: &Path) -> std::io::Result<Self> {
+        let root = state_dir.join("sandboxes");
+        std::fs::create_dir_all(&root)?;
+        Ok(Self { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn dir(&self, id: &str) -> PathBuf {
+        self.root.join(id)
+    }
+
+    pub fn workspace(&self, id: &str) -> PathBuf {
+        self.dir(id).join(WORKSPACE)
+    }
+
+    /// Write the record atomically (temp file + rename).
+    pub fn save(&self, record: &Record) -> Result<()> {
+        let dir = self.dir(&record.id);
+        let json = serde_json::to_vec_pretty(record).map_err(|e| ProvisionerError::internal("encode record", e))?;
+        let tmp = dir.join(format!("{RECORD}.tmp"));
+        std::fs::write(&tmp, json)
+            .and_then(|()| std::fs::rename(&tmp, dir.join(RECORD)))
+            .map_err(|e| ProvisionerError::internal(&format!("write record {}", tmp.display()), e))
+    }
+
+    /// Every complete record. Directories holding a half-written record or no workspace
+    /// are removed and logged; records of sandboxes that were being destroyed are
+    /// returned so the caller finishes the destroy.
+    pub fn load_all(&self) -> std::io::Result<Vec<Record>> {
+        let mut records = Vec::new();
+        for entry in std::fs::read_dir(&self.root)? {
+            let entry = entry?;
+            let id = entry.file_name().to_string_lossy().into_owned();
+            match self.load_one(&entry.path()) {
+                Ok(record) if record.id == id => records.push(record),
+                Ok(record) => self.discard(&id, &format!("record names another sandbox {}", record.id)),
+                Err(reason) => self.discard(&id, &reason),
+            }
+        }
+        Ok(records)
+    }
+
+    fn load_one(&self, dir: &Path) -> Result<Record, String> {
+        if !dir.is_dir() {
+            return Err("not a directory".into());
+        }
+        let raw = std::fs::read(dir.join(RECORD)).map_err(|e| format!("no readable record: {e}"))?;
+        let record: Record = serde_json::from_slice(&raw).map_err(|e| format!("corrupt record: {e}"))?;
+        if !dir.join(WORKSPACE).join(".git").is_dir() {
+            return Err("workspace missing".into());
+        }
+        Ok(record)
+    }
+
+    fn discard(&self, id: &str, reason: &str) {
+        tracing::warn!(sandbox_id = %id, reason, "discarding incomplete sandbox found at start-up");
+        if let Err(e) = remove_all(&self.dir(id)) {
+            tracing::error!(sandbox_id = %id, error = %e, "cannot remove incomplete sandbox");
+        }
+    }
+}
+
+/// Remove `path` recursively; missing is fine. A sandbox may leave directories without
+/// write or search permission, so on failure make everything writable and retry.
+pub fn remove_all(path: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+        Ok(m) if !m.is_dir() => return std::fs::remove_file(path),
+        Ok(_) => {}
+    }
+    if std::fs::remove_dir_all(path).is_ok() {
+        return Ok(());
+    }
+    make_writable(path);
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+fn make_writable(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        // file_type() does not follow symlinks: never chmod outside the tree.
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            make_writable(&entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn remove_all_handles_locked_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let locked = tmp.path().join("a/b");
+        std::fs::create_dir_all(&locked).unwrap();
+        std::fs::write(locked.join("f"), "x").unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+        remove_all(&tmp.path().join("a")).unwrap();
+        assert!(!tmp.path().join("a").exists());
+        remove_all(&tmp.path().join("a")).unwrap();
+    }
+}
