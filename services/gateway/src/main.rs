@@ -1,1 +1,52 @@
-fn main() {}
+//! `gateway`: the public gRPC API and the worker hosting the run workflows.
+
+use clap::Parser;
+use forkyard_common::{config::parse_listen, exit_config_error, server, service, telemetry, temporal, TemporalArgs};
+use forkyard_gateway::{
+    api::GatewayService,
+    validate::Limits,
+    workflows::{ForkWorkflow, SandboxOrchestrationWorkflow},
+};
+use forkyard_proto::{gateway::v1::gateway_server::GatewayServer, queues};
+use temporalio_sdk::WorkerOptions;
+use tonic::server::NamedService;
+
+#[derive(Debug, Parser)]
+#[command(name = "gateway", version, about = "Forkyard gateway: the public run API and the workflow worker")]
+struct Args {
+    /// Address the gRPC API listens on.
+    #[arg(long, env = "FORKYARD_LISTEN", default_value = "127.0.0.1:50051")]
+    listen: String,
+    /// Largest number of forks one run may ask for.
+    #[arg(long, env = "FORKYARD_MAX_FORKS", default_value_t = 1000)]
+    max_forks: u32,
+    #[command(flatten)]
+    temporal: TemporalArgs,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let listen = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen).unwrap_or_else(|e| exit_config_error(e));
+    if let Err(e) = args.temporal.url() {
+        exit_config_error(e);
+    }
+    if args.max_forks == 0 {
+        exit_config_error("--max-forks (FORKYARD_MAX_FORKS) must be at least 1");
+    }
+    telemetry::init("gateway");
+
+    let listener = server::bind(listen).await.unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
+    let client = temporal::connect(&args.temporal, "forkyard-gateway").await?;
+    let api = GatewayService::new(client.clone(), Limits { max_forks: args.max_forks });
+    let (routes, health) = server::base_routes(<GatewayServer<GatewayService> as NamedService>::NAME)?;
+    let routes = routes.add_service(GatewayServer::new(api));
+
+    let options = WorkerOptions::new(queues::ORCHESTRATION)
+        .register_workflow::<SandboxOrchestrationWorkflow>()?
+        .register_workflow::<ForkWorkflow>()?
+        .build();
+    let runtime = temporal::runtime()?;
+    let (worker, stop) = temporal::worker(&runtime, client, options)?;
+    service::run(service::Service { name: "gateway", listener, routes, health }, worker, stop).await
+}

@@ -1,0 +1,57 @@
+//! The gateway's errors and their gRPC status codes.
+
+use temporalio_client::errors::{WorkflowInteractionError, WorkflowQueryError, WorkflowStartError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// Bad input; the message starts with the field's name.
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("run {0} not found")]
+    RunNotFound(String),
+    #[error("temporal: {0}")]
+    Temporal(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl GatewayError {
+    pub fn field(field: &str, msg: impl std::fmt::Display) -> Self {
+        Self::InvalidArgument(format!("{field}: {msg}"))
+    }
+}
+
+impl From<GatewayError> for tonic::Status {
+    fn from(e: GatewayError) -> Self {
+        let msg = e.to_string();
+        match e {
+            GatewayError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
+            GatewayError::FailedPrecondition(_) => tonic::Status::failed_precondition(msg),
+            GatewayError::RunNotFound(_) => tonic::Status::not_found(msg),
+            GatewayError::Temporal(_) => tonic::Status::unavailable(msg),
+            GatewayError::Internal(_) => tonic::Status::internal(msg),
+        }
+    }
+}
+
+impl GatewayError {
+    pub fn from_interaction(run_id: &str, e: WorkflowInteractionError) -> Self {
+        match e {
+            WorkflowInteractionError::NotFound(_) => Self::RunNotFound(run_id.to_owned()),
+            other => Self::Temporal(other.to_string()),
+        }
+    }
+
+    pub fn from_query(run_id: &str, e: WorkflowQueryError) -> Self {
+        match e {
+            WorkflowQueryError::NotFound(_) => Self::RunNotFound(run_id.to_owned()),
+            other => Self::Temporal(other.to_string()),
+        }
+    }
+
+    pub fn from_start(e: WorkflowStartError) -> Self {
+        Self::Temporal(e.to_string())
+    }
+}

@@ -1,0 +1,8 @@
+//! The gateway: Forkyard's public gRPC API and the host of the run workflows.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod error;
+pub mod money;
+pub mod validate;
+pub mod workflows;

@@ -1,0 +1,45 @@
+//! Reading activity failures: which application error type, and a readable message.
+
+use forkyard_proto::activities::errors;
+use temporalio_common::protos::temporal::api::failure::v1::{failure::FailureInfo, Failure};
+use temporalio_workflow::common::error::ActivityExecutionError;
+
+pub(super) enum StepFailure {
+    Cancelled,
+    BudgetExceeded(String),
+    Failed(String),
+}
+
+/// The innermost application failure's type and message, walking the cause chain
+/// (an activity failure wraps the application failure the activity returned).
+fn application(f: &Failure) -> (Option<String>, String) {
+    let mut cur = Some(f);
+    let mut last_msg = f.message.clone();
+    while let Some(x) = cur {
+        if !x.message.is_empty() {
+            last_msg.clone_from(&x.message);
+        }
+        if let Some(FailureInfo::ApplicationFailureInfo(info)) = &x.failure_info {
+            return (Some(info.r#type.clone()), x.message.clone());
+        }
+        cur = x.cause.as_deref();
+    }
+    (None, last_msg)
+}
+
+pub(super) fn classify(step: &str, e: &ActivityExecutionError) -> StepFailure {
+    match e {
+        ActivityExecutionError::Cancelled(_) => StepFailure::Cancelled,
+        ActivityExecutionError::Failed(_) => {
+            let (ty, msg) = e.failure().map(application).unwrap_or((None, e.to_string()));
+            if ty.as_deref() == Some(errors::BUDGET_EXCEEDED) {
+                StepFailure::BudgetExceeded(format!("{step}: {msg}"))
+            } else {
+                StepFailure::Failed(format!("{step}: {msg}"))
+            }
+        }
+        ActivityExecutionError::Serialization(err) => StepFailure::Failed(format!("{step}: {err}")),
+        #[allow(unreachable_patterns)]
+        _ => StepFailure::Failed(format!("{step}: {e}")),
+    }
+}
