@@ -1,1 +1,56 @@
-fn main() {}
+//! `janitor`: the orphan sweeper's gRPC server and Temporal worker.
+
+use clap::Parser;
+use forkyard_common::{
+    StateDirArg, TemporalArgs,
+    config::{exit_config_error, parse_listen},
+    server, service, telemetry, temporal,
+};
+use forkyard_janitor::{
+    DEFAULT_LISTEN, DEFAULT_PROVISIONER_ADDR, GrpcSandboxes, JanitorService, LiveSweeper, Sweeper,
+    activities,
+};
+use forkyard_proto::janitor::v1::janitor_server::JanitorServer;
+use std::sync::Arc;
+
+#[derive(Debug, Parser)]
+#[command(name = "janitor", about = "Forkyard janitor: destroys orphaned sandboxes")]
+struct Args {
+    /// gRPC listen address.
+    #[arg(long, env = "FORKYARD_LISTEN", default_value = DEFAULT_LISTEN)]
+    listen: String,
+    /// gRPC address of the sandbox provisioner.
+    #[arg(long, env = "FORKYARD_PROVISIONER_ADDR", default_value = DEFAULT_PROVISIONER_ADDR)]
+    provisioner_addr: String,
+    #[command(flatten)]
+    temporal: TemporalArgs,
+    #[command(flatten)]
+    state: StateDirArg,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let addr = parse_listen("FORKYARD_LISTEN (--listen)", &args.listen).unwrap_or_else(|e| exit_config_error(e));
+    if let Err(e) = args.temporal.url() {
+        exit_config_error(e);
+    }
+    args.state.ensure().unwrap_or_else(|e| exit_config_error(e));
+    let sandboxes = GrpcSandboxes::connect_lazy(&args.provisioner_addr)
+        .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_PROVISIONER_ADDR (--provisioner-addr): {e}")));
+    telemetry::init("janitor");
+
+    let listener = server::bind(addr).await.unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
+    let client = temporal::connect(&args.temporal, "janitor").await?;
+    let sweeper: Arc<LiveSweeper> = Arc::new(Sweeper::new(sandboxes, client.clone()));
+
+    let (routes, health) = server::base_routes(
+        <JanitorServer<JanitorService<GrpcSandboxes, temporalio_client::Client>> as tonic::server::NamedService>::NAME,
+    )?;
+    let routes = routes.add_service(JanitorService::new(sweeper.clone()).into_server());
+
+    let runtime = temporal::runtime()?;
+    let (worker, stop_worker) = temporal::worker(&runtime, client, activities::worker_options(sweeper))?;
+
+    service::run(service::Service { name: "janitor", listener, routes, health }, worker, stop_worker).await
+}

@@ -1,0 +1,119 @@
+//! Deciding, without any I/O, what the janitor does with one sandbox.
+
+use forkyard_proto::labels;
+use std::collections::HashMap;
+
+/// What Temporal says about the workflow a sandbox belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkflowState {
+    /// Running (or paused): the sandbox is in use.
+    Running,
+    /// Closed with this status, e.g. `COMPLETED`, `FAILED`, `TERMINATED`.
+    Closed(String),
+    /// Temporal does not know the workflow (never existed or past retention).
+    NotFound,
+    /// Temporal answered with a status the janitor does not understand; never destroy.
+    Unknown,
+}
+
+/// Who owns a sandbox, as far as the janitor could find out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// No `forkyard.workflow_id` label.
+    NoLabel,
+    Workflow(WorkflowState),
+}
+
+/// The janitor's decision for one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Keep,
+    /// Younger than `min_age_secs`: its creation may still be in flight.
+    TooYoung,
+    /// Destroy it; the reason is reported and logged.
+    Orphan(String),
+}
+
+/// The owning workflow id from a sandbox's labels; a blank value counts as no label.
+pub fn owner_workflow_id(labels: &HashMap<String, String>) -> Option<&str> {
+    labels.get(labels::WORKFLOW_ID).map(|s| s.trim()).filter(|s| !s.is_empty())
+}
+
+/// Whether a sandbox created at `created_unix_ms` is younger than `min_age_secs` at
+/// `now_unix_ms`. An unknown creation time (0) counts as old.
+pub fn too_young(created_unix_ms: i64, now_unix_ms: i64, min_age_secs: u32) -> bool {
+    if min_age_secs == 0 || created_unix_ms <= 0 {
+        return false;
+    }
+    now_unix_ms.saturating_sub(created_unix_ms) < i64::from(min_age_secs) * 1000
+}
+
+/// The verdict for a sandbox old enough to consider, given its owner.
+pub fn classify(owner: &Owner) -> Verdict {
+    match owner {
+        Owner::NoLabel => Verdict::Orphan("no owner label".into()),
+        Owner::Workflow(WorkflowState::NotFound) => Verdict::Orphan("workflow not found".into()),
+        Owner::Workflow(WorkflowState::Closed(status)) => {
+            Verdict::Orphan(format!("workflow closed: {status}"))
+        }
+        Owner::Workflow(WorkflowState::Running | WorkflowState::Unknown) => Verdict::Keep,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn verdict_table() {
+        let orphan = |s: &str| Verdict::Orphan(s.to_owned());
+        let cases = [
+            (Owner::NoLabel, orphan("no owner label")),
+            (Owner::Workflow(WorkflowState::NotFound), orphan("workflow not found")),
+            (Owner::Workflow(WorkflowState::Closed("COMPLETED".into())), orphan("workflow closed: COMPLETED")),
+            (Owner::Workflow(WorkflowState::Closed("TERMINATED".into())), orphan("workflow closed: TERMINATED")),
+            (Owner::Workflow(WorkflowState::Closed("FAILED".into())), orphan("workflow closed: FAILED")),
+            (Owner::Workflow(WorkflowState::Running), Verdict::Keep),
+            (Owner::Workflow(WorkflowState::Unknown), Verdict::Keep),
+        ];
+        for (owner, want) in cases {
+            assert_eq!(classify(&owner), want, "{owner:?}");
+        }
+    }
+
+    #[test]
+    fn owner_label_table() {
+        let cases: [(&[(&str, &str)], Option<&str>); 5] = [
+            (&[], None),
+            (&[("forkyard.run_id", "r1")], None),
+            (&[("forkyard.workflow_id", "")], None),
+            (&[("forkyard.workflow_id", "  ")], None),
+            (&[("forkyard.workflow_id", "fork-r1-2"), ("forkyard.run_id", "r1")], Some("fork-r1-2")),
+        ];
+        for (pairs, want) in cases {
+            assert_eq!(owner_workflow_id(&labels(pairs)), want, "{pairs:?}");
+        }
+    }
+
+    #[test]
+    fn age_table() {
+        let now = 1_000_000;
+        // (created, min_age_secs, too young)
+        let cases = [
+            (now, 0, false),
+            (now - 5_000, 10, true),
+            (now - 9_999, 10, true),
+            (now - 10_000, 10, false),
+            (now - 60_000, 10, false),
+            (0, 10, false),
+            (now + 5_000, 10, true), // clock skew: created "in the future"
+        ];
+        for (created, min_age, want) in cases {
+            assert_eq!(too_young(created, now, min_age), want, "created {created} min_age {min_age}");
+        }
+    }
+}

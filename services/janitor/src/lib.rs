@@ -1,0 +1,19 @@
+//! Forkyard's janitor: finds sandboxes whose owning workflow is gone (closed, unknown to
+//! Temporal, or never labelled) and destroys them through the sandbox provisioner. Served
+//! as the `Janitor.SweepNow` RPC and the `janitor.sweep` activity.
+#![forbid(unsafe_code)]
+
+pub mod activities;
+pub mod classify;
+pub mod error;
+pub mod grpc;
+pub mod sweeper;
+
+pub use error::JanitorError;
+pub use grpc::JanitorService;
+pub use sweeper::{GrpcSandboxes, LiveSweeper, Sandboxes, Sweeper, Workflows};
+
+/// Default `--listen` address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50055";
+/// Default `--provisioner-addr`.
+pub const DEFAULT_PROVISIONER_ADDR: &str = "http://127.0.0.1:50052";

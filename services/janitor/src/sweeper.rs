@@ -1,0 +1,164 @@
+//! One sweep: list every sandbox, find its owner, destroy the orphans.
+
+use crate::{
+    classify::{self, Owner, Verdict, WorkflowState},
+    error::JanitorError,
+};
+use forkyard_proto::{
+    janitor::v1::{SweepAction, SweepReport, SweepRequest},
+    sandbox::v1::{
+        DestroySandboxRequest, ListSandboxesRequest, Sandbox,
+        sandbox_provisioner_client::SandboxProvisionerClient,
+    },
+};
+use std::future::Future;
+use temporalio_client::{
+    Client, UntypedWorkflow, WorkflowDescribeOptions, WorkflowExecutionStatus,
+    errors::WorkflowInteractionError,
+};
+use tonic::transport::Channel;
+
+/// Where the sandboxes are: the provisioner's gRPC API, or a fake in tests.
+pub trait Sandboxes: Send + Sync + 'static {
+    fn list(&self) -> impl Future<Output = Result<Vec<Sandbox>, JanitorError>> + Send;
+    fn destroy(&self, sandbox_id: &str, reason: &str) -> impl Future<Output = Result<(), JanitorError>> + Send;
+}
+
+/// Who answers "is this workflow still running": Temporal, or a fake in tests.
+pub trait Workflows: Send + Sync + 'static {
+    fn state(&self, workflow_id: &str) -> impl Future<Output = Result<WorkflowState, JanitorError>> + Send;
+}
+
+/// The provisioner through its gRPC client.
+#[derive(Clone)]
+pub struct GrpcSandboxes {
+    client: SandboxProvisionerClient<Channel>,
+}
+
+impl GrpcSandboxes {
+    /// A client for `addr` (e.g. `http://127.0.0.1:50052`) that connects on first use, so
+    /// the janitor starts while the provisioner is down.
+    pub fn connect_lazy(addr: &str) -> Result<Self, JanitorError> {
+        let endpoint = Channel::from_shared(addr.to_owned()).map_err(|e| JanitorError::InvalidArgument {
+            field: "provisioner_addr",
+            reason: format!("{addr:?} is not a URL: {e}"),
+        })?;
+        Ok(Self { client: SandboxProvisionerClient::new(endpoint.connect_lazy()) })
+    }
+}
+
+impl Sandboxes for GrpcSandboxes {
+    async fn list(&self) -> Result<Vec<Sandbox>, JanitorError> {
+        let resp = self
+            .client
+            .clone()
+            .list_sandboxes(ListSandboxesRequest::default())
+            .await
+            .map_err(JanitorError::from_provisioner)?;
+        Ok(resp.into_inner().sandboxes)
+    }
+
+    async fn destroy(&self, sandbox_id: &str, reason: &str) -> Result<(), JanitorError> {
+        let req = DestroySandboxRequest { sandbox_id: sandbox_id.to_owned(), reason: reason.to_owned() };
+        self.client.clone().destroy_sandbox(req).await.map_err(JanitorError::from_provisioner)?;
+        Ok(())
+    }
+}
+
+impl Workflows for Client {
+    async fn state(&self, workflow_id: &str) -> Result<WorkflowState, JanitorError> {
+        let handle = self.get_workflow_handle::<UntypedWorkflow>(workflow_id);
+        match handle.describe(WorkflowDescribeOptions::default()).await {
+            Ok(desc) => Ok(workflow_state(desc.status())),
+            Err(WorkflowInteractionError::NotFound(_)) => Ok(WorkflowState::NotFound),
+            Err(e) => Err(JanitorError::Temporal(format!("describe workflow {workflow_id:?}: {e}"))),
+        }
+    }
+}
+
+/// Temporal's status as the janitor sees it; names as in Temporal's API.
+pub fn workflow_state(status: WorkflowExecutionStatus) -> WorkflowState {
+    use WorkflowExecutionStatus as S;
+    let closed = |name: &str| WorkflowState::Closed(name.to_owned());
+    match status {
+        S::Running | S::Paused => WorkflowState::Running,
+        S::Completed => closed("COMPLETED"),
+        S::Failed => closed("FAILED"),
+        S::Canceled => closed("CANCELED"),
+        S::Terminated => closed("TERMINATED"),
+        S::ContinuedAsNew => closed("CONTINUED_AS_NEW"),
+        S::TimedOut => closed("TIMED_OUT"),
+        // Unspecified, Unknown and statuses newer than this code: never destroy.
+        _ => WorkflowState::Unknown,
+    }
+}
+
+/// Runs sweeps against a set of sandboxes and a source of workflow states.
+pub struct Sweeper<S, W> {
+    sandboxes: S,
+    workflows: W,
+}
+
+/// The sweeper the service runs: provisioner over gRPC, workflows from Temporal.
+pub type LiveSweeper = Sweeper<GrpcSandboxes, Client>;
+
+impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
+    pub fn new(sandboxes: S, workflows: W) -> Self {
+        Self { sandboxes, workflows }
+    }
+
+    pub async fn sweep(&self, req: &SweepRequest) -> Result<SweepReport, JanitorError> {
+        let sandboxes = self.sandboxes.list().await?;
+        let now = now_ms();
+        let mut report = SweepReport { examined: 0, actions: Vec::new(), dry_run: req.dry_run };
+        for sb in sandboxes {
+            report.examined += 1;
+            if classify::too_young(sb.created_unix_ms, now, req.min_age_secs) {
+                tracing::debug!(sandbox_id = %sb.id, "sandbox younger than min_age_secs, skipped");
+                continue;
+            }
+            let owner = match classify::owner_workflow_id(&sb.labels) {
+                None => Owner::NoLabel,
+                Some(wf) => match self.workflows.state(wf).await {
+                    Ok(state) => Owner::Workflow(state),
+                    Err(e) => {
+                        // Cannot tell whether its workflow runs: never touch it.
+                        tracing::warn!(sandbox_id = %sb.id, workflow_id = wf, error = %e, "cannot check owner, sandbox kept");
+                        continue;
+                    }
+                },
+            };
+            let Verdict::Orphan(reason) = classify::classify(&owner) else { continue };
+            let mut action = SweepAction {
+                sandbox_id: sb.id.clone(),
+                reason: reason.clone(),
+                destroyed: false,
+                error: String::new(),
+                labels: sb.labels.clone(),
+            };
+            if req.dry_run {
+                tracing::info!(sandbox_id = %sb.id, %reason, "orphan (dry run, kept)");
+            } else {
+                match self.sandboxes.destroy(&sb.id, &format!("orphan: {reason}")).await {
+                    Ok(()) => {
+                        tracing::info!(sandbox_id = %sb.id, %reason, "orphan destroyed");
+                        action.destroyed = true;
+                    }
+                    Err(e) => {
+                        tracing::warn!(sandbox_id = %sb.id, %reason, error = %e, "orphan destroy failed");
+                        action.error = e.to_string();
+                    }
+                }
+            }
+            report.actions.push(action);
+        }
+        Ok(report)
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
