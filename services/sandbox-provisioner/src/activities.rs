@@ -2,13 +2,12 @@
 //! same [`Provisioner`] as the gRPC service.
 
 use crate::provisioner::Provisioner;
-use forkyard_proto::activities::LocalSandbox;
+use forkyard_proto::activities::markers;
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
     DestroySandboxResponse, HealthCheckRequest, HealthCheckResponse, Sandbox,
 };
 use std::sync::Arc;
-use temporalio_common::ActivityDefinition;
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
@@ -22,22 +21,19 @@ impl SandboxActivities {
     }
 }
 
-// The contract's marker types sit in a private module of forkyard-proto, so
-// `#[activity(definition = ...)]` cannot name them from here. Each activity takes its name
-// from the contract instead, and `contracts_match` checks the input and output types.
 #[activities]
 impl SandboxActivities {
-    #[activity(name = ActivityDefinition::name(&LocalSandbox::create))]
+    #[activity(definition = markers::local_sandbox::Create)]
     pub async fn create(self: Arc<Self>, _ctx: ActivityContext, req: CreateSandboxRequest) -> Result<Sandbox, ActivityError> {
         self.core.create(req).await.map_err(|e| e.into_activity_error())
     }
 
-    #[activity(name = ActivityDefinition::name(&LocalSandbox::health))]
+    #[activity(definition = markers::local_sandbox::Health)]
     pub async fn health(self: Arc<Self>, _ctx: ActivityContext, req: HealthCheckRequest) -> Result<HealthCheckResponse, ActivityError> {
         self.core.health(req).await.map_err(|e| e.into_activity_error())
     }
 
-    #[activity(name = ActivityDefinition::name(&LocalSandbox::collect_patch))]
+    #[activity(definition = markers::local_sandbox::CollectPatch)]
     pub async fn collect_patch(
         self: Arc<Self>,
         _ctx: ActivityContext,
@@ -46,7 +42,7 @@ impl SandboxActivities {
         self.core.collect_patch(req).await.map_err(|e| e.into_activity_error())
     }
 
-    #[activity(name = ActivityDefinition::name(&LocalSandbox::destroy))]
+    #[activity(definition = markers::local_sandbox::Destroy)]
     pub async fn destroy(
         self: Arc<Self>,
         _ctx: ActivityContext,
@@ -54,17 +50,6 @@ impl SandboxActivities {
     ) -> Result<DestroySandboxResponse, ActivityError> {
         self.core.destroy(req).await.map_err(|e| e.into_activity_error())
     }
-}
-
-/// Compile-time check that each activity has its contract's input and output.
-#[allow(dead_code)]
-fn contracts_match() {
-    fn same<D: ActivityDefinition<Input = I, Output = O>, I, O>(_: D, _: fn(I) -> O) {}
-    same(LocalSandbox::create, |_: CreateSandboxRequest| -> Sandbox { unreachable!() });
-    same(LocalSandbox::health, |_: HealthCheckRequest| -> HealthCheckResponse { unreachable!() });
-    same(LocalSandbox::collect_patch, |_: CollectPatchRequest| -> CollectPatchResponse { unreachable!() });
-    same(LocalSandbox::destroy, |_: DestroySandboxRequest| -> DestroySandboxResponse { unreachable!() });
-    same(SandboxActivities::create, |_: CreateSandboxRequest| -> Sandbox { unreachable!() });
 }
 
 #[cfg(test)]

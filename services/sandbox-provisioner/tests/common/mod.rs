@@ -1,0 +1,124 @@
+//! Test fixtures: a real git repository in a temp dir and a provisioner over a temp
+//! state dir, with the real bubblewrap.
+#![allow(dead_code)]
+
+use forkyard_proto::sandbox::v1::{CreateSandboxRequest, ExecRequest, ExecResponse, Sandbox};
+use forkyard_sandbox_provisioner::{Config, Provisioner};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+pub struct Fixture {
+    pub tmp: tempfile::TempDir,
+    pub repo: PathBuf,
+    pub state: PathBuf,
+    pub core: Arc<Provisioner>,
+}
+
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git").arg("-C").arg(dir).args(args).output().expect("run git");
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// A repository with two commits on `main` and a `feature` branch one commit ahead.
+pub fn make_repo(dir: &Path) -> PathBuf {
+    let repo = dir.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["config", "user.name", "Test"]);
+    git(&repo, &["config", "user.email", "test@example.com"]);
+    std::fs::write(repo.join("README.md"), "hello\n").unwrap();
+    std::fs::write(repo.join("old.txt"), "one\ntwo\n").unwrap();
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-q", "-m", "first"]);
+    std::fs::write(repo.join("README.md"), "hello\nworld\n").unwrap();
+    git(&repo, &["commit", "-q", "-am", "second"]);
+    git(&repo, &["checkout", "-q", "-b", "feature"]);
+    std::fs::write(repo.join("feature.txt"), "f\n").unwrap();
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-q", "-m", "feature"]);
+    git(&repo, &["checkout", "-q", "main"]);
+    repo
+}
+
+pub async fn open(state: &Path) -> Arc<Provisioner> {
+    let mut config = Config::new(state, "http://127.0.0.1:50052");
+    config.exec_timeout = Duration::from_secs(60);
+    Provisioner::open(config).await.expect("open provisioner")
+}
+
+pub async fn fixture() -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = make_repo(tmp.path());
+    let state = tmp.path().join("state");
+    let core = open(&state).await;
+    Fixture { tmp, repo, state, core }
+}
+
+impl Fixture {
+    pub fn request(&self, branch: &str) -> CreateSandboxRequest {
+        CreateSandboxRequest {
+            backend: "local".into(),
+            repo: self.repo.display().to_string(),
+            branch: branch.into(),
+            ..Default::default()
+        }
+    }
+
+    pub async fn create(&self) -> Sandbox {
+        self.core.create(self.request("forkyard-fork-1")).await.expect("create sandbox")
+    }
+
+    pub async fn sh(&self, id: &str, script: &str) -> ExecResponse {
+        self.core.exec(exec_req(id, &["sh", "-c", script])).await.expect("exec")
+    }
+}
+
+pub fn exec_req(id: &str, argv: &[&str]) -> ExecRequest {
+    ExecRequest {
+        sandbox_id: id.into(),
+        argv: argv.iter().map(|s| (*s).to_owned()).collect(),
+        env: HashMap::new(),
+        timeout_secs: 0,
+    }
+}
+
+/// Host pids whose command line contains `marker`.
+pub fn host_pids_with(marker: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if pid == std::process::id() {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            if String::from_utf8_lossy(&cmdline).replace('\0', " ").contains(marker) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// Wait until `cond` holds, up to `limit`.
+pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cond()
+}
+
+/// A `sleep` argument unique to this call, to find the process on the host.
+pub fn unique_sleep() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("{}.{:09}", 300 + std::process::id() % 600, nanos)
+}
