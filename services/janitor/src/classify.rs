@@ -87,7 +87,8 @@ mod tests {
 
     #[test]
     fn owner_label_table() {
-        let cases: [(&[(&str, &str)], Option<&str>); 5] = [
+        type Labels<'a> = &'a [(&'a str, &'a str)];
+        let cases: [(Labels, Option<&str>); 5] = [
             (&[], None),
             (&[("forkyard.run_id", "r1")], None),
             (&[("forkyard.workflow_id", "")], None),

@@ -162,3 +162,29 @@ fn now_ms() -> i64 {
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use WorkflowExecutionStatus as S;
+
+    #[test]
+    fn temporal_status_table() {
+        let closed = |s: &str| WorkflowState::Closed(s.to_owned());
+        let cases = [
+            (S::Running, WorkflowState::Running),
+            (S::Paused, WorkflowState::Running),
+            (S::Completed, closed("COMPLETED")),
+            (S::Failed, closed("FAILED")),
+            (S::Canceled, closed("CANCELED")),
+            (S::Terminated, closed("TERMINATED")),
+            (S::ContinuedAsNew, closed("CONTINUED_AS_NEW")),
+            (S::TimedOut, closed("TIMED_OUT")),
+            (S::Unspecified, WorkflowState::Unknown),
+            (S::Unknown, WorkflowState::Unknown),
+        ];
+        for (status, want) in cases {
+            assert_eq!(workflow_state(status), want, "{status:?}");
+        }
+    }
+}
