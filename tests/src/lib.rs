@@ -1,1 +1,11 @@
-//! Helpers to boot the real mesh for end-to-end tests.
+//! Boots the real mesh for end-to-end tests: a Temporal dev server and the five service
+//! binaries as separate processes on free ports, each with its state in one temp dir.
+//!
+//! Binaries come from `FORKYARD_BIN_DIR` or the cargo target dir this test was built
+//! into; `make test` builds them first (`cargo build --workspace --bins`).
+#![forbid(unsafe_code)]
+
+pub mod mesh;
+pub mod repo;
+
+pub use mesh::Mesh;

@@ -1,0 +1,180 @@
+//! The mesh under test. Dropping a `Mesh` stops every process it started.
+
+use std::{
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+use tonic::transport::Channel;
+use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
+
+pub const SERVICES: [&str; 5] = ["gateway", "sandbox-provisioner", "agent-runner", "budget-ledger", "janitor"];
+
+pub struct Mesh {
+    pub state: tempfile::TempDir,
+    pub temporal_port: u16,
+    /// gRPC ports in the order of `SERVICES`.
+    pub ports: [u16; 5],
+    children: Vec<(String, Child)>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+/// Where the service binaries are.
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("FORKYARD_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    // target/debug/deps/<test-exe> → target/debug
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+}
+
+/// The Temporal CLI: `TEMPORAL_CLI`, else `temporal` on PATH.
+pub fn temporal_cli() -> PathBuf {
+    std::env::var_os("TEMPORAL_CLI").map_or_else(|| PathBuf::from("temporal"), PathBuf::from)
+}
+
+impl Mesh {
+    pub fn endpoint(&self, service: &str) -> String {
+        format!("http://127.0.0.1:{}", self.port(service))
+    }
+
+    pub fn port(&self, service: &str) -> u16 {
+        let i = SERVICES.iter().position(|s| *s == service).expect("known service");
+        self.ports[i]
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        self.state.path()
+    }
+
+    pub fn temporal_address(&self) -> String {
+        format!("127.0.0.1:{}", self.temporal_port)
+    }
+
+    fn log_file(&self, name: &str) -> std::fs::File {
+        let dir = self.state.path().join("logs");
+        std::fs::create_dir_all(&dir).expect("log dir");
+        std::fs::File::create(dir.join(format!("{name}.log"))).expect("log file")
+    }
+
+    /// Start the Temporal dev server and the five services; wait until all serve.
+    pub async fn start() -> anyhow::Result<Self> {
+        let state = tempfile::Builder::new().prefix("forkyard-e2e-").tempdir()?;
+        let mut mesh = Mesh { state, temporal_port: free_port(), ports: [0; 5], children: Vec::new() };
+        for p in &mut mesh.ports {
+            *p = free_port();
+        }
+        let ui_port = free_port();
+        let log = mesh.log_file("temporal");
+        let child = Command::new(temporal_cli())
+            .args(["server", "start-dev", "--headless", "--log-level", "warn", "--ip", "127.0.0.1"])
+            .args(["--port", &mesh.temporal_port.to_string(), "--ui-port", &ui_port.to_string()])
+            .arg("--db-filename")
+            .arg(mesh.state.path().join("temporal.db"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start the temporal CLI ({}): {e}", temporal_cli().display()))?;
+        mesh.children.push(("temporal".into(), child));
+        for service in SERVICES {
+            mesh.start_service(service)?;
+        }
+        for service in SERVICES {
+            mesh.wait_serving(service, Duration::from_secs(90)).await?;
+        }
+        Ok(mesh)
+    }
+
+    /// Start (or restart) one service binary with the mesh's wiring.
+    pub fn start_service(&mut self, service: &str) -> anyhow::Result<()> {
+        let bin = bin_dir().join(service);
+        anyhow::ensure!(
+            bin.exists(),
+            "{} missing: build the services first (`cargo build --workspace --bins`; `make test` does)",
+            bin.display()
+        );
+        let log = self.log_file(service);
+        let child = Command::new(&bin)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .env("TEMPORAL_ADDRESS", self.temporal_address())
+            .env("TEMPORAL_NAMESPACE", "default")
+            .env("FORKYARD_STATE_DIR", self.state.path())
+            .env("FORKYARD_LISTEN", format!("127.0.0.1:{}", self.port(service)))
+            .env("FORKYARD_PROVISIONER_ADDR", self.endpoint("sandbox-provisioner"))
+            .env("FORKYARD_LEDGER_ADDR", self.endpoint("budget-ledger"))
+            .env("FORKYARD_HEARTBEAT_SECS", "1")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
+        self.children.retain(|(n, _)| n != service);
+        self.children.push((service.to_owned(), child));
+        Ok(())
+    }
+
+    /// SIGKILL one process (a crash), leaving the others running.
+    pub fn kill9(&mut self, service: &str) {
+        if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| n == service) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub async fn channel(&self, service: &str) -> anyhow::Result<Channel> {
+        Ok(tonic::transport::Endpoint::from_shared(self.endpoint(service))?
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await?)
+    }
+
+    pub async fn wait_serving(&mut self, service: &str, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| n == service)
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                anyhow::bail!("{service} exited with {status}; log:\n{}", self.log_tail(service));
+            }
+            if let Ok(ch) = self.channel(service).await {
+                let res = HealthClient::new(ch).check(HealthCheckRequest { service: String::new() }).await;
+                if res.is_ok_and(|r| r.into_inner().status == ServingStatus::Serving as i32) {
+                    return Ok(());
+                }
+            }
+            anyhow::ensure!(Instant::now() < deadline, "{service} not SERVING in time; log:\n{}", self.log_tail(service));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub fn log_tail(&self, name: &str) -> String {
+        let text = std::fs::read_to_string(self.state.path().join("logs").join(format!("{name}.log"))).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        // Services first (SIGTERM, so they drain), Temporal last.
+        for (_, child) in self.children.iter_mut().rev() {
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (_, child) in &mut self.children {
+            while Instant::now() < deadline {
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! End to end: the real mesh runs multi-fork runs, keeps the ledger exact, leaks nothing,
+//! cancels cleanly, refuses bad input, and answers grpcurl through reflection.
+
+use forkyard_proto::{
+    budget::v1::{budget_ledger_client::BudgetLedgerClient, GetAccountRequest},
+    common::v1::{AgentSpec, ForkStatus},
+    gateway::v1::{gateway_client::GatewayClient, CancelRunRequest, GetRunRequest, LaunchRunRequest, Run, RunState},
+    labels,
+    sandbox::v1::{sandbox_provisioner_client::SandboxProvisionerClient, ListSandboxesRequest},
+};
+use forkyard_tests::{repo, Mesh};
+use std::{
+    collections::HashMap,
+    path::Path,
+    sync::{atomic::{AtomicUsize, Ordering}, Arc},
+    time::{Duration, Instant},
+};
+use tonic::{transport::Channel, Code};
+
+/// Each fork writes its own file and edits a shared one differently, then reports a
+/// cost of (fork × 10,000 + 5,000) micro-USD the way `claude -p --output-format json` does.
+const AGENT: &str = r#"echo "fork $FORKYARD_FORK says: $FORKYARD_PROMPT" > "fork-$FORKYARD_FORK.txt"
+sed -i "s/two/two (fork $FORKYARD_FORK)/" src/lib.txt
+sleep 1.5
+printf '{"type":"result","total_cost_usd":0.0%d5,"usage":{"input_tokens":100,"output_tokens":20}}\n' "$FORKYARD_FORK""#;
+
+fn launch(repo: &Path, forks: u32, max_concurrent: u32, command: &str) -> LaunchRunRequest {
+    LaunchRunRequest {
+        repo: repo.to_string_lossy().into_owned(),
+        prompt: "make it better".into(),
+        forks,
+        max_concurrent,
+        budget_usd: "1".into(),
+        agent: Some(AgentSpec { driver: "command".into(), command: command.into(), model: String::new() }),
+        fork_timeout_secs: 120,
+        ..Default::default()
+    }
+}
+
+async fn wait_finished(gw: &mut GatewayClient<Channel>, run_id: &str, timeout: Duration) -> Run {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let run = gw
+            .get_run(GetRunRequest { run_id: run_id.into(), include_patches: true })
+            .await
+            .expect("get run")
+            .into_inner();
+        if run.state != RunState::Running as i32 {
+            return run;
+        }
+        assert!(Instant::now() < deadline, "run {run_id} still running: {run:#?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Samples how many of the run's sandboxes are alive, until stopped; returns the maximum.
+fn watch_sandboxes(
+    mut prov: SandboxProvisionerClient<Channel>,
+    run_id: String,
+    stop: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let mut max = 0;
+        while stop.load(Ordering::Relaxed) == 0 {
+            let req = ListSandboxesRequest { label_selector: HashMap::from([(labels::RUN_ID.to_owned(), run_id.clone())]) };
+            if let Ok(resp) = prov.list_sandboxes(req).await {
+                max = max.max(resp.into_inner().sandboxes.len());
+            }
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+        max
+    })
+}
+
+/// No process on this machine still runs from the mesh's sandboxes directory.
+fn sandbox_processes(state: &Path) -> Vec<String> {
+    let needle = state.join("sandboxes").to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(&needle) {
+                found.push(cmd);
+            }
+        }
+    }
+    found
+}
+
+fn workspaces_left(state: &Path) -> Vec<String> {
+    std::fs::read_dir(state.join("sandboxes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+fn grpcurl(args: &[&str]) -> String {
+    let out = std::process::Command::new(std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".into()))
+        .args(args)
+        .output()
+        .expect("grpcurl is installed (make test installs it)");
+    assert!(out.status.success(), "grpcurl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_forks_two_at_a_time_complete_with_exact_ledger_and_no_leaks() {
+    let mesh = Mesh::start().await.expect("mesh starts");
+    let src = tempfile::tempdir().unwrap();
+    let base = repo::create(src.path()).unwrap();
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    let prov = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+
+    let launched = gw
+        .launch_run(LaunchRunRequest { request_id: "e2e-three".into(), ..launch(src.path(), 3, 2, AGENT) })
+        .await
+        .expect("launch")
+        .into_inner();
+    assert!(launched.created);
+    assert_eq!(launched.run_id, "run-e2e-three");
+    let stop = Arc::new(AtomicUsize::new(0));
+    let watcher = watch_sandboxes(prov.clone(), launched.run_id.clone(), stop.clone());
+
+    // Launching again with the same request id starts nothing new.
+    let again = gw
+        .launch_run(LaunchRunRequest { request_id: "e2e-three".into(), ..launch(src.path(), 3, 2, AGENT) })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.run_id, launched.run_id);
+    assert!(!again.created);
+
+    let run = wait_finished(&mut gw, &launched.run_id, Duration::from_secs(180)).await;
+    stop.store(1, Ordering::Relaxed);
+    let max_alive = watcher.await.unwrap();
+
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    assert_eq!(run.forks.len(), 3);
+    assert_eq!(run.forks_succeeded, 3, "{run:#?}");
+    assert!(max_alive >= 1, "the watcher never saw a sandbox");
+    assert!(max_alive <= 2, "{max_alive} sandboxes alive at once with max_concurrent=2");
+
+    let mut patches = Vec::new();
+    for f in &run.forks {
+        assert_eq!(f.status, ForkStatus::Succeeded as i32, "fork {}: {}", f.fork, f.error);
+        assert_eq!(f.branch, format!("forkyard-fork-{}", f.fork));
+        assert_eq!(f.base_commit, base);
+        assert!(f.patch.contains(&format!("+fork {} says: make it better", f.fork)), "fork {} patch:\n{}", f.fork, f.patch);
+        assert!(f.patch.contains(&format!("+two (fork {})", f.fork)), "fork {} patch:\n{}", f.fork, f.patch);
+        let d = f.diffstat.expect("diffstat");
+        assert_eq!((d.files_changed, d.insertions, d.deletions), (2, 2, 1), "fork {}", f.fork);
+        assert_eq!(f.cost_micros, i64::from(f.fork) * 10_000 + 5_000);
+        patches.push(f.patch.clone());
+    }
+    patches.dedup();
+    assert_eq!(patches.len(), 3, "each fork has its own patch");
+
+    // The ledger agrees with the forks to the micro-dollar, and nothing stays reserved.
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = ledger
+        .get_account(GetAccountRequest { account_id: launched.run_id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    let total: i64 = run.forks.iter().map(|f| f.cost_micros).sum();
+    assert_eq!(total, 75_000);
+    assert_eq!(run.cost_micros, total);
+    assert_eq!(account.spent_micros, total);
+    assert_eq!(account.reserved_micros, 0);
+    assert_eq!(account.available_micros, 1_000_000 - total);
+
+    // Nothing leaks: no sandbox, no workspace, no process.
+    let left = prov.clone().list_sandboxes(ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
+    assert!(left.is_empty(), "sandboxes left: {left:?}");
+    assert!(workspaces_left(mesh.state_dir()).is_empty(), "{:?}", workspaces_left(mesh.state_dir()));
+    assert!(sandbox_processes(mesh.state_dir()).is_empty(), "{:?}", sandbox_processes(mesh.state_dir()));
+
+    // The real grpcurl sees every service through reflection and can call GetRun.
+    for service in forkyard_tests::mesh::SERVICES {
+        let addr = format!("127.0.0.1:{}", mesh.port(service));
+        let listed = grpcurl(&["-plaintext", &addr, "list"]);
+        assert!(listed.contains("grpc.health.v1.Health"), "{service}: {listed}");
+        assert!(listed.contains("forkyard."), "{service}: {listed}");
+    }
+    let gw_addr = format!("127.0.0.1:{}", mesh.port("gateway"));
+    let described = grpcurl(&["-plaintext", &gw_addr, "describe", "forkyard.gateway.v1.Gateway"]);
+    assert!(described.contains("rpc LaunchRun"), "{described}");
+    let body = format!(r#"{{"run_id":"{}"}}"#, launched.run_id);
+    let got = grpcurl(&["-plaintext", "-d", &body, &gw_addr, "forkyard.gateway.v1.Gateway/GetRun"]);
+    let json: serde_json::Value = serde_json::from_str(&got).unwrap();
+    assert_eq!(json["state"], "RUN_STATE_COMPLETED", "{got}");
+    assert_eq!(json["forksSucceeded"], 3, "{got}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_run_destroys_its_sandboxes_and_bad_launches_start_nothing() {
+    let mesh = Mesh::start().await.expect("mesh starts");
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    let mut prov = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+
+    // Bad input: refused with the field named, and no run appears.
+    let cases: Vec<(LaunchRunRequest, Code, &str)> = vec![
+        (LaunchRunRequest { forks: 0, ..launch(src.path(), 1, 1, "true") }, Code::InvalidArgument, "forks"),
+        (LaunchRunRequest { prompt: String::new(), ..launch(src.path(), 1, 1, "true") }, Code::InvalidArgument, "prompt"),
+        (launch(src.path(), 1, 0, "true"), Code::InvalidArgument, "max_concurrent"),
+        (LaunchRunRequest { budget_usd: "-3".into(), ..launch(src.path(), 1, 1, "true") }, Code::InvalidArgument, "budget_usd"),
+        (
+            LaunchRunRequest {
+                agent: Some(AgentSpec { driver: "telepathy".into(), ..Default::default() }),
+                ..launch(src.path(), 1, 1, "true")
+            },
+            Code::InvalidArgument,
+            "agent.driver",
+        ),
+        (launch(Path::new("/nonexistent/repo"), 1, 1, "true"), Code::InvalidArgument, "repo"),
+        (launch(mesh.state_dir(), 1, 1, "true"), Code::FailedPrecondition, "repo"),
+    ];
+    for (i, (req, code, field)) in cases.into_iter().enumerate() {
+        let req = LaunchRunRequest { request_id: format!("bad-{i}"), ..req };
+        let err = gw.launch_run(req).await.expect_err("bad launch accepted");
+        assert_eq!(err.code(), code, "case {i}: {err:?}");
+        assert!(err.message().starts_with(field), "case {i}: {:?} does not name {field}", err.message());
+        let missing = gw.get_run(GetRunRequest { run_id: format!("run-bad-{i}"), include_patches: false }).await;
+        assert_eq!(missing.expect_err("run started").code(), Code::NotFound, "case {i}");
+    }
+
+    // A run whose agents would take minutes is cancelled once its sandboxes exist.
+    let launched = gw
+        .launch_run(LaunchRunRequest { request_id: "e2e-cancel".into(), ..launch(src.path(), 4, 2, "sleep 300") })
+        .await
+        .unwrap()
+        .into_inner();
+    let selector = HashMap::from([(labels::RUN_ID.to_owned(), launched.run_id.clone())]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let alive = prov
+            .list_sandboxes(ListSandboxesRequest { label_selector: selector.clone() })
+            .await
+            .unwrap()
+            .into_inner()
+            .sandboxes;
+        if alive.len() == 2 && alive.iter().all(|s| s.running_execs > 0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "agents never started: {alive:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    gw.cancel_run(CancelRunRequest { run_id: launched.run_id.clone(), reason: "test".into() }).await.unwrap();
+    let run = wait_finished(&mut gw, &launched.run_id, Duration::from_secs(60)).await;
+    assert_eq!(run.state, RunState::Cancelled as i32, "{run:#?}");
+    for f in &run.forks {
+        assert_eq!(f.status, ForkStatus::Cancelled as i32, "fork {}: {f:?}", f.fork);
+    }
+    let left = prov.list_sandboxes(ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
+    assert!(left.is_empty(), "sandboxes left after cancel: {left:?}");
+    assert!(workspaces_left(mesh.state_dir()).is_empty(), "{:?}", workspaces_left(mesh.state_dir()));
+    assert!(sandbox_processes(mesh.state_dir()).is_empty(), "{:?}", sandbox_processes(mesh.state_dir()));
+
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = ledger.get_account(GetAccountRequest { account_id: launched.run_id.clone() }).await.unwrap().into_inner();
+    assert_eq!(account.reserved_micros, 0, "cancelled forks released their reservations");
+    assert_eq!(account.spent_micros, 0);
+
+    // Cancelling a finished run is a precondition failure, an unknown run is not found.
+    let again = gw.cancel_run(CancelRunRequest { run_id: launched.run_id.clone(), reason: String::new() }).await;
+    assert_eq!(again.expect_err("cancel of a closed run").code(), Code::FailedPrecondition);
+    let unknown = gw.cancel_run(CancelRunRequest { run_id: "run-nope".into(), reason: String::new() }).await;
+    assert_eq!(unknown.expect_err("unknown run").code(), Code::NotFound);
+}
