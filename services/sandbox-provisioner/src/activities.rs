@@ -4,8 +4,8 @@
 use crate::provisioner::Provisioner;
 use forkyard_proto::activities::markers;
 use forkyard_proto::sandbox::v1::{
-    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
-    DestroySandboxResponse, HealthCheckRequest, HealthCheckResponse, Sandbox,
+    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest, DestroySandboxResponse,
+    HealthCheckRequest, HealthCheckResponse, Sandbox,
 };
 use std::sync::Arc;
 use temporalio_macros::activities;
@@ -24,12 +24,20 @@ impl SandboxActivities {
 #[activities]
 impl SandboxActivities {
     #[activity(definition = markers::local_sandbox::Create)]
-    pub async fn create(self: Arc<Self>, _ctx: ActivityContext, req: CreateSandboxRequest) -> Result<Sandbox, ActivityError> {
+    pub async fn create(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: CreateSandboxRequest,
+    ) -> Result<Sandbox, ActivityError> {
         self.core.create(req).await.map_err(|e| e.into_activity_error())
     }
 
     #[activity(definition = markers::local_sandbox::Health)]
-    pub async fn health(self: Arc<Self>, _ctx: ActivityContext, req: HealthCheckRequest) -> Result<HealthCheckResponse, ActivityError> {
+    pub async fn health(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: HealthCheckRequest,
+    ) -> Result<HealthCheckResponse, ActivityError> {
         self.core.health(req).await.map_err(|e| e.into_activity_error())
     }
 

@@ -22,8 +22,7 @@ pub const RESERVED_ENV: &[&str] = &["FORKYARD_SANDBOX_ID"];
 
 /// Files and directories of the host's /etc that programs need. Not the whole /etc:
 /// it holds secrets and host configuration the sandbox has no business seeing.
-const ETC_ALWAYS: &[&str] =
-    &["/etc/alternatives", "/etc/ld.so.cache", "/etc/passwd", "/etc/group", "/etc/ssl/certs"];
+const ETC_ALWAYS: &[&str] = &["/etc/alternatives", "/etc/ld.so.cache", "/etc/passwd", "/etc/group", "/etc/ssl/certs"];
 /// Name resolution, only when the sandbox has network.
 const ETC_NETWORK: &[&str] = &["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf"];
 
@@ -129,7 +128,15 @@ pub async fn probe(bwrap: &Path, scratch: &Path) -> Result<Features, String> {
     let argv = ["true".to_owned()];
     let mut last_err = String::new();
     for features in [Features { userns: true }, Features { userns: false }] {
-        let inv = Invocation { bwrap, features, workspace: scratch, sandbox_id: "probe", network: false, argv: &argv, env: &[] };
+        let inv = Invocation {
+            bwrap,
+            features,
+            workspace: scratch,
+            sandbox_id: "probe",
+            network: false,
+            argv: &argv,
+            env: &[],
+        };
         let mut cmd = inv.command();
         cmd.kill_on_drop(true).stdin(std::process::Stdio::null());
         match tokio::time::timeout(Duration::from_secs(30), cmd.output()).await {

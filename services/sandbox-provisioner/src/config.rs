@@ -1,11 +1,14 @@
 //! Command-line flags (each also read from an environment variable).
 
 use crate::provisioner::Config;
-use forkyard_common::config::{parse_listen, StateDirArg, TemporalArgs};
+use forkyard_common::config::{StateDirArg, TemporalArgs, parse_listen};
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 #[derive(Debug, clap::Parser)]
-#[command(name = "sandbox-provisioner", about = "Forkyard sandbox provisioner: bubblewrap sandboxes over gRPC and Temporal")]
+#[command(
+    name = "sandbox-provisioner",
+    about = "Forkyard sandbox provisioner: bubblewrap sandboxes over gRPC and Temporal"
+)]
 pub struct Args {
     /// gRPC listen address.
     #[arg(long, env = "FORKYARD_LISTEN", default_value = "127.0.0.1:50052")]
@@ -75,7 +78,8 @@ mod tests {
 
         let args = Args::try_parse_from(["sandbox-provisioner", "--state-dir", state, "--listen", "nope"]).unwrap();
         assert!(args.resolve().unwrap_err().contains("--listen"));
-        let args = Args::try_parse_from(["sandbox-provisioner", "--state-dir", state, "--exec-timeout-secs", "0"]).unwrap();
+        let args =
+            Args::try_parse_from(["sandbox-provisioner", "--state-dir", state, "--exec-timeout-secs", "0"]).unwrap();
         assert!(args.resolve().unwrap_err().contains("FORKYARD_EXEC_TIMEOUT_SECS"));
     }
 }

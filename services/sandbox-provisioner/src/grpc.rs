@@ -3,10 +3,10 @@
 
 use crate::provisioner::Provisioner;
 use forkyard_proto::sandbox::v1::{
+    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest, DestroySandboxResponse,
+    ExecRequest, ExecResponse, GetSandboxRequest, HealthCheckRequest, HealthCheckResponse, ListSandboxesRequest,
+    ListSandboxesResponse, Sandbox,
     sandbox_provisioner_server::{SandboxProvisioner, SandboxProvisionerServer},
-    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
-    DestroySandboxResponse, ExecRequest, ExecResponse, GetSandboxRequest, HealthCheckRequest,
-    HealthCheckResponse, ListSandboxesRequest, ListSandboxesResponse, Sandbox,
 };
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
@@ -37,7 +37,10 @@ impl SandboxProvisioner for SandboxService {
         Ok(Response::new(self.core.get(&req.into_inner().sandbox_id)?))
     }
 
-    async fn list_sandboxes(&self, req: Request<ListSandboxesRequest>) -> Result<Response<ListSandboxesResponse>, Status> {
+    async fn list_sandboxes(
+        &self,
+        req: Request<ListSandboxesRequest>,
+    ) -> Result<Response<ListSandboxesResponse>, Status> {
         let sandboxes = self.core.list(&req.into_inner().label_selector);
         Ok(Response::new(ListSandboxesResponse { sandboxes }))
     }
@@ -54,7 +57,10 @@ impl SandboxProvisioner for SandboxService {
         Ok(Response::new(self.core.collect_patch(req.into_inner()).await?))
     }
 
-    async fn destroy_sandbox(&self, req: Request<DestroySandboxRequest>) -> Result<Response<DestroySandboxResponse>, Status> {
+    async fn destroy_sandbox(
+        &self,
+        req: Request<DestroySandboxRequest>,
+    ) -> Result<Response<DestroySandboxResponse>, Status> {
         Ok(Response::new(self.core.destroy(req.into_inner()).await?))
     }
 }

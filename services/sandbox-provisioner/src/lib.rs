@@ -7,12 +7,14 @@
 pub mod activities;
 pub mod bwrap;
 pub mod config;
+mod entry;
 pub mod error;
 mod git;
+pub mod grpc;
 mod process;
 pub mod provisioner;
 pub mod store;
-pub mod grpc;
+mod validate;
 
 pub use activities::SandboxActivities;
 pub use config::Args;

@@ -17,7 +17,8 @@ async fn main() -> anyhow::Result<()> {
     }
     telemetry::init("sandbox-provisioner");
     let core = Provisioner::open(config).await.unwrap_or_else(|e| exit_config_error(e));
-    let listener = server::bind(listen).await.unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
+    let listener =
+        server::bind(listen).await.unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
 
     let (routes, health) = server::base_routes(<SandboxProvisionerServer<SandboxService> as NamedService>::NAME)?;
     let routes = routes.add_service(SandboxService::new(core.clone()).into_server());

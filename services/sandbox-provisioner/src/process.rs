@@ -32,7 +32,9 @@ impl Captured {
 #[derive(Debug)]
 pub enum Outcome {
     /// The process exited; `code` is -1 when a signal ended it.
-    Exited { code: i32 },
+    Exited {
+        code: i32,
+    },
     TimedOut,
     /// `cancel` fired (the sandbox is being destroyed) and the process was killed.
     Cancelled,
@@ -130,9 +132,14 @@ mod tests {
     #[tokio::test]
     async fn captures_with_cap_and_exit_code() {
         let caps = Caps { stdout: 4, stderr: 100 };
-        let f = run(sh("printf 0123456789; echo err >&2; exit 3"), Duration::from_secs(10), caps, &CancellationToken::new())
-            .await
-            .unwrap();
+        let f = run(
+            sh("printf 0123456789; echo err >&2; exit 3"),
+            Duration::from_secs(10),
+            caps,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
         assert!(matches!(f.outcome, Outcome::Exited { code: 3 }));
         assert_eq!(f.stdout.bytes, b"0123");
         assert_eq!(f.stdout.total, 10);

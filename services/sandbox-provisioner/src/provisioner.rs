@@ -3,15 +3,16 @@
 
 use crate::{
     bwrap::{self, Features, Invocation},
+    entry::Entry,
     error::{ProvisionerError, Result},
     git,
     process::{self, Caps, Finished, Outcome},
     store::{self, Record, Store},
+    validate,
 };
 use forkyard_proto::sandbox::v1::{
-    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
-    DestroySandboxResponse, ExecRequest, ExecResponse, HealthCheckRequest, HealthCheckResponse,
-    Sandbox,
+    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest, DestroySandboxResponse,
+    ExecRequest, ExecResponse, HealthCheckRequest, HealthCheckResponse, Sandbox,
 };
 use std::{
     collections::HashMap,
@@ -19,8 +20,6 @@ use std::{
     sync::{Arc, Mutex},
     time::Duration,
 };
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub const BACKEND: &str = "local";
@@ -71,48 +70,6 @@ pub struct Provisioner {
     creating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-struct Entry {
-    record: Mutex<Record>,
-    execs: watch::Sender<ExecState>,
-    /// Fired by destroy: every running exec kills its process.
-    cancel: CancellationToken,
-}
-
-#[derive(Debug, Default)]
-struct ExecState {
-    destroying: bool,
-    running: u32,
-}
-
-impl Entry {
-    fn new(record: Record) -> Arc<Self> {
-        let destroying = record.destroying;
-        Arc::new(Self {
-            record: Mutex::new(record),
-            execs: watch::Sender::new(ExecState { destroying, running: 0 }),
-            cancel: CancellationToken::new(),
-        })
-    }
-
-    fn snapshot(&self) -> Sandbox {
-        let running = self.execs.borrow().running;
-        self.record.lock().expect("record lock").to_proto(running)
-    }
-
-    fn record(&self) -> Record {
-        self.record.lock().expect("record lock").clone()
-    }
-}
-
-/// Counts one running exec; dropping it (also when the caller hung up) uncounts it.
-struct ExecGuard(Arc<Entry>);
-
-impl Drop for ExecGuard {
-    fn drop(&mut self) {
-        self.0.execs.send_modify(|s| s.running -= 1);
-    }
-}
-
 impl Provisioner {
     /// Check bubblewrap works, then load the sandboxes a previous run left. Errors are
     /// configuration errors and name the setting.
@@ -122,7 +79,8 @@ impl Provisioner {
         })?;
         let store = Store::open(&config.state_dir)
             .map_err(|e| format!("FORKYARD_STATE_DIR (--state-dir) {}: {e}", config.state_dir.display()))?;
-        let features = bwrap::probe(&bwrap, store.root()).await.map_err(|e| format!("FORKYARD_BWRAP_PATH (--bwrap-path): {e}"))?;
+        let features =
+            bwrap::probe(&bwrap, store.root()).await.map_err(|e| format!("FORKYARD_BWRAP_PATH (--bwrap-path): {e}"))?;
         if !features.userns {
             warn!(bwrap = %bwrap.display(), "no user namespace available: sandboxes run without one");
         }
@@ -153,7 +111,12 @@ impl Provisioner {
     }
 
     fn entry(&self, id: &str) -> Result<Arc<Entry>> {
-        self.sandboxes.lock().expect("sandboxes lock").get(id).cloned().ok_or_else(|| ProvisionerError::NotFound(id.to_owned()))
+        self.sandboxes
+            .lock()
+            .expect("sandboxes lock")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ProvisionerError::NotFound(id.to_owned()))
     }
 
     fn by_key(&self, key: &str) -> Option<Sandbox> {
@@ -163,7 +126,10 @@ impl Provisioner {
 
     pub async fn create(&self, req: CreateSandboxRequest) -> Result<Sandbox> {
         if !(req.backend.is_empty() || req.backend == BACKEND) {
-            return Err(ProvisionerError::invalid("backend", format!("{:?} is not served here (only \"local\")", req.backend)));
+            return Err(ProvisionerError::invalid(
+                "backend",
+                format!("{:?} is not served here (only \"local\")", req.backend),
+            ));
         }
         if req.repo.trim().is_empty() {
             return Err(ProvisionerError::invalid("repo", "must not be empty"));
@@ -200,9 +166,10 @@ impl Provisioner {
         std::fs::create_dir_all(&dir).map_err(|e| ProvisionerError::internal("create sandbox directory", e))?;
         // Removes the directory unless the create completes (also if the caller hangs up).
         let mut cleanup = DirCleanup(Some(dir));
-        let base_commit = git::clone(&req.repo, &req.base_ref, &req.branch, &self.store.workspace(&id), self.config.clone_timeout)
-            .await
-            .inspect_err(|e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"))?;
+        let base_commit =
+            git::clone(&req.repo, &req.base_ref, &req.branch, &self.store.workspace(&id), self.config.clone_timeout)
+                .await
+                .inspect_err(|e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"))?;
         let record = Record {
             id: id.clone(),
             backend: BACKEND.to_owned(),
@@ -242,10 +209,10 @@ impl Provisioner {
     }
 
     pub async fn exec(&self, req: ExecRequest) -> Result<ExecResponse> {
-        validate_argv(&req.argv)?;
+        validate::argv(&req.argv)?;
         let mut env = Vec::with_capacity(req.env.len());
         for (k, v) in req.env {
-            validate_env(&k, &v)?;
+            validate::env(&k, &v)?;
             env.push((k, v));
         }
         env.sort();
@@ -271,27 +238,36 @@ impl Provisioner {
     }
 
     /// Run one command in a fresh bubblewrap over the sandbox's workspace.
-    async fn run_in(&self, id: &str, argv: &[String], env: &[(String, String)], timeout: Duration, caps: Caps) -> Result<Finished> {
+    async fn run_in(
+        &self,
+        id: &str,
+        argv: &[String],
+        env: &[(String, String)],
+        timeout: Duration,
+        caps: Caps,
+    ) -> Result<Finished> {
         let entry = self.entry(id)?;
-        let mut admitted = false;
-        entry.execs.send_modify(|s| {
-            if !s.destroying {
-                s.running += 1;
-                admitted = true;
-            }
-        });
-        if !admitted {
+        let Some(_guard) = entry.begin_exec() else {
             return Err(ProvisionerError::FailedPrecondition(format!("sandbox {id} is being destroyed")));
-        }
-        let _guard = ExecGuard(entry.clone());
+        };
         let network = entry.record.lock().expect("record lock").network;
         let workspace = self.store.workspace(id);
-        let inv = Invocation { bwrap: &self.bwrap, features: self.features, workspace: &workspace, sandbox_id: id, network, argv, env };
+        let inv = Invocation {
+            bwrap: &self.bwrap,
+            features: self.features,
+            workspace: &workspace,
+            sandbox_id: id,
+            network,
+            argv,
+            env,
+        };
         let f = process::run(inv.command(), timeout, caps, &entry.cancel)
             .await
             .map_err(|e| ProvisionerError::internal("cannot start bwrap", e))?;
         if matches!(f.outcome, Outcome::Cancelled) {
-            return Err(ProvisionerError::FailedPrecondition(format!("sandbox {id} was destroyed while the command ran")));
+            return Err(ProvisionerError::FailedPrecondition(format!(
+                "sandbox {id} was destroyed while the command ran"
+            )));
         }
         Ok(f)
     }
@@ -301,8 +277,12 @@ impl Provisioner {
         let caps = Caps { stdout: 4096, stderr: 4096 };
         let (healthy, detail) = match self.run_in(&req.sandbox_id, &argv, &[], HEALTH_TIMEOUT, caps).await {
             Ok(f) => match f.outcome {
-                Outcome::Exited { code: 0 } => (true, format!("workspace visible, checked in {} ms", f.duration.as_millis())),
-                Outcome::Exited { code } => (false, format!("workspace check exited {code}: {}", f.stderr.lossy().trim())),
+                Outcome::Exited { code: 0 } => {
+                    (true, format!("workspace visible, checked in {} ms", f.duration.as_millis()))
+                }
+                Outcome::Exited { code } => {
+                    (false, format!("workspace check exited {code}: {}", f.stderr.lossy().trim()))
+                }
                 Outcome::TimedOut | Outcome::Cancelled => (false, "workspace check did not finish".to_owned()),
             },
             Err(e @ ProvisionerError::Internal(_)) => (false, e.to_string()),
@@ -325,7 +305,9 @@ impl Provisioner {
         };
         let env = git::sandbox_env();
         let timeout = self.config.exec_timeout;
-        let git = |args: &[&str]| -> Vec<String> { std::iter::once("git").chain(args.iter().copied()).map(String::from).collect() };
+        let git = |args: &[&str]| -> Vec<String> {
+            std::iter::once("git").chain(args.iter().copied()).map(String::from).collect()
+        };
         let small = Caps { stdout: 64 * 1024, stderr: 64 * 1024 };
         let diff = ["diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv"];
 
@@ -391,31 +373,6 @@ fn check_git(f: &Finished, what: &str) -> Result<()> {
     }
 }
 
-fn validate_argv(argv: &[String]) -> Result<()> {
-    if argv.first().is_none_or(String::is_empty) {
-        return Err(ProvisionerError::invalid("argv", "must name a command"));
-    }
-    if argv.iter().any(|a| a.contains('\0')) {
-        return Err(ProvisionerError::invalid("argv", "must not contain NUL bytes"));
-    }
-    Ok(())
-}
-
-fn validate_env(name: &str, value: &str) -> Result<()> {
-    let mut chars = name.chars();
-    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !valid {
-        return Err(ProvisionerError::invalid("env", format!("{name:?} is not a valid variable name")));
-    }
-    if bwrap::RESERVED_ENV.contains(&name) {
-        return Err(ProvisionerError::invalid("env", format!("{name} is set by the provisioner")));
-    }
-    if value.contains('\0') {
-        return Err(ProvisionerError::invalid("env", format!("value of {name} contains a NUL byte")));
-    }
-    Ok(())
-}
 
 fn now_ms() -> i64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -438,22 +395,5 @@ impl Drop for DirCleanup {
                 Err(_) => remove(),
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn env_names_are_validated() {
-        assert!(validate_env("RUST_LOG", "x").is_ok());
-        assert!(validate_env("_X1", "").is_ok());
-        for bad in ["", "1A", "A-B", "A=B", "FORKYARD_SANDBOX_ID"] {
-            assert!(validate_env(bad, "v").is_err(), "{bad:?} accepted");
-        }
-        assert!(validate_env("A", "x\0y").is_err());
-        assert!(validate_argv(&[]).is_err());
-        assert!(validate_argv(&[String::new()]).is_err());
     }
 }

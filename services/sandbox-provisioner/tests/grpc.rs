@@ -4,12 +4,12 @@ mod common;
 
 use common::{eventually, fixture, host_pids_with, unique_sleep};
 use forkyard_proto::sandbox::v1::{
-    sandbox_provisioner_client::SandboxProvisionerClient, DestroySandboxRequest, ExecRequest,
-    GetSandboxRequest, ListSandboxesRequest,
+    DestroySandboxRequest, ExecRequest, GetSandboxRequest, ListSandboxesRequest,
+    sandbox_provisioner_client::SandboxProvisionerClient,
 };
 use forkyard_sandbox_provisioner::SandboxService;
 use std::time::Duration;
-use tonic::{service::Routes, Code};
+use tonic::{Code, service::Routes};
 
 #[tokio::test]
 async fn grpc_calls_map_errors_and_a_hung_up_exec_is_killed() {
@@ -46,7 +46,8 @@ async fn grpc_calls_map_errors_and_a_hung_up_exec_is_killed() {
     // cancelled): the sandboxed process must die.
     let secs = unique_sleep();
     let mut caller = client.clone();
-    let req = ExecRequest { sandbox_id: sbx.id.clone(), argv: vec!["sleep".into(), secs.clone()], ..Default::default() };
+    let req =
+        ExecRequest { sandbox_id: sbx.id.clone(), argv: vec!["sleep".into(), secs.clone()], ..Default::default() };
     let call = tokio::spawn(async move { caller.exec(req).await });
     assert!(eventually(Duration::from_secs(10), || !host_pids_with(&format!("sleep {secs}")).is_empty()).await);
     call.abort();

@@ -127,7 +127,11 @@ async fn destroy_kills_running_commands_and_removes_the_workspace() {
 
     let dir = f.state.join("sandboxes").join(&sbx.id);
     assert!(dir.join("workspace/.git").is_dir());
-    let res = f.core.destroy(DestroySandboxRequest { sandbox_id: sbx.id.clone(), reason: "fork finished".into() }).await.unwrap();
+    let res = f
+        .core
+        .destroy(DestroySandboxRequest { sandbox_id: sbx.id.clone(), reason: "fork finished".into() })
+        .await
+        .unwrap();
     assert!(res.existed);
     assert!(host_pids_with(&format!("sleep {secs}")).is_empty());
     assert!(!dir.exists());
@@ -135,7 +139,8 @@ async fn destroy_kills_running_commands_and_removes_the_workspace() {
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{}", err.message());
 
     assert_eq!(tonic::Status::from(f.core.get(&sbx.id).unwrap_err()).code(), tonic::Code::NotFound);
-    let again = f.core.destroy(DestroySandboxRequest { sandbox_id: sbx.id.clone(), reason: String::new() }).await.unwrap();
+    let again =
+        f.core.destroy(DestroySandboxRequest { sandbox_id: sbx.id.clone(), reason: String::new() }).await.unwrap();
     assert!(!again.existed);
     let err = tonic::Status::from(f.core.exec(exec_req(&sbx.id, &["true"])).await.unwrap_err());
     assert_eq!(err.code(), tonic::Code::NotFound);

@@ -96,10 +96,10 @@ pub fn host_pids_with(marker: &str) -> Vec<u32> {
         if pid == std::process::id() {
             continue;
         }
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
-            if String::from_utf8_lossy(&cmdline).replace('\0', " ").contains(marker) {
-                pids.push(pid);
-            }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmdline).replace('\0', " ").contains(marker)
+        {
+            pids.push(pid);
         }
     }
     pids

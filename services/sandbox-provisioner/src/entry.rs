@@ -1,0 +1,61 @@
+//! A sandbox as the running provisioner tracks it: its record and its running commands.
+
+use crate::store::Record;
+use forkyard_proto::sandbox::v1::Sandbox;
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) struct Entry {
+    pub(crate) record: Mutex<Record>,
+    pub(crate) execs: watch::Sender<ExecState>,
+    /// Fired by destroy: every running exec kills its process.
+    pub(crate) cancel: CancellationToken,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct ExecState {
+    pub(crate) destroying: bool,
+    pub(crate) running: u32,
+}
+
+impl Entry {
+    pub(crate) fn new(record: Record) -> Arc<Self> {
+        let destroying = record.destroying;
+        Arc::new(Self {
+            record: Mutex::new(record),
+            execs: watch::Sender::new(ExecState { destroying, running: 0 }),
+            cancel: CancellationToken::new(),
+        })
+    }
+
+    pub(crate) fn snapshot(&self) -> Sandbox {
+        let running = self.execs.borrow().running;
+        self.record.lock().expect("record lock").to_proto(running)
+    }
+
+    pub(crate) fn record(&self) -> Record {
+        self.record.lock().expect("record lock").clone()
+    }
+
+    /// Count a new exec, unless the sandbox is being destroyed.
+    pub(crate) fn begin_exec(self: &Arc<Self>) -> Option<ExecGuard> {
+        let mut admitted = false;
+        self.execs.send_modify(|s| {
+            if !s.destroying {
+                s.running += 1;
+                admitted = true;
+            }
+        });
+        admitted.then(|| ExecGuard(self.clone()))
+    }
+}
+
+/// Counts one running exec; dropping it (also when the caller hung up) uncounts it.
+pub(crate) struct ExecGuard(Arc<Entry>);
+
+impl Drop for ExecGuard {
+    fn drop(&mut self) {
+        self.0.execs.send_modify(|s| s.running -= 1);
+    }
+}
