@@ -174,3 +174,23 @@ fn activity_uses_the_contract_name() {
     use forkyard_janitor::activities::JanitorActivities;
     assert_eq!(temporalio_common::ActivityDefinition::name(&JanitorActivities::sweep), "janitor.sweep");
 }
+
+/// Against a real Temporal: `FORKYARD_TEST_TEMPORAL_ADDRESS` plus a running workflow
+/// `FORKYARD_TEST_RUNNING_WORKFLOW` and a terminated one `FORKYARD_TEST_TERMINATED_WORKFLOW`
+/// (e.g. started with `temporal workflow start --task-queue nobody`). Skipped otherwise.
+#[tokio::test]
+#[ignore = "needs a Temporal server"]
+async fn describes_workflows_through_temporal() {
+    let (Ok(address), Ok(running), Ok(terminated)) = (
+        std::env::var("FORKYARD_TEST_TEMPORAL_ADDRESS"),
+        std::env::var("FORKYARD_TEST_RUNNING_WORKFLOW"),
+        std::env::var("FORKYARD_TEST_TERMINATED_WORKFLOW"),
+    ) else {
+        return;
+    };
+    let args = forkyard_common::TemporalArgs { address, namespace: "default".into(), connect_timeout_secs: 5 };
+    let client = forkyard_common::temporal::connect(&args, "janitor-test").await.unwrap();
+    assert_eq!(client.state(&running).await.unwrap(), WorkflowState::Running);
+    assert_eq!(client.state(&terminated).await.unwrap(), WorkflowState::Closed("TERMINATED".into()));
+    assert_eq!(client.state("wf-that-never-existed").await.unwrap(), WorkflowState::NotFound);
+}
