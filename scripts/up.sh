@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Start the Temporal dev server and the five services in the background, on the default
+# ports, and wait until every one reports SERVING. Safe to run again: what runs stays.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+mkdir -p "$PID_DIR" "$LOG_DIR"
+
+if ! alive temporal; then
+  echo "starting temporal dev server on $TEMPORAL_ADDRESS (ui http://127.0.0.1:$TEMPORAL_UI_PORT)"
+  nohup temporal server start-dev --ip 127.0.0.1 --port "$TEMPORAL_PORT" --ui-port "$TEMPORAL_UI_PORT" \
+    --db-filename "$STATE_DIR/temporal.db" --log-level warn >"$LOG_DIR/temporal.log" 2>&1 &
+  echo $! >"$PID_DIR/temporal.pid"
+fi
+for i in $(seq 1 120); do
+  temporal operator cluster health --address "$TEMPORAL_ADDRESS" >/dev/null 2>&1 && break
+  alive temporal || { echo "temporal dev server exited; see $LOG_DIR/temporal.log"; tail -20 "$LOG_DIR/temporal.log"; exit 1; }
+  sleep 0.5
+done
+
+for s in "${SERVICES[@]}"; do
+  alive "$s" && continue
+  echo "starting $s on 127.0.0.1:${PORT[$s]}"
+  FORKYARD_LISTEN="127.0.0.1:${PORT[$s]}" \
+  FORKYARD_PROVISIONER_ADDR="http://127.0.0.1:${PORT[sandbox-provisioner]}" \
+    nohup "$BIN_DIR/$s" >"$LOG_DIR/$s.log" 2>&1 &
+  echo $! >"$PID_DIR/$s.pid"
+done
+
+for s in "${SERVICES[@]}"; do
+  for i in $(seq 1 240); do
+    serving "${PORT[$s]}" && break
+    if ! alive "$s"; then echo "$s exited; last log lines:"; tail -20 "$LOG_DIR/$s.log"; exit 1; fi
+    sleep 0.25
+  done
+  serving "${PORT[$s]}" || { echo "$s did not report SERVING; see $LOG_DIR/$s.log"; exit 1; }
+done
+echo "forkyard is up: gateway 127.0.0.1:${PORT[gateway]}, temporal ui http://127.0.0.1:$TEMPORAL_UI_PORT, logs in $LOG_DIR"
