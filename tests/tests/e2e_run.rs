@@ -6,7 +6,8 @@ use forkyard_proto::{
     common::v1::{AgentSpec, ForkStatus},
     gateway::v1::{gateway_client::GatewayClient, CancelRunRequest, GetRunRequest, LaunchRunRequest, Run, RunState},
     labels,
-    sandbox::v1::{sandbox_provisioner_client::SandboxProvisionerClient, ListSandboxesRequest},
+    janitor::v1::{janitor_client::JanitorClient, SweepReport, SweepRequest},
+    sandbox::v1::{sandbox_provisioner_client::SandboxProvisionerClient, CreateSandboxRequest, ListSandboxesRequest},
 };
 use forkyard_tests::{repo, Mesh};
 use std::{
@@ -96,6 +97,24 @@ fn workspaces_left(state: &Path) -> Vec<String> {
         .collect()
 }
 
+/// A sandbox made directly through the provisioner, outside any run workflow.
+async fn stray_sandbox(prov: &mut SandboxProvisionerClient<Channel>, repo: &Path, owner: Option<&str>) -> String {
+    let labels = owner.map(|wf| HashMap::from([(labels::WORKFLOW_ID.to_owned(), wf.to_owned())])).unwrap_or_default();
+    let req = CreateSandboxRequest {
+        repo: repo.to_string_lossy().into_owned(),
+        branch: "stray".into(),
+        labels,
+        ..Default::default()
+    };
+    prov.create_sandbox(req).await.expect("create stray sandbox").into_inner().id
+}
+
+fn acted_on(report: &SweepReport) -> Vec<(String, String, bool)> {
+    let mut v: Vec<_> = report.actions.iter().map(|a| (a.sandbox_id.clone(), a.reason.clone(), a.destroyed)).collect();
+    v.sort();
+    v
+}
+
 fn grpcurl(args: &[&str]) -> String {
     let out = std::process::Command::new(std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".into()))
         .args(args)
@@ -178,11 +197,21 @@ async fn three_forks_two_at_a_time_complete_with_exact_ledger_and_no_leaks() {
     assert!(sandbox_processes(mesh.state_dir()).is_empty(), "{:?}", sandbox_processes(mesh.state_dir()));
 
     // The real grpcurl sees every service through reflection and can call GetRun.
-    for service in forkyard_tests::mesh::SERVICES {
+    let apis = [
+        ("gateway", "forkyard.gateway.v1.Gateway"),
+        ("sandbox-provisioner", "forkyard.sandbox.v1.SandboxProvisioner"),
+        ("agent-runner", "forkyard.agent.v1.AgentRunner"),
+        ("budget-ledger", "forkyard.budget.v1.BudgetLedger"),
+        ("janitor", "forkyard.janitor.v1.Janitor"),
+    ];
+    for (service, api) in apis {
         let addr = format!("127.0.0.1:{}", mesh.port(service));
         let listed = grpcurl(&["-plaintext", &addr, "list"]);
         assert!(listed.contains("grpc.health.v1.Health"), "{service}: {listed}");
-        assert!(listed.contains("forkyard."), "{service}: {listed}");
+        let forkyard_apis: Vec<&str> = listed.lines().filter(|l| l.starts_with("forkyard.")).collect();
+        assert_eq!(forkyard_apis, vec![api], "{service} advertises exactly its own API");
+        let health = grpcurl(&["-plaintext", "-d", "{}", &addr, "grpc.health.v1.Health/Check"]);
+        assert!(health.contains("SERVING"), "{service}: {health}");
     }
     let gw_addr = format!("127.0.0.1:{}", mesh.port("gateway"));
     let described = grpcurl(&["-plaintext", &gw_addr, "describe", "forkyard.gateway.v1.Gateway"]);
@@ -195,7 +224,7 @@ async fn three_forks_two_at_a_time_complete_with_exact_ledger_and_no_leaks() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelling_a_run_destroys_its_sandboxes_and_bad_launches_start_nothing() {
+async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
     let mesh = Mesh::start().await.expect("mesh starts");
     let src = tempfile::tempdir().unwrap();
     repo::create(src.path()).unwrap();
@@ -249,6 +278,28 @@ async fn cancelling_a_run_destroys_its_sandboxes_and_bad_launches_start_nothing(
         assert!(Instant::now() < deadline, "agents never started: {alive:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // The janitor destroys sandboxes whose owner is unknown, and never a running run's.
+    let mut janitor = JanitorClient::new(mesh.channel("janitor").await.unwrap());
+    let ghost = stray_sandbox(&mut prov, src.path(), Some("run-ghost/fork-1")).await;
+    let unlabelled = stray_sandbox(&mut prov, src.path(), None).await;
+    let dry = janitor.sweep_now(SweepRequest { dry_run: true, min_age_secs: 0 }).await.unwrap().into_inner();
+    let mut want = vec![
+        (ghost.clone(), "workflow not found".to_owned(), false),
+        (unlabelled.clone(), "no owner label".to_owned(), false),
+    ];
+    want.sort();
+    assert_eq!(acted_on(&dry), want, "dry run reports the orphans only");
+    assert_eq!(dry.examined, 4);
+    let swept = janitor.sweep_now(SweepRequest { dry_run: false, min_age_secs: 0 }).await.unwrap().into_inner();
+    for w in &mut want {
+        w.2 = true;
+    }
+    assert_eq!(acted_on(&swept), want);
+    let alive = prov.list_sandboxes(ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
+    assert_eq!(alive.len(), 2, "the run's two sandboxes are untouched: {alive:?}");
+    assert!(alive.iter().all(|s| s.labels.get(labels::RUN_ID) == Some(&launched.run_id) && s.running_execs > 0));
+
     gw.cancel_run(CancelRunRequest { run_id: launched.run_id.clone(), reason: "test".into() }).await.unwrap();
     let run = wait_finished(&mut gw, &launched.run_id, Duration::from_secs(60)).await;
     assert_eq!(run.state, RunState::Cancelled as i32, "{run:#?}");
@@ -264,6 +315,16 @@ async fn cancelling_a_run_destroys_its_sandboxes_and_bad_launches_start_nothing(
     let account = ledger.get_account(GetAccountRequest { account_id: launched.run_id.clone() }).await.unwrap().into_inner();
     assert_eq!(account.reserved_micros, 0, "cancelled forks released their reservations");
     assert_eq!(account.spent_micros, 0);
+
+    // A sandbox claiming a closed fork workflow is an orphan too.
+    let closed_owner = format!("{}/fork-1", launched.run_id);
+    let stale = stray_sandbox(&mut prov, src.path(), Some(&closed_owner)).await;
+    let swept = janitor.sweep_now(SweepRequest { dry_run: false, min_age_secs: 0 }).await.unwrap().into_inner();
+    assert_eq!(swept.actions.len(), 1, "{swept:?}");
+    assert_eq!(swept.actions[0].sandbox_id, stale);
+    assert!(swept.actions[0].reason.starts_with("workflow closed"), "{swept:?}");
+    assert!(swept.actions[0].destroyed);
+    assert!(workspaces_left(mesh.state_dir()).is_empty());
 
     // Cancelling a finished run is a precondition failure, an unknown run is not found.
     let again = gw.cancel_run(CancelRunRequest { run_id: launched.run_id.clone(), reason: String::new() }).await;

@@ -50,12 +50,12 @@ pub fn run(run: &Run) -> String {
         run.forks_succeeded,
         usd(run.cost_micros)
     );
-    let _ = writeln!(out, "{:<5} {:<16} {:>9} {:>10}  {:<28} {}", "FORK", "STATUS", "DURATION", "COST", "DIFFSTAT", "BRANCH / ERROR");
+    let _ = writeln!(out, "{:<5} {:<16} {:>9} {:>10}  {:<28} BRANCH / ERROR", "FORK", "STATUS", "DURATION", "COST", "DIFFSTAT");
     for f in &run.forks {
         let duration = if f.finished_unix_ms > 0 { f.finished_unix_ms - f.started_unix_ms } else { 0 };
         let diffstat = f.diffstat.map_or_else(
             || "-".to_owned(),
-            |d| format!("{} files +{} -{}", d.files_changed, d.insertions, d.deletions),
+            |d| format!("{} file{} +{} -{}", d.files_changed, if d.files_changed == 1 { "" } else { "s" }, d.insertions, d.deletions),
         );
         let note = if f.error.is_empty() { f.branch.clone() } else { f.error.lines().next().unwrap_or("").to_owned() };
         let _ = writeln!(

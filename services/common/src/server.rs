@@ -29,14 +29,17 @@ impl Health {
 /// name, `NamedService::NAME`); the caller adds its own service to the returned routes.
 pub fn base_routes(service_name: &'static str) -> Result<(Routes, Health), tonic_reflection::server::Error> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(forkyard_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(forkyard_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    // Advertise only what this service serves: the descriptor set holds every Forkyard
+    // service, and `grpcurl list` must not show the gateway's API on the provisioner.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(forkyard_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .with_service_name(service_name)
+            .with_service_name("grpc.health.v1.Health")
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
     let routes = Routes::new(health_service).add_service(reflection_v1).add_service(reflection_v1alpha);
     Ok((routes, Health { reporter, service_name }))
 }
