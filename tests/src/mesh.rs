@@ -126,6 +126,23 @@ impl Mesh {
         }
     }
 
+    /// SIGTERM one service and wait for it to exit; its exit status, or `None` if it did
+    /// not stop within `timeout` (then it is killed).
+    pub fn terminate(&mut self, service: &str, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let (_, child) = self.children.iter_mut().find(|(n, _)| n == service)?;
+        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
     pub async fn channel(&self, service: &str) -> anyhow::Result<Channel> {
         Ok(tonic::transport::Endpoint::from_shared(self.endpoint(service))?
             .connect_timeout(Duration::from_secs(2))

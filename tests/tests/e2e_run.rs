@@ -221,6 +221,13 @@ async fn three_forks_two_at_a_time_complete_with_exact_ledger_and_no_leaks() {
     let json: serde_json::Value = serde_json::from_str(&got).unwrap();
     assert_eq!(json["state"], "RUN_STATE_COMPLETED", "{got}");
     assert_eq!(json["forksSucceeded"], 3, "{got}");
+
+    // SIGTERM: every service drains and exits cleanly.
+    let mut mesh = mesh;
+    for service in forkyard_tests::mesh::SERVICES {
+        let status = mesh.terminate(service, Duration::from_secs(20));
+        assert!(status.is_some_and(|s| s.success()), "{service} on SIGTERM: {status:?}\n{}", mesh.log_tail(service));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
