@@ -14,7 +14,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("forkyard_descriptor.bin"))
         // The messages double as Temporal activity payloads, which the SDK encodes as JSON.
-        .type_attribute(".forkyard", "#[derive(serde::Serialize, serde::Deserialize)]")
+        .type_attribute(
+            ".forkyard",
+            "#[derive(serde::Serialize, serde::Deserialize)]",
+        )
         .message_attribute(".forkyard", "#[serde(default)]")
         .compile_protos(PROTOS, &["proto"])?;
     for p in PROTOS {

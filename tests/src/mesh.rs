@@ -7,9 +7,17 @@ use std::{
     time::{Duration, Instant},
 };
 use tonic::transport::Channel;
-use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
 
-pub const SERVICES: [&str; 5] = ["gateway", "sandbox-provisioner", "agent-runner", "budget-ledger", "janitor"];
+pub const SERVICES: [&str; 5] = [
+    "gateway",
+    "sandbox-provisioner",
+    "agent-runner",
+    "budget-ledger",
+    "janitor",
+];
 
 pub struct Mesh {
     pub state: tempfile::TempDir,
@@ -20,7 +28,10 @@ pub struct Mesh {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 /// Where the service binaries are.
@@ -30,7 +41,10 @@ pub fn bin_dir() -> PathBuf {
     }
     // target/debug/deps/<test-exe> → target/debug
     let exe = std::env::current_exe().expect("test executable path");
-    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
 }
 
 /// The Temporal CLI: `TEMPORAL_CLI`, else `temporal` on PATH.
@@ -44,7 +58,10 @@ impl Mesh {
     }
 
     pub fn port(&self, service: &str) -> u16 {
-        let i = SERVICES.iter().position(|s| *s == service).expect("known service");
+        let i = SERVICES
+            .iter()
+            .position(|s| *s == service)
+            .expect("known service");
         self.ports[i]
     }
 
@@ -65,21 +82,44 @@ impl Mesh {
     /// Start the Temporal dev server and the five services; wait until all serve.
     pub async fn start() -> anyhow::Result<Self> {
         let state = tempfile::Builder::new().prefix("forkyard-e2e-").tempdir()?;
-        let mut mesh = Mesh { state, temporal_port: free_port(), ports: [0; 5], children: Vec::new() };
+        let mut mesh = Mesh {
+            state,
+            temporal_port: free_port(),
+            ports: [0; 5],
+            children: Vec::new(),
+        };
         for p in &mut mesh.ports {
             *p = free_port();
         }
         let ui_port = free_port();
         let log = mesh.log_file("temporal");
         let child = Command::new(temporal_cli())
-            .args(["server", "start-dev", "--headless", "--log-level", "warn", "--ip", "127.0.0.1"])
-            .args(["--port", &mesh.temporal_port.to_string(), "--ui-port", &ui_port.to_string()])
+            .args([
+                "server",
+                "start-dev",
+                "--headless",
+                "--log-level",
+                "warn",
+                "--ip",
+                "127.0.0.1",
+            ])
+            .args([
+                "--port",
+                &mesh.temporal_port.to_string(),
+                "--ui-port",
+                &ui_port.to_string(),
+            ])
             .arg("--db-filename")
             .arg(mesh.state.path().join("temporal.db"))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .map_err(|e| anyhow::anyhow!("cannot start the temporal CLI ({}): {e}", temporal_cli().display()))?;
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot start the temporal CLI ({}): {e}",
+                    temporal_cli().display()
+                )
+            })?;
         mesh.children.push(("temporal".into(), child));
         for service in SERVICES {
             mesh.start_service(service)?;
@@ -106,8 +146,14 @@ impl Mesh {
             .env("TEMPORAL_ADDRESS", self.temporal_address())
             .env("TEMPORAL_NAMESPACE", "default")
             .env("FORKYARD_STATE_DIR", self.state.path())
-            .env("FORKYARD_LISTEN", format!("127.0.0.1:{}", self.port(service)))
-            .env("FORKYARD_PROVISIONER_ADDR", self.endpoint("sandbox-provisioner"))
+            .env(
+                "FORKYARD_LISTEN",
+                format!("127.0.0.1:{}", self.port(service)),
+            )
+            .env(
+                "FORKYARD_PROVISIONER_ADDR",
+                self.endpoint("sandbox-provisioner"),
+            )
             .env("FORKYARD_LEDGER_ADDR", self.endpoint("budget-ledger"))
             .env("FORKYARD_HEARTBEAT_SECS", "1")
             .stdout(Stdio::null())
@@ -128,9 +174,16 @@ impl Mesh {
 
     /// SIGTERM one service and wait for it to exit; its exit status, or `None` if it did
     /// not stop within `timeout` (then it is killed).
-    pub fn terminate(&mut self, service: &str, timeout: Duration) -> Option<std::process::ExitStatus> {
+    pub fn terminate(
+        &mut self,
+        service: &str,
+        timeout: Duration,
+    ) -> Option<std::process::ExitStatus> {
         let (_, child) = self.children.iter_mut().find(|(n, _)| n == service)?;
-        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Ok(Some(status)) = child.try_wait() {
@@ -144,10 +197,12 @@ impl Mesh {
     }
 
     pub async fn channel(&self, service: &str) -> anyhow::Result<Channel> {
-        Ok(tonic::transport::Endpoint::from_shared(self.endpoint(service))?
-            .connect_timeout(Duration::from_secs(2))
-            .connect()
-            .await?)
+        Ok(
+            tonic::transport::Endpoint::from_shared(self.endpoint(service))?
+                .connect_timeout(Duration::from_secs(2))
+                .connect()
+                .await?,
+        )
     }
 
     pub async fn wait_serving(&mut self, service: &str, timeout: Duration) -> anyhow::Result<()> {
@@ -156,21 +211,34 @@ impl Mesh {
             if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| n == service)
                 && let Ok(Some(status)) = child.try_wait()
             {
-                anyhow::bail!("{service} exited with {status}; log:\n{}", self.log_tail(service));
+                anyhow::bail!(
+                    "{service} exited with {status}; log:\n{}",
+                    self.log_tail(service)
+                );
             }
             if let Ok(ch) = self.channel(service).await {
-                let res = HealthClient::new(ch).check(HealthCheckRequest { service: String::new() }).await;
+                let res = HealthClient::new(ch)
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await;
                 if res.is_ok_and(|r| r.into_inner().status == ServingStatus::Serving as i32) {
                     return Ok(());
                 }
             }
-            anyhow::ensure!(Instant::now() < deadline, "{service} not SERVING in time; log:\n{}", self.log_tail(service));
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{service} not SERVING in time; log:\n{}",
+                self.log_tail(service)
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
     pub fn log_tail(&self, name: &str) -> String {
-        let text = std::fs::read_to_string(self.state.path().join("logs").join(format!("{name}.log"))).unwrap_or_default();
+        let text =
+            std::fs::read_to_string(self.state.path().join("logs").join(format!("{name}.log")))
+                .unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
@@ -180,7 +248,10 @@ impl Drop for Mesh {
     fn drop(&mut self) {
         // Services first (SIGTERM, so they drain), Temporal last.
         for (_, child) in self.children.iter_mut().rev() {
-            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         for (_, child) in &mut self.children {

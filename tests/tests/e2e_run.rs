@@ -2,21 +2,30 @@
 //! cancels cleanly, refuses bad input, and answers grpcurl through reflection.
 
 use forkyard_proto::{
-    budget::v1::{budget_ledger_client::BudgetLedgerClient, GetAccountRequest},
+    budget::v1::{GetAccountRequest, budget_ledger_client::BudgetLedgerClient},
     common::v1::{AgentSpec, ForkStatus},
-    gateway::v1::{gateway_client::GatewayClient, CancelRunRequest, GetRunRequest, LaunchRunRequest, Run, RunState},
+    gateway::v1::{
+        CancelRunRequest, GetRunRequest, LaunchRunRequest, Run, RunState,
+        gateway_client::GatewayClient,
+    },
+    janitor::v1::{SweepReport, SweepRequest, janitor_client::JanitorClient},
     labels,
-    janitor::v1::{janitor_client::JanitorClient, SweepReport, SweepRequest},
-    sandbox::v1::{sandbox_provisioner_client::SandboxProvisionerClient, CreateSandboxRequest, ListSandboxesRequest},
+    sandbox::v1::{
+        CreateSandboxRequest, ListSandboxesRequest,
+        sandbox_provisioner_client::SandboxProvisionerClient,
+    },
 };
-use forkyard_tests::{repo, Mesh};
+use forkyard_tests::{Mesh, repo};
 use std::{
     collections::HashMap,
     path::Path,
-    sync::{atomic::{AtomicUsize, Ordering}, Arc},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
-use tonic::{transport::Channel, Code};
+use tonic::{Code, transport::Channel};
 
 /// Each fork writes its own file and edits a shared one differently, then reports a
 /// cost of (fork × 10,000 + 5,000) micro-USD the way `claude -p --output-format json` does.
@@ -32,7 +41,11 @@ fn launch(repo: &Path, forks: u32, max_concurrent: u32, command: &str) -> Launch
         forks,
         max_concurrent,
         budget_usd: "1".into(),
-        agent: Some(AgentSpec { driver: "command".into(), command: command.into(), model: String::new() }),
+        agent: Some(AgentSpec {
+            driver: "command".into(),
+            command: command.into(),
+            model: String::new(),
+        }),
         fork_timeout_secs: 120,
         ..Default::default()
     }
@@ -42,14 +55,20 @@ async fn wait_finished(gw: &mut GatewayClient<Channel>, run_id: &str, timeout: D
     let deadline = Instant::now() + timeout;
     loop {
         let run = gw
-            .get_run(GetRunRequest { run_id: run_id.into(), include_patches: true })
+            .get_run(GetRunRequest {
+                run_id: run_id.into(),
+                include_patches: true,
+            })
             .await
             .expect("get run")
             .into_inner();
         if run.state != RunState::Running as i32 {
             return run;
         }
-        assert!(Instant::now() < deadline, "run {run_id} still running: {run:#?}");
+        assert!(
+            Instant::now() < deadline,
+            "run {run_id} still running: {run:#?}"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -63,7 +82,9 @@ fn watch_sandboxes(
     tokio::spawn(async move {
         let mut max = 0;
         while stop.load(Ordering::Relaxed) == 0 {
-            let req = ListSandboxesRequest { label_selector: HashMap::from([(labels::RUN_ID.to_owned(), run_id.clone())]) };
+            let req = ListSandboxesRequest {
+                label_selector: HashMap::from([(labels::RUN_ID.to_owned(), run_id.clone())]),
+            };
             if let Ok(resp) = prov.list_sandboxes(req).await {
                 max = max.max(resp.into_inner().sandboxes.len());
             }
@@ -98,29 +119,48 @@ fn workspaces_left(state: &Path) -> Vec<String> {
 }
 
 /// A sandbox made directly through the provisioner, outside any run workflow.
-async fn stray_sandbox(prov: &mut SandboxProvisionerClient<Channel>, repo: &Path, owner: Option<&str>) -> String {
-    let labels = owner.map(|wf| HashMap::from([(labels::WORKFLOW_ID.to_owned(), wf.to_owned())])).unwrap_or_default();
+async fn stray_sandbox(
+    prov: &mut SandboxProvisionerClient<Channel>,
+    repo: &Path,
+    owner: Option<&str>,
+) -> String {
+    let labels = owner
+        .map(|wf| HashMap::from([(labels::WORKFLOW_ID.to_owned(), wf.to_owned())]))
+        .unwrap_or_default();
     let req = CreateSandboxRequest {
         repo: repo.to_string_lossy().into_owned(),
         branch: "stray".into(),
         labels,
         ..Default::default()
     };
-    prov.create_sandbox(req).await.expect("create stray sandbox").into_inner().id
+    prov.create_sandbox(req)
+        .await
+        .expect("create stray sandbox")
+        .into_inner()
+        .id
 }
 
 fn acted_on(report: &SweepReport) -> Vec<(String, String, bool)> {
-    let mut v: Vec<_> = report.actions.iter().map(|a| (a.sandbox_id.clone(), a.reason.clone(), a.destroyed)).collect();
+    let mut v: Vec<_> = report
+        .actions
+        .iter()
+        .map(|a| (a.sandbox_id.clone(), a.reason.clone(), a.destroyed))
+        .collect();
     v.sort();
     v
 }
 
 fn grpcurl(args: &[&str]) -> String {
-    let out = std::process::Command::new(std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".into()))
-        .args(args)
-        .output()
-        .expect("grpcurl is installed (make test installs it)");
-    assert!(out.status.success(), "grpcurl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out =
+        std::process::Command::new(std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".into()))
+            .args(args)
+            .output()
+            .expect("grpcurl is installed (make test installs it)");
+    assert!(
+        out.status.success(),
+        "grpcurl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -133,7 +173,10 @@ async fn three_forks_two_at_a_time_complete_with_exact_ledger_and_no_leaks() {
     let prov = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
 
     let launched = gw
-        .launch_run(LaunchRunRequest { request_id: "e2e-three".into(), ..launch(src.path(), 3, 2, AGENT) })
+        .launch_run(LaunchRunRequest {
+            request_id: "e2e-three".into(),
+            ..launch(src.path(), 3, 2, AGENT)
+        })
         .await
         .expect("launch")
         .into_inner();
@@ -144,7 +187,10 @@ async fn three_forks_two_at_a_time_complete_with_exact_ledger_and_no_leaks() {
 
     // Launching again with the same request id starts nothing new.
     let again = gw
-        .launch_run(LaunchRunRequest { request_id: "e2e-three".into(), ..launch(src.path(), 3, 2, AGENT) })
+        .launch_run(LaunchRunRequest {
+            request_id: "e2e-three".into(),
+            ..launch(src.path(), 3, 2, AGENT)
+        })
         .await
         .unwrap()
         .into_inner();
@@ -159,17 +205,42 @@ async fn three_forks_two_at_a_time_complete_with_exact_ledger_and_no_leaks() {
     assert_eq!(run.forks.len(), 3);
     assert_eq!(run.forks_succeeded, 3, "{run:#?}");
     assert!(max_alive >= 1, "the watcher never saw a sandbox");
-    assert!(max_alive <= 2, "{max_alive} sandboxes alive at once with max_concurrent=2");
+    assert!(
+        max_alive <= 2,
+        "{max_alive} sandboxes alive at once with max_concurrent=2"
+    );
 
     let mut patches = Vec::new();
     for f in &run.forks {
-        assert_eq!(f.status, ForkStatus::Succeeded as i32, "fork {}: {}", f.fork, f.error);
+        assert_eq!(
+            f.status,
+            ForkStatus::Succeeded as i32,
+            "fork {}: {}",
+            f.fork,
+            f.error
+        );
         assert_eq!(f.branch, format!("forkyard-fork-{}", f.fork));
         assert_eq!(f.base_commit, base);
-        assert!(f.patch.contains(&format!("+fork {} says: make it better", f.fork)), "fork {} patch:\n{}", f.fork, f.patch);
-        assert!(f.patch.contains(&format!("+two (fork {})", f.fork)), "fork {} patch:\n{}", f.fork, f.patch);
+        assert!(
+            f.patch
+                .contains(&format!("+fork {} says: make it better", f.fork)),
+            "fork {} patch:\n{}",
+            f.fork,
+            f.patch
+        );
+        assert!(
+            f.patch.contains(&format!("+two (fork {})", f.fork)),
+            "fork {} patch:\n{}",
+            f.fork,
+            f.patch
+        );
         let d = f.diffstat.expect("diffstat");
-        assert_eq!((d.files_changed, d.insertions, d.deletions), (2, 2, 1), "fork {}", f.fork);
+        assert_eq!(
+            (d.files_changed, d.insertions, d.deletions),
+            (2, 2, 1),
+            "fork {}",
+            f.fork
+        );
         assert_eq!(f.cost_micros, i64::from(f.fork) * 10_000 + 5_000);
         patches.push(f.patch.clone());
     }
@@ -179,7 +250,9 @@ async fn three_forks_two_at_a_time_complete_with_exact_ledger_and_no_leaks() {
     // The ledger agrees with the forks to the micro-dollar, and nothing stays reserved.
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
     let account = ledger
-        .get_account(GetAccountRequest { account_id: launched.run_id.clone() })
+        .get_account(GetAccountRequest {
+            account_id: launched.run_id.clone(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -191,15 +264,32 @@ async fn three_forks_two_at_a_time_complete_with_exact_ledger_and_no_leaks() {
     assert_eq!(account.available_micros, 1_000_000 - total);
 
     // Nothing leaks: no sandbox, no workspace, no process.
-    let left = prov.clone().list_sandboxes(ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
+    let left = prov
+        .clone()
+        .list_sandboxes(ListSandboxesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .sandboxes;
     assert!(left.is_empty(), "sandboxes left: {left:?}");
-    assert!(workspaces_left(mesh.state_dir()).is_empty(), "{:?}", workspaces_left(mesh.state_dir()));
-    assert!(sandbox_processes(mesh.state_dir()).is_empty(), "{:?}", sandbox_processes(mesh.state_dir()));
+    assert!(
+        workspaces_left(mesh.state_dir()).is_empty(),
+        "{:?}",
+        workspaces_left(mesh.state_dir())
+    );
+    assert!(
+        sandbox_processes(mesh.state_dir()).is_empty(),
+        "{:?}",
+        sandbox_processes(mesh.state_dir())
+    );
 
     // The real grpcurl sees every service through reflection and can call GetRun.
     let apis = [
         ("gateway", "forkyard.gateway.v1.Gateway"),
-        ("sandbox-provisioner", "forkyard.sandbox.v1.SandboxProvisioner"),
+        (
+            "sandbox-provisioner",
+            "forkyard.sandbox.v1.SandboxProvisioner",
+        ),
         ("agent-runner", "forkyard.agent.v1.AgentRunner"),
         ("budget-ledger", "forkyard.budget.v1.BudgetLedger"),
         ("janitor", "forkyard.janitor.v1.Janitor"),
@@ -207,17 +297,44 @@ async fn three_forks_two_at_a_time_complete_with_exact_ledger_and_no_leaks() {
     for (service, api) in apis {
         let addr = format!("127.0.0.1:{}", mesh.port(service));
         let listed = grpcurl(&["-plaintext", &addr, "list"]);
-        assert!(listed.contains("grpc.health.v1.Health"), "{service}: {listed}");
-        let forkyard_apis: Vec<&str> = listed.lines().filter(|l| l.starts_with("forkyard.")).collect();
-        assert_eq!(forkyard_apis, vec![api], "{service} advertises exactly its own API");
-        let health = grpcurl(&["-plaintext", "-d", "{}", &addr, "grpc.health.v1.Health/Check"]);
+        assert!(
+            listed.contains("grpc.health.v1.Health"),
+            "{service}: {listed}"
+        );
+        let forkyard_apis: Vec<&str> = listed
+            .lines()
+            .filter(|l| l.starts_with("forkyard."))
+            .collect();
+        assert_eq!(
+            forkyard_apis,
+            vec![api],
+            "{service} advertises exactly its own API"
+        );
+        let health = grpcurl(&[
+            "-plaintext",
+            "-d",
+            "{}",
+            &addr,
+            "grpc.health.v1.Health/Check",
+        ]);
         assert!(health.contains("SERVING"), "{service}: {health}");
     }
     let gw_addr = format!("127.0.0.1:{}", mesh.port("gateway"));
-    let described = grpcurl(&["-plaintext", &gw_addr, "describe", "forkyard.gateway.v1.Gateway"]);
+    let described = grpcurl(&[
+        "-plaintext",
+        &gw_addr,
+        "describe",
+        "forkyard.gateway.v1.Gateway",
+    ]);
     assert!(described.contains("rpc LaunchRun"), "{described}");
     let body = format!(r#"{{"run_id":"{}"}}"#, launched.run_id);
-    let got = grpcurl(&["-plaintext", "-d", &body, &gw_addr, "forkyard.gateway.v1.Gateway/GetRun"]);
+    let got = grpcurl(&[
+        "-plaintext",
+        "-d",
+        &body,
+        &gw_addr,
+        "forkyard.gateway.v1.Gateway/GetRun",
+    ]);
     let json: serde_json::Value = serde_json::from_str(&got).unwrap();
     assert_eq!(json["state"], "RUN_STATE_COMPLETED", "{got}");
     assert_eq!(json["forksSucceeded"], 3, "{got}");
@@ -226,7 +343,11 @@ async fn three_forks_two_at_a_time_complete_with_exact_ledger_and_no_leaks() {
     let mut mesh = mesh;
     for service in forkyard_tests::mesh::SERVICES {
         let status = mesh.terminate(service, Duration::from_secs(20));
-        assert!(status.is_some_and(|s| s.success()), "{service} on SIGTERM: {status:?}\n{}", mesh.log_tail(service));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{service} on SIGTERM: {status:?}\n{}",
+            mesh.log_tail(service)
+        );
     }
 }
 
@@ -236,37 +357,93 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
     let src = tempfile::tempdir().unwrap();
     repo::create(src.path()).unwrap();
     let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
-    let mut prov = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+    let mut prov =
+        SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
 
     // Bad input: refused with the field named, and no run appears.
     let cases: Vec<(LaunchRunRequest, Code, &str)> = vec![
-        (LaunchRunRequest { forks: 0, ..launch(src.path(), 1, 1, "true") }, Code::InvalidArgument, "forks"),
-        (LaunchRunRequest { prompt: String::new(), ..launch(src.path(), 1, 1, "true") }, Code::InvalidArgument, "prompt"),
-        (launch(src.path(), 1, 0, "true"), Code::InvalidArgument, "max_concurrent"),
-        (LaunchRunRequest { budget_usd: "-3".into(), ..launch(src.path(), 1, 1, "true") }, Code::InvalidArgument, "budget_usd"),
         (
             LaunchRunRequest {
-                agent: Some(AgentSpec { driver: "telepathy".into(), ..Default::default() }),
+                forks: 0,
+                ..launch(src.path(), 1, 1, "true")
+            },
+            Code::InvalidArgument,
+            "forks",
+        ),
+        (
+            LaunchRunRequest {
+                prompt: String::new(),
+                ..launch(src.path(), 1, 1, "true")
+            },
+            Code::InvalidArgument,
+            "prompt",
+        ),
+        (
+            launch(src.path(), 1, 0, "true"),
+            Code::InvalidArgument,
+            "max_concurrent",
+        ),
+        (
+            LaunchRunRequest {
+                budget_usd: "-3".into(),
+                ..launch(src.path(), 1, 1, "true")
+            },
+            Code::InvalidArgument,
+            "budget_usd",
+        ),
+        (
+            LaunchRunRequest {
+                agent: Some(AgentSpec {
+                    driver: "telepathy".into(),
+                    ..Default::default()
+                }),
                 ..launch(src.path(), 1, 1, "true")
             },
             Code::InvalidArgument,
             "agent.driver",
         ),
-        (launch(Path::new("/nonexistent/repo"), 1, 1, "true"), Code::InvalidArgument, "repo"),
-        (launch(mesh.state_dir(), 1, 1, "true"), Code::FailedPrecondition, "repo"),
+        (
+            launch(Path::new("/nonexistent/repo"), 1, 1, "true"),
+            Code::InvalidArgument,
+            "repo",
+        ),
+        (
+            launch(mesh.state_dir(), 1, 1, "true"),
+            Code::FailedPrecondition,
+            "repo",
+        ),
     ];
     for (i, (req, code, field)) in cases.into_iter().enumerate() {
-        let req = LaunchRunRequest { request_id: format!("bad-{i}"), ..req };
+        let req = LaunchRunRequest {
+            request_id: format!("bad-{i}"),
+            ..req
+        };
         let err = gw.launch_run(req).await.expect_err("bad launch accepted");
         assert_eq!(err.code(), code, "case {i}: {err:?}");
-        assert!(err.message().starts_with(field), "case {i}: {:?} does not name {field}", err.message());
-        let missing = gw.get_run(GetRunRequest { run_id: format!("run-bad-{i}"), include_patches: false }).await;
-        assert_eq!(missing.expect_err("run started").code(), Code::NotFound, "case {i}");
+        assert!(
+            err.message().starts_with(field),
+            "case {i}: {:?} does not name {field}",
+            err.message()
+        );
+        let missing = gw
+            .get_run(GetRunRequest {
+                run_id: format!("run-bad-{i}"),
+                include_patches: false,
+            })
+            .await;
+        assert_eq!(
+            missing.expect_err("run started").code(),
+            Code::NotFound,
+            "case {i}"
+        );
     }
 
     // A run whose agents would take minutes is cancelled once its sandboxes exist.
     let launched = gw
-        .launch_run(LaunchRunRequest { request_id: "e2e-cancel".into(), ..launch(src.path(), 4, 2, "sleep 300") })
+        .launch_run(LaunchRunRequest {
+            request_id: "e2e-cancel".into(),
+            ..launch(src.path(), 4, 2, "sleep 300")
+        })
         .await
         .unwrap()
         .into_inner();
@@ -274,7 +451,9 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let alive = prov
-            .list_sandboxes(ListSandboxesRequest { label_selector: selector.clone() })
+            .list_sandboxes(ListSandboxesRequest {
+                label_selector: selector.clone(),
+            })
             .await
             .unwrap()
             .into_inner()
@@ -290,7 +469,14 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
     let mut janitor = JanitorClient::new(mesh.channel("janitor").await.unwrap());
     let ghost = stray_sandbox(&mut prov, src.path(), Some("run-ghost/fork-1")).await;
     let unlabelled = stray_sandbox(&mut prov, src.path(), None).await;
-    let dry = janitor.sweep_now(SweepRequest { dry_run: true, min_age_secs: 0 }).await.unwrap().into_inner();
+    let dry = janitor
+        .sweep_now(SweepRequest {
+            dry_run: true,
+            min_age_secs: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
     let mut want = vec![
         (ghost.clone(), "workflow not found".to_owned(), false),
         (unlabelled.clone(), "no owner label".to_owned(), false),
@@ -298,44 +484,119 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
     want.sort();
     assert_eq!(acted_on(&dry), want, "dry run reports the orphans only");
     assert_eq!(dry.examined, 4);
-    let swept = janitor.sweep_now(SweepRequest { dry_run: false, min_age_secs: 0 }).await.unwrap().into_inner();
+    let swept = janitor
+        .sweep_now(SweepRequest {
+            dry_run: false,
+            min_age_secs: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
     for w in &mut want {
         w.2 = true;
     }
     assert_eq!(acted_on(&swept), want);
-    let alive = prov.list_sandboxes(ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
-    assert_eq!(alive.len(), 2, "the run's two sandboxes are untouched: {alive:?}");
-    assert!(alive.iter().all(|s| s.labels.get(labels::RUN_ID) == Some(&launched.run_id) && s.running_execs > 0));
+    let alive = prov
+        .list_sandboxes(ListSandboxesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .sandboxes;
+    assert_eq!(
+        alive.len(),
+        2,
+        "the run's two sandboxes are untouched: {alive:?}"
+    );
+    assert!(
+        alive
+            .iter()
+            .all(|s| s.labels.get(labels::RUN_ID) == Some(&launched.run_id) && s.running_execs > 0)
+    );
 
-    gw.cancel_run(CancelRunRequest { run_id: launched.run_id.clone(), reason: "test".into() }).await.unwrap();
+    gw.cancel_run(CancelRunRequest {
+        run_id: launched.run_id.clone(),
+        reason: "test".into(),
+    })
+    .await
+    .unwrap();
     let run = wait_finished(&mut gw, &launched.run_id, Duration::from_secs(60)).await;
     assert_eq!(run.state, RunState::Cancelled as i32, "{run:#?}");
     for f in &run.forks {
-        assert_eq!(f.status, ForkStatus::Cancelled as i32, "fork {}: {f:?}", f.fork);
+        assert_eq!(
+            f.status,
+            ForkStatus::Cancelled as i32,
+            "fork {}: {f:?}",
+            f.fork
+        );
     }
-    let left = prov.list_sandboxes(ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
+    let left = prov
+        .list_sandboxes(ListSandboxesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .sandboxes;
     assert!(left.is_empty(), "sandboxes left after cancel: {left:?}");
-    assert!(workspaces_left(mesh.state_dir()).is_empty(), "{:?}", workspaces_left(mesh.state_dir()));
-    assert!(sandbox_processes(mesh.state_dir()).is_empty(), "{:?}", sandbox_processes(mesh.state_dir()));
+    assert!(
+        workspaces_left(mesh.state_dir()).is_empty(),
+        "{:?}",
+        workspaces_left(mesh.state_dir())
+    );
+    assert!(
+        sandbox_processes(mesh.state_dir()).is_empty(),
+        "{:?}",
+        sandbox_processes(mesh.state_dir())
+    );
 
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let account = ledger.get_account(GetAccountRequest { account_id: launched.run_id.clone() }).await.unwrap().into_inner();
-    assert_eq!(account.reserved_micros, 0, "cancelled forks released their reservations");
+    let account = ledger
+        .get_account(GetAccountRequest {
+            account_id: launched.run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        account.reserved_micros, 0,
+        "cancelled forks released their reservations"
+    );
     assert_eq!(account.spent_micros, 0);
 
     // A sandbox claiming a closed fork workflow is an orphan too.
     let closed_owner = format!("{}/fork-1", launched.run_id);
     let stale = stray_sandbox(&mut prov, src.path(), Some(&closed_owner)).await;
-    let swept = janitor.sweep_now(SweepRequest { dry_run: false, min_age_secs: 0 }).await.unwrap().into_inner();
+    let swept = janitor
+        .sweep_now(SweepRequest {
+            dry_run: false,
+            min_age_secs: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(swept.actions.len(), 1, "{swept:?}");
     assert_eq!(swept.actions[0].sandbox_id, stale);
-    assert!(swept.actions[0].reason.starts_with("workflow closed"), "{swept:?}");
+    assert!(
+        swept.actions[0].reason.starts_with("workflow closed"),
+        "{swept:?}"
+    );
     assert!(swept.actions[0].destroyed);
     assert!(workspaces_left(mesh.state_dir()).is_empty());
 
     // Cancelling a finished run is a precondition failure, an unknown run is not found.
-    let again = gw.cancel_run(CancelRunRequest { run_id: launched.run_id.clone(), reason: String::new() }).await;
-    assert_eq!(again.expect_err("cancel of a closed run").code(), Code::FailedPrecondition);
-    let unknown = gw.cancel_run(CancelRunRequest { run_id: "run-nope".into(), reason: String::new() }).await;
+    let again = gw
+        .cancel_run(CancelRunRequest {
+            run_id: launched.run_id.clone(),
+            reason: String::new(),
+        })
+        .await;
+    assert_eq!(
+        again.expect_err("cancel of a closed run").code(),
+        Code::FailedPrecondition
+    );
+    let unknown = gw
+        .cancel_run(CancelRunRequest {
+            run_id: "run-nope".into(),
+            reason: String::new(),
+        })
+        .await;
     assert_eq!(unknown.expect_err("unknown run").code(), Code::NotFound);
 }

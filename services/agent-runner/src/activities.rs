@@ -29,11 +29,21 @@ impl AgentActivities {
         ctx: ActivityContext,
         req: RunAgentRequest,
     ) -> Result<RunAgentResponse, ActivityError> {
-        let (client, endpoint) = self.provisioners.client_for(&req.sandbox_endpoint).map_err(AgentError::into_activity)?;
-        let sink = Heartbeats(&ctx);
-        let out = command::run(client, &endpoint, &req, &sink, self.heartbeat, ctx.cancelled())
-            .await
+        let (client, endpoint) = self
+            .provisioners
+            .client_for(&req.sandbox_endpoint)
             .map_err(AgentError::into_activity)?;
+        let sink = Heartbeats(&ctx);
+        let out = command::run(
+            client,
+            &endpoint,
+            &req,
+            &sink,
+            self.heartbeat,
+            ctx.cancelled(),
+        )
+        .await
+        .map_err(AgentError::into_activity)?;
         tracing::info!(
             run_id = %req.run_id, fork = req.fork, exit_code = out.exit_code,
             cost_micros = out.cost_micros, duration_ms = out.duration_ms, "agent finished"

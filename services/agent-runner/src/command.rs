@@ -5,9 +5,13 @@
 use crate::{error::AgentError, usage};
 use forkyard_proto::{
     agent::v1::{AgentProgress, RunAgentRequest, RunAgentResponse},
-    sandbox::v1::{sandbox_provisioner_client::SandboxProvisionerClient, ExecRequest},
+    sandbox::v1::{ExecRequest, sandbox_provisioner_client::SandboxProvisionerClient},
 };
-use std::{collections::HashMap, future::Future, time::{Duration, Instant}};
+use std::{
+    collections::HashMap,
+    future::Future,
+    time::{Duration, Instant},
+};
 use tonic::transport::Channel;
 
 const OUTPUT_TAIL_BYTES: usize = 4096;
@@ -36,8 +40,15 @@ fn tail(s: &str, max: usize) -> &str {
 }
 
 pub fn validate(req: &RunAgentRequest) -> Result<String, AgentError> {
-    let agent = req.agent.as_ref().ok_or_else(|| AgentError::InvalidArgument("agent: missing".into()))?;
-    let driver = if agent.driver.is_empty() { "command" } else { agent.driver.as_str() };
+    let agent = req
+        .agent
+        .as_ref()
+        .ok_or_else(|| AgentError::InvalidArgument("agent: missing".into()))?;
+    let driver = if agent.driver.is_empty() {
+        "command"
+    } else {
+        agent.driver.as_str()
+    };
     if !DRIVERS.contains(&driver) {
         return Err(AgentError::InvalidArgument(format!(
             "agent.driver: unknown driver {driver:?}; available: {}",
@@ -45,7 +56,9 @@ pub fn validate(req: &RunAgentRequest) -> Result<String, AgentError> {
         )));
     }
     if agent.command.trim().is_empty() {
-        return Err(AgentError::InvalidArgument("agent.command: is empty".into()));
+        return Err(AgentError::InvalidArgument(
+            "agent.command: is empty".into(),
+        ));
     }
     if req.sandbox_id.is_empty() {
         return Err(AgentError::InvalidArgument("sandbox_id: is empty".into()));
@@ -99,10 +112,17 @@ pub async fn run(
     };
     let out = response
         .map_err(|s| match s.code() {
-            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::DeadlineExceeded => {
-                AgentError::Unavailable { endpoint: endpoint.to_owned(), message: s.message().to_owned() }
-            }
-            _ => AgentError::Sandbox { sandbox_id: req.sandbox_id.clone(), message: s.message().to_owned() },
+            tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Internal
+            | tonic::Code::DeadlineExceeded => AgentError::Unavailable {
+                endpoint: endpoint.to_owned(),
+                message: s.message().to_owned(),
+            },
+            _ => AgentError::Sandbox {
+                sandbox_id: req.sandbox_id.clone(),
+                message: s.message().to_owned(),
+            },
         })?
         .into_inner();
     let reported = usage::from_stdout(&out.stdout).unwrap_or_default();

@@ -36,7 +36,11 @@ fn u64_field(v: &Value, key: &str) -> u64 {
 
 /// The usage in the last stdout line that is a JSON object, if any.
 pub fn from_stdout(stdout: &str) -> Option<Reported> {
-    let line = stdout.lines().rev().map(str::trim).find(|l| l.starts_with('{') && l.ends_with('}'))?;
+    let line = stdout
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('{') && l.ends_with('}'))?;
     let v: Value = serde_json::from_str(line).ok()?;
     let cost = v.get("total_cost_usd").or_else(|| v.get("cost_usd"))?;
     let cost_micros = match cost {

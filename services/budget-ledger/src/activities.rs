@@ -2,24 +2,12 @@
 //! gRPC service, implementing the contracts in `forkyard_proto::activities::Ledger`.
 
 use crate::{error::LedgerError, store::LedgerStore};
-use forkyard_proto::activities::Ledger;
 use forkyard_proto::budget::v1::{
     Account, CommitRequest, OpenAccountRequest, ReleaseRequest, Reservation, ReserveRequest,
 };
 use std::sync::Arc;
-use temporalio_common::ActivityDefinition;
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
-
-/// The name of a contract in `forkyard_proto::activities`, checked at compile time to take
-/// `I` and return `O`. (The contracts' marker types live in a private module of the proto
-/// crate, so `definition = ...` cannot name them; their public consts can be used here.)
-fn contract<I, O, D>(definition: &'static D) -> &'static str
-where
-    D: ActivityDefinition<Input = I, Output = O>,
-{
-    definition.name()
-}
 
 pub struct LedgerActivities {
     store: Arc<LedgerStore>,
@@ -33,40 +21,52 @@ impl LedgerActivities {
 
 #[activities]
 impl LedgerActivities {
-    #[activity(name = contract::<OpenAccountRequest, Account, _>(&Ledger::open_account))]
+    #[activity(definition = forkyard_proto::activities::markers::ledger::OpenAccount)]
     pub async fn open_account(
         self: Arc<Self>,
         _ctx: ActivityContext,
         req: OpenAccountRequest,
     ) -> Result<Account, ActivityError> {
-        self.store.open_account(&req).await.map_err(LedgerError::into_activity_error)
+        self.store
+            .open_account(&req)
+            .await
+            .map_err(LedgerError::into_activity_error)
     }
 
-    #[activity(name = contract::<ReserveRequest, Reservation, _>(&Ledger::reserve))]
+    #[activity(definition = forkyard_proto::activities::markers::ledger::Reserve)]
     pub async fn reserve(
         self: Arc<Self>,
         _ctx: ActivityContext,
         req: ReserveRequest,
     ) -> Result<Reservation, ActivityError> {
-        self.store.reserve(&req).await.map_err(LedgerError::into_activity_error)
+        self.store
+            .reserve(&req)
+            .await
+            .map_err(LedgerError::into_activity_error)
     }
 
-    #[activity(name = contract::<CommitRequest, Reservation, _>(&Ledger::commit))]
+    #[activity(definition = forkyard_proto::activities::markers::ledger::Commit)]
     pub async fn commit(
         self: Arc<Self>,
         _ctx: ActivityContext,
         req: CommitRequest,
     ) -> Result<Reservation, ActivityError> {
-        self.store.commit(&req).await.map_err(LedgerError::into_activity_error)
+        self.store
+            .commit(&req)
+            .await
+            .map_err(LedgerError::into_activity_error)
     }
 
-    #[activity(name = contract::<ReleaseRequest, Reservation, _>(&Ledger::release))]
+    #[activity(definition = forkyard_proto::activities::markers::ledger::Release)]
     pub async fn release(
         self: Arc<Self>,
         _ctx: ActivityContext,
         req: ReleaseRequest,
     ) -> Result<Reservation, ActivityError> {
-        self.store.release(&req).await.map_err(LedgerError::into_activity_error)
+        self.store
+            .release(&req)
+            .await
+            .map_err(LedgerError::into_activity_error)
     }
 }
 

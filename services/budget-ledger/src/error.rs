@@ -20,7 +20,9 @@ pub enum LedgerError {
     /// Bad input; `field` names the request field.
     #[error("{field}: {reason}")]
     InvalidArgument { field: &'static str, reason: String },
-    #[error("idempotency key reused with different parameters: {key:?} was first used for {operation}")]
+    #[error(
+        "idempotency key reused with different parameters: {key:?} was first used for {operation}"
+    )]
     KeyReused { key: String, operation: String },
     #[error("{0}")]
     NotFound(String),
@@ -42,7 +44,10 @@ pub enum LedgerError {
 
 impl LedgerError {
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
-        Self::InvalidArgument { field, reason: reason.into() }
+        Self::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
     }
 
     /// Whether retrying the same call may succeed.

@@ -27,12 +27,20 @@ impl LedgerService {
 
 #[tonic::async_trait]
 impl BudgetLedger for LedgerService {
-    async fn open_account(&self, req: Request<OpenAccountRequest>) -> Result<Response<Account>, Status> {
+    async fn open_account(
+        &self,
+        req: Request<OpenAccountRequest>,
+    ) -> Result<Response<Account>, Status> {
         Ok(Response::new(self.store.open_account(req.get_ref()).await?))
     }
 
-    async fn get_account(&self, req: Request<GetAccountRequest>) -> Result<Response<Account>, Status> {
-        Ok(Response::new(self.store.get_account(&req.get_ref().account_id).await?))
+    async fn get_account(
+        &self,
+        req: Request<GetAccountRequest>,
+    ) -> Result<Response<Account>, Status> {
+        Ok(Response::new(
+            self.store.get_account(&req.get_ref().account_id).await?,
+        ))
     }
 
     async fn reserve(&self, req: Request<ReserveRequest>) -> Result<Response<Reservation>, Status> {

@@ -11,7 +11,10 @@ use forkyard_proto::budget::v1::budget_ledger_server::BudgetLedgerServer;
 use std::sync::Arc;
 
 #[derive(Debug, Parser)]
-#[command(name = "budget-ledger", about = "Forkyard budget ledger: gRPC server and Temporal worker")]
+#[command(
+    name = "budget-ledger",
+    about = "Forkyard budget ledger: gRPC server and Temporal worker"
+)]
 struct Args {
     /// gRPC listen address.
     #[arg(long, env = "FORKYARD_LISTEN", default_value = DEFAULT_LISTEN)]
@@ -28,7 +31,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let addr = parse_listen("FORKYARD_LISTEN (--listen)", &args.listen).unwrap_or_else(|e| exit_config_error(e));
+    let addr = parse_listen("FORKYARD_LISTEN (--listen)", &args.listen)
+        .unwrap_or_else(|e| exit_config_error(e));
     if let Err(e) = args.temporal.url() {
         exit_config_error(e);
     }
@@ -39,17 +43,35 @@ async fn main() -> anyhow::Result<()> {
         Some(url) => LedgerStore::connect(url).await,
         None => LedgerStore::open_file(&state_dir.join("ledger.db")).await,
     }
-    .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LEDGER_DATABASE_URL (--database-url): {e}")));
+    .unwrap_or_else(|e| {
+        exit_config_error(format!(
+            "FORKYARD_LEDGER_DATABASE_URL (--database-url): {e}"
+        ))
+    });
     let store = Arc::new(store);
 
-    let listener = server::bind(addr).await.unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
-    let (routes, health) =
-        server::base_routes(<BudgetLedgerServer<LedgerService> as tonic::server::NamedService>::NAME)?;
+    let listener = server::bind(addr)
+        .await
+        .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
+    let (routes, health) = server::base_routes(
+        <BudgetLedgerServer<LedgerService> as tonic::server::NamedService>::NAME,
+    )?;
     let routes = routes.add_service(LedgerService::new(store.clone()).into_server());
 
     let client = temporal::connect(&args.temporal, "budget-ledger").await?;
     let runtime = temporal::runtime()?;
-    let (worker, stop_worker) = temporal::worker(&runtime, client, activities::worker_options(store))?;
+    let (worker, stop_worker) =
+        temporal::worker(&runtime, client, activities::worker_options(store))?;
 
-    service::run(service::Service { name: "budget-ledger", listener, routes, health }, worker, stop_worker).await
+    service::run(
+        service::Service {
+            name: "budget-ledger",
+            listener,
+            routes,
+            health,
+        },
+        worker,
+        stop_worker,
+    )
+    .await
 }

@@ -39,7 +39,9 @@ fn parse_state(s: &str) -> Result<ReservationState, LedgerError> {
         "HELD" => Ok(ReservationState::Held),
         "COMMITTED" => Ok(ReservationState::Committed),
         "RELEASED" => Ok(ReservationState::Released),
-        other => Err(LedgerError::Corrupt(format!("unknown reservation state {other:?}"))),
+        other => Err(LedgerError::Corrupt(format!(
+            "unknown reservation state {other:?}"
+        ))),
     }
 }
 
@@ -105,7 +107,11 @@ impl ReservationRow {
 /// Returns the amount committed and whether the request had to be capped.
 pub(crate) fn cap_commit(requested: i64, reserved: i64, available: i64) -> (i64, bool) {
     let cap = reserved.saturating_add(available.max(0));
-    if requested > cap { (cap, true) } else { (requested, false) }
+    if requested > cap {
+        (cap, true)
+    } else {
+        (requested, false)
+    }
 }
 
 #[cfg(test)]
@@ -126,7 +132,11 @@ mod tests {
             ((250, 100, -5), (100, true)),
         ];
         for ((req, rsv, avail), want) in cases {
-            assert_eq!(cap_commit(req, rsv, avail), want, "cap_commit({req}, {rsv}, {avail})");
+            assert_eq!(
+                cap_commit(req, rsv, avail),
+                want,
+                "cap_commit({req}, {rsv}, {avail})"
+            );
         }
     }
 }

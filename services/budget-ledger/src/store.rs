@@ -80,7 +80,10 @@ impl LedgerStore {
         validate::non_negative("budget_micros", req.budget_micros)?;
         validate::non_empty("idempotency_key", &req.idempotency_key)?;
         let op = "open_account";
-        let fp = fingerprint(&OpenAccountRequest { idempotency_key: String::new(), ..req.clone() })?;
+        let fp = fingerprint(&OpenAccountRequest {
+            idempotency_key: String::new(),
+            ..req.clone()
+        })?;
 
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         if let Some(resp) = replay(&mut tx, op, &req.idempotency_key, &fp).await? {
@@ -123,7 +126,10 @@ impl LedgerStore {
         validate::positive("amount_micros", req.amount_micros)?;
         validate::non_empty("idempotency_key", &req.idempotency_key)?;
         let op = "reserve";
-        let fp = fingerprint(&ReserveRequest { idempotency_key: String::new(), ..req.clone() })?;
+        let fp = fingerprint(&ReserveRequest {
+            idempotency_key: String::new(),
+            ..req.clone()
+        })?;
 
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         if let Some(resp) = replay(&mut tx, op, &req.idempotency_key, &fp).await? {
@@ -166,7 +172,10 @@ impl LedgerStore {
         validate::non_negative("amount_micros", req.amount_micros)?;
         validate::non_empty("idempotency_key", &req.idempotency_key)?;
         let op = "commit";
-        let fp = fingerprint(&CommitRequest { idempotency_key: String::new(), ..req.clone() })?;
+        let fp = fingerprint(&CommitRequest {
+            idempotency_key: String::new(),
+            ..req.clone()
+        })?;
 
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         if let Some(resp) = replay(&mut tx, op, &req.idempotency_key, &fp).await? {
@@ -181,8 +190,11 @@ impl LedgerStore {
             )));
         }
         let account = require_account(&mut tx, &rsv.account_id).await?;
-        let (committed, exceeded) =
-            model::cap_commit(req.amount_micros, rsv.amount_micros, account.available_micros);
+        let (committed, exceeded) = model::cap_commit(
+            req.amount_micros,
+            rsv.amount_micros,
+            account.available_micros,
+        );
         if exceeded {
             tracing::warn!(
                 reservation_id = %rsv.reservation_id,
@@ -203,7 +215,9 @@ impl LedgerStore {
         .bind(model::state_str(ReservationState::Held))
         .execute(&mut *tx)
         .await?;
-        let reservation = require_reservation(&mut tx, &rsv.reservation_id).await?.into_proto();
+        let reservation = require_reservation(&mut tx, &rsv.reservation_id)
+            .await?
+            .into_proto();
         remember(&mut tx, op, &req.idempotency_key, &fp, &reservation).await?;
         tx.commit().await?;
         Ok(reservation)
@@ -213,7 +227,10 @@ impl LedgerStore {
         validate::non_empty("reservation_id", &req.reservation_id)?;
         validate::non_empty("idempotency_key", &req.idempotency_key)?;
         let op = "release";
-        let fp = fingerprint(&ReleaseRequest { idempotency_key: String::new(), ..req.clone() })?;
+        let fp = fingerprint(&ReleaseRequest {
+            idempotency_key: String::new(),
+            ..req.clone()
+        })?;
 
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         if let Some(resp) = replay(&mut tx, op, &req.idempotency_key, &fp).await? {
@@ -240,16 +257,22 @@ impl LedgerStore {
                 )));
             }
         }
-        let reservation = require_reservation(&mut tx, &rsv.reservation_id).await?.into_proto();
+        let reservation = require_reservation(&mut tx, &rsv.reservation_id)
+            .await?
+            .into_proto();
         remember(&mut tx, op, &req.idempotency_key, &fp, &reservation).await?;
         tx.commit().await?;
         Ok(reservation)
     }
 
-    pub async fn list_reservations(&self, req: &ListReservationsRequest) -> Result<Vec<Reservation>> {
+    pub async fn list_reservations(
+        &self,
+        req: &ListReservationsRequest,
+    ) -> Result<Vec<Reservation>> {
         validate::non_empty("account_id", &req.account_id)?;
-        let state = ReservationState::try_from(req.state)
-            .map_err(|_| LedgerError::invalid("state", format!("unknown reservation state {}", req.state)))?;
+        let state = ReservationState::try_from(req.state).map_err(|_| {
+            LedgerError::invalid("state", format!("unknown reservation state {}", req.state))
+        })?;
         let mut conn = self.pool.acquire().await?;
         require_account(&mut conn, &req.account_id).await?;
         let rows = if state == ReservationState::Unspecified {
@@ -270,13 +293,16 @@ impl LedgerStore {
             .fetch_all(&mut *conn)
             .await?
         };
-        rows.iter().map(|r| ReservationRow::from_row(r).map(ReservationRow::into_proto)).collect()
+        rows.iter()
+            .map(|r| ReservationRow::from_row(r).map(ReservationRow::into_proto))
+            .collect()
     }
 }
 
 /// The request without its idempotency key, as canonical JSON (fixed field order).
 fn fingerprint<T: Serialize>(req: &T) -> Result<String> {
-    serde_json::to_string(req).map_err(|e| LedgerError::Corrupt(format!("cannot encode request: {e}")))
+    serde_json::to_string(req)
+        .map_err(|e| LedgerError::Corrupt(format!("cannot encode request: {e}")))
 }
 
 /// The stored response of an earlier call with this key, or `None` if the key is new.
@@ -298,7 +324,10 @@ async fn replay<R: DeserializeOwned>(
     let stored_op: String = row.try_get("operation")?;
     let stored_fp: String = row.try_get("fingerprint")?;
     if stored_op != operation || stored_fp != fingerprint {
-        return Err(LedgerError::KeyReused { key: key.to_owned(), operation: stored_op });
+        return Err(LedgerError::KeyReused {
+            key: key.to_owned(),
+            operation: stored_op,
+        });
     }
     let response: String = row.try_get("response")?;
     let resp = serde_json::from_str(&response)
@@ -331,7 +360,10 @@ async fn remember<R: Serialize>(
 }
 
 async fn load_account(conn: &mut SqliteConnection, account_id: &str) -> Result<Option<Account>> {
-    let row = sqlx::query(model::SELECT_ACCOUNT).bind(account_id).fetch_optional(&mut *conn).await?;
+    let row = sqlx::query(model::SELECT_ACCOUNT)
+        .bind(account_id)
+        .fetch_optional(&mut *conn)
+        .await?;
     row.map(|r| model::account_from_row(&r)).transpose()
 }
 
@@ -341,11 +373,17 @@ async fn require_account(conn: &mut SqliteConnection, account_id: &str) -> Resul
         .ok_or_else(|| LedgerError::NotFound(format!("account {account_id:?} not found")))
 }
 
-async fn require_reservation(conn: &mut SqliteConnection, reservation_id: &str) -> Result<ReservationRow> {
-    let row = sqlx::query(&format!("{} WHERE reservation_id = $1", model::SELECT_RESERVATION))
-        .bind(reservation_id)
-        .fetch_optional(&mut *conn)
-        .await?
-        .ok_or_else(|| LedgerError::NotFound(format!("reservation {reservation_id:?} not found")))?;
+async fn require_reservation(
+    conn: &mut SqliteConnection,
+    reservation_id: &str,
+) -> Result<ReservationRow> {
+    let row = sqlx::query(&format!(
+        "{} WHERE reservation_id = $1",
+        model::SELECT_RESERVATION
+    ))
+    .bind(reservation_id)
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or_else(|| LedgerError::NotFound(format!("reservation {reservation_id:?} not found")))?;
     ReservationRow::from_row(&row)
 }

@@ -11,14 +11,20 @@ pub(crate) fn non_empty(field: &'static str, value: &str) -> Result<(), LedgerEr
 
 pub(crate) fn non_negative(field: &'static str, value: i64) -> Result<(), LedgerError> {
     if value < 0 {
-        return Err(LedgerError::invalid(field, format!("must not be negative, got {value}")));
+        return Err(LedgerError::invalid(
+            field,
+            format!("must not be negative, got {value}"),
+        ));
     }
     Ok(())
 }
 
 pub(crate) fn positive(field: &'static str, value: i64) -> Result<(), LedgerError> {
     if value <= 0 {
-        return Err(LedgerError::invalid(field, format!("must be greater than zero, got {value}")));
+        return Err(LedgerError::invalid(
+            field,
+            format!("must be greater than zero, got {value}"),
+        ));
     }
     Ok(())
 }

@@ -9,16 +9,28 @@ mod table;
 use clap::{Parser, Subcommand, ValueEnum};
 use forkyard_proto::{
     common::v1::AgentSpec,
-    gateway::v1::{gateway_client::GatewayClient, CancelRunRequest, GetRunRequest, LaunchRunRequest, ListRunsRequest, Run, RunState},
+    gateway::v1::{
+        CancelRunRequest, GetRunRequest, LaunchRunRequest, ListRunsRequest, Run, RunState,
+        gateway_client::GatewayClient,
+    },
 };
 use std::{process::ExitCode, time::Duration};
 use tonic::transport::Channel;
 
 #[derive(Debug, Parser)]
-#[command(name = "forkyard", version, about = "Run one prompt on one repo as N parallel agent forks")]
+#[command(
+    name = "forkyard",
+    version,
+    about = "Run one prompt on one repo as N parallel agent forks"
+)]
 struct Cli {
     /// Gateway gRPC endpoint.
-    #[arg(long, global = true, env = "FORKYARD_GATEWAY", default_value = "http://127.0.0.1:50051")]
+    #[arg(
+        long,
+        global = true,
+        env = "FORKYARD_GATEWAY",
+        default_value = "http://127.0.0.1:50051"
+    )]
     gateway: String,
     /// Output format of read commands.
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
@@ -88,7 +100,11 @@ async fn connect(endpoint: &str) -> anyhow::Result<GatewayClient<Channel>> {
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
-        .map_err(|e| anyhow::anyhow!("cannot reach the gateway at {endpoint}: {e} (is the stack up? `make up`)"))?;
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach the gateway at {endpoint}: {e} (is the stack up? `make up`)"
+            )
+        })?;
     Ok(GatewayClient::new(channel).max_decoding_message_size(64 << 20))
 }
 
@@ -116,7 +132,10 @@ async fn wait_for(client: &mut GatewayClient<Channel>, run_id: &str) -> anyhow::
     let mut last = String::new();
     loop {
         let run = client
-            .get_run(GetRunRequest { run_id: run_id.to_owned(), include_patches: false })
+            .get_run(GetRunRequest {
+                run_id: run_id.to_owned(),
+                include_patches: false,
+            })
             .await
             .map_err(status_error)?
             .into_inner();
@@ -155,12 +174,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 forks: a.forks,
                 max_concurrent: a.max_concurrent,
                 budget_usd: a.budget,
-                agent: Some(AgentSpec { driver: "command".into(), command: a.agent_command, model: String::new() }),
+                agent: Some(AgentSpec {
+                    driver: "command".into(),
+                    command: a.agent_command,
+                    model: String::new(),
+                }),
                 fork_timeout_secs: a.timeout,
                 ..Default::default()
             };
-            let launched = client.launch_run(req).await.map_err(status_error)?.into_inner();
-            let verb = if launched.created { "launched" } else { "already launched" };
+            let launched = client
+                .launch_run(req)
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            let verb = if launched.created {
+                "launched"
+            } else {
+                "already launched"
+            };
             eprintln!("{verb} {}", launched.run_id);
             if !a.wait {
                 println!("{}", launched.run_id);
@@ -172,7 +203,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Status { run_id } => {
             let run = client
-                .get_run(GetRunRequest { run_id, include_patches: false })
+                .get_run(GetRunRequest {
+                    run_id,
+                    include_patches: false,
+                })
                 .await
                 .map_err(status_error)?
                 .into_inner();
@@ -181,7 +215,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::List { limit } => {
             let resp = client
-                .list_runs(ListRunsRequest { page_size: limit, page_token: String::new() })
+                .list_runs(ListRunsRequest {
+                    page_size: limit,
+                    page_token: String::new(),
+                })
                 .await
                 .map_err(status_error)?
                 .into_inner();
@@ -192,7 +229,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Cancel { run_id, reason } => {
-            client.cancel_run(CancelRunRequest { run_id: run_id.clone(), reason }).await.map_err(status_error)?;
+            client
+                .cancel_run(CancelRunRequest {
+                    run_id: run_id.clone(),
+                    reason,
+                })
+                .await
+                .map_err(status_error)?;
             eprintln!("cancel requested for {run_id}");
             Ok(ExitCode::SUCCESS)
         }

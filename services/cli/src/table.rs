@@ -11,7 +11,11 @@ fn usd(micros: i64) -> String {
 }
 
 fn secs(ms: i64) -> String {
-    if ms <= 0 { "-".into() } else { format!("{:.1}s", ms as f64 / 1000.0) }
+    if ms <= 0 {
+        "-".into()
+    } else {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    }
 }
 
 fn fork_status(f: &ForkResult) -> &'static str {
@@ -50,14 +54,34 @@ pub fn run(run: &Run) -> String {
         run.forks_succeeded,
         usd(run.cost_micros)
     );
-    let _ = writeln!(out, "{:<5} {:<16} {:>9} {:>10}  {:<28} BRANCH / ERROR", "FORK", "STATUS", "DURATION", "COST", "DIFFSTAT");
+    let _ = writeln!(
+        out,
+        "{:<5} {:<16} {:>9} {:>10}  {:<28} BRANCH / ERROR",
+        "FORK", "STATUS", "DURATION", "COST", "DIFFSTAT"
+    );
     for f in &run.forks {
-        let duration = if f.finished_unix_ms > 0 { f.finished_unix_ms - f.started_unix_ms } else { 0 };
+        let duration = if f.finished_unix_ms > 0 {
+            f.finished_unix_ms - f.started_unix_ms
+        } else {
+            0
+        };
         let diffstat = f.diffstat.map_or_else(
             || "-".to_owned(),
-            |d| format!("{} file{} +{} -{}", d.files_changed, if d.files_changed == 1 { "" } else { "s" }, d.insertions, d.deletions),
+            |d| {
+                format!(
+                    "{} file{} +{} -{}",
+                    d.files_changed,
+                    if d.files_changed == 1 { "" } else { "s" },
+                    d.insertions,
+                    d.deletions
+                )
+            },
         );
-        let note = if f.error.is_empty() { f.branch.clone() } else { f.error.lines().next().unwrap_or("").to_owned() };
+        let note = if f.error.is_empty() {
+            f.branch.clone()
+        } else {
+            f.error.lines().next().unwrap_or("").to_owned()
+        };
         let _ = writeln!(
             out,
             "{:<5} {:<16} {:>9} {:>10}  {:<28} {}",
@@ -78,7 +102,13 @@ pub fn run(run: &Run) -> String {
 pub fn runs(runs: &[RunSummary]) -> String {
     let mut out = format!("{:<44} {:<11} {}\n", "RUN", "STATE", "STARTED (unix ms)");
     for r in runs {
-        let _ = writeln!(out, "{:<44} {:<11} {}", r.run_id, run_state(r.state), r.started_unix_ms);
+        let _ = writeln!(
+            out,
+            "{:<44} {:<11} {}",
+            r.run_id,
+            run_state(r.state),
+            r.started_unix_ms
+        );
     }
     out
 }

@@ -6,7 +6,9 @@ use temporalio_sdk::activities::ActivityError;
 /// A failure Temporal retries per the activity's retry policy.
 pub fn retryable(type_name: &str, err: impl std::fmt::Display) -> ActivityError {
     ActivityError::application(
-        ApplicationFailure::builder(err.to_string()).type_name(type_name.to_owned()).build(),
+        ApplicationFailure::builder(err.to_string())
+            .type_name(type_name.to_owned())
+            .build(),
     )
 }
 

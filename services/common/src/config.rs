@@ -16,13 +16,25 @@ pub fn exit_config_error(msg: impl std::fmt::Display) -> ! {
 #[derive(Debug, Clone, clap::Args)]
 pub struct TemporalArgs {
     /// Temporal frontend address (host:port or URL).
-    #[arg(long = "temporal-address", env = "TEMPORAL_ADDRESS", default_value = "localhost:7233")]
+    #[arg(
+        long = "temporal-address",
+        env = "TEMPORAL_ADDRESS",
+        default_value = "localhost:7233"
+    )]
     pub address: String,
     /// Temporal namespace.
-    #[arg(long = "temporal-namespace", env = "TEMPORAL_NAMESPACE", default_value = "default")]
+    #[arg(
+        long = "temporal-namespace",
+        env = "TEMPORAL_NAMESPACE",
+        default_value = "default"
+    )]
     pub namespace: String,
     /// How long to keep retrying the first connection to Temporal at start-up.
-    #[arg(long = "temporal-connect-timeout-secs", env = "FORKYARD_TEMPORAL_CONNECT_TIMEOUT_SECS", default_value_t = 60)]
+    #[arg(
+        long = "temporal-connect-timeout-secs",
+        env = "FORKYARD_TEMPORAL_CONNECT_TIMEOUT_SECS",
+        default_value_t = 60
+    )]
     pub connect_timeout_secs: u64,
 }
 
@@ -33,11 +45,18 @@ impl TemporalArgs {
         if raw.is_empty() {
             return Err("TEMPORAL_ADDRESS (--temporal-address) is empty".into());
         }
-        let with_scheme = if raw.contains("://") { raw.to_owned() } else { format!("http://{raw}") };
-        let url = url::Url::parse(&with_scheme)
-            .map_err(|e| format!("TEMPORAL_ADDRESS (--temporal-address) {raw:?} is not an address: {e}"))?;
+        let with_scheme = if raw.contains("://") {
+            raw.to_owned()
+        } else {
+            format!("http://{raw}")
+        };
+        let url = url::Url::parse(&with_scheme).map_err(|e| {
+            format!("TEMPORAL_ADDRESS (--temporal-address) {raw:?} is not an address: {e}")
+        })?;
         if url.host_str().is_none() || url.port_or_known_default().is_none() {
-            return Err(format!("TEMPORAL_ADDRESS (--temporal-address) {raw:?} needs a host and port"));
+            return Err(format!(
+                "TEMPORAL_ADDRESS (--temporal-address) {raw:?} needs a host and port"
+            ));
         }
         Ok(url)
     }
@@ -46,7 +65,11 @@ impl TemporalArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct StateDirArg {
     /// Directory for local state (databases, workspaces, logs).
-    #[arg(long = "state-dir", env = "FORKYARD_STATE_DIR", default_value = ".forkyard")]
+    #[arg(
+        long = "state-dir",
+        env = "FORKYARD_STATE_DIR",
+        default_value = ".forkyard"
+    )]
     pub state_dir: PathBuf,
 }
 
@@ -54,10 +77,17 @@ impl StateDirArg {
     /// The state directory, created if missing, as an absolute path.
     pub fn ensure(&self) -> Result<PathBuf, String> {
         std::fs::create_dir_all(&self.state_dir).map_err(|e| {
-            format!("FORKYARD_STATE_DIR (--state-dir) {}: cannot create: {e}", self.state_dir.display())
+            format!(
+                "FORKYARD_STATE_DIR (--state-dir) {}: cannot create: {e}",
+                self.state_dir.display()
+            )
         })?;
-        std::fs::canonicalize(&self.state_dir)
-            .map_err(|e| format!("FORKYARD_STATE_DIR (--state-dir) {}: {e}", self.state_dir.display()))
+        std::fs::canonicalize(&self.state_dir).map_err(|e| {
+            format!(
+                "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
+                self.state_dir.display()
+            )
+        })
     }
 }
 
@@ -73,13 +103,23 @@ mod tests {
     use super::*;
 
     fn args(address: &str) -> TemporalArgs {
-        TemporalArgs { address: address.into(), namespace: "default".into(), connect_timeout_secs: 1 }
+        TemporalArgs {
+            address: address.into(),
+            namespace: "default".into(),
+            connect_timeout_secs: 1,
+        }
     }
 
     #[test]
     fn temporal_address_accepts_host_port_and_url() {
-        assert_eq!(args("localhost:7233").url().unwrap().as_str(), "http://localhost:7233/");
-        assert_eq!(args("https://x.tmprl.cloud:7233").url().unwrap().port(), Some(7233));
+        assert_eq!(
+            args("localhost:7233").url().unwrap().as_str(),
+            "http://localhost:7233/"
+        );
+        assert_eq!(
+            args("https://x.tmprl.cloud:7233").url().unwrap().port(),
+            Some(7233)
+        );
     }
 
     #[test]

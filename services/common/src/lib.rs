@@ -10,4 +10,4 @@ pub mod shutdown;
 pub mod telemetry;
 pub mod temporal;
 
-pub use config::{exit_config_error, StateDirArg, TemporalArgs};
+pub use config::{StateDirArg, TemporalArgs, exit_config_error};

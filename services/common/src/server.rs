@@ -15,19 +15,29 @@ pub struct Health {
 
 impl Health {
     pub async fn serving(&self) {
-        self.reporter.set_service_status(self.service_name, tonic_health::ServingStatus::Serving).await;
-        self.reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
+        self.reporter
+            .set_service_status(self.service_name, tonic_health::ServingStatus::Serving)
+            .await;
+        self.reporter
+            .set_service_status("", tonic_health::ServingStatus::Serving)
+            .await;
     }
 
     pub async fn not_serving(&self) {
-        self.reporter.set_service_status(self.service_name, tonic_health::ServingStatus::NotServing).await;
-        self.reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+        self.reporter
+            .set_service_status(self.service_name, tonic_health::ServingStatus::NotServing)
+            .await;
+        self.reporter
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
     }
 }
 
 /// Health and reflection routes for a service named `service_name` (its gRPC full
 /// name, `NamedService::NAME`); the caller adds its own service to the returned routes.
-pub fn base_routes(service_name: &'static str) -> Result<(Routes, Health), tonic_reflection::server::Error> {
+pub fn base_routes(
+    service_name: &'static str,
+) -> Result<(Routes, Health), tonic_reflection::server::Error> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     // Advertise only what this service serves: the descriptor set holds every Forkyard
     // service, and `grpcurl list` must not show the gateway's API on the provisioner.
@@ -40,8 +50,16 @@ pub fn base_routes(service_name: &'static str) -> Result<(Routes, Health), tonic
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    let routes = Routes::new(health_service).add_service(reflection_v1).add_service(reflection_v1alpha);
-    Ok((routes, Health { reporter, service_name }))
+    let routes = Routes::new(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha);
+    Ok((
+        routes,
+        Health {
+            reporter,
+            service_name,
+        },
+    ))
 }
 
 /// Bind the listener now (so a port in use fails start-up at once, naming the address),
@@ -66,5 +84,7 @@ pub async fn serve(
 
 /// Convenience for tests and clients: the address a listener actually got.
 pub fn local_addr(listener: &tokio::net::TcpListener) -> SocketAddr {
-    listener.local_addr().expect("bound listener has an address")
+    listener
+        .local_addr()
+        .expect("bound listener has an address")
 }

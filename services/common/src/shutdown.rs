@@ -1,6 +1,6 @@
 //! SIGTERM / SIGINT handling.
 
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{SignalKind, signal};
 
 /// Resolves on the first SIGTERM or SIGINT.
 pub async fn signal_received() {

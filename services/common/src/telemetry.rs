@@ -2,7 +2,7 @@
 //! human-readable text on a terminal. `RUST_LOG` filters, default `info`.
 
 use std::io::IsTerminal;
-use tracing_subscriber::{fmt, EnvFilter};
+use tracing_subscriber::{EnvFilter, fmt};
 
 pub fn init(service: &'static str) {
     let filter = EnvFilter::try_from_default_env()
@@ -11,7 +11,11 @@ pub fn init(service: &'static str) {
     let result = if std::io::stderr().is_terminal() {
         builder.try_init()
     } else {
-        builder.json().flatten_event(true).with_current_span(true).try_init()
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .try_init()
     };
     if result.is_ok() {
         tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");

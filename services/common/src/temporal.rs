@@ -12,7 +12,9 @@ pub async fn connect(args: &TemporalArgs, identity: &str) -> anyhow::Result<Clie
     let deadline = Instant::now() + Duration::from_secs(args.connect_timeout_secs);
     let mut delay = Duration::from_millis(100);
     loop {
-        let opts = ConnectionOptions::new(url.clone()).identity(identity.to_owned()).build();
+        let opts = ConnectionOptions::new(url.clone())
+            .identity(identity.to_owned())
+            .build();
         match Connection::connect(opts).await {
             Ok(conn) => {
                 let client = Client::new(conn, ClientOptions::new(args.namespace.clone()).build())?;

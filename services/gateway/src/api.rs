@@ -7,20 +7,21 @@
 use crate::{
     error::GatewayError,
     validate::{self, Limits},
-    workflows::{SandboxOrchestrationWorkflow, ORCHESTRATION_WORKFLOW},
+    workflows::{ORCHESTRATION_WORKFLOW, SandboxOrchestrationWorkflow},
 };
 use forkyard_proto::{
     gateway::v1::{
-        gateway_server::Gateway, CancelRunRequest, CancelRunResponse, GetRunRequest, LaunchRunRequest,
-        LaunchRunResponse, ListRunsRequest, ListRunsResponse, Run, RunState, RunSummary,
+        CancelRunRequest, CancelRunResponse, GetRunRequest, LaunchRunRequest, LaunchRunResponse,
+        ListRunsRequest, ListRunsResponse, Run, RunState, RunSummary, gateway_server::Gateway,
     },
     queues,
 };
 use futures::StreamExt;
 use std::time::SystemTime;
 use temporalio_client::{
-    Client, WorkflowCancelOptions, WorkflowDescribeOptions, WorkflowExecutionStatus, WorkflowIdReusePolicy,
-    WorkflowListOptions, WorkflowQueryOptions, WorkflowStartOptions, errors::WorkflowStartError,
+    Client, WorkflowCancelOptions, WorkflowDescribeOptions, WorkflowExecutionStatus,
+    WorkflowIdReusePolicy, WorkflowListOptions, WorkflowQueryOptions, WorkflowStartOptions,
+    errors::WorkflowStartError,
 };
 use tonic::{Request, Response, Status};
 
@@ -35,7 +36,9 @@ impl GatewayService {
     }
 
     async fn state_of(&self, run_id: &str) -> Result<(RunState, i64, i64), GatewayError> {
-        let handle = self.client.get_workflow_handle::<SandboxOrchestrationWorkflow>(run_id);
+        let handle = self
+            .client
+            .get_workflow_handle::<SandboxOrchestrationWorkflow>(run_id);
         let desc = handle
             .describe(WorkflowDescribeOptions::default())
             .await
@@ -43,18 +46,25 @@ impl GatewayService {
         if desc.workflow_type() != ORCHESTRATION_WORKFLOW {
             return Err(GatewayError::RunNotFound(run_id.to_owned()));
         }
-        Ok((run_state(desc.status()), unix_ms(desc.start_time()), unix_ms(desc.close_time())))
+        Ok((
+            run_state(desc.status()),
+            unix_ms(desc.start_time()),
+            unix_ms(desc.close_time()),
+        ))
     }
 }
 
 fn unix_ms(t: Option<SystemTime>) -> i64 {
-    t.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as i64)
+    t.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 pub fn run_state(s: WorkflowExecutionStatus) -> RunState {
     match s {
         WorkflowExecutionStatus::Running | WorkflowExecutionStatus::Paused => RunState::Running,
-        WorkflowExecutionStatus::Completed | WorkflowExecutionStatus::ContinuedAsNew => RunState::Completed,
+        WorkflowExecutionStatus::Completed | WorkflowExecutionStatus::ContinuedAsNew => {
+            RunState::Completed
+        }
         WorkflowExecutionStatus::Failed => RunState::Failed,
         WorkflowExecutionStatus::Canceled => RunState::Cancelled,
         WorkflowExecutionStatus::Terminated => RunState::Terminated,
@@ -65,7 +75,10 @@ pub fn run_state(s: WorkflowExecutionStatus) -> RunState {
 
 #[tonic::async_trait]
 impl Gateway for GatewayService {
-    async fn launch_run(&self, req: Request<LaunchRunRequest>) -> Result<Response<LaunchRunResponse>, Status> {
+    async fn launch_run(
+        &self,
+        req: Request<LaunchRunRequest>,
+    ) -> Result<Response<LaunchRunResponse>, Status> {
         let req = req.into_inner();
         let spec = validate::launch_spec(&req, &self.limits)?;
         let run_id = if req.request_id.is_empty() {
@@ -80,14 +93,24 @@ impl Gateway for GatewayService {
             .id_reuse_policy(WorkflowIdReusePolicy::RejectDuplicate)
             .build();
         let forks = spec.forks;
-        match self.client.start_workflow(SandboxOrchestrationWorkflow::run, spec, opts).await {
+        match self
+            .client
+            .start_workflow(SandboxOrchestrationWorkflow::run, spec, opts)
+            .await
+        {
             Ok(_) => {
                 tracing::info!(run_id, forks, "run launched");
-                Ok(Response::new(LaunchRunResponse { run_id, created: true }))
+                Ok(Response::new(LaunchRunResponse {
+                    run_id,
+                    created: true,
+                }))
             }
             Err(WorkflowStartError::AlreadyStarted { .. }) => {
                 tracing::info!(run_id, "launch replayed; run already exists");
-                Ok(Response::new(LaunchRunResponse { run_id, created: false }))
+                Ok(Response::new(LaunchRunResponse {
+                    run_id,
+                    created: false,
+                }))
             }
             Err(e) => Err(GatewayError::from_start(e).into()),
         }
@@ -97,9 +120,15 @@ impl Gateway for GatewayService {
         let req = req.into_inner();
         validate::check_run_id(&req.run_id)?;
         let (state, started, finished) = self.state_of(&req.run_id).await?;
-        let handle = self.client.get_workflow_handle::<SandboxOrchestrationWorkflow>(&req.run_id);
+        let handle = self
+            .client
+            .get_workflow_handle::<SandboxOrchestrationWorkflow>(&req.run_id);
         let mut run = handle
-            .query(SandboxOrchestrationWorkflow::progress, (), WorkflowQueryOptions::default())
+            .query(
+                SandboxOrchestrationWorkflow::progress,
+                (),
+                WorkflowQueryOptions::default(),
+            )
             .await
             .map_err(|e| GatewayError::from_query(&req.run_id, e))?;
         run.run_id = req.run_id;
@@ -118,7 +147,10 @@ impl Gateway for GatewayService {
         Ok(Response::new(run))
     }
 
-    async fn list_runs(&self, req: Request<ListRunsRequest>) -> Result<Response<ListRunsResponse>, Status> {
+    async fn list_runs(
+        &self,
+        req: Request<ListRunsRequest>,
+    ) -> Result<Response<ListRunsResponse>, Status> {
         let req = req.into_inner();
         let page_size = match req.page_size {
             0 => 50,
@@ -128,12 +160,19 @@ impl Gateway for GatewayService {
         let offset: usize = if req.page_token.is_empty() {
             0
         } else {
-            req.page_token.parse().map_err(|_| GatewayError::field("page_token", "is not a token from ListRuns"))?
+            req.page_token
+                .parse()
+                .map_err(|_| GatewayError::field("page_token", "is not a token from ListRuns"))?
         };
         let query = format!("WorkflowType = '{ORCHESTRATION_WORKFLOW}'");
         let mut stream = self
             .client
-            .list_workflows(query, WorkflowListOptions::builder().limit(offset + page_size + 1).build())
+            .list_workflows(
+                query,
+                WorkflowListOptions::builder()
+                    .limit(offset + page_size + 1)
+                    .build(),
+            )
             .skip(offset);
         let mut runs = Vec::new();
         let mut more = false;
@@ -150,11 +189,21 @@ impl Gateway for GatewayService {
                 finished_unix_ms: unix_ms(wf.close_time()),
             });
         }
-        let next_page_token = if more { (offset + page_size).to_string() } else { String::new() };
-        Ok(Response::new(ListRunsResponse { runs, next_page_token }))
+        let next_page_token = if more {
+            (offset + page_size).to_string()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(ListRunsResponse {
+            runs,
+            next_page_token,
+        }))
     }
 
-    async fn cancel_run(&self, req: Request<CancelRunRequest>) -> Result<Response<CancelRunResponse>, Status> {
+    async fn cancel_run(
+        &self,
+        req: Request<CancelRunRequest>,
+    ) -> Result<Response<CancelRunResponse>, Status> {
         let req = req.into_inner();
         validate::check_run_id(&req.run_id)?;
         let (state, _, _) = self.state_of(&req.run_id).await?;
@@ -166,8 +215,14 @@ impl Gateway for GatewayService {
             ))
             .into());
         }
-        let reason = if req.reason.is_empty() { "cancelled through the gateway".to_owned() } else { req.reason };
-        let handle = self.client.get_workflow_handle::<SandboxOrchestrationWorkflow>(&req.run_id);
+        let reason = if req.reason.is_empty() {
+            "cancelled through the gateway".to_owned()
+        } else {
+            req.reason
+        };
+        let handle = self
+            .client
+            .get_workflow_handle::<SandboxOrchestrationWorkflow>(&req.run_id);
         handle
             .cancel(WorkflowCancelOptions::builder().reason(reason).build())
             .await

@@ -1,7 +1,9 @@
 //! `gateway`: the public gRPC API and the worker hosting the run workflows.
 
 use clap::Parser;
-use forkyard_common::{config::parse_listen, exit_config_error, server, service, telemetry, temporal, TemporalArgs};
+use forkyard_common::{
+    TemporalArgs, config::parse_listen, exit_config_error, server, service, telemetry, temporal,
+};
 use forkyard_gateway::{
     api::GatewayService,
     validate::Limits,
@@ -12,7 +14,11 @@ use temporalio_sdk::WorkerOptions;
 use tonic::server::NamedService;
 
 #[derive(Debug, Parser)]
-#[command(name = "gateway", version, about = "Forkyard gateway: the public run API and the workflow worker")]
+#[command(
+    name = "gateway",
+    version,
+    about = "Forkyard gateway: the public run API and the workflow worker"
+)]
 struct Args {
     /// Address the gRPC API listens on.
     #[arg(long, env = "FORKYARD_LISTEN", default_value = "127.0.0.1:50051")]
@@ -27,7 +33,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let listen = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen).unwrap_or_else(|e| exit_config_error(e));
+    let listen = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen)
+        .unwrap_or_else(|e| exit_config_error(e));
     if let Err(e) = args.temporal.url() {
         exit_config_error(e);
     }
@@ -36,10 +43,18 @@ async fn main() -> anyhow::Result<()> {
     }
     telemetry::init("gateway");
 
-    let listener = server::bind(listen).await.unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
+    let listener = server::bind(listen)
+        .await
+        .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
     let client = temporal::connect(&args.temporal, "forkyard-gateway").await?;
-    let api = GatewayService::new(client.clone(), Limits { max_forks: args.max_forks });
-    let (routes, health) = server::base_routes(<GatewayServer<GatewayService> as NamedService>::NAME)?;
+    let api = GatewayService::new(
+        client.clone(),
+        Limits {
+            max_forks: args.max_forks,
+        },
+    );
+    let (routes, health) =
+        server::base_routes(<GatewayServer<GatewayService> as NamedService>::NAME)?;
     let routes = routes.add_service(GatewayServer::new(api));
 
     let options = WorkerOptions::new(queues::ORCHESTRATION)
@@ -48,5 +63,15 @@ async fn main() -> anyhow::Result<()> {
         .build();
     let runtime = temporal::runtime()?;
     let (worker, stop) = temporal::worker(&runtime, client, options)?;
-    service::run(service::Service { name: "gateway", listener, routes, health }, worker, stop).await
+    service::run(
+        service::Service {
+            name: "gateway",
+            listener,
+            routes,
+            health,
+        },
+        worker,
+        stop,
+    )
+    .await
 }

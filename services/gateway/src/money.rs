@@ -18,13 +18,19 @@ pub fn parse_usd(s: &str) -> Result<i64, String> {
         return Err(format!("{s:?} is not a decimal amount of US dollars"));
     }
     if frac.len() > 6 {
-        return Err(format!("{s:?} has more than 6 decimal places (the unit is 1 micro-USD)"));
+        return Err(format!(
+            "{s:?} has more than 6 decimal places (the unit is 1 micro-USD)"
+        ));
     }
     let whole: i64 = whole.parse().map_err(|_| format!("{s:?} is too large"))?;
     if whole > 1_000_000_000 {
         return Err(format!("{s:?} is above the limit of 1000000000 USD"));
     }
-    let frac_micros: i64 = if frac.is_empty() { 0 } else { format!("{frac:0<6}").parse().unwrap_or(0) };
+    let frac_micros: i64 = if frac.is_empty() {
+        0
+    } else {
+        format!("{frac:0<6}").parse().unwrap_or(0)
+    };
     Ok(whole * MICROS_PER_USD + frac_micros)
 }
 
@@ -54,7 +60,19 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_money() {
-        for bad in ["", "-1", "1e3", "abc", "1.", ".5", "1.0000001", "NaN", "inf", "99999999999999999999", "1000000001"] {
+        for bad in [
+            "",
+            "-1",
+            "1e3",
+            "abc",
+            "1.",
+            ".5",
+            "1.0000001",
+            "NaN",
+            "inf",
+            "99999999999999999999",
+            "1000000001",
+        ] {
             assert!(parse_usd(bad).is_err(), "{bad:?} accepted");
         }
     }

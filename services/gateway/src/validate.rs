@@ -1,7 +1,10 @@
 //! `LaunchRun` input checks. Every refusal names the field; nothing starts on refusal.
 
 use crate::{error::GatewayError, money::parse_usd};
-use forkyard_proto::{common::v1::AgentSpec, gateway::v1::{LaunchRunRequest, RunSpec}};
+use forkyard_proto::{
+    common::v1::AgentSpec,
+    gateway::v1::{LaunchRunRequest, RunSpec},
+};
 use std::time::Duration;
 
 pub const DEFAULT_BRANCH: &str = "forkyard";
@@ -31,9 +34,14 @@ fn field(name: &str, msg: impl std::fmt::Display) -> GatewayError {
 pub fn run_id_for(request_id: &str) -> Result<String, GatewayError> {
     let ok = !request_id.is_empty()
         && request_id.len() <= 128
-        && request_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        && request_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
     if !ok {
-        return Err(field("request_id", "must be 1-128 characters of [A-Za-z0-9._-]"));
+        return Err(field(
+            "request_id",
+            "must be 1-128 characters of [A-Za-z0-9._-]",
+        ));
     }
     Ok(format!("run-{request_id}"))
 }
@@ -54,20 +62,45 @@ fn check_branch(branch: &str) -> Result<(), GatewayError> {
         && !branch.ends_with(['/', '.'])
         && !branch.contains("..")
         && !branch.ends_with(".lock")
-        && branch.bytes().all(|b| b.is_ascii_alphanumeric() || b"._/-".contains(&b));
-    if ok { Ok(()) } else { Err(field("branch", format!("{branch:?} is not a valid git branch name"))) }
+        && branch
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._/-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(field(
+            "branch",
+            format!("{branch:?} is not a valid git branch name"),
+        ))
+    }
 }
 
 fn check_agent(agent: Option<&AgentSpec>) -> Result<AgentSpec, GatewayError> {
     let agent = agent.cloned().unwrap_or_default();
-    let driver = if agent.driver.is_empty() { "command" } else { agent.driver.as_str() };
+    let driver = if agent.driver.is_empty() {
+        "command"
+    } else {
+        agent.driver.as_str()
+    };
     if !DRIVERS.contains(&driver) {
-        return Err(field("agent.driver", format!("unknown driver {driver:?}; available: {}", DRIVERS.join(", "))));
+        return Err(field(
+            "agent.driver",
+            format!(
+                "unknown driver {driver:?}; available: {}",
+                DRIVERS.join(", ")
+            ),
+        ));
     }
     if driver == "command" && agent.command.trim().is_empty() {
-        return Err(field("agent.command", "is empty; the command driver needs a shell command to run"));
+        return Err(field(
+            "agent.command",
+            "is empty; the command driver needs a shell command to run",
+        ));
     }
-    Ok(AgentSpec { driver: driver.to_owned(), ..agent })
+    Ok(AgentSpec {
+        driver: driver.to_owned(),
+        ..agent
+    })
 }
 
 /// Everything that can be checked without touching the repository.
@@ -79,13 +112,25 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         return Err(field("prompt", "is empty"));
     }
     if req.prompt.len() > MAX_PROMPT_BYTES {
-        return Err(field("prompt", format!("is {} bytes; the limit is {MAX_PROMPT_BYTES}", req.prompt.len())));
+        return Err(field(
+            "prompt",
+            format!(
+                "is {} bytes; the limit is {MAX_PROMPT_BYTES}",
+                req.prompt.len()
+            ),
+        ));
     }
     if req.forks == 0 {
         return Err(field("forks", "must be at least 1"));
     }
     if req.forks > limits.max_forks {
-        return Err(field("forks", format!("{} is above the limit of {} forks per run", req.forks, limits.max_forks)));
+        return Err(field(
+            "forks",
+            format!(
+                "{} is above the limit of {} forks per run",
+                req.forks, limits.max_forks
+            ),
+        ));
     }
     if req.max_concurrent == 0 {
         return Err(field("max_concurrent", "must be at least 1"));
@@ -94,24 +139,41 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
     if budget_micros < i64::from(req.forks) {
         return Err(field(
             "budget_usd",
-            format!("{} is too small to give each of the {} forks a budget", req.budget_usd.trim(), req.forks),
+            format!(
+                "{} is too small to give each of the {} forks a budget",
+                req.budget_usd.trim(),
+                req.forks
+            ),
         ));
     }
-    let branch = if req.branch.is_empty() { DEFAULT_BRANCH.to_owned() } else { req.branch.clone() };
+    let branch = if req.branch.is_empty() {
+        DEFAULT_BRANCH.to_owned()
+    } else {
+        req.branch.clone()
+    };
     check_branch(&branch)?;
     let fork_timeout_secs = match req.fork_timeout_secs {
         0 => DEFAULT_FORK_TIMEOUT_SECS,
         t if t > MAX_FORK_TIMEOUT_SECS => {
-            return Err(field("fork_timeout_secs", format!("{t} is above the limit of {MAX_FORK_TIMEOUT_SECS}")));
+            return Err(field(
+                "fork_timeout_secs",
+                format!("{t} is above the limit of {MAX_FORK_TIMEOUT_SECS}"),
+            ));
         }
         t => t,
     };
     if req.labels.len() > MAX_LABELS {
-        return Err(field("labels", format!("{} labels; the limit is {MAX_LABELS}", req.labels.len())));
+        return Err(field(
+            "labels",
+            format!("{} labels; the limit is {MAX_LABELS}", req.labels.len()),
+        ));
     }
     for (k, v) in &req.labels {
         if k.is_empty() || k.len() > 63 || v.len() > 256 {
-            return Err(field("labels", format!("label {k:?}: keys are 1-63 bytes, values at most 256")));
+            return Err(field(
+                "labels",
+                format!("label {k:?}: keys are 1-63 bytes, values at most 256"),
+            ));
         }
     }
     Ok(RunSpec {
@@ -133,7 +195,10 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
 pub async fn check_repo(repo: &str) -> Result<(), GatewayError> {
     let looks_remote = repo.contains("://") || repo.starts_with("git@");
     if !looks_remote && !std::path::Path::new(repo).exists() {
-        return Err(field("repo", format!("{repo:?} does not exist (not a URL and no such path)")));
+        return Err(field(
+            "repo",
+            format!("{repo:?} does not exist (not a URL and no such path)"),
+        ));
     }
     let out = tokio::time::timeout(
         Duration::from_secs(30),
@@ -144,12 +209,20 @@ pub async fn check_repo(repo: &str) -> Result<(), GatewayError> {
             .output(),
     )
     .await
-    .map_err(|_| GatewayError::FailedPrecondition(format!("repo: {repo:?} did not answer within 30 s")))?
+    .map_err(|_| {
+        GatewayError::FailedPrecondition(format!("repo: {repo:?} did not answer within 30 s"))
+    })?
     .map_err(|e| GatewayError::Internal(format!("cannot run git: {e}")))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let reason = stderr.lines().find(|l| !l.trim().is_empty()).unwrap_or("no HEAD (empty repository?)");
-        return Err(GatewayError::FailedPrecondition(format!("repo: {repo:?} cannot be cloned: {}", reason.trim())));
+        let reason = stderr
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no HEAD (empty repository?)");
+        return Err(GatewayError::FailedPrecondition(format!(
+            "repo: {repo:?} cannot be cloned: {}",
+            reason.trim()
+        )));
     }
     Ok(())
 }
@@ -166,7 +239,11 @@ mod tests {
             forks: 3,
             max_concurrent: 2,
             budget_usd: "1".into(),
-            agent: Some(AgentSpec { driver: "command".into(), command: "true".into(), model: String::new() }),
+            agent: Some(AgentSpec {
+                driver: "command".into(),
+                command: "true".into(),
+                model: String::new(),
+            }),
             ..Default::default()
         }
     }
@@ -175,7 +252,11 @@ mod tests {
         let err = launch_spec(&req, &Limits::default()).expect_err("accepted bad input");
         let status = tonic::Status::from(err);
         assert_eq!(status.code(), Code::InvalidArgument);
-        assert!(status.message().starts_with(field_name), "{:?} does not name {field_name}", status.message());
+        assert!(
+            status.message().starts_with(field_name),
+            "{:?} does not name {field_name}",
+            status.message()
+        );
     }
 
     #[test]
@@ -188,14 +269,62 @@ mod tests {
 
     #[test]
     fn bad_input_names_the_field() {
-        refused(LaunchRunRequest { forks: 0, ..ok_req() }, "forks");
-        refused(LaunchRunRequest { forks: 5000, ..ok_req() }, "forks");
-        refused(LaunchRunRequest { prompt: " ".into(), ..ok_req() }, "prompt");
-        refused(LaunchRunRequest { max_concurrent: 0, ..ok_req() }, "max_concurrent");
-        refused(LaunchRunRequest { budget_usd: "-5".into(), ..ok_req() }, "budget_usd");
-        refused(LaunchRunRequest { budget_usd: String::new(), ..ok_req() }, "budget_usd");
-        refused(LaunchRunRequest { repo: String::new(), ..ok_req() }, "repo");
-        refused(LaunchRunRequest { branch: "a..b".into(), ..ok_req() }, "branch");
+        refused(
+            LaunchRunRequest {
+                forks: 0,
+                ..ok_req()
+            },
+            "forks",
+        );
+        refused(
+            LaunchRunRequest {
+                forks: 5000,
+                ..ok_req()
+            },
+            "forks",
+        );
+        refused(
+            LaunchRunRequest {
+                prompt: " ".into(),
+                ..ok_req()
+            },
+            "prompt",
+        );
+        refused(
+            LaunchRunRequest {
+                max_concurrent: 0,
+                ..ok_req()
+            },
+            "max_concurrent",
+        );
+        refused(
+            LaunchRunRequest {
+                budget_usd: "-5".into(),
+                ..ok_req()
+            },
+            "budget_usd",
+        );
+        refused(
+            LaunchRunRequest {
+                budget_usd: String::new(),
+                ..ok_req()
+            },
+            "budget_usd",
+        );
+        refused(
+            LaunchRunRequest {
+                repo: String::new(),
+                ..ok_req()
+            },
+            "repo",
+        );
+        refused(
+            LaunchRunRequest {
+                branch: "a..b".into(),
+                ..ok_req()
+            },
+            "branch",
+        );
         let mut r = ok_req();
         r.agent.as_mut().unwrap().driver = "gpt-pilot".into();
         refused(r, "agent.driver");
@@ -222,7 +351,8 @@ mod tests {
     #[tokio::test]
     async fn a_directory_that_is_not_a_repo_is_failed_precondition() {
         let dir = tempfile::tempdir().unwrap();
-        let status = tonic::Status::from(check_repo(dir.path().to_str().unwrap()).await.unwrap_err());
+        let status =
+            tonic::Status::from(check_repo(dir.path().to_str().unwrap()).await.unwrap_err());
         assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     }
 }

@@ -2,23 +2,10 @@
 //! `SweepNow` RPC, for the cleanup schedule.
 
 use crate::{error::JanitorError, sweeper::LiveSweeper};
-use forkyard_proto::{
-    activities::JanitorSweep,
-    janitor::v1::{SweepReport, SweepRequest},
-};
+use forkyard_proto::janitor::v1::{SweepReport, SweepRequest};
 use std::sync::Arc;
-use temporalio_common::ActivityDefinition;
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
-
-/// The contract's name, checked at compile time to take `I` and return `O` (the proto
-/// crate's marker types are private; its public consts are not).
-fn contract<I, O, D>(definition: &'static D) -> &'static str
-where
-    D: ActivityDefinition<Input = I, Output = O>,
-{
-    definition.name()
-}
 
 pub struct JanitorActivities {
     sweeper: Arc<LiveSweeper>,
@@ -32,13 +19,16 @@ impl JanitorActivities {
 
 #[activities]
 impl JanitorActivities {
-    #[activity(name = contract::<SweepRequest, SweepReport, _>(&JanitorSweep::sweep))]
+    #[activity(definition = forkyard_proto::activities::markers::janitor_sweep::Sweep)]
     pub async fn sweep(
         self: Arc<Self>,
         _ctx: ActivityContext,
         req: SweepRequest,
     ) -> Result<SweepReport, ActivityError> {
-        self.sweeper.sweep(&req).await.map_err(JanitorError::into_activity_error)
+        self.sweeper
+            .sweep(&req)
+            .await
+            .map_err(JanitorError::into_activity_error)
     }
 }
 

@@ -36,7 +36,10 @@ pub enum Verdict {
 
 /// The owning workflow id from a sandbox's labels; a blank value counts as no label.
 pub fn owner_workflow_id(labels: &HashMap<String, String>) -> Option<&str> {
-    labels.get(labels::WORKFLOW_ID).map(|s| s.trim()).filter(|s| !s.is_empty())
+    labels
+        .get(labels::WORKFLOW_ID)
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
 }
 
 /// Whether a sandbox created at `created_unix_ms` is younger than `min_age_secs` at
@@ -65,7 +68,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
     }
 
     #[test]
@@ -73,10 +79,22 @@ mod tests {
         let orphan = |s: &str| Verdict::Orphan(s.to_owned());
         let cases = [
             (Owner::NoLabel, orphan("no owner label")),
-            (Owner::Workflow(WorkflowState::NotFound), orphan("workflow not found")),
-            (Owner::Workflow(WorkflowState::Closed("COMPLETED".into())), orphan("workflow closed: COMPLETED")),
-            (Owner::Workflow(WorkflowState::Closed("TERMINATED".into())), orphan("workflow closed: TERMINATED")),
-            (Owner::Workflow(WorkflowState::Closed("FAILED".into())), orphan("workflow closed: FAILED")),
+            (
+                Owner::Workflow(WorkflowState::NotFound),
+                orphan("workflow not found"),
+            ),
+            (
+                Owner::Workflow(WorkflowState::Closed("COMPLETED".into())),
+                orphan("workflow closed: COMPLETED"),
+            ),
+            (
+                Owner::Workflow(WorkflowState::Closed("TERMINATED".into())),
+                orphan("workflow closed: TERMINATED"),
+            ),
+            (
+                Owner::Workflow(WorkflowState::Closed("FAILED".into())),
+                orphan("workflow closed: FAILED"),
+            ),
             (Owner::Workflow(WorkflowState::Running), Verdict::Keep),
             (Owner::Workflow(WorkflowState::Unknown), Verdict::Keep),
         ];
@@ -93,7 +111,13 @@ mod tests {
             (&[("forkyard.run_id", "r1")], None),
             (&[("forkyard.workflow_id", "")], None),
             (&[("forkyard.workflow_id", "  ")], None),
-            (&[("forkyard.workflow_id", "fork-r1-2"), ("forkyard.run_id", "r1")], Some("fork-r1-2")),
+            (
+                &[
+                    ("forkyard.workflow_id", "fork-r1-2"),
+                    ("forkyard.run_id", "r1"),
+                ],
+                Some("fork-r1-2"),
+            ),
         ];
         for (pairs, want) in cases {
             assert_eq!(owner_workflow_id(&labels(pairs)), want, "{pairs:?}");
@@ -114,7 +138,11 @@ mod tests {
             (now + 5_000, 10, true), // clock skew: created "in the future"
         ];
         for (created, min_age, want) in cases {
-            assert_eq!(too_young(created, now, min_age), want, "created {created} min_age {min_age}");
+            assert_eq!(
+                too_young(created, now, min_age),
+                want,
+                "created {created} min_age {min_age}"
+            );
         }
     }
 }

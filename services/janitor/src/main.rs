@@ -14,7 +14,10 @@ use forkyard_proto::janitor::v1::janitor_server::JanitorServer;
 use std::sync::Arc;
 
 #[derive(Debug, Parser)]
-#[command(name = "janitor", about = "Forkyard janitor: destroys orphaned sandboxes")]
+#[command(
+    name = "janitor",
+    about = "Forkyard janitor: destroys orphaned sandboxes"
+)]
 struct Args {
     /// gRPC listen address.
     #[arg(long, env = "FORKYARD_LISTEN", default_value = DEFAULT_LISTEN)]
@@ -31,16 +34,22 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let addr = parse_listen("FORKYARD_LISTEN (--listen)", &args.listen).unwrap_or_else(|e| exit_config_error(e));
+    let addr = parse_listen("FORKYARD_LISTEN (--listen)", &args.listen)
+        .unwrap_or_else(|e| exit_config_error(e));
     if let Err(e) = args.temporal.url() {
         exit_config_error(e);
     }
     args.state.ensure().unwrap_or_else(|e| exit_config_error(e));
-    let sandboxes = GrpcSandboxes::connect_lazy(&args.provisioner_addr)
-        .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_PROVISIONER_ADDR (--provisioner-addr): {e}")));
+    let sandboxes = GrpcSandboxes::connect_lazy(&args.provisioner_addr).unwrap_or_else(|e| {
+        exit_config_error(format!(
+            "FORKYARD_PROVISIONER_ADDR (--provisioner-addr): {e}"
+        ))
+    });
     telemetry::init("janitor");
 
-    let listener = server::bind(addr).await.unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
+    let listener = server::bind(addr)
+        .await
+        .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
     let client = temporal::connect(&args.temporal, "janitor").await?;
     let sweeper: Arc<LiveSweeper> = Arc::new(Sweeper::new(sandboxes, client.clone()));
 
@@ -50,7 +59,18 @@ async fn main() -> anyhow::Result<()> {
     let routes = routes.add_service(JanitorService::new(sweeper.clone()).into_server());
 
     let runtime = temporal::runtime()?;
-    let (worker, stop_worker) = temporal::worker(&runtime, client, activities::worker_options(sweeper))?;
+    let (worker, stop_worker) =
+        temporal::worker(&runtime, client, activities::worker_options(sweeper))?;
 
-    service::run(service::Service { name: "janitor", listener, routes, health }, worker, stop_worker).await
+    service::run(
+        service::Service {
+            name: "janitor",
+            listener,
+            routes,
+            health,
+        },
+        worker,
+        stop_worker,
+    )
+    .await
 }

@@ -21,12 +21,19 @@ use tonic::transport::Channel;
 /// Where the sandboxes are: the provisioner's gRPC API, or a fake in tests.
 pub trait Sandboxes: Send + Sync + 'static {
     fn list(&self) -> impl Future<Output = Result<Vec<Sandbox>, JanitorError>> + Send;
-    fn destroy(&self, sandbox_id: &str, reason: &str) -> impl Future<Output = Result<(), JanitorError>> + Send;
+    fn destroy(
+        &self,
+        sandbox_id: &str,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), JanitorError>> + Send;
 }
 
 /// Who answers "is this workflow still running": Temporal, or a fake in tests.
 pub trait Workflows: Send + Sync + 'static {
-    fn state(&self, workflow_id: &str) -> impl Future<Output = Result<WorkflowState, JanitorError>> + Send;
+    fn state(
+        &self,
+        workflow_id: &str,
+    ) -> impl Future<Output = Result<WorkflowState, JanitorError>> + Send;
 }
 
 /// The provisioner through its gRPC client.
@@ -39,11 +46,14 @@ impl GrpcSandboxes {
     /// A client for `addr` (e.g. `http://127.0.0.1:50052`) that connects on first use, so
     /// the janitor starts while the provisioner is down.
     pub fn connect_lazy(addr: &str) -> Result<Self, JanitorError> {
-        let endpoint = Channel::from_shared(addr.to_owned()).map_err(|e| JanitorError::InvalidArgument {
-            field: "provisioner_addr",
-            reason: format!("{addr:?} is not a URL: {e}"),
-        })?;
-        Ok(Self { client: SandboxProvisionerClient::new(endpoint.connect_lazy()) })
+        let endpoint =
+            Channel::from_shared(addr.to_owned()).map_err(|e| JanitorError::InvalidArgument {
+                field: "provisioner_addr",
+                reason: format!("{addr:?} is not a URL: {e}"),
+            })?;
+        Ok(Self {
+            client: SandboxProvisionerClient::new(endpoint.connect_lazy()),
+        })
     }
 }
 
@@ -59,8 +69,15 @@ impl Sandboxes for GrpcSandboxes {
     }
 
     async fn destroy(&self, sandbox_id: &str, reason: &str) -> Result<(), JanitorError> {
-        let req = DestroySandboxRequest { sandbox_id: sandbox_id.to_owned(), reason: reason.to_owned() };
-        self.client.clone().destroy_sandbox(req).await.map_err(JanitorError::from_provisioner)?;
+        let req = DestroySandboxRequest {
+            sandbox_id: sandbox_id.to_owned(),
+            reason: reason.to_owned(),
+        };
+        self.client
+            .clone()
+            .destroy_sandbox(req)
+            .await
+            .map_err(JanitorError::from_provisioner)?;
         Ok(())
     }
 }
@@ -71,7 +88,9 @@ impl Workflows for Client {
         match handle.describe(WorkflowDescribeOptions::default()).await {
             Ok(desc) => Ok(workflow_state(desc.status())),
             Err(WorkflowInteractionError::NotFound(_)) => Ok(WorkflowState::NotFound),
-            Err(e) => Err(JanitorError::Temporal(format!("describe workflow {workflow_id:?}: {e}"))),
+            Err(e) => Err(JanitorError::Temporal(format!(
+                "describe workflow {workflow_id:?}: {e}"
+            ))),
         }
     }
 }
@@ -104,13 +123,20 @@ pub type LiveSweeper = Sweeper<GrpcSandboxes, Client>;
 
 impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
     pub fn new(sandboxes: S, workflows: W) -> Self {
-        Self { sandboxes, workflows }
+        Self {
+            sandboxes,
+            workflows,
+        }
     }
 
     pub async fn sweep(&self, req: &SweepRequest) -> Result<SweepReport, JanitorError> {
         let sandboxes = self.sandboxes.list().await?;
         let now = now_ms();
-        let mut report = SweepReport { examined: 0, actions: Vec::new(), dry_run: req.dry_run };
+        let mut report = SweepReport {
+            examined: 0,
+            actions: Vec::new(),
+            dry_run: req.dry_run,
+        };
         for sb in sandboxes {
             report.examined += 1;
             if classify::too_young(sb.created_unix_ms, now, req.min_age_secs) {
@@ -128,7 +154,9 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
                     }
                 },
             };
-            let Verdict::Orphan(reason) = classify::classify(&owner) else { continue };
+            let Verdict::Orphan(reason) = classify::classify(&owner) else {
+                continue;
+            };
             let mut action = SweepAction {
                 sandbox_id: sb.id.clone(),
                 reason: reason.clone(),
@@ -139,7 +167,11 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
             if req.dry_run {
                 tracing::info!(sandbox_id = %sb.id, %reason, "orphan (dry run, kept)");
             } else {
-                match self.sandboxes.destroy(&sb.id, &format!("orphan: {reason}")).await {
+                match self
+                    .sandboxes
+                    .destroy(&sb.id, &format!("orphan: {reason}"))
+                    .await
+                {
                     Ok(()) => {
                         tracing::info!(sandbox_id = %sb.id, %reason, "orphan destroyed");
                         action.destroyed = true;

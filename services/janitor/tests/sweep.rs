@@ -28,9 +28,14 @@ impl Sandboxes for FakeSandboxes {
 
     async fn destroy(&self, sandbox_id: &str, reason: &str) -> Result<(), JanitorError> {
         if self.fail_destroy.iter().any(|s| s == sandbox_id) {
-            return Err(JanitorError::Provisioner(tonic::Status::internal("rm failed")));
+            return Err(JanitorError::Provisioner(tonic::Status::internal(
+                "rm failed",
+            )));
         }
-        self.destroyed.lock().unwrap().push((sandbox_id.to_owned(), reason.to_owned()));
+        self.destroyed
+            .lock()
+            .unwrap()
+            .push((sandbox_id.to_owned(), reason.to_owned()));
         Ok(())
     }
 }
@@ -49,7 +54,10 @@ impl Workflows for FakeWorkflows {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 fn sandbox(id: &str, workflow: Option<&str>, age_secs: i64) -> Sandbox {
@@ -57,7 +65,12 @@ fn sandbox(id: &str, workflow: Option<&str>, age_secs: i64) -> Sandbox {
     if let Some(wf) = workflow {
         labels.insert(labels::WORKFLOW_ID.to_owned(), wf.to_owned());
     }
-    Sandbox { id: id.into(), labels, created_unix_ms: now_ms() - age_secs * 1000, ..Default::default() }
+    Sandbox {
+        id: id.into(),
+        labels,
+        created_unix_ms: now_ms() - age_secs * 1000,
+        ..Default::default()
+    }
 }
 
 fn fixture(fail_destroy: &[&str]) -> Sweeper<FakeSandboxes, FakeWorkflows> {
@@ -77,15 +90,21 @@ fn fixture(fail_destroy: &[&str]) -> Sweeper<FakeSandboxes, FakeWorkflows> {
     let workflows = FakeWorkflows(HashMap::from([
         ("wf-running", Some(WorkflowState::Running)),
         ("wf-done", Some(WorkflowState::Closed("COMPLETED".into()))),
-        ("wf-terminated", Some(WorkflowState::Closed("TERMINATED".into()))),
+        (
+            "wf-terminated",
+            Some(WorkflowState::Closed("TERMINATED".into())),
+        ),
         ("wf-temporal-down", None),
     ]));
     Sweeper::new(sandboxes, workflows)
 }
 
 fn summary(report: &SweepReport) -> Vec<(&str, &str, bool)> {
-    let mut v: Vec<_> =
-        report.actions.iter().map(|a| (a.sandbox_id.as_str(), a.reason.as_str(), a.destroyed)).collect();
+    let mut v: Vec<_> = report
+        .actions
+        .iter()
+        .map(|a| (a.sandbox_id.as_str(), a.reason.as_str(), a.destroyed))
+        .collect();
     v.sort();
     v
 }
@@ -93,7 +112,13 @@ fn summary(report: &SweepReport) -> Vec<(&str, &str, bool)> {
 #[tokio::test]
 async fn dry_run_reports_orphans_and_destroys_nothing() {
     let sweeper = fixture(&[]);
-    let report = sweeper.sweep(&SweepRequest { dry_run: true, min_age_secs: 60 }).await.unwrap();
+    let report = sweeper
+        .sweep(&SweepRequest {
+            dry_run: true,
+            min_age_secs: 60,
+        })
+        .await
+        .unwrap();
     assert!(report.dry_run);
     assert_eq!(report.examined, 7);
     assert_eq!(
@@ -106,14 +131,27 @@ async fn dry_run_reports_orphans_and_destroys_nothing() {
         ]
     );
     assert!(report.actions.iter().all(|a| a.error.is_empty()));
-    let nolabel = report.actions.iter().find(|a| a.sandbox_id == "sb-nolabel").unwrap();
-    assert_eq!(nolabel.labels.get(labels::RUN_ID).map(String::as_str), Some("run-1"));
+    let nolabel = report
+        .actions
+        .iter()
+        .find(|a| a.sandbox_id == "sb-nolabel")
+        .unwrap();
+    assert_eq!(
+        nolabel.labels.get(labels::RUN_ID).map(String::as_str),
+        Some("run-1")
+    );
 }
 
 #[tokio::test]
 async fn sweep_destroys_orphans_only_and_records_failures() {
     let sweeper = Arc::new(fixture(&["sb-gone"]));
-    let report = sweeper.sweep(&SweepRequest { dry_run: false, min_age_secs: 60 }).await.unwrap();
+    let report = sweeper
+        .sweep(&SweepRequest {
+            dry_run: false,
+            min_age_secs: 60,
+        })
+        .await
+        .unwrap();
     assert_eq!(
         summary(&report),
         [
@@ -123,39 +161,71 @@ async fn sweep_destroys_orphans_only_and_records_failures() {
             ("sb-terminated", "workflow closed: TERMINATED", true),
         ]
     );
-    let gone = report.actions.iter().find(|a| a.sandbox_id == "sb-gone").unwrap();
+    let gone = report
+        .actions
+        .iter()
+        .find(|a| a.sandbox_id == "sb-gone")
+        .unwrap();
     assert!(gone.error.contains("rm failed"), "{}", gone.error);
 }
 
 #[tokio::test]
 async fn min_age_zero_considers_young_sandboxes() {
     let sweeper = fixture(&[]);
-    let report = sweeper.sweep(&SweepRequest { dry_run: true, min_age_secs: 0 }).await.unwrap();
+    let report = sweeper
+        .sweep(&SweepRequest {
+            dry_run: true,
+            min_age_secs: 0,
+        })
+        .await
+        .unwrap();
     let ids: Vec<_> = summary(&report).into_iter().map(|(id, _, _)| id).collect();
     assert!(ids.contains(&"sb-young"), "{ids:?}");
-    assert!(!ids.contains(&"sb-running") && !ids.contains(&"sb-unsure"), "{ids:?}");
+    assert!(
+        !ids.contains(&"sb-running") && !ids.contains(&"sb-unsure"),
+        "{ids:?}"
+    );
 }
 
 #[tokio::test]
 async fn unreachable_provisioner_is_unavailable() {
     // A port nothing listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let sandboxes = GrpcSandboxes::connect_lazy(&format!("http://127.0.0.1:{port}")).unwrap();
     let sweeper = Arc::new(Sweeper::new(sandboxes, FakeWorkflows(HashMap::new())));
 
     let err = sweeper.sweep(&SweepRequest::default()).await.unwrap_err();
-    assert!(matches!(err, JanitorError::ProvisionerUnavailable(_)), "{err:?}");
+    assert!(
+        matches!(err, JanitorError::ProvisionerUnavailable(_)),
+        "{err:?}"
+    );
 
     // And over the janitor's own gRPC API.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let routes = tonic::service::Routes::new(JanitorService::new(sweeper).into_server());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(forkyard_common::server::serve(listener, routes, async move {
-        let _ = stop_rx.await;
-    }));
-    let mut client = JanitorClient::connect(format!("http://{addr}")).await.unwrap();
-    let status = client.sweep_now(SweepRequest { dry_run: true, min_age_secs: 0 }).await.unwrap_err();
+    let server = tokio::spawn(forkyard_common::server::serve(
+        listener,
+        routes,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let mut client = JanitorClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let status = client
+        .sweep_now(SweepRequest {
+            dry_run: true,
+            min_age_secs: 0,
+        })
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     let _ = stop_tx.send(());
     server.await.unwrap().unwrap();
@@ -165,32 +235,18 @@ async fn unreachable_provisioner_is_unavailable() {
 fn bad_provisioner_addr_is_refused() {
     assert!(matches!(
         GrpcSandboxes::connect_lazy("not a url"),
-        Err(JanitorError::InvalidArgument { field: "provisioner_addr", .. })
+        Err(JanitorError::InvalidArgument {
+            field: "provisioner_addr",
+            ..
+        })
     ));
 }
 
 #[test]
 fn activity_uses_the_contract_name() {
     use forkyard_janitor::activities::JanitorActivities;
-    assert_eq!(temporalio_common::ActivityDefinition::name(&JanitorActivities::sweep), "janitor.sweep");
-}
-
-/// Against a real Temporal: `FORKYARD_TEST_TEMPORAL_ADDRESS` plus a running workflow
-/// `FORKYARD_TEST_RUNNING_WORKFLOW` and a terminated one `FORKYARD_TEST_TERMINATED_WORKFLOW`
-/// (e.g. started with `temporal workflow start --task-queue nobody`). Skipped otherwise.
-#[tokio::test]
-#[ignore = "needs a Temporal server"]
-async fn describes_workflows_through_temporal() {
-    let (Ok(address), Ok(running), Ok(terminated)) = (
-        std::env::var("FORKYARD_TEST_TEMPORAL_ADDRESS"),
-        std::env::var("FORKYARD_TEST_RUNNING_WORKFLOW"),
-        std::env::var("FORKYARD_TEST_TERMINATED_WORKFLOW"),
-    ) else {
-        return;
-    };
-    let args = forkyard_common::TemporalArgs { address, namespace: "default".into(), connect_timeout_secs: 5 };
-    let client = forkyard_common::temporal::connect(&args, "janitor-test").await.unwrap();
-    assert_eq!(client.state(&running).await.unwrap(), WorkflowState::Running);
-    assert_eq!(client.state(&terminated).await.unwrap(), WorkflowState::Closed("TERMINATED".into()));
-    assert_eq!(client.state("wf-that-never-existed").await.unwrap(), WorkflowState::NotFound);
+    assert_eq!(
+        temporalio_common::ActivityDefinition::name(&JanitorActivities::sweep),
+        "janitor.sweep"
+    );
 }

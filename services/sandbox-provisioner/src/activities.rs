@@ -4,8 +4,8 @@
 use crate::provisioner::Provisioner;
 use forkyard_proto::activities::markers;
 use forkyard_proto::sandbox::v1::{
-    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest, DestroySandboxResponse,
-    HealthCheckRequest, HealthCheckResponse, Sandbox,
+    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
+    DestroySandboxResponse, HealthCheckRequest, HealthCheckResponse, Sandbox,
 };
 use std::sync::Arc;
 use temporalio_macros::activities;
@@ -29,7 +29,10 @@ impl SandboxActivities {
         _ctx: ActivityContext,
         req: CreateSandboxRequest,
     ) -> Result<Sandbox, ActivityError> {
-        self.core.create(req).await.map_err(|e| e.into_activity_error())
+        self.core
+            .create(req)
+            .await
+            .map_err(|e| e.into_activity_error())
     }
 
     #[activity(definition = markers::local_sandbox::Health)]
@@ -38,7 +41,10 @@ impl SandboxActivities {
         _ctx: ActivityContext,
         req: HealthCheckRequest,
     ) -> Result<HealthCheckResponse, ActivityError> {
-        self.core.health(req).await.map_err(|e| e.into_activity_error())
+        self.core
+            .health(req)
+            .await
+            .map_err(|e| e.into_activity_error())
     }
 
     #[activity(definition = markers::local_sandbox::CollectPatch)]
@@ -47,7 +53,10 @@ impl SandboxActivities {
         _ctx: ActivityContext,
         req: CollectPatchRequest,
     ) -> Result<CollectPatchResponse, ActivityError> {
-        self.core.collect_patch(req).await.map_err(|e| e.into_activity_error())
+        self.core
+            .collect_patch(req)
+            .await
+            .map_err(|e| e.into_activity_error())
     }
 
     #[activity(definition = markers::local_sandbox::Destroy)]
@@ -56,7 +65,10 @@ impl SandboxActivities {
         _ctx: ActivityContext,
         req: DestroySandboxRequest,
     ) -> Result<DestroySandboxResponse, ActivityError> {
-        self.core.destroy(req).await.map_err(|e| e.into_activity_error())
+        self.core
+            .destroy(req)
+            .await
+            .map_err(|e| e.into_activity_error())
     }
 }
 
@@ -68,7 +80,10 @@ mod tests {
     fn activities_carry_the_contract_names() {
         assert_eq!(SandboxActivities::create.name(), "local.create");
         assert_eq!(SandboxActivities::health.name(), "local.health");
-        assert_eq!(SandboxActivities::collect_patch.name(), "local.collect_patch");
+        assert_eq!(
+            SandboxActivities::collect_patch.name(),
+            "local.collect_patch"
+        );
         assert_eq!(SandboxActivities::destroy.name(), "local.destroy");
     }
 }

@@ -22,7 +22,13 @@ pub const RESERVED_ENV: &[&str] = &["FORKYARD_SANDBOX_ID"];
 
 /// Files and directories of the host's /etc that programs need. Not the whole /etc:
 /// it holds secrets and host configuration the sandbox has no business seeing.
-const ETC_ALWAYS: &[&str] = &["/etc/alternatives", "/etc/ld.so.cache", "/etc/passwd", "/etc/group", "/etc/ssl/certs"];
+const ETC_ALWAYS: &[&str] = &[
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/ssl/certs",
+];
 /// Name resolution, only when the sandbox has network.
 const ETC_NETWORK: &[&str] = &["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf"];
 
@@ -60,18 +66,30 @@ impl Invocation<'_> {
         a.push(["--ro-bind", "/usr", "/usr"]);
         for (path, link) in host_root_links() {
             match link {
-                Some(target) => a.push([OsStr::new("--symlink"), target.as_os_str(), path.as_os_str()]),
+                Some(target) => a.push([
+                    OsStr::new("--symlink"),
+                    target.as_os_str(),
+                    path.as_os_str(),
+                ]),
                 None => a.push([OsStr::new("--ro-bind"), path.as_os_str(), path.as_os_str()]),
             }
         }
-        let etc = ETC_ALWAYS.iter().chain(if self.network { ETC_NETWORK } else { &[] });
+        let etc = ETC_ALWAYS
+            .iter()
+            .chain(if self.network { ETC_NETWORK } else { &[] });
         for path in etc {
             a.push(["--ro-bind-try", *path, *path]);
         }
         a.push(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
-        a.push([OsStr::new("--bind"), self.workspace.as_os_str(), OsStr::new(WORKSPACE)]);
+        a.push([
+            OsStr::new("--bind"),
+            self.workspace.as_os_str(),
+            OsStr::new(WORKSPACE),
+        ]);
         a.push(["--chdir", WORKSPACE, "--hostname", HOSTNAME, "--clearenv"]);
-        a.push(["--setenv", "PATH", PATH, "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]);
+        a.push([
+            "--setenv", "PATH", PATH, "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
+        ]);
         a.push(["--setenv", "FORKYARD_SANDBOX_ID", self.sandbox_id]);
         for (k, v) in self.env {
             a.push(["--setenv", k.as_str(), v.as_str()]);
@@ -94,7 +112,8 @@ struct Args(Vec<OsString>);
 
 impl Args {
     fn push<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(&mut self, items: I) {
-        self.0.extend(items.into_iter().map(|s| s.as_ref().to_owned()));
+        self.0
+            .extend(items.into_iter().map(|s| s.as_ref().to_owned()));
     }
 }
 
@@ -141,22 +160,36 @@ pub async fn probe(bwrap: &Path, scratch: &Path) -> Result<Features, String> {
         cmd.kill_on_drop(true).stdin(std::process::Stdio::null());
         match tokio::time::timeout(Duration::from_secs(30), cmd.output()).await {
             Ok(Ok(out)) if out.status.success() => return Ok(features),
-            Ok(Ok(out)) => last_err = format!("{} ({})", String::from_utf8_lossy(&out.stderr).trim(), out.status),
+            Ok(Ok(out)) => {
+                last_err = format!(
+                    "{} ({})",
+                    String::from_utf8_lossy(&out.stderr).trim(),
+                    out.status
+                )
+            }
             Ok(Err(e)) => return Err(format!("cannot run {}: {e}", bwrap.display())),
             Err(_) => last_err = "timed out".to_owned(),
         }
     }
-    Err(format!("{} cannot create a sandbox: {last_err}", bwrap.display()))
+    Err(format!(
+        "{} cannot create a sandbox: {last_err}",
+        bwrap.display()
+    ))
 }
 
 /// `path` if it names an executable, else the first match on `$PATH`.
 pub fn resolve(path: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    let executable = |p: &Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
     if path.components().count() > 1 {
         return executable(path).then(|| path.to_path_buf());
     }
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(path)).find(|p| executable(p))
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(path))
+        .find(|p| executable(p))
 }
 
 #[cfg(test)]
@@ -175,7 +208,10 @@ mod tests {
             argv: &argv,
             env: &env,
         };
-        inv.args().into_iter().map(|s| s.into_string().unwrap()).collect()
+        inv.args()
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect()
     }
 
     #[test]
@@ -190,6 +226,9 @@ mod tests {
         assert!(!a.contains("resolv.conf"), "{a}");
         assert!(a.ends_with("-- ls"), "{a}");
         let a = args(true).join(" ");
-        assert!(a.contains("--share-net") && a.contains("resolv.conf"), "{a}");
+        assert!(
+            a.contains("--share-net") && a.contains("resolv.conf"),
+            "{a}"
+        );
     }
 }

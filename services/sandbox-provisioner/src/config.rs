@@ -37,10 +37,14 @@ impl Args {
     pub fn resolve(&self) -> Result<(SocketAddr, Config), String> {
         let listen = parse_listen("FORKYARD_LISTEN (--listen)", &self.listen)?;
         if self.exec_timeout_secs == 0 {
-            return Err("FORKYARD_EXEC_TIMEOUT_SECS (--exec-timeout-secs) must be at least 1".into());
+            return Err(
+                "FORKYARD_EXEC_TIMEOUT_SECS (--exec-timeout-secs) must be at least 1".into(),
+            );
         }
         if self.clone_timeout_secs == 0 {
-            return Err("FORKYARD_CLONE_TIMEOUT_SECS (--clone-timeout-secs) must be at least 1".into());
+            return Err(
+                "FORKYARD_CLONE_TIMEOUT_SECS (--clone-timeout-secs) must be at least 1".into(),
+            );
         }
         let advertise = match &self.advertise_endpoint {
             Some(e) if e.trim().is_empty() => {
@@ -76,10 +80,27 @@ mod tests {
         assert_eq!(config.advertise_endpoint, "http://127.0.0.1:50052");
         assert_eq!(config.exec_timeout, Duration::from_secs(600));
 
-        let args = Args::try_parse_from(["sandbox-provisioner", "--state-dir", state, "--listen", "nope"]).unwrap();
+        let args = Args::try_parse_from([
+            "sandbox-provisioner",
+            "--state-dir",
+            state,
+            "--listen",
+            "nope",
+        ])
+        .unwrap();
         assert!(args.resolve().unwrap_err().contains("--listen"));
-        let args =
-            Args::try_parse_from(["sandbox-provisioner", "--state-dir", state, "--exec-timeout-secs", "0"]).unwrap();
-        assert!(args.resolve().unwrap_err().contains("FORKYARD_EXEC_TIMEOUT_SECS"));
+        let args = Args::try_parse_from([
+            "sandbox-provisioner",
+            "--state-dir",
+            state,
+            "--exec-timeout-secs",
+            "0",
+        ])
+        .unwrap();
+        assert!(
+            args.resolve()
+                .unwrap_err()
+                .contains("FORKYARD_EXEC_TIMEOUT_SECS")
+        );
     }
 }

@@ -24,7 +24,10 @@ impl Entry {
         let destroying = record.destroying;
         Arc::new(Self {
             record: Mutex::new(record),
-            execs: watch::Sender::new(ExecState { destroying, running: 0 }),
+            execs: watch::Sender::new(ExecState {
+                destroying,
+                running: 0,
+            }),
             cancel: CancellationToken::new(),
         })
     }

@@ -31,7 +31,10 @@ pub enum ProvisionerError {
 
 impl ProvisionerError {
     pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
-        Self::InvalidArgument { field, reason: reason.into() }
+        Self::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
     }
 
     pub fn internal(context: &str, err: impl std::fmt::Display) -> Self {
@@ -73,7 +76,8 @@ mod tests {
 
     #[test]
     fn status_codes_and_messages() {
-        let s: tonic::Status = ProvisionerError::invalid("branch", "not a valid branch name").into();
+        let s: tonic::Status =
+            ProvisionerError::invalid("branch", "not a valid branch name").into();
         assert_eq!(s.code(), tonic::Code::InvalidArgument);
         assert!(s.message().contains("branch"), "{}", s.message());
         let s: tonic::Status = ProvisionerError::NotFound("sbx-1".into()).into();

@@ -10,7 +10,10 @@ use std::{path::Path, time::Duration};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-const HOST_GIT_CAPS: Caps = Caps { stdout: 64 * 1024, stderr: 64 * 1024 };
+const HOST_GIT_CAPS: Caps = Caps {
+    stdout: 64 * 1024,
+    stderr: 64 * 1024,
+};
 /// How much of git's stderr goes into an error message.
 const STDERR_SUMMARY: usize = 600;
 
@@ -25,7 +28,12 @@ fn host_git() -> Command {
         .env("GIT_SSH_COMMAND", "ssh -oBatchMode=yes")
         .env_remove("GIT_DIR")
         .env_remove("GIT_WORK_TREE")
-        .args(["-c", "protocol.ext.allow=never", "-c", "core.hooksPath=/dev/null"]);
+        .args([
+            "-c",
+            "protocol.ext.allow=never",
+            "-c",
+            "core.hooksPath=/dev/null",
+        ]);
     cmd
 }
 
@@ -44,9 +52,16 @@ async fn run(cmd: Command, timeout: Duration) -> Result<Result<String, String>> 
 
 fn summarise(stderr: &str, code: i32) -> String {
     let text = stderr.split_whitespace().collect::<Vec<_>>().join(" ");
-    let mut text = if text.is_empty() { format!("git exited with {code}") } else { text };
+    let mut text = if text.is_empty() {
+        format!("git exited with {code}")
+    } else {
+        text
+    };
     if text.len() > STDERR_SUMMARY {
-        let cut = (0..=STDERR_SUMMARY).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+        let cut = (0..=STDERR_SUMMARY)
+            .rev()
+            .find(|i| text.is_char_boundary(*i))
+            .unwrap_or(0);
         text.truncate(cut);
         text.push_str("...");
     }
@@ -59,52 +74,83 @@ pub async fn check_branch(branch: &str) -> Result<()> {
         return Err(ProvisionerError::invalid("branch", "must not be empty"));
     }
     if branch.starts_with('-') {
-        return Err(ProvisionerError::invalid("branch", format!("{branch:?} is not a valid branch name")));
+        return Err(ProvisionerError::invalid(
+            "branch",
+            format!("{branch:?} is not a valid branch name"),
+        ));
     }
     let mut cmd = host_git();
     cmd.args(["check-ref-format", "--branch", branch]);
     match run(cmd, Duration::from_secs(10)).await? {
         Ok(_) => Ok(()),
-        Err(_) => Err(ProvisionerError::invalid("branch", format!("{branch:?} is not a valid branch name"))),
+        Err(_) => Err(ProvisionerError::invalid(
+            "branch",
+            format!("{branch:?} is not a valid branch name"),
+        )),
     }
 }
 
 /// Clone `repo` into `ws`, start `branch` at `base_ref` (or HEAD) and return the base
 /// commit.
-pub async fn clone(repo: &str, base_ref: &str, branch: &str, ws: &Path, timeout: Duration) -> Result<String> {
+pub async fn clone(
+    repo: &str,
+    base_ref: &str,
+    branch: &str,
+    ws: &Path,
+    timeout: Duration,
+) -> Result<String> {
     let mut cmd = host_git();
-    cmd.args(["clone", "--quiet", "--no-hardlinks", "--", repo]).arg(ws);
-    run(cmd, timeout).await?.map_err(|e| ProvisionerError::RepoUnavailable(format!("cannot clone {repo}: {e}")))?;
-
-    let start = if base_ref.is_empty() { "HEAD".to_owned() } else { resolve(ws, base_ref).await? };
-    let mut cmd = host_git();
-    cmd.arg("-C").arg(ws).args(["checkout", "-q", "-b", branch, &start, "--"]);
-    run(cmd, Duration::from_secs(60))
+    cmd.args(["clone", "--quiet", "--no-hardlinks", "--", repo])
+        .arg(ws);
+    run(cmd, timeout)
         .await?
-        .map_err(|e| ProvisionerError::FailedPrecondition(format!("cannot create branch {branch}: {e}")))?;
+        .map_err(|e| ProvisionerError::RepoUnavailable(format!("cannot clone {repo}: {e}")))?;
+
+    let start = if base_ref.is_empty() {
+        "HEAD".to_owned()
+    } else {
+        resolve(ws, base_ref).await?
+    };
+    let mut cmd = host_git();
+    cmd.arg("-C")
+        .arg(ws)
+        .args(["checkout", "-q", "-b", branch, &start, "--"]);
+    run(cmd, Duration::from_secs(60)).await?.map_err(|e| {
+        ProvisionerError::FailedPrecondition(format!("cannot create branch {branch}: {e}"))
+    })?;
 
     let mut cmd = host_git();
-    cmd.arg("-C").arg(ws).args(["rev-parse", "--verify", "HEAD^{commit}"]);
-    let sha = run(cmd, Duration::from_secs(30))
-        .await?
-        .map_err(|e| ProvisionerError::RepoUnavailable(format!("repository has no commit at HEAD: {e}")))?;
+    cmd.arg("-C")
+        .arg(ws)
+        .args(["rev-parse", "--verify", "HEAD^{commit}"]);
+    let sha = run(cmd, Duration::from_secs(30)).await?.map_err(|e| {
+        ProvisionerError::RepoUnavailable(format!("repository has no commit at HEAD: {e}"))
+    })?;
     Ok(sha.trim().to_owned())
 }
 
 /// The commit `base_ref` names in the clone: as given, else as a remote branch.
 async fn resolve(ws: &Path, base_ref: &str) -> Result<String> {
     if base_ref.starts_with('-') {
-        return Err(ProvisionerError::invalid("base_ref", format!("{base_ref:?} is not a commit-ish")));
+        return Err(ProvisionerError::invalid(
+            "base_ref",
+            format!("{base_ref:?} is not a commit-ish"),
+        ));
     }
     for candidate in [base_ref.to_owned(), format!("origin/{base_ref}")] {
         let mut cmd = host_git();
-        cmd.arg("-C").arg(ws).args(["rev-parse", "--verify", "--quiet", "--end-of-options"]);
+        cmd.arg("-C")
+            .arg(ws)
+            .args(["rev-parse", "--verify", "--quiet", "--end-of-options"]);
         cmd.arg(format!("{candidate}^{{commit}}"));
         if let Ok(sha) = run(cmd, Duration::from_secs(30)).await? {
             return Ok(sha.trim().to_owned());
         }
     }
-    Err(ProvisionerError::invalid("base_ref", format!("{base_ref:?} is not a commit in the repository")))
+    Err(ProvisionerError::invalid(
+        "base_ref",
+        format!("{base_ref:?} is not a commit in the repository"),
+    ))
 }
 
 /// Environment for git inside the sandbox: the agent controls the repository's config

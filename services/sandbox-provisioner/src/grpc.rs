@@ -3,9 +3,9 @@
 
 use crate::provisioner::Provisioner;
 use forkyard_proto::sandbox::v1::{
-    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest, DestroySandboxResponse,
-    ExecRequest, ExecResponse, GetSandboxRequest, HealthCheckRequest, HealthCheckResponse, ListSandboxesRequest,
-    ListSandboxesResponse, Sandbox,
+    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
+    DestroySandboxResponse, ExecRequest, ExecResponse, GetSandboxRequest, HealthCheckRequest,
+    HealthCheckResponse, ListSandboxesRequest, ListSandboxesResponse, Sandbox,
     sandbox_provisioner_server::{SandboxProvisioner, SandboxProvisionerServer},
 };
 use std::sync::Arc;
@@ -29,11 +29,17 @@ impl SandboxService {
 
 #[tonic::async_trait]
 impl SandboxProvisioner for SandboxService {
-    async fn create_sandbox(&self, req: Request<CreateSandboxRequest>) -> Result<Response<Sandbox>, Status> {
+    async fn create_sandbox(
+        &self,
+        req: Request<CreateSandboxRequest>,
+    ) -> Result<Response<Sandbox>, Status> {
         Ok(Response::new(self.core.create(req.into_inner()).await?))
     }
 
-    async fn get_sandbox(&self, req: Request<GetSandboxRequest>) -> Result<Response<Sandbox>, Status> {
+    async fn get_sandbox(
+        &self,
+        req: Request<GetSandboxRequest>,
+    ) -> Result<Response<Sandbox>, Status> {
         Ok(Response::new(self.core.get(&req.into_inner().sandbox_id)?))
     }
 
@@ -49,12 +55,20 @@ impl SandboxProvisioner for SandboxService {
         Ok(Response::new(self.core.exec(req.into_inner()).await?))
     }
 
-    async fn health_check(&self, req: Request<HealthCheckRequest>) -> Result<Response<HealthCheckResponse>, Status> {
+    async fn health_check(
+        &self,
+        req: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
         Ok(Response::new(self.core.health(req.into_inner()).await?))
     }
 
-    async fn collect_patch(&self, req: Request<CollectPatchRequest>) -> Result<Response<CollectPatchResponse>, Status> {
-        Ok(Response::new(self.core.collect_patch(req.into_inner()).await?))
+    async fn collect_patch(
+        &self,
+        req: Request<CollectPatchRequest>,
+    ) -> Result<Response<CollectPatchResponse>, Status> {
+        Ok(Response::new(
+            self.core.collect_patch(req.into_inner()).await?,
+        ))
     }
 
     async fn destroy_sandbox(

@@ -16,11 +16,15 @@ async fn main() -> anyhow::Result<()> {
         exit_config_error(e);
     }
     telemetry::init("sandbox-provisioner");
-    let core = Provisioner::open(config).await.unwrap_or_else(|e| exit_config_error(e));
-    let listener =
-        server::bind(listen).await.unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
+    let core = Provisioner::open(config)
+        .await
+        .unwrap_or_else(|e| exit_config_error(e));
+    let listener = server::bind(listen)
+        .await
+        .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
 
-    let (routes, health) = server::base_routes(<SandboxProvisionerServer<SandboxService> as NamedService>::NAME)?;
+    let (routes, health) =
+        server::base_routes(<SandboxProvisionerServer<SandboxService> as NamedService>::NAME)?;
     let routes = routes.add_service(SandboxService::new(core.clone()).into_server());
 
     let client = temporal::connect(&args.temporal, "sandbox-provisioner").await?;
@@ -29,5 +33,15 @@ async fn main() -> anyhow::Result<()> {
         .register_activities(SandboxActivities::new(core))
         .build();
     let (worker, stop) = temporal::worker(&runtime, client, options)?;
-    service::run(service::Service { name: "sandbox-provisioner", listener, routes, health }, worker, stop).await
+    service::run(
+        service::Service {
+            name: "sandbox-provisioner",
+            listener,
+            routes,
+            health,
+        },
+        worker,
+        stop,
+    )
+    .await
 }

@@ -63,15 +63,26 @@ pub async fn run(
     cancel: &CancellationToken,
 ) -> std::io::Result<Finished> {
     let started = std::time::Instant::now();
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
     let mut child = cmd.spawn()?;
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
-    let io = async { tokio::join!(read_capped(stdout, caps.stdout), read_capped(stderr, caps.stderr)) };
+    let io = async {
+        tokio::join!(
+            read_capped(stdout, caps.stdout),
+            read_capped(stderr, caps.stderr)
+        )
+    };
     tokio::pin!(io);
 
     enum Step {
-        Done(std::io::Result<std::process::ExitStatus>, (Captured, Captured)),
+        Done(
+            std::io::Result<std::process::ExitStatus>,
+            (Captured, Captured),
+        ),
         TimedOut,
         Cancelled,
     }
@@ -88,7 +99,12 @@ pub async fn run(
         Step::TimedOut => (Outcome::TimedOut, kill_and_drain(&mut child, io).await),
         Step::Cancelled => (Outcome::Cancelled, kill_and_drain(&mut child, io).await),
     };
-    Ok(Finished { outcome, stdout, stderr, duration: started.elapsed() })
+    Ok(Finished {
+        outcome,
+        stdout,
+        stderr,
+        duration: started.elapsed(),
+    })
 }
 
 /// SIGKILL the direct child; for bwrap that ends the sandbox's pid 1 and with it every
@@ -99,7 +115,9 @@ async fn kill_and_drain(
 ) -> (Captured, Captured) {
     let _ = child.start_kill();
     let _ = child.wait().await;
-    tokio::time::timeout(DRAIN_AFTER_KILL, io).await.unwrap_or_default()
+    tokio::time::timeout(DRAIN_AFTER_KILL, io)
+        .await
+        .unwrap_or_default()
 }
 
 /// Read `reader` to its end, keeping the first `cap` bytes and counting the rest (the
@@ -131,7 +149,10 @@ mod tests {
 
     #[tokio::test]
     async fn captures_with_cap_and_exit_code() {
-        let caps = Caps { stdout: 4, stderr: 100 };
+        let caps = Caps {
+            stdout: 4,
+            stderr: 100,
+        };
         let f = run(
             sh("printf 0123456789; echo err >&2; exit 3"),
             Duration::from_secs(10),
@@ -149,8 +170,18 @@ mod tests {
 
     #[tokio::test]
     async fn timeout_kills() {
-        let caps = Caps { stdout: 10, stderr: 10 };
-        let f = run(sh("exec sleep 30"), Duration::from_millis(200), caps, &CancellationToken::new()).await.unwrap();
+        let caps = Caps {
+            stdout: 10,
+            stderr: 10,
+        };
+        let f = run(
+            sh("exec sleep 30"),
+            Duration::from_millis(200),
+            caps,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
         assert!(matches!(f.outcome, Outcome::TimedOut));
         assert!(f.duration < Duration::from_secs(5));
     }

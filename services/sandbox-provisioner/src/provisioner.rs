@@ -11,8 +11,9 @@ use crate::{
     validate,
 };
 use forkyard_proto::sandbox::v1::{
-    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest, DestroySandboxResponse,
-    ExecRequest, ExecResponse, HealthCheckRequest, HealthCheckResponse, Sandbox,
+    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
+    DestroySandboxResponse, ExecRequest, ExecResponse, HealthCheckRequest, HealthCheckResponse,
+    Sandbox,
 };
 use std::{
     collections::HashMap,
@@ -75,18 +76,29 @@ impl Provisioner {
     /// configuration errors and name the setting.
     pub async fn open(config: Config) -> Result<Arc<Self>, String> {
         let bwrap = bwrap::resolve(&config.bwrap_path).ok_or_else(|| {
-            format!("FORKYARD_BWRAP_PATH (--bwrap-path) {}: no such executable", config.bwrap_path.display())
+            format!(
+                "FORKYARD_BWRAP_PATH (--bwrap-path) {}: no such executable",
+                config.bwrap_path.display()
+            )
         })?;
-        let store = Store::open(&config.state_dir)
-            .map_err(|e| format!("FORKYARD_STATE_DIR (--state-dir) {}: {e}", config.state_dir.display()))?;
-        let features =
-            bwrap::probe(&bwrap, store.root()).await.map_err(|e| format!("FORKYARD_BWRAP_PATH (--bwrap-path): {e}"))?;
+        let store = Store::open(&config.state_dir).map_err(|e| {
+            format!(
+                "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
+                config.state_dir.display()
+            )
+        })?;
+        let features = bwrap::probe(&bwrap, store.root())
+            .await
+            .map_err(|e| format!("FORKYARD_BWRAP_PATH (--bwrap-path): {e}"))?;
         if !features.userns {
             warn!(bwrap = %bwrap.display(), "no user namespace available: sandboxes run without one");
         }
-        let records = store
-            .load_all()
-            .map_err(|e| format!("FORKYARD_STATE_DIR (--state-dir) {}: {e}", config.state_dir.display()))?;
+        let records = store.load_all().map_err(|e| {
+            format!(
+                "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
+                config.state_dir.display()
+            )
+        })?;
         let mut sandboxes = HashMap::new();
         for record in records {
             if record.destroying {
@@ -99,7 +111,11 @@ impl Provisioner {
             }
             sandboxes.insert(record.id.clone(), Entry::new(record));
         }
-        info!(sandboxes = sandboxes.len(), ?features, "sandbox provisioner ready");
+        info!(
+            sandboxes = sandboxes.len(),
+            ?features,
+            "sandbox provisioner ready"
+        );
         Ok(Arc::new(Self {
             config,
             bwrap,
@@ -121,7 +137,9 @@ impl Provisioner {
 
     fn by_key(&self, key: &str) -> Option<Sandbox> {
         let map = self.sandboxes.lock().expect("sandboxes lock");
-        map.values().find(|e| e.record.lock().expect("record lock").idempotency_key == key).map(|e| e.snapshot())
+        map.values()
+            .find(|e| e.record.lock().expect("record lock").idempotency_key == key)
+            .map(|e| e.snapshot())
     }
 
     pub async fn create(&self, req: CreateSandboxRequest) -> Result<Sandbox> {
@@ -140,7 +158,10 @@ impl Provisioner {
         }
         let key_lock = {
             let mut creating = self.creating.lock().expect("creating lock");
-            creating.entry(req.idempotency_key.clone()).or_default().clone()
+            creating
+                .entry(req.idempotency_key.clone())
+                .or_default()
+                .clone()
         };
         let result = {
             let _held = key_lock.lock().await;
@@ -154,7 +175,10 @@ impl Provisioner {
         };
         drop(key_lock);
         let mut creating = self.creating.lock().expect("creating lock");
-        if creating.get(&req.idempotency_key).is_some_and(|l| Arc::strong_count(l) == 1) {
+        if creating
+            .get(&req.idempotency_key)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
             creating.remove(&req.idempotency_key);
         }
         result
@@ -163,13 +187,19 @@ impl Provisioner {
     async fn create_new(&self, req: CreateSandboxRequest) -> Result<Sandbox> {
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
         let dir = self.store.dir(&id);
-        std::fs::create_dir_all(&dir).map_err(|e| ProvisionerError::internal("create sandbox directory", e))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| ProvisionerError::internal("create sandbox directory", e))?;
         // Removes the directory unless the create completes (also if the caller hangs up).
         let mut cleanup = DirCleanup(Some(dir));
-        let base_commit =
-            git::clone(&req.repo, &req.base_ref, &req.branch, &self.store.workspace(&id), self.config.clone_timeout)
-                .await
-                .inspect_err(|e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"))?;
+        let base_commit = git::clone(
+            &req.repo,
+            &req.base_ref,
+            &req.branch,
+            &self.store.workspace(&id),
+            self.config.clone_timeout,
+        )
+        .await
+        .inspect_err(|e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"))?;
         let record = Record {
             id: id.clone(),
             backend: BACKEND.to_owned(),
@@ -188,7 +218,10 @@ impl Provisioner {
         cleanup.0 = None;
         let entry = Entry::new(record);
         let sandbox = entry.snapshot();
-        self.sandboxes.lock().expect("sandboxes lock").insert(id.clone(), entry);
+        self.sandboxes
+            .lock()
+            .expect("sandboxes lock")
+            .insert(id.clone(), entry);
         info!(sandbox_id = %id, branch = %sandbox.branch, base_commit = %sandbox.base_commit, "sandbox created");
         Ok(sandbox)
     }
@@ -220,8 +253,13 @@ impl Provisioner {
             0 => self.config.exec_timeout,
             s => Duration::from_secs(s.into()),
         };
-        let caps = Caps { stdout: OUTPUT_CAP, stderr: OUTPUT_CAP };
-        let f = self.run_in(&req.sandbox_id, &req.argv, &env, timeout, caps).await?;
+        let caps = Caps {
+            stdout: OUTPUT_CAP,
+            stderr: OUTPUT_CAP,
+        };
+        let f = self
+            .run_in(&req.sandbox_id, &req.argv, &env, timeout, caps)
+            .await?;
         let timed_out = matches!(f.outcome, Outcome::TimedOut);
         let exit_code = match f.outcome {
             Outcome::Exited { code } => code,
@@ -248,7 +286,9 @@ impl Provisioner {
     ) -> Result<Finished> {
         let entry = self.entry(id)?;
         let Some(_guard) = entry.begin_exec() else {
-            return Err(ProvisionerError::FailedPrecondition(format!("sandbox {id} is being destroyed")));
+            return Err(ProvisionerError::FailedPrecondition(format!(
+                "sandbox {id} is being destroyed"
+            )));
         };
         let network = entry.record.lock().expect("record lock").network;
         let workspace = self.store.workspace(id);
@@ -274,16 +314,29 @@ impl Provisioner {
 
     pub async fn health(&self, req: HealthCheckRequest) -> Result<HealthCheckResponse> {
         let argv = ["test", "-d", "/workspace/.git"].map(String::from);
-        let caps = Caps { stdout: 4096, stderr: 4096 };
-        let (healthy, detail) = match self.run_in(&req.sandbox_id, &argv, &[], HEALTH_TIMEOUT, caps).await {
+        let caps = Caps {
+            stdout: 4096,
+            stderr: 4096,
+        };
+        let (healthy, detail) = match self
+            .run_in(&req.sandbox_id, &argv, &[], HEALTH_TIMEOUT, caps)
+            .await
+        {
             Ok(f) => match f.outcome {
-                Outcome::Exited { code: 0 } => {
-                    (true, format!("workspace visible, checked in {} ms", f.duration.as_millis()))
+                Outcome::Exited { code: 0 } => (
+                    true,
+                    format!(
+                        "workspace visible, checked in {} ms",
+                        f.duration.as_millis()
+                    ),
+                ),
+                Outcome::Exited { code } => (
+                    false,
+                    format!("workspace check exited {code}: {}", f.stderr.lossy().trim()),
+                ),
+                Outcome::TimedOut | Outcome::Cancelled => {
+                    (false, "workspace check did not finish".to_owned())
                 }
-                Outcome::Exited { code } => {
-                    (false, format!("workspace check exited {code}: {}", f.stderr.lossy().trim()))
-                }
-                Outcome::TimedOut | Outcome::Cancelled => (false, "workspace check did not finish".to_owned()),
             },
             Err(e @ ProvisionerError::Internal(_)) => (false, e.to_string()),
             Err(e) => return Err(e),
@@ -306,20 +359,52 @@ impl Provisioner {
         let env = git::sandbox_env();
         let timeout = self.config.exec_timeout;
         let git = |args: &[&str]| -> Vec<String> {
-            std::iter::once("git").chain(args.iter().copied()).map(String::from).collect()
+            std::iter::once("git")
+                .chain(args.iter().copied())
+                .map(String::from)
+                .collect()
         };
-        let small = Caps { stdout: 64 * 1024, stderr: 64 * 1024 };
-        let diff = ["diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv"];
+        let small = Caps {
+            stdout: 64 * 1024,
+            stderr: 64 * 1024,
+        };
+        let diff = [
+            "diff",
+            "--cached",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-textconv",
+        ];
 
-        let staged = self.run_in(id, &git(&["add", "-A"]), &env, timeout, small).await?;
+        let staged = self
+            .run_in(id, &git(&["add", "-A"]), &env, timeout, small)
+            .await?;
         check_git(&staged, "git add")?;
-        let patch_args: Vec<&str> = diff.iter().copied().chain(["--binary", &base, "--"]).collect();
-        let caps = Caps { stdout: usize::try_from(max).unwrap_or(usize::MAX), stderr: 64 * 1024 };
-        let patch = self.run_in(id, &git(&patch_args), &env, timeout, caps).await?;
+        let patch_args: Vec<&str> = diff
+            .iter()
+            .copied()
+            .chain(["--binary", &base, "--"])
+            .collect();
+        let caps = Caps {
+            stdout: usize::try_from(max).unwrap_or(usize::MAX),
+            stderr: 64 * 1024,
+        };
+        let patch = self
+            .run_in(id, &git(&patch_args), &env, timeout, caps)
+            .await?;
         check_git(&patch, "git diff")?;
-        let numstat_args: Vec<&str> = diff.iter().copied().chain(["--numstat", &base, "--"]).collect();
-        let caps = Caps { stdout: 16 * 1024 * 1024, stderr: 64 * 1024 };
-        let numstat = self.run_in(id, &git(&numstat_args), &env, timeout, caps).await?;
+        let numstat_args: Vec<&str> = diff
+            .iter()
+            .copied()
+            .chain(["--numstat", &base, "--"])
+            .collect();
+        let caps = Caps {
+            stdout: 16 * 1024 * 1024,
+            stderr: 64 * 1024,
+        };
+        let numstat = self
+            .run_in(id, &git(&numstat_args), &env, timeout, caps)
+            .await?;
         check_git(&numstat, "git diff --numstat")?;
 
         Ok(CollectPatchResponse {
@@ -348,7 +433,10 @@ impl Provisioner {
         }
         entry.cancel.cancel();
         let mut execs = entry.execs.subscribe();
-        if tokio::time::timeout(DESTROY_WAIT, execs.wait_for(|s| s.running == 0)).await.is_err() {
+        if tokio::time::timeout(DESTROY_WAIT, execs.wait_for(|s| s.running == 0))
+            .await
+            .is_err()
+        {
             warn!(sandbox_id = %id, "commands still running after kill, removing the workspace anyway");
         }
         let dir = self.store.dir(id);
@@ -369,13 +457,16 @@ fn check_git(f: &Finished, what: &str) -> Result<()> {
             "{what} in the sandbox exited {code}: {}",
             f.stderr.lossy().trim()
         ))),
-        _ => Err(ProvisionerError::Internal(format!("{what} in the sandbox timed out"))),
+        _ => Err(ProvisionerError::Internal(format!(
+            "{what} in the sandbox timed out"
+        ))),
     }
 }
 
-
 fn now_ms() -> i64 {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
 }
 

@@ -32,7 +32,11 @@ pub struct Record {
 
 impl Record {
     pub fn to_proto(&self, running_execs: u32) -> Sandbox {
-        let state = if self.destroying { SandboxState::Destroying } else { SandboxState::Ready };
+        let state = if self.destroying {
+            SandboxState::Destroying
+        } else {
+            SandboxState::Ready
+        };
         Sandbox {
             id: self.id.clone(),
             backend: self.backend.clone(),
@@ -76,7 +80,8 @@ impl Store {
     /// Write the record atomically (temp file + rename).
     pub fn save(&self, record: &Record) -> Result<()> {
         let dir = self.dir(&record.id);
-        let json = serde_json::to_vec_pretty(record).map_err(|e| ProvisionerError::internal("encode record", e))?;
+        let json = serde_json::to_vec_pretty(record)
+            .map_err(|e| ProvisionerError::internal("encode record", e))?;
         let tmp = dir.join(format!("{RECORD}.tmp"));
         std::fs::write(&tmp, json)
             .and_then(|()| std::fs::rename(&tmp, dir.join(RECORD)))
@@ -93,7 +98,9 @@ impl Store {
             let id = entry.file_name().to_string_lossy().into_owned();
             match self.load_one(&entry.path()) {
                 Ok(record) if record.id == id => records.push(record),
-                Ok(record) => self.discard(&id, &format!("record names another sandbox {}", record.id)),
+                Ok(record) => {
+                    self.discard(&id, &format!("record names another sandbox {}", record.id))
+                }
                 Err(reason) => self.discard(&id, &reason),
             }
         }
@@ -104,8 +111,10 @@ impl Store {
         if !dir.is_dir() {
             return Err("not a directory".into());
         }
-        let raw = std::fs::read(dir.join(RECORD)).map_err(|e| format!("no readable record: {e}"))?;
-        let record: Record = serde_json::from_slice(&raw).map_err(|e| format!("corrupt record: {e}"))?;
+        let raw =
+            std::fs::read(dir.join(RECORD)).map_err(|e| format!("no readable record: {e}"))?;
+        let record: Record =
+            serde_json::from_slice(&raw).map_err(|e| format!("corrupt record: {e}"))?;
         if !dir.join(WORKSPACE).join(".git").is_dir() {
             return Err("workspace missing".into());
         }
@@ -142,7 +151,9 @@ pub fn remove_all(path: &Path) -> std::io::Result<()> {
 fn make_writable(dir: &Path) {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries.flatten() {
         // file_type() does not follow symlinks: never chmod outside the tree.
         if entry.file_type().is_ok_and(|t| t.is_dir()) {

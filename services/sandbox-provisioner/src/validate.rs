@@ -9,23 +9,37 @@ pub(crate) fn argv(argv: &[String]) -> Result<()> {
         return Err(ProvisionerError::invalid("argv", "must name a command"));
     }
     if argv.iter().any(|a| a.contains('\0')) {
-        return Err(ProvisionerError::invalid("argv", "must not contain NUL bytes"));
+        return Err(ProvisionerError::invalid(
+            "argv",
+            "must not contain NUL bytes",
+        ));
     }
     Ok(())
 }
 
 pub(crate) fn env(name: &str, value: &str) -> Result<()> {
     let mut chars = name.chars();
-    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+    let valid = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
     if !valid {
-        return Err(ProvisionerError::invalid("env", format!("{name:?} is not a valid variable name")));
+        return Err(ProvisionerError::invalid(
+            "env",
+            format!("{name:?} is not a valid variable name"),
+        ));
     }
     if bwrap::RESERVED_ENV.contains(&name) {
-        return Err(ProvisionerError::invalid("env", format!("{name} is set by the provisioner")));
+        return Err(ProvisionerError::invalid(
+            "env",
+            format!("{name} is set by the provisioner"),
+        ));
     }
     if value.contains('\0') {
-        return Err(ProvisionerError::invalid("env", format!("value of {name} contains a NUL byte")));
+        return Err(ProvisionerError::invalid(
+            "env",
+            format!("value of {name} contains a NUL byte"),
+        ));
     }
     Ok(())
 }

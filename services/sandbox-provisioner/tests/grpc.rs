@@ -21,22 +21,44 @@ async fn grpc_calls_map_errors_and_a_hung_up_exec_is_killed() {
     let server = tokio::spawn(forkyard_common::server::serve(listener, routes, async {
         let _ = stop_rx.await;
     }));
-    let mut client = SandboxProvisionerClient::connect(format!("http://{addr}")).await.unwrap();
+    let mut client = SandboxProvisionerClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
 
     let mut bad = f.request("bad..branch");
     let err = client.create_sandbox(bad.clone()).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     bad.branch = "ok".into();
     bad.repo = "/nonexistent/repo".into();
-    assert_eq!(client.create_sandbox(bad).await.unwrap_err().code(), Code::FailedPrecondition);
-    let err = client.get_sandbox(GetSandboxRequest { sandbox_id: "sbx-missing".into() }).await.unwrap_err();
+    assert_eq!(
+        client.create_sandbox(bad).await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    let err = client
+        .get_sandbox(GetSandboxRequest {
+            sandbox_id: "sbx-missing".into(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
 
-    let sbx = client.create_sandbox(f.request("forkyard-fork-1")).await.unwrap().into_inner();
-    let listed = client.list_sandboxes(ListSandboxesRequest::default()).await.unwrap().into_inner();
+    let sbx = client
+        .create_sandbox(f.request("forkyard-fork-1"))
+        .await
+        .unwrap()
+        .into_inner();
+    let listed = client
+        .list_sandboxes(ListSandboxesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(listed.sandboxes.len(), 1);
     let out = client
-        .exec(ExecRequest { sandbox_id: sbx.id.clone(), argv: vec!["echo".into(), "hi".into()], ..Default::default() })
+        .exec(ExecRequest {
+            sandbox_id: sbx.id.clone(),
+            argv: vec!["echo".into(), "hi".into()],
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -46,18 +68,34 @@ async fn grpc_calls_map_errors_and_a_hung_up_exec_is_killed() {
     // cancelled): the sandboxed process must die.
     let secs = unique_sleep();
     let mut caller = client.clone();
-    let req =
-        ExecRequest { sandbox_id: sbx.id.clone(), argv: vec!["sleep".into(), secs.clone()], ..Default::default() };
+    let req = ExecRequest {
+        sandbox_id: sbx.id.clone(),
+        argv: vec!["sleep".into(), secs.clone()],
+        ..Default::default()
+    };
     let call = tokio::spawn(async move { caller.exec(req).await });
-    assert!(eventually(Duration::from_secs(10), || !host_pids_with(&format!("sleep {secs}")).is_empty()).await);
+    assert!(
+        eventually(Duration::from_secs(10), || !host_pids_with(&format!(
+            "sleep {secs}"
+        ))
+        .is_empty())
+        .await
+    );
     call.abort();
     assert!(
-        eventually(Duration::from_secs(5), || host_pids_with(&format!("sleep {secs}")).is_empty()).await,
+        eventually(Duration::from_secs(5), || host_pids_with(&format!(
+            "sleep {secs}"
+        ))
+        .is_empty())
+        .await,
         "exec survived the hung-up call"
     );
 
     let gone = client
-        .destroy_sandbox(DestroySandboxRequest { sandbox_id: sbx.id.clone(), reason: "test".into() })
+        .destroy_sandbox(DestroySandboxRequest {
+            sandbox_id: sbx.id.clone(),
+            reason: "test".into(),
+        })
         .await
         .unwrap()
         .into_inner();

@@ -16,7 +16,11 @@ async fn exec_sees_only_the_workspace_and_no_host_processes() {
     assert_eq!(lines.next(), Some("/workspace"));
     assert!(out.stdout.contains("README.md"), "{}", out.stdout);
     for hidden in ["root", "home", "work", "var", "opt", "mnt", "srv", "boot"] {
-        assert!(!out.stdout.lines().any(|l| l == hidden), "/{hidden} visible: {}", out.stdout);
+        assert!(
+            !out.stdout.lines().any(|l| l == hidden),
+            "/{hidden} visible: {}",
+            out.stdout
+        );
     }
     let out = f.sh(&sbx.id, "ls /root; ls /home").await;
     assert_ne!(out.exit_code, 0);
@@ -24,7 +28,10 @@ async fn exec_sees_only_the_workspace_and_no_host_processes() {
 
     let out = f.sh(&sbx.id, "ls /etc").await;
     let etc: Vec<&str> = out.stdout.lines().collect();
-    assert!(!etc.contains(&"shadow") && !etc.contains(&"hostname") && !etc.contains(&"resolv.conf"), "{etc:?}");
+    assert!(
+        !etc.contains(&"shadow") && !etc.contains(&"hostname") && !etc.contains(&"resolv.conf"),
+        "{etc:?}"
+    );
 
     // Only the sandbox's own processes: bwrap's init, sh and ls.
     let out = f.sh(&sbx.id, "ls /proc | grep -E '^[0-9]+$'").await;
@@ -37,7 +44,12 @@ async fn exec_sees_only_the_workspace_and_no_host_processes() {
 async fn exec_has_no_network_and_its_own_hostname() {
     let f = fixture().await;
     let sbx = f.create().await;
-    let out = f.sh(&sbx.id, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; hostname").await;
+    let out = f
+        .sh(
+            &sbx.id,
+            "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; hostname",
+        )
+        .await;
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
     assert_eq!(out.stdout, "lo\nforkyard-sandbox\n");
 }
@@ -47,16 +59,38 @@ async fn exec_environment_is_rebuilt_from_scratch() {
     // `std::env::set_var` is unsafe in edition 2024 (and unsafe code is forbidden here), so
     // the host marker is a variable the test runner always sets in this process.
     let host_var = "CARGO_PKG_NAME";
-    assert!(std::env::var(host_var).is_ok(), "cargo sets {host_var} for tests");
+    assert!(
+        std::env::var(host_var).is_ok(),
+        "cargo sets {host_var} for tests"
+    );
     let f = fixture().await;
     let sbx = f.create().await;
     let mut req = exec_req(&sbx.id, &["env"]);
     req.env.insert("AGENT_TOKEN".into(), "t0k3n".into());
     let out = f.core.exec(req).await.unwrap();
-    let mut vars: Vec<&str> = out.stdout.lines().map(|l| l.split('=').next().unwrap()).collect();
+    let mut vars: Vec<&str> = out
+        .stdout
+        .lines()
+        .map(|l| l.split('=').next().unwrap())
+        .collect();
     vars.sort_unstable();
-    assert_eq!(vars, ["AGENT_TOKEN", "FORKYARD_SANDBOX_ID", "HOME", "LANG", "PATH", "PWD"], "{}", out.stdout);
-    assert!(out.stdout.contains(&format!("FORKYARD_SANDBOX_ID={}\n", sbx.id)));
+    assert_eq!(
+        vars,
+        [
+            "AGENT_TOKEN",
+            "FORKYARD_SANDBOX_ID",
+            "HOME",
+            "LANG",
+            "PATH",
+            "PWD"
+        ],
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains(&format!("FORKYARD_SANDBOX_ID={}\n", sbx.id))
+    );
     assert!(out.stdout.contains("AGENT_TOKEN=t0k3n\n"));
     assert!(!out.stdout.contains(host_var));
 }
@@ -65,7 +99,12 @@ async fn exec_environment_is_rebuilt_from_scratch() {
 async fn exec_output_is_capped_and_flagged() {
     let f = fixture().await;
     let sbx = f.create().await;
-    let out = f.sh(&sbx.id, "head -c 3000000 /dev/zero | tr '\\0' a; echo done >&2").await;
+    let out = f
+        .sh(
+            &sbx.id,
+            "head -c 3000000 /dev/zero | tr '\\0' a; echo done >&2",
+        )
+        .await;
     assert_eq!(out.exit_code, 0);
     assert!(out.output_truncated);
     assert_eq!(out.stdout.len(), 1024 * 1024);
@@ -80,12 +119,19 @@ async fn exec_timeout_kills_the_command() {
     let f = fixture().await;
     let sbx = f.create().await;
     let secs = unique_sleep();
-    let mut req = exec_req(&sbx.id, &["sh", "-c", &format!("echo started; sleep {secs}")]);
+    let mut req = exec_req(
+        &sbx.id,
+        &["sh", "-c", &format!("echo started; sleep {secs}")],
+    );
     req.timeout_secs = 1;
     let out = f.core.exec(req).await.unwrap();
     assert!(out.timed_out);
     assert_eq!(out.exit_code, -1);
-    assert!(out.duration_ms >= 1000 && out.duration_ms < 10_000, "{}", out.duration_ms);
+    assert!(
+        out.duration_ms >= 1000 && out.duration_ms < 10_000,
+        "{}",
+        out.duration_ms
+    );
     assert_eq!(out.stdout, "started\n");
     assert!(eventually(Duration::from_secs(3), || host_pids_with(&secs).is_empty()).await);
     assert_eq!(f.core.get(&sbx.id).unwrap().running_execs, 0);
@@ -99,18 +145,32 @@ async fn dropping_an_exec_kills_everything_it_started() {
     // A background grandchild too: the whole pid namespace must go.
     let script = format!("sleep {secs} & echo $$ > /workspace/pid; sleep {secs}");
     let exec = f.core.exec(exec_req(&sbx.id, &["sh", "-c", &script]));
-    let running = eventually(Duration::from_secs(10), || host_pids_with(&format!("sleep {secs}")).len() >= 2);
+    let running = eventually(Duration::from_secs(10), || {
+        host_pids_with(&format!("sleep {secs}")).len() >= 2
+    });
     tokio::select! {
         r = exec => panic!("exec finished early: {r:?}"),
         up = running => assert!(up, "sleeps never started"),
     }
     // The exec future is dropped here, as when a gRPC caller hangs up.
     assert!(
-        eventually(Duration::from_secs(3), || host_pids_with(&format!("sleep {secs}")).is_empty()).await,
+        eventually(Duration::from_secs(3), || host_pids_with(&format!(
+            "sleep {secs}"
+        ))
+        .is_empty())
+        .await,
         "sandboxed processes survived the dropped call: {:?}",
         host_pids_with(&secs)
     );
-    assert!(eventually(Duration::from_secs(2), || f.core.get(&sbx.id).unwrap().running_execs == 0).await);
+    assert!(
+        eventually(Duration::from_secs(2), || f
+            .core
+            .get(&sbx.id)
+            .unwrap()
+            .running_execs
+            == 0)
+        .await
+    );
 }
 
 #[tokio::test]
@@ -121,26 +181,50 @@ async fn destroy_kills_running_commands_and_removes_the_workspace() {
     let core = f.core.clone();
     let id = sbx.id.clone();
     let script = format!("sleep {secs}");
-    let running = tokio::spawn(async move { core.exec(exec_req(&id, &["sh", "-c", &script])).await });
-    assert!(eventually(Duration::from_secs(10), || !host_pids_with(&format!("sleep {secs}")).is_empty()).await);
+    let running =
+        tokio::spawn(async move { core.exec(exec_req(&id, &["sh", "-c", &script])).await });
+    assert!(
+        eventually(Duration::from_secs(10), || !host_pids_with(&format!(
+            "sleep {secs}"
+        ))
+        .is_empty())
+        .await
+    );
     assert_eq!(f.core.get(&sbx.id).unwrap().running_execs, 1);
 
     let dir = f.state.join("sandboxes").join(&sbx.id);
     assert!(dir.join("workspace/.git").is_dir());
     let res = f
         .core
-        .destroy(DestroySandboxRequest { sandbox_id: sbx.id.clone(), reason: "fork finished".into() })
+        .destroy(DestroySandboxRequest {
+            sandbox_id: sbx.id.clone(),
+            reason: "fork finished".into(),
+        })
         .await
         .unwrap();
     assert!(res.existed);
     assert!(host_pids_with(&format!("sleep {secs}")).is_empty());
     assert!(!dir.exists());
     let err = tonic::Status::from(running.await.unwrap().unwrap_err());
-    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{}", err.message());
+    assert_eq!(
+        err.code(),
+        tonic::Code::FailedPrecondition,
+        "{}",
+        err.message()
+    );
 
-    assert_eq!(tonic::Status::from(f.core.get(&sbx.id).unwrap_err()).code(), tonic::Code::NotFound);
-    let again =
-        f.core.destroy(DestroySandboxRequest { sandbox_id: sbx.id.clone(), reason: String::new() }).await.unwrap();
+    assert_eq!(
+        tonic::Status::from(f.core.get(&sbx.id).unwrap_err()).code(),
+        tonic::Code::NotFound
+    );
+    let again = f
+        .core
+        .destroy(DestroySandboxRequest {
+            sandbox_id: sbx.id.clone(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
     assert!(!again.existed);
     let err = tonic::Status::from(f.core.exec(exec_req(&sbx.id, &["true"])).await.unwrap_err());
     assert_eq!(err.code(), tonic::Code::NotFound);
@@ -154,6 +238,10 @@ async fn network_can_be_enabled_per_sandbox() {
     let sbx = f.core.create(req).await.unwrap();
     let out = f.sh(&sbx.id, "tail -n +3 /proc/net/dev | wc -l").await;
     let ifaces: u32 = out.stdout.trim().parse().unwrap();
-    let host = std::fs::read_to_string("/proc/net/dev").unwrap().lines().count() as u32 - 2;
+    let host = std::fs::read_to_string("/proc/net/dev")
+        .unwrap()
+        .lines()
+        .count() as u32
+        - 2;
     assert_eq!(ifaces, host);
 }

@@ -5,7 +5,8 @@ mod common;
 
 use common::{exec_req, fixture, git, open};
 use forkyard_proto::sandbox::v1::{
-    CollectPatchRequest, CreateSandboxRequest, DestroySandboxRequest, HealthCheckRequest, SandboxState,
+    CollectPatchRequest, CreateSandboxRequest, DestroySandboxRequest, HealthCheckRequest,
+    SandboxState,
 };
 use std::collections::HashMap;
 
@@ -19,10 +20,21 @@ async fn created_sandbox_has_the_repo_on_the_new_branch_at_the_base_commit() {
     assert_eq!(sbx.base_commit, git(&f.repo, &["rev-parse", "main"]));
     assert_eq!(sbx.owner_endpoint, "http://127.0.0.1:50052");
 
-    let out = f.sh(&sbx.id, "git -c safe.directory='*' rev-parse --abbrev-ref HEAD && cat README.md").await;
+    let out = f
+        .sh(
+            &sbx.id,
+            "git -c safe.directory='*' rev-parse --abbrev-ref HEAD && cat README.md",
+        )
+        .await;
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
     assert_eq!(out.stdout, "forkyard-fork-1\nhello\nworld\n");
-    assert!(f.state.join("sandboxes").join(&sbx.id).join("sandbox.json").is_file());
+    assert!(
+        f.state
+            .join("sandboxes")
+            .join(&sbx.id)
+            .join("sandbox.json")
+            .is_file()
+    );
 }
 
 #[tokio::test]
@@ -49,9 +61,16 @@ async fn an_unclonable_repo_is_a_failed_precondition_and_leaves_nothing() {
     req.repo = f.tmp.path().join("does-not-exist").display().to_string();
     let err = tonic::Status::from(f.core.create(req).await.unwrap_err());
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
-    assert!(err.message().contains("does-not-exist"), "{}", err.message());
+    assert!(
+        err.message().contains("does-not-exist"),
+        "{}",
+        err.message()
+    );
     let gone = common::eventually(std::time::Duration::from_secs(5), || {
-        std::fs::read_dir(f.state.join("sandboxes")).unwrap().next().is_none()
+        std::fs::read_dir(f.state.join("sandboxes"))
+            .unwrap()
+            .next()
+            .is_none()
     })
     .await;
     assert!(gone, "half-created sandbox left behind");
@@ -62,15 +81,33 @@ async fn an_unclonable_repo_is_a_failed_precondition_and_leaves_nothing() {
 async fn bad_input_is_invalid_argument_naming_the_field() {
     let f = fixture().await;
     for (field, mutate) in [
-        ("branch", Box::new(|r: &mut CreateSandboxRequest| r.branch = "bad..branch".into()) as Box<dyn Fn(&mut _)>),
-        ("branch", Box::new(|r: &mut CreateSandboxRequest| r.branch = String::new())),
-        ("backend", Box::new(|r: &mut CreateSandboxRequest| r.backend = "e2b".into())),
-        ("repo", Box::new(|r: &mut CreateSandboxRequest| r.repo = String::new())),
+        (
+            "branch",
+            Box::new(|r: &mut CreateSandboxRequest| r.branch = "bad..branch".into())
+                as Box<dyn Fn(&mut _)>,
+        ),
+        (
+            "branch",
+            Box::new(|r: &mut CreateSandboxRequest| r.branch = String::new()),
+        ),
+        (
+            "backend",
+            Box::new(|r: &mut CreateSandboxRequest| r.backend = "e2b".into()),
+        ),
+        (
+            "repo",
+            Box::new(|r: &mut CreateSandboxRequest| r.repo = String::new()),
+        ),
     ] {
         let mut req = f.request("forkyard-fork-1");
         mutate(&mut req);
         let err = tonic::Status::from(f.core.create(req).await.unwrap_err());
-        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{field}: {}", err.message());
+        assert_eq!(
+            err.code(),
+            tonic::Code::InvalidArgument,
+            "{field}: {}",
+            err.message()
+        );
         assert!(err.message().contains(field), "{field}: {}", err.message());
     }
     let mut env_req = exec_req("sbx-x", &["true"]);
@@ -92,7 +129,12 @@ async fn same_idempotency_key_returns_the_same_sandbox_even_concurrently() {
     let c = f.core.create(req).await.unwrap();
     assert_eq!(a.id, c.id);
     assert_eq!(f.core.list(&HashMap::new()).len(), 1);
-    assert_eq!(std::fs::read_dir(f.state.join("sandboxes")).unwrap().count(), 1);
+    assert_eq!(
+        std::fs::read_dir(f.state.join("sandboxes"))
+            .unwrap()
+            .count(),
+        1
+    );
 
     let mut other = f.request("forkyard-fork-2");
     other.idempotency_key = "run-1/fork-2".into();
@@ -118,8 +160,15 @@ async fn a_restarted_provisioner_finds_its_sandboxes_and_drops_broken_ones() {
     assert_eq!(found.created_unix_ms, sbx.created_unix_ms);
     assert!(!broken.exists(), "broken sandbox directory kept");
     assert_eq!(restarted.list(&HashMap::new()).len(), 1);
-    assert_eq!(restarted.create(req).await.unwrap().id, sbx.id, "idempotency key forgotten");
-    let out = restarted.exec(exec_req(&sbx.id, &["cat", "new.txt"])).await.unwrap();
+    assert_eq!(
+        restarted.create(req).await.unwrap().id,
+        sbx.id,
+        "idempotency key forgotten"
+    );
+    let out = restarted
+        .exec(exec_req(&sbx.id, &["cat", "new.txt"]))
+        .await
+        .unwrap();
     assert_eq!(out.stdout, "changed\n");
 }
 
@@ -128,13 +177,23 @@ async fn list_filters_by_every_label_of_the_selector() {
     let f = fixture().await;
     for (run, fork) in [("r1", "1"), ("r1", "2"), ("r2", "1")] {
         let mut req = f.request(&format!("b-{run}-{fork}"));
-        req.labels = HashMap::from([("forkyard.run_id".into(), run.into()), ("forkyard.fork".into(), fork.into())]);
+        req.labels = HashMap::from([
+            ("forkyard.run_id".into(), run.into()),
+            ("forkyard.fork".into(), fork.into()),
+        ]);
         f.core.create(req).await.unwrap();
     }
-    let sel = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    let sel = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
     assert_eq!(f.core.list(&HashMap::new()).len(), 3);
     assert_eq!(f.core.list(&sel(&[("forkyard.run_id", "r1")])).len(), 2);
-    let one = f.core.list(&sel(&[("forkyard.run_id", "r1"), ("forkyard.fork", "2")]));
+    let one = f
+        .core
+        .list(&sel(&[("forkyard.run_id", "r1"), ("forkyard.fork", "2")]));
     assert_eq!(one.len(), 1);
     assert_eq!(one[0].branch, "b-r1-2");
     assert!(f.core.list(&sel(&[("forkyard.run_id", "r3")])).is_empty());
@@ -144,10 +203,20 @@ async fn list_filters_by_every_label_of_the_selector() {
 async fn health_check_runs_a_process_that_sees_the_workspace() {
     let f = fixture().await;
     let sbx = f.create().await;
-    let h = f.core.health(HealthCheckRequest { sandbox_id: sbx.id.clone() }).await.unwrap();
+    let h = f
+        .core
+        .health(HealthCheckRequest {
+            sandbox_id: sbx.id.clone(),
+        })
+        .await
+        .unwrap();
     assert!(h.healthy, "{}", h.detail);
     f.sh(&sbx.id, "rm -rf .git").await;
-    let h = f.core.health(HealthCheckRequest { sandbox_id: sbx.id }).await.unwrap();
+    let h = f
+        .core
+        .health(HealthCheckRequest { sandbox_id: sbx.id })
+        .await
+        .unwrap();
     assert!(!h.healthy);
 }
 
@@ -159,12 +228,23 @@ async fn collect_patch_returns_the_changes_with_their_diffstat() {
         .sh(&sbx.id, "printf 'hello\\nthere\\nworld\\n' > README.md && rm old.txt && echo new > added.txt && printf '\\000\\001\\002' > blob.bin")
         .await;
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
-    let p = f.core.collect_patch(CollectPatchRequest { sandbox_id: sbx.id.clone(), max_bytes: 0 }).await.unwrap();
+    let p = f
+        .core
+        .collect_patch(CollectPatchRequest {
+            sandbox_id: sbx.id.clone(),
+            max_bytes: 0,
+        })
+        .await
+        .unwrap();
     assert_eq!(p.base_commit, sbx.base_commit);
     assert!(!p.truncated);
     assert_eq!(p.patch_bytes, p.patch.len() as u64);
     assert!(p.patch.contains("+there"), "{}", p.patch);
-    assert!(p.patch.contains("diff --git a/added.txt b/added.txt"), "{}", p.patch);
+    assert!(
+        p.patch.contains("diff --git a/added.txt b/added.txt"),
+        "{}",
+        p.patch
+    );
     assert!(p.patch.contains("GIT binary patch"), "{}", p.patch);
     let d = p.diffstat.unwrap();
     // README +1, old.txt -2, added.txt +1, blob.bin binary (0/0).
@@ -172,15 +252,44 @@ async fn collect_patch_returns_the_changes_with_their_diffstat() {
 
     // The patch applies to the base commit on the host.
     let check = f.tmp.path().join("check");
-    git(f.tmp.path(), &["clone", "-q", f.repo.to_str().unwrap(), check.to_str().unwrap()]);
+    git(
+        f.tmp.path(),
+        &[
+            "clone",
+            "-q",
+            f.repo.to_str().unwrap(),
+            check.to_str().unwrap(),
+        ],
+    );
     std::fs::write(f.tmp.path().join("p.diff"), &p.patch).unwrap();
-    git(&check, &["apply", "--check", f.tmp.path().join("p.diff").to_str().unwrap()]);
+    git(
+        &check,
+        &[
+            "apply",
+            "--check",
+            f.tmp.path().join("p.diff").to_str().unwrap(),
+        ],
+    );
 
-    let cut = f.core.collect_patch(CollectPatchRequest { sandbox_id: sbx.id.clone(), max_bytes: 40 }).await.unwrap();
+    let cut = f
+        .core
+        .collect_patch(CollectPatchRequest {
+            sandbox_id: sbx.id.clone(),
+            max_bytes: 40,
+        })
+        .await
+        .unwrap();
     assert!(cut.truncated);
     assert_eq!(cut.patch.len(), 40);
     assert_eq!(cut.patch_bytes, p.patch_bytes);
-    let _ = f.core.destroy(DestroySandboxRequest { sandbox_id: sbx.id, reason: "test".into() }).await.unwrap();
+    let _ = f
+        .core
+        .destroy(DestroySandboxRequest {
+            sandbox_id: sbx.id,
+            reason: "test".into(),
+        })
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -197,8 +306,19 @@ async fn collect_patch_does_not_run_the_agents_hooks_or_config() {
         )
         .await;
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
-    let p = f.core.collect_patch(CollectPatchRequest { sandbox_id: sbx.id.clone(), max_bytes: 0 }).await.unwrap();
-    assert!(p.patch.contains("diff --git a/README.md b/README.md"), "{}", p.patch);
+    let p = f
+        .core
+        .collect_patch(CollectPatchRequest {
+            sandbox_id: sbx.id.clone(),
+            max_bytes: 0,
+        })
+        .await
+        .unwrap();
+    assert!(
+        p.patch.contains("diff --git a/README.md b/README.md"),
+        "{}",
+        p.patch
+    );
     let ws = f.state.join("sandboxes").join(&sbx.id).join("workspace");
     assert!(!ws.join("EXT_RAN").exists());
     assert!(!ws.join("HOOK_RAN").exists());

@@ -1,7 +1,7 @@
 //! Reading activity failures: which application error type, and a readable message.
 
 use forkyard_proto::activities::errors;
-use temporalio_common::protos::temporal::api::failure::v1::{failure::FailureInfo, Failure};
+use temporalio_common::protos::temporal::api::failure::v1::{Failure, failure::FailureInfo};
 use temporalio_workflow::common::error::ActivityExecutionError;
 
 pub(super) enum StepFailure {
@@ -31,7 +31,10 @@ pub(super) fn classify(step: &str, e: &ActivityExecutionError) -> StepFailure {
     match e {
         ActivityExecutionError::Cancelled(_) => StepFailure::Cancelled,
         ActivityExecutionError::Failed(_) => {
-            let (ty, msg) = e.failure().map(application).unwrap_or((None, e.to_string()));
+            let (ty, msg) = e
+                .failure()
+                .map(application)
+                .unwrap_or((None, e.to_string()));
             if ty.as_deref() == Some(errors::BUDGET_EXCEEDED) {
                 StepFailure::BudgetExceeded(format!("{step}: {msg}"))
             } else {

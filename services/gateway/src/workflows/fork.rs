@@ -4,7 +4,10 @@
 //! commit actual spend; whatever happens after the sandbox exists (failure, cancel,
 //! budget exhausted) ends with the sandbox destroyed and the reservation settled.
 
-use super::{failure::{classify, StepFailure}, options, unix_ms};
+use super::{
+    failure::{StepFailure, classify},
+    options, unix_ms,
+};
 use forkyard_proto::{
     activities::{Agent, Ledger, LocalSandbox},
     agent::v1::RunAgentRequest,
@@ -12,7 +15,9 @@ use forkyard_proto::{
     common::v1::{DiffStat, ForkResult, ForkStatus},
     gateway::v1::RunSpec,
     labels,
-    sandbox::v1::{CollectPatchRequest, CreateSandboxRequest, DestroySandboxRequest, HealthCheckRequest},
+    sandbox::v1::{
+        CollectPatchRequest, CreateSandboxRequest, DestroySandboxRequest, HealthCheckRequest,
+    },
 };
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -43,7 +48,10 @@ struct Progress {
 #[workflow_methods]
 impl ForkWorkflow {
     #[run(name = "ForkWorkflow")]
-    pub async fn run(ctx: &mut WorkflowContext<Self>, input: ForkInput) -> WorkflowResult<ForkResult> {
+    pub async fn run(
+        ctx: &mut WorkflowContext<Self>,
+        input: ForkInput,
+    ) -> WorkflowResult<ForkResult> {
         let wf_id = ctx.workflow_id().to_owned();
         let mut result = ForkResult {
             fork: input.fork,
@@ -59,7 +67,10 @@ impl ForkWorkflow {
             holder: wf_id.clone(),
             idempotency_key: format!("{wf_id}/reserve"),
         };
-        let reservation = match ctx.execute_activity(Ledger::reserve, reserve, options::ledger()).await {
+        let reservation = match ctx
+            .execute_activity(Ledger::reserve, reserve, options::ledger())
+            .await
+        {
             Ok(r) => r,
             Err(e) => {
                 apply_failure(&mut result, classify("reserve budget", &e));
@@ -82,7 +93,10 @@ impl ForkWorkflow {
                 amount_micros: progress.cost_micros,
                 idempotency_key: format!("{wf_id}/commit"),
             };
-            match ctx.execute_activity(Ledger::commit, commit, options::ledger_detached()).await {
+            match ctx
+                .execute_activity(Ledger::commit, commit, options::ledger_detached())
+                .await
+            {
                 Ok(r) => {
                     result.cost_micros = r.committed_micros;
                     if r.budget_exceeded {
@@ -108,12 +122,20 @@ impl ForkWorkflow {
                 idempotency_key: format!("{wf_id}/release"),
             };
             // A failed release leaves a HELD reservation the janitor releases later.
-            let _ = ctx.execute_activity(Ledger::release, release, options::ledger_detached()).await;
+            let _ = ctx
+                .execute_activity(Ledger::release, release, options::ledger_detached())
+                .await;
         }
 
         if let Some(sandbox_id) = progress.sandbox_id {
-            let destroy = DestroySandboxRequest { sandbox_id, reason: "fork finished".into() };
-            if let Err(e) = ctx.execute_activity(LocalSandbox::destroy, destroy, options::destroy()).await {
+            let destroy = DestroySandboxRequest {
+                sandbox_id,
+                reason: "fork finished".into(),
+            };
+            if let Err(e) = ctx
+                .execute_activity(LocalSandbox::destroy, destroy, options::destroy())
+                .await
+            {
                 // The janitor reaps it: the sandbox's owning workflow is about to close.
                 let msg = match classify("destroy sandbox", &e) {
                     StepFailure::Cancelled => "destroy sandbox: cancelled".to_owned(),
@@ -169,11 +191,20 @@ async fn work(
     result.base_commit.clone_from(&sandbox.base_commit);
 
     let health = ctx
-        .execute_activity(LocalSandbox::health, HealthCheckRequest { sandbox_id: sandbox.id.clone() }, options::health())
+        .execute_activity(
+            LocalSandbox::health,
+            HealthCheckRequest {
+                sandbox_id: sandbox.id.clone(),
+            },
+            options::health(),
+        )
         .await
         .map_err(|e| classify("health check", &e))?;
     if !health.healthy {
-        return Err(StepFailure::Failed(format!("health check: {}", health.detail)));
+        return Err(StepFailure::Failed(format!(
+            "health check: {}",
+            health.detail
+        )));
     }
 
     let run = RunAgentRequest {
@@ -198,7 +229,10 @@ async fn work(
     let patch = ctx
         .execute_activity(
             LocalSandbox::collect_patch,
-            CollectPatchRequest { sandbox_id: sandbox.id.clone(), max_bytes: 0 },
+            CollectPatchRequest {
+                sandbox_id: sandbox.id.clone(),
+                max_bytes: 0,
+            },
             options::collect_patch(),
         )
         .await

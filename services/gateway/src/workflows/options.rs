@@ -15,7 +15,12 @@ fn retry(attempts: u32, initial_secs: u64, non_retryable: &[&str]) -> RetryPolic
         .build()
 }
 
-const FINAL: &[&str] = &[errors::INVALID_INPUT, errors::NOT_FOUND, errors::SANDBOX_AUTH, errors::BUDGET_EXCEEDED];
+const FINAL: &[&str] = &[
+    errors::INVALID_INPUT,
+    errors::NOT_FOUND,
+    errors::SANDBOX_AUTH,
+    errors::BUDGET_EXCEEDED,
+];
 
 pub(super) fn ledger() -> ActivityOptions {
     ActivityOptions::with_start_to_close_timeout(Duration::from_secs(30))
@@ -27,7 +32,15 @@ pub(super) fn ledger() -> ActivityOptions {
 pub(super) fn create() -> ActivityOptions {
     ActivityOptions::with_start_to_close_timeout(Duration::from_secs(300))
         .task_queue(queues::SANDBOX_PROVISIONER.to_owned())
-        .retry_policy(retry(3, 5, &[errors::INVALID_INPUT, errors::SANDBOX_AUTH, "RepoUnavailable"]))
+        .retry_policy(retry(
+            3,
+            5,
+            &[
+                errors::INVALID_INPUT,
+                errors::SANDBOX_AUTH,
+                "RepoUnavailable",
+            ],
+        ))
         .build()
 }
 
@@ -48,11 +61,21 @@ pub(super) fn collect_patch() -> ActivityOptions {
 /// The agent may run for the fork's whole timeout; heartbeats prove it is alive and are
 /// how cancellation reaches it.
 pub(super) fn agent(fork_timeout_secs: u32) -> ActivityOptions {
-    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(u64::from(fork_timeout_secs) + 60))
-        .task_queue(queues::AGENT_RUNNER.to_owned())
-        .heartbeat_timeout(Duration::from_secs(20))
-        .retry_policy(retry(2, 10, &[errors::AGENT_TIMEOUT, errors::BUDGET_EXCEEDED, errors::INVALID_INPUT]))
-        .build()
+    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(
+        u64::from(fork_timeout_secs) + 60,
+    ))
+    .task_queue(queues::AGENT_RUNNER.to_owned())
+    .heartbeat_timeout(Duration::from_secs(20))
+    .retry_policy(retry(
+        2,
+        10,
+        &[
+            errors::AGENT_TIMEOUT,
+            errors::BUDGET_EXCEEDED,
+            errors::INVALID_INPUT,
+        ],
+    ))
+    .build()
 }
 
 /// Cleanup runs on a fresh cancellation token so that it still happens after the

@@ -3,14 +3,17 @@
 //! result. A failed fork is a result, not a crash of the run. The `progress` query
 //! answers with every fork's state, also after the run has closed.
 
-use super::{fork::{ForkInput, ForkWorkflow}, options, unix_ms};
+use super::{
+    fork::{ForkInput, ForkWorkflow},
+    options, unix_ms,
+};
 use forkyard_proto::{
     activities::Ledger,
     budget::v1::OpenAccountRequest,
     common::v1::{ForkResult, ForkStatus},
     gateway::v1::{Run, RunSpec},
 };
-use futures::future::{select_all, LocalBoxFuture};
+use futures::future::{LocalBoxFuture, select_all};
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_workflow::{
     ChildWorkflowCancellationType, ChildWorkflowOptions, ParentClosePolicy, WorkflowContext,
@@ -38,7 +41,13 @@ impl SandboxOrchestrationWorkflow {
                 ..Default::default()
             })
             .collect();
-        Self { spec, forks, started_unix_ms: 0, finished_unix_ms: 0, error: String::new() }
+        Self {
+            spec,
+            forks,
+            started_unix_ms: 0,
+            finished_unix_ms: 0,
+            error: String::new(),
+        }
     }
 
     #[run(name = "SandboxOrchestrationWorkflow")]
@@ -53,7 +62,10 @@ impl SandboxOrchestrationWorkflow {
             budget_micros: spec.budget_micros,
             idempotency_key: format!("{run_id}/open-account"),
         };
-        if let Err(e) = ctx.execute_activity(Ledger::open_account, open, options::ledger()).await {
+        if let Err(e) = ctx
+            .execute_activity(Ledger::open_account, open, options::ledger())
+            .await
+        {
             let msg = format!("open ledger account: {e}");
             ctx.state_mut(|s| {
                 s.error.clone_from(&msg);
@@ -76,7 +88,12 @@ impl SandboxOrchestrationWorkflow {
             while in_flight.len() < max_concurrent && next <= forks && !cancel.is_cancelled() {
                 let fork = next;
                 next += 1;
-                let input = ForkInput { run_id: run_id.clone(), fork, spec: spec.clone(), reservation_micros };
+                let input = ForkInput {
+                    run_id: run_id.clone(),
+                    fork,
+                    spec: spec.clone(),
+                    reservation_micros,
+                };
                 let opts = ChildWorkflowOptions::builder()
                     .workflow_id(format!("{run_id}/fork-{fork}"))
                     .parent_close_policy(ParentClosePolicy::RequestCancel)
@@ -85,7 +102,10 @@ impl SandboxOrchestrationWorkflow {
                 ctx.state_mut(|s| s.forks[(fork - 1) as usize].status = ForkStatus::Running as i32);
                 let ctx_ref = &*ctx;
                 in_flight.push(Box::pin(async move {
-                    let res = match ctx_ref.start_child_workflow(ForkWorkflow::run, input, opts).await {
+                    let res = match ctx_ref
+                        .start_child_workflow(ForkWorkflow::run, input, opts)
+                        .await
+                    {
                         Ok(started) => started.result().await.map_err(|e| e.to_string()),
                         Err(e) => Err(e.to_string()),
                     };
@@ -118,7 +138,11 @@ impl SandboxOrchestrationWorkflow {
         drop(in_flight);
         if cancel.is_cancelled() {
             ctx.state_mut(|s| {
-                for f in s.forks.iter_mut().filter(|f| f.status == ForkStatus::Pending as i32) {
+                for f in s
+                    .forks
+                    .iter_mut()
+                    .filter(|f| f.status == ForkStatus::Pending as i32)
+                {
                     f.status = ForkStatus::Cancelled as i32;
                     f.error = "run cancelled before the fork started".into();
                 }
@@ -138,7 +162,8 @@ impl SandboxOrchestrationWorkflow {
 
 impl SandboxOrchestrationWorkflow {
     fn snapshot(&self) -> Run {
-        let count = |st: ForkStatus| self.forks.iter().filter(|f| f.status == st as i32).count() as u32;
+        let count =
+            |st: ForkStatus| self.forks.iter().filter(|f| f.status == st as i32).count() as u32;
         Run {
             spec: Some(self.spec.clone()),
             forks: self.forks.clone(),

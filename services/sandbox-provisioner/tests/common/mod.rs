@@ -20,8 +20,17 @@ pub struct Fixture {
 }
 
 pub fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git").arg("-C").arg(dir).args(args).output().expect("run git");
-    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("run git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
@@ -57,7 +66,12 @@ pub async fn fixture() -> Fixture {
     let repo = make_repo(tmp.path());
     let state = tmp.path().join("state");
     let core = open(&state).await;
-    Fixture { tmp, repo, state, core }
+    Fixture {
+        tmp,
+        repo,
+        state,
+        core,
+    }
 }
 
 impl Fixture {
@@ -71,11 +85,17 @@ impl Fixture {
     }
 
     pub async fn create(&self) -> Sandbox {
-        self.core.create(self.request("forkyard-fork-1")).await.expect("create sandbox")
+        self.core
+            .create(self.request("forkyard-fork-1"))
+            .await
+            .expect("create sandbox")
     }
 
     pub async fn sh(&self, id: &str, script: &str) -> ExecResponse {
-        self.core.exec(exec_req(id, &["sh", "-c", script])).await.expect("exec")
+        self.core
+            .exec(exec_req(id, &["sh", "-c", script]))
+            .await
+            .expect("exec")
     }
 }
 
@@ -92,12 +112,16 @@ pub fn exec_req(id: &str, argv: &[&str]) -> ExecRequest {
 pub fn host_pids_with(marker: &str) -> Vec<u32> {
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
         if pid == std::process::id() {
             continue;
         }
         if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
-            && String::from_utf8_lossy(&cmdline).replace('\0', " ").contains(marker)
+            && String::from_utf8_lossy(&cmdline)
+                .replace('\0', " ")
+                .contains(marker)
         {
             pids.push(pid);
         }
@@ -119,6 +143,9 @@ pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool
 
 /// A `sleep` argument unique to this call, to find the process on the host.
 pub fn unique_sleep() -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
     format!("{}.{:09}", 300 + std::process::id() % 600, nanos)
 }
