@@ -76,17 +76,15 @@ async fn main() -> anyhow::Result<()> {
     let options = WorkerOptions::new(queues::AGENT_RUNNER)
         .register_activities(activities)
         .build();
-    let runtime = temporal::runtime()?;
-    let (worker, stop) = temporal::worker(&runtime, client, options)?;
-    service::run(
+    service::run_with_worker(
         service::Service {
             name: "agent-runner",
             listener,
             routes,
             health,
         },
-        worker,
-        stop,
+        client,
+        options,
     )
     .await
 }

@@ -59,19 +59,15 @@ async fn main() -> anyhow::Result<()> {
     let routes = routes.add_service(LedgerService::new(store.clone()).into_server());
 
     let client = temporal::connect(&args.temporal, "budget-ledger").await?;
-    let runtime = temporal::runtime()?;
-    let (worker, stop_worker) =
-        temporal::worker(&runtime, client, activities::worker_options(store))?;
-
-    service::run(
+    service::run_with_worker(
         service::Service {
             name: "budget-ledger",
             listener,
             routes,
             health,
         },
-        worker,
-        stop_worker,
+        client,
+        activities::worker_options(store),
     )
     .await
 }

@@ -50,3 +50,14 @@ pub async fn run(
     tracing::info!(service = svc.name, "stopped");
     Ok(())
 }
+
+/// `run` with the worker built here from `options`: the common ending of every `main`.
+pub async fn run_with_worker(
+    svc: Service,
+    client: temporalio_client::Client,
+    options: temporalio_sdk::WorkerOptions,
+) -> anyhow::Result<()> {
+    let runtime = crate::temporal::runtime()?;
+    let (worker, stop) = crate::temporal::worker(&runtime, client, options)?;
+    run(svc, worker, stop).await
+}

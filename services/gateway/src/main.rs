@@ -61,17 +61,15 @@ async fn main() -> anyhow::Result<()> {
         .register_workflow::<SandboxOrchestrationWorkflow>()?
         .register_workflow::<ForkWorkflow>()?
         .build();
-    let runtime = temporal::runtime()?;
-    let (worker, stop) = temporal::worker(&runtime, client, options)?;
-    service::run(
+    service::run_with_worker(
         service::Service {
             name: "gateway",
             listener,
             routes,
             health,
         },
-        worker,
-        stop,
+        client,
+        options,
     )
     .await
 }

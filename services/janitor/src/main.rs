@@ -58,19 +58,15 @@ async fn main() -> anyhow::Result<()> {
     )?;
     let routes = routes.add_service(JanitorService::new(sweeper.clone()).into_server());
 
-    let runtime = temporal::runtime()?;
-    let (worker, stop_worker) =
-        temporal::worker(&runtime, client, activities::worker_options(sweeper))?;
-
-    service::run(
+    service::run_with_worker(
         service::Service {
             name: "janitor",
             listener,
             routes,
             health,
         },
-        worker,
-        stop_worker,
+        client,
+        activities::worker_options(sweeper),
     )
     .await
 }

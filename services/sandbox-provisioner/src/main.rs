@@ -28,20 +28,18 @@ async fn main() -> anyhow::Result<()> {
     let routes = routes.add_service(SandboxService::new(core.clone()).into_server());
 
     let client = temporal::connect(&args.temporal, "sandbox-provisioner").await?;
-    let runtime = temporal::runtime()?;
     let options = temporalio_sdk::WorkerOptions::new(queues::SANDBOX_PROVISIONER)
         .register_activities(SandboxActivities::new(core))
         .build();
-    let (worker, stop) = temporal::worker(&runtime, client, options)?;
-    service::run(
+    service::run_with_worker(
         service::Service {
             name: "sandbox-provisioner",
             listener,
             routes,
             health,
         },
-        worker,
-        stop,
+        client,
+        options,
     )
     .await
 }
