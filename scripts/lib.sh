@@ -1,6 +1,6 @@
 # Shared by up.sh, down.sh and demo.sh: the local stack's layout and default ports.
 STATE_DIR="${FORKYARD_STATE_DIR:-$PWD/.forkyard}"
-BIN_DIR="${FORKYARD_BIN_DIR:-$PWD/target/debug}"
+BIN_DIR="${FORKYARD_BIN_DIR:-${CARGO_TARGET_DIR:-$PWD/target}/debug}"
 PID_DIR="$STATE_DIR/pids"
 LOG_DIR="$STATE_DIR/logs"
 TEMPORAL_PORT="${TEMPORAL_PORT:-7233}"

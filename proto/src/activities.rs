@@ -5,12 +5,14 @@
 use crate::{
     agent::v1::{RunAgentRequest, RunAgentResponse},
     budget::v1::{
-        Account, CommitRequest, OpenAccountRequest, ReleaseRequest, Reservation, ReserveRequest,
+        Account, CommitRequest, OpenAccountRequest, RaiseBudgetRequest, ReleaseRequest,
+        Reservation, ReserveRequest,
     },
     janitor::v1::{SweepReport, SweepRequest},
     sandbox::v1::{
         CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
-        DestroySandboxResponse, HealthCheckRequest, HealthCheckResponse, Sandbox,
+        DestroySandboxResponse, ExecRequest, ExecResponse, HealthCheckRequest, HealthCheckResponse,
+        Sandbox,
     },
 };
 use temporalio_macros::activity_definitions;
@@ -29,6 +31,12 @@ impl LocalSandbox {
 
     #[activity(name = "local.health")]
     pub fn health(_req: HealthCheckRequest) -> Result<HealthCheckResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    /// A command in the sandbox (e.g. a fork's verify command).
+    #[activity(name = "local.exec")]
+    pub fn exec(_req: ExecRequest) -> Result<ExecResponse, ActivityError> {
         unimplemented!()
     }
 
@@ -61,6 +69,11 @@ pub struct Ledger;
 impl Ledger {
     #[activity(name = "ledger.open_account")]
     pub fn open_account(_req: OpenAccountRequest) -> Result<Account, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "ledger.raise_budget")]
+    pub fn raise_budget(_req: RaiseBudgetRequest) -> Result<Account, ActivityError> {
         unimplemented!()
     }
 

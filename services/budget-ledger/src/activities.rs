@@ -3,7 +3,8 @@
 
 use crate::{error::LedgerError, store::LedgerStore};
 use forkyard_proto::budget::v1::{
-    Account, CommitRequest, OpenAccountRequest, ReleaseRequest, Reservation, ReserveRequest,
+    Account, CommitRequest, OpenAccountRequest, RaiseBudgetRequest, ReleaseRequest, Reservation,
+    ReserveRequest,
 };
 use std::sync::Arc;
 use temporalio_macros::activities;
@@ -29,6 +30,18 @@ impl LedgerActivities {
     ) -> Result<Account, ActivityError> {
         self.store
             .open_account(&req)
+            .await
+            .map_err(LedgerError::into_activity_error)
+    }
+
+    #[activity(definition = forkyard_proto::activities::markers::ledger::RaiseBudget)]
+    pub async fn raise_budget(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: RaiseBudgetRequest,
+    ) -> Result<Account, ActivityError> {
+        self.store
+            .raise_budget(&req)
             .await
             .map_err(LedgerError::into_activity_error)
     }

@@ -3,7 +3,7 @@
 use crate::store::LedgerStore;
 use forkyard_proto::budget::v1::{
     Account, CommitRequest, GetAccountRequest, ListReservationsRequest, ListReservationsResponse,
-    OpenAccountRequest, ReleaseRequest, Reservation, ReserveRequest,
+    OpenAccountRequest, RaiseBudgetRequest, ReleaseRequest, Reservation, ReserveRequest,
     budget_ledger_server::{BudgetLedger, BudgetLedgerServer},
 };
 use std::sync::Arc;
@@ -41,6 +41,13 @@ impl BudgetLedger for LedgerService {
         Ok(Response::new(
             self.store.get_account(&req.get_ref().account_id).await?,
         ))
+    }
+
+    async fn raise_budget(
+        &self,
+        req: Request<RaiseBudgetRequest>,
+    ) -> Result<Response<Account>, Status> {
+        Ok(Response::new(self.store.raise_budget(req.get_ref()).await?))
     }
 
     async fn reserve(&self, req: Request<ReserveRequest>) -> Result<Response<Reservation>, Status> {

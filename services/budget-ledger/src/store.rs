@@ -12,8 +12,8 @@ use crate::{
     validate,
 };
 use forkyard_proto::budget::v1::{
-    Account, CommitRequest, ListReservationsRequest, OpenAccountRequest, ReleaseRequest,
-    Reservation, ReservationState, ReserveRequest,
+    Account, CommitRequest, ListReservationsRequest, OpenAccountRequest, RaiseBudgetRequest,
+    ReleaseRequest, Reservation, ReservationState, ReserveRequest,
 };
 use serde::{Serialize, de::DeserializeOwned};
 use sqlx::{
@@ -109,6 +109,44 @@ impl LedgerStore {
                 .await?;
             }
         }
+        let account = require_account(&mut tx, &req.account_id).await?;
+        remember(&mut tx, op, &req.idempotency_key, &fp, &account).await?;
+        tx.commit().await?;
+        Ok(account)
+    }
+
+    /// Add `amount_micros` (> 0) to an account's budget.
+    pub async fn raise_budget(&self, req: &RaiseBudgetRequest) -> Result<Account> {
+        validate::non_empty("account_id", &req.account_id)?;
+        validate::positive("amount_micros", req.amount_micros)?;
+        validate::non_empty("idempotency_key", &req.idempotency_key)?;
+        let op = "raise_budget";
+        let fp = fingerprint(&RaiseBudgetRequest {
+            idempotency_key: String::new(),
+            ..req.clone()
+        })?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        if let Some(resp) = replay(&mut tx, op, &req.idempotency_key, &fp).await? {
+            return Ok(resp);
+        }
+        let before = require_account(&mut tx, &req.account_id).await?;
+        let budget = before
+            .budget_micros
+            .checked_add(req.amount_micros)
+            .ok_or_else(|| {
+                LedgerError::invalid(
+                    "amount_micros",
+                    format!(
+                        "raising {} by {} overflows",
+                        before.budget_micros, req.amount_micros
+                    ),
+                )
+            })?;
+        sqlx::query("UPDATE accounts SET budget_micros = $1 WHERE account_id = $2")
+            .bind(budget)
+            .bind(&req.account_id)
+            .execute(&mut *tx)
+            .await?;
         let account = require_account(&mut tx, &req.account_id).await?;
         remember(&mut tx, op, &req.idempotency_key, &fp, &account).await?;
         tx.commit().await?;

@@ -3,7 +3,7 @@
 use forkyard_budget_ledger::{LedgerError, LedgerService, LedgerStore};
 use forkyard_proto::budget::v1::{
     Account, CommitRequest, GetAccountRequest, ListReservationsRequest, OpenAccountRequest,
-    ReleaseRequest, Reservation, ReservationState, ReserveRequest,
+    RaiseBudgetRequest, ReleaseRequest, Reservation, ReservationState, ReserveRequest,
     budget_ledger_client::BudgetLedgerClient,
 };
 use std::sync::Arc;
@@ -150,6 +150,59 @@ async fn reserve_commit_release_flow_and_balances() {
         .await
         .unwrap();
     assert_eq!(released, vec![rel]);
+}
+
+#[tokio::test]
+async fn raising_the_budget_makes_room_for_a_refused_reservation_once() {
+    let (_dir, store) = store().await;
+    open(&store, "run-raise", 100).await;
+    store
+        .reserve(&reserve_req("run-raise", 80, "r1"))
+        .await
+        .unwrap();
+    let refused = store
+        .reserve(&reserve_req("run-raise", 50, "r2"))
+        .await
+        .unwrap_err();
+    assert_eq!(code(refused).0, Code::FailedPrecondition);
+
+    let raise = RaiseBudgetRequest {
+        account_id: "run-raise".into(),
+        amount_micros: 30,
+        idempotency_key: "raise-1".into(),
+    };
+    let raised = store.raise_budget(&raise).await.unwrap();
+    assert_eq!(balances(&raised), (130, 80, 0, 50));
+    // A replayed raise (a Temporal retry) adds nothing.
+    assert_eq!(store.raise_budget(&raise).await.unwrap(), raised);
+    assert_eq!(
+        balances(&store.get_account("run-raise").await.unwrap()),
+        (130, 80, 0, 50)
+    );
+    store
+        .reserve(&reserve_req("run-raise", 50, "r3"))
+        .await
+        .unwrap();
+
+    for bad in [0, -5] {
+        let req = RaiseBudgetRequest {
+            amount_micros: bad,
+            idempotency_key: format!("bad{bad}"),
+            ..raise.clone()
+        };
+        let (c, msg) = code(store.raise_budget(&req).await.unwrap_err());
+        assert_eq!(c, Code::InvalidArgument);
+        assert!(msg.contains("amount_micros"), "{msg}");
+    }
+    let unknown = RaiseBudgetRequest {
+        account_id: "nope".into(),
+        idempotency_key: "u".into(),
+        ..raise
+    };
+    assert_eq!(
+        code(store.raise_budget(&unknown).await.unwrap_err()).0,
+        Code::NotFound
+    );
 }
 
 #[tokio::test]

@@ -5,7 +5,8 @@ use crate::provisioner::Provisioner;
 use forkyard_proto::activities::markers;
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
-    DestroySandboxResponse, HealthCheckRequest, HealthCheckResponse, Sandbox,
+    DestroySandboxResponse, ExecRequest, ExecResponse, HealthCheckRequest, HealthCheckResponse,
+    Sandbox,
 };
 use std::sync::Arc;
 use temporalio_macros::activities;
@@ -47,6 +48,25 @@ impl SandboxActivities {
             .map_err(|e| e.into_activity_error())
     }
 
+    /// Heartbeats while the command runs; cancellation drops the exec, which kills it.
+    #[activity(definition = markers::local_sandbox::Exec)]
+    pub async fn exec(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        req: ExecRequest,
+    ) -> Result<ExecResponse, ActivityError> {
+        let exec = self.core.exec(req);
+        tokio::pin!(exec);
+        let mut beat = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tokio::select! {
+                res = &mut exec => return res.map_err(|e| e.into_activity_error()),
+                _ = beat.tick() => { let _ = ctx.record_heartbeat(()).await; }
+                () = ctx.cancelled() => return Err(ActivityError::cancelled()),
+            }
+        }
+    }
+
     #[activity(definition = markers::local_sandbox::CollectPatch)]
     pub async fn collect_patch(
         self: Arc<Self>,
@@ -85,5 +105,6 @@ mod tests {
             "local.collect_patch"
         );
         assert_eq!(SandboxActivities::destroy.name(), "local.destroy");
+        assert_eq!(SandboxActivities::exec.name(), "local.exec");
     }
 }

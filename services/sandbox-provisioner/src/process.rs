@@ -68,6 +68,8 @@ pub async fn run(
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     let mut child = cmd.spawn()?;
+    // Declared after `child`, so it drops first: a dropped future kills the tree top-down.
+    let mut tree = KillTree(child.id());
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
     let io = async {
@@ -93,11 +95,12 @@ pub async fn run(
     };
     let (outcome, (stdout, stderr)) = match step {
         Step::Done(status, out) => {
+            tree.disarm();
             let code = status?.code().unwrap_or(-1);
             (Outcome::Exited { code }, out)
         }
-        Step::TimedOut => (Outcome::TimedOut, kill_and_drain(&mut child, io).await),
-        Step::Cancelled => (Outcome::Cancelled, kill_and_drain(&mut child, io).await),
+        Step::TimedOut => (Outcome::TimedOut, kill_and_drain(&mut child, &mut tree, io).await),
+        Step::Cancelled => (Outcome::Cancelled, kill_and_drain(&mut child, &mut tree, io).await),
     };
     Ok(Finished {
         outcome,
@@ -107,12 +110,46 @@ pub async fn run(
     })
 }
 
-/// SIGKILL the direct child; for bwrap that ends the sandbox's pid 1 and with it every
-/// process inside (pid namespace + --die-with-parent). Then take what output there is.
+/// Kills the sandbox's init (bwrap's child, pid 1 of the sandbox's pid namespace, so the
+/// kernel then kills everything inside) before bwrap itself. `--die-with-parent` alone is
+/// not enough: under load the sandbox's init was seen outliving a SIGKILLed bwrap.
+struct KillTree(Option<u32>);
+
+impl KillTree {
+    fn kill(&mut self) {
+        let Some(pid) = self.0.take() else { return };
+        // Read while `pid` is unreaped, so its children's pids cannot have been reused.
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
+        for task in tasks.flatten() {
+            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
+                if let Some(child) = rustix::process::Pid::from_raw(child) {
+                    let _ = rustix::process::kill_process(child, rustix::process::Signal::KILL);
+                }
+            }
+        }
+    }
+
+    /// The process exited by itself: nothing to kill, and its pid may be reused.
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for KillTree {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// SIGKILL the sandbox's init and then the direct child (bwrap), then take what output
+/// there is.
 async fn kill_and_drain(
     child: &mut tokio::process::Child,
+    tree: &mut KillTree,
     io: std::pin::Pin<&mut impl std::future::Future<Output = (Captured, Captured)>>,
 ) -> (Captured, Captured) {
+    tree.kill();
     let _ = child.start_kill();
     let _ = child.wait().await;
     tokio::time::timeout(DRAIN_AFTER_KILL, io)
