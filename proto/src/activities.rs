@@ -5,8 +5,9 @@
 use crate::{
     agent::v1::{RunAgentRequest, RunAgentResponse},
     budget::v1::{
-        Account, CommitRequest, OpenAccountRequest, RaiseBudgetRequest, ReleaseRequest,
-        Reservation, ReserveRequest,
+        Account, ChargeRequest, CommitRequest, CreateAccountRequest, GetAccountRequest,
+        GetSpendReportRequest, ListPostingsRequest, ListPostingsResponse, OpenAccountRequest,
+        RaiseBudgetRequest, ReleaseRequest, Reservation, ReserveRequest, SpendReport,
     },
     janitor::v1::{SweepReport, SweepRequest},
     sandbox::v1::{
@@ -72,6 +73,16 @@ impl Ledger {
         unimplemented!()
     }
 
+    #[activity(name = "ledger.create_account")]
+    pub fn create_account(_req: CreateAccountRequest) -> Result<Account, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "ledger.get_account")]
+    pub fn get_account(_req: GetAccountRequest) -> Result<Account, ActivityError> {
+        unimplemented!()
+    }
+
     #[activity(name = "ledger.raise_budget")]
     pub fn raise_budget(_req: RaiseBudgetRequest) -> Result<Account, ActivityError> {
         unimplemented!()
@@ -82,6 +93,12 @@ impl Ledger {
         unimplemented!()
     }
 
+    /// Incremental spend against a HELD reservation.
+    #[activity(name = "ledger.charge")]
+    pub fn charge(_req: ChargeRequest) -> Result<Reservation, ActivityError> {
+        unimplemented!()
+    }
+
     #[activity(name = "ledger.commit")]
     pub fn commit(_req: CommitRequest) -> Result<Reservation, ActivityError> {
         unimplemented!()
@@ -89,6 +106,16 @@ impl Ledger {
 
     #[activity(name = "ledger.release")]
     pub fn release(_req: ReleaseRequest) -> Result<Reservation, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "ledger.list_postings")]
+    pub fn list_postings(_req: ListPostingsRequest) -> Result<ListPostingsResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "ledger.get_spend_report")]
+    pub fn get_spend_report(_req: GetSpendReportRequest) -> Result<SpendReport, ActivityError> {
         unimplemented!()
     }
 }

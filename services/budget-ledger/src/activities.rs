@@ -1,10 +1,12 @@
 //! The ledger's Temporal activities (queue `budget-ledger`), the same operations as the
 //! gRPC service, implementing the contracts in `forkyard_proto::activities::Ledger`.
+//! Workflows key every mutating call with `<workflow id>/<step>`, stable across retries.
 
 use crate::{error::LedgerError, store::LedgerStore};
 use forkyard_proto::budget::v1::{
-    Account, CommitRequest, OpenAccountRequest, RaiseBudgetRequest, ReleaseRequest, Reservation,
-    ReserveRequest,
+    Account, ChargeRequest, CommitRequest, CreateAccountRequest, GetAccountRequest,
+    GetSpendReportRequest, ListPostingsRequest, ListPostingsResponse, OpenAccountRequest,
+    RaiseBudgetRequest, ReleaseRequest, Reservation, ReserveRequest, SpendReport,
 };
 use std::sync::Arc;
 use temporalio_macros::activities;
@@ -20,6 +22,10 @@ impl LedgerActivities {
     }
 }
 
+fn act<T>(r: Result<T, LedgerError>) -> Result<T, ActivityError> {
+    r.map_err(LedgerError::into_activity_error)
+}
+
 #[activities]
 impl LedgerActivities {
     #[activity(definition = forkyard_proto::activities::markers::ledger::OpenAccount)]
@@ -28,10 +34,25 @@ impl LedgerActivities {
         _ctx: ActivityContext,
         req: OpenAccountRequest,
     ) -> Result<Account, ActivityError> {
-        self.store
-            .open_account(&req)
-            .await
-            .map_err(LedgerError::into_activity_error)
+        act(self.store.open_account(&req).await)
+    }
+
+    #[activity(definition = forkyard_proto::activities::markers::ledger::CreateAccount)]
+    pub async fn create_account(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: CreateAccountRequest,
+    ) -> Result<Account, ActivityError> {
+        act(self.store.create_account(&req).await)
+    }
+
+    #[activity(definition = forkyard_proto::activities::markers::ledger::GetAccount)]
+    pub async fn get_account(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: GetAccountRequest,
+    ) -> Result<Account, ActivityError> {
+        act(self.store.get_account(&req.account_id).await)
     }
 
     #[activity(definition = forkyard_proto::activities::markers::ledger::RaiseBudget)]
@@ -40,10 +61,7 @@ impl LedgerActivities {
         _ctx: ActivityContext,
         req: RaiseBudgetRequest,
     ) -> Result<Account, ActivityError> {
-        self.store
-            .raise_budget(&req)
-            .await
-            .map_err(LedgerError::into_activity_error)
+        act(self.store.raise_budget(&req).await)
     }
 
     #[activity(definition = forkyard_proto::activities::markers::ledger::Reserve)]
@@ -52,10 +70,16 @@ impl LedgerActivities {
         _ctx: ActivityContext,
         req: ReserveRequest,
     ) -> Result<Reservation, ActivityError> {
-        self.store
-            .reserve(&req)
-            .await
-            .map_err(LedgerError::into_activity_error)
+        act(self.store.reserve(&req).await)
+    }
+
+    #[activity(definition = forkyard_proto::activities::markers::ledger::Charge)]
+    pub async fn charge(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: ChargeRequest,
+    ) -> Result<Reservation, ActivityError> {
+        act(self.store.charge(&req).await)
     }
 
     #[activity(definition = forkyard_proto::activities::markers::ledger::Commit)]
@@ -64,10 +88,7 @@ impl LedgerActivities {
         _ctx: ActivityContext,
         req: CommitRequest,
     ) -> Result<Reservation, ActivityError> {
-        self.store
-            .commit(&req)
-            .await
-            .map_err(LedgerError::into_activity_error)
+        act(self.store.commit(&req).await)
     }
 
     #[activity(definition = forkyard_proto::activities::markers::ledger::Release)]
@@ -76,10 +97,25 @@ impl LedgerActivities {
         _ctx: ActivityContext,
         req: ReleaseRequest,
     ) -> Result<Reservation, ActivityError> {
-        self.store
-            .release(&req)
-            .await
-            .map_err(LedgerError::into_activity_error)
+        act(self.store.release(&req).await)
+    }
+
+    #[activity(definition = forkyard_proto::activities::markers::ledger::ListPostings)]
+    pub async fn list_postings(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: ListPostingsRequest,
+    ) -> Result<ListPostingsResponse, ActivityError> {
+        act(self.store.list_postings(&req).await)
+    }
+
+    #[activity(definition = forkyard_proto::activities::markers::ledger::GetSpendReport)]
+    pub async fn get_spend_report(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: GetSpendReportRequest,
+    ) -> Result<SpendReport, ActivityError> {
+        act(self.store.spend_report(&req).await)
     }
 }
 

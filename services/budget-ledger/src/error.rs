@@ -35,6 +35,9 @@ pub enum LedgerError {
     FailedPrecondition(String),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The call was not applied (e.g. its batch failed to commit); retrying is safe.
+    #[error("ledger unavailable: {0}")]
+    Unavailable(String),
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// A stored row the code cannot read back (unknown state, unparsable response).
@@ -52,7 +55,7 @@ impl LedgerError {
 
     /// Whether retrying the same call may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Database(_) | Self::Migrate(_))
+        matches!(self, Self::Database(_) | Self::Migrate(_) | Self::Unavailable(_))
     }
 }
 
@@ -69,6 +72,7 @@ impl From<LedgerError> for tonic::Status {
                 tonic::Status::failed_precondition(msg)
             }
             LedgerError::Database(ref db) if is_busy(db) => tonic::Status::unavailable(msg),
+            LedgerError::Unavailable(_) => tonic::Status::unavailable(msg),
             LedgerError::Database(_) | LedgerError::Migrate(_) | LedgerError::Corrupt(_) => {
                 tracing::error!(error = %msg, "ledger internal error");
                 tonic::Status::internal(msg)
@@ -92,16 +96,19 @@ impl LedgerError {
             LedgerError::AlreadyExists(_) => non_retryable(ALREADY_EXISTS, e),
             LedgerError::FailedPrecondition(_) => non_retryable(FAILED_PRECONDITION, e),
             LedgerError::Corrupt(_) => non_retryable(CORRUPT, e),
-            LedgerError::Database(_) | LedgerError::Migrate(_) => retryable(DATABASE, e),
+            LedgerError::Database(_) | LedgerError::Migrate(_) | LedgerError::Unavailable(_) => {
+                retryable(DATABASE, e)
+            }
         }
     }
 }
 
-/// SQLite "database is locked / busy" after the busy timeout: the caller may retry.
+/// SQLite "database is locked / busy" after the busy timeout, PostgreSQL serialization
+/// failures and deadlocks: the caller may retry.
 fn is_busy(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Database(db) => {
-            matches!(db.code().as_deref(), Some("5") | Some("6") | Some("517"))
+            matches!(db.code().as_deref(), Some("5") | Some("6") | Some("517") | Some("40001") | Some("40P01"))
         }
         sqlx::Error::PoolTimedOut => true,
         _ => false,

@@ -1,22 +1,24 @@
-//! Rows to protobuf messages, and the ledger's arithmetic.
+//! Stored rows, their protobuf forms, and the ledger's arithmetic.
 
 use crate::error::LedgerError;
-use forkyard_proto::budget::v1::{Account, Reservation, ReservationState};
-use sqlx::{Row, sqlite::SqliteRow};
+use forkyard_proto::budget::v1::{
+    Account, AccountKind, Bucket, CommitOverage, Reservation, ReservationState,
+};
+use sqlx::{Row, any::AnyRow};
+use std::collections::BTreeMap;
 
-/// An account with its balances: reserved = sum of HELD reservations, spent = sum of
-/// committed amounts. `CAST` keeps the sums BIGINT on PostgreSQL too.
+/// The largest amount one request may carry: 10^15 micro-USD (a billion dollars), so sums
+/// of many postings stay far from `i64` overflow.
+pub const MAX_AMOUNT_MICROS: i64 = 1_000_000_000_000_000;
+
 pub(crate) const SELECT_ACCOUNT: &str = "\
-    SELECT a.account_id, a.budget_micros, a.created_unix_ms, \
-      CAST(COALESCE(SUM(CASE WHEN r.state = 'HELD' THEN r.amount_micros ELSE 0 END), 0) AS BIGINT) AS reserved_micros, \
-      CAST(COALESCE(SUM(CASE WHEN r.state = 'COMMITTED' THEN r.committed_micros ELSE 0 END), 0) AS BIGINT) AS spent_micros \
-    FROM accounts a LEFT JOIN reservations r ON r.account_id = a.account_id \
-    WHERE a.account_id = $1 \
-    GROUP BY a.account_id, a.budget_micros, a.created_unix_ms";
+    SELECT account_id, kind, parent_account_id, budget_micros, reserved_micros, spent_micros, \
+      allow_overdraft, commit_overage, labels, posting_seq, created_unix_ms \
+    FROM accounts WHERE account_id = $1";
 
 pub(crate) const SELECT_RESERVATION: &str = "\
     SELECT reservation_id, account_id, amount_micros, state, committed_micros, budget_exceeded, \
-      holder, created_unix_ms FROM reservations";
+      holder, created_unix_ms, charged_micros FROM reservations";
 
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -39,24 +41,114 @@ fn parse_state(s: &str) -> Result<ReservationState, LedgerError> {
         "HELD" => Ok(ReservationState::Held),
         "COMMITTED" => Ok(ReservationState::Committed),
         "RELEASED" => Ok(ReservationState::Released),
-        other => Err(LedgerError::Corrupt(format!(
-            "unknown reservation state {other:?}"
-        ))),
+        other => Err(LedgerError::Corrupt(format!("unknown reservation state {other:?}"))),
     }
 }
 
-pub(crate) fn account_from_row(row: &SqliteRow) -> Result<Account, LedgerError> {
-    let budget: i64 = row.try_get("budget_micros")?;
-    let reserved: i64 = row.try_get("reserved_micros")?;
-    let spent: i64 = row.try_get("spent_micros")?;
-    Ok(Account {
-        account_id: row.try_get("account_id")?,
-        budget_micros: budget,
-        reserved_micros: reserved,
-        spent_micros: spent,
-        available_micros: budget - reserved - spent,
-        created_unix_ms: row.try_get("created_unix_ms")?,
+pub(crate) fn kind_str(kind: AccountKind) -> &'static str {
+    match kind {
+        AccountKind::Tenant => "TENANT",
+        AccountKind::Run | AccountKind::Unspecified => "RUN",
+    }
+}
+
+pub(crate) fn overage_str(o: CommitOverage) -> &'static str {
+    match o {
+        CommitOverage::Reject => "REJECT",
+        CommitOverage::Cap | CommitOverage::Unspecified => "CAP",
+    }
+}
+
+pub(crate) fn bucket_str(b: Bucket) -> &'static str {
+    match b {
+        Bucket::Funding => "FUNDING",
+        Bucket::Available => "AVAILABLE",
+        Bucket::Reserved => "RESERVED",
+        Bucket::Spent | Bucket::Unspecified => "SPENT",
+    }
+}
+
+pub(crate) fn parse_bucket(s: &str) -> Result<Bucket, LedgerError> {
+    Ok(match s {
+        "FUNDING" => Bucket::Funding,
+        "AVAILABLE" => Bucket::Available,
+        "RESERVED" => Bucket::Reserved,
+        "SPENT" => Bucket::Spent,
+        other => return Err(LedgerError::Corrupt(format!("unknown bucket {other:?}"))),
     })
+}
+
+/// An account as stored, balances included.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct AccountRow {
+    pub account_id: String,
+    pub kind: AccountKind,
+    pub parent_account_id: String,
+    pub budget_micros: i64,
+    pub reserved_micros: i64,
+    pub spent_micros: i64,
+    pub allow_overdraft: bool,
+    pub commit_overage: CommitOverage,
+    pub labels: BTreeMap<String, String>,
+    pub posting_seq: i64,
+    pub created_unix_ms: i64,
+}
+
+impl AccountRow {
+    pub(crate) fn from_row(row: &AnyRow) -> Result<Self, LedgerError> {
+        let kind: String = row.try_get("kind")?;
+        let overage: String = row.try_get("commit_overage")?;
+        let labels: String = row.try_get("labels")?;
+        Ok(Self {
+            account_id: row.try_get("account_id")?,
+            kind: if kind == "TENANT" { AccountKind::Tenant } else { AccountKind::Run },
+            parent_account_id: row.try_get("parent_account_id")?,
+            budget_micros: row.try_get("budget_micros")?,
+            reserved_micros: row.try_get("reserved_micros")?,
+            spent_micros: row.try_get("spent_micros")?,
+            allow_overdraft: row.try_get::<i64, _>("allow_overdraft")? != 0,
+            commit_overage: if overage == "REJECT" {
+                CommitOverage::Reject
+            } else {
+                CommitOverage::Cap
+            },
+            labels: serde_json::from_str(&labels)
+                .map_err(|e| LedgerError::Corrupt(format!("labels {labels:?}: {e}")))?,
+            posting_seq: row.try_get("posting_seq")?,
+            created_unix_ms: row.try_get("created_unix_ms")?,
+        })
+    }
+
+    /// budget - reserved - spent.
+    pub(crate) fn available(&self) -> i64 {
+        self.budget_micros - self.reserved_micros - self.spent_micros
+    }
+
+    /// How much more this account can move out of available; `None` = unlimited.
+    pub(crate) fn headroom(&self) -> Option<i64> {
+        (!self.allow_overdraft).then(|| self.available().max(0))
+    }
+
+    pub(crate) fn to_proto(&self) -> Account {
+        Account {
+            account_id: self.account_id.clone(),
+            budget_micros: self.budget_micros,
+            reserved_micros: self.reserved_micros,
+            spent_micros: self.spent_micros,
+            available_micros: self.available(),
+            created_unix_ms: self.created_unix_ms,
+            kind: self.kind as i32,
+            parent_account_id: self.parent_account_id.clone(),
+            allow_overdraft: self.allow_overdraft,
+            labels: self.labels.clone().into_iter().collect(),
+            commit_overage: self.commit_overage as i32,
+        }
+    }
+}
+
+/// The smallest headroom along a chain of accounts (a run and its tenant).
+pub(crate) fn chain_headroom(chain: &[AccountRow]) -> Option<i64> {
+    chain.iter().filter_map(AccountRow::headroom).min()
 }
 
 /// A reservation as stored, with its state typed.
@@ -70,10 +162,11 @@ pub(crate) struct ReservationRow {
     pub budget_exceeded: bool,
     pub holder: String,
     pub created_unix_ms: i64,
+    pub charged_micros: i64,
 }
 
 impl ReservationRow {
-    pub(crate) fn from_row(row: &SqliteRow) -> Result<Self, LedgerError> {
+    pub(crate) fn from_row(row: &AnyRow) -> Result<Self, LedgerError> {
         let state: String = row.try_get("state")?;
         let exceeded: i64 = row.try_get("budget_exceeded")?;
         Ok(Self {
@@ -85,7 +178,17 @@ impl ReservationRow {
             budget_exceeded: exceeded != 0,
             holder: row.try_get("holder")?,
             created_unix_ms: row.try_get("created_unix_ms")?,
+            charged_micros: row.try_get("charged_micros")?,
         })
+    }
+
+    /// What the reservation still holds in RESERVED.
+    pub(crate) fn held(&self) -> i64 {
+        if self.state == ReservationState::Held {
+            (self.amount_micros - self.charged_micros).max(0)
+        } else {
+            0
+        }
     }
 
     pub(crate) fn into_proto(self) -> Reservation {
@@ -98,29 +201,34 @@ impl ReservationRow {
             budget_exceeded: self.budget_exceeded,
             holder: self.holder,
             created_unix_ms: self.created_unix_ms,
+            charged_micros: self.charged_micros,
         }
     }
 }
 
-/// What a commit of `requested` against a HELD reservation of `reserved` may post, given
-/// what the account has left besides it (`available`): at most `reserved + available`.
-/// Returns the amount committed and whether the request had to be capped.
-pub(crate) fn cap_commit(requested: i64, reserved: i64, available: i64) -> (i64, bool) {
-    let cap = reserved.saturating_add(available.max(0));
-    if requested > cap {
-        (cap, true)
-    } else {
-        (requested, false)
+/// How a spend of `amount` against a reservation holding `held` splits: the part taken
+/// from the hold and the part beyond it (which must come from available).
+pub(crate) fn split_spend(amount: i64, held: i64) -> (i64, i64) {
+    let from_hold = amount.min(held);
+    (from_hold, amount - from_hold)
+}
+
+/// What a capped commit may take beyond the hold: `extra`, at most `headroom`. Returns the
+/// amount taken and whether it had to be capped.
+pub(crate) fn cap_extra(extra: i64, headroom: Option<i64>) -> (i64, bool) {
+    match headroom {
+        Some(h) if extra > h => (h, true),
+        _ => (extra, false),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::cap_commit;
+    use super::{cap_extra, split_spend};
 
     #[test]
     fn commit_cap_table() {
-        // (requested, reserved, available) -> (committed, exceeded)
+        // (requested, reserved, available) -> (committed, exceeded), as before postings.
         let cases = [
             ((0, 100, 0), (0, false)),
             ((50, 100, 0), (50, false)),
@@ -129,14 +237,12 @@ mod tests {
             ((200, 100, 100), (200, false)),
             ((250, 100, 100), (200, true)),
             ((250, 100, 0), (100, true)),
-            ((250, 100, -5), (100, true)),
         ];
         for ((req, rsv, avail), want) in cases {
-            assert_eq!(
-                cap_commit(req, rsv, avail),
-                want,
-                "cap_commit({req}, {rsv}, {avail})"
-            );
+            let (hold, extra) = split_spend(req, rsv);
+            let (extra, capped) = cap_extra(extra, Some(avail));
+            assert_eq!((hold + extra, capped), want, "commit {req} of {rsv} with {avail}");
         }
+        assert_eq!(cap_extra(500, None), (500, false));
     }
 }

@@ -1,329 +1,172 @@
-//! The ledger's storage: accounts, reservations and idempotency keys in SQLite (WAL,
-//! `synchronous = FULL`), with portable SQL so PostgreSQL can follow through the same code.
+//! The ledger's public API over SQLite (WAL, `synchronous = FULL`, the default) or
+//! PostgreSQL, with the same SQL and migrations for both (`sqlx::Any`).
 //!
-//! Every mutating operation runs in one transaction that takes the write lock up front
-//! (`BEGIN IMMEDIATE`): it checks the idempotency key, reads the balances, applies the
-//! effect and stores the key with its response, so concurrent calls cannot overspend and a
-//! retried call posts once.
+//! Mutating calls are validated here, then applied by the group-commit writer
+//! ([`crate::writer`]) in a write transaction that checks the idempotency key, locks the
+//! accounts, posts one balanced transfer and stores the key with its response, so
+//! concurrent calls cannot overspend and a retried call posts once. Reads go straight to
+//! the pool.
 
 use crate::{
+    accounts,
+    db::{self, Backend},
     error::LedgerError,
     model::{self, ReservationRow},
-    validate,
+    postings, report, reservations, validate,
+    writer::{Op, Reply, Writer},
 };
 use forkyard_proto::budget::v1::{
-    Account, CommitRequest, ListReservationsRequest, OpenAccountRequest, RaiseBudgetRequest,
-    ReleaseRequest, Reservation, ReservationState, ReserveRequest,
+    Account, AccountKind, ChargeRequest, CommitRequest, CreateAccountRequest,
+    GetSpendReportRequest, ListPostingsRequest, ListPostingsResponse, ListReservationsRequest,
+    OpenAccountRequest, RaiseBudgetRequest, ReleaseRequest, Reservation, ReservationState,
+    ReserveRequest, SpendReport,
 };
-use serde::{Serialize, de::DeserializeOwned};
-use sqlx::{
-    Row, SqliteConnection, SqlitePool,
-    migrate::Migrator,
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
-};
-use std::{path::Path, str::FromStr, time::Duration};
+use sqlx::AnyPool;
+use std::path::Path;
+
+pub use crate::db::MIGRATOR;
 
 pub type Result<T, E = LedgerError> = std::result::Result<T, E>;
-
-/// The schema, embedded from `services/budget-ledger/migrations/`.
-pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
-
-/// How long a writer waits for another writer's lock before failing with "busy".
-const BUSY_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Handle on the ledger database; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct LedgerStore {
-    pool: SqlitePool,
+    pool: AnyPool,
+    backend: Backend,
+    writer: Writer,
 }
 
 impl LedgerStore {
-    /// Open (creating if missing) the database at a `sqlite:` URL and apply migrations.
+    /// Open the database at a `sqlite:` (created if missing) or `postgres:` URL and apply
+    /// the migrations.
     pub async fn connect(database_url: &str) -> Result<Self> {
-        if !database_url.starts_with("sqlite:") {
-            return Err(LedgerError::invalid(
-                "database_url",
-                format!("{database_url:?}: only sqlite: URLs are supported"),
-            ));
-        }
-        let opts = SqliteConnectOptions::from_str(database_url)?;
-        Self::connect_with(opts).await
+        let (pool, backend) = db::connect(database_url).await?;
+        let writer = Writer::spawn(pool.clone(), backend);
+        Ok(Self { pool, backend, writer })
     }
 
     /// Open (creating if missing) the SQLite file at `path` and apply migrations.
     pub async fn open_file(path: &Path) -> Result<Self> {
-        Self::connect_with(SqliteConnectOptions::new().filename(path)).await
+        Self::connect(&db::sqlite_url(path)).await
     }
 
-    async fn connect_with(opts: SqliteConnectOptions) -> Result<Self> {
-        let opts = opts
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(BUSY_TIMEOUT)
-            .foreign_keys(true);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(opts)
-            .await?;
-        MIGRATOR.run(&pool).await?;
-        Ok(Self { pool })
-    }
-
-    pub fn pool(&self) -> &SqlitePool {
+    pub fn pool(&self) -> &AnyPool {
         &self.pool
     }
 
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    async fn account_op(&self, op: Op) -> Result<Account> {
+        match self.writer.submit(op).await? {
+            Reply::Account(a) => Ok(a),
+            Reply::Reservation(_) => Err(LedgerError::Corrupt("writer answered a reservation".into())),
+        }
+    }
+
+    async fn reservation_op(&self, op: Op) -> Result<Reservation> {
+        match self.writer.submit(op).await? {
+            Reply::Reservation(r) => Ok(r),
+            Reply::Account(_) => Err(LedgerError::Corrupt("writer answered an account".into())),
+        }
+    }
+
+    /// A stand-alone run account: `CreateAccount` with kind RUN, keyed as `open_account`.
     pub async fn open_account(&self, req: &OpenAccountRequest) -> Result<Account> {
         validate::non_empty("account_id", &req.account_id)?;
-        validate::non_negative("budget_micros", req.budget_micros)?;
+        validate::amount("budget_micros", req.budget_micros, false)?;
         validate::non_empty("idempotency_key", &req.idempotency_key)?;
-        let op = "open_account";
-        let fp = fingerprint(&OpenAccountRequest {
+        let fp = crate::idempotency::fingerprint(&OpenAccountRequest {
             idempotency_key: String::new(),
             ..req.clone()
         })?;
+        let create = CreateAccountRequest {
+            account_id: req.account_id.clone(),
+            kind: AccountKind::Run as i32,
+            budget_micros: req.budget_micros,
+            idempotency_key: req.idempotency_key.clone(),
+            ..Default::default()
+        };
+        self.account_op(Op::Create { req: create, op: "open_account", fp }).await
+    }
 
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        if let Some(resp) = replay(&mut tx, op, &req.idempotency_key, &fp).await? {
-            return Ok(resp);
+    pub async fn create_account(&self, req: &CreateAccountRequest) -> Result<Account> {
+        validate::non_empty("account_id", &req.account_id)?;
+        validate::amount("budget_micros", req.budget_micros, false)?;
+        validate::non_empty("idempotency_key", &req.idempotency_key)?;
+        let kind = AccountKind::try_from(req.kind)
+            .map_err(|_| LedgerError::invalid("kind", format!("unknown account kind {}", req.kind)))?;
+        if kind == AccountKind::Tenant && !req.parent_account_id.is_empty() {
+            return Err(LedgerError::invalid("parent_account_id", "a tenant account has no parent"));
         }
-        match load_account(&mut tx, &req.account_id).await? {
-            Some(existing) if existing.budget_micros != req.budget_micros => {
-                return Err(LedgerError::AlreadyExists(format!(
-                    "account {:?} already exists with budget {} micros (requested {})",
-                    req.account_id, existing.budget_micros, req.budget_micros
-                )));
-            }
-            Some(_) => {}
-            None => {
-                sqlx::query(
-                    "INSERT INTO accounts (account_id, budget_micros, created_unix_ms) \
-                     VALUES ($1, $2, $3)",
-                )
-                .bind(&req.account_id)
-                .bind(req.budget_micros)
-                .bind(model::now_ms())
-                .execute(&mut *tx)
-                .await?;
-            }
+        if req.parent_account_id == req.account_id {
+            return Err(LedgerError::invalid("parent_account_id", "an account cannot be its own parent"));
         }
-        let account = require_account(&mut tx, &req.account_id).await?;
-        remember(&mut tx, op, &req.idempotency_key, &fp, &account).await?;
-        tx.commit().await?;
-        Ok(account)
+        forkyard_proto::budget::v1::CommitOverage::try_from(req.commit_overage).map_err(|_| {
+            LedgerError::invalid("commit_overage", format!("unknown policy {}", req.commit_overage))
+        })?;
+        let fp = accounts::create_fingerprint(req)?;
+        self.account_op(Op::Create { req: req.clone(), op: "create_account", fp }).await
     }
 
     /// Add `amount_micros` (> 0) to an account's budget.
     pub async fn raise_budget(&self, req: &RaiseBudgetRequest) -> Result<Account> {
         validate::non_empty("account_id", &req.account_id)?;
-        validate::positive("amount_micros", req.amount_micros)?;
+        validate::amount("amount_micros", req.amount_micros, true)?;
         validate::non_empty("idempotency_key", &req.idempotency_key)?;
-        let op = "raise_budget";
-        let fp = fingerprint(&RaiseBudgetRequest {
-            idempotency_key: String::new(),
-            ..req.clone()
-        })?;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        if let Some(resp) = replay(&mut tx, op, &req.idempotency_key, &fp).await? {
-            return Ok(resp);
-        }
-        let before = require_account(&mut tx, &req.account_id).await?;
-        let budget = before
-            .budget_micros
-            .checked_add(req.amount_micros)
-            .ok_or_else(|| {
-                LedgerError::invalid(
-                    "amount_micros",
-                    format!(
-                        "raising {} by {} overflows",
-                        before.budget_micros, req.amount_micros
-                    ),
-                )
-            })?;
-        sqlx::query("UPDATE accounts SET budget_micros = $1 WHERE account_id = $2")
-            .bind(budget)
-            .bind(&req.account_id)
-            .execute(&mut *tx)
-            .await?;
-        let account = require_account(&mut tx, &req.account_id).await?;
-        remember(&mut tx, op, &req.idempotency_key, &fp, &account).await?;
-        tx.commit().await?;
-        Ok(account)
+        self.account_op(Op::Raise(req.clone())).await
     }
 
     pub async fn get_account(&self, account_id: &str) -> Result<Account> {
         validate::non_empty("account_id", account_id)?;
         let mut conn = self.pool.acquire().await?;
-        require_account(&mut conn, account_id).await
+        Ok(accounts::require(&mut conn, self.backend, account_id, false).await?.to_proto())
     }
 
     pub async fn reserve(&self, req: &ReserveRequest) -> Result<Reservation> {
         validate::non_empty("account_id", &req.account_id)?;
-        validate::positive("amount_micros", req.amount_micros)?;
+        validate::amount("amount_micros", req.amount_micros, true)?;
         validate::non_empty("idempotency_key", &req.idempotency_key)?;
-        let op = "reserve";
-        let fp = fingerprint(&ReserveRequest {
-            idempotency_key: String::new(),
-            ..req.clone()
-        })?;
+        self.reservation_op(Op::Reserve(req.clone())).await
+    }
 
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        if let Some(resp) = replay(&mut tx, op, &req.idempotency_key, &fp).await? {
-            return Ok(resp);
-        }
-        let account = require_account(&mut tx, &req.account_id).await?;
-        if req.amount_micros > account.available_micros {
-            return Err(LedgerError::BudgetExceeded(format!(
-                "account {:?}: reserving {} micros but only {} available (budget {}, reserved {}, spent {})",
-                account.account_id,
-                req.amount_micros,
-                account.available_micros,
-                account.budget_micros,
-                account.reserved_micros,
-                account.spent_micros
-            )));
-        }
-        let id = format!("rsv-{}", uuid::Uuid::new_v4().simple());
-        sqlx::query(
-            "INSERT INTO reservations \
-             (reservation_id, account_id, amount_micros, state, committed_micros, budget_exceeded, holder, created_unix_ms) \
-             VALUES ($1, $2, $3, $4, 0, 0, $5, $6)",
-        )
-        .bind(&id)
-        .bind(&req.account_id)
-        .bind(req.amount_micros)
-        .bind(model::state_str(ReservationState::Held))
-        .bind(&req.holder)
-        .bind(model::now_ms())
-        .execute(&mut *tx)
-        .await?;
-        let reservation = require_reservation(&mut tx, &id).await?.into_proto();
-        remember(&mut tx, op, &req.idempotency_key, &fp, &reservation).await?;
-        tx.commit().await?;
-        Ok(reservation)
+    pub async fn charge(&self, req: &ChargeRequest) -> Result<Reservation> {
+        validate::non_empty("reservation_id", &req.reservation_id)?;
+        validate::amount("amount_micros", req.amount_micros, true)?;
+        validate::non_empty("idempotency_key", &req.idempotency_key)?;
+        self.reservation_op(Op::Charge(req.clone())).await
     }
 
     pub async fn commit(&self, req: &CommitRequest) -> Result<Reservation> {
         validate::non_empty("reservation_id", &req.reservation_id)?;
-        validate::non_negative("amount_micros", req.amount_micros)?;
+        validate::amount("amount_micros", req.amount_micros, false)?;
         validate::non_empty("idempotency_key", &req.idempotency_key)?;
-        let op = "commit";
-        let fp = fingerprint(&CommitRequest {
-            idempotency_key: String::new(),
-            ..req.clone()
-        })?;
-
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        if let Some(resp) = replay(&mut tx, op, &req.idempotency_key, &fp).await? {
-            return Ok(resp);
-        }
-        let rsv = require_reservation(&mut tx, &req.reservation_id).await?;
-        if rsv.state != ReservationState::Held {
-            return Err(LedgerError::FailedPrecondition(format!(
-                "reservation {} is {}, not HELD: it cannot be committed (again)",
-                rsv.reservation_id,
-                model::state_str(rsv.state)
-            )));
-        }
-        let account = require_account(&mut tx, &rsv.account_id).await?;
-        let (committed, exceeded) = model::cap_commit(
-            req.amount_micros,
-            rsv.amount_micros,
-            account.available_micros,
-        );
-        if exceeded {
-            tracing::warn!(
-                reservation_id = %rsv.reservation_id,
-                account_id = %rsv.account_id,
-                requested = req.amount_micros,
-                committed,
-                "commit capped: budget exceeded"
-            );
-        }
-        sqlx::query(
-            "UPDATE reservations SET state = $1, committed_micros = $2, budget_exceeded = $3 \
-             WHERE reservation_id = $4 AND state = $5",
-        )
-        .bind(model::state_str(ReservationState::Committed))
-        .bind(committed)
-        .bind(i64::from(exceeded))
-        .bind(&rsv.reservation_id)
-        .bind(model::state_str(ReservationState::Held))
-        .execute(&mut *tx)
-        .await?;
-        let reservation = require_reservation(&mut tx, &rsv.reservation_id)
-            .await?
-            .into_proto();
-        remember(&mut tx, op, &req.idempotency_key, &fp, &reservation).await?;
-        tx.commit().await?;
-        Ok(reservation)
+        self.reservation_op(Op::Commit(req.clone())).await
     }
 
     pub async fn release(&self, req: &ReleaseRequest) -> Result<Reservation> {
         validate::non_empty("reservation_id", &req.reservation_id)?;
         validate::non_empty("idempotency_key", &req.idempotency_key)?;
-        let op = "release";
-        let fp = fingerprint(&ReleaseRequest {
-            idempotency_key: String::new(),
-            ..req.clone()
-        })?;
-
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        if let Some(resp) = replay(&mut tx, op, &req.idempotency_key, &fp).await? {
-            return Ok(resp);
-        }
-        let rsv = require_reservation(&mut tx, &req.reservation_id).await?;
-        match rsv.state {
-            ReservationState::Held => {
-                sqlx::query(
-                    "UPDATE reservations SET state = $1 WHERE reservation_id = $2 AND state = $3",
-                )
-                .bind(model::state_str(ReservationState::Released))
-                .bind(&rsv.reservation_id)
-                .bind(model::state_str(ReservationState::Held))
-                .execute(&mut *tx)
-                .await?;
-            }
-            ReservationState::Released => {}
-            other => {
-                return Err(LedgerError::FailedPrecondition(format!(
-                    "reservation {} is {}: only a HELD reservation can be released",
-                    rsv.reservation_id,
-                    model::state_str(other)
-                )));
-            }
-        }
-        let reservation = require_reservation(&mut tx, &rsv.reservation_id)
-            .await?
-            .into_proto();
-        remember(&mut tx, op, &req.idempotency_key, &fp, &reservation).await?;
-        tx.commit().await?;
-        Ok(reservation)
+        self.reservation_op(Op::Release(req.clone())).await
     }
 
-    pub async fn list_reservations(
-        &self,
-        req: &ListReservationsRequest,
-    ) -> Result<Vec<Reservation>> {
+    pub async fn list_reservations(&self, req: &ListReservationsRequest) -> Result<Vec<Reservation>> {
         validate::non_empty("account_id", &req.account_id)?;
         let state = ReservationState::try_from(req.state).map_err(|_| {
             LedgerError::invalid("state", format!("unknown reservation state {}", req.state))
         })?;
         let mut conn = self.pool.acquire().await?;
-        require_account(&mut conn, &req.account_id).await?;
+        accounts::require(&mut conn, self.backend, &req.account_id, false).await?;
+        let order = "ORDER BY created_unix_ms, reservation_id";
         let rows = if state == ReservationState::Unspecified {
-            sqlx::query(&format!(
-                "{} WHERE account_id = $1 ORDER BY created_unix_ms, reservation_id",
-                model::SELECT_RESERVATION
-            ))
-            .bind(&req.account_id)
-            .fetch_all(&mut *conn)
-            .await?
+            sqlx::query(&format!("{} WHERE account_id = $1 {order}", model::SELECT_RESERVATION))
+                .bind(&req.account_id)
+                .fetch_all(&mut *conn)
+                .await?
         } else {
             sqlx::query(&format!(
-                "{} WHERE account_id = $1 AND state = $2 ORDER BY created_unix_ms, reservation_id",
+                "{} WHERE account_id = $1 AND state = $2 {order}",
                 model::SELECT_RESERVATION
             ))
             .bind(&req.account_id)
@@ -335,93 +178,32 @@ impl LedgerStore {
             .map(|r| ReservationRow::from_row(r).map(ReservationRow::into_proto))
             .collect()
     }
-}
 
-/// The request without its idempotency key, as canonical JSON (fixed field order).
-fn fingerprint<T: Serialize>(req: &T) -> Result<String> {
-    serde_json::to_string(req)
-        .map_err(|e| LedgerError::Corrupt(format!("cannot encode request: {e}")))
-}
-
-/// The stored response of an earlier call with this key, or `None` if the key is new.
-async fn replay<R: DeserializeOwned>(
-    conn: &mut SqliteConnection,
-    operation: &str,
-    key: &str,
-    fingerprint: &str,
-) -> Result<Option<R>> {
-    let Some(row) = sqlx::query(
-        "SELECT operation, fingerprint, response FROM idempotency_keys WHERE idempotency_key = $1",
-    )
-    .bind(key)
-    .fetch_optional(&mut *conn)
-    .await?
-    else {
-        return Ok(None);
-    };
-    let stored_op: String = row.try_get("operation")?;
-    let stored_fp: String = row.try_get("fingerprint")?;
-    if stored_op != operation || stored_fp != fingerprint {
-        return Err(LedgerError::KeyReused {
-            key: key.to_owned(),
-            operation: stored_op,
-        });
+    pub async fn get_reservation(&self, reservation_id: &str) -> Result<Reservation> {
+        validate::non_empty("reservation_id", reservation_id)?;
+        let mut conn = self.pool.acquire().await?;
+        Ok(reservations::require_reservation(&mut conn, reservation_id).await?.into_proto())
     }
-    let response: String = row.try_get("response")?;
-    let resp = serde_json::from_str(&response)
-        .map_err(|e| LedgerError::Corrupt(format!("stored response for key {key:?}: {e}")))?;
-    Ok(Some(resp))
-}
 
-/// Store the key with its response, in the caller's transaction.
-async fn remember<R: Serialize>(
-    conn: &mut SqliteConnection,
-    operation: &str,
-    key: &str,
-    fingerprint: &str,
-    response: &R,
-) -> Result<()> {
-    let response = serde_json::to_string(response)
-        .map_err(|e| LedgerError::Corrupt(format!("cannot encode response: {e}")))?;
-    sqlx::query(
-        "INSERT INTO idempotency_keys (idempotency_key, operation, fingerprint, response, created_unix_ms) \
-         VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(key)
-    .bind(operation)
-    .bind(fingerprint)
-    .bind(response)
-    .bind(model::now_ms())
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
-}
+    pub async fn list_postings(&self, req: &ListPostingsRequest) -> Result<ListPostingsResponse> {
+        validate::non_empty("account_id", &req.account_id)?;
+        let mut conn = self.pool.acquire().await?;
+        accounts::require(&mut conn, self.backend, &req.account_id, false).await?;
+        postings::list(&mut conn, req).await
+    }
 
-async fn load_account(conn: &mut SqliteConnection, account_id: &str) -> Result<Option<Account>> {
-    let row = sqlx::query(model::SELECT_ACCOUNT)
-        .bind(account_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    row.map(|r| model::account_from_row(&r)).transpose()
-}
+    pub async fn spend_report(&self, req: &GetSpendReportRequest) -> Result<SpendReport> {
+        let mut conn = self.pool.acquire().await?;
+        if !req.account_id.is_empty() {
+            accounts::require(&mut conn, self.backend, &req.account_id, false).await?;
+        }
+        report::spend_report(&mut conn, req).await
+    }
 
-async fn require_account(conn: &mut SqliteConnection, account_id: &str) -> Result<Account> {
-    load_account(conn, account_id)
-        .await?
-        .ok_or_else(|| LedgerError::NotFound(format!("account {account_id:?} not found")))
-}
-
-async fn require_reservation(
-    conn: &mut SqliteConnection,
-    reservation_id: &str,
-) -> Result<ReservationRow> {
-    let row = sqlx::query(&format!(
-        "{} WHERE reservation_id = $1",
-        model::SELECT_RESERVATION
-    ))
-    .bind(reservation_id)
-    .fetch_optional(&mut *conn)
-    .await?
-    .ok_or_else(|| LedgerError::NotFound(format!("reservation {reservation_id:?} not found")))?;
-    ReservationRow::from_row(&row)
+    /// Re-derives every balance from the postings; returns the discrepancies (none when
+    /// the books are right).
+    pub async fn audit(&self) -> Result<Vec<String>> {
+        let mut conn = self.pool.acquire().await?;
+        postings::audit(&mut conn).await
+    }
 }

@@ -28,3 +28,23 @@ pub(crate) fn positive(field: &'static str, value: i64) -> Result<(), LedgerErro
     }
     Ok(())
 }
+
+/// A money amount: not negative (or > 0 when `positive`), at most
+/// [`crate::model::MAX_AMOUNT_MICROS`].
+pub(crate) fn amount(field: &'static str, value: i64, positive: bool) -> Result<(), LedgerError> {
+    if positive {
+        self::positive(field, value)?;
+    } else {
+        non_negative(field, value)?;
+    }
+    if value > crate::model::MAX_AMOUNT_MICROS {
+        return Err(LedgerError::invalid(
+            field,
+            format!(
+                "{value} micro-USD is more than the largest amount, {}",
+                crate::model::MAX_AMOUNT_MICROS
+            ),
+        ));
+    }
+    Ok(())
+}

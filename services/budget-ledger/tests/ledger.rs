@@ -1,4 +1,7 @@
-//! The ledger against a real SQLite file in a temporary directory.
+//! The ledger's original behaviour (the workflows depend on it), against SQLite or
+//! PostgreSQL (see `common`).
+
+mod common;
 
 use forkyard_budget_ledger::{LedgerError, LedgerService, LedgerStore};
 use forkyard_proto::budget::v1::{
@@ -9,13 +12,7 @@ use forkyard_proto::budget::v1::{
 use std::sync::Arc;
 use tonic::Code;
 
-async fn store() -> (tempfile::TempDir, LedgerStore) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = LedgerStore::open_file(&dir.path().join("ledger.db"))
-        .await
-        .unwrap();
-    (dir, store)
-}
+use common::store;
 
 async fn open(store: &LedgerStore, id: &str, budget: i64) -> Account {
     store
@@ -110,12 +107,10 @@ async fn reserve_commit_release_flow_and_balances() {
         balances(&store.get_account("run-1").await.unwrap()),
         (1_000, 0, 200, 800)
     );
-    // Releasing a released reservation (new key) is fine.
-    let again = store
-        .release(&release_req(&r2, "rel2-again"))
-        .await
-        .unwrap();
-    assert_eq!(again.state(), ReservationState::Released);
+    // Releasing a released reservation under a new key is refused (the same key replays).
+    let again = store.release(&release_req(&r2, "rel2-again")).await.unwrap_err();
+    assert_eq!(code(again).0, Code::FailedPrecondition);
+    assert_eq!(store.release(&release_req(&r2, "rel2")).await.unwrap(), rel);
 
     let r3 = store
         .reserve(&reserve_req("run-1", 50, "r3"))
@@ -514,18 +509,16 @@ async fn activity_errors_carry_the_workflow_error_types() {
 }
 
 #[tokio::test]
-async fn state_survives_reopening_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ledger.db");
+async fn state_survives_reopening_the_database() {
+    let db = common::TestDb::new().await;
     let rsv = {
-        let store = LedgerStore::open_file(&path).await.unwrap();
+        let store = db.open().await;
         open(&store, "a", 500).await;
         let r = store.reserve(&reserve_req("a", 200, "r")).await.unwrap();
         store.pool().close().await;
         r
     };
-    let url = format!("sqlite://{}", path.display());
-    let store = LedgerStore::connect(&url).await.unwrap();
+    let store = db.open().await;
     assert_eq!(
         balances(&store.get_account("a").await.unwrap()),
         (500, 200, 0, 300)

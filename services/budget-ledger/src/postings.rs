@@ -1,0 +1,254 @@
+//! Double entry: transfers and their postings (legs), the balances they keep, paging
+//! through an account's postings, and the audit that re-derives every balance.
+
+use crate::{
+    error::LedgerError,
+    model::{self, AccountRow},
+};
+use forkyard_proto::budget::v1::{Bucket, ListPostingsRequest, ListPostingsResponse, Posting};
+use sqlx::{AnyConnection, Row};
+
+/// The change a transfer makes to each account of a chain: one leg per non-zero bucket
+/// delta. The deltas sum to zero.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Deltas {
+    pub funding: i64,
+    pub available: i64,
+    pub reserved: i64,
+    pub spent: i64,
+}
+
+/// What the transfer row records besides its legs.
+#[derive(Debug, Default)]
+pub(crate) struct TransferMeta<'a> {
+    pub kind: &'static str,
+    pub reservation_id: &'a str,
+    pub amount_micros: i64,
+    pub run_id: &'a str,
+    pub fork: &'a str,
+    pub model: &'a str,
+    pub idempotency_key: &'a str,
+}
+
+/// Posts one balanced transfer: the same legs on every account of `chain` (a run and its
+/// tenant), updating their kept balances.
+pub(crate) async fn post(
+    conn: &mut AnyConnection,
+    chain: &mut [AccountRow],
+    meta: &TransferMeta<'_>,
+    d: Deltas,
+) -> Result<String, LedgerError> {
+    let sum = [d.funding, d.available, d.reserved, d.spent]
+        .iter()
+        .try_fold(0i64, |acc, x| acc.checked_add(*x));
+    if sum != Some(0) {
+        return Err(LedgerError::Corrupt(format!("unbalanced transfer {d:?}")));
+    }
+    let now = model::now_ms();
+    let transfer_id = format!("tr-{}", uuid::Uuid::new_v4().simple());
+    let tenant_id = chain
+        .iter()
+        .find(|a| a.kind == forkyard_proto::budget::v1::AccountKind::Tenant)
+        .map(|a| a.account_id.clone())
+        .unwrap_or_default();
+    sqlx::query(
+        "INSERT INTO transfers (transfer_id, kind, account_id, reservation_id, amount_micros, \
+         spent_micros, run_id, fork, model, tenant_id, idempotency_key, created_unix_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    )
+    .bind(&transfer_id)
+    .bind(meta.kind)
+    .bind(&chain[0].account_id)
+    .bind(meta.reservation_id)
+    .bind(meta.amount_micros)
+    .bind(d.spent)
+    .bind(meta.run_id)
+    .bind(meta.fork)
+    .bind(meta.model)
+    .bind(tenant_id)
+    .bind(meta.idempotency_key)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+
+    let legs = [
+        (Bucket::Funding, d.funding),
+        (Bucket::Available, d.available),
+        (Bucket::Reserved, d.reserved),
+        (Bucket::Spent, d.spent),
+    ];
+    for account in chain.iter_mut() {
+        let overflow = || LedgerError::invalid("amount_micros", "the balance would overflow");
+        account.budget_micros = account.budget_micros.checked_sub(d.funding).ok_or_else(overflow)?;
+        account.reserved_micros =
+            account.reserved_micros.checked_add(d.reserved).ok_or_else(overflow)?;
+        account.spent_micros = account.spent_micros.checked_add(d.spent).ok_or_else(overflow)?;
+        let live: Vec<_> = legs.iter().filter(|(_, a)| *a != 0).collect();
+        if !live.is_empty() {
+            let values: Vec<String> = (0..live.len())
+                .map(|i| {
+                    let b = i * 6;
+                    format!("(${}, ${}, ${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4, b + 5, b + 6)
+                })
+                .collect();
+            let sql = format!(
+                "INSERT INTO postings (account_id, seq, transfer_id, bucket, amount_micros, \
+                 created_unix_ms) VALUES {}",
+                values.join(", ")
+            );
+            let mut q = sqlx::query(&sql);
+            for (bucket, amount) in &live {
+                account.posting_seq += 1;
+                q = q
+                    .bind(account.account_id.clone())
+                    .bind(account.posting_seq)
+                    .bind(transfer_id.clone())
+                    .bind(model::bucket_str(*bucket))
+                    .bind(*amount)
+                    .bind(now);
+            }
+            q.execute(&mut *conn).await?;
+        }
+        sqlx::query(
+            "UPDATE accounts SET budget_micros = $1, reserved_micros = $2, spent_micros = $3, \
+             posting_seq = $4 WHERE account_id = $5",
+        )
+        .bind(account.budget_micros)
+        .bind(account.reserved_micros)
+        .bind(account.spent_micros)
+        .bind(account.posting_seq)
+        .bind(&account.account_id)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(transfer_id)
+}
+
+/// Default and largest page of `ListPostings`.
+const DEFAULT_PAGE: i64 = 100;
+const MAX_PAGE: i64 = 1000;
+
+pub(crate) async fn list(
+    conn: &mut AnyConnection,
+    req: &ListPostingsRequest,
+) -> Result<ListPostingsResponse, LedgerError> {
+    let size = match req.page_size {
+        0 => DEFAULT_PAGE,
+        n if (1..=MAX_PAGE).contains(&i64::from(n)) => i64::from(n),
+        n => {
+            return Err(LedgerError::invalid(
+                "page_size",
+                format!("must be between 1 and {MAX_PAGE}, got {n}"),
+            ));
+        }
+    };
+    let after: i64 = if req.page_token.is_empty() {
+        0
+    } else {
+        req.page_token
+            .parse()
+            .ok()
+            .filter(|n: &i64| *n >= 0)
+            .ok_or_else(|| LedgerError::invalid("page_token", "not a token from ListPostings"))?
+    };
+    let rows = sqlx::query(
+        "SELECT p.account_id, p.seq, p.transfer_id, t.kind, p.bucket, p.amount_micros, \
+           t.reservation_id, p.created_unix_ms \
+         FROM postings p JOIN transfers t ON t.transfer_id = p.transfer_id \
+         WHERE p.account_id = $1 AND p.seq > $2 ORDER BY p.seq LIMIT $3",
+    )
+    .bind(&req.account_id)
+    .bind(after)
+    .bind(size + 1)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut postings = Vec::with_capacity(rows.len());
+    for row in rows.iter().take(size as usize) {
+        let bucket: String = row.try_get("bucket")?;
+        postings.push(Posting {
+            account_id: row.try_get("account_id")?,
+            seq: row.try_get("seq")?,
+            transfer_id: row.try_get("transfer_id")?,
+            kind: row.try_get("kind")?,
+            bucket: model::parse_bucket(&bucket)? as i32,
+            amount_micros: row.try_get("amount_micros")?,
+            reservation_id: row.try_get("reservation_id")?,
+            created_unix_ms: row.try_get("created_unix_ms")?,
+        });
+    }
+    let next_page_token = match (rows.len() as i64 > size, postings.last()) {
+        (true, Some(last)) => last.seq.to_string(),
+        _ => String::new(),
+    };
+    Ok(ListPostingsResponse {
+        postings,
+        next_page_token,
+    })
+}
+
+/// Re-derives the ledger from its postings and returns every discrepancy (empty when the
+/// books are right): unbalanced transfers, kept balances that differ from the sums of
+/// postings, negative available without overdraft, and reservations whose holds do not
+/// add up to the account's reserved balance (runs only: tenants mirror their runs).
+pub(crate) async fn audit(conn: &mut AnyConnection) -> Result<Vec<String>, LedgerError> {
+    let mut problems = Vec::new();
+    let unbalanced = sqlx::query(
+        "SELECT transfer_id, account_id, CAST(SUM(amount_micros) AS BIGINT) AS total \
+         FROM postings GROUP BY transfer_id, account_id HAVING SUM(amount_micros) <> 0",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    for row in unbalanced {
+        let (t, a, s): (String, String, i64) =
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        problems.push(format!("transfer {t} on {a} sums to {s}"));
+    }
+    let accounts = sqlx::query(
+        "SELECT a.account_id, a.kind, a.budget_micros, a.reserved_micros, a.spent_micros, \
+           a.allow_overdraft, \
+           CAST(COALESCE(SUM(CASE WHEN p.bucket = 'FUNDING' THEN p.amount_micros END), 0) AS BIGINT) AS f, \
+           CAST(COALESCE(SUM(CASE WHEN p.bucket = 'AVAILABLE' THEN p.amount_micros END), 0) AS BIGINT) AS av, \
+           CAST(COALESCE(SUM(CASE WHEN p.bucket = 'RESERVED' THEN p.amount_micros END), 0) AS BIGINT) AS r, \
+           CAST(COALESCE(SUM(CASE WHEN p.bucket = 'SPENT' THEN p.amount_micros END), 0) AS BIGINT) AS s, \
+           (SELECT CAST(COALESCE(SUM(CASE WHEN x.amount_micros > x.charged_micros \
+               THEN x.amount_micros - x.charged_micros ELSE 0 END), 0) AS BIGINT) \
+             FROM reservations x WHERE x.account_id = a.account_id AND x.state = 'HELD') AS holds \
+         FROM accounts a LEFT JOIN postings p ON p.account_id = a.account_id \
+         GROUP BY a.account_id, a.kind, a.budget_micros, a.reserved_micros, a.spent_micros, a.allow_overdraft",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    for row in accounts {
+        let id: String = row.try_get("account_id")?;
+        let kind: String = row.try_get("kind")?;
+        let (budget, reserved, spent): (i64, i64, i64) = (
+            row.try_get("budget_micros")?,
+            row.try_get("reserved_micros")?,
+            row.try_get("spent_micros")?,
+        );
+        let overdraft = row.try_get::<i64, _>("allow_overdraft")? != 0;
+        let (f, av, r, s, holds): (i64, i64, i64, i64, i64) = (
+            row.try_get("f")?,
+            row.try_get("av")?,
+            row.try_get("r")?,
+            row.try_get("s")?,
+            row.try_get("holds")?,
+        );
+        if (-f, r, s) != (budget, reserved, spent) {
+            problems.push(format!(
+                "{id}: kept (budget {budget}, reserved {reserved}, spent {spent}) but postings say ({}, {r}, {s})",
+                -f
+            ));
+        }
+        if av != budget - reserved - spent {
+            problems.push(format!("{id}: available postings {av} != budget - reserved - spent"));
+        }
+        if av < 0 && !overdraft {
+            problems.push(format!("{id}: available {av} below zero without overdraft"));
+        }
+        if kind == "RUN" && holds != reserved {
+            problems.push(format!("{id}: reservations hold {holds} but reserved is {reserved}"));
+        }
+    }
+    Ok(problems)
+}
