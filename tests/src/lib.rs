@@ -7,5 +7,6 @@
 
 pub mod mesh;
 pub mod repo;
+pub mod support;
 
 pub use mesh::Mesh;

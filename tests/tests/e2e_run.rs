@@ -5,8 +5,7 @@ use forkyard_proto::{
     budget::v1::{GetAccountRequest, budget_ledger_client::BudgetLedgerClient},
     common::v1::{AgentSpec, ForkStatus},
     gateway::v1::{
-        CancelRunRequest, GetRunRequest, LaunchRunRequest, Run, RunState,
-        gateway_client::GatewayClient,
+        CancelRunRequest, GetRunRequest, LaunchRunRequest, RunState, gateway_client::GatewayClient,
     },
     janitor::v1::{SweepReport, SweepRequest, janitor_client::JanitorClient},
     labels,
@@ -15,7 +14,13 @@ use forkyard_proto::{
         sandbox_provisioner_client::SandboxProvisionerClient,
     },
 };
-use forkyard_tests::{Mesh, repo};
+use forkyard_tests::{
+    Mesh, repo,
+    support::{
+        fork_result, grpcurl, launch, max_overlap, sandbox_processes, wait_finished,
+        workspaces_left,
+    },
+};
 use std::{
     collections::HashMap,
     path::Path,
@@ -33,45 +38,6 @@ const AGENT: &str = r#"echo "fork $FORKYARD_FORK says: $FORKYARD_PROMPT" > "fork
 sed -i "s/two/two (fork $FORKYARD_FORK)/" src/lib.txt
 sleep 1.5
 printf '{"type":"result","total_cost_usd":0.0%d5,"usage":{"input_tokens":100,"output_tokens":20}}\n' "$FORKYARD_FORK""#;
-
-fn launch(repo: &Path, forks: u32, max_concurrent: u32, command: &str) -> LaunchRunRequest {
-    LaunchRunRequest {
-        repo: repo.to_string_lossy().into_owned(),
-        prompt: "make it better".into(),
-        forks,
-        max_concurrent,
-        budget_usd: "1".into(),
-        agent: Some(AgentSpec {
-            driver: "command".into(),
-            command: command.into(),
-            model: String::new(),
-        }),
-        fork_timeout_secs: 120,
-        ..Default::default()
-    }
-}
-
-async fn wait_finished(gw: &mut GatewayClient<Channel>, run_id: &str, timeout: Duration) -> Run {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let run = gw
-            .get_run(GetRunRequest {
-                run_id: run_id.into(),
-                include_patches: true,
-            })
-            .await
-            .expect("get run")
-            .into_inner();
-        if run.state != RunState::Running as i32 {
-            return run;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "run {run_id} still running: {run:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 /// Samples how many of the run's sandboxes are alive, until stopped; returns the maximum.
 fn watch_sandboxes(
@@ -92,30 +58,6 @@ fn watch_sandboxes(
         }
         max
     })
-}
-
-/// No process on this machine still runs from the mesh's sandboxes directory.
-fn sandbox_processes(state: &Path) -> Vec<String> {
-    let needle = state.join("sandboxes").to_string_lossy().into_owned();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains(&needle) {
-                found.push(cmd);
-            }
-        }
-    }
-    found
-}
-
-fn workspaces_left(state: &Path) -> Vec<String> {
-    std::fs::read_dir(state.join("sandboxes"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
 }
 
 /// A sandbox made directly through the provisioner, outside any run workflow.
@@ -148,20 +90,6 @@ fn acted_on(report: &SweepReport) -> Vec<(String, String, bool)> {
         .collect();
     v.sort();
     v
-}
-
-fn grpcurl(args: &[&str]) -> String {
-    let out =
-        std::process::Command::new(std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".into()))
-            .args(args)
-            .output()
-            .expect("grpcurl is installed (make test installs it)");
-    assert!(
-        out.status.success(),
-        "grpcurl {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,9 +137,21 @@ async fn three_forks_two_at_a_time_complete_with_exact_ledger_and_no_leaks() {
         max_alive <= 2,
         "{max_alive} sandboxes alive at once with max_concurrent=2"
     );
+    // Sampling can miss a short overlap; the forks' own lifetimes cannot.
+    assert_eq!(
+        max_overlap(&run.forks),
+        2,
+        "forks in flight at once: {:#?}",
+        run.forks
+    );
 
     let mut patches = Vec::new();
-    for f in &run.forks {
+    for summary in &run.forks {
+        assert!(
+            summary.patch.is_empty(),
+            "the run listing carries no patches"
+        );
+        let f = &fork_result(&mut gw, &launched.run_id, summary.fork).await;
         assert_eq!(
             f.status,
             ForkStatus::Succeeded as i32,
@@ -244,6 +184,7 @@ async fn three_forks_two_at_a_time_complete_with_exact_ledger_and_no_leaks() {
         assert_eq!(f.cost_micros, i64::from(f.fork) * 10_000 + 5_000);
         patches.push(f.patch.clone());
     }
+    patches.sort();
     patches.dedup();
     assert_eq!(patches.len(), 3, "each fork has its own patch");
 
@@ -428,7 +369,6 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
         let missing = gw
             .get_run(GetRunRequest {
                 run_id: format!("run-bad-{i}"),
-                include_patches: false,
             })
             .await;
         assert_eq!(
@@ -471,6 +411,7 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
     let unlabelled = stray_sandbox(&mut prov, src.path(), None).await;
     let dry = janitor
         .sweep_now(SweepRequest {
+            max_age_secs: 0,
             dry_run: true,
             min_age_secs: 0,
         })
@@ -486,6 +427,7 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
     assert_eq!(dry.examined, 4);
     let swept = janitor
         .sweep_now(SweepRequest {
+            max_age_secs: 0,
             dry_run: false,
             min_age_secs: 0,
         })
@@ -566,6 +508,7 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
     let stale = stray_sandbox(&mut prov, src.path(), Some(&closed_owner)).await;
     let swept = janitor
         .sweep_now(SweepRequest {
+            max_age_secs: 0,
             dry_run: false,
             min_age_secs: 0,
         })

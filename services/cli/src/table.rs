@@ -1,13 +1,15 @@
-//! Plain-text tables for people; `-o json` is for scripts.
+//! Plain-text output for people; `-o json` is for scripts.
 
 use forkyard_proto::{
-    common::v1::{ForkResult, ForkStatus},
-    gateway::v1::{Run, RunState, RunSummary},
+    common::v1::{ForkResult, ForkStatus, VerifyStatus},
+    gateway::v1::{Run, RunEvent, RunState, RunSummary, run_event::Kind},
 };
 use std::fmt::Write;
 
-fn usd(micros: i64) -> String {
-    format!("${}.{:06}", micros / 1_000_000, (micros % 1_000_000).abs())
+pub fn usd(micros: i64) -> String {
+    let sign = if micros < 0 { "-" } else { "" };
+    let m = micros.unsigned_abs();
+    format!("{sign}${}.{:06}", m / 1_000_000, m % 1_000_000)
 }
 
 fn secs(ms: i64) -> String {
@@ -18,8 +20,8 @@ fn secs(ms: i64) -> String {
     }
 }
 
-fn fork_status(f: &ForkResult) -> &'static str {
-    match ForkStatus::try_from(f.status).unwrap_or_default() {
+pub fn fork_status(status: i32) -> &'static str {
+    match ForkStatus::try_from(status).unwrap_or_default() {
         ForkStatus::Pending => "pending",
         ForkStatus::Running => "running",
         ForkStatus::Succeeded => "succeeded",
@@ -31,9 +33,20 @@ fn fork_status(f: &ForkResult) -> &'static str {
     }
 }
 
+fn verify(v: i32) -> &'static str {
+    match VerifyStatus::try_from(v).unwrap_or_default() {
+        VerifyStatus::Passed => "passed",
+        VerifyStatus::Failed => "failed",
+        VerifyStatus::TimedOut => "timed-out",
+        VerifyStatus::NotRun | VerifyStatus::Unspecified => "-",
+    }
+}
+
 pub fn run_state(s: i32) -> &'static str {
     match RunState::try_from(s).unwrap_or_default() {
         RunState::Running => "running",
+        RunState::Paused => "paused",
+        RunState::AwaitingBudget => "awaiting-budget",
         RunState::Completed => "completed",
         RunState::Failed => "failed",
         RunState::Cancelled => "cancelled",
@@ -43,21 +56,39 @@ pub fn run_state(s: i32) -> &'static str {
     }
 }
 
+pub fn diffstat(f: &ForkResult) -> String {
+    f.diffstat.map_or_else(
+        || "-".to_owned(),
+        |d| {
+            let s = if d.files_changed == 1 { "" } else { "s" };
+            format!(
+                "{} file{s} +{} -{}",
+                d.files_changed, d.insertions, d.deletions
+            )
+        },
+    )
+}
+
 pub fn run(run: &Run) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "run {}  {}  forks {} ({} succeeded)  cost {}",
+        "run {}  {}  forks {} ({} succeeded)  cost {} of {}",
         run.run_id,
         run_state(run.state),
         run.forks.len(),
         run.forks_succeeded,
-        usd(run.cost_micros)
+        usd(run.cost_micros),
+        usd(run.budget_micros)
     );
+    let verifies = run
+        .spec
+        .as_ref()
+        .is_some_and(|s| !s.verify_command.is_empty());
     let _ = writeln!(
         out,
-        "{:<5} {:<16} {:>9} {:>10}  {:<28} BRANCH / ERROR",
-        "FORK", "STATUS", "DURATION", "COST", "DIFFSTAT"
+        "{:<5} {:<16} {:>9} {:>10}  {:<22} {:<9} BRANCH / ERROR",
+        "FORK", "STATUS", "DURATION", "COST", "DIFFSTAT", "VERIFY"
     );
     for f in &run.forks {
         let duration = if f.finished_unix_ms > 0 {
@@ -65,32 +96,29 @@ pub fn run(run: &Run) -> String {
         } else {
             0
         };
-        let diffstat = f.diffstat.map_or_else(
-            || "-".to_owned(),
-            |d| {
-                format!(
-                    "{} file{} +{} -{}",
-                    d.files_changed,
-                    if d.files_changed == 1 { "" } else { "s" },
-                    d.insertions,
-                    d.deletions
-                )
-            },
-        );
         let note = if f.error.is_empty() {
             f.branch.clone()
         } else {
             f.error.lines().next().unwrap_or("").to_owned()
         };
+        let mark = if run.winner == f.fork { "*" } else { " " };
         let _ = writeln!(
             out,
-            "{:<5} {:<16} {:>9} {:>10}  {:<28} {}",
+            "{:<4}{mark} {:<16} {:>9} {:>10}  {:<22} {:<9} {}",
             f.fork,
-            fork_status(f),
+            fork_status(f.status),
             secs(duration),
             usd(f.cost_micros),
-            diffstat,
+            diffstat(f),
+            if verifies { verify(f.verify) } else { "-" },
             note
+        );
+    }
+    if run.winner > 0 {
+        let _ = writeln!(
+            out,
+            "winner: fork {} (* above); ranking {:?}",
+            run.winner, run.ranking
         );
     }
     if !run.error.is_empty() {
@@ -100,15 +128,97 @@ pub fn run(run: &Run) -> String {
 }
 
 pub fn runs(runs: &[RunSummary]) -> String {
-    let mut out = format!("{:<44} {:<11} {}\n", "RUN", "STATE", "STARTED (unix ms)");
+    let mut out = format!("{:<44} {:<16} {}\n", "RUN", "STATE", "STARTED (unix ms)");
     for r in runs {
         let _ = writeln!(
             out,
-            "{:<44} {:<11} {}",
+            "{:<44} {:<16} {}",
             r.run_id,
             run_state(r.state),
             r.started_unix_ms
         );
     }
     out
+}
+
+pub fn fork(f: &ForkResult) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "fork {}  {}  branch {}  base {}",
+        f.fork,
+        fork_status(f.status),
+        f.branch,
+        f.base_commit
+    );
+    let _ = writeln!(
+        out,
+        "cost {}  tokens in {} out {}  agent {} (exit {})  verify {} (exit {})",
+        usd(f.cost_micros),
+        f.usage.map_or(0, |u| u.input_tokens),
+        f.usage.map_or(0, |u| u.output_tokens),
+        secs(f.agent_duration_ms as i64),
+        f.agent_exit_code,
+        verify(f.verify),
+        f.verify_exit_code
+    );
+    if !f.error.is_empty() {
+        let _ = writeln!(out, "error: {}", f.error);
+    }
+    let _ = writeln!(
+        out,
+        "--- agent output (tail) ---\n{}",
+        f.agent_output_tail.trim_end()
+    );
+    if !f.verify_output_tail.is_empty() {
+        let _ = writeln!(
+            out,
+            "--- verify output (tail) ---\n{}",
+            f.verify_output_tail.trim_end()
+        );
+    }
+    let truncated = if f.patch_truncated {
+        " (truncated)"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "--- patch: {}, {} bytes{truncated} ---\n{}",
+        diffstat(f),
+        f.patch_bytes,
+        f.patch.trim_end()
+    );
+    out
+}
+
+/// One line per event, for logs and pipes.
+pub fn event_line(e: &RunEvent) -> String {
+    let f = e.fork_result.as_ref();
+    match Kind::try_from(e.kind).unwrap_or_default() {
+        Kind::ForkStarted => format!("fork {} started", e.fork),
+        Kind::SandboxReady => format!(
+            "fork {} sandbox ready ({})",
+            e.fork,
+            f.map_or("", |f| f.sandbox_id.as_str())
+        ),
+        Kind::AgentProgress => format!(
+            "fork {} agent {:.1}s turns {} cost {} {}",
+            e.fork,
+            e.agent_elapsed_ms as f64 / 1000.0,
+            e.agent_turns,
+            usd(e.agent_cost_micros),
+            e.agent_last_action
+        ),
+        Kind::ForkFinished => format!(
+            "fork {} {} cost {} {}",
+            e.fork,
+            f.map_or("", |f| fork_status(f.status)),
+            usd(f.map_or(0, |f| f.cost_micros)),
+            f.map(diffstat).unwrap_or_default()
+        ),
+        Kind::RunStateChanged => format!("run {}", run_state(e.state)),
+        Kind::RunFinished => format!("run finished: {}", run_state(e.state)),
+        Kind::Snapshot | Kind::Unspecified => String::new(),
+    }
 }

@@ -11,6 +11,10 @@ pub enum GatewayError {
     FailedPrecondition(String),
     #[error("run {0} not found")]
     RunNotFound(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
     #[error("temporal: {0}")]
     Temporal(String),
     #[error("{0}")]
@@ -29,7 +33,10 @@ impl From<GatewayError> for tonic::Status {
         match e {
             GatewayError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
             GatewayError::FailedPrecondition(_) => tonic::Status::failed_precondition(msg),
-            GatewayError::RunNotFound(_) => tonic::Status::not_found(msg),
+            GatewayError::RunNotFound(_) | GatewayError::NotFound(_) => {
+                tonic::Status::not_found(msg)
+            }
+            GatewayError::AlreadyExists(_) => tonic::Status::already_exists(msg),
             GatewayError::Temporal(_) => tonic::Status::unavailable(msg),
             GatewayError::Internal(_) => tonic::Status::internal(msg),
         }
@@ -51,7 +58,22 @@ impl GatewayError {
         }
     }
 
+    /// Temporal refusing a start for a reason of its own (a namespace that does not exist,
+    /// a bad request) is not a transient outage: keep its code.
     pub fn from_start(e: WorkflowStartError) -> Self {
-        Self::Temporal(e.to_string())
+        match e {
+            WorkflowStartError::Rpc(s) => match s.code() {
+                tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::ResourceExhausted => Self::Temporal(s.message().to_owned()),
+                tonic::Code::NotFound
+                | tonic::Code::InvalidArgument
+                | tonic::Code::PermissionDenied => {
+                    Self::FailedPrecondition(format!("temporal refused the run: {}", s.message()))
+                }
+                _ => Self::Internal(format!("temporal: {}", s.message())),
+            },
+            other => Self::Internal(other.to_string()),
+        }
     }
 }

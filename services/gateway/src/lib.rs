@@ -4,5 +4,6 @@
 pub mod api;
 pub mod error;
 pub mod money;
+pub mod search;
 pub mod validate;
 pub mod workflows;

@@ -6,8 +6,9 @@ use forkyard_common::{
 };
 use forkyard_gateway::{
     api::GatewayService,
+    search,
     validate::Limits,
-    workflows::{ForkWorkflow, SandboxOrchestrationWorkflow},
+    workflows::{ForkWorkflow, SandboxOrchestrationWorkflow, cleanup::ScheduledCleanupWorkflow},
 };
 use forkyard_proto::{gateway::v1::gateway_server::GatewayServer, queues};
 use temporalio_sdk::WorkerOptions;
@@ -47,6 +48,10 @@ async fn main() -> anyhow::Result<()> {
         .await
         .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
     let client = temporal::connect(&args.temporal, "forkyard-gateway").await?;
+    // The run workflow upserts these; without them its tasks would fail.
+    if let Err(e) = search::ensure_registered(&client, &args.temporal.namespace).await {
+        exit_config_error(e);
+    }
     let api = GatewayService::new(
         client.clone(),
         Limits {
@@ -60,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
     let options = WorkerOptions::new(queues::ORCHESTRATION)
         .register_workflow::<SandboxOrchestrationWorkflow>()?
         .register_workflow::<ForkWorkflow>()?
+        .register_workflow::<ScheduledCleanupWorkflow>()?
         .build();
     service::run_with_worker(
         service::Service {

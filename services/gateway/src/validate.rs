@@ -9,8 +9,14 @@ use std::time::Duration;
 
 pub const DEFAULT_BRANCH: &str = "forkyard";
 pub const DEFAULT_FORK_TIMEOUT_SECS: u32 = 600;
+pub const DEFAULT_VERIFY_TIMEOUT_SECS: u32 = 600;
 const MAX_FORK_TIMEOUT_SECS: u32 = 24 * 3600;
-const MAX_PROMPT_BYTES: usize = 1 << 20;
+/// The prompt reaches the agent as one environment variable, and Linux caps a single
+/// argument or variable at 128 KiB; 64 KiB leaves room for the rest of the command line.
+pub const MAX_PROMPT_BYTES: usize = 64 << 10;
+const MAX_COMMAND_BYTES: usize = 16 << 10;
+/// Pending child workflows per run stay far below Temporal's 2,000 limit.
+pub const MAX_CONCURRENT_FORKS: u32 = 500;
 const MAX_LABELS: usize = 64;
 /// Drivers agent-runner implements in this release.
 pub const DRIVERS: &[&str] = &["command"];
@@ -56,12 +62,14 @@ pub fn check_run_id(run_id: &str) -> Result<(), GatewayError> {
     Ok(())
 }
 
+/// A conservative subset of git's ref rules, so every `<branch>-fork-<n>` is valid too.
 fn check_branch(branch: &str) -> Result<(), GatewayError> {
+    let component_ok = |c: &str| !c.is_empty() && !c.starts_with('.') && !c.ends_with(".lock");
     let ok = branch.len() <= 100
-        && !branch.starts_with(['-', '/', '.'])
+        && !branch.starts_with(['-', '/'])
         && !branch.ends_with(['/', '.'])
         && !branch.contains("..")
-        && !branch.ends_with(".lock")
+        && branch.split('/').all(component_ok)
         && branch
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._/-".contains(&b));
@@ -72,6 +80,15 @@ fn check_branch(branch: &str) -> Result<(), GatewayError> {
             "branch",
             format!("{branch:?} is not a valid git branch name"),
         ))
+    }
+}
+
+/// Text that travels into a sandbox or a command line cannot hold NUL bytes.
+fn no_nul(name: &str, value: &str) -> Result<(), GatewayError> {
+    if value.contains('\0') {
+        Err(field(name, "contains a NUL byte"))
+    } else {
+        Ok(())
     }
 }
 
@@ -97,6 +114,17 @@ fn check_agent(agent: Option<&AgentSpec>) -> Result<AgentSpec, GatewayError> {
             "is empty; the command driver needs a shell command to run",
         ));
     }
+    if agent.command.len() > MAX_COMMAND_BYTES {
+        return Err(field(
+            "agent.command",
+            format!(
+                "is {} bytes; the limit is {MAX_COMMAND_BYTES}",
+                agent.command.len()
+            ),
+        ));
+    }
+    no_nul("agent.command", &agent.command)?;
+    no_nul("agent.model", &agent.model)?;
     Ok(AgentSpec {
         driver: driver.to_owned(),
         ..agent
@@ -120,6 +148,9 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
             ),
         ));
     }
+    no_nul("prompt", &req.prompt)?;
+    no_nul("repo", &req.repo)?;
+    no_nul("base_ref", &req.base_ref)?;
     if req.forks == 0 {
         return Err(field("forks", "must be at least 1"));
     }
@@ -135,8 +166,35 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
     if req.max_concurrent == 0 {
         return Err(field("max_concurrent", "must be at least 1"));
     }
+    if req.max_concurrent > MAX_CONCURRENT_FORKS {
+        return Err(field(
+            "max_concurrent",
+            format!(
+                "{} is above the limit of {MAX_CONCURRENT_FORKS}",
+                req.max_concurrent
+            ),
+        ));
+    }
     let budget_micros = parse_usd(&req.budget_usd).map_err(|e| field("budget_usd", e))?;
-    if budget_micros < i64::from(req.forks) {
+    if budget_micros == 0 {
+        return Err(field("budget_usd", "must be more than 0"));
+    }
+    let fork_budget_micros = if req.fork_budget_usd.trim().is_empty() {
+        budget_micros / i64::from(req.forks)
+    } else {
+        let f = parse_usd(&req.fork_budget_usd).map_err(|e| field("fork_budget_usd", e))?;
+        if f > budget_micros {
+            return Err(field(
+                "fork_budget_usd",
+                format!(
+                    "{} is more than the run's budget",
+                    req.fork_budget_usd.trim()
+                ),
+            ));
+        }
+        f
+    };
+    if fork_budget_micros == 0 {
         return Err(field(
             "budget_usd",
             format!(
@@ -146,6 +204,29 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
             ),
         ));
     }
+    no_nul("verify_command", &req.verify_command)?;
+    if req.verify_command.len() > MAX_COMMAND_BYTES {
+        return Err(field(
+            "verify_command",
+            format!(
+                "is {} bytes; the limit is {MAX_COMMAND_BYTES}",
+                req.verify_command.len()
+            ),
+        ));
+    }
+    if req.stop_on_first_verified && req.verify_command.trim().is_empty() {
+        return Err(field("stop_on_first_verified", "needs a verify_command"));
+    }
+    let verify_timeout_secs = match req.verify_timeout_secs {
+        0 => DEFAULT_VERIFY_TIMEOUT_SECS,
+        t if t > MAX_FORK_TIMEOUT_SECS => {
+            return Err(field(
+                "verify_timeout_secs",
+                format!("{t} is above the limit of {MAX_FORK_TIMEOUT_SECS}"),
+            ));
+        }
+        t => t,
+    };
     let branch = if req.branch.is_empty() {
         DEFAULT_BRANCH.to_owned()
     } else {
@@ -169,10 +250,17 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         ));
     }
     for (k, v) in &req.labels {
-        if k.is_empty() || k.len() > 63 || v.len() > 256 {
+        let key_ok = !k.is_empty()
+            && k.len() <= 63
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._/-".contains(&b));
+        let value_ok = v.len() <= 256 && !v.contains(['\0', '\'']);
+        if !key_ok || !value_ok {
             return Err(field(
                 "labels",
-                format!("label {k:?}: keys are 1-63 bytes, values at most 256"),
+                format!(
+                    "label {k:?}: keys are 1-63 characters of [A-Za-z0-9._/-], values at most 256 bytes without quotes or NUL"
+                ),
             ));
         }
     }
@@ -187,6 +275,10 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         agent: Some(check_agent(req.agent.as_ref())?),
         fork_timeout_secs,
         labels: req.labels.clone(),
+        verify_command: req.verify_command.clone(),
+        verify_timeout_secs,
+        stop_on_first_verified: req.stop_on_first_verified,
+        fork_budget_micros,
     })
 }
 
@@ -204,7 +296,11 @@ pub async fn check_repo(repo: &str) -> Result<(), GatewayError> {
         Duration::from_secs(30),
         tokio::process::Command::new("git")
             .args(["ls-remote", "--quiet", "--exit-code", "--", repo, "HEAD"])
+            // The caller chose the URL: no prompts, no user or system git config.
             .env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_ALLOW_PROTOCOL", "file:git:http:https:ssh")
             .kill_on_drop(true)
             .output(),
     )
@@ -265,6 +361,11 @@ mod tests {
         assert_eq!(spec.branch, "forkyard");
         assert_eq!(spec.fork_timeout_secs, DEFAULT_FORK_TIMEOUT_SECS);
         assert_eq!(spec.budget_micros, 1_000_000);
+        assert_eq!(
+            spec.fork_budget_micros, 333_333,
+            "budget shared evenly by default"
+        );
+        assert_eq!(spec.verify_timeout_secs, DEFAULT_VERIFY_TIMEOUT_SECS);
     }
 
     #[test]

@@ -51,6 +51,14 @@ pub fn too_young(created_unix_ms: i64, now_unix_ms: i64, min_age_secs: u32) -> b
     now_unix_ms.saturating_sub(created_unix_ms) < i64::from(min_age_secs) * 1000
 }
 
+/// Whether a sandbox outlived the sweep's max age (0: no limit). An unknown creation
+/// time never counts as too old: the owner rules decide then.
+pub fn too_old(created_unix_ms: i64, now_unix_ms: i64, max_age_secs: u32) -> bool {
+    max_age_secs > 0
+        && created_unix_ms > 0
+        && now_unix_ms.saturating_sub(created_unix_ms) > i64::from(max_age_secs) * 1000
+}
+
 /// The verdict for a sandbox old enough to consider, given its owner.
 pub fn classify(owner: &Owner) -> Verdict {
     match owner {
@@ -72,6 +80,15 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn max_age_table() {
+        let now = 10_000_000;
+        assert!(too_old(now - 3_601_000, now, 3600));
+        assert!(!too_old(now - 3_599_000, now, 3600));
+        assert!(!too_old(now - 99_999_000, now, 0), "0 means no limit");
+        assert!(!too_old(0, now, 60), "unknown creation time");
     }
 
     #[test]

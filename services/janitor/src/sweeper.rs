@@ -143,18 +143,23 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
                 tracing::debug!(sandbox_id = %sb.id, "sandbox younger than min_age_secs, skipped");
                 continue;
             }
-            let owner = match classify::owner_workflow_id(&sb.labels) {
-                None => Owner::NoLabel,
-                Some(wf) => match self.workflows.state(wf).await {
-                    Ok(state) => Owner::Workflow(state),
-                    Err(e) => {
-                        // Cannot tell whether its workflow runs: never touch it.
-                        tracing::warn!(sandbox_id = %sb.id, workflow_id = wf, error = %e, "cannot check owner, sandbox kept");
-                        continue;
-                    }
-                },
+            let verdict = if classify::too_old(sb.created_unix_ms, now, req.max_age_secs) {
+                Verdict::Orphan(format!("older than max age ({} s)", req.max_age_secs))
+            } else {
+                let owner = match classify::owner_workflow_id(&sb.labels) {
+                    None => Owner::NoLabel,
+                    Some(wf) => match self.workflows.state(wf).await {
+                        Ok(state) => Owner::Workflow(state),
+                        Err(e) => {
+                            // Cannot tell whether its workflow runs: never touch it.
+                            tracing::warn!(sandbox_id = %sb.id, workflow_id = wf, error = %e, "cannot check owner, sandbox kept");
+                            continue;
+                        }
+                    },
+                };
+                classify::classify(&owner)
             };
-            let Verdict::Orphan(reason) = classify::classify(&owner) else {
+            let Verdict::Orphan(reason) = verdict else {
                 continue;
             };
             let mut action = SweepAction {

@@ -114,6 +114,7 @@ async fn dry_run_reports_orphans_and_destroys_nothing() {
     let sweeper = fixture(&[]);
     let report = sweeper
         .sweep(&SweepRequest {
+            max_age_secs: 0,
             dry_run: true,
             min_age_secs: 60,
         })
@@ -147,6 +148,7 @@ async fn sweep_destroys_orphans_only_and_records_failures() {
     let sweeper = Arc::new(fixture(&["sb-gone"]));
     let report = sweeper
         .sweep(&SweepRequest {
+            max_age_secs: 0,
             dry_run: false,
             min_age_secs: 60,
         })
@@ -174,6 +176,7 @@ async fn min_age_zero_considers_young_sandboxes() {
     let sweeper = fixture(&[]);
     let report = sweeper
         .sweep(&SweepRequest {
+            max_age_secs: 0,
             dry_run: true,
             min_age_secs: 0,
         })
@@ -221,6 +224,7 @@ async fn unreachable_provisioner_is_unavailable() {
         .unwrap();
     let status = client
         .sweep_now(SweepRequest {
+            max_age_secs: 0,
             dry_run: true,
             min_age_secs: 0,
         })

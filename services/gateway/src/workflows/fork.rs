@@ -1,34 +1,43 @@
 //! `ForkWorkflow`: one fork of a run, from reservation to a destroyed sandbox.
 //!
-//! reserve budget → create sandbox → health check → run agent → collect patch →
-//! commit actual spend; whatever happens after the sandbox exists (failure, cancel,
-//! budget exhausted) ends with the sandbox destroyed and the reservation settled.
+//! reserve budget → create sandbox → health check → run agent → verify (optional) →
+//! collect patch → commit actual spend → destroy sandbox. Reserve and create run on a
+//! detached cancellation scope: a cancel arriving while they are in flight cannot lose
+//! what they made (a held reservation, a cloned sandbox); the cancel is honoured right
+//! after them. Whatever happens once the sandbox exists (failure, cancel, budget) ends
+//! with the sandbox destroyed and the reservation settled.
 
 use super::{
     failure::{StepFailure, classify},
-    options, unix_ms,
+    options, phase, unix_ms,
 };
 use forkyard_proto::{
     activities::{Agent, Ledger, LocalSandbox},
     agent::v1::RunAgentRequest,
     budget::v1::{CommitRequest, ReleaseRequest, ReserveRequest},
-    common::v1::{DiffStat, ForkResult, ForkStatus},
+    common::v1::{DiffStat, ForkResult, ForkStatus, VerifyStatus},
     gateway::v1::RunSpec,
     labels,
     sandbox::v1::{
-        CollectPatchRequest, CreateSandboxRequest, DestroySandboxRequest, HealthCheckRequest,
+        CollectPatchRequest, CreateSandboxRequest, DestroySandboxRequest, ExecRequest,
+        HealthCheckRequest,
     },
 };
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use temporalio_macros::{workflow, workflow_methods};
-use temporalio_workflow::{WorkflowContext, WorkflowResult};
+use temporalio_workflow::{WorkflowContext, WorkflowContextView, WorkflowResult};
+
+const OUTPUT_TAIL_BYTES: usize = 4096;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ForkInput {
     pub run_id: String,
     pub fork: u32,
+    /// 1 for the first start; a fork that waited for budget starts again as attempt 2, …
+    /// (idempotency keys include it, so the new attempt is not a replay of the old).
+    pub attempt: u32,
     pub spec: RunSpec,
     /// What this fork may spend, reserved in the run's ledger account before it starts.
     pub reservation_micros: i64,
@@ -36,13 +45,35 @@ pub struct ForkInput {
 
 #[workflow]
 #[derive(Default)]
-pub struct ForkWorkflow;
+pub struct ForkWorkflow {
+    result: ForkResult,
+}
 
 /// What the work steps produced before they stopped.
 #[derive(Default)]
 struct Progress {
     sandbox_id: Option<String>,
     cost_micros: i64,
+}
+
+fn tail(s: &str) -> String {
+    if s.len() <= OUTPUT_TAIL_BYTES {
+        return s.to_owned();
+    }
+    let mut start = s.len() - OUTPUT_TAIL_BYTES;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    s[start..].to_owned()
+}
+
+fn set_phase(ctx: &WorkflowContext<ForkWorkflow>, p: &str) {
+    ctx.state_mut(|s| s.result.phase = p.to_owned());
+}
+
+fn sync(ctx: &WorkflowContext<ForkWorkflow>, result: &ForkResult) {
+    let r = result.clone();
+    ctx.state_mut(|s| s.result = r);
 }
 
 #[workflow_methods]
@@ -53,79 +84,58 @@ impl ForkWorkflow {
         input: ForkInput,
     ) -> WorkflowResult<ForkResult> {
         let wf_id = ctx.workflow_id().to_owned();
+        let key = |step: &str| format!("{wf_id}/a{}/{step}", input.attempt.max(1));
         let mut result = ForkResult {
             fork: input.fork,
             status: ForkStatus::Running as i32,
             branch: format!("{}-fork-{}", input.spec.branch, input.fork),
             started_unix_ms: unix_ms(ctx.workflow_time()),
+            phase: phase::RESERVING.into(),
+            verify: VerifyStatus::NotRun as i32,
             ..Default::default()
         };
+        sync(ctx, &result);
 
         let reserve = ReserveRequest {
             account_id: input.run_id.clone(),
             amount_micros: input.reservation_micros,
             holder: wf_id.clone(),
-            idempotency_key: format!("{wf_id}/reserve"),
+            idempotency_key: key("reserve"),
         };
         let reservation = match ctx
-            .execute_activity(Ledger::reserve, reserve, options::ledger())
+            .execute_activity(Ledger::reserve, reserve, options::ledger_detached())
             .await
         {
             Ok(r) => r,
             Err(e) => {
-                apply_failure(&mut result, classify("reserve budget", &e));
+                let failure = classify("reserve budget", &e);
+                if matches!(failure, StepFailure::BudgetExceeded(_)) {
+                    // The parent re-queues the fork until the budget is raised.
+                    result.phase = phase::AWAITING_BUDGET.into();
+                } else {
+                    result.phase = phase::DONE.into();
+                }
+                apply_failure(&mut result, failure);
                 result.finished_unix_ms = unix_ms(ctx.workflow_time());
+                sync(ctx, &result);
                 return Ok(result);
             }
         };
 
         let mut progress = Progress::default();
-        let outcome = work(ctx, &input, &wf_id, &mut result, &mut progress).await;
-        match outcome {
-            Ok(()) => {}
-            Err(f) => apply_failure(&mut result, f),
+        if let Err(f) = work(ctx, &input, &key, &mut result, &mut progress).await {
+            apply_failure(&mut result, f);
         }
-
-        // Settle the money first (cheap), then destroy; both survive a cancelled workflow.
-        if progress.cost_micros > 0 || result.status == ForkStatus::Succeeded as i32 {
-            let commit = CommitRequest {
-                reservation_id: reservation.reservation_id.clone(),
-                amount_micros: progress.cost_micros,
-                idempotency_key: format!("{wf_id}/commit"),
-            };
-            match ctx
-                .execute_activity(Ledger::commit, commit, options::ledger_detached())
-                .await
-            {
-                Ok(r) => {
-                    result.cost_micros = r.committed_micros;
-                    if r.budget_exceeded {
-                        result.status = ForkStatus::BudgetExceeded as i32;
-                        result.error = format!(
-                            "agent spent {} micro-USD, more than the run's budget allowed ({} charged)",
-                            progress.cost_micros, r.committed_micros
-                        );
-                    }
-                }
-                Err(e) => {
-                    let msg = match classify("commit spend", &e) {
-                        StepFailure::Cancelled => "commit spend: cancelled".to_owned(),
-                        StepFailure::BudgetExceeded(m) | StepFailure::Failed(m) => m,
-                    };
-                    result.status = ForkStatus::Failed as i32;
-                    result.error = msg;
-                }
-            }
-        } else {
-            let release = ReleaseRequest {
-                reservation_id: reservation.reservation_id.clone(),
-                idempotency_key: format!("{wf_id}/release"),
-            };
-            // A failed release leaves a HELD reservation the janitor releases later.
-            let _ = ctx
-                .execute_activity(Ledger::release, release, options::ledger_detached())
-                .await;
-        }
+        result.phase = phase::CLEANUP.into();
+        sync(ctx, &result);
+        settle(
+            ctx,
+            &key,
+            &reservation.reservation_id,
+            &progress,
+            &mut result,
+        )
+        .await;
 
         if let Some(sandbox_id) = progress.sandbox_id {
             let destroy = DestroySandboxRequest {
@@ -136,39 +146,109 @@ impl ForkWorkflow {
                 .execute_activity(LocalSandbox::destroy, destroy, options::destroy())
                 .await
             {
-                // The janitor reaps it: the sandbox's owning workflow is about to close.
-                let msg = match classify("destroy sandbox", &e) {
-                    StepFailure::Cancelled => "destroy sandbox: cancelled".to_owned(),
-                    StepFailure::BudgetExceeded(m) | StepFailure::Failed(m) => m,
-                };
+                // Its owning workflow closes next: the janitor's sweep reaps it.
+                let msg = failure_message(classify("destroy sandbox", &e));
                 if result.error.is_empty() {
                     result.error = msg;
                 }
             }
         }
+        result.phase = phase::DONE.into();
         result.finished_unix_ms = unix_ms(ctx.workflow_time());
+        sync(ctx, &result);
         Ok(result)
+    }
+
+    /// The fork as it is now (while running: its phase and what it has so far).
+    #[query]
+    pub fn progress(&self, _ctx: &WorkflowContextView) -> ForkResult {
+        self.result.clone()
+    }
+}
+
+/// Commit what the agent spent, or release the reservation if it spent nothing.
+async fn settle(
+    ctx: &WorkflowContext<ForkWorkflow>,
+    key: &impl Fn(&str) -> String,
+    reservation_id: &str,
+    progress: &Progress,
+    result: &mut ForkResult,
+) {
+    if progress.cost_micros > 0 || result.status == ForkStatus::Succeeded as i32 {
+        let commit = CommitRequest {
+            reservation_id: reservation_id.to_owned(),
+            amount_micros: progress.cost_micros,
+            idempotency_key: key("commit"),
+        };
+        match ctx
+            .execute_activity(Ledger::commit, commit, options::ledger_detached())
+            .await
+        {
+            Ok(r) => {
+                result.cost_micros = r.committed_micros;
+                if r.budget_exceeded {
+                    result.status = ForkStatus::BudgetExceeded as i32;
+                    result.error = format!(
+                        "agent spent {} micro-USD, more than the run's budget allowed ({} charged)",
+                        progress.cost_micros, r.committed_micros
+                    );
+                }
+            }
+            Err(e) => {
+                result.status = ForkStatus::Failed as i32;
+                result.error = failure_message(classify("commit spend", &e));
+            }
+        }
+    } else {
+        let release = ReleaseRequest {
+            reservation_id: reservation_id.to_owned(),
+            idempotency_key: key("release"),
+        };
+        if let Err(e) = ctx
+            .execute_activity(Ledger::release, release, options::ledger_detached())
+            .await
+            && result.error.is_empty()
+        {
+            result.error = failure_message(classify("release reservation", &e));
+        }
+    }
+}
+
+fn failure_message(f: StepFailure) -> String {
+    match f {
+        StepFailure::Cancelled => "cancelled".to_owned(),
+        StepFailure::BudgetExceeded(m) | StepFailure::Failed(m) => m,
     }
 }
 
 fn apply_failure(result: &mut ForkResult, f: StepFailure) {
-    let (status, msg) = match f {
-        StepFailure::Cancelled => (ForkStatus::Cancelled, "cancelled".to_owned()),
-        StepFailure::BudgetExceeded(m) => (ForkStatus::BudgetExceeded, m),
-        StepFailure::Failed(m) => (ForkStatus::Failed, m),
+    let status = match &f {
+        StepFailure::Cancelled => ForkStatus::Cancelled,
+        StepFailure::BudgetExceeded(_) => ForkStatus::BudgetExceeded,
+        StepFailure::Failed(_) => ForkStatus::Failed,
     };
     result.status = status as i32;
-    result.error = msg;
+    result.error = failure_message(f);
+}
+
+fn cancelled(ctx: &WorkflowContext<ForkWorkflow>) -> Result<(), StepFailure> {
+    if ctx.cancellation_token().is_cancelled() {
+        Err(StepFailure::Cancelled)
+    } else {
+        Ok(())
+    }
 }
 
 async fn work(
     ctx: &mut WorkflowContext<ForkWorkflow>,
     input: &ForkInput,
-    wf_id: &str,
+    key: &impl Fn(&str) -> String,
     result: &mut ForkResult,
     progress: &mut Progress,
 ) -> Result<(), StepFailure> {
     let spec = &input.spec;
+    cancelled(ctx)?;
+    set_phase(ctx, phase::CREATING);
     let create = CreateSandboxRequest {
         backend: "local".into(),
         repo: spec.repo.clone(),
@@ -177,9 +257,9 @@ async fn work(
         labels: HashMap::from([
             (labels::RUN_ID.to_owned(), input.run_id.clone()),
             (labels::FORK.to_owned(), input.fork.to_string()),
-            (labels::WORKFLOW_ID.to_owned(), wf_id.to_owned()),
+            (labels::WORKFLOW_ID.to_owned(), ctx.workflow_id().to_owned()),
         ]),
-        idempotency_key: format!("{wf_id}/create"),
+        idempotency_key: key("create"),
         network: false,
     };
     let sandbox = ctx
@@ -189,7 +269,10 @@ async fn work(
     progress.sandbox_id = Some(sandbox.id.clone());
     result.sandbox_id.clone_from(&sandbox.id);
     result.base_commit.clone_from(&sandbox.base_commit);
+    sync(ctx, result);
+    cancelled(ctx)?;
 
+    set_phase(ctx, phase::CHECKING);
     let health = ctx
         .execute_activity(
             LocalSandbox::health,
@@ -206,6 +289,9 @@ async fn work(
             health.detail
         )));
     }
+    result.sandbox_ready_unix_ms = unix_ms(ctx.workflow_time());
+    result.phase = phase::AGENT.into();
+    sync(ctx, result);
 
     let run = RunAgentRequest {
         run_id: input.run_id.clone(),
@@ -224,8 +310,46 @@ async fn work(
     result.agent_exit_code = agent_out.exit_code;
     result.agent_output_tail = agent_out.output_tail.clone();
     result.usage = agent_out.usage;
+    result.agent_duration_ms = agent_out.duration_ms;
+    result.cost_micros = agent_out.cost_micros;
+    let agent_ok = !agent_out.timed_out && agent_out.exit_code == 0;
+
+    if agent_ok && !spec.verify_command.trim().is_empty() {
+        result.phase = phase::VERIFYING.into();
+        sync(ctx, result);
+        let exec = ExecRequest {
+            sandbox_id: sandbox.id.clone(),
+            argv: vec!["sh".into(), "-c".into(), spec.verify_command.clone()],
+            env: HashMap::new(),
+            timeout_secs: spec.verify_timeout_secs,
+        };
+        let out = ctx
+            .execute_activity(
+                LocalSandbox::exec,
+                exec,
+                options::verify(spec.verify_timeout_secs),
+            )
+            .await
+            .map_err(|e| classify("verify", &e))?;
+        result.verify = if out.timed_out {
+            VerifyStatus::TimedOut
+        } else if out.exit_code == 0 {
+            VerifyStatus::Passed
+        } else {
+            VerifyStatus::Failed
+        } as i32;
+        result.verify_exit_code = out.exit_code;
+        let mut text = tail(&out.stdout);
+        if !out.stderr.is_empty() {
+            text.push_str("\n--- stderr ---\n");
+            text.push_str(&tail(&out.stderr));
+        }
+        result.verify_output_tail = text;
+        result.verify_duration_ms = out.duration_ms;
+    }
 
     // The patch is collected even from a failed agent: it shows what it did.
+    set_phase(ctx, phase::PATCH);
     let patch = ctx
         .execute_activity(
             LocalSandbox::collect_patch,

@@ -4,6 +4,7 @@
 //! task queue, called through the shared contracts in `forkyard_proto::activities`.
 //! Workflow code is deterministic: time comes from `ctx.workflow_time()`, never a clock.
 
+pub mod cleanup;
 mod failure;
 pub mod fork;
 mod options;
@@ -12,9 +13,34 @@ pub mod orchestration;
 pub use fork::{ForkInput, ForkWorkflow};
 pub use orchestration::SandboxOrchestrationWorkflow;
 
+/// Where a fork is, as `ForkResult::phase`.
+pub mod phase {
+    pub const PENDING: &str = "pending";
+    pub const RESERVING: &str = "reserving budget";
+    pub const CREATING: &str = "creating sandbox";
+    pub const CHECKING: &str = "checking sandbox";
+    pub const AGENT: &str = "running agent";
+    pub const VERIFYING: &str = "verifying";
+    pub const PATCH: &str = "collecting patch";
+    pub const CLEANUP: &str = "cleaning up";
+    pub const DONE: &str = "done";
+    /// The run's budget could not cover this fork's reservation: it waits for RaiseBudget.
+    pub const AWAITING_BUDGET: &str = "awaiting budget";
+}
+
+use temporalio_common::search_attributes::SearchAttributeKey;
+
+/// Search attributes the run workflow keeps (registered by the gateway at start):
+/// its live state (RUNNING / PAUSED / AWAITING_BUDGET) and its labels as `key=value`.
+pub const RUN_STATE_ATTR: SearchAttributeKey<String> =
+    SearchAttributeKey::keyword("ForkyardRunState");
+pub const LABELS_ATTR: SearchAttributeKey<Vec<String>> =
+    SearchAttributeKey::keyword_list("ForkyardLabels");
+
 /// Workflow type names; part of the persisted history, never rename.
 pub const ORCHESTRATION_WORKFLOW: &str = "SandboxOrchestrationWorkflow";
 pub const FORK_WORKFLOW: &str = "ForkWorkflow";
+pub const CLEANUP_WORKFLOW: &str = "ScheduledCleanupWorkflow";
 
 fn unix_ms(t: Option<std::time::SystemTime>) -> i64 {
     t.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())

@@ -52,7 +52,7 @@ pub(super) fn health() -> ActivityOptions {
 }
 
 pub(super) fn collect_patch() -> ActivityOptions {
-    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(120))
+    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(600))
         .task_queue(queues::SANDBOX_PROVISIONER.to_owned())
         .retry_policy(retry(3, 2, FINAL))
         .build()
@@ -78,6 +78,15 @@ pub(super) fn agent(fork_timeout_secs: u32) -> ActivityOptions {
     .build()
 }
 
+/// The verify command: its failure is a result, not something to retry.
+pub(super) fn verify(timeout_secs: u32) -> ActivityOptions {
+    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(u64::from(timeout_secs) + 60))
+        .task_queue(queues::SANDBOX_PROVISIONER.to_owned())
+        .heartbeat_timeout(Duration::from_secs(30))
+        .retry_policy(retry(1, 1, &[]))
+        .build()
+}
+
 /// Cleanup runs on a fresh cancellation token so that it still happens after the
 /// workflow itself was cancelled.
 pub(super) fn destroy() -> ActivityOptions {
@@ -88,7 +97,8 @@ pub(super) fn destroy() -> ActivityOptions {
         .build()
 }
 
-/// Ledger settlement after a cancel must also survive the cancel.
+/// Ledger calls that must complete whatever the workflow's cancellation: a reservation
+/// made must be seen (to be settled), and settlement after a cancel must happen.
 pub(super) fn ledger_detached() -> ActivityOptions {
     ActivityOptions::with_start_to_close_timeout(Duration::from_secs(30))
         .task_queue(queues::BUDGET_LEDGER.to_owned())

@@ -1,24 +1,53 @@
-//! `SandboxOrchestrationWorkflow`: one run. Opens the run's ledger account, then keeps
-//! at most `max_concurrent` `ForkWorkflow` children in flight until every fork has a
-//! result. A failed fork is a result, not a crash of the run. The `progress` query
-//! answers with every fork's state, also after the run has closed.
+//! `SandboxOrchestrationWorkflow`: one run.
+//!
+//! Opens the run's ledger account, then keeps at most `max_concurrent` `ForkWorkflow`
+//! children in flight until every fork has a result. A failed fork is a result, not a
+//! crash of the run. Signals pause and resume it and cancel single forks; an update
+//! raises its budget. When a fork's reservation is refused the run waits in
+//! AWAITING_BUDGET (running forks go on; none starts) until the budget is raised.
+//!
+//! # Large fan-out
+//!
+//! A run of 1,000 forks must stay far from Temporal's history limits (warning at 10,240
+//! events, 2,000 pending children or activities). So:
+//! - the run's own history holds only the children's lifecycle (start initiated, started,
+//!   completed: three events a fork, plus the workflow tasks that batch them) and a few
+//!   ledger calls: about 6 events a fork in the worst case, ~6,000 for 1,000 forks;
+//! - every per-fork step (reserve, create, agent, verify, patch, settle, destroy) lives
+//!   in the child's own history;
+//! - children in flight never exceed `max_concurrent` (capped at 500 by the gateway), so
+//!   pending children stay under 2,000;
+//! - the run keeps only a compact copy of each fork (no patch, no output tails), so its
+//!   state, its `progress` query and its result stay small; `GetForkResult` reads a
+//!   fork's full result from the child;
+//! - progress (phase, agent heartbeats) is read from the children by the gateway, never
+//!   signalled into this history.
 
 use super::{
+    LABELS_ATTR, RUN_STATE_ATTR,
     fork::{ForkInput, ForkWorkflow},
-    options, unix_ms,
+    options, phase, unix_ms,
 };
 use forkyard_proto::{
     activities::Ledger,
-    budget::v1::OpenAccountRequest,
-    common::v1::{ForkResult, ForkStatus},
-    gateway::v1::{Run, RunSpec},
+    budget::v1::{Account, OpenAccountRequest, RaiseBudgetRequest},
+    common::v1::{ForkResult, ForkStatus, VerifyStatus},
+    gateway::v1::{Run, RunSpec, RunState},
 };
-use futures::future::{LocalBoxFuture, select_all};
+use futures::{
+    FutureExt,
+    future::{LocalBoxFuture, select_all},
+};
+use std::collections::BTreeSet;
+use temporalio_common::error::ApplicationFailure;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_workflow::{
-    ChildWorkflowCancellationType, ChildWorkflowOptions, ParentClosePolicy, WorkflowContext,
-    WorkflowContextView, WorkflowResult, WorkflowTermination,
+    WaitConditionOptions, WorkflowCancellationToken,
+    ChildWorkflowCancellationType, ChildWorkflowOptions, ParentClosePolicy, SyncWorkflowContext,
+    WorkflowContext, WorkflowContextView, WorkflowResult, WorkflowTermination,
 };
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[workflow]
 pub struct SandboxOrchestrationWorkflow {
@@ -27,6 +56,33 @@ pub struct SandboxOrchestrationWorkflow {
     started_unix_ms: i64,
     finished_unix_ms: i64,
     error: String,
+    budget_micros: i64,
+    paused: bool,
+    awaiting_budget: bool,
+    /// Running forks whose cancellation was asked for and not yet sent.
+    cancel_requests: BTreeSet<u32>,
+    /// Starts of each fork, for the idempotency keys of a re-queued fork.
+    attempts: Vec<u32>,
+    raises: u32,
+    /// Bumped by every signal and update, so the main loop re-evaluates.
+    generation: u64,
+}
+
+fn child_id(run_id: &str, fork: u32) -> String {
+    format!("{run_id}/fork-{fork}")
+}
+
+/// The run's copy of a fork: the large fields stay in the child's result.
+fn compact(mut f: ForkResult) -> ForkResult {
+    f.patch.clear();
+    f.agent_output_tail.clear();
+    f.verify_output_tail.clear();
+    f.error.truncate(512);
+    f
+}
+
+fn is_running(f: &ForkResult) -> bool {
+    f.status == ForkStatus::Running as i32
 }
 
 #[workflow_methods]
@@ -38,15 +94,23 @@ impl SandboxOrchestrationWorkflow {
                 fork,
                 status: ForkStatus::Pending as i32,
                 branch: format!("{}-fork-{fork}", spec.branch),
+                phase: phase::PENDING.into(),
                 ..Default::default()
             })
             .collect();
         Self {
+            budget_micros: spec.budget_micros,
+            attempts: vec![0; spec.forks as usize],
             spec,
             forks,
             started_unix_ms: 0,
             finished_unix_ms: 0,
             error: String::new(),
+            paused: false,
+            awaiting_budget: false,
+            cancel_requests: BTreeSet::new(),
+            raises: 0,
+            generation: 0,
         }
     }
 
@@ -66,76 +130,92 @@ impl SandboxOrchestrationWorkflow {
             .execute_activity(Ledger::open_account, open, options::ledger())
             .await
         {
-            let msg = format!("open ledger account: {e}");
+            let cancelled = ctx.cancellation_token().is_cancelled();
+            let msg = if cancelled {
+                "run cancelled".to_owned()
+            } else {
+                format!("open ledger account: {e}")
+            };
+            let now = unix_ms(ctx.workflow_time());
             ctx.state_mut(|s| {
                 s.error.clone_from(&msg);
+                s.finished_unix_ms = now;
+                let status = if cancelled {
+                    ForkStatus::Cancelled
+                } else {
+                    ForkStatus::Failed
+                };
                 for f in &mut s.forks {
-                    f.status = ForkStatus::Failed as i32;
+                    f.status = status as i32;
+                    f.phase = phase::DONE.into();
                     f.error.clone_from(&msg);
                 }
             });
-            return finish(ctx);
+            if cancelled {
+                return Err(WorkflowTermination::cancelled());
+            }
+            return Err(ApplicationFailure::non_retryable(msg).into());
         }
 
-        let forks = spec.forks.max(1);
-        let reservation_micros = spec.budget_micros / i64::from(forks);
-        let max_concurrent = spec.max_concurrent.clamp(1, forks) as usize;
+        let max_concurrent = spec.max_concurrent.clamp(1, spec.forks.max(1)) as usize;
         let cancel = ctx.cancellation_token();
-
-        let mut next = 1u32;
+        let mut published = String::new();
         let mut in_flight: Vec<LocalBoxFuture<'_, (u32, ForkResult)>> = Vec::new();
         loop {
-            while in_flight.len() < max_concurrent && next <= forks && !cancel.is_cancelled() {
-                let fork = next;
-                next += 1;
+            publish_state(ctx, &mut published);
+            let ctx_ref = &*ctx;
+            // Start what may start.
+            while in_flight.len() < max_concurrent && !cancel.is_cancelled() {
+                let Some((fork, attempt)) = ctx_ref.state_mut(|s| s.next_startable()) else {
+                    break;
+                };
                 let input = ForkInput {
                     run_id: run_id.clone(),
                     fork,
+                    attempt,
                     spec: spec.clone(),
-                    reservation_micros,
+                    reservation_micros: spec.fork_budget_micros,
                 };
-                let opts = ChildWorkflowOptions::builder()
-                    .workflow_id(format!("{run_id}/fork-{fork}"))
-                    .parent_close_policy(ParentClosePolicy::RequestCancel)
-                    .cancel_type(ChildWorkflowCancellationType::WaitCancellationCompleted)
-                    .build();
-                ctx.state_mut(|s| s.forks[(fork - 1) as usize].status = ForkStatus::Running as i32);
-                let ctx_ref = &*ctx;
-                in_flight.push(Box::pin(async move {
-                    let res = match ctx_ref
-                        .start_child_workflow(ForkWorkflow::run, input, opts)
-                        .await
-                    {
-                        Ok(started) => started.result().await.map_err(|e| e.to_string()),
-                        Err(e) => Err(e.to_string()),
-                    };
-                    let result = res.unwrap_or_else(|e| ForkResult {
-                        fork,
-                        status: ForkStatus::Failed as i32,
-                        error: e,
-                        ..Default::default()
-                    });
-                    (fork, result)
-                }));
+                in_flight.push(start_fork(ctx_ref, &run_id, input));
+            }
+            // Forward cancellations of single running forks to their children.
+            for fork in ctx_ref.state_mut(|s| std::mem::take(&mut s.cancel_requests)) {
+                let _ = ctx_ref
+                    .external_workflow(child_id(&run_id, fork), None)
+                    .cancel(Some("fork cancelled through the gateway".into()))
+                    .await;
             }
             if in_flight.is_empty() {
-                break;
-            }
-            // select_all polls in index order, so completions are seen deterministically.
-            let ((fork, result), _, rest) = select_all(in_flight).await;
-            in_flight = rest;
-            ctx.state_mut(|s| {
-                let slot = &mut s.forks[(fork - 1) as usize];
-                let branch = std::mem::take(&mut slot.branch);
-                *slot = result;
-                slot.fork = fork;
-                if slot.branch.is_empty() {
-                    slot.branch = branch;
+                let waiting = ctx_ref.state(|s| s.has_pending() && (s.paused || s.awaiting_budget));
+                if !waiting || cancel.is_cancelled() {
+                    break;
                 }
-            });
+                // Paused or out of budget with nothing running: wait for resume, a
+                // raise, a cancel.
+                let seen = ctx_ref.state(|s| s.generation);
+                let _ = ctx_ref.wait_condition(|s| s.generation != seen).await;
+                continue;
+            }
+            let seen = ctx_ref.state(|s| s.generation);
+            // Not tied to the run's cancellation: once cancelled, the children (which
+            // inherit it) finish their cleanup and complete, and that is what to wait for.
+            let detached = WaitConditionOptions::builder().cancellation_token(WorkflowCancellationToken::new()).build();
+            let changed = ctx_ref.wait_condition_with_options(move |s| s.generation != seen, detached).fuse();
+            let next = select_all(in_flight.iter_mut()).fuse();
+            futures::pin_mut!(changed, next);
+            // Completions first, so a replay sees the same order.
+            let done = futures::select_biased! {
+                (out, index, _) = next => Some((out, index)),
+                _ = changed => None,
+            };
+            if let Some(((fork, result), index)) = done {
+                drop(in_flight.remove(index));
+                ctx_ref.state_mut(|s| s.record(fork, result));
+            }
         }
-
         drop(in_flight);
+
+        let now = unix_ms(ctx.workflow_time());
         if cancel.is_cancelled() {
             ctx.state_mut(|s| {
                 for f in s
@@ -144,48 +224,290 @@ impl SandboxOrchestrationWorkflow {
                     .filter(|f| f.status == ForkStatus::Pending as i32)
                 {
                     f.status = ForkStatus::Cancelled as i32;
+                    f.phase = phase::DONE.into();
                     f.error = "run cancelled before the fork started".into();
                 }
-                s.finished_unix_ms = unix_ms(ctx.workflow_time());
+                s.finished_unix_ms = now;
             });
             return Err(WorkflowTermination::cancelled());
         }
-        finish(ctx)
+        Ok(ctx.state_mut(|s| {
+            s.finished_unix_ms = now;
+            s.snapshot()
+        }))
     }
 
-    /// Every fork's state; patches included (the gateway strips them unless asked).
+    /// The run with every fork's compact state.
     #[query]
     pub fn progress(&self, _ctx: &WorkflowContextView) -> Run {
         self.snapshot()
     }
-}
 
-impl SandboxOrchestrationWorkflow {
-    fn snapshot(&self) -> Run {
-        let count =
-            |st: ForkStatus| self.forks.iter().filter(|f| f.status == st as i32).count() as u32;
-        Run {
-            spec: Some(self.spec.clone()),
-            forks: self.forks.clone(),
-            cost_micros: self.forks.iter().map(|f| f.cost_micros).sum(),
-            forks_succeeded: count(ForkStatus::Succeeded),
-            forks_failed: self.forks.len() as u32
-                - count(ForkStatus::Succeeded)
-                - count(ForkStatus::Running)
-                - count(ForkStatus::Pending),
-            forks_running: count(ForkStatus::Running),
-            started_unix_ms: self.started_unix_ms,
-            finished_unix_ms: self.finished_unix_ms,
-            error: self.error.clone(),
-            ..Default::default()
+    #[signal]
+    pub fn pause(&mut self, _ctx: &mut SyncWorkflowContext<Self>) {
+        self.paused = true;
+        self.generation += 1;
+    }
+
+    #[signal]
+    pub fn resume(&mut self, _ctx: &mut SyncWorkflowContext<Self>) {
+        self.paused = false;
+        self.generation += 1;
+    }
+
+    /// A pending fork never starts; a running one is cancelled (its sandbox destroyed).
+    #[signal]
+    pub fn cancel_fork(&mut self, _ctx: &mut SyncWorkflowContext<Self>, fork: u32) {
+        let Some(f) = fork
+            .checked_sub(1)
+            .and_then(|i| self.forks.get_mut(i as usize))
+        else {
+            return;
+        };
+        if f.status == ForkStatus::Pending as i32 {
+            f.status = ForkStatus::Cancelled as i32;
+            f.phase = phase::DONE.into();
+            f.error = "fork cancelled before it started".into();
+        } else if is_running(f) {
+            self.cancel_requests.insert(fork);
         }
+        self.generation += 1;
+    }
+
+    #[update_validator(raise_budget)]
+    fn validate_raise_budget(
+        &self,
+        _ctx: &WorkflowContextView,
+        amount_micros: &i64,
+    ) -> Result<(), BoxError> {
+        if *amount_micros <= 0 {
+            return Err("amount must be more than 0".into());
+        }
+        if self.finished_unix_ms != 0 {
+            return Err("the run has finished".into());
+        }
+        if self.budget_micros.checked_add(*amount_micros).is_none() {
+            return Err("the budget would overflow".into());
+        }
+        Ok(())
+    }
+
+    /// Raise the run's budget in the ledger; a run awaiting budget goes on.
+    #[update]
+    pub async fn raise_budget(
+        ctx: &mut WorkflowContext<Self>,
+        amount_micros: i64,
+    ) -> Result<Account, BoxError> {
+        let run_id = ctx.workflow_id().to_owned();
+        let n = ctx.state_mut(|s| {
+            s.raises += 1;
+            s.raises
+        });
+        let req = RaiseBudgetRequest {
+            account_id: run_id.clone(),
+            amount_micros,
+            idempotency_key: format!("{run_id}/raise-{n}"),
+        };
+        let account = ctx
+            .execute_activity(Ledger::raise_budget, req, options::ledger_detached())
+            .await
+            .map_err(|e| -> BoxError { format!("raise budget: {e}").into() })?;
+        ctx.state_mut(|s| {
+            s.budget_micros = account.budget_micros;
+            s.awaiting_budget = false;
+            s.generation += 1;
+        });
+        Ok(account)
     }
 }
 
-fn finish(ctx: &WorkflowContext<SandboxOrchestrationWorkflow>) -> WorkflowResult<Run> {
-    let now = unix_ms(ctx.workflow_time());
-    Ok(ctx.state_mut(|s| {
-        s.finished_unix_ms = now;
-        s.snapshot()
-    }))
+/// Start one child and wait for its result; a child that could not start is a failed
+/// (or, when the run is being cancelled, cancelled) fork.
+fn start_fork<'a>(
+    ctx: &'a WorkflowContext<SandboxOrchestrationWorkflow>,
+    run_id: &str,
+    input: ForkInput,
+) -> LocalBoxFuture<'a, (u32, ForkResult)> {
+    let fork = input.fork;
+    let opts = ChildWorkflowOptions::builder()
+        .workflow_id(child_id(run_id, fork))
+        .parent_close_policy(ParentClosePolicy::RequestCancel)
+        .cancel_type(ChildWorkflowCancellationType::WaitCancellationCompleted)
+        .build();
+    Box::pin(async move {
+        let res = match ctx
+            .start_child_workflow(ForkWorkflow::run, input, opts)
+            .await
+        {
+            Ok(started) => started.result().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let result = res.unwrap_or_else(|e| {
+            let cancelled = ctx.cancellation_token().is_cancelled();
+            ForkResult {
+                fork,
+                status: if cancelled {
+                    ForkStatus::Cancelled
+                } else {
+                    ForkStatus::Failed
+                } as i32,
+                phase: phase::DONE.into(),
+                error: if cancelled { "cancelled".into() } else { e },
+                ..Default::default()
+            }
+        });
+        (fork, result)
+    })
+}
+
+/// Keep the `ForkyardRunState` search attribute in step, so ListRuns can filter on it.
+fn publish_state(ctx: &WorkflowContext<SandboxOrchestrationWorkflow>, published: &mut String) {
+    let state = ctx.state(|s| s.live_state()).as_str_name().to_owned();
+    if *published != state {
+        let labels = ctx.state(|s| {
+            let mut l: Vec<String> = s
+                .spec
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            l.sort();
+            l
+        });
+        let mut updates = vec![RUN_STATE_ATTR.value_set(state.clone())];
+        if published.is_empty() {
+            updates.push(LABELS_ATTR.value_set(labels));
+        }
+        ctx.upsert_search_attributes(updates);
+        *published = state;
+    }
+}
+
+impl SandboxOrchestrationWorkflow {
+    fn has_pending(&self) -> bool {
+        self.forks
+            .iter()
+            .any(|f| f.status == ForkStatus::Pending as i32)
+    }
+
+    fn winner_found(&self) -> bool {
+        self.spec.stop_on_first_verified
+            && self
+                .forks
+                .iter()
+                .any(|f| f.verify == VerifyStatus::Passed as i32)
+    }
+
+    /// The next pending fork, marked running, with its attempt number.
+    fn next_startable(&mut self) -> Option<(u32, u32)> {
+        if self.paused || self.awaiting_budget || self.winner_found() {
+            return None;
+        }
+        let f = self
+            .forks
+            .iter_mut()
+            .find(|f| f.status == ForkStatus::Pending as i32)?;
+        f.status = ForkStatus::Running as i32;
+        f.phase = phase::RESERVING.into();
+        f.error.clear();
+        let i = (f.fork - 1) as usize;
+        self.attempts[i] += 1;
+        Some((f.fork, self.attempts[i]))
+    }
+
+    fn record(&mut self, fork: u32, result: ForkResult) {
+        let i = (fork - 1) as usize;
+        let branch = std::mem::take(&mut self.forks[i].branch);
+        let requeue = result.phase == phase::AWAITING_BUDGET
+            && result.status == ForkStatus::BudgetExceeded as i32;
+        let mut slot = compact(result);
+        slot.fork = fork;
+        if slot.branch.is_empty() {
+            slot.branch = branch;
+        }
+        if requeue {
+            // Its reservation was refused: it starts again once the budget is raised.
+            slot.status = ForkStatus::Pending as i32;
+            self.awaiting_budget = true;
+        }
+        let verified = slot.verify == VerifyStatus::Passed as i32;
+        self.forks[i] = slot;
+        if verified && self.spec.stop_on_first_verified {
+            // Best-of-N early stop: the others are not needed any more.
+            for f in &mut self.forks {
+                if f.status == ForkStatus::Pending as i32 {
+                    f.status = ForkStatus::Cancelled as i32;
+                    f.phase = phase::DONE.into();
+                    f.error = format!("fork {fork} verified first");
+                } else if is_running(f) {
+                    self.cancel_requests.insert(f.fork);
+                }
+            }
+        }
+    }
+
+    fn live_state(&self) -> RunState {
+        if self.awaiting_budget {
+            RunState::AwaitingBudget
+        } else if self.paused {
+            RunState::Paused
+        } else {
+            RunState::Running
+        }
+    }
+
+    /// Best first: verified, then cheaper, then smaller patch (then fork number).
+    fn ranking(&self) -> Vec<u32> {
+        let mut ranked: Vec<&ForkResult> = self
+            .forks
+            .iter()
+            .filter(|f| f.status == ForkStatus::Succeeded as i32)
+            .collect();
+        ranked.sort_by_key(|f| {
+            (
+                f.verify != VerifyStatus::Passed as i32,
+                f.cost_micros,
+                f.patch_bytes,
+                f.fork,
+            )
+        });
+        ranked.into_iter().map(|f| f.fork).collect()
+    }
+
+    fn snapshot(&self) -> Run {
+        let count =
+            |st: ForkStatus| self.forks.iter().filter(|f| f.status == st as i32).count() as u32;
+        let ranking = self.ranking();
+        // With a verify command only a verified fork can win.
+        let winner = ranking
+            .first()
+            .copied()
+            .filter(|w| {
+                self.spec.verify_command.trim().is_empty()
+                    || self.forks[(*w - 1) as usize].verify == VerifyStatus::Passed as i32
+            })
+            .unwrap_or(0);
+        let (running, pending, succeeded) = (
+            count(ForkStatus::Running),
+            count(ForkStatus::Pending),
+            count(ForkStatus::Succeeded),
+        );
+        Run {
+            state: self.live_state() as i32,
+            spec: Some(self.spec.clone()),
+            forks: self.forks.clone(),
+            cost_micros: self.forks.iter().map(|f| f.cost_micros).sum(),
+            forks_succeeded: succeeded,
+            forks_failed: self.forks.len() as u32 - succeeded - running - pending,
+            forks_running: running,
+            forks_pending: pending,
+            started_unix_ms: self.started_unix_ms,
+            finished_unix_ms: self.finished_unix_ms,
+            error: self.error.clone(),
+            budget_micros: self.budget_micros,
+            ranking,
+            winner,
+            ..Default::default()
+        }
+    }
 }

@@ -1,0 +1,129 @@
+//! The search attributes runs are listed by, and the visibility queries over them.
+
+use crate::{
+    error::GatewayError,
+    workflows::{LABELS_ATTR, ORCHESTRATION_WORKFLOW, RUN_STATE_ATTR},
+};
+use forkyard_proto::gateway::v1::RunState;
+use std::collections::HashMap;
+use temporalio_client::Client;
+use temporalio_common::protos::temporal::api::{
+    enums::v1::IndexedValueType,
+    operatorservice::v1::{AddSearchAttributesRequest, ListSearchAttributesRequest},
+};
+
+/// Make sure the custom search attributes exist in the namespace (the run workflow
+/// upserts them; an unknown attribute would fail its workflow tasks). On Temporal
+/// Cloud, where the operator API is closed, create them beforehand and this only checks.
+pub async fn ensure_registered(client: &Client, namespace: &str) -> Result<(), String> {
+    let wanted = [
+        (RUN_STATE_ATTR.name(), IndexedValueType::Keyword),
+        (LABELS_ATTR.name(), IndexedValueType::KeywordList),
+    ];
+    let mut ops = client.connection().operator_service();
+    let existing = ops
+        .list_search_attributes(tonic::Request::new(ListSearchAttributesRequest {
+            namespace: namespace.to_owned(),
+        }))
+        .await
+        .map_err(|s| {
+            format!(
+                "cannot list search attributes of namespace {namespace:?}: {}",
+                s.message()
+            )
+        })?
+        .into_inner();
+    let missing: HashMap<String, i32> = wanted
+        .iter()
+        .filter(|(name, _)| !existing.custom_attributes.contains_key(*name))
+        .map(|(name, ty)| ((*name).to_owned(), *ty as i32))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<String> = missing.keys().cloned().collect();
+    match ops
+        .add_search_attributes(tonic::Request::new(AddSearchAttributesRequest {
+            search_attributes: missing,
+            namespace: namespace.to_owned(),
+        }))
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(?names, namespace, "registered search attributes");
+            Ok(())
+        }
+        Err(s) if s.code() == tonic::Code::AlreadyExists => Ok(()),
+        Err(s) => Err(format!(
+            "search attributes {names:?} are missing in namespace {namespace:?} and cannot be added ({}); create them \
+             (ForkyardRunState: Keyword, ForkyardLabels: KeywordList) and restart",
+            s.message()
+        )),
+    }
+}
+
+/// The visibility query for ListRuns' filters.
+pub fn list_query(
+    state: RunState,
+    labels: &HashMap<String, String>,
+) -> Result<String, GatewayError> {
+    let mut q = format!("WorkflowType = '{ORCHESTRATION_WORKFLOW}'");
+    let live = |s: &str| {
+        format!(
+            " AND ExecutionStatus = 'Running' AND {} = '{s}'",
+            RUN_STATE_ATTR.name()
+        )
+    };
+    q.push_str(&match state {
+        RunState::Unspecified => String::new(),
+        RunState::Running | RunState::Paused | RunState::AwaitingBudget => {
+            live(state.as_str_name())
+        }
+        RunState::Completed => " AND ExecutionStatus = 'Completed'".into(),
+        RunState::Failed => " AND ExecutionStatus = 'Failed'".into(),
+        RunState::Cancelled => " AND ExecutionStatus = 'Canceled'".into(),
+        RunState::Terminated => " AND ExecutionStatus = 'Terminated'".into(),
+        RunState::TimedOut => " AND ExecutionStatus = 'TimedOut'".into(),
+    });
+    let mut sorted: Vec<_> = labels.iter().collect();
+    sorted.sort();
+    for (k, v) in sorted {
+        // Label values were checked at launch to hold no quote; refuse them here too.
+        if k.contains(['\'', '\\']) || v.contains(['\'', '\\']) {
+            return Err(GatewayError::field(
+                "labels",
+                format!("label {k:?} cannot hold quotes or backslashes"),
+            ));
+        }
+        q.push_str(&format!(" AND {} = '{k}={v}'", LABELS_ATTR.name()));
+    }
+    Ok(q)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_become_visibility_queries() {
+        let q = list_query(
+            RunState::Paused,
+            &HashMap::from([("team".into(), "infra".into())]),
+        )
+        .unwrap();
+        assert_eq!(
+            q,
+            "WorkflowType = 'SandboxOrchestrationWorkflow' AND ExecutionStatus = 'Running' AND \
+             ForkyardRunState = 'RUN_STATE_PAUSED' AND ForkyardLabels = 'team=infra'"
+        );
+        let q = list_query(RunState::Cancelled, &HashMap::new()).unwrap();
+        assert!(q.ends_with("ExecutionStatus = 'Canceled'"), "{q}");
+        assert!(
+            list_query(
+                RunState::Unspecified,
+                &HashMap::from([("a".into(), "x' OR 1=1".into())])
+            )
+            .is_err()
+        );
+    }
+}

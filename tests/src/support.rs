@@ -1,0 +1,149 @@
+//! What the end-to-end tests share: request builders, waiting, leak checks, grpcurl.
+
+use forkyard_proto::{
+    common::v1::{AgentSpec, ForkResult},
+    gateway::v1::{
+        GetForkResultRequest, GetRunRequest, LaunchRunRequest, Run, RunState,
+        gateway_client::GatewayClient,
+    },
+};
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+use tonic::transport::Channel;
+
+pub type Gateway = GatewayClient<Channel>;
+
+/// A launch of `forks` forks of `command`, $1 budget, 120 s per fork.
+pub fn launch(repo: &Path, forks: u32, max_concurrent: u32, command: &str) -> LaunchRunRequest {
+    LaunchRunRequest {
+        repo: repo.to_string_lossy().into_owned(),
+        prompt: "make it better".into(),
+        forks,
+        max_concurrent,
+        budget_usd: "1".into(),
+        agent: Some(AgentSpec {
+            driver: "command".into(),
+            command: command.into(),
+            model: String::new(),
+        }),
+        fork_timeout_secs: 120,
+        ..Default::default()
+    }
+}
+
+pub async fn get_run(gw: &mut Gateway, run_id: &str) -> Run {
+    gw.get_run(GetRunRequest {
+        run_id: run_id.into(),
+    })
+    .await
+    .expect("get run")
+    .into_inner()
+}
+
+pub async fn fork_result(gw: &mut Gateway, run_id: &str, fork: u32) -> ForkResult {
+    gw.get_fork_result(GetForkResultRequest {
+        run_id: run_id.into(),
+        fork,
+    })
+    .await
+    .expect("get fork result")
+    .into_inner()
+}
+
+/// Poll until `done(run)` holds, or fail after `timeout` showing the run.
+pub async fn wait_until(
+    gw: &mut Gateway,
+    run_id: &str,
+    timeout: Duration,
+    done: impl Fn(&Run) -> bool,
+) -> Run {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let run = get_run(gw, run_id).await;
+        if done(&run) {
+            return run;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {run_id} never got there: {run:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub fn is_closed(run: &Run) -> bool {
+    ![
+        RunState::Running as i32,
+        RunState::Paused as i32,
+        RunState::AwaitingBudget as i32,
+    ]
+    .contains(&run.state)
+}
+
+pub async fn wait_finished(gw: &mut Gateway, run_id: &str, timeout: Duration) -> Run {
+    wait_until(gw, run_id, timeout, is_closed).await
+}
+
+/// Processes still running inside a sandbox of this mesh: every sandboxed command has
+/// `FORKYARD_SANDBOX_ID` in its environment, and bwrap itself names the sandboxes dir.
+pub fn sandbox_processes(state: &Path) -> Vec<String> {
+    let dir = state.join("sandboxes").to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(&dir) || String::from_utf8_lossy(&env).contains("FORKYARD_SANDBOX_ID=") {
+            found.push(format!("{}: {cmd}", entry.file_name().to_string_lossy()));
+        }
+    }
+    found
+}
+
+pub fn workspaces_left(state: &Path) -> Vec<String> {
+    std::fs::read_dir(state.join("sandboxes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The most forks whose lifetimes overlapped at any moment (each fork's sandbox lives
+/// inside its [started, finished] interval).
+pub fn max_overlap(forks: &[ForkResult]) -> usize {
+    let mut edges: Vec<(i64, i32)> = forks
+        .iter()
+        .filter(|f| f.started_unix_ms > 0)
+        .flat_map(|f| {
+            [
+                (f.started_unix_ms, 1),
+                (f.finished_unix_ms.max(f.started_unix_ms), -1),
+            ]
+        })
+        .collect();
+    // Ends before starts at the same millisecond: back-to-back is not overlap.
+    edges.sort();
+    let (mut now, mut max) = (0i32, 0i32);
+    for (_, d) in edges {
+        now += d;
+        max = max.max(now);
+    }
+    max as usize
+}
+
+pub fn grpcurl(args: &[&str]) -> String {
+    let out =
+        std::process::Command::new(std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".into()))
+            .args(args)
+            .output()
+            .expect("grpcurl is installed (make test installs it)");
+    assert!(
+        out.status.success(),
+        "grpcurl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
