@@ -99,8 +99,14 @@ pub async fn run(
             let code = status?.code().unwrap_or(-1);
             (Outcome::Exited { code }, out)
         }
-        Step::TimedOut => (Outcome::TimedOut, kill_and_drain(&mut child, &mut tree, io).await),
-        Step::Cancelled => (Outcome::Cancelled, kill_and_drain(&mut child, &mut tree, io).await),
+        Step::TimedOut => (
+            Outcome::TimedOut,
+            kill_and_drain(&mut child, &mut tree, io).await,
+        ),
+        Step::Cancelled => (
+            Outcome::Cancelled,
+            kill_and_drain(&mut child, &mut tree, io).await,
+        ),
     };
     Ok(Finished {
         outcome,
@@ -119,10 +125,16 @@ impl KillTree {
     fn kill(&mut self) {
         let Some(pid) = self.0.take() else { return };
         // Read while `pid` is unreaped, so its children's pids cannot have been reused.
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return;
+        };
         for task in tasks.flatten() {
-            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-            for child in children.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok())
+            {
                 if let Some(child) = rustix::process::Pid::from_raw(child) {
                     let _ = rustix::process::kill_process(child, rustix::process::Signal::KILL);
                 }
