@@ -19,9 +19,13 @@ fn usd_text_to_micros(text: &str) -> Option<i64> {
         return None;
     }
     let (whole, frac) = t.split_once('.').unwrap_or((t, ""));
+    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     let whole: i64 = whole.parse().ok()?;
     let mut digits: Vec<u8> = frac.bytes().map(|b| b - b'0').collect();
     let round_up = digits.get(6).is_some_and(|d| *d >= 5);
+    digits.truncate(6);
     digits.resize(6, 0);
     let mut micros = digits.iter().fold(0i64, |acc, d| acc * 10 + i64::from(*d));
     if round_up {
@@ -81,6 +85,12 @@ mod tests {
         assert_eq!(usd_text_to_micros("12"), Some(12_000_000));
         assert_eq!(usd_text_to_micros("-1"), None);
         assert_eq!(usd_text_to_micros("1e3"), None);
+        // Agent output is untrusted: nothing it prints may panic the runner.
+        for bad in ["0. 5", "0.-5", "", ".", "abc", "1.2.3", "99999999999999999999", "0.12345678901234567890"] {
+            let _ = usd_text_to_micros(bad);
+        }
+        assert_eq!(usd_text_to_micros("0. 5"), None);
+        assert_eq!(usd_text_to_micros("0.12345678901234567890"), Some(123_457));
     }
 
     #[test]

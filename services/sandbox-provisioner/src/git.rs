@@ -100,11 +100,18 @@ pub async fn clone(
     timeout: Duration,
 ) -> Result<String> {
     let mut cmd = host_git();
-    cmd.args(["clone", "--quiet", "--no-hardlinks", "--", repo])
+    // --no-local: a local path goes through git's transport, not a file copy that would
+    // follow symlinks planted in the source's .git.
+    cmd.args(["clone", "--quiet", "--no-local", "--", repo])
         .arg(ws);
-    run(cmd, timeout)
-        .await?
-        .map_err(|e| ProvisionerError::RepoUnavailable(format!("cannot clone {repo}: {e}")))?;
+    run(cmd, timeout).await?.map_err(|e| {
+        if e.starts_with("git timed out") {
+            // Slow network or a big repo: worth another attempt.
+            ProvisionerError::internal(&format!("cloning {repo}"), e)
+        } else {
+            ProvisionerError::RepoUnavailable(format!("cannot clone {repo}: {e}"))
+        }
+    })?;
 
     let start = if base_ref.is_empty() {
         "HEAD".to_owned()

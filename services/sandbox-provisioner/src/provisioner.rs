@@ -15,6 +15,7 @@ use forkyard_proto::sandbox::v1::{
     DestroySandboxResponse, ExecRequest, ExecResponse, HealthCheckRequest, HealthCheckResponse,
     Sandbox,
 };
+use std::os::unix::fs::DirBuilderExt;
 use std::{
     collections::HashMap,
     path::PathBuf,
@@ -152,6 +153,15 @@ impl Provisioner {
         if req.repo.trim().is_empty() {
             return Err(ProvisionerError::invalid("repo", "must not be empty"));
         }
+        if req.network {
+            // Sharing the host's network would expose every loopback service (this one,
+            // Temporal) to the sandbox; network access arrives with the egress proxy.
+            return Err(ProvisionerError::invalid(
+                "network",
+                "sandboxes have no network in this release (an egress allowlist proxy is planned)",
+            ));
+        }
+        self.check_repo_location(&req.repo)?;
         git::check_branch(&req.branch).await?;
         if req.idempotency_key.is_empty() {
             return self.create_new(req).await;
@@ -184,10 +194,34 @@ impl Provisioner {
         result
     }
 
+    /// A local repository must not be one of this provisioner's own directories (other
+    /// sandboxes' workspaces, its state).
+    fn check_repo_location(&self, repo: &str) -> Result<()> {
+        if repo.contains("://") || repo.starts_with("git@") {
+            return Ok(());
+        }
+        let state = std::fs::canonicalize(&self.config.state_dir)
+            .unwrap_or_else(|_| self.config.state_dir.clone());
+        if let Ok(path) = std::fs::canonicalize(repo)
+            && path.starts_with(&state)
+        {
+            return Err(ProvisionerError::invalid(
+                "repo",
+                "is inside the provisioner's state directory",
+            ));
+        }
+        Ok(())
+    }
+
     async fn create_new(&self, req: CreateSandboxRequest) -> Result<Sandbox> {
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
         let dir = self.store.dir(&id);
-        std::fs::create_dir_all(&dir)
+        // Owner-only: a file the agent made setuid in its workspace must not be
+        // reachable by other users of the host.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
             .map_err(|e| ProvisionerError::internal("create sandbox directory", e))?;
         // Removes the directory unless the create completes (also if the caller hangs up).
         let mut cleanup = DirCleanup(Some(dir));

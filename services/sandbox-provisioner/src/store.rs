@@ -62,6 +62,9 @@ impl Store {
     pub fn open(state_dir: &Path) -> std::io::Result<Self> {
         let root = state_dir.join("sandboxes");
         std::fs::create_dir_all(&root)?;
+        // Owner-only, so nothing an agent leaves in a workspace (a setuid file) is
+        // reachable by other users of the host.
+        std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         Ok(Self { root })
     }
 

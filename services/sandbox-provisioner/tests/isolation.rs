@@ -231,17 +231,12 @@ async fn destroy_kills_running_commands_and_removes_the_workspace() {
 }
 
 #[tokio::test]
-async fn network_can_be_enabled_per_sandbox() {
+async fn network_is_refused_until_the_egress_proxy_exists() {
     let f = fixture().await;
     let mut req = f.request("net");
     req.network = true;
-    let sbx = f.core.create(req).await.unwrap();
-    let out = f.sh(&sbx.id, "tail -n +3 /proc/net/dev | wc -l").await;
-    let ifaces: u32 = out.stdout.trim().parse().unwrap();
-    let host = std::fs::read_to_string("/proc/net/dev")
-        .unwrap()
-        .lines()
-        .count() as u32
-        - 2;
-    assert_eq!(ifaces, host);
+    let err = f.core.create(req).await.unwrap_err();
+    let status = tonic::Status::from(err);
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("network"), "{}", status.message());
 }
