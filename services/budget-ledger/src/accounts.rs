@@ -100,7 +100,9 @@ pub(crate) async fn create(
         let parent = require(conn, backend, &req.parent_account_id, true)
             .await
             .map_err(|e| match e {
-                LedgerError::NotFound(m) => LedgerError::NotFound(format!("parent_account_id: {m}")),
+                LedgerError::NotFound(m) => {
+                    LedgerError::NotFound(format!("parent_account_id: {m}"))
+                }
                 other => other,
             })?;
         if parent.kind != AccountKind::Tenant {
@@ -210,10 +212,17 @@ pub(crate) async fn raise_budget(
         return Ok(resp);
     }
     let mut chain = vec![require(conn, backend, &req.account_id, true).await?];
-    if chain[0].budget_micros.checked_add(req.amount_micros).is_none_or(|b| b > model::MAX_AMOUNT_MICROS * 1000) {
+    if chain[0]
+        .budget_micros
+        .checked_add(req.amount_micros)
+        .is_none_or(|b| b > model::MAX_AMOUNT_MICROS * 1000)
+    {
         return Err(LedgerError::invalid(
             "amount_micros",
-            format!("raising {} by {} overflows", chain[0].budget_micros, req.amount_micros),
+            format!(
+                "raising {} by {} overflows",
+                chain[0].budget_micros, req.amount_micros
+            ),
         ));
     }
     fund(conn, &mut chain, req.amount_micros, &req.idempotency_key).await?;

@@ -2,11 +2,7 @@
 //! the migrations, and the few statements that differ between the two.
 
 use crate::error::LedgerError;
-use sqlx::{
-    AnyPool, Executor,
-    any::AnyPoolOptions,
-    migrate::Migrator,
-};
+use sqlx::{AnyPool, Executor, any::AnyPoolOptions, migrate::Migrator};
 use std::{path::Path, time::Duration};
 
 /// The schema, embedded from `services/budget-ledger/migrations/` (portable SQL).

@@ -55,7 +55,10 @@ impl LedgerError {
 
     /// Whether retrying the same call may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Database(_) | Self::Migrate(_) | Self::Unavailable(_))
+        matches!(
+            self,
+            Self::Database(_) | Self::Migrate(_) | Self::Unavailable(_)
+        )
     }
 }
 
@@ -108,7 +111,10 @@ impl LedgerError {
 fn is_busy(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Database(db) => {
-            matches!(db.code().as_deref(), Some("5") | Some("6") | Some("517") | Some("40001") | Some("40P01"))
+            matches!(
+                db.code().as_deref(),
+                Some("5") | Some("6") | Some("517") | Some("40001") | Some("40P01")
+            )
         }
         sqlx::Error::PoolTimedOut => true,
         _ => false,

@@ -36,11 +36,15 @@ impl BudgetLedger for LedgerService {
     }
 
     async fn create_account(&self, req: Request<CreateAccountRequest>) -> Reply<Account> {
-        Ok(Response::new(self.store.create_account(req.get_ref()).await?))
+        Ok(Response::new(
+            self.store.create_account(req.get_ref()).await?,
+        ))
     }
 
     async fn get_account(&self, req: Request<GetAccountRequest>) -> Reply<Account> {
-        Ok(Response::new(self.store.get_account(&req.get_ref().account_id).await?))
+        Ok(Response::new(
+            self.store.get_account(&req.get_ref().account_id).await?,
+        ))
     }
 
     async fn raise_budget(&self, req: Request<RaiseBudgetRequest>) -> Reply<Account> {
@@ -71,8 +75,13 @@ impl BudgetLedger for LedgerService {
         Ok(Response::new(ListReservationsResponse { reservations }))
     }
 
-    async fn list_postings(&self, req: Request<ListPostingsRequest>) -> Reply<ListPostingsResponse> {
-        Ok(Response::new(self.store.list_postings(req.get_ref()).await?))
+    async fn list_postings(
+        &self,
+        req: Request<ListPostingsRequest>,
+    ) -> Reply<ListPostingsResponse> {
+        Ok(Response::new(
+            self.store.list_postings(req.get_ref()).await?,
+        ))
     }
 
     async fn get_spend_report(&self, req: Request<GetSpendReportRequest>) -> Reply<SpendReport> {

@@ -41,7 +41,9 @@ fn parse_state(s: &str) -> Result<ReservationState, LedgerError> {
         "HELD" => Ok(ReservationState::Held),
         "COMMITTED" => Ok(ReservationState::Committed),
         "RELEASED" => Ok(ReservationState::Released),
-        other => Err(LedgerError::Corrupt(format!("unknown reservation state {other:?}"))),
+        other => Err(LedgerError::Corrupt(format!(
+            "unknown reservation state {other:?}"
+        ))),
     }
 }
 
@@ -101,7 +103,11 @@ impl AccountRow {
         let labels: String = row.try_get("labels")?;
         Ok(Self {
             account_id: row.try_get("account_id")?,
-            kind: if kind == "TENANT" { AccountKind::Tenant } else { AccountKind::Run },
+            kind: if kind == "TENANT" {
+                AccountKind::Tenant
+            } else {
+                AccountKind::Run
+            },
             parent_account_id: row.try_get("parent_account_id")?,
             budget_micros: row.try_get("budget_micros")?,
             reserved_micros: row.try_get("reserved_micros")?,
@@ -241,7 +247,11 @@ mod tests {
         for ((req, rsv, avail), want) in cases {
             let (hold, extra) = split_spend(req, rsv);
             let (extra, capped) = cap_extra(extra, Some(avail));
-            assert_eq!((hold + extra, capped), want, "commit {req} of {rsv} with {avail}");
+            assert_eq!(
+                (hold + extra, capped),
+                want,
+                "commit {req} of {rsv} with {avail}"
+            );
         }
         assert_eq!(cap_extra(500, None), (500, false));
     }

@@ -79,16 +79,32 @@ pub(crate) async fn post(
     ];
     for account in chain.iter_mut() {
         let overflow = || LedgerError::invalid("amount_micros", "the balance would overflow");
-        account.budget_micros = account.budget_micros.checked_sub(d.funding).ok_or_else(overflow)?;
-        account.reserved_micros =
-            account.reserved_micros.checked_add(d.reserved).ok_or_else(overflow)?;
-        account.spent_micros = account.spent_micros.checked_add(d.spent).ok_or_else(overflow)?;
+        account.budget_micros = account
+            .budget_micros
+            .checked_sub(d.funding)
+            .ok_or_else(overflow)?;
+        account.reserved_micros = account
+            .reserved_micros
+            .checked_add(d.reserved)
+            .ok_or_else(overflow)?;
+        account.spent_micros = account
+            .spent_micros
+            .checked_add(d.spent)
+            .ok_or_else(overflow)?;
         let live: Vec<_> = legs.iter().filter(|(_, a)| *a != 0).collect();
         if !live.is_empty() {
             let values: Vec<String> = (0..live.len())
                 .map(|i| {
                     let b = i * 6;
-                    format!("(${}, ${}, ${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4, b + 5, b + 6)
+                    format!(
+                        "(${}, ${}, ${}, ${}, ${}, ${})",
+                        b + 1,
+                        b + 2,
+                        b + 3,
+                        b + 4,
+                        b + 5,
+                        b + 6
+                    )
                 })
                 .collect();
             let sql = format!(
@@ -199,8 +215,7 @@ pub(crate) async fn audit(conn: &mut AnyConnection) -> Result<Vec<String>, Ledge
     .fetch_all(&mut *conn)
     .await?;
     for row in unbalanced {
-        let (t, a, s): (String, String, i64) =
-            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        let (t, a, s): (String, String, i64) = (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
         problems.push(format!("transfer {t} on {a} sums to {s}"));
     }
     let accounts = sqlx::query(
@@ -241,13 +256,17 @@ pub(crate) async fn audit(conn: &mut AnyConnection) -> Result<Vec<String>, Ledge
             ));
         }
         if av != budget - reserved - spent {
-            problems.push(format!("{id}: available postings {av} != budget - reserved - spent"));
+            problems.push(format!(
+                "{id}: available postings {av} != budget - reserved - spent"
+            ));
         }
         if av < 0 && !overdraft {
             problems.push(format!("{id}: available {av} below zero without overdraft"));
         }
         if kind == "RUN" && holds != reserved {
-            problems.push(format!("{id}: reservations hold {holds} but reserved is {reserved}"));
+            problems.push(format!(
+                "{id}: reservations hold {holds} but reserved is {reserved}"
+            ));
         }
     }
     Ok(problems)

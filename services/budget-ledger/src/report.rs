@@ -2,7 +2,9 @@
 //! time range, from the transfers' attribution.
 
 use crate::error::LedgerError;
-use forkyard_proto::budget::v1::{GetSpendReportRequest, SpendGroupBy, SpendReport, SpendReportRow};
+use forkyard_proto::budget::v1::{
+    GetSpendReportRequest, SpendGroupBy, SpendReport, SpendReportRow,
+};
 use sqlx::{AnyConnection, Row};
 
 pub(crate) async fn spend_report(
@@ -19,15 +21,25 @@ pub(crate) async fn spend_report(
         SpendGroupBy::Tenant => "tenant_id",
     };
     if req.from_unix_ms < 0 || req.to_unix_ms < 0 {
-        return Err(LedgerError::invalid("from_unix_ms", "times must not be negative"));
+        return Err(LedgerError::invalid(
+            "from_unix_ms",
+            "times must not be negative",
+        ));
     }
     if req.to_unix_ms != 0 && req.to_unix_ms <= req.from_unix_ms {
         return Err(LedgerError::invalid(
             "to_unix_ms",
-            format!("must be after from_unix_ms ({}), got {}", req.from_unix_ms, req.to_unix_ms),
+            format!(
+                "must be after from_unix_ms ({}), got {}",
+                req.from_unix_ms, req.to_unix_ms
+            ),
         ));
     }
-    let to = if req.to_unix_ms == 0 { i64::MAX } else { req.to_unix_ms };
+    let to = if req.to_unix_ms == 0 {
+        i64::MAX
+    } else {
+        req.to_unix_ms
+    };
     let scope = if req.account_id.is_empty() {
         ""
     } else {

@@ -145,7 +145,10 @@ async fn load_held(
     Ok(Loaded::Held(rsv, chain))
 }
 
-fn fp_without_key<T: Serialize + Clone>(req: &T, blank: impl FnOnce(&mut T)) -> Result<String, LedgerError> {
+fn fp_without_key<T: Serialize + Clone>(
+    req: &T,
+    blank: impl FnOnce(&mut T),
+) -> Result<String, LedgerError> {
     let mut r = req.clone();
     blank(&mut r);
     idempotency::fingerprint(&r)
@@ -171,15 +174,25 @@ pub(crate) async fn charge(
         .charged_micros
         .checked_add(req.amount_micros)
         .filter(|c| *c <= model::MAX_AMOUNT_MICROS)
-        .ok_or_else(|| LedgerError::invalid("amount_micros", "the reservation's charges overflow"))?;
+        .ok_or_else(|| {
+            LedgerError::invalid("amount_micros", "the reservation's charges overflow")
+        })?;
     sqlx::query("UPDATE reservations SET charged_micros = $1 WHERE reservation_id = $2")
         .bind(rsv.charged_micros)
         .bind(&rsv.reservation_id)
         .execute(&mut *conn)
         .await?;
     let attr = req.attribution.clone().unwrap_or_default();
-    let run = if attr.run_id.is_empty() { run_of(&chain) } else { attr.run_id };
-    let fork = if attr.fork.is_empty() { rsv.holder.clone() } else { attr.fork };
+    let run = if attr.run_id.is_empty() {
+        run_of(&chain)
+    } else {
+        attr.run_id
+    };
+    let fork = if attr.fork.is_empty() {
+        rsv.holder.clone()
+    } else {
+        attr.fork
+    };
     let meta = TransferMeta {
         kind: "CHARGE",
         reservation_id: &rsv.reservation_id,
@@ -208,11 +221,20 @@ pub(crate) async fn commit(
 ) -> Result<Reservation, LedgerError> {
     let (op, key) = ("commit", req.idempotency_key.as_str());
     let fp = fp_without_key(req, |r| r.idempotency_key.clear())?;
-    let (mut rsv, mut chain) =
-        match load_held(conn, backend, &req.reservation_id, op, key, &fp, "committed (again)").await? {
-            Loaded::Replay(r) => return Ok(r),
-            Loaded::Held(r, c) => (r, c),
-        };
+    let (mut rsv, mut chain) = match load_held(
+        conn,
+        backend,
+        &req.reservation_id,
+        op,
+        key,
+        &fp,
+        "committed (again)",
+    )
+    .await?
+    {
+        Loaded::Replay(r) => return Ok(r),
+        Loaded::Held(r, c) => (r, c),
+    };
     if req.amount_micros < rsv.charged_micros {
         return Err(LedgerError::FailedPrecondition(format!(
             "amount_micros: committing {} but {} was already charged to reservation {}",
@@ -225,7 +247,11 @@ pub(crate) async fn commit(
         CommitOverage::Reject if extra > 0 => {
             return Err(LedgerError::BudgetExceeded(format!(
                 "committing {} micros on reservation {} of {} (charged {}): account {:?} refuses commits above the reservation",
-                req.amount_micros, rsv.reservation_id, rsv.amount_micros, rsv.charged_micros, rsv.account_id
+                req.amount_micros,
+                rsv.reservation_id,
+                rsv.amount_micros,
+                rsv.charged_micros,
+                rsv.account_id
             )));
         }
         _ => model::cap_extra(extra, model::chain_headroom(&chain)),
@@ -277,11 +303,20 @@ pub(crate) async fn release(
 ) -> Result<Reservation, LedgerError> {
     let (op, key) = ("release", req.idempotency_key.as_str());
     let fp = fp_without_key(req, |r| r.idempotency_key.clear())?;
-    let (mut rsv, mut chain) =
-        match load_held(conn, backend, &req.reservation_id, op, key, &fp, "released (again)").await? {
-            Loaded::Replay(r) => return Ok(r),
-            Loaded::Held(r, c) => (r, c),
-        };
+    let (mut rsv, mut chain) = match load_held(
+        conn,
+        backend,
+        &req.reservation_id,
+        op,
+        key,
+        &fp,
+        "released (again)",
+    )
+    .await?
+    {
+        Loaded::Replay(r) => return Ok(r),
+        Loaded::Held(r, c) => (r, c),
+    };
     let held = rsv.held();
     let run = run_of(&chain);
     let meta = TransferMeta {
@@ -301,12 +336,14 @@ pub(crate) async fn release(
     postings::post(conn, &mut chain, &meta, d).await?;
     rsv.state = ReservationState::Released;
     rsv.committed_micros = rsv.charged_micros;
-    sqlx::query("UPDATE reservations SET state = $1, committed_micros = $2 WHERE reservation_id = $3")
-        .bind(model::state_str(rsv.state))
-        .bind(rsv.committed_micros)
-        .bind(&rsv.reservation_id)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query(
+        "UPDATE reservations SET state = $1, committed_micros = $2 WHERE reservation_id = $3",
+    )
+    .bind(model::state_str(rsv.state))
+    .bind(rsv.committed_micros)
+    .bind(&rsv.reservation_id)
+    .execute(&mut *conn)
+    .await?;
     let resp = rsv.into_proto();
     idempotency::remember(conn, op, key, &fp, &resp).await?;
     Ok(resp)
@@ -316,10 +353,13 @@ pub(crate) async fn require_reservation(
     conn: &mut AnyConnection,
     reservation_id: &str,
 ) -> Result<ReservationRow, LedgerError> {
-    let row = sqlx::query(&format!("{} WHERE reservation_id = $1", model::SELECT_RESERVATION))
-        .bind(reservation_id)
-        .fetch_optional(&mut *conn)
-        .await?
-        .ok_or_else(|| LedgerError::NotFound(format!("reservation {reservation_id:?} not found")))?;
+    let row = sqlx::query(&format!(
+        "{} WHERE reservation_id = $1",
+        model::SELECT_RESERVATION
+    ))
+    .bind(reservation_id)
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or_else(|| LedgerError::NotFound(format!("reservation {reservation_id:?} not found")))?;
     ReservationRow::from_row(&row)
 }

@@ -42,7 +42,11 @@ impl LedgerStore {
     pub async fn connect(database_url: &str) -> Result<Self> {
         let (pool, backend) = db::connect(database_url).await?;
         let writer = Writer::spawn(pool.clone(), backend);
-        Ok(Self { pool, backend, writer })
+        Ok(Self {
+            pool,
+            backend,
+            writer,
+        })
     }
 
     /// Open (creating if missing) the SQLite file at `path` and apply migrations.
@@ -61,7 +65,9 @@ impl LedgerStore {
     async fn account_op(&self, op: Op) -> Result<Account> {
         match self.writer.submit(op).await? {
             Reply::Account(a) => Ok(a),
-            Reply::Reservation(_) => Err(LedgerError::Corrupt("writer answered a reservation".into())),
+            Reply::Reservation(_) => {
+                Err(LedgerError::Corrupt("writer answered a reservation".into()))
+            }
         }
     }
 
@@ -88,26 +94,46 @@ impl LedgerStore {
             idempotency_key: req.idempotency_key.clone(),
             ..Default::default()
         };
-        self.account_op(Op::Create { req: create, op: "open_account", fp }).await
+        self.account_op(Op::Create {
+            req: create,
+            op: "open_account",
+            fp,
+        })
+        .await
     }
 
     pub async fn create_account(&self, req: &CreateAccountRequest) -> Result<Account> {
         validate::non_empty("account_id", &req.account_id)?;
         validate::amount("budget_micros", req.budget_micros, false)?;
         validate::non_empty("idempotency_key", &req.idempotency_key)?;
-        let kind = AccountKind::try_from(req.kind)
-            .map_err(|_| LedgerError::invalid("kind", format!("unknown account kind {}", req.kind)))?;
+        let kind = AccountKind::try_from(req.kind).map_err(|_| {
+            LedgerError::invalid("kind", format!("unknown account kind {}", req.kind))
+        })?;
         if kind == AccountKind::Tenant && !req.parent_account_id.is_empty() {
-            return Err(LedgerError::invalid("parent_account_id", "a tenant account has no parent"));
+            return Err(LedgerError::invalid(
+                "parent_account_id",
+                "a tenant account has no parent",
+            ));
         }
         if req.parent_account_id == req.account_id {
-            return Err(LedgerError::invalid("parent_account_id", "an account cannot be its own parent"));
+            return Err(LedgerError::invalid(
+                "parent_account_id",
+                "an account cannot be its own parent",
+            ));
         }
         forkyard_proto::budget::v1::CommitOverage::try_from(req.commit_overage).map_err(|_| {
-            LedgerError::invalid("commit_overage", format!("unknown policy {}", req.commit_overage))
+            LedgerError::invalid(
+                "commit_overage",
+                format!("unknown policy {}", req.commit_overage),
+            )
         })?;
         let fp = accounts::create_fingerprint(req)?;
-        self.account_op(Op::Create { req: req.clone(), op: "create_account", fp }).await
+        self.account_op(Op::Create {
+            req: req.clone(),
+            op: "create_account",
+            fp,
+        })
+        .await
     }
 
     /// Add `amount_micros` (> 0) to an account's budget.
@@ -121,7 +147,11 @@ impl LedgerStore {
     pub async fn get_account(&self, account_id: &str) -> Result<Account> {
         validate::non_empty("account_id", account_id)?;
         let mut conn = self.pool.acquire().await?;
-        Ok(accounts::require(&mut conn, self.backend, account_id, false).await?.to_proto())
+        Ok(
+            accounts::require(&mut conn, self.backend, account_id, false)
+                .await?
+                .to_proto(),
+        )
     }
 
     pub async fn reserve(&self, req: &ReserveRequest) -> Result<Reservation> {
@@ -151,7 +181,10 @@ impl LedgerStore {
         self.reservation_op(Op::Release(req.clone())).await
     }
 
-    pub async fn list_reservations(&self, req: &ListReservationsRequest) -> Result<Vec<Reservation>> {
+    pub async fn list_reservations(
+        &self,
+        req: &ListReservationsRequest,
+    ) -> Result<Vec<Reservation>> {
         validate::non_empty("account_id", &req.account_id)?;
         let state = ReservationState::try_from(req.state).map_err(|_| {
             LedgerError::invalid("state", format!("unknown reservation state {}", req.state))
@@ -160,10 +193,13 @@ impl LedgerStore {
         accounts::require(&mut conn, self.backend, &req.account_id, false).await?;
         let order = "ORDER BY created_unix_ms, reservation_id";
         let rows = if state == ReservationState::Unspecified {
-            sqlx::query(&format!("{} WHERE account_id = $1 {order}", model::SELECT_RESERVATION))
-                .bind(&req.account_id)
-                .fetch_all(&mut *conn)
-                .await?
+            sqlx::query(&format!(
+                "{} WHERE account_id = $1 {order}",
+                model::SELECT_RESERVATION
+            ))
+            .bind(&req.account_id)
+            .fetch_all(&mut *conn)
+            .await?
         } else {
             sqlx::query(&format!(
                 "{} WHERE account_id = $1 AND state = $2 {order}",
@@ -182,7 +218,9 @@ impl LedgerStore {
     pub async fn get_reservation(&self, reservation_id: &str) -> Result<Reservation> {
         validate::non_empty("reservation_id", reservation_id)?;
         let mut conn = self.pool.acquire().await?;
-        Ok(reservations::require_reservation(&mut conn, reservation_id).await?.into_proto())
+        Ok(reservations::require_reservation(&mut conn, reservation_id)
+            .await?
+            .into_proto())
     }
 
     pub async fn list_postings(&self, req: &ListPostingsRequest) -> Result<ListPostingsResponse> {

@@ -108,7 +108,10 @@ async fn reserve_commit_release_flow_and_balances() {
         (1_000, 0, 200, 800)
     );
     // Releasing a released reservation under a new key is refused (the same key replays).
-    let again = store.release(&release_req(&r2, "rel2-again")).await.unwrap_err();
+    let again = store
+        .release(&release_req(&r2, "rel2-again"))
+        .await
+        .unwrap_err();
     assert_eq!(code(again).0, Code::FailedPrecondition);
     assert_eq!(store.release(&release_req(&r2, "rel2")).await.unwrap(), rel);
 

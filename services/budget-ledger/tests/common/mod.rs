@@ -53,7 +53,10 @@ impl TestDb {
 fn uuid_like() -> String {
     use std::time::{SystemTime, UNIX_EPOCH};
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("{}_{}_{}", std::process::id(), t % 1_000_000_000_000, n)
 }
