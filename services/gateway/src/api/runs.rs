@@ -307,6 +307,9 @@ impl GatewayService {
         run_id: &str,
         fork: u32,
     ) -> Result<(), GatewayError> {
+        if fork == 0 {
+            return Err(GatewayError::field("fork", "forks are numbered from 1"));
+        }
         self.live(run_id, "cancel a fork of").await?;
         let run = self.progress(run_id).await?;
         let slot = Self::fork_slot(&run, fork)?;

@@ -49,7 +49,8 @@ fn event(kind: Kind, run_id: &str, state: i32) -> RunEvent {
 struct Seen {
     status: i32,
     sandbox_ready: bool,
-    agent_elapsed_ms: u64,
+    /// The agent heartbeat last reported (None: none yet).
+    agent_elapsed_ms: Option<u64>,
 }
 
 impl GatewayService {
@@ -105,9 +106,9 @@ impl GatewayService {
                         }
                     }
                     if let Some(p) = progress
-                        && p.elapsed_ms != before.agent_elapsed_ms
+                        && Some(p.elapsed_ms) != before.agent_elapsed_ms
                     {
-                        now.agent_elapsed_ms = p.elapsed_ms;
+                        now.agent_elapsed_ms = Some(p.elapsed_ms);
                         let mut e = fork_event(Kind::AgentProgress, run_id, run.state, &view);
                         e.agent_elapsed_ms = p.elapsed_ms;
                         e.agent_turns = p.turns;

@@ -261,6 +261,7 @@ async fn work(
         ]),
         idempotency_key: key("create"),
         network: false,
+        ..Default::default()
     };
     let sandbox = ctx
         .execute_activity(LocalSandbox::create, create, options::create())

@@ -42,9 +42,9 @@ use std::collections::BTreeSet;
 use temporalio_common::error::ApplicationFailure;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_workflow::{
-    WaitConditionOptions, WorkflowCancellationToken,
     ChildWorkflowCancellationType, ChildWorkflowOptions, ParentClosePolicy, SyncWorkflowContext,
-    WorkflowContext, WorkflowContextView, WorkflowResult, WorkflowTermination,
+    WaitConditionOptions, WorkflowCancellationToken, WorkflowContext, WorkflowContextView,
+    WorkflowResult, WorkflowTermination,
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -199,8 +199,12 @@ impl SandboxOrchestrationWorkflow {
             let seen = ctx_ref.state(|s| s.generation);
             // Not tied to the run's cancellation: once cancelled, the children (which
             // inherit it) finish their cleanup and complete, and that is what to wait for.
-            let detached = WaitConditionOptions::builder().cancellation_token(WorkflowCancellationToken::new()).build();
-            let changed = ctx_ref.wait_condition_with_options(move |s| s.generation != seen, detached).fuse();
+            let detached = WaitConditionOptions::builder()
+                .cancellation_token(WorkflowCancellationToken::new())
+                .build();
+            let changed = ctx_ref
+                .wait_condition_with_options(move |s| s.generation != seen, detached)
+                .fuse();
             let next = select_all(in_flight.iter_mut()).fuse();
             futures::pin_mut!(changed, next);
             // Completions first, so a replay sees the same order.
