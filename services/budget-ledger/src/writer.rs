@@ -2,8 +2,7 @@
 //! in one database transaction (each in its own savepoint, so one refused call posts
 //! nothing and leaves the others alone) and commits once. Every caller gets its answer
 //! only after that commit is durable, so a batch of N postings costs one log sync instead
-//! of N. SQLite has one writer (it has one write lock anyway); PostgreSQL several, which
-//! serialise on account row locks.
+//! of N. One writer task per process.
 
 use crate::{accounts, db::Backend, error::LedgerError, reservations};
 use forkyard_proto::budget::v1::{
@@ -52,13 +51,11 @@ impl Writer {
     pub(crate) fn spawn(pool: AnyPool, backend: Backend) -> Self {
         let (tx, rx) = mpsc::channel::<Job>(8 * MAX_BATCH);
         let rx = Arc::new(Mutex::new(rx));
-        let writers = match backend {
-            Backend::Sqlite => 1,
-            Backend::Postgres => 4,
-        };
-        for _ in 0..writers {
-            tokio::spawn(run(pool.clone(), backend, rx.clone()));
-        }
+        // One writer per process: batches never wait on each other's row locks (several
+        // writers deadlocked on PostgreSQL when two batches touched the same accounts in
+        // opposite orders). Several processes still serialise on the row locks; a batch
+        // that loses a deadlock there fails whole and its callers retry.
+        tokio::spawn(run(pool, backend, rx));
         Self { tx }
     }
 
