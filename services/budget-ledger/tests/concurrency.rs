@@ -52,7 +52,10 @@ async fn concurrent_charges_never_overspend_and_sum_exactly() {
             let id = rsv.reservation_id.clone();
             tokio::spawn(async move {
                 let amount = 1 + (i % 50);
-                (amount, store.charge(&charge(&id, amount, &format!("c-{i}"))).await)
+                (
+                    amount,
+                    store.charge(&charge(&id, amount, &format!("c-{i}"))).await,
+                )
             })
         })
         .collect();
@@ -97,7 +100,10 @@ async fn the_same_key_sent_concurrently_posts_once() {
     for t in tasks {
         results.push(t.await.unwrap());
     }
-    assert!(results.windows(2).all(|w| w[0] == w[1]), "every caller sees one reservation");
+    assert!(
+        results.windows(2).all(|w| w[0] == w[1]),
+        "every caller sees one reservation"
+    );
     let rsv = &results[0];
     let ch = charge(&rsv.reservation_id, 70, "wf/charge-1");
     let commit = CommitRequest {
@@ -124,7 +130,14 @@ async fn the_same_key_sent_concurrently_posts_once() {
         assert_eq!(t.await.unwrap().committed_micros, 250);
     }
     let acct = store.get_account("a").await.unwrap();
-    assert_eq!((acct.reserved_micros, acct.spent_micros, acct.available_micros), (0, 250, 750));
+    assert_eq!(
+        (
+            acct.reserved_micros,
+            acct.spent_micros,
+            acct.available_micros
+        ),
+        (0, 250, 750)
+    );
     assert_books_balance(&store).await;
 }
 
@@ -146,7 +159,8 @@ async fn a_retry_after_a_crash_posts_once() {
         .unwrap();
     for i in 0..40u64 {
         let (store, id) = (store.clone(), rsv.reservation_id.clone());
-        let call = tokio::spawn(async move { store.charge(&charge(&id, 10, &format!("k-{i}"))).await });
+        let call =
+            tokio::spawn(async move { store.charge(&charge(&id, 10, &format!("k-{i}"))).await });
         tokio::time::sleep(std::time::Duration::from_micros(i * 50)).await;
         call.abort();
         let _ = call.await;
@@ -155,12 +169,21 @@ async fn a_retry_after_a_crash_posts_once() {
     store.pool().close().await;
     let store = db.open().await;
     for i in 0..40u64 {
-        store.charge(&charge(&rsv.reservation_id, 10, &format!("k-{i}"))).await.unwrap();
+        store
+            .charge(&charge(&rsv.reservation_id, 10, &format!("k-{i}")))
+            .await
+            .unwrap();
         // And once more, as a retry whose first answer was lost.
-        store.charge(&charge(&rsv.reservation_id, 10, &format!("k-{i}"))).await.unwrap();
+        store
+            .charge(&charge(&rsv.reservation_id, 10, &format!("k-{i}")))
+            .await
+            .unwrap();
     }
     let acct = store.get_account("a").await.unwrap();
-    assert_eq!(acct.spent_micros, 400, "40 keys of 10 each, each posted once");
+    assert_eq!(
+        acct.spent_micros, 400,
+        "40 keys of 10 each, each posted once"
+    );
     let released = store
         .release(&ReleaseRequest {
             reservation_id: rsv.reservation_id.clone(),
@@ -168,8 +191,18 @@ async fn a_retry_after_a_crash_posts_once() {
         })
         .await
         .unwrap();
-    assert_eq!(released.committed_micros, 400, "charges stay spent after a release");
+    assert_eq!(
+        released.committed_micros, 400,
+        "charges stay spent after a release"
+    );
     let acct = store.get_account("a").await.unwrap();
-    assert_eq!((acct.reserved_micros, acct.spent_micros, acct.available_micros), (0, 400, 99_600));
+    assert_eq!(
+        (
+            acct.reserved_micros,
+            acct.spent_micros,
+            acct.available_micros
+        ),
+        (0, 400, 99_600)
+    );
     assert_books_balance(&store).await;
 }

@@ -40,7 +40,11 @@ async fn apply(
     fixed: Option<String>,
 ) -> Result<Option<String>, LedgerError> {
     let key = format!("k-{i}");
-    let pick = |r: &usize, rsvs: &Vec<String>| fixed.clone().unwrap_or_else(|| rsvs[r % rsvs.len()].clone());
+    let pick = |r: &usize, rsvs: &Vec<String>| {
+        fixed
+            .clone()
+            .unwrap_or_else(|| rsvs[r % rsvs.len()].clone())
+    };
     let accounts = ["run-a", "run-b", "tenant"];
     match &steps[i] {
         Step::Raise(a, x) => store
@@ -111,9 +115,18 @@ async fn check(steps: Vec<Step>) {
         idempotency_key: format!("create-{id}"),
         ..Default::default()
     };
-    store.create_account(&mk("tenant", AccountKind::Tenant, "", 1_500)).await.unwrap();
-    store.create_account(&mk("run-a", AccountKind::Run, "tenant", 1_000)).await.unwrap();
-    store.create_account(&mk("run-b", AccountKind::Run, "", 1_000)).await.unwrap();
+    store
+        .create_account(&mk("tenant", AccountKind::Tenant, "", 1_500))
+        .await
+        .unwrap();
+    store
+        .create_account(&mk("run-a", AccountKind::Run, "tenant", 1_000))
+        .await
+        .unwrap();
+    store
+        .create_account(&mk("run-b", AccountKind::Run, "", 1_000))
+        .await
+        .unwrap();
     let mut rsvs = Vec::new();
     // What each step posted against (Some when it succeeded and posted).
     let mut posted: Vec<Option<String>> = Vec::new();
@@ -130,17 +143,20 @@ async fn check(steps: Vec<Step>) {
                 let fixed = posted[j].clone().filter(|s| !s.is_empty());
                 let r = apply(&store, &steps, j, &mut rsvs, fixed).await;
                 assert!(r.is_ok(), "replaying step {j} failed: {r:?}");
-                assert_eq!(snapshot(&store).await, before, "replaying step {j} posted again");
+                assert_eq!(
+                    snapshot(&store).await,
+                    before,
+                    "replaying step {j} posted again"
+                );
                 Ok(None)
             }
         };
         posted.push(result.as_ref().ok().cloned().flatten());
         match result {
             Ok(_) => {}
-            Err(
-                LedgerError::BudgetExceeded(_)
-                | LedgerError::FailedPrecondition(_),
-            ) => assert_eq!(snapshot(&store).await, before, "a refused call posted"),
+            Err(LedgerError::BudgetExceeded(_) | LedgerError::FailedPrecondition(_)) => {
+                assert_eq!(snapshot(&store).await, before, "a refused call posted")
+            }
             Err(e) => panic!("step {i} {:?}: {e}", steps[i]),
         }
         for a in snapshot(&store).await {
@@ -152,14 +168,26 @@ async fn check(steps: Vec<Step>) {
     // The tenant mirrors run-a.
     let s = snapshot(&store).await;
     let (run_a, tenant) = (&s[0], &s[2]);
-    assert_eq!((tenant.2, tenant.3), (run_a.2, run_a.3), "tenant mirrors its run");
+    assert_eq!(
+        (tenant.2, tenant.3),
+        (run_a.2, run_a.3),
+        "tenant mirrors its run"
+    );
 }
 
-async fn snapshot(store: &forkyard_budget_ledger::LedgerStore) -> Vec<(String, i64, i64, i64, i64)> {
+async fn snapshot(
+    store: &forkyard_budget_ledger::LedgerStore,
+) -> Vec<(String, i64, i64, i64, i64)> {
     let mut out = Vec::new();
     for id in ["run-a", "run-b", "tenant"] {
         let a = store.get_account(id).await.unwrap();
-        out.push((id.to_owned(), a.budget_micros, a.reserved_micros, a.spent_micros, a.available_micros));
+        out.push((
+            id.to_owned(),
+            a.budget_micros,
+            a.reserved_micros,
+            a.spent_micros,
+            a.available_micros,
+        ));
     }
     out
 }
