@@ -1,0 +1,110 @@
+//! Durability: `kill -9` the gateway (which hosts the workflows) and the agent-runner in
+//! the middle of a run, start them again, and the run completes with every fork
+//! accounted for, never two sandboxes alive for one fork, and the ledger exact.
+
+use forkyard_proto::{
+    budget::v1::{budget_ledger_client::BudgetLedgerClient, GetAccountRequest},
+    common::v1::ForkStatus,
+    gateway::v1::{LaunchRunRequest, RunState},
+    labels,
+    sandbox::v1::{sandbox_provisioner_client::SandboxProvisionerClient, ListSandboxesRequest},
+};
+use forkyard_tests::{
+    repo,
+    support::{fork_result, launch, sandbox_processes, wait_finished, wait_until, workspaces_left, Gateway},
+    Mesh,
+};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+const AGENT: &str = r#"sleep 5; echo "fork $FORKYARD_FORK" > done.txt; printf '{"total_cost_usd": 0.0%d1}\n' "$FORKYARD_FORK""#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
+    let mut mesh = Mesh::start().await.expect("mesh starts");
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    let run_id = gw
+        .launch_run(LaunchRunRequest { request_id: "durable".into(), ..launch(src.path(), 3, 2, AGENT) })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+
+    // Watch every sandbox of the run: per fork, never two alive at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let mut prov = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+        let (stop, run_id) = (stop.clone(), run_id.clone());
+        tokio::spawn(async move {
+            let mut worst = 0usize;
+            let mut ids: HashMap<String, HashSet<String>> = HashMap::new();
+            while !stop.load(Ordering::Relaxed) {
+                let sel = HashMap::from([(labels::RUN_ID.to_owned(), run_id.clone())]);
+                if let Ok(r) = prov.list_sandboxes(ListSandboxesRequest { label_selector: sel }).await {
+                    let mut per_fork: HashMap<String, usize> = HashMap::new();
+                    for s in r.into_inner().sandboxes {
+                        let fork = s.labels.get(labels::FORK).cloned().unwrap_or_default();
+                        *per_fork.entry(fork.clone()).or_default() += 1;
+                        ids.entry(fork).or_default().insert(s.id);
+                    }
+                    worst = worst.max(per_fork.values().copied().max().unwrap_or(0));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (worst, ids)
+        })
+    };
+
+    // Both first forks are inside their agents: crash the two processes.
+    wait_until(&mut gw, &run_id, Duration::from_secs(60), |r| r.forks_running == 2).await;
+    let mut prov = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+    for _ in 0..100 {
+        let busy = prov.list_sandboxes(ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
+        if busy.iter().filter(|s| s.running_execs > 0).count() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    mesh.kill9("gateway");
+    mesh.kill9("agent-runner");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    mesh.start_service("agent-runner").unwrap();
+    mesh.start_service("gateway").unwrap();
+    mesh.wait_serving("agent-runner", Duration::from_secs(60)).await.unwrap();
+    mesh.wait_serving("gateway", Duration::from_secs(60)).await.unwrap();
+
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(240)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (worst, ids) = watcher.await.unwrap();
+
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    assert_eq!(run.forks_succeeded, 3, "{run:#?}");
+    assert!(worst <= 1, "{worst} sandboxes alive at once for one fork");
+    for fork in 1..=3u32 {
+        let f = fork_result(&mut gw, &run_id, fork).await;
+        assert_eq!(f.status, ForkStatus::Succeeded as i32, "fork {fork}: {}", f.error);
+        assert!(f.patch.contains(&format!("+fork {fork}")), "fork {fork}: {}", f.patch);
+        assert_eq!(f.cost_micros, i64::from(fork) * 10_000 + 1_000);
+        // The retried agent ran in the same sandbox: one sandbox per fork, ever.
+        let seen = ids.get(&fork.to_string()).cloned().unwrap_or_default();
+        assert_eq!(seen.len(), 1, "fork {fork} had sandboxes {seen:?}");
+        assert!(seen.contains(&f.sandbox_id));
+    }
+
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = ledger.get_account(GetAccountRequest { account_id: run_id.clone() }).await.unwrap().into_inner();
+    assert_eq!(account.spent_micros, 63_000, "each fork charged once");
+    assert_eq!(account.spent_micros, run.cost_micros);
+    assert_eq!(account.reserved_micros, 0);
+    assert!(workspaces_left(mesh.state_dir()).is_empty(), "{:?}", workspaces_left(mesh.state_dir()));
+    assert!(sandbox_processes(mesh.state_dir()).is_empty(), "{:?}", sandbox_processes(mesh.state_dir()));
+}
