@@ -29,14 +29,30 @@ const ETC_ALWAYS: &[&str] = &[
     "/etc/group",
     "/etc/ssl/certs",
 ];
-/// Name resolution, only when the sandbox has network.
-const ETC_NETWORK: &[&str] = &["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf"];
+
+/// Where the provisioner's helpers appear inside the sandbox.
+pub const FORWARDER_IN_SANDBOX: &str = "/run/forkyard/egress-forwarder";
+pub const PROXY_SOCKET_IN_SANDBOX: &str = "/run/forkyard/egress.sock";
+/// The in-sandbox address of the egress proxy (the forwarder listens there).
+pub const PROXY_ADDR: &str = "127.0.0.1:3128";
+
+/// Joins the cgroups named by its arguments (up to `--`), then execs the rest: every
+/// process of the sandbox is in its cgroups from its first instruction.
+const JOIN_CGROUPS: &str = r#"for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; shift; exec "$@""#;
 
 /// What the host's bubblewrap can do, found by [`probe`] at start-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Features {
     /// A user namespace can be created and nested ones forbidden (`--disable-userns`).
     pub userns: bool,
+}
+
+/// Egress through the provisioner's allowlist proxy: its Unix socket on the host and the
+/// forwarder binary that exposes it on [`PROXY_ADDR`] inside the sandbox's own netns.
+#[derive(Debug, Clone, Copy)]
+pub struct Egress<'a> {
+    pub socket: &'a Path,
+    pub forwarder: &'a Path,
 }
 
 /// One command to run in one sandbox.
@@ -46,19 +62,21 @@ pub struct Invocation<'a> {
     pub features: Features,
     pub workspace: &'a Path,
     pub sandbox_id: &'a str,
-    pub network: bool,
+    /// `None`: no network at all. The sandbox always has its own network namespace.
+    pub egress: Option<Egress<'a>>,
+    /// `cgroup.procs` files the command joins before bubblewrap starts.
+    pub cgroup_procs: &'a [PathBuf],
     pub argv: &'a [String],
     pub env: &'a [(String, String)],
 }
 
 impl Invocation<'_> {
-    /// The full bwrap argument list (options, `--`, then the command's argv).
+    /// The full bwrap argument list (options, `--`, then the command's argv). No
+    /// environment value is ever on it (argv is world-readable in `ps`): see [`Self::env`].
     pub fn args(&self) -> Vec<OsString> {
         let mut a = Args::default();
+        // Every namespace, the network one included, also when egress is allowed.
         a.push(["--unshare-all"]);
-        if self.network {
-            a.push(["--share-net"]);
-        }
         if self.features.userns {
             a.push(["--unshare-user", "--disable-userns"]);
         }
@@ -74,35 +92,87 @@ impl Invocation<'_> {
                 None => a.push([OsStr::new("--ro-bind"), path.as_os_str(), path.as_os_str()]),
             }
         }
-        let etc = ETC_ALWAYS
-            .iter()
-            .chain(if self.network { ETC_NETWORK } else { &[] });
-        for path in etc {
+        for path in ETC_ALWAYS {
             a.push(["--ro-bind-try", *path, *path]);
         }
         a.push(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+        if let Some(e) = self.egress {
+            a.push([
+                OsStr::new("--ro-bind"),
+                e.forwarder.as_os_str(),
+                OsStr::new(FORWARDER_IN_SANDBOX),
+            ]);
+            a.push([
+                OsStr::new("--bind"),
+                e.socket.as_os_str(),
+                OsStr::new(PROXY_SOCKET_IN_SANDBOX),
+            ]);
+        }
         a.push([
             OsStr::new("--bind"),
             self.workspace.as_os_str(),
             OsStr::new(WORKSPACE),
         ]);
-        a.push(["--chdir", WORKSPACE, "--hostname", HOSTNAME, "--clearenv"]);
+        a.push(["--chdir", WORKSPACE, "--hostname", HOSTNAME]);
+        // The environment is bwrap's own (built from scratch in `command`), minus what a
+        // wrapper shell may have added.
         a.push([
-            "--setenv", "PATH", PATH, "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
+            "--unsetenv",
+            "PWD",
+            "--unsetenv",
+            "SHLVL",
+            "--unsetenv",
+            "_",
         ]);
-        a.push(["--setenv", "FORKYARD_SANDBOX_ID", self.sandbox_id]);
-        for (k, v) in self.env {
-            a.push(["--setenv", k.as_str(), v.as_str()]);
-        }
         a.push(["--"]);
+        if self.egress.is_some() {
+            a.push([
+                FORWARDER_IN_SANDBOX,
+                PROXY_ADDR,
+                PROXY_SOCKET_IN_SANDBOX,
+                "--",
+            ]);
+        }
         a.0.extend(self.argv.iter().map(OsString::from));
         a.0
     }
 
-    /// The command, with bwrap's own environment empty too.
+    /// The sandboxed command's whole environment.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = [
+            ("PATH", PATH),
+            ("HOME", "/tmp"),
+            ("LANG", "C.UTF-8"),
+            ("FORKYARD_SANDBOX_ID", self.sandbox_id),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        if self.egress.is_some() {
+            let url = format!("http://{PROXY_ADDR}");
+            for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                env.push((k.to_owned(), url.clone()));
+            }
+            env.push(("NO_PROXY".into(), "localhost,127.0.0.1".into()));
+        }
+        env.extend(self.env.iter().cloned());
+        env
+    }
+
+    /// The command: bubblewrap (behind the cgroup-joining shell when there are cgroups),
+    /// with an environment holding exactly [`Self::env`]. The values travel in the
+    /// process environment (`/proc/<pid>/environ`, owner-only), never on a command line.
     pub fn command(&self) -> Command {
-        let mut cmd = Command::new(self.bwrap);
-        cmd.env_clear().args(self.args());
+        let mut cmd = if self.cgroup_procs.is_empty() {
+            Command::new(self.bwrap)
+        } else {
+            let mut c = Command::new("/bin/sh");
+            c.args(["-c", JOIN_CGROUPS, "forkyard-join"]);
+            c.args(self.cgroup_procs);
+            c.arg("--").arg(self.bwrap);
+            c
+        };
+        cmd.env_clear().envs(self.env()).args(self.args());
         cmd
     }
 }
@@ -152,7 +222,8 @@ pub async fn probe(bwrap: &Path, scratch: &Path) -> Result<Features, String> {
             features,
             workspace: scratch,
             sandbox_id: "probe",
-            network: false,
+            egress: None,
+            cgroup_procs: &[],
             argv: &argv,
             env: &[],
         };
@@ -196,39 +267,58 @@ pub fn resolve(path: &Path) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
-    fn args(network: bool) -> Vec<String> {
+    fn inv_args(egress: bool) -> (Vec<String>, Vec<(String, String)>) {
         let argv = ["ls".to_owned()];
-        let env = [("A".to_owned(), "1".to_owned())];
+        let env = [("A".to_owned(), "secret-value".to_owned())];
         let inv = Invocation {
             bwrap: Path::new("bwrap"),
             features: Features { userns: true },
             workspace: Path::new("/state/ws"),
             sandbox_id: "sbx-1",
-            network,
+            egress: egress.then_some(Egress {
+                socket: Path::new("/state/egress.sock"),
+                forwarder: Path::new("/bin/fwd"),
+            }),
+            cgroup_procs: &[],
             argv: &argv,
             env: &env,
         };
-        inv.args()
+        let args = inv
+            .args()
             .into_iter()
             .map(|s| s.into_string().unwrap())
-            .collect()
+            .collect();
+        (args, inv.env())
     }
 
     #[test]
-    fn isolation_flags_and_command_last() {
-        let a = args(false).join(" ");
+    fn isolation_flags_and_command_last_and_no_env_on_argv() {
+        let (a, env) = inv_args(false);
+        let a = a.join(" ");
         assert!(a.starts_with("--unshare-all"), "{a}");
         assert!(!a.contains("--share-net"), "{a}");
         assert!(a.contains("--bind /state/ws /workspace"), "{a}");
-        assert!(a.contains("--clearenv"), "{a}");
-        assert!(a.contains("--setenv A 1"), "{a}");
+        assert!(!a.contains("secret-value") && !a.contains("sbx-1"), "{a}");
+        assert!(env.contains(&("A".into(), "secret-value".into())));
+        assert!(env.contains(&("FORKYARD_SANDBOX_ID".into(), "sbx-1".into())));
         assert!(!a.contains("--ro-bind /etc /etc"), "{a}");
         assert!(!a.contains("resolv.conf"), "{a}");
         assert!(a.ends_with("-- ls"), "{a}");
-        let a = args(true).join(" ");
+        let (a, env) = inv_args(true);
+        let a = a.join(" ");
         assert!(
-            a.contains("--share-net") && a.contains("resolv.conf"),
+            !a.contains("--share-net"),
+            "egress keeps its own netns: {a}"
+        );
+        assert!(
+            a.ends_with(
+                "-- /run/forkyard/egress-forwarder 127.0.0.1:3128 /run/forkyard/egress.sock -- ls"
+            ),
             "{a}"
+        );
+        assert!(
+            env.iter()
+                .any(|(k, v)| k == "HTTPS_PROXY" && v == "http://127.0.0.1:3128")
         );
     }
 }

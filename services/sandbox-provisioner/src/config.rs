@@ -1,6 +1,6 @@
 //! Command-line flags (each also read from an environment variable).
 
-use crate::provisioner::Config;
+use crate::{cgroup::Limits, provisioner::Config};
 use forkyard_common::config::{StateDirArg, TemporalArgs, parse_listen};
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -30,6 +30,42 @@ pub struct Args {
     /// Limit for cloning a sandbox's repository.
     #[arg(long, env = "FORKYARD_CLONE_TIMEOUT_SECS", default_value_t = 300)]
     pub clone_timeout_secs: u64,
+    /// Run sandboxes without a user namespace when the host cannot create one (refused
+    /// by default).
+    #[arg(long, env = "FORKYARD_ALLOW_NO_USERNS", default_value_t = false)]
+    pub allow_no_userns: bool,
+    /// Cgroup (under each hierarchy's root) that holds one group per sandbox; empty
+    /// disables cgroups.
+    #[arg(long, env = "FORKYARD_CGROUP_PARENT", default_value = "forkyard")]
+    pub cgroup_parent: String,
+    /// Refuse to start without working cgroups (default: warn and run without limits).
+    #[arg(long, env = "FORKYARD_REQUIRE_CGROUPS", default_value_t = false)]
+    pub require_cgroups: bool,
+    /// Default memory limit per sandbox, MiB (0 = unlimited).
+    #[arg(long, env = "FORKYARD_SANDBOX_MEMORY_MB", default_value_t = 4096)]
+    pub sandbox_memory_mb: u64,
+    /// Default process/thread limit per sandbox (0 = unlimited).
+    #[arg(long, env = "FORKYARD_SANDBOX_PIDS", default_value_t = 1024)]
+    pub sandbox_pids: u64,
+    /// Default CPU limit per sandbox in thousandths of a core (0 = unlimited).
+    #[arg(long, env = "FORKYARD_SANDBOX_CPU_MILLIS", default_value_t = 2000)]
+    pub sandbox_cpu_millis: u64,
+    /// Default workspace size bound per sandbox, MiB (0 = unbounded).
+    #[arg(long, env = "FORKYARD_SANDBOX_DISK_MB", default_value_t = 10240)]
+    pub sandbox_disk_mb: u64,
+    /// Default sandbox lifetime; the provisioner destroys it afterwards (0 = no TTL).
+    #[arg(long, env = "FORKYARD_SANDBOX_TTL_SECS", default_value_t = 14400)]
+    pub sandbox_ttl_secs: u64,
+    /// How often expired sandboxes are looked for.
+    #[arg(long, env = "FORKYARD_REAP_INTERVAL_SECS", default_value_t = 30)]
+    pub reap_interval_secs: u64,
+    /// The `sandbox-egress-forwarder` binary (default: next to this executable); egress
+    /// allowlists are refused when it is missing.
+    #[arg(long, env = "FORKYARD_EGRESS_FORWARDER")]
+    pub egress_forwarder: Option<PathBuf>,
+    /// Where workspace snapshots are stored (default `<state>/snapshots`).
+    #[arg(long, env = "FORKYARD_SNAPSHOT_DIR")]
+    pub snapshot_dir: Option<PathBuf>,
 }
 
 impl Args {
@@ -53,14 +89,43 @@ impl Args {
             Some(e) => e.trim().to_owned(),
             None => format!("http://{listen}"),
         };
-        let state_dir = self.state.ensure()?;
-        let config = Config {
-            state_dir,
-            bwrap_path: self.bwrap_path.clone(),
-            advertise_endpoint: advertise,
-            exec_timeout: Duration::from_secs(self.exec_timeout_secs),
-            clone_timeout: Duration::from_secs(self.clone_timeout_secs),
+        if self.reap_interval_secs == 0 {
+            return Err(
+                "FORKYARD_REAP_INTERVAL_SECS (--reap-interval-secs) must be at least 1".into(),
+            );
+        }
+        let forwarder = match &self.egress_forwarder {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) => Some(p.clone()),
+            None => std::env::current_exe()
+                .ok()
+                .and_then(|e| Some(e.parent()?.join("sandbox-egress-forwarder")))
+                .filter(|p| p.is_file()),
         };
+        let state_dir = self.state.ensure()?;
+        let mut config = Config::new(state_dir, advertise);
+        config.bwrap_path.clone_from(&self.bwrap_path);
+        config.exec_timeout = Duration::from_secs(self.exec_timeout_secs);
+        config.clone_timeout = Duration::from_secs(self.clone_timeout_secs);
+        config.allow_no_userns = self.allow_no_userns;
+        let parent = self.cgroup_parent.trim();
+        if parent.contains("..") || parent.starts_with('/') {
+            return Err("FORKYARD_CGROUP_PARENT (--cgroup-parent) must be a relative name".into());
+        }
+        config.cgroup_parent = (!parent.is_empty()).then(|| parent.to_owned());
+        config.require_cgroups = self.require_cgroups;
+        config.default_limits = Limits {
+            memory_bytes: self.sandbox_memory_mb << 20,
+            pids: self.sandbox_pids,
+            cpu_millis: self.sandbox_cpu_millis,
+        };
+        config.default_disk_bytes = self.sandbox_disk_mb << 20;
+        config.default_ttl = Duration::from_secs(self.sandbox_ttl_secs);
+        config.reap_interval = Duration::from_secs(self.reap_interval_secs);
+        config.forwarder_path = forwarder;
+        if let Some(dir) = &self.snapshot_dir {
+            config.snapshot_dir.clone_from(dir);
+        }
         Ok((listen, config))
     }
 }

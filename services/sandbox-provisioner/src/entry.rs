@@ -9,8 +9,10 @@ use tokio_util::sync::CancellationToken;
 pub(crate) struct Entry {
     pub(crate) record: Mutex<Record>,
     pub(crate) execs: watch::Sender<ExecState>,
-    /// Fired by destroy: every running exec kills its process.
+    /// Fired by destroy: every running exec kills its process, the egress proxy stops.
     pub(crate) cancel: CancellationToken,
+    /// A child of `cancel`, fired (and replaced) by stop: running execs die.
+    stop: Mutex<CancellationToken>,
 }
 
 #[derive(Debug, Default)]
@@ -22,14 +24,29 @@ pub(crate) struct ExecState {
 impl Entry {
     pub(crate) fn new(record: Record) -> Arc<Self> {
         let destroying = record.destroying;
+        let cancel = CancellationToken::new();
         Arc::new(Self {
             record: Mutex::new(record),
             execs: watch::Sender::new(ExecState {
                 destroying,
                 running: 0,
             }),
-            cancel: CancellationToken::new(),
+            stop: Mutex::new(cancel.child_token()),
+            cancel,
         })
+    }
+
+    /// The token a new exec watches: stop or destroy kill it.
+    pub(crate) fn exec_cancel(&self) -> CancellationToken {
+        self.stop.lock().expect("stop lock").clone()
+    }
+
+    /// Kill every running exec (a fresh token for the ones started afterwards).
+    #[allow(dead_code)]
+    pub(crate) fn stop_execs(&self) {
+        let mut stop = self.stop.lock().expect("stop lock");
+        stop.cancel();
+        *stop = self.cancel.child_token();
     }
 
     pub(crate) fn snapshot(&self) -> Sandbox {

@@ -6,13 +6,18 @@
 
 pub mod activities;
 pub mod bwrap;
+pub mod cgroup;
 pub mod config;
+pub mod egress;
 mod entry;
 pub mod error;
+mod exec;
 mod git;
 pub mod grpc;
+mod patch;
 mod process;
 pub mod provisioner;
+mod reaper;
 pub mod store;
 mod validate;
 

@@ -2,18 +2,16 @@
 //! the Temporal activities are thin front doors over [`Provisioner`].
 
 use crate::{
-    bwrap::{self, Features, Invocation},
+    bwrap::{self, Features},
+    cgroup::{Cgroups, Limits},
+    egress::{self, Allowlist},
     entry::Entry,
     error::{ProvisionerError, Result},
     git,
-    process::{self, Caps, Finished, Outcome},
     store::{self, Record, Store},
-    validate,
 };
 use forkyard_proto::sandbox::v1::{
-    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
-    DestroySandboxResponse, ExecRequest, ExecResponse, HealthCheckRequest, HealthCheckResponse,
-    Sandbox,
+    CreateSandboxRequest, DestroySandboxRequest, DestroySandboxResponse, Sandbox, SandboxState,
 };
 use std::os::unix::fs::DirBuilderExt;
 use std::{
@@ -31,7 +29,8 @@ pub const OUTPUT_CAP: usize = 1024 * 1024;
 pub const DEFAULT_PATCH_BYTES: u64 = 1024 * 1024;
 /// Upper bound on a requested patch size, to bound memory.
 pub const MAX_PATCH_BYTES: u64 = 64 * 1024 * 1024;
-const HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Label-selector key that filters [`Provisioner::list`] by state.
+pub const STATE_SELECTOR: &str = "forkyard.state";
 /// How long destroy waits for killed commands to go before removing the workspace anyway.
 const DESTROY_WAIT: Duration = Duration::from_secs(30);
 
@@ -48,33 +47,68 @@ pub struct Config {
     pub exec_timeout: Duration,
     /// Limit for cloning the repository.
     pub clone_timeout: Duration,
+    /// Run sandboxes without a user namespace when the host cannot create one
+    /// (otherwise the provisioner refuses to start).
+    pub allow_no_userns: bool,
+    /// Name of the cgroup (under each hierarchy's root) holding the sandboxes' groups;
+    /// `None` disables cgroups (no limits, destroy by pid namespace only).
+    pub cgroup_parent: Option<String>,
+    /// Refuse to start when cgroups cannot be used (otherwise: a warning, degraded mode).
+    pub require_cgroups: bool,
+    /// Limits for a sandbox whose request gives none (0 = unlimited).
+    pub default_limits: Limits,
+    /// Workspace bound for a sandbox whose request gives none (0 = unbounded).
+    pub default_disk_bytes: u64,
+    /// Lifetime of a sandbox whose request gives none (`ZERO` = no TTL).
+    pub default_ttl: Duration,
+    /// How often expired sandboxes are looked for.
+    pub reap_interval: Duration,
+    /// The `sandbox-egress-forwarder` binary; `None` = egress cannot be offered.
+    pub forwarder_path: Option<PathBuf>,
+    /// Compressed workspace snapshots (`<state>/snapshots` by default).
+    pub snapshot_dir: PathBuf,
 }
 
 impl Config {
     pub fn new(state_dir: impl Into<PathBuf>, advertise_endpoint: impl Into<String>) -> Self {
+        let state_dir: PathBuf = state_dir.into();
         Self {
-            state_dir: state_dir.into(),
+            snapshot_dir: state_dir.join("snapshots"),
+            state_dir,
             bwrap_path: "bwrap".into(),
             advertise_endpoint: advertise_endpoint.into(),
             exec_timeout: Duration::from_secs(600),
             clone_timeout: Duration::from_secs(300),
+            allow_no_userns: false,
+            cgroup_parent: Some("forkyard".into()),
+            require_cgroups: false,
+            default_limits: Limits {
+                memory_bytes: 4 << 30,
+                pids: 1024,
+                cpu_millis: 2000,
+            },
+            default_disk_bytes: 10 << 30,
+            default_ttl: Duration::from_secs(4 * 3600),
+            reap_interval: Duration::from_secs(30),
+            forwarder_path: None,
         }
     }
 }
 
 pub struct Provisioner {
-    config: Config,
-    bwrap: PathBuf,
-    features: Features,
-    store: Store,
-    sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
+    pub(crate) config: Config,
+    pub(crate) bwrap: PathBuf,
+    pub(crate) features: Features,
+    pub(crate) store: Store,
+    pub(crate) cgroups: Option<Cgroups>,
+    pub(crate) sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
     /// One lock per idempotency key with a create in flight.
     creating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Provisioner {
-    /// Check bubblewrap works, then load the sandboxes a previous run left. Errors are
-    /// configuration errors and name the setting.
+    /// Check bubblewrap and cgroups work, then take over the sandboxes a previous run
+    /// left (see [`crate::reaper`]). Errors are configuration errors naming the setting.
     pub async fn open(config: Config) -> Result<Arc<Self>, String> {
         let bwrap = bwrap::resolve(&config.bwrap_path).ok_or_else(|| {
             format!(
@@ -92,7 +126,40 @@ impl Provisioner {
             .await
             .map_err(|e| format!("FORKYARD_BWRAP_PATH (--bwrap-path): {e}"))?;
         if !features.userns {
-            warn!(bwrap = %bwrap.display(), "no user namespace available: sandboxes run without one");
+            if !config.allow_no_userns {
+                return Err(format!(
+                    "FORKYARD_ALLOW_NO_USERNS (--allow-no-userns): {} cannot create a user \
+                     namespace on this host; refusing to run sandboxes without one",
+                    bwrap.display()
+                ));
+            }
+            warn!(bwrap = %bwrap.display(), "no user namespace available: sandboxes run without one (FORKYARD_ALLOW_NO_USERNS)");
+        }
+        let cgroups = match &config.cgroup_parent {
+            None => {
+                warn!("cgroups disabled: sandboxes have no memory, pids or CPU limits");
+                None
+            }
+            Some(parent) => {
+                match Cgroups::detect(&crate::cgroup::instance_parent(parent, &config.state_dir)) {
+                    Ok(cg) => Some(cg),
+                    Err(e) if config.require_cgroups => {
+                        return Err(format!("FORKYARD_REQUIRE_CGROUPS (--require-cgroups): {e}"));
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "DEGRADED: cgroups unavailable; sandboxes run without memory, pids or CPU limits and destroy relies on pid namespaces");
+                        None
+                    }
+                }
+            }
+        };
+        if let Some(fwd) = &config.forwarder_path
+            && bwrap::resolve(fwd).is_none()
+        {
+            return Err(format!(
+                "FORKYARD_EGRESS_FORWARDER (--egress-forwarder) {}: no such executable",
+                fwd.display()
+            ));
         }
         let records = store.load_all().map_err(|e| {
             format!(
@@ -100,34 +167,47 @@ impl Provisioner {
                 config.state_dir.display()
             )
         })?;
-        let mut sandboxes = HashMap::new();
-        for record in records {
-            if record.destroying {
-                info!(sandbox_id = %record.id, "finishing a destroy interrupted by a restart");
-                if let Err(e) = store::remove_all(&store.dir(&record.id)) {
-                    warn!(sandbox_id = %record.id, error = %e, "cannot remove sandbox");
-                    sandboxes.insert(record.id.clone(), Entry::new(record));
-                }
-                continue;
-            }
-            sandboxes.insert(record.id.clone(), Entry::new(record));
-        }
-        info!(
-            sandboxes = sandboxes.len(),
-            ?features,
-            "sandbox provisioner ready"
-        );
-        Ok(Arc::new(Self {
+        let core = Arc::new(Self {
             config,
             bwrap,
             features,
             store,
-            sandboxes: Mutex::new(sandboxes),
+            cgroups,
+            sandboxes: Mutex::new(HashMap::new()),
             creating: Mutex::new(HashMap::new()),
-        }))
+        });
+        core.reconcile(records).await;
+        info!(
+            sandboxes = core.sandboxes.lock().expect("sandboxes lock").len(),
+            ?features,
+            cgroups = ?core.cgroups.as_ref().map(|c| c.version),
+            "sandbox provisioner ready"
+        );
+        crate::reaper::spawn(&core);
+        Ok(core)
     }
 
-    fn entry(&self, id: &str) -> Result<Arc<Entry>> {
+    /// Make the running side of a sandbox: its cgroups and its egress proxy.
+    pub(crate) fn activate(&self, entry: &Arc<Entry>) -> Result<()> {
+        let record = entry.record();
+        if let Some(cg) = &self.cgroups {
+            cg.create(&record.id, record.limits)
+                .map_err(|e| ProvisionerError::internal("create cgroup", e))?;
+        }
+        if !record.egress_allow.is_empty() {
+            let allow = Allowlist::parse(&record.egress_allow)
+                .map_err(|e| ProvisionerError::invalid("egress_allow", e))?;
+            egress::spawn(
+                &self.store.egress_socket(&record.id),
+                allow,
+                entry.cancel.child_token(),
+            )
+            .map_err(|e| ProvisionerError::internal("start egress proxy", e))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn entry(&self, id: &str) -> Result<Arc<Entry>> {
         self.sandboxes
             .lock()
             .expect("sandboxes lock")
@@ -153,14 +233,7 @@ impl Provisioner {
         if req.repo.trim().is_empty() {
             return Err(ProvisionerError::invalid("repo", "must not be empty"));
         }
-        if req.network {
-            // Sharing the host's network would expose every loopback service (this one,
-            // Temporal) to the sandbox; network access arrives with the egress proxy.
-            return Err(ProvisionerError::invalid(
-                "network",
-                "sandboxes have no network in this release (an egress allowlist proxy is planned)",
-            ));
-        }
+        self.check_network(&req)?;
         self.check_repo_location(&req.repo)?;
         git::check_branch(&req.branch).await?;
         if req.idempotency_key.is_empty() {
@@ -194,20 +267,108 @@ impl Provisioner {
         result
     }
 
-    /// A local repository must not be one of this provisioner's own directories (other
-    /// sandboxes' workspaces, its state).
+    /// Network only through the egress allowlist proxy: a sandbox never shares the host's
+    /// network (every loopback service, this one and Temporal included, would be exposed).
+    pub(crate) fn check_network(&self, req: &CreateSandboxRequest) -> Result<()> {
+        if req.network && req.egress_allow.is_empty() {
+            return Err(ProvisionerError::invalid(
+                "network",
+                "unrestricted network is not offered; list the reachable hosts in egress_allow",
+            ));
+        }
+        Allowlist::parse(&req.egress_allow)
+            .map_err(|e| ProvisionerError::invalid("egress_allow", e))?;
+        if !req.egress_allow.is_empty() && self.config.forwarder_path.is_none() {
+            return Err(ProvisionerError::FailedPrecondition(
+                "egress is not available: the provisioner has no egress forwarder configured"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The record a new sandbox starts with (workspace not yet made).
+    pub(crate) fn new_record(
+        &self,
+        id: &str,
+        req: &CreateSandboxRequest,
+        base_commit: String,
+    ) -> Record {
+        let d = self.config.default_limits;
+        let l = req.limits.unwrap_or_default();
+        let pick = |v: u64, default: u64| if v == 0 { default } else { v };
+        let ttl = match req.ttl_secs {
+            0 => self.config.default_ttl,
+            s => Duration::from_secs(s.into()),
+        };
+        let now = now_ms();
+        Record {
+            id: id.to_owned(),
+            backend: BACKEND.to_owned(),
+            destroying: false,
+            labels: req.labels.clone(),
+            branch: req.branch.clone(),
+            base_commit,
+            created_unix_ms: now,
+            owner_endpoint: self.config.advertise_endpoint.clone(),
+            idempotency_key: req.idempotency_key.clone(),
+            network: req.network || !req.egress_allow.is_empty(),
+            repo: req.repo.clone(),
+            base_ref: req.base_ref.clone(),
+            limits: Limits {
+                memory_bytes: pick(l.memory_bytes, d.memory_bytes),
+                pids: pick(l.pids.into(), d.pids),
+                cpu_millis: pick(l.cpu_millis.into(), d.cpu_millis),
+            },
+            disk_bytes: pick(l.disk_bytes, self.config.default_disk_bytes),
+            egress_allow: req.egress_allow.clone(),
+            expires_unix_ms: if ttl.is_zero() {
+                0
+            } else {
+                now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+            },
+            stopped: false,
+            workspace_bytes: 0,
+        }
+    }
+
+    /// Save `record` (its workspace is complete), start its cgroups and proxy, and
+    /// register it.
+    pub(crate) fn register(&self, record: Record) -> Result<Sandbox> {
+        self.store.save(&record)?;
+        let id = record.id.clone();
+        let entry = Entry::new(record);
+        if let Err(e) = self.activate(&entry) {
+            entry.cancel.cancel();
+            if let Some(cg) = &self.cgroups {
+                cg.remove(&id);
+            }
+            let _ = store::remove_all(&self.store.dir(&id));
+            return Err(e);
+        }
+        let sandbox = entry.snapshot();
+        self.sandboxes
+            .lock()
+            .expect("sandboxes lock")
+            .insert(id.clone(), entry);
+        info!(sandbox_id = %id, branch = %sandbox.branch, base_commit = %sandbox.base_commit, "sandbox created");
+        Ok(sandbox)
+    }
+
+    /// A local repository must not be another sandbox's workspace.
     fn check_repo_location(&self, repo: &str) -> Result<()> {
         if repo.contains("://") || repo.starts_with("git@") {
             return Ok(());
         }
-        let state = std::fs::canonicalize(&self.config.state_dir)
-            .unwrap_or_else(|_| self.config.state_dir.clone());
+        // Other sandboxes' workspaces live here; the rest of the state dir holds no repos.
+        let state = std::fs::canonicalize(self.store.root())
+            .unwrap_or_else(|_| self.store.root().to_path_buf());
         if let Ok(path) = std::fs::canonicalize(repo)
             && path.starts_with(&state)
         {
             return Err(ProvisionerError::invalid(
                 "repo",
-                "is inside the provisioner's state directory",
+                "is inside the provisioner's sandboxes directory",
             ));
         }
         Ok(())
@@ -234,29 +395,9 @@ impl Provisioner {
         )
         .await
         .inspect_err(|e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"))?;
-        let record = Record {
-            id: id.clone(),
-            backend: BACKEND.to_owned(),
-            destroying: false,
-            labels: req.labels,
-            branch: req.branch,
-            base_commit,
-            created_unix_ms: now_ms(),
-            owner_endpoint: self.config.advertise_endpoint.clone(),
-            idempotency_key: req.idempotency_key,
-            network: req.network,
-            repo: req.repo,
-            base_ref: req.base_ref,
-        };
-        self.store.save(&record)?;
+        let record = self.new_record(&id, &req, base_commit);
+        let sandbox = self.register(record)?;
         cleanup.0 = None;
-        let entry = Entry::new(record);
-        let sandbox = entry.snapshot();
-        self.sandboxes
-            .lock()
-            .expect("sandboxes lock")
-            .insert(id.clone(), entry);
-        info!(sandbox_id = %id, branch = %sandbox.branch, base_commit = %sandbox.base_commit, "sandbox created");
         Ok(sandbox)
     }
 
@@ -264,190 +405,29 @@ impl Provisioner {
         Ok(self.entry(id)?.snapshot())
     }
 
-    /// Sandboxes carrying every label of `selector`, oldest first.
+    /// Sandboxes carrying every label of `selector`, oldest first. The reserved key
+    /// [`STATE_SELECTOR`] filters by state ("ready", "stopped", "destroying", comma-separated).
     pub fn list(&self, selector: &HashMap<String, String>) -> Vec<Sandbox> {
+        let states: Vec<String> = selector
+            .get(STATE_SELECTOR)
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_ascii_lowercase())
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut out: Vec<Sandbox> = {
             let map = self.sandboxes.lock().expect("sandboxes lock");
             map.values().map(|e| e.snapshot()).collect()
         };
-        out.retain(|s| selector.iter().all(|(k, v)| s.labels.get(k) == Some(v)));
+        out.retain(|s| {
+            selector
+                .iter()
+                .all(|(k, v)| k == STATE_SELECTOR || s.labels.get(k) == Some(v))
+                && (states.is_empty() || states.iter().any(|st| *st == state_name(s.state)))
+        });
         out.sort_by(|a, b| (a.created_unix_ms, &a.id).cmp(&(b.created_unix_ms, &b.id)));
         out
-    }
-
-    pub async fn exec(&self, req: ExecRequest) -> Result<ExecResponse> {
-        validate::argv(&req.argv)?;
-        let mut env = Vec::with_capacity(req.env.len());
-        for (k, v) in req.env {
-            validate::env(&k, &v)?;
-            env.push((k, v));
-        }
-        env.sort();
-        let timeout = match req.timeout_secs {
-            0 => self.config.exec_timeout,
-            s => Duration::from_secs(s.into()),
-        };
-        let caps = Caps {
-            stdout: OUTPUT_CAP,
-            stderr: OUTPUT_CAP,
-        };
-        let f = self
-            .run_in(&req.sandbox_id, &req.argv, &env, timeout, caps)
-            .await?;
-        let timed_out = matches!(f.outcome, Outcome::TimedOut);
-        let exit_code = match f.outcome {
-            Outcome::Exited { code } => code,
-            _ => -1,
-        };
-        Ok(ExecResponse {
-            exit_code,
-            output_truncated: f.stdout.truncated() || f.stderr.truncated(),
-            stdout: f.stdout.lossy(),
-            stderr: f.stderr.lossy(),
-            timed_out,
-            duration_ms: u64::try_from(f.duration.as_millis()).unwrap_or(u64::MAX),
-        })
-    }
-
-    /// Run one command in a fresh bubblewrap over the sandbox's workspace.
-    async fn run_in(
-        &self,
-        id: &str,
-        argv: &[String],
-        env: &[(String, String)],
-        timeout: Duration,
-        caps: Caps,
-    ) -> Result<Finished> {
-        let entry = self.entry(id)?;
-        let Some(_guard) = entry.begin_exec() else {
-            return Err(ProvisionerError::FailedPrecondition(format!(
-                "sandbox {id} is being destroyed"
-            )));
-        };
-        let network = entry.record.lock().expect("record lock").network;
-        let workspace = self.store.workspace(id);
-        let inv = Invocation {
-            bwrap: &self.bwrap,
-            features: self.features,
-            workspace: &workspace,
-            sandbox_id: id,
-            network,
-            argv,
-            env,
-        };
-        let f = process::run(inv.command(), timeout, caps, &entry.cancel)
-            .await
-            .map_err(|e| ProvisionerError::internal("cannot start bwrap", e))?;
-        if matches!(f.outcome, Outcome::Cancelled) {
-            return Err(ProvisionerError::FailedPrecondition(format!(
-                "sandbox {id} was destroyed while the command ran"
-            )));
-        }
-        Ok(f)
-    }
-
-    pub async fn health(&self, req: HealthCheckRequest) -> Result<HealthCheckResponse> {
-        let argv = ["test", "-d", "/workspace/.git"].map(String::from);
-        let caps = Caps {
-            stdout: 4096,
-            stderr: 4096,
-        };
-        let (healthy, detail) = match self
-            .run_in(&req.sandbox_id, &argv, &[], HEALTH_TIMEOUT, caps)
-            .await
-        {
-            Ok(f) => match f.outcome {
-                Outcome::Exited { code: 0 } => (
-                    true,
-                    format!(
-                        "workspace visible, checked in {} ms",
-                        f.duration.as_millis()
-                    ),
-                ),
-                Outcome::Exited { code } => (
-                    false,
-                    format!("workspace check exited {code}: {}", f.stderr.lossy().trim()),
-                ),
-                Outcome::TimedOut | Outcome::Cancelled => {
-                    (false, "workspace check did not finish".to_owned())
-                }
-            },
-            Err(e @ ProvisionerError::Internal(_)) => (false, e.to_string()),
-            Err(e) => return Err(e),
-        };
-        if !healthy {
-            warn!(sandbox_id = %req.sandbox_id, detail = %detail, "sandbox unhealthy");
-        }
-        Ok(HealthCheckResponse { healthy, detail })
-    }
-
-    /// The workspace's changes against the base commit, computed by git inside the
-    /// sandbox (the agent controls the repository: its hooks and config never run here).
-    pub async fn collect_patch(&self, req: CollectPatchRequest) -> Result<CollectPatchResponse> {
-        let id = &req.sandbox_id;
-        let base = self.entry(id)?.record().base_commit;
-        let max = match req.max_bytes {
-            0 => DEFAULT_PATCH_BYTES,
-            n => n.min(MAX_PATCH_BYTES),
-        };
-        let env = git::sandbox_env();
-        let timeout = self.config.exec_timeout;
-        let git = |args: &[&str]| -> Vec<String> {
-            std::iter::once("git")
-                .chain(args.iter().copied())
-                .map(String::from)
-                .collect()
-        };
-        let small = Caps {
-            stdout: 64 * 1024,
-            stderr: 64 * 1024,
-        };
-        let diff = [
-            "diff",
-            "--cached",
-            "--no-color",
-            "--no-ext-diff",
-            "--no-textconv",
-        ];
-
-        let staged = self
-            .run_in(id, &git(&["add", "-A"]), &env, timeout, small)
-            .await?;
-        check_git(&staged, "git add")?;
-        let patch_args: Vec<&str> = diff
-            .iter()
-            .copied()
-            .chain(["--binary", &base, "--"])
-            .collect();
-        let caps = Caps {
-            stdout: usize::try_from(max).unwrap_or(usize::MAX),
-            stderr: 64 * 1024,
-        };
-        let patch = self
-            .run_in(id, &git(&patch_args), &env, timeout, caps)
-            .await?;
-        check_git(&patch, "git diff")?;
-        let numstat_args: Vec<&str> = diff
-            .iter()
-            .copied()
-            .chain(["--numstat", &base, "--"])
-            .collect();
-        let caps = Caps {
-            stdout: 16 * 1024 * 1024,
-            stderr: 64 * 1024,
-        };
-        let numstat = self
-            .run_in(id, &git(&numstat_args), &env, timeout, caps)
-            .await?;
-        check_git(&numstat, "git diff --numstat")?;
-
-        Ok(CollectPatchResponse {
-            truncated: patch.stdout.truncated(),
-            patch_bytes: patch.stdout.total,
-            patch: patch.stdout.lossy(),
-            diffstat: Some(git::parse_numstat(&numstat.stdout.lossy())),
-            base_commit: base,
-        })
     }
 
     /// Kill every command running in the sandbox, wait for them and remove it.
@@ -466,6 +446,12 @@ impl Provisioner {
             warn!(sandbox_id = %id, error = %e, "cannot mark sandbox as destroying on disk");
         }
         entry.cancel.cancel();
+        // The cgroup holds every process the sandbox ever started, also ones that left
+        // the exec's process tree.
+        if let Some(cg) = self.cgroups.clone() {
+            let id = id.clone();
+            let _ = tokio::task::spawn_blocking(move || cg.kill_all(&id)).await;
+        }
         let mut execs = entry.execs.subscribe();
         if tokio::time::timeout(DESTROY_WAIT, execs.wait_for(|s| s.running == 0))
             .await
@@ -478,26 +464,26 @@ impl Provisioner {
             .await
             .map_err(|e| ProvisionerError::internal("remove sandbox", e))?
             .map_err(|e| ProvisionerError::internal("remove sandbox", e))?;
+        if let Some(cg) = self.cgroups.clone() {
+            let id = id.clone();
+            let _ = tokio::task::spawn_blocking(move || cg.remove(&id)).await;
+        }
         self.sandboxes.lock().expect("sandboxes lock").remove(id);
         info!(sandbox_id = %id, reason = %req.reason, "sandbox destroyed");
         Ok(DestroySandboxResponse { existed: true })
     }
 }
 
-fn check_git(f: &Finished, what: &str) -> Result<()> {
-    match f.outcome {
-        Outcome::Exited { code: 0 } => Ok(()),
-        Outcome::Exited { code } => Err(ProvisionerError::FailedPrecondition(format!(
-            "{what} in the sandbox exited {code}: {}",
-            f.stderr.lossy().trim()
-        ))),
-        _ => Err(ProvisionerError::Internal(format!(
-            "{what} in the sandbox timed out"
-        ))),
+fn state_name(state: i32) -> &'static str {
+    match SandboxState::try_from(state) {
+        Ok(SandboxState::Ready) => "ready",
+        Ok(SandboxState::Stopped) => "stopped",
+        Ok(SandboxState::Destroying) => "destroying",
+        _ => "unspecified",
     }
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     let since = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -505,7 +491,7 @@ fn now_ms() -> i64 {
 }
 
 /// Removes a half-created sandbox directory when dropped while armed.
-struct DirCleanup(Option<PathBuf>);
+pub(crate) struct DirCleanup(pub(crate) Option<PathBuf>);
 
 impl Drop for DirCleanup {
     fn drop(&mut self) {

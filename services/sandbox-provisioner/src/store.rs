@@ -2,8 +2,9 @@
 //! `workspace/` clone. A record is written last (atomically) when a sandbox is created,
 //! so a directory without a readable record is an interrupted create.
 
+use crate::cgroup::Limits;
 use crate::error::{ProvisionerError, Result};
-use forkyard_proto::sandbox::v1::{Sandbox, SandboxState};
+use forkyard_proto::sandbox::v1::{Sandbox, SandboxLimits, SandboxState};
 use serde::{Deserialize, Serialize};
 use std::{
     collections::HashMap,
@@ -28,12 +29,33 @@ pub struct Record {
     pub network: bool,
     pub repo: String,
     pub base_ref: String,
+    #[serde(default)]
+    pub limits: Limits,
+    /// Workspace bound in bytes; 0 = none.
+    #[serde(default)]
+    pub disk_bytes: u64,
+    #[serde(default)]
+    pub egress_allow: Vec<String>,
+    /// 0 = never expires.
+    #[serde(default)]
+    pub expires_unix_ms: i64,
+    #[serde(default)]
+    pub stopped: bool,
+    /// Size of the workspace at the last check (not authoritative on disk).
+    #[serde(default)]
+    pub workspace_bytes: u64,
 }
 
 impl Record {
+    pub fn over_limit(&self) -> bool {
+        self.disk_bytes > 0 && self.workspace_bytes > self.disk_bytes
+    }
+
     pub fn to_proto(&self, running_execs: u32) -> Sandbox {
         let state = if self.destroying {
             SandboxState::Destroying
+        } else if self.stopped {
+            SandboxState::Stopped
         } else {
             SandboxState::Ready
         };
@@ -47,6 +69,16 @@ impl Record {
             created_unix_ms: self.created_unix_ms,
             owner_endpoint: self.owner_endpoint.clone(),
             running_execs,
+            expires_unix_ms: self.expires_unix_ms,
+            limits: Some(SandboxLimits {
+                memory_bytes: self.limits.memory_bytes,
+                pids: u32::try_from(self.limits.pids).unwrap_or(u32::MAX),
+                cpu_millis: u32::try_from(self.limits.cpu_millis).unwrap_or(u32::MAX),
+                disk_bytes: self.disk_bytes,
+            }),
+            egress_allow: self.egress_allow.clone(),
+            workspace_bytes: self.workspace_bytes,
+            workspace_over_limit: self.over_limit(),
         }
     }
 }
@@ -78,6 +110,11 @@ impl Store {
 
     pub fn workspace(&self, id: &str) -> PathBuf {
         self.dir(id).join(WORKSPACE)
+    }
+
+    /// The egress proxy's socket (outside the workspace: the agent cannot replace it).
+    pub fn egress_socket(&self, id: &str) -> PathBuf {
+        self.dir(id).join("egress.sock")
     }
 
     /// Write the record atomically (temp file + rename).
@@ -149,6 +186,23 @@ pub fn remove_all(path: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
+}
+
+/// Bytes a directory tree occupies on disk (allocated blocks, symlinks not followed).
+pub fn disk_usage(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
+    let mut total = meta.blocks() * 512;
+    if meta.is_dir()
+        && let Ok(entries) = std::fs::read_dir(path)
+    {
+        for e in entries.flatten() {
+            total += disk_usage(&e.path());
+        }
+    }
+    total
 }
 
 fn make_writable(dir: &Path) {

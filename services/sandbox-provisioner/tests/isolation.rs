@@ -231,7 +231,7 @@ async fn destroy_kills_running_commands_and_removes_the_workspace() {
 }
 
 #[tokio::test]
-async fn network_is_refused_until_the_egress_proxy_exists() {
+async fn unrestricted_network_is_refused() {
     let f = fixture().await;
     let mut req = f.request("net");
     req.network = true;
@@ -239,4 +239,37 @@ async fn network_is_refused_until_the_egress_proxy_exists() {
     let status = tonic::Status::from(err);
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("network"), "{}", status.message());
+    let mut req = f.request("net");
+    req.egress_allow = vec!["bad host".into()];
+    let status = tonic::Status::from(f.core.create(req).await.unwrap_err());
+    assert!(
+        status.message().contains("egress_allow"),
+        "{}",
+        status.message()
+    );
+}
+
+#[tokio::test]
+async fn env_values_never_appear_on_a_command_line() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let secret = format!("prompt-{}", common::unique_sleep());
+    let mut req = exec_req(&sbx.id, &["sleep", "2"]);
+    req.env.insert("PROMPT".into(), secret.clone());
+    let core = f.core.clone();
+    let run = tokio::spawn(async move { core.exec(req).await.unwrap() });
+    let started = eventually(Duration::from_secs(10), || {
+        !common::host_pids_with(&format!("--bind {}", f.state.display())).is_empty()
+            || !common::host_pids_with("sleep 2").is_empty()
+    })
+    .await;
+    assert!(started);
+    assert!(
+        host_pids_with(&secret).is_empty(),
+        "env value visible in a host argv"
+    );
+    let out = run.await.unwrap();
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let out = f.sh(&sbx.id, "echo $FORKYARD_SANDBOX_ID").await;
+    assert_eq!(out.stdout.trim(), sbx.id);
 }

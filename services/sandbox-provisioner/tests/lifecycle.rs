@@ -329,13 +329,22 @@ async fn workspaces_are_private_and_the_state_dir_is_not_a_repo_source() {
     use std::os::unix::fs::PermissionsExt;
     let f = fixture().await;
     let sbx = f.create().await;
-    for dir in [f.state.join("sandboxes"), f.state.join("sandboxes").join(&sbx.id)] {
+    for dir in [
+        f.state.join("sandboxes"),
+        f.state.join("sandboxes").join(&sbx.id),
+    ] {
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700, "{} is {mode:o}", dir.display());
     }
     // Another sandbox's workspace cannot be cloned into a new one.
     let mut req = f.request("steal");
-    req.repo = f.state.join("sandboxes").join(&sbx.id).join("workspace").display().to_string();
+    req.repo = f
+        .state
+        .join("sandboxes")
+        .join(&sbx.id)
+        .join("workspace")
+        .display()
+        .to_string();
     let status = tonic::Status::from(f.core.create(req).await.unwrap_err());
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("repo"), "{}", status.message());

@@ -58,6 +58,7 @@ pub fn make_repo(dir: &Path) -> PathBuf {
 pub async fn open(state: &Path) -> Arc<Provisioner> {
     let mut config = Config::new(state, "http://127.0.0.1:50052");
     config.exec_timeout = Duration::from_secs(60);
+    config.forwarder_path = Some(env!("CARGO_BIN_EXE_sandbox-egress-forwarder").into());
     Provisioner::open(config).await.expect("open provisioner")
 }
 

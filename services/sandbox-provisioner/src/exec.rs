@@ -1,0 +1,193 @@
+//! Running commands in a sandbox: the unary exec, and the shared preparation (admission,
+//! cgroups, egress, environment) every kind of exec goes through.
+
+use crate::{
+    bwrap::{Egress, Invocation},
+    entry::{Entry, ExecGuard},
+    error::{ProvisionerError, Result},
+    process::{self, Caps, Finished, Outcome},
+    provisioner::{OUTPUT_CAP, Provisioner},
+    store, validate,
+};
+use forkyard_proto::sandbox::v1::{ExecRequest, ExecResponse};
+use std::{sync::Arc, time::Duration};
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+
+/// A command ready to spawn in a sandbox, holding its place in the sandbox's exec count.
+pub(crate) struct Prepared {
+    pub(crate) entry: Arc<Entry>,
+    pub(crate) command: Command,
+    /// Fires when the sandbox is stopped or destroyed: the command must die.
+    pub(crate) cancel: CancellationToken,
+    oom_before: u64,
+    _guard: ExecGuard,
+}
+
+/// What the sandbox's limits did to one command.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Aftermath {
+    pub(crate) oom_killed: bool,
+    pub(crate) workspace_over_limit: bool,
+}
+
+impl Provisioner {
+    /// Validated argv + env, and the timeout the request asks for.
+    pub(crate) fn exec_params(
+        &self,
+        argv: &[String],
+        env: &std::collections::HashMap<String, String>,
+        timeout_secs: u32,
+    ) -> Result<(Vec<(String, String)>, Duration)> {
+        validate::argv(argv)?;
+        let mut out = Vec::with_capacity(env.len());
+        for (k, v) in env {
+            validate::env(k, v)?;
+            out.push((k.clone(), v.clone()));
+        }
+        out.sort();
+        let timeout = match timeout_secs {
+            0 => self.config.exec_timeout,
+            s => Duration::from_secs(s.into()),
+        };
+        Ok((out, timeout))
+    }
+
+    pub async fn exec(&self, req: ExecRequest) -> Result<ExecResponse> {
+        let (env, timeout) = self.exec_params(&req.argv, &req.env, req.timeout_secs)?;
+        let caps = Caps {
+            stdout: OUTPUT_CAP,
+            stderr: OUTPUT_CAP,
+        };
+        let (f, after) = self
+            .run_checked(&req.sandbox_id, &req.argv, &env, timeout, caps)
+            .await?;
+        let timed_out = matches!(f.outcome, Outcome::TimedOut);
+        let exit_code = match f.outcome {
+            Outcome::Exited { code } => code,
+            _ => -1,
+        };
+        Ok(ExecResponse {
+            exit_code,
+            output_truncated: f.stdout.truncated() || f.stderr.truncated(),
+            stdout: f.stdout.lossy(),
+            stderr: f.stderr.lossy(),
+            timed_out,
+            duration_ms: u64::try_from(f.duration.as_millis()).unwrap_or(u64::MAX),
+            oom_killed: after.oom_killed,
+            workspace_over_limit: after.workspace_over_limit,
+        })
+    }
+
+    /// Admit a command into the sandbox and build its bubblewrap command line.
+    pub(crate) fn prepare(
+        &self,
+        id: &str,
+        argv: &[String],
+        env: &[(String, String)],
+    ) -> Result<Prepared> {
+        let entry = self.entry(id)?;
+        let Some(guard) = entry.begin_exec() else {
+            return Err(ProvisionerError::FailedPrecondition(format!(
+                "sandbox {id} is being destroyed"
+            )));
+        };
+        let record = entry.record();
+        if record.stopped {
+            return Err(ProvisionerError::FailedPrecondition(format!(
+                "sandbox {id} is stopped; start it first"
+            )));
+        }
+        let workspace = self.store.workspace(id);
+        let socket = self.store.egress_socket(id);
+        let egress = match (&self.config.forwarder_path, record.egress_allow.is_empty()) {
+            (Some(fwd), false) => Some(Egress {
+                socket: &socket,
+                forwarder: fwd,
+            }),
+            _ => None,
+        };
+        let procs = self
+            .cgroups
+            .as_ref()
+            .map(|cg| cg.procs_files(id))
+            .unwrap_or_default();
+        let inv = Invocation {
+            bwrap: &self.bwrap,
+            features: self.features,
+            workspace: &workspace,
+            sandbox_id: id,
+            egress,
+            cgroup_procs: &procs,
+            argv,
+            env,
+        };
+        let oom_before = self.cgroups.as_ref().map_or(0, |cg| cg.oom_kills(id));
+        Ok(Prepared {
+            command: inv.command(),
+            cancel: entry.exec_cancel(),
+            entry,
+            oom_before,
+            _guard: guard,
+        })
+    }
+
+    /// After a command: did the kernel OOM-kill something, is the workspace too big.
+    pub(crate) async fn aftermath(&self, p: &Prepared) -> Aftermath {
+        let id = p.entry.record().id;
+        let oom_killed = self
+            .cgroups
+            .as_ref()
+            .is_some_and(|cg| cg.oom_kills(&id) > p.oom_before);
+        let ws = self.store.workspace(&id);
+        let bytes = tokio::task::spawn_blocking(move || store::disk_usage(&ws))
+            .await
+            .unwrap_or(0);
+        let over = {
+            let mut r = p.entry.record.lock().expect("record lock");
+            r.workspace_bytes = bytes;
+            r.over_limit()
+        };
+        if over {
+            tracing::warn!(sandbox_id = %id, bytes, "workspace over its disk limit");
+        }
+        Aftermath {
+            oom_killed,
+            workspace_over_limit: over,
+        }
+    }
+
+    /// Run one command to completion in a fresh bubblewrap over the sandbox's workspace.
+    pub(crate) async fn run_in(
+        &self,
+        id: &str,
+        argv: &[String],
+        env: &[(String, String)],
+        timeout: Duration,
+        caps: Caps,
+    ) -> Result<Finished> {
+        Ok(self.run_checked(id, argv, env, timeout, caps).await?.0)
+    }
+
+    async fn run_checked(
+        &self,
+        id: &str,
+        argv: &[String],
+        env: &[(String, String)],
+        timeout: Duration,
+        caps: Caps,
+    ) -> Result<(Finished, Aftermath)> {
+        let mut p = self.prepare(id, argv, env)?;
+        let cmd = std::mem::replace(&mut p.command, Command::new("true"));
+        let f = process::run(cmd, timeout, caps, &p.cancel)
+            .await
+            .map_err(|e| ProvisionerError::internal("cannot start bwrap", e))?;
+        if matches!(f.outcome, Outcome::Cancelled) {
+            return Err(ProvisionerError::FailedPrecondition(format!(
+                "sandbox {id} was stopped or destroyed while the command ran"
+            )));
+        }
+        let after = self.aftermath(&p).await;
+        Ok((f, after))
+    }
+}

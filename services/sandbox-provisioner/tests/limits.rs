@@ -1,0 +1,160 @@
+//! Cgroup limits: processes, memory, and destroy by cgroup. This host runs cgroup v1
+//! (root); on a host without writable cgroups these tests are skipped with a message.
+
+mod common;
+
+use common::{eventually, exec_req, fixture};
+use forkyard_proto::sandbox::v1::{DestroySandboxRequest, SandboxLimits};
+use std::time::Duration;
+
+fn cgroups_writable() -> bool {
+    let ok = forkyard_sandbox_provisioner::cgroup::Cgroups::detect("forkyard-test-probe").is_ok();
+    if !ok {
+        eprintln!("SKIPPED: cgroups not writable on this host");
+    }
+    ok
+}
+
+#[tokio::test]
+async fn a_fork_bomb_is_capped_by_pids_max() {
+    if !cgroups_writable() {
+        return;
+    }
+    let f = fixture().await;
+    let mut req = f.request("forkyard-fork-1");
+    req.limits = Some(SandboxLimits {
+        pids: 32,
+        ..Default::default()
+    });
+    let sbx = f.core.create(req).await.unwrap();
+    assert_eq!(sbx.limits.unwrap().pids, 32);
+    // Records how many background processes it managed to start; the shell dies at the
+    // first fork the pids controller refuses.
+    let script = "i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); echo $i > n; done";
+    let out = f.sh(&sbx.id, script).await;
+    assert_ne!(out.exit_code, 0, "{out:?}");
+    assert!(out.stderr.to_lowercase().contains("fork"), "{out:?}");
+    let out = f.sh(&sbx.id, "cat n").await;
+    let count: u32 = out
+        .stdout
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{out:?}"));
+    assert!(count < 32, "{count} processes in a sandbox capped at 32");
+    assert!(count >= 10, "the cap is not absurdly low: {count}");
+}
+
+#[tokio::test]
+async fn a_memory_hog_is_oom_killed() {
+    if !cgroups_writable() {
+        return;
+    }
+    let f = fixture().await;
+    let mut req = f.request("forkyard-fork-1");
+    req.limits = Some(SandboxLimits {
+        memory_bytes: 64 << 20,
+        ..Default::default()
+    });
+    let sbx = f.core.create(req).await.unwrap();
+    // `tail` keeps the whole (newline-free) line in memory: 512 MiB of it.
+    let out = f
+        .sh(&sbx.id, "head -c 536870912 /dev/zero | tail -n 1 | wc -c")
+        .await;
+    assert!(out.oom_killed, "{out:?}");
+    assert!(out.stderr.contains("Killed"), "{out:?}");
+    // The sandbox still works afterwards.
+    let out = f.sh(&sbx.id, "echo alive").await;
+    assert_eq!(out.stdout, "alive\n");
+    assert!(!out.oom_killed);
+}
+
+#[tokio::test]
+async fn destroy_kills_every_process_of_the_cgroup_including_escapees() {
+    if !cgroups_writable() {
+        return;
+    }
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let marker = common::unique_sleep();
+    // One sleeper in a new session (out of the exec's process group), one in the foreground.
+    let script = format!("setsid nohup sleep {marker} >/dev/null 2>&1 & sleep {marker}");
+    let mut req = exec_req(&sbx.id, &["sh", "-c", &script]);
+    req.timeout_secs = 30;
+    let core = f.core.clone();
+    let exec = tokio::spawn(async move { core.exec(req).await });
+    assert!(
+        eventually(Duration::from_secs(10), || common::host_pids_with(&marker)
+            .len()
+            >= 2)
+        .await,
+        "sleepers did not start"
+    );
+    f.core
+        .destroy(DestroySandboxRequest {
+            sandbox_id: sbx.id.clone(),
+            reason: "test".into(),
+        })
+        .await
+        .unwrap();
+    assert!(
+        common::host_pids_with(&marker).is_empty(),
+        "processes survived destroy"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir("/sys/fs/cgroup/pids/forkyard")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|d| d.path().join(&sbx.id).exists())
+        .collect();
+    assert!(leftovers.is_empty(), "cgroup of the destroyed sandbox kept");
+    let _ = exec.await;
+}
+
+#[tokio::test]
+async fn workspace_over_its_disk_limit_is_flagged() {
+    let f = fixture().await;
+    let mut req = f.request("forkyard-fork-1");
+    req.limits = Some(SandboxLimits {
+        disk_bytes: 4 << 20,
+        ..Default::default()
+    });
+    let sbx = f.core.create(req).await.unwrap();
+    let out = f.sh(&sbx.id, "echo small > s.txt").await;
+    assert!(!out.workspace_over_limit);
+    let out = f
+        .sh(&sbx.id, "head -c 8388608 /dev/urandom > big.bin")
+        .await;
+    assert!(out.workspace_over_limit, "{out:?}");
+    let got = f.core.get(&sbx.id).unwrap();
+    assert!(got.workspace_over_limit && got.workspace_bytes > 4 << 20);
+}
+
+#[tokio::test]
+async fn a_sandbox_past_its_ttl_is_destroyed_by_the_provisioner() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = common::make_repo(tmp.path());
+    let state = tmp.path().join("state");
+    let mut config = forkyard_sandbox_provisioner::Config::new(&state, "http://x");
+    config.reap_interval = Duration::from_millis(200);
+    let core = forkyard_sandbox_provisioner::Provisioner::open(config)
+        .await
+        .unwrap();
+    let mut req = forkyard_proto::sandbox::v1::CreateSandboxRequest {
+        repo: repo.display().to_string(),
+        branch: "b".into(),
+        ttl_secs: 1,
+        ..Default::default()
+    };
+    let short = core.create(req.clone()).await.unwrap();
+    assert!(short.expires_unix_ms > short.created_unix_ms);
+    req.ttl_secs = 3600;
+    let long = core.create(req).await.unwrap();
+    let dir = state.join("sandboxes").join(&short.id);
+    assert!(
+        eventually(Duration::from_secs(10), || !dir.exists()
+            && core.get(&short.id).is_err())
+        .await,
+        "expired sandbox kept"
+    );
+    assert!(core.get(&long.id).is_ok());
+}
