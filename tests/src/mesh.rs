@@ -164,6 +164,11 @@ impl Mesh {
         Ok(())
     }
 
+    /// Process ids of the running services (and `temporal`), by name.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.children.iter().map(|(n, c)| (n.clone(), c.id())).collect()
+    }
+
     /// SIGKILL one process (a crash), leaving the others running.
     pub fn kill9(&mut self, service: &str) {
         if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| n == service) {

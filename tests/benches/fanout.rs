@@ -1,0 +1,104 @@
+//! Fork throughput and launch overhead on the local stack (Temporal dev server + the five
+//! release binaries), with a trivial command agent, at N = 10, 100, 1000 forks.
+//!
+//! Prints forks/s, p50/p99 of LaunchRun → sandbox ready and of fork start → sandbox
+//! ready, the run's workflow history length, and each service's peak resident memory.
+//! `make bench-fanout` builds the release binaries first. Sizes:
+//! `FORKYARD_BENCH_SIZES=10,100` (default 10,100,1000); in-flight cap:
+//! `FORKYARD_BENCH_CONCURRENCY` (default 100).
+
+use forkyard_proto::gateway::v1::{LaunchRunRequest, RunState};
+use forkyard_tests::{
+    repo,
+    support::{launch, wait_finished, Gateway},
+    Mesh,
+};
+use std::time::{Duration, Instant, SystemTime};
+
+fn env_list(name: &str, default: &[u32]) -> Vec<u32> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn history_length(mesh: &Mesh, run_id: &str) -> String {
+    let out = std::process::Command::new(forkyard_tests::mesh::temporal_cli())
+        .args(["workflow", "describe", "-o", "json", "--address", &mesh.temporal_address(), "-w", run_id])
+        .output();
+    out.ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .and_then(|v| v["workflowExecutionInfo"]["historyLength"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let sizes = env_list("FORKYARD_BENCH_SIZES", &[10, 100, 1000]);
+    let cap = env_list("FORKYARD_BENCH_CONCURRENCY", &[100])[0];
+    let mesh = Mesh::start().await?;
+    let src = tempfile::tempdir()?;
+    repo::create(src.path())?;
+    let mut gw = Gateway::new(mesh.channel("gateway").await?);
+
+    println!("fan-out benchmark: trivial command agent, max_concurrent = min(N, {cap}), release binaries");
+    println!(
+        "{:>6} {:>10} {:>9} {:>22} {:>22} {:>9}",
+        "forks", "wall", "forks/s", "launch→ready p50/p99", "start→ready p50/p99", "history"
+    );
+    for n in sizes {
+        let req = LaunchRunRequest {
+            budget_usd: format!("{n}"),
+            fork_timeout_secs: 60,
+            ..launch(src.path(), n, n.min(cap), "true")
+        };
+        let launched_at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH)?.as_millis() as i64;
+        let t0 = Instant::now();
+        let run_id = gw.launch_run(req).await?.into_inner().run_id;
+        let run = wait_finished(&mut gw, &run_id, Duration::from_secs(3600)).await;
+        let wall = t0.elapsed();
+        anyhow::ensure!(run.state == RunState::Completed as i32, "run {run_id} ended {:?}", run.state);
+        let mut from_launch: Vec<i64> =
+            run.forks.iter().filter(|f| f.sandbox_ready_unix_ms > 0).map(|f| f.sandbox_ready_unix_ms - launched_at).collect();
+        let mut from_start: Vec<i64> = run
+            .forks
+            .iter()
+            .filter(|f| f.sandbox_ready_unix_ms > 0)
+            .map(|f| f.sandbox_ready_unix_ms - f.started_unix_ms)
+            .collect();
+        from_launch.sort_unstable();
+        from_start.sort_unstable();
+        println!(
+            "{:>6} {:>9.1}s {:>9.1} {:>22} {:>22} {:>9}",
+            n,
+            wall.as_secs_f64(),
+            f64::from(n) / wall.as_secs_f64(),
+            format!("{} / {} ms", percentile(&from_launch, 0.5), percentile(&from_launch, 0.99)),
+            format!("{} / {} ms", percentile(&from_start, 0.5), percentile(&from_start, 0.99)),
+            history_length(&mesh, &run_id),
+        );
+        anyhow::ensure!(run.forks_succeeded == n, "{} of {n} forks succeeded", run.forks_succeeded);
+    }
+    println!("peak resident memory (VmHWM):");
+    for (name, pid) in mesh.pids() {
+        println!("  {name:<20} {:>8} MiB", peak_rss_kib(pid) / 1024);
+    }
+    Ok(())
+}
