@@ -232,3 +232,52 @@ async fn relaunching_with_another_request_and_the_cleanup_schedule() {
     gw.stop_cleanup(StopCleanupRequest {}).await.unwrap();
     assert_eq!(gw.stop_cleanup(StopCleanupRequest {}).await.unwrap_err().code(), Code::NotFound);
 }
+
+/// The `forkyard` command against the mesh: its output and the exit codes scripts use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_drives_runs_with_exit_codes_scripts_can_rely_on() {
+    let (mesh, src, _gw) = setup().await;
+    let gateway = mesh.endpoint("gateway");
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(forkyard_tests::mesh::bin_dir().join("forkyard"))
+            .arg("--gateway")
+            .arg(&gateway)
+            .args(args)
+            .output()
+            .expect("forkyard runs");
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let repo = src.path().to_str().unwrap();
+    let fork_args = |agent: &'static str| {
+        vec!["fork", repo, "-p", "add a note", "-f", "2", "--max-concurrent", "2", "--budget", "1", "--agent-command", agent, "--wait", "-o", "json"]
+    };
+
+    let (code, out, err) = cli(&fork_args("echo \"$FORKYARD_PROMPT\" > note.txt"));
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let run: serde_json::Value = serde_json::from_str(&out).expect("json run");
+    assert_eq!(run["state"], RunState::Completed as i32);
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+
+    let patch_file = src.path().join("fork-1.patch");
+    let (code, _, err) = cli(&["result", &run_id, "1", "--save", patch_file.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(std::fs::read_to_string(&patch_file).unwrap().contains("+add a note"));
+
+    let (code, out, _) = cli(&["status", &run_id]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("succeeded") && out.contains("forkyard-fork-2"), "{out}");
+    let (code, out, _) = cli(&["list", "-o", "json"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains(&run_id), "{out}");
+
+    let (code, _, _) = cli(&fork_args("exit 3"));
+    assert_eq!(code, Some(2), "some fork failed");
+    let (code, _, err) = cli(&["status", "run-nope"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("not found"), "{err}");
+    let (code, _, err) = cli(&["fork", repo, "-p", "x", "--agent-command", "true", "-f", "0"]);
+    assert_eq!(code, Some(1), "refused by the gateway: {err}");
+    assert!(err.contains("forks"), "{err}");
+    let (code, _, _) = cli(&["fork", "--no-such-flag"]);
+    assert_eq!(code, Some(64), "bad usage");
+}
