@@ -42,7 +42,6 @@ impl Entry {
     }
 
     /// Kill every running exec (a fresh token for the ones started afterwards).
-    #[allow(dead_code)]
     pub(crate) fn stop_execs(&self) {
         let mut stop = self.stop.lock().expect("stop lock");
         stop.cancel();

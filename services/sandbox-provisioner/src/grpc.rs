@@ -4,11 +4,15 @@
 use crate::provisioner::Provisioner;
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
-    DestroySandboxResponse, ExecRequest, ExecResponse, GetSandboxRequest, HealthCheckRequest,
-    HealthCheckResponse, ListSandboxesRequest, ListSandboxesResponse, Sandbox,
+    DestroySandboxResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,
+    ForkSandboxResponse, GetSandboxRequest, HealthCheckRequest, HealthCheckResponse,
+    HydrateWorkspaceRequest, ListSandboxesRequest, ListSandboxesResponse, PersistWorkspaceRequest,
+    PersistWorkspaceResponse, ReadFileRequest, ReadFileResponse, Sandbox, StartSandboxRequest,
+    StopSandboxRequest, WriteFileRequest, WriteFileResponse,
     sandbox_provisioner_server::{SandboxProvisioner, SandboxProvisionerServer},
 };
-use std::sync::Arc;
+use futures::StreamExt;
+use std::{pin::Pin, sync::Arc};
 use tonic::{Request, Response, Status};
 
 #[derive(Clone)]
@@ -76,5 +80,66 @@ impl SandboxProvisioner for SandboxService {
         req: Request<DestroySandboxRequest>,
     ) -> Result<Response<DestroySandboxResponse>, Status> {
         Ok(Response::new(self.core.destroy(req.into_inner()).await?))
+    }
+
+    type ExecStreamStream =
+        Pin<Box<dyn futures::Stream<Item = Result<ExecEvent, Status>> + Send + 'static>>;
+
+    async fn exec_stream(
+        &self,
+        req: Request<ExecRequest>,
+    ) -> Result<Response<Self::ExecStreamStream>, Status> {
+        let rx = self.core.exec_stream(req.into_inner()).await?;
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn read_file(
+        &self,
+        req: Request<ReadFileRequest>,
+    ) -> Result<Response<ReadFileResponse>, Status> {
+        Ok(Response::new(self.core.read_file(req.into_inner()).await?))
+    }
+
+    async fn write_file(
+        &self,
+        req: Request<WriteFileRequest>,
+    ) -> Result<Response<WriteFileResponse>, Status> {
+        Ok(Response::new(self.core.write_file(req.into_inner()).await?))
+    }
+
+    async fn stop_sandbox(
+        &self,
+        req: Request<StopSandboxRequest>,
+    ) -> Result<Response<Sandbox>, Status> {
+        Ok(Response::new(self.core.stop(req.into_inner()).await?))
+    }
+
+    async fn start_sandbox(
+        &self,
+        req: Request<StartSandboxRequest>,
+    ) -> Result<Response<Sandbox>, Status> {
+        Ok(Response::new(self.core.start(req.into_inner()).await?))
+    }
+
+    async fn persist_workspace(
+        &self,
+        req: Request<PersistWorkspaceRequest>,
+    ) -> Result<Response<PersistWorkspaceResponse>, Status> {
+        Ok(Response::new(self.core.persist(req.into_inner()).await?))
+    }
+
+    async fn hydrate_workspace(
+        &self,
+        req: Request<HydrateWorkspaceRequest>,
+    ) -> Result<Response<Sandbox>, Status> {
+        Ok(Response::new(self.core.hydrate(req.into_inner()).await?))
+    }
+
+    async fn fork_sandbox(
+        &self,
+        req: Request<ForkSandboxRequest>,
+    ) -> Result<Response<ForkSandboxResponse>, Status> {
+        Ok(Response::new(self.core.fork(req.into_inner()).await?))
     }
 }

@@ -12,13 +12,17 @@ pub mod egress;
 mod entry;
 pub mod error;
 mod exec;
+mod files;
 mod git;
 pub mod grpc;
 mod patch;
 mod process;
 pub mod provisioner;
 mod reaper;
+mod session;
+mod snapshot;
 pub mod store;
+mod stream;
 mod validate;
 
 pub use activities::SandboxActivities;

@@ -119,10 +119,10 @@ pub async fn run(
 /// Kills the sandbox's init (bwrap's child, pid 1 of the sandbox's pid namespace, so the
 /// kernel then kills everything inside) before bwrap itself. `--die-with-parent` alone is
 /// not enough: under load the sandbox's init was seen outliving a SIGKILLed bwrap.
-struct KillTree(Option<u32>);
+pub(crate) struct KillTree(pub(crate) Option<u32>);
 
 impl KillTree {
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let Some(pid) = self.0.take() else { return };
         // Read while `pid` is unreaped, so its children's pids cannot have been reused.
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -143,7 +143,7 @@ impl KillTree {
     }
 
     /// The process exited by itself: nothing to kill, and its pid may be reused.
-    fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.0 = None;
     }
 }

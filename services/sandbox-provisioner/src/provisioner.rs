@@ -8,6 +8,7 @@ use crate::{
     entry::Entry,
     error::{ProvisionerError, Result},
     git,
+    snapshot::Snapshots,
     store::{self, Record, Store},
 };
 use forkyard_proto::sandbox::v1::{
@@ -101,6 +102,7 @@ pub struct Provisioner {
     pub(crate) features: Features,
     pub(crate) store: Store,
     pub(crate) cgroups: Option<Cgroups>,
+    pub(crate) snapshots: Snapshots,
     pub(crate) sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
     /// One lock per idempotency key with a create in flight.
     creating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -161,6 +163,12 @@ impl Provisioner {
                 fwd.display()
             ));
         }
+        let snapshots = Snapshots::open(&config.snapshot_dir).map_err(|e| {
+            format!(
+                "FORKYARD_SNAPSHOT_DIR (--snapshot-dir) {}: {e}",
+                config.snapshot_dir.display()
+            )
+        })?;
         let records = store.load_all().map_err(|e| {
             format!(
                 "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
@@ -173,6 +181,7 @@ impl Provisioner {
             features,
             store,
             cgroups,
+            snapshots,
             sandboxes: Mutex::new(HashMap::new()),
             creating: Mutex::new(HashMap::new()),
         });
@@ -230,12 +239,14 @@ impl Provisioner {
                 format!("{:?} is not served here (only \"local\")", req.backend),
             ));
         }
-        if req.repo.trim().is_empty() {
-            return Err(ProvisionerError::invalid("repo", "must not be empty"));
-        }
         self.check_network(&req)?;
-        self.check_repo_location(&req.repo)?;
-        git::check_branch(&req.branch).await?;
+        if req.snapshot_id.is_empty() {
+            if req.repo.trim().is_empty() {
+                return Err(ProvisionerError::invalid("repo", "must not be empty"));
+            }
+            self.check_repo_location(&req.repo)?;
+            git::check_branch(&req.branch).await?;
+        }
         if req.idempotency_key.is_empty() {
             return self.create_new(req).await;
         }
@@ -375,6 +386,9 @@ impl Provisioner {
     }
 
     async fn create_new(&self, req: CreateSandboxRequest) -> Result<Sandbox> {
+        if !req.snapshot_id.is_empty() {
+            return self.create_from_snapshot(req).await;
+        }
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
         let dir = self.store.dir(&id);
         // Owner-only: a file the agent made setuid in its workspace must not be
