@@ -12,8 +12,11 @@ use crate::{
     janitor::v1::{SweepReport, SweepRequest},
     sandbox::v1::{
         CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
-        DestroySandboxResponse, ExecRequest, ExecResponse, HealthCheckRequest, HealthCheckResponse,
-        Sandbox,
+        DestroySandboxResponse, ExecRequest, ExecResponse, ForkSandboxRequest, ForkSandboxResponse,
+        GetSandboxRequest, HealthCheckRequest, HealthCheckResponse, HydrateWorkspaceRequest,
+        ListSandboxesRequest, ListSandboxesResponse, PersistWorkspaceRequest,
+        PersistWorkspaceResponse, ReadFileRequest, ReadFileResponse, Sandbox, StartSandboxRequest,
+        StopSandboxRequest, WriteFileRequest, WriteFileResponse,
     },
 };
 use temporalio_macros::activity_definitions;
@@ -48,6 +51,55 @@ impl LocalSandbox {
 
     #[activity(name = "local.destroy")]
     pub fn destroy(_req: DestroySandboxRequest) -> Result<DestroySandboxResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "local.get")]
+    pub fn get(_req: GetSandboxRequest) -> Result<Sandbox, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "local.list")]
+    pub fn list(_req: ListSandboxesRequest) -> Result<ListSandboxesResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    /// Small files only: the content travels in the Temporal payload.
+    #[activity(name = "local.read_file")]
+    pub fn read_file(_req: ReadFileRequest) -> Result<ReadFileResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "local.write_file")]
+    pub fn write_file(_req: WriteFileRequest) -> Result<WriteFileResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "local.stop")]
+    pub fn stop(_req: StopSandboxRequest) -> Result<Sandbox, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "local.start")]
+    pub fn start(_req: StartSandboxRequest) -> Result<Sandbox, ActivityError> {
+        unimplemented!()
+    }
+
+    /// Returns only the snapshot's id; the data stays in the snapshot store.
+    #[activity(name = "local.persist_workspace")]
+    pub fn persist_workspace(
+        _req: PersistWorkspaceRequest,
+    ) -> Result<PersistWorkspaceResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "local.hydrate_workspace")]
+    pub fn hydrate_workspace(_req: HydrateWorkspaceRequest) -> Result<Sandbox, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "local.fork")]
+    pub fn fork(_req: ForkSandboxRequest) -> Result<ForkSandboxResponse, ActivityError> {
         unimplemented!()
     }
 }

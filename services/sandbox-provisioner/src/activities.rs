@@ -5,8 +5,11 @@ use crate::provisioner::Provisioner;
 use forkyard_proto::activities::markers;
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
-    DestroySandboxResponse, ExecRequest, ExecResponse, HealthCheckRequest, HealthCheckResponse,
-    Sandbox,
+    DestroySandboxResponse, ExecRequest, ExecResponse, ForkSandboxRequest, ForkSandboxResponse,
+    GetSandboxRequest, HealthCheckRequest, HealthCheckResponse, HydrateWorkspaceRequest,
+    ListSandboxesRequest, ListSandboxesResponse, PersistWorkspaceRequest, PersistWorkspaceResponse,
+    ReadFileRequest, ReadFileResponse, Sandbox, StartSandboxRequest, StopSandboxRequest,
+    WriteFileRequest, WriteFileResponse,
 };
 use std::sync::Arc;
 use temporalio_macros::activities;
@@ -90,6 +93,112 @@ impl SandboxActivities {
             .await
             .map_err(|e| e.into_activity_error())
     }
+
+    #[activity(definition = markers::local_sandbox::Get)]
+    pub async fn get(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: GetSandboxRequest,
+    ) -> Result<Sandbox, ActivityError> {
+        self.core
+            .get(&req.sandbox_id)
+            .map_err(|e| e.into_activity_error())
+    }
+
+    #[activity(definition = markers::local_sandbox::List)]
+    pub async fn list(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: ListSandboxesRequest,
+    ) -> Result<ListSandboxesResponse, ActivityError> {
+        Ok(ListSandboxesResponse {
+            sandboxes: self.core.list(&req.label_selector),
+        })
+    }
+
+    #[activity(definition = markers::local_sandbox::ReadFile)]
+    pub async fn read_file(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: ReadFileRequest,
+    ) -> Result<ReadFileResponse, ActivityError> {
+        self.core
+            .read_file(req)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
+
+    #[activity(definition = markers::local_sandbox::WriteFile)]
+    pub async fn write_file(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: WriteFileRequest,
+    ) -> Result<WriteFileResponse, ActivityError> {
+        self.core
+            .write_file(req)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
+
+    #[activity(definition = markers::local_sandbox::Stop)]
+    pub async fn stop(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: StopSandboxRequest,
+    ) -> Result<Sandbox, ActivityError> {
+        self.core
+            .stop(req)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
+
+    #[activity(definition = markers::local_sandbox::Start)]
+    pub async fn start(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: StartSandboxRequest,
+    ) -> Result<Sandbox, ActivityError> {
+        self.core
+            .start(req)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
+
+    #[activity(definition = markers::local_sandbox::PersistWorkspace)]
+    pub async fn persist_workspace(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: PersistWorkspaceRequest,
+    ) -> Result<PersistWorkspaceResponse, ActivityError> {
+        self.core
+            .persist(req)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
+
+    #[activity(definition = markers::local_sandbox::HydrateWorkspace)]
+    pub async fn hydrate_workspace(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: HydrateWorkspaceRequest,
+    ) -> Result<Sandbox, ActivityError> {
+        self.core
+            .hydrate(req)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
+
+    #[activity(definition = markers::local_sandbox::Fork)]
+    pub async fn fork(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: ForkSandboxRequest,
+    ) -> Result<ForkSandboxResponse, ActivityError> {
+        self.core
+            .fork(req)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
 }
 
 #[cfg(test)]
@@ -106,5 +215,11 @@ mod tests {
         );
         assert_eq!(SandboxActivities::destroy.name(), "local.destroy");
         assert_eq!(SandboxActivities::exec.name(), "local.exec");
+        assert_eq!(SandboxActivities::fork.name(), "local.fork");
+        assert_eq!(
+            SandboxActivities::persist_workspace.name(),
+            "local.persist_workspace"
+        );
+        assert_eq!(SandboxActivities::read_file.name(), "local.read_file");
     }
 }
