@@ -349,3 +349,29 @@ async fn workspaces_are_private_and_the_state_dir_is_not_a_repo_source() {
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("repo"), "{}", status.message());
 }
+
+#[tokio::test]
+async fn collect_patch_never_runs_fsmonitor_or_filters_on_the_host() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let marker = f.tmp.path().join("ran-on-host");
+    let cmd = format!("sh -c 'echo ran > {}'", marker.display());
+    let script = format!(
+        "git config core.fsmonitor \"{cmd}\"; \
+         git config filter.evil.clean \"{cmd}; cat\"; git config diff.evil.textconv \"{cmd}; cat\"; \
+         echo '* filter=evil diff=evil' > .gitattributes; echo change >> README.md"
+    );
+    let out = f.sh(&sbx.id, &script).await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let _ = f
+        .core
+        .collect_patch(forkyard_proto::sandbox::v1::CollectPatchRequest {
+            sandbox_id: sbx.id.clone(),
+            max_bytes: 0,
+        })
+        .await;
+    assert!(
+        !marker.exists(),
+        "an agent-configured git command ran on the host"
+    );
+}
