@@ -1,68 +1,30 @@
-//! Account operations inside a write transaction: loading and locking accounts with their
-//! tenant, creating accounts, raising budgets.
+//! Account operations: reading an account, and (in a batch's [`WorkSet`]) creating
+//! accounts and raising budgets.
 
 use crate::{
-    db::Backend,
     error::LedgerError,
     idempotency,
     model::{self, AccountRow},
     postings::{self, Deltas, TransferMeta},
+    workset::WorkSet,
 };
 use forkyard_proto::budget::v1::{
     Account, AccountKind, CommitOverage, CreateAccountRequest, RaiseBudgetRequest,
 };
 use sqlx::AnyConnection;
 
-pub(crate) async fn load(
+/// The account as committed (outside the writer).
+pub(crate) async fn require(
     conn: &mut AnyConnection,
-    backend: Backend,
     account_id: &str,
-    lock: bool,
-) -> Result<Option<AccountRow>, LedgerError> {
-    let sql = if lock {
-        format!("{}{}", model::SELECT_ACCOUNT, backend.lock_rows())
-    } else {
-        model::SELECT_ACCOUNT.to_owned()
-    };
-    let row = sqlx::query(&sql)
+) -> Result<AccountRow, LedgerError> {
+    let row = sqlx::query(model::SELECT_ACCOUNT)
         .bind(account_id)
         .fetch_optional(&mut *conn)
         .await?;
-    row.map(|r| AccountRow::from_row(&r)).transpose()
-}
-
-pub(crate) async fn require(
-    conn: &mut AnyConnection,
-    backend: Backend,
-    account_id: &str,
-    lock: bool,
-) -> Result<AccountRow, LedgerError> {
-    load(conn, backend, account_id, lock)
-        .await?
+    row.map(|r| AccountRow::from_row(&r))
+        .transpose()?
         .ok_or_else(|| LedgerError::NotFound(format!("account {account_id:?} not found")))
-}
-
-/// The account and, for a run with a tenant, the tenant after it; both locked until the
-/// transaction ends. Tenants are locked before their runs, so lock order is fixed.
-pub(crate) async fn lock_chain(
-    conn: &mut AnyConnection,
-    backend: Backend,
-    account_id: &str,
-) -> Result<Vec<AccountRow>, LedgerError> {
-    let first = require(conn, backend, account_id, backend == Backend::Sqlite).await?;
-    if first.parent_account_id.is_empty() {
-        if backend == Backend::Sqlite {
-            return Ok(vec![first]);
-        }
-        return Ok(vec![require(conn, backend, account_id, true).await?]);
-    }
-    let parent = require(conn, backend, &first.parent_account_id, true).await?;
-    let account = if backend == Backend::Sqlite {
-        first
-    } else {
-        require(conn, backend, account_id, true).await?
-    };
-    Ok(vec![account, parent])
 }
 
 /// `CreateAccountRequest` with its kind and overage normalised and its labels sorted, as
@@ -82,14 +44,13 @@ pub(crate) fn create_fingerprint(req: &CreateAccountRequest) -> Result<String, L
 
 /// Creates the account (or returns it when it exists with the same parameters), funding
 /// its budget with one transfer. `op` and `fp` key the call (`open_account` keeps its own).
-pub(crate) async fn create(
-    conn: &mut AnyConnection,
-    backend: Backend,
+pub(crate) fn create(
+    ws: &mut WorkSet,
     req: &CreateAccountRequest,
     op: &str,
     fp: &str,
 ) -> Result<Account, LedgerError> {
-    if let Some(resp) = idempotency::replay(conn, op, &req.idempotency_key, fp).await? {
+    if let Some(resp) = idempotency::replay(ws, op, &req.idempotency_key, fp)? {
         return Ok(resp);
     }
     let kind = match req.kind() {
@@ -97,8 +58,8 @@ pub(crate) async fn create(
         _ => AccountKind::Run,
     };
     if !req.parent_account_id.is_empty() {
-        let parent = require(conn, backend, &req.parent_account_id, true)
-            .await
+        let parent = ws
+            .require_account(&req.parent_account_id)
             .map_err(|e| match e {
                 LedgerError::NotFound(m) => {
                     LedgerError::NotFound(format!("parent_account_id: {m}"))
@@ -128,7 +89,7 @@ pub(crate) async fn create(
         posting_seq: 0,
         created_unix_ms: model::now_ms(),
     };
-    let account = match load(conn, backend, &req.account_id, true).await? {
+    let account = match ws.account(&req.account_id) {
         Some(existing) => {
             let same = existing.kind == wanted.kind
                 && existing.parent_account_id == wanted.parent_account_id
@@ -145,40 +106,25 @@ pub(crate) async fn create(
             existing.to_proto()
         }
         None => {
-            let labels = serde_json::to_string(&wanted.labels)
-                .map_err(|e| LedgerError::Corrupt(format!("labels: {e}")))?;
-            sqlx::query(
-                "INSERT INTO accounts (account_id, budget_micros, created_unix_ms, kind, \
-                 parent_account_id, allow_overdraft, commit_overage, labels) \
-                 VALUES ($1, 0, $2, $3, $4, $5, $6, $7)",
-            )
-            .bind(&wanted.account_id)
-            .bind(wanted.created_unix_ms)
-            .bind(model::kind_str(wanted.kind))
-            .bind(&wanted.parent_account_id)
-            .bind(i64::from(wanted.allow_overdraft))
-            .bind(model::overage_str(wanted.commit_overage))
-            .bind(labels)
-            .execute(&mut *conn)
-            .await?;
             let mut chain = vec![AccountRow {
                 budget_micros: 0,
                 ..wanted
             }];
+            ws.put_account(chain[0].clone());
             if req.budget_micros > 0 {
-                fund(conn, &mut chain, req.budget_micros, &req.idempotency_key).await?;
+                fund(ws, &mut chain, req.budget_micros, &req.idempotency_key)?;
             }
             chain.remove(0).to_proto()
         }
     };
-    idempotency::remember(conn, op, &req.idempotency_key, fp, &account).await?;
+    idempotency::remember(ws, op, &req.idempotency_key, fp, &account)?;
     Ok(account)
 }
 
 /// Adds to the budget of the first account of `chain` (a run's tenant is not funded by
 /// its run: the run's budget is its own cap within the tenant's).
-async fn fund(
-    conn: &mut AnyConnection,
+fn fund(
+    ws: &mut WorkSet,
     chain: &mut [AccountRow],
     amount: i64,
     key: &str,
@@ -194,13 +140,12 @@ async fn fund(
         available: amount,
         ..Default::default()
     };
-    postings::post(conn, &mut chain[..1], &meta, deltas).await?;
+    postings::post(ws, &mut chain[..1], &meta, deltas)?;
     Ok(())
 }
 
-pub(crate) async fn raise_budget(
-    conn: &mut AnyConnection,
-    backend: Backend,
+pub(crate) fn raise_budget(
+    ws: &mut WorkSet,
     req: &RaiseBudgetRequest,
 ) -> Result<Account, LedgerError> {
     let op = "raise_budget";
@@ -208,10 +153,10 @@ pub(crate) async fn raise_budget(
         idempotency_key: String::new(),
         ..req.clone()
     })?;
-    if let Some(resp) = idempotency::replay(conn, op, &req.idempotency_key, &fp).await? {
+    if let Some(resp) = idempotency::replay(ws, op, &req.idempotency_key, &fp)? {
         return Ok(resp);
     }
-    let mut chain = vec![require(conn, backend, &req.account_id, true).await?];
+    let mut chain = vec![ws.require_account(&req.account_id)?];
     if chain[0]
         .budget_micros
         .checked_add(req.amount_micros)
@@ -225,8 +170,8 @@ pub(crate) async fn raise_budget(
             ),
         ));
     }
-    fund(conn, &mut chain, req.amount_micros, &req.idempotency_key).await?;
+    fund(ws, &mut chain, req.amount_micros, &req.idempotency_key)?;
     let account = chain[0].to_proto();
-    idempotency::remember(conn, op, &req.idempotency_key, &fp, &account).await?;
+    idempotency::remember(ws, op, &req.idempotency_key, &fp, &account)?;
     Ok(account)
 }

@@ -41,6 +41,12 @@ impl Backend {
         }
     }
 
+    /// Whether a write transaction locks the rows it reads (PostgreSQL) rather than the
+    /// whole database up front (SQLite).
+    pub(crate) fn locks_rows(self) -> bool {
+        self == Self::Postgres
+    }
+
     /// Suffix of a `SELECT` on `accounts` that locks the rows until the transaction ends
     /// (SQLite already holds the whole database).
     pub(crate) fn lock_rows(self) -> &'static str {

@@ -1,10 +1,15 @@
 //! Idempotency keys: each mutating call stores its key, the request's fingerprint and its
 //! response in the transaction that posts its effect, so a replayed key returns exactly
-//! what the first call returned and a key reused for other parameters is refused.
+//! what the first call returned and a key reused for other parameters is refused. Keys
+//! are looked up in, and added to, the batch's [`WorkSet`] (loaded with the batch's keys,
+//! so a key sent twice in one batch replays too).
 
-use crate::{error::LedgerError, model};
+use crate::{
+    error::LedgerError,
+    model,
+    workset::{StoredKey, WorkSet},
+};
 use serde::{Serialize, de::DeserializeOwned};
-use sqlx::{AnyConnection, Row};
 
 /// The request as canonical JSON (fixed field order); callers blank the idempotency key
 /// first and give maps a fixed order.
@@ -14,38 +19,29 @@ pub(crate) fn fingerprint<T: Serialize>(req: &T) -> Result<String, LedgerError> 
 }
 
 /// The stored response of an earlier call with this key, or `None` if the key is new.
-pub(crate) async fn replay<R: DeserializeOwned>(
-    conn: &mut AnyConnection,
+pub(crate) fn replay<R: DeserializeOwned>(
+    ws: &WorkSet,
     operation: &str,
     key: &str,
     fingerprint: &str,
 ) -> Result<Option<R>, LedgerError> {
-    let Some(row) = sqlx::query(
-        "SELECT operation, fingerprint, response FROM idempotency_keys WHERE idempotency_key = $1",
-    )
-    .bind(key)
-    .fetch_optional(&mut *conn)
-    .await?
-    else {
+    let Some(stored) = ws.key(key) else {
         return Ok(None);
     };
-    let stored_op: String = row.try_get("operation")?;
-    let stored_fp: String = row.try_get("fingerprint")?;
-    if stored_op != operation || stored_fp != fingerprint {
+    if stored.operation != operation || stored.fingerprint != fingerprint {
         return Err(LedgerError::KeyReused {
             key: key.to_owned(),
-            operation: stored_op,
+            operation: stored.operation.clone(),
         });
     }
-    let response: String = row.try_get("response")?;
-    let resp = serde_json::from_str(&response)
+    let resp = serde_json::from_str(&stored.response)
         .map_err(|e| LedgerError::Corrupt(format!("stored response for key {key:?}: {e}")))?;
     Ok(Some(resp))
 }
 
-/// Store the key with its response, in the caller's transaction.
-pub(crate) async fn remember<R: Serialize>(
-    conn: &mut AnyConnection,
+/// Store the key with its response, in the batch's transaction.
+pub(crate) fn remember<R: Serialize>(
+    ws: &mut WorkSet,
     operation: &str,
     key: &str,
     fingerprint: &str,
@@ -53,16 +49,14 @@ pub(crate) async fn remember<R: Serialize>(
 ) -> Result<(), LedgerError> {
     let response = serde_json::to_string(response)
         .map_err(|e| LedgerError::Corrupt(format!("cannot encode response: {e}")))?;
-    sqlx::query(
-        "INSERT INTO idempotency_keys (idempotency_key, operation, fingerprint, response, created_unix_ms) \
-         VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(key)
-    .bind(operation)
-    .bind(fingerprint)
-    .bind(response)
-    .bind(model::now_ms())
-    .execute(&mut *conn)
-    .await?;
+    ws.put_key(
+        key.to_owned(),
+        StoredKey {
+            operation: operation.to_owned(),
+            fingerprint: fingerprint.to_owned(),
+            response,
+            created_unix_ms: model::now_ms(),
+        },
+    );
     Ok(())
 }

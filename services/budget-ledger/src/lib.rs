@@ -9,14 +9,17 @@ mod accounts;
 pub mod activities;
 pub mod db;
 pub mod error;
+mod flush;
 pub mod grpc;
 mod idempotency;
+mod load;
 mod model;
 mod postings;
 mod report;
 mod reservations;
 pub mod store;
 mod validate;
+mod workset;
 mod writer;
 
 pub use db::Backend;

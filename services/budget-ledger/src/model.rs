@@ -11,6 +11,11 @@ use std::collections::BTreeMap;
 /// of many postings stay far from `i64` overflow.
 pub const MAX_AMOUNT_MICROS: i64 = 1_000_000_000_000_000;
 
+pub(crate) const SELECT_ACCOUNTS: &str = "\
+    SELECT account_id, kind, parent_account_id, budget_micros, reserved_micros, spent_micros, \
+      allow_overdraft, commit_overage, labels, posting_seq, created_unix_ms \
+    FROM accounts";
+
 pub(crate) const SELECT_ACCOUNT: &str = "\
     SELECT account_id, kind, parent_account_id, budget_micros, reserved_micros, spent_micros, \
       allow_overdraft, commit_overage, labels, posting_seq, created_unix_ms \

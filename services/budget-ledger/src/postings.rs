@@ -4,6 +4,7 @@
 use crate::{
     error::LedgerError,
     model::{self, AccountRow},
+    workset::{PostingRow, TransferRow, WorkSet},
 };
 use forkyard_proto::budget::v1::{Bucket, ListPostingsRequest, ListPostingsResponse, Posting};
 use sqlx::{AnyConnection, Row};
@@ -31,9 +32,10 @@ pub(crate) struct TransferMeta<'a> {
 }
 
 /// Posts one balanced transfer: the same legs on every account of `chain` (a run and its
-/// tenant), updating their kept balances.
-pub(crate) async fn post(
-    conn: &mut AnyConnection,
+/// tenant), updating their kept balances in `chain` and in the working set. Nothing
+/// changes when it fails.
+pub(crate) fn post(
+    ws: &mut WorkSet,
     chain: &mut [AccountRow],
     meta: &TransferMeta<'_>,
     d: Deltas,
@@ -44,6 +46,21 @@ pub(crate) async fn post(
     if sum != Some(0) {
         return Err(LedgerError::Corrupt(format!("unbalanced transfer {d:?}")));
     }
+    let overflow = || LedgerError::invalid("amount_micros", "the balance would overflow");
+    let balances = chain
+        .iter()
+        .map(|a| {
+            Ok((
+                a.budget_micros
+                    .checked_sub(d.funding)
+                    .ok_or_else(overflow)?,
+                a.reserved_micros
+                    .checked_add(d.reserved)
+                    .ok_or_else(overflow)?,
+                a.spent_micros.checked_add(d.spent).ok_or_else(overflow)?,
+            ))
+        })
+        .collect::<Result<Vec<_>, LedgerError>>()?;
     let now = model::now_ms();
     let transfer_id = format!("tr-{}", uuid::Uuid::new_v4().simple());
     let tenant_id = chain
@@ -51,91 +68,42 @@ pub(crate) async fn post(
         .find(|a| a.kind == forkyard_proto::budget::v1::AccountKind::Tenant)
         .map(|a| a.account_id.clone())
         .unwrap_or_default();
-    sqlx::query(
-        "INSERT INTO transfers (transfer_id, kind, account_id, reservation_id, amount_micros, \
-         spent_micros, run_id, fork, model, tenant_id, idempotency_key, created_unix_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-    )
-    .bind(&transfer_id)
-    .bind(meta.kind)
-    .bind(&chain[0].account_id)
-    .bind(meta.reservation_id)
-    .bind(meta.amount_micros)
-    .bind(d.spent)
-    .bind(meta.run_id)
-    .bind(meta.fork)
-    .bind(meta.model)
-    .bind(tenant_id)
-    .bind(meta.idempotency_key)
-    .bind(now)
-    .execute(&mut *conn)
-    .await?;
-
+    ws.push_transfer(TransferRow {
+        transfer_id: transfer_id.clone(),
+        kind: meta.kind,
+        account_id: chain[0].account_id.clone(),
+        reservation_id: meta.reservation_id.to_owned(),
+        amount_micros: meta.amount_micros,
+        spent_micros: d.spent,
+        run_id: meta.run_id.to_owned(),
+        fork: meta.fork.to_owned(),
+        model: meta.model.to_owned(),
+        tenant_id,
+        idempotency_key: meta.idempotency_key.to_owned(),
+        created_unix_ms: now,
+    });
     let legs = [
         (Bucket::Funding, d.funding),
         (Bucket::Available, d.available),
         (Bucket::Reserved, d.reserved),
         (Bucket::Spent, d.spent),
     ];
-    for account in chain.iter_mut() {
-        let overflow = || LedgerError::invalid("amount_micros", "the balance would overflow");
-        account.budget_micros = account
-            .budget_micros
-            .checked_sub(d.funding)
-            .ok_or_else(overflow)?;
-        account.reserved_micros = account
-            .reserved_micros
-            .checked_add(d.reserved)
-            .ok_or_else(overflow)?;
-        account.spent_micros = account
-            .spent_micros
-            .checked_add(d.spent)
-            .ok_or_else(overflow)?;
-        let live: Vec<_> = legs.iter().filter(|(_, a)| *a != 0).collect();
-        if !live.is_empty() {
-            let values: Vec<String> = (0..live.len())
-                .map(|i| {
-                    let b = i * 6;
-                    format!(
-                        "(${}, ${}, ${}, ${}, ${}, ${})",
-                        b + 1,
-                        b + 2,
-                        b + 3,
-                        b + 4,
-                        b + 5,
-                        b + 6
-                    )
-                })
-                .collect();
-            let sql = format!(
-                "INSERT INTO postings (account_id, seq, transfer_id, bucket, amount_micros, \
-                 created_unix_ms) VALUES {}",
-                values.join(", ")
-            );
-            let mut q = sqlx::query(&sql);
-            for (bucket, amount) in &live {
-                account.posting_seq += 1;
-                q = q
-                    .bind(account.account_id.clone())
-                    .bind(account.posting_seq)
-                    .bind(transfer_id.clone())
-                    .bind(model::bucket_str(*bucket))
-                    .bind(*amount)
-                    .bind(now);
-            }
-            q.execute(&mut *conn).await?;
+    for (account, (budget, reserved, spent)) in chain.iter_mut().zip(balances) {
+        account.budget_micros = budget;
+        account.reserved_micros = reserved;
+        account.spent_micros = spent;
+        for (bucket, amount) in legs.iter().filter(|(_, a)| *a != 0) {
+            account.posting_seq += 1;
+            ws.push_posting(PostingRow {
+                account_id: account.account_id.clone(),
+                seq: account.posting_seq,
+                transfer_id: transfer_id.clone(),
+                bucket: model::bucket_str(*bucket),
+                amount_micros: *amount,
+                created_unix_ms: now,
+            });
         }
-        sqlx::query(
-            "UPDATE accounts SET budget_micros = $1, reserved_micros = $2, spent_micros = $3, \
-             posting_seq = $4 WHERE account_id = $5",
-        )
-        .bind(account.budget_micros)
-        .bind(account.reserved_micros)
-        .bind(account.spent_micros)
-        .bind(account.posting_seq)
-        .bind(&account.account_id)
-        .execute(&mut *conn)
-        .await?;
+        ws.put_account(account.clone());
     }
     Ok(transfer_id)
 }

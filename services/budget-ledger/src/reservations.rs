@@ -1,13 +1,12 @@
-//! Reservation operations inside a write transaction: reserve, charge, commit, release.
+//! Reservation operations in a batch's [`WorkSet`]: reserve, charge, commit, release.
 //! Each posts one balanced transfer on the run and (mirrored) on its tenant.
 
 use crate::{
-    accounts,
-    db::Backend,
     error::LedgerError,
     idempotency,
     model::{self, AccountRow, ReservationRow},
     postings::{self, Deltas, TransferMeta},
+    workset::WorkSet,
 };
 use forkyard_proto::budget::v1::{
     AccountKind, ChargeRequest, CommitOverage, CommitRequest, ReleaseRequest, Reservation,
@@ -32,25 +31,16 @@ fn exceeded(chain: &[AccountRow], what: &str, amount: i64) -> LedgerError {
     ))
 }
 
-pub(crate) async fn reserve(
-    conn: &mut AnyConnection,
-    backend: Backend,
-    req: &ReserveRequest,
-) -> Result<Reservation, LedgerError> {
+pub(crate) fn reserve(ws: &mut WorkSet, req: &ReserveRequest) -> Result<Reservation, LedgerError> {
     let (op, key) = ("reserve", req.idempotency_key.as_str());
     let fp = idempotency::fingerprint(&ReserveRequest {
         idempotency_key: String::new(),
         ..req.clone()
     })?;
-    if let Some(resp) = idempotency::replay(conn, op, key, &fp).await? {
+    if let Some(resp) = idempotency::replay(ws, op, key, &fp)? {
         return Ok(resp);
     }
-    let mut chain = accounts::lock_chain(conn, backend, &req.account_id).await?;
-    if backend == Backend::Postgres
-        && let Some(resp) = idempotency::replay(conn, op, key, &fp).await?
-    {
-        return Ok(resp);
-    }
+    let mut chain = ws.chain(&req.account_id)?;
     if model::chain_headroom(&chain).is_some_and(|h| req.amount_micros > h) {
         return Err(exceeded(&chain, "reserving", req.amount_micros));
     }
@@ -65,19 +55,7 @@ pub(crate) async fn reserve(
         created_unix_ms: model::now_ms(),
         charged_micros: 0,
     };
-    sqlx::query(
-        "INSERT INTO reservations (reservation_id, account_id, amount_micros, state, \
-         committed_micros, budget_exceeded, holder, created_unix_ms, charged_micros) \
-         VALUES ($1, $2, $3, $4, 0, 0, $5, $6, 0)",
-    )
-    .bind(&rsv.reservation_id)
-    .bind(&rsv.account_id)
-    .bind(rsv.amount_micros)
-    .bind(model::state_str(rsv.state))
-    .bind(&rsv.holder)
-    .bind(rsv.created_unix_ms)
-    .execute(&mut *conn)
-    .await?;
+    ws.put_reservation(rsv.clone());
     let run = run_of(&chain);
     let meta = TransferMeta {
         kind: "RESERVE",
@@ -93,9 +71,9 @@ pub(crate) async fn reserve(
         reserved: req.amount_micros,
         ..Default::default()
     };
-    postings::post(conn, &mut chain, &meta, d).await?;
+    postings::post(ws, &mut chain, &meta, d)?;
     let resp = rsv.into_proto();
-    idempotency::remember(conn, op, key, &fp, &resp).await?;
+    idempotency::remember(ws, op, key, &fp, &resp)?;
     Ok(resp)
 }
 
@@ -114,27 +92,19 @@ enum Loaded {
     Held(ReservationRow, Vec<AccountRow>),
 }
 
-async fn load_held(
-    conn: &mut AnyConnection,
-    backend: Backend,
+fn load_held(
+    ws: &WorkSet,
     reservation_id: &str,
     op: &str,
     key: &str,
     fp: &str,
     verb: &str,
 ) -> Result<Loaded, LedgerError> {
-    if let Some(resp) = idempotency::replay(conn, op, key, fp).await? {
+    if let Some(resp) = idempotency::replay(ws, op, key, fp)? {
         return Ok(Loaded::Replay(resp));
     }
-    let mut rsv = require_reservation(conn, reservation_id).await?;
-    let chain = accounts::lock_chain(conn, backend, &rsv.account_id).await?;
-    if backend == Backend::Postgres {
-        // Another process may have settled it while this one waited for the lock.
-        if let Some(resp) = idempotency::replay(conn, op, key, fp).await? {
-            return Ok(Loaded::Replay(resp));
-        }
-        rsv = require_reservation(conn, reservation_id).await?;
-    }
+    let rsv = ws.reservation(reservation_id)?;
+    let chain = ws.chain(&rsv.account_id)?;
     if rsv.state != ReservationState::Held {
         return Err(LedgerError::FailedPrecondition(format!(
             "reservation {} is {}, not HELD: it cannot be {verb}",
@@ -154,18 +124,13 @@ fn fp_without_key<T: Serialize + Clone>(
     idempotency::fingerprint(&r)
 }
 
-pub(crate) async fn charge(
-    conn: &mut AnyConnection,
-    backend: Backend,
-    req: &ChargeRequest,
-) -> Result<Reservation, LedgerError> {
+pub(crate) fn charge(ws: &mut WorkSet, req: &ChargeRequest) -> Result<Reservation, LedgerError> {
     let (op, key) = ("charge", req.idempotency_key.as_str());
     let fp = fp_without_key(req, |r| r.idempotency_key.clear())?;
-    let (mut rsv, mut chain) =
-        match load_held(conn, backend, &req.reservation_id, op, key, &fp, "charged").await? {
-            Loaded::Replay(r) => return Ok(r),
-            Loaded::Held(r, c) => (r, c),
-        };
+    let (mut rsv, mut chain) = match load_held(ws, &req.reservation_id, op, key, &fp, "charged")? {
+        Loaded::Replay(r) => return Ok(r),
+        Loaded::Held(r, c) => (r, c),
+    };
     let (from_hold, extra) = model::split_spend(req.amount_micros, rsv.held());
     if extra > 0 && model::chain_headroom(&chain).is_some_and(|h| extra > h) {
         return Err(exceeded(&chain, "charging beyond the reservation", extra));
@@ -177,11 +142,7 @@ pub(crate) async fn charge(
         .ok_or_else(|| {
             LedgerError::invalid("amount_micros", "the reservation's charges overflow")
         })?;
-    sqlx::query("UPDATE reservations SET charged_micros = $1 WHERE reservation_id = $2")
-        .bind(rsv.charged_micros)
-        .bind(&rsv.reservation_id)
-        .execute(&mut *conn)
-        .await?;
+    ws.put_reservation(rsv.clone());
     let attr = req.attribution.clone().unwrap_or_default();
     let run = if attr.run_id.is_empty() {
         run_of(&chain)
@@ -208,33 +169,20 @@ pub(crate) async fn charge(
         spent: req.amount_micros,
         ..Default::default()
     };
-    postings::post(conn, &mut chain, &meta, d).await?;
+    postings::post(ws, &mut chain, &meta, d)?;
     let resp = rsv.into_proto();
-    idempotency::remember(conn, op, key, &fp, &resp).await?;
+    idempotency::remember(ws, op, key, &fp, &resp)?;
     Ok(resp)
 }
 
-pub(crate) async fn commit(
-    conn: &mut AnyConnection,
-    backend: Backend,
-    req: &CommitRequest,
-) -> Result<Reservation, LedgerError> {
+pub(crate) fn commit(ws: &mut WorkSet, req: &CommitRequest) -> Result<Reservation, LedgerError> {
     let (op, key) = ("commit", req.idempotency_key.as_str());
     let fp = fp_without_key(req, |r| r.idempotency_key.clear())?;
-    let (mut rsv, mut chain) = match load_held(
-        conn,
-        backend,
-        &req.reservation_id,
-        op,
-        key,
-        &fp,
-        "committed (again)",
-    )
-    .await?
-    {
-        Loaded::Replay(r) => return Ok(r),
-        Loaded::Held(r, c) => (r, c),
-    };
+    let (mut rsv, mut chain) =
+        match load_held(ws, &req.reservation_id, op, key, &fp, "committed (again)")? {
+            Loaded::Replay(r) => return Ok(r),
+            Loaded::Held(r, c) => (r, c),
+        };
     if req.amount_micros < rsv.charged_micros {
         return Err(LedgerError::FailedPrecondition(format!(
             "amount_micros: committing {} but {} was already charged to reservation {}",
@@ -272,7 +220,7 @@ pub(crate) async fn commit(
         available: held - from_hold - extra,
         ..Default::default()
     };
-    postings::post(conn, &mut chain, &meta, d).await?;
+    postings::post(ws, &mut chain, &meta, d)?;
     rsv.state = ReservationState::Committed;
     rsv.committed_micros = rsv.charged_micros + from_hold + extra;
     rsv.budget_exceeded = capped || chain.iter().any(|a| a.available() < 0);
@@ -280,43 +228,21 @@ pub(crate) async fn commit(
         tracing::warn!(reservation_id = %rsv.reservation_id, requested = req.amount_micros,
             committed = rsv.committed_micros, "commit capped: budget exceeded");
     }
-    sqlx::query(
-        "UPDATE reservations SET state = $1, committed_micros = $2, budget_exceeded = $3 \
-         WHERE reservation_id = $4",
-    )
-    .bind(model::state_str(rsv.state))
-    .bind(rsv.committed_micros)
-    .bind(i64::from(rsv.budget_exceeded))
-    .bind(&rsv.reservation_id)
-    .execute(&mut *conn)
-    .await?;
+    ws.put_reservation(rsv.clone());
     let resp = rsv.into_proto();
-    idempotency::remember(conn, op, key, &fp, &resp).await?;
+    idempotency::remember(ws, op, key, &fp, &resp)?;
     Ok(resp)
 }
 
 /// Returns the rest of the hold to available; what was charged stays spent.
-pub(crate) async fn release(
-    conn: &mut AnyConnection,
-    backend: Backend,
-    req: &ReleaseRequest,
-) -> Result<Reservation, LedgerError> {
+pub(crate) fn release(ws: &mut WorkSet, req: &ReleaseRequest) -> Result<Reservation, LedgerError> {
     let (op, key) = ("release", req.idempotency_key.as_str());
     let fp = fp_without_key(req, |r| r.idempotency_key.clear())?;
-    let (mut rsv, mut chain) = match load_held(
-        conn,
-        backend,
-        &req.reservation_id,
-        op,
-        key,
-        &fp,
-        "released (again)",
-    )
-    .await?
-    {
-        Loaded::Replay(r) => return Ok(r),
-        Loaded::Held(r, c) => (r, c),
-    };
+    let (mut rsv, mut chain) =
+        match load_held(ws, &req.reservation_id, op, key, &fp, "released (again)")? {
+            Loaded::Replay(r) => return Ok(r),
+            Loaded::Held(r, c) => (r, c),
+        };
     let held = rsv.held();
     let run = run_of(&chain);
     let meta = TransferMeta {
@@ -333,19 +259,12 @@ pub(crate) async fn release(
         available: held,
         ..Default::default()
     };
-    postings::post(conn, &mut chain, &meta, d).await?;
+    postings::post(ws, &mut chain, &meta, d)?;
     rsv.state = ReservationState::Released;
     rsv.committed_micros = rsv.charged_micros;
-    sqlx::query(
-        "UPDATE reservations SET state = $1, committed_micros = $2 WHERE reservation_id = $3",
-    )
-    .bind(model::state_str(rsv.state))
-    .bind(rsv.committed_micros)
-    .bind(&rsv.reservation_id)
-    .execute(&mut *conn)
-    .await?;
+    ws.put_reservation(rsv.clone());
     let resp = rsv.into_proto();
-    idempotency::remember(conn, op, key, &fp, &resp).await?;
+    idempotency::remember(ws, op, key, &fp, &resp)?;
     Ok(resp)
 }
 

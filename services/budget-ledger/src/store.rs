@@ -147,11 +147,7 @@ impl LedgerStore {
     pub async fn get_account(&self, account_id: &str) -> Result<Account> {
         validate::non_empty("account_id", account_id)?;
         let mut conn = self.pool.acquire().await?;
-        Ok(
-            accounts::require(&mut conn, self.backend, account_id, false)
-                .await?
-                .to_proto(),
-        )
+        Ok(accounts::require(&mut conn, account_id).await?.to_proto())
     }
 
     pub async fn reserve(&self, req: &ReserveRequest) -> Result<Reservation> {
@@ -190,7 +186,7 @@ impl LedgerStore {
             LedgerError::invalid("state", format!("unknown reservation state {}", req.state))
         })?;
         let mut conn = self.pool.acquire().await?;
-        accounts::require(&mut conn, self.backend, &req.account_id, false).await?;
+        accounts::require(&mut conn, &req.account_id).await?;
         let order = "ORDER BY created_unix_ms, reservation_id";
         let rows = if state == ReservationState::Unspecified {
             sqlx::query(&format!(
@@ -226,14 +222,14 @@ impl LedgerStore {
     pub async fn list_postings(&self, req: &ListPostingsRequest) -> Result<ListPostingsResponse> {
         validate::non_empty("account_id", &req.account_id)?;
         let mut conn = self.pool.acquire().await?;
-        accounts::require(&mut conn, self.backend, &req.account_id, false).await?;
+        accounts::require(&mut conn, &req.account_id).await?;
         postings::list(&mut conn, req).await
     }
 
     pub async fn spend_report(&self, req: &GetSpendReportRequest) -> Result<SpendReport> {
         let mut conn = self.pool.acquire().await?;
         if !req.account_id.is_empty() {
-            accounts::require(&mut conn, self.backend, &req.account_id, false).await?;
+            accounts::require(&mut conn, &req.account_id).await?;
         }
         report::spend_report(&mut conn, req).await
     }

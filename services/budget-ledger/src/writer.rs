@@ -1,21 +1,30 @@
 //! Group commit: mutating calls queue up for a writer task that applies a batch of them
-//! in one database transaction (each in its own savepoint, so one refused call posts
-//! nothing and leaves the others alone) and commits once. Every caller gets its answer
-//! only after that commit is durable, so a batch of N postings costs one log sync instead
-//! of N. One writer task per process.
+//! in one database transaction on its own connection and commits once. The batch's rows
+//! are read in a few statements ([`crate::load`]), the calls are applied in memory one
+//! after the other (a refused call is undone and posts nothing; see [`WorkSet`]), and
+//! what they wrote goes out as a few multi-row statements ([`crate::flush`]). Every
+//! caller gets its answer only after that commit is durable, so a batch of N postings
+//! costs one log sync instead of N. One writer task per process.
 
-use crate::{accounts, db::Backend, error::LedgerError, reservations};
+use crate::{
+    accounts,
+    db::Backend,
+    error::LedgerError,
+    flush,
+    load::{self, Wants},
+    reservations,
+    workset::WorkSet,
+};
 use forkyard_proto::budget::v1::{
     Account, ChargeRequest, CommitRequest, CreateAccountRequest, RaiseBudgetRequest,
     ReleaseRequest, Reservation, ReserveRequest,
 };
-use sqlx::{AnyConnection, AnyPool, Executor};
-use std::sync::Arc;
-use tokio::sync::{Mutex, mpsc, oneshot};
+use sqlx::{AnyConnection, AnyPool, Connection, Executor};
+use tokio::sync::{mpsc, oneshot};
 
 /// Most calls in one transaction.
 const MAX_BATCH: usize = 512;
-/// Attempts of one call that hits a PostgreSQL deadlock, serialization failure or a
+/// Transactions of one call that hits a PostgreSQL deadlock, serialization failure or a
 /// concurrent insert of the same key (the retry then replays).
 const ATTEMPTS: usize = 5;
 
@@ -34,13 +43,47 @@ pub(crate) enum Op {
     Release(ReleaseRequest),
 }
 
+impl Op {
+    /// Adds the key, accounts and reservation this call reads.
+    fn wants(&self, w: &mut Wants) {
+        let (key, account, rsv) = match self {
+            Op::Create { req, .. } => {
+                if !req.parent_account_id.is_empty() {
+                    w.accounts.insert(req.parent_account_id.clone());
+                }
+                (&req.idempotency_key, Some(&req.account_id), None)
+            }
+            Op::Raise(r) => (&r.idempotency_key, Some(&r.account_id), None),
+            Op::Reserve(r) => (&r.idempotency_key, Some(&r.account_id), None),
+            Op::Charge(r) => (&r.idempotency_key, None, Some(&r.reservation_id)),
+            Op::Commit(r) => (&r.idempotency_key, None, Some(&r.reservation_id)),
+            Op::Release(r) => (&r.idempotency_key, None, Some(&r.reservation_id)),
+        };
+        w.keys.insert(key.clone());
+        w.accounts.extend(account.cloned());
+        w.reservations.extend(rsv.cloned());
+    }
+
+    fn apply(&self, ws: &mut WorkSet) -> Result<Reply, LedgerError> {
+        Ok(match self {
+            Op::Create { req, op, fp } => Reply::Account(accounts::create(ws, req, op, fp)?),
+            Op::Raise(req) => Reply::Account(accounts::raise_budget(ws, req)?),
+            Op::Reserve(req) => Reply::Reservation(reservations::reserve(ws, req)?),
+            Op::Charge(req) => Reply::Reservation(reservations::charge(ws, req)?),
+            Op::Commit(req) => Reply::Reservation(reservations::commit(ws, req)?),
+            Op::Release(req) => Reply::Reservation(reservations::release(ws, req)?),
+        })
+    }
+}
+
 #[derive(Debug)]
 pub(crate) enum Reply {
     Account(Account),
     Reservation(Reservation),
 }
 
-type Job = (Op, oneshot::Sender<Result<Reply, LedgerError>>);
+type Answer = Result<Reply, LedgerError>;
+type Job = (Op, oneshot::Sender<Answer>);
 
 #[derive(Clone, Debug)]
 pub(crate) struct Writer {
@@ -50,16 +93,19 @@ pub(crate) struct Writer {
 impl Writer {
     pub(crate) fn spawn(pool: AnyPool, backend: Backend) -> Self {
         let (tx, rx) = mpsc::channel::<Job>(8 * MAX_BATCH);
-        let rx = Arc::new(Mutex::new(rx));
-        // One writer per process: batches never wait on each other's row locks (several
-        // writers deadlocked on PostgreSQL when two batches touched the same accounts in
-        // opposite orders). Several processes still serialise on the row locks; a batch
-        // that loses a deadlock there fails whole and its callers retry.
-        tokio::spawn(run(pool, backend, rx));
+        // One writer per process: batches never wait on each other's row locks. Several
+        // processes serialise on the database lock (SQLite) or on row locks taken in
+        // account order (PostgreSQL); a batch that fails there is retried call by call.
+        let session = Session {
+            pool,
+            backend,
+            conn: None,
+        };
+        tokio::spawn(run(session, rx));
         Self { tx }
     }
 
-    pub(crate) async fn submit(&self, op: Op) -> Result<Reply, LedgerError> {
+    pub(crate) async fn submit(&self, op: Op) -> Answer {
         let (reply_tx, reply_rx) = oneshot::channel();
         self.tx
             .send((op, reply_tx))
@@ -71,83 +117,124 @@ impl Writer {
     }
 }
 
-async fn run(pool: AnyPool, backend: Backend, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
-    loop {
-        let batch = {
-            let mut rx = rx.lock().await;
-            let Some(first) = rx.recv().await else { return };
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
-                }
-            }
-            batch
-        };
-        run_batch(&pool, backend, batch).await;
-    }
-}
-
-async fn run_batch(pool: &AnyPool, backend: Backend, batch: Vec<Job>) {
-    let mut results = Vec::with_capacity(batch.len());
-    let outcome: Result<(), sqlx::Error> = async {
-        let mut conn = pool.acquire().await?;
-        conn.execute(backend.begin_write()).await?;
-        for (op, reply) in batch {
-            let result = apply_in_savepoint(&mut conn, backend, &op).await;
-            results.push((reply, result));
-        }
-        match conn.execute("COMMIT").await {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let _ = conn.execute("ROLLBACK").await;
-                Err(e)
-            }
-        }
-    }
-    .await;
-    match outcome {
-        Ok(()) => {
-            for (reply, result) in results {
-                let _ = reply.send(result);
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "ledger batch failed; nothing of it was posted");
-            for (reply, _) in results {
-                let _ = reply.send(Err(LedgerError::Unavailable(format!(
-                    "database error, nothing posted: {e}"
-                ))));
-            }
-        }
-    }
-}
-
-async fn apply_in_savepoint(
-    conn: &mut AnyConnection,
+/// The writer's own connection (taken out of the pool, so its prepared statements stay
+/// cached from batch to batch), reopened after an error.
+struct Session {
+    pool: AnyPool,
     backend: Backend,
-    op: &Op,
-) -> Result<Reply, LedgerError> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        conn.execute("SAVEPOINT op").await?;
-        let result = apply(conn, backend, op).await;
-        match result {
-            Ok(reply) => {
-                conn.execute("RELEASE SAVEPOINT op").await?;
-                return Ok(reply);
-            }
-            Err(e) => {
-                conn.execute("ROLLBACK TO SAVEPOINT op").await?;
-                conn.execute("RELEASE SAVEPOINT op").await?;
-                if attempt < ATTEMPTS && is_transient(&e) {
-                    continue;
-                }
-                return Err(e);
+    conn: Option<AnyConnection>,
+}
+
+async fn run(mut session: Session, mut rx: mpsc::Receiver<Job>) {
+    while let Some(first) = rx.recv().await {
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
             }
         }
+        let (ops, replies): (Vec<Op>, Vec<_>) = jobs.into_iter().unzip();
+        if session.pool.is_closed() {
+            // The pool was closed (shutdown): stop writing.
+            for reply in replies {
+                let _ = reply.send(Err(LedgerError::Unavailable(
+                    "the ledger database is closed".into(),
+                )));
+            }
+            if let Some(conn) = session.conn.take() {
+                let _ = conn.close().await;
+            }
+            return;
+        }
+        let answers = session.settle(&ops).await;
+        for (reply, answer) in replies.into_iter().zip(answers) {
+            let _ = reply.send(answer);
+        }
+    }
+}
+
+impl Session {
+    /// The answers of `ops`, in one transaction; if that fails as a whole, call by call.
+    async fn settle(&mut self, ops: &[Op]) -> Vec<Answer> {
+        match self.transaction(ops).await {
+            Ok(answers) => answers,
+            Err(e) if ops.len() > 1 => {
+                tracing::warn!(error = %e, calls = ops.len(),
+                    "ledger batch failed; nothing of it was posted; retrying call by call");
+                let mut answers = Vec::with_capacity(ops.len());
+                for op in ops {
+                    answers.push(self.settle_one(op).await);
+                }
+                answers
+            }
+            Err(e) => vec![self.retry_one(&ops[0], e).await],
+        }
+    }
+
+    async fn settle_one(&mut self, op: &Op) -> Answer {
+        match self.transaction(std::slice::from_ref(op)).await {
+            Ok(mut answers) => answers.pop().unwrap_or_else(|| {
+                Err(LedgerError::Corrupt("a transaction lost its answer".into()))
+            }),
+            Err(e) => self.retry_one(op, e).await,
+        }
+    }
+
+    /// Retries one call whose transaction failed with `e` while that is transient.
+    async fn retry_one(&mut self, op: &Op, mut e: LedgerError) -> Answer {
+        for _ in 1..ATTEMPTS {
+            if !is_transient(&e) {
+                break;
+            }
+            match self.transaction(std::slice::from_ref(op)).await {
+                Ok(mut answers) => {
+                    return answers.pop().unwrap_or_else(|| {
+                        Err(LedgerError::Corrupt("a transaction lost its answer".into()))
+                    });
+                }
+                Err(again) => e = again,
+            }
+        }
+        Err(e)
+    }
+
+    /// Applies `ops` in one write transaction and commits: the answer of each call, or
+    /// the error that rolled back all of them.
+    async fn transaction(&mut self, ops: &[Op]) -> Result<Vec<Answer>, LedgerError> {
+        let backend = self.backend;
+        let conn = match &mut self.conn {
+            Some(conn) => conn,
+            slot => slot.insert(self.pool.acquire().await?.detach()),
+        };
+        conn.execute(backend.begin_write()).await?;
+        let result = async {
+            let mut wants = Wants::default();
+            ops.iter().for_each(|op| op.wants(&mut wants));
+            let mut ws = load::load(conn, backend, wants).await?;
+            let answers: Vec<Answer> = ops
+                .iter()
+                .map(|op| {
+                    ws.begin_call();
+                    let answer = op.apply(&mut ws);
+                    if answer.is_err() {
+                        ws.undo_call();
+                    }
+                    answer
+                })
+                .collect();
+            flush::flush(conn, &ws).await?;
+            conn.execute("COMMIT").await.map_err(|e| {
+                LedgerError::Unavailable(format!("database error, nothing posted: {e}"))
+            })?;
+            Ok(answers)
+        }
+        .await;
+        if result.is_err() && conn.execute("ROLLBACK").await.is_err() {
+            // Unusable connection (or no transaction left): open another next time.
+            self.conn = None;
+        }
+        result
     }
 }
 
@@ -160,17 +247,4 @@ fn is_transient(e: &LedgerError) -> bool {
         ),
         _ => false,
     }
-}
-
-async fn apply(conn: &mut AnyConnection, backend: Backend, op: &Op) -> Result<Reply, LedgerError> {
-    Ok(match op {
-        Op::Create { req, op, fp } => {
-            Reply::Account(accounts::create(conn, backend, req, op, fp).await?)
-        }
-        Op::Raise(req) => Reply::Account(accounts::raise_budget(conn, backend, req).await?),
-        Op::Reserve(req) => Reply::Reservation(reservations::reserve(conn, backend, req).await?),
-        Op::Charge(req) => Reply::Reservation(reservations::charge(conn, backend, req).await?),
-        Op::Commit(req) => Reply::Reservation(reservations::commit(conn, backend, req).await?),
-        Op::Release(req) => Reply::Reservation(reservations::release(conn, backend, req).await?),
-    })
 }
