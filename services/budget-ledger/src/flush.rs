@@ -4,6 +4,7 @@
 //! key order).
 
 use crate::{
+    db::Backend,
     error::LedgerError,
     model::{self, AccountRow, ReservationRow},
     workset::{PostingRow, StoredKey, TransferRow, WorkSet},
@@ -12,7 +13,7 @@ use sqlx::{Any, AnyConnection, any::AnyArguments, query::Query};
 
 /// Most rows of one statement. Chunks are powers of two, so that only a few statement
 /// shapes get prepared and cached.
-const MAX_ROWS: usize = 128;
+const MAX_ROWS: usize = 256;
 
 type AnyQuery<'q> = Query<'q, Any, AnyArguments<'q>>;
 
@@ -22,7 +23,11 @@ trait WriteRow {
     fn bind<'q>(&'q self, q: AnyQuery<'q>) -> AnyQuery<'q>;
 }
 
-pub(crate) async fn flush(conn: &mut AnyConnection, ws: &WorkSet) -> Result<(), LedgerError> {
+pub(crate) async fn flush(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    ws: &WorkSet,
+) -> Result<(), LedgerError> {
     let accounts = ws.dirty_accounts();
     let labels = accounts
         .iter()
@@ -32,6 +37,7 @@ pub(crate) async fn flush(conn: &mut AnyConnection, ws: &WorkSet) -> Result<(), 
     let accounts: Vec<AccountOut<'_>> = accounts.into_iter().zip(labels).collect();
     insert(
         conn,
+        backend,
         "INSERT INTO accounts (account_id, kind, parent_account_id, budget_micros, \
          reserved_micros, spent_micros, allow_overdraft, commit_overage, labels, posting_seq, \
          created_unix_ms)",
@@ -43,6 +49,7 @@ pub(crate) async fn flush(conn: &mut AnyConnection, ws: &WorkSet) -> Result<(), 
     .await?;
     insert(
         conn,
+        backend,
         "INSERT INTO reservations (reservation_id, account_id, amount_micros, state, \
          committed_micros, budget_exceeded, holder, created_unix_ms, charged_micros)",
         "ON CONFLICT (reservation_id) DO UPDATE SET state = excluded.state, \
@@ -53,6 +60,7 @@ pub(crate) async fn flush(conn: &mut AnyConnection, ws: &WorkSet) -> Result<(), 
     .await?;
     insert(
         conn,
+        backend,
         "INSERT INTO transfers (transfer_id, kind, account_id, reservation_id, amount_micros, \
          spent_micros, run_id, fork, model, tenant_id, idempotency_key, created_unix_ms)",
         "",
@@ -61,6 +69,7 @@ pub(crate) async fn flush(conn: &mut AnyConnection, ws: &WorkSet) -> Result<(), 
     .await?;
     insert(
         conn,
+        backend,
         "INSERT INTO postings (account_id, seq, transfer_id, bucket, amount_micros, \
          created_unix_ms)",
         "",
@@ -70,6 +79,7 @@ pub(crate) async fn flush(conn: &mut AnyConnection, ws: &WorkSet) -> Result<(), 
     let keys = ws.new_keys();
     insert(
         conn,
+        backend,
         "INSERT INTO idempotency_keys (idempotency_key, operation, fingerprint, response, \
          created_unix_ms)",
         "",
@@ -82,6 +92,7 @@ pub(crate) async fn flush(conn: &mut AnyConnection, ws: &WorkSet) -> Result<(), 
 /// `{head} VALUES (…), (…) {tail}` for `rows`, in chunks of powers of two.
 async fn insert<T: WriteRow>(
     conn: &mut AnyConnection,
+    backend: Backend,
     head: &str,
     tail: &str,
     rows: &[T],
@@ -90,7 +101,7 @@ async fn insert<T: WriteRow>(
     while !rest.is_empty() {
         let n = 1 << rest.len().min(MAX_ROWS).ilog2();
         let (chunk, more) = rest.split_at(n);
-        let sql = format!("{head} VALUES {} {tail}", placeholders(T::COLS, n));
+        let sql = format!("{head} VALUES {} {tail}", placeholders(backend, T::COLS, n));
         let mut q = sqlx::query(&sql);
         for row in chunk {
             q = row.bind(q);
@@ -102,7 +113,7 @@ async fn insert<T: WriteRow>(
 }
 
 /// `($1, …, $cols), ($cols+1, …), …` for `rows` rows.
-fn placeholders(cols: usize, rows: usize) -> String {
+fn placeholders(backend: Backend, cols: usize, rows: usize) -> String {
     let mut s = String::with_capacity(rows * cols * 6);
     for r in 0..rows {
         if r > 0 {
@@ -113,8 +124,7 @@ fn placeholders(cols: usize, rows: usize) -> String {
             if c > 0 {
                 s.push_str(", ");
             }
-            s.push('$');
-            s.push_str(&(r * cols + c + 1).to_string());
+            backend.push_param(&mut s, r * cols + c + 1);
         }
         s.push(')');
     }

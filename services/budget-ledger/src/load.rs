@@ -29,7 +29,7 @@ pub(crate) async fn load(
     backend: Backend,
     wants: Wants,
 ) -> Result<WorkSet, LedgerError> {
-    let mut reservations = reservations(conn, &wants.reservations).await?;
+    let mut reservations = reservations(conn, backend, &wants.reservations).await?;
     let mut ids = wants.accounts;
     ids.extend(reservations.iter().map(|r| r.account_id.clone()));
     let mut accounts = if backend.locks_rows() {
@@ -38,7 +38,7 @@ pub(crate) async fn load(
         ids.extend(parents(&unlocked, &BTreeSet::new()));
         let locked = select_accounts(conn, backend, &ids, true).await?;
         // Another process may have settled them while this one waited for the locks.
-        reservations = self::reservations(conn, &wants.reservations).await?;
+        reservations = self::reservations(conn, backend, &wants.reservations).await?;
         locked
     } else {
         select_accounts(conn, backend, &ids, false).await?
@@ -55,7 +55,7 @@ pub(crate) async fn load(
         }
         accounts.extend(found);
     }
-    let keys = keys(conn, &wants.keys).await?;
+    let keys = keys(conn, backend, &wants.keys).await?;
     Ok(WorkSet::new(accounts, reservations, keys))
 }
 
@@ -78,6 +78,7 @@ async fn select_accounts(
     let suffix = if lock { backend.lock_rows() } else { "" };
     let rows = select_in(
         conn,
+        backend,
         &format!("{} WHERE account_id IN", model::SELECT_ACCOUNTS),
         &format!("ORDER BY account_id{suffix}"),
         ids,
@@ -88,10 +89,12 @@ async fn select_accounts(
 
 async fn reservations(
     conn: &mut AnyConnection,
+    backend: Backend,
     ids: &BTreeSet<String>,
 ) -> Result<Vec<ReservationRow>, LedgerError> {
     let rows = select_in(
         conn,
+        backend,
         &format!("{} WHERE reservation_id IN", model::SELECT_RESERVATION),
         "",
         ids,
@@ -102,10 +105,12 @@ async fn reservations(
 
 async fn keys(
     conn: &mut AnyConnection,
+    backend: Backend,
     keys: &BTreeSet<String>,
 ) -> Result<Vec<(String, StoredKey)>, LedgerError> {
     let rows = select_in(
         conn,
+        backend,
         "SELECT idempotency_key, operation, fingerprint, response, created_unix_ms \
          FROM idempotency_keys WHERE idempotency_key IN",
         "",
@@ -130,6 +135,7 @@ async fn keys(
 /// `{head} ($1, …, $n) {tail}` for every chunk of `ids`, each padded to a power of two.
 async fn select_in(
     conn: &mut AnyConnection,
+    backend: Backend,
     head: &str,
     tail: &str,
     ids: &BTreeSet<String>,
@@ -138,8 +144,15 @@ async fn select_in(
     let mut rows = Vec::new();
     for chunk in ids.chunks(MAX_IN) {
         let n = chunk.len().next_power_of_two();
-        let params: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
-        let sql = format!("{head} ({}) {tail}", params.join(", "));
+        let mut sql = format!("{head} (");
+        for i in 1..=n {
+            if i > 1 {
+                sql.push_str(", ");
+            }
+            backend.push_param(&mut sql, i);
+        }
+        sql.push_str(") ");
+        sql.push_str(tail);
         let mut q = sqlx::query(&sql);
         for i in 0..n {
             q = q.bind(chunk[i.min(chunk.len() - 1)]);

@@ -29,6 +29,9 @@ pub use crate::db::MIGRATOR;
 pub type Result<T, E = LedgerError> = std::result::Result<T, E>;
 
 /// Handle on the ledger database; cheap to clone.
+/// Most reservations one ListReservations returns.
+pub const MAX_LISTED_RESERVATIONS: usize = 10_000;
+
 #[derive(Clone, Debug)]
 pub struct LedgerStore {
     pool: AnyPool,
@@ -177,34 +180,60 @@ impl LedgerStore {
         self.reservation_op(Op::Release(req.clone())).await
     }
 
+    /// One account's reservations, or — with no account — every reservation in one state
+    /// (the janitor's view of what is still HELD), oldest first, at most
+    /// `MAX_LISTED_RESERVATIONS`.
     pub async fn list_reservations(
         &self,
         req: &ListReservationsRequest,
     ) -> Result<Vec<Reservation>> {
-        validate::non_empty("account_id", &req.account_id)?;
         let state = ReservationState::try_from(req.state).map_err(|_| {
             LedgerError::invalid("state", format!("unknown reservation state {}", req.state))
         })?;
+        if req.account_id.is_empty() && state == ReservationState::Unspecified {
+            return Err(LedgerError::invalid(
+                "account_id",
+                "must not be empty unless a state is given",
+            ));
+        }
         let mut conn = self.pool.acquire().await?;
-        accounts::require(&mut conn, &req.account_id).await?;
-        let order = "ORDER BY created_unix_ms, reservation_id";
-        let rows = if state == ReservationState::Unspecified {
-            sqlx::query(&format!(
-                "{} WHERE account_id = $1 {order}",
-                model::SELECT_RESERVATION
-            ))
-            .bind(&req.account_id)
-            .fetch_all(&mut *conn)
-            .await?
-        } else {
-            sqlx::query(&format!(
-                "{} WHERE account_id = $1 AND state = $2 {order}",
-                model::SELECT_RESERVATION
-            ))
-            .bind(&req.account_id)
-            .bind(model::state_str(state))
-            .fetch_all(&mut *conn)
-            .await?
+        if !req.account_id.is_empty() {
+            accounts::require(&mut conn, &req.account_id).await?;
+        }
+        let order =
+            format!("ORDER BY created_unix_ms, reservation_id LIMIT {MAX_LISTED_RESERVATIONS}");
+        let rows = match (
+            req.account_id.is_empty(),
+            state == ReservationState::Unspecified,
+        ) {
+            (false, true) => {
+                sqlx::query(&format!(
+                    "{} WHERE account_id = $1 {order}",
+                    model::SELECT_RESERVATION
+                ))
+                .bind(&req.account_id)
+                .fetch_all(&mut *conn)
+                .await?
+            }
+            (false, false) => {
+                sqlx::query(&format!(
+                    "{} WHERE account_id = $1 AND state = $2 {order}",
+                    model::SELECT_RESERVATION
+                ))
+                .bind(&req.account_id)
+                .bind(model::state_str(state))
+                .fetch_all(&mut *conn)
+                .await?
+            }
+            _ => {
+                sqlx::query(&format!(
+                    "{} WHERE state = $1 {order}",
+                    model::SELECT_RESERVATION
+                ))
+                .bind(model::state_str(state))
+                .fetch_all(&mut *conn)
+                .await?
+            }
         };
         rows.iter()
             .map(|r| ReservationRow::from_row(r).map(ReservationRow::into_proto))

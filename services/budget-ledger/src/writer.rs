@@ -205,7 +205,13 @@ impl Session {
         let backend = self.backend;
         let conn = match &mut self.conn {
             Some(conn) => conn,
-            slot => slot.insert(self.pool.acquire().await?.detach()),
+            slot => {
+                let mut conn = self.pool.acquire().await?.detach();
+                if let Some(setup) = backend.writer_setup() {
+                    conn.execute(setup).await?;
+                }
+                slot.insert(conn)
+            }
         };
         conn.execute(backend.begin_write()).await?;
         let result = async {
@@ -223,7 +229,7 @@ impl Session {
                     answer
                 })
                 .collect();
-            flush::flush(conn, &ws).await?;
+            flush::flush(conn, backend, &ws).await?;
             conn.execute("COMMIT").await.map_err(|e| {
                 LedgerError::Unavailable(format!("database error, nothing posted: {e}"))
             })?;
