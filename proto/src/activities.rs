@@ -104,6 +104,59 @@ impl LocalSandbox {
     }
 }
 
+/// Sandbox lifecycle on the `e2b` backend (E2B cloud sandboxes), queue
+/// `sandbox-provisioner`: the same contracts as [`LocalSandbox`] under the `e2b.` prefix.
+pub struct E2bSandbox;
+
+#[activity_definitions]
+impl E2bSandbox {
+    #[activity(name = "e2b.create")]
+    pub fn create(_req: CreateSandboxRequest) -> Result<Sandbox, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "e2b.health")]
+    pub fn health(_req: HealthCheckRequest) -> Result<HealthCheckResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "e2b.exec")]
+    pub fn exec(_req: ExecRequest) -> Result<ExecResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    /// git inside the E2B sandbox, against the base commit recorded at create.
+    #[activity(name = "e2b.collect_patch")]
+    pub fn collect_patch(_req: CollectPatchRequest) -> Result<CollectPatchResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "e2b.destroy")]
+    pub fn destroy(_req: DestroySandboxRequest) -> Result<DestroySandboxResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "e2b.get")]
+    pub fn get(_req: GetSandboxRequest) -> Result<Sandbox, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "e2b.list")]
+    pub fn list(_req: ListSandboxesRequest) -> Result<ListSandboxesResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "e2b.read_file")]
+    pub fn read_file(_req: ReadFileRequest) -> Result<ReadFileResponse, ActivityError> {
+        unimplemented!()
+    }
+
+    #[activity(name = "e2b.write_file")]
+    pub fn write_file(_req: WriteFileRequest) -> Result<WriteFileResponse, ActivityError> {
+        unimplemented!()
+    }
+}
+
 /// Agent execution, queue `agent-runner`.
 pub struct Agent;
 
@@ -199,6 +252,9 @@ pub mod errors {
 pub mod markers {
     pub mod local_sandbox {
         pub use super::super::local_sandbox::*;
+    }
+    pub mod e2b_sandbox {
+        pub use super::super::e2b_sandbox::*;
     }
     pub mod agent {
         pub use super::super::agent::*;

@@ -223,3 +223,168 @@ mod tests {
         assert_eq!(SandboxActivities::read_file.name(), "local.read_file");
     }
 }
+
+/// The Temporal front door for the `e2b` backend: `e2b.*` activities on the same queue,
+/// over the same [`crate::SandboxBackend`] the gRPC service routes `e2b-` ids to.
+pub struct E2bActivities {
+    backend: Arc<dyn crate::SandboxBackend>,
+}
+
+impl E2bActivities {
+    pub fn new(core: &Arc<Provisioner>) -> Self {
+        Self {
+            backend: core.e2b.clone(),
+        }
+    }
+}
+
+fn force_backend(mut req: CreateSandboxRequest) -> CreateSandboxRequest {
+    if req.backend.is_empty() {
+        req.backend = crate::e2b::BACKEND.into();
+    }
+    req
+}
+
+#[activities]
+impl E2bActivities {
+    #[activity(definition = markers::e2b_sandbox::Create)]
+    pub async fn create(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: CreateSandboxRequest,
+    ) -> Result<Sandbox, ActivityError> {
+        let req = force_backend(req);
+        if req.backend != crate::e2b::BACKEND {
+            return Err(crate::ProvisionerError::invalid(
+                "backend",
+                format!("e2b.create cannot create a {:?} sandbox", req.backend),
+            )
+            .into_activity_error());
+        }
+        self.backend
+            .create(req)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
+
+    #[activity(definition = markers::e2b_sandbox::Health)]
+    pub async fn health(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: HealthCheckRequest,
+    ) -> Result<HealthCheckResponse, ActivityError> {
+        self.backend
+            .health(req)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
+
+    /// Heartbeats while the command runs; cancellation drops the stream (and the command
+    /// with the connection; envd kills a process whose Start stream is gone).
+    #[activity(definition = markers::e2b_sandbox::Exec)]
+    pub async fn exec(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        req: ExecRequest,
+    ) -> Result<ExecResponse, ActivityError> {
+        let exec = self.backend.exec(req);
+        tokio::pin!(exec);
+        let mut beat = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tokio::select! {
+                res = &mut exec => return res.map_err(|e| e.into_activity_error()),
+                _ = beat.tick() => { let _ = ctx.record_heartbeat(()).await; }
+                () = ctx.cancelled() => return Err(ActivityError::cancelled()),
+            }
+        }
+    }
+
+    #[activity(definition = markers::e2b_sandbox::CollectPatch)]
+    pub async fn collect_patch(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: CollectPatchRequest,
+    ) -> Result<CollectPatchResponse, ActivityError> {
+        self.backend
+            .collect_patch(req)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
+
+    #[activity(definition = markers::e2b_sandbox::Destroy)]
+    pub async fn destroy(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: DestroySandboxRequest,
+    ) -> Result<DestroySandboxResponse, ActivityError> {
+        self.backend
+            .destroy(req)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
+
+    #[activity(definition = markers::e2b_sandbox::Get)]
+    pub async fn get(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: GetSandboxRequest,
+    ) -> Result<Sandbox, ActivityError> {
+        self.backend
+            .get(&req.sandbox_id)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
+
+    #[activity(definition = markers::e2b_sandbox::List)]
+    pub async fn list(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: ListSandboxesRequest,
+    ) -> Result<ListSandboxesResponse, ActivityError> {
+        let sandboxes = self
+            .backend
+            .list(&req.label_selector)
+            .await
+            .map_err(|e| e.into_activity_error())?;
+        Ok(ListSandboxesResponse { sandboxes })
+    }
+
+    #[activity(definition = markers::e2b_sandbox::ReadFile)]
+    pub async fn read_file(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: ReadFileRequest,
+    ) -> Result<ReadFileResponse, ActivityError> {
+        self.backend
+            .read_file(req)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
+
+    #[activity(definition = markers::e2b_sandbox::WriteFile)]
+    pub async fn write_file(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        req: WriteFileRequest,
+    ) -> Result<WriteFileResponse, ActivityError> {
+        self.backend
+            .write_file(req)
+            .await
+            .map_err(|e| e.into_activity_error())
+    }
+}
+
+#[cfg(test)]
+mod e2b_tests {
+    use super::*;
+
+    #[test]
+    fn e2b_activities_carry_the_backend_prefix() {
+        assert_eq!(E2bActivities::create.name(), "e2b.create");
+        assert_eq!(E2bActivities::exec.name(), "e2b.exec");
+        assert_eq!(E2bActivities::destroy.name(), "e2b.destroy");
+        assert_eq!(E2bActivities::health.name(), "e2b.health");
+        assert_eq!(E2bActivities::collect_patch.name(), "e2b.collect_patch");
+        assert_eq!(E2bActivities::list.name(), "e2b.list");
+    }
+}

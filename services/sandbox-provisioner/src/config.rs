@@ -66,6 +66,19 @@ pub struct Args {
     /// Where workspace snapshots are stored (default `<state>/snapshots`).
     #[arg(long, env = "FORKYARD_SNAPSHOT_DIR")]
     pub snapshot_dir: Option<PathBuf>,
+    /// E2B control-plane API (the key comes only from `E2B_API_KEY`).
+    #[arg(
+        long,
+        env = "FORKYARD_E2B_API_URL",
+        default_value = "https://api.e2b.dev"
+    )]
+    pub e2b_api_url: String,
+    /// E2B sandbox domain (envd at `https://49983-<id>.<domain>`), or an http(s) base URL.
+    #[arg(long, env = "FORKYARD_E2B_DOMAIN", default_value = "e2b.app")]
+    pub e2b_domain: String,
+    /// E2B template new sandboxes start from.
+    #[arg(long, env = "FORKYARD_E2B_TEMPLATE", default_value = "base")]
+    pub e2b_template: String,
 }
 
 impl Args {
@@ -126,6 +139,24 @@ impl Args {
         if let Some(dir) = &self.snapshot_dir {
             config.snapshot_dir.clone_from(dir);
         }
+        for (name, v) in [
+            ("FORKYARD_E2B_API_URL (--e2b-api-url)", &self.e2b_api_url),
+            ("FORKYARD_E2B_DOMAIN (--e2b-domain)", &self.e2b_domain),
+            ("FORKYARD_E2B_TEMPLATE (--e2b-template)", &self.e2b_template),
+        ] {
+            if v.trim().is_empty() {
+                return Err(format!("{name} is empty"));
+            }
+        }
+        config.e2b.api_url = self.e2b_api_url.trim().to_owned();
+        config.e2b.domain = self.e2b_domain.trim().to_owned();
+        config.e2b.template = self.e2b_template.trim().to_owned();
+        config.e2b.api_key = std::env::var("E2B_API_KEY")
+            .ok()
+            .filter(|k| !k.trim().is_empty())
+            .map(|k| crate::e2b::ApiKey::new(k.trim()));
+        config.e2b.exec_timeout = config.exec_timeout;
+        config.e2b.clone_timeout = config.clone_timeout;
         Ok((listen, config))
     }
 }

@@ -9,6 +9,8 @@ use temporalio_sdk::activities::ActivityError;
 pub const REPO_UNAVAILABLE: &str = "RepoUnavailable";
 /// Activity failure type for a sandbox in the wrong state (e.g. being destroyed).
 pub const SANDBOX_UNAVAILABLE: &str = "SandboxUnavailable";
+/// Activity failure type for a remote backend that is down or slow (retried).
+pub const UNAVAILABLE: &str = "SandboxBackendUnavailable";
 /// Activity failure type for everything else (retried per the activity's policy).
 pub const INTERNAL: &str = "SandboxInternal";
 
@@ -27,6 +29,12 @@ pub enum ProvisionerError {
     FailedPrecondition(String),
     #[error("{0}")]
     Internal(String),
+    /// A remote backend rejected our credentials (final: retrying cannot help).
+    #[error("{0}")]
+    Auth(String),
+    /// A remote backend is unreachable, overloaded or timed out (retried).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl ProvisionerError {
@@ -50,6 +58,8 @@ impl ProvisionerError {
             Self::RepoUnavailable(_) => non_retryable(REPO_UNAVAILABLE, &self),
             Self::FailedPrecondition(_) => non_retryable(SANDBOX_UNAVAILABLE, &self),
             Self::Internal(_) => retryable(INTERNAL, &self),
+            Self::Auth(_) => non_retryable(errors::SANDBOX_AUTH, &self),
+            Self::Unavailable(_) => retryable(UNAVAILABLE, &self),
         }
     }
 }
@@ -64,6 +74,8 @@ impl From<ProvisionerError> for tonic::Status {
                 tonic::Status::failed_precondition(msg)
             }
             ProvisionerError::Internal(_) => tonic::Status::internal(msg),
+            ProvisionerError::Auth(_) => tonic::Status::permission_denied(msg),
+            ProvisionerError::Unavailable(_) => tonic::Status::unavailable(msg),
         }
     }
 }

@@ -1,7 +1,8 @@
-//! The gRPC front door: `forkyard.sandbox.v1.SandboxProvisioner` over [`Provisioner`].
-//! Dropping an `Exec` call drops its future, which kills the sandboxed process.
+//! The gRPC front door: `forkyard.sandbox.v1.SandboxProvisioner` over [`Backends`]:
+//! create picks the backend from `CreateSandboxRequest.backend`, every other call from
+//! the sandbox id. Dropping an `Exec` call drops its future, which kills the process.
 
-use crate::provisioner::Provisioner;
+use crate::{backend::Backends, provisioner::Provisioner};
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
     DestroySandboxResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,
@@ -17,11 +18,16 @@ use tonic::{Request, Response, Status};
 
 #[derive(Clone)]
 pub struct SandboxService {
-    core: Arc<Provisioner>,
+    core: Backends,
 }
 
 impl SandboxService {
+    /// `local` plus the backends configured in the core (E2B).
     pub fn new(core: Arc<Provisioner>) -> Self {
+        Self::with_backends(Backends::new(core))
+    }
+
+    pub fn with_backends(core: Backends) -> Self {
         Self { core }
     }
 
@@ -44,42 +50,53 @@ impl SandboxProvisioner for SandboxService {
         &self,
         req: Request<GetSandboxRequest>,
     ) -> Result<Response<Sandbox>, Status> {
-        Ok(Response::new(self.core.get(&req.into_inner().sandbox_id)?))
+        let id = req.into_inner().sandbox_id;
+        Ok(Response::new(self.core.for_id(&id).get(&id).await?))
     }
 
     async fn list_sandboxes(
         &self,
         req: Request<ListSandboxesRequest>,
     ) -> Result<Response<ListSandboxesResponse>, Status> {
-        let sandboxes = self.core.list(&req.into_inner().label_selector);
+        let sandboxes = self.core.list(&req.into_inner().label_selector).await?;
         Ok(Response::new(ListSandboxesResponse { sandboxes }))
     }
 
     async fn exec(&self, req: Request<ExecRequest>) -> Result<Response<ExecResponse>, Status> {
-        Ok(Response::new(self.core.exec(req.into_inner()).await?))
+        Ok(Response::new({
+            let r = req.into_inner();
+            self.core.for_id(&r.sandbox_id).exec(r).await?
+        }))
     }
 
     async fn health_check(
         &self,
         req: Request<HealthCheckRequest>,
     ) -> Result<Response<HealthCheckResponse>, Status> {
-        Ok(Response::new(self.core.health(req.into_inner()).await?))
+        Ok(Response::new({
+            let r = req.into_inner();
+            self.core.for_id(&r.sandbox_id).health(r).await?
+        }))
     }
 
     async fn collect_patch(
         &self,
         req: Request<CollectPatchRequest>,
     ) -> Result<Response<CollectPatchResponse>, Status> {
-        Ok(Response::new(
-            self.core.collect_patch(req.into_inner()).await?,
-        ))
+        Ok(Response::new({
+            let r = req.into_inner();
+            self.core.for_id(&r.sandbox_id).collect_patch(r).await?
+        }))
     }
 
     async fn destroy_sandbox(
         &self,
         req: Request<DestroySandboxRequest>,
     ) -> Result<Response<DestroySandboxResponse>, Status> {
-        Ok(Response::new(self.core.destroy(req.into_inner()).await?))
+        Ok(Response::new({
+            let r = req.into_inner();
+            self.core.for_id(&r.sandbox_id).destroy(r).await?
+        }))
     }
 
     type ExecStreamStream =
@@ -89,7 +106,10 @@ impl SandboxProvisioner for SandboxService {
         &self,
         req: Request<ExecRequest>,
     ) -> Result<Response<Self::ExecStreamStream>, Status> {
-        let rx = self.core.exec_stream(req.into_inner()).await?;
+        let rx = {
+            let r = req.into_inner();
+            self.core.for_id(&r.sandbox_id).exec_stream(r).await?
+        };
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok);
         Ok(Response::new(Box::pin(stream)))
     }
@@ -98,48 +118,69 @@ impl SandboxProvisioner for SandboxService {
         &self,
         req: Request<ReadFileRequest>,
     ) -> Result<Response<ReadFileResponse>, Status> {
-        Ok(Response::new(self.core.read_file(req.into_inner()).await?))
+        Ok(Response::new({
+            let r = req.into_inner();
+            self.core.for_id(&r.sandbox_id).read_file(r).await?
+        }))
     }
 
     async fn write_file(
         &self,
         req: Request<WriteFileRequest>,
     ) -> Result<Response<WriteFileResponse>, Status> {
-        Ok(Response::new(self.core.write_file(req.into_inner()).await?))
+        Ok(Response::new({
+            let r = req.into_inner();
+            self.core.for_id(&r.sandbox_id).write_file(r).await?
+        }))
     }
 
     async fn stop_sandbox(
         &self,
         req: Request<StopSandboxRequest>,
     ) -> Result<Response<Sandbox>, Status> {
-        Ok(Response::new(self.core.stop(req.into_inner()).await?))
+        Ok(Response::new({
+            let r = req.into_inner();
+            self.core.for_id(&r.sandbox_id).stop(r).await?
+        }))
     }
 
     async fn start_sandbox(
         &self,
         req: Request<StartSandboxRequest>,
     ) -> Result<Response<Sandbox>, Status> {
-        Ok(Response::new(self.core.start(req.into_inner()).await?))
+        Ok(Response::new({
+            let r = req.into_inner();
+            self.core.for_id(&r.sandbox_id).start(r).await?
+        }))
     }
 
     async fn persist_workspace(
         &self,
         req: Request<PersistWorkspaceRequest>,
     ) -> Result<Response<PersistWorkspaceResponse>, Status> {
-        Ok(Response::new(self.core.persist(req.into_inner()).await?))
+        Ok(Response::new({
+            let r = req.into_inner();
+            self.core.for_id(&r.sandbox_id).persist(r).await?
+        }))
     }
 
     async fn hydrate_workspace(
         &self,
         req: Request<HydrateWorkspaceRequest>,
     ) -> Result<Response<Sandbox>, Status> {
-        Ok(Response::new(self.core.hydrate(req.into_inner()).await?))
+        Ok(Response::new({
+            let r = req.into_inner();
+            self.core.for_id(&r.sandbox_id).hydrate(r).await?
+        }))
     }
 
     async fn fork_sandbox(
         &self,
         req: Request<ForkSandboxRequest>,
     ) -> Result<Response<ForkSandboxResponse>, Status> {
-        Ok(Response::new(self.core.fork(req.into_inner()).await?))
+        Ok(Response::new({
+            let r = req.into_inner();
+            self.core.for_id(&r.sandbox_id.clone()).fork(r).await?
+        }))
     }
 }

@@ -5,9 +5,11 @@
 #![forbid(unsafe_code)]
 
 pub mod activities;
+pub mod backend;
 pub mod bwrap;
 pub mod cgroup;
 pub mod config;
+pub mod e2b;
 pub mod egress;
 mod entry;
 pub mod error;
@@ -25,7 +27,8 @@ pub mod store;
 mod stream;
 mod validate;
 
-pub use activities::SandboxActivities;
+pub use activities::{E2bActivities, SandboxActivities};
+pub use backend::{Backends, SandboxBackend};
 pub use config::Args;
 pub use error::ProvisionerError;
 pub use grpc::SandboxService;

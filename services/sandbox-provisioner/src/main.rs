@@ -5,7 +5,9 @@
 use clap::Parser;
 use forkyard_common::{exit_config_error, server, service, telemetry, temporal};
 use forkyard_proto::{queues, sandbox::v1::sandbox_provisioner_server::SandboxProvisionerServer};
-use forkyard_sandbox_provisioner::{Args, Provisioner, SandboxActivities, SandboxService};
+use forkyard_sandbox_provisioner::{
+    Args, E2bActivities, Provisioner, SandboxActivities, SandboxService,
+};
 use tonic::server::NamedService;
 
 #[tokio::main]
@@ -29,6 +31,7 @@ async fn main() -> anyhow::Result<()> {
 
     let client = temporal::connect(&args.temporal, "sandbox-provisioner").await?;
     let options = temporalio_sdk::WorkerOptions::new(queues::SANDBOX_PROVISIONER)
+        .register_activities(E2bActivities::new(&core))
         .register_activities(SandboxActivities::new(core))
         .build();
     service::run_with_worker(

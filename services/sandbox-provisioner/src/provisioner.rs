@@ -68,6 +68,8 @@ pub struct Config {
     pub forwarder_path: Option<PathBuf>,
     /// Compressed workspace snapshots (`<state>/snapshots` by default).
     pub snapshot_dir: PathBuf,
+    /// The `e2b` backend (disabled without an API key).
+    pub e2b: crate::e2b::E2bConfig,
 }
 
 impl Config {
@@ -92,6 +94,7 @@ impl Config {
             default_ttl: Duration::from_secs(4 * 3600),
             reap_interval: Duration::from_secs(30),
             forwarder_path: None,
+            e2b: crate::e2b::E2bConfig::default(),
         }
     }
 }
@@ -104,6 +107,8 @@ pub struct Provisioner {
     pub(crate) cgroups: Option<Cgroups>,
     pub(crate) snapshots: Snapshots,
     pub(crate) sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
+    /// The `e2b` backend, shared by every front door.
+    pub(crate) e2b: Arc<crate::e2b::E2bBackend>,
     /// One lock per idempotency key with a create in flight.
     creating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -175,7 +180,13 @@ impl Provisioner {
                 config.state_dir.display()
             )
         })?;
+        let e2b =
+            crate::e2b::E2bBackend::new(config.e2b.clone(), config.advertise_endpoint.clone())?;
+        if !e2b.enabled() {
+            info!("e2b backend disabled (no E2B_API_KEY)");
+        }
         let core = Arc::new(Self {
+            e2b,
             config,
             bwrap,
             features,

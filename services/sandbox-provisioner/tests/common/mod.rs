@@ -2,6 +2,8 @@
 //! state dir, with the real bubblewrap.
 #![allow(dead_code)]
 
+pub mod fake_e2b;
+
 use forkyard_proto::sandbox::v1::{CreateSandboxRequest, ExecRequest, ExecResponse, Sandbox};
 use forkyard_sandbox_provisioner::{Config, Provisioner};
 use std::{
