@@ -91,36 +91,7 @@ impl Mesh {
         for p in &mut mesh.ports {
             *p = free_port();
         }
-        let ui_port = free_port();
-        let log = mesh.log_file("temporal");
-        let child = Command::new(temporal_cli())
-            .args([
-                "server",
-                "start-dev",
-                "--headless",
-                "--log-level",
-                "warn",
-                "--ip",
-                "127.0.0.1",
-            ])
-            .args([
-                "--port",
-                &mesh.temporal_port.to_string(),
-                "--ui-port",
-                &ui_port.to_string(),
-            ])
-            .arg("--db-filename")
-            .arg(mesh.state.path().join("temporal.db"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot start the temporal CLI ({}): {e}",
-                    temporal_cli().display()
-                )
-            })?;
-        mesh.children.push(("temporal".into(), child));
+        mesh.start_temporal("temporal.db")?;
         for service in SERVICES {
             mesh.start_service(service)?;
         }
@@ -128,6 +99,25 @@ impl Mesh {
             mesh.wait_serving(service, Duration::from_secs(90)).await?;
         }
         Ok(mesh)
+    }
+
+    /// Start (or restart) the Temporal dev server on the mesh's port with its state in
+    /// `db` (a new name starts from nothing: a disaster that lost Temporal's state).
+    pub fn start_temporal(&mut self, db: &str) -> anyhow::Result<()> {
+        let log = self.log_file("temporal");
+        let ui_port = free_port();
+        let child = Command::new(temporal_cli())
+            .args(["server", "start-dev", "--headless", "--log-level", "warn", "--ip", "127.0.0.1"])
+            .args(["--port", &self.temporal_port.to_string(), "--ui-port", &ui_port.to_string()])
+            .arg("--db-filename")
+            .arg(self.state.path().join(db))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start the temporal CLI ({}): {e}", temporal_cli().display()))?;
+        self.children.retain(|(n, _)| n != "temporal");
+        self.children.push(("temporal".into(), child));
+        Ok(())
     }
 
     /// Start (or restart) one service binary with the mesh's wiring.

@@ -16,6 +16,9 @@ pub enum JanitorError {
     Temporal(String),
     #[error("{field}: {reason}")]
     InvalidArgument { field: &'static str, reason: String },
+    /// The budget ledger refused or could not be reached.
+    #[error("budget ledger: {0}")]
+    Ledger(String),
 }
 
 impl JanitorError {
@@ -39,6 +42,7 @@ impl JanitorError {
             Self::ProvisionerUnavailable(_) => retryable("ProvisionerUnavailable", self),
             Self::Provisioner(_) => retryable("ProvisionerError", self),
             Self::Temporal(_) => retryable("TemporalError", self),
+            Self::Ledger(_) => retryable("LedgerError", self),
         }
     }
 }
@@ -47,9 +51,9 @@ impl From<JanitorError> for tonic::Status {
     fn from(e: JanitorError) -> Self {
         let msg = e.to_string();
         match e {
-            JanitorError::ProvisionerUnavailable(_) | JanitorError::Temporal(_) => {
-                tonic::Status::unavailable(msg)
-            }
+            JanitorError::ProvisionerUnavailable(_)
+            | JanitorError::Temporal(_)
+            | JanitorError::Ledger(_) => tonic::Status::unavailable(msg),
             JanitorError::Provisioner(status) => tonic::Status::new(status.code(), msg),
             JanitorError::InvalidArgument { .. } => tonic::Status::invalid_argument(msg),
         }

@@ -1,5 +1,6 @@
 //! Forkyard's janitor: finds sandboxes whose owning workflow is gone (closed, unknown to
-//! Temporal, or never labelled) and destroys them through the sandbox provisioner. Served
+//! Temporal, or never labelled) or that outlived the max age and destroys them through
+//! the sandbox provisioner, and releases ledger reservations whose fork is gone. Served
 //! as the `Janitor.SweepNow` RPC and the `janitor.sweep` activity.
 #![forbid(unsafe_code)]
 
@@ -7,6 +8,7 @@ pub mod activities;
 pub mod classify;
 pub mod error;
 pub mod grpc;
+pub mod reservations;
 pub mod sweeper;
 
 pub use error::JanitorError;
@@ -15,5 +17,7 @@ pub use sweeper::{GrpcSandboxes, LiveSweeper, Sandboxes, Sweeper, Workflows};
 
 /// Default `--listen` address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50055";
+/// Default `--ledger-addr`.
+pub const DEFAULT_LEDGER_ADDR: &str = "http://127.0.0.1:50054";
 /// Default `--provisioner-addr`.
 pub const DEFAULT_PROVISIONER_ADDR: &str = "http://127.0.0.1:50052";

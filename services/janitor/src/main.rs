@@ -7,8 +7,8 @@ use forkyard_common::{
     server, service, telemetry, temporal,
 };
 use forkyard_janitor::{
-    DEFAULT_LISTEN, DEFAULT_PROVISIONER_ADDR, GrpcSandboxes, JanitorService, LiveSweeper, Sweeper,
-    activities,
+    DEFAULT_LEDGER_ADDR, DEFAULT_LISTEN, DEFAULT_PROVISIONER_ADDR, GrpcSandboxes, JanitorService,
+    LiveSweeper, Sweeper, activities, reservations::Ledger,
 };
 use forkyard_proto::janitor::v1::janitor_server::JanitorServer;
 use std::sync::Arc;
@@ -25,6 +25,9 @@ struct Args {
     /// gRPC address of the sandbox provisioner.
     #[arg(long, env = "FORKYARD_PROVISIONER_ADDR", default_value = DEFAULT_PROVISIONER_ADDR)]
     provisioner_addr: String,
+    /// gRPC address of the budget ledger (stale reservations are released there).
+    #[arg(long, env = "FORKYARD_LEDGER_ADDR", default_value = DEFAULT_LEDGER_ADDR)]
+    ledger_addr: String,
     #[command(flatten)]
     temporal: TemporalArgs,
     #[command(flatten)]
@@ -45,13 +48,17 @@ async fn main() -> anyhow::Result<()> {
             "FORKYARD_PROVISIONER_ADDR (--provisioner-addr): {e}"
         ))
     });
+    let ledger = Ledger::connect_lazy(&args.ledger_addr).unwrap_or_else(|e| {
+        exit_config_error(format!("FORKYARD_LEDGER_ADDR (--ledger-addr): {e}"))
+    });
     telemetry::init("janitor");
 
     let listener = server::bind(addr)
         .await
         .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
     let client = temporal::connect(&args.temporal, "janitor").await?;
-    let sweeper: Arc<LiveSweeper> = Arc::new(Sweeper::new(sandboxes, client.clone()));
+    let sweeper: Arc<LiveSweeper> =
+        Arc::new(Sweeper::new(sandboxes, client.clone()).with_ledger(ledger));
 
     let (routes, health) = server::base_routes(
         <JanitorServer<JanitorService<GrpcSandboxes, temporalio_client::Client>> as tonic::server::NamedService>::NAME,

@@ -112,10 +112,12 @@ pub fn workflow_state(status: WorkflowExecutionStatus) -> WorkflowState {
     }
 }
 
-/// Runs sweeps against a set of sandboxes and a source of workflow states.
+/// Runs sweeps against a set of sandboxes and a source of workflow states, and (when
+/// given the ledger) releases reservations their forks left behind.
 pub struct Sweeper<S, W> {
     sandboxes: S,
     workflows: W,
+    ledger: Option<crate::reservations::Ledger>,
 }
 
 /// The sweeper the service runs: provisioner over gRPC, workflows from Temporal.
@@ -126,16 +128,22 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
         Self {
             sandboxes,
             workflows,
+            ledger: None,
         }
+    }
+
+    /// Also release stale reservations in this ledger.
+    pub fn with_ledger(mut self, ledger: crate::reservations::Ledger) -> Self {
+        self.ledger = Some(ledger);
+        self
     }
 
     pub async fn sweep(&self, req: &SweepRequest) -> Result<SweepReport, JanitorError> {
         let sandboxes = self.sandboxes.list().await?;
         let now = now_ms();
         let mut report = SweepReport {
-            examined: 0,
-            actions: Vec::new(),
             dry_run: req.dry_run,
+            ..Default::default()
         };
         for sb in sandboxes {
             report.examined += 1;
@@ -188,6 +196,17 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
                 }
             }
             report.actions.push(action);
+        }
+        if let Some(ledger) = &self.ledger {
+            // After the sandboxes: a stale reservation's fork never gets its money back
+            // otherwise, but an unreachable ledger must not stop the sandbox sweep.
+            match ledger.sweep(&self.workflows, req.dry_run).await {
+                Ok(actions) => report.reservations = actions,
+                Err(e) => {
+                    tracing::warn!(error = %e, "stale reservations not swept");
+                    report.reservations_error = e.to_string();
+                }
+            }
         }
         Ok(report)
     }
