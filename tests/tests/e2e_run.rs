@@ -412,6 +412,7 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
     let dry = janitor
         .sweep_now(SweepRequest {
             max_age_secs: 0,
+            heartbeat_grace_secs: 0,
             dry_run: true,
             min_age_secs: 0,
         })
@@ -428,6 +429,7 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
     let swept = janitor
         .sweep_now(SweepRequest {
             max_age_secs: 0,
+            heartbeat_grace_secs: 0,
             dry_run: false,
             min_age_secs: 0,
         })
@@ -509,6 +511,7 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
     let swept = janitor
         .sweep_now(SweepRequest {
             max_age_secs: 0,
+            heartbeat_grace_secs: 0,
             dry_run: false,
             min_age_secs: 0,
         })

@@ -8,6 +8,9 @@ use std::collections::HashMap;
 pub enum WorkflowState {
     /// Running (or paused): the sandbox is in use.
     Running,
+    /// Running, but its agent activity has been started and silent (no heartbeat) for
+    /// this many seconds: its owner may be gone.
+    Silent(u64),
     /// Closed with this status, e.g. `COMPLETED`, `FAILED`, `TERMINATED`.
     Closed(String),
     /// Temporal does not know the workflow (never existed or past retention).
@@ -59,9 +62,18 @@ pub fn too_old(created_unix_ms: i64, now_unix_ms: i64, max_age_secs: u32) -> boo
         && now_unix_ms.saturating_sub(created_unix_ms) > i64::from(max_age_secs) * 1000
 }
 
-/// The verdict for a sandbox old enough to consider, given its owner.
-pub fn classify(owner: &Owner) -> Verdict {
+/// Default grace before a silent owner makes its sandbox an orphan: far beyond the agent
+/// activity's 20 s heartbeat timeout, after which Temporal itself would retry it.
+pub const DEFAULT_HEARTBEAT_GRACE_SECS: u32 = 600;
+
+/// The verdict for a sandbox old enough to consider, given its owner and how long an
+/// owner may go without a heartbeat.
+pub fn classify(owner: &Owner, heartbeat_grace_secs: u32) -> Verdict {
     match owner {
+        Owner::Workflow(WorkflowState::Silent(secs)) if *secs > u64::from(heartbeat_grace_secs) => {
+            Verdict::Orphan(format!("owner has not heartbeat for {secs} s"))
+        }
+        Owner::Workflow(WorkflowState::Silent(_)) => Verdict::Keep,
         Owner::NoLabel => Verdict::Orphan("no owner label".into()),
         Owner::Workflow(WorkflowState::NotFound) => Verdict::Orphan("workflow not found".into()),
         Owner::Workflow(WorkflowState::Closed(status)) => {
@@ -80,6 +92,16 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn a_silent_owner_is_an_orphan_only_past_the_grace() {
+        let silent = |s| Owner::Workflow(WorkflowState::Silent(s));
+        assert_eq!(classify(&silent(30), 600), Verdict::Keep);
+        assert_eq!(
+            classify(&silent(601), 600),
+            Verdict::Orphan("owner has not heartbeat for 601 s".into())
+        );
     }
 
     #[test]
@@ -116,7 +138,7 @@ mod tests {
             (Owner::Workflow(WorkflowState::Unknown), Verdict::Keep),
         ];
         for (owner, want) in cases {
-            assert_eq!(classify(&owner), want, "{owner:?}");
+            assert_eq!(classify(&owner, 600), want, "{owner:?}");
         }
     }
 

@@ -57,7 +57,10 @@ impl Ledger {
             let reason = match workflows.state(holder).await {
                 Ok(WorkflowState::Closed(status)) => format!("holder workflow closed: {status}"),
                 Ok(WorkflowState::NotFound) => "holder workflow not found".to_owned(),
-                Ok(WorkflowState::Running | WorkflowState::Unknown) => continue,
+                // A running holder (even a silent one) still settles its own reservation.
+                Ok(WorkflowState::Running | WorkflowState::Silent(_) | WorkflowState::Unknown) => {
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(reservation_id = %r.reservation_id, holder, error = %e, "cannot check holder, reservation kept");
                     continue;

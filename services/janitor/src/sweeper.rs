@@ -86,13 +86,46 @@ impl Workflows for Client {
     async fn state(&self, workflow_id: &str) -> Result<WorkflowState, JanitorError> {
         let handle = self.get_workflow_handle::<UntypedWorkflow>(workflow_id);
         match handle.describe(WorkflowDescribeOptions::default()).await {
-            Ok(desc) => Ok(workflow_state(desc.status())),
+            Ok(desc) => {
+                let state = workflow_state(desc.status());
+                if state != WorkflowState::Running {
+                    return Ok(state);
+                }
+                Ok(agent_silence_secs(&desc.raw_description).map_or(state, WorkflowState::Silent))
+            }
             Err(WorkflowInteractionError::NotFound(_)) => Ok(WorkflowState::NotFound),
             Err(e) => Err(JanitorError::Temporal(format!(
                 "describe workflow {workflow_id:?}: {e}"
             ))),
         }
     }
+}
+
+/// How long the workflow's started agent activity has gone without a heartbeat (since
+/// its last heartbeat, or its start if none), if one is running.
+fn agent_silence_secs(
+    desc: &temporalio_common::protos::temporal::api::workflowservice::v1::DescribeWorkflowExecutionResponse,
+) -> Option<u64> {
+    use temporalio_common::protos::temporal::api::enums::v1::PendingActivityState;
+    let now = std::time::SystemTime::now();
+    desc.pending_activities
+        .iter()
+        .filter(|a| {
+            a.activity_type
+                .as_ref()
+                .is_some_and(|t| t.name == "agent.run")
+        })
+        .filter(|a| a.state == PendingActivityState::Started as i32)
+        .filter_map(|a| {
+            let last = a.last_heartbeat_time.or(a.last_started_time)?;
+            let last = std::time::UNIX_EPOCH
+                + std::time::Duration::new(
+                    u64::try_from(last.seconds).ok()?,
+                    u32::try_from(last.nanos).ok()?,
+                );
+            now.duration_since(last).ok().map(|d| d.as_secs())
+        })
+        .max()
 }
 
 /// Temporal's status as the janitor sees it; names as in Temporal's API.
@@ -153,6 +186,9 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
             }
             let verdict = if classify::too_old(sb.created_unix_ms, now, req.max_age_secs) {
                 Verdict::Orphan(format!("older than max age ({} s)", req.max_age_secs))
+            } else if sb.expires_unix_ms > 0 && sb.expires_unix_ms < now {
+                // The provisioner reaps these itself; a sweep makes sure.
+                Verdict::Orphan("provisioner TTL passed".into())
             } else {
                 let owner = match classify::owner_workflow_id(&sb.labels) {
                     None => Owner::NoLabel,
@@ -165,7 +201,11 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
                         }
                     },
                 };
-                classify::classify(&owner)
+                let grace = match req.heartbeat_grace_secs {
+                    0 => classify::DEFAULT_HEARTBEAT_GRACE_SECS,
+                    g => g,
+                };
+                classify::classify(&owner, grace)
             };
             let Verdict::Orphan(reason) = verdict else {
                 continue;

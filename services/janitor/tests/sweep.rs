@@ -115,6 +115,7 @@ async fn dry_run_reports_orphans_and_destroys_nothing() {
     let report = sweeper
         .sweep(&SweepRequest {
             max_age_secs: 0,
+            heartbeat_grace_secs: 0,
             dry_run: true,
             min_age_secs: 60,
         })
@@ -149,6 +150,7 @@ async fn sweep_destroys_orphans_only_and_records_failures() {
     let report = sweeper
         .sweep(&SweepRequest {
             max_age_secs: 0,
+            heartbeat_grace_secs: 0,
             dry_run: false,
             min_age_secs: 60,
         })
@@ -177,6 +179,7 @@ async fn min_age_zero_considers_young_sandboxes() {
     let report = sweeper
         .sweep(&SweepRequest {
             max_age_secs: 0,
+            heartbeat_grace_secs: 0,
             dry_run: true,
             min_age_secs: 0,
         })
@@ -225,6 +228,7 @@ async fn unreachable_provisioner_is_unavailable() {
     let status = client
         .sweep_now(SweepRequest {
             max_age_secs: 0,
+            heartbeat_grace_secs: 0,
             dry_run: true,
             min_age_secs: 0,
         })

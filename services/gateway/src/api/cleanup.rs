@@ -23,6 +23,7 @@ fn action(max_age_minutes: u32) -> ScheduleAction {
         dry_run: false,
         min_age_secs: 60,
         max_age_secs: max_age_minutes * 60,
+        ..Default::default()
     };
     ScheduleAction::start_workflow(
         ScheduledCleanupWorkflow::run,
