@@ -14,8 +14,9 @@ use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
     DestroySandboxResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,
     ForkSandboxResponse, HealthCheckRequest, HealthCheckResponse, HydrateWorkspaceRequest,
-    PersistWorkspaceRequest, PersistWorkspaceResponse, ReadFileRequest, ReadFileResponse, Sandbox,
-    StartSandboxRequest, StopSandboxRequest, WriteFileRequest, WriteFileResponse,
+    PersistWorkspaceRequest, PersistWorkspaceResponse, PtyEvent, ReadFileRequest, ReadFileResponse,
+    ResizePtyRequest, ResizePtyResponse, Sandbox, StartPtyRequest, StartSandboxRequest,
+    StopSandboxRequest, WriteFileRequest, WriteFileResponse, WritePtyRequest, WritePtyResponse,
 };
 use std::{collections::HashMap, sync::Arc};
 use tokio::sync::mpsc;
@@ -61,6 +62,16 @@ pub trait SandboxBackend: Send + Sync + 'static {
     }
     async fn fork(&self, req: ForkSandboxRequest) -> Result<ForkSandboxResponse> {
         Err(unsupported(self.name(), "fork", &req.sandbox_id))
+    }
+    /// A command on a pseudo-terminal: pty id first, output, exit last.
+    async fn start_pty(&self, req: StartPtyRequest) -> Result<mpsc::Receiver<PtyEvent>> {
+        Err(unsupported(self.name(), "start_pty", &req.sandbox_id))
+    }
+    async fn write_pty(&self, req: WritePtyRequest) -> Result<WritePtyResponse> {
+        Err(unsupported(self.name(), "write_pty", &req.sandbox_id))
+    }
+    async fn resize_pty(&self, req: ResizePtyRequest) -> Result<ResizePtyResponse> {
+        Err(unsupported(self.name(), "resize_pty", &req.sandbox_id))
     }
 }
 
@@ -126,6 +137,15 @@ impl SandboxBackend for LocalBackend {
     }
     async fn fork(&self, req: ForkSandboxRequest) -> Result<ForkSandboxResponse> {
         self.0.fork(req).await
+    }
+    async fn start_pty(&self, req: StartPtyRequest) -> Result<mpsc::Receiver<PtyEvent>> {
+        self.0.start_pty(req).await
+    }
+    async fn write_pty(&self, req: WritePtyRequest) -> Result<WritePtyResponse> {
+        self.0.write_pty(req).await
+    }
+    async fn resize_pty(&self, req: ResizePtyRequest) -> Result<ResizePtyResponse> {
+        self.0.resize_pty(req).await
     }
 }
 

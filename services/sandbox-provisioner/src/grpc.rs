@@ -8,8 +8,9 @@ use forkyard_proto::sandbox::v1::{
     DestroySandboxResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,
     ForkSandboxResponse, GetSandboxRequest, HealthCheckRequest, HealthCheckResponse,
     HydrateWorkspaceRequest, ListSandboxesRequest, ListSandboxesResponse, PersistWorkspaceRequest,
-    PersistWorkspaceResponse, ReadFileRequest, ReadFileResponse, Sandbox, StartSandboxRequest,
-    StopSandboxRequest, WriteFileRequest, WriteFileResponse,
+    PersistWorkspaceResponse, PtyEvent, ReadFileRequest, ReadFileResponse, ResizePtyRequest,
+    ResizePtyResponse, Sandbox, StartPtyRequest, StartSandboxRequest, StopSandboxRequest,
+    WriteFileRequest, WriteFileResponse, WritePtyRequest, WritePtyResponse,
     sandbox_provisioner_server::{SandboxProvisioner, SandboxProvisionerServer},
 };
 use futures::StreamExt;
@@ -182,5 +183,38 @@ impl SandboxProvisioner for SandboxService {
             let r = req.into_inner();
             self.core.for_id(&r.sandbox_id.clone()).fork(r).await?
         }))
+    }
+
+    type StartPtyStream =
+        Pin<Box<dyn futures::Stream<Item = Result<PtyEvent, Status>> + Send + 'static>>;
+
+    async fn start_pty(
+        &self,
+        req: Request<StartPtyRequest>,
+    ) -> Result<Response<Self::StartPtyStream>, Status> {
+        let r = req.into_inner();
+        let rx = self.core.for_id(&r.sandbox_id).start_pty(r).await?;
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn write_pty(
+        &self,
+        req: Request<WritePtyRequest>,
+    ) -> Result<Response<WritePtyResponse>, Status> {
+        let r = req.into_inner();
+        Ok(Response::new(
+            self.core.for_id(&r.sandbox_id).write_pty(r).await?,
+        ))
+    }
+
+    async fn resize_pty(
+        &self,
+        req: Request<ResizePtyRequest>,
+    ) -> Result<Response<ResizePtyResponse>, Status> {
+        let r = req.into_inner();
+        Ok(Response::new(
+            self.core.for_id(&r.sandbox_id).resize_pty(r).await?,
+        ))
     }
 }

@@ -20,6 +20,7 @@ pub mod grpc;
 mod patch;
 mod process;
 pub mod provisioner;
+mod pty;
 mod reaper;
 mod session;
 mod snapshot;

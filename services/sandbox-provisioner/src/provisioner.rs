@@ -107,6 +107,8 @@ pub struct Provisioner {
     pub(crate) cgroups: Option<Cgroups>,
     pub(crate) snapshots: Snapshots,
     pub(crate) sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
+    /// Commands running on a pseudo-terminal, by pty id.
+    pub(crate) ptys: crate::pty::Ptys,
     /// The `e2b` backend, shared by every front door.
     pub(crate) e2b: Arc<crate::e2b::E2bBackend>,
     /// One lock per idempotency key with a create in flight.
@@ -186,6 +188,7 @@ impl Provisioner {
             info!("e2b backend disabled (no E2B_API_KEY)");
         }
         let core = Arc::new(Self {
+            ptys: crate::pty::Ptys::default(),
             e2b,
             config,
             bwrap,

@@ -1,0 +1,239 @@
+//! Commands on a pseudo-terminal in a `local` sandbox. The provisioner opens the pty pair
+//! (rustix: openpt/grantpt/unlockpt/ptsname — no unsafe), hands the slave to bubblewrap as
+//! stdin/stdout/stderr and keeps the master: output is streamed, `WritePty` writes to it,
+//! `ResizePty` sets its window size (TIOCSWINSZ). bwrap's `--new-session` stays (it keeps
+//! TIOCSTI out of reach), so the command has no *controlling* terminal: the line
+//! discipline (echo, line editing, `stty size`) works, but ^C does not become SIGINT
+//! and a resize sends no SIGWINCH — programs see the new size when they next ask.
+//! The command dies when the stream is dropped (hang-up), on timeout, and when the
+//! sandbox is stopped or destroyed.
+
+use crate::{
+    error::{ProvisionerError, Result},
+    process::KillTree,
+    provisioner::Provisioner,
+};
+use forkyard_proto::sandbox::v1::{
+    ExecResponse, PtyEvent, ResizePtyRequest, ResizePtyResponse, StartPtyRequest, WritePtyRequest,
+    WritePtyResponse, pty_event::Event,
+};
+use rustix::{
+    fd::OwnedFd,
+    fs::{Mode, OFlags},
+    pty::OpenptFlags,
+    termios::Winsize,
+};
+use std::{
+    collections::HashMap,
+    io::{Read, Write},
+    process::Stdio,
+    sync::{Arc, Mutex},
+};
+use tokio::sync::mpsc;
+
+/// A running pty command: its master side, shared by the writer and the resizer.
+pub(crate) struct Pty {
+    sandbox_id: String,
+    master: Mutex<std::fs::File>,
+}
+
+/// Open pty sessions by id.
+#[derive(Default)]
+pub(crate) struct Ptys(Mutex<HashMap<String, Arc<Pty>>>);
+
+fn winsize(rows: u32, cols: u32) -> Winsize {
+    let clamp = |v: u32, default: u16| {
+        if v == 0 {
+            default
+        } else {
+            u16::try_from(v).unwrap_or(u16::MAX)
+        }
+    };
+    Winsize {
+        ws_row: clamp(rows, 24),
+        ws_col: clamp(cols, 80),
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+/// A new pty pair: (master, slave).
+fn open_pair(size: Winsize) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let master = rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY)?;
+    rustix::pty::grantpt(&master)?;
+    rustix::pty::unlockpt(&master)?;
+    let name = rustix::pty::ptsname(&master, Vec::new())?;
+    let slave = rustix::fs::open(
+        name.as_c_str(),
+        OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    rustix::termios::tcsetwinsize(&master, size)?;
+    Ok((master, slave))
+}
+
+impl Provisioner {
+    pub(crate) fn pty(&self, sandbox_id: &str, pty_id: &str) -> Result<Arc<Pty>> {
+        self.ptys
+            .0
+            .lock()
+            .expect("ptys lock")
+            .get(pty_id)
+            .filter(|p| p.sandbox_id == sandbox_id)
+            .cloned()
+            .ok_or_else(|| ProvisionerError::NotFound(format!("pty {pty_id} in {sandbox_id}")))
+    }
+
+    /// Start the command on a new pty; events arrive on the returned channel.
+    pub async fn start_pty(
+        self: &Arc<Self>,
+        req: StartPtyRequest,
+    ) -> Result<mpsc::Receiver<PtyEvent>> {
+        let mut env_map = req.env.clone();
+        env_map
+            .entry("TERM".into())
+            .or_insert_with(|| "xterm-256color".into());
+        let (env, timeout) = self.exec_params(&req.argv, &env_map, req.timeout_secs)?;
+        let mut p = self.prepare(&req.sandbox_id, &req.argv, &env)?;
+        let (master, slave) = open_pair(winsize(req.rows, req.cols))
+            .map_err(|e| ProvisionerError::internal("open a pty", e))?;
+        let io = |fd: &OwnedFd| -> Result<Stdio> {
+            fd.try_clone()
+                .map(Stdio::from)
+                .map_err(|e| ProvisionerError::internal("dup pty", e))
+        };
+        p.command
+            .stdin(io(&slave)?)
+            .stdout(io(&slave)?)
+            .stderr(io(&slave)?)
+            .kill_on_drop(true);
+        let spawned = p.command.spawn();
+        // Drop every parent copy of the slave, so reads see EIO once the command is gone.
+        p.command = tokio::process::Command::new("true");
+        drop(slave);
+        let mut child = spawned.map_err(|e| ProvisionerError::internal("cannot start bwrap", e))?;
+        let master = std::fs::File::from(master);
+        let mut reader = master
+            .try_clone()
+            .map_err(|e| ProvisionerError::internal("dup pty", e))?;
+        let pty_id = format!("pty-{}", uuid::Uuid::new_v4().simple());
+        let pty = Arc::new(Pty {
+            sandbox_id: req.sandbox_id.clone(),
+            master: Mutex::new(master),
+        });
+        self.ptys
+            .0
+            .lock()
+            .expect("ptys lock")
+            .insert(pty_id.clone(), pty);
+
+        let (tx, rx) = mpsc::channel(64);
+        let _ = tx
+            .send(PtyEvent {
+                event: Some(Event::PtyId(pty_id.clone())),
+            })
+            .await;
+        // Blocking reads on the master, on their own thread; EIO once the slave is closed.
+        let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(64);
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if out_tx.blocking_send(buf[..n].to_vec()).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        let core = self.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let mut tree = KillTree(child.id());
+            let deadline = tokio::time::sleep(timeout);
+            tokio::pin!(deadline);
+            let mut timed_out = false;
+            let mut out_open = true;
+            let status = loop {
+                tokio::select! {
+                    chunk = out_rx.recv(), if out_open => match chunk {
+                        Some(b) => if tx.send(PtyEvent { event: Some(Event::Output(b)) }).await.is_err() { break None },
+                        None => out_open = false,
+                    },
+                    s = child.wait() => break s.ok(),
+                    () = &mut deadline => { timed_out = true; break None },
+                    () = p.cancel.cancelled() => break None,
+                    () = tx.closed() => break None,
+                }
+            };
+            let exit_code = match status {
+                Some(s) => {
+                    tree.disarm();
+                    s.code().unwrap_or(-1)
+                }
+                None => {
+                    tree.kill();
+                    let _ = child.start_kill();
+                    let _ = child.wait().await;
+                    -1
+                }
+            };
+            core.ptys.0.lock().expect("ptys lock").remove(&pty_id);
+            // What the command wrote before it went (the reader ends at EIO).
+            while let Ok(Some(b)) =
+                tokio::time::timeout(std::time::Duration::from_millis(200), out_rx.recv()).await
+            {
+                let _ = tx
+                    .send(PtyEvent {
+                        event: Some(Event::Output(b)),
+                    })
+                    .await;
+            }
+            let after = core.aftermath(&p).await;
+            let exit = ExecResponse {
+                exit_code,
+                timed_out,
+                duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                oom_killed: after.oom_killed,
+                workspace_over_limit: after.workspace_over_limit,
+                ..Default::default()
+            };
+            let _ = tx
+                .send(PtyEvent {
+                    event: Some(Event::Exit(exit)),
+                })
+                .await;
+            drop(p);
+        });
+        Ok(rx)
+    }
+
+    pub async fn write_pty(&self, req: WritePtyRequest) -> Result<WritePtyResponse> {
+        let pty = self.pty(&req.sandbox_id, &req.pty_id)?;
+        let len = req.data.len() as u64;
+        tokio::task::spawn_blocking(move || {
+            let mut m = pty.master.lock().expect("pty lock");
+            m.write_all(&req.data)
+        })
+        .await
+        .map_err(|e| ProvisionerError::internal("write pty", e))?
+        .map_err(|e| ProvisionerError::FailedPrecondition(format!("pty closed: {e}")))?;
+        Ok(WritePtyResponse { bytes_written: len })
+    }
+
+    pub async fn resize_pty(&self, req: ResizePtyRequest) -> Result<ResizePtyResponse> {
+        if req.rows == 0 || req.cols == 0 {
+            return Err(ProvisionerError::invalid(
+                "rows",
+                "rows and cols must be at least 1",
+            ));
+        }
+        let pty = self.pty(&req.sandbox_id, &req.pty_id)?;
+        let m = pty.master.lock().expect("pty lock");
+        rustix::termios::tcsetwinsize(&*m, winsize(req.rows, req.cols))
+            .map_err(|e| ProvisionerError::internal("resize pty", e))?;
+        Ok(ResizePtyResponse {})
+    }
+}

@@ -1,0 +1,187 @@
+//! Commands on a pseudo-terminal in a local sandbox, over the gRPC service: an
+//! interactive `sh` echoes what is written, a resize shows in `stty size`, hanging up
+//! and destroying kill the command.
+
+mod common;
+
+use common::{eventually, fixture, host_pids_with, unique_sleep};
+use forkyard_proto::sandbox::v1::{
+    DestroySandboxRequest, PtyEvent, ResizePtyRequest, StartPtyRequest, WritePtyRequest,
+    pty_event::Event, sandbox_provisioner_server::SandboxProvisioner,
+};
+use forkyard_sandbox_provisioner::SandboxService;
+use futures::StreamExt;
+use std::time::Duration;
+use tonic::{Code, Request};
+
+type Events =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<PtyEvent, tonic::Status>> + Send>>;
+
+/// Read output until it contains `want`; returns everything read.
+async fn until(events: &mut Events, want: &str) -> String {
+    let mut seen = String::new();
+    let res = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(ev) = events.next().await {
+            match ev.unwrap().event.unwrap() {
+                Event::Output(b) => {
+                    seen.push_str(&String::from_utf8_lossy(&b));
+                    if seen.contains(want) {
+                        return;
+                    }
+                }
+                other => panic!("unexpected {other:?} before {want:?}; output {seen:?}"),
+            }
+        }
+    })
+    .await;
+    assert!(res.is_ok(), "no {want:?} in {seen:?}");
+    seen
+}
+
+async fn start(svc: &SandboxService, id: &str) -> (Events, String) {
+    let mut events: Events = svc
+        .start_pty(Request::new(StartPtyRequest {
+            sandbox_id: id.into(),
+            argv: vec!["sh".into()],
+            rows: 24,
+            cols: 80,
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(Ok(PtyEvent {
+        event: Some(Event::PtyId(pty)),
+    })) = events.next().await
+    else {
+        panic!("the first event names the pty")
+    };
+    (events, pty)
+}
+
+#[tokio::test]
+async fn interactive_shell_echoes_resizes_and_exits() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let svc = SandboxService::new(f.core.clone());
+    let (mut events, pty) = start(&svc, &sbx.id).await;
+    let write = |data: &str| WritePtyRequest {
+        sandbox_id: sbx.id.clone(),
+        pty_id: pty.clone(),
+        data: data.as_bytes().to_vec(),
+    };
+
+    svc.write_pty(Request::new(write("echo hel''lo-$((6*7))\n")))
+        .await
+        .unwrap();
+    let out = until(&mut events, "hello-42").await;
+    assert!(
+        out.contains("echo hel''lo"),
+        "the tty echoes the input: {out:?}"
+    );
+
+    svc.write_pty(Request::new(write("stty size\n")))
+        .await
+        .unwrap();
+    until(&mut events, "24 80").await;
+    svc.resize_pty(Request::new(ResizePtyRequest {
+        sandbox_id: sbx.id.clone(),
+        pty_id: pty.clone(),
+        rows: 40,
+        cols: 120,
+    }))
+    .await
+    .unwrap();
+    svc.write_pty(Request::new(write("stty size; tty\n")))
+        .await
+        .unwrap();
+    let out = until(&mut events, "40 120").await;
+    assert!(!out.contains("not a tty"), "{out:?}");
+
+    svc.write_pty(Request::new(write("exit 7\n")))
+        .await
+        .unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(ev) = events.next().await {
+            if let Some(Event::Exit(e)) = ev.unwrap().event {
+                return e;
+            }
+        }
+        panic!("no exit event")
+    })
+    .await
+    .unwrap();
+    assert_eq!(exit.exit_code, 7);
+    assert!(!exit.timed_out);
+    // the pty is gone with its command
+    let err = svc
+        .write_pty(Request::new(write("echo x\n")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = svc
+        .resize_pty(Request::new(ResizePtyRequest {
+            sandbox_id: sbx.id.clone(),
+            pty_id: pty.clone(),
+            rows: 0,
+            cols: 1,
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn hang_up_and_destroy_kill_the_pty_command() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let svc = SandboxService::new(f.core.clone());
+
+    // hang-up: drop the stream
+    let (mut events, pty) = start(&svc, &sbx.id).await;
+    let marker = unique_sleep();
+    svc.write_pty(Request::new(WritePtyRequest {
+        sandbox_id: sbx.id.clone(),
+        pty_id: pty.clone(),
+        data: format!("sleep {marker} & echo started\n").into_bytes(),
+    }))
+    .await
+    .unwrap();
+    until(&mut events, "started\r\n").await;
+    assert!(
+        eventually(Duration::from_secs(10), || !host_pids_with(&marker)
+            .is_empty())
+        .await
+    );
+    drop(events);
+    assert!(
+        eventually(Duration::from_secs(10), || host_pids_with(&marker)
+            .is_empty())
+        .await,
+        "hang-up kills the pty's command"
+    );
+
+    // destroy
+    let (mut events, pty) = start(&svc, &sbx.id).await;
+    let marker = unique_sleep();
+    svc.write_pty(Request::new(WritePtyRequest {
+        sandbox_id: sbx.id.clone(),
+        pty_id: pty,
+        data: format!("sleep {marker} & echo started\n").into_bytes(),
+    }))
+    .await
+    .unwrap();
+    until(&mut events, "started\r\n").await;
+    svc.destroy_sandbox(Request::new(DestroySandboxRequest {
+        sandbox_id: sbx.id.clone(),
+        reason: "test".into(),
+    }))
+    .await
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || host_pids_with(&marker)
+            .is_empty())
+        .await,
+        "destroy kills the pty's command"
+    );
+}
