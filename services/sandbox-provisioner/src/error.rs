@@ -99,4 +99,22 @@ mod tests {
         let s: tonic::Status = ProvisionerError::Internal("disk full".into()).into();
         assert_eq!(s.code(), tonic::Code::Internal);
     }
+
+    #[test]
+    fn remote_backend_errors_auth_final_unavailable_retried() {
+        let kind = |e: ProvisionerError| match e.into_activity_error() {
+            ActivityError::Application(f) => {
+                (f.type_name().map(str::to_owned), f.is_non_retryable())
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            kind(ProvisionerError::Auth("401".into())),
+            (Some(errors::SANDBOX_AUTH.to_owned()), true)
+        );
+        assert_eq!(
+            kind(ProvisionerError::Unavailable("503".into())),
+            (Some(UNAVAILABLE.to_owned()), false)
+        );
+    }
 }

@@ -87,6 +87,29 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
     assert_eq!(sbx.labels.get("run").map(String::as_str), Some("r1"));
     assert_eq!(sbx.base_commit, common::git(&repo, &["rev-parse", "main"]));
 
+    // the same idempotency key finds the same sandbox (E2B list by metadata)
+    let keyed = CreateSandboxRequest {
+        idempotency_key: "run-1/fork-2".into(),
+        ..create_req(&repo)
+    };
+    let a = svc
+        .create_sandbox(Request::new(keyed.clone()))
+        .await
+        .unwrap()
+        .into_inner();
+    let b = svc
+        .create_sandbox(Request::new(keyed))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(a.id, b.id);
+    svc.destroy_sandbox(Request::new(DestroySandboxRequest {
+        sandbox_id: a.id.clone(),
+        reason: "test".into(),
+    }))
+    .await
+    .unwrap();
+
     // exec: output and exit code, in the workspace (a clone on the fork branch)
     let r = svc
         .exec(Request::new(ExecRequest {
