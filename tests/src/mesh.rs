@@ -24,6 +24,8 @@ pub struct Mesh {
     pub temporal_port: u16,
     /// gRPC ports in the order of `SERVICES`.
     pub ports: [u16; 5],
+    /// Prometheus `/metrics` ports in the order of `SERVICES`.
+    pub metrics_ports: [u16; 5],
     children: Vec<(String, Child)>,
 }
 
@@ -65,6 +67,29 @@ impl Mesh {
         self.ports[i]
     }
 
+    pub fn metrics_port(&self, service: &str) -> u16 {
+        let i = SERVICES
+            .iter()
+            .position(|s| *s == service)
+            .expect("known service");
+        self.metrics_ports[i]
+    }
+
+    /// The service's Prometheus exposition, fetched over plain HTTP/1.1.
+    pub fn scrape(&self, service: &str) -> anyhow::Result<String> {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port(service)))?;
+        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+        let mut body = String::new();
+        conn.read_to_string(&mut body)?;
+        anyhow::ensure!(
+            body.starts_with("HTTP/1.1 200"),
+            "scrape of {service}: {body}"
+        );
+        Ok(body)
+    }
+
     pub fn state_dir(&self) -> &Path {
         self.state.path()
     }
@@ -86,9 +111,10 @@ impl Mesh {
             state,
             temporal_port: free_port(),
             ports: [0; 5],
+            metrics_ports: [0; 5],
             children: Vec::new(),
         };
-        for p in &mut mesh.ports {
+        for p in mesh.ports.iter_mut().chain(mesh.metrics_ports.iter_mut()) {
             *p = free_port();
         }
         mesh.start_temporal("temporal.db")?;
@@ -107,14 +133,32 @@ impl Mesh {
         let log = self.log_file("temporal");
         let ui_port = free_port();
         let child = Command::new(temporal_cli())
-            .args(["server", "start-dev", "--headless", "--log-level", "warn", "--ip", "127.0.0.1"])
-            .args(["--port", &self.temporal_port.to_string(), "--ui-port", &ui_port.to_string()])
+            .args([
+                "server",
+                "start-dev",
+                "--headless",
+                "--log-level",
+                "warn",
+                "--ip",
+                "127.0.0.1",
+            ])
+            .args([
+                "--port",
+                &self.temporal_port.to_string(),
+                "--ui-port",
+                &ui_port.to_string(),
+            ])
             .arg("--db-filename")
             .arg(self.state.path().join(db))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .map_err(|e| anyhow::anyhow!("cannot start the temporal CLI ({}): {e}", temporal_cli().display()))?;
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot start the temporal CLI ({}): {e}",
+                    temporal_cli().display()
+                )
+            })?;
         self.children.retain(|(n, _)| n != "temporal");
         self.children.push(("temporal".into(), child));
         Ok(())
@@ -141,6 +185,10 @@ impl Mesh {
                 format!("127.0.0.1:{}", self.port(service)),
             )
             .env(
+                "FORKYARD_METRICS_LISTEN",
+                format!("127.0.0.1:{}", self.metrics_port(service)),
+            )
+            .env(
                 "FORKYARD_PROVISIONER_ADDR",
                 self.endpoint("sandbox-provisioner"),
             )
@@ -156,7 +204,10 @@ impl Mesh {
 
     /// Process ids of the running services (and `temporal`), by name.
     pub fn pids(&self) -> Vec<(String, u32)> {
-        self.children.iter().map(|(n, c)| (n.clone(), c.id())).collect()
+        self.children
+            .iter()
+            .map(|(n, c)| (n.clone(), c.id()))
+            .collect()
     }
 
     /// SIGKILL one process (a crash), leaving the others running.

@@ -4,29 +4,52 @@
 //! reservations released, while a run that is still going keeps every sandbox.
 
 use forkyard_proto::{
-    budget::v1::{budget_ledger_client::BudgetLedgerClient, ListReservationsRequest, ReservationState},
-    janitor::v1::{janitor_client::JanitorClient, SweepRequest},
+    budget::v1::{
+        ListReservationsRequest, ReservationState, budget_ledger_client::BudgetLedgerClient,
+    },
+    janitor::v1::{SweepRequest, janitor_client::JanitorClient},
     labels,
-    sandbox::v1::{sandbox_provisioner_client::SandboxProvisionerClient, CreateSandboxRequest, ListSandboxesRequest, Sandbox},
+    sandbox::v1::{
+        CreateSandboxRequest, ListSandboxesRequest, Sandbox,
+        sandbox_provisioner_client::SandboxProvisionerClient,
+    },
 };
 use forkyard_tests::{
+    Mesh,
     mesh::SERVICES,
     repo,
-    support::{launch, wait_until, Gateway},
-    Mesh,
+    support::{Gateway, launch, wait_until},
 };
 use std::{collections::HashMap, time::Duration};
 
 async fn sandboxes_of(mesh: &Mesh, run_id: Option<&str>) -> Vec<Sandbox> {
-    let mut prov = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
-    let label_selector = run_id.map(|r| HashMap::from([(labels::RUN_ID.to_owned(), r.to_owned())])).unwrap_or_default();
-    prov.list_sandboxes(ListSandboxesRequest { label_selector }).await.unwrap().into_inner().sandboxes
+    let mut prov =
+        SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+    let label_selector = run_id
+        .map(|r| HashMap::from([(labels::RUN_ID.to_owned(), r.to_owned())]))
+        .unwrap_or_default();
+    prov.list_sandboxes(ListSandboxesRequest { label_selector })
+        .await
+        .unwrap()
+        .into_inner()
+        .sandboxes
 }
 
 async fn held(mesh: &Mesh) -> Vec<String> {
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let req = ListReservationsRequest { account_id: String::new(), state: ReservationState::Held as i32 };
-    ledger.list_reservations(req).await.unwrap().into_inner().reservations.into_iter().map(|r| r.holder).collect()
+    let req = ListReservationsRequest {
+        account_id: String::new(),
+        state: ReservationState::Held as i32,
+    };
+    ledger
+        .list_reservations(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .reservations
+        .into_iter()
+        .map(|r| r.holder)
+        .collect()
 }
 
 async fn wait_agents(mesh: &Mesh, run_id: &str, n: usize) {
@@ -48,7 +71,12 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
 
     // 1. A run in flight when everything dies and Temporal's state is lost.
-    let lost = gw.launch_run(launch(src.path(), 2, 2, "sleep 300")).await.unwrap().into_inner().run_id;
+    let lost = gw
+        .launch_run(launch(src.path(), 2, 2, "sleep 300"))
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
     wait_agents(&mesh, &lost, 2).await;
     for s in SERVICES {
         mesh.kill9(s);
@@ -62,10 +90,15 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
         mesh.wait_serving(s, Duration::from_secs(90)).await.unwrap();
     }
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
-    assert_eq!(sandboxes_of(&mesh, Some(&lost)).await.len(), 2, "the provisioner found its sandboxes again");
+    assert_eq!(
+        sandboxes_of(&mesh, Some(&lost)).await.len(),
+        2,
+        "the provisioner found its sandboxes again"
+    );
 
     // 2. A sandbox made outside any workflow.
-    let mut prov = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+    let mut prov =
+        SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
     let stray = prov
         .create_sandbox(CreateSandboxRequest {
             repo: src.path().to_string_lossy().into_owned(),
@@ -79,39 +112,102 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
 
     // 3. A run with one fork terminated through Temporal (its cleanup never runs), and
     // 4. a healthy run that must be left alone.
-    let victim = gw.launch_run(launch(src.path(), 1, 1, "sleep 300")).await.unwrap().into_inner().run_id;
-    let live = gw.launch_run(launch(src.path(), 2, 2, "sleep 300")).await.unwrap().into_inner().run_id;
+    let victim = gw
+        .launch_run(launch(src.path(), 1, 1, "sleep 300"))
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    let live = gw
+        .launch_run(launch(src.path(), 2, 2, "sleep 300"))
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
     wait_agents(&mesh, &victim, 1).await;
     wait_agents(&mesh, &live, 2).await;
     let out = std::process::Command::new(forkyard_tests::mesh::temporal_cli())
-        .args(["workflow", "terminate", "--address", &mesh.temporal_address(), "--reason", "test"])
+        .args([
+            "workflow",
+            "terminate",
+            "--address",
+            &mesh.temporal_address(),
+            "--reason",
+            "test",
+        ])
         .args(["-w", &format!("{victim}/fork-1")])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    wait_until(&mut gw, &victim, Duration::from_secs(60), |r| r.forks_running == 0).await;
-    let live_sandboxes: Vec<String> = sandboxes_of(&mesh, Some(&live)).await.into_iter().map(|s| s.id).collect();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(&mut gw, &victim, Duration::from_secs(60), |r| {
+        r.forks_running == 0
+    })
+    .await;
+    let live_sandboxes: Vec<String> = sandboxes_of(&mesh, Some(&live))
+        .await
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
     assert_eq!(live_sandboxes.len(), 2);
     let stale_holders = held(&mesh).await;
-    assert!(stale_holders.contains(&format!("{victim}/fork-1")), "{stale_holders:?}");
-    assert!(stale_holders.contains(&format!("{lost}/fork-1")), "{stale_holders:?}");
+    assert!(
+        stale_holders.contains(&format!("{victim}/fork-1")),
+        "{stale_holders:?}"
+    );
+    assert!(
+        stale_holders.contains(&format!("{lost}/fork-1")),
+        "{stale_holders:?}"
+    );
 
     // One sweep.
     let mut janitor = JanitorClient::new(mesh.channel("janitor").await.unwrap());
-    let dry = janitor.sweep_now(SweepRequest { dry_run: true, ..Default::default() }).await.unwrap().into_inner();
+    let dry = janitor
+        .sweep_now(SweepRequest {
+            dry_run: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(dry.actions.len(), 4, "{dry:#?}");
     assert!(dry.actions.iter().all(|a| !a.destroyed));
-    assert_eq!(sandboxes_of(&mesh, None).await.len(), 6, "a dry run changes nothing");
+    assert_eq!(
+        sandboxes_of(&mesh, None).await.len(),
+        6,
+        "a dry run changes nothing"
+    );
 
-    let report = janitor.sweep_now(SweepRequest::default()).await.unwrap().into_inner();
-    let reason_of = |id: &str| report.actions.iter().find(|a| a.sandbox_id == id).map(|a| a.reason.clone());
-    assert_eq!(reason_of(&stray).as_deref(), Some("no owner label"), "{report:#?}");
+    let report = janitor
+        .sweep_now(SweepRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let reason_of = |id: &str| {
+        report
+            .actions
+            .iter()
+            .find(|a| a.sandbox_id == id)
+            .map(|a| a.reason.clone())
+    };
+    assert_eq!(
+        reason_of(&stray).as_deref(),
+        Some("no owner label"),
+        "{report:#?}"
+    );
     let victim_reason = report
         .actions
         .iter()
         .find(|a| a.labels.get(labels::RUN_ID) == Some(&victim))
         .map(|a| a.reason.clone());
-    assert_eq!(victim_reason.as_deref(), Some("workflow closed: TERMINATED"), "{report:#?}");
+    assert_eq!(
+        victim_reason.as_deref(),
+        Some("workflow closed: TERMINATED"),
+        "{report:#?}"
+    );
     let lost_reasons: Vec<&str> = report
         .actions
         .iter()
@@ -119,20 +215,47 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
         .map(|a| a.reason.as_str())
         .collect();
     assert_eq!(lost_reasons, vec!["workflow not found"; 2], "{report:#?}");
-    assert!(report.actions.iter().all(|a| a.destroyed && a.error.is_empty()), "{report:#?}");
+    assert!(
+        report
+            .actions
+            .iter()
+            .all(|a| a.destroyed && a.error.is_empty()),
+        "{report:#?}"
+    );
 
-    let remaining: Vec<String> = sandboxes_of(&mesh, None).await.into_iter().map(|s| s.id).collect();
+    let remaining: Vec<String> = sandboxes_of(&mesh, None)
+        .await
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
     let mut expected = live_sandboxes.clone();
     expected.sort();
     let mut remaining_sorted = remaining.clone();
     remaining_sorted.sort();
-    assert_eq!(remaining_sorted, expected, "only the live run's sandboxes remain");
+    assert_eq!(
+        remaining_sorted, expected,
+        "only the live run's sandboxes remain"
+    );
 
     // Their reservations went back to their runs; the live run's stay held.
-    let released: Vec<&str> = report.reservations.iter().filter(|r| r.released).map(|r| r.holder.as_str()).collect();
-    assert!(released.contains(&format!("{victim}/fork-1").as_str()), "{report:#?}");
-    assert!(released.contains(&format!("{lost}/fork-1").as_str()), "{report:#?}");
-    assert!(released.contains(&format!("{lost}/fork-2").as_str()), "{report:#?}");
+    let released: Vec<&str> = report
+        .reservations
+        .iter()
+        .filter(|r| r.released)
+        .map(|r| r.holder.as_str())
+        .collect();
+    assert!(
+        released.contains(&format!("{victim}/fork-1").as_str()),
+        "{report:#?}"
+    );
+    assert!(
+        released.contains(&format!("{lost}/fork-1").as_str()),
+        "{report:#?}"
+    );
+    assert!(
+        released.contains(&format!("{lost}/fork-2").as_str()),
+        "{report:#?}"
+    );
     let still_held = held(&mesh).await;
     let mut want = vec![format!("{live}/fork-1"), format!("{live}/fork-2")];
     want.sort();
@@ -140,6 +263,29 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
     got.sort();
     assert_eq!(got, want);
     // A second sweep finds nothing more.
-    let again = janitor.sweep_now(SweepRequest::default()).await.unwrap().into_inner();
-    assert!(again.actions.is_empty() && again.reservations.is_empty(), "{again:#?}");
+    let again = janitor
+        .sweep_now(SweepRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        again.actions.is_empty() && again.reservations.is_empty(),
+        "{again:#?}"
+    );
+
+    // The janitor's metrics count what happened, by reason.
+    let metrics = mesh.scrape("janitor").unwrap();
+    for line in [
+        r#"janitor_sandboxes_reaped_total{reason="workflow_not_found"} 2"#,
+        r#"janitor_sandboxes_reaped_total{reason="no_owner"} 1"#,
+        r#"janitor_sandboxes_reaped_total{reason="workflow_closed"} 1"#,
+        r#"janitor_reservations_released_total{reason="workflow_not_found"} 2"#,
+        r#"janitor_reservations_released_total{reason="workflow_closed"} 1"#,
+        "janitor_sweeps_total 3",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in\n{metrics}"
+        );
+    }
 }

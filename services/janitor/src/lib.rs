@@ -8,6 +8,7 @@ pub mod activities;
 pub mod classify;
 pub mod error;
 pub mod grpc;
+pub mod metrics;
 pub mod reservations;
 pub mod sweeper;
 
@@ -17,6 +18,8 @@ pub use sweeper::{GrpcSandboxes, LiveSweeper, Sandboxes, Sweeper, Workflows};
 
 /// Default `--listen` address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50055";
+/// Default `--metrics-listen`.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9455";
 /// Default `--ledger-addr`.
 pub const DEFAULT_LEDGER_ADDR: &str = "http://127.0.0.1:50054";
 /// Default `--provisioner-addr`.

@@ -7,8 +7,9 @@ use forkyard_common::{
     server, service, telemetry, temporal,
 };
 use forkyard_janitor::{
-    DEFAULT_LEDGER_ADDR, DEFAULT_LISTEN, DEFAULT_PROVISIONER_ADDR, GrpcSandboxes, JanitorService,
-    LiveSweeper, Sweeper, activities, reservations::Ledger,
+    DEFAULT_LEDGER_ADDR, DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN, DEFAULT_PROVISIONER_ADDR,
+    GrpcSandboxes, JanitorService, LiveSweeper, Sweeper, activities, metrics::SweepMetrics,
+    reservations::Ledger,
 };
 use forkyard_proto::janitor::v1::janitor_server::JanitorServer;
 use std::sync::Arc;
@@ -28,6 +29,9 @@ struct Args {
     /// gRPC address of the budget ledger (stale reservations are released there).
     #[arg(long, env = "FORKYARD_LEDGER_ADDR", default_value = DEFAULT_LEDGER_ADDR)]
     ledger_addr: String,
+    /// Address of the Prometheus `/metrics` endpoint.
+    #[arg(long, env = "FORKYARD_METRICS_LISTEN", default_value = DEFAULT_METRICS_LISTEN)]
+    metrics_listen: String,
     #[command(flatten)]
     temporal: TemporalArgs,
     #[command(flatten)]
@@ -56,9 +60,28 @@ async fn main() -> anyhow::Result<()> {
     let listener = server::bind(addr)
         .await
         .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
+    let metrics_addr = parse_listen(
+        "FORKYARD_METRICS_LISTEN (--metrics-listen)",
+        &args.metrics_listen,
+    )
+    .unwrap_or_else(|e| exit_config_error(e));
+    let metrics_listener =
+        forkyard_common::metrics::bind("FORKYARD_METRICS_LISTEN (--metrics-listen)", metrics_addr)
+            .await
+            .unwrap_or_else(|e| exit_config_error(e));
+    let registry = prometheus::Registry::new();
+    let sweep_metrics = SweepMetrics::register(&registry)?;
+    tokio::spawn(forkyard_common::metrics::serve(
+        metrics_listener,
+        registry,
+        std::future::pending(),
+    ));
     let client = temporal::connect(&args.temporal, "janitor").await?;
-    let sweeper: Arc<LiveSweeper> =
-        Arc::new(Sweeper::new(sandboxes, client.clone()).with_ledger(ledger));
+    let sweeper: Arc<LiveSweeper> = Arc::new(
+        Sweeper::new(sandboxes, client.clone())
+            .with_ledger(ledger)
+            .with_metrics(sweep_metrics),
+    );
 
     let (routes, health) = server::base_routes(
         <JanitorServer<JanitorService<GrpcSandboxes, temporalio_client::Client>> as tonic::server::NamedService>::NAME,

@@ -151,6 +151,7 @@ pub struct Sweeper<S, W> {
     sandboxes: S,
     workflows: W,
     ledger: Option<crate::reservations::Ledger>,
+    metrics: Option<crate::metrics::SweepMetrics>,
 }
 
 /// The sweeper the service runs: provisioner over gRPC, workflows from Temporal.
@@ -162,7 +163,14 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
             sandboxes,
             workflows,
             ledger: None,
+            metrics: None,
         }
+    }
+
+    /// Count what sweeps do.
+    pub fn with_metrics(mut self, metrics: crate::metrics::SweepMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Also release stale reservations in this ledger.
@@ -172,6 +180,9 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
     }
 
     pub async fn sweep(&self, req: &SweepRequest) -> Result<SweepReport, JanitorError> {
+        if let Some(m) = &self.metrics {
+            m.sweep();
+        }
         let sandboxes = self.sandboxes.list().await?;
         let now = now_ms();
         let mut report = SweepReport {
@@ -228,6 +239,9 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
                     Ok(()) => {
                         tracing::info!(sandbox_id = %sb.id, %reason, "orphan destroyed");
                         action.destroyed = true;
+                        if let Some(m) = &self.metrics {
+                            m.reaped(&reason);
+                        }
                     }
                     Err(e) => {
                         tracing::warn!(sandbox_id = %sb.id, %reason, error = %e, "orphan destroy failed");
@@ -241,7 +255,14 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
             // After the sandboxes: a stale reservation's fork never gets its money back
             // otherwise, but an unreachable ledger must not stop the sandbox sweep.
             match ledger.sweep(&self.workflows, req.dry_run).await {
-                Ok(actions) => report.reservations = actions,
+                Ok(actions) => {
+                    if let Some(m) = &self.metrics {
+                        for a in actions.iter().filter(|a| a.released) {
+                            m.released(&a.reason);
+                        }
+                    }
+                    report.reservations = actions;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "stale reservations not swept");
                     report.reservations_error = e.to_string();
