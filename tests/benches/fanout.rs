@@ -9,9 +9,8 @@
 
 use forkyard_proto::gateway::v1::{LaunchRunRequest, RunState};
 use forkyard_tests::{
-    repo,
-    support::{launch, wait_finished, Gateway},
-    Mesh,
+    Mesh, repo,
+    support::{Gateway, launch, wait_finished},
 };
 use std::time::{Duration, Instant, SystemTime};
 
@@ -41,11 +40,24 @@ fn peak_rss_kib(pid: u32) -> u64 {
 
 fn history_length(mesh: &Mesh, run_id: &str) -> String {
     let out = std::process::Command::new(forkyard_tests::mesh::temporal_cli())
-        .args(["workflow", "describe", "-o", "json", "--address", &mesh.temporal_address(), "-w", run_id])
+        .args([
+            "workflow",
+            "describe",
+            "-o",
+            "json",
+            "--address",
+            &mesh.temporal_address(),
+            "-w",
+            run_id,
+        ])
         .output();
     out.ok()
         .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
-        .and_then(|v| v["workflowExecutionInfo"]["historyLength"].as_str().map(str::to_owned))
+        .and_then(|v| {
+            v["workflowExecutionInfo"]["historyLength"]
+                .as_str()
+                .map(str::to_owned)
+        })
         .unwrap_or_else(|| "?".into())
 }
 
@@ -58,7 +70,9 @@ async fn main() -> anyhow::Result<()> {
     repo::create(src.path())?;
     let mut gw = Gateway::new(mesh.channel("gateway").await?);
 
-    println!("fan-out benchmark: trivial command agent, max_concurrent = min(N, {cap}), release binaries");
+    println!(
+        "fan-out benchmark: trivial command agent, max_concurrent = min(N, {cap}), release binaries"
+    );
     println!(
         "{:>6} {:>10} {:>9} {:>22} {:>22} {:>9}",
         "forks", "wall", "forks/s", "launch→ready p50/p99", "start→ready p50/p99", "history"
@@ -69,14 +83,24 @@ async fn main() -> anyhow::Result<()> {
             fork_timeout_secs: 60,
             ..launch(src.path(), n, n.min(cap), "true")
         };
-        let launched_at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH)?.as_millis() as i64;
+        let launched_at = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)?
+            .as_millis() as i64;
         let t0 = Instant::now();
         let run_id = gw.launch_run(req).await?.into_inner().run_id;
         let run = wait_finished(&mut gw, &run_id, Duration::from_secs(3600)).await;
         let wall = t0.elapsed();
-        anyhow::ensure!(run.state == RunState::Completed as i32, "run {run_id} ended {:?}", run.state);
-        let mut from_launch: Vec<i64> =
-            run.forks.iter().filter(|f| f.sandbox_ready_unix_ms > 0).map(|f| f.sandbox_ready_unix_ms - launched_at).collect();
+        anyhow::ensure!(
+            run.state == RunState::Completed as i32,
+            "run {run_id} ended {:?}",
+            run.state
+        );
+        let mut from_launch: Vec<i64> = run
+            .forks
+            .iter()
+            .filter(|f| f.sandbox_ready_unix_ms > 0)
+            .map(|f| f.sandbox_ready_unix_ms - launched_at)
+            .collect();
         let mut from_start: Vec<i64> = run
             .forks
             .iter()
@@ -90,11 +114,23 @@ async fn main() -> anyhow::Result<()> {
             n,
             wall.as_secs_f64(),
             f64::from(n) / wall.as_secs_f64(),
-            format!("{} / {} ms", percentile(&from_launch, 0.5), percentile(&from_launch, 0.99)),
-            format!("{} / {} ms", percentile(&from_start, 0.5), percentile(&from_start, 0.99)),
+            format!(
+                "{} / {} ms",
+                percentile(&from_launch, 0.5),
+                percentile(&from_launch, 0.99)
+            ),
+            format!(
+                "{} / {} ms",
+                percentile(&from_start, 0.5),
+                percentile(&from_start, 0.99)
+            ),
             history_length(&mesh, &run_id),
         );
-        anyhow::ensure!(run.forks_succeeded == n, "{} of {n} forks succeeded", run.forks_succeeded);
+        anyhow::ensure!(
+            run.forks_succeeded == n,
+            "{} of {n} forks succeeded",
+            run.forks_succeeded
+        );
     }
     println!("peak resident memory (VmHWM):");
     for (name, pid) in mesh.pids() {

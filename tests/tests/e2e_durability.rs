@@ -3,22 +3,23 @@
 //! accounted for, never two sandboxes alive for one fork, and the ledger exact.
 
 use forkyard_proto::{
-    budget::v1::{budget_ledger_client::BudgetLedgerClient, GetAccountRequest},
+    budget::v1::{GetAccountRequest, budget_ledger_client::BudgetLedgerClient},
     common::v1::ForkStatus,
     gateway::v1::{LaunchRunRequest, RunState},
     labels,
-    sandbox::v1::{sandbox_provisioner_client::SandboxProvisionerClient, ListSandboxesRequest},
+    sandbox::v1::{ListSandboxesRequest, sandbox_provisioner_client::SandboxProvisionerClient},
 };
 use forkyard_tests::{
-    repo,
-    support::{fork_result, launch, sandbox_processes, wait_finished, wait_until, workspaces_left, Gateway},
-    Mesh,
+    Mesh, repo,
+    support::{
+        Gateway, fork_result, launch, sandbox_processes, wait_finished, wait_until, workspaces_left,
+    },
 };
 use std::{
     collections::{HashMap, HashSet},
     sync::{
-        atomic::{AtomicBool, Ordering},
         Arc,
+        atomic::{AtomicBool, Ordering},
     },
     time::Duration,
 };
@@ -32,7 +33,10 @@ async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
     repo::create(src.path()).unwrap();
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
     let run_id = gw
-        .launch_run(LaunchRunRequest { request_id: "durable".into(), ..launch(src.path(), 3, 2, AGENT) })
+        .launch_run(LaunchRunRequest {
+            request_id: "durable".into(),
+            ..launch(src.path(), 3, 2, AGENT)
+        })
         .await
         .unwrap()
         .into_inner()
@@ -41,14 +45,20 @@ async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
     // Watch every sandbox of the run: per fork, never two alive at once.
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = {
-        let mut prov = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+        let mut prov =
+            SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
         let (stop, run_id) = (stop.clone(), run_id.clone());
         tokio::spawn(async move {
             let mut worst = 0usize;
             let mut ids: HashMap<String, HashSet<String>> = HashMap::new();
             while !stop.load(Ordering::Relaxed) {
                 let sel = HashMap::from([(labels::RUN_ID.to_owned(), run_id.clone())]);
-                if let Ok(r) = prov.list_sandboxes(ListSandboxesRequest { label_selector: sel }).await {
+                if let Ok(r) = prov
+                    .list_sandboxes(ListSandboxesRequest {
+                        label_selector: sel,
+                    })
+                    .await
+                {
                     let mut per_fork: HashMap<String, usize> = HashMap::new();
                     for s in r.into_inner().sandboxes {
                         let fork = s.labels.get(labels::FORK).cloned().unwrap_or_default();
@@ -64,10 +74,19 @@ async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
     };
 
     // Both first forks are inside their agents: crash the two processes.
-    wait_until(&mut gw, &run_id, Duration::from_secs(60), |r| r.forks_running == 2).await;
-    let mut prov = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+    wait_until(&mut gw, &run_id, Duration::from_secs(60), |r| {
+        r.forks_running == 2
+    })
+    .await;
+    let mut prov =
+        SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
     for _ in 0..100 {
-        let busy = prov.list_sandboxes(ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
+        let busy = prov
+            .list_sandboxes(ListSandboxesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .sandboxes;
         if busy.iter().filter(|s| s.running_execs > 0).count() == 2 {
             break;
         }
@@ -78,8 +97,12 @@ async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     mesh.start_service("agent-runner").unwrap();
     mesh.start_service("gateway").unwrap();
-    mesh.wait_serving("agent-runner", Duration::from_secs(60)).await.unwrap();
-    mesh.wait_serving("gateway", Duration::from_secs(60)).await.unwrap();
+    mesh.wait_serving("agent-runner", Duration::from_secs(60))
+        .await
+        .unwrap();
+    mesh.wait_serving("gateway", Duration::from_secs(60))
+        .await
+        .unwrap();
 
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
     let run = wait_finished(&mut gw, &run_id, Duration::from_secs(240)).await;
@@ -91,8 +114,17 @@ async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
     assert!(worst <= 1, "{worst} sandboxes alive at once for one fork");
     for fork in 1..=3u32 {
         let f = fork_result(&mut gw, &run_id, fork).await;
-        assert_eq!(f.status, ForkStatus::Succeeded as i32, "fork {fork}: {}", f.error);
-        assert!(f.patch.contains(&format!("+fork {fork}")), "fork {fork}: {}", f.patch);
+        assert_eq!(
+            f.status,
+            ForkStatus::Succeeded as i32,
+            "fork {fork}: {}",
+            f.error
+        );
+        assert!(
+            f.patch.contains(&format!("+fork {fork}")),
+            "fork {fork}: {}",
+            f.patch
+        );
         assert_eq!(f.cost_micros, i64::from(fork) * 10_000 + 1_000);
         // The retried agent ran in the same sandbox: one sandbox per fork, ever.
         let seen = ids.get(&fork.to_string()).cloned().unwrap_or_default();
@@ -101,10 +133,24 @@ async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
     }
 
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let account = ledger.get_account(GetAccountRequest { account_id: run_id.clone() }).await.unwrap().into_inner();
+    let account = ledger
+        .get_account(GetAccountRequest {
+            account_id: run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(account.spent_micros, 63_000, "each fork charged once");
     assert_eq!(account.spent_micros, run.cost_micros);
     assert_eq!(account.reserved_micros, 0);
-    assert!(workspaces_left(mesh.state_dir()).is_empty(), "{:?}", workspaces_left(mesh.state_dir()));
-    assert!(sandbox_processes(mesh.state_dir()).is_empty(), "{:?}", sandbox_processes(mesh.state_dir()));
+    assert!(
+        workspaces_left(mesh.state_dir()).is_empty(),
+        "{:?}",
+        workspaces_left(mesh.state_dir())
+    );
+    assert!(
+        sandbox_processes(mesh.state_dir()).is_empty(),
+        "{:?}",
+        sandbox_processes(mesh.state_dir())
+    );
 }
