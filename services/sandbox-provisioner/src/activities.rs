@@ -58,16 +58,7 @@ impl SandboxActivities {
         ctx: ActivityContext,
         req: ExecRequest,
     ) -> Result<ExecResponse, ActivityError> {
-        let exec = self.core.exec(req);
-        tokio::pin!(exec);
-        let mut beat = tokio::time::interval(std::time::Duration::from_secs(5));
-        loop {
-            tokio::select! {
-                res = &mut exec => return res.map_err(|e| e.into_activity_error()),
-                _ = beat.tick() => { let _ = ctx.record_heartbeat(()).await; }
-                () = ctx.cancelled() => return Err(ActivityError::cancelled()),
-            }
-        }
+        heartbeating(&ctx, self.core.exec(req)).await
     }
 
     #[activity(definition = markers::local_sandbox::CollectPatch)]
@@ -201,6 +192,23 @@ impl SandboxActivities {
     }
 }
 
+/// Await a long command while heartbeating every 5 s; a cancelled activity drops the
+/// command's future, which kills it (local: kill-on-drop; e2b: the stream hangs up).
+async fn heartbeating<T>(
+    ctx: &ActivityContext,
+    work: impl std::future::Future<Output = Result<T, crate::error::ProvisionerError>>,
+) -> Result<T, ActivityError> {
+    tokio::pin!(work);
+    let mut beat = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            res = &mut work => return res.map_err(|e| e.into_activity_error()),
+            _ = beat.tick() => { let _ = ctx.record_heartbeat(()).await; }
+            () = ctx.cancelled() => return Err(ActivityError::cancelled()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,16 +295,7 @@ impl E2bActivities {
         ctx: ActivityContext,
         req: ExecRequest,
     ) -> Result<ExecResponse, ActivityError> {
-        let exec = self.backend.exec(req);
-        tokio::pin!(exec);
-        let mut beat = tokio::time::interval(std::time::Duration::from_secs(5));
-        loop {
-            tokio::select! {
-                res = &mut exec => return res.map_err(|e| e.into_activity_error()),
-                _ = beat.tick() => { let _ = ctx.record_heartbeat(()).await; }
-                () = ctx.cancelled() => return Err(ActivityError::cancelled()),
-            }
-        }
+        heartbeating(&ctx, self.backend.exec(req)).await
     }
 
     #[activity(definition = markers::e2b_sandbox::CollectPatch)]
