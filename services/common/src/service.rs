@@ -17,8 +17,20 @@ pub struct Service {
 /// runs here on the caller's task while the gRPC server runs on a spawned one.
 pub async fn run(
     svc: Service,
-    mut worker: temporalio_sdk::Worker,
+    worker: temporalio_sdk::Worker,
     stop_worker: impl Fn() + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    run_workers(svc, vec![(worker, Box::new(stop_worker))]).await
+}
+
+/// A worker's shutdown handle.
+pub type StopWorker = Box<dyn Fn() + Send + Sync>;
+
+/// `run` with several workers (one task queue each, e.g. a shared queue and a
+/// replica's own). They all run on the caller's task; when one stops, all are stopped.
+pub async fn run_workers(
+    svc: Service,
+    workers: Vec<(temporalio_sdk::Worker, StopWorker)>,
 ) -> anyhow::Result<()> {
     let addr = server::local_addr(&svc.listener);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -27,11 +39,18 @@ pub async fn run(
     health.serving().await;
     tracing::info!(service = svc.name, %addr, "serving grpc");
 
+    let (mut workers, stops): (Vec<_>, Vec<_>) = workers.into_iter().unzip();
+    let stops = std::sync::Arc::new(stops);
+    let stop_all = {
+        let stops = stops.clone();
+        move || stops.iter().for_each(|stop| stop())
+    };
     let signal_stop = stop_tx.clone();
+    let signal_stop_all = stop_all.clone();
     tokio::spawn(async move {
         crate::shutdown::signal_received().await;
         health.not_serving().await;
-        stop_worker();
+        signal_stop_all();
         let _ = signal_stop.send(true);
     });
     let mut server_stop = stop_rx;
@@ -39,14 +58,25 @@ pub async fn run(
         let _ = server_stop.wait_for(|s| *s).await;
     }));
 
-    let worker_result = worker.run().await;
-    if let Err(e) = &worker_result {
-        tracing::error!(service = svc.name, error = %e, "temporal worker stopped with an error");
-    }
-    // The worker only returns on shutdown or a fatal error: either way stop serving.
+    let results = futures::future::join_all(workers.iter_mut().map(|worker| {
+        let stop_all = stop_all.clone();
+        async move {
+            let result = worker.run().await;
+            if let Err(e) = &result {
+                tracing::error!(service = svc.name, task_queue = worker.task_queue(), error = %e, "temporal worker stopped with an error");
+            }
+            // One worker gone (shutdown or fatal error): stop the others too.
+            stop_all();
+            result
+        }
+    }))
+    .await;
+    // The workers only return on shutdown or a fatal error: either way stop serving.
     let _ = stop_tx.send(true);
     server.await??;
-    worker_result?;
+    for result in results {
+        result?;
+    }
     tracing::info!(service = svc.name, "stopped");
     Ok(())
 }
@@ -60,4 +90,19 @@ pub async fn run_with_worker(
     let runtime = crate::temporal::runtime()?;
     let (worker, stop) = crate::temporal::worker(&runtime, client, options)?;
     run(svc, worker, stop).await
+}
+
+/// `run_with_worker` for several task queues served by one process.
+pub async fn run_with_workers(
+    svc: Service,
+    client: temporalio_client::Client,
+    options: Vec<temporalio_sdk::WorkerOptions>,
+) -> anyhow::Result<()> {
+    let runtime = crate::temporal::runtime()?;
+    let mut workers = Vec::with_capacity(options.len());
+    for o in options {
+        let (worker, stop) = crate::temporal::worker(&runtime, client.clone(), o)?;
+        workers.push((worker, Box::new(stop) as StopWorker));
+    }
+    run_workers(svc, workers).await
 }

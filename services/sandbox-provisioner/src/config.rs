@@ -17,6 +17,11 @@ pub struct Args {
     /// default `http://<listen>`.
     #[arg(long, env = "FORKYARD_ADVERTISE_ENDPOINT")]
     pub advertise_endpoint: Option<String>,
+    /// This replica's id; it also polls Temporal task queue `sandbox-provisioner/<id>`,
+    /// where every activity about a sandbox it owns is sent. Default `<hostname>-<port>`,
+    /// stable across restarts of the same replica.
+    #[arg(long, env = "FORKYARD_PROVISIONER_REPLICA_ID")]
+    pub replica_id: Option<String>,
     #[command(flatten)]
     pub temporal: TemporalArgs,
     #[command(flatten)]
@@ -116,7 +121,13 @@ impl Args {
                 .filter(|p| p.is_file()),
         };
         let state_dir = self.state.ensure()?;
+        let replica = match &self.replica_id {
+            Some(id) => id.trim().to_owned(),
+            None => format!("{}-{}", hostname(), listen.port()),
+        };
+        check_replica_id(&replica)?;
         let mut config = Config::new(state_dir, advertise);
+        config.owner_task_queue = replica_task_queue(&replica);
         config.bwrap_path.clone_from(&self.bwrap_path);
         config.exec_timeout = Duration::from_secs(self.exec_timeout_secs);
         config.clone_timeout = Duration::from_secs(self.clone_timeout_secs);
@@ -161,6 +172,36 @@ impl Args {
     }
 }
 
+/// The task queue only replica `id` polls.
+pub fn replica_task_queue(id: &str) -> String {
+    format!("{}/{id}", forkyard_proto::queues::SANDBOX_PROVISIONER)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// A replica id becomes part of a task queue name: keep it short and unambiguous.
+fn check_replica_id(id: &str) -> Result<(), String> {
+    const NAME: &str = "FORKYARD_PROVISIONER_REPLICA_ID (--replica-id)";
+    if id.is_empty() || id.len() > 128 {
+        return Err(format!("{NAME} must be 1 to 128 characters"));
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')))
+    {
+        return Err(format!(
+            "{NAME}: character {c:?} is not allowed (letters, digits, - _ . :)"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +216,36 @@ mod tests {
         assert_eq!(listen.to_string(), "127.0.0.1:50052");
         assert_eq!(config.advertise_endpoint, "http://127.0.0.1:50052");
         assert_eq!(config.exec_timeout, Duration::from_secs(600));
+        assert_eq!(
+            config.owner_task_queue,
+            format!("sandbox-provisioner/{}-50052", hostname())
+        );
+        let args = Args::try_parse_from([
+            "sandbox-provisioner",
+            "--state-dir",
+            state,
+            "--replica-id",
+            "host-b",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.resolve().unwrap().1.owner_task_queue,
+            "sandbox-provisioner/host-b"
+        );
+        for bad in ["", "a/b", "x y"] {
+            let args = Args::try_parse_from([
+                "sandbox-provisioner",
+                "--state-dir",
+                state,
+                "--replica-id",
+                bad,
+            ])
+            .unwrap();
+            assert!(
+                args.resolve().unwrap_err().contains("--replica-id"),
+                "{bad:?}"
+            );
+        }
 
         let args = Args::try_parse_from([
             "sandbox-provisioner",

@@ -9,6 +9,7 @@ use forkyard_sandbox_provisioner::{
     Args, E2bActivities, Provisioner, SandboxActivities, SandboxService,
 };
 use tonic::server::NamedService;
+use tracing::info;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -17,24 +18,37 @@ async fn main() -> anyhow::Result<()> {
     if let Err(e) = args.temporal.url() {
         exit_config_error(e);
     }
+    // Bound before logging starts and before the slow start-up, so a port in use is the
+    // first line a pod prints.
+    let listener = server::bind(listen)
+        .await
+        .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
     telemetry::init("sandbox-provisioner");
     let core = Provisioner::open(config)
         .await
         .unwrap_or_else(|e| exit_config_error(e));
-    let listener = server::bind(listen)
-        .await
-        .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
 
     let (routes, health) =
         server::base_routes(<SandboxProvisionerServer<SandboxService> as NamedService>::NAME)?;
     let routes = routes.add_service(SandboxService::new(core.clone()).into_server());
 
     let client = temporal::connect(&args.temporal, "sandbox-provisioner").await?;
-    let options = temporalio_sdk::WorkerOptions::new(queues::SANDBOX_PROVISIONER)
-        .register_activities(E2bActivities::new(&core))
-        .register_activities(SandboxActivities::new(core))
-        .build();
-    service::run_with_worker(
+    // Creates come through the shared queue; every later activity about a sandbox is
+    // sent to its owner's own queue (`owner_task_queue`), which only this replica polls.
+    // Both serve every activity, so callers that ignore the owner still work on one
+    // replica.
+    let owner_queue = core.owner_task_queue().to_owned();
+    info!(task_queue = %owner_queue, "polling this replica's own task queue");
+    let options = [queues::SANDBOX_PROVISIONER, owner_queue.as_str()]
+        .into_iter()
+        .map(|queue| {
+            temporalio_sdk::WorkerOptions::new(queue)
+                .register_activities(E2bActivities::new(&core))
+                .register_activities(SandboxActivities::new(core.clone()))
+                .build()
+        })
+        .collect();
+    service::run_with_workers(
         service::Service {
             name: "sandbox-provisioner",
             listener,

@@ -44,6 +44,9 @@ pub struct Config {
     pub bwrap_path: PathBuf,
     /// This replica's gRPC endpoint, stored as each sandbox's `owner_endpoint`.
     pub advertise_endpoint: String,
+    /// This replica's own Temporal task queue, stored as each sandbox's
+    /// `owner_task_queue` (empty = none: activities use the shared queue).
+    pub owner_task_queue: String,
     /// Exec wall-clock limit when a request gives none.
     pub exec_timeout: Duration,
     /// Limit for cloning the repository.
@@ -80,6 +83,7 @@ impl Config {
             state_dir,
             bwrap_path: "bwrap".into(),
             advertise_endpoint: advertise_endpoint.into(),
+            owner_task_queue: String::new(),
             exec_timeout: Duration::from_secs(600),
             clone_timeout: Duration::from_secs(300),
             allow_no_userns: false,
@@ -182,8 +186,11 @@ impl Provisioner {
                 config.state_dir.display()
             )
         })?;
-        let e2b =
-            crate::e2b::E2bBackend::new(config.e2b.clone(), config.advertise_endpoint.clone())?;
+        let e2b = crate::e2b::E2bBackend::new(
+            config.e2b.clone(),
+            config.advertise_endpoint.clone(),
+            config.owner_task_queue.clone(),
+        )?;
         if !e2b.enabled() {
             info!("e2b backend disabled (no E2B_API_KEY)");
         }
@@ -336,6 +343,7 @@ impl Provisioner {
             base_commit,
             created_unix_ms: now,
             owner_endpoint: self.config.advertise_endpoint.clone(),
+            owner_task_queue: self.config.owner_task_queue.clone(),
             idempotency_key: req.idempotency_key.clone(),
             network: req.network || !req.egress_allow.is_empty(),
             repo: req.repo.clone(),
@@ -427,6 +435,11 @@ impl Provisioner {
         let sandbox = self.register(record)?;
         cleanup.0 = None;
         Ok(sandbox)
+    }
+
+    /// The task queue only this replica polls (empty when not configured).
+    pub fn owner_task_queue(&self) -> &str {
+        &self.config.owner_task_queue
     }
 
     pub fn get(&self, id: &str) -> Result<Sandbox> {

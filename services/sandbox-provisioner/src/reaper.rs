@@ -16,8 +16,16 @@ impl Provisioner {
     /// destroy expired sandboxes, and kill and remove cgroups no record accounts for.
     pub(crate) async fn reconcile(&self, records: Vec<Record>) {
         let now = now_ms();
-        for record in records {
+        for mut record in records {
             let id = record.id.clone();
+            // Whoever adopts a sandbox owns it now (the replica may listen elsewhere or
+            // carry a new id after the restart).
+            record
+                .owner_endpoint
+                .clone_from(&self.config.advertise_endpoint);
+            record
+                .owner_task_queue
+                .clone_from(&self.config.owner_task_queue);
             let expired = record.expires_unix_ms != 0 && record.expires_unix_ms <= now;
             if record.destroying || expired {
                 info!(sandbox_id = %id, expired, "destroying a sandbox left by the previous run");

@@ -25,6 +25,9 @@ pub struct Record {
     pub base_commit: String,
     pub created_unix_ms: i64,
     pub owner_endpoint: String,
+    /// This replica's own Temporal task queue (empty in records from before it existed).
+    #[serde(default)]
+    pub owner_task_queue: String,
     pub idempotency_key: String,
     pub network: bool,
     pub repo: String,
@@ -68,6 +71,7 @@ impl Record {
             base_commit: self.base_commit.clone(),
             created_unix_ms: self.created_unix_ms,
             owner_endpoint: self.owner_endpoint.clone(),
+            owner_task_queue: self.owner_task_queue.clone(),
             running_execs,
             expires_unix_ms: self.expires_unix_ms,
             limits: Some(SandboxLimits {

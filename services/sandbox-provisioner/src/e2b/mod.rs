@@ -118,6 +118,7 @@ pub struct E2bBackend {
     config: E2bConfig,
     http: reqwest::Client,
     owner_endpoint: String,
+    owner_task_queue: String,
     known: Arc<std::sync::Mutex<HashMap<String, Known>>>,
 }
 
@@ -142,7 +143,11 @@ struct ApiSandbox {
 }
 
 impl E2bBackend {
-    pub fn new(config: E2bConfig, owner_endpoint: String) -> Result<Arc<Self>, String> {
+    pub fn new(
+        config: E2bConfig,
+        owner_endpoint: String,
+        owner_task_queue: String,
+    ) -> Result<Arc<Self>, String> {
         let http = reqwest::Client::builder()
             .connect_timeout(config.request_timeout)
             .build()
@@ -151,6 +156,7 @@ impl E2bBackend {
             config,
             http,
             owner_endpoint,
+            owner_task_queue,
             known: Arc::default(),
         }))
     }
@@ -309,6 +315,7 @@ impl E2bBackend {
                 .unwrap_or_default(),
             created_unix_ms: s.started_at.as_deref().map_or(0, rfc3339_ms),
             owner_endpoint: self.owner_endpoint.clone(),
+            owner_task_queue: self.owner_task_queue.clone(),
             expires_unix_ms: s.end_at.as_deref().map_or(0, rfc3339_ms),
             ..Default::default()
         }
