@@ -56,11 +56,11 @@ async fn main() -> anyhow::Result<()> {
             "--heartbeat-secs (FORKYARD_HEARTBEAT_SECS) must be 1-15 (the heartbeat timeout is 20 s)",
         );
     }
-    telemetry::init("agent-runner");
-
+    // Bound before logging starts, so a port in use is the first line a pod prints.
     let listener = server::bind(listen)
         .await
         .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
+    telemetry::init("agent-runner");
     let provisioners = Provisioners::new(args.provisioner_addr.clone());
     let (routes, health) =
         server::base_routes(<AgentRunnerServer<AgentRunnerService> as NamedService>::NAME)?;

@@ -37,6 +37,11 @@ async fn main() -> anyhow::Result<()> {
         exit_config_error(e);
     }
     let state_dir = args.state.ensure().unwrap_or_else(|e| exit_config_error(e));
+    // Bound before logging starts and before the database, so a port in use is the first
+    // line a pod prints.
+    let listener = server::bind(addr)
+        .await
+        .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
     telemetry::init("budget-ledger");
 
     let store = match &args.database_url {
@@ -50,9 +55,6 @@ async fn main() -> anyhow::Result<()> {
     });
     let store = Arc::new(store);
 
-    let listener = server::bind(addr)
-        .await
-        .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
     let (routes, health) = server::base_routes(
         <BudgetLedgerServer<LedgerService> as tonic::server::NamedService>::NAME,
     )?;

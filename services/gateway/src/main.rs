@@ -42,11 +42,11 @@ async fn main() -> anyhow::Result<()> {
     if args.max_forks == 0 {
         exit_config_error("--max-forks (FORKYARD_MAX_FORKS) must be at least 1");
     }
-    telemetry::init("gateway");
-
+    // Bound before logging starts, so a port in use is the first line a pod prints.
     let listener = server::bind(listen)
         .await
         .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
+    telemetry::init("gateway");
     let client = temporal::connect(&args.temporal, "forkyard-gateway").await?;
     // The run workflow upserts these; without them its tasks would fail.
     if let Err(e) = search::ensure_registered(&client, &args.temporal.namespace).await {

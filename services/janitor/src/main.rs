@@ -55,8 +55,7 @@ async fn main() -> anyhow::Result<()> {
     let ledger = Ledger::connect_lazy(&args.ledger_addr).unwrap_or_else(|e| {
         exit_config_error(format!("FORKYARD_LEDGER_ADDR (--ledger-addr): {e}"))
     });
-    telemetry::init("janitor");
-
+    // Bound before logging starts, so a port in use is the first line a pod prints.
     let listener = server::bind(addr)
         .await
         .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
@@ -69,6 +68,7 @@ async fn main() -> anyhow::Result<()> {
         forkyard_common::metrics::bind("FORKYARD_METRICS_LISTEN (--metrics-listen)", metrics_addr)
             .await
             .unwrap_or_else(|e| exit_config_error(e));
+    telemetry::init("janitor");
     let registry = prometheus::Registry::new();
     let sweep_metrics = SweepMetrics::register(&registry)?;
     tokio::spawn(forkyard_common::metrics::serve(
