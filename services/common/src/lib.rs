@@ -4,6 +4,7 @@
 
 pub mod activity;
 pub mod config;
+pub mod grpc_telemetry;
 pub mod metrics;
 pub mod server;
 pub mod service;

@@ -77,6 +77,8 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     Server::builder()
+        // Every call: a span joined to the caller's trace, and count + latency by code.
+        .layer(crate::grpc_telemetry::GrpcServerLayer)
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -1,23 +1,207 @@
-//! Logging: JSON lines when stderr is not a terminal (services under a supervisor),
-//! human-readable text on a terminal. `RUST_LOG` filters, default `info`.
+//! Logging and tracing.
+//!
+//! Logs: JSON lines when stderr is not a terminal (services under a supervisor),
+//! human-readable text on a terminal; `RUST_LOG` filters, default `info`. Every line
+//! written inside a traced operation carries `trace_id` and `span_id`, so a log line leads
+//! to its trace and back.
+//!
+//! Traces: OpenTelemetry spans from the gRPC layers ([`crate::grpc_telemetry`]) and the
+//! Temporal SDK's OpenTelemetry plugin ([`crate::temporal`]). A tracer provider is always
+//! installed, so trace context flows across the mesh (and into logs) even with nothing
+//! exporting; with `OTEL_EXPORTER_OTLP_ENDPOINT` set the spans also go to that collector
+//! over OTLP/gRPC. A collector that is down or an endpoint that is malformed never stops
+//! the service: spans are dropped and one warning says so.
 
-use std::io::IsTerminal;
-use tracing_subscriber::{EnvFilter, fmt};
+use opentelemetry::trace::TraceContextExt as _;
+use opentelemetry_sdk::{
+    Resource,
+    error::OTelSdkResult,
+    trace::{BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter},
+};
+use std::{
+    fmt,
+    io::IsTerminal,
+    sync::{
+        OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+use temporalio_sdk::opentelemetry::{WorkflowIdGenerator, WorkflowSpanProcessor};
+use tracing_subscriber::{
+    EnvFilter,
+    fmt::{FmtContext, FormatEvent, FormatFields, format::Writer},
+    registry::LookupSpan,
+};
+
+/// The environment variable naming the OTLP collector (gRPC, e.g. `http://localhost:4317`).
+pub const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+
+static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 
 pub fn init(service: &'static str) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,temporalio_sdk_core=warn,temporalio_client=warn"));
-    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(
+            "info,temporalio_sdk_core=warn,temporalio_client=warn,\
+             opentelemetry=off,opentelemetry_sdk=off,opentelemetry_otlp=off",
+        )
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let result = if std::io::stderr().is_terminal() {
-        builder.try_init()
+        let format = tracing_subscriber::fmt::format();
+        builder.event_format(WithTraceIds(format)).try_init()
     } else {
-        builder
+        let format = tracing_subscriber::fmt::format()
             .json()
             .flatten_event(true)
-            .with_current_span(true)
+            .with_current_span(true);
+        builder
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(WithTraceIds(format))
             .try_init()
     };
     if result.is_ok() {
         tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
+    }
+    init_traces(service);
+}
+
+/// Install the global propagator and tracer provider (once per process).
+fn init_traces(service: &'static str) {
+    if PROVIDER.get().is_some() {
+        return;
+    }
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    // Workflow spans must get the same ids on replay: the SDK's generator draws them
+    // from the workflow's deterministic random stream, and falls back to random ids
+    // everywhere else.
+    let mut builder = SdkTracerProvider::builder()
+        .with_id_generator(WorkflowIdGenerator::default())
+        .with_resource(Resource::builder().with_service_name(service).build());
+    let endpoint = std::env::var(OTLP_ENDPOINT_ENV).unwrap_or_default();
+    if !endpoint.trim().is_empty() {
+        match exporter(endpoint.trim()) {
+            Ok(exporter) => {
+                let batch = BatchSpanProcessor::builder(exporter).build();
+                builder = builder.with_span_processor(WorkflowSpanProcessor::new(batch));
+                tracing::info!(endpoint = endpoint.trim(), "exporting traces over otlp");
+            }
+            Err(e) => tracing::warn!(
+                endpoint = endpoint.trim(),
+                error = %e,
+                "OTEL_EXPORTER_OTLP_ENDPOINT unusable, spans are dropped"
+            ),
+        }
+    }
+    let provider = builder.build();
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    let _ = PROVIDER.set(provider);
+}
+
+/// The OTLP/gRPC exporter for `endpoint`, checked up front so a typo is one clear warning.
+fn exporter(endpoint: &str) -> Result<WarnOnce, String> {
+    let url = url::Url::parse(endpoint).map_err(|e| format!("not a URL: {e}"))?;
+    // Plain OTLP/gRPC: the collector is a local sidecar or agent (TLS to a remote
+    // backend is the collector's job).
+    if url.scheme() != "http" || url.host_str().is_none() {
+        return Err("needs http://host:port".into());
+    }
+    use opentelemetry_otlp::WithExportConfig as _;
+    let builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        // An unreachable collector costs one short wait per batch on the exporter's own
+        // thread, never a request's time.
+        .with_timeout(Duration::from_secs(3));
+    let inner = builder.build().map_err(|e| e.to_string())?;
+    Ok(WarnOnce {
+        inner,
+        endpoint: endpoint.to_owned(),
+        warned: AtomicBool::new(false),
+    })
+}
+
+/// Flush buffered spans (bounded wait) before the process exits.
+pub fn shutdown() {
+    if let Some(provider) = PROVIDER.get() {
+        let _ = provider.force_flush();
+    }
+}
+
+/// An exporter that says once, not once per batch, that spans are being dropped.
+#[derive(Debug)]
+struct WarnOnce {
+    inner: opentelemetry_otlp::SpanExporter,
+    endpoint: String,
+    warned: AtomicBool,
+}
+
+impl SpanExporter for WarnOnce {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let result = self.inner.export(batch).await;
+        match &result {
+            Err(e) if !self.warned.swap(true, Ordering::Relaxed) => tracing::warn!(
+                endpoint = %self.endpoint,
+                error = %e,
+                "otlp collector unreachable, spans are dropped (warned once)"
+            ),
+            Ok(()) if self.warned.swap(false, Ordering::Relaxed) => {
+                tracing::info!(endpoint = %self.endpoint, "otlp collector reachable again");
+            }
+            _ => {}
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The current trace and span ids, when inside a traced operation.
+pub fn current_ids() -> Option<(String, String)> {
+    let cx = opentelemetry::Context::current();
+    let span = cx.span();
+    let sc = span.span_context();
+    sc.is_valid()
+        .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
+}
+
+/// Wraps a formatter and puts `trace_id` / `span_id` of the current OpenTelemetry span
+/// first on the line (as JSON fields, or as `key=value` text).
+struct WithTraceIds<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for WithTraceIds<F>
+where
+    F: FormatEvent<S, N>,
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> fmt::Result {
+        let Some((trace_id, span_id)) = current_ids() else {
+            return self.0.format_event(ctx, writer, event);
+        };
+        let mut line = String::new();
+        self.0.format_event(ctx, Writer::new(&mut line), event)?;
+        match line.strip_prefix('{') {
+            Some(rest) => write!(
+                writer,
+                "{{\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\",{rest}"
+            ),
+            None => write!(writer, "trace_id={trace_id} span_id={span_id} {line}"),
+        }
     }
 }

@@ -17,7 +17,13 @@ pub async fn connect(args: &TemporalArgs, identity: &str) -> anyhow::Result<Clie
             .build();
         match Connection::connect(opts).await {
             Ok(conn) => {
-                let client = Client::new(conn, ClientOptions::new(args.namespace.clone()).build())?;
+                // The OpenTelemetry plugin carries the trace in Temporal headers (client →
+                // workflow → child workflow → activity) and spans each of those steps;
+                // workers built from this client inherit it.
+                let options = ClientOptions::new(args.namespace.clone())
+                    .plugin(temporalio_sdk::opentelemetry::OpenTelemetryPlugin::builder().build())
+                    .build();
+                let client = Client::new(conn, options)?;
                 return Ok(client);
             }
             Err(e) if Instant::now() < deadline => {
@@ -32,9 +38,33 @@ pub async fn connect(args: &TemporalArgs, identity: &str) -> anyhow::Result<Clie
     }
 }
 
-/// The SDK runtime on the current tokio runtime.
+/// The SDK runtime on the current tokio runtime. Its worker metrics (task slots, poll and
+/// schedule-to-start latencies, activity and workflow outcomes) go to a Prometheus
+/// registry the SDK serves on an ephemeral loopback port; the service's own `/metrics`
+/// appends that page, so there is one scrape target per service.
 pub fn runtime() -> anyhow::Result<Runtime> {
-    Ok(Runtime::from_current_tokio(Default::default())?)
+    use temporalio_common::telemetry::{
+        PrometheusExporterOptions, TelemetryOptions, start_prometheus_metric_exporter,
+    };
+    let mut telemetry = TelemetryOptions::builder().build();
+    let prom = PrometheusExporterOptions::builder()
+        .socket_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .counters_total_suffix(true)
+        .use_seconds_for_durations(true)
+        .unit_suffix(true)
+        .build();
+    match start_prometheus_metric_exporter(prom) {
+        Ok(started) => {
+            crate::metrics::set_temporal_sdk_endpoint(started.bound_addr);
+            telemetry.metrics = Some(started.meter);
+        }
+        Err(e) => tracing::warn!(error = %e, "temporal sdk metrics unavailable"),
+    }
+    let options = temporalio_sdk::runtime::RuntimeOptions::builder()
+        .telemetry_options(telemetry)
+        .build()
+        .map_err(anyhow::Error::msg)?;
+    Ok(Runtime::from_current_tokio(options)?)
 }
 
 /// Build a worker and return it with a handle that starts its graceful shutdown.
