@@ -26,7 +26,7 @@ pub fn launch(repo: &Path, forks: u32, max_concurrent: u32, command: &str) -> La
         agent: Some(AgentSpec {
             driver: "command".into(),
             command: command.into(),
-            model: String::new(),
+            ..Default::default()
         }),
         fork_timeout_secs: 120,
         ..Default::default()

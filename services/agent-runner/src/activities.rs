@@ -1,14 +1,13 @@
 //! The `agent.run` activity on the `agent-runner` queue.
 
-use crate::{command, error::AgentError, grpc::Provisioners};
+use crate::{command, runner::Runner};
 use forkyard_proto::agent::v1::{AgentProgress, RunAgentRequest, RunAgentResponse};
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
 pub struct AgentActivities {
-    pub provisioners: Provisioners,
-    pub heartbeat: Duration,
+    pub runner: Runner,
 }
 
 struct Heartbeats<'a>(&'a ActivityContext);
@@ -29,23 +28,30 @@ impl AgentActivities {
         ctx: ActivityContext,
         req: RunAgentRequest,
     ) -> Result<RunAgentResponse, ActivityError> {
-        let (client, endpoint) = self
-            .provisioners
-            .client_for(&req.sandbox_endpoint)
-            .map_err(AgentError::into_activity)?;
+        let attempt = ctx.info().attempt;
+        // A retried attempt carries the failed attempt's last heartbeat: what it already
+        // did and charged.
+        let resume = if attempt > 1 {
+            ctx.heartbeat_details()
+                .deserialize::<AgentProgress>()
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "unreadable heartbeat details; starting afresh");
+                    None
+                })
+        } else {
+            None
+        };
         let sink = Heartbeats(&ctx);
-        let out = command::run(
-            client,
-            &endpoint,
-            &req,
-            &sink,
-            self.heartbeat,
-            ctx.cancelled(),
-        )
-        .await
-        .map_err(AgentError::into_activity)?;
+        let out = self
+            .runner
+            .run(&req, &sink, ctx.cancelled(), resume, attempt)
+            .await
+            .map_err(|e| {
+                tracing::warn!(run_id = %req.run_id, fork = req.fork, error = %e, "agent failed");
+                e.into_activity()
+            })?;
         tracing::info!(
-            run_id = %req.run_id, fork = req.fork, exit_code = out.exit_code,
+            run_id = %req.run_id, fork = req.fork, exit_code = out.exit_code, turns = out.turns,
             cost_micros = out.cost_micros, duration_ms = out.duration_ms, "agent finished"
         );
         Ok(out)

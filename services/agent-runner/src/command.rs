@@ -2,7 +2,7 @@
 //! `FORKYARD_PROMPT`. The command runs through the provisioner's `Exec`; dropping that
 //! call (on cancellation) makes the provisioner kill everything the command started.
 
-use crate::{error::AgentError, usage};
+use crate::{error::AgentError, models::Models, usage};
 use forkyard_proto::{
     agent::v1::{AgentProgress, RunAgentRequest, RunAgentResponse},
     sandbox::v1::{ExecRequest, sandbox_provisioner_client::SandboxProvisionerClient},
@@ -15,8 +15,6 @@ use std::{
 use tonic::transport::Channel;
 
 const OUTPUT_TAIL_BYTES: usize = 4096;
-
-pub const DRIVERS: &[&str] = &["command"];
 
 /// Where progress goes while the agent runs (activity heartbeats, or nowhere).
 pub trait ProgressSink {
@@ -49,10 +47,9 @@ pub fn validate(req: &RunAgentRequest) -> Result<String, AgentError> {
     } else {
         agent.driver.as_str()
     };
-    if !DRIVERS.contains(&driver) {
+    if driver != "command" {
         return Err(AgentError::InvalidArgument(format!(
-            "agent.driver: unknown driver {driver:?}; available: {}",
-            DRIVERS.join(", ")
+            "agent.driver: {driver:?} is not the command driver"
         )));
     }
     if agent.command.trim().is_empty() {
@@ -75,6 +72,7 @@ pub async fn run(
     sink: &impl ProgressSink,
     heartbeat: Duration,
     cancelled: impl Future<Output = ()>,
+    models: &Models,
 ) -> Result<RunAgentResponse, AgentError> {
     let command = validate(req)?;
     let env = HashMap::from([
@@ -102,6 +100,7 @@ pub async fn run(
                     turns: 0,
                     cost_micros: 0,
                     last_action: "command running".into(),
+                    ..Default::default()
                 }).await;
             }
             () = &mut cancelled => {
@@ -126,6 +125,12 @@ pub async fn run(
         })?
         .into_inner();
     let reported = usage::from_stdout(&out.stdout).unwrap_or_default();
+    // CLIs that report tokens but no price (e.g. `codex exec --json`) are priced from
+    // the table by the spec's model.
+    let model = req.agent.as_ref().map_or("", |a| a.model.as_str());
+    let cost_micros = reported
+        .cost_micros
+        .unwrap_or_else(|| models.price(model).cost_micros(&reported.usage));
     let mut output_tail = tail(&out.stdout, OUTPUT_TAIL_BYTES).to_owned();
     if !out.stderr.is_empty() {
         output_tail.push_str("\n--- stderr ---\n");
@@ -136,7 +141,8 @@ pub async fn run(
         timed_out: out.timed_out,
         output_tail,
         usage: Some(reported.usage),
-        cost_micros: reported.cost_micros,
+        cost_micros,
         duration_ms: started.elapsed().as_millis() as u64,
+        ..Default::default()
     })
 }

@@ -1,5 +1,6 @@
 //! agent-runner errors, their gRPC codes and their activity failure types.
 
+use crate::llm::LlmError;
 use forkyard_common::activity::{non_retryable, retryable};
 use forkyard_proto::activities::errors;
 use temporalio_sdk::activities::ActivityError;
@@ -8,6 +9,11 @@ use temporalio_sdk::activities::ActivityError;
 pub enum AgentError {
     #[error("{0}")]
     InvalidArgument(String),
+    /// The driver needs an API key this runner was not given.
+    #[error(
+        "agent.driver: the {driver} driver needs an API key: set {var} in the agent runner's environment"
+    )]
+    MissingKey { driver: String, var: &'static str },
     /// The sandbox is gone or refuses work; retrying cannot help.
     #[error("sandbox {sandbox_id}: {message}")]
     Sandbox { sandbox_id: String, message: String },
@@ -16,6 +22,14 @@ pub enum AgentError {
     Unavailable { endpoint: String, message: String },
     #[error("cancelled")]
     Cancelled,
+    /// The ledger refused a charge: the run's budget is spent.
+    #[error("budget exceeded: {0}")]
+    BudgetExceeded(String),
+    /// The ledger failed otherwise; `retry` says whether another attempt may succeed.
+    #[error("ledger: {message}")]
+    Ledger { message: String, retry: bool },
+    #[error(transparent)]
+    Model(#[from] LlmError),
 }
 
 impl From<AgentError> for tonic::Status {
@@ -23,23 +37,38 @@ impl From<AgentError> for tonic::Status {
         let msg = e.to_string();
         match e {
             AgentError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
-            AgentError::Sandbox { .. } => tonic::Status::failed_precondition(msg),
-            AgentError::Unavailable { .. } => tonic::Status::unavailable(msg),
+            AgentError::MissingKey { .. }
+            | AgentError::Sandbox { .. }
+            | AgentError::BudgetExceeded(_) => tonic::Status::failed_precondition(msg),
+            AgentError::Unavailable { .. } | AgentError::Ledger { .. } => {
+                tonic::Status::unavailable(msg)
+            }
             AgentError::Cancelled => tonic::Status::cancelled(msg),
+            AgentError::Model(LlmError::Rejected { .. }) => tonic::Status::failed_precondition(msg),
+            AgentError::Model(_) => tonic::Status::unavailable(msg),
         }
     }
 }
 
 impl AgentError {
-    /// The activity failure for this error: bad input and a vanished sandbox are final,
-    /// an unreachable provisioner is retried. (`ActivityError` has a blanket `From`, so
+    /// The activity failure for this error: bad input, a vanished sandbox, a spent budget
+    /// and a refused model request are final; unreachable services are retried (the
+    /// retry resumes from the last heartbeat). (`ActivityError` has a blanket `From`, so
     /// this is a method rather than a `From` impl.)
     pub fn into_activity(self) -> ActivityError {
         match self {
             AgentError::InvalidArgument(m) => non_retryable(errors::INVALID_INPUT, m),
+            e @ AgentError::MissingKey { .. } => non_retryable(errors::INVALID_INPUT, e),
             e @ AgentError::Sandbox { .. } => non_retryable(errors::NOT_FOUND, e),
             e @ AgentError::Unavailable { .. } => retryable("ProvisionerUnavailable", e),
             AgentError::Cancelled => ActivityError::cancelled(),
+            e @ AgentError::BudgetExceeded(_) => non_retryable(errors::BUDGET_EXCEEDED, e),
+            e @ AgentError::Ledger { retry: true, .. } => retryable("LedgerUnavailable", e),
+            e @ AgentError::Ledger { .. } => non_retryable("LedgerRefused", e),
+            e @ AgentError::Model(LlmError::Rejected { .. }) => {
+                non_retryable("ModelRequestRejected", e)
+            }
+            e @ AgentError::Model(_) => retryable("ModelUnavailable", e),
         }
     }
 }

@@ -1,8 +1,9 @@
 //! `forkyard.agent.v1.AgentRunner` over gRPC, and the provisioner clients it uses.
 
-use crate::{command, error::AgentError};
+use crate::{command, drivers::DRIVERS, error::AgentError, runner::Runner};
 use forkyard_proto::{
     agent::v1::{
+        CheckDriverRequest, CheckDriverResponse, GetTranscriptRequest, GetTranscriptResponse,
         ListDriversRequest, ListDriversResponse, RunAgentRequest, RunAgentResponse,
         agent_runner_server::AgentRunner,
     },
@@ -13,10 +14,7 @@ use std::{
     sync::{Arc, Mutex},
     time::Duration,
 };
-use tonic::{
-    Request, Response, Status,
-    transport::{Channel, Endpoint},
-};
+use tonic::{Request, Response, Status, transport::Channel};
 
 /// One lazily-connected channel per provisioner replica; a sandbox's commands go to the
 /// replica that owns it (`sandbox_endpoint`), else to the configured default.
@@ -50,7 +48,7 @@ impl Provisioners {
         let channel = match channels.get(&endpoint) {
             Some(c) => c.clone(),
             None => {
-                let c = Endpoint::from_shared(endpoint.clone())
+                let c = forkyard_common::tls::endpoint(&endpoint)
                     .map_err(|e| {
                         AgentError::InvalidArgument(format!("sandbox_endpoint: {endpoint:?}: {e}"))
                     })?
@@ -66,7 +64,7 @@ impl Provisioners {
 }
 
 pub struct AgentRunnerService {
-    pub provisioners: Provisioners,
+    pub runner: Runner,
 }
 
 #[tonic::async_trait]
@@ -78,16 +76,10 @@ impl AgentRunner for AgentRunnerService {
         req: Request<RunAgentRequest>,
     ) -> Result<Response<RunAgentResponse>, Status> {
         let req = req.into_inner();
-        let (client, endpoint) = self.provisioners.client_for(&req.sandbox_endpoint)?;
-        let out = command::run(
-            client,
-            &endpoint,
-            &req,
-            &command::NoProgress,
-            Duration::from_secs(3600),
-            std::future::pending(),
-        )
-        .await?;
+        let out = self
+            .runner
+            .run(&req, &command::NoProgress, std::future::pending(), None, 1)
+            .await?;
         Ok(Response::new(out))
     }
 
@@ -96,7 +88,53 @@ impl AgentRunner for AgentRunnerService {
         _: Request<ListDriversRequest>,
     ) -> Result<Response<ListDriversResponse>, Status> {
         Ok(Response::new(ListDriversResponse {
-            drivers: command::DRIVERS.iter().map(|d| (*d).to_owned()).collect(),
+            drivers: DRIVERS.iter().map(|d| (*d).to_owned()).collect(),
+            model_aliases: self
+                .runner
+                .drivers
+                .models
+                .aliases
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }))
+    }
+
+    async fn check_driver(
+        &self,
+        req: Request<CheckDriverRequest>,
+    ) -> Result<Response<CheckDriverResponse>, Status> {
+        let agent = req.into_inner().agent.unwrap_or_default();
+        let choice = self.runner.drivers.check(&agent)?;
+        Ok(Response::new(CheckDriverResponse {
+            driver: choice.driver,
+            model: choice.model,
+        }))
+    }
+
+    async fn get_transcript(
+        &self,
+        req: Request<GetTranscriptRequest>,
+    ) -> Result<Response<GetTranscriptResponse>, Status> {
+        let req = req.into_inner();
+        if req.run_id.is_empty() {
+            return Err(AgentError::InvalidArgument("run_id: is empty".into()).into());
+        }
+        let found = self
+            .runner
+            .store
+            .as_ref()
+            .and_then(|s| s.get(&req.run_id, req.fork, req.attempt));
+        let Some((attempt, jsonl, truncated)) = found else {
+            return Err(Status::not_found(format!(
+                "no transcript for fork {} of {} on this runner",
+                req.fork, req.run_id
+            )));
+        };
+        Ok(Response::new(GetTranscriptResponse {
+            jsonl,
+            attempt,
+            truncated,
         }))
     }
 }

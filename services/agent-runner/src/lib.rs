@@ -2,7 +2,15 @@
 #![forbid(unsafe_code)]
 
 pub mod activities;
+pub mod agent_loop;
+pub mod charge;
 pub mod command;
+pub mod drivers;
 pub mod error;
 pub mod grpc;
+pub mod llm;
+pub mod models;
+pub mod runner;
+pub mod tools;
+pub mod transcript;
 pub mod usage;

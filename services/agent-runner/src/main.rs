@@ -3,13 +3,19 @@
 use clap::Parser;
 use forkyard_agent_runner::{
     activities::AgentActivities,
+    drivers::Drivers,
     grpc::{AgentRunnerService, Provisioners},
+    models::Models,
+    runner::{Runner, lazy_channel},
+    transcript::ArtifactStore,
 };
 use forkyard_common::{
-    TemporalArgs, config::parse_listen, exit_config_error, server, service, telemetry, temporal,
+    TemporalArgs,
+    config::{StateDirArg, parse_listen},
+    exit_config_error, server, service, telemetry, temporal,
 };
 use forkyard_proto::{agent::v1::agent_runner_server::AgentRunnerServer, queues};
-use std::time::Duration;
+use std::{path::PathBuf, sync::Arc, time::Duration};
 use temporalio_sdk::WorkerOptions;
 use tonic::server::NamedService;
 
@@ -33,13 +39,37 @@ struct Args {
     /// Seconds between heartbeats of a running agent (the workflow allows 20 s of silence).
     #[arg(long, env = "FORKYARD_HEARTBEAT_SECS", default_value_t = 5)]
     heartbeat_secs: u64,
+    /// The budget ledger LLM drivers charge each model turn to.
+    #[arg(
+        long,
+        env = "FORKYARD_LEDGER_ADDR",
+        default_value = "http://127.0.0.1:50054"
+    )]
+    ledger_addr: String,
+    /// JSON file with model aliases and prices (USD per million tokens), laid over the
+    /// built-in table. API keys and base URLs come from ANTHROPIC_API_KEY,
+    /// ANTHROPIC_BASE_URL, OPENAI_API_KEY and OPENAI_BASE_URL.
+    #[arg(long, env = "FORKYARD_MODELS_FILE")]
+    models_file: Option<PathBuf>,
+    /// Most model turns of an LLM agent whose spec sets none.
+    #[arg(long, env = "FORKYARD_MAX_TURNS", default_value_t = 50)]
+    max_turns: u32,
+    #[command(flatten)]
+    state: StateDirArg,
     #[command(flatten)]
     temporal: TemporalArgs,
+    /// Mesh TLS: this service's certificate, key and the mesh CA (mTLS when set).
+    #[command(flatten)]
+    tls: forkyard_common::tls::TlsArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Before any channel is built: internal services require a mesh client certificate.
+    args.tls
+        .install(forkyard_common::tls::ClientAuth::Required)
+        .unwrap_or_else(|e| forkyard_common::exit_config_error(e));
     let listen = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen)
         .unwrap_or_else(|e| exit_config_error(e));
     if let Err(e) = args.temporal.url() {
@@ -60,19 +90,32 @@ async fn main() -> anyhow::Result<()> {
     let listener = server::bind(listen)
         .await
         .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
+    let ledger = lazy_channel(&args.ledger_addr)
+        .unwrap_or_else(|e| exit_config_error(format!("--ledger-addr (FORKYARD_LEDGER_ADDR) {e}")));
+    let models = Models::load(args.models_file.as_deref())
+        .unwrap_or_else(|e| exit_config_error(format!("--models-file (FORKYARD_MODELS_FILE) {e}")));
+    if args.max_turns == 0 {
+        exit_config_error("--max-turns (FORKYARD_MAX_TURNS) must be at least 1");
+    }
+    let state = args.state.ensure().unwrap_or_else(|e| exit_config_error(e));
+    let mut drivers = Drivers::from_env(models);
+    drivers.max_turns = args.max_turns;
     telemetry::init("agent-runner");
-    let provisioners = Provisioners::new(args.provisioner_addr.clone());
+    let runner = Runner {
+        provisioners: Provisioners::new(args.provisioner_addr.clone()),
+        ledger,
+        drivers: Arc::new(drivers),
+        store: Some(ArtifactStore::new(state.join("artifacts"))),
+        heartbeat: Duration::from_secs(args.heartbeat_secs),
+    };
     let (routes, health) =
         server::base_routes(<AgentRunnerServer<AgentRunnerService> as NamedService>::NAME)?;
     let routes = routes.add_service(AgentRunnerServer::new(AgentRunnerService {
-        provisioners: provisioners.clone(),
+        runner: runner.clone(),
     }));
 
     let client = temporal::connect(&args.temporal, "forkyard-agent-runner").await?;
-    let activities = AgentActivities {
-        provisioners,
-        heartbeat: Duration::from_secs(args.heartbeat_secs),
-    };
+    let activities = AgentActivities { runner };
     let options = WorkerOptions::new(queues::AGENT_RUNNER)
         .register_activities(activities)
         .build();

@@ -1,6 +1,7 @@
-//! Usage reported by agent CLIs. Programs such as `claude -p --output-format json`
-//! print one JSON object whose `total_cost_usd` and `usage` fields say what the run cost;
-//! the command driver reads the last JSON object line of stdout.
+//! Usage reported by agent CLIs. `claude -p --output-format json` prints one JSON object
+//! whose `total_cost_usd` and `usage` (input/output and cache tokens) say what the run
+//! cost; `codex exec --json` prints JSON lines whose `turn.completed` events carry token
+//! usage without a price. The command driver reads either from stdout.
 
 use forkyard_proto::common::v1::Usage;
 use serde_json::Value;
@@ -8,7 +9,8 @@ use serde_json::Value;
 #[derive(Debug, Default, PartialEq)]
 pub struct Reported {
     pub usage: Usage,
-    pub cost_micros: i64,
+    /// The CLI's own price, when it reports one.
+    pub cost_micros: Option<i64>,
 }
 
 /// Parse a JSON number's text as micro-USD exactly (rounding half up past 6 decimals),
@@ -19,7 +21,10 @@ fn usd_text_to_micros(text: &str) -> Option<i64> {
         return None;
     }
     let (whole, frac) = t.split_once('.').unwrap_or((t, ""));
-    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
+    if whole.is_empty()
+        || !whole.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     let whole: i64 = whole.parse().ok()?;
@@ -38,29 +43,79 @@ fn u64_field(v: &Value, key: &str) -> u64 {
     v.get(key).and_then(Value::as_u64).unwrap_or(0)
 }
 
-/// The usage in the last stdout line that is a JSON object, if any.
-pub fn from_stdout(stdout: &str) -> Option<Reported> {
+fn cost_of(v: &Value) -> Option<i64> {
+    match v.get("total_cost_usd").or_else(|| v.get("cost_usd"))? {
+        Value::Number(n) => usd_text_to_micros(&n.to_string()),
+        Value::String(s) => usd_text_to_micros(s),
+        _ => None,
+    }
+}
+
+/// Anthropic-style usage: input tokens exclude the cache tokens.
+fn claude_usage(u: &Value) -> Usage {
+    Usage {
+        input_tokens: u64_field(u, "input_tokens"),
+        output_tokens: u64_field(u, "output_tokens"),
+        cache_read_tokens: u64_field(u, "cache_read_input_tokens"),
+        cache_write_tokens: u64_field(u, "cache_creation_input_tokens"),
+    }
+}
+
+/// The result object: the last one-line JSON object, else a pretty-printed object that
+/// ends stdout (starting at the last line that is just `{`).
+fn result_object(stdout: &str) -> Option<Value> {
     let line = stdout
         .lines()
         .rev()
         .map(str::trim)
-        .find(|l| l.starts_with('{') && l.ends_with('}'))?;
-    let v: Value = serde_json::from_str(line).ok()?;
-    let cost = v.get("total_cost_usd").or_else(|| v.get("cost_usd"))?;
-    let cost_micros = match cost {
-        Value::Number(n) => usd_text_to_micros(&n.to_string())?,
-        Value::String(s) => usd_text_to_micros(s)?,
-        _ => return None,
-    };
-    let u = v.get("usage").cloned().unwrap_or(Value::Null);
-    Some(Reported {
-        cost_micros,
-        usage: Usage {
-            input_tokens: u64_field(&u, "input_tokens"),
-            output_tokens: u64_field(&u, "output_tokens"),
-            cache_read_tokens: u64_field(&u, "cache_read_input_tokens"),
-            cache_write_tokens: u64_field(&u, "cache_creation_input_tokens"),
-        },
+        .find(|l| l.starts_with('{') && l.ends_with('}'))
+        .and_then(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| cost_of(v).is_some() || v.get("usage").is_some_and(Value::is_object));
+    line.or_else(|| {
+        let start = stdout
+            .rfind("\n{\n")
+            .map(|i| i + 1)
+            .or_else(|| stdout.starts_with("{\n").then_some(0))?;
+        serde_json::from_str(stdout[start..].trim()).ok()
+    })
+}
+
+/// Codex-style JSON lines: the sum of every `turn.completed` event's usage, whose
+/// `input_tokens` include `cached_input_tokens`.
+fn codex_events(stdout: &str) -> Option<Usage> {
+    let mut total: Option<Usage> = None;
+    for line in stdout.lines().map(str::trim).filter(|l| l.starts_with('{')) {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if v.get("type").and_then(Value::as_str) != Some("turn.completed") {
+            continue;
+        }
+        let u = v.get("usage").cloned().unwrap_or(Value::Null);
+        let cached = u64_field(&u, "cached_input_tokens");
+        let t = total.get_or_insert_with(Usage::default);
+        t.input_tokens += u64_field(&u, "input_tokens").saturating_sub(cached);
+        t.cache_read_tokens += cached;
+        t.output_tokens += u64_field(&u, "output_tokens");
+    }
+    total
+}
+
+/// The usage (and cost, if the CLI priced it) stdout reports, if any.
+pub fn from_stdout(stdout: &str) -> Option<Reported> {
+    if let Some(v) = result_object(stdout) {
+        let cost_micros = cost_of(&v);
+        let u = v.get("usage").cloned().unwrap_or(Value::Null);
+        if cost_micros.is_some() || u.is_object() {
+            return Some(Reported {
+                cost_micros,
+                usage: claude_usage(&u),
+            });
+        }
+    }
+    codex_events(stdout).map(|usage| Reported {
+        usage,
+        cost_micros: None,
     })
 }
 
@@ -70,12 +125,32 @@ mod tests {
 
     #[test]
     fn reads_claude_cli_json_output() {
-        let out = "working...\n{\"type\":\"result\",\"total_cost_usd\":0.1,\"usage\":{\"input_tokens\":1200,\"output_tokens\":345,\"cache_read_input_tokens\":7}}\n";
+        let out = "working...\n{\"type\":\"result\",\"subtype\":\"success\",\"total_cost_usd\":0.1,\"usage\":{\"input_tokens\":1200,\"output_tokens\":345,\"cache_read_input_tokens\":7,\"cache_creation_input_tokens\":9}}\n";
         let r = from_stdout(out).unwrap();
-        assert_eq!(r.cost_micros, 100_000);
+        assert_eq!(r.cost_micros, Some(100_000));
         assert_eq!(r.usage.input_tokens, 1200);
         assert_eq!(r.usage.output_tokens, 345);
         assert_eq!(r.usage.cache_read_tokens, 7);
+        assert_eq!(r.usage.cache_write_tokens, 9);
+    }
+
+    #[test]
+    fn reads_pretty_printed_results_and_codex_events() {
+        let pretty = "log line\n{\n  \"total_cost_usd\": 0.25,\n  \"usage\": {\"input_tokens\": 10, \"output_tokens\": 2}\n}\n";
+        let r = from_stdout(pretty).unwrap();
+        assert_eq!(r.cost_micros, Some(250_000));
+        assert_eq!(r.usage.input_tokens, 10);
+        let codex = "{\"type\":\"thread.started\"}\n{\"type\":\"turn.completed\",\"usage\":{\"input_tokens\":100,\"cached_input_tokens\":40,\"output_tokens\":7}}\n{\"type\":\"turn.completed\",\"usage\":{\"input_tokens\":50,\"cached_input_tokens\":0,\"output_tokens\":3}}\n";
+        let r = from_stdout(codex).unwrap();
+        assert_eq!(r.cost_micros, None);
+        assert_eq!(
+            (
+                r.usage.input_tokens,
+                r.usage.cache_read_tokens,
+                r.usage.output_tokens
+            ),
+            (110, 40, 10)
+        );
     }
 
     #[test]
@@ -86,7 +161,16 @@ mod tests {
         assert_eq!(usd_text_to_micros("-1"), None);
         assert_eq!(usd_text_to_micros("1e3"), None);
         // Agent output is untrusted: nothing it prints may panic the runner.
-        for bad in ["0. 5", "0.-5", "", ".", "abc", "1.2.3", "99999999999999999999", "0.12345678901234567890"] {
+        for bad in [
+            "0. 5",
+            "0.-5",
+            "",
+            ".",
+            "abc",
+            "1.2.3",
+            "99999999999999999999",
+            "0.12345678901234567890",
+        ] {
             let _ = usd_text_to_micros(bad);
         }
         assert_eq!(usd_text_to_micros("0. 5"), None);

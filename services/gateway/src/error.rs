@@ -7,6 +7,9 @@ pub enum GatewayError {
     /// Bad input; the message starts with the field's name.
     #[error("{0}")]
     InvalidArgument(String),
+    /// A service the call needs (the agent runner) cannot be reached.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("{0}")]
     FailedPrecondition(String),
     #[error("run {0} not found")]
@@ -32,6 +35,7 @@ impl From<GatewayError> for tonic::Status {
         let msg = e.to_string();
         match e {
             GatewayError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
+            GatewayError::Unavailable(_) => tonic::Status::unavailable(msg),
             GatewayError::FailedPrecondition(_) => tonic::Status::failed_precondition(msg),
             GatewayError::RunNotFound(_) | GatewayError::NotFound(_) => {
                 tonic::Status::not_found(msg)

@@ -18,8 +18,9 @@ const MAX_COMMAND_BYTES: usize = 16 << 10;
 /// Pending child workflows per run stay far below Temporal's 2,000 limit.
 pub const MAX_CONCURRENT_FORKS: u32 = 500;
 const MAX_LABELS: usize = 64;
-/// Drivers agent-runner implements in this release.
-pub const DRIVERS: &[&str] = &["command"];
+/// Drivers agent-runner implements. Whether the runner can run one (its model alias,
+/// its API key) is asked of the runner at launch (`api::agents`).
+pub const DRIVERS: &[&str] = &["command", "anthropic", "openai"];
 
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -338,7 +339,7 @@ mod tests {
             agent: Some(AgentSpec {
                 driver: "command".into(),
                 command: "true".into(),
-                model: String::new(),
+                ..Default::default()
             }),
             ..Default::default()
         }

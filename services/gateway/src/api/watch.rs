@@ -114,6 +114,7 @@ impl GatewayService {
                         e.agent_turns = p.turns;
                         e.agent_cost_micros = p.cost_micros;
                         e.agent_last_action = p.last_action;
+                        e.agent_usage = p.usage;
                         if !send(e).await {
                             return Ok(());
                         }

@@ -54,6 +54,8 @@ pub struct ForkWorkflow {
 struct Progress {
     sandbox_id: Option<String>,
     cost_micros: i64,
+    /// The agent charges its model turns to this reservation as it goes.
+    reservation_id: String,
 }
 
 fn tail(s: &str) -> String {
@@ -122,7 +124,10 @@ impl ForkWorkflow {
             }
         };
 
-        let mut progress = Progress::default();
+        let mut progress = Progress {
+            reservation_id: reservation.reservation_id.clone(),
+            ..Progress::default()
+        };
         if let Err(f) = work(ctx, &input, &key, &mut result, &mut progress).await {
             apply_failure(&mut result, f);
         }
@@ -204,12 +209,16 @@ async fn settle(
             reservation_id: reservation_id.to_owned(),
             idempotency_key: key("release"),
         };
-        if let Err(e) = ctx
+        match ctx
             .execute_activity(Ledger::release, release, options::ledger_detached())
             .await
-            && result.error.is_empty()
         {
-            result.error = failure_message(classify("release reservation", &e));
+            // What the agent charged before it stopped (e.g. budget exceeded) stays spent.
+            Ok(r) => result.cost_micros = r.charged_micros,
+            Err(e) if result.error.is_empty() => {
+                result.error = failure_message(classify("release reservation", &e));
+            }
+            Err(_) => {}
         }
     }
 }
@@ -302,6 +311,9 @@ async fn work(
         agent: spec.agent.clone(),
         prompt: spec.prompt.clone(),
         timeout_secs: spec.fork_timeout_secs,
+        reservation_id: progress.reservation_id.clone(),
+        charge_key: key("agent"),
+        attempt: input.attempt.max(1),
     };
     let agent_out = ctx
         .execute_activity(Agent::run, run, options::agent(spec.fork_timeout_secs))

@@ -1,0 +1,76 @@
+//! Incremental charges to the ledger, one per model turn, keyed `<charge_key>/turn-<n>`
+//! so a retried activity attempt that repeats a charge posts nothing new.
+
+use crate::error::AgentError;
+use forkyard_proto::budget::v1::{
+    ChargeRequest, SpendAttribution, budget_ledger_client::BudgetLedgerClient,
+};
+use std::time::Duration;
+use tonic::{Code, transport::Channel};
+
+pub struct Charger {
+    pub client: BudgetLedgerClient<Channel>,
+    pub reservation_id: String,
+    pub key_prefix: String,
+    pub run_id: String,
+    pub fork: u32,
+    pub model: String,
+    /// The activity attempt: a key the ledger saw with another amount (a turn a failed
+    /// attempt charged but could not heartbeat) is posted under a key naming it.
+    pub activity_attempt: u32,
+}
+
+impl Charger {
+    /// Charge `amount` for `turn`; the reservation's total charges so far.
+    pub async fn charge(&mut self, turn: u32, amount: i64) -> Result<i64, AgentError> {
+        if amount <= 0 {
+            return Ok(0);
+        }
+        let mut key = format!("{}/turn-{turn}", self.key_prefix);
+        let mut delay = Duration::from_millis(200);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let req = ChargeRequest {
+                reservation_id: self.reservation_id.clone(),
+                amount_micros: amount,
+                attribution: Some(SpendAttribution {
+                    run_id: self.run_id.clone(),
+                    fork: String::new(),
+                    model: self.model.clone(),
+                }),
+                idempotency_key: key.clone(),
+            };
+            match self.client.charge(req).await {
+                Ok(r) => return Ok(r.into_inner().charged_micros),
+                Err(s) if s.code() == Code::FailedPrecondition => {
+                    return Err(AgentError::BudgetExceeded(s.message().to_owned()));
+                }
+                Err(s)
+                    if s.code() == Code::InvalidArgument
+                        && s.message().contains("idempotency key reused")
+                        && !key.ends_with(&format!("/a{}", self.activity_attempt)) =>
+                {
+                    tracing::warn!(run_id = %self.run_id, fork = self.fork, turn, "turn was charged by a failed attempt with another amount; charging the repeat separately");
+                    key = format!("{key}/a{}", self.activity_attempt);
+                }
+                Err(s)
+                    if matches!(s.code(), Code::Unavailable | Code::Unknown | Code::Internal)
+                        && tries < 5 =>
+                {
+                    tracing::warn!(run_id = %self.run_id, fork = self.fork, turn, error = %s.message(), "charge failed, retrying");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(s) => {
+                    let retry =
+                        matches!(s.code(), Code::Unavailable | Code::Unknown | Code::Internal);
+                    return Err(AgentError::Ledger {
+                        message: s.message().to_owned(),
+                        retry,
+                    });
+                }
+            }
+        }
+    }
+}

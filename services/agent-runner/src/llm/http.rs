@@ -1,0 +1,112 @@
+//! One JSON POST with the retry rules both APIs share: 429, 529 (Anthropic's
+//! "overloaded"), 5xx and network errors are retried with exponential backoff (honouring
+//! `retry-after`); 4xx otherwise are final.
+
+use super::{LlmError, Secret};
+use reqwest::{StatusCode, header::HeaderMap};
+use serde_json::Value;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// Tries in all, including the first.
+    pub attempts: u32,
+    pub initial: Duration,
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 6,
+            initial: Duration::from_secs(1),
+            max_delay: Duration::from_secs(30),
+        }
+    }
+}
+
+fn retryable(status: StatusCode) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS || status.as_u16() == 529 || status.is_server_error()
+}
+
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get("retry-after")?.to_str().ok()?;
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
+}
+
+/// The error message inside an API error body (`{"error":{"message":…}}` in both
+/// protocols), else the body's start.
+fn error_message(body: &str, key: Option<&Secret>) -> String {
+    let parsed: Option<Value> = serde_json::from_str(body).ok();
+    let msg = parsed
+        .as_ref()
+        .and_then(|v| v.pointer("/error/message"))
+        .and_then(Value::as_str)
+        .map_or_else(|| body.chars().take(300).collect(), str::to_owned);
+    match key {
+        Some(k) => k.scrub(&msg),
+        None => msg,
+    }
+}
+
+/// POST `body` to `url` with `headers`, retrying per `policy`. `key` only scrubs texts.
+pub async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    headers: HeaderMap,
+    body: &Value,
+    policy: RetryPolicy,
+    key: Option<&Secret>,
+) -> Result<Value, LlmError> {
+    let mut delay = policy.initial;
+    let attempts = policy.attempts.max(1);
+    for attempt in 1..=attempts {
+        let last = attempt == attempts;
+        let sent = client
+            .post(url)
+            .headers(headers.clone())
+            .json(body)
+            .send()
+            .await;
+        let (status, wait, message) = match sent {
+            Err(e) => {
+                // reqwest errors carry the URL, never headers; scrub anyway.
+                let m = e.without_url().to_string();
+                (0, None, key.map_or(m.clone(), |k| k.scrub(&m)))
+            }
+            Ok(resp) => {
+                let status = resp.status();
+                let wait = retry_after(resp.headers());
+                let text = resp.text().await.unwrap_or_default();
+                if status.is_success() {
+                    return serde_json::from_str(&text)
+                        .map_err(|e| LlmError::Protocol(format!("response is not JSON: {e}")));
+                }
+                let message = error_message(&text, key);
+                if !retryable(status) {
+                    return Err(LlmError::Rejected {
+                        status: status.as_u16(),
+                        message,
+                    });
+                }
+                (status.as_u16(), wait, message)
+            }
+        };
+        if last {
+            return Err(LlmError::Unavailable {
+                status,
+                attempts,
+                message,
+            });
+        }
+        let pause = wait.unwrap_or(delay).min(policy.max_delay);
+        tracing::warn!(status, attempt, delay_ms = pause.as_millis() as u64, error = %message, "model API call failed, retrying");
+        tokio::time::sleep(pause).await;
+        delay = (delay * 2).min(policy.max_delay);
+    }
+    unreachable!("the last attempt returns")
+}
