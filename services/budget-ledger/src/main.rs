@@ -26,6 +26,8 @@ struct Args {
     temporal: TemporalArgs,
     #[command(flatten)]
     state: StateDirArg,
+    #[command(flatten)]
+    metrics: forkyard_common::metrics::MetricsArgs,
 }
 
 #[tokio::main]
@@ -43,6 +45,7 @@ async fn main() -> anyhow::Result<()> {
         .await
         .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
     telemetry::init("budget-ledger");
+    args.metrics.start("budget-ledger").await;
 
     let store = match &args.database_url {
         Some(url) => LedgerStore::connect(url).await,

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod activity;
+pub mod activity_telemetry;
 pub mod config;
 pub mod grpc_telemetry;
 pub mod metrics;

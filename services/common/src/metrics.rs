@@ -220,6 +220,11 @@ impl MetricsArgs {
     /// Bind the endpoint now (a bad or taken address exits 64 naming the flag) and serve
     /// the process registry on it for the life of the process.
     pub async fn start(&self, service: &str) {
+        serve_registry(self.bind(service).await);
+    }
+
+    /// Bind the endpoint; a bad or taken address exits 64 naming the flag.
+    pub async fn bind(&self, service: &str) -> tokio::net::TcpListener {
         const FLAG: &str = "FORKYARD_METRICS_LISTEN (--metrics-listen)";
         let raw = self
             .metrics_listen
@@ -227,17 +232,22 @@ impl MetricsArgs {
             .unwrap_or_else(|| default_listen(service));
         let addr =
             crate::config::parse_listen(FLAG, raw).unwrap_or_else(|e| crate::exit_config_error(e));
-        let listener = bind(FLAG, addr)
+        bind(FLAG, addr)
             .await
-            .unwrap_or_else(|e| crate::exit_config_error(e));
-        // Touch the run metrics so every service's page lists them from the start.
-        let _ = run();
-        tokio::spawn(async move {
-            if let Err(e) = serve(listener, registry().clone(), std::future::pending()).await {
-                tracing::warn!(error = %e, "metrics endpoint stopped");
-            }
-        });
+            .unwrap_or_else(|e| crate::exit_config_error(e))
     }
+}
+
+/// Serve the process registry on `listener` for the life of the process.
+pub fn serve_registry(listener: tokio::net::TcpListener) {
+    // Touch the metric families so every service's page lists them from the start.
+    let _ = run();
+    crate::grpc_telemetry::register_metrics();
+    tokio::spawn(async move {
+        if let Err(e) = serve(listener, registry().clone(), std::future::pending()).await {
+            tracing::warn!(error = %e, "metrics endpoint stopped");
+        }
+    });
 }
 
 /// Label value of a fork status (`FORK_STATUS_SUCCEEDED` → `succeeded`).

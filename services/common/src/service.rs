@@ -77,6 +77,8 @@ pub async fn run_workers(
     for result in results {
         result?;
     }
+    // Spans still buffered go out before the process exits (bounded by the exporter timeout).
+    crate::telemetry::shutdown();
     tracing::info!(service = svc.name, "stopped");
     Ok(())
 }

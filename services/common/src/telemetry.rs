@@ -205,3 +205,6 @@ where
         }
     }
 }
+
+/// The OpenTelemetry API, for crates that annotate spans without depending on it.
+pub use opentelemetry as otel;

@@ -22,6 +22,8 @@ pub async fn connect(args: &TemporalArgs, identity: &str) -> anyhow::Result<Clie
                 // workers built from this client inherit it.
                 let options = ClientOptions::new(args.namespace.clone())
                     .plugin(temporalio_sdk::opentelemetry::OpenTelemetryPlugin::builder().build())
+                    // After the plugin, so it runs inside each activity's span.
+                    .plugin(crate::activity_telemetry::plugin())
                     .build();
                 let client = Client::new(conn, options)?;
                 return Ok(client);

@@ -7,7 +7,7 @@ use forkyard_common::{
     server, service, telemetry, temporal,
 };
 use forkyard_janitor::{
-    DEFAULT_LEDGER_ADDR, DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN, DEFAULT_PROVISIONER_ADDR,
+    DEFAULT_LEDGER_ADDR, DEFAULT_LISTEN, DEFAULT_PROVISIONER_ADDR,
     GrpcSandboxes, JanitorService, LiveSweeper, Sweeper, activities, metrics::SweepMetrics,
     reservations::Ledger,
 };
@@ -29,9 +29,8 @@ struct Args {
     /// gRPC address of the budget ledger (stale reservations are released there).
     #[arg(long, env = "FORKYARD_LEDGER_ADDR", default_value = DEFAULT_LEDGER_ADDR)]
     ledger_addr: String,
-    /// Address of the Prometheus `/metrics` endpoint.
-    #[arg(long, env = "FORKYARD_METRICS_LISTEN", default_value = DEFAULT_METRICS_LISTEN)]
-    metrics_listen: String,
+    #[command(flatten)]
+    metrics: forkyard_common::metrics::MetricsArgs,
     #[command(flatten)]
     temporal: TemporalArgs,
     #[command(flatten)]
@@ -59,23 +58,11 @@ async fn main() -> anyhow::Result<()> {
     let listener = server::bind(addr)
         .await
         .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
-    let metrics_addr = parse_listen(
-        "FORKYARD_METRICS_LISTEN (--metrics-listen)",
-        &args.metrics_listen,
-    )
-    .unwrap_or_else(|e| exit_config_error(e));
-    let metrics_listener =
-        forkyard_common::metrics::bind("FORKYARD_METRICS_LISTEN (--metrics-listen)", metrics_addr)
-            .await
-            .unwrap_or_else(|e| exit_config_error(e));
+    let metrics_listener = args.metrics.bind("janitor").await;
     telemetry::init("janitor");
-    let registry = prometheus::Registry::new();
-    let sweep_metrics = SweepMetrics::register(&registry)?;
-    tokio::spawn(forkyard_common::metrics::serve(
-        metrics_listener,
-        registry,
-        std::future::pending(),
-    ));
+    // The process registry: the sweep counters beside the run, gRPC and Temporal metrics.
+    let sweep_metrics = SweepMetrics::register(forkyard_common::metrics::registry())?;
+    forkyard_common::metrics::serve_registry(metrics_listener);
     let client = temporal::connect(&args.temporal, "janitor").await?;
     let sweeper: Arc<LiveSweeper> = Arc::new(
         Sweeper::new(sandboxes, client.clone())

@@ -10,12 +10,12 @@ use forkyard_proto::{
     },
     janitor::v1::ReservationAction,
 };
-use tonic::transport::Channel;
+use forkyard_common::grpc_telemetry::{TracedChannel, traced_channel};
 
 /// Releases stale reservations through the ledger's gRPC API.
 #[derive(Clone)]
 pub struct Ledger {
-    client: BudgetLedgerClient<Channel>,
+    client: BudgetLedgerClient<TracedChannel>,
 }
 
 impl Ledger {
@@ -27,7 +27,7 @@ impl Ledger {
             }
         })?;
         Ok(Self {
-            client: BudgetLedgerClient::new(endpoint.connect_lazy()),
+            client: BudgetLedgerClient::new(traced_channel(endpoint.connect_lazy())),
         })
     }
 

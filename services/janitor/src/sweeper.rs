@@ -16,6 +16,7 @@ use temporalio_client::{
     Client, UntypedWorkflow, WorkflowDescribeOptions, WorkflowExecutionStatus,
     errors::WorkflowInteractionError,
 };
+use forkyard_common::grpc_telemetry::{TracedChannel, traced_channel};
 use tonic::transport::Channel;
 
 /// Where the sandboxes are: the provisioner's gRPC API, or a fake in tests.
@@ -39,7 +40,7 @@ pub trait Workflows: Send + Sync + 'static {
 /// The provisioner through its gRPC client.
 #[derive(Clone)]
 pub struct GrpcSandboxes {
-    client: SandboxProvisionerClient<Channel>,
+    client: SandboxProvisionerClient<TracedChannel>,
 }
 
 impl GrpcSandboxes {
@@ -52,7 +53,7 @@ impl GrpcSandboxes {
                 reason: format!("{addr:?} is not a URL: {e}"),
             })?;
         Ok(Self {
-            client: SandboxProvisionerClient::new(endpoint.connect_lazy()),
+            client: SandboxProvisionerClient::new(traced_channel(endpoint.connect_lazy())),
         })
     }
 }

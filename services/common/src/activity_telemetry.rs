@@ -1,0 +1,211 @@
+//! What every activity adds to its trace span, its logs and the run metrics.
+//!
+//! The Temporal SDK's OpenTelemetry plugin opens a `RunActivity:<type>` span per activity
+//! attempt, child of the workflow's `StartActivity:<type>` span (context carried in the
+//! Temporal header). This interceptor runs inside that span (it is registered after the
+//! plugin, so it is the inner one) and, from the typed activity input and output:
+//! - sets the attributes an SRE filters by: `forkyard.run_id`, `forkyard.fork`,
+//!   `forkyard.sandbox_id`, `forkyard.model`, token counts and `forkyard.cost_usd`
+//!   (errors already set the span's status in the plugin);
+//! - opens a `tracing` span with `run_id` / `fork` so the activity's log lines carry them;
+//! - records the sandbox and agent metrics at the point where the event happens, in the
+//!   service that executes the activity (sandbox-provisioner: `sandbox_created_total`,
+//!   `active_sandboxes`, `sandbox_duration_seconds`; agent-runner: `agent_cost_usd`).
+//!
+//! Only identifiers and numbers are read: never commands, env, prompts or file contents.
+
+use crate::metrics;
+use forkyard_proto::{
+    agent::v1::{RunAgentRequest, RunAgentResponse},
+    budget::v1::{CommitRequest, ReserveRequest},
+    labels,
+    sandbox::v1::{
+        CollectPatchRequest, CreateSandboxRequest, DestroySandboxRequest, ExecRequest,
+        HealthCheckRequest, Sandbox,
+    },
+};
+use opentelemetry::{Context, KeyValue, trace::TraceContextExt as _};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+use temporalio_sdk::{
+    SimplePlugin,
+    interceptors::{ActivityInboundInterceptor, ExecuteActivityInput, ExecuteActivityOutput, Next},
+};
+use tracing::Instrument as _;
+
+/// The plugin that installs the interceptor on every worker built from the client.
+pub fn plugin() -> SimplePlugin {
+    SimplePlugin::builder("forkyard-activity-telemetry")
+        .activity_inbound_interceptors(vec![
+            Arc::new(ActivityTelemetry::default()) as Arc<dyn ActivityInboundInterceptor>
+        ])
+        .build()
+}
+
+#[derive(Default)]
+struct ActivityTelemetry {
+    /// Sandboxes this process created, with when: their lifetime is observed on destroy.
+    live: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+/// Identifiers read from an activity's input.
+#[derive(Default)]
+struct Ids {
+    run_id: String,
+    fork: Option<u32>,
+    sandbox_id: String,
+    model: String,
+}
+
+impl Ids {
+    fn of(input: &ExecuteActivityInput) -> (Ids, Option<String>) {
+        let mut ids = Ids::default();
+        let mut template = None;
+        if let Some(r) = input.args_ref::<CreateSandboxRequest>() {
+            ids.run_id = r.labels.get(labels::RUN_ID).cloned().unwrap_or_default();
+            ids.fork = r.labels.get(labels::FORK).and_then(|f| f.parse().ok());
+            template = Some(if r.backend.is_empty() {
+                "local".to_owned()
+            } else {
+                r.backend.clone()
+            });
+        } else if let Some(r) = input.args_ref::<RunAgentRequest>() {
+            ids.run_id = r.run_id.clone();
+            ids.fork = Some(r.fork);
+            ids.sandbox_id = r.sandbox_id.clone();
+            ids.model = r
+                .agent
+                .as_ref()
+                .map(|a| a.model.clone())
+                .unwrap_or_default();
+        } else if let Some(r) = input.args_ref::<DestroySandboxRequest>() {
+            ids.sandbox_id = r.sandbox_id.clone();
+        } else if let Some(r) = input.args_ref::<ExecRequest>() {
+            ids.sandbox_id = r.sandbox_id.clone();
+        } else if let Some(r) = input.args_ref::<HealthCheckRequest>() {
+            ids.sandbox_id = r.sandbox_id.clone();
+        } else if let Some(r) = input.args_ref::<CollectPatchRequest>() {
+            ids.sandbox_id = r.sandbox_id.clone();
+        } else if let Some(r) = input.args_ref::<ReserveRequest>() {
+            // A run's ledger account is named by its run id.
+            ids.run_id = r.account_id.clone();
+        }
+        (ids, template)
+    }
+
+    fn attributes(&self) -> Vec<KeyValue> {
+        let mut attrs = Vec::new();
+        if !self.run_id.is_empty() {
+            attrs.push(KeyValue::new("forkyard.run_id", self.run_id.clone()));
+        }
+        if let Some(fork) = self.fork {
+            attrs.push(KeyValue::new("forkyard.fork", i64::from(fork)));
+        }
+        if !self.sandbox_id.is_empty() {
+            attrs.push(KeyValue::new(
+                "forkyard.sandbox_id",
+                self.sandbox_id.clone(),
+            ));
+        }
+        if !self.model.is_empty() {
+            attrs.push(KeyValue::new("forkyard.model", self.model.clone()));
+        }
+        attrs
+    }
+}
+
+fn usd(micros: i64) -> f64 {
+    micros as f64 / forkyard_proto::MICROS_PER_USD as f64
+}
+
+impl ActivityInboundInterceptor for ActivityTelemetry {
+    fn execute_activity<'a>(
+        &'a self,
+        input: ExecuteActivityInput,
+        next: Next<'a, ExecuteActivityInput, ExecuteActivityOutput<'a>>,
+    ) -> ExecuteActivityOutput<'a> {
+        let activity = input.activity_info().activity_type.clone();
+        let (ids, template) = Ids::of(&input);
+        let destroyed = input
+            .args_ref::<DestroySandboxRequest>()
+            .map(|r| r.sandbox_id.clone());
+        let commit_micros = input.args_ref::<CommitRequest>().map(|r| r.amount_micros);
+        let log_span = tracing::info_span!(
+            "activity",
+            activity = %activity,
+            run_id = tracing::field::Empty,
+            fork = tracing::field::Empty,
+        );
+        if !ids.run_id.is_empty() {
+            log_span.record("run_id", ids.run_id.as_str());
+        }
+        if let Some(fork) = ids.fork {
+            log_span.record("fork", fork);
+        }
+        let live = self.live.clone();
+        Box::pin(
+            async move {
+                // Polled inside the plugin's activity span.
+                let cx = Context::current();
+                let span = cx.span();
+                span.set_attributes(ids.attributes());
+                if let Some(micros) = commit_micros {
+                    span.set_attribute(KeyValue::new("forkyard.cost_usd", usd(micros)));
+                }
+                let result = next.run(input).await;
+                let run = metrics::run();
+                if let Some(template) = template {
+                    let status = if result.is_ok() { "ok" } else { "error" };
+                    run.sandbox_created
+                        .with_label_values(&[template.as_str(), status])
+                        .inc();
+                }
+                if let Ok(out) = &result {
+                    if let Some(sandbox) = out.downcast_ref::<Sandbox>()
+                        && activity.ends_with(".create")
+                    {
+                        span.set_attribute(KeyValue::new(
+                            "forkyard.sandbox_id",
+                            sandbox.id.clone(),
+                        ));
+                        // A retried create returns the same sandbox: count it once.
+                        let mut live = live.lock().unwrap_or_else(|p| p.into_inner());
+                        if live.insert(sandbox.id.clone(), Instant::now()).is_none() {
+                            run.active_sandboxes.inc();
+                        }
+                    }
+                    if let Some(resp) = out.downcast_ref::<RunAgentResponse>() {
+                        let usage = resp.usage.clone().unwrap_or_default();
+                        span.set_attributes([
+                            KeyValue::new("forkyard.input_tokens", usage.input_tokens as i64),
+                            KeyValue::new("forkyard.output_tokens", usage.output_tokens as i64),
+                            KeyValue::new("forkyard.cost_usd", usd(resp.cost_micros)),
+                            KeyValue::new("forkyard.agent_exit_code", i64::from(resp.exit_code)),
+                        ]);
+                        let model = if ids.model.is_empty() {
+                            "none"
+                        } else {
+                            &ids.model
+                        };
+                        run.agent_cost
+                            .with_label_values(&[model])
+                            .observe(usd(resp.cost_micros));
+                    }
+                    if let Some(id) = &destroyed {
+                        let created = live.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+                        if let Some(created) = created {
+                            run.active_sandboxes.dec();
+                            run.sandbox_duration
+                                .observe(created.elapsed().as_secs_f64());
+                        }
+                    }
+                }
+                result
+            }
+            .instrument(log_span),
+        )
+    }
+}
