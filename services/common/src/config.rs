@@ -36,6 +36,68 @@ pub struct TemporalArgs {
         default_value_t = 60
     )]
     pub connect_timeout_secs: u64,
+    #[command(flatten)]
+    pub tls: TemporalTlsArgs,
+}
+
+/// TLS (and mTLS) to the Temporal frontend, as a Temporal cluster or Temporal Cloud wants.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TemporalTlsArgs {
+    /// PEM client certificate for mTLS to Temporal.
+    #[arg(long = "temporal-tls-cert", env = "TEMPORAL_TLS_CERT")]
+    pub cert: Option<PathBuf>,
+    /// PEM private key of --temporal-tls-cert.
+    #[arg(long = "temporal-tls-key", env = "TEMPORAL_TLS_KEY")]
+    pub key: Option<PathBuf>,
+    /// PEM CA of the Temporal frontend's certificate (else the system roots).
+    #[arg(long = "temporal-tls-ca", env = "TEMPORAL_TLS_CA")]
+    pub ca: Option<PathBuf>,
+    /// Server name to verify instead of the address's host.
+    #[arg(long = "temporal-tls-server-name", env = "TEMPORAL_TLS_SERVER_NAME")]
+    pub server_name: Option<String>,
+    /// TLS without a client certificate (e.g. an API-key namespace); implied by any other
+    /// TEMPORAL_TLS_* setting.
+    #[arg(long = "temporal-tls", env = "TEMPORAL_TLS", default_value_t = false)]
+    pub enabled: bool,
+}
+
+impl TemporalTlsArgs {
+    /// The client's TLS options; `None` when TLS to Temporal is off. Errors name the setting.
+    pub fn options(&self) -> Result<Option<temporalio_client::TlsOptions>, String> {
+        let read = |setting: &str, p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| format!("{setting} {}: cannot read: {e}", p.display()))
+        };
+        let client = match (&self.cert, &self.key) {
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err("TEMPORAL_TLS_KEY (--temporal-tls-key) is missing: TEMPORAL_TLS_CERT needs its private key".into());
+            }
+            (None, Some(_)) => {
+                return Err("TEMPORAL_TLS_CERT (--temporal-tls-cert) is missing: TEMPORAL_TLS_KEY is set without a certificate".into());
+            }
+            (Some(c), Some(k)) => Some(
+                temporalio_client::ClientTlsOptions::builder()
+                    .client_cert(read("TEMPORAL_TLS_CERT (--temporal-tls-cert)", c)?)
+                    .client_private_key(read("TEMPORAL_TLS_KEY (--temporal-tls-key)", k)?)
+                    .build(),
+            ),
+        };
+        let ca = self
+            .ca
+            .as_deref()
+            .map(|p| read("TEMPORAL_TLS_CA (--temporal-tls-ca)", p))
+            .transpose()?;
+        if !self.enabled && client.is_none() && ca.is_none() && self.server_name.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(
+            temporalio_client::TlsOptions::builder()
+                .maybe_server_root_ca_cert(ca)
+                .maybe_domain(self.server_name.clone())
+                .maybe_client_tls_options(client)
+                .build(),
+        ))
+    }
 }
 
 impl TemporalArgs {
@@ -107,6 +169,7 @@ mod tests {
             address: address.into(),
             namespace: "default".into(),
             connect_timeout_secs: 1,
+            tls: Default::default(),
         }
     }
 
@@ -128,6 +191,22 @@ mod tests {
         assert!(err.contains("TEMPORAL_ADDRESS"), "{err}");
         let err = args("not a url:::").url().unwrap_err();
         assert!(err.contains("TEMPORAL_ADDRESS"), "{err}");
+    }
+
+    #[test]
+    fn temporal_tls_cert_without_key_names_the_setting() {
+        let tls = TemporalTlsArgs {
+            cert: Some("/x/cert.pem".into()),
+            ..Default::default()
+        };
+        let err = tls.options().unwrap_err();
+        assert!(err.contains("TEMPORAL_TLS_KEY"), "{err}");
+        assert!(TemporalTlsArgs::default().options().unwrap().is_none());
+        let on = TemporalTlsArgs {
+            enabled: true,
+            ..Default::default()
+        };
+        assert!(on.options().unwrap().is_some());
     }
 
     #[test]

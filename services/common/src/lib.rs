@@ -12,5 +12,6 @@ pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 pub mod temporal;
+pub mod tls;
 
 pub use config::{StateDirArg, TemporalArgs, exit_config_error};

@@ -76,7 +76,12 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    Server::builder()
+    let mut builder = Server::builder();
+    // Mesh TLS (crate::tls), when installed at start-up.
+    if let Some(tls) = crate::tls::mesh() {
+        builder = builder.tls_config(tls.server_config())?;
+    }
+    builder
         // Every call: a span joined to the caller's trace, and count + latency by code.
         .layer(crate::grpc_telemetry::GrpcServerLayer)
         .add_routes(routes)

@@ -8,12 +8,18 @@ use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 /// Connect to the Temporal frontend, retrying while it is not up yet (services and the
 /// dev server start together) until `connect_timeout_secs` has passed.
 pub async fn connect(args: &TemporalArgs, identity: &str) -> anyhow::Result<Client> {
-    let url = args.url().map_err(anyhow::Error::msg)?;
+    let mut url = args.url().map_err(anyhow::Error::msg)?;
+    let tls = args.tls.options().map_err(anyhow::Error::msg)?;
+    if tls.is_some() && url.scheme() == "http" {
+        // tonic only speaks TLS to an https URI.
+        let _ = url.set_scheme("https");
+    }
     let deadline = Instant::now() + Duration::from_secs(args.connect_timeout_secs);
     let mut delay = Duration::from_millis(100);
     loop {
         let opts = ConnectionOptions::new(url.clone())
             .identity(identity.to_owned())
+            .maybe_tls_options(tls.clone())
             .build();
         match Connection::connect(opts).await {
             Ok(conn) => {

@@ -22,6 +22,13 @@ pub enum GatewayError {
     Temporal(String),
     #[error("{0}")]
     Internal(String),
+    /// A limit (the tenant's concurrent forks, its spending limit) refuses the call.
+    #[error("{0}")]
+    ResourceExhausted(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    DeadlineExceeded(String),
 }
 
 impl GatewayError {
@@ -43,6 +50,9 @@ impl From<GatewayError> for tonic::Status {
             GatewayError::AlreadyExists(_) => tonic::Status::already_exists(msg),
             GatewayError::Temporal(_) => tonic::Status::unavailable(msg),
             GatewayError::Internal(_) => tonic::Status::internal(msg),
+            GatewayError::ResourceExhausted(_) => tonic::Status::resource_exhausted(msg),
+            GatewayError::PermissionDenied(_) => tonic::Status::permission_denied(msg),
+            GatewayError::DeadlineExceeded(_) => tonic::Status::deadline_exceeded(msg),
         }
     }
 }

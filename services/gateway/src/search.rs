@@ -7,10 +7,17 @@ use crate::{
 use forkyard_proto::gateway::v1::RunState;
 use std::collections::HashMap;
 use temporalio_client::Client;
+use temporalio_common::search_attributes::SearchAttributeKey;
 use temporalio_common::protos::temporal::api::{
     enums::v1::IndexedValueType,
     operatorservice::v1::{AddSearchAttributesRequest, ListSearchAttributesRequest},
 };
+
+/// The tenant that launched the run (set at start; never changes).
+pub const TENANT_ATTR: SearchAttributeKey<String> = SearchAttributeKey::keyword("ForkyardTenant");
+/// The run's `max_concurrent` (its most forks in flight), summed per tenant at launch to
+/// hold the tenant's concurrent-forks limit.
+pub const FORK_SLOTS_ATTR: SearchAttributeKey<i64> = SearchAttributeKey::int("ForkyardForkSlots");
 
 /// Make sure the custom search attributes exist in the namespace (the run workflow
 /// upserts them; an unknown attribute would fail its workflow tasks). On Temporal
@@ -19,6 +26,8 @@ pub async fn ensure_registered(client: &Client, namespace: &str) -> Result<(), S
     let wanted = [
         (RUN_STATE_ATTR.name(), IndexedValueType::Keyword),
         (LABELS_ATTR.name(), IndexedValueType::KeywordList),
+        (TENANT_ATTR.name(), IndexedValueType::Keyword),
+        (FORK_SLOTS_ATTR.name(), IndexedValueType::Int),
     ];
     let mut ops = client.connection().operator_service();
     let existing = ops
@@ -56,7 +65,7 @@ pub async fn ensure_registered(client: &Client, namespace: &str) -> Result<(), S
         Err(s) if s.code() == tonic::Code::AlreadyExists => Ok(()),
         Err(s) => Err(format!(
             "search attributes {names:?} are missing in namespace {namespace:?} and cannot be added ({}); create them \
-             (ForkyardRunState: Keyword, ForkyardLabels: KeywordList) and restart",
+             (ForkyardRunState: Keyword, ForkyardLabels: KeywordList, ForkyardTenant: Keyword, ForkyardForkSlots: Int) and restart",
             s.message()
         )),
     }
@@ -67,7 +76,23 @@ pub fn list_query(
     state: RunState,
     labels: &HashMap<String, String>,
 ) -> Result<String, GatewayError> {
+    list_query_for(None, state, labels)
+}
+
+/// `list_query` over one tenant's runs (`None`: every run, as without authentication).
+/// Tenant names are `[a-z0-9-]` (checked when their key was made), so they need no quoting.
+pub fn list_query_for(
+    tenant: Option<&str>,
+    state: RunState,
+    labels: &HashMap<String, String>,
+) -> Result<String, GatewayError> {
     let mut q = format!("WorkflowType = '{ORCHESTRATION_WORKFLOW}'");
+    if let Some(t) = tenant {
+        if t.contains(['\'', '\\']) {
+            return Err(GatewayError::Internal(format!("tenant name {t:?} is not query-safe")));
+        }
+        q.push_str(&format!(" AND {} = '{t}'", TENANT_ATTR.name()));
+    }
     let live = |s: &str| {
         format!(
             " AND ExecutionStatus = 'Running' AND {} = '{s}'",

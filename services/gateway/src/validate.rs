@@ -280,6 +280,9 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         verify_timeout_secs,
         stop_on_first_verified: req.stop_on_first_verified,
         fork_budget_micros,
+        // The gateway sets the caller's tenant after validation.
+        tenant: String::new(),
+        tenant_account_id: String::new(),
     })
 }
 

@@ -7,9 +7,10 @@
 
 mod cleanup;
 mod runs;
+mod tenancy;
 mod watch;
 
-use crate::{error::GatewayError, validate::Limits};
+use crate::{auth::Tenant, error::GatewayError, validate::Limits};
 use forkyard_proto::{
     common::v1::ForkResult,
     gateway::v1::{
@@ -25,6 +26,7 @@ use temporalio_client::Client;
 use tonic::{Request, Response, Status};
 
 pub use runs::run_state;
+pub use tenancy::TenantPolicy;
 
 #[derive(Clone)]
 pub struct GatewayService {
@@ -32,7 +34,11 @@ pub struct GatewayService {
     limits: Limits,
     /// How often WatchRun looks at the run.
     watch_interval: Duration,
+    tenancy: TenantPolicy,
+    /// Longest a call may take, its calls to Temporal and the ledger included.
+    deadline: Duration,
 }
+
 
 impl GatewayService {
     pub fn new(client: Client, limits: Limits) -> Self {
@@ -40,8 +46,44 @@ impl GatewayService {
             client,
             limits,
             watch_interval: Duration::from_millis(500),
+            tenancy: TenantPolicy::default(),
+            deadline: Duration::from_secs(30),
         }
     }
+
+    pub fn with_tenancy(mut self, tenancy: TenantPolicy) -> Self {
+        self.tenancy = tenancy;
+        self
+    }
+
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// `fut` within the call deadline: DEADLINE_EXCEEDED rather than a caller left hanging
+    /// on a slow Temporal or ledger.
+    async fn bounded<T>(
+        &self,
+        fut: impl Future<Output = std::result::Result<T, GatewayError>>,
+    ) -> std::result::Result<T, GatewayError> {
+        tokio::time::timeout(self.deadline, fut)
+            .await
+            .unwrap_or_else(|_| {
+                Err(GatewayError::DeadlineExceeded(format!(
+                    "the call took longer than {:?}",
+                    self.deadline
+                )))
+            })
+    }
+}
+
+/// The caller the gate admitted. Without the gate nobody is admitted (fail closed).
+fn tenant<T>(req: &Request<T>) -> std::result::Result<Tenant, Status> {
+    req.extensions()
+        .get::<Tenant>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("no caller identity (gateway built without its gate)"))
 }
 
 type Result<T> = std::result::Result<Response<T>, Status>;
@@ -53,69 +95,106 @@ fn ok<T>(r: std::result::Result<T, GatewayError>) -> Result<T> {
 #[tonic::async_trait]
 impl Gateway for GatewayService {
     async fn launch_run(&self, req: Request<LaunchRunRequest>) -> Result<LaunchRunResponse> {
-        ok(self.launch(req.into_inner()).await)
+        let t = tenant(&req)?;
+        ok(self.bounded(self.launch(&t, req.into_inner())).await)
     }
 
     async fn get_run(&self, req: Request<GetRunRequest>) -> Result<Run> {
-        ok(self.run(&req.into_inner().run_id).await)
+        let t = tenant(&req)?;
+        ok(self.bounded(self.run(&t, &req.into_inner().run_id)).await)
     }
 
     type WatchRunStream =
         Pin<Box<dyn futures::Stream<Item = std::result::Result<RunEvent, Status>> + Send>>;
 
     async fn watch_run(&self, req: Request<WatchRunRequest>) -> Result<Self::WatchRunStream> {
-        ok(self.watch(req.into_inner().run_id).await)
+        let t = tenant(&req)?;
+        // The stream runs as long as the run; only setting it up is bounded.
+        ok(self.bounded(self.watch(t, req.into_inner().run_id)).await)
     }
 
     async fn list_runs(&self, req: Request<ListRunsRequest>) -> Result<ListRunsResponse> {
-        ok(self.list(req.into_inner()).await)
+        let t = tenant(&req)?;
+        ok(self.bounded(self.list(&t, req.into_inner())).await)
     }
 
     async fn pause_run(&self, req: Request<PauseRunRequest>) -> Result<Run> {
-        ok(self.set_paused(&req.into_inner().run_id, true).await)
+        let t = tenant(&req)?;
+        ok(self
+            .bounded(self.set_paused(&t, &req.into_inner().run_id, true))
+            .await)
     }
 
     async fn resume_run(&self, req: Request<ResumeRunRequest>) -> Result<Run> {
-        ok(self.set_paused(&req.into_inner().run_id, false).await)
+        let t = tenant(&req)?;
+        ok(self
+            .bounded(self.set_paused(&t, &req.into_inner().run_id, false))
+            .await)
     }
 
     async fn cancel_run(&self, req: Request<CancelRunRequest>) -> Result<CancelRunResponse> {
+        let t = tenant(&req)?;
         let req = req.into_inner();
         ok(self
-            .cancel(&req.run_id, req.reason)
+            .bounded(self.cancel(&t, &req.run_id, req.reason))
             .await
             .map(|()| CancelRunResponse {}))
     }
 
     async fn cancel_fork(&self, req: Request<CancelForkRequest>) -> Result<CancelForkResponse> {
+        let t = tenant(&req)?;
         let req = req.into_inner();
         ok(self
-            .cancel_one_fork(&req.run_id, req.fork)
+            .bounded(self.cancel_one_fork(&t, &req.run_id, req.fork))
             .await
             .map(|()| CancelForkResponse {}))
     }
 
     async fn raise_budget(&self, req: Request<RaiseBudgetRequest>) -> Result<RaiseBudgetResponse> {
+        let t = tenant(&req)?;
         let req = req.into_inner();
-        ok(self.raise(&req.run_id, &req.amount_usd).await)
+        ok(self
+            .bounded(self.raise(&t, &req.run_id, &req.amount_usd))
+            .await)
     }
 
     async fn get_fork_result(&self, req: Request<GetForkResultRequest>) -> Result<ForkResult> {
+        let t = tenant(&req)?;
         let req = req.into_inner();
-        ok(self.fork_result(&req.run_id, req.fork).await)
+        let mut out = ok(self
+            .bounded(self.fork_result(&t, &req.run_id, req.fork))
+            .await)?;
+        self.attach_transcript(&req.run_id, out.get_mut()).await;
+        Ok(out)
     }
 
     async fn start_cleanup(
         &self,
         req: Request<StartCleanupRequest>,
     ) -> Result<StartCleanupResponse> {
-        ok(self.schedule_cleanup(req.into_inner()).await)
+        admin(&tenant(&req)?)?;
+        ok(self
+            .bounded(self.schedule_cleanup(req.into_inner()))
+            .await)
     }
 
-    async fn stop_cleanup(&self, _req: Request<StopCleanupRequest>) -> Result<StopCleanupResponse> {
+    async fn stop_cleanup(&self, req: Request<StopCleanupRequest>) -> Result<StopCleanupResponse> {
+        admin(&tenant(&req)?)?;
         ok(self
-            .unschedule_cleanup()
+            .bounded(self.unschedule_cleanup())
             .await
             .map(|()| StopCleanupResponse {}))
+    }
+}
+
+/// The janitor's schedule is the operators', not a tenant's (`--admin-tenants`).
+fn admin(t: &Tenant) -> std::result::Result<(), Status> {
+    if t.admin {
+        Ok(())
+    } else {
+        Err(Status::permission_denied(format!(
+            "tenant {} may not manage the cleanup schedule (not in --admin-tenants)",
+            t.name
+        )))
     }
 }

@@ -2,6 +2,7 @@
 
 use super::GatewayService;
 use crate::{
+    auth::{DEFAULT_TENANT, Tenant},
     error::GatewayError,
     money::parse_usd,
     search, validate,
@@ -67,8 +68,13 @@ impl GatewayService {
             .get_workflow_handle::<SandboxOrchestrationWorkflow>(run_id)
     }
 
-    /// Temporal's view of the run: closed state, start and close time.
-    async fn describe(&self, run_id: &str) -> Result<(RunState, i64, i64), GatewayError> {
+    /// Temporal's view of the run: closed state, start and close time. Another tenant's
+    /// run is NOT_FOUND, exactly like a run that does not exist, so ids do not leak.
+    async fn describe(
+        &self,
+        tenant: &Tenant,
+        run_id: &str,
+    ) -> Result<(RunState, i64, i64), GatewayError> {
         validate::check_run_id(run_id)?;
         let desc = self
             .handle(run_id)
@@ -76,6 +82,14 @@ impl GatewayService {
             .await
             .map_err(|e| GatewayError::from_interaction(run_id, e))?;
         if desc.workflow_type() != ORCHESTRATION_WORKFLOW {
+            return Err(GatewayError::RunNotFound(run_id.to_owned()));
+        }
+        // Runs from before tenancy carry no tenant: they are the default tenant's.
+        let owner = desc
+            .search_attributes()
+            .get(&search::TENANT_ATTR)
+            .unwrap_or_else(|| DEFAULT_TENANT.to_owned());
+        if tenant.authenticated && owner != tenant.name {
             return Err(GatewayError::RunNotFound(run_id.to_owned()));
         }
         Ok((
@@ -87,21 +101,27 @@ impl GatewayService {
 
     pub(super) async fn launch(
         &self,
+        tenant: &Tenant,
         req: LaunchRunRequest,
     ) -> Result<LaunchRunResponse, GatewayError> {
-        let spec = validate::launch_spec(&req, &self.limits)?;
+        let mut spec = validate::launch_spec(&req, &self.limits)?;
         let run_id = if req.request_id.is_empty() {
             format!("run-{}", uuid::Uuid::new_v4().simple())
         } else {
-            validate::run_id_for(&req.request_id)?
+            validate::run_id_for(&req.request_id)?;
+            tenant.run_id_for(&req.request_id)
         };
         validate::check_repo(&spec.repo).await?;
+        spec.tenant.clone_from(&tenant.name);
+        self.check_fork_slots(tenant, spec.max_concurrent.min(spec.forks))
+            .await?;
+        spec.tenant_account_id = self.tenant_account(tenant).await?.unwrap_or_default();
 
         // RejectDuplicate: a request id names one run forever, even after it closed.
         let opts = WorkflowStartOptions::new(queues::ORCHESTRATION, run_id.clone())
             .id_reuse_policy(WorkflowIdReusePolicy::RejectDuplicate)
-            .search_attributes(SearchAttributes::new([crate::workflows::LABELS_ATTR
-                .value_set({
+            .search_attributes(SearchAttributes::new([
+                crate::workflows::LABELS_ATTR.value_set({
                     let mut l: Vec<String> = spec
                         .labels
                         .iter()
@@ -109,7 +129,11 @@ impl GatewayService {
                         .collect();
                     l.sort();
                     l
-                })]))
+                }),
+                search::TENANT_ATTR.value_set(tenant.name.clone()),
+                search::FORK_SLOTS_ATTR
+                    .value_set(i64::from(spec.max_concurrent.min(spec.forks))),
+            ]))
             .build();
         let forks = spec.forks;
         match self
@@ -155,8 +179,8 @@ impl GatewayService {
     }
 
     /// The run with its forks' compact state (no patches, no output tails).
-    pub(super) async fn run(&self, run_id: &str) -> Result<Run, GatewayError> {
-        let (state, started, finished) = self.describe(run_id).await?;
+    pub(super) async fn run(&self, tenant: &Tenant, run_id: &str) -> Result<Run, GatewayError> {
+        let (state, started, finished) = self.describe(tenant, run_id).await?;
         let mut run = self.progress(run_id).await?;
         run.run_id = run_id.to_owned();
         // While it runs, the workflow knows best (paused, awaiting budget); once it
@@ -175,6 +199,7 @@ impl GatewayService {
 
     pub(super) async fn list(
         &self,
+        tenant: &Tenant,
         req: ListRunsRequest,
     ) -> Result<ListRunsResponse, GatewayError> {
         let page_size = match req.page_size {
@@ -193,7 +218,11 @@ impl GatewayService {
         };
         let state = RunState::try_from(req.state)
             .map_err(|_| GatewayError::field("state", "unknown run state"))?;
-        let query = search::list_query(state, &req.labels)?;
+        let query = search::list_query_for(
+            tenant.authenticated.then_some(tenant.name.as_str()),
+            state,
+            &req.labels,
+        )?;
         let mut stream = self
             .client
             .list_workflows(
@@ -237,8 +266,8 @@ impl GatewayService {
         })
     }
 
-    async fn live(&self, run_id: &str, action: &str) -> Result<(), GatewayError> {
-        let (state, _, _) = self.describe(run_id).await?;
+    async fn live(&self, tenant: &Tenant, run_id: &str, action: &str) -> Result<(), GatewayError> {
+        let (state, _, _) = self.describe(tenant, run_id).await?;
         if is_live(state) {
             Ok(())
         } else {
@@ -249,8 +278,13 @@ impl GatewayService {
         }
     }
 
-    pub(super) async fn set_paused(&self, run_id: &str, paused: bool) -> Result<Run, GatewayError> {
-        self.live(run_id, if paused { "pause" } else { "resume" })
+    pub(super) async fn set_paused(
+        &self,
+        tenant: &Tenant,
+        run_id: &str,
+        paused: bool,
+    ) -> Result<Run, GatewayError> {
+        self.live(tenant, run_id, if paused { "pause" } else { "resume" })
             .await?;
         let handle = self.handle(run_id);
         let sent = if paused {
@@ -272,11 +306,16 @@ impl GatewayService {
         };
         sent.map_err(|e| GatewayError::from_interaction(run_id, e))?;
         tracing::info!(run_id, paused, "run pause state changed");
-        self.run(run_id).await
+        self.run(tenant, run_id).await
     }
 
-    pub(super) async fn cancel(&self, run_id: &str, reason: String) -> Result<(), GatewayError> {
-        self.live(run_id, "cancel").await?;
+    pub(super) async fn cancel(
+        &self,
+        tenant: &Tenant,
+        run_id: &str,
+        reason: String,
+    ) -> Result<(), GatewayError> {
+        self.live(tenant, run_id, "cancel").await?;
         let reason = if reason.is_empty() {
             "cancelled through the gateway".to_owned()
         } else {
@@ -304,13 +343,14 @@ impl GatewayService {
 
     pub(super) async fn cancel_one_fork(
         &self,
+        tenant: &Tenant,
         run_id: &str,
         fork: u32,
     ) -> Result<(), GatewayError> {
         if fork == 0 {
             return Err(GatewayError::field("fork", "forks are numbered from 1"));
         }
-        self.live(run_id, "cancel a fork of").await?;
+        self.live(tenant, run_id, "cancel a fork of").await?;
         let run = self.progress(run_id).await?;
         let slot = Self::fork_slot(&run, fork)?;
         let open = [ForkStatus::Pending as i32, ForkStatus::Running as i32];
@@ -336,6 +376,7 @@ impl GatewayService {
 
     pub(super) async fn raise(
         &self,
+        tenant: &Tenant,
         run_id: &str,
         amount_usd: &str,
     ) -> Result<RaiseBudgetResponse, GatewayError> {
@@ -343,7 +384,7 @@ impl GatewayService {
         if amount == 0 {
             return Err(GatewayError::field("amount_usd", "must be more than 0"));
         }
-        self.live(run_id, "raise the budget of").await?;
+        self.live(tenant, run_id, "raise the budget of").await?;
         let account = self
             .handle(run_id)
             .execute_update(
@@ -375,10 +416,11 @@ impl GatewayService {
     /// progress query while it runs, from the run while it has not started.
     pub(super) async fn fork_result(
         &self,
+        tenant: &Tenant,
         run_id: &str,
         fork: u32,
     ) -> Result<ForkResult, GatewayError> {
-        self.describe(run_id).await?;
+        self.describe(tenant, run_id).await?;
         let run = self.progress(run_id).await?;
         let slot = Self::fork_slot(&run, fork)?.clone();
         if slot.status == ForkStatus::Pending as i32

@@ -4,6 +4,7 @@
 
 use super::GatewayService;
 use crate::{
+    auth::Tenant,
     error::GatewayError,
     workflows::{ForkWorkflow, phase},
 };
@@ -54,12 +55,16 @@ struct Seen {
 }
 
 impl GatewayService {
-    pub(super) async fn watch(&self, run_id: String) -> Result<EventStream, GatewayError> {
-        let first = self.run(&run_id).await?;
+    pub(super) async fn watch(
+        &self,
+        tenant: Tenant,
+        run_id: String,
+    ) -> Result<EventStream, GatewayError> {
+        let first = self.run(&tenant, &run_id).await?;
         let (tx, rx) = mpsc::channel(256);
         let svc = self.clone();
         tokio::spawn(async move {
-            if let Err(status) = svc.watch_loop(&run_id, first, &tx).await {
+            if let Err(status) = svc.watch_loop(&tenant, &run_id, first, &tx).await {
                 let _ = tx.send(Err(status)).await;
             }
         });
@@ -68,6 +73,7 @@ impl GatewayService {
 
     async fn watch_loop(
         &self,
+        tenant: &Tenant,
         run_id: &str,
         first: Run,
         tx: &mpsc::Sender<Result<RunEvent, Status>>,
@@ -153,7 +159,7 @@ impl GatewayService {
                 () = tokio::time::sleep(self.watch_interval) => {}
                 () = tx.closed() => return Ok(()),
             }
-            run = self.run(run_id).await.map_err(Status::from)?;
+            run = self.run(tenant, run_id).await.map_err(Status::from)?;
         }
     }
 

@@ -1,0 +1,132 @@
+//! The gateway's security flags: authentication, tenant limits and call deadlines.
+
+use super::{
+    AuthMode, Authenticator,
+    gate::GateLayer,
+    keys::{KeyStore, check_tenant},
+    limits::{LimitConfig, Limiter},
+};
+use crate::api::TenantPolicy;
+use forkyard_proto::budget::v1::budget_ledger_client::BudgetLedgerClient;
+use std::{path::PathBuf, time::Duration};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SecurityArgs {
+    /// `api-key`: every call needs `authorization: Bearer <key>` (keys from `forkyard keys
+    /// create`); `none`: no authentication, everything is the `default` tenant's (local only).
+    #[arg(long, env = "FORKYARD_AUTH", value_enum, default_value = "api-key")]
+    pub auth: AuthMode,
+    /// The API key file (SQLite; digests only); default `<state dir>/gateway/api-keys.db`.
+    #[arg(long, env = "FORKYARD_API_KEYS_DB")]
+    pub api_keys_db: Option<PathBuf>,
+    /// Tenants that may manage the cleanup schedule (comma-separated).
+    #[arg(long, env = "FORKYARD_ADMIN_TENANTS", value_delimiter = ',')]
+    pub admin_tenants: Vec<String>,
+    /// Calls per second one tenant may sustain.
+    #[arg(long, env = "FORKYARD_TENANT_RATE", default_value_t = 50.0)]
+    pub tenant_rate: f64,
+    /// Calls one tenant may make in a burst above its rate.
+    #[arg(long, env = "FORKYARD_TENANT_BURST", default_value_t = 100)]
+    pub tenant_burst: u32,
+    /// Calls of one tenant in flight at once.
+    #[arg(long, env = "FORKYARD_TENANT_CONCURRENCY", default_value_t = 64)]
+    pub tenant_concurrency: u32,
+    /// Calls in flight over all tenants; beyond it calls are shed (RESOURCE_EXHAUSTED).
+    #[arg(long, env = "FORKYARD_MAX_IN_FLIGHT", default_value_t = 1024)]
+    pub max_in_flight: u32,
+    /// Forks one tenant may have in flight over all its live runs (with api keys).
+    #[arg(long, env = "FORKYARD_TENANT_MAX_CONCURRENT_FORKS", default_value_t = 1000)]
+    pub tenant_max_concurrent_forks: u32,
+    /// The spending limit (USD) a tenant's ledger account starts with on its first run.
+    #[arg(long, env = "FORKYARD_TENANT_BUDGET_USD", default_value = "100")]
+    pub tenant_budget_usd: String,
+    /// Longest one API call may take, its calls to Temporal and the ledger included.
+    #[arg(long, env = "FORKYARD_CALL_DEADLINE_SECS", default_value_t = 30)]
+    pub call_deadline_secs: u64,
+}
+
+impl SecurityArgs {
+    pub fn deadline(&self) -> Duration {
+        Duration::from_secs(self.call_deadline_secs)
+    }
+
+    fn limits(&self) -> Result<LimitConfig, String> {
+        if !(self.tenant_rate.is_finite() && self.tenant_rate > 0.0) {
+            return Err("--tenant-rate (FORKYARD_TENANT_RATE) must be a number above 0".into());
+        }
+        for (flag, v) in [
+            ("--tenant-burst (FORKYARD_TENANT_BURST)", self.tenant_burst),
+            ("--tenant-concurrency (FORKYARD_TENANT_CONCURRENCY)", self.tenant_concurrency),
+            ("--max-in-flight (FORKYARD_MAX_IN_FLIGHT)", self.max_in_flight),
+            (
+                "--tenant-max-concurrent-forks (FORKYARD_TENANT_MAX_CONCURRENT_FORKS)",
+                self.tenant_max_concurrent_forks,
+            ),
+        ] {
+            if v == 0 {
+                return Err(format!("{flag} must be at least 1"));
+            }
+        }
+        if self.call_deadline_secs == 0 {
+            return Err("--call-deadline-secs (FORKYARD_CALL_DEADLINE_SECS) must be at least 1".into());
+        }
+        Ok(LimitConfig {
+            tenant_rate: self.tenant_rate,
+            tenant_burst: self.tenant_burst,
+            tenant_concurrency: self.tenant_concurrency,
+            max_in_flight: self.max_in_flight,
+        })
+    }
+
+    /// The gate and the tenant policy (tenant accounts in the ledger at `ledger_addr`);
+    /// errors name the setting (exit 64).
+    pub async fn build(
+        &self,
+        state_dir: &std::path::Path,
+        ledger_addr: &str,
+    ) -> Result<(GateLayer, TenantPolicy), String> {
+        let limits = self.limits()?;
+        let budget = crate::money::parse_usd(&self.tenant_budget_usd)
+            .map_err(|e| format!("--tenant-budget-usd (FORKYARD_TENANT_BUDGET_USD): {e}"))?;
+        let mut policy = TenantPolicy {
+            max_concurrent_forks: self.tenant_max_concurrent_forks,
+            default_budget_micros: budget,
+            ledger: None,
+        };
+        let auth = match self.auth {
+            AuthMode::None => {
+                tracing::warn!(
+                    "authentication is off (FORKYARD_AUTH=none): every caller is tenant \"default\"; use only locally"
+                );
+                Authenticator::None
+            }
+            AuthMode::ApiKey => {
+                for t in &self.admin_tenants {
+                    check_tenant(t).map_err(|e| format!("--admin-tenants (FORKYARD_ADMIN_TENANTS): {e}"))?;
+                }
+                let path = self
+                    .api_keys_db
+                    .clone()
+                    .unwrap_or_else(|| state_dir.join("gateway").join("api-keys.db"));
+                let store = KeyStore::open(&path).await.map_err(|e| {
+                    format!("--api-keys-db (FORKYARD_API_KEYS_DB) {}: {e}", path.display())
+                })?;
+                let keys = store.list().await.map_err(|e| e.to_string())?;
+                let valid = keys.iter().filter(|k| k.revoked_unix_ms == 0).count();
+                tracing::info!(path = %path.display(), valid_keys = valid, "api key authentication on");
+                if valid == 0 {
+                    tracing::warn!("no valid api keys yet: every call is refused until `forkyard keys create --tenant <name>`");
+                }
+                let endpoint = forkyard_common::tls::endpoint(ledger_addr)
+                    .map_err(|e| format!("--ledger-addr (FORKYARD_LEDGER_ADDR): {e}"))?
+                    .timeout(self.deadline());
+                policy.ledger = Some(BudgetLedgerClient::new(endpoint.connect_lazy()));
+                Authenticator::Keys {
+                    store,
+                    admins: self.admin_tenants.iter().cloned().collect(),
+                }
+            }
+        };
+        Ok((GateLayer::new(auth, Limiter::new(limits)), policy))
+    }
+}

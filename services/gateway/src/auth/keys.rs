@@ -1,0 +1,281 @@
+//! API keys: `fyk_<id>_<secret>`, stored as the SHA-256 of the whole key in a SQLite file.
+//!
+//! The secret is 256 random bits from the OS, so a fast hash is enough: nothing short of
+//! guessing 2^256 values finds a key from its hash (slow password hashes exist for
+//! low-entropy human passwords). The id is stored in the clear so a lookup is one
+//! indexed read and `keys list` / `keys revoke` can name a key without its secret.
+
+use sha2::{Digest, Sha256};
+use sqlx::{
+    Row,
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions},
+};
+use std::{path::Path, str::FromStr, time::Duration};
+
+const PREFIX: &str = "fyk_";
+const ID_BYTES: usize = 8;
+const SECRET_BYTES: usize = 32;
+/// Tenant names go into visibility queries and ledger account ids: a closed alphabet.
+pub const MAX_TENANT_LEN: usize = 63;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("key {0} not found")]
+    NotFound(String),
+    #[error("api key store: {0}")]
+    Store(#[from] sqlx::Error),
+    #[error("random source: {0}")]
+    Random(String),
+}
+
+/// A stored key, without its secret.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KeyInfo {
+    pub id: String,
+    pub tenant: String,
+    pub name: String,
+    pub created_unix_ms: i64,
+    /// 0 while the key is valid.
+    pub revoked_unix_ms: i64,
+}
+
+/// A key just created: the only time its secret exists outside the caller's hands.
+#[derive(Debug, Clone)]
+pub struct NewKey {
+    pub info: KeyInfo,
+    pub key: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct KeyStore {
+    pool: SqlitePool,
+}
+
+/// `[a-z0-9][a-z0-9-]{0,62}`: safe in queries, account ids and run ids.
+pub fn check_tenant(tenant: &str) -> Result<(), KeyError> {
+    let ok = !tenant.is_empty()
+        && tenant.len() <= MAX_TENANT_LEN
+        && tenant
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !tenant.starts_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(KeyError::Invalid(format!(
+            "tenant: {tenant:?} must be 1-{MAX_TENANT_LEN} characters of [a-z0-9-], not starting with '-'"
+        )))
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn digest(key: &str) -> String {
+    hex(&Sha256::digest(key.as_bytes()))
+}
+
+fn random_hex(n: usize) -> Result<String, KeyError> {
+    let mut buf = vec![0u8; n];
+    getrandom::getrandom(&mut buf).map_err(|e| KeyError::Random(e.to_string()))?;
+    Ok(hex(&buf))
+}
+
+/// Equal-time comparison of two digests, so a timing difference says nothing about
+/// how much of a guessed key's hash matched.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The id of a key-shaped string, `None` for anything else.
+fn key_id(key: &str) -> Option<&str> {
+    let rest = key.strip_prefix(PREFIX)?;
+    let (id, secret) = rest.split_once('_')?;
+    let hexy = |s: &str, n: usize| s.len() == n * 2 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hexy(id, ID_BYTES) && hexy(secret, SECRET_BYTES)).then_some(id)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn info(row: &sqlx::sqlite::SqliteRow) -> Result<KeyInfo, sqlx::Error> {
+    Ok(KeyInfo {
+        id: row.try_get("id")?,
+        tenant: row.try_get("tenant")?,
+        name: row.try_get("name")?,
+        created_unix_ms: row.try_get("created_unix_ms")?,
+        revoked_unix_ms: row.try_get::<Option<i64>, _>("revoked_unix_ms")?.unwrap_or(0),
+    })
+}
+
+impl KeyStore {
+    /// Open (creating if missing) the key file at `path`.
+    pub async fn open(path: &Path) -> Result<Self, KeyError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                KeyError::Store(sqlx::Error::Configuration(
+                    format!("{}: {e}", dir.display()).into(),
+                ))
+            })?;
+        }
+        let opts = SqliteConnectOptions::from_str("sqlite:")?
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts)
+            .await?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS api_keys (
+               id TEXT PRIMARY KEY,
+               tenant TEXT NOT NULL,
+               sha256 TEXT NOT NULL,
+               name TEXT NOT NULL DEFAULT '',
+               created_unix_ms INTEGER NOT NULL,
+               revoked_unix_ms INTEGER
+             )",
+        )
+        .execute(&pool)
+        .await?;
+        // Only the owner reads the hashes (the file holds no secret, but no need to share).
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+        }
+        Ok(Self { pool })
+    }
+
+    pub async fn create(&self, tenant: &str, name: &str) -> Result<NewKey, KeyError> {
+        check_tenant(tenant)?;
+        if name.len() > 200 || name.chars().any(char::is_control) {
+            return Err(KeyError::Invalid(
+                "name: at most 200 characters, no control characters".into(),
+            ));
+        }
+        let id = random_hex(ID_BYTES)?;
+        let key = format!("{PREFIX}{id}_{}", random_hex(SECRET_BYTES)?);
+        let created = now_ms();
+        sqlx::query(
+            "INSERT INTO api_keys (id, tenant, sha256, name, created_unix_ms) VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&id)
+        .bind(tenant)
+        .bind(digest(&key))
+        .bind(name)
+        .bind(created)
+        .execute(&self.pool)
+        .await?;
+        Ok(NewKey {
+            info: KeyInfo {
+                id,
+                tenant: tenant.to_owned(),
+                name: name.to_owned(),
+                created_unix_ms: created,
+                revoked_unix_ms: 0,
+            },
+            key,
+        })
+    }
+
+    pub async fn list(&self) -> Result<Vec<KeyInfo>, KeyError> {
+        let rows = sqlx::query(
+            "SELECT id, tenant, name, created_unix_ms, revoked_unix_ms FROM api_keys
+             ORDER BY created_unix_ms, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(info).collect::<Result<_, _>>()?)
+    }
+
+    /// Revoke by id; revoking a revoked key is a no-op that returns it.
+    pub async fn revoke(&self, id: &str) -> Result<KeyInfo, KeyError> {
+        sqlx::query(
+            "UPDATE api_keys SET revoked_unix_ms = ? WHERE id = ? AND revoked_unix_ms IS NULL",
+        )
+        .bind(now_ms())
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        let row = sqlx::query(
+            "SELECT id, tenant, name, created_unix_ms, revoked_unix_ms FROM api_keys WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| KeyError::NotFound(id.to_owned()))?;
+        Ok(info(&row)?)
+    }
+
+    /// The tenant of a valid (known, not revoked) key; `None` for anything else.
+    pub async fn verify(&self, key: &str) -> Result<Option<String>, KeyError> {
+        let Some(id) = key_id(key) else {
+            return Ok(None);
+        };
+        let row = sqlx::query(
+            "SELECT tenant, sha256 FROM api_keys WHERE id = ? AND revoked_unix_ms IS NULL",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.and_then(|r| {
+            let stored: String = r.try_get("sha256").ok()?;
+            same(&stored, &digest(key)).then(|| r.try_get("tenant").ok())?
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn keys_verify_until_revoked_and_are_stored_hashed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.db");
+        let store = KeyStore::open(&path).await.unwrap();
+        let k = store.create("team-a", "ci").await.unwrap();
+        assert!(k.key.starts_with("fyk_"), "{}", k.key);
+        assert_eq!(store.verify(&k.key).await.unwrap().as_deref(), Some("team-a"));
+        // A wrong secret with the right id, and junk, verify to nothing.
+        let mut wrong = k.key.clone();
+        let last = wrong.pop().unwrap();
+        wrong.push(if last == '0' { '1' } else { '0' });
+        assert_eq!(store.verify(&wrong).await.unwrap(), None);
+        assert_eq!(store.verify("Bearer x").await.unwrap(), None);
+        assert_eq!(store.verify("").await.unwrap(), None);
+        // The secret is nowhere in the file.
+        drop(store);
+        let store = KeyStore::open(&path).await.unwrap();
+        let secret = k.key.rsplit('_').next().unwrap();
+        for f in std::fs::read_dir(dir.path()).unwrap() {
+            let bytes = std::fs::read(f.unwrap().path()).unwrap();
+            assert!(!String::from_utf8_lossy(&bytes).contains(secret));
+        }
+        let listed = store.list().await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].id, k.info.id);
+        let revoked = store.revoke(&k.info.id).await.unwrap();
+        assert!(revoked.revoked_unix_ms > 0);
+        assert_eq!(store.verify(&k.key).await.unwrap(), None);
+        assert!(matches!(store.revoke("nope").await, Err(KeyError::NotFound(_))));
+    }
+
+    #[tokio::test]
+    async fn tenant_names_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = KeyStore::open(&dir.path().join("k.db")).await.unwrap();
+        for bad in ["", "A", "a'b", "-x", &"x".repeat(64), "a b", "a.b"] {
+            let err = store.create(bad, "").await.unwrap_err();
+            assert!(err.to_string().starts_with("tenant:"), "{bad:?}: {err}");
+        }
+    }
+}
