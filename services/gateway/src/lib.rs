@@ -4,6 +4,7 @@
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod fork_telemetry;
 pub mod money;
 pub mod search;
 pub mod validate;

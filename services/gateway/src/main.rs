@@ -29,6 +29,8 @@ struct Args {
     max_forks: u32,
     #[command(flatten)]
     temporal: TemporalArgs,
+    #[command(flatten)]
+    metrics: forkyard_common::metrics::MetricsArgs,
 }
 
 #[tokio::main]
@@ -47,6 +49,7 @@ async fn main() -> anyhow::Result<()> {
         .await
         .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
     telemetry::init("gateway");
+    args.metrics.start("gateway").await;
     let client = temporal::connect(&args.temporal, "forkyard-gateway").await?;
     // The run workflow upserts these; without them its tasks would fail.
     if let Err(e) = search::ensure_registered(&client, &args.temporal.namespace).await {
@@ -66,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
         .register_workflow::<SandboxOrchestrationWorkflow>()?
         .register_workflow::<ForkWorkflow>()?
         .register_workflow::<ScheduledCleanupWorkflow>()?
+        .worker_plugin(forkyard_gateway::fork_telemetry::plugin())
         .build();
     service::run_with_worker(
         service::Service {
