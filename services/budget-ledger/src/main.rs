@@ -44,8 +44,8 @@ async fn main() -> anyhow::Result<()> {
     let listener = server::bind(addr)
         .await
         .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
-    telemetry::init("budget-ledger");
     args.metrics.start("budget-ledger").await;
+    telemetry::init("budget-ledger");
 
     let store = match &args.database_url {
         Some(url) => LedgerStore::connect(url).await,

@@ -48,8 +48,8 @@ async fn main() -> anyhow::Result<()> {
     let listener = server::bind(listen)
         .await
         .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
-    telemetry::init("gateway");
     args.metrics.start("gateway").await;
+    telemetry::init("gateway");
     let client = temporal::connect(&args.temporal, "forkyard-gateway").await?;
     // The run workflow upserts these; without them its tasks would fail.
     if let Err(e) = search::ensure_registered(&client, &args.temporal.namespace).await {
