@@ -1,10 +1,13 @@
 //! Commands on a pseudo-terminal in a `local` sandbox. The provisioner opens the pty pair
 //! (rustix: openpt/grantpt/unlockpt/ptsname — no unsafe), hands the slave to bubblewrap as
 //! stdin/stdout/stderr and keeps the master: output is streamed, `WritePty` writes to it,
-//! `ResizePty` sets its window size (TIOCSWINSZ). bwrap's `--new-session` stays (it keeps
-//! TIOCSTI out of reach), so the command has no *controlling* terminal: the line
-//! discipline (echo, line editing, `stty size`) works, but ^C does not become SIGINT
-//! and a resize sends no SIGWINCH — programs see the new size when they next ask.
+//! `ResizePty` sets its window size (TIOCSWINSZ). bwrap's `--new-session` stays, and
+//! inside the sandbox the command runs under util-linux `setsid --wait --ctty`: a session
+//! of its own whose controlling terminal is the pty, so ^C becomes SIGINT and a resize
+//! SIGWINCH for its foreground process group, as on any terminal. (Only the sandbox
+//! reads that terminal, so TIOCSTI on it reaches nothing outside.) `setsid --wait`
+//! reports a command killed by signal N as exit 128+N. Without `/usr/bin/setsid` on the
+//! host the command runs without a controlling terminal (no ^C, no SIGWINCH).
 //! The command dies when the stream is dropped (hang-up), on timeout, and when the
 //! sandbox is stopped or destroyed.
 
@@ -30,6 +33,32 @@ use std::{
     sync::{Arc, Mutex},
 };
 use tokio::sync::mpsc;
+
+/// util-linux `setsid`, visible inside the sandbox through the read-only /usr.
+const SETSID: &str = "/usr/bin/setsid";
+
+/// `argv` as run inside the sandbox: under `setsid --wait --ctty` when the host has it.
+fn with_ctty(argv: &[String]) -> Vec<String> {
+    static HAVE_SETSID: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let have = *HAVE_SETSID.get_or_init(|| {
+        let found = std::path::Path::new(SETSID).is_file();
+        if !found {
+            tracing::warn!(
+                path = SETSID,
+                "no setsid: pty commands get no controlling terminal (no ^C, no SIGWINCH)"
+            );
+        }
+        found
+    });
+    if !have {
+        return argv.to_vec();
+    }
+    [SETSID, "--wait", "--ctty", "--"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain(argv.iter().cloned())
+        .collect()
+}
 
 /// A running pty command: its master side, shared by the writer and the resizer.
 pub(crate) struct Pty {
@@ -94,7 +123,7 @@ impl Provisioner {
             .entry("TERM".into())
             .or_insert_with(|| "xterm-256color".into());
         let (env, timeout) = self.exec_params(&req.argv, &env_map, req.timeout_secs)?;
-        let mut p = self.prepare(&req.sandbox_id, &req.argv, &env)?;
+        let mut p = self.prepare(&req.sandbox_id, &with_ctty(&req.argv), &env)?;
         let (master, slave) = open_pair(winsize(req.rows, req.cols))
             .map_err(|e| ProvisionerError::internal("open a pty", e))?;
         let io = |fd: &OwnedFd| -> Result<Stdio> {

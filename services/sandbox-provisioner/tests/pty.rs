@@ -185,3 +185,113 @@ async fn hang_up_and_destroy_kill_the_pty_command() {
         "destroy kills the pty's command"
     );
 }
+
+/// Wait for the exit event, skipping output.
+async fn exit_of(events: &mut Events) -> forkyard_proto::sandbox::v1::ExecResponse {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(ev) = events.next().await {
+            if let Some(Event::Exit(e)) = ev.unwrap().event {
+                return e;
+            }
+        }
+        panic!("no exit event")
+    })
+    .await
+    .expect("the command exits")
+}
+
+async fn start_argv(svc: &SandboxService, id: &str, argv: &[&str]) -> (Events, String) {
+    let mut events: Events = svc
+        .start_pty(Request::new(StartPtyRequest {
+            sandbox_id: id.into(),
+            argv: argv.iter().map(|s| (*s).to_owned()).collect(),
+            rows: 24,
+            cols: 80,
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(Ok(PtyEvent {
+        event: Some(Event::PtyId(pty)),
+    })) = events.next().await
+    else {
+        panic!("the first event names the pty")
+    };
+    (events, pty)
+}
+
+#[tokio::test]
+async fn ctrl_c_interrupts_and_resize_signals_the_foreground_command() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let svc = SandboxService::new(f.core.clone());
+    let write = |pty: &str, data: &str| WritePtyRequest {
+        sandbox_id: sbx.id.clone(),
+        pty_id: pty.to_owned(),
+        data: data.as_bytes().to_vec(),
+    };
+
+    // ^C kills a running `sleep`: SIGINT, reported as 128 + 2.
+    let (mut events, pty) =
+        start_argv(&svc, &sbx.id, &["sh", "-c", "echo armed; exec sleep 300"]).await;
+    // Output means the terminal is set up (a ^C typed earlier would be plain input).
+    until(&mut events, "armed").await;
+    svc.write_pty(Request::new(write(&pty, "\x03")))
+        .await
+        .unwrap();
+    let exit = exit_of(&mut events).await;
+    assert_eq!(exit.exit_code, 130, "{exit:?}");
+    assert!(!exit.timed_out);
+
+    // ^C reaches the whole foreground process group: the `sleep` dies of it, the script
+    // that traps it goes on. (The marker comes through the environment so that only
+    // `sleep`'s command line carries it.)
+    let nap = unique_sleep();
+    let script = "trap 'echo script-got-int' INT; sleep \"$NAP\"; echo sleep-exit-$?";
+    let mut events: Events = svc
+        .start_pty(Request::new(StartPtyRequest {
+            sandbox_id: sbx.id.clone(),
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+            env: [("NAP".to_owned(), nap.clone())].into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(Ok(PtyEvent {
+        event: Some(Event::PtyId(pty)),
+    })) = events.next().await
+    else {
+        panic!("the first event names the pty")
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || !host_pids_with(&nap).is_empty()).await,
+        "sleep started"
+    );
+    svc.write_pty(Request::new(write(&pty, "\x03")))
+        .await
+        .unwrap();
+    let out = until(&mut events, "sleep-exit-130").await;
+    assert!(out.contains("script-got-int"), "{out:?}");
+    assert_eq!(exit_of(&mut events).await.exit_code, 0);
+
+    // A resize sends SIGWINCH to the foreground process group, which then sees the new
+    // size; ^C ends it.
+    let script = "trap 'stty size; echo winched' WINCH; echo ready; while :; do sleep 0.1; done";
+    let (mut events, pty) = start_argv(&svc, &sbx.id, &["sh", "-c", script]).await;
+    until(&mut events, "ready\r\n").await;
+    svc.resize_pty(Request::new(ResizePtyRequest {
+        sandbox_id: sbx.id.clone(),
+        pty_id: pty.clone(),
+        rows: 33,
+        cols: 101,
+    }))
+    .await
+    .unwrap();
+    until(&mut events, "33 101\r\nwinched").await;
+    svc.write_pty(Request::new(write(&pty, "\x03")))
+        .await
+        .unwrap();
+    assert_eq!(exit_of(&mut events).await.exit_code, 130);
+}
