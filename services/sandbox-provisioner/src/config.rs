@@ -25,6 +25,8 @@ pub struct Args {
     #[command(flatten)]
     pub temporal: TemporalArgs,
     #[command(flatten)]
+    pub metrics: forkyard_common::metrics::MetricsArgs,
+    #[command(flatten)]
     pub state: StateDirArg,
     /// The bubblewrap binary (a path or a name on $PATH).
     #[arg(long, env = "FORKYARD_BWRAP_PATH", default_value = "bwrap")]

@@ -24,6 +24,7 @@ async fn main() -> anyhow::Result<()> {
         .await
         .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
     telemetry::init("sandbox-provisioner");
+    args.metrics.start("sandbox-provisioner").await;
     let core = Provisioner::open(config)
         .await
         .unwrap_or_else(|e| exit_config_error(e));
