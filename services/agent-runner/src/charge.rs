@@ -6,7 +6,8 @@ use forkyard_proto::budget::v1::{
     ChargeRequest, SpendAttribution, budget_ledger_client::BudgetLedgerClient,
 };
 use std::time::Duration;
-use tonic::{Code, transport::Channel};
+use forkyard_common::grpc_telemetry::TracedChannel as Channel;
+use tonic::Code;
 
 pub struct Charger {
     pub client: BudgetLedgerClient<Channel>,

@@ -12,7 +12,7 @@ use std::{
     future::Future,
     time::{Duration, Instant},
 };
-use tonic::transport::Channel;
+use forkyard_common::grpc_telemetry::TracedChannel as Channel;
 
 const OUTPUT_TAIL_BYTES: usize = 4096;
 

@@ -14,7 +14,9 @@ use std::{
     sync::{Arc, Mutex},
     time::Duration,
 };
-use tonic::{Request, Response, Status, transport::Channel};
+use tonic::{Request, Response, Status};
+// Traced: calls are spans of the agent's activity span and carry the trace onward.
+use forkyard_common::grpc_telemetry::{TracedChannel as Channel, traced_channel};
 
 /// One lazily-connected channel per provisioner replica; a sandbox's commands go to the
 /// replica that owns it (`sandbox_endpoint`), else to the configured default.
@@ -54,6 +56,7 @@ impl Provisioners {
                     })?
                     .connect_timeout(Duration::from_secs(5))
                     .connect_lazy();
+                let c = traced_channel(c);
                 channels.insert(endpoint.clone(), c.clone());
                 c
             }

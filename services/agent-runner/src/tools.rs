@@ -10,7 +10,7 @@ use forkyard_proto::sandbox::v1::{
 };
 use serde_json::{Value, json};
 use std::{collections::HashMap, time::Duration};
-use tonic::transport::Channel;
+use forkyard_common::grpc_telemetry::TracedChannel as Channel;
 
 const DEFAULT_BASH_TIMEOUT_SECS: u64 = 120;
 const MAX_BASH_TIMEOUT_SECS: u64 = 600;
@@ -258,6 +258,18 @@ impl Sandbox {
     }
 
     async fn write(&mut self, path: &str, content: &str) -> Result<Outcome, AgentError> {
+        // Models expect write_file to create missing directories, as editors do.
+        if let Some((parent, _)) = path.rsplit_once('/')
+            && !parent.is_empty()
+            && let Err(e) = self
+                .exec(
+                    vec!["mkdir".into(), "-p".into(), "--".into(), parent.into()],
+                    30,
+                )
+                .await?
+        {
+            return Ok(e);
+        }
         let req = WriteFileRequest {
             sandbox_id: self.sandbox_id.clone(),
             path: path.to_owned(),

@@ -103,6 +103,12 @@ fn codex_events(stdout: &str) -> Option<Usage> {
 
 /// The usage (and cost, if the CLI priced it) stdout reports, if any.
 pub fn from_stdout(stdout: &str) -> Option<Reported> {
+    if let Some(usage) = codex_events(stdout) {
+        return Some(Reported {
+            usage,
+            cost_micros: None,
+        });
+    }
     if let Some(v) = result_object(stdout) {
         let cost_micros = cost_of(&v);
         let u = v.get("usage").cloned().unwrap_or(Value::Null);
@@ -113,10 +119,7 @@ pub fn from_stdout(stdout: &str) -> Option<Reported> {
             });
         }
     }
-    codex_events(stdout).map(|usage| Reported {
-        usage,
-        cost_micros: None,
-    })
+    None
 }
 
 #[cfg(test)]
