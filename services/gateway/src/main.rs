@@ -5,7 +5,7 @@ use forkyard_common::{
     TemporalArgs, config::parse_listen, exit_config_error, server, service, telemetry, temporal,
 };
 use forkyard_gateway::{
-    api::GatewayService,
+    api::{AgentRunnerLink, GatewayService},
     search,
     validate::Limits,
     workflows::{ForkWorkflow, SandboxOrchestrationWorkflow, cleanup::ScheduledCleanupWorkflow},
@@ -27,6 +27,14 @@ struct Args {
     /// Largest number of forks one run may ask for.
     #[arg(long, env = "FORKYARD_MAX_FORKS", default_value_t = 1000)]
     max_forks: u32,
+    /// The agent runner asked at launch whether it can run an LLM agent spec (model
+    /// alias, API key) and for fork transcripts.
+    #[arg(
+        long,
+        env = "FORKYARD_AGENT_RUNNER_ADDR",
+        default_value = "http://127.0.0.1:50053"
+    )]
+    agent_runner_addr: String,
     #[command(flatten)]
     temporal: TemporalArgs,
     #[command(flatten)]
@@ -41,6 +49,8 @@ async fn main() -> anyhow::Result<()> {
     if let Err(e) = args.temporal.url() {
         exit_config_error(e);
     }
+    let agent_runner =
+        AgentRunnerLink::new(&args.agent_runner_addr).unwrap_or_else(|e| exit_config_error(e));
     if args.max_forks == 0 {
         exit_config_error("--max-forks (FORKYARD_MAX_FORKS) must be at least 1");
     }
@@ -60,7 +70,8 @@ async fn main() -> anyhow::Result<()> {
         Limits {
             max_forks: args.max_forks,
         },
-    );
+    )
+    .with_agent_runner(agent_runner);
     let (routes, health) =
         server::base_routes(<GatewayServer<GatewayService> as NamedService>::NAME)?;
     let routes = routes.add_service(GatewayServer::new(api));

@@ -5,6 +5,7 @@
 //! states (it also answers after the run closed); Temporal's execution status is the
 //! run's state once it closed.
 
+mod agents;
 mod cleanup;
 mod runs;
 mod tenancy;
@@ -34,18 +35,29 @@ pub struct GatewayService {
     limits: Limits,
     /// How often WatchRun looks at the run.
     watch_interval: Duration,
+    /// Asked at launch whether it can run the agent spec, and for transcripts.
+    agent_runner: Option<agents::AgentRunnerLink>,
     tenancy: TenantPolicy,
     /// Longest a call may take, its calls to Temporal and the ledger included.
     deadline: Duration,
 }
 
 
+pub use agents::AgentRunnerLink;
+
 impl GatewayService {
+    /// Check LLM agent specs with, and fetch transcripts from, this agent runner.
+    pub fn with_agent_runner(mut self, link: AgentRunnerLink) -> Self {
+        self.agent_runner = Some(link);
+        self
+    }
+
     pub fn new(client: Client, limits: Limits) -> Self {
         Self {
             client,
             limits,
             watch_interval: Duration::from_millis(500),
+            agent_runner: None,
             tenancy: TenantPolicy::default(),
             deadline: Duration::from_secs(30),
         }

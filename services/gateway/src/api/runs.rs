@@ -105,6 +105,7 @@ impl GatewayService {
         req: LaunchRunRequest,
     ) -> Result<LaunchRunResponse, GatewayError> {
         let mut spec = validate::launch_spec(&req, &self.limits)?;
+        self.check_agent(&spec).await?;
         let run_id = if req.request_id.is_empty() {
             format!("run-{}", uuid::Uuid::new_v4().simple())
         } else {
