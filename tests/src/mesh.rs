@@ -19,6 +19,19 @@ pub const SERVICES: [&str; 5] = [
     "janitor",
 ];
 
+/// How the mesh is wired beyond the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct MeshOptions {
+    /// The gateway demands API keys (`FORKYARD_AUTH=api-key`); off: `none`, as the
+    /// tests before tenancy expect.
+    pub api_keys: bool,
+    /// Mesh mTLS: `scripts/certs.sh` makes a CA and certificates in `<state>/certs`, every
+    /// service serves TLS and internal ones require a client certificate.
+    pub tls: bool,
+    /// Extra environment for every service (e.g. the gateway's limits).
+    pub env: Vec<(String, String)>,
+}
+
 pub struct Mesh {
     pub state: tempfile::TempDir,
     pub temporal_port: u16,
@@ -27,6 +40,7 @@ pub struct Mesh {
     /// Prometheus `/metrics` ports in the order of `SERVICES`.
     pub metrics_ports: [u16; 5],
     children: Vec<(String, Child)>,
+    options: MeshOptions,
 }
 
 fn free_port() -> u16 {
@@ -106,6 +120,11 @@ impl Mesh {
 
     /// Start the Temporal dev server and the five services; wait until all serve.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(MeshOptions::default()).await
+    }
+
+    /// `start` with `options`.
+    pub async fn start_with(options: MeshOptions) -> anyhow::Result<Self> {
         let state = tempfile::Builder::new().prefix("forkyard-e2e-").tempdir()?;
         let mut mesh = Mesh {
             state,
@@ -113,7 +132,11 @@ impl Mesh {
             ports: [0; 5],
             metrics_ports: [0; 5],
             children: Vec::new(),
+            options,
         };
+        if mesh.options.tls {
+            mesh.make_certs()?;
+        }
         for p in mesh.ports.iter_mut().chain(mesh.metrics_ports.iter_mut()) {
             *p = free_port();
         }
@@ -173,8 +196,19 @@ impl Mesh {
             bin.display()
         );
         let log = self.log_file(service);
-        let child = Command::new(&bin)
-            .env_clear()
+        let mut cmd = Command::new(&bin);
+        cmd.env_clear();
+        if self.options.tls {
+            let certs = self.certs_dir();
+            cmd.env("FORKYARD_TLS_CERT", certs.join(format!("{service}.pem")))
+                .env("FORKYARD_TLS_KEY", certs.join(format!("{service}.key")))
+                .env("FORKYARD_TLS_CA", certs.join("ca.pem"));
+        }
+        cmd.env(
+            "FORKYARD_AUTH",
+            if self.options.api_keys { "api-key" } else { "none" },
+        );
+        let child = cmd
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
             .env("TEMPORAL_ADDRESS", self.temporal_address())
@@ -196,6 +230,8 @@ impl Mesh {
             .env("FORKYARD_HEARTBEAT_SECS", "1")
             .stdout(Stdio::null())
             .stderr(log)
+            // Last, so a test's settings win over the defaults above.
+            .envs(self.options.env.iter().map(|(k, v)| (k, v)))
             .spawn()?;
         self.children.retain(|(n, _)| n != service);
         self.children.push((service.to_owned(), child));
@@ -243,12 +279,62 @@ impl Mesh {
     }
 
     pub async fn channel(&self, service: &str) -> anyhow::Result<Channel> {
+        if self.options.tls {
+            return self.tls_channel(service, Some("client")).await;
+        }
         Ok(
             tonic::transport::Endpoint::from_shared(self.endpoint(service))?
                 .connect_timeout(Duration::from_secs(2))
                 .connect()
                 .await?,
         )
+    }
+
+    /// Where `scripts/certs.sh` put the mesh's CA and certificates (TLS meshes).
+    pub fn certs_dir(&self) -> PathBuf {
+        self.state.path().join("certs")
+    }
+
+    fn make_certs(&self) -> anyhow::Result<()> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/certs.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg(self.certs_dir())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+
+    /// A TLS channel to `service` that trusts the mesh CA and presents `identity`'s
+    /// certificate from the certs dir (`None`: no client certificate).
+    pub async fn tls_channel(
+        &self,
+        service: &str,
+        identity: Option<&str>,
+    ) -> anyhow::Result<Channel> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let certs = self.certs_dir();
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(std::fs::read(certs.join("ca.pem"))?));
+        if let Some(id) = identity {
+            tls = tls.identity(Identity::from_pem(
+                std::fs::read(certs.join(format!("{id}.pem")))?,
+                std::fs::read(certs.join(format!("{id}.key")))?,
+            ));
+        }
+        Ok(tonic::transport::Endpoint::from_shared(format!(
+            "https://127.0.0.1:{}",
+            self.port(service)
+        ))?
+        .tls_config(tls)?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await?)
     }
 
     pub async fn wait_serving(&mut self, service: &str, timeout: Duration) -> anyhow::Result<()> {
@@ -276,6 +362,71 @@ impl Mesh {
                 Instant::now() < deadline,
                 "{service} not SERVING in time; log:\n{}",
                 self.log_tail(service)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Start one more `sandbox-provisioner` replica beside the mesh's own: its own state
+    /// dir (`<state>/<replica_id>`), gRPC and metrics ports and replica id, same Temporal.
+    /// Its log is `<replica_id>.log`; it stops with the mesh. Returns its gRPC endpoint and
+    /// state dir once it serves.
+    pub async fn start_provisioner_replica(
+        &mut self,
+        replica_id: &str,
+    ) -> anyhow::Result<(String, PathBuf)> {
+        let bin = bin_dir().join("sandbox-provisioner");
+        anyhow::ensure!(bin.exists(), "{} missing", bin.display());
+        let state = self.state.path().join(replica_id);
+        std::fs::create_dir_all(&state)?;
+        let port = free_port();
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let child = Command::new(&bin)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .env("TEMPORAL_ADDRESS", self.temporal_address())
+            .env("TEMPORAL_NAMESPACE", "default")
+            .env("FORKYARD_STATE_DIR", &state)
+            .env("FORKYARD_LISTEN", format!("127.0.0.1:{port}"))
+            .env(
+                "FORKYARD_METRICS_LISTEN",
+                format!("127.0.0.1:{}", free_port()),
+            )
+            .env("FORKYARD_PROVISIONER_REPLICA_ID", replica_id)
+            .stdout(Stdio::null())
+            .stderr(self.log_file(replica_id))
+            .spawn()?;
+        self.children.retain(|(n, _)| n != replica_id);
+        self.children.push((replica_id.to_owned(), child));
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| n == replica_id)
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                anyhow::bail!(
+                    "{replica_id} exited with {status}; log:\n{}",
+                    self.log_tail(replica_id)
+                );
+            }
+            let channel = tonic::transport::Endpoint::from_shared(endpoint.clone())?
+                .connect_timeout(Duration::from_secs(2))
+                .connect()
+                .await;
+            if let Ok(ch) = channel {
+                let res = HealthClient::new(ch)
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await;
+                if res.is_ok_and(|r| r.into_inner().status == ServingStatus::Serving as i32) {
+                    return Ok((endpoint, state));
+                }
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{replica_id} not SERVING in time; log:\n{}",
+                self.log_tail(replica_id)
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }

@@ -1,0 +1,213 @@
+//! End to end: two sandbox-provisioner replicas on one Temporal. Creates are taken from
+//! the shared `sandbox-provisioner` queue by either replica; everything after the create
+//! must reach the replica that owns the sandbox (its `owner_task_queue` for activities,
+//! its `owner_endpoint` for gRPC), or the fork fails and the sandbox leaks on its owner.
+
+use forkyard_proto::{
+    common::v1::ForkStatus,
+    gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
+    labels,
+    sandbox::v1::{ListSandboxesRequest, sandbox_provisioner_client::SandboxProvisionerClient},
+};
+use forkyard_tests::{
+    Mesh, repo,
+    support::{fork_result, launch, sandbox_processes, wait_finished, workspaces_left},
+};
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+use tonic::transport::Channel;
+
+const FORKS: u32 = 8;
+
+/// Long enough for the watcher to see every sandbox on its replica.
+const AGENT: &str = r#"echo "fork $FORKYARD_FORK" > "fork-$FORKYARD_FORK.txt"
+sleep 3
+printf '{"type":"result","total_cost_usd":0.001,"usage":{"input_tokens":10,"output_tokens":2}}\n'"#;
+
+type Prov = SandboxProvisionerClient<Channel>;
+
+/// What a replica reported about one sandbox while it was alive.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    replica: &'static str,
+    owner_endpoint: String,
+    owner_task_queue: String,
+}
+
+/// Samples both replicas' sandboxes of the run until stopped.
+fn watch(
+    replicas: Vec<(&'static str, Prov)>,
+    run_id: String,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<BTreeMap<String, Vec<Seen>>> {
+    tokio::spawn(async move {
+        let mut seen: BTreeMap<String, Vec<Seen>> = BTreeMap::new();
+        while !stop.load(Ordering::Relaxed) {
+            for (name, prov) in &replicas {
+                let req = ListSandboxesRequest {
+                    label_selector: HashMap::from([(labels::RUN_ID.to_owned(), run_id.clone())]),
+                };
+                let Ok(resp) = prov.clone().list_sandboxes(req).await else {
+                    continue;
+                };
+                for s in resp.into_inner().sandboxes {
+                    let entry = Seen {
+                        replica: name,
+                        owner_endpoint: s.owner_endpoint,
+                        owner_task_queue: s.owner_task_queue,
+                    };
+                    let list = seen.entry(s.id).or_default();
+                    if !list.contains(&entry) {
+                        list.push(entry);
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        seen
+    })
+}
+
+/// The replica's log has a "sandbox destroyed" line for `id`.
+fn destroyed_in_log(log: &Path, id: &str) -> bool {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains("\"sandbox destroyed\"") && l.contains(id))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_land_on_two_replicas_and_each_owner_runs_and_destroys_its_sandboxes() {
+    let mut mesh = Mesh::start().await.expect("mesh starts");
+    let (b_endpoint, b_state) = mesh
+        .start_provisioner_replica("replica-b")
+        .await
+        .expect("second provisioner replica starts");
+    let a_endpoint = mesh.endpoint("sandbox-provisioner");
+    let a = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+    let b = SandboxProvisionerClient::new(
+        tonic::transport::Endpoint::from_shared(b_endpoint.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+
+    let launched = gw
+        .launch_run(LaunchRunRequest {
+            request_id: "e2e-replicas".into(),
+            ..launch(src.path(), FORKS, FORKS, AGENT)
+        })
+        .await
+        .expect("launch")
+        .into_inner();
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = watch(
+        vec![("a", a.clone()), ("b", b.clone())],
+        launched.run_id.clone(),
+        stop.clone(),
+    );
+    let run = wait_finished(&mut gw, &launched.run_id, Duration::from_secs(240)).await;
+    stop.store(true, Ordering::Relaxed);
+    let seen = watcher.await.unwrap();
+
+    // Every fork completed, whichever replica created its sandbox.
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    assert_eq!(run.forks_succeeded, FORKS, "{run:#?}");
+    let mut per_replica: HashMap<&str, Vec<String>> = HashMap::new();
+    for summary in &run.forks {
+        let f = fork_result(&mut gw, &launched.run_id, summary.fork).await;
+        assert_eq!(
+            f.status,
+            ForkStatus::Succeeded as i32,
+            "fork {}: {}",
+            f.fork,
+            f.error
+        );
+        assert!(
+            f.patch.contains(&format!("+fork {}", f.fork)),
+            "fork {} ran its agent in its own sandbox:\n{}",
+            f.fork,
+            f.patch
+        );
+        let owners = seen.get(&f.sandbox_id).unwrap_or_else(|| {
+            panic!(
+                "sandbox {} of fork {} never listed: {seen:#?}",
+                f.sandbox_id, f.fork
+            )
+        });
+        // One owner, and its record names it (endpoint and own task queue).
+        assert_eq!(owners.len(), 1, "{} seen as {owners:?}", f.sandbox_id);
+        let o = &owners[0];
+        let endpoint = if o.replica == "a" {
+            &a_endpoint
+        } else {
+            &b_endpoint
+        };
+        assert_eq!(&o.owner_endpoint, endpoint, "{}", f.sandbox_id);
+        if o.replica == "b" {
+            assert_eq!(o.owner_task_queue, "sandbox-provisioner/replica-b");
+        } else {
+            assert!(
+                o.owner_task_queue.starts_with("sandbox-provisioner/")
+                    && o.owner_task_queue != "sandbox-provisioner/replica-b",
+                "{o:?}"
+            );
+        }
+        per_replica
+            .entry(o.replica)
+            .or_default()
+            .push(f.sandbox_id.clone());
+    }
+    assert!(
+        per_replica.len() == 2,
+        "forks should land on both replicas: {per_replica:?}"
+    );
+
+    // Each sandbox was destroyed by its owner: nothing is left on either replica, and the
+    // owner's log records the destroy.
+    for (name, prov) in [("a", a), ("b", b)] {
+        let left = prov
+            .clone()
+            .list_sandboxes(ListSandboxesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .sandboxes;
+        assert!(left.is_empty(), "replica {name} still has {left:?}");
+    }
+    let logs = mesh.state_dir().join("logs");
+    for (replica, log) in [
+        ("a", logs.join("sandbox-provisioner.log")),
+        ("b", logs.join("replica-b.log")),
+    ] {
+        for id in per_replica.get(replica).into_iter().flatten() {
+            assert!(
+                destroyed_in_log(&log, id),
+                "replica {replica} never destroyed {id}"
+            );
+        }
+    }
+    for state in [mesh.state_dir(), b_state.as_path()] {
+        assert!(
+            workspaces_left(state).is_empty(),
+            "{:?}",
+            workspaces_left(state)
+        );
+        assert!(
+            sandbox_processes(state).is_empty(),
+            "{:?}",
+            sandbox_processes(state)
+        );
+    }
+}
