@@ -227,6 +227,7 @@ impl Mesh {
                 self.endpoint("sandbox-provisioner"),
             )
             .env("FORKYARD_LEDGER_ADDR", self.endpoint("budget-ledger"))
+            .env("FORKYARD_AGENT_RUNNER_ADDR", self.endpoint("agent-runner"))
             .env("FORKYARD_HEARTBEAT_SECS", "1")
             .stdout(Stdio::null())
             .stderr(log)
