@@ -6,8 +6,7 @@ use forkyard_proto::budget::v1::{
     ChargeRequest, SpendAttribution, budget_ledger_client::BudgetLedgerClient,
 };
 use std::time::Duration;
-use forkyard_common::grpc_telemetry::TracedChannel as Channel;
-use tonic::Code;
+use tonic::{Code, transport::Channel};
 
 pub struct Charger {
     pub client: BudgetLedgerClient<Channel>,

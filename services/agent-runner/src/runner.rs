@@ -16,8 +16,7 @@ use forkyard_proto::{
     budget::v1::budget_ledger_client::BudgetLedgerClient,
 };
 use std::{future::Future, sync::Arc, time::Duration};
-// Traced: calls are spans of the agent's activity span and carry the trace onward.
-use forkyard_common::grpc_telemetry::{TracedChannel as Channel, traced_channel};
+use tonic::transport::Channel;
 
 #[derive(Clone)]
 pub struct Runner {
@@ -35,7 +34,6 @@ pub fn lazy_channel(addr: &str) -> Result<Channel, String> {
         .map_err(|e| format!("{addr:?} is not a URL: {e}"))?
         .connect_timeout(Duration::from_secs(5))
         .connect_lazy())
-    .map(traced_channel)
 }
 
 impl Runner {
