@@ -58,6 +58,8 @@ struct Args {
     state: StateDirArg,
     #[command(flatten)]
     temporal: TemporalArgs,
+    #[command(flatten)]
+    metrics: forkyard_common::metrics::MetricsArgs,
     /// Mesh TLS: this service's certificate, key and the mesh CA (mTLS when set).
     #[command(flatten)]
     tls: forkyard_common::tls::TlsArgs,
@@ -101,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
     let mut drivers = Drivers::from_env(models);
     drivers.max_turns = args.max_turns;
     telemetry::init("agent-runner");
+    args.metrics.start("agent-runner").await;
     let runner = Runner {
         provisioners: Provisioners::new(args.provisioner_addr.clone()),
         ledger,
