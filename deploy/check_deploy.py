@@ -74,9 +74,10 @@ def parse_help(text: str) -> dict[str, dict]:
         env = re.search(r"\[env: ([A-Z0-9_]+)=[^\]]*\]", block)
         if not m or not env:
             continue
+        default = re.search(r"\[default: ([^\]]*)\]", block)
         options[env.group(1)] = {
             "flag": m.group(1),
-            "default": "[default:" in block,
+            "default": default.group(1) if default else None,
             "required": m.group(1) in required_flags,
         }
     return options
@@ -164,9 +165,19 @@ def k8s_env(docs: list[dict], service: str) -> dict[str, str]:
     return env
 
 
+LOOPBACK = re.compile(r"(^|[/@:])(127\.0\.0\.1|localhost|\[::1\])([:/]|$)")
+
+
 def required_env(service: str, accepted: dict[str, dict], stages: dict) -> set[str]:
+    """What a container of `service` must be given: clap's required flags, what its image
+    leaves empty, and every setting whose default is a loopback address (another
+    service on 127.0.0.1 is never right in a container) that the image does not set."""
+    image = stages.get(service, {})
     required = {name for name, o in accepted.items() if o["required"]}
-    required |= {k for k, v in stages.get(service, {}).items() if v == ""}
+    required |= {k for k, v in image.items() if v == ""}
+    required |= {name for name, o in accepted.items()
+                 if o["default"] and LOOPBACK.search(o["default"])
+                 and not (image.get(name) and not LOOPBACK.search(image[name]))}
     return required
 
 
@@ -346,9 +357,18 @@ Options:
           Print help
 """
     got = parse_help(text)
-    assert got["X_NEED"]["required"] and not got["X_NEED"]["default"], got
-    assert not got["X_OPT"]["required"] and not got["X_OPT"]["default"], got
-    assert got["X_DFLT"]["default"] and not got["X_DFLT"]["required"], got
+    assert got["X_NEED"]["required"] and got["X_NEED"]["default"] is None, got
+    assert not got["X_OPT"]["required"] and got["X_OPT"]["default"] is None, got
+    assert got["X_DFLT"]["default"] == "1" and not got["X_DFLT"]["required"], got
+    # Loopback defaults must be wired in a container unless the image sets them.
+    accepted = {
+        "A_ADDR": {"required": False, "default": "http://127.0.0.1:50052"},
+        "A_LISTEN": {"required": False, "default": "127.0.0.1:50051"},
+        "A_TEMPORAL": {"required": False, "default": "localhost:7233"},
+        "A_URL": {"required": False, "default": "https://api.example.com"},
+    }
+    image = {"svc": {"A_LISTEN": "0.0.0.0:50051"}}
+    assert required_env("svc", accepted, image) == {"A_ADDR", "A_TEMPORAL"}
 
 
 def main() -> int:
