@@ -99,6 +99,7 @@ async fn fork(client: &mut Client, a: ForkArgs, output: Output) -> anyhow::Resul
             driver: "command".into(),
             command: a.agent_command,
             model: a.model,
+            ..Default::default()
         }),
         fork_timeout_secs: a.timeout,
         verify_command: a.verify.unwrap_or_default(),
