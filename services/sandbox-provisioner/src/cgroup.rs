@@ -1,7 +1,8 @@
 //! Per-sandbox cgroups: memory, pids and CPU limits, and a reliable "kill everything in
-//! this sandbox". Both hierarchies are supported and detected at start-up:
+//! this sandbox". Both hierarchies are supported; which one is used is decided at
+//! start-up from the mount table (see [`crate::cgroup_detect`]):
 //!
-//! - **v2** (unified, `/sys/fs/cgroup/cgroup.controllers` exists): one directory
+//! - **v2** (a unified mount offering memory, pids and cpu): one directory
 //!   `<root>/<parent>/<id>` with `memory.max`, `memory.swap.max`, `pids.max`, `cpu.max`;
 //!   killed with `cgroup.kill` (kernel ≥ 5.14), else freeze + SIGKILL.
 //! - **v1** (one mount per controller): `<mount>/<parent>/<id>` under `memory`, `pids`,
@@ -16,8 +17,7 @@ use std::{
     time::Duration,
 };
 
-const ROOT: &str = "/sys/fs/cgroup";
-const V1_CONTROLLERS: &[&str] = &["memory", "pids", "cpu", "freezer"];
+use crate::cgroup_detect::{Layout, V1_CONTROLLERS};
 
 /// Limits of one sandbox; 0 means unlimited for that resource.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -55,53 +55,65 @@ pub struct Cgroups {
 }
 
 impl Cgroups {
-    /// Find the hierarchy and create `<parent>` where sandboxes go. `Err` explains why
-    /// cgroups cannot be used (the caller decides whether that is fatal).
+    /// Find the hierarchy (from the mount table) and create `<parent>` where sandboxes
+    /// go. `Err` explains why cgroups cannot be used (the caller decides whether that is
+    /// fatal).
     pub fn detect(parent: &str) -> Result<Self, String> {
-        Self::detect_at(Path::new(ROOT), parent)
+        Self::setup(&crate::cgroup_detect::detect()?, parent)
     }
 
-    fn detect_at(root: &Path, parent: &str) -> Result<Self, String> {
-        let cg = if root.join("cgroup.controllers").exists() {
-            // Controllers must be enabled at every level above the sandboxes' groups.
-            let mut dir = root.to_path_buf();
-            let mut levels = vec![dir.clone()];
-            for part in Path::new(parent).components() {
-                dir.push(part);
-                mkdir(&dir)?;
-                levels.push(dir.clone());
-            }
-            for d in &levels {
-                std::fs::write(d.join("cgroup.subtree_control"), "+memory +pids +cpu").map_err(
-                    |e| {
-                        format!(
-                            "cannot enable memory, pids and cpu controllers in {}: {e}",
-                            d.display()
-                        )
-                    },
-                )?;
-            }
-            Self {
-                version: Version::V2,
-                parents: vec![dir],
-            }
-        } else {
-            let mut parents = Vec::new();
-            for c in V1_CONTROLLERS {
-                let mount = root.join(c);
-                if !mount.join("cgroup.procs").exists() {
-                    return Err(format!(
-                        "cgroup v1 controller {c} is not mounted at {}",
-                        mount.display()
-                    ));
+    /// Create `<parent>` in `layout`, enable the controllers down to it (v2), and prove a
+    /// limited group can be made.
+    pub(crate) fn setup(layout: &Layout, parent: &str) -> Result<Self, String> {
+        let cg = match layout {
+            Layout::V2 { root } => {
+                // Controllers must be enabled in `cgroup.subtree_control` at every level
+                // above the sandboxes' groups; only the leaves hold processes.
+                let mut dir = root.clone();
+                let mut levels = vec![dir.clone()];
+                for part in Path::new(parent).components() {
+                    dir.push(part);
+                    mkdir(&dir)?;
+                    levels.push(dir.clone());
                 }
-                let dir = mount.join(parent);
-                mkdir(&dir)?;
-                parents.push(dir);
+                for d in &levels {
+                    std::fs::write(d.join("cgroup.subtree_control"), "+memory +pids +cpu")
+                        .map_err(|e| {
+                            format!(
+                                "cannot enable memory, pids and cpu controllers in {}: {e}{}",
+                                d.display(),
+                                if e.raw_os_error() == Some(16) {
+                                    " (it holds processes: a cgroup with controllers enabled \
+                                     for its children may not; run the provisioner in a leaf \
+                                     group or set FORKYARD_CGROUP_PARENT below a delegated one)"
+                                } else {
+                                    ""
+                                }
+                            )
+                        })?;
+                }
+                Self {
+                    version: Version::V2,
+                    parents: vec![dir],
+                }
             }
-            Self {
-                version: Version::V1,
-                parents,
+            Layout::V1 { mounts } => {
+                let mut parents = Vec::new();
+                for (c, mount) in V1_CONTROLLERS.iter().zip(mounts) {
+                    if !mount.join("cgroup.procs").exists() {
+                        return Err(format!(
+                            "cgroup v1 controller {c} is not mounted at {}",
+                            mount.display()
+                        ));
+                    }
+                    let dir = mount.join(parent);
+                    mkdir(&dir)?;
+                    parents.push(dir);
+                }
+                Self {
+                    version: Version::V1,
+                    parents,
+                }
             }
         };
         // Prove it works end to end: a probe group with limits, then gone.
@@ -295,3 +307,7 @@ fn wait_empty(empty: impl Fn() -> bool) -> bool {
     }
     empty()
 }
+
+#[cfg(test)]
+#[path = "cgroup_tests.rs"]
+mod tests;

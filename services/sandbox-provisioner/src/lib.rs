@@ -8,6 +8,7 @@ pub mod activities;
 pub mod backend;
 pub mod bwrap;
 pub mod cgroup;
+pub mod cgroup_detect;
 pub mod config;
 pub mod e2b;
 pub mod egress;
