@@ -7,6 +7,8 @@
 //! Display are redacted) and error bodies are scrubbed of it before they become errors.
 
 pub mod connect;
+mod pty;
+mod ttl;
 
 use crate::{
     backend::SandboxBackend,
@@ -19,8 +21,9 @@ use base64::{Engine, engine::general_purpose::STANDARD as B64};
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
     DestroySandboxResponse, ExecEvent, ExecRequest, ExecResponse, HealthCheckRequest,
-    HealthCheckResponse, ReadFileRequest, ReadFileResponse, Sandbox, SandboxState,
-    StartSandboxRequest, StopSandboxRequest, WriteFileRequest, WriteFileResponse,
+    HealthCheckResponse, PtyEvent, ReadFileRequest, ReadFileResponse, ResizePtyRequest,
+    ResizePtyResponse, Sandbox, SandboxState, StartPtyRequest, StartSandboxRequest,
+    StopSandboxRequest, WriteFileRequest, WriteFileResponse, WritePtyRequest, WritePtyResponse,
     exec_event::Event,
 };
 use futures::StreamExt;
@@ -48,6 +51,8 @@ const BASE_FILE: &str = "/home/user/.forkyard-base-commit";
 const MANAGED: &str = "forkyard.managed";
 const BRANCH_KEY: &str = "forkyard.branch";
 const KEY_KEY: &str = "forkyard.idempotency_key";
+/// Metadata key holding our expiry (unix ms): E2B's own timeout is kept equal to it.
+const EXPIRES_KEY: &str = "forkyard.expires_unix_ms";
 
 /// The E2B API key. Debug/Display are redacted; only [`ApiKey::expose`] reveals it.
 #[derive(Clone)]
@@ -119,6 +124,8 @@ pub struct E2bBackend {
     http: reqwest::Client,
     owner_endpoint: String,
     owner_task_queue: String,
+    /// Open pty commands: pty id → (E2B sandbox id, envd pid).
+    ptys: Arc<std::sync::Mutex<HashMap<String, (String, u64)>>>,
     known: Arc<std::sync::Mutex<HashMap<String, Known>>>,
 }
 
@@ -157,6 +164,7 @@ impl E2bBackend {
             http,
             owner_endpoint,
             owner_task_queue,
+            ptys: Arc::default(),
             known: Arc::default(),
         }))
     }
@@ -299,6 +307,11 @@ impl E2bBackend {
         let branch = labels.remove(BRANCH_KEY).unwrap_or_default();
         labels.remove(MANAGED);
         labels.remove(KEY_KEY);
+        // Ours when we set it (E2B's endAt of a paused sandbox says nothing about it).
+        let expires = labels
+            .remove(EXPIRES_KEY)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| s.end_at.as_deref().map_or(0, rfc3339_ms));
         let state = match s.state.as_deref() {
             Some("paused") => SandboxState::Stopped,
             _ => SandboxState::Ready,
@@ -316,7 +329,7 @@ impl E2bBackend {
             created_unix_ms: s.started_at.as_deref().map_or(0, rfc3339_ms),
             owner_endpoint: self.owner_endpoint.clone(),
             owner_task_queue: self.owner_task_queue.clone(),
-            expires_unix_ms: s.end_at.as_deref().map_or(0, rfc3339_ms),
+            expires_unix_ms: expires,
             ..Default::default()
         }
     }
@@ -662,6 +675,9 @@ impl SandboxBackend for E2bBackend {
             0 => self.config.default_timeout.as_secs(),
             s => u64::from(s),
         };
+        let expires = crate::provisioner::now_ms()
+            .saturating_add(i64::try_from(timeout.saturating_mul(1000)).unwrap_or(i64::MAX));
+        metadata.insert(EXPIRES_KEY.into(), expires.to_string());
         let body = json!({
             "templateID": self.config.template,
             "timeout": timeout,
@@ -702,6 +718,11 @@ impl SandboxBackend for E2bBackend {
         if let Some(k) = self.known.lock().expect("known lock").get_mut(&sid) {
             k.base_commit.clone_from(&base);
         }
+        // E2B's clock started at its create; the clone took a while. Set its timeout
+        // again so that E2B ends the sandbox when ours says, not later.
+        if let Err(e) = self.set_timeout(&sid, expires).await {
+            warn!(sandbox_id = %sid, error = %e, "cannot align the e2b timeout with the ttl");
+        }
         let now = crate::provisioner::now_ms();
         let mut s = self.to_proto(&ApiSandbox {
             metadata: Some(metadata),
@@ -709,7 +730,6 @@ impl SandboxBackend for E2bBackend {
         });
         s.base_commit = base;
         s.created_unix_ms = now;
-        s.expires_unix_ms = now + i64::try_from(timeout * 1000).unwrap_or(i64::MAX);
         Ok(s)
     }
 
@@ -924,8 +944,9 @@ impl SandboxBackend for E2bBackend {
 
     async fn start(&self, req: StartSandboxRequest) -> Result<Sandbox> {
         let sid = Self::e2b_id(&req.sandbox_id)?;
+        let timeout = self.resume_timeout(&req.sandbox_id).await?;
         let path = format!("/sandboxes/{sid}/resume");
-        let body = json!({"timeout": self.config.default_timeout.as_secs()});
+        let body = json!({"timeout": timeout});
         self.api(
             Method::POST,
             &path,
@@ -936,6 +957,16 @@ impl SandboxBackend for E2bBackend {
         )
         .await?;
         self.get(&req.sandbox_id).await
+    }
+
+    async fn start_pty(&self, req: StartPtyRequest) -> Result<mpsc::Receiver<PtyEvent>> {
+        self.pty_start(req).await
+    }
+    async fn write_pty(&self, req: WritePtyRequest) -> Result<WritePtyResponse> {
+        self.pty_write(req).await
+    }
+    async fn resize_pty(&self, req: ResizePtyRequest) -> Result<ResizePtyResponse> {
+        self.pty_resize(req).await
     }
 }
 

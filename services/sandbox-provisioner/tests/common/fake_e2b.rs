@@ -35,6 +35,11 @@ pub struct Fake {
     /// Delay every control-plane answer by this much.
     pub delay: Mutex<Duration>,
     pub pids: Mutex<HashMap<u32, ()>>,
+    /// Every timeout asked for: (sandbox, "create" | "set" | "resume", seconds).
+    pub timeouts: Mutex<Vec<(String, &'static str, u64)>>,
+    pub paused: Mutex<std::collections::HashSet<String>>,
+    /// Pty masters of running pty commands, by pid.
+    pub ptys: Mutex<HashMap<u32, std::fs::File>>,
 }
 
 pub struct Server {
@@ -54,8 +59,24 @@ pub async fn start(key: &str) -> Server {
         .route("/sandboxes", post(create).get(list))
         .route("/sandboxes/{id}", get(get_one).delete(kill))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route(
+            "/sandboxes/{id}/pause",
+            post(super::fake_e2b_session::pause),
+        )
+        .route(
+            "/sandboxes/{id}/resume",
+            post(super::fake_e2b_session::resume),
+        )
         .route("/process.Process/Start", post(start_process))
         .route("/process.Process/SendSignal", post(send_signal))
+        .route(
+            "/process.Process/SendInput",
+            post(super::fake_e2b_session::send_input),
+        )
+        .route(
+            "/process.Process/Update",
+            post(super::fake_e2b_session::update),
+        )
         .route("/files", get(read_file).post(write_file))
         .route("/health", get(|| async { StatusCode::NO_CONTENT }))
         .with_state(fake.clone());
@@ -70,10 +91,10 @@ pub async fn start(key: &str) -> Server {
 }
 
 impl Fake {
-    fn sandbox_root(&self, id: &str) -> PathBuf {
+    pub(crate) fn sandbox_root(&self, id: &str) -> PathBuf {
         self.root.join(id)
     }
-    fn map(&self, id: &str, p: &str) -> String {
+    pub(crate) fn map(&self, id: &str, p: &str) -> String {
         if p.starts_with("/home/user") {
             self.sandbox_root(id)
                 .join(p.trim_start_matches('/'))
@@ -86,7 +107,7 @@ impl Fake {
 }
 
 /// Control-plane gate: key check, injected failures and delay.
-async fn gate(f: &Fake, h: &HeaderMap) -> Result<(), Response> {
+pub(crate) async fn gate(f: &Fake, h: &HeaderMap) -> Result<(), Response> {
     let got = h
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
@@ -114,10 +135,15 @@ async fn gate(f: &Fake, h: &HeaderMap) -> Result<(), Response> {
     Ok(())
 }
 
-fn describe(id: &str, md: &HashMap<String, String>) -> Value {
+fn describe(f: &Fake, id: &str, md: &HashMap<String, String>) -> Value {
+    let state = if f.paused.lock().unwrap().contains(id) {
+        "paused"
+    } else {
+        "running"
+    };
     json!({"templateID": "base", "sandboxID": id, "clientID": "fake", "alias": null,
            "startedAt": "2026-01-01T00:00:00Z", "endAt": "2026-01-01T01:00:00Z",
-           "cpuCount": 2, "memoryMB": 512, "metadata": md, "state": "running"})
+           "cpuCount": 2, "memoryMB": 512, "metadata": md, "state": state})
 }
 
 async fn create(State(f): State<Arc<Fake>>, h: HeaderMap, Json(body): Json<Value>) -> Response {
@@ -129,6 +155,9 @@ async fn create(State(f): State<Arc<Fake>>, h: HeaderMap, Json(body): Json<Value
     let md: HashMap<String, String> =
         serde_json::from_value(body["metadata"].clone()).unwrap_or_default();
     f.sandboxes.lock().unwrap().insert(id.clone(), md);
+    if let Some(t) = body["timeout"].as_u64() {
+        f.timeouts.lock().unwrap().push((id.clone(), "create", t));
+    }
     (
         StatusCode::CREATED,
         Json(
@@ -162,7 +191,7 @@ async fn list(
         .unwrap()
         .iter()
         .filter(|(_, md)| want.iter().all(|(k, v)| md.get(k) == Some(v)))
-        .map(|(id, md)| describe(id, md))
+        .map(|(id, md)| describe(&f, id, md))
         .collect();
     Json(all).into_response()
 }
@@ -172,7 +201,7 @@ async fn get_one(State(f): State<Arc<Fake>>, h: HeaderMap, Path(id): Path<String
         return r;
     }
     match f.sandboxes.lock().unwrap().get(&id) {
-        Some(md) => Json(describe(&id, md)).into_response(),
+        Some(md) => Json(describe(&f, &id, md)).into_response(),
         None => (
             StatusCode::NOT_FOUND,
             Json(json!({"code": 404, "message": "not found"})),
@@ -197,15 +226,25 @@ async fn kill(State(f): State<Arc<Fake>>, h: HeaderMap, Path(id): Path<String>) 
     }
 }
 
-async fn set_timeout(State(f): State<Arc<Fake>>, h: HeaderMap) -> Response {
+async fn set_timeout(
+    State(f): State<Arc<Fake>>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+    Json(body): Json<Value>,
+) -> Response {
     if let Err(r) = gate(&f, &h).await {
         return r;
     }
+    if !f.sandboxes.lock().unwrap().contains_key(&id) {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    let t = body["timeout"].as_u64().expect("timeout in seconds");
+    f.timeouts.lock().unwrap().push((id, "set", t));
     StatusCode::NO_CONTENT.into_response()
 }
 
 #[allow(clippy::result_large_err)]
-fn sandbox_of(f: &Fake, h: &HeaderMap) -> Result<String, Response> {
+pub(crate) fn sandbox_of(f: &Fake, h: &HeaderMap) -> Result<String, Response> {
     let id = h
         .get("e2b-sandbox-id")
         .and_then(|v| v.to_str().ok())
@@ -221,7 +260,7 @@ fn sandbox_of(f: &Fake, h: &HeaderMap) -> Result<String, Response> {
     }
 }
 
-fn envelope(flags: u8, v: &Value) -> Bytes {
+pub(crate) fn envelope(flags: u8, v: &Value) -> Bytes {
     let msg = serde_json::to_vec(v).unwrap();
     let mut b = vec![flags];
     b.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
@@ -242,6 +281,9 @@ async fn start_process(State(f): State<Arc<Fake>>, h: HeaderMap, body: Bytes) ->
     assert!(body.len() >= 5 && body[0] == 0);
     let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
     let req: Value = serde_json::from_slice(&body[5..5 + len]).unwrap();
+    if req.get("pty").is_some() {
+        return super::fake_e2b_session::start_pty(&f, &id, &req);
+    }
     let p = &req["process"];
     let cmd = p["cmd"].as_str().unwrap().to_owned();
     let args: Vec<String> = p["args"]
@@ -316,7 +358,9 @@ async fn start_process(State(f): State<Arc<Fake>>, h: HeaderMap, body: Bytes) ->
     stream_response(rx)
 }
 
-fn stream_response(rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Response {
+pub(crate) fn stream_response(
+    rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>,
+) -> Response {
     Response::builder()
         .header("content-type", "application/connect+json")
         .body(Body::from_stream(

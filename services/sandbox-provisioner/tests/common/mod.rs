@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fake_e2b;
+pub mod fake_e2b_session;
 
 use forkyard_proto::sandbox::v1::{CreateSandboxRequest, ExecRequest, ExecResponse, Sandbox};
 use forkyard_sandbox_provisioner::{Config, Provisioner};
