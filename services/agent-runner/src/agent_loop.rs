@@ -115,7 +115,7 @@ fn resumed_messages(lines: &[Value], upto_turn: u32) -> Option<Vec<Value>> {
                     .is_some_and(|t| t <= u64::from(upto_turn))
         })
         .filter_map(|l| l["messages"].as_u64())
-        .last()? as usize;
+        .next_back()? as usize;
     let msgs: Vec<Value> = lines
         .iter()
         .filter(|l| l["type"] == "message")
@@ -252,7 +252,7 @@ pub async fn run<S: ProgressSink>(
         lp.progress.turns += 1;
         let n = lp.progress.turns;
         let cost = price.cost_micros(&turn.usage);
-        let mut usage = lp.progress.usage.clone().unwrap_or_default();
+        let mut usage = lp.progress.usage.unwrap_or_default();
         add(&mut usage, &turn.usage);
         lp.progress.usage = Some(usage);
         lp.progress.cost_micros += cost;
@@ -325,7 +325,7 @@ pub async fn run<S: ProgressSink>(
         exit_code,
         timed_out,
         output_tail: tail(&text),
-        usage: p.usage.clone(),
+        usage: p.usage,
         cost_micros,
         duration_ms: lp.started.elapsed().as_millis() as u64,
         turns: p.turns,

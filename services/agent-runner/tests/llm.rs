@@ -130,7 +130,7 @@ async fn anthropic_agent_edits_a_file_over_several_turns_and_charges_each_turn()
     assert!(!out.timed_out);
     assert_eq!(out.turns, 3);
     assert_eq!(out.output_tail, "README now says hi.");
-    let usage = out.usage.clone().unwrap();
+    let usage = out.usage.unwrap();
     assert_eq!((usage.input_tokens, usage.output_tokens), (6000, 170));
     // claude-sonnet-4-5: $3 in / $15 out per million tokens.
     let expected = 6000 * 3 + 170 * 15;
@@ -286,7 +286,7 @@ async fn openai_agent_uses_tool_calls_against_a_compatible_server() {
         .expect("agent run");
     assert_eq!((out.exit_code, out.turns), (0, 3));
     assert_eq!(read(&mut f, "src/new.txt").await, "fresh\n");
-    let u = out.usage.clone().unwrap();
+    let u = out.usage.unwrap();
     // prompt_tokens include the cached ones, which are priced apart.
     assert_eq!(
         (u.input_tokens, u.cache_read_tokens, u.output_tokens),

@@ -128,7 +128,7 @@ pub async fn fixture(base_url: &str) -> Fixture {
     git(&repo, &["add", "."]);
     git(&repo, &["commit", "-q", "-m", "first"]);
 
-    let mut config = Config::new(&tmp.path().join("prov"), "http://127.0.0.1:50052");
+    let mut config = Config::new(tmp.path().join("prov"), "http://127.0.0.1:50052");
     config.exec_timeout = Duration::from_secs(120);
     let core = Provisioner::open(config).await.expect("open provisioner");
     let prov_url = serve(Routes::new(SandboxService::new(core.clone()).into_server())).await;
