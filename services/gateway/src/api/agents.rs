@@ -9,10 +9,7 @@ use forkyard_proto::{
     common::v1::AgentSpec,
 };
 use std::time::Duration;
-use tonic::{
-    Code,
-    transport::Channel,
-};
+use tonic::{Code, transport::Channel};
 
 #[derive(Clone)]
 pub struct AgentRunnerLink {
@@ -23,7 +20,11 @@ impl AgentRunnerLink {
     /// A lazily connected link to the runner at `addr`.
     pub fn new(addr: &str) -> Result<Self, String> {
         let channel = forkyard_common::tls::endpoint(addr)
-            .map_err(|e| format!("--agent-runner-addr (FORKYARD_AGENT_RUNNER_ADDR) {addr:?} is not a URL: {e}"))?
+            .map_err(|e| {
+                format!(
+                    "--agent-runner-addr (FORKYARD_AGENT_RUNNER_ADDR) {addr:?} is not a URL: {e}"
+                )
+            })?
             .connect_timeout(Duration::from_secs(3))
             .timeout(Duration::from_secs(10))
             .connect_lazy();
