@@ -1,0 +1,261 @@
+//! End to end: a run with the `anthropic` driver through the real mesh. The model is a
+//! local server speaking the Messages API; the agent-runner is pointed at it with
+//! ANTHROPIC_BASE_URL. Checks launch-time refusals, the fork's patch, tokens, cost (in
+//! the result and in the ledger) and transcript, and that the key is in no log.
+
+use forkyard_proto::{
+    budget::v1::{GetAccountRequest, budget_ledger_client::BudgetLedgerClient},
+    common::v1::{AgentSpec, ForkStatus},
+    gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
+};
+use forkyard_tests::{
+    Mesh,
+    mesh::MeshOptions,
+    repo,
+    support::{fork_result, wait_finished},
+};
+use serde_json::{Value, json};
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::Code;
+
+const KEY: &str = "sk-ant-e2e-SECRET-7373";
+
+type Script = Arc<Mutex<(VecDeque<Value>, Vec<(String, Value)>)>>;
+
+/// A minimal HTTP/1.1 server for `POST /v1/messages`: answers from `script`, records the
+/// request head and body.
+async fn anthropic_server(script: Script) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let script = script.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                let (head, body_start) = loop {
+                    let n = conn.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break (String::from_utf8_lossy(&buf[..i]).into_owned(), i + 4);
+                    }
+                };
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse().ok())?
+                    })
+                    .unwrap_or(0);
+                while buf.len() < body_start + len {
+                    let n = conn.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                let body: Value = serde_json::from_slice(&buf[body_start..body_start + len])
+                    .unwrap_or(Value::Null);
+                let reply = {
+                    let mut s = script.lock().unwrap();
+                    s.1.push((head.clone(), body));
+                    s.0.pop_front()
+                };
+                let (status, text) = match reply {
+                    Some(v) => ("200 OK", v.to_string()),
+                    None => ("500 Internal Server Error", json!({"type": "error", "error": {"type": "api_error", "message": "script exhausted"}}).to_string()),
+                };
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+                let _ = conn.write_all(resp.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+fn message(stop: &str, content: Value, input: u64, output: u64) -> Value {
+    json!({"id": "msg_e2e", "type": "message", "role": "assistant", "model": "claude-haiku-4-5",
+        "stop_reason": stop, "content": content,
+        "usage": {"input_tokens": input, "output_tokens": output,
+                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 100}})
+}
+
+fn launch(repo: &std::path::Path, driver: &str, model: &str) -> LaunchRunRequest {
+    LaunchRunRequest {
+        repo: repo.to_string_lossy().into_owned(),
+        prompt: "Append a line four to src/lib.txt".into(),
+        forks: 1,
+        max_concurrent: 1,
+        budget_usd: "1".into(),
+        agent: Some(AgentSpec {
+            driver: driver.into(),
+            model: model.into(),
+            ..Default::default()
+        }),
+        fork_timeout_secs: 120,
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_driver_run_through_the_mesh() {
+    let script: Script = Arc::default();
+    let base = anthropic_server(script.clone()).await;
+    {
+        let mut s = script.lock().unwrap();
+        s.0.push_back(message("tool_use", json!([
+            {"type": "text", "text": "Editing."},
+            {"type": "tool_use", "id": "toolu_e2e_1", "name": "edit",
+             "input": {"path": "src/lib.txt", "old_string": "three\n", "new_string": "three\nfour\n"}}]), 1200, 80));
+        s.0.push_back(message(
+            "end_turn",
+            json!([{"type": "text", "text": "Added line four."}]),
+            1500,
+            20,
+        ));
+    }
+    let options = MeshOptions {
+        env: vec![
+            ("ANTHROPIC_API_KEY".into(), KEY.into()),
+            ("ANTHROPIC_BASE_URL".into(), base.clone()),
+        ],
+        ..Default::default()
+    };
+    let mesh = Mesh::start_with(options).await.expect("mesh");
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = dir.path().join("repo");
+    repo::create(&repo_dir).unwrap();
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+
+    // Refused at launch, before anything starts.
+    let err = gw
+        .launch_run(launch(&repo_dir, "anthropic", "sonet"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().starts_with("agent.model"),
+        "{}",
+        err.message()
+    );
+    let err = gw
+        .launch_run(launch(&repo_dir, "gpt-pilot", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().starts_with("agent.driver"),
+        "{}",
+        err.message()
+    );
+    let err = gw
+        .launch_run(launch(&repo_dir, "openai", "gpt-4o"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("OPENAI_API_KEY"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        script.lock().unwrap().1.is_empty(),
+        "no model call for refused launches"
+    );
+
+    let mut req = launch(&repo_dir, "anthropic", "haiku");
+    req.request_id = "llm-e2e".into();
+    let run_id = gw
+        .launch_run(req)
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    let fork = fork_result(&mut gw, &run_id, 1).await;
+    assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?}");
+    assert!(fork.patch.contains("+four"), "{}", fork.patch);
+    let usage = fork.usage.clone().unwrap();
+    assert_eq!(
+        (
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cache_read_tokens
+        ),
+        (2700, 100, 200)
+    );
+    // claude-haiku-4-5: $1 in, $5 out, $0.10 cache read per million tokens.
+    let expected = 2700 + 100 * 5 + 20;
+    assert_eq!(fork.cost_micros, expected);
+    assert_eq!(fork.agent_output_tail, "Added line four.");
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = ledger
+        .get_account(GetAccountRequest {
+            account_id: run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        account.spent_micros, expected,
+        "charged per turn, committed once, exactly"
+    );
+    assert_eq!(account.reserved_micros, 0);
+
+    // The transcript comes from the runner's artifact store.
+    let lines: Vec<Value> = fork
+        .transcript
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.first().unwrap()["type"], "start");
+    assert_eq!(lines.first().unwrap()["model"], "claude-haiku-4-5");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["message"]["content"][0]["tool_use_id"] == "toolu_e2e_1")
+    );
+    assert_eq!(lines.last().unwrap()["type"], "end");
+
+    let requests = script.lock().unwrap().1.clone();
+    assert_eq!(requests.len(), 2);
+    assert!(requests[0].0.starts_with("POST /v1/messages HTTP/1.1"));
+    assert!(
+        requests[0]
+            .0
+            .to_ascii_lowercase()
+            .contains(&format!("x-api-key: {}", KEY.to_ascii_lowercase()))
+    );
+    assert_eq!(
+        requests[1].1["messages"][2]["content"][0]["type"],
+        "tool_result"
+    );
+
+    // The key reached the model API and nothing else the mesh wrote.
+    for entry in std::fs::read_dir(mesh.state_dir().join("logs"))
+        .unwrap()
+        .flatten()
+    {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        assert!(!text.contains(KEY), "API key in {}", entry.path().display());
+    }
+    assert!(!fork.transcript.contains(KEY));
+    assert!(!format!("{fork:?}").contains(KEY));
+}
