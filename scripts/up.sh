@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 mkdir -p "$PID_DIR" "$LOG_DIR"
+# The local stack runs without API keys unless told otherwise (the gateway's own default
+# is FORKYARD_AUTH=api-key): `FORKYARD_AUTH=api-key make up`, then `forkyard keys create`.
+export FORKYARD_AUTH="${FORKYARD_AUTH:-none}"
 
 if ! alive temporal; then
   echo "starting temporal dev server on $TEMPORAL_ADDRESS (ui http://127.0.0.1:$TEMPORAL_UI_PORT)"

@@ -17,6 +17,12 @@ pub struct Cli {
         default_value = "http://127.0.0.1:50051"
     )]
     pub gateway: String,
+    /// API key for the gateway (`forkyard keys create` makes one); sent as a bearer token.
+    #[arg(long, global = true, env = "FORKYARD_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// PEM CA to verify a TLS gateway (`https://` endpoints) with; default: system roots.
+    #[arg(long, global = true, env = "FORKYARD_GATEWAY_CA")]
+    pub gateway_ca: Option<std::path::PathBuf>,
     /// Output of read commands: a table for people, JSON for scripts.
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -86,6 +92,36 @@ pub enum Command {
     },
     /// Remove the janitor's schedule.
     StopCleanup,
+    /// API keys of the gateway (works on its key file, so run it where the gateway runs).
+    Keys(KeysArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct KeysArgs {
+    /// The gateway's API key file; default `<state dir>/gateway/api-keys.db`.
+    #[arg(long, env = "FORKYARD_API_KEYS_DB")]
+    pub keys_db: Option<std::path::PathBuf>,
+    /// The gateway's state directory.
+    #[arg(long, env = "FORKYARD_STATE_DIR", default_value = ".forkyard")]
+    pub state_dir: std::path::PathBuf,
+    #[command(subcommand)]
+    pub command: KeysCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Make a key for a tenant; the key is printed once and stored only as a digest.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        /// What the key is for (shown by `keys list`).
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    /// Every key: id, tenant, name, created, revoked.
+    List,
+    /// Revoke a key by id; the gateway refuses it from the next call on.
+    Revoke { id: String },
 }
 
 #[derive(Debug, Subcommand)]

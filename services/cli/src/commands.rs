@@ -13,13 +13,28 @@ use forkyard_proto::{
     },
 };
 use std::{process::ExitCode, time::Duration};
-use tonic::transport::Channel;
+use tonic::{service::interceptor::InterceptedService, transport::Channel};
 
-pub type Client = GatewayClient<Channel>;
+pub type Client = GatewayClient<InterceptedService<Channel, crate::keys::Bearer>>;
 
-async fn connect(endpoint: &str) -> anyhow::Result<Client> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|e| anyhow::anyhow!("--gateway {endpoint:?}: {e}"))?
+async fn connect(
+    endpoint: &str,
+    api_key: Option<&str>,
+    gateway_ca: Option<&std::path::Path>,
+) -> anyhow::Result<Client> {
+    let bearer = crate::keys::Bearer::new(api_key)?;
+    let mut ep = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|e| anyhow::anyhow!("--gateway {endpoint:?}: {e}"))?;
+    if endpoint.starts_with("https://") {
+        let mut tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
+        if let Some(ca) = gateway_ca {
+            let pem = std::fs::read(ca)
+                .map_err(|e| anyhow::anyhow!("--gateway-ca {}: {e}", ca.display()))?;
+            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+        }
+        ep = ep.tls_config(tls)?;
+    }
+    let channel = ep
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
@@ -28,7 +43,7 @@ async fn connect(endpoint: &str) -> anyhow::Result<Client> {
                 "cannot reach the gateway at {endpoint}: {e} (is the stack up? `make up`)"
             )
         })?;
-    Ok(GatewayClient::new(channel).max_decoding_message_size(64 << 20))
+    Ok(GatewayClient::with_interceptor(channel, bearer).max_decoding_message_size(64 << 20))
 }
 
 pub fn status_error(s: tonic::Status) -> anyhow::Error {
@@ -131,9 +146,19 @@ async fn fork(client: &mut Client, a: ForkArgs, output: Output) -> anyhow::Resul
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let mut client = connect(&cli.gateway).await?;
+    let command = match cli.command {
+        // Keys live in the gateway's key file, not behind its API.
+        Command::Keys(k) => return crate::keys::run(k, cli.output).await,
+        other => other,
+    };
+    let mut client = connect(
+        &cli.gateway,
+        cli.api_key.as_deref(),
+        cli.gateway_ca.as_deref(),
+    )
+    .await?;
     let output = cli.output;
-    match cli.command {
+    match command {
         Command::Fork(a) => fork(&mut client, a, output).await,
         Command::Status { run_id } => {
             print_run(&get(&mut client, &run_id).await?, output)?;
@@ -287,5 +312,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             eprintln!("cleanup schedule removed");
             Ok(ExitCode::SUCCESS)
         }
+        Command::Keys(k) => crate::keys::run(k, output).await,
     }
 }

@@ -17,13 +17,13 @@ use tonic::transport::{
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TlsArgs {
     /// PEM certificate this service presents (as a server and, with --tls-ca, as a client).
-    #[arg(long = "tls-cert", env = "FORKYARD_TLS_CERT")]
+    #[arg(id = "mesh_tls_cert", long = "tls-cert", env = "FORKYARD_TLS_CERT")]
     pub cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
-    #[arg(long = "tls-key", env = "FORKYARD_TLS_KEY")]
+    #[arg(id = "mesh_tls_key", long = "tls-key", env = "FORKYARD_TLS_KEY")]
     pub key: Option<PathBuf>,
     /// PEM CA bundle of the mesh: peers must present a certificate it signed.
-    #[arg(long = "tls-ca", env = "FORKYARD_TLS_CA")]
+    #[arg(id = "mesh_tls_ca", long = "tls-ca", env = "FORKYARD_TLS_CA")]
     pub ca: Option<PathBuf>,
 }
 
@@ -218,6 +218,19 @@ mod tests {
         };
         let err = args.load(ClientAuth::Required).unwrap_err();
         assert!(err.contains("FORKYARD_TLS_CERT"), "{err}");
+    }
+
+    #[test]
+    fn flags_coexist_with_the_temporal_tls_flags() {
+        use clap::CommandFactory;
+        #[derive(clap::Parser)]
+        struct Both {
+            #[command(flatten)]
+            temporal: crate::TemporalArgs,
+            #[command(flatten)]
+            tls: TlsArgs,
+        }
+        Both::command().debug_assert();
     }
 
     #[test]

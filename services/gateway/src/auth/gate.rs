@@ -95,7 +95,23 @@ where
             req.extensions_mut().insert(tenant);
             let response = inner.call(req).await;
             drop(admission);
-            response
+            response.map(undecodable_is_invalid_argument)
         })
+    }
+}
+
+/// A request body that is not the RPC's message (bytes that are not protobuf, a string
+/// field holding invalid UTF-8) is the caller's bad input: INVALID_ARGUMENT with prost's
+/// message, which names the field (`LaunchRunRequest.repo: invalid string value: data is
+/// not UTF-8 encoded`), rather than tonic's INTERNAL, which reads as a server fault.
+fn undecodable_is_invalid_argument(resp: http::Response<Body>) -> http::Response<Body> {
+    match tonic::Status::from_header_map(resp.headers()) {
+        Some(s)
+            if s.code() == tonic::Code::Internal
+                && s.message().starts_with("failed to decode Protobuf message") =>
+        {
+            tonic::Status::invalid_argument(s.message().to_owned()).into_http()
+        }
+        _ => resp,
     }
 }

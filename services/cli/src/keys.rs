@@ -1,0 +1,97 @@
+//! `forkyard keys`: API keys of the gateway, on its key file; and the bearer token the
+//! other commands send.
+
+use crate::cli::{KeysArgs, KeysCommand, Output};
+use forkyard_gateway::auth::keys::{KeyInfo, KeyStore};
+use std::process::ExitCode;
+use tonic::{metadata::MetadataValue, service::Interceptor};
+
+/// Adds `authorization: Bearer <key>` to every call when a key is configured.
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl Bearer {
+    pub fn new(key: Option<&str>) -> anyhow::Result<Self> {
+        let value = key
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .map(|k| {
+                format!("Bearer {k}").parse().map_err(|_| {
+                    anyhow::anyhow!("--api-key (FORKYARD_API_KEY): not a printable ASCII key")
+                })
+            })
+            .transpose()?;
+        Ok(Self(value))
+    }
+}
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+fn row(k: &KeyInfo) -> String {
+    let revoked = if k.revoked_unix_ms == 0 {
+        "-".to_owned()
+    } else {
+        k.revoked_unix_ms.to_string()
+    };
+    format!(
+        "{:<16}  {:<20}  {:<14}  {:<14}  {}",
+        k.id, k.tenant, k.created_unix_ms, revoked, k.name
+    )
+}
+
+pub async fn run(args: KeysArgs, output: Output) -> anyhow::Result<ExitCode> {
+    let path = args
+        .keys_db
+        .unwrap_or_else(|| args.state_dir.join("gateway").join("api-keys.db"));
+    let store = KeyStore::open(&path)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    match args.command {
+        KeysCommand::Create { tenant, name } => {
+            let k = store.create(&tenant, &name).await?;
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::json!({"id": k.info.id, "tenant": k.info.tenant, "name": k.info.name, "key": k.key})
+                ),
+                Output::Table => {
+                    eprintln!(
+                        "key {} for tenant {} (shown once; the gateway keeps only its digest):",
+                        k.info.id, k.info.tenant
+                    );
+                    println!("{}", k.key);
+                }
+            }
+        }
+        KeysCommand::List => {
+            let keys = store.list().await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&keys)?),
+                Output::Table => {
+                    println!(
+                        "{:<16}  {:<20}  {:<14}  {:<14}  NAME",
+                        "ID", "TENANT", "CREATED_MS", "REVOKED_MS"
+                    );
+                    for k in &keys {
+                        println!("{}", row(k));
+                    }
+                }
+            }
+        }
+        KeysCommand::Revoke { id } => {
+            let k = store.revoke(&id).await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&k)?),
+                Output::Table => println!("revoked key {} of tenant {}", k.id, k.tenant),
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,442 @@
+//! Tenancy end to end: API keys made with the `forkyard keys` CLI, every isolation rule
+//! (another tenant's run is NOT_FOUND for every run RPC), unauthenticated and revoked
+//! callers, open health probes, tenant ledger accounts and limits, and one tenant's
+//! flood refused while another tenant's run completes.
+
+use forkyard_proto::{
+    budget::v1::{
+        AccountKind, CreateAccountRequest, GetAccountRequest, RaiseBudgetRequest as LedgerRaise,
+        budget_ledger_client::BudgetLedgerClient,
+    },
+    gateway::v1::{
+        CancelForkRequest, CancelRunRequest, GetForkResultRequest, GetRunRequest,
+        LaunchRunRequest, ListRunsRequest, PauseRunRequest, RaiseBudgetRequest, ResumeRunRequest,
+        Run, RunState, StartCleanupRequest, WatchRunRequest, gateway_client::GatewayClient,
+    },
+};
+use forkyard_tests::{
+    mesh::{MeshOptions, bin_dir},
+    repo,
+    support::launch,
+    Mesh,
+};
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+use tonic::{Code, Request, transport::Channel};
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+type Gw = GatewayClient<Channel>;
+
+/// `forkyard keys …` against the mesh gateway's key file; its stdout.
+fn keys(mesh: &Mesh, args: &[&str]) -> String {
+    let out = std::process::Command::new(bin_dir().join("forkyard"))
+        .env("FORKYARD_STATE_DIR", mesh.state_dir())
+        .args(["-o", "json", "keys"])
+        .args(args)
+        .output()
+        .expect("run forkyard");
+    assert!(
+        out.status.success(),
+        "forkyard keys {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A new key for `tenant`: (id, key).
+fn new_key(mesh: &Mesh, tenant: &str) -> (String, String) {
+    let v: serde_json::Value =
+        serde_json::from_str(&keys(mesh, &["create", "--tenant", tenant])).expect("json");
+    (
+        v["id"].as_str().unwrap().to_owned(),
+        v["key"].as_str().unwrap().to_owned(),
+    )
+}
+
+fn with_key<T>(key: &str, msg: T) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    r.set_timeout(Duration::from_secs(20));
+    r
+}
+
+async fn get(gw: &mut Gw, key: &str, run_id: &str) -> Result<Run, tonic::Status> {
+    gw.get_run(with_key(
+        key,
+        GetRunRequest {
+            run_id: run_id.into(),
+        },
+    ))
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+async fn wait_closed(gw: &mut Gw, key: &str, run_id: &str, timeout: Duration) -> Run {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let run = get(gw, key, run_id).await.expect("own run");
+        let live = [
+            RunState::Running as i32,
+            RunState::Paused as i32,
+            RunState::AwaitingBudget as i32,
+        ];
+        if !live.contains(&run.state) {
+            return run;
+        }
+        assert!(Instant::now() < deadline, "run never finished: {run:#?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn launch_req(repo: &Path, request_id: &str, command: &str) -> LaunchRunRequest {
+    LaunchRunRequest {
+        request_id: request_id.into(),
+        ..launch(repo, 1, 1, command)
+    }
+}
+
+/// Every run RPC tenant B might aim at A's run, each must be NOT_FOUND.
+async fn assert_invisible(gw: &mut Gw, key: &str, run_id: &str) {
+    let id = || run_id.to_owned();
+    let codes = [
+        ("GetRun", get(gw, key, run_id).await.err().map(|s| s.code())),
+        (
+            "WatchRun",
+            gw.watch_run(with_key(key, WatchRunRequest { run_id: id() }))
+                .await
+                .err()
+                .map(|s| s.code()),
+        ),
+        (
+            "PauseRun",
+            gw.pause_run(with_key(key, PauseRunRequest { run_id: id() }))
+                .await
+                .err()
+                .map(|s| s.code()),
+        ),
+        (
+            "ResumeRun",
+            gw.resume_run(with_key(key, ResumeRunRequest { run_id: id() }))
+                .await
+                .err()
+                .map(|s| s.code()),
+        ),
+        (
+            "CancelRun",
+            gw.cancel_run(with_key(
+                key,
+                CancelRunRequest {
+                    run_id: id(),
+                    reason: String::new(),
+                },
+            ))
+            .await
+            .err()
+            .map(|s| s.code()),
+        ),
+        (
+            "CancelFork",
+            gw.cancel_fork(with_key(
+                key,
+                CancelForkRequest {
+                    run_id: id(),
+                    fork: 1,
+                    ..Default::default()
+                },
+            ))
+            .await
+            .err()
+            .map(|s| s.code()),
+        ),
+        (
+            "RaiseBudget",
+            gw.raise_budget(with_key(
+                key,
+                RaiseBudgetRequest {
+                    run_id: id(),
+                    amount_usd: "1".into(),
+                },
+            ))
+            .await
+            .err()
+            .map(|s| s.code()),
+        ),
+        (
+            "GetForkResult",
+            gw.get_fork_result(with_key(
+                key,
+                GetForkResultRequest {
+                    run_id: id(),
+                    fork: 1,
+                },
+            ))
+            .await
+            .err()
+            .map(|s| s.code()),
+        ),
+    ];
+    for (rpc, code) in codes {
+        assert_eq!(code, Some(Code::NotFound), "{rpc} of another tenant's run");
+    }
+}
+
+async fn list_ids(gw: &mut Gw, key: &str) -> Vec<String> {
+    gw.list_runs(with_key(key, ListRunsRequest::default()))
+        .await
+        .expect("list")
+        .into_inner()
+        .runs
+        .into_iter()
+        .map(|r| r.run_id)
+        .collect()
+}
+
+#[tokio::test]
+async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
+    let mesh = Mesh::start_with(MeshOptions {
+        api_keys: true,
+        env: vec![
+            ("FORKYARD_TENANT_BUDGET_USD".into(), "5".into()),
+            ("FORKYARD_TENANT_MAX_CONCURRENT_FORKS".into(), "1".into()),
+            ("FORKYARD_ADMIN_TENANTS".into(), "ops".into()),
+        ],
+        ..Default::default()
+    })
+    .await?;
+    let src = mesh.state_dir().join("repo");
+    repo::create(&src)?;
+    let (_, key_a) = new_key(&mesh, "team-a");
+    let (id_b, key_b) = new_key(&mesh, "team-b");
+    let (_, key_ops) = new_key(&mesh, "ops");
+    let listed = keys(&mesh, &["list"]);
+    assert!(listed.contains("team-a") && listed.contains(&id_b), "{listed}");
+    assert!(!listed.contains(&key_a), "keys list must not show secrets");
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await?);
+
+    // Health stays open; everything else wants a valid key.
+    let health = HealthClient::new(mesh.channel("gateway").await?)
+        .check(HealthCheckRequest::default())
+        .await?;
+    assert_eq!(health.into_inner().status, 1, "SERVING without a key");
+    let err = gw
+        .list_runs(ListRunsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    let err = gw
+        .launch_run(launch_req(&src, "x", "true"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    let flipped = if key_a.ends_with('0') { '1' } else { '0' };
+    let forged = format!("{}{flipped}", &key_a[..key_a.len() - 1]);
+    for bad in [forged.as_str(), "fyk_nothing", "", "Bearer"] {
+        let err = get(&mut gw, bad, "run-x").await.unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "key {bad:?}: {err:?}");
+    }
+
+    // A's run: long enough to steer; B uses the same request id and gets its own run.
+    let a = gw
+        .launch_run(with_key(&key_a, launch_req(&src, "same", "sleep 60")))
+        .await?
+        .into_inner();
+    let b_launch = gw
+        .launch_run(with_key(&key_b, launch_req(&src, "same", "true")))
+        .await?
+        .into_inner();
+    assert!(b_launch.created, "B's request id is B's own");
+    assert_ne!(a.run_id, b_launch.run_id);
+
+    assert_invisible(&mut gw, &key_b, &a.run_id).await;
+    // The same answer as for a run that does not exist: nothing tells B the id is taken.
+    let ghost = get(&mut gw, &key_b, "run-does-not-exist").await.unwrap_err();
+    assert_eq!(ghost.code(), Code::NotFound);
+    assert!(list_ids(&mut gw, &key_a).await.contains(&a.run_id));
+    let b_runs = list_ids(&mut gw, &key_b).await;
+    assert_eq!(b_runs, vec![b_launch.run_id.clone()], "B lists only its own");
+
+    // A's run carries its tenant and draws on the tenant's ledger account.
+    let run = get(&mut gw, &key_a, &a.run_id).await?;
+    let spec = run.spec.clone().unwrap();
+    assert_eq!(spec.tenant, "team-a");
+    assert_eq!(spec.tenant_account_id, "tenant-team-a");
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await?);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let run_account = loop {
+        match ledger
+            .get_account(GetAccountRequest {
+                account_id: a.run_id.clone(),
+            })
+            .await
+        {
+            Ok(acc) => break acc.into_inner(),
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("run account never opened: {e:?}"),
+        }
+    };
+    assert_eq!(run_account.parent_account_id, "tenant-team-a");
+    let tenant = ledger
+        .get_account(GetAccountRequest {
+            account_id: "tenant-team-a".into(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(tenant.kind, AccountKind::Tenant as i32);
+    assert_eq!(tenant.budget_micros, 5_000_000);
+
+    // A's concurrent-forks limit is 1 and its run holds it; B's own limit is untouched.
+    let err = gw
+        .launch_run(with_key(&key_a, launch_req(&src, "second", "true")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().starts_with("max_concurrent"), "{err:?}");
+
+    // The cleanup schedule is the operators'.
+    let err = gw
+        .start_cleanup(with_key(&key_b, StartCleanupRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let ops = gw
+        .list_runs(with_key(&key_ops, ListRunsRequest::default()))
+        .await?
+        .into_inner();
+    assert!(ops.runs.is_empty(), "ops sees no tenant's runs: {ops:?}");
+
+    // A steers its own run.
+    gw.cancel_run(with_key(
+        &key_a,
+        CancelRunRequest {
+            run_id: a.run_id.clone(),
+            reason: "test".into(),
+        },
+    ))
+    .await?;
+    let done = wait_closed(&mut gw, &key_a, &a.run_id, Duration::from_secs(90)).await;
+    assert_eq!(done.state, RunState::Cancelled as i32);
+    let b_done = wait_closed(&mut gw, &key_b, &b_launch.run_id, Duration::from_secs(90)).await;
+    assert_eq!(b_done.state, RunState::Completed as i32, "{b_done:#?}");
+
+    // A tenant whose limit is spent launches nothing; raising it lets the run start.
+    ledger
+        .create_account(CreateAccountRequest {
+            account_id: "tenant-team-c".into(),
+            kind: AccountKind::Tenant as i32,
+            budget_micros: 0,
+            idempotency_key: "test/tenant-team-c".into(),
+            ..Default::default()
+        })
+        .await?;
+    let (_, key_c) = new_key(&mesh, "team-c");
+    let err = gw
+        .launch_run(with_key(&key_c, launch_req(&src, "c1", "true")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().starts_with("budget_usd"), "{err:?}");
+    assert!(list_ids(&mut gw, &key_c).await.is_empty(), "nothing started");
+    ledger
+        .raise_budget(LedgerRaise {
+            account_id: "tenant-team-c".into(),
+            amount_micros: 2_000_000,
+            idempotency_key: "test/raise-c".into(),
+        })
+        .await?;
+    let c = gw
+        .launch_run(with_key(&key_c, launch_req(&src, "c1", "true")))
+        .await?
+        .into_inner();
+    let c_done = wait_closed(&mut gw, &key_c, &c.run_id, Duration::from_secs(90)).await;
+    assert_eq!(c_done.state, RunState::Completed as i32, "{c_done:#?}");
+
+    // A revoked key stops working at once.
+    keys(&mesh, &["revoke", &id_b]);
+    let err = get(&mut gw, &key_b, &b_launch.run_id).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_flooding_tenant_is_refused_while_another_tenants_run_completes() -> anyhow::Result<()>
+{
+    let mesh = Mesh::start_with(MeshOptions {
+        api_keys: true,
+        env: vec![
+            ("FORKYARD_TENANT_RATE".into(), "10".into()),
+            ("FORKYARD_TENANT_BURST".into(), "20".into()),
+            ("FORKYARD_TENANT_CONCURRENCY".into(), "8".into()),
+        ],
+        ..Default::default()
+    })
+    .await?;
+    let src = mesh.state_dir().join("repo");
+    repo::create(&src)?;
+    let (_, key_a) = new_key(&mesh, "flooder");
+    let (_, key_b) = new_key(&mesh, "steady");
+    let channel = mesh.channel("gateway").await?;
+
+    let mut gw_b = GatewayClient::new(channel.clone());
+    let b = gw_b
+        .launch_run(with_key(
+            &key_b,
+            launch_req(&src, "steady-1", "echo steady > steady.txt"),
+        ))
+        .await?
+        .into_inner();
+
+    // A: 400 calls at once, then more while B's run goes on.
+    let flood = {
+        let channel = channel.clone();
+        let key_a = key_a.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let mut calls = tokio::task::JoinSet::new();
+            for i in 0..400 {
+                let mut gw = GatewayClient::new(channel.clone());
+                let key = key_a.clone();
+                calls.spawn(async move {
+                    let r = if i % 2 == 0 {
+                        gw.list_runs(with_key(&key, ListRunsRequest::default()))
+                            .await
+                            .map(|_| ())
+                    } else {
+                        get(&mut gw, &key, "run-nothing").await.map(|_| ())
+                    };
+                    r.err().map(|s| s.code())
+                });
+            }
+            let mut codes = Vec::new();
+            while let Some(c) = calls.join_next().await {
+                codes.push(c.expect("call task"));
+            }
+            (codes, started.elapsed())
+        })
+    };
+
+    let done = wait_closed(&mut gw_b, &key_b, &b.run_id, Duration::from_secs(120)).await;
+    let (codes, took) = flood.await?;
+    assert_eq!(done.state, RunState::Completed as i32, "{done:#?}");
+    assert_eq!(done.forks_succeeded, 1, "{done:#?}");
+    let exhausted = codes
+        .iter()
+        .filter(|c| **c == Some(Code::ResourceExhausted))
+        .count();
+    assert!(exhausted > 0, "the flood was never limited: {codes:?}");
+    // Refusals are immediate: no call waited out its 20 s timeout.
+    assert!(
+        !codes.contains(&Some(Code::DeadlineExceeded)) && !codes.contains(&Some(Code::Cancelled)),
+        "some calls hung: {codes:?}"
+    );
+    assert!(took < Duration::from_secs(20), "the flood took {took:?}");
+    println!(
+        "flood: {} calls, {exhausted} RESOURCE_EXHAUSTED, in {took:?}",
+        codes.len()
+    );
+    Ok(())
+}
