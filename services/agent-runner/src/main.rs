@@ -51,6 +51,10 @@ struct Args {
     /// ANTHROPIC_BASE_URL, OPENAI_API_KEY and OPENAI_BASE_URL.
     #[arg(long, env = "FORKYARD_MODELS_FILE")]
     models_file: Option<PathBuf>,
+    /// Tries per model API call (the first included) on 429/529/5xx and network errors,
+    /// with exponential backoff from 1 s; then the activity fails and Temporal retries it.
+    #[arg(long, env = "FORKYARD_MODEL_RETRIES", default_value_t = 6)]
+    model_retries: u32,
     /// Most model turns of an LLM agent whose spec sets none.
     #[arg(long, env = "FORKYARD_MAX_TURNS", default_value_t = 50)]
     max_turns: u32,
@@ -100,10 +104,16 @@ async fn main() -> anyhow::Result<()> {
         exit_config_error("--max-turns (FORKYARD_MAX_TURNS) must be at least 1");
     }
     let state = args.state.ensure().unwrap_or_else(|e| exit_config_error(e));
+    if !(1..=20).contains(&args.model_retries) {
+        exit_config_error("--model-retries (FORKYARD_MODEL_RETRIES) must be 1-20");
+    }
     let mut drivers = Drivers::from_env(models);
     drivers.max_turns = args.max_turns;
-    telemetry::init("agent-runner");
+    drivers.anthropic.retry.attempts = args.model_retries;
+    drivers.openai.retry.attempts = args.model_retries;
+    // Before logging starts too, so a taken metrics port is the first line a pod prints.
     args.metrics.start("agent-runner").await;
+    telemetry::init("agent-runner");
     let runner = Runner {
         provisioners: Provisioners::new(args.provisioner_addr.clone()),
         ledger,

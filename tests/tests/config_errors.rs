@@ -1,0 +1,163 @@
+//! Bad configuration fails fast: each real service binary, started with a missing or
+//! unusable setting, exits at once with code 64 and a first stderr line that names the
+//! setting — what a crash-looping pod shows in `kubectl logs`.
+
+use forkyard_tests::mesh::{SERVICES, bin_dir};
+use std::{
+    net::TcpListener,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+const EXIT_CONFIG: i32 = 64;
+
+struct Exit {
+    code: Option<i32>,
+    stderr: String,
+    took: Duration,
+}
+
+impl Exit {
+    fn first_line(&self) -> &str {
+        self.stderr.lines().next().unwrap_or("")
+    }
+}
+
+/// Start `service` with a clean environment plus `env`; it must exit within 20 s.
+fn start(service: &str, env: &[(&str, String)]) -> Exit {
+    let bin = bin_dir().join(service);
+    assert!(
+        bin.exists(),
+        "{} missing: build the services first (`cargo build --workspace --bins`)",
+        bin.display()
+    );
+    let state = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(&bin);
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("FORKYARD_STATE_DIR", state.path())
+        // Nothing listens here, and the services give up on it quickly: a setting
+        // checked only after connecting to Temporal would surface as a connect error.
+        .env("TEMPORAL_ADDRESS", "127.0.0.1:9")
+        .env("FORKYARD_TEMPORAL_CONNECT_TIMEOUT_SECS", "2")
+        .env("FORKYARD_LISTEN", format!("127.0.0.1:{}", free_port()))
+        .env("FORKYARD_METRICS_LISTEN", format!("127.0.0.1:{}", free_port()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let started = Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{service} still running after 20 s; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    Exit {
+        code: out.status.code(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        took: started.elapsed(),
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Whether `service --help` lists the environment variable `name`.
+fn accepts(service: &str, name: &str) -> bool {
+    let out = Command::new(bin_dir().join(service))
+        .arg("--help")
+        .env_clear()
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).contains(&format!("[env: {name}="))
+}
+
+fn assert_config_error(service: &str, exit: &Exit, setting: &str) {
+    assert_eq!(
+        exit.code,
+        Some(EXIT_CONFIG),
+        "{service}: exit code; stderr:\n{}",
+        exit.stderr
+    );
+    let first = exit.first_line();
+    assert!(
+        first.starts_with("configuration error:") && first.contains(setting),
+        "{service}: the first stderr line must name {setting}, got:\n{}",
+        exit.stderr
+    );
+    // "At once": well before the 2 s Temporal connect timeout could have run out.
+    assert!(
+        exit.took < Duration::from_secs(2),
+        "{service}: took {:?} to refuse its configuration",
+        exit.took
+    );
+}
+
+#[test]
+fn grpc_port_in_use_exits_64_naming_forkyard_listen() {
+    for service in SERVICES {
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let exit = start(service, &[("FORKYARD_LISTEN", addr.to_string())]);
+        assert_config_error(service, &exit, "FORKYARD_LISTEN");
+        assert!(
+            exit.first_line().contains(&addr.to_string()),
+            "{service}: name the address: {}",
+            exit.first_line()
+        );
+    }
+}
+
+#[test]
+fn metrics_port_in_use_exits_64_naming_forkyard_metrics_listen() {
+    let mut checked = 0;
+    for service in SERVICES {
+        if !accepts(service, "FORKYARD_METRICS_LISTEN") {
+            continue;
+        }
+        checked += 1;
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let exit = start(service, &[("FORKYARD_METRICS_LISTEN", addr.to_string())]);
+        assert_config_error(service, &exit, "FORKYARD_METRICS_LISTEN");
+    }
+    assert!(checked > 0, "no service serves /metrics");
+}
+
+#[test]
+fn empty_temporal_address_exits_64_naming_temporal_address() {
+    // What a pod gets from the images (TEMPORAL_ADDRESS="" in the Dockerfile) when the
+    // deployment does not say where Temporal is.
+    for service in SERVICES {
+        let exit = start(service, &[("TEMPORAL_ADDRESS", String::new())]);
+        assert_config_error(service, &exit, "TEMPORAL_ADDRESS");
+    }
+}
+
+#[test]
+fn malformed_settings_exit_64_naming_the_setting() {
+    for service in SERVICES {
+        let exit = start(service, &[("FORKYARD_LISTEN", "nope".into())]);
+        assert_config_error(service, &exit, "FORKYARD_LISTEN");
+        let exit = start(service, &[("TEMPORAL_ADDRESS", "not an address:::".into())]);
+        assert_config_error(service, &exit, "TEMPORAL_ADDRESS");
+    }
+}
