@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod mesh;
+pub mod otlp;
 pub mod repo;
 pub mod support;
 

@@ -187,6 +187,13 @@ impl Mesh {
         Ok(())
     }
 
+    /// Set (or replace) one variable of the extra environment, for services started
+    /// from now on (e.g. OTEL_EXPORTER_OTLP_ENDPOINT for a restarted service).
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.options.env.retain(|(k, _)| k != key);
+        self.options.env.push((key.to_owned(), value.to_owned()));
+    }
+
     /// Start (or restart) one service binary with the mesh's wiring.
     pub fn start_service(&mut self, service: &str) -> anyhow::Result<()> {
         let bin = bin_dir().join(service);
