@@ -41,7 +41,10 @@ fn start(service: &str, env: &[(&str, String)]) -> Exit {
         .env("TEMPORAL_ADDRESS", "127.0.0.1:9")
         .env("FORKYARD_TEMPORAL_CONNECT_TIMEOUT_SECS", "2")
         .env("FORKYARD_LISTEN", format!("127.0.0.1:{}", free_port()))
-        .env("FORKYARD_METRICS_LISTEN", format!("127.0.0.1:{}", free_port()))
+        .env(
+            "FORKYARD_METRICS_LISTEN",
+            format!("127.0.0.1:{}", free_port()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
