@@ -68,8 +68,24 @@ fn summarise(stderr: &str, code: i32) -> String {
     text
 }
 
+/// Names git's ref rules surely accept, checked without starting git: letters, digits
+/// and `_ - . /`, no empty or dot-led component, no `..`, no `.lock` component end.
+fn plainly_valid_branch(b: &str) -> bool {
+    b != "HEAD"
+        && b.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.' | b'/'))
+        && !b.starts_with('-')
+        && !b.contains("..")
+        && !b.ends_with('.')
+        && b.split('/')
+            .all(|c| !c.is_empty() && !c.starts_with('.') && !c.ends_with(".lock"))
+}
+
 /// `Ok(())` when `branch` is a valid name for a new branch.
 pub async fn check_branch(branch: &str) -> Result<()> {
+    if plainly_valid_branch(branch) {
+        return Ok(());
+    }
     if branch.is_empty() {
         return Err(ProvisionerError::invalid("branch", "must not be empty"));
     }
@@ -134,6 +150,30 @@ pub async fn clone(
         ProvisionerError::RepoUnavailable(format!("repository has no commit at HEAD: {e}"))
     })?;
     Ok(sha.trim().to_owned())
+}
+
+/// Clone `repo` into `ws` with HEAD detached at `commit`, without git's template files
+/// (hook samples, description): the source of [`crate::template`] copies.
+pub async fn clone_detached(repo: &str, commit: &str, ws: &Path, timeout: Duration) -> Result<()> {
+    let mut cmd = host_git();
+    cmd.args(["clone", "--quiet", "--no-local", "--template=", "--", repo])
+        .arg(ws);
+    run(cmd, timeout)
+        .await?
+        .map_err(|e| ProvisionerError::RepoUnavailable(format!("cannot clone {repo}: {e}")))?;
+    let mut cmd = host_git();
+    cmd.arg("-C")
+        .arg(ws)
+        .args(["checkout", "-q", "--detach", commit, "--"]);
+    run(cmd, Duration::from_secs(60)).await?.map_err(|e| {
+        ProvisionerError::RepoUnavailable(format!("{repo} has no commit {commit}: {e}"))
+    })?;
+    // The directories a clone has and agents may write into (without the samples).
+    for d in ["hooks", "info"] {
+        std::fs::create_dir_all(ws.join(".git").join(d))
+            .map_err(|e| ProvisionerError::internal("prepare template", e))?;
+    }
+    Ok(())
 }
 
 /// The commit `base_ref` names in the clone: as given, else as a remote branch.
@@ -219,8 +259,31 @@ mod tests {
     #[tokio::test]
     async fn branch_names_are_checked_by_git() {
         assert!(check_branch("forkyard-fork-2").await.is_ok());
-        for bad in ["", "a..b", "-x", "a b", "x.lock", "HEAD"] {
+        for bad in [
+            "",
+            "a..b",
+            "-x",
+            "a b",
+            "x.lock",
+            "HEAD",
+            "a/.b",
+            "a//b",
+            "a/",
+            "x.",
+            "a@{1",
+            "a/b.lock/c",
+        ] {
             assert!(check_branch(bad).await.is_err(), "{bad:?} accepted");
+        }
+        // The fast path agrees with git on names it accepts.
+        for good in ["forkyard-fork-2", "feature/x.y", "a_b/c-d", "v1.2"] {
+            assert!(plainly_valid_branch(good), "{good:?}");
+            let mut cmd = host_git();
+            cmd.args(["check-ref-format", "--branch", good]);
+            assert!(
+                run(cmd, Duration::from_secs(10)).await.unwrap().is_ok(),
+                "{good:?}"
+            );
         }
     }
 }

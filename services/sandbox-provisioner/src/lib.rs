@@ -27,6 +27,7 @@ mod session;
 mod snapshot;
 pub mod store;
 mod stream;
+mod template;
 mod validate;
 
 pub use activities::{E2bActivities, SandboxActivities};

@@ -110,6 +110,7 @@ pub struct Provisioner {
     pub(crate) store: Store,
     pub(crate) cgroups: Option<Cgroups>,
     pub(crate) snapshots: Snapshots,
+    pub(crate) templates: crate::template::Templates,
     pub(crate) sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
     /// Commands running on a pseudo-terminal, by pty id.
     pub(crate) ptys: crate::pty::Ptys,
@@ -180,6 +181,13 @@ impl Provisioner {
                 config.snapshot_dir.display()
             )
         })?;
+        let templates = crate::template::Templates::open(config.state_dir.join("templates"))
+            .map_err(|e| {
+                format!(
+                    "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
+                    config.state_dir.display()
+                )
+            })?;
         let records = store.load_all().map_err(|e| {
             format!(
                 "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
@@ -203,6 +211,7 @@ impl Provisioner {
             store,
             cgroups,
             snapshots,
+            templates,
             sandboxes: Mutex::new(HashMap::new()),
             creating: Mutex::new(HashMap::new()),
         });
@@ -422,15 +431,12 @@ impl Provisioner {
             .map_err(|e| ProvisionerError::internal("create sandbox directory", e))?;
         // Removes the directory unless the create completes (also if the caller hangs up).
         let mut cleanup = DirCleanup(Some(dir));
-        let base_commit = git::clone(
-            &req.repo,
-            &req.base_ref,
-            &req.branch,
-            &self.store.workspace(&id),
-            self.config.clone_timeout,
-        )
-        .await
-        .inspect_err(|e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"))?;
+        let base_commit = self
+            .make_workspace(&req, &self.store.workspace(&id))
+            .await
+            .inspect_err(
+                |e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"),
+            )?;
         let record = self.new_record(&id, &req, base_commit);
         let sandbox = self.register(record)?;
         cleanup.0 = None;
@@ -500,8 +506,9 @@ impl Provisioner {
         {
             warn!(sandbox_id = %id, "commands still running after kill, removing the workspace anyway");
         }
-        let dir = self.store.dir(id);
-        tokio::task::spawn_blocking(move || store::remove_all(&dir))
+        let store = self.store.clone();
+        let sid = id.clone();
+        tokio::task::spawn_blocking(move || store.remove_later(&sid))
             .await
             .map_err(|e| ProvisionerError::internal("remove sandbox", e))?
             .map_err(|e| ProvisionerError::internal("remove sandbox", e))?;

@@ -91,6 +91,8 @@ impl Record {
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
+    /// `<state>/trash`: destroyed sandboxes' directories, removed in the background.
+    trash: PathBuf,
 }
 
 impl Store {
@@ -101,7 +103,32 @@ impl Store {
         // Owner-only, so nothing an agent leaves in a workspace (a setuid file) is
         // reachable by other users of the host.
         std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-        Ok(Self { root })
+        let trash = state_dir.join("trash");
+        std::fs::create_dir_all(&trash)?;
+        std::fs::set_permissions(&trash, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        // What a previous run had not finished removing.
+        for e in std::fs::read_dir(&trash)?.flatten() {
+            remove_in_background(e.path());
+        }
+        Ok(Self { root, trash })
+    }
+
+    /// Take sandbox `id`'s directory away at once and delete it in the background: its
+    /// processes are gone, and deleting thousands of files can take long (on hosts
+    /// with online discard, ~3 ms a file). Removed in place if it cannot be moved.
+    pub fn remove_later(&self, id: &str) -> std::io::Result<()> {
+        let dir = self.dir(id);
+        let to = self
+            .trash
+            .join(format!("{id}-{}", uuid::Uuid::new_v4().simple()));
+        match std::fs::rename(&dir, &to) {
+            Ok(()) => {
+                remove_in_background(to);
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(_) => remove_all(&dir),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -190,6 +217,14 @@ pub fn remove_all(path: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
+}
+
+fn remove_in_background(path: PathBuf) {
+    std::thread::spawn(move || {
+        if let Err(e) = remove_all(&path) {
+            tracing::warn!(dir = %path.display(), error = %e, "cannot remove a destroyed sandbox's files");
+        }
+    });
 }
 
 /// Bytes a directory tree occupies on disk (allocated blocks, symlinks not followed).

@@ -1,0 +1,173 @@
+//! Workspace templates against real git repositories in temp dirs.
+
+use super::*;
+use std::process::Command;
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+fn repo(dir: &Path) -> PathBuf {
+    let r = dir.join("src");
+    std::fs::create_dir_all(r.join("bin")).unwrap();
+    git(&r, &["init", "-q", "-b", "main"]);
+    git(&r, &["config", "user.email", "t@example.com"]);
+    git(&r, &["config", "user.name", "t"]);
+    std::fs::write(r.join("README.md"), "hello\n").unwrap();
+    std::fs::write(r.join("bin/run.sh"), "#!/bin/sh\necho run\n").unwrap();
+    std::fs::set_permissions(r.join("bin/run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("README.md", r.join("link")).unwrap();
+    git(&r, &["add", "-A"]);
+    git(&r, &["commit", "-q", "-m", "one"]);
+    r
+}
+
+#[test]
+fn commits_are_read_from_ref_files_or_left_to_git() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = repo(tmp.path());
+    let head = git(&r, &["rev-parse", "HEAD"]);
+    let path = r.to_str().unwrap();
+    assert_eq!(local_commit(path, "").as_deref(), Some(head.as_str()));
+    assert_eq!(local_commit(path, "HEAD").as_deref(), Some(head.as_str()));
+    assert_eq!(local_commit(path, "main").as_deref(), Some(head.as_str()));
+    assert_eq!(local_commit(path, &head).as_deref(), Some(head.as_str()));
+    // packed refs are read too
+    git(&r, &["branch", "side"]);
+    git(&r, &["pack-refs", "--all"]);
+    assert_eq!(local_commit(path, "side").as_deref(), Some(head.as_str()));
+    // what needs git: expressions, short ids, tags (peeling), unknown names, URLs
+    git(&r, &["tag", "-a", "-m", "t", "v1"]);
+    git(&r, &["branch", "v1"]);
+    for r#ref in ["HEAD~1", &head[..7], "v1", "nope", "../../HEAD"] {
+        assert_eq!(local_commit(path, r#ref), None, "{ref:?}");
+    }
+    assert_eq!(local_commit("https://example.com/r.git", ""), None);
+    assert_eq!(local_commit("git@example.com:r.git", ""), None);
+}
+
+#[tokio::test]
+async fn workspaces_are_independent_copies_on_their_branch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = repo(tmp.path());
+    let path = r.to_str().unwrap();
+    let t = Templates::open(tmp.path().join("templates")).unwrap();
+    let commit = local_commit(path, "").unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let timeout = Duration::from_secs(60);
+    t.workspace(path, &commit, "fork-1", &a, timeout)
+        .await
+        .unwrap();
+    t.workspace(path, &commit, "fork-2", &b, timeout)
+        .await
+        .unwrap();
+
+    assert_eq!(git(&a, &["rev-parse", "--abbrev-ref", "HEAD"]), "fork-1");
+    assert_eq!(git(&b, &["rev-parse", "--abbrev-ref", "HEAD"]), "fork-2");
+    assert_eq!(git(&a, &["rev-parse", "HEAD"]), commit);
+    assert_eq!(
+        git(&a, &["status", "--porcelain"]),
+        "",
+        "the copy is a clean checkout"
+    );
+    assert_eq!(git(&a, &["remote", "get-url", "origin"]), path);
+    let mode = std::fs::metadata(a.join("bin/run.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o111, 0o111, "executable bits survive");
+    assert_eq!(
+        std::fs::read_link(a.join("link")).unwrap(),
+        Path::new("README.md")
+    );
+    assert!(
+        a.join(".git/hooks").is_dir(),
+        "hooks/ exists, as in a clone"
+    );
+    let samples = std::fs::read_dir(a.join(".git/hooks")).unwrap().count();
+    assert_eq!(samples, 0, "no hook samples are copied");
+
+    // Changing one workspace's files and git objects changes nothing elsewhere.
+    std::fs::write(a.join("README.md"), "changed\n").unwrap();
+    git(
+        &a,
+        &[
+            "-c",
+            "user.name=a",
+            "-c",
+            "user.email=a@b",
+            "commit",
+            "-qam",
+            "a",
+        ],
+    );
+    let objects = walk(&a.join(".git/objects"));
+    assert!(!objects.is_empty());
+    for e in objects {
+        std::fs::set_permissions(&e, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::write(e, "garbage").unwrap();
+    }
+    assert_eq!(
+        std::fs::read_to_string(b.join("README.md")).unwrap(),
+        "hello\n"
+    );
+    git(&b, &["fsck", "--no-progress"]);
+    let c = tmp.path().join("c");
+    t.workspace(path, &commit, "fork-3", &c, timeout)
+        .await
+        .unwrap();
+    git(&c, &["fsck", "--no-progress"]);
+
+    // A branch that exists already is refused, as `git checkout -b` would.
+    let err = t
+        .workspace(path, &commit, "main", &tmp.path().join("d"), timeout)
+        .await;
+    assert!(
+        matches!(err, Err(ProvisionerError::FailedPrecondition(_))),
+        "{err:?}"
+    );
+
+    // A new commit makes a new template; the old one goes.
+    std::fs::write(r.join("README.md"), "two\n").unwrap();
+    git(&r, &["commit", "-qam", "two"]);
+    let newer = local_commit(path, "main").unwrap();
+    assert_ne!(newer, commit);
+    let e = tmp.path().join("e");
+    t.workspace(path, &newer, "fork-4", &e, timeout)
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(e.join("README.md")).unwrap(),
+        "two\n"
+    );
+    let names: Vec<String> = std::fs::read_dir(tmp.path().join("templates"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    assert!(names[0].ends_with(&newer), "{names:?}");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
