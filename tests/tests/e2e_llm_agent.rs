@@ -25,7 +25,7 @@ use tonic::Code;
 
 const KEY: &str = "sk-ant-e2e-SECRET-7373";
 
-type Script = Arc<Mutex<(VecDeque<Value>, Vec<(String, Value)>)>>;
+type Script = Arc<Mutex<(VecDeque<(u16, Value)>, Vec<(String, Value)>)>>;
 
 /// A minimal HTTP/1.1 server for `POST /v1/messages`: answers from `script`, records the
 /// request head and body.
@@ -74,7 +74,8 @@ async fn anthropic_server(script: Script) -> String {
                     s.0.pop_front()
                 };
                 let (status, text) = match reply {
-                    Some(v) => ("200 OK", v.to_string()),
+                    Some((200, v)) => ("200 OK", v.to_string()),
+                    Some((_, v)) => ("500 Internal Server Error", v.to_string()),
                     None => ("500 Internal Server Error", json!({"type": "error", "error": {"type": "api_error", "message": "script exhausted"}}).to_string()),
                 };
                 let resp = format!(
@@ -119,15 +120,18 @@ async fn anthropic_driver_run_through_the_mesh() {
     let base = anthropic_server(script.clone()).await;
     {
         let mut s = script.lock().unwrap();
-        s.0.push_back(message("tool_use", json!([
+        s.0.push_back((200, message("tool_use", json!([
             {"type": "text", "text": "Editing."},
             {"type": "tool_use", "id": "toolu_e2e_1", "name": "edit",
-             "input": {"path": "src/lib.txt", "old_string": "three\n", "new_string": "three\nfour\n"}}]), 1200, 80));
-        s.0.push_back(message(
-            "end_turn",
-            json!([{"type": "text", "text": "Added line four."}]),
-            1500,
-            20,
+             "input": {"path": "src/lib.txt", "old_string": "three\n", "new_string": "three\nfour\n"}}]), 1200, 80)));
+        s.0.push_back((
+            200,
+            message(
+                "end_turn",
+                json!([{"type": "text", "text": "Added line four."}]),
+                1500,
+                20,
+            ),
         ));
     }
     let options = MeshOptions {
@@ -258,4 +262,178 @@ async fn anthropic_driver_run_through_the_mesh() {
     }
     assert!(!fork.transcript.contains(KEY));
     assert!(!format!("{fork:?}").contains(KEY));
+}
+
+fn tool_use(id: &str, name: &str, input: Value) -> (u16, Value) {
+    (
+        200,
+        message(
+            "tool_use",
+            json!([{"type": "tool_use", "id": id, "name": name, "input": input}]),
+            1000,
+            100,
+        ),
+    )
+}
+
+fn pids_with(marker: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmdline)
+                .replace('\0', " ")
+                .contains(marker)
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Temporal retries a failed agent attempt, which resumes from the last heartbeat's
+/// details (no turn charged twice); a cancel reaches the agent through its heartbeat and
+/// kills its sandbox command within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_attempts_resume_and_cancels_kill_the_command() {
+    let script: Script = Arc::default();
+    let base = anthropic_server(script.clone()).await;
+    let options = MeshOptions {
+        env: vec![
+            ("ANTHROPIC_API_KEY".into(), KEY.into()),
+            ("ANTHROPIC_BASE_URL".into(), base.clone()),
+            // One try per model call: a 500 fails the attempt at once.
+            ("FORKYARD_MODEL_RETRIES".into(), "1".into()),
+        ],
+        ..Default::default()
+    };
+    let mesh = Mesh::start_with(options).await.expect("mesh");
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = dir.path().join("repo");
+    repo::create(&repo_dir).unwrap();
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let turn = 1000 + 100 * 5 + 10; // haiku, with 100 cache-read tokens
+
+    {
+        let mut s = script.lock().unwrap();
+        s.0.push_back(tool_use(
+            "toolu_r1",
+            "write_file",
+            json!({"path": "a.txt", "content": "a\n"}),
+        ));
+        s.0.push_back((
+            500,
+            json!({"type": "error", "error": {"type": "api_error", "message": "internal"}}),
+        ));
+        s.0.push_back((
+            200,
+            message(
+                "end_turn",
+                json!([{"type": "text", "text": "ok"}]),
+                1000,
+                100,
+            ),
+        ));
+    }
+    let mut req = launch(&repo_dir, "anthropic", "haiku");
+    req.request_id = "llm-retry".into();
+    let run_id = gw
+        .launch_run(req)
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    let fork = fork_result(&mut gw, &run_id, 1).await;
+    assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?}");
+    assert!(fork.patch.contains("+a"), "{}", fork.patch);
+    assert_eq!(fork.cost_micros, 2 * turn);
+    let spent = ledger
+        .get_account(GetAccountRequest {
+            account_id: run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .spent_micros;
+    assert_eq!(
+        spent,
+        2 * turn,
+        "the retried attempt did not charge turn 1 again"
+    );
+    let requests = script.lock().unwrap().1.clone();
+    assert_eq!(requests.len(), 3, "turn 1 was not asked again");
+    let resumed = requests[2].1["messages"].as_array().unwrap();
+    assert_eq!(
+        resumed.len(),
+        3,
+        "the conversation resumed after turn 1: {resumed:?}"
+    );
+    assert_eq!(resumed[2]["content"][0]["tool_use_id"], "toolu_r1");
+    assert!(
+        fork.transcript
+            .lines()
+            .any(|l| l.contains("\"type\":\"resume\"")),
+        "{}",
+        fork.transcript
+    );
+
+    // Cancel while the agent's command runs.
+    let marker = format!("{}.{}", 700 + std::process::id() % 200, 17);
+    script.lock().unwrap().0.push_back(tool_use(
+        "toolu_c1",
+        "bash",
+        json!({"command": format!("sleep {marker}")}),
+    ));
+    let mut req = launch(&repo_dir, "anthropic", "haiku");
+    req.request_id = "llm-cancel".into();
+    let run_id = gw
+        .launch_run(req)
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while pids_with(&format!("sleep {marker}")).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent's command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let cancelled = std::time::Instant::now();
+    gw.cancel_run(forkyard_proto::gateway::v1::CancelRunRequest {
+        run_id: run_id.clone(),
+        reason: "test".into(),
+    })
+    .await
+    .expect("cancel");
+    while !pids_with(&format!("sleep {marker}")).is_empty() {
+        assert!(
+            cancelled.elapsed() < Duration::from_secs(10),
+            "the command outlived the cancel"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "command killed {} ms after CancelRun",
+        cancelled.elapsed().as_millis()
+    );
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(60)).await;
+    assert_eq!(run.state, RunState::Cancelled as i32, "{run:#?}");
+    let fork = fork_result(&mut gw, &run_id, 1).await;
+    assert_eq!(fork.status, ForkStatus::Cancelled as i32, "{fork:#?}");
+    let spent = ledger
+        .get_account(GetAccountRequest {
+            account_id: run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(spent.spent_micros, turn, "the one model turn stays spent");
+    assert_eq!(spent.reserved_micros, 0);
 }
