@@ -4,7 +4,10 @@
 //! Spans go over OTLP/gRPC to `forkyard_tests::otlp::TraceSink`, which writes them to a
 //! file that the test reads back (see that module for why not otelcol-contrib).
 
-use forkyard_proto::gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient};
+use forkyard_proto::{
+    gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
+    janitor::v1::{SweepRequest, janitor_client::JanitorClient},
+};
 use forkyard_tests::{
     Mesh,
     mesh::MeshOptions,
@@ -24,6 +27,7 @@ printf '{"type":"result","total_cost_usd":0.0%d5,"usage":{"input_tokens":100,"ou
 /// The caller's own span: the run's trace is the caller's trace.
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
+const SWEEP_TRACE_ID: &str = "5cf92f3577b34da6a3ce929d0e0e4737";
 
 fn otel_env(endpoint: &str) -> Vec<(String, String)> {
     vec![
@@ -225,6 +229,50 @@ async fn a_run_is_one_trace_across_the_mesh_and_its_metrics_match() {
         "no span failed in a clean run:\n{}",
         dump()
     );
+
+    // The janitor, the fifth service, is no part of a run: its sweeps are traces of their
+    // own, and they cross the mesh the same way (janitor → provisioner and ledger).
+    let mut janitor = JanitorClient::new(mesh.channel("janitor").await.unwrap());
+    let mut sweep = tonic::Request::new(SweepRequest {
+        dry_run: true,
+        ..Default::default()
+    });
+    sweep.metadata_mut().insert(
+        "traceparent",
+        format!("00-{SWEEP_TRACE_ID}-{CALLER_SPAN}-01")
+            .parse()
+            .unwrap(),
+    );
+    janitor.sweep_now(sweep).await.expect("sweep");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let sweep_spans = loop {
+        let spans: Vec<SpanRecord> = sink
+            .spans()
+            .into_iter()
+            .filter(|s| s.trace_id == SWEEP_TRACE_ID)
+            .collect();
+        let services: HashSet<String> = spans.iter().map(|s| s.service.clone()).collect();
+        if services.len() >= 3 || Instant::now() > deadline {
+            break spans;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let sweep_by_id: HashMap<&str, &SpanRecord> = sweep_spans
+        .iter()
+        .map(|s| (s.span_id.as_str(), s))
+        .collect();
+    for service in ["sandbox-provisioner", "budget-ledger"] {
+        let server = sweep_spans
+            .iter()
+            .find(|s| s.service == service)
+            .unwrap_or_else(|| panic!("no {service} span in the sweep's trace: {sweep_spans:#?}"));
+        let chain = ancestry(server, &sweep_by_id);
+        assert_eq!(
+            chain.last(),
+            Some(&"forkyard.janitor.v1.Janitor/SweepNow"),
+            "{service}: {chain:?}"
+        );
+    }
 
     // Metrics, from each service's own /metrics.
     let page = |s: &str| mesh.scrape(s).unwrap();
