@@ -81,8 +81,13 @@ RUN apt-get update \
  && useradd --uid 65532 --gid 65532 --home-dir /var/lib/forkyard --create-home --shell /usr/sbin/nologin forkyard
 # The egress forwarder is found next to the provisioner binary.
 COPY --from=build /out/sandbox-provisioner /out/sandbox-egress-forwarder /usr/local/bin/
+# FORKYARD_ADVERTISE_ENDPOINT is empty for the same reason as TEMPORAL_ADDRESS: its
+# default (http://<listen address>) would be http://0.0.0.0:50052 here, which no other
+# replica can dial; a container must say how it is reached (Compose: its service name;
+# Kubernetes: the pod IP).
 ENV FORKYARD_LISTEN=0.0.0.0:50052 \
     FORKYARD_METRICS_LISTEN=0.0.0.0:9452 \
+    FORKYARD_ADVERTISE_ENDPOINT="" \
     FORKYARD_STATE_DIR=/var/lib/forkyard \
     RUST_LOG=info \
     TEMPORAL_ADDRESS=""

@@ -255,6 +255,12 @@ def grafana_provisions_the_dashboards_directory():
     assert path in mounts, f"dashboard path {path} not mounted"
     assert Path(mounts[path]).resolve() == (ROOT / "deploy/grafana/dashboards").resolve(), mounts[path]
     assert "/etc/grafana/provisioning" in mounts
+    # Every data source a dashboard names is provisioned under that uid.
+    sources = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/forkyard.yml").read_text())
+    uids = {d["uid"] for d in sources["datasources"]}
+    for dash in sorted((ROOT / "deploy/grafana/dashboards").glob("*.json")):
+        used = set(re.findall(r'"datasource":\s*\{[^}]*?"uid":\s*"([^"$]+)"', dash.read_text()))
+        assert used <= uids, f"{dash.name} uses data sources {sorted(used - uids)} not provisioned"
 
 
 def make_overlay_check(overlay: str):
@@ -340,6 +346,64 @@ def required_settings_are_wired_everywhere():
     problems = wiring_problems(broken, broken_overlays)
     assert "gateway: required TEMPORAL_ADDRESS is not set in deploy/docker-compose.yml" in problems, problems
     assert "janitor: required TEMPORAL_ADDRESS is not set in k8s overlay dev" in problems, problems
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def starts_with(service: str, env: dict[str, str], seconds: float = 3.0) -> str | None:
+    """Start the real binary with a deployment's environment (ports, state and the
+    ledger's database made local); None if it is still running after `seconds`, else
+    what it printed. Hosts such as `temporal:7233` need not resolve: the services retry
+    Temporal and dial each other lazily, so only the values themselves are judged."""
+    import tempfile
+    import time
+    with tempfile.TemporaryDirectory() as state:
+        env = {k: v for k, v in env.items() if not v.startswith("<")}
+        env.update({
+            "PATH": os.environ.get("PATH", ""),
+            "FORKYARD_LISTEN": f"127.0.0.1:{free_port()}",
+            "FORKYARD_METRICS_LISTEN": f"127.0.0.1:{free_port()}",
+            "FORKYARD_STATE_DIR": state,
+            "RUST_LOG": "warn",
+        })
+        if service == "budget-ledger":
+            env["FORKYARD_LEDGER_DATABASE_URL"] = f"sqlite://{state}/ledger.db"
+        env = {k: v.replace("$(POD_IP)", "127.0.0.1") for k, v in env.items()}
+        proc = subprocess.Popen([str(bin_dir() / service)], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            return None
+        return f"exited {proc.returncode}: {proc.stderr.read().strip()[:600]}"
+
+
+@check
+def services_accept_the_compose_and_dev_settings():
+    config = compose_config()
+    dev = kustomize(ROOT / "k8s" / "overlays" / "dev")
+    problems = []
+    for s in SERVICES:
+        for where, env in [("compose", compose_env(config, s)), ("k8s dev", k8s_env(dev, s))]:
+            out = starts_with(s, env)
+            if out is not None:
+                problems.append(f"{s} with the {where} settings {out}")
+    assert not problems, "\n  ".join(problems)
+    # And it can tell: an empty TEMPORAL_ADDRESS is refused.
+    out = starts_with("janitor", {**compose_env(config, "janitor"), "TEMPORAL_ADDRESS": ""})
+    assert out and "exited 64" in out and "TEMPORAL_ADDRESS" in out, out
 
 
 @check
