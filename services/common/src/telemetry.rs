@@ -53,19 +53,27 @@ pub fn init(service: &'static str) {
         let format = tracing_subscriber::fmt::format();
         builder.event_format(WithTraceIds(format)).try_init()
     } else {
-        let format = tracing_subscriber::fmt::format()
-            .json()
-            .flatten_event(true)
-            .with_current_span(true);
         builder
             .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
-            .event_format(WithTraceIds(format))
+            .event_format(json_format())
             .try_init()
     };
     if result.is_ok() {
         tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
     }
     init_traces(service);
+}
+
+/// One JSON object per line: `trace_id` and `span_id` first, then the event's fields
+/// flattened, then the current `tracing` span's fields (an activity's `run_id`, `fork`).
+fn json_format()
+-> WithTraceIds<tracing_subscriber::fmt::format::Format<tracing_subscriber::fmt::format::Json>> {
+    WithTraceIds(
+        tracing_subscriber::fmt::format()
+            .json()
+            .flatten_event(true)
+            .with_current_span(true),
+    )
 }
 
 /// Install the global propagator and tracer provider (once per process).
@@ -208,3 +216,66 @@ where
 
 /// The OpenTelemetry API, for crates that annotate spans without depending on it.
 pub use opentelemetry as otel;
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::{TraceContextExt as _, Tracer as _, TracerProvider as _};
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn log_line(inside_trace: bool) -> (serde_json::Value, Option<(String, String)>) {
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(super::json_format())
+            .finish();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let cx = opentelemetry::Context::current_with_span(provider.tracer("test").start("op"));
+        let ids = {
+            let sc = cx.span().span_context().clone();
+            (sc.trace_id().to_string(), sc.span_id().to_string())
+        };
+        tracing::subscriber::with_default(subscriber, || {
+            let _attached = inside_trace.then(|| cx.clone().attach());
+            let span = tracing::info_span!("activity", run_id = "run-7", fork = 2);
+            let _entered = span.enter();
+            tracing::info!(sandbox_id = "sb-1", "sandbox created");
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let line = serde_json::from_str(text.trim()).expect("one json line");
+        (line, inside_trace.then_some(ids))
+    }
+
+    #[test]
+    fn json_log_lines_carry_trace_span_run_and_fork() {
+        let (line, ids) = log_line(true);
+        let (trace_id, span_id) = ids.unwrap();
+        assert_eq!(line["trace_id"], trace_id.as_str(), "{line}");
+        assert_eq!(line["span_id"], span_id.as_str(), "{line}");
+        assert_eq!(line["message"], "sandbox created");
+        assert_eq!(line["sandbox_id"], "sb-1");
+        assert_eq!(line["span"]["run_id"], "run-7", "{line}");
+        assert_eq!(line["span"]["fork"], 2, "{line}");
+    }
+
+    #[test]
+    fn json_log_lines_outside_a_trace_have_no_ids() {
+        let (line, _) = log_line(false);
+        assert!(line.get("trace_id").is_none(), "{line}");
+        assert_eq!(line["message"], "sandbox created");
+    }
+}
