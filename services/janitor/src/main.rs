@@ -33,6 +33,9 @@ struct Args {
     metrics: forkyard_common::metrics::MetricsArgs,
     #[command(flatten)]
     temporal: TemporalArgs,
+    /// Mesh TLS: this service's certificate, key and the mesh CA (mTLS when set).
+    #[command(flatten)]
+    tls: forkyard_common::tls::TlsArgs,
     #[command(flatten)]
     state: StateDirArg,
 }
@@ -40,6 +43,10 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Before any channel is built: internal services require a mesh client certificate.
+    args.tls
+        .install(forkyard_common::tls::ClientAuth::Required)
+        .unwrap_or_else(|e| forkyard_common::exit_config_error(e));
     let addr = parse_listen("FORKYARD_LISTEN (--listen)", &args.listen)
         .unwrap_or_else(|e| exit_config_error(e));
     if let Err(e) = args.temporal.url() {

@@ -17,7 +17,6 @@ use temporalio_client::{
     errors::WorkflowInteractionError,
 };
 use forkyard_common::grpc_telemetry::{TracedChannel, traced_channel};
-use tonic::transport::Channel;
 
 /// Where the sandboxes are: the provisioner's gRPC API, or a fake in tests.
 pub trait Sandboxes: Send + Sync + 'static {
@@ -48,7 +47,7 @@ impl GrpcSandboxes {
     /// the janitor starts while the provisioner is down.
     pub fn connect_lazy(addr: &str) -> Result<Self, JanitorError> {
         let endpoint =
-            Channel::from_shared(addr.to_owned()).map_err(|e| JanitorError::InvalidArgument {
+            forkyard_common::tls::endpoint(addr).map_err(|e| JanitorError::InvalidArgument {
                 field: "provisioner_addr",
                 reason: format!("{addr:?} is not a URL: {e}"),
             })?;

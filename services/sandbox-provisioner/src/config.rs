@@ -26,6 +26,9 @@ pub struct Args {
     pub temporal: TemporalArgs,
     #[command(flatten)]
     pub metrics: forkyard_common::metrics::MetricsArgs,
+    /// Mesh TLS: this service's certificate, key and the mesh CA (mTLS when set).
+    #[command(flatten)]
+    pub tls: forkyard_common::tls::TlsArgs,
     #[command(flatten)]
     pub state: StateDirArg,
     /// The bubblewrap binary (a path or a name on $PATH).

@@ -14,6 +14,10 @@ use tracing::info;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Before any channel is built: internal services require a mesh client certificate.
+    args.tls
+        .install(forkyard_common::tls::ClientAuth::Required)
+        .unwrap_or_else(|e| forkyard_common::exit_config_error(e));
     let (listen, config) = args.resolve().unwrap_or_else(|e| exit_config_error(e));
     if let Err(e) = args.temporal.url() {
         exit_config_error(e);

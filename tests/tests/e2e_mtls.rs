@@ -1,0 +1,87 @@
+//! Mesh mTLS end to end: certificates from `scripts/certs.sh`, every service serving TLS,
+//! internal services refusing callers without a certificate from the mesh CA (no
+//! certificate, a plaintext connection, a certificate from another CA), the public
+//! gateway taking TLS without a client certificate, and a run completing with every
+//! internal call (agent runner → provisioner and ledger, gateway → ledger) over mTLS.
+
+use forkyard_proto::gateway::v1::gateway_client::GatewayClient;
+use forkyard_tests::{
+    Mesh,
+    mesh::MeshOptions,
+    repo,
+    support::{launch, wait_finished},
+};
+use std::time::Duration;
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+async fn serving(ch: tonic::transport::Channel) -> Result<bool, tonic::Status> {
+    let mut h = HealthClient::new(ch);
+    let mut req = tonic::Request::new(HealthCheckRequest::default());
+    req.set_timeout(Duration::from_secs(5));
+    Ok(h.check(req).await?.into_inner().status == ServingStatus::Serving as i32)
+}
+
+#[tokio::test]
+async fn internal_services_demand_a_mesh_certificate_and_a_run_completes_over_mtls()
+-> anyhow::Result<()> {
+    let mesh = Mesh::start_with(MeshOptions {
+        tls: true,
+        ..Default::default()
+    })
+    .await?;
+
+    // A certificate signed by some other CA, for the impostor below.
+    let rogue = mesh.state_dir().join("rogue-certs");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/certs.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(&rogue)
+        .output()?;
+    anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for f in ["client.pem", "client.key"] {
+        std::fs::copy(rogue.join(f), mesh.certs_dir().join(format!("rogue-{f}")))?;
+    }
+
+    for service in ["sandbox-provisioner", "agent-runner", "budget-ledger", "janitor"] {
+        // The mesh's own client certificate: served.
+        assert!(serving(mesh.channel(service).await?).await?, "{service}");
+        // TLS without a client certificate: the handshake or the call is refused.
+        let anonymous = match mesh.tls_channel(service, None).await {
+            Ok(ch) => serving(ch).await.is_ok(),
+            Err(_) => false,
+        };
+        assert!(!anonymous, "{service} served a caller without a certificate");
+        // A certificate from another CA.
+        let impostor = match mesh.tls_channel(service, Some("rogue-client")).await {
+            Ok(ch) => serving(ch).await.is_ok(),
+            Err(_) => false,
+        };
+        assert!(!impostor, "{service} served a certificate from another CA");
+        // Plain gRPC.
+        let plain = match tonic::transport::Endpoint::from_shared(mesh.endpoint(service))?
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+        {
+            Ok(ch) => serving(ch).await.is_ok(),
+            Err(_) => false,
+        };
+        assert!(!plain, "{service} answered plaintext gRPC");
+    }
+    // The public gateway: TLS, API keys (off here) instead of client certificates.
+    assert!(serving(mesh.tls_channel("gateway", None).await?).await?);
+
+    let src = mesh.state_dir().join("repo");
+    repo::create(&src)?;
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await?);
+    let run = gw
+        .launch_run(launch(&src, 2, 2, "echo over-mtls > mtls.txt"))
+        .await?
+        .into_inner();
+    let done = wait_finished(&mut gw, &run.run_id, Duration::from_secs(120)).await;
+    assert_eq!(done.forks_succeeded, 2, "{done:#?}");
+    assert!(done.cost_micros >= 0);
+    Ok(())
+}
