@@ -11,6 +11,28 @@ use forkyard_proto::{
 use std::time::Duration;
 use tonic::{Code, transport::Channel};
 
+/// Most transcript bytes GetForkResult returns: gRPC clients refuse messages above 4 MiB
+/// by default, and the rest of the result needs room too.
+const MAX_TRANSCRIPT_BYTES: usize = 3 << 20;
+
+/// Whole lines up to the cap, then a line saying how much was left out.
+fn cap(jsonl: String) -> String {
+    if jsonl.len() <= MAX_TRANSCRIPT_BYTES {
+        return jsonl;
+    }
+    let mut end = MAX_TRANSCRIPT_BYTES;
+    while !jsonl.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = jsonl[..end].rfind('\n').map_or(0, |i| i + 1);
+    let mut out = jsonl[..cut].to_owned();
+    out.push_str(&format!(
+        "{{\"type\":\"truncated\",\"omitted_bytes\":{}}}\n",
+        jsonl.len() - cut
+    ));
+    out
+}
+
 #[derive(Clone)]
 pub struct AgentRunnerLink {
     channel: Channel,
@@ -69,7 +91,7 @@ impl AgentRunnerLink {
             attempt: 0,
         };
         match self.client().get_transcript(req).await {
-            Ok(r) => r.into_inner().jsonl,
+            Ok(r) => cap(r.into_inner().jsonl),
             Err(s) if s.code() == Code::NotFound => String::new(),
             Err(s) => {
                 tracing::warn!(run_id, fork, error = %s.message(), "transcript not available from the agent runner");
@@ -102,5 +124,26 @@ impl super::GatewayService {
         {
             result.transcript = link.transcript(run_id, result.fork).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn long_transcripts_are_cut_at_a_line() {
+        let line = format!(
+            "{{\"type\":\"message\",\"pad\":\"{}\"}}\n",
+            "x".repeat(1000)
+        );
+        let long = line.repeat(4000);
+        let cut = super::cap(long.clone());
+        assert!(cut.len() <= super::MAX_TRANSCRIPT_BYTES + 100);
+        let last = cut.lines().last().unwrap();
+        assert!(last.starts_with("{\"type\":\"truncated\""), "{last}");
+        assert!(
+            cut.lines()
+                .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
+        );
+        assert_eq!(super::cap(line.clone()), line);
     }
 }
