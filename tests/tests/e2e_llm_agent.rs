@@ -262,6 +262,58 @@ async fn anthropic_driver_run_through_the_mesh() {
     }
     assert!(!fork.transcript.contains(KEY));
     assert!(!format!("{fork:?}").contains(KEY));
+
+    // A budget that runs out mid-conversation: the refused charge stops the agent and the
+    // fork is BUDGET_EXCEEDED with what it was charged (3 turns of 1,510 micro-USD).
+    {
+        let mut s = script.lock().unwrap();
+        s.1.clear();
+        for i in 0..6 {
+            s.0.push_back(tool_use(
+                &format!("toolu_b{i}"),
+                "bash",
+                json!({"command": format!("echo {i} >> spent.txt")}),
+            ));
+        }
+    }
+    let mut req = launch(&repo_dir, "anthropic", "haiku");
+    req.request_id = "llm-budget".into();
+    req.budget_usd = "0.005".into();
+    let run_id = gw
+        .launch_run(req)
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
+    let fork = fork_result(&mut gw, &run_id, 1).await;
+    assert_eq!(
+        fork.status,
+        ForkStatus::BudgetExceeded as i32,
+        "{run:#?} {fork:#?}"
+    );
+    assert_eq!(fork.cost_micros, 3 * 1510, "{fork:#?}");
+    assert_eq!(
+        script.lock().unwrap().1.len(),
+        4,
+        "no model call after the refused charge"
+    );
+    let account = ledger
+        .get_account(GetAccountRequest {
+            account_id: run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(account.spent_micros, 3 * 1510);
+    assert_eq!(account.reserved_micros, 0);
+    assert!(
+        fork.transcript
+            .lines()
+            .any(|l| l.contains("charge refused")),
+        "{}",
+        fork.transcript
+    );
 }
 
 fn tool_use(id: &str, name: &str, input: Value) -> (u16, Value) {
