@@ -178,7 +178,7 @@ impl ActivityInboundInterceptor for ActivityTelemetry {
                         }
                     }
                     if let Some(resp) = out.downcast_ref::<RunAgentResponse>() {
-                        let usage = resp.usage.clone().unwrap_or_default();
+                        let usage = resp.usage.unwrap_or_default();
                         span.set_attributes([
                             KeyValue::new("forkyard.input_tokens", usage.input_tokens as i64),
                             KeyValue::new("forkyard.output_tokens", usage.output_tokens as i64),

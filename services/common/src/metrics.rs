@@ -146,9 +146,8 @@ async fn temporal_sdk_page() -> Option<String> {
         conn.read_to_end(&mut raw).await.ok()?;
         let text = String::from_utf8(raw).ok()?;
         let (head, body) = text.split_once("\r\n\r\n")?;
-        head.starts_with("HTTP/1.1 200")
-            .then(|| body.to_owned())
-            .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_owned()))
+        let ok = head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200");
+        ok.then(|| body.to_owned())
     };
     tokio::time::timeout(std::time::Duration::from_secs(2), fetch)
         .await

@@ -61,7 +61,7 @@ fn record(result: &ForkResult, model: &str) -> (String, Vec<KeyValue>) {
         .with_label_values(&[status.as_str()])
         .observe(secs);
     run.fork_cost.with_label_values(&[model]).observe(cost);
-    let usage = result.usage.clone().unwrap_or_default();
+    let usage = result.usage.unwrap_or_default();
     let attrs = vec![
         KeyValue::new("forkyard.status", status.clone()),
         KeyValue::new("forkyard.sandbox_id", result.sandbox_id.clone()),
