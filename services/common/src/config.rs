@@ -101,8 +101,11 @@ impl TemporalTlsArgs {
 }
 
 impl TemporalArgs {
-    /// The frontend URL, accepting both `host:port` and `http(s)://host:port`.
+    /// The frontend URL, accepting both `host:port` and `http(s)://host:port`. Every
+    /// service checks it at start (exit 64), so the TEMPORAL_TLS_* settings are checked
+    /// here too.
     pub fn url(&self) -> Result<url::Url, String> {
+        self.tls.options()?;
         let raw = self.address.trim();
         if raw.is_empty() {
             return Err("TEMPORAL_ADDRESS (--temporal-address) is empty".into());
