@@ -9,7 +9,9 @@ use forkyard_proto::{
     common::v1::AgentSpec,
 };
 use std::time::Duration;
-use tonic::{Code, transport::Channel};
+// Traced: the runner's spans join the LaunchRun / GetForkResult trace.
+use forkyard_common::grpc_telemetry::{TracedChannel as Channel, traced_channel};
+use tonic::Code;
 
 /// Most transcript bytes GetForkResult returns: gRPC clients refuse messages above 4 MiB
 /// by default, and the rest of the result needs room too.
@@ -50,7 +52,9 @@ impl AgentRunnerLink {
             .connect_timeout(Duration::from_secs(3))
             .timeout(Duration::from_secs(10))
             .connect_lazy();
-        Ok(Self { channel })
+        Ok(Self {
+            channel: traced_channel(channel),
+        })
     }
 
     fn client(&self) -> AgentRunnerClient<Channel> {
