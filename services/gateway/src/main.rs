@@ -2,10 +2,14 @@
 
 use clap::Parser;
 use forkyard_common::{
-    TemporalArgs, config::parse_listen, exit_config_error, server, service, telemetry, temporal,
+    StateDirArg, TemporalArgs,
+    config::parse_listen,
+    exit_config_error, server, service, telemetry, temporal,
+    tls::{ClientAuth, TlsArgs},
 };
 use forkyard_gateway::{
     api::{AgentRunnerLink, GatewayService},
+    auth::config::SecurityArgs,
     search,
     validate::Limits,
     workflows::{ForkWorkflow, SandboxOrchestrationWorkflow, cleanup::ScheduledCleanupWorkflow},
@@ -27,6 +31,13 @@ struct Args {
     /// Largest number of forks one run may ask for.
     #[arg(long, env = "FORKYARD_MAX_FORKS", default_value_t = 1000)]
     max_forks: u32,
+    /// budget-ledger's gRPC endpoint (tenant accounts).
+    #[arg(
+        long,
+        env = "FORKYARD_LEDGER_ADDR",
+        default_value = "http://127.0.0.1:50054"
+    )]
+    ledger_addr: String,
     /// The agent runner asked at launch whether it can run an LLM agent spec (model
     /// alias, API key) and for fork transcripts.
     #[arg(
@@ -39,11 +50,22 @@ struct Args {
     temporal: TemporalArgs,
     #[command(flatten)]
     metrics: forkyard_common::metrics::MetricsArgs,
+    #[command(flatten)]
+    security: SecurityArgs,
+    #[command(flatten)]
+    tls: TlsArgs,
+    #[command(flatten)]
+    state: StateDirArg,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Before any channel is built (the ledger's, the agent runner's). Public callers
+    // authenticate with API keys, so a client certificate is optional here.
+    args.tls
+        .install(ClientAuth::Optional)
+        .unwrap_or_else(|e| exit_config_error(e));
     let listen = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen)
         .unwrap_or_else(|e| exit_config_error(e));
     if let Err(e) = args.temporal.url() {
@@ -60,6 +82,13 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
     args.metrics.start("gateway").await;
     telemetry::init("gateway");
+    // Only the key file lives there (and only with api keys): created when it is opened.
+    let state_dir = args.state.state_dir.clone();
+    let (gate, tenancy) = args
+        .security
+        .build(&state_dir, &args.ledger_addr)
+        .await
+        .unwrap_or_else(|e| exit_config_error(e));
     let client = temporal::connect(&args.temporal, "forkyard-gateway").await?;
     // The run workflow upserts these; without them its tasks would fail.
     if let Err(e) = search::ensure_registered(&client, &args.temporal.namespace).await {
@@ -71,10 +100,13 @@ async fn main() -> anyhow::Result<()> {
             max_forks: args.max_forks,
         },
     )
-    .with_agent_runner(agent_runner);
+    .with_agent_runner(agent_runner)
+    .with_tenancy(tenancy)
+    .with_deadline(args.security.deadline());
     let (routes, health) =
         server::base_routes(<GatewayServer<GatewayService> as NamedService>::NAME)?;
-    let routes = routes.add_service(GatewayServer::new(api));
+    // The gate wraps the API only: health and reflection stay open for probes.
+    let routes = routes.add_service(tower::Layer::layer(&gate, GatewayServer::new(api)));
 
     let options = WorkerOptions::new(queues::ORCHESTRATION)
         .register_workflow::<SandboxOrchestrationWorkflow>()?

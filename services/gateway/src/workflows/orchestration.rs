@@ -30,7 +30,9 @@ use super::{
 };
 use forkyard_proto::{
     activities::Ledger,
-    budget::v1::{Account, OpenAccountRequest, RaiseBudgetRequest},
+    budget::v1::{
+        Account, AccountKind, CreateAccountRequest, OpenAccountRequest, RaiseBudgetRequest,
+    },
     common::v1::{ForkResult, ForkStatus, VerifyStatus},
     gateway::v1::{Run, RunSpec, RunState},
 };
@@ -126,10 +128,23 @@ impl SandboxOrchestrationWorkflow {
             budget_micros: spec.budget_micros,
             idempotency_key: format!("{run_id}/open-account"),
         };
-        if let Err(e) = ctx
-            .execute_activity(Ledger::open_account, open, options::ledger())
-            .await
-        {
+        // A tenant's run draws on the tenant's account too (its spending limit).
+        let opened = if spec.tenant_account_id.is_empty() {
+            ctx.execute_activity(Ledger::open_account, open, options::ledger())
+                .await
+        } else {
+            let create = CreateAccountRequest {
+                account_id: open.account_id,
+                kind: AccountKind::Run as i32,
+                parent_account_id: spec.tenant_account_id.clone(),
+                budget_micros: open.budget_micros,
+                idempotency_key: open.idempotency_key,
+                ..Default::default()
+            };
+            ctx.execute_activity(Ledger::create_account, create, options::ledger())
+                .await
+        };
+        if let Err(e) = opened {
             let cancelled = ctx.cancellation_token().is_cancelled();
             let msg = if cancelled {
                 "run cancelled".to_owned()
