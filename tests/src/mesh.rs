@@ -213,7 +213,11 @@ impl Mesh {
         }
         cmd.env(
             "FORKYARD_AUTH",
-            if self.options.api_keys { "api-key" } else { "none" },
+            if self.options.api_keys {
+                "api-key"
+            } else {
+                "none"
+            },
         );
         let child = cmd
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())

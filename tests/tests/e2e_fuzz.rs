@@ -10,8 +10,8 @@ use forkyard_proto::{
     gateway::v1::{LaunchRunRequest, ListRunsRequest, gateway_client::GatewayClient},
 };
 use forkyard_tests::{Mesh, mesh::MeshOptions, support::workspaces_left};
-use prost::Message;
 use proptest::{prelude::*, test_runner::TestRunner};
+use prost::Message;
 use std::{collections::HashMap, time::Duration};
 use tonic::{
     Code, Request, Status,
@@ -164,7 +164,10 @@ fn hostile() -> impl Strategy<Value = (usize, Vec<u8>)> {
                 let labels = (0..n_labels)
                     .map(|i| (format!("k{i}{}", "/x".repeat(i % 40)), "{".repeat(i)))
                     .collect();
-                (0, launch("/nonexistent".into(), "p".repeat(prompt_len), forks, labels))
+                (
+                    0,
+                    launch("/nonexistent".into(), "p".repeat(prompt_len), forks, labels),
+                )
             }),
         // Invalid UTF-8 where every RPC expects a string (the run id, a path, a label).
         (method, 0usize..3).prop_map(|(m, which)| {
@@ -210,7 +213,11 @@ fn hostile_requests_get_a_proper_status_and_start_nothing() -> anyhow::Result<()
         .env("FORKYARD_STATE_DIR", mesh.state_dir())
         .args(["-o", "json", "keys", "create", "--tenant", "fuzz"])
         .output()?;
-    anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let key = serde_json::from_slice::<serde_json::Value>(&out.stdout)?["key"]
         .as_str()
         .unwrap()

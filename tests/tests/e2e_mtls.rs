@@ -39,12 +39,21 @@ async fn internal_services_demand_a_mesh_certificate_and_a_run_completes_over_mt
         .arg(&script)
         .arg(&rogue)
         .output()?;
-    anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for f in ["client.pem", "client.key"] {
         std::fs::copy(rogue.join(f), mesh.certs_dir().join(format!("rogue-{f}")))?;
     }
 
-    for service in ["sandbox-provisioner", "agent-runner", "budget-ledger", "janitor"] {
+    for service in [
+        "sandbox-provisioner",
+        "agent-runner",
+        "budget-ledger",
+        "janitor",
+    ] {
         // The mesh's own client certificate: served.
         assert!(serving(mesh.channel(service).await?).await?, "{service}");
         // TLS without a client certificate: the handshake or the call is refused.
@@ -52,7 +61,10 @@ async fn internal_services_demand_a_mesh_certificate_and_a_run_completes_over_mt
             Ok(ch) => serving(ch).await.is_ok(),
             Err(_) => false,
         };
-        assert!(!anonymous, "{service} served a caller without a certificate");
+        assert!(
+            !anonymous,
+            "{service} served a caller without a certificate"
+        );
         // A certificate from another CA.
         let impostor = match mesh.tls_channel(service, Some("rogue-client")).await {
             Ok(ch) => serving(ch).await.is_ok(),

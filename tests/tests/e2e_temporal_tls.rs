@@ -87,12 +87,20 @@ async fn tls_terminator(certs: &Path, upstream: u16) -> anyhow::Result<(u16, Arc
 fn make_certs(dir: &Path) -> anyhow::Result<()> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/certs.sh");
     let out = Command::new("bash").arg(script).arg(dir).output()?;
-    anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }
 
 /// Start a gateway against Temporal at `temporal` with `tls_env`; (process, gRPC port).
-fn gateway(state: &Path, temporal: &str, tls_env: &[(&str, PathBuf)]) -> anyhow::Result<(Killed, u16)> {
+fn gateway(
+    state: &Path,
+    temporal: &str,
+    tls_env: &[(&str, PathBuf)],
+) -> anyhow::Result<(Killed, u16)> {
     let port = free_port();
     let log = std::fs::File::create(state.join(format!("gateway-{port}.log")))?;
     let child = Command::new(bin_dir().join("gateway"))
@@ -104,7 +112,10 @@ fn gateway(state: &Path, temporal: &str, tls_env: &[(&str, PathBuf)]) -> anyhow:
         .env("FORKYARD_STATE_DIR", state)
         .env("FORKYARD_AUTH", "none")
         .env("FORKYARD_LISTEN", format!("127.0.0.1:{port}"))
-        .env("FORKYARD_METRICS_LISTEN", format!("127.0.0.1:{}", free_port()))
+        .env(
+            "FORKYARD_METRICS_LISTEN",
+            format!("127.0.0.1:{}", free_port()),
+        )
         .envs(tls_env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(log)
@@ -123,7 +134,9 @@ async fn serves(gw: &mut Killed, port: u16) -> bool {
             .unwrap()
             .connect()
             .await
-            && let Ok(r) = HealthClient::new(ch).check(HealthCheckRequest::default()).await
+            && let Ok(r) = HealthClient::new(ch)
+                .check(HealthCheckRequest::default())
+                .await
             && r.into_inner().status == ServingStatus::Serving as i32
         {
             return true;
@@ -134,9 +147,11 @@ async fn serves(gw: &mut Killed, port: u16) -> bool {
 }
 
 #[tokio::test]
-async fn the_gateway_reaches_temporal_over_mtls_and_not_without_a_certificate()
--> anyhow::Result<()> {
-    let state = tempfile::Builder::new().prefix("forkyard-ttls-").tempdir()?;
+async fn the_gateway_reaches_temporal_over_mtls_and_not_without_a_certificate() -> anyhow::Result<()>
+{
+    let state = tempfile::Builder::new()
+        .prefix("forkyard-ttls-")
+        .tempdir()?;
     let certs = state.path().join("certs");
     make_certs(&certs)?;
     let rogue = state.path().join("rogue");
@@ -167,7 +182,10 @@ async fn the_gateway_reaches_temporal_over_mtls_and_not_without_a_certificate()
             ("TEMPORAL_TLS_CA", certs.join("ca.pem")),
         ],
     )?;
-    assert!(serves(&mut ok, port).await, "gateway did not serve over temporal mtls");
+    assert!(
+        serves(&mut ok, port).await,
+        "gateway did not serve over temporal mtls"
+    );
     assert!(handshakes.load(Ordering::SeqCst) > 0);
     drop(ok);
 
@@ -189,7 +207,11 @@ async fn the_gateway_reaches_temporal_over_mtls_and_not_without_a_certificate()
         let before = handshakes.load(Ordering::SeqCst);
         let (mut refused, port) = gateway(state.path(), &address, &env)?;
         assert!(!serves(&mut refused, port).await, "served with {what}");
-        assert_eq!(handshakes.load(Ordering::SeqCst), before, "{what} got through");
+        assert_eq!(
+            handshakes.load(Ordering::SeqCst),
+            before,
+            "{what} got through"
+        );
     }
 
     // A certificate without its key is a configuration error naming the setting.

@@ -9,16 +9,16 @@ use forkyard_proto::{
         budget_ledger_client::BudgetLedgerClient,
     },
     gateway::v1::{
-        CancelForkRequest, CancelRunRequest, GetForkResultRequest, GetRunRequest,
-        LaunchRunRequest, ListRunsRequest, PauseRunRequest, RaiseBudgetRequest, ResumeRunRequest,
-        Run, RunState, StartCleanupRequest, WatchRunRequest, gateway_client::GatewayClient,
+        CancelForkRequest, CancelRunRequest, GetForkResultRequest, GetRunRequest, LaunchRunRequest,
+        ListRunsRequest, PauseRunRequest, RaiseBudgetRequest, ResumeRunRequest, Run, RunState,
+        StartCleanupRequest, WatchRunRequest, gateway_client::GatewayClient,
     },
 };
 use forkyard_tests::{
+    Mesh,
     mesh::{MeshOptions, bin_dir},
     repo,
     support::launch,
-    Mesh,
 };
 use std::{
     path::Path,
@@ -212,7 +212,10 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
     let (id_b, key_b) = new_key(&mesh, "team-b");
     let (_, key_ops) = new_key(&mesh, "ops");
     let listed = keys(&mesh, &["list"]);
-    assert!(listed.contains("team-a") && listed.contains(&id_b), "{listed}");
+    assert!(
+        listed.contains("team-a") && listed.contains(&id_b),
+        "{listed}"
+    );
     assert!(!listed.contains(&key_a), "keys list must not show secrets");
     let mut gw = GatewayClient::new(mesh.channel("gateway").await?);
 
@@ -221,10 +224,7 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
         .check(HealthCheckRequest::default())
         .await?;
     assert_eq!(health.into_inner().status, 1, "SERVING without a key");
-    let err = gw
-        .list_runs(ListRunsRequest::default())
-        .await
-        .unwrap_err();
+    let err = gw.list_runs(ListRunsRequest::default()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
     let err = gw
         .launch_run(launch_req(&src, "x", "true"))
@@ -252,11 +252,17 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
 
     assert_invisible(&mut gw, &key_b, &a.run_id).await;
     // The same answer as for a run that does not exist: nothing tells B the id is taken.
-    let ghost = get(&mut gw, &key_b, "run-does-not-exist").await.unwrap_err();
+    let ghost = get(&mut gw, &key_b, "run-does-not-exist")
+        .await
+        .unwrap_err();
     assert_eq!(ghost.code(), Code::NotFound);
     assert!(list_ids(&mut gw, &key_a).await.contains(&a.run_id));
     let b_runs = list_ids(&mut gw, &key_b).await;
-    assert_eq!(b_runs, vec![b_launch.run_id.clone()], "B lists only its own");
+    assert_eq!(
+        b_runs,
+        vec![b_launch.run_id.clone()],
+        "B lists only its own"
+    );
 
     // A's run carries its tenant and draws on the tenant's ledger account.
     let run = get(&mut gw, &key_a, &a.run_id).await?;
@@ -340,7 +346,10 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(err.message().starts_with("budget_usd"), "{err:?}");
-    assert!(list_ids(&mut gw, &key_c).await.is_empty(), "nothing started");
+    assert!(
+        list_ids(&mut gw, &key_c).await.is_empty(),
+        "nothing started"
+    );
     ledger
         .raise_budget(LedgerRaise {
             account_id: "tenant-team-c".into(),
@@ -363,8 +372,7 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-async fn a_flooding_tenant_is_refused_while_another_tenants_run_completes() -> anyhow::Result<()>
-{
+async fn a_flooding_tenant_is_refused_while_another_tenants_run_completes() -> anyhow::Result<()> {
     let mesh = Mesh::start_with(MeshOptions {
         api_keys: true,
         env: vec![

@@ -44,20 +44,41 @@ pub struct TemporalArgs {
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TemporalTlsArgs {
     /// PEM client certificate for mTLS to Temporal.
-    #[arg(id = "temporal_tls_cert", long = "temporal-tls-cert", env = "TEMPORAL_TLS_CERT")]
+    #[arg(
+        id = "temporal_tls_cert",
+        long = "temporal-tls-cert",
+        env = "TEMPORAL_TLS_CERT"
+    )]
     pub cert: Option<PathBuf>,
     /// PEM private key of --temporal-tls-cert.
-    #[arg(id = "temporal_tls_key", long = "temporal-tls-key", env = "TEMPORAL_TLS_KEY")]
+    #[arg(
+        id = "temporal_tls_key",
+        long = "temporal-tls-key",
+        env = "TEMPORAL_TLS_KEY"
+    )]
     pub key: Option<PathBuf>,
     /// PEM CA of the Temporal frontend's certificate (else the system roots).
-    #[arg(id = "temporal_tls_ca", long = "temporal-tls-ca", env = "TEMPORAL_TLS_CA")]
+    #[arg(
+        id = "temporal_tls_ca",
+        long = "temporal-tls-ca",
+        env = "TEMPORAL_TLS_CA"
+    )]
     pub ca: Option<PathBuf>,
     /// Server name to verify instead of the address's host.
-    #[arg(id = "temporal_tls_server_name", long = "temporal-tls-server-name", env = "TEMPORAL_TLS_SERVER_NAME")]
+    #[arg(
+        id = "temporal_tls_server_name",
+        long = "temporal-tls-server-name",
+        env = "TEMPORAL_TLS_SERVER_NAME"
+    )]
     pub server_name: Option<String>,
     /// TLS without a client certificate (e.g. an API-key namespace); implied by any other
     /// TEMPORAL_TLS_* setting.
-    #[arg(id = "temporal_tls_enabled", long = "temporal-tls", env = "TEMPORAL_TLS", default_value_t = false)]
+    #[arg(
+        id = "temporal_tls_enabled",
+        long = "temporal-tls",
+        env = "TEMPORAL_TLS",
+        default_value_t = false
+    )]
     pub enabled: bool,
 }
 

@@ -10,9 +10,7 @@
 //! agree on one identity.
 
 use std::{path::PathBuf, sync::OnceLock, time::Duration};
-use tonic::transport::{
-    Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig,
-};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
 
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TlsArgs {
@@ -235,7 +233,12 @@ mod tests {
 
     #[test]
     fn off_by_default() {
-        assert!(TlsArgs::default().load(ClientAuth::Required).unwrap().is_none());
+        assert!(
+            TlsArgs::default()
+                .load(ClientAuth::Required)
+                .unwrap()
+                .is_none()
+        );
     }
 
     fn tempfile_dir() -> PathBuf {

@@ -7,11 +7,11 @@ use crate::{
 use forkyard_proto::gateway::v1::RunState;
 use std::collections::HashMap;
 use temporalio_client::Client;
-use temporalio_common::search_attributes::SearchAttributeKey;
 use temporalio_common::protos::temporal::api::{
     enums::v1::IndexedValueType,
     operatorservice::v1::{AddSearchAttributesRequest, ListSearchAttributesRequest},
 };
+use temporalio_common::search_attributes::SearchAttributeKey;
 
 /// The tenant that launched the run (set at start; never changes).
 pub const TENANT_ATTR: SearchAttributeKey<String> = SearchAttributeKey::keyword("ForkyardTenant");
@@ -89,7 +89,9 @@ pub fn list_query_for(
     let mut q = format!("WorkflowType = '{ORCHESTRATION_WORKFLOW}'");
     if let Some(t) = tenant {
         if t.contains(['\'', '\\']) {
-            return Err(GatewayError::Internal(format!("tenant name {t:?} is not query-safe")));
+            return Err(GatewayError::Internal(format!(
+                "tenant name {t:?} is not query-safe"
+            )));
         }
         q.push_str(&format!(" AND {} = '{t}'", TENANT_ATTR.name()));
     }

@@ -51,7 +51,13 @@ fn nasty_string() -> impl Strategy<Value = String> {
 }
 
 fn absurd_u32() -> impl Strategy<Value = u32> {
-    prop_oneof![Just(0), Just(1), Just(u32::MAX), Just(u32::MAX - 1), any::<u32>()]
+    prop_oneof![
+        Just(0),
+        Just(1),
+        Just(u32::MAX),
+        Just(u32::MAX - 1),
+        any::<u32>()
+    ]
 }
 
 fn labels() -> impl Strategy<Value = HashMap<String, String>> {
@@ -66,9 +72,19 @@ fn labels() -> impl Strategy<Value = HashMap<String, String>> {
 
 fn request() -> impl Strategy<Value = LaunchRunRequest> {
     (
-        (nasty_string(), nasty_string(), nasty_string(), nasty_string()),
+        (
+            nasty_string(),
+            nasty_string(),
+            nasty_string(),
+            nasty_string(),
+        ),
         (absurd_u32(), absurd_u32(), absurd_u32(), absurd_u32()),
-        (nasty_string(), nasty_string(), nasty_string(), nasty_string()),
+        (
+            nasty_string(),
+            nasty_string(),
+            nasty_string(),
+            nasty_string(),
+        ),
         (labels(), any::<bool>(), nasty_string()),
     )
         .prop_map(

@@ -42,7 +42,6 @@ pub struct GatewayService {
     deadline: Duration,
 }
 
-
 pub use agents::AgentRunnerLink;
 
 impl GatewayService {
@@ -92,10 +91,9 @@ impl GatewayService {
 
 /// The caller the gate admitted. Without the gate nobody is admitted (fail closed).
 fn tenant<T>(req: &Request<T>) -> std::result::Result<Tenant, Status> {
-    req.extensions()
-        .get::<Tenant>()
-        .cloned()
-        .ok_or_else(|| Status::unauthenticated("no caller identity (gateway built without its gate)"))
+    req.extensions().get::<Tenant>().cloned().ok_or_else(|| {
+        Status::unauthenticated("no caller identity (gateway built without its gate)")
+    })
 }
 
 type Result<T> = std::result::Result<Response<T>, Status>;
@@ -185,9 +183,7 @@ impl Gateway for GatewayService {
         req: Request<StartCleanupRequest>,
     ) -> Result<StartCleanupResponse> {
         admin(&tenant(&req)?)?;
-        ok(self
-            .bounded(self.schedule_cleanup(req.into_inner()))
-            .await)
+        ok(self.bounded(self.schedule_cleanup(req.into_inner())).await)
     }
 
     async fn stop_cleanup(&self, req: Request<StopCleanupRequest>) -> Result<StopCleanupResponse> {

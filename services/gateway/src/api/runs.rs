@@ -132,8 +132,7 @@ impl GatewayService {
                     l
                 }),
                 search::TENANT_ATTR.value_set(tenant.name.clone()),
-                search::FORK_SLOTS_ATTR
-                    .value_set(i64::from(spec.max_concurrent.min(spec.forks))),
+                search::FORK_SLOTS_ATTR.value_set(i64::from(spec.max_concurrent.min(spec.forks))),
             ]))
             .build();
         let forks = spec.forks;

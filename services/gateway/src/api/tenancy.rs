@@ -92,8 +92,7 @@ impl GatewayService {
         &self,
         tenant: &Tenant,
     ) -> Result<Option<String>, GatewayError> {
-        let (Some(account_id), Some(ledger)) = (tenant.account_id(), &self.tenancy.ledger)
-        else {
+        let (Some(account_id), Some(ledger)) = (tenant.account_id(), &self.tenancy.ledger) else {
             return Ok(None);
         };
         let mut ledger = ledger.clone();

@@ -35,7 +35,11 @@ pub struct SecurityArgs {
     #[arg(long, env = "FORKYARD_MAX_IN_FLIGHT", default_value_t = 1024)]
     pub max_in_flight: u32,
     /// Forks one tenant may have in flight over all its live runs (with api keys).
-    #[arg(long, env = "FORKYARD_TENANT_MAX_CONCURRENT_FORKS", default_value_t = 1000)]
+    #[arg(
+        long,
+        env = "FORKYARD_TENANT_MAX_CONCURRENT_FORKS",
+        default_value_t = 1000
+    )]
     pub tenant_max_concurrent_forks: u32,
     /// The spending limit (USD) a tenant's ledger account starts with on its first run.
     #[arg(long, env = "FORKYARD_TENANT_BUDGET_USD", default_value = "100")]
@@ -56,8 +60,14 @@ impl SecurityArgs {
         }
         for (flag, v) in [
             ("--tenant-burst (FORKYARD_TENANT_BURST)", self.tenant_burst),
-            ("--tenant-concurrency (FORKYARD_TENANT_CONCURRENCY)", self.tenant_concurrency),
-            ("--max-in-flight (FORKYARD_MAX_IN_FLIGHT)", self.max_in_flight),
+            (
+                "--tenant-concurrency (FORKYARD_TENANT_CONCURRENCY)",
+                self.tenant_concurrency,
+            ),
+            (
+                "--max-in-flight (FORKYARD_MAX_IN_FLIGHT)",
+                self.max_in_flight,
+            ),
             (
                 "--tenant-max-concurrent-forks (FORKYARD_TENANT_MAX_CONCURRENT_FORKS)",
                 self.tenant_max_concurrent_forks,
@@ -68,7 +78,9 @@ impl SecurityArgs {
             }
         }
         if self.call_deadline_secs == 0 {
-            return Err("--call-deadline-secs (FORKYARD_CALL_DEADLINE_SECS) must be at least 1".into());
+            return Err(
+                "--call-deadline-secs (FORKYARD_CALL_DEADLINE_SECS) must be at least 1".into(),
+            );
         }
         Ok(LimitConfig {
             tenant_rate: self.tenant_rate,
@@ -102,20 +114,26 @@ impl SecurityArgs {
             }
             AuthMode::ApiKey => {
                 for t in &self.admin_tenants {
-                    check_tenant(t).map_err(|e| format!("--admin-tenants (FORKYARD_ADMIN_TENANTS): {e}"))?;
+                    check_tenant(t)
+                        .map_err(|e| format!("--admin-tenants (FORKYARD_ADMIN_TENANTS): {e}"))?;
                 }
                 let path = self
                     .api_keys_db
                     .clone()
                     .unwrap_or_else(|| state_dir.join("gateway").join("api-keys.db"));
                 let store = KeyStore::open(&path).await.map_err(|e| {
-                    format!("--api-keys-db (FORKYARD_API_KEYS_DB) {}: {e}", path.display())
+                    format!(
+                        "--api-keys-db (FORKYARD_API_KEYS_DB) {}: {e}",
+                        path.display()
+                    )
                 })?;
                 let keys = store.list().await.map_err(|e| e.to_string())?;
                 let valid = keys.iter().filter(|k| k.revoked_unix_ms == 0).count();
                 tracing::info!(path = %path.display(), valid_keys = valid, "api key authentication on");
                 if valid == 0 {
-                    tracing::warn!("no valid api keys yet: every call is refused until `forkyard keys create --tenant <name>`");
+                    tracing::warn!(
+                        "no valid api keys yet: every call is refused until `forkyard keys create --tenant <name>`"
+                    );
                 }
                 let endpoint = forkyard_common::tls::endpoint(ledger_addr)
                     .map_err(|e| format!("--ledger-addr (FORKYARD_LEDGER_ADDR): {e}"))?

@@ -87,7 +87,11 @@ fn random_hex(n: usize) -> Result<String, KeyError> {
 /// Equal-time comparison of two digests, so a timing difference says nothing about
 /// how much of a guessed key's hash matched.
 fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
 }
 
 /// The id of a key-shaped string, `None` for anything else.
@@ -110,7 +114,9 @@ fn info(row: &sqlx::sqlite::SqliteRow) -> Result<KeyInfo, sqlx::Error> {
         tenant: row.try_get("tenant")?,
         name: row.try_get("name")?,
         created_unix_ms: row.try_get("created_unix_ms")?,
-        revoked_unix_ms: row.try_get::<Option<i64>, _>("revoked_unix_ms")?.unwrap_or(0),
+        revoked_unix_ms: row
+            .try_get::<Option<i64>, _>("revoked_unix_ms")?
+            .unwrap_or(0),
     })
 }
 
@@ -244,7 +250,10 @@ mod tests {
         let store = KeyStore::open(&path).await.unwrap();
         let k = store.create("team-a", "ci").await.unwrap();
         assert!(k.key.starts_with("fyk_"), "{}", k.key);
-        assert_eq!(store.verify(&k.key).await.unwrap().as_deref(), Some("team-a"));
+        assert_eq!(
+            store.verify(&k.key).await.unwrap().as_deref(),
+            Some("team-a")
+        );
         // A wrong secret with the right id, and junk, verify to nothing.
         let mut wrong = k.key.clone();
         let last = wrong.pop().unwrap();
@@ -266,7 +275,10 @@ mod tests {
         let revoked = store.revoke(&k.info.id).await.unwrap();
         assert!(revoked.revoked_unix_ms > 0);
         assert_eq!(store.verify(&k.key).await.unwrap(), None);
-        assert!(matches!(store.revoke("nope").await, Err(KeyError::NotFound(_))));
+        assert!(matches!(
+            store.revoke("nope").await,
+            Err(KeyError::NotFound(_))
+        ));
     }
 
     #[tokio::test]

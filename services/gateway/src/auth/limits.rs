@@ -70,11 +70,7 @@ impl Limiter {
     }
 
     /// Admit one call of `tenant` holding the gateway slot `global`.
-    pub fn admit(
-        &self,
-        tenant: &str,
-        global: OwnedSemaphorePermit,
-    ) -> Result<Admission, Status> {
+    pub fn admit(&self, tenant: &str, global: OwnedSemaphorePermit) -> Result<Admission, Status> {
         let in_flight = {
             let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
             let now = Instant::now();

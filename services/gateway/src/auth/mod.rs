@@ -85,11 +85,12 @@ impl Authenticator {
         let key = value
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
             .map(str::trim)
-            .ok_or_else(|| {
-                Status::unauthenticated("authorization: expected `Bearer <api key>`")
-            })?;
+            .ok_or_else(|| Status::unauthenticated("authorization: expected `Bearer <api key>`"))?;
         match store.verify(key).await {
             Ok(Some(name)) => Ok(Tenant {
                 admin: admins.contains(&name),
