@@ -164,3 +164,22 @@ fn malformed_settings_exit_64_naming_the_setting() {
         assert_config_error(service, &exit, "TEMPORAL_ADDRESS");
     }
 }
+
+#[test]
+fn tls_certificate_without_its_key_exits_64_naming_the_key() {
+    for (cert, key) in [
+        ("TEMPORAL_TLS_CERT", "TEMPORAL_TLS_KEY"),
+        ("FORKYARD_TLS_CERT", "FORKYARD_TLS_KEY"),
+    ] {
+        let mut checked = 0;
+        for service in SERVICES {
+            if !accepts(service, cert) {
+                continue;
+            }
+            checked += 1;
+            let exit = start(service, &[(cert, "/nonexistent/cert.pem".into())]);
+            assert_config_error(service, &exit, key);
+        }
+        assert!(checked > 0, "no service accepts {cert}");
+    }
+}
