@@ -27,8 +27,8 @@ async fn main() -> anyhow::Result<()> {
     let listener = server::bind(listen)
         .await
         .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
-    telemetry::init("sandbox-provisioner");
     args.metrics.start("sandbox-provisioner").await;
+    telemetry::init("sandbox-provisioner");
     let core = Provisioner::open(config)
         .await
         .unwrap_or_else(|e| exit_config_error(e));
