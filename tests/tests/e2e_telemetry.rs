@@ -210,19 +210,33 @@ async fn a_run_is_one_trace_across_the_mesh_and_its_metrics_match() {
         assert_eq!(create.attr_str("forkyard.fork"), Some(fork.to_string()));
         assert!(ancestry(create, &by_id).contains(&"RunWorkflow:ForkWorkflow"));
     }
-    // gRPC server spans of budget-ledger and the provisioner are children of client spans
-    // in the calling service (context through gRPC metadata).
-    for service in ["budget-ledger", "sandbox-provisioner"] {
-        let server = spans
-            .iter()
-            .find(|s| s.service == service && s.name.starts_with("forkyard."))
-            .unwrap_or_else(|| panic!("no gRPC server span in {service}:\n{}", dump()));
+    // The ledger's part hangs under a fork: its activities, or (when the gateway makes the
+    // ledger calls as local activities over gRPC) its gRPC server spans.
+    assert!(
+        spans.iter().any(|s| s.service == "budget-ledger"
+            && ancestry(s, &by_id).contains(&"RunWorkflow:ForkWorkflow")),
+        "no ledger span under a fork:\n{}",
+        dump()
+    );
+    // Every gRPC server span is the child of the caller's client span for the same
+    // method, in another service (context through gRPC metadata); the provisioner has
+    // some (the agent runner's calls into the sandbox).
+    let servers: Vec<&SpanRecord> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("forkyard.") && s.name != roots[0].name)
+        .filter(|s| by_id[s.parent_span_id.as_str()].service != s.service)
+        .collect();
+    assert!(
+        servers.iter().any(|s| s.service == "sandbox-provisioner"),
+        "no provisioner gRPC server span:\n{}",
+        dump()
+    );
+    for server in &servers {
         let parent = by_id[server.parent_span_id.as_str()];
         assert_eq!(
             parent.name, server.name,
-            "the client span names the same method"
+            "client and server span name the method"
         );
-        assert_ne!(parent.service, service, "{}", dump());
     }
     assert!(
         spans.iter().all(|s| s.status_code != 2),
