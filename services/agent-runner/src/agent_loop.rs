@@ -270,7 +270,15 @@ pub async fn run<S: ProgressSink>(
                     lp.transcript.write(&json!({"type": "end", "reason": "charge refused", "error": e.to_string(), "turns": n}));
                     tracing::warn!(run_id = %req.run_id, fork = req.fork, turn = n, error = %e, "charge refused, stopping the agent");
                     lp.beat("stopped: charge refused").await;
-                    return Err(e);
+                    // The fork's error then says how far the agent got.
+                    return Err(match e {
+                        AgentError::BudgetExceeded(m) => AgentError::BudgetExceeded(format!(
+                            "{m}; the agent stopped after {} turns ({} micro-USD charged, turn {n} not)",
+                            n - 1,
+                            lp.progress.charged_micros
+                        )),
+                        other => other,
+                    });
                 }
             }
         }

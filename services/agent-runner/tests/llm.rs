@@ -350,6 +350,11 @@ async fn a_refused_charge_stops_the_agent_as_budget_exceeded() {
         .await
         .unwrap_err();
     assert!(matches!(err, AgentError::BudgetExceeded(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("stopped after 1 turns (4500 micro-USD charged"),
+        "{err}"
+    );
     // Final for Temporal: the activity failure is non-retryable BudgetExceeded.
     let act = format!("{:?}", err_to_activity(err));
     assert!(
