@@ -133,10 +133,19 @@ fn exporter(endpoint: &str) -> Result<WarnOnce, String> {
     })
 }
 
-/// Flush buffered spans (bounded wait) before the process exits.
+/// Flush buffered spans before the process exits, waiting at most 3 s: a collector that
+/// swallows connections must not hold up a shutdown.
 pub fn shutdown() {
-    if let Some(provider) = PROVIDER.get() {
+    let Some(provider) = PROVIDER.get().cloned() else {
+        return;
+    };
+    let (done, flushed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         let _ = provider.force_flush();
+        let _ = done.send(());
+    });
+    if flushed.recv_timeout(Duration::from_secs(3)).is_err() {
+        tracing::warn!("spans still buffered at exit are dropped");
     }
 }
 
