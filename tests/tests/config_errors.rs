@@ -36,10 +36,10 @@ fn start(service: &str, env: &[(&str, String)]) -> Exit {
     cmd.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("FORKYARD_STATE_DIR", state.path())
-        // Nothing listens here, and the services give up on it quickly: a setting
-        // checked only after connecting to Temporal would surface as a connect error.
+        // Nothing listens here and the services would keep trying for a minute: a setting
+        // checked only after connecting to Temporal would outlast the 20 s below.
         .env("TEMPORAL_ADDRESS", "127.0.0.1:9")
-        .env("FORKYARD_TEMPORAL_CONNECT_TIMEOUT_SECS", "2")
+        .env("FORKYARD_TEMPORAL_CONNECT_TIMEOUT_SECS", "60")
         .env("FORKYARD_LISTEN", format!("127.0.0.1:{}", free_port()))
         .env(
             "FORKYARD_METRICS_LISTEN",
@@ -106,9 +106,9 @@ fn assert_config_error(service: &str, exit: &Exit, setting: &str) {
         "{service}: the first stderr line must name {setting}, got:\n{}",
         exit.stderr
     );
-    // "At once": well before the 2 s Temporal connect timeout could have run out.
+    // "At once": without waiting on Temporal (a generous bound for a loaded CI machine).
     assert!(
-        exit.took < Duration::from_secs(2),
+        exit.took < Duration::from_secs(10),
         "{service}: took {:?} to refuse its configuration",
         exit.took
     );
