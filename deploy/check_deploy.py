@@ -402,7 +402,7 @@ def services_accept_the_compose_and_dev_settings():
                 problems.append(f"{s} with the {where} settings {out}")
     assert not problems, "\n  ".join(problems)
     # And it can tell: an empty TEMPORAL_ADDRESS is refused.
-    out = starts_with("janitor", {**compose_env(config, "janitor"), "TEMPORAL_ADDRESS": ""})
+    out = starts_with("janitor", {**compose_env(config, "janitor"), "TEMPORAL_ADDRESS": ""}, 10)
     assert out and "exited 64" in out and "TEMPORAL_ADDRESS" in out, out
 
 
