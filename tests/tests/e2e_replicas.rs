@@ -75,6 +75,18 @@ fn watch(
     })
 }
 
+/// The Temporal server lists an activity poller on `queue` (`temporal task-queue describe`).
+fn has_activity_poller(mesh: &Mesh, queue: &str) -> bool {
+    let out = std::process::Command::new(forkyard_tests::mesh::temporal_cli())
+        .args(["task-queue", "describe", "--task-queue", queue])
+        .args(["--task-queue-type", "activity", "-o", "json", "--address"])
+        .arg(mesh.temporal_address())
+        .output()
+        .expect("run the temporal CLI");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["pollers"].as_array().is_some_and(|p| !p.is_empty())
+}
+
 /// The replica's log has a "sandbox destroyed" line for `id`.
 fn destroyed_in_log(log: &Path, id: &str) -> bool {
     std::fs::read_to_string(log)
@@ -120,6 +132,18 @@ async fn forks_land_on_two_replicas_and_each_owner_runs_and_destroys_its_sandbox
     let run = wait_finished(&mut gw, &launched.run_id, Duration::from_secs(240)).await;
     stop.store(true, Ordering::Relaxed);
     let seen = watcher.await.unwrap();
+
+    // Each replica really polls its own task queue (the one its records name).
+    let mut own_queues: Vec<&str> = seen
+        .values()
+        .map(|s| s[0].owner_task_queue.as_str())
+        .collect();
+    own_queues.sort_unstable();
+    own_queues.dedup();
+    assert_eq!(own_queues.len(), 2, "{own_queues:?}");
+    for queue in own_queues {
+        assert!(has_activity_poller(&mesh, queue), "nobody polls {queue}");
+    }
 
     // Every fork completed, whichever replica created its sandbox.
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
@@ -173,7 +197,6 @@ async fn forks_land_on_two_replicas_and_each_owner_runs_and_destroys_its_sandbox
         per_replica.len() == 2,
         "forks should land on both replicas: {per_replica:?}"
     );
-
     // Each sandbox was destroyed by its owner: nothing is left on either replica, and the
     // owner's log records the destroy.
     for (name, prov) in [("a", a), ("b", b)] {
