@@ -30,7 +30,7 @@ pub struct Runner {
 
 /// A lazily connected channel to `addr` (checked to be a URL by the caller).
 pub fn lazy_channel(addr: &str) -> Result<Channel, String> {
-    Ok(forkyard_common::tls::endpoint(addr)
+    Ok(forkyard_common::tls::short_call_endpoint(addr)
         .map_err(|e| format!("{addr:?} is not a URL: {e}"))?
         .connect_timeout(Duration::from_secs(5))
         .connect_lazy())

@@ -184,6 +184,16 @@ pub fn endpoint(addr: &str) -> Result<Endpoint, String> {
     Ok(ep)
 }
 
+/// Deadline of each call on a channel from [`short_call_endpoint`].
+pub const SHORT_CALL_DEADLINE: Duration = Duration::from_secs(60);
+
+/// [`endpoint`] for services whose calls are all short request/response (the ledger,
+/// the janitor's list/destroy): each call fails with DEADLINE_EXCEEDED after
+/// [`SHORT_CALL_DEADLINE`] rather than waiting on a stuck peer. Not for exec streams.
+pub fn short_call_endpoint(addr: &str) -> Result<Endpoint, String> {
+    Ok(endpoint(addr)?.timeout(SHORT_CALL_DEADLINE))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

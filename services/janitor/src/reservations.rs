@@ -20,7 +20,7 @@ pub struct Ledger {
 
 impl Ledger {
     pub fn connect_lazy(addr: &str) -> Result<Self, JanitorError> {
-        let endpoint = forkyard_common::tls::endpoint(addr).map_err(|e| {
+        let endpoint = forkyard_common::tls::short_call_endpoint(addr).map_err(|e| {
             JanitorError::InvalidArgument {
                 field: "ledger_addr",
                 reason: format!("{addr:?}: {e}"),

@@ -47,7 +47,7 @@ impl GrpcSandboxes {
     /// the janitor starts while the provisioner is down.
     pub fn connect_lazy(addr: &str) -> Result<Self, JanitorError> {
         let endpoint =
-            forkyard_common::tls::endpoint(addr).map_err(|e| JanitorError::InvalidArgument {
+            forkyard_common::tls::short_call_endpoint(addr).map_err(|e| JanitorError::InvalidArgument {
                 field: "provisioner_addr",
                 reason: format!("{addr:?} is not a URL: {e}"),
             })?;
