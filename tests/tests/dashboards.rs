@@ -1,0 +1,104 @@
+//! The Grafana dashboards in deploy/grafana/dashboards are importable JSON that query the
+//! Prometheus data source the provisioning defines, and only name metrics the services
+//! export (a renamed metric must not leave a dashboard silently empty).
+
+use std::{collections::HashSet, path::Path};
+
+/// The metric families the services register (services/common/src/metrics.rs,
+/// grpc_telemetry.rs, services/janitor/src/metrics.rs); `temporal_*` are the SDK's.
+const EXPORTED: &[&str] = &[
+    "sandbox_fork_completed_total",
+    "sandbox_fork_duration_seconds",
+    "sandbox_fork_cost_usd",
+    "sandbox_created_total",
+    "sandbox_duration_seconds",
+    "agent_cost_usd",
+    "active_sandboxes",
+    "grpc_server_requests_total",
+    "grpc_server_request_duration_seconds",
+    "grpc_client_requests_total",
+    "grpc_client_request_duration_seconds",
+    "janitor_sandboxes_reaped_total",
+    "janitor_reservations_released_total",
+    "janitor_sweeps_total",
+];
+
+fn metric_names(expr: &str) -> Vec<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| {
+            [
+                "sandbox_",
+                "agent_",
+                "active_",
+                "grpc_",
+                "janitor_",
+                "temporal_",
+            ]
+            .iter()
+            .any(|p| w.starts_with(p))
+        })
+        .map(|w| {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| w.strip_suffix(s))
+                .unwrap_or(w);
+            base.to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn dashboards_are_importable_and_query_exported_metrics() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let datasources =
+        std::fs::read_to_string(root.join("deploy/grafana/provisioning/datasources/forkyard.yml"))
+            .unwrap();
+    assert!(datasources.contains("uid: prometheus"));
+    let dir = root.join("deploy/grafana/dashboards");
+    let mut uids = HashSet::new();
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        files += 1;
+        let name = path.display().to_string();
+        let dash: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect(&name);
+        assert!(
+            uids.insert(dash["uid"].as_str().expect("uid").to_owned()),
+            "{name}: uid reused"
+        );
+        assert!(
+            dash["title"].as_str().is_some_and(|t| !t.is_empty()),
+            "{name}"
+        );
+        let panels = dash["panels"].as_array().expect("panels");
+        assert!(!panels.is_empty(), "{name}");
+        let mut ids = HashSet::new();
+        for panel in panels {
+            let title = panel["title"].as_str().unwrap_or("?");
+            assert!(
+                ids.insert(panel["id"].as_i64().expect("panel id")),
+                "{name}: {title}"
+            );
+            assert_eq!(panel["datasource"]["uid"], "prometheus", "{name}: {title}");
+            assert!(panel["gridPos"]["w"].as_i64().is_some(), "{name}: {title}");
+            let targets = panel["targets"].as_array().expect("targets");
+            assert!(!targets.is_empty(), "{name}: {title}");
+            for target in targets {
+                let expr = target["expr"].as_str().expect("expr");
+                let names = metric_names(expr);
+                assert!(!names.is_empty(), "{name}: {title}: {expr}");
+                for metric in names {
+                    assert!(
+                        metric.starts_with("temporal_") || EXPORTED.contains(&metric.as_str()),
+                        "{name}: {title}: {metric} is not exported"
+                    );
+                }
+            }
+        }
+    }
+    assert!(files >= 3, "{files} dashboards in {}", dir.display());
+}
