@@ -5,6 +5,7 @@ pub mod api;
 pub mod auth;
 pub mod error;
 pub mod fork_telemetry;
+pub mod ledger;
 pub mod money;
 pub mod search;
 pub mod validate;

@@ -10,12 +10,13 @@ use forkyard_common::{
 use forkyard_gateway::{
     api::{AgentRunnerLink, GatewayService},
     auth::config::SecurityArgs,
+    ledger::LedgerLocal,
     search,
     validate::Limits,
     workflows::{ForkWorkflow, SandboxOrchestrationWorkflow, cleanup::ScheduledCleanupWorkflow},
 };
 use forkyard_proto::{gateway::v1::gateway_server::GatewayServer, queues};
-use temporalio_sdk::WorkerOptions;
+use temporalio_sdk::{WorkerOptions, runtime::PollerBehavior};
 use tonic::server::NamedService;
 
 #[derive(Debug, Parser)]
@@ -31,13 +32,18 @@ struct Args {
     /// Largest number of forks one run may ask for.
     #[arg(long, env = "FORKYARD_MAX_FORKS", default_value_t = 1000)]
     max_forks: u32,
-    /// budget-ledger's gRPC endpoint (tenant accounts).
+    /// budget-ledger's gRPC endpoint; the run workflows' ledger calls go there as local
+    /// activities of this worker.
     #[arg(
         long,
         env = "FORKYARD_LEDGER_ADDR",
         default_value = "http://127.0.0.1:50054"
     )]
     ledger_addr: String,
+    /// Concurrent workflow-task polls (sticky and normal queues together). Unset: the
+    /// SDK's default (5, or poller autoscaling where the server offers it).
+    #[arg(long, env = "FORKYARD_WORKFLOW_TASK_POLLERS")]
+    workflow_task_pollers: Option<usize>,
     /// The agent runner asked at launch whether it can run an LLM agent spec (model
     /// alias, API key) and for fork transcripts.
     #[arg(
@@ -71,8 +77,14 @@ async fn main() -> anyhow::Result<()> {
     if let Err(e) = args.temporal.url() {
         exit_config_error(e);
     }
+    let ledger = LedgerLocal::new(&args.ledger_addr).unwrap_or_else(|e| exit_config_error(e));
     let agent_runner =
         AgentRunnerLink::new(&args.agent_runner_addr).unwrap_or_else(|e| exit_config_error(e));
+    if args.workflow_task_pollers.is_some_and(|n| n < 2) {
+        exit_config_error(
+            "--workflow-task-pollers (FORKYARD_WORKFLOW_TASK_POLLERS) must be at least 2",
+        );
+    }
     if args.max_forks == 0 {
         exit_config_error("--max-forks (FORKYARD_MAX_FORKS) must be at least 1");
     }
@@ -113,6 +125,11 @@ async fn main() -> anyhow::Result<()> {
         .register_workflow::<ForkWorkflow>()?
         .register_workflow::<ScheduledCleanupWorkflow>()?
         .worker_plugin(forkyard_gateway::fork_telemetry::plugin())
+        .register_activities(ledger)
+        .maybe_workflow_task_poller_behavior(
+            args.workflow_task_pollers
+                .map(PollerBehavior::SimpleMaximum),
+        )
         .build();
     service::run_with_worker(
         service::Service {

@@ -53,6 +53,8 @@ pub struct ForkWorkflow {
 #[derive(Default)]
 struct Progress {
     sandbox_id: Option<String>,
+    /// The task queue of the provisioner replica that owns the sandbox.
+    sandbox_queue: String,
     cost_micros: i64,
     /// The agent charges its model turns to this reservation as it goes.
     reservation_id: String,
@@ -105,7 +107,7 @@ impl ForkWorkflow {
             idempotency_key: key("reserve"),
         };
         let reservation = match ctx
-            .execute_activity(Ledger::reserve, reserve, options::ledger_detached())
+            .execute_local_activity(Ledger::reserve, reserve, options::ledger_detached())
             .await
         {
             Ok(r) => r,
@@ -148,7 +150,11 @@ impl ForkWorkflow {
                 reason: "fork finished".into(),
             };
             if let Err(e) = ctx
-                .execute_activity(LocalSandbox::destroy, destroy, options::destroy())
+                .execute_activity(
+                    LocalSandbox::destroy,
+                    destroy,
+                    options::destroy(&progress.sandbox_queue),
+                )
                 .await
             {
                 // Its owning workflow closes next: the janitor's sweep reaps it.
@@ -186,7 +192,7 @@ async fn settle(
             idempotency_key: key("commit"),
         };
         match ctx
-            .execute_activity(Ledger::commit, commit, options::ledger_detached())
+            .execute_local_activity(Ledger::commit, commit, options::ledger_detached())
             .await
         {
             Ok(r) => {
@@ -210,7 +216,7 @@ async fn settle(
             idempotency_key: key("release"),
         };
         match ctx
-            .execute_activity(Ledger::release, release, options::ledger_detached())
+            .execute_local_activity(Ledger::release, release, options::ledger_detached())
             .await
         {
             // What the agent charged before it stopped (e.g. budget exceeded) stays spent.
@@ -277,6 +283,7 @@ async fn work(
         .await
         .map_err(|e| classify("create sandbox", &e))?;
     progress.sandbox_id = Some(sandbox.id.clone());
+    progress.sandbox_queue = options::sandbox_queue(&sandbox.owner_task_queue).to_owned();
     result.sandbox_id.clone_from(&sandbox.id);
     result.base_commit.clone_from(&sandbox.base_commit);
     sync(ctx, result);
@@ -289,7 +296,7 @@ async fn work(
             HealthCheckRequest {
                 sandbox_id: sandbox.id.clone(),
             },
-            options::health(),
+            options::health(options::sandbox_queue(&sandbox.owner_task_queue)),
         )
         .await
         .map_err(|e| classify("health check", &e))?;
@@ -340,7 +347,10 @@ async fn work(
             .execute_activity(
                 LocalSandbox::exec,
                 exec,
-                options::verify(spec.verify_timeout_secs),
+                options::verify(
+                    options::sandbox_queue(&sandbox.owner_task_queue),
+                    spec.verify_timeout_secs,
+                ),
             )
             .await
             .map_err(|e| classify("verify", &e))?;
@@ -370,7 +380,7 @@ async fn work(
                 sandbox_id: sandbox.id.clone(),
                 max_bytes: 0,
             },
-            options::collect_patch(),
+            options::collect_patch(options::sandbox_queue(&sandbox.owner_task_queue)),
         )
         .await
         .map_err(|e| classify("collect patch", &e))?;

@@ -4,7 +4,7 @@
 use forkyard_proto::{activities::errors, queues};
 use std::time::Duration;
 use temporalio_common::RetryPolicy;
-use temporalio_workflow::{ActivityOptions, WorkflowCancellationToken};
+use temporalio_workflow::{ActivityOptions, LocalActivityOptions, WorkflowCancellationToken};
 
 fn retry(attempts: u32, initial_secs: u64, non_retryable: &[&str]) -> RetryPolicy {
     RetryPolicy::builder()
@@ -22,13 +22,39 @@ const FINAL: &[&str] = &[
     errors::BUDGET_EXCEEDED,
 ];
 
-pub(super) fn ledger() -> ActivityOptions {
-    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(30))
-        .task_queue(queues::BUDGET_LEDGER.to_owned())
+/// Ledger calls run as local activities of the gateway's worker (see `crate::ledger`):
+/// retried up to 5× from 1 s, never for budget exhaustion or bad input.
+pub(super) fn ledger() -> LocalActivityOptions {
+    LocalActivityOptions::builder()
         .retry_policy(retry(5, 1, FINAL))
+        .start_to_close_timeout(Duration::from_secs(15))
+        .schedule_to_close_timeout(Duration::from_secs(120))
         .build()
 }
 
+/// Ledger calls that must complete whatever the workflow's cancellation: a reservation
+/// made must be seen (to be settled), and settlement after a cancel must happen.
+pub(super) fn ledger_detached() -> LocalActivityOptions {
+    LocalActivityOptions::builder()
+        .retry_policy(retry(5, 1, FINAL))
+        .start_to_close_timeout(Duration::from_secs(15))
+        .schedule_to_close_timeout(Duration::from_secs(120))
+        .cancellation_token(WorkflowCancellationToken::new())
+        .build()
+}
+
+/// The queue for every call about an existing sandbox: its owner replica's own queue
+/// (Temporal's worker-specific task queue), so the call reaches the host that has it.
+/// Sandboxes from a provisioner that names no queue fall back to the shared one.
+pub(super) fn sandbox_queue(owner_task_queue: &str) -> &str {
+    if owner_task_queue.is_empty() {
+        queues::SANDBOX_PROVISIONER
+    } else {
+        owner_task_queue
+    }
+}
+
+/// Creates go to the shared queue: any replica may take a new sandbox.
 pub(super) fn create() -> ActivityOptions {
     ActivityOptions::with_start_to_close_timeout(Duration::from_secs(300))
         .task_queue(queues::SANDBOX_PROVISIONER.to_owned())
@@ -44,16 +70,16 @@ pub(super) fn create() -> ActivityOptions {
         .build()
 }
 
-pub(super) fn health() -> ActivityOptions {
+pub(super) fn health(queue: &str) -> ActivityOptions {
     ActivityOptions::with_start_to_close_timeout(Duration::from_secs(60))
-        .task_queue(queues::SANDBOX_PROVISIONER.to_owned())
+        .task_queue(queue.to_owned())
         .retry_policy(retry(1, 1, &[]))
         .build()
 }
 
-pub(super) fn collect_patch() -> ActivityOptions {
+pub(super) fn collect_patch(queue: &str) -> ActivityOptions {
     ActivityOptions::with_start_to_close_timeout(Duration::from_secs(600))
-        .task_queue(queues::SANDBOX_PROVISIONER.to_owned())
+        .task_queue(queue.to_owned())
         .retry_policy(retry(3, 2, FINAL))
         .build()
 }
@@ -79,9 +105,9 @@ pub(super) fn agent(fork_timeout_secs: u32) -> ActivityOptions {
 }
 
 /// The verify command: its failure is a result, not something to retry.
-pub(super) fn verify(timeout_secs: u32) -> ActivityOptions {
+pub(super) fn verify(queue: &str, timeout_secs: u32) -> ActivityOptions {
     ActivityOptions::with_start_to_close_timeout(Duration::from_secs(u64::from(timeout_secs) + 60))
-        .task_queue(queues::SANDBOX_PROVISIONER.to_owned())
+        .task_queue(queue.to_owned())
         .heartbeat_timeout(Duration::from_secs(30))
         .retry_policy(retry(1, 1, &[]))
         .build()
@@ -89,20 +115,13 @@ pub(super) fn verify(timeout_secs: u32) -> ActivityOptions {
 
 /// Cleanup runs on a fresh cancellation token so that it still happens after the
 /// workflow itself was cancelled.
-pub(super) fn destroy() -> ActivityOptions {
+pub(super) fn destroy(queue: &str) -> ActivityOptions {
     ActivityOptions::with_start_to_close_timeout(Duration::from_secs(120))
-        .task_queue(queues::SANDBOX_PROVISIONER.to_owned())
+        .task_queue(queue.to_owned())
+        // An owner replica gone for good never takes the task: give up after 10 min
+        // and leave the sandbox to the janitor, which reaches it by its owner endpoint.
+        .schedule_to_start_timeout(Duration::from_secs(600))
         .retry_policy(retry(3, 2, &[]))
-        .cancellation_token(WorkflowCancellationToken::new())
-        .build()
-}
-
-/// Ledger calls that must complete whatever the workflow's cancellation: a reservation
-/// made must be seen (to be settled), and settlement after a cancel must happen.
-pub(super) fn ledger_detached() -> ActivityOptions {
-    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(30))
-        .task_queue(queues::BUDGET_LEDGER.to_owned())
-        .retry_policy(retry(5, 1, FINAL))
         .cancellation_token(WorkflowCancellationToken::new())
         .build()
 }

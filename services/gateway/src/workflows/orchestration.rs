@@ -130,7 +130,7 @@ impl SandboxOrchestrationWorkflow {
         };
         // A tenant's run draws on the tenant's account too (its spending limit).
         let opened = if spec.tenant_account_id.is_empty() {
-            ctx.execute_activity(Ledger::open_account, open, options::ledger())
+            ctx.execute_local_activity(Ledger::open_account, open, options::ledger())
                 .await
         } else {
             let create = CreateAccountRequest {
@@ -141,7 +141,7 @@ impl SandboxOrchestrationWorkflow {
                 idempotency_key: open.idempotency_key,
                 ..Default::default()
             };
-            ctx.execute_activity(Ledger::create_account, create, options::ledger())
+            ctx.execute_local_activity(Ledger::create_account, create, options::ledger())
                 .await
         };
         if let Err(e) = opened {
@@ -328,7 +328,7 @@ impl SandboxOrchestrationWorkflow {
             idempotency_key: format!("{run_id}/raise-{n}"),
         };
         let account = ctx
-            .execute_activity(Ledger::raise_budget, req, options::ledger_detached())
+            .execute_local_activity(Ledger::raise_budget, req, options::ledger_detached())
             .await
             .map_err(|e| -> BoxError { format!("raise budget: {e}").into() })?;
         ctx.state_mut(|s| {
