@@ -9,7 +9,9 @@ use forkyard_proto::budget::v1::{
 };
 use futures::StreamExt;
 use temporalio_client::WorkflowListOptions;
-use tonic::{Code, transport::Channel};
+// Traced: the tenant account calls join the LaunchRun trace.
+use forkyard_common::grpc_telemetry::TracedChannel as Channel;
+use tonic::Code;
 
 /// Most live runs of one tenant looked at when counting its fork slots.
 const MAX_COUNTED_RUNS: usize = 10_000;
