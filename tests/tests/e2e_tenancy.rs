@@ -202,6 +202,7 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
             ("FORKYARD_TENANT_BUDGET_USD".into(), "5".into()),
             ("FORKYARD_TENANT_MAX_CONCURRENT_FORKS".into(), "1".into()),
             ("FORKYARD_ADMIN_TENANTS".into(), "ops".into()),
+            ("FORKYARD_TENANT_WATCHES".into(), "2".into()),
         ],
         ..Default::default()
     })
@@ -251,6 +252,35 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
     assert_ne!(a.run_id, b_launch.run_id);
 
     assert_invisible(&mut gw, &key_b, &a.run_id).await;
+
+    // Open WatchRun streams are capped per tenant (2 here); closing one frees its slot.
+    let watch = || {
+        with_key(
+            &key_a,
+            WatchRunRequest {
+                run_id: a.run_id.clone(),
+            },
+        )
+    };
+    let w1 = gw.watch_run(watch()).await?.into_inner();
+    let w2 = gw.watch_run(watch()).await?.into_inner();
+    let err = gw.watch_run(watch()).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    drop(w1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match gw.watch_run(watch()).await {
+            Ok(s) => {
+                drop(s);
+                break;
+            }
+            Err(e) if e.code() == Code::ResourceExhausted && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("a closed watch never freed its slot: {e:?}"),
+        }
+    }
+    drop(w2);
     // The same answer as for a run that does not exist: nothing tells B the id is taken.
     let ghost = get(&mut gw, &key_b, "run-does-not-exist")
         .await

@@ -34,6 +34,9 @@ pub struct SecurityArgs {
     /// Calls in flight over all tenants; beyond it calls are shed (RESOURCE_EXHAUSTED).
     #[arg(long, env = "FORKYARD_MAX_IN_FLIGHT", default_value_t = 1024)]
     pub max_in_flight: u32,
+    /// WatchRun streams one tenant may hold open.
+    #[arg(long, env = "FORKYARD_TENANT_WATCHES", default_value_t = 32)]
+    pub tenant_watches: u32,
     /// Forks one tenant may have in flight over all its live runs (with api keys).
     #[arg(
         long,
@@ -69,6 +72,10 @@ impl SecurityArgs {
                 self.max_in_flight,
             ),
             (
+                "--tenant-watches (FORKYARD_TENANT_WATCHES)",
+                self.tenant_watches,
+            ),
+            (
                 "--tenant-max-concurrent-forks (FORKYARD_TENANT_MAX_CONCURRENT_FORKS)",
                 self.tenant_max_concurrent_forks,
             ),
@@ -87,6 +94,7 @@ impl SecurityArgs {
             tenant_burst: self.tenant_burst,
             tenant_concurrency: self.tenant_concurrency,
             max_in_flight: self.max_in_flight,
+            tenant_watches: self.tenant_watches,
         })
     }
 

@@ -92,10 +92,30 @@ where
                     return Ok(status.into_http());
                 }
             };
+            // A WatchRun stream keeps a slot of the tenant's for as long as it is open.
+            let watch = if req.uri().path().ends_with("/WatchRun") {
+                match limiter.watch_slot(&tenant.name) {
+                    Ok(w) => Some(w),
+                    Err(status) => return Ok(status.into_http()),
+                }
+            } else {
+                None
+            };
             req.extensions_mut().insert(tenant);
             let response = inner.call(req).await;
             drop(admission);
-            response.map(undecodable_is_invalid_argument)
+            response.map(|r| {
+                let r = undecodable_is_invalid_argument(r);
+                match watch {
+                    Some(slot) => r.map(|body| {
+                        Body::new(HeldOpen {
+                            inner: body,
+                            _slot: slot,
+                        })
+                    }),
+                    None => r,
+                }
+            })
         })
     }
 }
@@ -113,5 +133,31 @@ fn undecodable_is_invalid_argument(resp: http::Response<Body>) -> http::Response
             tonic::Status::invalid_argument(s.message().to_owned()).into_http()
         }
         _ => resp,
+    }
+}
+
+/// A response body that holds a limiter slot until the body is done (or dropped).
+struct HeldOpen {
+    inner: Body,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl http_body::Body for HeldOpen {
+    type Data = tonic::codegen::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }

@@ -21,6 +21,8 @@ pub struct LimitConfig {
     pub tenant_concurrency: u32,
     /// Calls in flight at once over all tenants before shedding.
     pub max_in_flight: u32,
+    /// WatchRun streams one tenant may hold open (each polls Temporal while it lasts).
+    pub tenant_watches: u32,
 }
 
 impl Default for LimitConfig {
@@ -30,6 +32,7 @@ impl Default for LimitConfig {
             tenant_burst: 100,
             tenant_concurrency: 64,
             max_in_flight: 1024,
+            tenant_watches: 32,
         }
     }
 }
@@ -44,6 +47,7 @@ pub struct Limiter {
     cfg: LimitConfig,
     global: Arc<Semaphore>,
     tenants: Mutex<HashMap<String, Bucket>>,
+    watches: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 /// Held while a call runs; dropping it frees the slots.
@@ -59,7 +63,24 @@ impl Limiter {
             global: Arc::new(Semaphore::new(cfg.max_in_flight as usize)),
             cfg,
             tenants: Mutex::new(HashMap::new()),
+            watches: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// A slot for one open WatchRun stream of `tenant`, held until the stream ends.
+    pub fn watch_slot(&self, tenant: &str) -> Result<OwnedSemaphorePermit, Status> {
+        let slots = {
+            let mut w = self.watches.lock().unwrap_or_else(|p| p.into_inner());
+            w.entry(tenant.to_owned())
+                .or_insert_with(|| Arc::new(Semaphore::new(self.cfg.tenant_watches as usize)))
+                .clone()
+        };
+        slots.try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "tenant {tenant}: {} WatchRun streams already open, close one first",
+                self.cfg.tenant_watches
+            ))
+        })
     }
 
     /// A slot in the gateway, or RESOURCE_EXHAUSTED when it is saturated.
@@ -115,6 +136,7 @@ mod tests {
             tenant_burst: 3,
             tenant_concurrency: 10,
             max_in_flight: 100,
+            tenant_watches: 1,
         });
         let mut held = Vec::new();
         for _ in 0..3 {
@@ -133,6 +155,7 @@ mod tests {
             tenant_burst: 1000,
             tenant_concurrency: 2,
             max_in_flight: 3,
+            tenant_watches: 1,
         });
         let a1 = l.admit("a", l.shed().unwrap()).unwrap();
         let _a2 = l.admit("a", l.shed().unwrap()).unwrap();
@@ -143,5 +166,22 @@ mod tests {
         assert_eq!(l.shed().unwrap_err().code(), tonic::Code::ResourceExhausted);
         drop(a1);
         assert!(l.admit("a", l.shed().unwrap()).is_ok());
+    }
+
+    #[test]
+    fn open_watch_streams_are_capped_per_tenant() {
+        let l = Limiter::new(LimitConfig {
+            tenant_watches: 2,
+            ..LimitConfig::default()
+        });
+        let w1 = l.watch_slot("a").unwrap();
+        let _w2 = l.watch_slot("a").unwrap();
+        assert_eq!(
+            l.watch_slot("a").unwrap_err().code(),
+            tonic::Code::ResourceExhausted
+        );
+        assert!(l.watch_slot("b").is_ok());
+        drop(w1);
+        assert!(l.watch_slot("a").is_ok());
     }
 }
