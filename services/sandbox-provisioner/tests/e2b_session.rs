@@ -256,3 +256,44 @@ async fn e2b_pty_takes_input_resizes_and_is_interrupted_by_ctrl_c() {
         "the pty is gone with its command"
     );
 }
+
+#[tokio::test]
+async fn e2b_pty_command_is_killed_when_the_stream_is_dropped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = make_repo(tmp.path());
+    let server = fake_e2b::start(KEY).await;
+    let svc = SandboxService::new(open(tmp.path(), &server.url).await);
+    let sbx = svc
+        .create_sandbox(Request::new(create_req(&repo, 600)))
+        .await
+        .unwrap()
+        .into_inner();
+    let marker = common::unique_sleep();
+    let mut events: Events = svc
+        .start_pty(Request::new(StartPtyRequest {
+            sandbox_id: sbx.id.clone(),
+            argv: vec!["sleep".into(), marker.clone()],
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(
+        events.next().await,
+        Some(Ok(PtyEvent {
+            event: Some(Event::PtyId(_))
+        }))
+    ));
+    assert!(
+        common::eventually(Duration::from_secs(10), || !common::host_pids_with(&marker)
+            .is_empty())
+        .await
+    );
+    drop(events);
+    assert!(
+        common::eventually(Duration::from_secs(10), || common::host_pids_with(&marker)
+            .is_empty())
+        .await,
+        "hanging up kills the command through envd's SendSignal"
+    );
+}
