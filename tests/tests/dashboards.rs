@@ -5,7 +5,8 @@
 use std::{collections::HashSet, path::Path};
 
 /// The metric families the services register (services/common/src/metrics.rs,
-/// grpc_telemetry.rs, services/janitor/src/metrics.rs); `temporal_*` are the SDK's.
+/// grpc_telemetry.rs, activity_telemetry.rs, services/janitor/src/metrics.rs); `temporal_*`
+/// are the SDK's.
 const EXPORTED: &[&str] = &[
     "sandbox_fork_completed_total",
     "sandbox_fork_duration_seconds",
@@ -21,15 +22,19 @@ const EXPORTED: &[&str] = &[
     "janitor_sandboxes_reaped_total",
     "janitor_reservations_released_total",
     "janitor_sweeps_total",
+    "activity_retries_total",
 ];
 
 fn metric_names(expr: &str) -> Vec<String> {
     expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        // Label names that share a metric prefix.
+        .filter(|w| *w != "activity_type")
         .filter(|w| {
             [
                 "sandbox_",
                 "agent_",
                 "active_",
+                "activity_",
                 "grpc_",
                 "janitor_",
                 "temporal_",

@@ -8,7 +8,8 @@
 //!   `forkyard.sandbox_id`, `forkyard.model`, token counts and `forkyard.cost_usd`
 //!   (errors already set the span's status in the plugin);
 //! - opens a `tracing` span with `run_id` / `fork` so the activity's log lines carry them;
-//! - records the sandbox and agent metrics at the point where the event happens, in the
+//! - counts retried attempts (`activity_retries_total{activity_type}`) and records the
+//!   sandbox and agent metrics at the point where the event happens, in the
 //!   service that executes the activity (sandbox-provisioner: `sandbox_created_total`,
 //!   `active_sandboxes`, `sandbox_duration_seconds`; agent-runner: `agent_cost_usd`).
 //!
@@ -35,6 +36,20 @@ use temporalio_sdk::{
     interceptors::{ActivityInboundInterceptor, ExecuteActivityInput, ExecuteActivityOutput, Next},
 };
 use tracing::Instrument as _;
+
+/// Activity attempts after the first, by activity: what the retry policies are spending.
+static RETRIES: std::sync::LazyLock<prometheus::IntCounterVec> = std::sync::LazyLock::new(|| {
+    let retries = prometheus::IntCounterVec::new(
+        prometheus::Opts::new(
+            "activity_retries_total",
+            "Activity attempts after the first, by activity type",
+        ),
+        &["activity_type"],
+    )
+    .expect("valid metric");
+    let _ = metrics::registry().register(Box::new(retries.clone()));
+    retries
+});
 
 /// The plugin that installs the interceptor on every worker built from the client.
 pub fn plugin() -> SimplePlugin {
@@ -128,6 +143,10 @@ impl ActivityInboundInterceptor for ActivityTelemetry {
         next: Next<'a, ExecuteActivityInput, ExecuteActivityOutput<'a>>,
     ) -> ExecuteActivityOutput<'a> {
         let activity = input.activity_info().activity_type.clone();
+        let attempt = input.activity_info().attempt;
+        if attempt > 1 {
+            RETRIES.with_label_values(&[activity.as_str()]).inc();
+        }
         let (ids, template) = Ids::of(&input);
         let destroyed = input
             .args_ref::<DestroySandboxRequest>()
@@ -152,6 +171,7 @@ impl ActivityInboundInterceptor for ActivityTelemetry {
                 let cx = Context::current();
                 let span = cx.span();
                 span.set_attributes(ids.attributes());
+                span.set_attribute(KeyValue::new("forkyard.attempt", i64::from(attempt)));
                 if let Some(micros) = commit_micros {
                     span.set_attribute(KeyValue::new("forkyard.cost_usd", usd(micros)));
                 }
