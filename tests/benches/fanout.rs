@@ -38,6 +38,17 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time (user + system) a process has used so far, in seconds.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at ") ".
+    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of /proc/<pid>/stat (11 and 12 after the name).
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn history_length(mesh: &Mesh, run_id: &str) -> String {
     let out = std::process::Command::new(forkyard_tests::mesh::temporal_cli())
         .args([
@@ -86,6 +97,7 @@ async fn main() -> anyhow::Result<()> {
         let launched_at = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)?
             .as_millis() as i64;
+        let cpu0: Vec<f64> = mesh.pids().iter().map(|(_, p)| cpu_secs(*p)).collect();
         let t0 = Instant::now();
         let run_id = gw.launch_run(req).await?.into_inner().run_id;
         let run = wait_finished(&mut gw, &run_id, Duration::from_secs(3600)).await;
@@ -126,6 +138,18 @@ async fn main() -> anyhow::Result<()> {
             ),
             history_length(&mesh, &run_id),
         );
+        let cpu: Vec<String> = mesh
+            .pids()
+            .iter()
+            .zip(&cpu0)
+            .map(|((name, pid), before)| {
+                format!(
+                    "{name} {:.1} ms",
+                    (cpu_secs(*pid) - before) * 1000.0 / f64::from(n)
+                )
+            })
+            .collect();
+        println!("       CPU per fork: {}", cpu.join(", "));
         anyhow::ensure!(
             run.forks_succeeded == n,
             "{} of {n} forks succeeded",
