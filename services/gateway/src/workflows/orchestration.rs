@@ -12,7 +12,7 @@
 //! events, 2,000 pending children or activities). So:
 //! - the run's own history holds only the children's lifecycle (start initiated, started,
 //!   completed: three events a fork, plus the workflow tasks that batch them) and a few
-//!   ledger calls: 714 events measured for 100 forks, 6,517 for 1,000 (bench-fanout);
+//!   ledger markers: 385 events measured for 100 forks, 5,296 for 1,000 (bench-fanout);
 //! - every per-fork step (reserve, create, agent, verify, patch, settle, destroy) lives
 //!   in the child's own history;
 //! - children in flight never exceed `max_concurrent` (capped at 500 by the gateway), so
