@@ -299,7 +299,8 @@ async fn a_cleanup_schedule_tick_sweeps_through_the_janitor_queue() {
     let src = tempfile::tempdir().unwrap();
     repo::create(src.path()).unwrap();
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
-    let mut prov = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+    let mut prov =
+        SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
     let stray = prov
         .create_sandbox(CreateSandboxRequest {
             repo: src.path().to_string_lossy().into_owned(),
@@ -310,18 +311,39 @@ async fn a_cleanup_schedule_tick_sweeps_through_the_janitor_queue() {
         .unwrap()
         .into_inner()
         .id;
-    let started = gw.start_cleanup(StartCleanupRequest { interval_minutes: 60, max_age_minutes: 180 }).await.unwrap();
+    let started = gw
+        .start_cleanup(StartCleanupRequest {
+            interval_minutes: 60,
+            max_age_minutes: 180,
+        })
+        .await
+        .unwrap();
     let schedule_id = started.into_inner().schedule_id;
     // Schedule ticks skip sandboxes younger than a minute (creation may be in flight).
     tokio::time::sleep(Duration::from_secs(61)).await;
     let out = std::process::Command::new(forkyard_tests::mesh::temporal_cli())
-        .args(["schedule", "trigger", "--address", &mesh.temporal_address(), "--schedule-id", &schedule_id])
+        .args([
+            "schedule",
+            "trigger",
+            "--address",
+            &mesh.temporal_address(),
+            "--schedule-id",
+            &schedule_id,
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut gone = false;
     for _ in 0..150 {
-        if !sandboxes_of(&mesh, None).await.iter().any(|s| s.id == stray) {
+        if !sandboxes_of(&mesh, None)
+            .await
+            .iter()
+            .any(|s| s.id == stray)
+        {
             gone = true;
             break;
         }
@@ -329,6 +351,11 @@ async fn a_cleanup_schedule_tick_sweeps_through_the_janitor_queue() {
     }
     assert!(gone, "the scheduled sweep did not destroy {stray}");
     let metrics = mesh.scrape("janitor").unwrap();
-    assert!(metrics.lines().any(|l| l == r#"janitor_sandboxes_reaped_total{reason="no_owner"} 1"#), "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == r#"janitor_sandboxes_reaped_total{reason="no_owner"} 1"#),
+        "{metrics}"
+    );
     gw.stop_cleanup(StopCleanupRequest {}).await.unwrap();
 }

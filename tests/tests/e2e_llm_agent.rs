@@ -196,7 +196,7 @@ async fn anthropic_driver_run_through_the_mesh() {
     let fork = fork_result(&mut gw, &run_id, 1).await;
     assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?}");
     assert!(fork.patch.contains("+four"), "{}", fork.patch);
-    let usage = fork.usage.clone().unwrap();
+    let usage = fork.usage.unwrap();
     assert_eq!(
         (
             usage.input_tokens,

@@ -3,6 +3,7 @@
 //! call (on cancellation) makes the provisioner kill everything the command started.
 
 use crate::{error::AgentError, models::Models, usage};
+use forkyard_common::grpc_telemetry::TracedChannel as Channel;
 use forkyard_proto::{
     agent::v1::{AgentProgress, RunAgentRequest, RunAgentResponse},
     sandbox::v1::{ExecRequest, sandbox_provisioner_client::SandboxProvisionerClient},
@@ -12,7 +13,6 @@ use std::{
     future::Future,
     time::{Duration, Instant},
 };
-use forkyard_common::grpc_telemetry::TracedChannel as Channel;
 
 const OUTPUT_TAIL_BYTES: usize = 4096;
 

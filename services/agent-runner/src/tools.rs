@@ -4,13 +4,13 @@
 //! error result; only a sandbox that is gone or unreachable stops the agent.
 
 use crate::{error::AgentError, llm::ToolSpec};
+use forkyard_common::grpc_telemetry::TracedChannel as Channel;
 use forkyard_proto::sandbox::v1::{
     ExecRequest, ReadFileRequest, WriteFileRequest,
     sandbox_provisioner_client::SandboxProvisionerClient,
 };
 use serde_json::{Value, json};
 use std::{collections::HashMap, time::Duration};
-use forkyard_common::grpc_telemetry::TracedChannel as Channel;
 
 const DEFAULT_BASH_TIMEOUT_SECS: u64 = 120;
 const MAX_BASH_TIMEOUT_SECS: u64 = 600;

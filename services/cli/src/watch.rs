@@ -9,11 +9,9 @@ use forkyard_proto::gateway::v1::{GetRunRequest, Run, RunEvent, WatchRunRequest,
 use std::io::{IsTerminal, Write};
 
 fn bar(done_ms: u64, limit_ms: u64, width: usize) -> String {
-    let filled = if limit_ms == 0 {
-        0
-    } else {
-        ((done_ms.min(limit_ms) * width as u64) / limit_ms) as usize
-    };
+    let filled = (done_ms.min(limit_ms) * width as u64)
+        .checked_div(limit_ms)
+        .map_or(0, |f| f as usize);
     format!("[{}{}]", "#".repeat(filled), ".".repeat(width - filled))
 }
 

@@ -7,9 +7,8 @@ use forkyard_common::{
     server, service, telemetry, temporal,
 };
 use forkyard_janitor::{
-    DEFAULT_LEDGER_ADDR, DEFAULT_LISTEN, DEFAULT_PROVISIONER_ADDR,
-    GrpcSandboxes, JanitorService, LiveSweeper, Sweeper, activities, metrics::SweepMetrics,
-    reservations::Ledger,
+    DEFAULT_LEDGER_ADDR, DEFAULT_LISTEN, DEFAULT_PROVISIONER_ADDR, GrpcSandboxes, JanitorService,
+    LiveSweeper, Sweeper, activities, metrics::SweepMetrics, reservations::Ledger,
 };
 use forkyard_proto::janitor::v1::janitor_server::JanitorServer;
 use std::sync::Arc;

@@ -3,6 +3,7 @@
 //! budget is never blocked by a fork that is gone.
 
 use crate::{classify::WorkflowState, error::JanitorError, sweeper::Workflows};
+use forkyard_common::grpc_telemetry::{TracedChannel, traced_channel};
 use forkyard_proto::{
     budget::v1::{
         ListReservationsRequest, ReleaseRequest, ReservationState,
@@ -10,7 +11,6 @@ use forkyard_proto::{
     },
     janitor::v1::ReservationAction,
 };
-use forkyard_common::grpc_telemetry::{TracedChannel, traced_channel};
 
 /// Releases stale reservations through the ledger's gRPC API.
 #[derive(Clone)]

@@ -4,6 +4,7 @@ use crate::{
     classify::{self, Owner, Verdict, WorkflowState},
     error::JanitorError,
 };
+use forkyard_common::grpc_telemetry::{TracedChannel, traced_channel};
 use forkyard_proto::{
     janitor::v1::{SweepAction, SweepReport, SweepRequest},
     sandbox::v1::{
@@ -16,7 +17,6 @@ use temporalio_client::{
     Client, UntypedWorkflow, WorkflowDescribeOptions, WorkflowExecutionStatus,
     errors::WorkflowInteractionError,
 };
-use forkyard_common::grpc_telemetry::{TracedChannel, traced_channel};
 
 /// Where the sandboxes are: the provisioner's gRPC API, or a fake in tests.
 pub trait Sandboxes: Send + Sync + 'static {
@@ -46,11 +46,12 @@ impl GrpcSandboxes {
     /// A client for `addr` (e.g. `http://127.0.0.1:50052`) that connects on first use, so
     /// the janitor starts while the provisioner is down.
     pub fn connect_lazy(addr: &str) -> Result<Self, JanitorError> {
-        let endpoint =
-            forkyard_common::tls::short_call_endpoint(addr).map_err(|e| JanitorError::InvalidArgument {
+        let endpoint = forkyard_common::tls::short_call_endpoint(addr).map_err(|e| {
+            JanitorError::InvalidArgument {
                 field: "provisioner_addr",
                 reason: format!("{addr:?} is not a URL: {e}"),
-            })?;
+            }
+        })?;
         Ok(Self {
             client: SandboxProvisionerClient::new(traced_channel(endpoint.connect_lazy())),
         })

@@ -100,16 +100,17 @@ impl GatewayService {
                 if f.status == ForkStatus::Running as i32 {
                     let live = self.fork_live(run_id, f.fork).await;
                     let (view, progress) = live.unwrap_or_else(|| (f.clone(), None));
-                    if before.status == ForkStatus::Pending as i32 {
-                        if !send(fork_event(Kind::ForkStarted, run_id, run.state, &view)).await {
-                            return Ok(());
-                        }
+                    if before.status == ForkStatus::Pending as i32
+                        && !send(fork_event(Kind::ForkStarted, run_id, run.state, &view)).await
+                    {
+                        return Ok(());
                     }
                     now.sandbox_ready = view.sandbox_ready_unix_ms > 0;
-                    if now.sandbox_ready && !before.sandbox_ready {
-                        if !send(fork_event(Kind::SandboxReady, run_id, run.state, &view)).await {
-                            return Ok(());
-                        }
+                    if now.sandbox_ready
+                        && !before.sandbox_ready
+                        && !send(fork_event(Kind::SandboxReady, run_id, run.state, &view)).await
+                    {
+                        return Ok(());
                     }
                     if let Some(p) = progress
                         && Some(p.elapsed_ms) != before.agent_elapsed_ms
