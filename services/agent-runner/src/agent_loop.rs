@@ -60,14 +60,7 @@ fn add(a: &mut Usage, b: &Usage) {
 }
 
 fn tail(s: &str) -> String {
-    if s.len() <= OUTPUT_TAIL_BYTES {
-        return s.to_owned();
-    }
-    let mut start = s.len() - OUTPUT_TAIL_BYTES;
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    s[start..].to_owned()
+    forkyard_common::text::tail(s, OUTPUT_TAIL_BYTES).to_owned()
 }
 
 struct Loop<'a, S: ProgressSink> {

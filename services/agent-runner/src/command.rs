@@ -4,6 +4,7 @@
 
 use crate::{error::AgentError, models::Models, usage};
 use forkyard_common::grpc_telemetry::TracedChannel as Channel;
+use forkyard_common::text::tail;
 use forkyard_proto::{
     agent::v1::{AgentProgress, RunAgentRequest, RunAgentResponse},
     sandbox::v1::{ExecRequest, sandbox_provisioner_client::SandboxProvisionerClient},
@@ -24,17 +25,6 @@ pub trait ProgressSink {
 pub struct NoProgress;
 impl ProgressSink for NoProgress {
     async fn report(&self, _: AgentProgress) {}
-}
-
-fn tail(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut start = s.len() - max;
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    &s[start..]
 }
 
 pub fn validate(req: &RunAgentRequest) -> Result<String, AgentError> {

@@ -12,6 +12,7 @@ pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 pub mod temporal;
+pub mod text;
 pub mod tls;
 
 pub use config::{StateDirArg, TemporalArgs, exit_config_error};

@@ -31,6 +31,20 @@ pub(crate) struct Aftermath {
     pub(crate) workspace_over_limit: bool,
 }
 
+impl Aftermath {
+    /// The final result of a streamed or PTY command (its output went out as it came).
+    pub(crate) fn exit(self, exit_code: i32, timed_out: bool, took: Duration) -> ExecResponse {
+        ExecResponse {
+            exit_code,
+            timed_out,
+            duration_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+            oom_killed: self.oom_killed,
+            workspace_over_limit: self.workspace_over_limit,
+            ..Default::default()
+        }
+    }
+}
+
 impl Provisioner {
     /// Validated argv + env, and the timeout the request asks for.
     pub(crate) fn exec_params(

@@ -17,7 +17,7 @@ use crate::{
     provisioner::Provisioner,
 };
 use forkyard_proto::sandbox::v1::{
-    ExecResponse, PtyEvent, ResizePtyRequest, ResizePtyResponse, StartPtyRequest, WritePtyRequest,
+    PtyEvent, ResizePtyRequest, ResizePtyResponse, StartPtyRequest, WritePtyRequest,
     WritePtyResponse, pty_event::Event,
 };
 use rustix::{
@@ -220,15 +220,10 @@ impl Provisioner {
                     })
                     .await;
             }
-            let after = core.aftermath(&p).await;
-            let exit = ExecResponse {
-                exit_code,
-                timed_out,
-                duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                oom_killed: after.oom_killed,
-                workspace_over_limit: after.workspace_over_limit,
-                ..Default::default()
-            };
+            let exit = core
+                .aftermath(&p)
+                .await
+                .exit(exit_code, timed_out, started.elapsed());
             let _ = tx
                 .send(PtyEvent {
                     event: Some(Event::Exit(exit)),

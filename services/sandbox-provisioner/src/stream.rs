@@ -7,7 +7,7 @@ use crate::{
     process::KillTree,
     provisioner::Provisioner,
 };
-use forkyard_proto::sandbox::v1::{ExecEvent, ExecRequest, ExecResponse, exec_event::Event};
+use forkyard_proto::sandbox::v1::{ExecEvent, ExecRequest, exec_event::Event};
 use std::{process::Stdio, sync::Arc};
 use tokio::{io::AsyncReadExt, sync::mpsc};
 
@@ -68,15 +68,10 @@ impl Provisioner {
                     -1
                 }
             };
-            let after = core.aftermath(&p).await;
-            let exit = ExecResponse {
-                exit_code,
-                timed_out,
-                duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                oom_killed: after.oom_killed,
-                workspace_over_limit: after.workspace_over_limit,
-                ..Default::default()
-            };
+            let exit = core
+                .aftermath(&p)
+                .await
+                .exit(exit_code, timed_out, started.elapsed());
             let _ = tx
                 .send(ExecEvent {
                     event: Some(Event::Exit(exit)),

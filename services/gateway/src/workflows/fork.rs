@@ -61,14 +61,7 @@ struct Progress {
 }
 
 fn tail(s: &str) -> String {
-    if s.len() <= OUTPUT_TAIL_BYTES {
-        return s.to_owned();
-    }
-    let mut start = s.len() - OUTPUT_TAIL_BYTES;
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    s[start..].to_owned()
+    forkyard_common::text::tail(s, OUTPUT_TAIL_BYTES).to_owned()
 }
 
 fn set_phase(ctx: &WorkflowContext<ForkWorkflow>, p: &str) {
