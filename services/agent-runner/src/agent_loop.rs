@@ -335,5 +335,6 @@ pub async fn run<S: ProgressSink>(
         } else {
             lp.transcript.key.clone()
         },
+        ..Default::default()
     })
 }

@@ -29,6 +29,11 @@ struct Args {
     /// Address the gRPC API listens on.
     #[arg(long, env = "FORKYARD_LISTEN", default_value = "127.0.0.1:50053")]
     listen: String,
+    /// gRPC endpoint other services reach this replica at (a URL); each agent's result
+    /// names it as where its transcript is, since transcripts stay in this replica's
+    /// artifact store. Default `http://<listen>`, with the host name for 0.0.0.0 / ::.
+    #[arg(long, env = "FORKYARD_AGENT_RUNNER_ADVERTISE_ADDR")]
+    advertise_addr: Option<String>,
     /// The sandbox provisioner used when a sandbox names no owner replica.
     #[arg(
         long,
@@ -78,6 +83,9 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|e| forkyard_common::exit_config_error(e));
     let listen = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen)
         .unwrap_or_else(|e| exit_config_error(e));
+    let advertise =
+        forkyard_agent_runner::advertise::resolve(args.advertise_addr.as_deref(), listen)
+            .unwrap_or_else(|e| exit_config_error(e));
     if let Err(e) = args.temporal.url() {
         exit_config_error(e);
     }
@@ -120,6 +128,7 @@ async fn main() -> anyhow::Result<()> {
         drivers: Arc::new(drivers),
         store: Some(ArtifactStore::new(state.join("artifacts"))),
         heartbeat: Duration::from_secs(args.heartbeat_secs),
+        advertise,
     };
     let (routes, health) =
         server::base_routes(<AgentRunnerServer<AgentRunnerService> as NamedService>::NAME)?;

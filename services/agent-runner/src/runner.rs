@@ -26,6 +26,9 @@ pub struct Runner {
     pub drivers: Arc<Drivers>,
     pub store: Option<ArtifactStore>,
     pub heartbeat: Duration,
+    /// This replica's gRPC endpoint as others reach it (`--advertise-addr`), returned as
+    /// `transcript_endpoint` so GetForkResult asks the replica holding the transcript.
+    pub advertise: String,
 }
 
 /// A lazily connected channel to `addr` (checked to be a URL by the caller).
@@ -40,6 +43,23 @@ impl Runner {
     /// Run the agent `req` asks for. `resume` is the last heartbeat of a failed attempt
     /// of the same activity (`activity_attempt` > 1).
     pub async fn run(
+        &self,
+        req: &RunAgentRequest,
+        sink: &(impl ProgressSink + Sync),
+        cancelled: impl Future<Output = ()> + Send,
+        resume: Option<AgentProgress>,
+        activity_attempt: u32,
+    ) -> Result<RunAgentResponse, AgentError> {
+        let mut out = self
+            .run_driver(req, sink, cancelled, resume, activity_attempt)
+            .await?;
+        if !out.transcript_key.is_empty() {
+            out.transcript_endpoint.clone_from(&self.advertise);
+        }
+        Ok(out)
+    }
+
+    async fn run_driver(
         &self,
         req: &RunAgentRequest,
         sink: &(impl ProgressSink + Sync),

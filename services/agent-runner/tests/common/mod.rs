@@ -183,6 +183,7 @@ pub async fn fixture(base_url: &str) -> Fixture {
         drivers: Arc::new(drivers),
         store: Some(ArtifactStore::new(&artifacts)),
         heartbeat: Duration::from_millis(200),
+        advertise: "http://runner-under-test:50053".into(),
     };
     Fixture {
         tmp,

@@ -8,7 +8,11 @@ use forkyard_proto::{
     agent::v1::{CheckDriverRequest, GetTranscriptRequest, agent_runner_client::AgentRunnerClient},
     common::v1::AgentSpec,
 };
-use std::time::Duration;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 // Traced: the runner's spans join the LaunchRun / GetForkResult trace.
 use forkyard_common::grpc_telemetry::{TracedChannel as Channel, traced_channel};
 use tonic::Code;
@@ -35,30 +39,69 @@ fn cap(jsonl: String) -> String {
     out
 }
 
+/// Channels to runner replicas other than the configured address, at most this many
+/// (each a lazily connected HTTP/2 connection); past it the pool starts afresh, since the
+/// replicas of old results are mostly gone.
+const MAX_REPLICA_CHANNELS: usize = 256;
+
 #[derive(Clone)]
 pub struct AgentRunnerLink {
+    addr: String,
     channel: Channel,
+    /// Transcripts stay with the replica that ran the agent: one pooled channel per
+    /// advertised endpoint (`ForkResult.transcript_endpoint`).
+    replicas: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+fn lazy(addr: &str) -> Result<Channel, String> {
+    let channel = forkyard_common::tls::endpoint(addr)?
+        .connect_timeout(Duration::from_secs(3))
+        .timeout(Duration::from_secs(10))
+        .connect_lazy();
+    Ok(traced_channel(channel))
 }
 
 impl AgentRunnerLink {
     /// A lazily connected link to the runner at `addr`.
     pub fn new(addr: &str) -> Result<Self, String> {
-        let channel = forkyard_common::tls::endpoint(addr)
-            .map_err(|e| {
-                format!(
-                    "--agent-runner-addr (FORKYARD_AGENT_RUNNER_ADDR) {addr:?} is not a URL: {e}"
-                )
-            })?
-            .connect_timeout(Duration::from_secs(3))
-            .timeout(Duration::from_secs(10))
-            .connect_lazy();
+        let channel = lazy(addr).map_err(|e| {
+            format!("--agent-runner-addr (FORKYARD_AGENT_RUNNER_ADDR) {addr:?} is not a URL: {e}")
+        })?;
         Ok(Self {
-            channel: traced_channel(channel),
+            addr: addr.trim().to_owned(),
+            channel,
+            replicas: Arc::default(),
         })
     }
 
     fn client(&self) -> AgentRunnerClient<Channel> {
-        AgentRunnerClient::new(self.channel.clone()).max_decoding_message_size(32 << 20)
+        Self::client_on(self.channel.clone())
+    }
+
+    fn client_on(channel: Channel) -> AgentRunnerClient<Channel> {
+        AgentRunnerClient::new(channel).max_decoding_message_size(32 << 20)
+    }
+
+    /// A client for the replica at `endpoint` (empty or the configured address: the
+    /// configured channel).
+    fn client_for(&self, endpoint: &str) -> Result<AgentRunnerClient<Channel>, String> {
+        let endpoint = endpoint.trim();
+        if endpoint.is_empty() || endpoint == self.addr {
+            return Ok(self.client());
+        }
+        let mut pool = self
+            .replicas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(c) = pool.get(endpoint) {
+            return Ok(Self::client_on(c.clone()));
+        }
+        let channel = lazy(endpoint)?;
+        if pool.len() >= MAX_REPLICA_CHANNELS {
+            pool.clear();
+        }
+        pool.insert(endpoint.to_owned(), channel.clone());
+        Ok(Self::client_on(channel))
     }
 
     /// INVALID_ARGUMENT for an unknown driver or model alias, FAILED_PRECONDITION naming
@@ -87,18 +130,33 @@ impl AgentRunnerLink {
         }
     }
 
-    /// The fork's transcript (JSON lines), or empty when the runner has none.
-    pub async fn transcript(&self, run_id: &str, fork: u32) -> String {
+    /// The fork's transcript (JSON lines) from the replica at `endpoint` (empty: the
+    /// configured address), or empty when it has none or cannot be reached: a replica
+    /// that is gone takes its transcripts with it, and the rest of the result still
+    /// answers (with a warning logged).
+    pub async fn transcript(&self, run_id: &str, fork: u32, endpoint: &str) -> String {
         let req = GetTranscriptRequest {
             run_id: run_id.to_owned(),
             fork,
             attempt: 0,
         };
-        match self.client().get_transcript(req).await {
+        let mut client = match self.client_for(endpoint) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(run_id, fork, endpoint, error = %e, "transcript endpoint is not a URL");
+                return String::new();
+            }
+        };
+        match client.get_transcript(req).await {
             Ok(r) => cap(r.into_inner().jsonl),
             Err(s) if s.code() == Code::NotFound => String::new(),
             Err(s) => {
-                tracing::warn!(run_id, fork, error = %s.message(), "transcript not available from the agent runner");
+                let endpoint = if endpoint.is_empty() {
+                    self.addr.as_str()
+                } else {
+                    endpoint
+                };
+                tracing::warn!(run_id, fork, endpoint, error = %s.message(), "transcript not available from the agent runner");
                 String::new()
             }
         }
@@ -126,7 +184,9 @@ impl super::GatewayService {
         if let Some(link) = &self.agent_runner
             && (result.started_unix_ms > 0 || !result.sandbox_id.is_empty())
         {
-            result.transcript = link.transcript(run_id, result.fork).await;
+            result.transcript = link
+                .transcript(run_id, result.fork, &result.transcript_endpoint)
+                .await;
         }
     }
 }
