@@ -452,6 +452,85 @@ impl Mesh {
         }
     }
 
+    /// Start one more `agent-runner` replica beside the mesh's own, wired like it (same
+    /// Temporal, provisioner, ledger and extra environment) but with its own state dir
+    /// (`<state>/<replica_id>`, so its artifact store holds only the transcripts of the
+    /// agents it ran) and ports; it advertises `http://127.0.0.1:<port>`. Its log is
+    /// `<replica_id>.log`; it stops with the mesh. Returns its gRPC endpoint and state dir
+    /// once it serves.
+    pub async fn start_agent_runner_replica(
+        &mut self,
+        replica_id: &str,
+    ) -> anyhow::Result<(String, PathBuf)> {
+        let bin = bin_dir().join("agent-runner");
+        anyhow::ensure!(bin.exists(), "{} missing", bin.display());
+        let state = self.state.path().join(replica_id);
+        std::fs::create_dir_all(&state)?;
+        let port = free_port();
+        let endpoint = format!("http://127.0.0.1:{port}");
+        anyhow::ensure!(
+            !self.options.tls,
+            "agent-runner replicas: plaintext meshes only"
+        );
+        let child = Command::new(&bin)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .env("TEMPORAL_ADDRESS", self.temporal_address())
+            .env("TEMPORAL_NAMESPACE", "default")
+            .env("FORKYARD_STATE_DIR", &state)
+            .env("FORKYARD_LISTEN", format!("127.0.0.1:{port}"))
+            .env(
+                "FORKYARD_METRICS_LISTEN",
+                format!("127.0.0.1:{}", free_port()),
+            )
+            .env(
+                "FORKYARD_PROVISIONER_ADDR",
+                self.endpoint("sandbox-provisioner"),
+            )
+            .env("FORKYARD_LEDGER_ADDR", self.endpoint("budget-ledger"))
+            .env("FORKYARD_HEARTBEAT_SECS", "1")
+            .stdout(Stdio::null())
+            .stderr(self.log_file(replica_id))
+            .envs(self.options.env.iter().map(|(k, v)| (k, v)))
+            .spawn()?;
+        self.children.retain(|(n, _)| n != replica_id);
+        self.children.push((replica_id.to_owned(), child));
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| n == replica_id)
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                anyhow::bail!(
+                    "{replica_id} exited with {status}; log:\n{}",
+                    self.log_tail(replica_id)
+                );
+            }
+            let channel = tonic::transport::Endpoint::from_shared(endpoint.clone())?
+                .connect_timeout(Duration::from_secs(2))
+                .connect()
+                .await;
+            let serving = match channel {
+                Ok(ch) => HealthClient::new(ch)
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await
+                    .is_ok_and(|r| r.into_inner().status == ServingStatus::Serving as i32),
+                Err(_) => false,
+            };
+            if serving {
+                return Ok((endpoint, state));
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{replica_id} not SERVING in time; log:\n{}",
+                self.log_tail(replica_id)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     pub fn log_tail(&self, name: &str) -> String {
         let text =
             std::fs::read_to_string(self.state.path().join("logs").join(format!("{name}.log")))
