@@ -1,10 +1,11 @@
-//! End to end: two sandbox-provisioner replicas on one Temporal. Creates are taken from
-//! the shared `sandbox-provisioner` queue by either replica; everything after the create
-//! must reach the replica that owns the sandbox (its `owner_task_queue` for activities,
-//! its `owner_endpoint` for gRPC), or the fork fails and the sandbox leaks on its owner.
+//! End to end: two sandbox-provisioner replicas on one Temporal. The gateway spreads
+//! creates over both (`FORKYARD_PROVISIONER_ADDR` lists them); everything after the
+//! create must reach the replica that owns the sandbox (its `owner_endpoint` for the
+//! gateway's and the agent's gRPC calls, its `owner_task_queue` for the verify
+//! activity), or the fork fails and the sandbox leaks on its owner.
 
 use forkyard_proto::{
-    common::v1::ForkStatus,
+    common::v1::{ForkStatus, VerifyStatus},
     gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
     labels,
     sandbox::v1::{ListSandboxesRequest, sandbox_provisioner_client::SandboxProvisionerClient},
@@ -103,6 +104,16 @@ async fn forks_land_on_two_replicas_and_each_owner_runs_and_destroys_its_sandbox
         .await
         .expect("second provisioner replica starts");
     let a_endpoint = mesh.endpoint("sandbox-provisioner");
+    // The gateway makes sandboxes: restart it knowing both replicas.
+    mesh.set_env(
+        "FORKYARD_PROVISIONER_ADDR",
+        &format!("{a_endpoint},{b_endpoint}"),
+    );
+    mesh.terminate("gateway", Duration::from_secs(30));
+    mesh.start_service("gateway").expect("gateway restarts");
+    mesh.wait_serving("gateway", Duration::from_secs(60))
+        .await
+        .expect("gateway serves again");
     let a = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
     let b = SandboxProvisionerClient::new(
         tonic::transport::Endpoint::from_shared(b_endpoint.clone())
@@ -115,12 +126,14 @@ async fn forks_land_on_two_replicas_and_each_owner_runs_and_destroys_its_sandbox
     let src = tempfile::tempdir().unwrap();
     repo::create(src.path()).unwrap();
 
-    // Temporal hands each create to whichever replica polls first, so one run can land
-    // on a single replica by chance: up to three runs, each checked in full.
+    // The gateway balances creates by load, so one run can land on a single replica by
+    // chance: up to three runs, each checked in full.
     for attempt in 1..=3 {
         let launched = gw
             .launch_run(LaunchRunRequest {
                 request_id: format!("e2e-replicas-{attempt}"),
+                // Runs on the owner replica's own queue: it sees the agent's file.
+                verify_command: "ls fork-*.txt".into(),
                 ..launch(src.path(), FORKS, FORKS, AGENT)
             })
             .await
@@ -159,6 +172,13 @@ async fn forks_land_on_two_replicas_and_each_owner_runs_and_destroys_its_sandbox
                 "fork {}: {}",
                 f.fork,
                 f.error
+            );
+            assert_eq!(
+                f.verify,
+                VerifyStatus::Passed as i32,
+                "fork {} verified on its owner: {}",
+                f.fork,
+                f.verify_output_tail
             );
             assert!(
                 f.patch.contains(&format!("+fork {}", f.fork)),

@@ -7,6 +7,7 @@ pub mod error;
 pub mod fork_telemetry;
 pub mod ledger;
 pub mod money;
+pub mod sandboxes;
 pub mod search;
 pub mod validate;
 pub mod workflows;

@@ -11,6 +11,7 @@ use forkyard_gateway::{
     api::{AgentRunnerLink, GatewayService},
     auth::config::SecurityArgs,
     ledger::LedgerLocal,
+    sandboxes::SandboxLocal,
     search,
     validate::Limits,
     workflows::{ForkWorkflow, SandboxOrchestrationWorkflow, cleanup::ScheduledCleanupWorkflow},
@@ -40,6 +41,15 @@ struct Args {
         default_value = "http://127.0.0.1:50054"
     )]
     ledger_addr: String,
+    /// sandbox-provisioner's gRPC endpoint (several separated by commas are balanced):
+    /// the fork workflows' sandbox control calls go there as local activities of this
+    /// worker; calls about an existing sandbox go to its owner replica.
+    #[arg(
+        long,
+        env = "FORKYARD_PROVISIONER_ADDR",
+        default_value = "http://127.0.0.1:50052"
+    )]
+    provisioner_addr: String,
     /// Concurrent workflow-task polls (sticky and normal queues together). Unset: the
     /// SDK's default (5, or poller autoscaling where the server offers it).
     #[arg(long, env = "FORKYARD_WORKFLOW_TASK_POLLERS")]
@@ -78,6 +88,8 @@ async fn main() -> anyhow::Result<()> {
         exit_config_error(e);
     }
     let ledger = LedgerLocal::new(&args.ledger_addr).unwrap_or_else(|e| exit_config_error(e));
+    let sandboxes =
+        SandboxLocal::new(&args.provisioner_addr).unwrap_or_else(|e| exit_config_error(e));
     let agent_runner =
         AgentRunnerLink::new(&args.agent_runner_addr).unwrap_or_else(|e| exit_config_error(e));
     if args.workflow_task_pollers.is_some_and(|n| n < 2) {
@@ -126,6 +138,7 @@ async fn main() -> anyhow::Result<()> {
         .register_workflow::<ScheduledCleanupWorkflow>()?
         .worker_plugin(forkyard_gateway::fork_telemetry::plugin())
         .register_activities(ledger)
+        .register_activities(sandboxes)
         .maybe_workflow_task_poller_behavior(
             args.workflow_task_pollers
                 .map(PollerBehavior::SimpleMaximum),

@@ -1,27 +1,23 @@
-//! `ForkWorkflow`: one fork of a run, from reservation to a destroyed sandbox.
+//! `ForkWorkflow`: one fork of a run, from a ready sandbox to a destroyed one.
 //!
-//! reserve budget → create sandbox → health check → run agent → verify (optional) →
-//! collect patch → commit actual spend → destroy sandbox. Reserve and create run on a
-//! detached cancellation scope: a cancel arriving while they are in flight cannot lose
-//! what they made (a held reservation, a cloned sandbox); the cancel is honoured right
-//! after them. Whatever happens once the sandbox exists (failure, cancel, budget) ends
-//! with the sandbox destroyed and the reservation settled.
+//! The run workflow has already reserved the fork's budget and made and checked its
+//! sandbox (see `prepare`: those steps are fast local activities, so a sandbox is ready
+//! without a child workflow's start on the way). The child then runs the agent → verify
+//! (optional) → collects the patch → commits the actual spend → destroys the sandbox.
+//! Whatever happens (failure, cancel, budget) ends with the sandbox destroyed and the
+//! reservation settled.
 
 use super::{
     failure::{StepFailure, classify},
     options, phase, unix_ms,
 };
+use crate::sandboxes::{AtOwner, SandboxLocal};
 use forkyard_proto::{
-    activities::{Agent, Ledger, LocalSandbox},
+    activities::{Agent, LocalSandbox},
     agent::v1::RunAgentRequest,
-    budget::v1::{CommitRequest, ReleaseRequest, ReserveRequest},
     common::v1::{DiffStat, ForkResult, ForkStatus, VerifyStatus},
     gateway::v1::RunSpec,
-    labels,
-    sandbox::v1::{
-        CollectPatchRequest, CreateSandboxRequest, DestroySandboxRequest, ExecRequest,
-        HealthCheckRequest,
-    },
+    sandbox::v1::{ExecRequest, Sandbox},
 };
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -41,6 +37,13 @@ pub struct ForkInput {
     pub spec: RunSpec,
     /// What this fork may spend, reserved in the run's ledger account before it starts.
     pub reservation_micros: i64,
+    /// The reservation the run made for this fork; the agent charges it, the child
+    /// settles it.
+    pub reservation_id: String,
+    /// The fork's sandbox, made and health-checked by the run.
+    pub sandbox: Option<Sandbox>,
+    pub started_unix_ms: i64,
+    pub sandbox_ready_unix_ms: i64,
 }
 
 #[workflow]
@@ -51,13 +54,10 @@ pub struct ForkWorkflow {
 
 /// What the work steps produced before they stopped.
 #[derive(Default)]
-struct Progress {
-    sandbox_id: Option<String>,
-    /// The task queue of the provisioner replica that owns the sandbox.
-    sandbox_queue: String,
-    cost_micros: i64,
+pub(super) struct Progress {
+    pub(super) cost_micros: i64,
     /// The agent charges its model turns to this reservation as it goes.
-    reservation_id: String,
+    pub(super) reservation_id: String,
 }
 
 fn tail(s: &str) -> String {
@@ -82,79 +82,44 @@ impl ForkWorkflow {
     ) -> WorkflowResult<ForkResult> {
         let wf_id = ctx.workflow_id().to_owned();
         let key = |step: &str| format!("{wf_id}/a{}/{step}", input.attempt.max(1));
+        let sandbox = input.sandbox.clone().unwrap_or_default();
         let mut result = ForkResult {
             fork: input.fork,
             status: ForkStatus::Running as i32,
             branch: format!("{}-fork-{}", input.spec.branch, input.fork),
-            started_unix_ms: unix_ms(ctx.workflow_time()),
-            phase: phase::RESERVING.into(),
+            started_unix_ms: input.started_unix_ms,
+            sandbox_ready_unix_ms: input.sandbox_ready_unix_ms,
+            sandbox_id: sandbox.id.clone(),
+            base_commit: sandbox.base_commit.clone(),
+            phase: phase::AGENT.into(),
             verify: VerifyStatus::NotRun as i32,
             ..Default::default()
         };
         sync(ctx, &result);
 
-        let reserve = ReserveRequest {
-            account_id: input.run_id.clone(),
-            amount_micros: input.reservation_micros,
-            holder: wf_id.clone(),
-            idempotency_key: key("reserve"),
-        };
-        let reservation = match ctx
-            .execute_local_activity(Ledger::reserve, reserve, options::ledger_detached())
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                let failure = classify("reserve budget", &e);
-                if matches!(failure, StepFailure::BudgetExceeded(_)) {
-                    // The parent re-queues the fork until the budget is raised.
-                    result.phase = phase::AWAITING_BUDGET.into();
-                } else {
-                    result.phase = phase::DONE.into();
-                }
-                apply_failure(&mut result, failure);
-                result.finished_unix_ms = unix_ms(ctx.workflow_time());
-                sync(ctx, &result);
-                return Ok(result);
-            }
-        };
-
         let mut progress = Progress {
-            reservation_id: reservation.reservation_id.clone(),
+            reservation_id: input.reservation_id.clone(),
             ..Progress::default()
         };
-        if let Err(f) = work(ctx, &input, &key, &mut result, &mut progress).await {
+        let outcome = if sandbox.id.is_empty() {
+            Err(StepFailure::Failed("the run gave this fork no sandbox".into()))
+        } else {
+            work(ctx, &input, &sandbox, &key, &mut result, &mut progress).await
+        };
+        if let Err(f) = outcome {
             apply_failure(&mut result, f);
         }
         result.phase = phase::CLEANUP.into();
         sync(ctx, &result);
-        settle(
-            ctx,
-            &key,
-            &reservation.reservation_id,
-            &progress,
-            &mut result,
-        )
-        .await;
+        super::prepare::settle(ctx, &key, &progress, &mut result).await;
 
-        if let Some(sandbox_id) = progress.sandbox_id {
-            let destroy = DestroySandboxRequest {
-                sandbox_id,
-                reason: "fork finished".into(),
-            };
-            if let Err(e) = ctx
-                .execute_activity(
-                    LocalSandbox::destroy,
-                    destroy,
-                    options::destroy(&progress.sandbox_queue),
-                )
-                .await
-            {
-                // Its owning workflow closes next: the janitor's sweep reaps it.
-                let msg = failure_message(classify("destroy sandbox", &e));
-                if result.error.is_empty() {
-                    result.error = msg;
-                }
+        if !sandbox.id.is_empty()
+            && let Err(e) = super::prepare::destroy(ctx, &sandbox, "fork finished").await
+        {
+            // Its owning workflow closes next: the janitor's sweep reaps it.
+            let msg = failure_message(classify("destroy sandbox", &e));
+            if result.error.is_empty() {
+                result.error = msg;
             }
         }
         result.phase = phase::DONE.into();
@@ -170,66 +135,14 @@ impl ForkWorkflow {
     }
 }
 
-/// Commit what the agent spent, or release the reservation if it spent nothing.
-async fn settle(
-    ctx: &WorkflowContext<ForkWorkflow>,
-    key: &impl Fn(&str) -> String,
-    reservation_id: &str,
-    progress: &Progress,
-    result: &mut ForkResult,
-) {
-    if progress.cost_micros > 0 || result.status == ForkStatus::Succeeded as i32 {
-        let commit = CommitRequest {
-            reservation_id: reservation_id.to_owned(),
-            amount_micros: progress.cost_micros,
-            idempotency_key: key("commit"),
-        };
-        match ctx
-            .execute_local_activity(Ledger::commit, commit, options::ledger_detached())
-            .await
-        {
-            Ok(r) => {
-                result.cost_micros = r.committed_micros;
-                if r.budget_exceeded {
-                    result.status = ForkStatus::BudgetExceeded as i32;
-                    result.error = format!(
-                        "agent spent {} micro-USD, more than the run's budget allowed ({} charged)",
-                        progress.cost_micros, r.committed_micros
-                    );
-                }
-            }
-            Err(e) => {
-                result.status = ForkStatus::Failed as i32;
-                result.error = failure_message(classify("commit spend", &e));
-            }
-        }
-    } else {
-        let release = ReleaseRequest {
-            reservation_id: reservation_id.to_owned(),
-            idempotency_key: key("release"),
-        };
-        match ctx
-            .execute_local_activity(Ledger::release, release, options::ledger_detached())
-            .await
-        {
-            // What the agent charged before it stopped (e.g. budget exceeded) stays spent.
-            Ok(r) => result.cost_micros = r.charged_micros,
-            Err(e) if result.error.is_empty() => {
-                result.error = failure_message(classify("release reservation", &e));
-            }
-            Err(_) => {}
-        }
-    }
-}
-
-fn failure_message(f: StepFailure) -> String {
+pub(super) fn failure_message(f: StepFailure) -> String {
     match f {
         StepFailure::Cancelled => "cancelled".to_owned(),
         StepFailure::BudgetExceeded(m) | StepFailure::Failed(m) => m,
     }
 }
 
-fn apply_failure(result: &mut ForkResult, f: StepFailure) {
+pub(super) fn apply_failure(result: &mut ForkResult, f: StepFailure) {
     let status = match &f {
         StepFailure::Cancelled => ForkStatus::Cancelled,
         StepFailure::BudgetExceeded(_) => ForkStatus::BudgetExceeded,
@@ -250,59 +163,13 @@ fn cancelled(ctx: &WorkflowContext<ForkWorkflow>) -> Result<(), StepFailure> {
 async fn work(
     ctx: &mut WorkflowContext<ForkWorkflow>,
     input: &ForkInput,
+    sandbox: &Sandbox,
     key: &impl Fn(&str) -> String,
     result: &mut ForkResult,
     progress: &mut Progress,
 ) -> Result<(), StepFailure> {
     let spec = &input.spec;
     cancelled(ctx)?;
-    set_phase(ctx, phase::CREATING);
-    let create = CreateSandboxRequest {
-        backend: "local".into(),
-        repo: spec.repo.clone(),
-        base_ref: spec.base_ref.clone(),
-        branch: result.branch.clone(),
-        labels: HashMap::from([
-            (labels::RUN_ID.to_owned(), input.run_id.clone()),
-            (labels::FORK.to_owned(), input.fork.to_string()),
-            (labels::WORKFLOW_ID.to_owned(), ctx.workflow_id().to_owned()),
-        ]),
-        idempotency_key: key("create"),
-        network: false,
-        ..Default::default()
-    };
-    let sandbox = ctx
-        .execute_activity(LocalSandbox::create, create, options::create())
-        .await
-        .map_err(|e| classify("create sandbox", &e))?;
-    progress.sandbox_id = Some(sandbox.id.clone());
-    progress.sandbox_queue = options::sandbox_queue(&sandbox.owner_task_queue).to_owned();
-    result.sandbox_id.clone_from(&sandbox.id);
-    result.base_commit.clone_from(&sandbox.base_commit);
-    sync(ctx, result);
-    cancelled(ctx)?;
-
-    set_phase(ctx, phase::CHECKING);
-    let health = ctx
-        .execute_activity(
-            LocalSandbox::health,
-            HealthCheckRequest {
-                sandbox_id: sandbox.id.clone(),
-            },
-            options::health(options::sandbox_queue(&sandbox.owner_task_queue)),
-        )
-        .await
-        .map_err(|e| classify("health check", &e))?;
-    if !health.healthy {
-        return Err(StepFailure::Failed(format!(
-            "health check: {}",
-            health.detail
-        )));
-    }
-    result.sandbox_ready_unix_ms = unix_ms(ctx.workflow_time());
-    result.phase = phase::AGENT.into();
-    sync(ctx, result);
-
     let run = RunAgentRequest {
         run_id: input.run_id.clone(),
         fork: input.fork,
@@ -324,6 +191,9 @@ async fn work(
     result.agent_output_tail = agent_out.output_tail.clone();
     result.usage = agent_out.usage;
     result.agent_duration_ms = agent_out.duration_ms;
+    result
+        .transcript_endpoint
+        .clone_from(&agent_out.transcript_endpoint);
     result.cost_micros = agent_out.cost_micros;
     let agent_ok = !agent_out.timed_out && agent_out.exit_code == 0;
 
@@ -367,13 +237,14 @@ async fn work(
     // The patch is collected even from a failed agent: it shows what it did.
     set_phase(ctx, phase::PATCH);
     let patch = ctx
-        .execute_activity(
-            LocalSandbox::collect_patch,
-            CollectPatchRequest {
+        .execute_local_activity(
+            SandboxLocal::collect_patch,
+            AtOwner {
+                endpoint: sandbox.owner_endpoint.clone(),
                 sandbox_id: sandbox.id.clone(),
-                max_bytes: 0,
+                reason: String::new(),
             },
-            options::collect_patch(options::sandbox_queue(&sandbox.owner_task_queue)),
+            options::collect_patch_local(),
         )
         .await
         .map_err(|e| classify("collect patch", &e))?;

@@ -9,6 +9,7 @@ mod failure;
 pub mod fork;
 mod options;
 pub mod orchestration;
+mod prepare;
 
 pub use fork::{ForkInput, ForkWorkflow};
 pub use orchestration::SandboxOrchestrationWorkflow;

@@ -1,5 +1,7 @@
 //! Activity options per step: task queue, timeouts and the retry table from the seed
-//! (create 3×/5 s/×2, agent 2×/10 s/×2, cleanup 3×/2 s/×2, health 1×).
+//! (create 3×/5 s/×2, agent 2×/10 s/×2, cleanup 3×/2 s/×2, health 1×). The sandbox
+//! control calls and the ledger calls are local activities of the gateway's worker;
+//! the agent and the verify command are activities on their services' queues.
 
 use forkyard_proto::{activities::errors, queues};
 use std::time::Duration;
@@ -54,10 +56,11 @@ pub(super) fn sandbox_queue(owner_task_queue: &str) -> &str {
     }
 }
 
-/// Creates go to the shared queue: any replica may take a new sandbox.
-pub(super) fn create() -> ActivityOptions {
-    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(300))
-        .task_queue(queues::SANDBOX_PROVISIONER.to_owned())
+/// Sandbox control calls run as local activities of the gateway (see `crate::sandboxes`),
+/// with the seed's retry table. Create and destroy run on a fresh cancellation token: a
+/// cancel must not lose a sandbox being made, nor stop one being destroyed.
+pub(super) fn create_local() -> LocalActivityOptions {
+    LocalActivityOptions::builder()
         .retry_policy(retry(
             3,
             5,
@@ -67,20 +70,33 @@ pub(super) fn create() -> ActivityOptions {
                 "RepoUnavailable",
             ],
         ))
+        .start_to_close_timeout(Duration::from_secs(300))
+        .cancellation_token(WorkflowCancellationToken::new())
         .build()
 }
 
-pub(super) fn health(queue: &str) -> ActivityOptions {
-    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(60))
-        .task_queue(queue.to_owned())
+pub(super) fn health_local(token: WorkflowCancellationToken) -> LocalActivityOptions {
+    LocalActivityOptions::builder()
         .retry_policy(retry(1, 1, &[]))
+        .start_to_close_timeout(Duration::from_secs(60))
+        .cancellation_token(token)
         .build()
 }
 
-pub(super) fn collect_patch(queue: &str) -> ActivityOptions {
-    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(600))
-        .task_queue(queue.to_owned())
+pub(super) fn collect_patch_local() -> LocalActivityOptions {
+    LocalActivityOptions::builder()
         .retry_policy(retry(3, 2, FINAL))
+        .start_to_close_timeout(Duration::from_secs(600))
+        .build()
+}
+
+/// A destroy that still fails after the retries (its owner replica gone) leaves the
+/// sandbox to the janitor, whose sweep reaps it once its workflow has closed.
+pub(super) fn destroy_local() -> LocalActivityOptions {
+    LocalActivityOptions::builder()
+        .retry_policy(retry(3, 2, &[errors::INVALID_INPUT]))
+        .start_to_close_timeout(Duration::from_secs(120))
+        .cancellation_token(WorkflowCancellationToken::new())
         .build()
 }
 
@@ -110,18 +126,5 @@ pub(super) fn verify(queue: &str, timeout_secs: u32) -> ActivityOptions {
         .task_queue(queue.to_owned())
         .heartbeat_timeout(Duration::from_secs(30))
         .retry_policy(retry(1, 1, &[]))
-        .build()
-}
-
-/// Cleanup runs on a fresh cancellation token so that it still happens after the
-/// workflow itself was cancelled.
-pub(super) fn destroy(queue: &str) -> ActivityOptions {
-    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(120))
-        .task_queue(queue.to_owned())
-        // An owner replica gone for good never takes the task: give up after 10 min
-        // and leave the sandbox to the janitor, which reaches it by its owner endpoint.
-        .schedule_to_start_timeout(Duration::from_secs(600))
-        .retry_policy(retry(3, 2, &[]))
-        .cancellation_token(WorkflowCancellationToken::new())
         .build()
 }

@@ -1,7 +1,8 @@
 //! `SandboxOrchestrationWorkflow`: one run.
 //!
-//! Opens the run's ledger account, then keeps at most `max_concurrent` `ForkWorkflow`
-//! children in flight until every fork has a result. A failed fork is a result, not a
+//! Opens the run's ledger account, then keeps at most `max_concurrent` forks in flight
+//! until every fork has a result. Each fork is prepared here (budget reserved, sandbox
+//! made and checked: see `prepare`) and then run by its `ForkWorkflow` child. A failed fork is a result, not a
 //! crash of the run. Signals pause and resume it and cancel single forks; an update
 //! raises its budget. When a fork's reservation is refused the run waits in
 //! AWAITING_BUDGET (running forks go on; none starts) until the budget is raised.
@@ -13,8 +14,9 @@
 //! - the run's own history holds only the children's lifecycle (start initiated, started,
 //!   completed: three events a fork, plus the workflow tasks that batch them) and a few
 //!   ledger markers: 385 events measured for 100 forks, 5,296 for 1,000 (bench-fanout);
-//! - every per-fork step (reserve, create, agent, verify, patch, settle, destroy) lives
-//!   in the child's own history;
+//! - per fork, the run's history holds the three markers of its preparation (reserve,
+//!   create, health check: local activities); every later step (agent, verify, patch,
+//!   settle, destroy) lives in the child's own history;
 //! - children in flight never exceed `max_concurrent` (capped at 500 by the gateway), so
 //!   pending children stay under 2,000;
 //! - the run keeps only a compact copy of each fork (no patch, no output tails), so its
@@ -25,8 +27,11 @@
 
 use super::{
     LABELS_ATTR, RUN_STATE_ATTR,
-    fork::{ForkInput, ForkWorkflow},
-    options, phase, unix_ms,
+    failure::StepFailure,
+    fork::{ForkInput, ForkWorkflow, apply_failure},
+    options, phase,
+    prepare::{self, prepare},
+    unix_ms,
 };
 use forkyard_proto::{
     activities::Ledger,
@@ -40,7 +45,7 @@ use futures::{
     FutureExt,
     future::{LocalBoxFuture, select_all},
 };
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use temporalio_common::error::ApplicationFailure;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_workflow::{
@@ -61,7 +66,8 @@ pub struct SandboxOrchestrationWorkflow {
     budget_micros: i64,
     paused: bool,
     awaiting_budget: bool,
-    /// Running forks whose cancellation was asked for and not yet sent.
+    /// Running forks whose cancellation was asked for and not yet passed on to their
+    /// cancellation tokens (kept by the run loop: the state must be `Send`).
     cancel_requests: BTreeSet<u32>,
     /// Starts of each fork, for the idempotency keys of a re-queued fork.
     attempts: Vec<u32>,
@@ -176,6 +182,7 @@ impl SandboxOrchestrationWorkflow {
         let cancel = ctx.cancellation_token();
         let mut published = String::new();
         let mut in_flight: Vec<LocalBoxFuture<'_, (u32, ForkResult)>> = Vec::new();
+        let mut tokens: BTreeMap<u32, WorkflowCancellationToken> = BTreeMap::new();
         loop {
             publish_state(ctx, &mut published);
             let ctx_ref = &*ctx;
@@ -190,15 +197,17 @@ impl SandboxOrchestrationWorkflow {
                     attempt,
                     spec: spec.clone(),
                     reservation_micros: spec.fork_budget_micros,
+                    ..ForkInput::default()
                 };
-                in_flight.push(start_fork(ctx_ref, &run_id, input));
+                // The fork's own token: its preparation and its child stop on it.
+                let token = ctx_ref.cancellation_token().child_token();
+                tokens.insert(fork, token.clone());
+                in_flight.push(start_fork(ctx_ref, &run_id, input, token));
             }
-            // Forward cancellations of single running forks to their children.
             for fork in ctx_ref.state_mut(|s| std::mem::take(&mut s.cancel_requests)) {
-                let _ = ctx_ref
-                    .external_workflow(child_id(&run_id, fork), None)
-                    .cancel(Some("fork cancelled through the gateway".into()))
-                    .await;
+                if let Some(t) = tokens.get(&fork) {
+                    t.cancel_with_reason("fork cancelled");
+                }
             }
             if in_flight.is_empty() {
                 let waiting = ctx_ref.state(|s| s.has_pending() && (s.paused || s.awaiting_budget));
@@ -229,6 +238,7 @@ impl SandboxOrchestrationWorkflow {
             };
             if let Some(((fork, result), index)) = done {
                 drop(in_flight.remove(index));
+                tokens.remove(&fork);
                 ctx_ref.state_mut(|s| s.record(fork, result));
             }
         }
@@ -340,39 +350,76 @@ impl SandboxOrchestrationWorkflow {
     }
 }
 
-/// Start one child and wait for its result; a child that could not start is a failed
-/// (or, when the run is being cancelled, cancelled) fork.
+/// Prepare one fork, then start its child and wait for its result. A fork that could
+/// not be prepared, or whose child could not start, is a failed (or cancelled) fork; one
+/// whose reservation was refused goes back to pending (`record`).
 fn start_fork<'a>(
     ctx: &'a WorkflowContext<SandboxOrchestrationWorkflow>,
     run_id: &str,
-    input: ForkInput,
+    mut input: ForkInput,
+    token: WorkflowCancellationToken,
 ) -> LocalBoxFuture<'a, (u32, ForkResult)> {
     let fork = input.fork;
-    let opts = ChildWorkflowOptions::builder()
-        .workflow_id(child_id(run_id, fork))
-        .parent_close_policy(ParentClosePolicy::RequestCancel)
-        .cancel_type(ChildWorkflowCancellationType::WaitCancellationCompleted)
-        .build();
+    let id = child_id(run_id, fork);
     Box::pin(async move {
-        let res = match ctx
-            .start_child_workflow(ForkWorkflow::run, input, opts)
-            .await
-        {
-            Ok(started) => started.result().await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        let result = res.unwrap_or_else(|e| {
-            let cancelled = ctx.cancellation_token().is_cancelled();
-            ForkResult {
+        input.started_unix_ms = unix_ms(ctx.workflow_time());
+        let failed = |f: StepFailure| {
+            let budget = matches!(f, StepFailure::BudgetExceeded(_));
+            let mut r = ForkResult {
                 fork,
-                status: if cancelled {
-                    ForkStatus::Cancelled
+                started_unix_ms: input.started_unix_ms,
+                finished_unix_ms: unix_ms(ctx.workflow_time()),
+                // A refused reservation: the run re-queues the fork until a raise.
+                phase: if budget {
+                    phase::AWAITING_BUDGET
                 } else {
-                    ForkStatus::Failed
-                } as i32,
-                phase: phase::DONE.into(),
-                error: if cancelled { "cancelled".into() } else { e },
+                    phase::DONE
+                }
+                .into(),
                 ..Default::default()
+            };
+            apply_failure(&mut r, f);
+            r
+        };
+        let prepared = match prepare(ctx, &input, &id, &token).await {
+            Ok(p) => p,
+            Err(f) => return (fork, failed(f)),
+        };
+        ctx.state_mut(|s| s.set_fork_phase(fork, phase::AGENT));
+        input.reservation_id = prepared.reservation_id.clone();
+        input.sandbox_ready_unix_ms = prepared.ready_unix_ms;
+        input.sandbox = Some(prepared.sandbox.clone());
+        let opts = ChildWorkflowOptions::builder()
+            .workflow_id(id.clone())
+            .parent_close_policy(ParentClosePolicy::RequestCancel)
+            .cancel_type(ChildWorkflowCancellationType::WaitCancellationCompleted)
+            .cancellation_token(token.clone())
+            .build();
+        let started = match ctx.start_child_workflow(ForkWorkflow::run, input.clone(), opts).await {
+            Ok(started) => started,
+            Err(e) => {
+                // Nobody else owns the sandbox and the reservation yet.
+                let _ = prepare::destroy(ctx, &prepared.sandbox, "fork child did not start").await;
+                prepare::release(ctx, &prepare::step_key(&id, input.attempt, "release"), &prepared.reservation_id).await;
+                let why = if token.is_cancelled() {
+                    StepFailure::Cancelled
+                } else {
+                    StepFailure::Failed(format!("start fork workflow: {e}"))
+                };
+                return (fork, failed(why));
+            }
+        };
+        let result = started.result().await.unwrap_or_else(|e| {
+            // A child that failed or was terminated has settled nothing: the janitor
+            // reaps its sandbox and releases its reservation once it has closed.
+            let why = if token.is_cancelled() {
+                StepFailure::Cancelled
+            } else {
+                StepFailure::Failed(e.to_string())
+            };
+            ForkResult {
+                sandbox_id: prepared.sandbox.id.clone(),
+                ..failed(why)
             }
         });
         (fork, result)
@@ -432,6 +479,12 @@ impl SandboxOrchestrationWorkflow {
         let i = (f.fork - 1) as usize;
         self.attempts[i] += 1;
         Some((f.fork, self.attempts[i]))
+    }
+
+    pub(super) fn set_fork_phase(&mut self, fork: u32, p: &str) {
+        if let Some(f) = fork.checked_sub(1).and_then(|i| self.forks.get_mut(i as usize)) {
+            p.clone_into(&mut f.phase);
+        }
     }
 
     fn record(&mut self, fork: u32, result: ForkResult) {
