@@ -104,7 +104,7 @@ async fn a_run_is_one_trace_across_the_mesh_and_its_metrics_match() {
             .collect();
         let count = |name: &str| spans.iter().filter(|s| s.name == name).count();
         let done = count("RunActivity:agent.run") >= 2
-            && count("RunActivity:local.destroy") >= 2
+            && count("forkyard.sandbox.v1.SandboxProvisioner/DestroySandbox") >= 4
             && count("RunWorkflow:SandboxOrchestrationWorkflow") >= 1;
         if done || Instant::now() > deadline {
             break spans;
@@ -199,16 +199,25 @@ async fn a_run_is_one_trace_across_the_mesh_and_its_metrics_match() {
             Some("100")
         );
         let sandbox = agent.attr_str("forkyard.sandbox_id").expect("sandbox id");
+        // The run prepares the fork: the create is a local activity of the gateway under
+        // the run's workflow, calling the provisioner over gRPC.
         let create = spans
             .iter()
             .find(|s| {
-                s.name == "RunActivity:local.create"
+                s.name.ends_with("SandboxLocal.create")
                     && s.attr_str("forkyard.sandbox_id").as_deref() == Some(sandbox.as_str())
             })
             .unwrap_or_else(|| panic!("no create span for {sandbox}:\n{}", dump()));
-        assert_eq!(create.service, "sandbox-provisioner");
+        assert_eq!(create.service, "gateway");
         assert_eq!(create.attr_str("forkyard.fork"), Some(fork.to_string()));
-        assert!(ancestry(create, &by_id).contains(&"RunWorkflow:ForkWorkflow"));
+        assert!(ancestry(create, &by_id).contains(&"RunWorkflow:SandboxOrchestrationWorkflow"));
+        assert!(
+            spans.iter().any(|s| s.service == "sandbox-provisioner"
+                && s.name == "forkyard.sandbox.v1.SandboxProvisioner/CreateSandbox"
+                && ancestry(s, &by_id).contains(&create.name.as_str())),
+            "no provisioner CreateSandbox span under fork {fork}'s create:\n{}",
+            dump()
+        );
     }
     // The ledger's part hangs under a fork: its activities, or (when the gateway makes the
     // ledger calls as local activities over gRPC) its gRPC server spans.

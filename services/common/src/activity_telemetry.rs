@@ -9,9 +9,9 @@
 //!   (errors already set the span's status in the plugin);
 //! - opens a `tracing` span with `run_id` / `fork` so the activity's log lines carry them;
 //! - counts retried attempts (`activity_retries_total{activity_type}`) and records the
-//!   sandbox and agent metrics at the point where the event happens, in the
-//!   service that executes the activity (sandbox-provisioner: `sandbox_created_total`,
-//!   `active_sandboxes`, `sandbox_duration_seconds`; agent-runner: `agent_cost_usd`).
+//!   agent's cost (`agent_cost_usd`) in the agent runner. The sandbox metrics are the
+//!   provisioner's own (`sandbox_created_total` and co., counted where a sandbox is made
+//!   or removed, whether a gRPC call or an activity asked).
 //!
 //! Only identifiers and numbers are read: never commands, env, prompts or file contents.
 
@@ -26,11 +26,7 @@ use forkyard_proto::{
     },
 };
 use opentelemetry::{Context, KeyValue, trace::TraceContextExt as _};
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Instant,
-};
+use std::sync::Arc;
 use temporalio_sdk::{
     SimplePlugin,
     interceptors::{ActivityInboundInterceptor, ExecuteActivityInput, ExecuteActivityOutput, Next},
@@ -55,16 +51,12 @@ static RETRIES: std::sync::LazyLock<prometheus::IntCounterVec> = std::sync::Lazy
 pub fn plugin() -> SimplePlugin {
     SimplePlugin::builder("forkyard-activity-telemetry")
         .activity_inbound_interceptors(vec![
-            Arc::new(ActivityTelemetry::default()) as Arc<dyn ActivityInboundInterceptor>
+            Arc::new(ActivityTelemetry) as Arc<dyn ActivityInboundInterceptor>
         ])
         .build()
 }
 
-#[derive(Default)]
-struct ActivityTelemetry {
-    /// Sandboxes this process created, with when: their lifetime is observed on destroy.
-    live: Arc<Mutex<HashMap<String, Instant>>>,
-}
+struct ActivityTelemetry;
 
 /// Identifiers read from an activity's input.
 #[derive(Default)]
@@ -76,17 +68,11 @@ struct Ids {
 }
 
 impl Ids {
-    fn of(input: &ExecuteActivityInput) -> (Ids, Option<String>) {
+    fn of(input: &ExecuteActivityInput) -> Ids {
         let mut ids = Ids::default();
-        let mut template = None;
         if let Some(r) = input.args_ref::<CreateSandboxRequest>() {
             ids.run_id = r.labels.get(labels::RUN_ID).cloned().unwrap_or_default();
             ids.fork = r.labels.get(labels::FORK).and_then(|f| f.parse().ok());
-            template = Some(if r.backend.is_empty() {
-                "local".to_owned()
-            } else {
-                r.backend.clone()
-            });
         } else if let Some(r) = input.args_ref::<RunAgentRequest>() {
             ids.run_id = r.run_id.clone();
             ids.fork = Some(r.fork);
@@ -108,7 +94,7 @@ impl Ids {
             // A run's ledger account is named by its run id.
             ids.run_id = r.account_id.clone();
         }
-        (ids, template)
+        ids
     }
 
     fn attributes(&self) -> Vec<KeyValue> {
@@ -147,10 +133,7 @@ impl ActivityInboundInterceptor for ActivityTelemetry {
         if attempt > 1 {
             RETRIES.with_label_values(&[activity.as_str()]).inc();
         }
-        let (ids, template) = Ids::of(&input);
-        let destroyed = input
-            .args_ref::<DestroySandboxRequest>()
-            .map(|r| r.sandbox_id.clone());
+        let ids = Ids::of(&input);
         let commit_micros = input.args_ref::<CommitRequest>().map(|r| r.amount_micros);
         let log_span = tracing::info_span!(
             "activity",
@@ -164,7 +147,6 @@ impl ActivityInboundInterceptor for ActivityTelemetry {
         if let Some(fork) = ids.fork {
             log_span.record("fork", fork);
         }
-        let live = self.live.clone();
         Box::pin(
             async move {
                 // Polled inside the plugin's activity span.
@@ -177,12 +159,6 @@ impl ActivityInboundInterceptor for ActivityTelemetry {
                 }
                 let result = next.run(input).await;
                 let run = metrics::run();
-                if let Some(template) = template {
-                    let status = if result.is_ok() { "ok" } else { "error" };
-                    run.sandbox_created
-                        .with_label_values(&[template.as_str(), status])
-                        .inc();
-                }
                 if let Ok(out) = &result {
                     if let Some(sandbox) = out.downcast_ref::<Sandbox>()
                         && activity.ends_with(".create")
@@ -191,11 +167,6 @@ impl ActivityInboundInterceptor for ActivityTelemetry {
                             "forkyard.sandbox_id",
                             sandbox.id.clone(),
                         ));
-                        // A retried create returns the same sandbox: count it once.
-                        let mut live = live.lock().unwrap_or_else(|p| p.into_inner());
-                        if live.insert(sandbox.id.clone(), Instant::now()).is_none() {
-                            run.active_sandboxes.inc();
-                        }
                     }
                     if let Some(resp) = out.downcast_ref::<RunAgentResponse>() {
                         let usage = resp.usage.unwrap_or_default();
@@ -213,14 +184,6 @@ impl ActivityInboundInterceptor for ActivityTelemetry {
                         run.agent_cost
                             .with_label_values(&[model])
                             .observe(usd(resp.cost_micros));
-                    }
-                    if let Some(id) = &destroyed {
-                        let created = live.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
-                        if let Some(created) = created {
-                            run.active_sandboxes.dec();
-                            run.sandbox_duration
-                                .observe(created.elapsed().as_secs_f64());
-                        }
                     }
                 }
                 result

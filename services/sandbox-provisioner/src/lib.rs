@@ -17,6 +17,7 @@ pub mod error;
 mod exec;
 mod files;
 mod git;
+mod lifecycle;
 pub mod grpc;
 mod patch;
 mod process;

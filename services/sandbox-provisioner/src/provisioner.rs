@@ -278,7 +278,9 @@ impl Provisioner {
             git::check_branch(&req.branch).await?;
         }
         if req.idempotency_key.is_empty() {
-            return self.create_new(req).await;
+            let out = self.create_new(req).await;
+            crate::lifecycle::created(BACKEND, &out);
+            return out;
         }
         let key_lock = {
             let mut creating = self.creating.lock().expect("creating lock");
@@ -294,7 +296,11 @@ impl Provisioner {
                     info!(sandbox_id = %existing.id, "create repeated with the same idempotency key");
                     Ok(existing)
                 }
-                None => self.create_new(req.clone()).await,
+                None => {
+                    let out = self.create_new(req.clone()).await;
+                    crate::lifecycle::created(BACKEND, &out);
+                    out
+                }
             }
         };
         drop(key_lock);
@@ -517,6 +523,7 @@ impl Provisioner {
             let _ = tokio::task::spawn_blocking(move || cg.remove(&id)).await;
         }
         self.sandboxes.lock().expect("sandboxes lock").remove(id);
+        crate::lifecycle::destroyed(record.created_unix_ms);
         info!(sandbox_id = %id, reason = %req.reason, "sandbox destroyed");
         Ok(DestroySandboxResponse { existed: true })
     }

@@ -692,7 +692,9 @@ impl SandboxBackend for E2bBackend {
                 "create sandbox",
                 "",
             )
-            .await?
+            .await;
+        crate::lifecycle::created(self.name(), &created);
+        let created = created?
             .ok_or_else(|| ProvisionerError::Unavailable("E2B create: empty response".into()))?;
         let api: ApiSandbox = serde_json::from_value(created)
             .map_err(|e| ProvisionerError::Unavailable(format!("E2B create: {e}")))?;
@@ -922,6 +924,10 @@ impl SandboxBackend for E2bBackend {
     async fn destroy(&self, req: DestroySandboxRequest) -> Result<DestroySandboxResponse> {
         let sid = Self::e2b_id(&req.sandbox_id)?;
         let existed = self.kill(sid).await?;
+        if existed {
+            // The E2B API gives no creation time on kill: the lifetime is not observed.
+            crate::lifecycle::destroyed(0);
+        }
         self.known.lock().expect("known lock").remove(sid);
         info!(sandbox_id = %req.sandbox_id, existed, reason = %req.reason, "e2b sandbox destroyed");
         Ok(DestroySandboxResponse { existed })
