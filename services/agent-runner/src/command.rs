@@ -7,11 +7,11 @@
 //! `codex exec --json`) are charged as they go: each usage-bearing line is priced from
 //! the table (by the model the CLI names, else the spec's) and charged to the ledger
 //! under `<charge_key>/turn-<n>`, n continuing from a failed attempt's last heartbeat as
-//! with the LLM drivers. At the end the CLI's own total reconciles: when it reports a
-//! price (`total_cost_usd`) or total usage above what was charged, the difference is
-//! charged once more (`<charge_key>/total-<n>`); a total below it charges nothing (the
-//! ledger keeps what it was charged, and that is what the result reports). A CLI that
-//! prints one result at the end (`--output-format json`) is charged that way, at the end.
+//! with the LLM drivers. At the end the CLI's own total reconciles: the result's
+//! `cost_micros` is its price (`total_cost_usd`, else its total usage priced), at least
+//! what was charged; the fork's Commit, whose amount includes the charges, posts only the
+//! rest. A CLI that prints one result at the end (`--output-format json`) is so charged
+//! by the Commit alone, as before.
 
 use crate::{
     charge::Charger,
@@ -247,7 +247,7 @@ pub async fn run<S: ProgressSink>(
             None => {}
         }
     }
-    meter.reconcile(&stdout.kept).await?;
+    meter.reconcile(&stdout.kept);
     let p = &meter.progress;
     // What the ledger holds is at least what was charged; never report less.
     let cost_micros = p.cost_micros.max(p.charged_micros);

@@ -158,16 +158,20 @@ impl<S: ProgressSink> Meter<'_, S> {
         }
     }
 
-    /// At exit: this attempt's cost by the CLI's own total when it gave one, and the part
-    /// of it not yet charged charged now.
-    pub async fn reconcile(&mut self, kept_stdout: &str) -> Result<(), AgentError> {
+    /// At exit: this attempt's cost becomes the CLI's own total when it gave one (its
+    /// price, else its total usage priced from the table), never less than what its usage
+    /// reports were charged. The part not charged yet is not charged here: the result's
+    /// `cost_micros` is the total, and the fork's Commit (whose amount includes what was
+    /// charged) posts the rest under the account's overage policy, as it did before
+    /// incremental charges. A total below the charges refunds nothing.
+    pub fn reconcile(&mut self, kept_stdout: &str) {
         let total = self.total.take().or_else(|| {
             // A pretty-printed result object is not one line: read it from the end.
             (self.run_priced == 0 && is_zero(&self.run_usage))
                 .then(|| usage::from_stdout(kept_stdout))
                 .flatten()
         });
-        let Some(total) = total else { return Ok(()) };
+        let Some(total) = total else { return };
         let cost = total.cost_micros.unwrap_or_else(|| {
             self.models
                 .price(&self.spec_model)
@@ -182,18 +186,15 @@ impl<S: ProgressSink> Meter<'_, S> {
         self.progress.usage = Some(usage);
         self.run_usage = at_least(&total.usage, &self.run_usage);
         let rest = cost - self.run_priced;
-        let n = self.progress.turns;
         self.transcript.write(&json!({
             "type": "total", "reported_cost_micros": total.cost_micros, "cost_micros": cost,
-            "charged_as_turns_micros": self.run_priced, "rest_micros": rest.max(0),
+            "charged_as_turns_micros": self.run_priced, "left_to_commit_micros": rest.max(0),
         }));
         if rest > 0 {
             self.progress.cost_micros += rest;
             self.run_priced += rest;
-            self.charge(&format!("total-{n}"), n, rest).await?;
         } else if rest < 0 {
-            tracing::info!(run_id = %self.req.run_id, fork = self.req.fork, reported = cost, charged = self.run_priced, "the cli's total is below what its turns were charged; keeping the charges");
+            tracing::info!(run_id = %self.req.run_id, fork = self.req.fork, reported = cost, charged = self.run_priced, "the cli's total is below what its usage reports were charged; keeping the charges");
         }
-        Ok(())
     }
 }

@@ -154,14 +154,21 @@ async fn streamed_usage_is_charged_while_the_command_runs_and_reconciled_at_the_
     assert_eq!(out.cost_micros, 12_000, "the CLI's own total");
     assert_eq!(
         f.charged(run).await,
-        12_000,
-        "turns as they came, then the rest of the CLI's total: the ledger matches the result"
+        TURN_1 + TURN_2,
+        "each message charged as it came, once"
     );
     let u = out.usage.unwrap();
     assert_eq!((u.input_tokens, u.output_tokens), (3000, 150));
     assert!(out.output_tail.contains("\"type\":\"result\""));
     let last = beats.last();
-    assert_eq!((last.turns, last.charged_micros), (2, 12_000));
+    assert_eq!((last.turns, last.charged_micros), (2, TURN_1 + TURN_2));
+    // The fork's Commit of the result's cost posts only the rest of the CLI's total.
+    commit(&mut f, &rsv, out.cost_micros).await;
+    assert_eq!(
+        f.charged(run).await,
+        12_000,
+        "the ledger matches the result"
+    );
 
     // The transcript: every event the CLI printed, the charges, the reconciliation.
     assert_eq!(out.transcript_key, "run-stream/fork-1/attempt-1.jsonl");
@@ -185,8 +192,20 @@ async fn streamed_usage_is_charged_while_the_command_runs_and_reconciled_at_the_
             .any(|l| l["event"]["message"]["content"][0]["id"] == "toolu_01")
     );
     let total = lines.iter().find(|l| l["type"] == "total").unwrap();
-    assert_eq!(total["rest_micros"], 750);
+    assert_eq!(total["left_to_commit_micros"], 750);
     assert_eq!(lines.last().unwrap()["type"], "end");
+}
+
+/// What the fork workflow does when the agent returns: commit the result's cost.
+async fn commit(f: &mut Fixture, reservation: &str, amount: i64) {
+    f.ledger
+        .commit(forkyard_proto::budget::v1::CommitRequest {
+            reservation_id: reservation.into(),
+            amount_micros: amount,
+            idempotency_key: format!("{reservation}/commit"),
+        })
+        .await
+        .expect("commit");
 }
 
 async fn spent(
@@ -307,12 +326,13 @@ async fn a_retried_attempt_does_not_charge_again() {
     let after = f.charged(run).await;
     assert_eq!(
         after,
-        TURN_1 + 12_000,
-        "attempt 1's charge once, attempt 2's run in full"
+        TURN_1 + TURN_1 + TURN_2,
+        "attempt 1's charge once, attempt 2's messages each once"
     );
     assert_eq!(
-        out.cost_micros, after,
-        "the result says what the ledger holds"
+        out.cost_micros,
+        TURN_1 + 12_000,
+        "attempt 1's charge and attempt 2's total"
     );
     let u = out.usage.unwrap();
     assert_eq!((u.input_tokens, u.output_tokens), (4000, 250));
@@ -329,8 +349,14 @@ async fn a_retried_attempt_does_not_charge_again() {
         )
         .await
         .expect("attempt 2 again");
-    assert_eq!(again.cost_micros, after);
+    assert_eq!(again.cost_micros, out.cost_micros);
     assert_eq!(f.charged(run).await, after, "nothing charged twice");
+    commit(&mut f, &rsv, out.cost_micros).await;
+    assert_eq!(
+        f.charged(run).await,
+        out.cost_micros,
+        "the ledger matches the result"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,6 +419,12 @@ async fn codex_turns_and_a_final_json_result_are_charged_too() {
         .await
         .expect("claude json");
     assert_eq!(out.cost_micros, 42_100);
+    assert_eq!(
+        f.charged(run).await,
+        0,
+        "nothing streamed: the Commit charges it all"
+    );
+    commit(&mut f, &rsv, out.cost_micros).await;
     assert_eq!(f.charged(run).await, 42_100);
     assert_eq!(out.usage.unwrap().input_tokens, 5000);
     assert!(
