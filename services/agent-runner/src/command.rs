@@ -247,7 +247,8 @@ pub async fn run<S: ProgressSink>(
             None => {}
         }
     }
-    meter.reconcile(&stdout.kept);
+    let kept = stdout.kept();
+    meter.reconcile(&kept);
     let p = &meter.progress;
     // What the ledger holds is at least what was charged; never report less.
     let cost_micros = p.cost_micros.max(p.charged_micros);
@@ -255,7 +256,7 @@ pub async fn run<S: ProgressSink>(
         "type": "end", "reason": if exit.timed_out { "timeout" } else { "exit" },
         "exit_code": exit.exit_code, "turns": p.turns, "cost_micros": cost_micros, "usage": p.usage,
     }));
-    let mut output_tail = tail(&stdout.kept, OUTPUT_TAIL_BYTES).to_owned();
+    let mut output_tail = tail(&kept, OUTPUT_TAIL_BYTES).to_owned();
     if !stderr.is_empty() {
         output_tail.push_str("\n--- stderr ---\n");
         output_tail.push_str(tail(&stderr, OUTPUT_TAIL_BYTES));

@@ -10,7 +10,6 @@ use crate::{
     usage::{self, Reported},
     usage_stream::{at_least, grown, is_zero},
 };
-use forkyard_common::text::tail;
 use forkyard_proto::{
     agent::v1::{AgentProgress, RunAgentRequest},
     common::v1::Usage,
@@ -36,16 +35,16 @@ fn add(a: &mut Usage, b: &Usage) {
 #[derive(Default)]
 pub struct Lines {
     partial: Vec<u8>,
-    pub kept: String,
+    kept: Vec<u8>,
 }
 
 impl Lines {
     /// The complete lines in `chunk` (and before it).
     pub fn push(&mut self, chunk: &[u8]) -> Vec<String> {
-        let text = String::from_utf8_lossy(chunk);
-        self.kept.push_str(&text);
+        // Bytes, not text: a chunk may end inside a UTF-8 character.
+        self.kept.extend_from_slice(chunk);
         if self.kept.len() > 2 * KEEP_STDOUT_BYTES {
-            self.kept = tail(&self.kept, KEEP_STDOUT_BYTES).to_owned();
+            self.kept.drain(..self.kept.len() - KEEP_STDOUT_BYTES);
         }
         self.partial.extend_from_slice(chunk);
         let mut out = Vec::new();
@@ -58,6 +57,11 @@ impl Lines {
             self.partial.clear();
         }
         out
+    }
+
+    /// The last `KEEP_STDOUT_BYTES` or more of stdout.
+    pub fn kept(&self) -> String {
+        String::from_utf8_lossy(&self.kept).into_owned()
     }
 
     pub fn finish(&mut self) -> Option<String> {
@@ -196,5 +200,23 @@ impl<S: ProgressSink> Meter<'_, S> {
         } else if rest < 0 {
             tracing::info!(run_id = %self.req.run_id, fork = self.req.fork, reported = cost, charged = self.run_priced, "the cli's total is below what its usage reports were charged; keeping the charges");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lines;
+
+    #[test]
+    fn lines_span_chunks_and_characters_survive_a_split() {
+        let mut l = Lines::default();
+        let text = "{\"a\":1}\nnaïve\nrest".as_bytes();
+        // Cut inside the two-byte "ï".
+        let cut = text.iter().position(|b| *b == 0xc3).unwrap() + 1;
+        assert_eq!(l.push(&text[..3]), Vec::<String>::new());
+        assert_eq!(l.push(&text[3..cut]), vec!["{\"a\":1}".to_owned()]);
+        assert_eq!(l.push(&text[cut..]), vec!["naïve".to_owned()]);
+        assert_eq!(l.finish().as_deref(), Some("rest"));
+        assert_eq!(l.kept(), "{\"a\":1}\nnaïve\nrest");
     }
 }
