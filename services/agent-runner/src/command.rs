@@ -238,6 +238,12 @@ pub async fn run<S: ProgressSink>(
             }
         }
     };
+    // Read on to the trailers: a call dropped before them ends as CANCELLED (its spans
+    // marked failed) though the command exited normally.
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(_)) = stream.message().await {}
+    })
+    .await;
     drop(stream);
     if let Some(line) = stdout.finish() {
         meter.record_output(&line);
