@@ -23,10 +23,20 @@ pub struct Charger {
 impl Charger {
     /// Charge `amount` for `turn`; the reservation's total charges so far.
     pub async fn charge(&mut self, turn: u32, amount: i64) -> Result<i64, AgentError> {
+        self.charge_as(&format!("turn-{turn}"), turn, amount).await
+    }
+
+    /// Charge `amount` under the key `<prefix>/<name>` (`turn` is for the logs).
+    pub async fn charge_as(
+        &mut self,
+        name: &str,
+        turn: u32,
+        amount: i64,
+    ) -> Result<i64, AgentError> {
         if amount <= 0 {
             return Ok(0);
         }
-        let mut key = format!("{}/turn-{turn}", self.key_prefix);
+        let mut key = format!("{}/{name}", self.key_prefix);
         let mut delay = Duration::from_millis(200);
         let mut tries = 0;
         loop {

@@ -158,6 +158,11 @@ impl Models {
         Ok(name.to_owned())
     }
 
+    /// Whether the table lists `model` (else it is priced at the default).
+    pub fn knows(&self, model: &str) -> bool {
+        self.prices.contains_key(model)
+    }
+
     pub fn price(&self, model: &str) -> Price {
         self.prices
             .get(model)

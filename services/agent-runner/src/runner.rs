@@ -69,21 +69,20 @@ impl Runner {
     ) -> Result<RunAgentResponse, AgentError> {
         let (client, endpoint) = self.provisioners.client_for(&req.sandbox_endpoint)?;
         let driver = req.agent.as_ref().map_or("", |a| a.driver.as_str());
-        if driver.is_empty() || driver == "command" {
-            return command::run(
-                client,
-                &endpoint,
-                req,
-                sink,
-                self.heartbeat,
-                cancelled,
-                &self.drivers.models,
-            )
-            .await;
-        }
-        let choice = self
-            .drivers
-            .check(req.agent.as_ref().unwrap_or(&Default::default()))?;
+        let is_command = driver.is_empty() || driver == "command";
+        let choice = if is_command {
+            command::validate(req)?;
+            crate::drivers::Choice {
+                driver: "command".into(),
+                model: req
+                    .agent
+                    .as_ref()
+                    .map_or(String::new(), |a| a.model.clone()),
+            }
+        } else {
+            self.drivers
+                .check(req.agent.as_ref().unwrap_or(&Default::default()))?
+        };
         let charger = (!req.reservation_id.is_empty()).then(|| Charger {
             client: BudgetLedgerClient::new(self.ledger.clone()),
             reservation_id: req.reservation_id.clone(),
@@ -97,6 +96,21 @@ impl Runner {
             model: choice.model.clone(),
             activity_attempt,
         });
+        if is_command {
+            let env = command::Env {
+                client,
+                endpoint,
+                sink,
+                heartbeat: self.heartbeat,
+                cancelled: Box::pin(cancelled),
+                models: &self.drivers.models,
+                charger,
+                store: self.store.as_ref(),
+                resume,
+                activity_attempt,
+            };
+            return command::run(req, env).await;
+        }
         let env = Env {
             drivers: &self.drivers,
             sandbox: Sandbox {

@@ -39,11 +39,11 @@ fn usd_text_to_micros(text: &str) -> Option<i64> {
     whole.checked_mul(1_000_000)?.checked_add(micros)
 }
 
-fn u64_field(v: &Value, key: &str) -> u64 {
+pub(crate) fn u64_field(v: &Value, key: &str) -> u64 {
     v.get(key).and_then(Value::as_u64).unwrap_or(0)
 }
 
-fn cost_of(v: &Value) -> Option<i64> {
+pub(crate) fn cost_of(v: &Value) -> Option<i64> {
     match v.get("total_cost_usd").or_else(|| v.get("cost_usd"))? {
         Value::Number(n) => usd_text_to_micros(&n.to_string()),
         Value::String(s) => usd_text_to_micros(s),
@@ -52,7 +52,7 @@ fn cost_of(v: &Value) -> Option<i64> {
 }
 
 /// Anthropic-style usage: input tokens exclude the cache tokens.
-fn claude_usage(u: &Value) -> Usage {
+pub(crate) fn claude_usage(u: &Value) -> Usage {
     Usage {
         input_tokens: u64_field(u, "input_tokens"),
         output_tokens: u64_field(u, "output_tokens"),

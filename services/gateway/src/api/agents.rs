@@ -193,6 +193,36 @@ impl super::GatewayService {
 
 #[cfg(test)]
 mod tests {
+    use super::AgentRunnerLink;
+
+    fn pooled(link: &AgentRunnerLink) -> usize {
+        link.replicas.lock().unwrap().len()
+    }
+
+    #[tokio::test]
+    async fn one_pooled_channel_per_replica_endpoint() {
+        let link = AgentRunnerLink::new("http://127.0.0.1:50053").unwrap();
+        // Empty (older results) and the configured address use the configured channel.
+        link.client_for("").unwrap();
+        link.client_for("http://127.0.0.1:50053").unwrap();
+        assert_eq!(pooled(&link), 0);
+        link.client_for("http://10.0.0.7:50053").unwrap();
+        link.client_for("http://10.0.0.7:50053").unwrap();
+        link.clone().client_for("http://10.0.0.8:50053").unwrap();
+        assert_eq!(pooled(&link), 2, "clones share the pool");
+        assert!(link.client_for("not a url").is_err());
+        assert_eq!(pooled(&link), 2);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_replica_leaves_the_transcript_empty() {
+        let link = AgentRunnerLink::new("http://127.0.0.1:50053").unwrap();
+        let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", gone.local_addr().unwrap());
+        drop(gone);
+        assert_eq!(link.transcript("run-1", 1, &endpoint).await, "");
+        assert_eq!(link.transcript("run-1", 1, "::bad::").await, "");
+    }
     #[test]
     fn long_transcripts_are_cut_at_a_line() {
         let line = format!(
