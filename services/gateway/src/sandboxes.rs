@@ -113,7 +113,10 @@ impl SandboxLocal {
             return Ok(c.clone());
         }
         let ep = endpoint(addr, CALL_DEADLINE).map_err(|e| {
-            non_retryable(errors::INVALID_INPUT, format!("owner endpoint {addr:?}: {e}"))
+            non_retryable(
+                errors::INVALID_INPUT,
+                format!("owner endpoint {addr:?}: {e}"),
+            )
         })?;
         let client = SandboxProvisionerClient::new(traced_channel(ep.connect_lazy()));
         owners.insert(addr.to_owned(), client.clone());

@@ -45,6 +45,16 @@ pub fn owner_workflow_id(labels: &HashMap<String, String>) -> Option<&str> {
         .filter(|s| !s.is_empty())
 }
 
+/// The run to ask about a sandbox whose own (fork) workflow Temporal does not know: the
+/// run workflow creates and checks a fork's sandbox before it starts the fork's
+/// workflow, so while that run is running the sandbox is being prepared, not orphaned.
+pub fn preparing_run<'a>(labels: &'a HashMap<String, String>, owner: &str) -> Option<&'a str> {
+    labels
+        .get(labels::RUN_ID)
+        .map(|s| s.trim())
+        .filter(|run| !run.is_empty() && *run != owner)
+}
+
 /// Whether a sandbox created at `created_unix_ms` is younger than `min_age_secs` at
 /// `now_unix_ms`. An unknown creation time (0) counts as old.
 pub fn too_young(created_unix_ms: i64, now_unix_ms: i64, min_age_secs: u32) -> bool {
@@ -101,6 +111,21 @@ mod tests {
         assert_eq!(
             classify(&silent(601), 600),
             Verdict::Orphan("owner has not heartbeat for 601 s".into())
+        );
+    }
+
+    #[test]
+    fn a_fork_sandbox_names_its_run_to_ask_while_its_workflow_is_unknown() {
+        let l = labels(&[
+            ("forkyard.run_id", "run-1"),
+            ("forkyard.workflow_id", "run-1/fork-2"),
+        ]);
+        assert_eq!(preparing_run(&l, "run-1/fork-2"), Some("run-1"));
+        assert_eq!(preparing_run(&l, "run-1"), None, "the run is the owner");
+        assert_eq!(preparing_run(&labels(&[]), "run-1/fork-2"), None);
+        assert_eq!(
+            preparing_run(&labels(&[("forkyard.run_id", " ")]), "x"),
+            None
         );
     }
 

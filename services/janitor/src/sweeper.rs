@@ -180,6 +180,25 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
         self
     }
 
+    /// A fork sandbox whose workflow Temporal does not know: kept while its run is
+    /// running (the run prepares a fork's sandbox before it starts the fork's workflow),
+    /// an orphan otherwise. A run Temporal cannot be asked about keeps it too.
+    async fn state_of_preparing_run(
+        &self,
+        labels: &std::collections::HashMap<String, String>,
+        owner: &str,
+    ) -> Owner {
+        let Some(run) = classify::preparing_run(labels, owner) else {
+            return Owner::Workflow(WorkflowState::NotFound);
+        };
+        match self.workflows.state(run).await {
+            Ok(WorkflowState::Running | WorkflowState::Silent(_)) | Err(_) => {
+                Owner::Workflow(WorkflowState::Running)
+            }
+            Ok(_) => Owner::Workflow(WorkflowState::NotFound),
+        }
+    }
+
     pub async fn sweep(&self, req: &SweepRequest) -> Result<SweepReport, JanitorError> {
         if let Some(m) = &self.metrics {
             m.sweep();
@@ -205,6 +224,9 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
                 let owner = match classify::owner_workflow_id(&sb.labels) {
                     None => Owner::NoLabel,
                     Some(wf) => match self.workflows.state(wf).await {
+                        Ok(WorkflowState::NotFound) => {
+                            self.state_of_preparing_run(&sb.labels, wf).await
+                        }
                         Ok(state) => Owner::Workflow(state),
                         Err(e) => {
                             // Cannot tell whether its workflow runs: never touch it.

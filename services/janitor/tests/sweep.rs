@@ -258,3 +258,38 @@ fn activity_uses_the_contract_name() {
         "janitor.sweep"
     );
 }
+
+/// The run makes and checks a fork's sandbox before it starts the fork's workflow: in
+/// that window the fork's workflow is unknown, and the running run keeps the sandbox.
+#[tokio::test]
+async fn a_sandbox_its_running_run_is_preparing_is_kept() {
+    let mut preparing = sandbox("sb-preparing", Some("run-live/fork-1"), 600);
+    preparing
+        .labels
+        .insert(labels::RUN_ID.to_owned(), "run-live".to_owned());
+    let mut abandoned = sandbox("sb-abandoned", Some("run-over/fork-1"), 600);
+    abandoned
+        .labels
+        .insert(labels::RUN_ID.to_owned(), "run-over".to_owned());
+    let sweeper = Sweeper::new(
+        FakeSandboxes {
+            sandboxes: vec![preparing, abandoned],
+            ..Default::default()
+        },
+        FakeWorkflows(HashMap::from([
+            ("run-live", Some(WorkflowState::Running)),
+            ("run-over", Some(WorkflowState::Closed("COMPLETED".into()))),
+        ])),
+    );
+    let report = sweeper
+        .sweep(&SweepRequest {
+            dry_run: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        summary(&report),
+        [("sb-abandoned", "workflow not found", false)]
+    );
+}

@@ -102,7 +102,9 @@ impl ForkWorkflow {
             ..Progress::default()
         };
         let outcome = if sandbox.id.is_empty() {
-            Err(StepFailure::Failed("the run gave this fork no sandbox".into()))
+            Err(StepFailure::Failed(
+                "the run gave this fork no sandbox".into(),
+            ))
         } else {
             work(ctx, &input, &sandbox, &key, &mut result, &mut progress).await
         };

@@ -395,12 +395,20 @@ fn start_fork<'a>(
             .cancel_type(ChildWorkflowCancellationType::WaitCancellationCompleted)
             .cancellation_token(token.clone())
             .build();
-        let started = match ctx.start_child_workflow(ForkWorkflow::run, input.clone(), opts).await {
+        let started = match ctx
+            .start_child_workflow(ForkWorkflow::run, input.clone(), opts)
+            .await
+        {
             Ok(started) => started,
             Err(e) => {
                 // Nobody else owns the sandbox and the reservation yet.
                 let _ = prepare::destroy(ctx, &prepared.sandbox, "fork child did not start").await;
-                prepare::release(ctx, &prepare::step_key(&id, input.attempt, "release"), &prepared.reservation_id).await;
+                prepare::release(
+                    ctx,
+                    &prepare::step_key(&id, input.attempt, "release"),
+                    &prepared.reservation_id,
+                )
+                .await;
                 let why = if token.is_cancelled() {
                     StepFailure::Cancelled
                 } else {
@@ -482,7 +490,10 @@ impl SandboxOrchestrationWorkflow {
     }
 
     pub(super) fn set_fork_phase(&mut self, fork: u32, p: &str) {
-        if let Some(f) = fork.checked_sub(1).and_then(|i| self.forks.get_mut(i as usize)) {
+        if let Some(f) = fork
+            .checked_sub(1)
+            .and_then(|i| self.forks.get_mut(i as usize))
+        {
             p.clone_into(&mut f.phase);
         }
     }
