@@ -118,6 +118,8 @@ pub struct Provisioner {
     pub(crate) e2b: Arc<crate::e2b::E2bBackend>,
     /// One lock per idempotency key with a create in flight.
     creating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// When a command last ran inside a sandbox for a health check (see `patch.rs`).
+    pub(crate) runtime_probe: tokio::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Provisioner {
@@ -214,6 +216,7 @@ impl Provisioner {
             templates,
             sandboxes: Mutex::new(HashMap::new()),
             creating: Mutex::new(HashMap::new()),
+            runtime_probe: tokio::sync::Mutex::new(None),
         });
         core.reconcile(records).await;
         info!(

@@ -199,10 +199,13 @@ async fn list_filters_by_every_label_of_the_selector() {
     assert!(f.core.list(&sel(&[("forkyard.run_id", "r3")])).is_empty());
 }
 
+/// The first check runs a command inside the sandbox; for the next 10 s that probe
+/// vouches for the replica's sandbox runtime and checks only look at each workspace.
 #[tokio::test]
-async fn health_check_runs_a_process_that_sees_the_workspace() {
+async fn health_check_probes_inside_once_then_checks_each_workspace() {
     let f = fixture().await;
     let sbx = f.create().await;
+    let other = f.create().await;
     let h = f
         .core
         .health(HealthCheckRequest {
@@ -211,13 +214,31 @@ async fn health_check_runs_a_process_that_sees_the_workspace() {
         .await
         .unwrap();
     assert!(h.healthy, "{}", h.detail);
-    f.sh(&sbx.id, "rm -rf .git").await;
+    assert!(h.detail.contains("inside"), "{}", h.detail);
     let h = f
         .core
-        .health(HealthCheckRequest { sandbox_id: sbx.id })
+        .health(HealthCheckRequest {
+            sandbox_id: other.id.clone(),
+        })
         .await
         .unwrap();
-    assert!(!h.healthy);
+    assert!(h.healthy, "{}", h.detail);
+    assert!(h.detail.contains("probed"), "{}", h.detail);
+    f.sh(&other.id, "rm -rf .git").await;
+    let h = f
+        .core
+        .health(HealthCheckRequest { sandbox_id: other.id })
+        .await
+        .unwrap();
+    assert!(!h.healthy, "{}", h.detail);
+    assert!(h.detail.contains(".git"), "{}", h.detail);
+    let gone = f
+        .core
+        .health(HealthCheckRequest {
+            sandbox_id: "sbx-0000".into(),
+        })
+        .await;
+    assert!(gone.is_err(), "an unknown sandbox is not found");
 }
 
 #[tokio::test]
