@@ -166,6 +166,20 @@ fn malformed_settings_exit_64_naming_the_setting() {
 }
 
 #[test]
+fn gateway_settings_out_of_range_exit_64_naming_the_setting() {
+    // A run larger than this would pass Temporal's history warning; a bad provisioner
+    // list would only fail at the first create.
+    for (name, value) in [
+        ("FORKYARD_MAX_FORKS", "5000"),
+        ("FORKYARD_PROVISIONER_ADDR", " , "),
+        ("FORKYARD_PROVISIONER_ADDR", "http://a:1,not a url"),
+    ] {
+        let exit = start("gateway", &[(name, value.into())]);
+        assert_config_error("gateway", &exit, name);
+    }
+}
+
+#[test]
 fn tls_certificate_without_its_key_exits_64_naming_the_key() {
     for (cert, key) in [
         ("TEMPORAL_TLS_CERT", "TEMPORAL_TLS_KEY"),

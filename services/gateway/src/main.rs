@@ -30,7 +30,7 @@ struct Args {
     /// Address the gRPC API listens on.
     #[arg(long, env = "FORKYARD_LISTEN", default_value = "127.0.0.1:50051")]
     listen: String,
-    /// Largest number of forks one run may ask for.
+    /// Largest number of forks one run may ask for (at most 1300: the run's history).
     #[arg(long, env = "FORKYARD_MAX_FORKS", default_value_t = 1000)]
     max_forks: u32,
     /// budget-ledger's gRPC endpoint; the run workflows' ledger calls go there as local
@@ -99,6 +99,12 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.max_forks == 0 {
         exit_config_error("--max-forks (FORKYARD_MAX_FORKS) must be at least 1");
+    }
+    // About 7.4 events of the run's own history per fork (see workflows::orchestration).
+    if args.max_forks > 1300 {
+        exit_config_error(
+            "--max-forks (FORKYARD_MAX_FORKS) must be at most 1300: a larger run's history would pass Temporal's 10,240-event warning",
+        );
     }
     // Bound before logging starts, so a port in use is the first line a pod prints.
     let listener = server::bind(listen)

@@ -227,7 +227,9 @@ async fn health_check_probes_inside_once_then_checks_each_workspace() {
     f.sh(&other.id, "rm -rf .git").await;
     let h = f
         .core
-        .health(HealthCheckRequest { sandbox_id: other.id })
+        .health(HealthCheckRequest {
+            sandbox_id: other.id,
+        })
         .await
         .unwrap();
     assert!(!h.healthy, "{}", h.detail);

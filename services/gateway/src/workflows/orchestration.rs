@@ -2,28 +2,34 @@
 //!
 //! Opens the run's ledger account, then keeps at most `max_concurrent` forks in flight
 //! until every fork has a result. Each fork is prepared here (budget reserved, sandbox
-//! made and checked: see `prepare`) and then run by its `ForkWorkflow` child. A failed fork is a result, not a
-//! crash of the run. Signals pause and resume it and cancel single forks; an update
-//! raises its budget. When a fork's reservation is refused the run waits in
-//! AWAITING_BUDGET (running forks go on; none starts) until the budget is raised.
+//! made and health-checked, as local activities: see `prepare`) and then run by its
+//! `ForkWorkflow` child. A failed fork is a result, not a crash of the run. Signals pause
+//! and resume it and cancel single forks; an update raises its budget. When a fork's
+//! reservation is refused the run waits in AWAITING_BUDGET (running forks go on; none
+//! starts) until the budget is raised.
 //!
 //! # Large fan-out
 //!
 //! A run of 1,000 forks must stay far from Temporal's history limits (warning at 10,240
 //! events, 2,000 pending children or activities). So:
-//! - the run's own history holds only the children's lifecycle (start initiated, started,
-//!   completed: three events a fork, plus the workflow tasks that batch them) and a few
-//!   ledger markers: 385 events measured for 100 forks, 5,296 for 1,000 (bench-fanout);
 //! - per fork, the run's history holds the three markers of its preparation (reserve,
-//!   create, health check: local activities); every later step (agent, verify, patch,
-//!   settle, destroy) lives in the child's own history;
-//! - children in flight never exceed `max_concurrent` (capped at 500 by the gateway), so
-//!   pending children stay under 2,000;
+//!   create, health check) and its child's lifecycle (start initiated, started,
+//!   completed), plus the workflow tasks that batch them: about 7.4 events a fork,
+//!   7,390 measured for 1,000 forks (bench-fanout). A fork re-queued for budget adds
+//!   its reserve marker again;
+//! - every later step of a fork (agent, verify, patch, settle, destroy) lives in the
+//!   child's own history, which stays a few dozen events;
+//! - forks in flight never exceed `max_concurrent` (capped at 500 by the gateway), so
+//!   pending children stay under 2,000 (local activities are not pending activities);
 //! - the run keeps only a compact copy of each fork (no patch, no output tails), so its
 //!   state, its `progress` query and its result stay small; `GetForkResult` reads a
 //!   fork's full result from the child;
 //! - progress (phase, agent heartbeats) is read from the children by the gateway, never
 //!   signalled into this history.
+//!
+//! The run's own per-fork events are the budget of its size: the gateway's
+//! `--max-forks` (default 1,000) must stay under about 1,300 for a run to keep under the
+//! warning.
 
 use super::{
     LABELS_ATTR, RUN_STATE_ATTR,
