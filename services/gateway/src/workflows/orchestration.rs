@@ -269,16 +269,23 @@ impl SandboxOrchestrationWorkflow {
             drop(in_flight.remove(index));
             // Every other child already done too (in vector order), so the next wave
             // prepares their successors together.
+            // Polled with this task's own waker: the SDK refuses foreign wakers.
             let mut finished = vec![(fork, outcome)];
-            let mut i = 0;
-            while i < in_flight.len() {
-                if let Some(out) = in_flight[i].as_mut().now_or_never() {
-                    drop(in_flight.remove(i));
-                    finished.push(out);
-                } else {
-                    i += 1;
+            let ready = std::future::poll_fn(|cx| {
+                let mut ready = Vec::new();
+                let mut i = 0;
+                while i < in_flight.len() {
+                    if let std::task::Poll::Ready(out) = in_flight[i].as_mut().poll(cx) {
+                        drop(in_flight.remove(i));
+                        ready.push(out);
+                    } else {
+                        i += 1;
+                    }
                 }
-            }
+                std::task::Poll::Ready(ready)
+            })
+            .await;
+            finished.extend(ready);
             for (fork, outcome) in finished {
                 let result = match outcome {
                     ChildOutcome::Finished(result) => result,
