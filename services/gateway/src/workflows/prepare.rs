@@ -27,8 +27,7 @@ use forkyard_proto::{
     labels,
     sandbox::v1::{CreateSandboxRequest, DestroySandboxResponse, Sandbox},
 };
-use futures::future::join_all;
-use std::collections::HashMap;
+use std::{collections::HashMap, future::Future, pin::Pin, task::Poll};
 use temporalio_workflow::{
     WorkflowCancellationToken, WorkflowContext, common::error::ActivityExecutionError,
 };
@@ -261,6 +260,31 @@ pub(super) async fn prepare_wave(
             )),
         })
         .collect()
+}
+
+/// Every future's output, in order. Unlike `futures::future::join_all` (which puts more
+/// than 30 futures in a `FuturesOrdered` with wakers of its own), it polls each future
+/// with the workflow task's waker, the only kind the SDK accepts.
+async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut futs: Vec<Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
+    let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(move |cx| {
+        let mut pending = false;
+        for (fut, out) in futs.iter_mut().zip(outs.iter_mut()) {
+            if out.is_none() {
+                match fut.as_mut().poll(cx) {
+                    Poll::Ready(v) => *out = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(outs.iter_mut().filter_map(Option::take).collect())
+        }
+    })
+    .await
 }
 
 fn cancelled_or_failed(f: &WaveFork) -> StepFailure {
