@@ -236,6 +236,15 @@ impl JanitorSweep {
     }
 }
 
+/// The details an agent activity's failure carries: the agent-runner replica that holds
+/// the attempt's transcript, so a fork whose agent failed (budget exceeded, model
+/// refused) still has its transcript found by GetForkResult.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct AgentFailureDetails {
+    pub transcript_endpoint: String,
+}
+
 /// Error types the workflows treat as final (no retry), set on `ActivityError`s.
 pub mod errors {
     pub const BUDGET_EXCEEDED: &str = "BudgetExceeded";

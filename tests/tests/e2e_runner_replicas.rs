@@ -5,8 +5,8 @@
 //! ran it. A replica that is gone takes its transcripts with it: GetForkResult still
 //! answers, without the transcript, and the gateway logs a warning.
 //!
-//! Needs the fork workflow to copy `RunAgentResponse.transcript_endpoint` into its
-//! `ForkResult`.
+//! A fork whose agent failed names the replica too: the agent activity's failure
+//! carries it in its details.
 
 mod fake_llm;
 
@@ -27,9 +27,15 @@ use std::{path::Path, time::Duration};
 const KEY: &str = "sk-ant-e2e-SECRET-5151";
 const FORKS: u32 = 6;
 
-/// Every fork's agent: write a file, then end the turn.
+/// Every fork's agent: write a file, then end the turn. Asked to "overspend", its first
+/// turn reports more tokens than the fork's budget covers.
 fn answer(_head: &str, body: &Value) -> (u16, Value) {
     let turn = body["messages"].as_array().map_or(0, Vec::len);
+    if body["messages"][0].to_string().contains("overspend") {
+        let call = json!([{"type": "tool_use", "id": "toolu_rep_9", "name": "list_files",
+            "input": {"path": "."}}]);
+        return (200, anthropic_message("tool_use", call, 50_000_000, 50));
+    }
     if turn <= 1 {
         let call = json!([{"type": "tool_use", "id": "toolu_rep_1", "name": "write_file",
             "input": {"path": "agent.txt", "content": "written by the agent\n"}}]);
@@ -157,6 +163,48 @@ async fn get_fork_result_serves_transcripts_from_the_replica_that_ran_the_agent(
     assert!(
         ran_on.iter().all(|n| *n > 0),
         "in three runs of {FORKS} forks every agent ran on one replica: {ran_on:?}"
+    );
+
+    // A fork whose agent failed (its budget refused a turn) has no agent response, yet
+    // its result names the replica holding its transcript (from the failure's details).
+    let mut failed_on = [0u32; 2];
+    for attempt in 1..=3 {
+        let run_id = gw
+            .launch_run(LaunchRunRequest {
+                prompt: "overspend".into(),
+                ..launch(&repo_dir, &format!("overspend-{attempt}"))
+            })
+            .await
+            .expect("launch")
+            .into_inner()
+            .run_id;
+        wait_finished(&mut gw, &run_id, Duration::from_secs(180)).await;
+        for n in 1..=FORKS {
+            let fork = fork_result(&mut gw, &run_id, n).await;
+            assert_eq!(fork.status, ForkStatus::BudgetExceeded as i32, "{fork:#?}");
+            let key = format!("{run_id}/fork-{n}/attempt-1.jsonl");
+            let holder = (0..2)
+                .find(|i| stores[*i].2.join(&key).is_file())
+                .unwrap_or_else(|| panic!("fork {n} of {run_id} left no transcript"));
+            failed_on[holder] += 1;
+            assert_eq!(
+                fork.transcript_endpoint, stores[holder].1,
+                "failed fork {n} ran on {}: its result names that replica",
+                stores[holder].0
+            );
+            assert!(
+                fork.transcript.contains("\"start\""),
+                "failed fork {n}: {}",
+                fork.transcript
+            );
+        }
+        if failed_on[1] > 0 {
+            break;
+        }
+    }
+    assert!(
+        failed_on[1] > 0,
+        "no failed fork ran on agent-runner-b: {failed_on:?}"
     );
 
     // The second replica goes away: its forks still answer, without the transcript.

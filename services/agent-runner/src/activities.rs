@@ -48,7 +48,7 @@ impl AgentActivities {
             .await
             .map_err(|e| {
                 tracing::warn!(run_id = %req.run_id, fork = req.fork, error = %e, "agent failed");
-                e.into_activity()
+                e.into_activity_from(&self.runner.advertise)
             })?;
         tracing::info!(
             run_id = %req.run_id, fork = req.fork, exit_code = out.exit_code, turns = out.turns,

@@ -1,8 +1,8 @@
 //! agent-runner errors, their gRPC codes and their activity failure types.
 
 use crate::llm::LlmError;
-use forkyard_common::activity::{non_retryable, retryable};
-use forkyard_proto::activities::errors;
+use forkyard_proto::activities::{AgentFailureDetails, errors};
+use temporalio_common::error::ApplicationFailure;
 use temporalio_sdk::activities::ActivityError;
 
 #[derive(Debug, thiserror::Error)]
@@ -56,19 +56,36 @@ impl AgentError {
     /// retry resumes from the last heartbeat). (`ActivityError` has a blanket `From`, so
     /// this is a method rather than a `From` impl.)
     pub fn into_activity(self) -> ActivityError {
-        match self {
-            AgentError::InvalidArgument(m) => non_retryable(errors::INVALID_INPUT, m),
-            e @ AgentError::MissingKey { .. } => non_retryable(errors::INVALID_INPUT, e),
-            e @ AgentError::Sandbox { .. } => non_retryable(errors::NOT_FOUND, e),
-            e @ AgentError::Unavailable { .. } => retryable("ProvisionerUnavailable", e),
-            AgentError::Cancelled => ActivityError::cancelled(),
-            e @ AgentError::BudgetExceeded(_) => non_retryable(errors::BUDGET_EXCEEDED, e),
-            e @ AgentError::Ledger { retry: true, .. } => retryable("LedgerUnavailable", e),
-            e @ AgentError::Ledger { .. } => non_retryable("LedgerRefused", e),
-            e @ AgentError::Model(LlmError::Rejected { .. }) => {
-                non_retryable("ModelRequestRejected", e)
+        self.into_activity_from("")
+    }
+
+    /// [`Self::into_activity`], naming the replica (`advertise`) that holds the attempt's
+    /// transcript in the failure's details ([`AgentFailureDetails`]).
+    pub fn into_activity_from(self, advertise: &str) -> ActivityError {
+        let (type_name, final_) = match &self {
+            AgentError::Cancelled => return ActivityError::cancelled(),
+            AgentError::InvalidArgument(_) | AgentError::MissingKey { .. } => {
+                (errors::INVALID_INPUT, true)
             }
-            e @ AgentError::Model(_) => retryable("ModelUnavailable", e),
-        }
+            AgentError::Sandbox { .. } => (errors::NOT_FOUND, true),
+            AgentError::Unavailable { .. } => ("ProvisionerUnavailable", false),
+            AgentError::BudgetExceeded(_) => (errors::BUDGET_EXCEEDED, true),
+            AgentError::Ledger { retry: true, .. } => ("LedgerUnavailable", false),
+            AgentError::Ledger { .. } => ("LedgerRefused", true),
+            AgentError::Model(LlmError::Rejected { .. }) => ("ModelRequestRejected", true),
+            AgentError::Model(_) => ("ModelUnavailable", false),
+        };
+        let failure = ApplicationFailure::builder(self.to_string())
+            .type_name(type_name.to_owned())
+            .non_retryable(final_);
+        ActivityError::application(if advertise.is_empty() {
+            failure.build()
+        } else {
+            failure
+                .details(AgentFailureDetails {
+                    transcript_endpoint: advertise.to_owned(),
+                })
+                .build()
+        })
     }
 }

@@ -27,6 +27,20 @@ fn application(f: &Failure) -> (Option<String>, String) {
     (None, last_msg)
 }
 
+/// The JSON details of the innermost application failure (`None` when it has none or
+/// they do not decode as `T`).
+pub(super) fn details<T: serde::de::DeserializeOwned>(e: &ActivityExecutionError) -> Option<T> {
+    let mut cur = e.failure();
+    while let Some(f) = cur {
+        if let Some(FailureInfo::ApplicationFailureInfo(info)) = &f.failure_info {
+            let payload = info.details.as_ref()?.payloads.first()?;
+            return serde_json::from_slice(&payload.data).ok();
+        }
+        cur = f.cause.as_deref();
+    }
+    None
+}
+
 pub(super) fn classify(step: &str, e: &ActivityExecutionError) -> StepFailure {
     match e {
         ActivityExecutionError::Cancelled(_) => StepFailure::Cancelled,

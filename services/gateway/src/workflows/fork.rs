@@ -8,12 +8,12 @@
 //! reservation settled.
 
 use super::{
-    failure::{StepFailure, classify},
+    failure::{StepFailure, classify, details},
     options, phase, unix_ms,
 };
 use crate::sandboxes::{AtOwner, SandboxLocal};
 use forkyard_proto::{
-    activities::{Agent, LocalSandbox},
+    activities::{Agent, AgentFailureDetails, LocalSandbox},
     agent::v1::RunAgentRequest,
     common::v1::{DiffStat, ForkResult, ForkStatus, VerifyStatus},
     gateway::v1::RunSpec,
@@ -184,10 +184,19 @@ async fn work(
         charge_key: key("agent"),
         attempt: input.attempt.max(1),
     };
-    let agent_out = ctx
+    let agent_out = match ctx
         .execute_activity(Agent::run, run, options::agent(spec.fork_timeout_secs))
         .await
-        .map_err(|e| classify("run agent", &e))?;
+    {
+        Ok(out) => out,
+        Err(e) => {
+            // The runner replica that ran the failed attempt still holds its transcript.
+            if let Some(d) = details::<AgentFailureDetails>(&e) {
+                result.transcript_endpoint = d.transcript_endpoint;
+            }
+            return Err(classify("run agent", &e));
+        }
+    };
     progress.cost_micros = agent_out.cost_micros;
     result.agent_exit_code = agent_out.exit_code;
     result.agent_output_tail = agent_out.output_tail.clone();

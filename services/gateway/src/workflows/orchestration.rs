@@ -36,7 +36,7 @@ use super::{
     failure::StepFailure,
     fork::{ForkInput, ForkWorkflow, apply_failure},
     options, phase,
-    prepare::{self, prepare},
+    prepare::{self, Prepared, WaveFork, prepare_wave},
     unix_ms,
 };
 use forkyard_proto::{
@@ -187,13 +187,14 @@ impl SandboxOrchestrationWorkflow {
         let max_concurrent = spec.max_concurrent.clamp(1, spec.forks.max(1)) as usize;
         let cancel = ctx.cancellation_token();
         let mut published = String::new();
-        let mut in_flight: Vec<LocalBoxFuture<'_, (u32, ForkResult)>> = Vec::new();
+        let mut in_flight: Vec<LocalBoxFuture<'_, (u32, ChildOutcome)>> = Vec::new();
         let mut tokens: BTreeMap<u32, WorkflowCancellationToken> = BTreeMap::new();
         loop {
             publish_state(ctx, &mut published);
             let ctx_ref = &*ctx;
-            // Start what may start.
-            while in_flight.len() < max_concurrent && !cancel.is_cancelled() {
+            // Start what may start: prepare them as one wave, then start their children.
+            let mut wave = Vec::new();
+            while in_flight.len() + wave.len() < max_concurrent && !cancel.is_cancelled() {
                 let Some((fork, attempt)) = ctx_ref.state_mut(|s| s.next_startable()) else {
                     break;
                 };
@@ -203,12 +204,32 @@ impl SandboxOrchestrationWorkflow {
                     attempt,
                     spec: spec.clone(),
                     reservation_micros: spec.fork_budget_micros,
+                    started_unix_ms: unix_ms(ctx_ref.workflow_time()),
                     ..ForkInput::default()
                 };
                 // The fork's own token: its preparation and its child stop on it.
                 let token = ctx_ref.cancellation_token().child_token();
                 tokens.insert(fork, token.clone());
-                in_flight.push(start_fork(ctx_ref, &run_id, input, token));
+                wave.push(WaveFork {
+                    child_id: child_id(&run_id, fork),
+                    input,
+                    cancel: token,
+                });
+            }
+            if !wave.is_empty() {
+                let outcomes = prepare_wave(ctx_ref, &wave).await;
+                for (f, outcome) in wave.into_iter().zip(outcomes) {
+                    let fork = f.input.fork;
+                    match outcome {
+                        Ok(prepared) => in_flight.push(run_child(ctx_ref, f, prepared)),
+                        Err(why) => {
+                            tokens.remove(&fork);
+                            let result = not_started(ctx_ref, &f.input, why);
+                            ctx_ref.state_mut(|s| s.record(fork, result));
+                        }
+                    }
+                }
+                continue;
             }
             for fork in ctx_ref.state_mut(|s| std::mem::take(&mut s.cancel_requests)) {
                 if let Some(t) = tokens.get(&fork) {
@@ -242,8 +263,47 @@ impl SandboxOrchestrationWorkflow {
                 (out, index, _) = next => Some((out, index)),
                 _ = changed => None,
             };
-            if let Some(((fork, result), index)) = done {
-                drop(in_flight.remove(index));
+            let Some(((fork, outcome), index)) = done else {
+                continue;
+            };
+            drop(in_flight.remove(index));
+            // Every other child already done too (in vector order), so the next wave
+            // prepares their successors together.
+            // Polled with this task's own waker: the SDK refuses foreign wakers.
+            let mut finished = vec![(fork, outcome)];
+            let ready = std::future::poll_fn(|cx| {
+                let mut ready = Vec::new();
+                let mut i = 0;
+                while i < in_flight.len() {
+                    if let std::task::Poll::Ready(out) = in_flight[i].as_mut().poll(cx) {
+                        drop(in_flight.remove(i));
+                        ready.push(out);
+                    } else {
+                        i += 1;
+                    }
+                }
+                std::task::Poll::Ready(ready)
+            })
+            .await;
+            finished.extend(ready);
+            for (fork, outcome) in finished {
+                let result = match outcome {
+                    ChildOutcome::Finished(result) => result,
+                    ChildOutcome::NotStarted(f, prepared, why) => {
+                        // Nobody else owns the sandbox and the reservation yet. Given back
+                        // here, one fork at a time (see `prepare_wave` on why not
+                        // concurrently).
+                        let _ = prepare::destroy(
+                            ctx_ref,
+                            &prepared.sandbox,
+                            "fork child did not start",
+                        )
+                        .await;
+                        let key = prepare::step_key(&f.child_id, f.input.attempt, "release");
+                        prepare::release(ctx_ref, &key, &prepared.reservation_id).await;
+                        not_started(ctx_ref, &f.input, why)
+                    }
+                };
                 tokens.remove(&fork);
                 ctx_ref.state_mut(|s| s.record(fork, result));
             }
@@ -356,87 +416,85 @@ impl SandboxOrchestrationWorkflow {
     }
 }
 
-/// Prepare one fork, then start its child and wait for its result. A fork that could
-/// not be prepared, or whose child could not start, is a failed (or cancelled) fork; one
-/// whose reservation was refused goes back to pending (`record`).
-fn start_fork<'a>(
+/// How a prepared fork's child ended.
+enum ChildOutcome {
+    Finished(ForkResult),
+    /// The child never started (the fork was cancelled first): what it was prepared
+    /// with is still the run's to give back.
+    NotStarted(WaveFork, Prepared, StepFailure),
+}
+
+/// The result of a fork that stopped before its child ran.
+fn not_started(
+    ctx: &WorkflowContext<SandboxOrchestrationWorkflow>,
+    input: &ForkInput,
+    why: StepFailure,
+) -> ForkResult {
+    let budget = matches!(why, StepFailure::BudgetExceeded(_));
+    let mut r = ForkResult {
+        fork: input.fork,
+        started_unix_ms: input.started_unix_ms,
+        finished_unix_ms: unix_ms(ctx.workflow_time()),
+        // A refused reservation: the run re-queues the fork until a raise (`record`).
+        phase: if budget {
+            phase::AWAITING_BUDGET
+        } else {
+            phase::DONE
+        }
+        .into(),
+        ..Default::default()
+    };
+    apply_failure(&mut r, why);
+    r
+}
+
+/// Start a prepared fork's child and wait for its result.
+fn run_child<'a>(
     ctx: &'a WorkflowContext<SandboxOrchestrationWorkflow>,
-    run_id: &str,
-    mut input: ForkInput,
-    token: WorkflowCancellationToken,
-) -> LocalBoxFuture<'a, (u32, ForkResult)> {
-    let fork = input.fork;
-    let id = child_id(run_id, fork);
+    f: WaveFork,
+    prepared: Prepared,
+) -> LocalBoxFuture<'a, (u32, ChildOutcome)> {
+    let fork = f.input.fork;
+    ctx.state_mut(|s| s.set_fork_phase(fork, phase::AGENT));
+    let mut input = f.input.clone();
+    input.reservation_id.clone_from(&prepared.reservation_id);
+    input.sandbox_ready_unix_ms = prepared.ready_unix_ms;
+    input.sandbox = Some(prepared.sandbox.clone());
+    let opts = ChildWorkflowOptions::builder()
+        .workflow_id(f.child_id.clone())
+        .parent_close_policy(ParentClosePolicy::RequestCancel)
+        .cancel_type(ChildWorkflowCancellationType::WaitCancellationCompleted)
+        .cancellation_token(f.cancel.clone())
+        .build();
     Box::pin(async move {
-        input.started_unix_ms = unix_ms(ctx.workflow_time());
-        let failed = |f: StepFailure| {
-            let budget = matches!(f, StepFailure::BudgetExceeded(_));
-            let mut r = ForkResult {
-                fork,
-                started_unix_ms: input.started_unix_ms,
-                finished_unix_ms: unix_ms(ctx.workflow_time()),
-                // A refused reservation: the run re-queues the fork until a raise.
-                phase: if budget {
-                    phase::AWAITING_BUDGET
-                } else {
-                    phase::DONE
-                }
-                .into(),
-                ..Default::default()
-            };
-            apply_failure(&mut r, f);
-            r
-        };
-        let prepared = match prepare(ctx, &input, &id, &token).await {
-            Ok(p) => p,
-            Err(f) => return (fork, failed(f)),
-        };
-        ctx.state_mut(|s| s.set_fork_phase(fork, phase::AGENT));
-        input.reservation_id = prepared.reservation_id.clone();
-        input.sandbox_ready_unix_ms = prepared.ready_unix_ms;
-        input.sandbox = Some(prepared.sandbox.clone());
-        let opts = ChildWorkflowOptions::builder()
-            .workflow_id(id.clone())
-            .parent_close_policy(ParentClosePolicy::RequestCancel)
-            .cancel_type(ChildWorkflowCancellationType::WaitCancellationCompleted)
-            .cancellation_token(token.clone())
-            .build();
         let started = match ctx
-            .start_child_workflow(ForkWorkflow::run, input.clone(), opts)
+            .start_child_workflow(ForkWorkflow::run, input, opts)
             .await
         {
             Ok(started) => started,
             Err(e) => {
-                // Nobody else owns the sandbox and the reservation yet.
-                let _ = prepare::destroy(ctx, &prepared.sandbox, "fork child did not start").await;
-                prepare::release(
-                    ctx,
-                    &prepare::step_key(&id, input.attempt, "release"),
-                    &prepared.reservation_id,
-                )
-                .await;
-                let why = if token.is_cancelled() {
+                let why = if f.cancel.is_cancelled() {
                     StepFailure::Cancelled
                 } else {
                     StepFailure::Failed(format!("start fork workflow: {e}"))
                 };
-                return (fork, failed(why));
+                return (fork, ChildOutcome::NotStarted(f, prepared, why));
             }
         };
         let result = started.result().await.unwrap_or_else(|e| {
             // A child that failed or was terminated has settled nothing: the janitor
             // reaps its sandbox and releases its reservation once it has closed.
-            let why = if token.is_cancelled() {
+            let why = if f.cancel.is_cancelled() {
                 StepFailure::Cancelled
             } else {
                 StepFailure::Failed(e.to_string())
             };
             ForkResult {
                 sandbox_id: prepared.sandbox.id.clone(),
-                ..failed(why)
+                ..not_started(ctx, &f.input, why)
             }
         });
-        (fork, result)
+        (fork, ChildOutcome::Finished(result))
     })
 }
 

@@ -1,12 +1,13 @@
 //! A fork's first and last steps, shared by the run and the fork workflows.
 //!
-//! The run workflow prepares each fork itself before it starts the fork's child:
+//! The run workflow prepares its forks itself before it starts their children:
 //! reserve budget → create sandbox → health check, all local activities (see
-//! `crate::sandboxes` and `crate::ledger` for why). So the way from `LaunchRun` to a
-//! ready sandbox holds no child-workflow start and no matched activity task, and the
-//! child's history starts at the agent. What prepare made is never lost: reserve and
-//! create run on a detached cancellation token, and a fork cancelled (or failed) before
-//! its child started has its sandbox destroyed and its reservation released here.
+//! `crate::sandboxes` and `crate::ledger` for why), a wave of forks at a time in
+//! lockstep (see [`prepare_wave`]). So the way from `LaunchRun` to a ready sandbox holds
+//! no child-workflow start and no matched activity task, and the child's history starts
+//! at the agent. What prepare made is never lost: reserve and create run on a detached
+//! cancellation token, and a fork cancelled (or failed) before its child started has its
+//! sandbox destroyed and its reservation released here.
 //!
 //! Settlement and destroy are the child's last steps (and the run's, for a fork that
 //! never reached its child).
@@ -26,7 +27,7 @@ use forkyard_proto::{
     labels,
     sandbox::v1::{CreateSandboxRequest, DestroySandboxResponse, Sandbox},
 };
-use std::collections::HashMap;
+use std::{collections::HashMap, future::Future, pin::Pin, task::Poll};
 use temporalio_workflow::{
     WorkflowCancellationToken, WorkflowContext, common::error::ActivityExecutionError,
 };
@@ -44,91 +45,254 @@ pub(super) fn step_key(child_id: &str, attempt: u32, step: &str) -> String {
     format!("{child_id}/a{}/{step}", attempt.max(1))
 }
 
-/// Reserve, create and check one fork's sandbox. `cancel` is the fork's own token
+/// One fork of a wave: what it needs, its child's id and its own cancellation token
 /// (cancelled by CancelFork, an early stop or the run's cancellation).
-pub(super) async fn prepare(
+pub(super) struct WaveFork {
+    pub input: ForkInput,
+    pub child_id: String,
+    pub cancel: WorkflowCancellationToken,
+}
+
+/// Where one fork of a wave is while it is prepared.
+enum Step {
+    Reserved {
+        reservation_id: String,
+    },
+    Created {
+        reservation_id: String,
+        sandbox: Sandbox,
+    },
+    Ready(Prepared),
+    /// Stopped; what it holds is given back in the wave's cleanup stages.
+    Failed {
+        reservation_id: Option<String>,
+        sandbox: Option<Sandbox>,
+        why: StepFailure,
+    },
+}
+
+/// Reserve, create and check the sandboxes of a wave of forks (the forks the run starts
+/// at one time), in lockstep: every fork's reserve, then every create, then every health
+/// check, then the cleanup of the forks that stopped (destroy, then release).
+///
+/// Why lockstep: the Rust SDK replays a workflow's local activities in the order their
+/// markers were recorded, but it may hand several results to the workflow in one
+/// activation where the first run had them in several (or the other way round). If each
+/// fork went on to its next step as soon as its own result came, the order of the next
+/// local activities (their sequence numbers) and of the child starts would follow that
+/// batching, and a replay (after a gateway crash or a cache eviction) could fail as
+/// nondeterministic, or worse hand one fork's result to another. Waiting for the whole
+/// stage makes every step start in fork order, whatever the timing.
+pub(super) async fn prepare_wave(
     ctx: &WorkflowContext<SandboxOrchestrationWorkflow>,
-    input: &ForkInput,
-    child_id: &str,
-    cancel: &WorkflowCancellationToken,
-) -> Result<Prepared, StepFailure> {
-    let key = |step: &str| step_key(child_id, input.attempt, step);
-    let phase_is = |p: &str| ctx.state_mut(|s| s.set_fork_phase(input.fork, p));
-    let reserve = ReserveRequest {
-        account_id: input.run_id.clone(),
-        amount_micros: input.reservation_micros,
-        holder: child_id.to_owned(),
-        idempotency_key: key("reserve"),
-    };
-    let reservation_id = ctx
-        .execute_local_activity(Ledger::reserve, reserve, options::ledger_detached())
+    wave: &[WaveFork],
+) -> Vec<Result<Prepared, StepFailure>> {
+    let key = |f: &WaveFork, step: &str| step_key(&f.child_id, f.input.attempt, step);
+    let phase_is = |f: &WaveFork, p: &str| ctx.state_mut(|s| s.set_fork_phase(f.input.fork, p));
+
+    let reserves = wave.iter().map(|f| {
+        let reserve = ReserveRequest {
+            account_id: f.input.run_id.clone(),
+            amount_micros: f.input.reservation_micros,
+            holder: f.child_id.clone(),
+            idempotency_key: key(f, "reserve"),
+        };
+        ctx.execute_local_activity(Ledger::reserve, reserve, options::ledger_detached())
+    });
+    let mut steps: Vec<Step> = join_all(reserves)
         .await
-        .map_err(|e| classify("reserve budget", &e))?
-        .reservation_id;
-    let give_up = async |sandbox: Option<&Sandbox>, why: StepFailure| {
-        if let Some(sb) = sandbox {
+        .into_iter()
+        .map(|r| match r {
+            Ok(r) => Step::Reserved {
+                reservation_id: r.reservation_id,
+            },
+            Err(e) => Step::Failed {
+                reservation_id: None,
+                sandbox: None,
+                why: classify("reserve budget", &e),
+            },
+        })
+        .collect();
+
+    // Create the sandboxes of the forks still going.
+    let creates = wave.iter().zip(&steps).map(|(f, step)| {
+        let go = matches!(step, Step::Reserved { .. }) && !f.cancel.is_cancelled();
+        if go {
+            phase_is(f, phase::CREATING);
+        }
+        let spec = &f.input.spec;
+        let create = CreateSandboxRequest {
+            backend: "local".into(),
+            repo: spec.repo.clone(),
+            base_ref: spec.base_ref.clone(),
+            branch: format!("{}-fork-{}", spec.branch, f.input.fork),
+            labels: HashMap::from([
+                (labels::RUN_ID.to_owned(), f.input.run_id.clone()),
+                (labels::FORK.to_owned(), f.input.fork.to_string()),
+                // The child that will own it; until the child starts, the janitor
+                // keeps a sandbox whose run is running.
+                (labels::WORKFLOW_ID.to_owned(), f.child_id.clone()),
+            ]),
+            idempotency_key: key(f, "create"),
+            network: false,
+            ..Default::default()
+        };
+        async move {
+            if go {
+                Some(
+                    ctx.execute_local_activity(
+                        SandboxLocal::create,
+                        create,
+                        options::create_local(),
+                    )
+                    .await,
+                )
+            } else {
+                None
+            }
+        }
+    });
+    let created = join_all(creates).await;
+    for ((f, step), out) in wave.iter().zip(steps.iter_mut()).zip(created) {
+        let Step::Reserved { reservation_id } = step else {
+            continue;
+        };
+        let reservation_id = std::mem::take(reservation_id);
+        *step = match out {
+            Some(Ok(sandbox)) => Step::Created {
+                reservation_id,
+                sandbox,
+            },
+            Some(Err(e)) => Step::Failed {
+                reservation_id: Some(reservation_id),
+                sandbox: None,
+                why: classify("create sandbox", &e),
+            },
+            None => Step::Failed {
+                reservation_id: Some(reservation_id),
+                sandbox: None,
+                why: cancelled_or_failed(f),
+            },
+        };
+    }
+
+    // Health-check what was made.
+    let checks = wave.iter().zip(&steps).map(|(f, step)| {
+        let target = match step {
+            Step::Created { sandbox, .. } if !f.cancel.is_cancelled() => {
+                phase_is(f, phase::CHECKING);
+                Some(at(sandbox, ""))
+            }
+            _ => None,
+        };
+        async move {
+            match target {
+                Some(t) => Some(
+                    ctx.execute_local_activity(
+                        SandboxLocal::health,
+                        t,
+                        options::health_local(f.cancel.clone()),
+                    )
+                    .await,
+                ),
+                None => None,
+            }
+        }
+    });
+    let checked = join_all(checks).await;
+    for ((f, step), out) in wave.iter().zip(steps.iter_mut()).zip(checked) {
+        let Step::Created {
+            reservation_id,
+            sandbox,
+        } = step
+        else {
+            continue;
+        };
+        let (reservation_id, sandbox) = (std::mem::take(reservation_id), std::mem::take(sandbox));
+        let failed = |why| Step::Failed {
+            reservation_id: Some(reservation_id.clone()),
+            sandbox: Some(sandbox.clone()),
+            why,
+        };
+        *step = match out {
+            Some(Ok(h)) if h.healthy && !f.cancel.is_cancelled() => Step::Ready(Prepared {
+                reservation_id: reservation_id.clone(),
+                sandbox: sandbox.clone(),
+                ready_unix_ms: h.checked_unix_ms,
+            }),
+            Some(Ok(h)) if !h.healthy => {
+                failed(StepFailure::Failed(format!("health check: {}", h.detail)))
+            }
+            Some(Err(e)) => failed(classify("health check", &e)),
+            _ => failed(cancelled_or_failed(f)),
+        };
+    }
+
+    // Give back what the stopped forks hold: sandboxes first, then reservations.
+    let destroys = steps.iter().map(|step| async move {
+        if let Step::Failed {
+            sandbox: Some(sb), ..
+        } = step
+        {
             let _ = destroy(ctx, sb, "fork did not start").await;
         }
-        release(ctx, &key("release"), &reservation_id).await;
-        why
-    };
-    if cancel.is_cancelled() {
-        return Err(give_up(None, StepFailure::Cancelled).await);
-    }
-
-    phase_is(phase::CREATING);
-    let spec = &input.spec;
-    let create = CreateSandboxRequest {
-        backend: "local".into(),
-        repo: spec.repo.clone(),
-        base_ref: spec.base_ref.clone(),
-        branch: format!("{}-fork-{}", spec.branch, input.fork),
-        labels: HashMap::from([
-            (labels::RUN_ID.to_owned(), input.run_id.clone()),
-            (labels::FORK.to_owned(), input.fork.to_string()),
-            // The child that will own it; until it starts, the janitor's min age
-            // keeps the sandbox.
-            (labels::WORKFLOW_ID.to_owned(), child_id.to_owned()),
-        ]),
-        idempotency_key: key("create"),
-        network: false,
-        ..Default::default()
-    };
-    let sandbox = match ctx
-        .execute_local_activity(SandboxLocal::create, create, options::create_local())
-        .await
-    {
-        Ok(sb) => sb,
-        Err(e) => return Err(give_up(None, classify("create sandbox", &e)).await),
-    };
-    if cancel.is_cancelled() {
-        return Err(give_up(Some(&sandbox), StepFailure::Cancelled).await);
-    }
-
-    phase_is(phase::CHECKING);
-    let health = ctx
-        .execute_local_activity(
-            SandboxLocal::health,
-            at(&sandbox, ""),
-            options::health_local(cancel.clone()),
-        )
-        .await;
-    let ready_unix_ms = match health {
-        Ok(h) if h.healthy => h.checked_unix_ms,
-        Ok(h) => {
-            let why = StepFailure::Failed(format!("health check: {}", h.detail));
-            return Err(give_up(Some(&sandbox), why).await);
+    });
+    join_all(destroys).await;
+    let releases = wave.iter().zip(&steps).map(|(f, step)| async move {
+        if let Step::Failed {
+            reservation_id: Some(id),
+            ..
+        } = step
+        {
+            release(ctx, &key(f, "release"), id).await;
         }
-        Err(e) => return Err(give_up(Some(&sandbox), classify("health check", &e)).await),
-    };
-    if cancel.is_cancelled() {
-        return Err(give_up(Some(&sandbox), StepFailure::Cancelled).await);
-    }
-    Ok(Prepared {
-        reservation_id,
-        sandbox,
-        ready_unix_ms,
+    });
+    join_all(releases).await;
+
+    steps
+        .into_iter()
+        .map(|step| match step {
+            Step::Ready(p) => Ok(p),
+            Step::Failed { why, .. } => Err(why),
+            // Every fork left the loop above ready or failed.
+            Step::Reserved { .. } | Step::Created { .. } => Err(StepFailure::Failed(
+                "fork preparation did not finish".into(),
+            )),
+        })
+        .collect()
+}
+
+/// Every future's output, in order. Unlike `futures::future::join_all` (which puts more
+/// than 30 futures in a `FuturesOrdered` with wakers of its own), it polls each future
+/// with the workflow task's waker, the only kind the SDK accepts.
+async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut futs: Vec<Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
+    let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(move |cx| {
+        let mut pending = false;
+        for (fut, out) in futs.iter_mut().zip(outs.iter_mut()) {
+            if out.is_none() {
+                match fut.as_mut().poll(cx) {
+                    Poll::Ready(v) => *out = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(outs.iter_mut().filter_map(Option::take).collect())
+        }
     })
+    .await
+}
+
+fn cancelled_or_failed(f: &WaveFork) -> StepFailure {
+    if f.cancel.is_cancelled() {
+        StepFailure::Cancelled
+    } else {
+        StepFailure::Failed("fork preparation stopped".into())
+    }
 }
 
 fn at(sandbox: &Sandbox, reason: &str) -> AtOwner {
