@@ -288,8 +288,9 @@ impl SandboxOrchestrationWorkflow {
             finished.extend(ready);
             for (fork, outcome) in finished {
                 let result = match outcome {
-                    ChildOutcome::Finished(result) => result,
-                    ChildOutcome::NotStarted(f, prepared, why) => {
+                    ChildOutcome::Finished(result) => *result,
+                    ChildOutcome::NotStarted(not) => {
+                        let (f, prepared, why) = *not;
                         // Nobody else owns the sandbox and the reservation yet. Given back
                         // here, one fork at a time (see `prepare_wave` on why not
                         // concurrently).
@@ -418,10 +419,10 @@ impl SandboxOrchestrationWorkflow {
 
 /// How a prepared fork's child ended.
 enum ChildOutcome {
-    Finished(ForkResult),
+    Finished(Box<ForkResult>),
     /// The child never started (the fork was cancelled first): what it was prepared
     /// with is still the run's to give back.
-    NotStarted(WaveFork, Prepared, StepFailure),
+    NotStarted(Box<(WaveFork, Prepared, StepFailure)>),
 }
 
 /// The result of a fork that stopped before its child ran.
@@ -478,7 +479,7 @@ fn run_child<'a>(
                 } else {
                     StepFailure::Failed(format!("start fork workflow: {e}"))
                 };
-                return (fork, ChildOutcome::NotStarted(f, prepared, why));
+                return (fork, ChildOutcome::NotStarted(Box::new((f, prepared, why))));
             }
         };
         let result = started.result().await.unwrap_or_else(|e| {
@@ -494,7 +495,7 @@ fn run_child<'a>(
                 ..not_started(ctx, &f.input, why)
             }
         });
-        (fork, ChildOutcome::Finished(result))
+        (fork, ChildOutcome::Finished(Box::new(result)))
     })
 }
 
