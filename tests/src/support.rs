@@ -1,6 +1,7 @@
 //! What the end-to-end tests share: request builders, waiting, leak checks, grpcurl.
 
 use forkyard_proto::{
+    budget::v1::{Account, GetAccountRequest, budget_ledger_client::BudgetLedgerClient},
     common::v1::{AgentSpec, ForkResult},
     gateway::v1::{
         GetForkResultRequest, GetRunRequest, LaunchRunRequest, Run, RunState,
@@ -14,6 +15,18 @@ use std::{
 use tonic::transport::Channel;
 
 pub type Gateway = GatewayClient<Channel>;
+pub type Ledger = BudgetLedgerClient<Channel>;
+
+/// The run's ledger account (named by the run id): what it spent, holds, may spend.
+pub async fn run_account(ledger: &mut Ledger, run_id: &str) -> Account {
+    ledger
+        .get_account(GetAccountRequest {
+            account_id: run_id.into(),
+        })
+        .await
+        .expect("get the run's ledger account")
+        .into_inner()
+}
 
 /// A launch of `forks` forks of `command`, $1 budget, 120 s per fork.
 pub fn launch(repo: &Path, forks: u32, max_concurrent: u32, command: &str) -> LaunchRunRequest {

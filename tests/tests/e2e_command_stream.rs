@@ -5,15 +5,13 @@
 //! a budget that runs out mid-stream kills the command and the fork is BUDGET_EXCEEDED.
 
 use forkyard_proto::{
-    budget::v1::{
-        Bucket, GetAccountRequest, ListPostingsRequest, budget_ledger_client::BudgetLedgerClient,
-    },
+    budget::v1::{Bucket, ListPostingsRequest, budget_ledger_client::BudgetLedgerClient},
     common::v1::ForkStatus,
     gateway::v1::{RunState, gateway_client::GatewayClient},
 };
 use forkyard_tests::{
     Mesh, repo,
-    support::{fork_result, launch, wait_finished},
+    support::{fork_result, launch, run_account, wait_finished},
 };
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -89,13 +87,7 @@ async fn a_streaming_cli_is_charged_per_message_and_stopped_by_the_budget() {
         ],
         "each message charged as it streamed, the rest of the CLI's total at commit"
     );
-    let account = ledger
-        .get_account(GetAccountRequest {
-            account_id: run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let account = run_account(&mut ledger, &run_id).await;
     assert_eq!((account.spent_micros, account.reserved_micros), (12_000, 0));
     let lines: Vec<Value> = fork
         .transcript
@@ -141,13 +133,7 @@ async fn a_streaming_cli_is_charged_per_message_and_stopped_by_the_budget() {
     );
     assert!(fork.error.contains("usage reports"), "{}", fork.error);
     assert_eq!(fork.cost_micros, 4_500, "{fork:#?}");
-    let account = ledger
-        .get_account(GetAccountRequest {
-            account_id: run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let account = run_account(&mut ledger, &run_id).await;
     assert_eq!((account.spent_micros, account.reserved_micros), (4_500, 0));
     let pids = |marker: &str| {
         std::fs::read_dir("/proc")

@@ -3,7 +3,7 @@
 //! accounted for, never two sandboxes alive for one fork, and the ledger exact.
 
 use forkyard_proto::{
-    budget::v1::{GetAccountRequest, budget_ledger_client::BudgetLedgerClient},
+    budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::ForkStatus,
     gateway::v1::{LaunchRunRequest, RunState},
     labels,
@@ -12,7 +12,8 @@ use forkyard_proto::{
 use forkyard_tests::{
     Mesh, repo,
     support::{
-        Gateway, fork_result, launch, sandbox_processes, wait_finished, wait_until, workspaces_left,
+        Gateway, fork_result, launch, run_account, sandbox_processes, wait_finished, wait_until,
+        workspaces_left,
     },
 };
 use std::{
@@ -133,13 +134,7 @@ async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
     }
 
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let account = ledger
-        .get_account(GetAccountRequest {
-            account_id: run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let account = run_account(&mut ledger, &run_id).await;
     assert_eq!(account.spent_micros, 63_000, "each fork charged once");
     assert_eq!(account.spent_micros, run.cost_micros);
     assert_eq!(account.reserved_micros, 0);

@@ -3,8 +3,11 @@
 //! ANTHROPIC_BASE_URL. Checks launch-time refusals, the fork's patch, tokens, cost (in
 //! the result and in the ledger) and transcript, and that the key is in no log.
 
+mod fake_llm;
+
+use fake_llm::{Requests, api_error};
 use forkyard_proto::{
-    budget::v1::{GetAccountRequest, budget_ledger_client::BudgetLedgerClient},
+    budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::{AgentSpec, ForkStatus},
     gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
 };
@@ -12,7 +15,7 @@ use forkyard_tests::{
     Mesh,
     mesh::MeshOptions,
     repo,
-    support::{fork_result, wait_finished},
+    support::{fork_result, run_account, wait_finished},
 };
 use serde_json::{Value, json};
 use std::{
@@ -20,74 +23,22 @@ use std::{
     sync::{Arc, Mutex},
     time::Duration,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
 
 const KEY: &str = "sk-ant-e2e-SECRET-7373";
 
 type Script = Arc<Mutex<(VecDeque<(u16, Value)>, Vec<(String, Value)>)>>;
 
-/// A minimal HTTP/1.1 server for `POST /v1/messages`: answers from `script`, records the
-/// request head and body.
+/// The local Messages API: answers from `script` in order, records each request's head
+/// and body next to it.
 async fn anthropic_server(script: Script) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut conn, _)) = listener.accept().await else {
-                return;
-            };
-            let script = script.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 8192];
-                let (head, body_start) = loop {
-                    let n = conn.read(&mut chunk).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break (String::from_utf8_lossy(&buf[..i]).into_owned(), i + 4);
-                    }
-                };
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| {
-                        let (k, v) = l.split_once(':')?;
-                        k.eq_ignore_ascii_case("content-length")
-                            .then(|| v.trim().parse().ok())?
-                    })
-                    .unwrap_or(0);
-                while buf.len() < body_start + len {
-                    let n = conn.read(&mut chunk).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                }
-                let body: Value = serde_json::from_slice(&buf[body_start..body_start + len])
-                    .unwrap_or(Value::Null);
-                let reply = {
-                    let mut s = script.lock().unwrap();
-                    s.1.push((head.clone(), body));
-                    s.0.pop_front()
-                };
-                let (status, text) = match reply {
-                    Some((200, v)) => ("200 OK", v.to_string()),
-                    Some((_, v)) => ("500 Internal Server Error", v.to_string()),
-                    None => ("500 Internal Server Error", json!({"type": "error", "error": {"type": "api_error", "message": "script exhausted"}}).to_string()),
-                };
-                let resp = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
-                    text.len()
-                );
-                let _ = conn.write_all(resp.as_bytes()).await;
-                let _ = conn.shutdown().await;
-            });
-        }
-    });
-    format!("http://{addr}")
+    let answer = move |head: &str, body: &Value| {
+        let mut s = script.lock().unwrap();
+        s.1.push((head.to_owned(), body.clone()));
+        s.0.pop_front()
+            .unwrap_or_else(|| (500, api_error("api_error", "script exhausted")))
+    };
+    fake_llm::serve(answer, Requests::default()).await
 }
 
 fn message(stop: &str, content: Value, input: u64, output: u64) -> Value {
@@ -210,13 +161,7 @@ async fn anthropic_driver_run_through_the_mesh() {
     assert_eq!(fork.cost_micros, expected);
     assert_eq!(fork.agent_output_tail, "Added line four.");
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let account = ledger
-        .get_account(GetAccountRequest {
-            account_id: run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let account = run_account(&mut ledger, &run_id).await;
     assert_eq!(
         account.spent_micros, expected,
         "charged per turn, committed once, exactly"
@@ -298,13 +243,7 @@ async fn anthropic_driver_run_through_the_mesh() {
         4,
         "no model call after the refused charge"
     );
-    let account = ledger
-        .get_account(GetAccountRequest {
-            account_id: run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let account = run_account(&mut ledger, &run_id).await;
     assert_eq!(account.spent_micros, 3 * 1510);
     assert_eq!(account.reserved_micros, 0);
     assert!(
@@ -404,14 +343,7 @@ async fn retried_attempts_resume_and_cancels_kill_the_command() {
     assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?}");
     assert!(fork.patch.contains("+a"), "{}", fork.patch);
     assert_eq!(fork.cost_micros, 2 * turn);
-    let spent = ledger
-        .get_account(GetAccountRequest {
-            account_id: run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .spent_micros;
+    let spent = run_account(&mut ledger, &run_id).await.spent_micros;
     assert_eq!(
         spent,
         2 * turn,
@@ -479,13 +411,7 @@ async fn retried_attempts_resume_and_cancels_kill_the_command() {
     assert_eq!(run.state, RunState::Cancelled as i32, "{run:#?}");
     let fork = fork_result(&mut gw, &run_id, 1).await;
     assert_eq!(fork.status, ForkStatus::Cancelled as i32, "{fork:#?}");
-    let spent = ledger
-        .get_account(GetAccountRequest {
-            account_id: run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let spent = run_account(&mut ledger, &run_id).await;
     assert_eq!(spent.spent_micros, turn, "the one model turn stays spent");
     assert_eq!(spent.reserved_micros, 0);
 }

@@ -9,7 +9,7 @@ mod fake_llm;
 
 use fake_llm::{Requests, api_error};
 use forkyard_proto::{
-    budget::v1::{GetAccountRequest, budget_ledger_client::BudgetLedgerClient},
+    budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::{AgentSpec, ForkStatus},
     gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
 };
@@ -17,7 +17,7 @@ use forkyard_tests::{
     Mesh,
     mesh::MeshOptions,
     repo,
-    support::{fork_result, wait_finished},
+    support::{fork_result, run_account, wait_finished},
 };
 use serde_json::{Value, json};
 use std::{
@@ -141,13 +141,7 @@ async fn openai_driver_run_through_the_mesh() {
     assert_eq!(fork.cost_micros, expected);
     assert_eq!(run.cost_micros, expected);
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let account = ledger
-        .get_account(GetAccountRequest {
-            account_id: run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let account = run_account(&mut ledger, &run_id).await;
     assert_eq!(
         account.spent_micros, expected,
         "charged per turn, committed once, exactly"

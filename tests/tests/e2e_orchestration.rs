@@ -3,7 +3,7 @@
 //! WatchRun's events, ListRuns' filters, GetForkResult, and the cleanup schedule.
 
 use forkyard_proto::{
-    budget::v1::{GetAccountRequest, budget_ledger_client::BudgetLedgerClient},
+    budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::{ForkStatus, VerifyStatus},
     gateway::v1::{
         CancelForkRequest, GetForkResultRequest, LaunchRunRequest, ListRunsRequest,
@@ -13,7 +13,7 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh, repo,
-    support::{Gateway, fork_result, get_run, launch, wait_finished, wait_until},
+    support::{Gateway, fork_result, get_run, launch, run_account, wait_finished, wait_until},
 };
 use std::{collections::HashMap, time::Duration};
 use tonic::Code;
@@ -221,13 +221,7 @@ async fn a_spent_budget_waits_for_raise_budget_and_the_ledger_stays_exact() {
     assert_eq!(run.budget_micros, 100_000);
 
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let account = ledger
-        .get_account(GetAccountRequest {
-            account_id: run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let account = run_account(&mut ledger, &run_id).await;
     assert_eq!(account.spent_micros, 60_000);
     assert_eq!(account.spent_micros, run.cost_micros);
     assert_eq!(account.reserved_micros, 0);

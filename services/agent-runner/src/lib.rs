@@ -2,7 +2,6 @@
 #![forbid(unsafe_code)]
 
 pub mod activities;
-pub mod advertise;
 pub mod agent_loop;
 pub mod charge;
 pub mod command;

@@ -83,9 +83,12 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|e| forkyard_common::exit_config_error(e));
     let listen = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen)
         .unwrap_or_else(|e| exit_config_error(e));
-    let advertise =
-        forkyard_agent_runner::advertise::resolve(args.advertise_addr.as_deref(), listen)
-            .unwrap_or_else(|e| exit_config_error(e));
+    let advertise = forkyard_common::advertise::resolve(
+        "--advertise-addr (FORKYARD_AGENT_RUNNER_ADVERTISE_ADDR)",
+        args.advertise_addr.as_deref(),
+        listen,
+    )
+    .unwrap_or_else(|e| exit_config_error(e));
     if let Err(e) = args.temporal.url() {
         exit_config_error(e);
     }

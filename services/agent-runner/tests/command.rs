@@ -208,22 +208,6 @@ async fn commit(f: &mut Fixture, reservation: &str, amount: i64) {
         .expect("commit");
 }
 
-async fn spent(
-    ledger: &mut forkyard_proto::budget::v1::budget_ledger_client::BudgetLedgerClient<
-        tonic::transport::Channel,
-    >,
-    run_id: &str,
-) -> i64 {
-    ledger
-        .get_account(forkyard_proto::budget::v1::GetAccountRequest {
-            account_id: run_id.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .spent_micros
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_charge_mid_stream_kills_the_command() {
     let mut f = fixture("http://127.0.0.1:1").await;

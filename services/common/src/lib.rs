@@ -4,6 +4,7 @@
 
 pub mod activity;
 pub mod activity_telemetry;
+pub mod advertise;
 pub mod config;
 pub mod grpc_telemetry;
 pub mod metrics;

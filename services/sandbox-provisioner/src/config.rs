@@ -1,7 +1,10 @@
 //! Command-line flags (each also read from an environment variable).
 
 use crate::{cgroup::Limits, provisioner::Config};
-use forkyard_common::config::{StateDirArg, TemporalArgs, parse_listen};
+use forkyard_common::{
+    advertise::hostname,
+    config::{StateDirArg, TemporalArgs, parse_listen},
+};
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 #[derive(Debug, clap::Parser)]
@@ -105,13 +108,11 @@ impl Args {
                 "FORKYARD_CLONE_TIMEOUT_SECS (--clone-timeout-secs) must be at least 1".into(),
             );
         }
-        let advertise = match &self.advertise_endpoint {
-            Some(e) if e.trim().is_empty() => {
-                return Err("FORKYARD_ADVERTISE_ENDPOINT (--advertise-endpoint) is empty".into());
-            }
-            Some(e) => e.trim().to_owned(),
-            None => format!("http://{listen}"),
-        };
+        let advertise = forkyard_common::advertise::resolve(
+            "FORKYARD_ADVERTISE_ENDPOINT (--advertise-endpoint)",
+            self.advertise_endpoint.as_deref(),
+            listen,
+        )?;
         if self.reap_interval_secs == 0 {
             return Err(
                 "FORKYARD_REAP_INTERVAL_SECS (--reap-interval-secs) must be at least 1".into(),
@@ -180,14 +181,6 @@ impl Args {
 /// The task queue only replica `id` polls.
 pub fn replica_task_queue(id: &str) -> String {
     format!("{}/{id}", forkyard_proto::queues::SANDBOX_PROVISIONER)
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
 }
 
 /// A replica id becomes part of a task queue name: keep it short and unambiguous.

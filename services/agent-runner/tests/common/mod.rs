@@ -221,15 +221,20 @@ impl Fixture {
     }
 
     pub async fn charged(&mut self, run_id: &str) -> i64 {
-        self.ledger
-            .get_account(forkyard_proto::budget::v1::GetAccountRequest {
-                account_id: run_id.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .spent_micros
+        spent(&mut self.ledger, run_id).await
     }
+}
+
+/// What the run's ledger account has spent (charges and commits).
+pub async fn spent(ledger: &mut BudgetLedgerClient<Channel>, run_id: &str) -> i64 {
+    ledger
+        .get_account(forkyard_proto::budget::v1::GetAccountRequest {
+            account_id: run_id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .spent_micros
 }
 
 /// Heartbeats, kept.

@@ -209,22 +209,25 @@ pub(super) async fn prepare_wave(
             continue;
         };
         let (reservation_id, sandbox) = (std::mem::take(reservation_id), std::mem::take(sandbox));
-        let failed = |why| Step::Failed {
-            reservation_id: Some(reservation_id.clone()),
-            sandbox: Some(sandbox.clone()),
-            why,
-        };
-        *step = match out {
-            Some(Ok(h)) if h.healthy && !f.cancel.is_cancelled() => Step::Ready(Prepared {
-                reservation_id: reservation_id.clone(),
-                sandbox: sandbox.clone(),
-                ready_unix_ms: h.checked_unix_ms,
-            }),
+        let ready = match out {
+            Some(Ok(h)) if h.healthy && !f.cancel.is_cancelled() => Ok(h.checked_unix_ms),
             Some(Ok(h)) if !h.healthy => {
-                failed(StepFailure::Failed(format!("health check: {}", h.detail)))
+                Err(StepFailure::Failed(format!("health check: {}", h.detail)))
             }
-            Some(Err(e)) => failed(classify("health check", &e)),
-            _ => failed(cancelled_or_failed(f)),
+            Some(Err(e)) => Err(classify("health check", &e)),
+            _ => Err(cancelled_or_failed(f)),
+        };
+        *step = match ready {
+            Ok(ready_unix_ms) => Step::Ready(Prepared {
+                reservation_id,
+                sandbox,
+                ready_unix_ms,
+            }),
+            Err(why) => Step::Failed {
+                reservation_id: Some(reservation_id),
+                sandbox: Some(sandbox),
+                why,
+            },
         };
     }
 
