@@ -1,8 +1,8 @@
 //! Connecting to Temporal and running a worker beside the gRPC server.
 
-use crate::config::TemporalArgs;
+use crate::config::{Compression, TemporalArgs};
 use std::time::{Duration, Instant};
-use temporalio_client::{Client, ClientOptions, Connection, ConnectionOptions};
+use temporalio_client::{Client, ClientOptions, Connection, ConnectionOptions, GrpcCompression};
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 
 /// Connect to the Temporal frontend, retrying while it is not up yet (services and the
@@ -20,6 +20,10 @@ pub async fn connect(args: &TemporalArgs, identity: &str) -> anyhow::Result<Clie
         let opts = ConnectionOptions::new(url.clone())
             .identity(identity.to_owned())
             .maybe_tls_options(tls.clone())
+            .grpc_compression(match args.compression {
+                Compression::None => GrpcCompression::None,
+                Compression::Gzip => GrpcCompression::Gzip,
+            })
             .build();
         match Connection::connect(opts).await {
             Ok(conn) => {

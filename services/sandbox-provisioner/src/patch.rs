@@ -3,7 +3,7 @@
 use crate::{
     error::{ProvisionerError, Result},
     git,
-    process::{Caps, Finished, Outcome},
+    process::{Caps, Outcome},
     provisioner::{DEFAULT_PATCH_BYTES, MAX_PATCH_BYTES, Provisioner},
 };
 use forkyard_proto::sandbox::v1::{
@@ -98,6 +98,8 @@ impl Provisioner {
 
     /// The workspace's changes against the base commit, computed by git inside the
     /// sandbox (the agent controls the repository: its hooks and config never run here).
+    /// One sandbox process does all of it ([`PATCH_SCRIPT`]): starting a sandbox costs
+    /// more than the git commands in it, and this runs once per fork.
     pub async fn collect_patch(&self, req: CollectPatchRequest) -> Result<CollectPatchResponse> {
         let id = &req.sandbox_id;
         let base = self.entry(id)?.record().base_commit;
@@ -105,76 +107,73 @@ impl Provisioner {
             0 => DEFAULT_PATCH_BYTES,
             n => n.min(MAX_PATCH_BYTES),
         };
-        let env = git::sandbox_env();
-        let timeout = self.config.exec_timeout;
-        let git = |args: &[&str]| -> Vec<String> {
-            std::iter::once("git")
-                .chain(args.iter().copied())
-                .map(String::from)
-                .collect()
-        };
-        let small = Caps {
-            stdout: 64 * 1024,
-            stderr: 64 * 1024,
-        };
-        let diff = [
-            "diff",
+        let argv: Vec<String> = [
+            "sh",
+            "-c",
+            PATCH_SCRIPT,
+            "forkyard-patch",
             "--cached",
             "--no-color",
             "--no-ext-diff",
             "--no-textconv",
-        ];
-
-        let staged = self
-            .run_in(id, &git(&["add", "-A"]), &env, timeout, small)
-            .await?;
-        check_git(&staged, "git add")?;
-        let patch_args: Vec<&str> = diff
-            .iter()
-            .copied()
-            .chain(["--binary", &base, "--"])
-            .collect();
+            &base,
+            "--",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
         let caps = Caps {
             stdout: usize::try_from(max).unwrap_or(usize::MAX),
-            stderr: 64 * 1024,
+            stderr: NUMSTAT_BYTES,
         };
-        let patch = self
-            .run_in(id, &git(&patch_args), &env, timeout, caps)
+        let out = self
+            .run_in(
+                id,
+                &argv,
+                &git::sandbox_env(),
+                self.config.exec_timeout,
+                caps,
+            )
             .await?;
-        check_git(&patch, "git diff")?;
-        let numstat_args: Vec<&str> = diff
-            .iter()
-            .copied()
-            .chain(["--numstat", &base, "--"])
-            .collect();
-        let caps = Caps {
-            stdout: 16 * 1024 * 1024,
-            stderr: 64 * 1024,
-        };
-        let numstat = self
-            .run_in(id, &git(&numstat_args), &env, timeout, caps)
-            .await?;
-        check_git(&numstat, "git diff --numstat")?;
-
+        let stderr = out.stderr.lossy();
+        match out.outcome {
+            Outcome::Exited { code: 0 } => {}
+            Outcome::Exited { code } => {
+                let what = match code {
+                    101 => "git add",
+                    102 => "git diff --numstat",
+                    _ => "git diff",
+                };
+                return Err(ProvisionerError::FailedPrecondition(format!(
+                    "{what} in the sandbox failed: {}",
+                    stderr.trim()
+                )));
+            }
+            _ => {
+                return Err(ProvisionerError::Internal(
+                    "collecting the patch in the sandbox timed out".into(),
+                ));
+            }
+        }
         Ok(CollectPatchResponse {
-            truncated: patch.stdout.truncated(),
-            patch_bytes: patch.stdout.total,
-            patch: patch.stdout.lossy(),
-            diffstat: Some(git::parse_numstat(&numstat.stdout.lossy())),
+            truncated: out.stdout.truncated(),
+            patch_bytes: out.stdout.total,
+            patch: out.stdout.lossy(),
+            diffstat: Some(git::parse_numstat(&stderr)),
             base_commit: base,
         })
     }
 }
 
-fn check_git(f: &Finished, what: &str) -> Result<()> {
-    match f.outcome {
-        Outcome::Exited { code: 0 } => Ok(()),
-        Outcome::Exited { code } => Err(ProvisionerError::FailedPrecondition(format!(
-            "{what} in the sandbox exited {code}: {}",
-            f.stderr.lossy().trim()
-        ))),
-        _ => Err(ProvisionerError::Internal(format!(
-            "{what} in the sandbox timed out"
-        ))),
-    }
-}
+/// Stage everything, then the numstat and the binary patch of the index against the base
+/// (`"$@"`: diff options, the base commit, `--`). The patch goes to stdout; the numstat
+/// to stderr, after the patch, so no warning of git's is read as a numstat line; a
+/// failed step exits 101 (add), 102 (numstat) or 103 (diff) with git's message on stderr.
+const PATCH_SCRIPT: &str = r#"e=/tmp/.forkyard-git-err
+git add -A 2>$e || { cat $e >&2; exit 101; }
+git diff --numstat "$@" >/tmp/.forkyard-numstat 2>$e || { cat $e >&2; exit 102; }
+git diff --binary "$@" 2>$e || { cat $e >&2; exit 103; }
+cat /tmp/.forkyard-numstat >&2"#;
+
+/// A numstat line per changed file: enough for any workspace the agent can produce.
+const NUMSTAT_BYTES: usize = 16 * 1024 * 1024;

@@ -348,6 +348,40 @@ async fn collect_patch_does_not_run_the_agents_hooks_or_config() {
 }
 
 #[tokio::test]
+async fn collect_patch_keeps_gits_warnings_out_of_the_diffstat_and_names_a_failed_step() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    // core.autocrlf makes `git add` warn on stderr about every LF file it stages.
+    let out = f
+        .sh(
+            &sbx.id,
+            "git config core.autocrlf true && printf 'a\\nb\\n' > lf1.txt && printf 'c\\n' > lf2.txt",
+        )
+        .await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let req = || CollectPatchRequest {
+        sandbox_id: sbx.id.clone(),
+        max_bytes: 0,
+    };
+    let p = f.core.collect_patch(req()).await.unwrap();
+    let d = p.diffstat.unwrap();
+    assert_eq!((d.files_changed, d.insertions, d.deletions), (2, 3, 0));
+    assert!(p.patch.contains("+++ b/lf1.txt"), "{}", p.patch);
+
+    // A stale index lock makes `git add` fail: the error says which step and why.
+    let out = f.sh(&sbx.id, "touch .git/index.lock").await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let status = tonic::Status::from(f.core.collect_patch(req()).await.unwrap_err());
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("git add in the sandbox failed")
+            && status.message().contains("index.lock"),
+        "{}",
+        status.message()
+    );
+}
+
+#[tokio::test]
 async fn workspaces_are_private_and_the_state_dir_is_not_a_repo_source() {
     use std::os::unix::fs::PermissionsExt;
     let f = fixture().await;
