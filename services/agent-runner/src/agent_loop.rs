@@ -185,8 +185,7 @@ pub async fn run<S: ProgressSink>(
         }
         _ => (Transcript::none(), Vec::new()),
     };
-    let mut ticker = tokio::time::interval(heartbeat);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let ticker = crate::command_meter::first_beat_after(heartbeat);
     let resume = resume.filter(|p| p.turns > 0);
     let mut lp = Loop {
         sink,
@@ -226,7 +225,6 @@ pub async fn run<S: ProgressSink>(
     };
     let turns_so_far = lp.progress.turns;
     written = write_messages(&mut lp, &provider, written, turns_so_far);
-    lp.beat("agent started").await;
 
     let outcome: Result<(i32, String), Stop> = 'conversation: loop {
         if lp.progress.turns >= max_turns {

@@ -196,9 +196,7 @@ pub async fn run<S: ProgressSink>(
         res = client.exec_stream(exec) => res.map_err(|s| sandbox_error(req, &endpoint, &s))?.into_inner(),
         () = &mut cancelled => return Err(cancel(&mut meter)),
     };
-    meter.beat("command running").await;
-    let mut ticker = tokio::time::interval(heartbeat);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticker = crate::command_meter::first_beat_after(heartbeat);
     let mut stdout = Lines::default();
     let mut stderr = String::new();
     let mut readings = UsageStream::default();
@@ -278,6 +276,10 @@ pub async fn run<S: ProgressSink>(
         transcript_key: meter.transcript.key.clone(),
         ..Default::default()
     };
-    meter.beat("command exited").await;
+    // What a retry would resume from, should this completion be lost; a command that
+    // reported no usage leaves nothing to resume (and spares Temporal a write per fork).
+    if p.turns > 0 || p.charged_micros > 0 || p.cost_micros > 0 {
+        meter.beat("command exited").await;
+    }
     Ok(out)
 }
