@@ -98,8 +98,8 @@ impl Provisioner {
 
     /// The workspace's changes against the base commit, computed by git inside the
     /// sandbox (the agent controls the repository: its hooks and config never run here).
-    /// One sandbox process does all of it ([`PATCH_SCRIPT`]): starting a sandbox costs
-    /// more than the git commands in it, and this runs once per fork.
+    /// One sandbox process does all of it ([`PATCH_SCRIPT`]): starting a sandbox, or any
+    /// process, costs more than the git work, and this runs once per fork.
     pub async fn collect_patch(&self, req: CollectPatchRequest) -> Result<CollectPatchResponse> {
         let id = &req.sandbox_id;
         let base = self.entry(id)?.record().base_commit;
@@ -122,9 +122,10 @@ impl Provisioner {
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
+        let max = usize::try_from(max).unwrap_or(usize::MAX);
         let caps = Caps {
-            stdout: usize::try_from(max).unwrap_or(usize::MAX),
-            stderr: NUMSTAT_BYTES,
+            stdout: max.saturating_add(NUMSTAT_BYTES),
+            stderr: 64 * 1024,
         };
         let out = self
             .run_in(
@@ -139,11 +140,7 @@ impl Provisioner {
         match out.outcome {
             Outcome::Exited { code: 0 } => {}
             Outcome::Exited { code } => {
-                let what = match code {
-                    101 => "git add",
-                    102 => "git diff --numstat",
-                    _ => "git diff",
-                };
+                let what = if code == 101 { "git add" } else { "git diff" };
                 return Err(ProvisionerError::FailedPrecondition(format!(
                     "{what} in the sandbox failed: {}",
                     stderr.trim()
@@ -155,25 +152,61 @@ impl Provisioner {
                 ));
             }
         }
+        let (numstat, patch, patch_bytes) = split_numstat(&out.stdout.bytes, out.stdout.total);
+        let kept = &patch[..patch.len().min(max)];
         Ok(CollectPatchResponse {
-            truncated: out.stdout.truncated(),
-            patch_bytes: out.stdout.total,
-            patch: out.stdout.lossy(),
-            diffstat: Some(git::parse_numstat(&stderr)),
+            truncated: patch_bytes > kept.len() as u64,
+            patch_bytes,
+            patch: String::from_utf8_lossy(kept).into_owned(),
+            diffstat: Some(git::parse_numstat(&String::from_utf8_lossy(numstat))),
             base_commit: base,
         })
     }
 }
 
-/// Stage everything, then the numstat and the binary patch of the index against the base
-/// (`"$@"`: diff options, the base commit, `--`). The patch goes to stdout; the numstat
-/// to stderr, after the patch, so no warning of git's is read as a numstat line; a
-/// failed step exits 101 (add), 102 (numstat) or 103 (diff) with git's message on stderr.
-const PATCH_SCRIPT: &str = r#"e=/tmp/.forkyard-git-err
-git add -A 2>$e || { cat $e >&2; exit 101; }
-git diff --numstat "$@" >/tmp/.forkyard-numstat 2>$e || { cat $e >&2; exit 102; }
-git diff --binary "$@" 2>$e || { cat $e >&2; exit 103; }
-cat /tmp/.forkyard-numstat >&2"#;
+/// Stage everything, then one `git diff --numstat -p --binary` of the index against the
+/// base (`"$@"`: diff options, the base commit, `--`): its numstat lines, a blank line,
+/// then the patch (nothing at all when nothing changed). A failed step exits non-zero
+/// with git's message on stderr (101: the add).
+const PATCH_SCRIPT: &str = r#"git add -A || exit 101
+exec git diff --numstat --patch --binary "$@""#;
 
-/// A numstat line per changed file: enough for any workspace the agent can produce.
+/// Room for the numstat lines ahead of the patch: a line per changed file.
 const NUMSTAT_BYTES: usize = 16 * 1024 * 1024;
+
+/// The numstat block, the captured patch and the patch's full length, from `git diff
+/// --numstat --patch` output of which `captured` is the start and `total` the length.
+/// Output cut inside the numstat block (more than [`NUMSTAT_BYTES`] of it) keeps the
+/// lines read and counts everything as the patch's.
+fn split_numstat(captured: &[u8], total: u64) -> (&[u8], &[u8], u64) {
+    if captured.is_empty() {
+        return (&[], &[], 0);
+    }
+    match captured.windows(2).position(|w| w == b"\n\n") {
+        Some(i) => {
+            let head = (i + 2) as u64;
+            (&captured[..=i], &captured[i + 2..], total - head)
+        }
+        None => (captured, &[], total.saturating_sub(captured.len() as u64)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_numstat;
+
+    #[test]
+    fn numstat_and_patch_are_told_apart_also_when_the_patch_was_cut() {
+        let out = b"1\t0\ta.txt\n-\t-\tb.bin\n\ndiff --git a/a.txt b/a.txt\n\n+x\n";
+        let (n, p, len) = split_numstat(out, out.len() as u64);
+        assert_eq!(n, b"1\t0\ta.txt\n-\t-\tb.bin\n");
+        assert_eq!(p, b"diff --git a/a.txt b/a.txt\n\n+x\n");
+        assert_eq!(len, p.len() as u64);
+        // Only the first 40 bytes were kept of 1,000.
+        let (n, p, len) = split_numstat(&out[..40], 1000);
+        assert_eq!(n, b"1\t0\ta.txt\n-\t-\tb.bin\n");
+        assert_eq!(p, b"diff --git a/a.txt ");
+        assert_eq!(len, 1000 - 21);
+        assert_eq!(split_numstat(b"", 0), (&b""[..], &b""[..], 0));
+    }
+}
