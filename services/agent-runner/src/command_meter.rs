@@ -203,6 +203,16 @@ impl<S: ProgressSink> Meter<'_, S> {
     }
 }
 
+/// The heartbeat ticker: its first tick one interval after the start, not at once. A
+/// heartbeat at the start carries nothing to resume from and costs Temporal a write per
+/// fork; an agent that finishes within the interval never needs one (the heartbeat
+/// timeout is longer than the longest interval allowed).
+pub(crate) fn first_beat_after(every: std::time::Duration) -> tokio::time::Interval {
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker
+}
+
 #[cfg(test)]
 mod tests {
     use super::Lines;
@@ -219,14 +229,4 @@ mod tests {
         assert_eq!(l.finish().as_deref(), Some("rest"));
         assert_eq!(l.kept(), "{\"a\":1}\nnaïve\nrest");
     }
-}
-
-/// The heartbeat ticker: its first tick one interval after the start, not at once. A
-/// heartbeat at the start carries nothing to resume from and costs Temporal a write per
-/// fork; an agent that finishes within the interval never needs one (the heartbeat
-/// timeout is longer than the longest interval allowed).
-pub(crate) fn first_beat_after(every: std::time::Duration) -> tokio::time::Interval {
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker
 }
