@@ -43,10 +43,25 @@ pub struct Mesh {
     options: MeshOptions,
 }
 
+/// A port free now, below the kernel's ephemeral range (32768 and up here), where the
+/// outgoing connections of every test process running at the same time take theirs: a
+/// port picked from that range can be taken by one of them before the service binds it.
+/// Two meshes can still pick the same port; [`Mesh::start_with`] then starts again.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
+    use std::hash::{BuildHasher, RandomState};
+    const LOW: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    let start = RandomState::new().hash_one(std::process::id()) % u64::from(SPAN);
+    let start = u16::try_from(start).unwrap_or(0);
+    (0..SPAN)
+        .map(|i| LOW + (start + i) % SPAN)
+        .find(|p| TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .or_else(|| {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .ok()
+        })
         .expect("free port")
 }
 
@@ -123,8 +138,22 @@ impl Mesh {
         Self::start_with(MeshOptions::default()).await
     }
 
-    /// `start` with `options`.
+    /// `start` with `options`. A port taken between its pick and its bind (by another
+    /// test's mesh) starts the mesh again on new ports, up to three times.
     pub async fn start_with(options: MeshOptions) -> anyhow::Result<Self> {
+        let mut attempt = 1;
+        loop {
+            match Self::try_start(options.clone()).await {
+                Err(e) if attempt < 3 && format!("{e:#}").contains("Address already in use") => {
+                    eprintln!("mesh: a port was taken meanwhile, starting again: {e:#}");
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn try_start(options: MeshOptions) -> anyhow::Result<Self> {
         let state = tempfile::Builder::new().prefix("forkyard-e2e-").tempdir()?;
         let mut mesh = Mesh {
             state,
