@@ -234,6 +234,46 @@ async fn a_spent_budget_waits_for_raise_budget_and_the_ledger_stays_exact() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wave_with_budget_for_some_of_its_forks_runs_those_and_waits_for_the_rest() {
+    let (mesh, src, mut gw) = setup().await;
+    // Three forks start as one wave, whose reserves go to the ledger together; $0.06
+    // covers two reservations of $0.03 at once, and after they spent $0.04 what is left
+    // does not cover the third.
+    let agent = r#"echo x > f.txt; echo '{"total_cost_usd": 0.02}'"#;
+    let mut req = launch(src.path(), 3, 3, agent);
+    req.budget_usd = "0.06".into();
+    req.fork_budget_usd = "0.03".into();
+    let run_id = gw.launch_run(req).await.unwrap().into_inner().run_id;
+
+    let waiting = wait_until(&mut gw, &run_id, LONG, |r| {
+        r.state == RunState::AwaitingBudget as i32 && r.forks_succeeded == 2
+    })
+    .await;
+    assert_eq!(waiting.forks_succeeded, 2, "{waiting:#?}");
+    let pending: Vec<u32> = waiting
+        .forks
+        .iter()
+        .filter(|f| f.status == ForkStatus::Pending as i32)
+        .map(|f| f.fork)
+        .collect();
+    assert_eq!(pending.len(), 1, "the refused fork waits: {waiting:#?}");
+
+    gw.raise_budget(RaiseBudgetRequest {
+        run_id: run_id.clone(),
+        amount_usd: "0.05".into(),
+    })
+    .await
+    .unwrap();
+    let run = wait_finished(&mut gw, &run_id, LONG).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    assert_eq!(run.forks_succeeded, 3);
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = run_account(&mut ledger, &run_id).await;
+    assert_eq!(account.spent_micros, 60_000);
+    assert_eq!(account.reserved_micros, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verification_ranks_forks_names_a_winner_and_can_stop_early() {
     let (_mesh, src, mut gw) = setup().await;
     // Fork n costs (4 - n) cents; fork 1's work fails verification.

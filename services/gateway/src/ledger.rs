@@ -9,6 +9,11 @@
 //! Every mutating request carries an idempotency key (`<workflow id>/a<attempt>/<step>`),
 //! so a local activity that runs again after a gateway crash does not apply twice.
 //!
+//! A wave of forks reserves its budget in one local activity (`reserve_many`): one marker
+//! in the run's history for the wave instead of one per fork, and one workflow-task round
+//! trip. Its calls go to the ledger at once, whose writer commits them in one or a few
+//! transactions.
+//!
 //! The failures mirror the ledger's own activities (`forkyard_proto::activities::errors`),
 //! so the workflows classify them the same way.
 
@@ -20,6 +25,7 @@ use forkyard_proto::{
         ReleaseRequest, Reservation, ReserveRequest, budget_ledger_client::BudgetLedgerClient,
     },
 };
+use serde::{Deserialize, Serialize};
 use std::{sync::Arc, time::Duration};
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
@@ -51,21 +57,53 @@ impl LedgerLocal {
     }
 }
 
-/// The ledger's status codes back into the activity failures its own worker would raise.
+/// The error type of a final refusal by the ledger; `None`: worth trying again.
 /// Budget exhaustion travels as FAILED_PRECONDITION with a "budget exceeded" message
 /// (see budget-ledger's error mapping).
-fn failure(status: Status) -> ActivityError {
-    let msg = format!("ledger: {}", status.message());
+fn refusal(status: &Status) -> Option<&'static str> {
     match status.code() {
         Code::FailedPrecondition if status.message().starts_with("budget exceeded") => {
-            non_retryable(errors::BUDGET_EXCEEDED, msg)
+            Some(errors::BUDGET_EXCEEDED)
         }
-        Code::FailedPrecondition => non_retryable("FailedPrecondition", msg),
-        Code::InvalidArgument => non_retryable(errors::INVALID_INPUT, msg),
-        Code::NotFound => non_retryable(errors::NOT_FOUND, msg),
-        Code::AlreadyExists => non_retryable("AlreadyExists", msg),
-        _ => retryable("LedgerUnavailable", msg),
+        Code::FailedPrecondition => Some("FailedPrecondition"),
+        Code::InvalidArgument => Some(errors::INVALID_INPUT),
+        Code::NotFound => Some(errors::NOT_FOUND),
+        Code::AlreadyExists => Some("AlreadyExists"),
+        _ => None,
     }
+}
+
+/// The ledger's status codes back into the activity failures its own worker would raise.
+fn failure(status: Status) -> ActivityError {
+    let msg = format!("ledger: {}", status.message());
+    match refusal(&status) {
+        Some(ty) => non_retryable(ty, msg),
+        None => retryable("LedgerUnavailable", msg),
+    }
+}
+
+/// The reserves of one wave of forks.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Reserves {
+    pub requests: Vec<ReserveRequest>,
+}
+
+/// What each reserve of a [`Reserves`] came to, in request order.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Reserved {
+    pub outcomes: Vec<ReserveOutcome>,
+}
+
+/// A reservation id, or the ledger's final refusal (`error_type` as on the activity
+/// failure the single reserve would have raised, e.g. `BudgetExceeded`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReserveOutcome {
+    pub reservation_id: String,
+    pub error_type: String,
+    pub error: String,
 }
 
 fn unwrap<T>(r: Result<tonic::Response<T>, Status>) -> Result<T, ActivityError> {
@@ -101,13 +139,37 @@ impl LedgerLocal {
         unwrap(self.client.clone().raise_budget(req).await)
     }
 
-    #[activity(definition = forkyard_proto::activities::markers::ledger::Reserve)]
-    pub async fn reserve(
+    /// Every reserve of a wave, sent at once. A final refusal is that fork's outcome; any
+    /// other failure fails the whole activity, whose retry sends them all again (each
+    /// carries its idempotency key, so one that went through is not reserved twice).
+    #[activity(name = "LedgerLocal.reserve_many")]
+    pub async fn reserve_many(
         self: Arc<Self>,
         _ctx: ActivityContext,
-        req: ReserveRequest,
-    ) -> Result<Reservation, ActivityError> {
-        unwrap(self.client.clone().reserve(req).await)
+        req: Reserves,
+    ) -> Result<Reserved, ActivityError> {
+        let calls = req.requests.into_iter().map(|r| {
+            let mut client = self.client.clone();
+            async move { client.reserve(r).await }
+        });
+        let mut outcomes = Vec::new();
+        for answer in futures::future::join_all(calls).await {
+            outcomes.push(match answer {
+                Ok(r) => ReserveOutcome {
+                    reservation_id: r.into_inner().reservation_id,
+                    ..ReserveOutcome::default()
+                },
+                Err(status) => match refusal(&status) {
+                    Some(ty) => ReserveOutcome {
+                        reservation_id: String::new(),
+                        error_type: ty.to_owned(),
+                        error: format!("ledger: {}", status.message()),
+                    },
+                    None => return Err(failure(status)),
+                },
+            });
+        }
+        Ok(Reserved { outcomes })
     }
 
     #[activity(definition = forkyard_proto::activities::markers::ledger::Commit)]

@@ -100,7 +100,7 @@ async fn main() -> anyhow::Result<()> {
     if args.max_forks == 0 {
         exit_config_error("--max-forks (FORKYARD_MAX_FORKS) must be at least 1");
     }
-    // About 7.4 events of the run's own history per fork (see workflows::orchestration).
+    // About 6-7 events of the run's own history per fork (see workflows::orchestration).
     if args.max_forks > 1300 {
         exit_config_error(
             "--max-forks (FORKYARD_MAX_FORKS) must be at most 1300: a larger run's history would pass Temporal's 10,240-event warning",

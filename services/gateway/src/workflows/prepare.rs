@@ -3,7 +3,7 @@
 //! The run workflow prepares its forks itself before it starts their children:
 //! reserve budget → create sandbox → health check, all local activities (see
 //! `crate::sandboxes` and `crate::ledger` for why), a wave of forks at a time in
-//! lockstep (see [`prepare_wave`]). So the way from `LaunchRun` to a ready sandbox holds
+//! lockstep (see [`prepare_wave`]); the wave's reserves are one local activity. So the way from `LaunchRun` to a ready sandbox holds
 //! no child-workflow start and no matched activity task, and the child's history starts
 //! at the agent. What prepare made is never lost: reserve and create run on a detached
 //! cancellation token, and a fork cancelled (or failed) before its child started has its
@@ -19,9 +19,12 @@ use super::{
     orchestration::SandboxOrchestrationWorkflow,
     phase,
 };
-use crate::sandboxes::{AtOwner, SandboxLocal};
+use crate::{
+    ledger::{LedgerLocal, Reserves},
+    sandboxes::{AtOwner, SandboxLocal},
+};
 use forkyard_proto::{
-    activities::Ledger,
+    activities::{Ledger, errors},
     budget::v1::{CommitRequest, ReleaseRequest, ReserveRequest},
     common::v1::{ForkResult, ForkStatus},
     labels,
@@ -90,29 +93,58 @@ pub(super) async fn prepare_wave(
     let key = |f: &WaveFork, step: &str| step_key(&f.child_id, f.input.attempt, step);
     let phase_is = |f: &WaveFork, p: &str| ctx.state_mut(|s| s.set_fork_phase(f.input.fork, p));
 
-    let reserves = wave.iter().map(|f| {
-        let reserve = ReserveRequest {
+    // The whole wave's reserves in one local activity: one marker, not one per fork.
+    let requests: Vec<ReserveRequest> = wave
+        .iter()
+        .map(|f| ReserveRequest {
             account_id: f.input.run_id.clone(),
             amount_micros: f.input.reservation_micros,
             holder: f.child_id.clone(),
             idempotency_key: key(f, "reserve"),
-        };
-        ctx.execute_local_activity(Ledger::reserve, reserve, options::ledger_detached())
-    });
-    let mut steps: Vec<Step> = join_all(reserves)
-        .await
-        .into_iter()
-        .map(|r| match r {
-            Ok(r) => Step::Reserved {
-                reservation_id: r.reservation_id,
-            },
-            Err(e) => Step::Failed {
-                reservation_id: None,
-                sandbox: None,
-                why: classify("reserve budget", &e),
-            },
         })
         .collect();
+    let reserved = ctx
+        .execute_local_activity(
+            LedgerLocal::reserve_many,
+            Reserves { requests },
+            options::ledger_detached(),
+        )
+        .await;
+    let failed = |why: StepFailure| Step::Failed {
+        reservation_id: None,
+        sandbox: None,
+        why,
+    };
+    let mut steps: Vec<Step> = match reserved {
+        Ok(r) if r.outcomes.len() == wave.len() => r
+            .outcomes
+            .into_iter()
+            .map(|o| match o.error_type.as_str() {
+                "" => Step::Reserved {
+                    reservation_id: o.reservation_id,
+                },
+                errors::BUDGET_EXCEEDED => failed(StepFailure::BudgetExceeded(format!(
+                    "reserve budget: {}",
+                    o.error
+                ))),
+                _ => failed(StepFailure::Failed(format!("reserve budget: {}", o.error))),
+            })
+            .collect(),
+        Ok(r) => wave
+            .iter()
+            .map(|_| {
+                failed(StepFailure::Failed(format!(
+                    "reserve budget: the ledger answered {} of {} reserves",
+                    r.outcomes.len(),
+                    wave.len()
+                )))
+            })
+            .collect(),
+        Err(e) => wave
+            .iter()
+            .map(|_| failed(classify("reserve budget", &e)))
+            .collect(),
+    };
 
     // Create the sandboxes of the forks still going.
     let creates = wave.iter().zip(&steps).map(|(f, step)| {
