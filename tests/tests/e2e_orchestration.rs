@@ -181,15 +181,26 @@ async fn single_forks_can_be_cancelled_pending_or_running() {
     );
 }
 
+/// Launch three forks, `max_concurrent` at a time, with a `budget_usd` budget; each fork
+/// may spend $0.03 and spends $0.02. Returns the run id.
+async fn launch_three_spending_2_cents(
+    gw: &mut Gateway,
+    src: &std::path::Path,
+    max_concurrent: u32,
+    budget_usd: &str,
+) -> String {
+    let agent = r#"echo x > f.txt; echo '{"total_cost_usd": 0.02}'"#;
+    let mut req = launch(src, 3, max_concurrent, agent);
+    req.budget_usd = budget_usd.into();
+    req.fork_budget_usd = "0.03".into();
+    gw.launch_run(req).await.unwrap().into_inner().run_id
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_budget_waits_for_raise_budget_and_the_ledger_stays_exact() {
     let (mesh, src, mut gw) = setup().await;
-    // Each fork may spend $0.03 and spends $0.02; $0.05 covers two reservations, not three.
-    let agent = r#"echo x > f.txt; echo '{"total_cost_usd": 0.02}'"#;
-    let mut req = launch(src.path(), 3, 1, agent);
-    req.budget_usd = "0.05".into();
-    req.fork_budget_usd = "0.03".into();
-    let run_id = gw.launch_run(req).await.unwrap().into_inner().run_id;
+    // One fork at a time; $0.05 covers two reservations, not three.
+    let run_id = launch_three_spending_2_cents(&mut gw, src.path(), 1, "0.05").await;
 
     let waiting = wait_until(&mut gw, &run_id, LONG, |r| {
         r.state == RunState::AwaitingBudget as i32
@@ -237,13 +248,9 @@ async fn a_spent_budget_waits_for_raise_budget_and_the_ledger_stays_exact() {
 async fn a_wave_with_budget_for_some_of_its_forks_runs_those_and_waits_for_the_rest() {
     let (mesh, src, mut gw) = setup().await;
     // Three forks start as one wave, whose reserves go to the ledger together; $0.06
-    // covers two reservations of $0.03 at once, and after they spent $0.04 what is left
-    // does not cover the third.
-    let agent = r#"echo x > f.txt; echo '{"total_cost_usd": 0.02}'"#;
-    let mut req = launch(src.path(), 3, 3, agent);
-    req.budget_usd = "0.06".into();
-    req.fork_budget_usd = "0.03".into();
-    let run_id = gw.launch_run(req).await.unwrap().into_inner().run_id;
+    // covers two reservations at once, and after they spent $0.04 what is left does not
+    // cover the third.
+    let run_id = launch_three_spending_2_cents(&mut gw, src.path(), 3, "0.06").await;
 
     let waiting = wait_until(&mut gw, &run_id, LONG, |r| {
         r.state == RunState::AwaitingBudget as i32 && r.forks_succeeded == 2

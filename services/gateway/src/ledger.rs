@@ -73,9 +73,13 @@ fn refusal(status: &Status) -> Option<&'static str> {
     }
 }
 
+fn message(status: &Status) -> String {
+    format!("ledger: {}", status.message())
+}
+
 /// The ledger's status codes back into the activity failures its own worker would raise.
 fn failure(status: Status) -> ActivityError {
-    let msg = format!("ledger: {}", status.message());
+    let msg = message(&status);
     match refusal(&status) {
         Some(ty) => non_retryable(ty, msg),
         None => retryable("LedgerUnavailable", msg),
@@ -152,7 +156,7 @@ impl LedgerLocal {
             let mut client = self.client.clone();
             async move { client.reserve(r).await }
         });
-        let mut outcomes = Vec::new();
+        let mut outcomes = Vec::with_capacity(calls.len());
         for answer in futures::future::join_all(calls).await {
             outcomes.push(match answer {
                 Ok(r) => ReserveOutcome {
@@ -163,7 +167,7 @@ impl LedgerLocal {
                     Some(ty) => ReserveOutcome {
                         reservation_id: String::new(),
                         error_type: ty.to_owned(),
-                        error: format!("ledger: {}", status.message()),
+                        error: message(&status),
                     },
                     None => return Err(failure(status)),
                 },

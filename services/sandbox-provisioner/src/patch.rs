@@ -136,14 +136,13 @@ impl Provisioner {
                 caps,
             )
             .await?;
-        let stderr = out.stderr.lossy();
         match out.outcome {
             Outcome::Exited { code: 0 } => {}
             Outcome::Exited { code } => {
                 let what = if code == 101 { "git add" } else { "git diff" };
                 return Err(ProvisionerError::FailedPrecondition(format!(
                     "{what} in the sandbox failed: {}",
-                    stderr.trim()
+                    out.stderr.lossy().trim()
                 )));
             }
             _ => {

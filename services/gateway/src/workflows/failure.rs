@@ -41,6 +41,16 @@ pub(super) fn details<T: serde::de::DeserializeOwned>(e: &ActivityExecutionError
     None
 }
 
+/// A step's failure from its application error type (e.g. `BudgetExceeded`) and message,
+/// also where the type came without an activity failure (a batch's per-fork outcome).
+pub(super) fn refused(step: &str, error_type: Option<&str>, msg: &str) -> StepFailure {
+    if error_type == Some(errors::BUDGET_EXCEEDED) {
+        StepFailure::BudgetExceeded(format!("{step}: {msg}"))
+    } else {
+        StepFailure::Failed(format!("{step}: {msg}"))
+    }
+}
+
 pub(super) fn classify(step: &str, e: &ActivityExecutionError) -> StepFailure {
     match e {
         ActivityExecutionError::Cancelled(_) => StepFailure::Cancelled,
@@ -49,11 +59,7 @@ pub(super) fn classify(step: &str, e: &ActivityExecutionError) -> StepFailure {
                 .failure()
                 .map(application)
                 .unwrap_or((None, e.to_string()));
-            if ty.as_deref() == Some(errors::BUDGET_EXCEEDED) {
-                StepFailure::BudgetExceeded(format!("{step}: {msg}"))
-            } else {
-                StepFailure::Failed(format!("{step}: {msg}"))
-            }
+            refused(step, ty.as_deref(), &msg)
         }
         ActivityExecutionError::Serialization(err) => StepFailure::Failed(format!("{step}: {err}")),
         #[allow(unreachable_patterns)]

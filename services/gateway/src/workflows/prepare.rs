@@ -13,7 +13,7 @@
 //! never reached its child).
 
 use super::{
-    failure::{StepFailure, classify},
+    failure::{StepFailure, classify, refused},
     fork::{ForkInput, Progress, failure_message},
     options,
     orchestration::SandboxOrchestrationWorkflow,
@@ -24,7 +24,7 @@ use crate::{
     sandboxes::{AtOwner, SandboxLocal},
 };
 use forkyard_proto::{
-    activities::{Ledger, errors},
+    activities::Ledger,
     budget::v1::{CommitRequest, ReleaseRequest, ReserveRequest},
     common::v1::{ForkResult, ForkStatus},
     labels,
@@ -123,11 +123,7 @@ pub(super) async fn prepare_wave(
                 "" => Step::Reserved {
                     reservation_id: o.reservation_id,
                 },
-                errors::BUDGET_EXCEEDED => failed(StepFailure::BudgetExceeded(format!(
-                    "reserve budget: {}",
-                    o.error
-                ))),
-                _ => failed(StepFailure::Failed(format!("reserve budget: {}", o.error))),
+                ty => failed(refused("reserve budget", Some(ty), &o.error)),
             })
             .collect(),
         Ok(r) => wave
