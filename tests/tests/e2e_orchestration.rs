@@ -280,6 +280,52 @@ async fn a_wave_with_budget_for_some_of_its_forks_runs_those_and_waits_for_the_r
     assert_eq!(account.reserved_micros, 0);
 }
 
+/// The seed's create policy (3 tries, 5 s then 10 s apart) for a wave: a provisioner that
+/// is back within it loses no fork; one that is not fails the forks naming the step, and
+/// gives their reservations back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_are_retried_while_the_provisioner_is_away() {
+    let (mut mesh, src, mut gw) = setup().await;
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let provisioner = "sandbox-provisioner";
+
+    mesh.terminate(provisioner, Duration::from_secs(30))
+        .expect("the provisioner stops");
+    let back = gw
+        .launch_run(launch(src.path(), 2, 2, "echo x > f.txt"))
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mesh.start_service(provisioner).unwrap();
+    mesh.wait_serving(provisioner, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let run = wait_finished(&mut gw, &back, LONG).await;
+    assert_eq!(run.forks_succeeded, 2, "{run:#?}");
+    assert_eq!(run_account(&mut ledger, &back).await.reserved_micros, 0);
+
+    mesh.terminate(provisioner, Duration::from_secs(30))
+        .expect("the provisioner stops");
+    let gone = gw
+        .launch_run(launch(src.path(), 1, 1, "echo x > f.txt"))
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    let run = wait_finished(&mut gw, &gone, LONG).await;
+    let fork = &run.forks[0];
+    assert_eq!(status_of(&run, 1), ForkStatus::Failed, "{run:#?}");
+    assert!(fork.error.starts_with("create sandbox: "), "{}", fork.error);
+    // Three tries, 5 s and 10 s apart.
+    let took = fork.finished_unix_ms - fork.started_unix_ms;
+    assert!(took >= 15_000, "gave up after {took} ms: {fork:#?}");
+    let account = run_account(&mut ledger, &gone).await;
+    assert_eq!(account.reserved_micros, 0, "{account:#?}");
+    assert_eq!(account.spent_micros, 0, "{account:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verification_ranks_forks_names_a_winner_and_can_stop_early() {
     let (_mesh, src, mut gw) = setup().await;

@@ -48,6 +48,22 @@ fn ancestry<'a>(span: &'a SpanRecord, by_id: &HashMap<&str, &'a SpanRecord>) -> 
     chain
 }
 
+/// Whether `ancestor` is on `span`'s parent chain.
+fn descends_from(
+    span: &SpanRecord,
+    ancestor: &SpanRecord,
+    by_id: &HashMap<&str, &SpanRecord>,
+) -> bool {
+    let mut cur = span;
+    while let Some(parent) = by_id.get(cur.parent_span_id.as_str()) {
+        if parent.span_id == ancestor.span_id {
+            return true;
+        }
+        cur = parent;
+    }
+    false
+}
+
 fn launch_with_trace(req: LaunchRunRequest) -> tonic::Request<LaunchRunRequest> {
     let mut req = tonic::Request::new(req);
     req.metadata_mut().insert(
@@ -199,25 +215,44 @@ async fn a_run_is_one_trace_across_the_mesh_and_its_metrics_match() {
             Some("100")
         );
         let sandbox = agent.attr_str("forkyard.sandbox_id").expect("sandbox id");
-        // The run prepares the fork: the create is a local activity of the gateway under
-        // the run's workflow, calling the provisioner over gRPC.
+        // The run prepares the fork: its reserve, create and health check are the
+        // fork's part of the wave's local activity in the gateway, under the run's
+        // workflow, calling the provisioner over gRPC.
         let create = spans
             .iter()
             .find(|s| {
-                s.name.ends_with("SandboxLocal.create")
+                s.name == "PrepareFork"
                     && s.attr_str("forkyard.sandbox_id").as_deref() == Some(sandbox.as_str())
             })
-            .unwrap_or_else(|| panic!("no create span for {sandbox}:\n{}", dump()));
+            .unwrap_or_else(|| panic!("no PrepareFork span for {sandbox}:\n{}", dump()));
         assert_eq!(create.service, "gateway");
         assert_eq!(create.attr_str("forkyard.fork"), Some(fork.to_string()));
         assert!(ancestry(create, &by_id).contains(&"RunWorkflow:SandboxOrchestrationWorkflow"));
-        assert!(
-            spans.iter().any(|s| s.service == "sandbox-provisioner"
-                && s.name == "forkyard.sandbox.v1.SandboxProvisioner/CreateSandbox"
-                && ancestry(s, &by_id).contains(&create.name.as_str())),
-            "no provisioner CreateSandbox span under fork {fork}'s create:\n{}",
-            dump()
-        );
+        // This fork's own calls, each under its own span: its reserve, its create and
+        // its health check.
+        for (service, method) in [
+            ("budget-ledger", "forkyard.budget.v1.BudgetLedger/Reserve"),
+            (
+                "sandbox-provisioner",
+                "forkyard.sandbox.v1.SandboxProvisioner/CreateSandbox",
+            ),
+            (
+                "sandbox-provisioner",
+                "forkyard.sandbox.v1.SandboxProvisioner/HealthCheck",
+            ),
+        ] {
+            let under_fork = spans
+                .iter()
+                .filter(|s| s.service == service && s.name == method)
+                .filter(|s| descends_from(s, create, &by_id))
+                .count();
+            assert_eq!(
+                under_fork,
+                1,
+                "{method} under fork {fork}'s PrepareFork:\n{}",
+                dump()
+            );
+        }
     }
     // The ledger's part hangs under a fork: its activities, or (when the gateway makes the
     // ledger calls as local activities over gRPC) its gRPC server spans.

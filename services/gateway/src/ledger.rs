@@ -9,10 +9,9 @@
 //! Every mutating request carries an idempotency key (`<workflow id>/a<attempt>/<step>`),
 //! so a local activity that runs again after a gateway crash does not apply twice.
 //!
-//! A wave of forks reserves its budget in one local activity (`reserve_many`): one marker
-//! in the run's history for the wave instead of one per fork, and one workflow-task round
-//! trip. Its calls go to the ledger at once, whose writer commits them in one or a few
-//! transactions.
+//! A wave of forks reserves its budget in the wave's one local activity (`crate::wave`),
+//! through [`LedgerLocal::client`]; its reserves go to the ledger at once, whose writer
+//! commits them in one or a few transactions.
 //!
 //! The failures mirror the ledger's own activities (`forkyard_proto::activities::errors`),
 //! so the workflows classify them the same way.
@@ -22,22 +21,25 @@ use forkyard_proto::{
     activities::errors,
     budget::v1::{
         Account, CommitRequest, CreateAccountRequest, OpenAccountRequest, RaiseBudgetRequest,
-        ReleaseRequest, Reservation, ReserveRequest, budget_ledger_client::BudgetLedgerClient,
+        ReleaseRequest, Reservation, budget_ledger_client::BudgetLedgerClient,
     },
 };
-use serde::{Deserialize, Serialize};
 use std::{sync::Arc, time::Duration};
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 use tonic::{Code, Status};
 
+pub(crate) type Client = BudgetLedgerClient<forkyard_common::grpc_telemetry::TracedChannel>;
+
 /// Longest a single ledger call may take before it is retried.
 const CALL_DEADLINE: Duration = Duration::from_secs(10);
 
+/// Cheap to clone: the clones share the channel.
+#[derive(Clone)]
 pub struct LedgerLocal {
     // Traced: each call is a span under the fork's local-activity span, and carries the
     // trace on to budget-ledger.
-    client: BudgetLedgerClient<forkyard_common::grpc_telemetry::TracedChannel>,
+    client: Client,
 }
 
 impl LedgerLocal {
@@ -55,12 +57,16 @@ impl LedgerLocal {
             )),
         })
     }
+
+    pub(crate) fn client(&self) -> Client {
+        self.client.clone()
+    }
 }
 
 /// The error type of a final refusal by the ledger; `None`: worth trying again.
 /// Budget exhaustion travels as FAILED_PRECONDITION with a "budget exceeded" message
 /// (see budget-ledger's error mapping).
-fn refusal(status: &Status) -> Option<&'static str> {
+pub(crate) fn refusal(status: &Status) -> Option<&'static str> {
     match status.code() {
         Code::FailedPrecondition if status.message().starts_with("budget exceeded") => {
             Some(errors::BUDGET_EXCEEDED)
@@ -73,7 +79,7 @@ fn refusal(status: &Status) -> Option<&'static str> {
     }
 }
 
-fn message(status: &Status) -> String {
+pub(crate) fn message(status: &Status) -> String {
     format!("ledger: {}", status.message())
 }
 
@@ -84,30 +90,6 @@ fn failure(status: Status) -> ActivityError {
         Some(ty) => non_retryable(ty, msg),
         None => retryable("LedgerUnavailable", msg),
     }
-}
-
-/// The reserves of one wave of forks.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Reserves {
-    pub requests: Vec<ReserveRequest>,
-}
-
-/// What each reserve of a [`Reserves`] came to, in request order.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Reserved {
-    pub outcomes: Vec<ReserveOutcome>,
-}
-
-/// A reservation id, or the ledger's final refusal (`error_type` as on the activity
-/// failure the single reserve would have raised, e.g. `BudgetExceeded`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct ReserveOutcome {
-    pub reservation_id: String,
-    pub error_type: String,
-    pub error: String,
 }
 
 fn unwrap<T>(r: Result<tonic::Response<T>, Status>) -> Result<T, ActivityError> {
@@ -141,39 +123,6 @@ impl LedgerLocal {
         req: RaiseBudgetRequest,
     ) -> Result<Account, ActivityError> {
         unwrap(self.client.clone().raise_budget(req).await)
-    }
-
-    /// Every reserve of a wave, sent at once. A final refusal is that fork's outcome; any
-    /// other failure fails the whole activity, whose retry sends them all again (each
-    /// carries its idempotency key, so one that went through is not reserved twice).
-    #[activity(name = "LedgerLocal.reserve_many")]
-    pub async fn reserve_many(
-        self: Arc<Self>,
-        _ctx: ActivityContext,
-        req: Reserves,
-    ) -> Result<Reserved, ActivityError> {
-        let calls = req.requests.into_iter().map(|r| {
-            let mut client = self.client.clone();
-            async move { client.reserve(r).await }
-        });
-        let mut outcomes = Vec::with_capacity(calls.len());
-        for answer in futures::future::join_all(calls).await {
-            outcomes.push(match answer {
-                Ok(r) => ReserveOutcome {
-                    reservation_id: r.into_inner().reservation_id,
-                    ..ReserveOutcome::default()
-                },
-                Err(status) => match refusal(&status) {
-                    Some(ty) => ReserveOutcome {
-                        reservation_id: String::new(),
-                        error_type: ty.to_owned(),
-                        error: message(&status),
-                    },
-                    None => return Err(failure(status)),
-                },
-            });
-        }
-        Ok(Reserved { outcomes })
     }
 
     #[activity(definition = forkyard_proto::activities::markers::ledger::Commit)]

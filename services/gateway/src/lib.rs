@@ -10,4 +10,5 @@ pub mod money;
 pub mod sandboxes;
 pub mod search;
 pub mod validate;
+pub mod wave;
 pub mod workflows;

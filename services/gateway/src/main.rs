@@ -14,6 +14,7 @@ use forkyard_gateway::{
     sandboxes::SandboxLocal,
     search,
     validate::Limits,
+    wave::WaveLocal,
     workflows::{ForkWorkflow, SandboxOrchestrationWorkflow, cleanup::ScheduledCleanupWorkflow},
 };
 use forkyard_proto::{gateway::v1::gateway_server::GatewayServer, queues};
@@ -143,6 +144,7 @@ async fn main() -> anyhow::Result<()> {
         .register_workflow::<ForkWorkflow>()?
         .register_workflow::<ScheduledCleanupWorkflow>()?
         .worker_plugin(forkyard_gateway::fork_telemetry::plugin())
+        .register_activities(WaveLocal::new(&ledger, &sandboxes))
         .register_activities(ledger)
         .register_activities(sandboxes)
         .maybe_workflow_task_poller_behavior(

@@ -1,5 +1,6 @@
-//! The fork's sandbox control calls (create, health check, collect patch, destroy), run
-//! as local activities of the gateway's worker that call sandbox-provisioner over gRPC.
+//! The fork's sandbox control calls (collect patch, destroy; create and health check
+//! are a wave's, see `crate::wave`), run as local activities of the gateway's worker that
+//! call sandbox-provisioner over gRPC.
 //!
 //! Why local: these calls take milliseconds, and as regular activities each one cost a
 //! matched task, three history events and a workflow-task round trip on the Temporal
@@ -24,8 +25,7 @@ use forkyard_common::{
 use forkyard_proto::{
     activities::errors,
     sandbox::v1::{
-        CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
-        DestroySandboxResponse, HealthCheckRequest, Sandbox,
+        CollectPatchRequest, CollectPatchResponse, DestroySandboxRequest, DestroySandboxResponse,
         sandbox_provisioner_client::SandboxProvisionerClient,
     },
 };
@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
-    time::{Duration, SystemTime},
+    time::Duration,
 };
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
@@ -44,11 +44,13 @@ const CREATE_DEADLINE: Duration = Duration::from_secs(300);
 /// Longest any other control call may take.
 const CALL_DEADLINE: Duration = Duration::from_secs(60);
 
-type Client = SandboxProvisionerClient<TracedChannel>;
+pub(crate) type Client = SandboxProvisionerClient<TracedChannel>;
 
+/// Cheap to clone: the clones share the channels.
+#[derive(Clone)]
 pub struct SandboxLocal {
     creates: Client,
-    owners: Mutex<HashMap<String, Client>>,
+    owners: Arc<Mutex<HashMap<String, Client>>>,
 }
 
 /// A call about an existing sandbox, addressed to the replica that owns it.
@@ -60,16 +62,6 @@ pub struct AtOwner {
     pub sandbox_id: String,
     /// Destroy: why (kept in the provisioner's log).
     pub reason: String,
-}
-
-/// A health check's answer, with the moment the gateway got it: the fork's
-/// `sandbox_ready_unix_ms` (workflow time would be the start of the workflow task).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Health {
-    pub healthy: bool,
-    pub detail: String,
-    pub checked_unix_ms: i64,
 }
 
 fn endpoint(addr: &str, deadline: Duration) -> Result<tonic::transport::Endpoint, String> {
@@ -100,11 +92,17 @@ impl SandboxLocal {
         };
         Ok(Self {
             creates: SandboxProvisionerClient::new(traced_channel(channel)),
-            owners: Mutex::new(HashMap::new()),
+            owners: Arc::default(),
         })
     }
 
-    fn owner(&self, addr: &str) -> Result<Client, ActivityError> {
+    /// Where new sandboxes are made.
+    pub(crate) fn creates(&self) -> Client {
+        self.creates.clone()
+    }
+
+    /// The replica that owns a sandbox; an `owner_endpoint` that is no URL is refused.
+    pub(crate) fn owner_of(&self, addr: &str) -> Result<Client, String> {
         if addr.is_empty() {
             return Ok(self.creates.clone());
         }
@@ -112,77 +110,43 @@ impl SandboxLocal {
         if let Some(c) = owners.get(addr) {
             return Ok(c.clone());
         }
-        let ep = endpoint(addr, CALL_DEADLINE).map_err(|e| {
-            non_retryable(
-                errors::INVALID_INPUT,
-                format!("owner endpoint {addr:?}: {e}"),
-            )
-        })?;
+        let ep =
+            endpoint(addr, CALL_DEADLINE).map_err(|e| format!("owner endpoint {addr:?}: {e}"))?;
         let client = SandboxProvisionerClient::new(traced_channel(ep.connect_lazy()));
         owners.insert(addr.to_owned(), client.clone());
         Ok(client)
     }
-}
 
-/// The provisioner's status codes back into the failures its own activities raise
-/// (see sandbox-provisioner's error mapping), so the retry table applies unchanged.
-fn failure(what: &str, status: Status) -> ActivityError {
-    let msg = format!("{what}: {}", status.message());
-    match status.code() {
-        Code::InvalidArgument => non_retryable(errors::INVALID_INPUT, msg),
-        Code::NotFound => non_retryable(errors::NOT_FOUND, msg),
-        Code::PermissionDenied | Code::Unauthenticated => non_retryable(errors::SANDBOX_AUTH, msg),
-        // A repository that cannot be cloned, or a sandbox in the wrong state.
-        Code::FailedPrecondition => non_retryable("RepoUnavailable", msg),
-        _ => retryable("SandboxUnavailable", msg),
+    fn owner(&self, addr: &str) -> Result<Client, ActivityError> {
+        self.owner_of(addr)
+            .map_err(|e| non_retryable(errors::INVALID_INPUT, e))
     }
 }
 
-fn now_unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or_default()
+/// The provisioner's status codes as the error types its own activities raise (see
+/// sandbox-provisioner's error mapping), and whether trying again may help, so the retry
+/// table applies unchanged.
+pub(crate) fn error_type(status: &Status) -> (&'static str, bool) {
+    match status.code() {
+        Code::InvalidArgument => (errors::INVALID_INPUT, false),
+        Code::NotFound => (errors::NOT_FOUND, false),
+        Code::PermissionDenied | Code::Unauthenticated => (errors::SANDBOX_AUTH, false),
+        // A repository that cannot be cloned, or a sandbox in the wrong state.
+        Code::FailedPrecondition => ("RepoUnavailable", false),
+        _ => ("SandboxUnavailable", true),
+    }
+}
+
+fn failure(what: &str, status: Status) -> ActivityError {
+    let msg = format!("{what}: {}", status.message());
+    match error_type(&status) {
+        (ty, true) => retryable(ty, msg),
+        (ty, false) => non_retryable(ty, msg),
+    }
 }
 
 #[activities]
 impl SandboxLocal {
-    #[activity(name = "SandboxLocal.create")]
-    pub async fn create(
-        self: Arc<Self>,
-        _ctx: ActivityContext,
-        req: CreateSandboxRequest,
-    ) -> Result<Sandbox, ActivityError> {
-        self.creates
-            .clone()
-            .create_sandbox(req)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| failure("create sandbox", s))
-    }
-
-    #[activity(name = "SandboxLocal.health")]
-    pub async fn health(
-        self: Arc<Self>,
-        _ctx: ActivityContext,
-        at: AtOwner,
-    ) -> Result<Health, ActivityError> {
-        let req = HealthCheckRequest {
-            sandbox_id: at.sandbox_id,
-        };
-        let out = self
-            .owner(&at.endpoint)?
-            .health_check(req)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| failure("health check", s))?;
-        Ok(Health {
-            healthy: out.healthy,
-            detail: out.detail,
-            checked_unix_ms: now_unix_ms(),
-        })
-    }
-
     #[activity(name = "SandboxLocal.collect_patch")]
     pub async fn collect_patch(
         self: Arc<Self>,

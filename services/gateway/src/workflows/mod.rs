@@ -18,8 +18,8 @@ pub use orchestration::SandboxOrchestrationWorkflow;
 pub mod phase {
     pub const PENDING: &str = "pending";
     pub const RESERVING: &str = "reserving budget";
+    /// Budget reserved, sandbox made and health-checked (one step for the run).
     pub const CREATING: &str = "creating sandbox";
-    pub const CHECKING: &str = "checking sandbox";
     pub const AGENT: &str = "running agent";
     pub const VERIFYING: &str = "verifying";
     pub const PATCH: &str = "collecting patch";

@@ -1,5 +1,6 @@
 //! Activity options per step: task queue, timeouts and the retry table from the seed
-//! (create 3×/5 s/×2, agent 2×/10 s/×2, cleanup 3×/2 s/×2, health 1×). The sandbox
+//! (create 3×/5 s/×2, agent 2×/10 s/×2, cleanup 3×/2 s/×2, health 1×; a wave's reserve,
+//! create and health check take their retries from `prepare`'s rounds). The sandbox
 //! control calls and the ledger calls are local activities of the gateway's worker;
 //! the agent and the verify command are activities on their services' queues.
 
@@ -56,30 +57,17 @@ pub(super) fn sandbox_queue(owner_task_queue: &str) -> &str {
     }
 }
 
-/// Sandbox control calls run as local activities of the gateway (see `crate::sandboxes`),
-/// with the seed's retry table. Create and destroy run on a fresh cancellation token: a
-/// cancel must not lose a sandbox being made, nor stop one being destroyed.
-pub(super) fn create_local() -> LocalActivityOptions {
+/// A wave's preparation (`crate::wave`): it answers for every fork and never fails as a
+/// whole, so a retry here is only for an attempt that timed out or a worker that went
+/// away (it sends every fork again under the same idempotency keys). Longer than the
+/// slowest fork's three calls (see their deadlines), and on a fresh cancellation token: a
+/// cancel must not lose a sandbox being made. The per-fork retries (the seed's create
+/// policy) are the workflow's rounds (`prepare::ROUNDS`).
+pub(super) fn wave_local() -> LocalActivityOptions {
     LocalActivityOptions::builder()
-        .retry_policy(retry(
-            3,
-            5,
-            &[
-                errors::INVALID_INPUT,
-                errors::SANDBOX_AUTH,
-                "RepoUnavailable",
-            ],
-        ))
-        .start_to_close_timeout(Duration::from_secs(300))
+        .retry_policy(retry(3, 5, &[]))
+        .start_to_close_timeout(Duration::from_secs(420))
         .cancellation_token(WorkflowCancellationToken::new())
-        .build()
-}
-
-pub(super) fn health_local(token: WorkflowCancellationToken) -> LocalActivityOptions {
-    LocalActivityOptions::builder()
-        .retry_policy(retry(1, 1, &[]))
-        .start_to_close_timeout(Duration::from_secs(60))
-        .cancellation_token(token)
         .build()
 }
 

@@ -12,11 +12,11 @@
 //!
 //! A run of 1,000 forks must stay far from Temporal's history limits (warning at 10,240
 //! events, 2,000 pending children or activities). So:
-//! - per fork, the run's history holds the two markers of its preparation (create,
-//!   health check; a wave's reserves are one marker) and its child's lifecycle (start
-//!   initiated, started, completed), plus the workflow tasks that batch them: about 6
-//!   events a fork (bench-fanout prints the length). A fork re-queued for budget is
-//!   reserved again in a later wave;
+//! - per fork, the run's history holds its child's lifecycle (start initiated, started,
+//!   completed) plus the workflow tasks that batch them; a wave's preparation (reserve,
+//!   create, health check of all its forks) is one marker: about 4-5 events a fork
+//!   (bench-fanout prints the length). A fork re-queued for budget is reserved again in a
+//!   later wave;
 //! - every later step of a fork (agent, verify, patch, settle, destroy) lives in the
 //!   child's own history, which stays a few dozen events;
 //! - forks in flight never exceed `max_concurrent` (capped at 500 by the gateway), so

@@ -1,13 +1,13 @@
 //! A fork's first and last steps, shared by the run and the fork workflows.
 //!
 //! The run workflow prepares its forks itself before it starts their children:
-//! reserve budget → create sandbox → health check, all local activities (see
-//! `crate::sandboxes` and `crate::ledger` for why), a wave of forks at a time in
-//! lockstep (see [`prepare_wave`]); the wave's reserves are one local activity. So the way from `LaunchRun` to a ready sandbox holds
-//! no child-workflow start and no matched activity task, and the child's history starts
-//! at the agent. What prepare made is never lost: reserve and create run on a detached
-//! cancellation token, and a fork cancelled (or failed) before its child started has its
-//! sandbox destroyed and its reservation released here.
+//! reserve budget → create sandbox → health check, a wave of forks at a time in one local
+//! activity (see `crate::wave` and [`prepare_wave`]). So the way from `LaunchRun` to a
+//! ready sandbox holds no child-workflow start and no matched activity task, and the
+//! child's history starts at the agent. What prepare made is never lost: the wave's
+//! activity runs on a detached cancellation token and answers for every fork what it
+//! holds, and a fork cancelled (or failed) before its child started has its sandbox
+//! destroyed and its reservation released here.
 //!
 //! Settlement and destroy are the child's last steps (and the run's, for a fork that
 //! never reached its child).
@@ -20,8 +20,8 @@ use super::{
     phase,
 };
 use crate::{
-    ledger::{LedgerLocal, Reserves},
     sandboxes::{AtOwner, SandboxLocal},
+    wave::{ForkPrepared, Wave, WaveItem, WaveLocal},
 };
 use forkyard_proto::{
     activities::Ledger,
@@ -30,7 +30,7 @@ use forkyard_proto::{
     labels,
     sandbox::v1::{CreateSandboxRequest, DestroySandboxResponse, Sandbox},
 };
-use std::{collections::HashMap, future::Future, pin::Pin, task::Poll};
+use std::{collections::HashMap, future::Future, pin::Pin, task::Poll, time::Duration};
 use temporalio_workflow::{
     WorkflowCancellationToken, WorkflowContext, common::error::ActivityExecutionError,
 };
@@ -58,12 +58,9 @@ pub(super) struct WaveFork {
 
 /// Where one fork of a wave is while it is prepared.
 enum Step {
-    Reserved {
+    /// Still to prepare (again), with the reservation an earlier round made.
+    Todo {
         reservation_id: String,
-    },
-    Created {
-        reservation_id: String,
-        sandbox: Sandbox,
     },
     Ready(Prepared),
     /// Stopped; what it holds is given back in the wave's cleanup stages.
@@ -74,189 +71,106 @@ enum Step {
     },
 }
 
+/// Rounds of a wave's preparation: the first, then the retries of forks whose step may
+/// succeed later, 5 s and then 10 s after (the seed's create policy, 3×/5 s/×2).
+const ROUNDS: u32 = 3;
+
 /// Reserve, create and check the sandboxes of a wave of forks (the forks the run starts
-/// at one time), in lockstep: every fork's reserve, then every create, then every health
-/// check, then the cleanup of the forks that stopped (destroy, then release).
+/// at one time) in one local activity (`crate::wave`), then give back what the forks
+/// that stopped hold (destroy, then release).
 ///
-/// Why lockstep: the Rust SDK replays a workflow's local activities in the order their
-/// markers were recorded, but it may hand several results to the workflow in one
-/// activation where the first run had them in several (or the other way round). If each
-/// fork went on to its next step as soon as its own result came, the order of the next
-/// local activities (their sequence numbers) and of the child starts would follow that
-/// batching, and a replay (after a gateway crash or a cache eviction) could fail as
-/// nondeterministic, or worse hand one fork's result to another. Waiting for the whole
-/// stage makes every step start in fork order, whatever the timing.
+/// Why a whole wave in one local activity and one stage at a time: the Rust SDK replays
+/// a workflow's local activities in the order their markers were recorded, but it may
+/// hand several results to the workflow in one activation where the first run had them in
+/// several (or the other way round). If each fork went on to its next step as soon as its
+/// own result came, the order of the next local activities (their sequence numbers) and
+/// of the child starts would follow that batching, and a replay (after a gateway crash or
+/// a cache eviction) could fail as nondeterministic, or worse hand one fork's result to
+/// another. With one activity per round and every later step started in fork order,
+/// nothing depends on timing; inside the activity each fork goes on at its own pace.
 pub(super) async fn prepare_wave(
     ctx: &WorkflowContext<SandboxOrchestrationWorkflow>,
     wave: &[WaveFork],
 ) -> Vec<Result<Prepared, StepFailure>> {
     let key = |f: &WaveFork, step: &str| step_key(&f.child_id, f.input.attempt, step);
-    let phase_is = |f: &WaveFork, p: &str| ctx.state_mut(|s| s.set_fork_phase(f.input.fork, p));
-
-    // The whole wave's reserves in one local activity: one marker, not one per fork.
-    let requests: Vec<ReserveRequest> = wave
+    let mut steps: Vec<Step> = wave
         .iter()
-        .map(|f| ReserveRequest {
-            account_id: f.input.run_id.clone(),
-            amount_micros: f.input.reservation_micros,
-            holder: f.child_id.clone(),
-            idempotency_key: key(f, "reserve"),
+        .map(|_| Step::Todo {
+            reservation_id: String::new(),
         })
         .collect();
-    let reserved = ctx
-        .execute_local_activity(
-            LedgerLocal::reserve_many,
-            Reserves { requests },
-            options::ledger_detached(),
-        )
-        .await;
-    let failed = |why: StepFailure| Step::Failed {
-        reservation_id: None,
-        sandbox: None,
-        why,
-    };
-    let mut steps: Vec<Step> = match reserved {
-        Ok(r) if r.outcomes.len() == wave.len() => r
-            .outcomes
-            .into_iter()
-            .map(|o| match o.error_type.as_str() {
-                "" => Step::Reserved {
-                    reservation_id: o.reservation_id,
+    for round in 0..ROUNDS {
+        if round > 0 && steps.iter().any(|s| matches!(s, Step::Todo { .. })) {
+            // Cancelled with the run: the forks then stop as cancelled below.
+            let _ = ctx.timer(Duration::from_secs(5 << (round - 1))).await;
+        }
+        let mut todo = Vec::new();
+        let mut items = Vec::new();
+        for (i, (f, step)) in wave.iter().zip(steps.iter_mut()).enumerate() {
+            let Step::Todo { reservation_id } = step else {
+                continue;
+            };
+            if f.cancel.is_cancelled() {
+                *step = Step::Failed {
+                    reservation_id: Some(std::mem::take(reservation_id)).filter(|r| !r.is_empty()),
+                    sandbox: None,
+                    why: StepFailure::Cancelled,
+                };
+                continue;
+            }
+            ctx.state_mut(|s| s.set_fork_phase(f.input.fork, phase::CREATING));
+            todo.push(i);
+            items.push(WaveItem {
+                reservation_id: reservation_id.clone(),
+                reserve: ReserveRequest {
+                    account_id: f.input.run_id.clone(),
+                    amount_micros: f.input.reservation_micros,
+                    holder: f.child_id.clone(),
+                    idempotency_key: key(f, "reserve"),
                 },
-                ty => failed(refused("reserve budget", Some(ty), &o.error)),
-            })
-            .collect(),
-        Ok(r) => wave
-            .iter()
-            .map(|_| {
-                failed(StepFailure::Failed(format!(
-                    "reserve budget: the ledger answered {} of {} reserves",
-                    r.outcomes.len(),
-                    wave.len()
-                )))
-            })
-            .collect(),
-        Err(e) => wave
-            .iter()
-            .map(|_| failed(classify("reserve budget", &e)))
-            .collect(),
-    };
-
-    // Create the sandboxes of the forks still going.
-    let creates = wave.iter().zip(&steps).map(|(f, step)| {
-        let go = matches!(step, Step::Reserved { .. }) && !f.cancel.is_cancelled();
-        if go {
-            phase_is(f, phase::CREATING);
+                create: create_request(f, key(f, "create")),
+            });
         }
-        let spec = &f.input.spec;
-        let create = CreateSandboxRequest {
-            backend: "local".into(),
-            repo: spec.repo.clone(),
-            base_ref: spec.base_ref.clone(),
-            branch: format!("{}-fork-{}", spec.branch, f.input.fork),
-            labels: HashMap::from([
-                (labels::RUN_ID.to_owned(), f.input.run_id.clone()),
-                (labels::FORK.to_owned(), f.input.fork.to_string()),
-                // The child that will own it; until the child starts, the janitor
-                // keeps a sandbox whose run is running.
-                (labels::WORKFLOW_ID.to_owned(), f.child_id.clone()),
-            ]),
-            idempotency_key: key(f, "create"),
-            network: false,
-            ..Default::default()
-        };
-        async move {
-            if go {
-                Some(
-                    ctx.execute_local_activity(
-                        SandboxLocal::create,
-                        create,
-                        options::create_local(),
-                    )
-                    .await,
-                )
-            } else {
-                None
-            }
+        if todo.is_empty() {
+            break;
         }
-    });
-    let created = join_all(creates).await;
-    for ((f, step), out) in wave.iter().zip(steps.iter_mut()).zip(created) {
-        let Step::Reserved { reservation_id } = step else {
-            continue;
-        };
-        let reservation_id = std::mem::take(reservation_id);
-        *step = match out {
-            Some(Ok(sandbox)) => Step::Created {
-                reservation_id,
-                sandbox,
-            },
-            Some(Err(e)) => Step::Failed {
-                reservation_id: Some(reservation_id),
-                sandbox: None,
-                why: classify("create sandbox", &e),
-            },
-            None => Step::Failed {
-                reservation_id: Some(reservation_id),
-                sandbox: None,
-                why: cancelled_or_failed(f),
-            },
-        };
-    }
-
-    // Health-check what was made.
-    let checks = wave.iter().zip(&steps).map(|(f, step)| {
-        let target = match step {
-            Step::Created { sandbox, .. } if !f.cancel.is_cancelled() => {
-                phase_is(f, phase::CHECKING);
-                Some(at(sandbox, ""))
+        let asked = items.len();
+        let done = ctx
+            .execute_local_activity(
+                WaveLocal::prepare,
+                Wave { forks: items },
+                options::wave_local(),
+            )
+            .await;
+        let outcomes: Vec<Result<ForkPrepared, StepFailure>> = match done {
+            Ok(d) if d.forks.len() == asked => d.forks.into_iter().map(Ok).collect(),
+            Ok(d) => {
+                let why = format!("prepare forks: {} answers for {asked} forks", d.forks.len());
+                todo.iter()
+                    .map(|_| Err(StepFailure::Failed(why.clone())))
+                    .collect()
             }
-            _ => None,
+            Err(e) => todo
+                .iter()
+                .map(|_| Err(classify("prepare forks", &e)))
+                .collect(),
         };
-        async move {
-            match target {
-                Some(t) => Some(
-                    ctx.execute_local_activity(
-                        SandboxLocal::health,
-                        t,
-                        options::health_local(f.cancel.clone()),
-                    )
-                    .await,
-                ),
-                None => None,
-            }
+        let last = round + 1 == ROUNDS;
+        for (i, outcome) in todo.into_iter().zip(outcomes) {
+            let (f, step) = (&wave[i], &mut steps[i]);
+            let Step::Todo { reservation_id } = step else {
+                continue;
+            };
+            let held = std::mem::take(reservation_id);
+            *step = match outcome {
+                Err(why) => Step::Failed {
+                    reservation_id: Some(held).filter(|r| !r.is_empty()),
+                    sandbox: None,
+                    why,
+                },
+                Ok(p) => next_step(f, p, last),
+            };
         }
-    });
-    let checked = join_all(checks).await;
-    for ((f, step), out) in wave.iter().zip(steps.iter_mut()).zip(checked) {
-        let Step::Created {
-            reservation_id,
-            sandbox,
-        } = step
-        else {
-            continue;
-        };
-        let (reservation_id, sandbox) = (std::mem::take(reservation_id), std::mem::take(sandbox));
-        let ready = match out {
-            Some(Ok(h)) if h.healthy && !f.cancel.is_cancelled() => Ok(h.checked_unix_ms),
-            Some(Ok(h)) if !h.healthy => {
-                Err(StepFailure::Failed(format!("health check: {}", h.detail)))
-            }
-            Some(Err(e)) => Err(classify("health check", &e)),
-            _ => Err(cancelled_or_failed(f)),
-        };
-        *step = match ready {
-            Ok(ready_unix_ms) => Step::Ready(Prepared {
-                reservation_id,
-                sandbox,
-                ready_unix_ms,
-            }),
-            Err(why) => Step::Failed {
-                reservation_id: Some(reservation_id),
-                sandbox: Some(sandbox),
-                why,
-            },
-        };
     }
 
     // Give back what the stopped forks hold: sandboxes first, then reservations.
@@ -285,12 +199,68 @@ pub(super) async fn prepare_wave(
         .map(|step| match step {
             Step::Ready(p) => Ok(p),
             Step::Failed { why, .. } => Err(why),
-            // Every fork left the loop above ready or failed.
-            Step::Reserved { .. } | Step::Created { .. } => Err(StepFailure::Failed(
+            // Every fork left the rounds above ready or failed.
+            Step::Todo { .. } => Err(StepFailure::Failed(
                 "fork preparation did not finish".into(),
             )),
         })
         .collect()
+}
+
+/// Where a fork goes after a round: ready, another round, or stopped.
+fn next_step(f: &WaveFork, p: ForkPrepared, last_round: bool) -> Step {
+    let reservation_id = Some(p.reservation_id).filter(|r| !r.is_empty());
+    if p.step.is_empty() {
+        if p.sandbox.is_some() && !f.cancel.is_cancelled() {
+            return Step::Ready(Prepared {
+                reservation_id: reservation_id.unwrap_or_default(),
+                sandbox: p.sandbox.unwrap_or_default(),
+                ready_unix_ms: p.ready_unix_ms,
+            });
+        }
+        return Step::Failed {
+            reservation_id,
+            sandbox: p.sandbox,
+            why: cancelled_or_failed(f),
+        };
+    }
+    if p.retryable && !last_round && p.sandbox.is_none() && !f.cancel.is_cancelled() {
+        return Step::Todo {
+            reservation_id: reservation_id.unwrap_or_default(),
+        };
+    }
+    let why = if f.cancel.is_cancelled() {
+        StepFailure::Cancelled
+    } else if p.error_type.is_empty() {
+        StepFailure::Failed(format!("{}: {}", p.step, p.error))
+    } else {
+        refused(&p.step, Some(&p.error_type), &p.error)
+    };
+    Step::Failed {
+        reservation_id,
+        sandbox: p.sandbox,
+        why,
+    }
+}
+
+fn create_request(f: &WaveFork, idempotency_key: String) -> CreateSandboxRequest {
+    let spec = &f.input.spec;
+    CreateSandboxRequest {
+        backend: "local".into(),
+        repo: spec.repo.clone(),
+        base_ref: spec.base_ref.clone(),
+        branch: format!("{}-fork-{}", spec.branch, f.input.fork),
+        labels: HashMap::from([
+            (labels::RUN_ID.to_owned(), f.input.run_id.clone()),
+            (labels::FORK.to_owned(), f.input.fork.to_string()),
+            // The child that will own it; until the child starts, the janitor keeps a
+            // sandbox whose run is running.
+            (labels::WORKFLOW_ID.to_owned(), f.child_id.clone()),
+        ]),
+        idempotency_key,
+        network: false,
+        ..Default::default()
+    }
 }
 
 /// Every future's output, in order. Unlike `futures::future::join_all` (which puts more

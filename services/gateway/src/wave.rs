@@ -1,0 +1,233 @@
+//! A wave's preparation as one local activity of the gateway's worker: for every fork
+//! of the wave, reserve its budget (budget-ledger), create its sandbox and health-check
+//! it (sandbox-provisioner), all forks at once and each fork on to its next step as soon
+//! as its own call answers.
+//!
+//! Why one activity: as a local activity per fork and step, a 100-fork wave was 201
+//! markers in the run's history and three stages in lockstep (every fork waited for the
+//! slowest reserve, then the slowest create; see `workflows::prepare` on why lockstep).
+//! As one it is one marker, and a fork's way to a ready sandbox is its own three calls.
+//!
+//! What comes back is each fork's outcome, never the whole activity's failure: what a
+//! fork holds (its reservation, its sandbox) is in its outcome whichever step stopped it,
+//! so the workflow gives it back. A step that may succeed later (the ledger or the
+//! provisioner unreachable) is marked `retryable`; the workflow tries those forks again
+//! in a later round (the seed's create policy, 3×/5 s/×2) under the same idempotency
+//! keys, passing on the reservation a fork already holds.
+//!
+//! Tracing: each fork's calls hang under a `PrepareFork` span of its own (run id, fork,
+//! sandbox id), under the activity's span in the run's trace.
+
+use crate::{
+    ledger::{self, LedgerLocal},
+    sandboxes::{self, SandboxLocal},
+};
+use forkyard_common::telemetry::otel::{
+    Context, KeyValue, global,
+    trace::{FutureExt as _, Status as SpanStatus, TraceContextExt as _, Tracer as _},
+};
+use forkyard_proto::{
+    activities::errors,
+    budget::v1::ReserveRequest,
+    labels,
+    sandbox::v1::{CreateSandboxRequest, HealthCheckRequest, Sandbox},
+};
+use serde::{Deserialize, Serialize};
+use std::{sync::Arc, time::SystemTime};
+use temporalio_macros::activities;
+use temporalio_sdk::activities::{ActivityContext, ActivityError};
+
+/// The activity's host: the ledger's and the provisioners' clients.
+pub struct WaveLocal {
+    ledger: ledger::Client,
+    sandboxes: SandboxLocal,
+}
+
+impl WaveLocal {
+    pub fn new(ledger: &LedgerLocal, sandboxes: &SandboxLocal) -> Self {
+        Self {
+            ledger: ledger.client(),
+            sandboxes: sandboxes.clone(),
+        }
+    }
+}
+
+/// The forks of a wave still to prepare.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Wave {
+    pub forks: Vec<WaveItem>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WaveItem {
+    /// The reservation an earlier round made; empty: reserve with `reserve` first.
+    pub reservation_id: String,
+    pub reserve: ReserveRequest,
+    pub create: CreateSandboxRequest,
+}
+
+/// Each fork's outcome, in the wave's order.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WaveDone {
+    pub forks: Vec<ForkPrepared>,
+}
+
+/// How far one fork got. Ready when `step` is empty; otherwise `step` names the step that
+/// stopped it, and what it made before that is still here to give back.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ForkPrepared {
+    pub reservation_id: String,
+    pub sandbox: Option<Sandbox>,
+    /// When the health check answered healthy (the fork's `sandbox_ready_unix_ms`; the
+    /// workflow's time would be the start of its task).
+    pub ready_unix_ms: i64,
+    pub step: String,
+    /// As on the activity failure the single step would have raised (e.g.
+    /// `BudgetExceeded`, `SandboxUnavailable`); empty for an unhealthy sandbox.
+    pub error_type: String,
+    pub error: String,
+    /// Worth trying again (under the same idempotency keys).
+    pub retryable: bool,
+}
+
+/// Step names, as they appear in a fork's error (`"create sandbox: …"`).
+pub mod step {
+    pub const RESERVE: &str = "reserve budget";
+    pub const CREATE: &str = "create sandbox";
+    pub const HEALTH: &str = "health check";
+}
+
+impl ForkPrepared {
+    fn stop(mut self, step: &str, error_type: &str, error: String, retryable: bool) -> Self {
+        step.clone_into(&mut self.step);
+        error_type.clone_into(&mut self.error_type);
+        self.error = error;
+        self.retryable = retryable;
+        self
+    }
+}
+
+fn now_unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or_default()
+}
+
+impl WaveLocal {
+    async fn prepare_fork(&self, item: WaveItem) -> ForkPrepared {
+        let mut out = ForkPrepared {
+            reservation_id: item.reservation_id,
+            ..ForkPrepared::default()
+        };
+        if out.reservation_id.is_empty() {
+            match self.ledger.clone().reserve(item.reserve).await {
+                Ok(r) => out.reservation_id = r.into_inner().reservation_id,
+                Err(status) => {
+                    let (ty, retryable) = match ledger::refusal(&status) {
+                        Some(ty) => (ty, false),
+                        None => ("LedgerUnavailable", true),
+                    };
+                    return out.stop(step::RESERVE, ty, ledger::message(&status), retryable);
+                }
+            }
+        }
+        let sandbox = match self.sandboxes.creates().create_sandbox(item.create).await {
+            Ok(r) => r.into_inner(),
+            Err(status) => {
+                let (ty, retryable) = sandboxes::error_type(&status);
+                let msg = status.message().to_owned();
+                return out.stop(step::CREATE, ty, msg, retryable);
+            }
+        };
+        Context::current()
+            .span()
+            .set_attribute(KeyValue::new("forkyard.sandbox_id", sandbox.id.clone()));
+        let check = HealthCheckRequest {
+            sandbox_id: sandbox.id.clone(),
+        };
+        let owner = self.sandboxes.owner_of(&sandbox.owner_endpoint);
+        out.sandbox = Some(sandbox);
+        let answer = match owner {
+            Ok(mut client) => client.health_check(check).await,
+            Err(e) => return out.stop(step::HEALTH, errors::INVALID_INPUT, e, false),
+        };
+        match answer {
+            Ok(h) if h.get_ref().healthy => {
+                out.ready_unix_ms = now_unix_ms();
+                out
+            }
+            Ok(h) => out.stop(step::HEALTH, "", h.into_inner().detail, false),
+            Err(status) => {
+                let (ty, _) = sandboxes::error_type(&status);
+                let msg = status.message().to_owned();
+                // Health is tried once (the seed's table).
+                out.stop(step::HEALTH, ty, msg, false)
+            }
+        }
+    }
+}
+
+/// A span of its own for one fork's calls, under the activity's.
+fn fork_span(create: &CreateSandboxRequest) -> Context {
+    let tracer = global::tracer("forkyard-gateway");
+    let mut attrs = Vec::new();
+    if let Some(run_id) = create.labels.get(labels::RUN_ID) {
+        attrs.push(KeyValue::new("forkyard.run_id", run_id.clone()));
+    }
+    if let Some(fork) = create
+        .labels
+        .get(labels::FORK)
+        .and_then(|f| f.parse::<i64>().ok())
+    {
+        attrs.push(KeyValue::new("forkyard.fork", fork));
+    }
+    let parent = Context::current();
+    let span = tracer
+        .span_builder("PrepareFork")
+        .with_attributes(attrs)
+        .start_with_context(&tracer, &parent);
+    parent.with_span(span)
+}
+
+#[activities]
+impl WaveLocal {
+    /// Prepare every fork of the wave at once; never fails as a whole.
+    #[activity(name = "WaveLocal.prepare")]
+    pub async fn prepare(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        wave: Wave,
+    ) -> Result<WaveDone, ActivityError> {
+        let forks = wave.forks.into_iter().map(|item| {
+            let cx = fork_span(&item.create);
+            let run_id = item.create.labels.get(labels::RUN_ID).cloned();
+            let fork = item.create.labels.get(labels::FORK).cloned();
+            let this = &self;
+            async move {
+                let out = this.prepare_fork(item).with_context(cx.clone()).await;
+                let span = cx.span();
+                if !out.step.is_empty() {
+                    tracing::warn!(
+                        run_id = run_id.as_deref().unwrap_or_default(),
+                        fork = fork.as_deref().unwrap_or_default(),
+                        step = out.step,
+                        retryable = out.retryable,
+                        error = out.error,
+                        "fork preparation stopped"
+                    );
+                    span.set_status(SpanStatus::error(format!("{}: {}", out.step, out.error)));
+                }
+                span.end();
+                out
+            }
+        });
+        Ok(WaveDone {
+            forks: futures::future::join_all(forks).await,
+        })
+    }
+}
