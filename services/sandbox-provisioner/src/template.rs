@@ -29,6 +29,11 @@ pub(crate) struct Templates {
     root: PathBuf,
     /// One build at a time per template.
     building: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Workspace copies at once: about one per core, first come first served. A wave of a
+    /// hundred creates copied all at once would share the cores a hundred ways: every
+    /// copy would end near the last one, and the replica's async threads (its gRPC
+    /// answers, health checks) would get a hundredth of the machine meanwhile.
+    copies: tokio::sync::Semaphore,
 }
 
 fn is_sha(s: &str) -> bool {
@@ -146,9 +151,11 @@ impl Templates {
                 let _ = crate::store::remove_all(&e.path());
             }
         }
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Ok(Self {
             root,
             building: Mutex::default(),
+            copies: tokio::sync::Semaphore::new(cores.max(2)),
         })
     }
 
@@ -214,6 +221,11 @@ impl Templates {
     ) -> Result<()> {
         let dir = self.ensure(repo, commit, timeout).await?;
         let (ws, branch, commit) = (ws.to_path_buf(), branch.to_owned(), commit.to_owned());
+        let _turn = self
+            .copies
+            .acquire()
+            .await
+            .map_err(|e| ProvisionerError::internal("copy template", e))?;
         tokio::task::spawn_blocking(move || {
             copy_tree(&dir.join("workspace"), &ws)
                 .map_err(|e| ProvisionerError::internal("copy template", e))?;
