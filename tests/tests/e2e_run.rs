@@ -17,7 +17,7 @@ use forkyard_proto::{
 use forkyard_tests::{
     Mesh, repo,
     support::{
-        fork_result, grpcurl, launch, max_overlap, sandbox_processes, wait_finished,
+        fork_result, grpcurl, launch, max_overlap, run_account, sandbox_processes, wait_finished,
         workspaces_left,
     },
 };
@@ -545,4 +545,49 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
         })
         .await;
     assert_eq!(unknown.expect_err("unknown run").code(), Code::NotFound);
+}
+
+/// A wave wider than one preparation activity (100 forks) is prepared in several at
+/// once; every fork gets its own sandbox and its own outcome back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wave_wider_than_one_preparation_activity_runs_every_fork_in_its_own_sandbox() {
+    let mesh = Mesh::start().await.expect("mesh starts");
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    let forks = 130;
+    let agent = r#"echo "$FORKYARD_FORK" > which.txt"#;
+    let run_id = gw
+        .launch_run(LaunchRunRequest {
+            budget_usd: "10".into(),
+            ..launch(src.path(), forks, forks, agent)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(600)).await;
+    assert_eq!(run.forks_succeeded, forks, "{run:#?}");
+    let sandboxes: std::collections::HashSet<&str> =
+        run.forks.iter().map(|f| f.sandbox_id.as_str()).collect();
+    assert_eq!(sandboxes.len(), forks as usize, "one sandbox per fork");
+    assert!(run.forks.iter().all(|f| f.sandbox_ready_unix_ms > 0));
+    // Each fork's patch is its own agent's work, on both sides of the 100-fork boundary.
+    for fork in [1, 100, 101, forks] {
+        let r = fork_result(&mut gw, &run_id, fork).await;
+        assert!(
+            r.patch.contains(&format!("+{fork}\n")),
+            "fork {fork}: {}",
+            r.patch
+        );
+    }
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = run_account(&mut ledger, &run_id).await;
+    assert_eq!(account.reserved_micros, 0, "{account:#?}");
+    assert_eq!(account.spent_micros, run.cost_micros);
+    assert!(
+        sandbox_processes(mesh.state_dir()).is_empty(),
+        "{:?}",
+        sandbox_processes(mesh.state_dir())
+    );
 }

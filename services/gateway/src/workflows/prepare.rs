@@ -75,6 +75,9 @@ enum Step {
 /// succeed later, 5 s and then 10 s after (the seed's create policy, 3×/5 s/×2).
 const ROUNDS: u32 = 3;
 
+/// Forks per preparation activity.
+const CHUNK: usize = 100;
+
 /// Reserve, create and check the sandboxes of a wave of forks (the forks the run starts
 /// at one time) in one local activity (`crate::wave`), then give back what the forks
 /// that stopped hold (destroy, then release).
@@ -134,27 +137,37 @@ pub(super) async fn prepare_wave(
         if todo.is_empty() {
             break;
         }
-        let asked = items.len();
-        let done = ctx
-            .execute_local_activity(
-                WaveLocal::prepare,
-                Wave { forks: items },
-                options::wave_local(),
-            )
-            .await;
-        let outcomes: Vec<Result<ForkPrepared, StepFailure>> = match done {
-            Ok(d) if d.forks.len() == asked => d.forks.into_iter().map(Ok).collect(),
-            Ok(d) => {
-                let why = format!("prepare forks: {} answers for {asked} forks", d.forks.len());
-                todo.iter()
-                    .map(|_| Err(StepFailure::Failed(why.clone())))
-                    .collect()
+        // At most CHUNK forks per activity, all started at once: its result (about 1 KB
+        // a fork) is one payload in the run's history, kept far below Temporal's limits.
+        let chunks: Vec<Vec<WaveItem>> = items.chunks(CHUNK).map(<[WaveItem]>::to_vec).collect();
+        let runs = chunks.into_iter().map(|forks| {
+            let asked = forks.len();
+            async move {
+                let done = ctx
+                    .execute_local_activity(
+                        WaveLocal::prepare,
+                        Wave { forks },
+                        options::wave_local(),
+                    )
+                    .await;
+                let out: Vec<Result<ForkPrepared, StepFailure>> = match done {
+                    Ok(d) if d.forks.len() == asked => d.forks.into_iter().map(Ok).collect(),
+                    Ok(d) => {
+                        let why =
+                            format!("prepare forks: {} answers for {asked} forks", d.forks.len());
+                        (0..asked)
+                            .map(|_| Err(StepFailure::Failed(why.clone())))
+                            .collect()
+                    }
+                    Err(e) => (0..asked)
+                        .map(|_| Err(classify("prepare forks", &e)))
+                        .collect(),
+                };
+                out
             }
-            Err(e) => todo
-                .iter()
-                .map(|_| Err(classify("prepare forks", &e)))
-                .collect(),
-        };
+        });
+        let outcomes: Vec<Result<ForkPrepared, StepFailure>> =
+            join_all(runs).await.into_iter().flatten().collect();
         let last = round + 1 == ROUNDS;
         for (i, outcome) in todo.into_iter().zip(outcomes) {
             let (f, step) = (&wave[i], &mut steps[i]);
