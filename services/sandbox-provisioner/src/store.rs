@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
+    sync::{Mutex, OnceLock, mpsc::Sender},
 };
 
 const RECORD: &str = "sandbox.json";
@@ -219,12 +220,41 @@ pub fn remove_all(path: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Queue a directory for the one background remover thread. One, not a thread per
+/// directory: a run's worth of destroys removed all at once contended with the next
+/// wave's workspace copies for the filesystem journal (on a host mounted with `discard`,
+/// every freed block is a device round trip), and creates slowed down for seconds.
 fn remove_in_background(path: PathBuf) {
-    std::thread::spawn(move || {
-        if let Err(e) = remove_all(&path) {
-            tracing::warn!(dir = %path.display(), error = %e, "cannot remove a destroyed sandbox's files");
-        }
+    static QUEUE: OnceLock<Option<Mutex<Sender<PathBuf>>>> = OnceLock::new();
+    let queue = QUEUE.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<PathBuf>();
+        std::thread::Builder::new()
+            .name("trash-remover".into())
+            .spawn(move || {
+                for path in rx {
+                    if let Err(e) = remove_all(&path) {
+                        tracing::warn!(dir = %path.display(), error = %e, "cannot remove a destroyed sandbox's files");
+                    }
+                }
+            })
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot start the trash remover thread; removing in place"))
+            .ok()
+            .map(|_| Mutex::new(tx))
     });
+    let unsent = match queue {
+        Some(q) => q
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .send(path)
+            .err()
+            .map(|std::sync::mpsc::SendError(p)| p),
+        None => Some(path),
+    };
+    if let Some(path) = unsent
+        && let Err(e) = remove_all(&path)
+    {
+        tracing::warn!(dir = %path.display(), error = %e, "cannot remove a destroyed sandbox's files");
+    }
 }
 
 /// Bytes a directory tree occupies on disk (allocated blocks, symlinks not followed).

@@ -155,7 +155,7 @@ impl Templates {
         Ok(Self {
             root,
             building: Mutex::default(),
-            copies: tokio::sync::Semaphore::new(cores.max(2)),
+            copies: tokio::sync::Semaphore::new(cores.max(2) * 4),
         })
     }
 
