@@ -101,10 +101,11 @@ async fn main() -> anyhow::Result<()> {
     if args.max_forks == 0 {
         exit_config_error("--max-forks (FORKYARD_MAX_FORKS) must be at least 1");
     }
-    // About 6-7 events of the run's own history per fork (see workflows::orchestration).
+    // About 5 events of the run's own history per fork, more for forks that wait for
+    // budget or are retried (see workflows::orchestration): room for those.
     if args.max_forks > 1300 {
         exit_config_error(
-            "--max-forks (FORKYARD_MAX_FORKS) must be at most 1300: a larger run's history would pass Temporal's 10,240-event warning",
+            "--max-forks (FORKYARD_MAX_FORKS) must be at most 1300: a larger run's history could come near Temporal's 10,240-event warning",
         );
     }
     // Bound before logging starts, so a port in use is the first line a pod prints.

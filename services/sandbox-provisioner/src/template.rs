@@ -29,10 +29,11 @@ pub(crate) struct Templates {
     root: PathBuf,
     /// One build at a time per template.
     building: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// Workspace copies at once: about one per core, first come first served. A wave of a
-    /// hundred creates copied all at once would share the cores a hundred ways: every
-    /// copy would end near the last one, and the replica's async threads (its gRPC
-    /// answers, health checks) would get a hundredth of the machine meanwhile.
+    /// Workspace copies at once: four per core (enough to overlap their waits on the
+    /// disk), first come first served. A wave of a hundred creates copied all at once
+    /// would share the cores a hundred ways: every copy would end near the last one, and
+    /// the replica's async threads (its gRPC answers, health checks) would get a
+    /// hundredth of the machine meanwhile.
     copies: tokio::sync::Semaphore,
 }
 

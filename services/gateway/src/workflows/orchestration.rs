@@ -28,8 +28,8 @@
 //!   signalled into this history.
 //!
 //! The run's own per-fork events are the budget of its size: the gateway's
-//! `--max-forks` (default 1,000) must stay under about 1,300 for a run to keep under the
-//! warning.
+//! `--max-forks` (default 1,000) is capped at 1,300, which leaves room under the warning
+//! for forks that wait for budget and start again, and for retried preparation rounds.
 
 use super::{
     LABELS_ATTR, RUN_STATE_ATTR,
