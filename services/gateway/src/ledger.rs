@@ -34,8 +34,6 @@ pub(crate) type Client = BudgetLedgerClient<forkyard_common::grpc_telemetry::Tra
 /// Longest a single ledger call may take before it is retried.
 const CALL_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Cheap to clone: the clones share the channel.
-#[derive(Clone)]
 pub struct LedgerLocal {
     // Traced: each call is a span under the fork's local-activity span, and carries the
     // trace on to budget-ledger.
@@ -63,19 +61,19 @@ impl LedgerLocal {
     }
 }
 
-/// The error type of a final refusal by the ledger; `None`: worth trying again.
-/// Budget exhaustion travels as FAILED_PRECONDITION with a "budget exceeded" message
-/// (see budget-ledger's error mapping).
-pub(crate) fn refusal(status: &Status) -> Option<&'static str> {
+/// The ledger's status codes as the error types its own worker would raise, and whether
+/// trying again may help. Budget exhaustion travels as FAILED_PRECONDITION with a
+/// "budget exceeded" message (see budget-ledger's error mapping).
+pub(crate) fn error_type(status: &Status) -> (&'static str, bool) {
     match status.code() {
         Code::FailedPrecondition if status.message().starts_with("budget exceeded") => {
-            Some(errors::BUDGET_EXCEEDED)
+            (errors::BUDGET_EXCEEDED, false)
         }
-        Code::FailedPrecondition => Some("FailedPrecondition"),
-        Code::InvalidArgument => Some(errors::INVALID_INPUT),
-        Code::NotFound => Some(errors::NOT_FOUND),
-        Code::AlreadyExists => Some("AlreadyExists"),
-        _ => None,
+        Code::FailedPrecondition => ("FailedPrecondition", false),
+        Code::InvalidArgument => (errors::INVALID_INPUT, false),
+        Code::NotFound => (errors::NOT_FOUND, false),
+        Code::AlreadyExists => ("AlreadyExists", false),
+        _ => ("LedgerUnavailable", true),
     }
 }
 
@@ -83,12 +81,11 @@ pub(crate) fn message(status: &Status) -> String {
     format!("ledger: {}", status.message())
 }
 
-/// The ledger's status codes back into the activity failures its own worker would raise.
 fn failure(status: Status) -> ActivityError {
     let msg = message(&status);
-    match refusal(&status) {
-        Some(ty) => non_retryable(ty, msg),
-        None => retryable("LedgerUnavailable", msg),
+    match error_type(&status) {
+        (ty, true) => retryable(ty, msg),
+        (ty, false) => non_retryable(ty, msg),
     }
 }
 

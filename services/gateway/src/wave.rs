@@ -128,10 +128,7 @@ impl WaveLocal {
             match self.ledger.clone().reserve(item.reserve).await {
                 Ok(r) => out.reservation_id = r.into_inner().reservation_id,
                 Err(status) => {
-                    let (ty, retryable) = match ledger::refusal(&status) {
-                        Some(ty) => (ty, false),
-                        None => ("LedgerUnavailable", true),
-                    };
+                    let (ty, retryable) = ledger::error_type(&status);
                     return out.stop(step::RESERVE, ty, ledger::message(&status), retryable);
                 }
             }

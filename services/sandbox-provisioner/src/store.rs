@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    sync::{Mutex, OnceLock, mpsc::Sender},
+    sync::{OnceLock, mpsc::Sender},
 };
 
 const RECORD: &str = "sandbox.json";
@@ -225,7 +225,7 @@ pub fn remove_all(path: &Path) -> std::io::Result<()> {
 /// wave's workspace copies for the filesystem journal (on a host mounted with `discard`,
 /// every freed block is a device round trip), and creates slowed down for seconds.
 fn remove_in_background(path: PathBuf) {
-    static QUEUE: OnceLock<Option<Mutex<Sender<PathBuf>>>> = OnceLock::new();
+    static QUEUE: OnceLock<Option<Sender<PathBuf>>> = OnceLock::new();
     let queue = QUEUE.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel::<PathBuf>();
         std::thread::Builder::new()
@@ -239,15 +239,10 @@ fn remove_in_background(path: PathBuf) {
             })
             .inspect_err(|e| tracing::warn!(error = %e, "cannot start the trash remover thread; removing in place"))
             .ok()
-            .map(|_| Mutex::new(tx))
+            .map(|_| tx)
     });
     let unsent = match queue {
-        Some(q) => q
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .send(path)
-            .err()
-            .map(|std::sync::mpsc::SendError(p)| p),
+        Some(q) => q.send(path).err().map(|std::sync::mpsc::SendError(p)| p),
         None => Some(path),
     };
     if let Some(path) = unsent

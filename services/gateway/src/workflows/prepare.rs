@@ -115,7 +115,7 @@ pub(super) async fn prepare_wave(
             };
             if f.cancel.is_cancelled() {
                 *step = Step::Failed {
-                    reservation_id: Some(std::mem::take(reservation_id)).filter(|r| !r.is_empty()),
+                    reservation_id: held(std::mem::take(reservation_id)),
                     sandbox: None,
                     why: StepFailure::Cancelled,
                 };
@@ -174,10 +174,10 @@ pub(super) async fn prepare_wave(
             let Step::Todo { reservation_id } = step else {
                 continue;
             };
-            let held = std::mem::take(reservation_id);
+            let holds = held(std::mem::take(reservation_id));
             *step = match outcome {
                 Err(why) => Step::Failed {
-                    reservation_id: Some(held).filter(|r| !r.is_empty()),
+                    reservation_id: holds,
                     sandbox: None,
                     why,
                 },
@@ -220,9 +220,14 @@ pub(super) async fn prepare_wave(
         .collect()
 }
 
+/// A reservation id as a fork holds it: empty is none.
+fn held(reservation_id: String) -> Option<String> {
+    Some(reservation_id).filter(|r| !r.is_empty())
+}
+
 /// Where a fork goes after a round: ready, another round, or stopped.
 fn next_step(f: &WaveFork, p: ForkPrepared, last_round: bool) -> Step {
-    let reservation_id = Some(p.reservation_id).filter(|r| !r.is_empty());
+    let reservation_id = held(p.reservation_id);
     if p.step.is_empty() {
         if p.sandbox.is_some() && !f.cancel.is_cancelled() {
             return Step::Ready(Prepared {
@@ -244,8 +249,6 @@ fn next_step(f: &WaveFork, p: ForkPrepared, last_round: bool) -> Step {
     }
     let why = if f.cancel.is_cancelled() {
         StepFailure::Cancelled
-    } else if p.error_type.is_empty() {
-        StepFailure::Failed(format!("{}: {}", p.step, p.error))
     } else {
         refused(&p.step, Some(&p.error_type), &p.error)
     };
