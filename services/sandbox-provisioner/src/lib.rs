@@ -18,6 +18,7 @@ mod exec;
 mod files;
 mod git;
 pub mod grpc;
+mod health;
 mod lifecycle;
 mod patch;
 mod process;

@@ -119,7 +119,7 @@ pub struct Provisioner {
     /// One lock per idempotency key with a create in flight.
     creating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// When a command last ran inside a sandbox for a health check (see `patch.rs`).
-    pub(crate) runtime_probe: tokio::sync::Mutex<Option<std::time::Instant>>,
+    pub(crate) runtime_probe: crate::health::RuntimeProbe,
 }
 
 impl Provisioner {
@@ -216,7 +216,7 @@ impl Provisioner {
             templates,
             sandboxes: Mutex::new(HashMap::new()),
             creating: Mutex::new(HashMap::new()),
-            runtime_probe: tokio::sync::Mutex::new(None),
+            runtime_probe: crate::health::RuntimeProbe::default(),
         });
         core.reconcile(records).await;
         info!(
