@@ -1,7 +1,11 @@
 //! A wave's preparation as one local activity of the gateway's worker: for every fork
 //! of the wave, reserve its budget (budget-ledger), create its sandbox and health-check
 //! it (sandbox-provisioner), all forks at once and each fork on to its next step as soon
-//! as its own call answers.
+//! as its own calls answer.
+//!
+//! A fork's reserve and create are sent together (a sandbox made for a fork whose
+//! reserve is refused is destroyed before anything runs in it); its health check follows
+//! its create.
 //!
 //! Why one activity: as a local activity per fork and step, a 100-fork wave was 201
 //! markers in the run's history and three stages in lockstep (every fork waited for the
@@ -30,7 +34,7 @@ use forkyard_proto::{
     activities::errors,
     budget::v1::ReserveRequest,
     labels,
-    sandbox::v1::{CreateSandboxRequest, HealthCheckRequest, Sandbox},
+    sandbox::v1::{CreateSandboxRequest, DestroySandboxRequest, HealthCheckRequest, Sandbox},
 };
 use serde::{Deserialize, Serialize};
 use std::{sync::Arc, time::SystemTime};
@@ -119,22 +123,39 @@ fn now_unix_ms() -> i64 {
 }
 
 impl WaveLocal {
+    /// The fork's reserve and create go out together, then its health check. A reserve
+    /// is refused only when the run's budget is spent (or the ledger is away), and
+    /// waiting for the ledger's commit before the create put a whole ledger round trip
+    /// (10–50 ms in a wave, one fsync per group) in front of every sandbox. A sandbox
+    /// made for a fork the ledger refused is destroyed here before anything runs in it.
     async fn prepare_fork(&self, item: WaveItem) -> ForkPrepared {
         let mut out = ForkPrepared {
             reservation_id: item.reservation_id,
             ..ForkPrepared::default()
         };
-        if out.reservation_id.is_empty() {
-            match self.ledger.clone().reserve(item.reserve).await {
-                Ok(r) => out.reservation_id = r.into_inner().reservation_id,
-                Err(status) => {
-                    let (ty, retryable) = ledger::error_type(&status);
-                    return out.stop(step::RESERVE, ty, ledger::message(&status), retryable);
-                }
+        let reserve = async {
+            if out.reservation_id.is_empty() {
+                Some(self.ledger.clone().reserve(item.reserve).await)
+            } else {
+                None
             }
+        };
+        let mut creates = self.sandboxes.creates();
+        let (reserved, created) = futures::join!(reserve, creates.create_sandbox(item.create));
+        let created = created.map(tonic::Response::into_inner);
+        match reserved {
+            Some(Ok(r)) => out.reservation_id = r.into_inner().reservation_id,
+            Some(Err(status)) => {
+                let (ty, retryable) = ledger::error_type(&status);
+                if let Ok(sandbox) = created {
+                    out.sandbox = self.discard(sandbox).await;
+                }
+                return out.stop(step::RESERVE, ty, ledger::message(&status), retryable);
+            }
+            None => {}
         }
-        let sandbox = match self.sandboxes.creates().create_sandbox(item.create).await {
-            Ok(r) => r.into_inner(),
+        let sandbox = match created {
+            Ok(sandbox) => sandbox,
             Err(status) => {
                 let (ty, retryable) = sandboxes::error_type(&status);
                 let msg = status.message().to_owned();
@@ -164,6 +185,29 @@ impl WaveLocal {
                 let msg = status.message().to_owned();
                 // Health is tried once (the seed's table).
                 out.stop(step::HEALTH, ty, msg, false)
+            }
+        }
+    }
+
+    /// Destroy the sandbox of a fork whose reserve was refused; what could not be
+    /// destroyed is returned for the workflow to destroy (the fork then is not retried).
+    async fn discard(&self, sandbox: Sandbox) -> Option<Sandbox> {
+        let request = DestroySandboxRequest {
+            sandbox_id: sandbox.id.clone(),
+            reason: "fork has no budget reservation".into(),
+        };
+        let destroyed = match self.sandboxes.owner_of(&sandbox.owner_endpoint) {
+            Ok(mut owner) => owner
+                .destroy_sandbox(request)
+                .await
+                .map_err(|s| s.to_string()),
+            Err(e) => Err(e),
+        };
+        match destroyed {
+            Ok(_) => None,
+            Err(error) => {
+                tracing::warn!(sandbox_id = %sandbox.id, error, "cannot destroy the sandbox of a fork without budget");
+                Some(sandbox)
             }
         }
     }

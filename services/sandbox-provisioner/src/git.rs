@@ -6,7 +6,7 @@ use crate::{
     process::{self, Caps, Outcome},
 };
 use forkyard_proto::common::v1::DiffStat;
-use std::{path::Path, time::Duration};
+use std::{io::ErrorKind, path::Path, time::Duration};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
@@ -168,10 +168,27 @@ pub async fn clone_detached(repo: &str, commit: &str, ws: &Path, timeout: Durati
     run(cmd, Duration::from_secs(60)).await?.map_err(|e| {
         ProvisionerError::RepoUnavailable(format!("{repo} has no commit {commit}: {e}"))
     })?;
-    // The directories a clone has and agents may write into (without the samples).
+    trim_template(&ws.join(".git")).map_err(|e| ProvisionerError::internal("prepare template", e))
+}
+
+/// Every sandbox's workspace is a copy of the template, so each file and directory in
+/// it is made (and later removed) once per fork: the clone's reflogs (its "clone: from
+/// <host path>" entries) and its empty `refs/tags` and `objects/info` go; git makes them
+/// again when it needs them. On a filesystem without a journal, ext4 makes each new
+/// file step over the files removed in the last minute, so a wave's creates right after
+/// a run's destroys cost in proportion to both. The directories a clone has and agents
+/// may write into (`hooks`, `info`, without the samples) stay.
+fn trim_template(git_dir: &Path) -> std::io::Result<()> {
+    crate::store::remove_all(&git_dir.join("logs"))?;
+    for empty in ["refs/tags", "objects/info"] {
+        if let Err(e) = std::fs::remove_dir(git_dir.join(empty))
+            && !matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty)
+        {
+            return Err(e);
+        }
+    }
     for d in ["hooks", "info"] {
-        std::fs::create_dir_all(ws.join(".git").join(d))
-            .map_err(|e| ProvisionerError::internal("prepare template", e))?;
+        std::fs::create_dir_all(git_dir.join(d))?;
     }
     Ok(())
 }

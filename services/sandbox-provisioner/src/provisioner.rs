@@ -236,6 +236,12 @@ impl Provisioner {
             cg.create(&record.id, record.limits)
                 .map_err(|e| ProvisionerError::internal("create cgroup", e))?;
         }
+        self.start_egress(entry)
+    }
+
+    /// The sandbox's egress proxy, when it may reach any host.
+    fn start_egress(&self, entry: &Arc<Entry>) -> Result<()> {
+        let record = entry.record();
         if !record.egress_allow.is_empty() {
             let allow = Allowlist::parse(&record.egress_allow)
                 .map_err(|e| ProvisionerError::invalid("egress_allow", e))?;
@@ -384,12 +390,25 @@ impl Provisioner {
     }
 
     /// Save `record` (its workspace is complete), start its cgroups and proxy, and
-    /// register it.
-    pub(crate) fn register(&self, record: Record) -> Result<Sandbox> {
-        self.store.save(&record)?;
+    /// register it. The record's file and the cgroups are made on a blocking thread: on a
+    /// busy filesystem a new file can take milliseconds, and this replica's async
+    /// threads answer every other call (a wave's health checks among them) meanwhile.
+    pub(crate) async fn register(&self, record: Record) -> Result<Sandbox> {
         let id = record.id.clone();
+        let (store, cgroups, saved) = (self.store.clone(), self.cgroups.clone(), record.clone());
+        let persisted = tokio::task::spawn_blocking(move || -> Result<()> {
+            store.save(&saved)?;
+            if let Some(cg) = &cgroups {
+                cg.create(&saved.id, saved.limits)
+                    .map_err(|e| ProvisionerError::internal("create cgroup", e))?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| ProvisionerError::internal("register sandbox", e))
+        .and_then(|r| r);
         let entry = Entry::new(record);
-        if let Err(e) = self.activate(&entry) {
+        if let Err(e) = persisted.and_then(|()| self.start_egress(&entry)) {
             entry.cancel.cancel();
             if let Some(cg) = &self.cgroups {
                 cg.remove(&id);
@@ -431,23 +450,38 @@ impl Provisioner {
         }
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
         let dir = self.store.dir(&id);
+        let source = self.workspace_source(&req).await;
+        // A template's sandbox makes all of its files (directory, workspace, record,
+        // cgroups) in one turn, so a wave's creates finish one after the other in arrival
+        // order, and the replica runs a bounded number of blocking threads: with every
+        // create's file steps queued at once, a wave's sandboxes were all ready only with
+        // the last, and the health checks in between waited behind a hundred threads.
+        let _turn = match &source {
+            crate::template::Source::Template(..) => Some(self.templates.turn().await?),
+            crate::template::Source::Clone => None,
+        };
         // Owner-only: a file the agent made setuid in its workspace must not be
         // reachable by other users of the host.
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|e| ProvisionerError::internal("create sandbox directory", e))?;
+        let made = dir.clone();
+        tokio::task::spawn_blocking(move || {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&made)
+        })
+        .await
+        .map_err(|e| ProvisionerError::internal("create sandbox directory", e))?
+        .map_err(|e| ProvisionerError::internal("create sandbox directory", e))?;
         // Removes the directory unless the create completes (also if the caller hangs up).
         let mut cleanup = DirCleanup(Some(dir));
         let base_commit = self
-            .make_workspace(&req, &self.store.workspace(&id))
+            .make_workspace(&req, source, &self.store.workspace(&id))
             .await
             .inspect_err(
                 |e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"),
             )?;
         let record = self.new_record(&id, &req, base_commit);
-        let sandbox = self.register(record)?;
+        let sandbox = self.register(record).await?;
         cleanup.0 = None;
         Ok(sandbox)
     }

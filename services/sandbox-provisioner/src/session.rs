@@ -122,7 +122,7 @@ impl Provisioner {
             .await
             .map_err(|e| ProvisionerError::internal("unpack", e))??;
         let record = self.new_record(&id, &req, meta.base_commit);
-        let sandbox = self.register(record)?;
+        let sandbox = self.register(record).await?;
         cleanup.0 = None;
         Ok(sandbox)
     }

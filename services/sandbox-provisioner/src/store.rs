@@ -104,6 +104,7 @@ impl Store {
         // Owner-only, so nothing an agent leaves in a workspace (a setuid file) is
         // reachable by other users of the host.
         std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        spread_subdirectories(&root);
         let trash = state_dir.join("trash");
         std::fs::create_dir_all(&trash)?;
         std::fs::set_permissions(&trash, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
@@ -203,6 +204,29 @@ impl Store {
 
 /// Remove `path` recursively; missing is fine. A sandbox may leave directories without
 /// write or search permission, so on failure make everything writable and retry.
+/// Mark `dir` as a top of directory hierarchies (`chattr +T`), so ext4 places each new
+/// sandbox directory (and with it its files) in a block group of its own choosing, as
+/// it does for directories under `/`, instead of packing every sandbox into the group
+/// of `dir`. Why it matters: on ext4 without a journal a new inode skips every inode of
+/// its group freed in the last minute or more, checking each; with all sandboxes in one
+/// group, a wave's creates after a run's destroys spent most of the machine's CPU in
+/// that scan (100 creates: created p50 300–500 ms, 60–90 ms with the flag). Spread
+/// groups also mean parallel copies take different group locks. Filesystems without
+/// the flag (tmpfs, XFS) just say so; nothing else changes.
+fn spread_subdirectories(dir: &Path) {
+    use rustix::fs::{IFlags, ioctl_getflags, ioctl_setflags};
+    let set = std::fs::File::open(dir).and_then(|f| {
+        let flags = ioctl_getflags(&f)?;
+        if !flags.contains(IFlags::TOPDIR) {
+            ioctl_setflags(&f, flags | IFlags::TOPDIR)?;
+        }
+        Ok(())
+    });
+    if let Err(e) = set {
+        tracing::debug!(dir = %dir.display(), error = %e, "cannot mark the sandboxes directory as a top directory");
+    }
+}
+
 pub fn remove_all(path: &Path) -> std::io::Result<()> {
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -298,5 +322,24 @@ mod tests {
         remove_all(&tmp.path().join("a")).unwrap();
         assert!(!tmp.path().join("a").exists());
         remove_all(&tmp.path().join("a")).unwrap();
+    }
+
+    /// Where the filesystem keeps inode flags (ext2/3/4, this machine's disk), the
+    /// sandboxes directory is a top directory; elsewhere opening the store still works.
+    #[test]
+    fn sandboxes_spread_over_the_filesystem_where_it_can() {
+        let tmp = tempfile::tempdir().unwrap();
+        let probe = tmp.path().join("probe");
+        std::fs::create_dir(&probe).unwrap();
+        let supported = rustix::fs::ioctl_getflags(std::fs::File::open(&probe).unwrap()).is_ok();
+        let store = Store::open(tmp.path()).unwrap();
+        let flags = rustix::fs::ioctl_getflags(std::fs::File::open(store.root()).unwrap());
+        if supported {
+            assert!(flags.unwrap().contains(rustix::fs::IFlags::TOPDIR));
+            // Opening again (a restart) keeps it and changes nothing else.
+            let again = Store::open(tmp.path()).unwrap();
+            let after = rustix::fs::ioctl_getflags(std::fs::File::open(again.root()).unwrap());
+            assert!(after.unwrap().contains(rustix::fs::IFlags::TOPDIR));
+        }
     }
 }

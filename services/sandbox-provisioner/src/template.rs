@@ -29,8 +29,9 @@ pub(crate) struct Templates {
     root: PathBuf,
     /// One build at a time per template.
     building: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// Workspace copies at once: four per core (enough to overlap their waits on the
-    /// disk), first come first served. A wave of a hundred creates copied all at once
+    /// Sandboxes whose files are being made at once (their workspace copies above all):
+    /// four per core (enough to overlap their waits on the disk), first come first
+    /// served. A wave of a hundred creates copied all at once
     /// would share the cores a hundred ways: every copy would end near the last one, and
     /// the replica's async threads (its gRPC answers, health checks) would get a
     /// hundredth of the machine meanwhile.
@@ -211,7 +212,31 @@ impl Templates {
         Ok(dir)
     }
 
+    /// One turn of the replica's file work for a sandbox (see [`Self::copies`]); the
+    /// caller holds it while it makes the sandbox's directory, workspace, record and
+    /// cgroups, so a create's file work is done at once, in arrival order.
+    pub(crate) async fn turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.copies
+            .acquire()
+            .await
+            .map_err(|e| ProvisionerError::internal("copy template", e))
+    }
+
+    /// Make `ws` a copy of template `dir` (from [`Self::ensure`]) on new branch `branch`
+    /// at `commit`. The caller holds a [`Self::turn`].
+    async fn copy(&self, dir: PathBuf, ws: &Path, branch: &str, commit: &str) -> Result<()> {
+        let (ws, branch, commit) = (ws.to_path_buf(), branch.to_owned(), commit.to_owned());
+        tokio::task::spawn_blocking(move || {
+            copy_tree(&dir.join("workspace"), &ws)
+                .map_err(|e| ProvisionerError::internal("copy template", e))?;
+            start_branch(&ws, &branch, &commit)
+        })
+        .await
+        .map_err(|e| ProvisionerError::internal("copy template", e))?
+    }
+
     /// Make `ws` a copy of the template of `repo` at `commit`, on new branch `branch`.
+    #[cfg(test)]
     pub(crate) async fn workspace(
         &self,
         repo: &str,
@@ -221,37 +246,51 @@ impl Templates {
         timeout: Duration,
     ) -> Result<()> {
         let dir = self.ensure(repo, commit, timeout).await?;
-        let (ws, branch, commit) = (ws.to_path_buf(), branch.to_owned(), commit.to_owned());
-        let _turn = self
-            .copies
-            .acquire()
-            .await
-            .map_err(|e| ProvisionerError::internal("copy template", e))?;
-        tokio::task::spawn_blocking(move || {
-            copy_tree(&dir.join("workspace"), &ws)
-                .map_err(|e| ProvisionerError::internal("copy template", e))?;
-            start_branch(&ws, &branch, &commit)
-        })
-        .await
-        .map_err(|e| ProvisionerError::internal("copy template", e))?
+        let _turn = self.turn().await?;
+        self.copy(dir, ws, branch, commit).await
     }
 }
 
+/// How a new sandbox's workspace is made: from a ready template, or by a clone.
+pub(crate) enum Source {
+    /// The template's directory and the commit it holds.
+    Template(PathBuf, String),
+    Clone,
+}
+
 impl crate::provisioner::Provisioner {
-    /// The new sandbox's workspace at `ws`: a template copy when the repository allows,
-    /// else a clone. Returns the base commit.
+    /// Where the workspace of `req` comes from: the template when the repository allows
+    /// (built now if needed), else a clone. A template that cannot be built is logged
+    /// and cloned instead.
+    pub(crate) async fn workspace_source(
+        &self,
+        req: &forkyard_proto::sandbox::v1::CreateSandboxRequest,
+    ) -> Source {
+        let Some(commit) = local_commit(&req.repo, &req.base_ref) else {
+            return Source::Clone;
+        };
+        match self
+            .templates
+            .ensure(&req.repo, &commit, self.config.clone_timeout)
+            .await
+        {
+            Ok(dir) => Source::Template(dir, commit),
+            Err(e) => {
+                tracing::warn!(repo = %req.repo, error = %e, "workspace template failed; cloning instead");
+                Source::Clone
+            }
+        }
+    }
+
+    /// The new sandbox's workspace at `ws` from `source`. Returns the base commit.
     pub(crate) async fn make_workspace(
         &self,
         req: &forkyard_proto::sandbox::v1::CreateSandboxRequest,
+        source: Source,
         ws: &Path,
     ) -> Result<String> {
-        let timeout = self.config.clone_timeout;
-        if let Some(commit) = local_commit(&req.repo, &req.base_ref) {
-            match self
-                .templates
-                .workspace(&req.repo, &commit, &req.branch, ws, timeout)
-                .await
-            {
+        if let Source::Template(dir, commit) = source {
+            match self.templates.copy(dir, ws, &req.branch, &commit).await {
                 Ok(()) => return Ok(commit),
                 Err(e @ ProvisionerError::FailedPrecondition(_)) => return Err(e),
                 Err(e) => {
@@ -260,7 +299,14 @@ impl crate::provisioner::Provisioner {
                 }
             }
         }
-        git::clone(&req.repo, &req.base_ref, &req.branch, ws, timeout).await
+        git::clone(
+            &req.repo,
+            &req.base_ref,
+            &req.branch,
+            ws,
+            self.config.clone_timeout,
+        )
+        .await
     }
 }
 

@@ -97,6 +97,11 @@ async fn workspaces_are_independent_copies_on_their_branch() {
     );
     let samples = std::fs::read_dir(a.join(".git/hooks")).unwrap().count();
     assert_eq!(samples, 0, "no hook samples are copied");
+    assert!(
+        !a.join(".git/logs").exists(),
+        "the clone's reflogs (naming the host's path) are not copied"
+    );
+    assert!(a.join(".git/info").is_dir(), "info/ exists, as in a clone");
 
     // Changing one workspace's files and git objects changes nothing elsewhere.
     std::fs::write(a.join("README.md"), "changed\n").unwrap();
@@ -112,6 +117,11 @@ async fn workspaces_are_independent_copies_on_their_branch() {
             "a",
         ],
     );
+    // git makes what the template left out again when it needs it.
+    assert!(git(&a, &["reflog", "-n1"]).contains("commit: a"));
+    git(&a, &["tag", "v0"]);
+    assert_eq!(git(&a, &["tag", "--list"]), "v0");
+    git(&a, &["fsck", "--no-progress"]);
     let objects = walk(&a.join(".git/objects"));
     assert!(!objects.is_empty());
     for e in objects {

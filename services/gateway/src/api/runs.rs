@@ -119,8 +119,12 @@ impl GatewayService {
         spec.tenant_account_id = self.tenant_account(tenant).await?.unwrap_or_default();
 
         // RejectDuplicate: a request id names one run forever, even after it closed.
+        // Eager start: this gateway's own worker (it polls the orchestration queue) takes
+        // the run's first workflow task from the start's answer, with no trip through
+        // matching; when it has no free slot, the server dispatches the task as usual.
         let opts = WorkflowStartOptions::new(queues::ORCHESTRATION, run_id.clone())
             .id_reuse_policy(WorkflowIdReusePolicy::RejectDuplicate)
+            .enable_eager_workflow_start(true)
             .search_attributes(SearchAttributes::new([
                 crate::workflows::LABELS_ATTR.value_set({
                     let mut l: Vec<String> = spec
