@@ -10,6 +10,8 @@ use forkyard_proto::{
         PauseRunRequest, RaiseBudgetRequest, ResumeRunRequest, RunState, StartCleanupRequest,
         StopCleanupRequest, WatchRunRequest, run_event::Kind,
     },
+    labels,
+    sandbox::v1::{ListSandboxesRequest, sandbox_provisioner_client::SandboxProvisionerClient},
 };
 use forkyard_tests::{
     Mesh, repo,
@@ -264,6 +266,19 @@ async fn a_wave_with_budget_for_some_of_its_forks_runs_those_and_waits_for_the_r
         .map(|f| f.fork)
         .collect();
     assert_eq!(pending.len(), 1, "the refused fork waits: {waiting:#?}");
+    // Its sandbox, made while its reserve was on the way, was destroyed at the refusal:
+    // a waiting fork holds nothing (the two finished forks destroyed theirs).
+    let mut prov =
+        SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+    let alive = prov
+        .list_sandboxes(ListSandboxesRequest {
+            label_selector: HashMap::from([(labels::RUN_ID.to_owned(), run_id.clone())]),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .sandboxes;
+    assert!(alive.is_empty(), "sandboxes left while waiting: {alive:#?}");
 
     gw.raise_budget(RaiseBudgetRequest {
         run_id: run_id.clone(),
