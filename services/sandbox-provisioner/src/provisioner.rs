@@ -118,7 +118,7 @@ pub struct Provisioner {
     pub(crate) e2b: Arc<crate::e2b::E2bBackend>,
     /// One lock per idempotency key with a create in flight.
     creating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// When a command last ran inside a sandbox for a health check (see `patch.rs`).
+    /// The replica-wide probe of the sandbox runtime behind health checks (`health.rs`).
     pub(crate) runtime_probe: crate::health::RuntimeProbe,
 }
 
@@ -236,12 +236,6 @@ impl Provisioner {
             cg.create(&record.id, record.limits)
                 .map_err(|e| ProvisionerError::internal("create cgroup", e))?;
         }
-        self.start_egress(entry)
-    }
-
-    /// The sandbox's egress proxy, when it may reach any host.
-    fn start_egress(&self, entry: &Arc<Entry>) -> Result<()> {
-        let record = entry.record();
         if !record.egress_allow.is_empty() {
             let allow = Allowlist::parse(&record.egress_allow)
                 .map_err(|e| ProvisionerError::invalid("egress_allow", e))?;
@@ -390,25 +384,19 @@ impl Provisioner {
     }
 
     /// Save `record` (its workspace is complete), start its cgroups and proxy, and
-    /// register it. The record's file and the cgroups are made on a blocking thread: on a
-    /// busy filesystem a new file can take milliseconds, and this replica's async
-    /// threads answer every other call (a wave's health checks among them) meanwhile.
+    /// register it. The record's file is written on a blocking thread: on a busy
+    /// filesystem a new file can take milliseconds, and this replica's async threads
+    /// answer every other call (a wave's health checks among them) meanwhile. Nothing
+    /// after that wait can be interrupted, so a caller hanging up there leaves no cgroup
+    /// behind (its directory goes with the create's cleanup).
     pub(crate) async fn register(&self, record: Record) -> Result<Sandbox> {
         let id = record.id.clone();
-        let (store, cgroups, saved) = (self.store.clone(), self.cgroups.clone(), record.clone());
-        let persisted = tokio::task::spawn_blocking(move || -> Result<()> {
-            store.save(&saved)?;
-            if let Some(cg) = &cgroups {
-                cg.create(&saved.id, saved.limits)
-                    .map_err(|e| ProvisionerError::internal("create cgroup", e))?;
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|e| ProvisionerError::internal("register sandbox", e))
-        .and_then(|r| r);
+        let (store, saved) = (self.store.clone(), record.clone());
+        tokio::task::spawn_blocking(move || store.save(&saved))
+            .await
+            .map_err(|e| ProvisionerError::internal("register sandbox", e))??;
         let entry = Entry::new(record);
-        if let Err(e) = persisted.and_then(|()| self.start_egress(&entry)) {
+        if let Err(e) = self.activate(&entry) {
             entry.cancel.cancel();
             if let Some(cg) = &self.cgroups {
                 cg.remove(&id);
