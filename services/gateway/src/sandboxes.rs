@@ -121,6 +121,23 @@ impl SandboxLocal {
         self.owner_of(addr)
             .map_err(|e| non_retryable(errors::INVALID_INPUT, e))
     }
+
+    /// Destroy a sandbox at the replica that owns it; one already gone counts as
+    /// destroyed.
+    pub(crate) async fn destroy_at(
+        &self,
+        at: AtOwner,
+    ) -> Result<DestroySandboxResponse, ActivityError> {
+        let req = DestroySandboxRequest {
+            sandbox_id: at.sandbox_id,
+            reason: at.reason,
+        };
+        match self.owner(&at.endpoint)?.destroy_sandbox(req).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(s) if s.code() == Code::NotFound => Ok(DestroySandboxResponse::default()),
+            Err(s) => Err(failure("destroy sandbox", s)),
+        }
+    }
 }
 
 /// The provisioner's status codes as the error types its own activities raise (see
@@ -171,14 +188,6 @@ impl SandboxLocal {
         _ctx: ActivityContext,
         at: AtOwner,
     ) -> Result<DestroySandboxResponse, ActivityError> {
-        let req = DestroySandboxRequest {
-            sandbox_id: at.sandbox_id,
-            reason: at.reason,
-        };
-        match self.owner(&at.endpoint)?.destroy_sandbox(req).await {
-            Ok(r) => Ok(r.into_inner()),
-            Err(s) if s.code() == Code::NotFound => Ok(DestroySandboxResponse::default()),
-            Err(s) => Err(failure("destroy sandbox", s)),
-        }
+        self.destroy_at(at).await
     }
 }

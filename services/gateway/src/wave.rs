@@ -24,7 +24,7 @@
 
 use crate::{
     ledger::{self, LedgerLocal},
-    sandboxes::{self, SandboxLocal},
+    sandboxes::{self, AtOwner, SandboxLocal},
 };
 use forkyard_common::telemetry::otel::{
     Context, KeyValue, global,
@@ -34,7 +34,7 @@ use forkyard_proto::{
     activities::errors,
     budget::v1::ReserveRequest,
     labels,
-    sandbox::v1::{CreateSandboxRequest, DestroySandboxRequest, HealthCheckRequest, Sandbox},
+    sandbox::v1::{CreateSandboxRequest, HealthCheckRequest, Sandbox},
 };
 use serde::{Deserialize, Serialize};
 use std::{sync::Arc, time::SystemTime};
@@ -115,13 +115,6 @@ impl ForkPrepared {
     }
 }
 
-fn now_unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or_default()
-}
-
 impl WaveLocal {
     /// The fork's reserve and create go out together, then its health check. A reserve
     /// is refused only when the run's budget is spent (or the ledger is away), and
@@ -176,7 +169,7 @@ impl WaveLocal {
         };
         match answer {
             Ok(h) if h.get_ref().healthy => {
-                out.ready_unix_ms = now_unix_ms();
+                out.ready_unix_ms = crate::workflows::unix_ms(Some(SystemTime::now()));
                 out
             }
             Ok(h) => out.stop(step::HEALTH, "", h.into_inner().detail, false),
@@ -192,21 +185,15 @@ impl WaveLocal {
     /// Destroy the sandbox of a fork whose reserve was refused; what could not be
     /// destroyed is returned for the workflow to destroy (the fork then is not retried).
     async fn discard(&self, sandbox: Sandbox) -> Option<Sandbox> {
-        let request = DestroySandboxRequest {
+        let at = AtOwner {
+            endpoint: sandbox.owner_endpoint.clone(),
             sandbox_id: sandbox.id.clone(),
             reason: "fork has no budget reservation".into(),
         };
-        let destroyed = match self.sandboxes.owner_of(&sandbox.owner_endpoint) {
-            Ok(mut owner) => owner
-                .destroy_sandbox(request)
-                .await
-                .map_err(|s| s.to_string()),
-            Err(e) => Err(e),
-        };
-        match destroyed {
+        match self.sandboxes.destroy_at(at).await {
             Ok(_) => None,
             Err(error) => {
-                tracing::warn!(sandbox_id = %sandbox.id, error, "cannot destroy the sandbox of a fork without budget");
+                tracing::warn!(sandbox_id = %sandbox.id, error = ?error, "cannot destroy the sandbox of a fork without budget");
                 Some(sandbox)
             }
         }

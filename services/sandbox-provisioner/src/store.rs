@@ -202,8 +202,6 @@ impl Store {
     }
 }
 
-/// Remove `path` recursively; missing is fine. A sandbox may leave directories without
-/// write or search permission, so on failure make everything writable and retry.
 /// Mark `dir` as a top of directory hierarchies (`chattr +T`), so ext4 places each new
 /// sandbox directory (and with it its files) in a block group of its own choosing, as
 /// it does for directories under `/`, instead of packing every sandbox into the group
@@ -227,6 +225,8 @@ fn spread_subdirectories(dir: &Path) {
     }
 }
 
+/// Remove `path` recursively; missing is fine. A sandbox may leave directories without
+/// write or search permission, so on failure make everything writable and retry.
 pub fn remove_all(path: &Path) -> std::io::Result<()> {
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -246,8 +246,8 @@ pub fn remove_all(path: &Path) -> std::io::Result<()> {
 
 /// Queue a directory for the one background remover thread. One, not a thread per
 /// directory: a run's worth of destroys removed all at once contended with the next
-/// wave's workspace copies for the filesystem journal (on a host mounted with `discard`,
-/// every freed block is a device round trip), and creates slowed down for seconds.
+/// wave's workspace copies for the filesystem (on a host mounted with `discard`, every
+/// freed block is a device round trip), and creates slowed down for seconds.
 fn remove_in_background(path: PathBuf) {
     static QUEUE: OnceLock<Option<Sender<PathBuf>>> = OnceLock::new();
     let queue = QUEUE.get_or_init(|| {

@@ -31,11 +31,11 @@ pub(crate) struct Templates {
     building: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Sandboxes whose files are being made at once (their workspace copies above all):
     /// four per core (enough to overlap their waits on the disk), first come first
-    /// served. A wave of a hundred creates copied all at once
-    /// would share the cores a hundred ways: every copy would end near the last one, and
-    /// the replica's async threads (its gRPC answers, health checks) would get a
-    /// hundredth of the machine meanwhile.
-    copies: tokio::sync::Semaphore,
+    /// served. A wave of a hundred creates copied all at once would share the cores a
+    /// hundred ways: every copy would end near the last one, and the replica's async
+    /// threads (its gRPC answers, health checks) would get a hundredth of the machine
+    /// meanwhile.
+    turns: tokio::sync::Semaphore,
 }
 
 fn is_sha(s: &str) -> bool {
@@ -157,7 +157,7 @@ impl Templates {
         Ok(Self {
             root,
             building: Mutex::default(),
-            copies: tokio::sync::Semaphore::new(cores.max(2) * 4),
+            turns: tokio::sync::Semaphore::new(cores.max(2) * 4),
         })
     }
 
@@ -212,14 +212,14 @@ impl Templates {
         Ok(dir)
     }
 
-    /// One turn of the replica's file work for a sandbox (see [`Self::copies`]); the
+    /// One turn of the replica's file work for a sandbox (see [`Self::turns`]); the
     /// caller holds it while it makes the sandbox's directory, workspace, record and
     /// cgroups, so a create's file work is done at once, in arrival order.
     pub(crate) async fn turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
-        self.copies
+        self.turns
             .acquire()
             .await
-            .map_err(|e| ProvisionerError::internal("copy template", e))
+            .map_err(|e| ProvisionerError::internal("wait for a create turn", e))
     }
 
     /// Make `ws` a copy of template `dir` (from [`Self::ensure`]) on new branch `branch`
@@ -276,7 +276,7 @@ impl crate::provisioner::Provisioner {
         {
             Ok(dir) => Source::Template(dir, commit),
             Err(e) => {
-                tracing::warn!(repo = %req.repo, error = %e, "workspace template failed; cloning instead");
+                tracing::warn!(repo = %req.repo, error = %e, "workspace template cannot be built; cloning instead");
                 Source::Clone
             }
         }
@@ -294,7 +294,7 @@ impl crate::provisioner::Provisioner {
                 Ok(()) => return Ok(commit),
                 Err(e @ ProvisionerError::FailedPrecondition(_)) => return Err(e),
                 Err(e) => {
-                    tracing::warn!(repo = %req.repo, error = %e, "workspace template failed; cloning instead");
+                    tracing::warn!(repo = %req.repo, error = %e, "workspace template copy failed; cloning instead");
                     let _ = crate::store::remove_all(ws);
                 }
             }
