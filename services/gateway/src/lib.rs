@@ -4,6 +4,7 @@
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod finish;
 pub mod fork_telemetry;
 pub mod ledger;
 pub mod money;

@@ -34,6 +34,12 @@ struct Args {
     /// Largest number of forks one run may ask for (at most 1300: the run's history).
     #[arg(long, env = "FORKYARD_MAX_FORKS", default_value_t = 1000)]
     max_forks: u32,
+    /// Runs of up to this many forks run their forks' steps in the run's own workflow
+    /// (fewer Temporal operations per fork); larger runs give each fork a child workflow
+    /// of its own, which keeps the run's history small. 0: always child workflows. At
+    /// most 300: the run's history holds its inline forks' agent events and patches.
+    #[arg(long, env = "FORKYARD_INLINE_FORK_LIMIT", default_value_t = forkyard_gateway::validate::DEFAULT_INLINE_FORK_LIMIT)]
+    inline_fork_limit: u32,
     /// budget-ledger's gRPC endpoint; the run workflows' ledger calls go there as local
     /// activities of this worker.
     #[arg(
@@ -108,6 +114,12 @@ async fn main() -> anyhow::Result<()> {
             "--max-forks (FORKYARD_MAX_FORKS) must be at most 1300: a larger run's history could come near Temporal's 10,240-event warning",
         );
     }
+    if args.inline_fork_limit > forkyard_gateway::validate::MAX_INLINE_FORK_LIMIT {
+        exit_config_error(format!(
+            "--inline-fork-limit (FORKYARD_INLINE_FORK_LIMIT) must be at most {}: the run's history holds its inline forks' patches",
+            forkyard_gateway::validate::MAX_INLINE_FORK_LIMIT
+        ));
+    }
     // Bound before logging starts, so a port in use is the first line a pod prints.
     let listener = server::bind(listen)
         .await
@@ -130,6 +142,7 @@ async fn main() -> anyhow::Result<()> {
         client.clone(),
         Limits {
             max_forks: args.max_forks,
+            inline_fork_limit: args.inline_fork_limit,
         },
     )
     .with_agent_runner(agent_runner)

@@ -22,14 +22,25 @@ const MAX_LABELS: usize = 64;
 /// its API key) is asked of the runner at launch (`api::agents`).
 pub const DRIVERS: &[&str] = &["command", "anthropic", "openai"];
 
+/// Runs of up to this many forks run their forks inside the run's workflow by default.
+pub const DEFAULT_INLINE_FORK_LIMIT: u32 = 200;
+/// The most `--inline-fork-limit` may be: the run's history holds each inline fork's
+/// agent events and its (capped) patch.
+pub const MAX_INLINE_FORK_LIMIT: u32 = 300;
+
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_forks: u32,
+    /// Runs of more forks give each fork a child workflow (`RunSpec::fork_workflows`).
+    pub inline_fork_limit: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_forks: 1000 }
+        Self {
+            max_forks: 1000,
+            inline_fork_limit: DEFAULT_INLINE_FORK_LIMIT,
+        }
     }
 }
 
@@ -283,6 +294,7 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         // The gateway sets the caller's tenant after validation.
         tenant: String::new(),
         tenant_account_id: String::new(),
+        fork_workflows: req.forks > limits.inline_fork_limit,
     })
 }
 

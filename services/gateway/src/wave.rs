@@ -43,8 +43,8 @@ use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
 /// The activity's host: the ledger's and the provisioners' clients.
 pub struct WaveLocal {
-    ledger: ledger::Client,
-    sandboxes: SandboxLocal,
+    pub(crate) ledger: ledger::Client,
+    pub(crate) sandboxes: SandboxLocal,
 }
 
 impl WaveLocal {
@@ -224,6 +224,34 @@ fn fork_span(create: &CreateSandboxRequest) -> Context {
 
 #[activities]
 impl WaveLocal {
+    /// Finish every fork of the batch at once (`crate::finish`); never fails as a whole.
+    #[activity(name = "WaveLocal.finish")]
+    pub async fn finish(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        batch: crate::finish::Finish,
+    ) -> Result<crate::finish::FinishDone, ActivityError> {
+        let max = batch.patch_max_bytes;
+        let forks = batch.forks.into_iter().map(|item| {
+            let this = &self;
+            async move {
+                let (sandbox_id, out) = (
+                    item.sandbox.sandbox_id.clone(),
+                    this.finish_fork(item, max).await,
+                );
+                for error in [&out.patch_error, &out.settle_error, &out.destroy_error] {
+                    if !error.is_empty() {
+                        tracing::warn!(sandbox_id, error, "fork finish step failed");
+                    }
+                }
+                out
+            }
+        });
+        Ok(crate::finish::FinishDone {
+            forks: futures::future::join_all(forks).await,
+        })
+    }
+
     /// Prepare every fork of the wave at once; never fails as a whole.
     #[activity(name = "WaveLocal.prepare")]
     pub async fn prepare(

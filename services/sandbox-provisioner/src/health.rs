@@ -7,7 +7,8 @@ use crate::{
     provisioner::Provisioner,
 };
 use forkyard_proto::sandbox::v1::{HealthCheckRequest, HealthCheckResponse};
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
+use tokio::sync::OwnedMutexGuard;
 use tracing::warn;
 
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -23,7 +24,7 @@ const RUNTIME_PROBE_GRACE: Duration = Duration::from_secs(60);
 #[derive(Default)]
 pub(crate) struct RuntimeProbe {
     last_ok: std::sync::Mutex<Option<std::time::Instant>>,
-    running: tokio::sync::Mutex<()>,
+    running: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl RuntimeProbe {
@@ -39,15 +40,15 @@ impl RuntimeProbe {
     }
 
     /// Whether this check may answer from the last probe, or must probe itself.
-    async fn turn(&self) -> Turn<'_> {
+    async fn turn(&self) -> Turn {
         match self.age() {
             Some(age) if age < RUNTIME_PROBE_INTERVAL => Turn::Vouched(age),
-            Some(age) if age < RUNTIME_PROBE_GRACE => match self.running.try_lock() {
-                Ok(guard) => Turn::Probe(guard),
+            Some(age) if age < RUNTIME_PROBE_GRACE => match self.running.clone().try_lock_owned() {
+                Ok(guard) => Turn::Revalidate(age, guard),
                 Err(_) => Turn::Vouched(age),
             },
             _ => {
-                let guard = self.running.lock().await;
+                let guard = self.running.clone().lock_owned().await;
                 // The probe this check waited for may have just succeeded.
                 match self.age().filter(|a| *a < RUNTIME_PROBE_INTERVAL) {
                     Some(age) => Turn::Vouched(age),
@@ -58,10 +59,13 @@ impl RuntimeProbe {
     }
 }
 
-enum Turn<'a> {
+enum Turn {
     Vouched(Duration),
+    /// Answer from the last success (younger than the grace) and probe again in the
+    /// background, holding the replica's one probe.
+    Revalidate(Duration, OwnedMutexGuard<()>),
     /// Probe now, holding the replica's one probe.
-    Probe(tokio::sync::MutexGuard<'a, ()>),
+    Probe(OwnedMutexGuard<()>),
 }
 
 fn vouched(age: Duration) -> HealthCheckResponse {
@@ -82,13 +86,14 @@ impl Provisioner {
     /// a fan-out of a hundred forks would otherwise start a hundred sandbox processes
     /// just to check the machinery the agents' own commands start right after.
     ///
-    /// While one check probes, the others answer from the last successful probe if it
-    /// is younger than [`RUNTIME_PROBE_GRACE`]; they wait for the probe only when there
-    /// is no such success (first checks of a replica, after a failed probe or a long
-    /// idle time). Waiting there made a whole wave's checks answer together, with the
-    /// slowest: a probe is a sandbox process started while the wave's creates load the
-    /// machine.
-    pub async fn health(&self, req: HealthCheckRequest) -> Result<HealthCheckResponse> {
+    /// A probe older than the interval but younger than [`RUNTIME_PROBE_GRACE`] still
+    /// vouches: the check that finds it so answers from it and probes again in the
+    /// background, and the others answer from it meanwhile. Checks wait for a probe only
+    /// when there is no such success (first checks of a replica, after a failed probe or
+    /// a long idle time). Waiting there put a sandbox process, started while the wave's
+    /// creates load the machine (about 50 ms), in front of the first sandbox of every
+    /// wave that came more than the interval after the last.
+    pub async fn health(self: &Arc<Self>, req: HealthCheckRequest) -> Result<HealthCheckResponse> {
         let entry = self.entry(&req.sandbox_id)?;
         let unhealthy = |detail: String| {
             warn!(sandbox_id = %req.sandbox_id, detail = %detail, "sandbox unhealthy");
@@ -107,6 +112,20 @@ impl Provisioner {
         let probe = &self.runtime_probe;
         let _probing = match probe.turn().await {
             Turn::Vouched(age) => return Ok(vouched(age)),
+            Turn::Revalidate(age, guard) => {
+                let (this, id) = (Arc::clone(self), req.sandbox_id.clone());
+                tokio::spawn(async move {
+                    // A sandbox destroyed meanwhile proves nothing either way (an error).
+                    if let Ok((healthy, detail)) = this.probe_inside(&id).await {
+                        this.runtime_probe.record(healthy);
+                        if !healthy {
+                            warn!(sandbox_id = %id, detail = %detail, "sandbox runtime probe failed");
+                        }
+                    }
+                    drop(guard);
+                });
+                return Ok(vouched(age));
+            }
             Turn::Probe(guard) => guard,
         };
         let (healthy, detail) = self.probe_inside(&req.sandbox_id).await?;
@@ -169,7 +188,10 @@ mod tests {
         assert!(matches!(p.turn().await, Turn::Vouched(_)));
         let p = probe_aged(Some(Duration::from_secs(20)));
         let first = p.turn().await;
-        assert!(matches!(first, Turn::Probe(_)), "a stale probe is redone");
+        assert!(
+            matches!(first, Turn::Revalidate(a, _) if a >= Duration::from_secs(20)),
+            "a stale probe still vouches and is redone in the background"
+        );
         // While it runs, other checks answer from the last success instead of waiting.
         assert!(matches!(p.turn().await, Turn::Vouched(a) if a >= Duration::from_secs(20)));
     }

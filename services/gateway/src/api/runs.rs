@@ -417,7 +417,9 @@ impl GatewayService {
     }
 
     /// A fork in full: from its child's result once it finished, from the child's
-    /// progress query while it runs, from the run while it has not started.
+    /// progress query while it runs, from the run while it has not started. An inline
+    /// fork (no child) comes from the run: its full result once it finished, its compact
+    /// progress until then.
     pub(super) async fn fork_result(
         &self,
         tenant: &Tenant,
@@ -438,8 +440,19 @@ impl GatewayService {
             .get_workflow_handle::<ForkWorkflow>(format!("{run_id}/fork-{fork}"));
         let desc = match child.describe(WorkflowDescribeOptions::default()).await {
             Ok(d) if d.workflow_type() == FORK_WORKFLOW => d,
-            // Never started (cancelled while pending): the run's copy is all there is.
-            _ => return Ok(slot),
+            // Inline, or never started (cancelled while pending): the run has it.
+            _ => {
+                let full = self
+                    .handle(run_id)
+                    .query(
+                        SandboxOrchestrationWorkflow::fork_result,
+                        fork,
+                        WorkflowQueryOptions::default(),
+                    )
+                    .await
+                    .map_err(|e| GatewayError::from_query(run_id, e))?;
+                return Ok(full.unwrap_or(slot));
+            }
         };
         if desc.status() == WorkflowExecutionStatus::Running {
             return child

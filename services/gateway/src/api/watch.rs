@@ -6,7 +6,7 @@ use super::GatewayService;
 use crate::{
     auth::Tenant,
     error::GatewayError,
-    workflows::{ForkWorkflow, phase},
+    workflows::{ForkWorkflow, SandboxOrchestrationWorkflow, phase},
 };
 use forkyard_proto::{
     agent::v1::AgentProgress,
@@ -88,6 +88,17 @@ impl GatewayService {
         }
         let mut run = first;
         loop {
+            let inline = !run.spec.as_ref().is_some_and(|s| s.fork_workflows);
+            let mut heartbeats = if inline
+                && run
+                    .forks
+                    .iter()
+                    .any(|f| f.status == ForkStatus::Running as i32 && f.phase == phase::AGENT)
+            {
+                self.inline_agents(run_id).await
+            } else {
+                HashMap::new()
+            };
             for f in &run.forks {
                 let mut now = Seen {
                     status: f.status,
@@ -98,8 +109,14 @@ impl GatewayService {
                     ..Default::default()
                 });
                 if f.status == ForkStatus::Running as i32 {
-                    let live = self.fork_live(run_id, f.fork).await;
-                    let (view, progress) = live.unwrap_or_else(|| (f.clone(), None));
+                    // An inline fork's view is the run's; a child's is its own.
+                    let live = if inline {
+                        None
+                    } else {
+                        self.fork_live(run_id, f.fork).await
+                    };
+                    let (view, progress) =
+                        live.unwrap_or_else(|| (f.clone(), heartbeats.remove(&f.fork)));
                     if before.status == ForkStatus::Pending as i32
                         && !send(fork_event(Kind::ForkStarted, run_id, run.state, &view)).await
                     {
@@ -162,6 +179,33 @@ impl GatewayService {
             }
             run = self.run(tenant, run_id).await.map_err(Status::from)?;
         }
+    }
+
+    /// The last heartbeat of each inline fork's running agent, from the run's pending
+    /// activities (ids `fork-<n>/a<attempt>/agent`): one call for all of them.
+    async fn inline_agents(&self, run_id: &str) -> HashMap<u32, AgentProgress> {
+        let run = self
+            .client
+            .get_workflow_handle::<SandboxOrchestrationWorkflow>(run_id);
+        let Ok(desc) = run.describe(WorkflowDescribeOptions::default()).await else {
+            return HashMap::new();
+        };
+        desc.raw_description
+            .pending_activities
+            .iter()
+            .filter_map(|a| {
+                let fork = a
+                    .activity_id
+                    .strip_prefix("fork-")?
+                    .split_once('/')
+                    .filter(|(_, rest)| rest.ends_with("/agent"))?
+                    .0
+                    .parse()
+                    .ok()?;
+                let p = a.heartbeat_details.as_ref()?.payloads.first()?;
+                Some((fork, serde_json::from_slice::<AgentProgress>(&p.data).ok()?))
+            })
+            .collect()
     }
 
     /// A running fork's own view (phase, sandbox readiness) and its agent's last heartbeat.

@@ -1,11 +1,13 @@
-//! `ForkWorkflow`: one fork of a run, from a ready sandbox to a destroyed one.
+//! A fork's steps after its sandbox is ready, and `ForkWorkflow`, the child workflow that
+//! runs them for a fork of a large run.
 //!
 //! The run workflow has already reserved the fork's budget and made and checked its
-//! sandbox (see `prepare`: those steps are fast local activities, so a sandbox is ready
-//! without a child workflow's start on the way). The child then runs the agent → verify
-//! (optional) → collects the patch → commits the actual spend → destroys the sandbox.
-//! Whatever happens (failure, cancel, budget) ends with the sandbox destroyed and the
-//! reservation settled.
+//! sandbox (see `prepare`). Then: agent → verify (optional) → patch → commit the actual
+//! spend → destroy the sandbox. A run of up to `--inline-fork-limit` forks runs these
+//! steps itself (`inline`); a larger run, and an inline fork whose patch is too large
+//! for the run's history, has a `ForkWorkflow` child run them (from the patch on, for the
+//! latter: its `handoff`). Whatever happens (failure, cancel, budget) ends with the
+//! sandbox destroyed and the reservation settled.
 
 use super::{
     failure::{StepFailure, classify, details},
@@ -15,14 +17,16 @@ use crate::sandboxes::{AtOwner, SandboxLocal};
 use forkyard_proto::{
     activities::{Agent, AgentFailureDetails, LocalSandbox},
     agent::v1::RunAgentRequest,
-    common::v1::{DiffStat, ForkResult, ForkStatus, VerifyStatus},
+    common::v1::{ForkResult, ForkStatus, VerifyStatus},
     gateway::v1::RunSpec,
-    sandbox::v1::{ExecRequest, Sandbox},
+    sandbox::v1::{CollectPatchResponse, ExecRequest, Sandbox},
 };
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use temporalio_macros::{workflow, workflow_methods};
-use temporalio_workflow::{WorkflowContext, WorkflowContextView, WorkflowResult};
+use temporalio_workflow::{
+    WorkflowCancellationToken, WorkflowContext, WorkflowContextView, WorkflowResult,
+};
 
 const OUTPUT_TAIL_BYTES: usize = 4096;
 
@@ -44,6 +48,27 @@ pub struct ForkInput {
     pub sandbox: Option<Sandbox>,
     pub started_unix_ms: i64,
     pub sandbox_ready_unix_ms: i64,
+    /// Set when the run ran the agent (and verify) itself and the patch was too large
+    /// for its history: the child goes on from the patch.
+    pub handoff: Option<Handoff>,
+}
+
+/// What a run hands to the child of an inline fork whose patch it cannot keep.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Handoff {
+    /// The fork so far (agent and verify results, no patch).
+    pub result: ForkResult,
+    pub agent: AgentEnd,
+    pub cost_micros: i64,
+}
+
+/// How the agent ended, for the fork's status once its patch is in.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentEnd {
+    pub timed_out: bool,
+    pub exit_code: i32,
 }
 
 #[workflow]
@@ -60,17 +85,46 @@ pub(super) struct Progress {
     pub(super) reservation_id: String,
 }
 
-fn tail(s: &str) -> String {
-    forkyard_common::text::tail(s, OUTPUT_TAIL_BYTES).to_owned()
+/// Where a fork's steps run: the fork's own child workflow, or its run (whose history
+/// holds every inline fork's activities, told apart by their ids).
+pub(super) struct Host<'a> {
+    /// Cancelled by CancelFork, an early stop or the run's cancellation.
+    pub cancel: WorkflowCancellationToken,
+    /// Activity ids `fork-<n>/a<attempt>/<step>` (inline forks); `None`: the SDK's.
+    pub activity_ids: Option<String>,
+    /// Shows the fork's progress (its phase) to queries.
+    pub show: &'a dyn Fn(&ForkResult),
 }
 
-fn set_phase(ctx: &WorkflowContext<ForkWorkflow>, p: &str) {
-    ctx.state_mut(|s| s.result.phase = p.to_owned());
+impl Host<'_> {
+    fn activity_id(&self, step: &str) -> Option<String> {
+        self.activity_ids.as_ref().map(|p| format!("{p}/{step}"))
+    }
+}
+
+fn tail(s: &str) -> String {
+    forkyard_common::text::tail(s, OUTPUT_TAIL_BYTES).to_owned()
 }
 
 fn sync(ctx: &WorkflowContext<ForkWorkflow>, result: &ForkResult) {
     let r = result.clone();
     ctx.state_mut(|s| s.result = r);
+}
+
+/// The fork's result as it starts its steps.
+pub(super) fn starting(input: &ForkInput, sandbox: &Sandbox) -> ForkResult {
+    ForkResult {
+        fork: input.fork,
+        status: ForkStatus::Running as i32,
+        branch: format!("{}-fork-{}", input.spec.branch, input.fork),
+        started_unix_ms: input.started_unix_ms,
+        sandbox_ready_unix_ms: input.sandbox_ready_unix_ms,
+        sandbox_id: sandbox.id.clone(),
+        base_commit: sandbox.base_commit.clone(),
+        phase: phase::AGENT.into(),
+        verify: VerifyStatus::NotRun as i32,
+        ..Default::default()
+    }
 }
 
 #[workflow_methods]
@@ -80,33 +134,52 @@ impl ForkWorkflow {
         ctx: &mut WorkflowContext<Self>,
         input: ForkInput,
     ) -> WorkflowResult<ForkResult> {
+        let ctx = &*ctx;
         let wf_id = ctx.workflow_id().to_owned();
         let key = |step: &str| format!("{wf_id}/a{}/{step}", input.attempt.max(1));
         let sandbox = input.sandbox.clone().unwrap_or_default();
-        let mut result = ForkResult {
-            fork: input.fork,
-            status: ForkStatus::Running as i32,
-            branch: format!("{}-fork-{}", input.spec.branch, input.fork),
-            started_unix_ms: input.started_unix_ms,
-            sandbox_ready_unix_ms: input.sandbox_ready_unix_ms,
-            sandbox_id: sandbox.id.clone(),
-            base_commit: sandbox.base_commit.clone(),
-            phase: phase::AGENT.into(),
-            verify: VerifyStatus::NotRun as i32,
-            ..Default::default()
+        let show = |r: &ForkResult| sync(ctx, r);
+        let host = Host {
+            cancel: ctx.cancellation_token(),
+            activity_ids: None,
+            show: &show,
         };
-        sync(ctx, &result);
-
         let mut progress = Progress {
             reservation_id: input.reservation_id.clone(),
             ..Progress::default()
         };
-        let outcome = if sandbox.id.is_empty() {
-            Err(StepFailure::Failed(
-                "the run gave this fork no sandbox".into(),
-            ))
-        } else {
-            work(ctx, &input, &sandbox, &key, &mut result, &mut progress).await
+        let (mut result, agent) = match input.handoff.clone() {
+            Some(h) => {
+                progress.cost_micros = h.cost_micros;
+                (h.result, Ok(h.agent))
+            }
+            None => {
+                let mut result = starting(&input, &sandbox);
+                sync(ctx, &result);
+                let agent = if sandbox.id.is_empty() {
+                    Err(StepFailure::Failed(
+                        "the run gave this fork no sandbox".into(),
+                    ))
+                } else {
+                    agent_and_verify(
+                        ctx,
+                        &host,
+                        &input,
+                        &sandbox,
+                        &key,
+                        &mut result,
+                        &mut progress,
+                    )
+                    .await
+                };
+                (result, agent)
+            }
+        };
+        let outcome = match agent {
+            Ok(end) => patch(ctx, &host, &sandbox, &mut result)
+                .await
+                .map(|()| apply_agent_end(&mut result, end, input.spec.fork_timeout_secs)),
+            Err(f) => Err(f),
         };
         if let Err(f) = outcome {
             apply_failure(&mut result, f);
@@ -154,24 +227,47 @@ pub(super) fn apply_failure(result: &mut ForkResult, f: StepFailure) {
     result.error = failure_message(f);
 }
 
-fn cancelled(ctx: &WorkflowContext<ForkWorkflow>) -> Result<(), StepFailure> {
-    if ctx.cancellation_token().is_cancelled() {
+/// The patch's fields on the fork's result.
+pub(super) fn apply_patch(result: &mut ForkResult, patch: CollectPatchResponse) {
+    result.patch = patch.patch;
+    result.patch_truncated = patch.truncated;
+    result.patch_bytes = patch.patch_bytes;
+    result.diffstat = Some(patch.diffstat.unwrap_or_default());
+}
+
+/// The fork's status from how its agent ended (its patch is in).
+pub(super) fn apply_agent_end(result: &mut ForkResult, end: AgentEnd, timeout_secs: u32) {
+    if end.timed_out {
+        result.status = ForkStatus::TimedOut as i32;
+        result.error = format!("agent did not finish within {timeout_secs} s");
+    } else if end.exit_code != 0 {
+        result.status = ForkStatus::Failed as i32;
+        result.error = format!("agent exited with code {}", end.exit_code);
+    } else {
+        result.status = ForkStatus::Succeeded as i32;
+    }
+}
+
+fn cancelled(host: &Host<'_>) -> Result<(), StepFailure> {
+    if host.cancel.is_cancelled() {
         Err(StepFailure::Cancelled)
     } else {
         Ok(())
     }
 }
 
-async fn work(
-    ctx: &mut WorkflowContext<ForkWorkflow>,
+/// The agent, then the verify command if the run has one and the agent succeeded.
+pub(super) async fn agent_and_verify<W>(
+    ctx: &WorkflowContext<W>,
+    host: &Host<'_>,
     input: &ForkInput,
     sandbox: &Sandbox,
     key: &impl Fn(&str) -> String,
     result: &mut ForkResult,
     progress: &mut Progress,
-) -> Result<(), StepFailure> {
+) -> Result<AgentEnd, StepFailure> {
     let spec = &input.spec;
-    cancelled(ctx)?;
+    cancelled(host)?;
     let run = RunAgentRequest {
         run_id: input.run_id.clone(),
         fork: input.fork,
@@ -184,10 +280,10 @@ async fn work(
         charge_key: key("agent"),
         attempt: input.attempt.max(1),
     };
-    let agent_out = match ctx
-        .execute_activity(Agent::run, run, options::agent(spec.fork_timeout_secs))
-        .await
-    {
+    let mut opts = options::agent(spec.fork_timeout_secs);
+    opts.cancellation_token = Some(host.cancel.clone());
+    opts.activity_id = host.activity_id("agent");
+    let agent_out = match ctx.execute_activity(Agent::run, run, opts).await {
         Ok(out) => out,
         Err(e) => {
             // The runner replica that ran the failed attempt still holds its transcript.
@@ -206,26 +302,29 @@ async fn work(
         .transcript_endpoint
         .clone_from(&agent_out.transcript_endpoint);
     result.cost_micros = agent_out.cost_micros;
-    let agent_ok = !agent_out.timed_out && agent_out.exit_code == 0;
+    let end = AgentEnd {
+        timed_out: agent_out.timed_out,
+        exit_code: agent_out.exit_code,
+    };
+    let agent_ok = !end.timed_out && end.exit_code == 0;
 
     if agent_ok && !spec.verify_command.trim().is_empty() {
         result.phase = phase::VERIFYING.into();
-        sync(ctx, result);
+        (host.show)(result);
         let exec = ExecRequest {
             sandbox_id: sandbox.id.clone(),
             argv: vec!["sh".into(), "-c".into(), spec.verify_command.clone()],
             env: HashMap::new(),
             timeout_secs: spec.verify_timeout_secs,
         };
+        let mut opts = options::verify(
+            options::sandbox_queue(&sandbox.owner_task_queue),
+            spec.verify_timeout_secs,
+        );
+        opts.cancellation_token = Some(host.cancel.clone());
+        opts.activity_id = host.activity_id("verify");
         let out = ctx
-            .execute_activity(
-                LocalSandbox::exec,
-                exec,
-                options::verify(
-                    options::sandbox_queue(&sandbox.owner_task_queue),
-                    spec.verify_timeout_secs,
-                ),
-            )
+            .execute_activity(LocalSandbox::exec, exec, opts)
             .await
             .map_err(|e| classify("verify", &e))?;
         result.verify = if out.timed_out {
@@ -244,9 +343,19 @@ async fn work(
         result.verify_output_tail = text;
         result.verify_duration_ms = out.duration_ms;
     }
+    Ok(end)
+}
 
-    // The patch is collected even from a failed agent: it shows what it did.
-    set_phase(ctx, phase::PATCH);
+/// The child's patch step: the whole patch (up to the provisioner's cap), even from a
+/// failed agent (it shows what it did).
+async fn patch(
+    ctx: &WorkflowContext<ForkWorkflow>,
+    host: &Host<'_>,
+    sandbox: &Sandbox,
+    result: &mut ForkResult,
+) -> Result<(), StepFailure> {
+    result.phase = phase::PATCH.into();
+    (host.show)(result);
     let patch = ctx
         .execute_local_activity(
             SandboxLocal::collect_patch,
@@ -259,19 +368,6 @@ async fn work(
         )
         .await
         .map_err(|e| classify("collect patch", &e))?;
-    result.patch = patch.patch;
-    result.patch_truncated = patch.truncated;
-    result.patch_bytes = patch.patch_bytes;
-    result.diffstat = Some(patch.diffstat.unwrap_or(DiffStat::default()));
-
-    if agent_out.timed_out {
-        result.status = ForkStatus::TimedOut as i32;
-        result.error = format!("agent did not finish within {} s", spec.fork_timeout_secs);
-    } else if agent_out.exit_code != 0 {
-        result.status = ForkStatus::Failed as i32;
-        result.error = format!("agent exited with code {}", agent_out.exit_code);
-    } else {
-        result.status = ForkStatus::Succeeded as i32;
-    }
+    apply_patch(result, patch);
     Ok(())
 }

@@ -7,6 +7,7 @@
 pub mod cleanup;
 mod failure;
 pub mod fork;
+mod inline;
 mod options;
 pub mod orchestration;
 mod prepare;

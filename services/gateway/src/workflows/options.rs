@@ -71,6 +71,22 @@ pub(super) fn wave_local() -> LocalActivityOptions {
         .build()
 }
 
+/// A batch of inline forks' last steps (`crate::finish`), a regular activity on the
+/// gateway's own queue (dispatched eagerly with the workflow task that schedules it):
+/// as a local activity it held the run's workflow task open while the other forks'
+/// agent completions piled up, and past 100 buffered events Temporal force-fails that
+/// task. Each step retries inside (the child's table), so a retry here is only for an
+/// attempt that timed out or a worker that went away. On a fresh cancellation token: a
+/// cancelled fork must still be settled and its sandbox destroyed.
+pub(super) fn finish() -> ActivityOptions {
+    let mut opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(720))
+        .task_queue(queues::ORCHESTRATION.to_owned())
+        .retry_policy(retry(3, 5, &[]))
+        .build();
+    opts.cancellation_token = Some(WorkflowCancellationToken::new());
+    opts
+}
+
 pub(super) fn collect_patch_local() -> LocalActivityOptions {
     LocalActivityOptions::builder()
         .retry_policy(retry(3, 2, FINAL))

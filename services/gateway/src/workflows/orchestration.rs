@@ -35,6 +35,7 @@ use super::{
     LABELS_ATTR, RUN_STATE_ATTR,
     failure::StepFailure,
     fork::{ForkInput, ForkWorkflow, apply_failure},
+    inline::{self, AgentDone},
     options, phase,
     prepare::{self, Prepared, WaveFork, prepare_wave},
     unix_ms,
@@ -77,6 +78,8 @@ pub struct SandboxOrchestrationWorkflow {
     cancel_requests: BTreeSet<u32>,
     /// Starts of each fork, for the idempotency keys of a re-queued fork.
     attempts: Vec<u32>,
+    /// Inline forks' full results (patch and output tails), for `fork_result`.
+    full: BTreeMap<u32, ForkResult>,
     raises: u32,
     /// Bumped by every signal and update, so the main loop re-evaluates.
     generation: u64,
@@ -115,6 +118,7 @@ impl SandboxOrchestrationWorkflow {
         Self {
             budget_micros: spec.budget_micros,
             attempts: vec![0; spec.forks as usize],
+            full: BTreeMap::new(),
             spec,
             forks,
             started_unix_ms: 0,
@@ -221,7 +225,7 @@ impl SandboxOrchestrationWorkflow {
                 for (f, outcome) in wave.into_iter().zip(outcomes) {
                     let fork = f.input.fork;
                     match outcome {
-                        Ok(prepared) => in_flight.push(run_child(ctx_ref, f, prepared)),
+                        Ok(prepared) => in_flight.push(start_fork(ctx_ref, f, prepared)),
                         Err(why) => {
                             tokens.remove(&fork);
                             let result = not_started(ctx_ref, &f.input, why);
@@ -286,9 +290,16 @@ impl SandboxOrchestrationWorkflow {
             })
             .await;
             finished.extend(ready);
+            // Inline forks whose agent ended in this activation finish together, in the
+            // order their completions came (see `inline`).
+            let mut batch = Vec::new();
             for (fork, outcome) in finished {
                 let result = match outcome {
                     ChildOutcome::Finished(result) => *result,
+                    ChildOutcome::AgentDone(done) => {
+                        batch.push(*done);
+                        continue;
+                    }
                     ChildOutcome::NotStarted(not) => {
                         let (f, prepared, why) = *not;
                         // Nobody else owns the sandbox and the reservation yet. Given back
@@ -307,6 +318,23 @@ impl SandboxOrchestrationWorkflow {
                 };
                 tokens.remove(&fork);
                 ctx_ref.state_mut(|s| s.record(fork, result));
+            }
+            if !batch.is_empty() {
+                for outcome in inline::finish(ctx_ref, batch).await {
+                    match outcome {
+                        inline::Outcome::Done(fork, result) => {
+                            tokens.remove(&fork);
+                            ctx_ref.state_mut(|s| {
+                                s.full.insert(fork, (*result).clone());
+                                s.record(fork, *result);
+                            });
+                        }
+                        inline::Outcome::HandOff(h) => {
+                            let (f, prepared, input) = *h;
+                            in_flight.push(run_child(ctx_ref, f, prepared, input));
+                        }
+                    }
+                }
             }
         }
         drop(in_flight);
@@ -337,6 +365,13 @@ impl SandboxOrchestrationWorkflow {
     #[query]
     pub fn progress(&self, _ctx: &WorkflowContextView) -> Run {
         self.snapshot()
+    }
+
+    /// An inline fork's full result once it finished (`None`: not finished, or finished
+    /// by a child workflow, whose result is the full one).
+    #[query]
+    pub fn fork_result(&self, _ctx: &WorkflowContextView, fork: u32) -> Option<ForkResult> {
+        self.full.get(&fork).cloned()
     }
 
     #[signal]
@@ -417,9 +452,11 @@ impl SandboxOrchestrationWorkflow {
     }
 }
 
-/// How a prepared fork's child ended.
+/// How a prepared fork's child ended, or an inline fork's agent.
 enum ChildOutcome {
     Finished(Box<ForkResult>),
+    /// An inline fork's agent (and verify) ended: it finishes with its batch.
+    AgentDone(Box<AgentDone>),
     /// The child never started (the fork was cancelled first): what it was prepared
     /// with is still the run's to give back.
     NotStarted(Box<(WaveFork, Prepared, StepFailure)>),
@@ -449,18 +486,35 @@ fn not_started(
     r
 }
 
-/// Start a prepared fork's child and wait for its result.
-fn run_child<'a>(
+/// Run a prepared fork: inline, or in a child of its own (`RunSpec::fork_workflows`).
+fn start_fork<'a>(
     ctx: &'a WorkflowContext<SandboxOrchestrationWorkflow>,
     f: WaveFork,
     prepared: Prepared,
 ) -> LocalBoxFuture<'a, (u32, ChildOutcome)> {
+    if f.input.spec.fork_workflows {
+        let input = inline::input_for(&f, &prepared);
+        return run_child(ctx, f, prepared, input);
+    }
     let fork = f.input.fork;
-    ctx.state_mut(|s| s.set_fork_phase(fork, phase::AGENT));
-    let mut input = f.input.clone();
-    input.reservation_id.clone_from(&prepared.reservation_id);
-    input.sandbox_ready_unix_ms = prepared.ready_unix_ms;
-    input.sandbox = Some(prepared.sandbox.clone());
+    Box::pin(async move {
+        let done = inline::agent(ctx, f, prepared).await;
+        (fork, ChildOutcome::AgentDone(Box::new(done)))
+    })
+}
+
+/// Start a prepared fork's child (or an inline fork's, for its handoff) and wait for
+/// its result.
+fn run_child<'a>(
+    ctx: &'a WorkflowContext<SandboxOrchestrationWorkflow>,
+    f: WaveFork,
+    prepared: Prepared,
+    input: ForkInput,
+) -> LocalBoxFuture<'a, (u32, ChildOutcome)> {
+    let fork = f.input.fork;
+    if input.handoff.is_none() {
+        ctx.state_mut(|s| s.set_fork_phase(fork, phase::AGENT));
+    }
     let opts = ChildWorkflowOptions::builder()
         .workflow_id(f.child_id.clone())
         .parent_close_policy(ParentClosePolicy::RequestCancel)
@@ -552,6 +606,20 @@ impl SandboxOrchestrationWorkflow {
         let i = (f.fork - 1) as usize;
         self.attempts[i] += 1;
         Some((f.fork, self.attempts[i]))
+    }
+
+    /// A running inline fork's progress as the run shows it (compact).
+    pub(super) fn show(&mut self, fork: u32, r: &ForkResult) {
+        if let Some(slot) = fork
+            .checked_sub(1)
+            .and_then(|i| self.forks.get_mut(i as usize))
+        {
+            let branch = std::mem::take(&mut slot.branch);
+            *slot = compact(r.clone());
+            if slot.branch.is_empty() {
+                slot.branch = branch;
+            }
+        }
     }
 
     pub(super) fn set_fork_phase(&mut self, fork: u32, p: &str) {

@@ -25,7 +25,7 @@ use crate::{
 };
 use forkyard_proto::{
     activities::Ledger,
-    budget::v1::{CommitRequest, ReleaseRequest, ReserveRequest},
+    budget::v1::{CommitRequest, ReleaseRequest, Reservation, ReserveRequest},
     common::v1::{ForkResult, ForkStatus},
     labels,
     sandbox::v1::{CreateSandboxRequest, DestroySandboxResponse, Sandbox},
@@ -54,6 +54,19 @@ pub(super) struct WaveFork {
     pub input: ForkInput,
     pub child_id: String,
     pub cancel: WorkflowCancellationToken,
+}
+
+impl WaveFork {
+    /// The workflow that settles the fork's reservation and destroys its sandbox: its
+    /// child, or the run itself for an inline fork (it hands both over to a child only
+    /// while it waits for that child).
+    pub(super) fn owner(&self) -> &str {
+        if self.input.spec.fork_workflows {
+            &self.child_id
+        } else {
+            &self.input.run_id
+        }
+    }
 }
 
 /// Where one fork of a wave is while it is prepared.
@@ -128,7 +141,7 @@ pub(super) async fn prepare_wave(
                 reserve: ReserveRequest {
                     account_id: f.input.run_id.clone(),
                     amount_micros: f.input.reservation_micros,
-                    holder: f.child_id.clone(),
+                    holder: f.owner().to_owned(),
                     idempotency_key: key(f, "reserve"),
                 },
                 create: create_request(f, key(f, "create")),
@@ -269,9 +282,9 @@ fn create_request(f: &WaveFork, idempotency_key: String) -> CreateSandboxRequest
         labels: HashMap::from([
             (labels::RUN_ID.to_owned(), f.input.run_id.clone()),
             (labels::FORK.to_owned(), f.input.fork.to_string()),
-            // The child that will own it; until the child starts, the janitor keeps a
-            // sandbox whose run is running.
-            (labels::WORKFLOW_ID.to_owned(), f.child_id.clone()),
+            // The child that will own it (until it starts, the janitor keeps a sandbox
+            // whose run is running), or the run for an inline fork.
+            (labels::WORKFLOW_ID.to_owned(), f.owner().to_owned()),
         ]),
         idempotency_key,
         network: false,
@@ -282,7 +295,7 @@ fn create_request(f: &WaveFork, idempotency_key: String) -> CreateSandboxRequest
 /// Every future's output, in order. Unlike `futures::future::join_all` (which puts more
 /// than 30 futures in a `FuturesOrdered` with wakers of its own), it polls each future
 /// with the workflow task's waker, the only kind the SDK accepts.
-async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+pub(super) async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
     let mut futs: Vec<Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
     let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
     std::future::poll_fn(move |cx| {
@@ -354,46 +367,53 @@ pub(super) async fn settle<W>(
     result: &mut ForkResult,
 ) {
     let reservation_id = progress.reservation_id.clone();
-    if progress.cost_micros > 0 || result.status == ForkStatus::Succeeded as i32 {
+    let commit = progress.cost_micros > 0 || result.status == ForkStatus::Succeeded as i32;
+    let answer = if commit {
         let commit = CommitRequest {
             reservation_id,
             amount_micros: progress.cost_micros,
             idempotency_key: key("commit"),
         };
-        match ctx
-            .execute_local_activity(Ledger::commit, commit, options::ledger_detached())
+        ctx.execute_local_activity(Ledger::commit, commit, options::ledger_detached())
             .await
-        {
-            Ok(r) => {
-                result.cost_micros = r.committed_micros;
-                if r.budget_exceeded {
-                    result.status = ForkStatus::BudgetExceeded as i32;
-                    result.error = format!(
-                        "agent spent {} micro-USD, more than the run's budget allowed ({} charged)",
-                        progress.cost_micros, r.committed_micros
-                    );
-                }
-            }
-            Err(e) => {
-                result.status = ForkStatus::Failed as i32;
-                result.error = failure_message(classify("commit spend", &e));
-            }
-        }
+            .map_err(|e| classify("commit spend", &e))
     } else {
         let release = ReleaseRequest {
             reservation_id,
             idempotency_key: key("release"),
         };
-        match ctx
-            .execute_local_activity(Ledger::release, release, options::ledger_detached())
+        ctx.execute_local_activity(Ledger::release, release, options::ledger_detached())
             .await
-        {
-            // What the agent charged before it stopped (e.g. budget exceeded) stays spent.
-            Ok(r) => result.cost_micros = r.charged_micros,
-            Err(e) if result.error.is_empty() => {
-                result.error = failure_message(classify("release reservation", &e));
+            .map_err(|e| classify("release reservation", &e))
+    };
+    apply_settlement(result, progress.cost_micros, commit, answer);
+}
+
+/// The fork's cost (and status) from its settlement: what was committed, or (released)
+/// what the agent charged before it stopped, e.g. on budget exceeded, which stays spent.
+pub(super) fn apply_settlement(
+    result: &mut ForkResult,
+    cost_micros: i64,
+    committed: bool,
+    answer: Result<Reservation, StepFailure>,
+) {
+    match (committed, answer) {
+        (true, Ok(r)) => {
+            result.cost_micros = r.committed_micros;
+            if r.budget_exceeded {
+                result.status = ForkStatus::BudgetExceeded as i32;
+                result.error = format!(
+                    "agent spent {cost_micros} micro-USD, more than the run's budget allowed ({} charged)",
+                    r.committed_micros
+                );
             }
-            Err(_) => {}
         }
+        (true, Err(e)) => {
+            result.status = ForkStatus::Failed as i32;
+            result.error = failure_message(e);
+        }
+        (false, Ok(r)) => result.cost_micros = r.charged_micros,
+        (false, Err(e)) if result.error.is_empty() => result.error = failure_message(e),
+        (false, Err(_)) => {}
     }
 }

@@ -1,0 +1,202 @@
+//! The last steps of a batch of a run's inline forks as one activity, run by the
+//! gateway's worker on its own queue: for every fork whose agent (and verify) ended,
+//! collect its patch, settle its reservation (budget-ledger) and destroy its sandbox
+//! (sandbox-provisioner), all forks at once and each fork on to its next step as soon as
+//! its own call answers.
+//!
+//! Why one activity for a batch: three local activities a fork were three markers in the
+//! run's history and, in a run that interleaves them with other forks' events, an order
+//! of local-activity results that a replay does not reproduce (see `workflows::prepare`).
+//! Why not a local activity: see `workflows::options::finish`.
+//!
+//! Each step keeps the retry table of the child workflow's own local activities: patch
+//! 3×/2 s/×2, ledger 5×/1 s/×2, destroy 3×/2 s/×2, retrying only what may succeed later.
+//! The activity never fails as a whole; a fork's outcome says which step stopped it.
+//! Settle and destroy carry idempotency keys or are idempotent, so an activity that runs
+//! again after a gateway crash applies nothing twice.
+//!
+//! A patch larger than the batch's `patch_max_bytes` is not kept: that fork stops after
+//! its patch (`handoff`) and the run hands it to a child workflow, which collects the
+//! whole patch into a history of its own, then settles and destroys.
+
+use crate::{
+    ledger,
+    sandboxes::{self, AtOwner},
+    wave::WaveLocal,
+};
+use forkyard_proto::{
+    budget::v1::{CommitRequest, ReleaseRequest, Reservation},
+    sandbox::v1::{CollectPatchRequest, CollectPatchResponse, DestroySandboxRequest},
+};
+use serde::{Deserialize, Serialize};
+use std::{future::Future, time::Duration};
+use tonic::{Code, Status};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Finish {
+    pub forks: Vec<FinishItem>,
+    /// The largest patch a fork keeps here; a larger one is a handoff.
+    pub patch_max_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FinishItem {
+    pub sandbox: AtOwner,
+    /// Collect the patch first (the agent ran, successfully or not).
+    pub collect_patch: bool,
+    /// The fork succeeds if its patch is collected: it commits even what costs nothing.
+    pub succeeds_with_patch: bool,
+    pub reservation_id: String,
+    pub cost_micros: i64,
+    pub commit_key: String,
+    pub release_key: String,
+}
+
+/// One fork's outcome; a step's error is empty when it went well (or did not run).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Finished {
+    pub patch: Option<CollectPatchResponse>,
+    pub patch_error: String,
+    /// The patch is larger than the batch keeps: nothing was settled or destroyed.
+    pub handoff: bool,
+    /// Committed (true) or released.
+    pub committed: bool,
+    pub reservation: Option<Reservation>,
+    pub settle_error: String,
+    pub destroy_error: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FinishDone {
+    pub forks: Vec<Finished>,
+}
+
+/// `call` until it answers, it fails for good, or `attempts` are used, waiting
+/// `initial` and then twice as long between tries.
+async fn retried<T, F, Fut>(
+    attempts: u32,
+    initial: Duration,
+    final_error: impl Fn(&Status) -> bool,
+    mut call: F,
+) -> Result<T, Status>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Status>>,
+{
+    let mut wait = initial;
+    let mut attempt = 1;
+    loop {
+        match call().await {
+            Ok(v) => return Ok(v),
+            Err(s) if attempt >= attempts || final_error(&s) => return Err(s),
+            Err(_) => {
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+                attempt += 1;
+            }
+        }
+    }
+}
+
+fn sandbox_final(s: &Status) -> bool {
+    !sandboxes::error_type(s).1
+}
+
+fn ledger_final(s: &Status) -> bool {
+    !ledger::error_type(s).1
+}
+
+impl WaveLocal {
+    pub(crate) async fn finish_fork(&self, item: FinishItem, patch_max_bytes: u64) -> Finished {
+        let mut out = Finished::default();
+        let owner = match self.sandboxes.owner_of(&item.sandbox.endpoint) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                out.destroy_error = e.clone();
+                if item.collect_patch {
+                    out.patch_error = e;
+                }
+                None
+            }
+        };
+        if item.collect_patch
+            && let Some(owner) = &owner
+        {
+            let req = CollectPatchRequest {
+                sandbox_id: item.sandbox.sandbox_id.clone(),
+                max_bytes: patch_max_bytes,
+            };
+            let got = retried(3, Duration::from_secs(2), sandbox_final, || {
+                let (mut c, req) = (owner.clone(), req.clone());
+                async move { c.collect_patch(req).await }
+            })
+            .await;
+            match got {
+                Ok(p) => {
+                    let p = p.into_inner();
+                    if p.truncated {
+                        out.handoff = true;
+                        return out;
+                    }
+                    out.patch = Some(p);
+                }
+                Err(s) => out.patch_error = format!("collect patch: {}", s.message()),
+            }
+        }
+        let patched = !item.collect_patch || out.patch.is_some();
+        out.committed = item.cost_micros > 0 || (item.succeeds_with_patch && patched);
+        let ledger = &self.ledger;
+        let settled = if out.committed {
+            let req = CommitRequest {
+                reservation_id: item.reservation_id.clone(),
+                amount_micros: item.cost_micros,
+                idempotency_key: item.commit_key.clone(),
+            };
+            retried(5, Duration::from_secs(1), ledger_final, || {
+                let (mut c, req) = (ledger.clone(), req.clone());
+                async move { c.commit(req).await }
+            })
+            .await
+        } else {
+            let req = ReleaseRequest {
+                reservation_id: item.reservation_id.clone(),
+                idempotency_key: item.release_key.clone(),
+            };
+            retried(5, Duration::from_secs(1), ledger_final, || {
+                let (mut c, req) = (ledger.clone(), req.clone());
+                async move { c.release(req).await }
+            })
+            .await
+        };
+        match settled {
+            Ok(r) => out.reservation = Some(r.into_inner()),
+            Err(s) => out.settle_error = ledger::message(&s),
+        }
+        if let Some(owner) = owner {
+            let req = DestroySandboxRequest {
+                sandbox_id: item.sandbox.sandbox_id.clone(),
+                reason: item.sandbox.reason.clone(),
+            };
+            let destroyed = retried(
+                3,
+                Duration::from_secs(2),
+                |s| s.code() == Code::InvalidArgument,
+                || {
+                    let (mut c, req) = (owner.clone(), req.clone());
+                    async move { c.destroy_sandbox(req).await }
+                },
+            )
+            .await;
+            match destroyed {
+                Ok(_) => {}
+                Err(s) if s.code() == Code::NotFound => {}
+                Err(s) => out.destroy_error = format!("destroy sandbox: {}", s.message()),
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,240 @@
+//! Inline forks: a run of up to the gateway's `--inline-fork-limit` forks runs each
+//! fork's steps in its own workflow instead of a child's.
+//!
+//! Why: a child workflow per fork was the largest share of the Temporal server's work
+//! per fork (its start, its own workflow tasks, its completion recorded in the run; about
+//! 40% of the server's CPU on bench-fanout). Inline, a fork adds its agent activity's
+//! three events to the run's history, and its last steps share an activity with the
+//! other forks that finished in the same batch.
+//!
+//! How, without making the run's history depend on timing (see `prepare` on why each
+//! fork must not start its next local activity when its last one answers):
+//! - a fork's agent and verify are regular activities (their completions are history
+//!   events, so a replay sees them in the same workflow tasks), with ids
+//!   `fork-<n>/a<attempt>/<step>` so the gateway and the janitor can tell them apart;
+//! - the run loop gathers the forks whose agent ended in the same activation and
+//!   finishes them together in one activity on the gateway's own queue
+//!   (`crate::finish`, dispatched eagerly): patch, settle, destroy, chunked so a result
+//!   stays far below Temporal's payload limit. Not a local activity: that held the run's
+//!   workflow task open while other agents completed, and Temporal force-fails a task
+//!   with more than 100 events buffered behind it;
+//! - a patch larger than [`PATCH_MAX_BYTES`] is not kept in the run's history: that
+//!   fork is handed to a `ForkWorkflow` child (its `handoff`), which collects the whole
+//!   patch into its own history, settles and destroys.
+//!
+//! The run keeps each inline fork's full result (patch and output tails included) in its
+//! state for `GetForkResult` (its `fork_result` query); its `progress` stays compact.
+//! History: per inline fork its agent's events (and verify's), about 4 with its share of
+//! the workflow tasks and batches, plus the patch and output tails (at most 16 KiB +
+//! 8 KiB) in its events; `MAX_INLINE_FORK_LIMIT` (300) keeps that far below the warnings.
+
+use super::{
+    failure::StepFailure,
+    fork::{
+        self, AgentEnd, ForkInput, Handoff, Host, Progress, apply_agent_end, apply_failure,
+        apply_patch,
+    },
+    options,
+    orchestration::SandboxOrchestrationWorkflow,
+    phase,
+    prepare::{Prepared, WaveFork, apply_settlement, step_key},
+    unix_ms,
+};
+use crate::{
+    finish::{Finish, FinishItem, Finished},
+    sandboxes::AtOwner,
+    wave::WaveLocal,
+};
+use forkyard_proto::common::v1::ForkResult;
+use temporalio_workflow::WorkflowContext;
+
+/// The largest patch an inline fork keeps in the run's history.
+pub(super) const PATCH_MAX_BYTES: u64 = 16 * 1024;
+/// Forks per finishing activity: its result (patches included) stays under 1 MB.
+const CHUNK: usize = 32;
+
+type Ctx = WorkflowContext<SandboxOrchestrationWorkflow>;
+
+/// An inline fork whose agent (and verify) ended: to finish in the next batch.
+pub(super) struct AgentDone {
+    pub f: WaveFork,
+    pub prepared: Prepared,
+    pub input: ForkInput,
+    pub result: ForkResult,
+    pub progress: Progress,
+    pub agent: Result<AgentEnd, StepFailure>,
+}
+
+/// How a batch left a fork: done, or handed to a child with what the run had.
+pub(super) enum Outcome {
+    Done(u32, Box<ForkResult>),
+    HandOff(Box<(WaveFork, Prepared, ForkInput)>),
+}
+
+/// The fork's input as its steps see it (the sandbox and reservation prepare made).
+pub(super) fn input_for(f: &WaveFork, prepared: &Prepared) -> ForkInput {
+    let mut input = f.input.clone();
+    input.reservation_id.clone_from(&prepared.reservation_id);
+    input.sandbox_ready_unix_ms = prepared.ready_unix_ms;
+    input.sandbox = Some(prepared.sandbox.clone());
+    input
+}
+
+/// The fork's agent and verify, in the run's history, cancelled by the fork's token.
+pub(super) async fn agent(ctx: &Ctx, f: WaveFork, prepared: Prepared) -> AgentDone {
+    let fork = f.input.fork;
+    let input = input_for(&f, &prepared);
+    let sandbox = prepared.sandbox.clone();
+    let mut result = fork::starting(&input, &sandbox);
+    ctx.state_mut(|s| s.show(fork, &result));
+    let show = |r: &ForkResult| ctx.state_mut(|s| s.show(fork, r));
+    let host = Host {
+        cancel: f.cancel.clone(),
+        activity_ids: Some(format!("fork-{fork}/a{}", input.attempt.max(1))),
+        show: &show,
+    };
+    let key = |step: &str| step_key(&f.child_id, input.attempt, step);
+    let mut progress = Progress {
+        reservation_id: prepared.reservation_id.clone(),
+        ..Progress::default()
+    };
+    let agent = fork::agent_and_verify(
+        ctx,
+        &host,
+        &input,
+        &sandbox,
+        &key,
+        &mut result,
+        &mut progress,
+    )
+    .await;
+    AgentDone {
+        f,
+        prepared,
+        input,
+        result,
+        progress,
+        agent,
+    }
+}
+
+fn item(d: &AgentDone) -> FinishItem {
+    let key = |step: &str| step_key(&d.f.child_id, d.input.attempt, step);
+    FinishItem {
+        sandbox: AtOwner {
+            endpoint: d.prepared.sandbox.owner_endpoint.clone(),
+            sandbox_id: d.prepared.sandbox.id.clone(),
+            reason: "fork finished".into(),
+        },
+        collect_patch: d.agent.is_ok(),
+        succeeds_with_patch: matches!(d.agent, Ok(end) if !end.timed_out && end.exit_code == 0),
+        reservation_id: d.progress.reservation_id.clone(),
+        cost_micros: d.progress.cost_micros,
+        commit_key: key("commit"),
+        release_key: key("release"),
+    }
+}
+
+/// Finish a batch of forks (in the order given): patch, settle, destroy.
+pub(super) async fn finish(ctx: &Ctx, batch: Vec<AgentDone>) -> Vec<Outcome> {
+    for d in &batch {
+        let p = if d.agent.is_ok() {
+            phase::PATCH
+        } else {
+            phase::CLEANUP
+        };
+        ctx.state_mut(|s| s.set_fork_phase(d.f.input.fork, p));
+    }
+    let items: Vec<FinishItem> = batch.iter().map(item).collect();
+    let runs = items.chunks(CHUNK).map(|forks| {
+        let asked = forks.len();
+        let forks = forks.to_vec();
+        async move {
+            let done = ctx
+                .execute_activity(
+                    WaveLocal::finish,
+                    Finish {
+                        forks,
+                        patch_max_bytes: PATCH_MAX_BYTES,
+                    },
+                    options::finish(),
+                )
+                .await;
+            match done {
+                Ok(d) if d.forks.len() == asked => d.forks.into_iter().map(Ok).collect(),
+                Ok(d) => {
+                    let why = format!("finish forks: {} answers for {asked} forks", d.forks.len());
+                    vec![Err(why); asked]
+                }
+                Err(e) => vec![Err(format!("finish forks: {e}")); asked],
+            }
+        }
+    });
+    let answers: Vec<Result<Finished, String>> = super::prepare::join_all(runs)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let now = unix_ms(ctx.workflow_time());
+    batch
+        .into_iter()
+        .zip(answers)
+        .map(|(d, answer)| outcome(d, answer, now))
+        .collect()
+}
+
+fn outcome(d: AgentDone, answer: Result<Finished, String>, now: i64) -> Outcome {
+    let AgentDone {
+        f,
+        prepared,
+        mut input,
+        mut result,
+        progress,
+        agent,
+    } = d;
+    let out = match answer {
+        Ok(out) => out,
+        Err(why) => {
+            // Nothing is known of the steps: the janitor reaps the sandbox and releases
+            // the reservation once the run has closed.
+            apply_failure(&mut result, StepFailure::Failed(why));
+            result.phase = phase::DONE.into();
+            result.finished_unix_ms = now;
+            return Outcome::Done(f.input.fork, Box::new(result));
+        }
+    };
+    if out.handoff
+        && let Ok(end) = agent
+    {
+        input.handoff = Some(Handoff {
+            result,
+            agent: end,
+            cost_micros: progress.cost_micros,
+        });
+        return Outcome::HandOff(Box::new((f, prepared, input)));
+    }
+    match (agent, out.patch) {
+        (Err(why), _) => apply_failure(&mut result, why),
+        (Ok(end), Some(patch)) => {
+            apply_patch(&mut result, patch);
+            apply_agent_end(&mut result, end, input.spec.fork_timeout_secs);
+        }
+        (Ok(_), None) => apply_failure(&mut result, StepFailure::Failed(out.patch_error)),
+    }
+    let step = if out.committed {
+        "commit spend"
+    } else {
+        "release reservation"
+    };
+    let settled = out
+        .reservation
+        .ok_or_else(|| StepFailure::Failed(format!("{step}: {}", out.settle_error)));
+    apply_settlement(&mut result, progress.cost_micros, out.committed, settled);
+    if !out.destroy_error.is_empty() && result.error.is_empty() {
+        // The run closes after its forks: the janitor's sweep reaps the sandbox then.
+        result.error = out.destroy_error;
+    }
+    result.phase = phase::DONE.into();
+    result.finished_unix_ms = now;
+    Outcome::Done(f.input.fork, Box::new(result))
+}
