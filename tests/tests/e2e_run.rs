@@ -505,8 +505,9 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
     );
     assert_eq!(account.spent_micros, 0);
 
-    // A sandbox claiming a closed fork workflow is an orphan too.
-    let closed_owner = format!("{}/fork-1", launched.run_id);
+    // A sandbox claiming a closed workflow (the run, owner of its inline forks) is an
+    // orphan too.
+    let closed_owner = launched.run_id.clone();
     let stale = stray_sandbox(&mut prov, src.path(), Some(&closed_owner)).await;
     let swept = janitor
         .sweep_now(SweepRequest {
