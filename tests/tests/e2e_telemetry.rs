@@ -75,12 +75,27 @@ fn launch_with_trace(req: LaunchRunRequest) -> tonic::Request<LaunchRunRequest> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_is_one_trace_across_the_mesh_and_its_metrics_match() {
+    one_trace_and_metrics(true).await;
+}
+
+/// The same with every fork in a child workflow of its own (a run above the gateway's
+/// `--inline-fork-limit`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_of_fork_workflows_is_one_trace_too() {
+    one_trace_and_metrics(false).await;
+}
+
+async fn one_trace_and_metrics(inline: bool) {
     let sink_dir = tempfile::tempdir().unwrap();
     let sink = TraceSink::start(&sink_dir.path().join("spans.jsonl"))
         .await
         .unwrap();
+    let mut env = otel_env(&sink.endpoint());
+    if !inline {
+        env.push(("FORKYARD_INLINE_FORK_LIMIT".into(), "0".into()));
+    }
     let mesh = Mesh::start_with(MeshOptions {
-        env: otel_env(&sink.endpoint()),
+        env,
         ..Default::default()
     })
     .await
@@ -168,24 +183,34 @@ async fn a_run_is_one_trace_across_the_mesh_and_its_metrics_match() {
     assert_eq!(roots[0].parent_span_id, CALLER_SPAN);
     assert_eq!(roots[0].service, "gateway");
 
-    // Each fork's steps hang under its fork workflow, under the run's workflow, under
-    // LaunchRun; the agent span carries the fork's identity, tokens and cost.
+    // Each fork's steps hang under its fork workflow (inline: the run's workflow, with
+    // its last steps under a FinishFork span of its own), under the run's workflow,
+    // under LaunchRun; the agent span carries the fork's identity, tokens and cost.
+    let fork_span = if inline {
+        "FinishFork"
+    } else {
+        "RunWorkflow:ForkWorkflow"
+    };
+    let agent_under = if inline {
+        "RunWorkflow:SandboxOrchestrationWorkflow"
+    } else {
+        "RunWorkflow:ForkWorkflow"
+    };
     for fork in 1..=2u32 {
         let fork_wf = spans
             .iter()
-            .find(|s| {
-                s.name == "RunWorkflow:ForkWorkflow"
-                    && s.attr_str("forkyard.fork") == Some(fork.to_string())
-            })
-            .unwrap_or_else(|| panic!("no fork {fork} workflow span:\n{}", dump()));
+            .find(|s| s.name == fork_span && s.attr_str("forkyard.fork") == Some(fork.to_string()))
+            .unwrap_or_else(|| panic!("no fork {fork} {fork_span} span:\n{}", dump()));
         assert_eq!(
             fork_wf.attr_str("forkyard.run_id"),
             Some(launched.run_id.clone())
         );
-        assert_eq!(
-            fork_wf.attr_str("forkyard.status").as_deref(),
-            Some("succeeded")
-        );
+        if !inline {
+            assert_eq!(
+                fork_wf.attr_str("forkyard.status").as_deref(),
+                Some("succeeded")
+            );
+        }
         let chain = ancestry(fork_wf, &by_id);
         assert!(
             chain.contains(&"RunWorkflow:SandboxOrchestrationWorkflow")
@@ -200,7 +225,12 @@ async fn a_run_is_one_trace_across_the_mesh_and_its_metrics_match() {
             })
             .unwrap_or_else(|| panic!("no fork {fork} agent span:\n{}", dump()));
         assert_eq!(agent.service, "agent-runner");
-        assert!(ancestry(agent, &by_id).contains(&"RunWorkflow:ForkWorkflow"));
+        assert!(ancestry(agent, &by_id).contains(&agent_under));
+        assert_eq!(
+            fork_wf.attr_str("forkyard.sandbox_id"),
+            agent.attr_str("forkyard.sandbox_id"),
+            "the fork's span names its sandbox"
+        );
         let cost: f64 = agent
             .attr_str("forkyard.cost_usd")
             .unwrap()
@@ -257,8 +287,9 @@ async fn a_run_is_one_trace_across_the_mesh_and_its_metrics_match() {
     // The ledger's part hangs under a fork: its activities, or (when the gateway makes the
     // ledger calls as local activities over gRPC) its gRPC server spans.
     assert!(
-        spans.iter().any(|s| s.service == "budget-ledger"
-            && ancestry(s, &by_id).contains(&"RunWorkflow:ForkWorkflow")),
+        spans
+            .iter()
+            .any(|s| s.service == "budget-ledger" && ancestry(s, &by_id).contains(&fork_span)),
         "no ledger span under a fork:\n{}",
         dump()
     );

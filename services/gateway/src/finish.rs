@@ -43,6 +43,9 @@ pub struct Finish {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct FinishItem {
+    /// For the fork's span.
+    pub run_id: String,
+    pub fork: u32,
     pub sandbox: AtOwner,
     /// Collect the patch first (the agent ran, successfully or not).
     pub collect_patch: bool,

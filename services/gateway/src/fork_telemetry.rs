@@ -46,7 +46,9 @@ pub fn plugin() -> SimplePlugin {
 
 struct ForkTelemetry;
 
-fn record(result: &ForkResult, model: &str) -> (String, Vec<KeyValue>) {
+/// Record a finished fork's metrics (and return its span attributes). The run workflow
+/// calls it for its inline forks, outside replay.
+pub(crate) fn record(result: &ForkResult, model: &str) -> (String, Vec<KeyValue>) {
     let status = ForkStatus::try_from(result.status)
         .map(|s| metrics::status_label(s.as_str_name()))
         .unwrap_or_else(|_| "unknown".to_owned());

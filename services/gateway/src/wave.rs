@@ -202,21 +202,29 @@ impl WaveLocal {
 
 /// A span of its own for one fork's calls, under the activity's.
 fn fork_span(create: &CreateSandboxRequest) -> Context {
+    span(
+        "PrepareFork",
+        create.labels.get(labels::RUN_ID).cloned(),
+        create
+            .labels
+            .get(labels::FORK)
+            .and_then(|f| f.parse::<i64>().ok()),
+    )
+}
+
+/// A span named `name` for one fork (its run and number), under the current one.
+fn span(name: &'static str, run_id: Option<String>, fork: Option<i64>) -> Context {
     let tracer = global::tracer("forkyard-gateway");
     let mut attrs = Vec::new();
-    if let Some(run_id) = create.labels.get(labels::RUN_ID) {
-        attrs.push(KeyValue::new("forkyard.run_id", run_id.clone()));
+    if let Some(run_id) = run_id {
+        attrs.push(KeyValue::new("forkyard.run_id", run_id));
     }
-    if let Some(fork) = create
-        .labels
-        .get(labels::FORK)
-        .and_then(|f| f.parse::<i64>().ok())
-    {
+    if let Some(fork) = fork {
         attrs.push(KeyValue::new("forkyard.fork", fork));
     }
     let parent = Context::current();
     let span = tracer
-        .span_builder("PrepareFork")
+        .span_builder(name)
         .with_attributes(attrs)
         .start_with_context(&tracer, &parent);
     parent.with_span(span)
@@ -234,16 +242,26 @@ impl WaveLocal {
         let max = batch.patch_max_bytes;
         let forks = batch.forks.into_iter().map(|item| {
             let this = &self;
+            let cx = span(
+                "FinishFork",
+                Some(item.run_id.clone()),
+                Some(i64::from(item.fork)),
+            );
+            cx.span().set_attribute(KeyValue::new(
+                "forkyard.sandbox_id",
+                item.sandbox.sandbox_id.clone(),
+            ));
+            let (run_id, fork) = (item.run_id.clone(), item.fork);
             async move {
-                let (sandbox_id, out) = (
-                    item.sandbox.sandbox_id.clone(),
-                    this.finish_fork(item, max).await,
-                );
+                let out = this.finish_fork(item, max).with_context(cx.clone()).await;
+                let span = cx.span();
                 for error in [&out.patch_error, &out.settle_error, &out.destroy_error] {
                     if !error.is_empty() {
-                        tracing::warn!(sandbox_id, error, "fork finish step failed");
+                        tracing::warn!(run_id, fork, error, "fork finish step failed");
+                        span.set_status(SpanStatus::error(error.clone()));
                     }
                 }
+                span.end();
                 out
             }
         });

@@ -121,6 +121,8 @@ pub(super) async fn agent(ctx: &Ctx, f: WaveFork, prepared: Prepared) -> AgentDo
 fn item(d: &AgentDone) -> FinishItem {
     let key = |step: &str| step_key(&d.f.child_id, d.input.attempt, step);
     FinishItem {
+        run_id: d.input.run_id.clone(),
+        fork: d.input.fork,
         sandbox: AtOwner {
             endpoint: d.prepared.sandbox.owner_endpoint.clone(),
             sandbox_id: d.prepared.sandbox.id.clone(),

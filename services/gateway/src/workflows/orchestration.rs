@@ -324,6 +324,11 @@ impl SandboxOrchestrationWorkflow {
                     match outcome {
                         inline::Outcome::Done(fork, result) => {
                             tokens.remove(&fork);
+                            // As the fork workflows' interceptor does for theirs.
+                            if !ctx_ref.is_replaying() {
+                                let model = spec.agent.as_ref().map_or("", |a| a.model.as_str());
+                                crate::fork_telemetry::record(&result, model);
+                            }
                             ctx_ref.state_mut(|s| {
                                 s.full.insert(fork, (*result).clone());
                                 s.record(fork, *result);
