@@ -2,30 +2,38 @@
 //!
 //! Opens the run's ledger account, then keeps at most `max_concurrent` forks in flight
 //! until every fork has a result. Each fork is prepared here (budget reserved, sandbox
-//! made and health-checked, as local activities: see `prepare`) and then run by its
-//! `ForkWorkflow` child. A failed fork is a result, not a crash of the run. Signals pause
-//! and resume it and cancel single forks; an update raises its budget. When a fork's
-//! reservation is refused the run waits in AWAITING_BUDGET (running forks go on; none
-//! starts) until the budget is raised.
+//! made and health-checked, as local activities: see `prepare`); then its steps (agent,
+//! verify, patch, settle, destroy) run here too for a run of up to the gateway's
+//! `--inline-fork-limit` forks (see `inline`), or in the fork's `ForkWorkflow` child for
+//! a larger run (`RunSpec::fork_workflows`). A failed fork is a result, not a crash of
+//! the run. Signals pause and resume it and cancel single forks; an update raises its
+//! budget. When a fork's reservation is refused the run waits in AWAITING_BUDGET
+//! (running forks go on; none starts) until the budget is raised.
 //!
 //! # Large fan-out
 //!
 //! A run of 1,000 forks must stay far from Temporal's history limits (warning at 10,240
 //! events, 2,000 pending children or activities). So:
-//! - per fork, the run's history holds its child's lifecycle (start initiated, started,
+//! - a run of more than `--inline-fork-limit` forks (at most 300) gives each fork a child:
+//!   per fork, the run's history holds its child's lifecycle (start initiated, started,
 //!   completed) plus the workflow tasks that batch them; a wave's preparation (reserve,
 //!   create, health check of all its forks) is one marker: about 4-5 events a fork
 //!   (bench-fanout prints the length). A fork re-queued for budget is reserved again in a
 //!   later wave;
-//! - every later step of a fork (agent, verify, patch, settle, destroy) lives in the
+//! - every later step of such a fork (agent, verify, patch, settle, destroy) lives in the
 //!   child's own history, which stays a few dozen events;
+//! - an inline fork (smaller runs) adds its agent's three events (six with verify) and a
+//!   share of a finishing batch's; its patch is kept in the run's history only up to
+//!   16 KiB (`inline::PATCH_MAX_BYTES`), a larger one is handed to a child;
 //! - forks in flight never exceed `max_concurrent` (capped at 500 by the gateway), so
-//!   pending children stay under 2,000 (local activities are not pending activities);
-//! - the run keeps only a compact copy of each fork (no patch, no output tails), so its
-//!   state, its `progress` query and its result stay small; `GetForkResult` reads a
-//!   fork's full result from the child;
-//! - progress (phase, agent heartbeats) is read from the children by the gateway, never
-//!   signalled into this history.
+//!   pending children or agent activities stay under 2,000 (local activities are not
+//!   pending activities);
+//! - the run keeps only a compact copy of each fork (no patch, no output tails) in its
+//!   `progress` query and its result; `GetForkResult` reads a fork's full result from its
+//!   child, or from the run's `fork_result` query for an inline fork;
+//! - a child fork's progress (phase, agent heartbeats) is read from the child by the
+//!   gateway, an inline fork's from the run's pending activities; never signalled into
+//!   this history.
 //!
 //! The run's own per-fork events are the budget of its size: the gateway's
 //! `--max-forks` (default 1,000) is capped at 1,300, which leaves room under the warning

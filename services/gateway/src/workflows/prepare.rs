@@ -9,8 +9,8 @@
 //! holds, and a fork cancelled (or failed) before its child started has its sandbox
 //! destroyed and its reservation released here.
 //!
-//! Settlement and destroy are the child's last steps (and the run's, for a fork that
-//! never reached its child).
+//! Settlement and destroy are the last steps of whichever workflow runs the fork's steps
+//! (`fork`, `inline`), and the run's for a fork that never got that far.
 
 use super::{
     failure::{StepFailure, classify, refused},
