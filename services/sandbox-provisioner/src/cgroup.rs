@@ -175,7 +175,12 @@ impl Cgroups {
                     limits.pids.to_string()
                 };
                 write(&dirs[1], "pids.max", &pids)?;
-                write(&dirs[2], "cpu.cfs_period_us", &period.to_string())?;
+                // Each write makes the kernel walk every task group: skip the period's
+                // when it is already the default.
+                let current = std::fs::read_to_string(dirs[2].join("cpu.cfs_period_us"));
+                if current.map_or(true, |c| c.trim() != period.to_string()) {
+                    write(&dirs[2], "cpu.cfs_period_us", &period.to_string())?;
+                }
                 let q = if quota == 0 {
                     "-1".to_owned()
                 } else {

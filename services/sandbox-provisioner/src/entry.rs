@@ -2,7 +2,10 @@
 
 use crate::store::Record;
 use forkyard_proto::sandbox::v1::Sandbox;
-use std::sync::{Arc, Mutex};
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicBool, Ordering},
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -13,6 +16,8 @@ pub(crate) struct Entry {
     pub(crate) cancel: CancellationToken,
     /// A child of `cancel`, fired (and replaced) by stop: running execs die.
     stop: Mutex<CancellationToken>,
+    /// Its cgroups exist with its limits (made before its first command, not at create).
+    cgroups_made: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -33,7 +38,16 @@ impl Entry {
             }),
             stop: Mutex::new(cancel.child_token()),
             cancel,
+            cgroups_made: AtomicBool::new(false),
         })
+    }
+
+    pub(crate) fn cgroups_made(&self) -> bool {
+        self.cgroups_made.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_cgroups_made(&self) {
+        self.cgroups_made.store(true, Ordering::Release);
     }
 
     /// The token a new exec watches: stop or destroy kill it.

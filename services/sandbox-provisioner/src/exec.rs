@@ -112,6 +112,7 @@ impl Provisioner {
                 "sandbox {id} is stopped; start it first"
             )));
         }
+        self.ensure_cgroups(&entry)?;
         let workspace = self.store.workspace(id);
         let socket = self.store.egress_socket(id);
         let egress = match (&self.config.forwarder_path, record.egress_allow.is_empty()) {

@@ -232,10 +232,6 @@ impl Provisioner {
     /// Make the running side of a sandbox: its cgroups and its egress proxy.
     pub(crate) fn activate(&self, entry: &Arc<Entry>) -> Result<()> {
         let record = entry.record();
-        if let Some(cg) = &self.cgroups {
-            cg.create(&record.id, record.limits)
-                .map_err(|e| ProvisionerError::internal("create cgroup", e))?;
-        }
         if !record.egress_allow.is_empty() {
             let allow = Allowlist::parse(&record.egress_allow)
                 .map_err(|e| ProvisionerError::invalid("egress_allow", e))?;
@@ -246,6 +242,25 @@ impl Provisioner {
             )
             .map_err(|e| ProvisionerError::internal("start egress proxy", e))?;
         }
+        Ok(())
+    }
+
+    /// The sandbox's cgroups with its limits, made before its first command runs (at
+    /// most once; idempotent). Not at create: nothing runs in a sandbox before its first
+    /// command, and a cgroup's CPU limit is the dearest part of a create (the kernel
+    /// walks every task group on each `cpu.cfs_quota_us` / `cpu.max` write, about 15%
+    /// of the provisioner's CPU in a wave of a hundred creates).
+    pub(crate) fn ensure_cgroups(&self, entry: &Entry) -> Result<()> {
+        let Some(cg) = &self.cgroups else {
+            return Ok(());
+        };
+        if entry.cgroups_made() {
+            return Ok(());
+        }
+        let record = entry.record();
+        cg.create(&record.id, record.limits)
+            .map_err(|e| ProvisionerError::internal("create cgroup", e))?;
+        entry.set_cgroups_made();
         Ok(())
     }
 
@@ -383,12 +398,13 @@ impl Provisioner {
         }
     }
 
-    /// Save `record` (its workspace is complete), start its cgroups and proxy, and
-    /// register it. The record's file is written on a blocking thread: on a busy
-    /// filesystem a new file can take milliseconds, and this replica's async threads
-    /// answer every other call (a wave's health checks among them) meanwhile. Nothing
-    /// after that wait can be interrupted, so a caller hanging up there leaves no cgroup
-    /// behind (its directory goes with the create's cleanup).
+    /// Save `record` (its workspace is complete), start its egress proxy, and register
+    /// it (its cgroups come with its first command: [`Self::ensure_cgroups`]). The
+    /// record's file is written on a blocking thread: on a busy filesystem a new file can
+    /// take milliseconds, and this replica's async threads answer every other call (a
+    /// wave's health checks among them) meanwhile. Nothing after that wait can be
+    /// interrupted, so a caller hanging up there leaves nothing behind (its directory
+    /// goes with the create's cleanup).
     pub(crate) async fn register(&self, record: Record) -> Result<Sandbox> {
         let id = record.id.clone();
         let (store, saved) = (self.store.clone(), record.clone());
