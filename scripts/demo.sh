@@ -30,6 +30,6 @@ set +e
 code=$?
 set -e
 echo
-echo "Temporal UI: http://127.0.0.1:$TEMPORAL_UI_PORT  (workflows SandboxOrchestrationWorkflow / ForkWorkflow)"
+echo "Temporal UI: http://127.0.0.1:$TEMPORAL_UI_PORT  (workflow SandboxOrchestrationWorkflow; ForkWorkflow children for runs above --inline-fork-limit)"
 echo "more: $FORKYARD list; $FORKYARD status <run-id>; make down"
 exit $code
