@@ -14,7 +14,7 @@
 //!   `fork-<n>/a<attempt>/<step>` so the gateway and the janitor can tell them apart;
 //! - the run loop gathers the forks whose agent ended in the same activation and
 //!   finishes them together in one activity on the gateway's own queue
-//!   (`crate::finish`, dispatched eagerly): patch, settle, destroy, chunked so a result
+//!   (`crate::finish`): patch, settle, destroy, chunked so a result
 //!   stays far below Temporal's payload limit. Not a local activity: that held the run's
 //!   workflow task open while other agents completed, and Temporal force-fails a task
 //!   with more than 100 events buffered behind it;
