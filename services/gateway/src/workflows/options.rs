@@ -72,10 +72,9 @@ pub(super) fn wave_local() -> LocalActivityOptions {
 }
 
 /// A batch of inline forks' last steps (`crate::finish`), a regular activity on the
-/// gateway's own queue:
-/// as a local activity it held the run's workflow task open while the other forks'
-/// agent completions piled up, and past 100 buffered events Temporal force-fails that
-/// task. Each step retries inside (the child's table), so a retry here is only for an
+/// gateway's own queue: as a local activity it held the run's workflow task open while
+/// the other forks' agent completions piled up, and past 100 buffered events Temporal
+/// force-fails that task. Each step retries inside (the child's table), so a retry here is only for an
 /// attempt that timed out or a worker that went away. On a fresh cancellation token: a
 /// cancelled fork must still be settled and its sandbox destroyed.
 pub(super) fn finish() -> ActivityOptions {
