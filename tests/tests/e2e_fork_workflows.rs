@@ -103,11 +103,11 @@ async fn small_runs_run_forks_inline_and_large_runs_and_patches_in_fork_workflow
 
     // Two forks: inline; fork 2's patch goes on in a child of its own.
     let inline = finished_run(&mut gw, src.path(), "inline", 2).await;
-    assert!(!inline.spec.as_ref().unwrap().fork_workflows);
+    assert!(inline.spec.as_ref().unwrap().inline_forks);
     check_forks(&mesh, &mut gw, &inline).await;
 
     // Three forks, above the limit: every fork in a child workflow.
     let children = finished_run(&mut gw, src.path(), "children", 3).await;
-    assert!(children.spec.as_ref().unwrap().fork_workflows);
+    assert!(!children.spec.as_ref().unwrap().inline_forks);
     check_forks(&mesh, &mut gw, &children).await;
 }

@@ -31,7 +31,8 @@ pub const MAX_INLINE_FORK_LIMIT: u32 = 300;
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_forks: u32,
-    /// Runs of more forks give each fork a child workflow (`RunSpec::fork_workflows`).
+    /// Runs of up to this many forks run them inline (`RunSpec::inline_forks`); larger
+    /// runs give each fork a child workflow.
     pub inline_fork_limit: u32,
 }
 
@@ -294,7 +295,7 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         // The gateway sets the caller's tenant after validation.
         tenant: String::new(),
         tenant_account_id: String::new(),
-        fork_workflows: req.forks > limits.inline_fork_limit,
+        inline_forks: req.forks <= limits.inline_fork_limit,
     })
 }
 

@@ -88,7 +88,7 @@ impl GatewayService {
         }
         let mut run = first;
         loop {
-            let inline = !run.spec.as_ref().is_some_and(|s| s.fork_workflows);
+            let inline = run.spec.as_ref().is_some_and(|s| s.inline_forks);
             let mut heartbeats = if inline
                 && run
                     .forks

@@ -5,7 +5,7 @@
 //! made and health-checked, as local activities: see `prepare`); then its steps (agent,
 //! verify, patch, settle, destroy) run here too for a run of up to the gateway's
 //! `--inline-fork-limit` forks (see `inline`), or in the fork's `ForkWorkflow` child for
-//! a larger run (`RunSpec::fork_workflows`). A failed fork is a result, not a crash of
+//! a larger run (`RunSpec::inline_forks` false). A failed fork is a result, not a crash of
 //! the run. Signals pause and resume it and cancel single forks; an update raises its
 //! budget. When a fork's reservation is refused the run waits in AWAITING_BUDGET
 //! (running forks go on; none starts) until the budget is raised.
@@ -499,13 +499,13 @@ fn not_started(
     r
 }
 
-/// Run a prepared fork: inline, or in a child of its own (`RunSpec::fork_workflows`).
+/// Run a prepared fork: inline (`RunSpec::inline_forks`), or in a child of its own.
 fn start_fork<'a>(
     ctx: &'a WorkflowContext<SandboxOrchestrationWorkflow>,
     f: WaveFork,
     prepared: Prepared,
 ) -> LocalBoxFuture<'a, (u32, ChildOutcome)> {
-    if f.input.spec.fork_workflows {
+    if !f.input.spec.inline_forks {
         let input = inline::input_for(&f, &prepared);
         return run_child(ctx, f, prepared, input);
     }

@@ -61,10 +61,10 @@ impl WaveFork {
     /// child, or the run itself for an inline fork (it hands both over to a child only
     /// while it waits for that child).
     pub(super) fn owner(&self) -> &str {
-        if self.input.spec.fork_workflows {
-            &self.child_id
-        } else {
+        if self.input.spec.inline_forks {
             &self.input.run_id
+        } else {
+            &self.child_id
         }
     }
 }
