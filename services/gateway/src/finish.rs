@@ -26,7 +26,7 @@ use crate::{
 };
 use forkyard_proto::{
     budget::v1::{CommitRequest, ReleaseRequest, Reservation},
-    sandbox::v1::{CollectPatchRequest, CollectPatchResponse, DestroySandboxRequest},
+    sandbox::v1::{CollectPatchRequest, CollectPatchResponse},
 };
 use serde::{Deserialize, Serialize};
 use std::{future::Future, time::Duration};
@@ -180,24 +180,15 @@ impl WaveLocal {
             Err(s) => out.settle_error = ledger::message(&s),
         }
         if let Some(owner) = owner {
-            let req = DestroySandboxRequest {
-                sandbox_id: item.sandbox.sandbox_id.clone(),
-                reason: item.sandbox.reason.clone(),
-            };
             let destroyed = retried(
                 3,
                 Duration::from_secs(2),
                 |s| s.code() == Code::InvalidArgument,
-                || {
-                    let (mut c, req) = (owner.clone(), req.clone());
-                    async move { c.destroy_sandbox(req).await }
-                },
+                || sandboxes::destroy_with(owner.clone(), item.sandbox.clone()),
             )
             .await;
-            match destroyed {
-                Ok(_) => {}
-                Err(s) if s.code() == Code::NotFound => {}
-                Err(s) => out.destroy_error = format!("destroy sandbox: {}", s.message()),
+            if let Err(s) = destroyed {
+                out.destroy_error = format!("destroy sandbox: {}", s.message());
             }
         }
         out

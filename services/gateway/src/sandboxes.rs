@@ -128,15 +128,27 @@ impl SandboxLocal {
         &self,
         at: AtOwner,
     ) -> Result<DestroySandboxResponse, ActivityError> {
-        let req = DestroySandboxRequest {
-            sandbox_id: at.sandbox_id,
-            reason: at.reason,
-        };
-        match self.owner(&at.endpoint)?.destroy_sandbox(req).await {
-            Ok(r) => Ok(r.into_inner()),
-            Err(s) if s.code() == Code::NotFound => Ok(DestroySandboxResponse::default()),
-            Err(s) => Err(failure("destroy sandbox", s)),
-        }
+        let owner = self.owner(&at.endpoint)?;
+        destroy_with(owner, at)
+            .await
+            .map_err(|s| failure("destroy sandbox", s))
+    }
+}
+
+/// Destroy a sandbox through `owner`, the replica that holds it; one already gone
+/// counts as destroyed.
+pub(crate) async fn destroy_with(
+    mut owner: Client,
+    at: AtOwner,
+) -> Result<DestroySandboxResponse, Status> {
+    let req = DestroySandboxRequest {
+        sandbox_id: at.sandbox_id,
+        reason: at.reason,
+    };
+    match owner.destroy_sandbox(req).await {
+        Ok(r) => Ok(r.into_inner()),
+        Err(s) if s.code() == Code::NotFound => Ok(DestroySandboxResponse::default()),
+        Err(s) => Err(s),
     }
 }
 
