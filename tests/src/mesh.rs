@@ -256,6 +256,9 @@ impl Mesh {
                 "none"
             },
         );
+        // Test repositories are made in the temp dir; with API keys on, local paths
+        // need a listed root (the state dir is inside it, and is refused regardless).
+        cmd.env("FORKYARD_LOCAL_REPO_ROOTS", std::env::temp_dir());
         let child = cmd
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")

@@ -389,7 +389,7 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
         .into_inner();
     let selector = HashMap::from([(labels::RUN_ID.to_owned(), launched.run_id.clone())]);
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let live = loop {
         let alive = prov
             .list_sandboxes(ListSandboxesRequest {
                 label_selector: selector.clone(),
@@ -399,10 +399,37 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
             .into_inner()
             .sandboxes;
         if alive.len() == 2 && alive.iter().all(|s| s.running_execs > 0) {
-            break;
+            break alive[0].id.clone();
         }
         assert!(Instant::now() < deadline, "agents never started: {alive:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    // A live sandbox's workspace is nobody's repository: not by path, not as file://.
+    let ws = mesh.state_dir().join("sandboxes").join(&live).join("workspace");
+    assert!(ws.join(".git").is_dir(), "{}", ws.display());
+    for (i, repo) in [
+        format!("file://{}", ws.display()),
+        format!("file://localhost{}/.", ws.display()),
+        ws.display().to_string(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let req = LaunchRunRequest {
+            request_id: format!("steal-{i}"),
+            repo: repo.clone(),
+            ..launch(src.path(), 1, 1, "true")
+        };
+        let err = gw.launch_run(req).await.expect_err(&repo);
+        assert_eq!(err.code(), Code::InvalidArgument, "{repo}: {err:?}");
+        assert!(err.message().starts_with("repo"), "{}", err.message());
+        let missing = gw
+            .get_run(GetRunRequest {
+                run_id: format!("run-steal-{i}"),
+            })
+            .await;
+        assert_eq!(missing.expect_err("run started").code(), Code::NotFound);
     }
 
     // The janitor destroys sandboxes whose owner is unknown, and never a running run's.

@@ -333,6 +333,26 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(err.message().starts_with("max_concurrent"), "{err:?}");
 
+    // With keys on, a tenant names local repositories only under the operator's roots
+    // (the mesh allows the temp dir): any other repository of the host is refused.
+    for repo in ["/usr/share", "file:///usr/share"] {
+        let err = gw
+            .launch_run(with_key(
+                &key_b,
+                LaunchRunRequest {
+                    repo: repo.into(),
+                    ..launch_req(&src, "outside-roots", "true")
+                },
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{repo}: {err:?}");
+        assert!(
+            err.message().contains("FORKYARD_LOCAL_REPO_ROOTS"),
+            "{err:?}"
+        );
+    }
+
     // The cleanup schedule is the operators'.
     let err = gw
         .start_cleanup(with_key(&key_b, StartCleanupRequest::default()))

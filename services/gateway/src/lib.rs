@@ -8,6 +8,7 @@ pub mod finish;
 pub mod fork_telemetry;
 pub mod ledger;
 pub mod money;
+pub mod repo_policy;
 pub mod sandboxes;
 pub mod search;
 pub mod validate;

@@ -11,11 +11,16 @@ use std::{
     sync::OnceLock,
     time::Duration,
 };
+use command_fds::{CommandFdExt, FdMapping};
 use tokio::process::Command;
 
 pub const HOSTNAME: &str = "forkyard-sandbox";
 pub const WORKSPACE: &str = "/workspace";
 pub const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// The descriptor bwrap reads the sandboxed command's environment from (`--args`).
+pub const ENV_FD: i32 = 3;
+const ENV_FD_STR: &str = "3";
 
 /// Variables every sandboxed command gets; a request may not set these itself.
 pub const RESERVED_ENV: &[&str] = &["FORKYARD_SANDBOX_ID"];
@@ -114,16 +119,12 @@ impl Invocation<'_> {
             OsStr::new(WORKSPACE),
         ]);
         a.push(["--chdir", WORKSPACE, "--hostname", HOSTNAME]);
-        // The environment is bwrap's own (built from scratch in `command`), minus what a
-        // wrapper shell may have added.
-        a.push([
-            "--unsetenv",
-            "PWD",
-            "--unsetenv",
-            "SHLVL",
-            "--unsetenv",
-            "_",
-        ]);
+        // The sandboxed command's environment comes from this file descriptor, read
+        // by bwrap once it runs: `--clearenv` first, then a `--setenv` per variable
+        // (see [`Self::env_args`]). Neither the wrapper shell nor bwrap is ever started
+        // with a caller's variable: on the host they would act on host processes
+        // running as the provisioner (`LD_PRELOAD` of a library in a workspace).
+        a.push(["--args", ENV_FD_STR]);
         a.push(["--"]);
         if self.egress.is_some() {
             a.push([
@@ -159,10 +160,23 @@ impl Invocation<'_> {
         env
     }
 
+    /// What bwrap reads from [`ENV_FD`]: NUL-separated `--clearenv`, then `--setenv NAME
+    /// VALUE` for each of [`Self::env`]. Values validated to hold no NUL byte.
+    pub fn env_args(&self) -> Vec<u8> {
+        let mut out = b"--clearenv\0".to_vec();
+        for (k, v) in self.env() {
+            for part in ["--setenv", k.as_str(), v.as_str()] {
+                out.extend_from_slice(part.as_bytes());
+                out.push(0);
+            }
+        }
+        out
+    }
+
     /// The command: bubblewrap (behind the cgroup-joining shell when there are cgroups),
-    /// with an environment holding exactly [`Self::env`]. The values travel in the
-    /// process environment (`/proc/<pid>/environ`, owner-only), never on a command line.
-    pub fn command(&self) -> Command {
+    /// started with an empty environment; the sandboxed command's environment reaches
+    /// bwrap on [`ENV_FD`] (a memfd, so values are never on a command line or on disk).
+    pub fn command(&self) -> std::io::Result<Command> {
         let mut cmd = if self.cgroup_procs.is_empty() {
             Command::new(self.bwrap)
         } else {
@@ -172,9 +186,26 @@ impl Invocation<'_> {
             c.arg("--").arg(self.bwrap);
             c
         };
-        cmd.env_clear().envs(self.env()).args(self.args());
-        cmd
+        cmd.env_clear().args(self.args());
+        let env = env_memfd(&self.env_args())?;
+        cmd.fd_mappings(vec![FdMapping {
+            parent_fd: env,
+            child_fd: ENV_FD,
+        }])
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(cmd)
     }
+}
+
+/// An anonymous in-memory file holding `data`, positioned at its start. Close-on-exec
+/// here: only the one child it is mapped into gets it, never a concurrently spawned one.
+fn env_memfd(data: &[u8]) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::io::{Seek, Write};
+    let fd = rustix::fs::memfd_create("forkyard-env", rustix::fs::MemfdFlags::CLOEXEC)?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(data)?;
+    file.rewind()?;
+    Ok(file.into())
 }
 
 #[derive(Default)]
@@ -227,7 +258,9 @@ pub async fn probe(bwrap: &Path, scratch: &Path) -> Result<Features, String> {
             argv: &argv,
             env: &[],
         };
-        let mut cmd = inv.command();
+        let mut cmd = inv
+            .command()
+            .map_err(|e| format!("cannot prepare {}: {e}", bwrap.display()))?;
         cmd.kill_on_drop(true).stdin(std::process::Stdio::null());
         match tokio::time::timeout(Duration::from_secs(30), cmd.output()).await {
             Ok(Ok(out)) if out.status.success() => return Ok(features),
@@ -319,6 +352,45 @@ mod tests {
         assert!(
             env.iter()
                 .any(|(k, v)| k == "HTTPS_PROXY" && v == "http://127.0.0.1:3128")
+        );
+    }
+
+    #[test]
+    fn host_processes_start_with_no_environment_and_bwrap_reads_it_from_the_fd() {
+        let argv = ["ls".to_owned()];
+        let env = [("LD_PRELOAD".to_owned(), "/workspace/x.so".to_owned())];
+        let procs = [PathBuf::from("/sys/fs/cgroup/x/cgroup.procs")];
+        let inv = Invocation {
+            bwrap: Path::new("/usr/bin/bwrap"),
+            features: Features { userns: true },
+            workspace: Path::new("/state/ws"),
+            sandbox_id: "sbx-1",
+            egress: None,
+            cgroup_procs: &procs,
+            argv: &argv,
+            env: &env,
+        };
+        let cmd = inv.command().unwrap();
+        assert_eq!(
+            cmd.as_std().get_envs().count(),
+            0,
+            "the wrapper shell and bwrap get no variable"
+        );
+        let args: Vec<String> = cmd
+            .as_std()
+            .get_args()
+            .map(|a| a.to_str().unwrap().to_owned())
+            .collect();
+        assert!(args.join(" ").contains("--args 3 --"), "{args:?}");
+        assert!(!args.iter().any(|a| a.contains("x.so")), "{args:?}");
+        let data = String::from_utf8(inv.env_args()).unwrap();
+        let parts: Vec<&str> = data.split_terminator('\0').collect();
+        assert_eq!(parts[0], "--clearenv");
+        assert!(
+            parts
+                .windows(3)
+                .any(|w| w == ["--setenv", "LD_PRELOAD", "/workspace/x.so"]),
+            "{parts:?}"
         );
     }
 }

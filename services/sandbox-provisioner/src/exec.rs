@@ -54,6 +54,7 @@ impl Provisioner {
         timeout_secs: u32,
     ) -> Result<(Vec<(String, String)>, Duration)> {
         validate::argv(argv)?;
+        validate::env_total(env)?;
         let mut out = Vec::with_capacity(env.len());
         for (k, v) in env {
             validate::env(k, v)?;
@@ -138,8 +139,11 @@ impl Provisioner {
             env,
         };
         let oom_before = self.cgroups.as_ref().map_or(0, |cg| cg.oom_kills(id));
+        let command = inv
+            .command()
+            .map_err(|e| ProvisionerError::internal("prepare the command's environment", e))?;
         Ok(Prepared {
-            command: inv.command(),
+            command,
             cancel: entry.exec_cancel(),
             entry,
             oom_before,

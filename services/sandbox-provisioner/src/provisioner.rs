@@ -280,7 +280,7 @@ impl Provisioner {
             .map(|e| e.snapshot())
     }
 
-    pub async fn create(&self, req: CreateSandboxRequest) -> Result<Sandbox> {
+    pub async fn create(&self, mut req: CreateSandboxRequest) -> Result<Sandbox> {
         if !(req.backend.is_empty() || req.backend == BACKEND) {
             return Err(ProvisionerError::invalid(
                 "backend",
@@ -292,7 +292,7 @@ impl Provisioner {
             if req.repo.trim().is_empty() {
                 return Err(ProvisionerError::invalid("repo", "must not be empty"));
             }
-            self.check_repo_location(&req.repo)?;
+            req.repo = self.check_repo_location(&req.repo)?;
             git::check_branch(&req.branch).await?;
         }
         if req.idempotency_key.is_empty() {
@@ -429,23 +429,32 @@ impl Provisioner {
         Ok(sandbox)
     }
 
-    /// A local repository must not be another sandbox's workspace.
-    fn check_repo_location(&self, repo: &str) -> Result<()> {
-        if repo.contains("://") || repo.starts_with("git@") {
-            return Ok(());
-        }
-        // Other sandboxes' workspaces live here; the rest of the state dir holds no repos.
-        let state = std::fs::canonicalize(self.store.root())
-            .unwrap_or_else(|_| self.store.root().to_path_buf());
-        if let Ok(path) = std::fs::canonicalize(repo)
-            && path.starts_with(&state)
-        {
+    /// The repository to clone: a URL as given, a local path (plain or `file://`)
+    /// resolved, and never one inside this replica's sandboxes, templates, trash or
+    /// snapshots (another sandbox's work, and a repository an agent has modified).
+    fn check_repo_location(&self, repo: &str) -> Result<String> {
+        use forkyard_common::repo_location::{self, RepoLocation};
+        let path = match repo_location::locate(repo.trim()) {
+            Ok(RepoLocation::Remote) => return Ok(repo.to_owned()),
+            Ok(RepoLocation::Local(path)) => path,
+            Err(why) => return Err(ProvisionerError::invalid("repo", why)),
+        };
+        let Ok(path) = repo_location::canonical_local(&path) else {
+            return Err(ProvisionerError::RepoUnavailable(format!(
+                "cannot clone {repo}: no such path on this host"
+            )));
+        };
+        let mut protected = repo_location::sandbox_data_dirs(&self.config.state_dir);
+        protected.push(self.config.snapshot_dir.clone());
+        if protected.iter().any(|d| repo_location::is_within(&path, d)) {
             return Err(ProvisionerError::invalid(
                 "repo",
-                "is inside the provisioner's sandboxes directory",
+                "is inside the provisioner's state directory (sandboxes, templates, snapshots)",
             ));
         }
-        Ok(())
+        path.into_os_string().into_string().map_err(|_| {
+            ProvisionerError::invalid("repo", "resolves to a path that is not UTF-8")
+        })
     }
 
     async fn create_new(&self, req: CreateSandboxRequest) -> Result<Sandbox> {

@@ -4,6 +4,30 @@ use crate::{
     bwrap,
     error::{ProvisionerError, Result},
 };
+
+/// Linux's limit on one argument or one `NAME=VALUE` string (`MAX_ARG_STRLEN`), NUL
+/// included: a longer one cannot be exec'd at all.
+pub const MAX_ONE_ENV_BYTES: usize = 128 << 10;
+/// The whole of a command's argv, and of its environment, each (Linux allows about 2 MiB
+/// for both together with the default stack limit).
+pub const MAX_TOTAL_BYTES: usize = 1 << 20;
+
+/// Variables the dynamic loader and glibc read to load code or data from a path of the
+/// caller's choosing. They never reach a host process (the environment goes to the
+/// sandboxed command only), and a sandboxed command has no use for them that a build
+/// script could not set for itself: refused, so no future path can pass them to one.
+const LOADER_VARS: &[&str] = &[
+    "GCONV_PATH",
+    "GETCONF_DIR",
+    "GLIBC_TUNABLES",
+    "HOSTALIASES",
+    "LOCPATH",
+    "MALLOC_TRACE",
+    "NIS_PATH",
+    "NLSPATH",
+    "RESOLV_HOST_CONF",
+];
+
 pub(crate) fn argv(argv: &[String]) -> Result<()> {
     if argv.first().is_none_or(String::is_empty) {
         return Err(ProvisionerError::invalid("argv", "must name a command"));
@@ -12,6 +36,23 @@ pub(crate) fn argv(argv: &[String]) -> Result<()> {
         return Err(ProvisionerError::invalid(
             "argv",
             "must not contain NUL bytes",
+        ));
+    }
+    if let Some(a) = argv.iter().find(|a| a.len() + 1 > MAX_ONE_ENV_BYTES) {
+        return Err(ProvisionerError::invalid(
+            "argv",
+            format!(
+                "an argument is {} bytes; the limit is {} (pass bigger input as a file)",
+                a.len(),
+                MAX_ONE_ENV_BYTES - 1
+            ),
+        ));
+    }
+    let total: usize = argv.iter().map(|a| a.len() + 1).sum();
+    if total > MAX_TOTAL_BYTES {
+        return Err(ProvisionerError::invalid(
+            "argv",
+            format!("is {total} bytes in all; the limit is {MAX_TOTAL_BYTES}"),
         ));
     }
     Ok(())
@@ -29,6 +70,12 @@ pub(crate) fn env(name: &str, value: &str) -> Result<()> {
             format!("{name:?} is not a valid variable name"),
         ));
     }
+    if name.starts_with("LD_") || LOADER_VARS.contains(&name) {
+        return Err(ProvisionerError::invalid(
+            "env",
+            format!("{name} is a dynamic loader variable and may not be set"),
+        ));
+    }
     if bwrap::RESERVED_ENV.contains(&name) {
         return Err(ProvisionerError::invalid(
             "env",
@@ -39,6 +86,28 @@ pub(crate) fn env(name: &str, value: &str) -> Result<()> {
         return Err(ProvisionerError::invalid(
             "env",
             format!("value of {name} contains a NUL byte"),
+        ));
+    }
+    if name.len() + value.len() + 2 > MAX_ONE_ENV_BYTES {
+        return Err(ProvisionerError::invalid(
+            "env",
+            format!(
+                "{name} is {} bytes; one variable may be at most {} (pass bigger input as a file)",
+                name.len() + value.len() + 1,
+                MAX_ONE_ENV_BYTES - 1
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The whole environment's size (each variable was checked by [`env`]).
+pub(crate) fn env_total<'a>(vars: impl IntoIterator<Item = (&'a String, &'a String)>) -> Result<()> {
+    let total: usize = vars.into_iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    if total > MAX_TOTAL_BYTES {
+        return Err(ProvisionerError::invalid(
+            "env",
+            format!("is {total} bytes in all; the limit is {MAX_TOTAL_BYTES}"),
         ));
     }
     Ok(())
@@ -52,11 +121,29 @@ mod tests {
     fn env_names_are_validated() {
         assert!(env("RUST_LOG", "x").is_ok());
         assert!(env("_X1", "").is_ok());
-        for bad in ["", "1A", "A-B", "A=B", "FORKYARD_SANDBOX_ID"] {
+        for bad in [
+            "",
+            "1A",
+            "A-B",
+            "A=B",
+            "FORKYARD_SANDBOX_ID",
+            "LD_PRELOAD",
+            "LD_LIBRARY_PATH",
+            "LD_AUDIT",
+            "GCONV_PATH",
+            "GLIBC_TUNABLES",
+        ] {
             assert!(env(bad, "v").is_err(), "{bad:?} accepted");
         }
         assert!(env("A", "x\0y").is_err());
         assert!(argv(&[]).is_err());
         assert!(argv(&[String::new()]).is_err());
+        // One variable at the kernel's limit cannot be exec'd; one below it can.
+        assert!(env("A", &"x".repeat(MAX_ONE_ENV_BYTES - 3)).is_ok());
+        assert!(env("A", &"x".repeat(MAX_ONE_ENV_BYTES - 2)).is_err());
+        let big = "x".repeat(100_000);
+        let many: Vec<(String, String)> = (0..11).map(|i| (format!("V{i}"), big.clone())).collect();
+        assert!(env_total(many.iter().map(|(k, v)| (k, v))).is_err());
+        assert!(env_total(many[..10].iter().map(|(k, v)| (k, v))).is_ok());
     }
 }

@@ -112,6 +112,7 @@ impl GatewayService {
             validate::run_id_for(&req.request_id)?;
             tenant.run_id_for(&req.request_id)
         };
+        spec.repo = self.tenancy.repos.check(&spec.repo)?;
         validate::check_repo(&spec.repo).await?;
         spec.tenant.clone_from(&tenant.name);
         self.check_fork_slots(tenant, spec.max_concurrent.min(spec.forks))

@@ -25,6 +25,8 @@ pub struct TenantPolicy {
     pub default_budget_micros: i64,
     /// The ledger, for tenant accounts; `None` when authentication is off.
     pub ledger: Option<BudgetLedgerClient<Channel>>,
+    /// Which repositories runs may name (local paths, the sandboxes' storage).
+    pub repos: crate::repo_policy::RepoPolicy,
 }
 
 impl Default for TenantPolicy {
@@ -33,6 +35,7 @@ impl Default for TenantPolicy {
             max_concurrent_forks: 1000,
             default_budget_micros: 100_000_000,
             ledger: None,
+            repos: crate::repo_policy::RepoPolicy::default(),
         }
     }
 }

@@ -47,6 +47,11 @@ pub struct SecurityArgs {
     /// The spending limit (USD) a tenant's ledger account starts with on its first run.
     #[arg(long, env = "FORKYARD_TENANT_BUDGET_USD", default_value = "100")]
     pub tenant_budget_usd: String,
+    /// Directories (comma-separated) that runs may name local repositories under, plain
+    /// or as `file://`; `*` allows every path. Unset: every path with `--auth none`, none
+    /// with API keys (a tenant could otherwise read any repository on the host).
+    #[arg(long, env = "FORKYARD_LOCAL_REPO_ROOTS")]
+    pub local_repo_roots: Option<String>,
     /// Longest one API call may take, its calls to Temporal and the ledger included.
     #[arg(long, env = "FORKYARD_CALL_DEADLINE_SECS", default_value_t = 30)]
     pub call_deadline_secs: u64,
@@ -112,6 +117,11 @@ impl SecurityArgs {
             max_concurrent_forks: self.tenant_max_concurrent_forks,
             default_budget_micros: budget,
             ledger: None,
+            repos: crate::repo_policy::RepoPolicy::from_setting(
+                self.local_repo_roots.as_deref(),
+                matches!(self.auth, AuthMode::ApiKey),
+                state_dir,
+            )?,
         };
         let auth = match self.auth {
             AuthMode::None => {

@@ -1,0 +1,156 @@
+//! Requests an attacker would send: a caller's environment that would act on the host
+//! processes starting the sandbox, and repositories that are another sandbox's work.
+
+mod common;
+
+use common::{exec_req, fixture, host_pids_with, unique_sleep, eventually};
+use std::{path::Path, process::Command, time::Duration};
+use tonic::Code;
+
+/// A shared library whose constructor writes `marker`: run by any process that loads it.
+fn evil_library(dir: &Path, marker: &Path) -> std::path::PathBuf {
+    let src = dir.join("evil.c");
+    std::fs::write(
+        &src,
+        format!(
+            "#include <stdio.h>\n__attribute__((constructor)) static void pwn(void) {{\n  FILE *f = fopen(\"{}\", \"a\"); if (f) {{ fputs(\"pwned\\n\", f); fclose(f); }}\n}}\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let so = dir.join("evil.so");
+    let out = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&src)
+        .output()
+        .expect("gcc (the machine's C compiler)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    so
+}
+
+#[tokio::test]
+async fn a_loader_variable_is_refused_and_nothing_runs_on_the_host() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    // The library sits in the sandbox's workspace, where an agent could have built it.
+    let ws = f.state.join("sandboxes").join(&sbx.id).join("workspace");
+    let marker = f.tmp.path().join("host-marker");
+    let so = evil_library(&ws, &marker);
+    for (name, value) in [
+        ("LD_PRELOAD", so.display().to_string()),
+        ("LD_LIBRARY_PATH", ws.display().to_string()),
+        ("LD_AUDIT", so.display().to_string()),
+        ("GCONV_PATH", ws.display().to_string()),
+    ] {
+        let mut req = exec_req(&sbx.id, &["true"]);
+        req.env.insert(name.into(), value);
+        let err = f.core.exec(req).await.expect_err(name);
+        let status = tonic::Status::from(err);
+        assert_eq!(status.code(), Code::InvalidArgument, "{name}: {status:?}");
+        assert!(status.message().contains(name), "{}", status.message());
+    }
+    assert!(!marker.exists(), "a host process loaded the library");
+}
+
+#[tokio::test]
+async fn the_callers_environment_reaches_only_the_sandboxed_command() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let secs = unique_sleep();
+    let value = format!("value-{secs}");
+    let mut req = exec_req(&sbx.id, &["sleep", &secs]);
+    req.env.insert("CALLER_VAR".into(), value.clone());
+    let core = f.core.clone();
+    let running = tokio::spawn(async move { core.exec(req).await });
+    let needle = format!("sleep {secs}");
+    assert!(
+        eventually(Duration::from_secs(10), || host_pids_with(&needle)
+            .iter()
+            .any(|p| cmdline(*p).starts_with("sleep")))
+        .await,
+        "the command never started"
+    );
+    let mut seen_host_side = 0;
+    for pid in host_pids_with(&needle) {
+        let cmd = cmdline(pid);
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let environ = String::from_utf8_lossy(&environ);
+        if cmd.starts_with("sleep") {
+            assert!(environ.contains(&value), "the command lost its variable");
+        } else {
+            // The wrapper shell and bwrap (both bwrap processes): no caller variable.
+            seen_host_side += 1;
+            assert!(
+                !environ.contains("CALLER_VAR"),
+                "{cmd} started with the caller's environment: {environ}"
+            );
+        }
+    }
+    assert!(seen_host_side >= 1, "no host-side process found");
+    f.core
+        .destroy(forkyard_proto::sandbox::v1::DestroySandboxRequest {
+            sandbox_id: sbx.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let _ = running.await;
+}
+
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_environment_over_the_documented_size_is_invalid_argument() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let mut req = exec_req(&sbx.id, &["true"]);
+    req.env.insert("BIG".into(), "x".repeat(200 << 10));
+    let status = tonic::Status::from(f.core.exec(req).await.unwrap_err());
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("invalid env: BIG"), "{}", status.message());
+    let mut req = exec_req(&sbx.id, &["true"]);
+    for i in 0..12 {
+        req.env.insert(format!("V{i}"), "x".repeat(100 << 10));
+    }
+    let status = tonic::Status::from(f.core.exec(req).await.unwrap_err());
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    // Just under the limit still runs.
+    let mut req = exec_req(&sbx.id, &["sh", "-c", "printf %s \"$BIG\" | wc -c"]);
+    req.env.insert("BIG".into(), "x".repeat(100 << 10));
+    let out = f.core.exec(req).await.unwrap();
+    assert_eq!(out.stdout.trim(), (100 << 10).to_string(), "{}", out.stderr);
+}
+
+#[tokio::test]
+async fn another_sandboxs_workspace_is_not_a_repository_by_path_or_file_url() {
+    let f = fixture().await;
+    let victim = f.create().await;
+    let ws = f.state.join("sandboxes").join(&victim.id).join("workspace");
+    let link = f.tmp.path().join("looks-innocent");
+    std::os::unix::fs::symlink(&ws, &link).unwrap();
+    for repo in [
+        ws.display().to_string(),
+        format!("file://{}", ws.display()),
+        format!("file://localhost{}", ws.display()),
+        format!("file://{}", link.display()),
+        format!("file://{}/../workspace", ws.display()),
+        f.state.join("templates").display().to_string(),
+    ] {
+        let mut req = f.request("forkyard-fork-2");
+        req.repo = repo.clone();
+        let err = f.core.create(req).await.expect_err(&repo);
+        let status = tonic::Status::from(err);
+        assert_eq!(status.code(), Code::InvalidArgument, "{repo}: {status:?}");
+    }
+    // A file:// URL of an ordinary repository still works, resolved like a path.
+    let mut req = f.request("forkyard-fork-3");
+    req.repo = format!("file://{}", f.repo.display());
+    let sbx = f.core.create(req).await.expect("file:// of a plain repo");
+    let out = f.sh(&sbx.id, "cat README.md").await;
+    assert_eq!(out.stdout, "hello\nworld\n");
+}
