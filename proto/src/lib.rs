@@ -8,6 +8,11 @@
 
 pub mod activities;
 
+/// Where a command's LLM gateway is inside its sandbox (`ExecRequest.llm_gateway`): the
+/// sandbox's own loopback, relayed by the provisioner. Inside, `FORKYARD_LLM_URL` is
+/// `http://` and this.
+pub const SANDBOX_LLM_ADDR: &str = "127.0.0.1:4000";
+
 pub mod common {
     pub mod v1 {
         tonic::include_proto!("forkyard.common.v1");

@@ -406,7 +406,11 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
     };
 
     // A live sandbox's workspace is nobody's repository: not by path, not as file://.
-    let ws = mesh.state_dir().join("sandboxes").join(&live).join("workspace");
+    let ws = mesh
+        .state_dir()
+        .join("sandboxes")
+        .join(&live)
+        .join("workspace");
     assert!(ws.join(".git").is_dir(), "{}", ws.display());
     for (i, repo) in [
         format!("file://{}", ws.display()),

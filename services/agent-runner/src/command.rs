@@ -184,6 +184,7 @@ pub async fn run<S: ProgressSink>(
         argv: vec!["sh".into(), "-c".into(), command],
         env,
         timeout_secs: req.timeout_secs,
+        ..Default::default()
     };
     let cancel = |meter: &mut Meter<'_, S>| {
         meter

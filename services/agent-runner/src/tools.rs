@@ -186,6 +186,7 @@ impl Sandbox {
             argv,
             env: HashMap::new(),
             timeout_secs: u32::try_from(timeout_secs.max(1)).unwrap_or(u32::MAX),
+            ..Default::default()
         };
         match self.client.exec(req).await {
             Ok(r) => Ok(Ok(r.into_inner())),

@@ -9,6 +9,7 @@ pub mod config;
 pub mod git_refs;
 pub mod grpc_telemetry;
 pub mod metrics;
+pub mod proxy_header;
 pub mod repo_location;
 pub mod server;
 pub mod service;

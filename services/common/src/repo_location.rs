@@ -22,7 +22,10 @@ pub fn locate(repo: &str) -> Result<RepoLocation, String> {
     if let Some((scheme, _)) = repo.split_once("://") {
         if scheme.eq_ignore_ascii_case("file") {
             let url = url::Url::parse(repo).map_err(|e| format!("is not a valid file URL: {e}"))?;
-            if url.host_str().is_some_and(|h| !h.is_empty() && h != "localhost") {
+            if url
+                .host_str()
+                .is_some_and(|h| !h.is_empty() && h != "localhost")
+            {
                 return Err("a file:// URL must name no host (or localhost)".into());
             }
             let path = url
@@ -68,7 +71,10 @@ mod tests {
 
     #[test]
     fn urls_paths_and_scp_forms() {
-        assert_eq!(locate("https://github.com/a/b.git"), Ok(RepoLocation::Remote));
+        assert_eq!(
+            locate("https://github.com/a/b.git"),
+            Ok(RepoLocation::Remote)
+        );
         assert_eq!(locate("ssh://git@h/a.git"), Ok(RepoLocation::Remote));
         assert_eq!(locate("git@github.com:a/b.git"), Ok(RepoLocation::Remote));
         assert_eq!(locate("host:repo"), Ok(RepoLocation::Remote));
@@ -76,10 +82,7 @@ mod tests {
             locate("/srv/repo"),
             Ok(RepoLocation::Local("/srv/repo".into()))
         );
-        assert_eq!(
-            locate("./a:b"),
-            Ok(RepoLocation::Local("./a:b".into()))
-        );
+        assert_eq!(locate("./a:b"), Ok(RepoLocation::Local("./a:b".into())));
         assert!(locate("--upload-pack=x").is_err());
     }
 

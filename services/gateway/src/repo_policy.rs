@@ -50,8 +50,7 @@ impl RepoPolicy {
                     .map(str::trim)
                     .filter(|s| !s.is_empty())
                     .map(|root| {
-                        std::fs::canonicalize(root)
-                            .map_err(|e| format!("{SETTING}: {root}: {e}"))
+                        std::fs::canonicalize(root).map_err(|e| format!("{SETTING}: {root}: {e}"))
                     })
                     .collect::<Result<_, _>>()?,
             ),
@@ -160,7 +159,10 @@ mod tests {
         let state = tmp.path().join("state");
         let off = RepoPolicy::from_setting(None, true, &state).unwrap();
         let err = off.check(allowed.join("r").to_str().unwrap()).unwrap_err();
-        assert!(err.to_string().contains("FORKYARD_LOCAL_REPO_ROOTS"), "{err}");
+        assert!(
+            err.to_string().contains("FORKYARD_LOCAL_REPO_ROOTS"),
+            "{err}"
+        );
         assert_eq!(tonic::Status::from(err).code(), Code::PermissionDenied);
         assert!(off.check("https://example.com/r.git").is_ok());
 

@@ -296,6 +296,9 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         tenant: String::new(),
         tenant_account_id: String::new(),
         inline_forks: req.forks <= limits.inline_fork_limit,
+        // The gateway sets the allowed hosts after checking them against the tenant's
+        // policy (api::egress).
+        egress: Vec::new(),
     })
 }
 

@@ -113,6 +113,7 @@ fn request() -> impl Strategy<Value = LaunchRunRequest> {
                 verify_timeout_secs,
                 stop_on_first_verified,
                 fork_budget_usd: budget_usd,
+                egress: Vec::new(),
             },
         )
 }

@@ -5,13 +5,13 @@
 //! and /tmp, and the workspace at /workspace. Nothing else of the host is visible and
 //! the environment is rebuilt from scratch.
 
+use command_fds::{CommandFdExt, FdMapping};
 use std::{
     ffi::{OsStr, OsString},
     path::{Path, PathBuf},
     sync::OnceLock,
     time::Duration,
 };
-use command_fds::{CommandFdExt, FdMapping};
 use tokio::process::Command;
 
 pub const HOSTNAME: &str = "forkyard-sandbox";
@@ -38,6 +38,7 @@ const ETC_ALWAYS: &[&str] = &[
 /// Where the provisioner's helpers appear inside the sandbox.
 pub const FORWARDER_IN_SANDBOX: &str = "/run/forkyard/egress-forwarder";
 pub const PROXY_SOCKET_IN_SANDBOX: &str = "/run/forkyard/egress.sock";
+pub const LLM_SOCKET_IN_SANDBOX: &str = "/run/forkyard/llm.sock";
 /// The in-sandbox address of the egress proxy (the forwarder listens there).
 pub const PROXY_ADDR: &str = "127.0.0.1:3128";
 
@@ -52,12 +53,34 @@ pub struct Features {
     pub userns: bool,
 }
 
-/// Egress through the provisioner's allowlist proxy: its Unix socket on the host and the
-/// forwarder binary that exposes it on [`PROXY_ADDR`] inside the sandbox's own netns.
+/// The sandbox's ways out: Unix sockets of the provisioner (the egress allowlist proxy,
+/// the LLM relay), each exposed on a loopback address inside the sandbox's own netns by
+/// the forwarder binary.
 #[derive(Debug, Clone, Copy)]
-pub struct Egress<'a> {
-    pub socket: &'a Path,
+pub struct Relays<'a> {
     pub forwarder: &'a Path,
+    /// The egress proxy's socket, exposed on [`PROXY_ADDR`].
+    pub egress: Option<&'a Path>,
+    /// The LLM relay's socket, exposed on [`forkyard_proto::SANDBOX_LLM_ADDR`].
+    pub llm: Option<&'a Path>,
+}
+
+impl Relays<'_> {
+    fn any(&self) -> bool {
+        self.egress.is_some() || self.llm.is_some()
+    }
+
+    /// `(address in the sandbox, socket in the sandbox, socket on the host)` of each.
+    fn pairs(&self) -> Vec<(&'static str, &'static str, &Path)> {
+        let mut out = Vec::new();
+        if let Some(s) = self.egress {
+            out.push((PROXY_ADDR, PROXY_SOCKET_IN_SANDBOX, s));
+        }
+        if let Some(s) = self.llm {
+            out.push((forkyard_proto::SANDBOX_LLM_ADDR, LLM_SOCKET_IN_SANDBOX, s));
+        }
+        out
+    }
 }
 
 /// One command to run in one sandbox.
@@ -68,7 +91,7 @@ pub struct Invocation<'a> {
     pub workspace: &'a Path,
     pub sandbox_id: &'a str,
     /// `None`: no network at all. The sandbox always has its own network namespace.
-    pub egress: Option<Egress<'a>>,
+    pub relays: Option<Relays<'a>>,
     /// `cgroup.procs` files the command joins before bubblewrap starts.
     pub cgroup_procs: &'a [PathBuf],
     pub argv: &'a [String],
@@ -101,17 +124,15 @@ impl Invocation<'_> {
             a.push(["--ro-bind-try", *path, *path]);
         }
         a.push(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
-        if let Some(e) = self.egress {
+        if let Some(r) = self.relays.filter(Relays::any) {
             a.push([
                 OsStr::new("--ro-bind"),
-                e.forwarder.as_os_str(),
+                r.forwarder.as_os_str(),
                 OsStr::new(FORWARDER_IN_SANDBOX),
             ]);
-            a.push([
-                OsStr::new("--bind"),
-                e.socket.as_os_str(),
-                OsStr::new(PROXY_SOCKET_IN_SANDBOX),
-            ]);
+            for (_, inside, host) in r.pairs() {
+                a.push([OsStr::new("--bind"), host.as_os_str(), OsStr::new(inside)]);
+            }
         }
         a.push([
             OsStr::new("--bind"),
@@ -126,13 +147,12 @@ impl Invocation<'_> {
         // running as the provisioner (`LD_PRELOAD` of a library in a workspace).
         a.push(["--args", ENV_FD_STR]);
         a.push(["--"]);
-        if self.egress.is_some() {
-            a.push([
-                FORWARDER_IN_SANDBOX,
-                PROXY_ADDR,
-                PROXY_SOCKET_IN_SANDBOX,
-                "--",
-            ]);
+        if let Some(r) = self.relays.filter(Relays::any) {
+            a.push([FORWARDER_IN_SANDBOX]);
+            for (addr, inside, _) in r.pairs() {
+                a.push([format!("{addr}={inside}")]);
+            }
+            a.push(["--"]);
         }
         a.0.extend(self.argv.iter().map(OsString::from));
         a.0
@@ -149,7 +169,15 @@ impl Invocation<'_> {
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
-        if self.egress.is_some() {
+        if let Some(r) = self.relays
+            && r.llm.is_some()
+        {
+            env.push((
+                "FORKYARD_LLM_URL".into(),
+                format!("http://{}", forkyard_proto::SANDBOX_LLM_ADDR),
+            ));
+        }
+        if self.relays.is_some_and(|r| r.egress.is_some()) {
             let url = format!("http://{PROXY_ADDR}");
             for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
                 env.push((k.to_owned(), url.clone()));
@@ -253,7 +281,7 @@ pub async fn probe(bwrap: &Path, scratch: &Path) -> Result<Features, String> {
             features,
             workspace: scratch,
             sandbox_id: "probe",
-            egress: None,
+            relays: None,
             cgroup_procs: &[],
             argv: &argv,
             env: &[],
@@ -308,9 +336,10 @@ mod tests {
             features: Features { userns: true },
             workspace: Path::new("/state/ws"),
             sandbox_id: "sbx-1",
-            egress: egress.then_some(Egress {
-                socket: Path::new("/state/egress.sock"),
+            relays: egress.then_some(Relays {
                 forwarder: Path::new("/bin/fwd"),
+                egress: Some(Path::new("/state/egress.sock")),
+                llm: None,
             }),
             cgroup_procs: &[],
             argv: &argv,
@@ -345,7 +374,7 @@ mod tests {
         );
         assert!(
             a.ends_with(
-                "-- /run/forkyard/egress-forwarder 127.0.0.1:3128 /run/forkyard/egress.sock -- ls"
+                "-- /run/forkyard/egress-forwarder 127.0.0.1:3128=/run/forkyard/egress.sock -- ls"
             ),
             "{a}"
         );
@@ -365,7 +394,7 @@ mod tests {
             features: Features { userns: true },
             workspace: Path::new("/state/ws"),
             sandbox_id: "sbx-1",
-            egress: None,
+            relays: None,
             cgroup_procs: &procs,
             argv: &argv,
             env: &env,

@@ -2,7 +2,7 @@
 //! cgroups, egress, environment) every kind of exec goes through.
 
 use crate::{
-    bwrap::{Egress, Invocation},
+    bwrap::{Invocation, Relays},
     entry::{Entry, ExecGuard},
     error::{ProvisionerError, Result},
     process::{self, Caps, Finished, Outcome},
@@ -22,6 +22,8 @@ pub(crate) struct Prepared {
     pub(crate) cancel: CancellationToken,
     oom_before: u64,
     _guard: ExecGuard,
+    /// Stops the command's LLM relay when the command is done with.
+    _llm_relay: Option<crate::llm_relay::Relay>,
 }
 
 /// What the sandbox's limits did to one command.
@@ -75,7 +77,14 @@ impl Provisioner {
             stderr: OUTPUT_CAP,
         };
         let (f, after) = self
-            .run_checked(&req.sandbox_id, &req.argv, &env, timeout, caps)
+            .run_checked(
+                &req.sandbox_id,
+                &req.argv,
+                &env,
+                &req.llm_gateway,
+                timeout,
+                caps,
+            )
             .await?;
         let timed_out = matches!(f.outcome, Outcome::TimedOut);
         let exit_code = match f.outcome {
@@ -94,13 +103,19 @@ impl Provisioner {
         })
     }
 
-    /// Admit a command into the sandbox and build its bubblewrap command line.
+    /// Admit a command into the sandbox and build its bubblewrap command line; with
+    /// `llm_gateway`, start the relay that is the command's way to it.
     pub(crate) fn prepare(
         &self,
         id: &str,
         argv: &[String],
         env: &[(String, String)],
+        llm_gateway: &str,
     ) -> Result<Prepared> {
+        let llm_gateway = match llm_gateway {
+            "" => None,
+            url => Some(crate::llm_relay::authority(url)?),
+        };
         let entry = self.entry(id)?;
         let Some(guard) = entry.begin_exec() else {
             return Err(ProvisionerError::FailedPrecondition(format!(
@@ -116,11 +131,34 @@ impl Provisioner {
         self.ensure_cgroups(&entry)?;
         let workspace = self.store.workspace(id);
         let socket = self.store.egress_socket(id);
-        let egress = match (&self.config.forwarder_path, record.egress_allow.is_empty()) {
-            (Some(fwd), false) => Some(Egress {
-                socket: &socket,
+        let egress = !record.egress_allow.is_empty();
+        let llm_socket = llm_gateway.is_some().then(|| {
+            self.store.dir(id).join(format!(
+                "llm-{}.sock",
+                &uuid::Uuid::new_v4().simple().to_string()[..8]
+            ))
+        });
+        let relays = match (&self.config.forwarder_path, egress || llm_socket.is_some()) {
+            (Some(fwd), true) => Some(Relays {
                 forwarder: fwd,
+                egress: egress.then_some(socket.as_path()),
+                llm: llm_socket.as_deref(),
             }),
+            (None, true) if llm_socket.is_some() => {
+                return Err(ProvisionerError::FailedPrecondition(
+                    "this provisioner has no sandbox-egress-forwarder (FORKYARD_EGRESS_FORWARDER): it cannot offer an LLM endpoint".into(),
+                ));
+            }
+            _ => None,
+        };
+        let llm_relay = match (&llm_socket, llm_gateway) {
+            (Some(path), Some(gateway)) => {
+                let stop = entry.cancel.child_token();
+                Some(
+                    crate::llm_relay::spawn(path, gateway, id, stop)
+                        .map_err(|e| ProvisionerError::internal("start the llm relay", e))?,
+                )
+            }
             _ => None,
         };
         let procs = self
@@ -133,7 +171,7 @@ impl Provisioner {
             features: self.features,
             workspace: &workspace,
             sandbox_id: id,
-            egress,
+            relays,
             cgroup_procs: &procs,
             argv,
             env,
@@ -148,6 +186,7 @@ impl Provisioner {
             entry,
             oom_before,
             _guard: guard,
+            _llm_relay: llm_relay,
         })
     }
 
@@ -185,7 +224,7 @@ impl Provisioner {
         timeout: Duration,
         caps: Caps,
     ) -> Result<Finished> {
-        Ok(self.run_checked(id, argv, env, timeout, caps).await?.0)
+        Ok(self.run_checked(id, argv, env, "", timeout, caps).await?.0)
     }
 
     async fn run_checked(
@@ -193,10 +232,11 @@ impl Provisioner {
         id: &str,
         argv: &[String],
         env: &[(String, String)],
+        llm_gateway: &str,
         timeout: Duration,
         caps: Caps,
     ) -> Result<(Finished, Aftermath)> {
-        let mut p = self.prepare(id, argv, env)?;
+        let mut p = self.prepare(id, argv, env, llm_gateway)?;
         let cmd = std::mem::replace(&mut p.command, Command::new("true"));
         let f = process::run(cmd, timeout, caps, &p.cancel)
             .await

@@ -20,6 +20,7 @@ mod git;
 pub mod grpc;
 mod health;
 mod lifecycle;
+mod llm_relay;
 mod patch;
 mod process;
 pub mod provisioner;

@@ -452,9 +452,9 @@ impl Provisioner {
                 "is inside the provisioner's state directory (sandboxes, templates, snapshots)",
             ));
         }
-        path.into_os_string().into_string().map_err(|_| {
-            ProvisionerError::invalid("repo", "resolves to a path that is not UTF-8")
-        })
+        path.into_os_string()
+            .into_string()
+            .map_err(|_| ProvisionerError::invalid("repo", "resolves to a path that is not UTF-8"))
     }
 
     async fn create_new(&self, req: CreateSandboxRequest) -> Result<Sandbox> {

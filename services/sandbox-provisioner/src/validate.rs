@@ -102,7 +102,9 @@ pub(crate) fn env(name: &str, value: &str) -> Result<()> {
 }
 
 /// The whole environment's size (each variable was checked by [`env`]).
-pub(crate) fn env_total<'a>(vars: impl IntoIterator<Item = (&'a String, &'a String)>) -> Result<()> {
+pub(crate) fn env_total<'a>(
+    vars: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Result<()> {
     let total: usize = vars.into_iter().map(|(k, v)| k.len() + v.len() + 2).sum();
     if total > MAX_TOTAL_BYTES {
         return Err(ProvisionerError::invalid(

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{exec_req, fixture, host_pids_with, unique_sleep, eventually};
+use common::{eventually, exec_req, fixture, host_pids_with, unique_sleep};
 use std::{path::Path, process::Command, time::Duration};
 use tonic::Code;
 
@@ -25,7 +25,11 @@ fn evil_library(dir: &Path, marker: &Path) -> std::path::PathBuf {
         .arg(&src)
         .output()
         .expect("gcc (the machine's C compiler)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     so
 }
 
@@ -112,7 +116,11 @@ async fn an_environment_over_the_documented_size_is_invalid_argument() {
     req.env.insert("BIG".into(), "x".repeat(200 << 10));
     let status = tonic::Status::from(f.core.exec(req).await.unwrap_err());
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    assert!(status.message().contains("invalid env: BIG"), "{}", status.message());
+    assert!(
+        status.message().contains("invalid env: BIG"),
+        "{}",
+        status.message()
+    );
     let mut req = exec_req(&sbx.id, &["true"]);
     for i in 0..12 {
         req.env.insert(format!("V{i}"), "x".repeat(100 << 10));

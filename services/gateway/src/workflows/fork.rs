@@ -316,6 +316,7 @@ pub(super) async fn agent_and_verify<W>(
             argv: vec!["sh".into(), "-c".into(), spec.verify_command.clone()],
             env: HashMap::new(),
             timeout_secs: spec.verify_timeout_secs,
+            ..Default::default()
         };
         let mut opts = options::verify(
             options::sandbox_queue(&sandbox.owner_task_queue),

@@ -1,7 +1,7 @@
-//! `sandbox-egress-forwarder ADDR SOCKET -- COMMAND...`: runs inside a sandbox's own
-//! network namespace. It listens on TCP `ADDR` (the sandbox's loopback), relays every
-//! connection to the provisioner's egress proxy on the Unix socket `SOCKET`, and runs
-//! COMMAND, exiting with its status. The sandbox has no other way out.
+//! `sandbox-egress-forwarder ADDR=SOCKET... -- COMMAND...`: runs inside a sandbox's own
+//! network namespace. It listens on each TCP `ADDR` (the sandbox's loopback), relays
+//! every connection to its Unix socket `SOCKET` (the provisioner's egress proxy, the LLM
+//! relay), and runs COMMAND, exiting with its status. The sandbox has no other way out.
 #![forbid(unsafe_code)]
 
 use std::{
@@ -12,29 +12,39 @@ use std::{
     thread,
 };
 
+const USAGE: &str = "usage: sandbox-egress-forwarder ADDR=SOCKET... -- COMMAND...";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (addr, socket, cmd) = match args.as_slice() {
-        [addr, socket, sep, cmd @ ..] if sep == "--" && !cmd.is_empty() => (addr, socket, cmd),
-        _ => {
-            eprintln!("usage: sandbox-egress-forwarder ADDR SOCKET -- COMMAND...");
-            return ExitCode::from(125);
-        }
+    let Some(sep) = args.iter().position(|a| a == "--") else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(125);
     };
-    let listener = match TcpListener::bind(addr) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("egress forwarder: cannot listen on {addr}: {e}");
+    let (pairs, cmd) = (&args[..sep], &args[sep + 1..]);
+    if pairs.is_empty() || cmd.is_empty() {
+        eprintln!("{USAGE}");
+        return ExitCode::from(125);
+    }
+    for pair in pairs {
+        let Some((addr, socket)) = pair.split_once('=') else {
+            eprintln!("{USAGE}");
             return ExitCode::from(125);
-        }
-    };
-    let socket = socket.clone();
-    thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let socket = socket.clone();
-            thread::spawn(move || relay(conn, &socket));
-        }
-    });
+        };
+        let listener = match TcpListener::bind(addr) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("egress forwarder: cannot listen on {addr}: {e}");
+                return ExitCode::from(125);
+            }
+        };
+        let socket = socket.to_owned();
+        thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let socket = socket.clone();
+                thread::spawn(move || relay(conn, &socket));
+            }
+        });
+    }
     let status = match Command::new(&cmd[0]).args(&cmd[1..]).status() {
         Ok(s) => s,
         Err(e) => {
@@ -57,6 +67,7 @@ fn relay(tcp: TcpStream, socket: &str) {
     let Ok(unix) = UnixStream::connect(socket) else {
         return;
     };
+    let _ = tcp.set_nodelay(true);
     let (Ok(mut tcp_r), Ok(mut unix_w)) = (tcp.try_clone(), unix.try_clone()) else {
         return;
     };

@@ -470,6 +470,12 @@ impl E2bBackend {
     }
 
     fn exec_params(&self, req: &ExecRequest) -> Result<(String, Duration)> {
+        // An E2B sandbox runs outside this host: no relay of ours reaches into it.
+        if !req.llm_gateway.is_empty() {
+            return Err(ProvisionerError::FailedPrecondition(
+                "the e2b backend offers no LLM gateway endpoint inside its sandboxes".into(),
+            ));
+        }
         crate::validate::argv(&req.argv)?;
         for (k, v) in &req.env {
             crate::validate::env(k, v)?;

@@ -96,6 +96,7 @@ impl E2bBackend {
             argv: req.argv.clone(),
             env: env.clone(),
             timeout_secs: req.timeout_secs,
+            ..Default::default()
         })?;
         let start = json!({
             "process": {"cmd": req.argv[0], "args": &req.argv[1..], "envs": env, "cwd": WORKSPACE},

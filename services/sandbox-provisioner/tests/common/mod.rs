@@ -109,6 +109,7 @@ pub fn exec_req(id: &str, argv: &[&str]) -> ExecRequest {
         argv: argv.iter().map(|s| (*s).to_owned()).collect(),
         env: HashMap::new(),
         timeout_secs: 0,
+        ..Default::default()
     }
 }
 
