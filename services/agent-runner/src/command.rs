@@ -1,23 +1,33 @@
-//! The `command` driver: a shell command run inside the sandbox with the prompt in
-//! `FORKYARD_PROMPT`. The command runs through the provisioner's `ExecStream`; dropping
-//! that call (on cancellation or a refused charge) makes the provisioner kill everything
-//! the command started.
+//! The command-like drivers: a shell command run inside the sandbox with the prompt in
+//! `FORKYARD_PROMPT` (`command`, or a preset's CLI invocation: `claude-code`, `codex`;
+//! see [`crate::presets`]). The command runs through the provisioner's `ExecStream`;
+//! dropping that call (on cancellation or a spent budget) makes the provisioner kill
+//! everything the command started.
 //!
-//! Agent CLIs that stream usage (`claude -p --output-format stream-json --verbose`,
-//! `codex exec --json`) are charged as they go: each usage-bearing line is priced from
-//! the table (by the model the CLI names, else the spec's) and charged to the ledger
-//! under `<charge_key>/turn-<n>`, n continuing from a failed attempt's last heartbeat as
-//! with the LLM drivers. At the end the CLI's own total reconciles: the result's
-//! `cost_micros` is its price (`total_cost_usd`, else its total usage priced), at least
-//! what was charged; the fork's Commit, whose amount includes the charges, posts only the
-//! rest. A CLI that prints one result at the end (`--output-format json`) is so charged
-//! by the Commit alone, as before.
+//! With the runner's LLM gateway (the default), the command's model traffic is metered
+//! there: the fork gets a token for its sandbox, every response's usage is priced and
+//! charged as it completes, and the fork's cost is exactly what its requests used,
+//! whatever the CLI prints. A refused charge ends the command (`BUDGET_EXCEEDED`).
+//!
+//! Without the gateway (`--llm-listen ''`), agent CLIs that stream usage on stdout
+//! (`claude -p --output-format stream-json --verbose`, `codex exec --json`) are charged
+//! as they go: each usage-bearing line is priced from the table (by the model the CLI
+//! names, else the spec's) and charged under `<charge_key>/turn-<n>`, n continuing from
+//! a failed attempt's last heartbeat as with the LLM drivers. At the end the CLI's own
+//! total reconciles: the result's `cost_micros` is its price (`total_cost_usd`, else its
+//! total usage priced), at least what was charged; the fork's Commit, whose amount
+//! includes the charges, posts only the rest.
 
 use crate::{
     charge::Charger,
     command_meter::{Lines, Meter},
     error::AgentError,
+    llm_gateway::{
+        LlmGateway,
+        grants::{Allowed, GrantHandle, GrantSpec, Totals},
+    },
     models::Models,
+    presets::Program,
     transcript::{ArtifactStore, Transcript},
     usage_stream::{Reading, UsageStream},
 };
@@ -33,13 +43,14 @@ use forkyard_proto::{
 };
 use serde_json::json;
 use std::{
-    collections::HashMap,
     future::Future,
     pin::Pin,
     time::{Duration, Instant},
 };
 
 const OUTPUT_TAIL_BYTES: usize = 4096;
+/// How long the end of a command waits for its last requests' charges.
+const SETTLE: Duration = Duration::from_secs(15);
 
 /// Where progress goes while the agent runs (activity heartbeats, or nowhere).
 pub trait ProgressSink {
@@ -49,32 +60,6 @@ pub trait ProgressSink {
 pub struct NoProgress;
 impl ProgressSink for NoProgress {
     async fn report(&self, _: AgentProgress) {}
-}
-
-pub fn validate(req: &RunAgentRequest) -> Result<String, AgentError> {
-    let agent = req
-        .agent
-        .as_ref()
-        .ok_or_else(|| AgentError::InvalidArgument("agent: missing".into()))?;
-    let driver = if agent.driver.is_empty() {
-        "command"
-    } else {
-        agent.driver.as_str()
-    };
-    if driver != "command" {
-        return Err(AgentError::InvalidArgument(format!(
-            "agent.driver: {driver:?} is not the command driver"
-        )));
-    }
-    if agent.command.trim().is_empty() {
-        return Err(AgentError::InvalidArgument(
-            "agent.command: is empty".into(),
-        ));
-    }
-    if req.sandbox_id.is_empty() {
-        return Err(AgentError::InvalidArgument("sandbox_id: is empty".into()));
-    }
-    Ok(agent.command.clone())
 }
 
 /// What the command driver needs besides the request.
@@ -91,6 +76,11 @@ pub struct Env<'a, S: ProgressSink> {
     /// The last heartbeat of a failed attempt of this activity.
     pub resume: Option<AgentProgress>,
     pub activity_attempt: u32,
+    /// What to run (the command, or a preset's invocation).
+    pub program: Program,
+    /// The runner's LLM gateway and the models the fork may use; `None`: no gateway,
+    /// usage is read from stdout.
+    pub llm: Option<(&'a std::sync::Arc<LlmGateway>, Allowed)>,
 }
 
 fn sandbox_error(req: &RunAgentRequest, endpoint: &str, s: &tonic::Status) -> AgentError {
@@ -117,7 +107,6 @@ pub async fn run<S: ProgressSink>(
     req: &RunAgentRequest,
     env: Env<'_, S>,
 ) -> Result<RunAgentResponse, AgentError> {
-    let command = validate(req)?;
     let Env {
         mut client,
         endpoint,
@@ -129,11 +118,10 @@ pub async fn run<S: ProgressSink>(
         store,
         resume,
         activity_attempt,
+        program,
+        llm,
     } = env;
-    let spec_model = req
-        .agent
-        .as_ref()
-        .map_or(String::new(), |a| a.model.clone());
+    let spec_model = program.model.clone();
     let key = ArtifactStore::key(&req.run_id, req.fork, req.attempt);
     let mut transcript = match (store, &key) {
         (Some(store), Some(key)) => store.open(key).unwrap_or_else(|e| {
@@ -151,9 +139,26 @@ pub async fn run<S: ProgressSink>(
     } else {
         transcript.write(&json!({
             "type": "start", "run_id": req.run_id, "fork": req.fork, "attempt": req.attempt.max(1),
-            "driver": "command", "model": spec_model,
+            "driver": req.agent.as_ref().map_or("command", |a| if a.driver.is_empty() { "command" } else { a.driver.as_str() }),
+            "model": spec_model, "llm_gateway": llm.is_some(),
         }));
     }
+    // With the gateway, charges are the gateway's (one per request) and stdout is only
+    // the transcript; without it, the meter charges what stdout reports.
+    let (grant, charger) = match &llm {
+        Some((gateway, allowed)) => (
+            Some(gateway.grants.mint(GrantSpec {
+                sandbox_id: req.sandbox_id.clone(),
+                run_id: req.run_id.clone(),
+                fork: req.fork,
+                allowed: allowed.clone(),
+                charger,
+            })),
+            None,
+        ),
+        None => (None, charger),
+    };
+    let resumed = resume.clone().unwrap_or_default();
     let mut meter = Meter {
         req,
         models,
@@ -174,18 +179,31 @@ pub async fn run<S: ProgressSink>(
         .cost_micros
         .max(meter.progress.charged_micros);
 
-    let env = HashMap::from([
+    let mut env = program.env.clone();
+    env.extend([
         ("FORKYARD_PROMPT".to_owned(), req.prompt.clone()),
         ("FORKYARD_RUN_ID".to_owned(), req.run_id.clone()),
         ("FORKYARD_FORK".to_owned(), req.fork.to_string()),
     ]);
+    if let Some(g) = &grant {
+        env.extend(crate::presets::gateway_env(g.token()));
+    }
     let exec = ExecRequest {
         sandbox_id: req.sandbox_id.clone(),
-        argv: vec!["sh".into(), "-c".into(), command],
+        argv: vec!["sh".into(), "-c".into(), program.script.clone()],
         env,
         timeout_secs: req.timeout_secs,
-        ..Default::default()
+        llm_gateway: llm
+            .as_ref()
+            .map_or(String::new(), |(g, _)| g.advertise.clone()),
     };
+    let exhausted = async {
+        match &grant {
+            Some(g) => g.exhausted().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(exhausted);
     let cancel = |meter: &mut Meter<'_, S>| {
         meter
             .transcript
@@ -205,10 +223,14 @@ pub async fn run<S: ProgressSink>(
         let event = tokio::select! {
             ev = stream.message() => ev.map_err(|s| sandbox_error(req, &endpoint, &s))?,
             _ = ticker.tick() => {
+                if let Some(g) = &grant {
+                    gateway_progress(&mut meter.progress, &resumed, &g.totals());
+                }
                 meter.beat("command running").await;
                 continue;
             }
             () = &mut cancelled => return Err(cancel(&mut meter)),
+            why = &mut exhausted => return Err(spent(&mut meter, grant.as_ref(), &resumed, why).await),
         };
         let lines = match event.and_then(|e| e.event) {
             Some(Event::Stdout(chunk)) => stdout.push(&chunk),
@@ -229,6 +251,9 @@ pub async fn run<S: ProgressSink>(
         };
         for line in lines {
             meter.record_output(&line);
+            if grant.is_some() {
+                continue;
+            }
             match readings.line(&line) {
                 // Dropping `stream` on a refusal kills the command.
                 Some(Reading::Turn { usage, model }) => meter.turn(usage, model).await?,
@@ -246,14 +271,26 @@ pub async fn run<S: ProgressSink>(
     drop(stream);
     if let Some(line) = stdout.finish() {
         meter.record_output(&line);
-        match readings.line(&line) {
-            Some(Reading::Turn { usage, model }) => meter.turn(usage, model).await?,
-            Some(Reading::Total(t)) => meter.total = Some(t),
-            None => {}
+        if grant.is_none() {
+            match readings.line(&line) {
+                Some(Reading::Turn { usage, model }) => meter.turn(usage, model).await?,
+                Some(Reading::Total(t)) => meter.total = Some(t),
+                None => {}
+            }
         }
     }
     let kept = stdout.kept();
-    meter.reconcile(&kept);
+    match &grant {
+        Some(g) => {
+            let totals = g.settle(SETTLE).await;
+            gateway_progress(&mut meter.progress, &resumed, &totals);
+            write_gateway_totals(&mut meter, &totals);
+            if let Some(why) = totals.exhausted {
+                return Err(spent(&mut meter, grant.as_ref(), &resumed, why).await);
+            }
+        }
+        None => meter.reconcile(&kept),
+    }
     let p = &meter.progress;
     // What the ledger holds is at least what was charged; never report less.
     let cost_micros = p.cost_micros.max(p.charged_micros);
@@ -283,4 +320,49 @@ pub async fn run<S: ProgressSink>(
         meter.beat("command exited").await;
     }
     Ok(out)
+}
+
+/// The attempt's progress from what the gateway metered (on top of what a failed
+/// earlier attempt had reached).
+fn gateway_progress(p: &mut AgentProgress, resumed: &AgentProgress, t: &Totals) {
+    p.turns = resumed.turns + t.requests;
+    let mut usage = resumed.usage.unwrap_or_default();
+    usage.input_tokens += t.usage.input_tokens;
+    usage.output_tokens += t.usage.output_tokens;
+    usage.cache_read_tokens += t.usage.cache_read_tokens;
+    usage.cache_write_tokens += t.usage.cache_write_tokens;
+    p.usage = Some(usage);
+    p.cost_micros = resumed.cost_micros.max(resumed.charged_micros) + t.cost_micros;
+    p.charged_micros = resumed.charged_micros + t.charged_micros;
+}
+
+fn write_gateway_totals<S: ProgressSink>(meter: &mut Meter<'_, S>, t: &Totals) {
+    meter.transcript.write(&json!({
+        "type": "llm_gateway", "requests": t.requests, "usage": t.usage,
+        "cost_micros": t.cost_micros, "charged_micros": t.charged_micros,
+    }));
+}
+
+/// The fork's reservation refused a request's charge: the command is stopped (its
+/// stream dropped by the caller) and the fork ends `BUDGET_EXCEEDED`.
+async fn spent<S: ProgressSink>(
+    meter: &mut Meter<'_, S>,
+    grant: Option<&GrantHandle>,
+    resumed: &AgentProgress,
+    why: String,
+) -> AgentError {
+    if let Some(g) = grant {
+        let totals = g.settle(SETTLE).await;
+        gateway_progress(&mut meter.progress, resumed, &totals);
+        write_gateway_totals(meter, &totals);
+    }
+    let p = &meter.progress;
+    meter.transcript.write(&json!({"type": "end", "reason": "budget spent", "error": why, "turns": p.turns, "cost_micros": p.cost_micros}));
+    tracing::info!(run_id = %meter.req.run_id, fork = meter.req.fork, "fork budget spent, stopping its agent");
+    meter.beat("stopped: budget spent").await;
+    let p = &meter.progress;
+    AgentError::BudgetExceeded(format!(
+        "{why}; the agent was stopped after {} model requests ({} micro-USD used, {} charged)",
+        p.turns, p.cost_micros, p.charged_micros
+    ))
 }

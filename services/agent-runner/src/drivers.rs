@@ -8,7 +8,7 @@ use crate::{
 };
 use forkyard_proto::common::v1::AgentSpec;
 
-pub const DRIVERS: &[&str] = &["command", "anthropic", "openai"];
+pub const DRIVERS: &[&str] = &["command", "claude-code", "codex", "anthropic", "openai"];
 pub const DEFAULT_MAX_TURNS: u32 = 50;
 
 #[derive(Debug, Clone)]

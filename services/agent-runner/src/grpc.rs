@@ -108,7 +108,7 @@ impl AgentRunner for AgentRunnerService {
         req: Request<CheckDriverRequest>,
     ) -> Result<Response<CheckDriverResponse>, Status> {
         let agent = req.into_inner().agent.unwrap_or_default();
-        let choice = self.runner.drivers.check(&agent)?;
+        let choice = self.runner.check(&agent)?;
         Ok(Response::new(CheckDriverResponse {
             driver: choice.driver,
             model: choice.model,

@@ -5,6 +5,7 @@ use forkyard_agent_runner::{
     activities::AgentActivities,
     drivers::Drivers,
     grpc::{AgentRunnerService, Provisioners},
+    llm_gateway::LlmGateway,
     models::Models,
     runner::{Runner, lazy_channel},
     transcript::ArtifactStore,
@@ -34,6 +35,15 @@ struct Args {
     /// artifact store. Default `http://<listen>`, with the host name for 0.0.0.0 / ::.
     #[arg(long, env = "FORKYARD_AGENT_RUNNER_ADVERTISE_ADDR")]
     advertise_addr: Option<String>,
+    /// Address the metering LLM gateway listens on: every command-like agent (command,
+    /// claude-code, codex) reaches its model there, through its provisioner's relay.
+    /// Empty: off (agents get no model access; the presets refuse to run).
+    #[arg(long, env = "FORKYARD_LLM_LISTEN", default_value = "127.0.0.1:50056")]
+    llm_listen: String,
+    /// The LLM gateway's address as provisioners reach it (`http://host:port`). Default
+    /// `http://<llm-listen>`, with the host name when listening on 0.0.0.0 or ::.
+    #[arg(long, env = "FORKYARD_LLM_ADVERTISE_ADDR")]
+    llm_advertise_addr: Option<String>,
     /// The sandbox provisioner used when a sandbox names no owner replica.
     #[arg(
         long,
@@ -107,6 +117,22 @@ async fn main() -> anyhow::Result<()> {
     let listener = server::bind(listen)
         .await
         .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
+    let llm = if args.llm_listen.trim().is_empty() {
+        None
+    } else {
+        let setting = "--llm-listen (FORKYARD_LLM_LISTEN)";
+        let addr = parse_listen(setting, &args.llm_listen).unwrap_or_else(|e| exit_config_error(e));
+        let advertise = forkyard_common::advertise::resolve(
+            "--llm-advertise-addr (FORKYARD_LLM_ADVERTISE_ADDR)",
+            args.llm_advertise_addr.as_deref(),
+            addr,
+        )
+        .unwrap_or_else(|e| exit_config_error(e));
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .unwrap_or_else(|e| exit_config_error(format!("{setting}: {e}")));
+        Some((l, advertise))
+    };
     let ledger = lazy_channel(&args.ledger_addr)
         .unwrap_or_else(|e| exit_config_error(format!("--ledger-addr (FORKYARD_LEDGER_ADDR) {e}")));
     let models = Models::load(args.models_file.as_deref())
@@ -125,7 +151,23 @@ async fn main() -> anyhow::Result<()> {
     // Before logging starts too, so a taken metrics port is the first line a pod prints.
     args.metrics.start("agent-runner").await;
     telemetry::init("agent-runner");
+    let llm_gateway = llm.map(|(listener, advertise)| {
+        let gw = Arc::new(LlmGateway::new(
+            drivers.anthropic.clone(),
+            drivers.openai.clone(),
+            drivers.models.clone(),
+            advertise,
+        ));
+        tracing::info!(listen = %args.llm_listen, advertise = %gw.advertise, "llm gateway serving");
+        tokio::spawn(forkyard_agent_runner::llm_gateway::serve(
+            gw.clone(),
+            listener,
+            tokio_util::sync::CancellationToken::new(),
+        ));
+        gw
+    });
     let runner = Runner {
+        llm_gateway,
         provisioners: Provisioners::new(args.provisioner_addr.clone()),
         ledger,
         drivers: Arc::new(drivers),

@@ -8,6 +8,8 @@ use crate::{
     drivers::Drivers,
     error::AgentError,
     grpc::Provisioners,
+    llm_gateway::LlmGateway,
+    presets,
     tools::Sandbox,
     transcript::ArtifactStore,
 };
@@ -29,6 +31,9 @@ pub struct Runner {
     /// This replica's gRPC endpoint as others reach it (`--advertise-addr`), returned as
     /// `transcript_endpoint` so GetForkResult asks the replica holding the transcript.
     pub advertise: String,
+    /// The metering LLM gateway every command-like agent reaches its model through;
+    /// `None` (`--llm-listen ''`): no model access from sandboxes but what stdout meters.
+    pub llm_gateway: Option<Arc<LlmGateway>>,
 }
 
 /// A lazily connected channel to `addr` (checked to be a URL by the caller).
@@ -40,6 +45,43 @@ pub fn lazy_channel(addr: &str) -> Result<Channel, String> {
 }
 
 impl Runner {
+    /// Whether this runner can run `agent` (asked at launch): the driver and model id.
+    pub fn check(
+        &self,
+        agent: &forkyard_proto::common::v1::AgentSpec,
+    ) -> Result<crate::drivers::Choice, AgentError> {
+        if !presets::is_command_like(&agent.driver) {
+            return self.drivers.check(agent);
+        }
+        let probe = RunAgentRequest {
+            sandbox_id: "check".into(),
+            agent: Some(agent.clone()),
+            ..Default::default()
+        };
+        let program = presets::program(&probe, &self.drivers.models, self.drivers.max_turns)?;
+        if !matches!(agent.driver.as_str(), "" | "command") && self.llm_gateway.is_none() {
+            return Err(AgentError::InvalidArgument(format!(
+                "agent.driver: {} needs this runner's LLM gateway, which is off (--llm-listen)",
+                agent.driver
+            )));
+        }
+        for m in &agent.allowed_models {
+            if m.trim().is_empty() {
+                return Err(AgentError::InvalidArgument(
+                    "agent.allowed_models: holds an empty name".into(),
+                ));
+            }
+        }
+        Ok(crate::drivers::Choice {
+            driver: if agent.driver.is_empty() {
+                "command".into()
+            } else {
+                agent.driver.clone()
+            },
+            model: program.model,
+        })
+    }
+
     /// Run the agent `req` asks for. `resume` is the last heartbeat of a failed attempt
     /// of the same activity (`activity_attempt` > 1).
     pub async fn run(
@@ -69,19 +111,33 @@ impl Runner {
     ) -> Result<RunAgentResponse, AgentError> {
         let (client, endpoint) = self.provisioners.client_for(&req.sandbox_endpoint)?;
         let driver = req.agent.as_ref().map_or("", |a| a.driver.as_str());
-        let is_command = driver.is_empty() || driver == "command";
-        let choice = if is_command {
-            command::validate(req)?;
-            crate::drivers::Choice {
-                driver: "command".into(),
-                model: req
-                    .agent
-                    .as_ref()
-                    .map_or(String::new(), |a| a.model.clone()),
-            }
+        let is_command = presets::is_command_like(driver);
+        let program = if is_command {
+            Some(presets::program(
+                req,
+                &self.drivers.models,
+                self.drivers.max_turns,
+            )?)
         } else {
-            self.drivers
-                .check(req.agent.as_ref().unwrap_or(&Default::default()))?
+            None
+        };
+        if !matches!(driver, "" | "command") && is_command && self.llm_gateway.is_none() {
+            return Err(AgentError::InvalidArgument(format!(
+                "agent.driver: {driver} needs this runner's LLM gateway, which is off (--llm-listen)"
+            )));
+        }
+        let choice = match &program {
+            Some(p) => crate::drivers::Choice {
+                driver: if driver.is_empty() {
+                    "command".into()
+                } else {
+                    driver.into()
+                },
+                model: p.model.clone(),
+            },
+            None => self
+                .drivers
+                .check(req.agent.as_ref().unwrap_or(&Default::default()))?,
         };
         let charger = (!req.reservation_id.is_empty()).then(|| Charger {
             client: BudgetLedgerClient::new(self.ledger.clone()),
@@ -96,7 +152,14 @@ impl Runner {
             model: choice.model.clone(),
             activity_attempt,
         });
-        if is_command {
+        if let Some(program) = program {
+            let agent = req.agent.clone().unwrap_or_default();
+            let llm = self.llm_gateway.as_ref().map(|g| {
+                (
+                    g,
+                    presets::allowed(&agent, &program.model, &self.drivers.models),
+                )
+            });
             let env = command::Env {
                 client,
                 endpoint,
@@ -108,6 +171,8 @@ impl Runner {
                 store: self.store.as_ref(),
                 resume,
                 activity_attempt,
+                program,
+                llm,
             };
             return command::run(req, env).await;
         }

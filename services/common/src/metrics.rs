@@ -18,7 +18,8 @@ pub fn registry() -> &'static Registry {
     &REGISTRY
 }
 
-fn register<M: prometheus::core::Collector + Clone + 'static>(m: M) -> M {
+/// Register `m` in the process-wide registry (a service's own metrics, beside the run metrics).
+pub fn register<M: prometheus::core::Collector + Clone + 'static>(m: M) -> M {
     // Registering twice only happens if two statics share a name: a programming error
     // caught by the unit test below, not something a running service can hit.
     registry()

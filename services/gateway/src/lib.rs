@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod egress_policy;
 pub mod error;
 pub mod finish;
 pub mod fork_telemetry;

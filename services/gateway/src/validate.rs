@@ -20,7 +20,9 @@ pub const MAX_CONCURRENT_FORKS: u32 = 500;
 const MAX_LABELS: usize = 64;
 /// Drivers agent-runner implements. Whether the runner can run one (its model alias,
 /// its API key) is asked of the runner at launch (`api::agents`).
-pub const DRIVERS: &[&str] = &["command", "anthropic", "openai"];
+pub const DRIVERS: &[&str] = &["command", "claude-code", "codex", "anthropic", "openai"];
+/// Most entries of `agent.allowed_models`.
+const MAX_ALLOWED_MODELS: usize = 32;
 
 /// Runs of up to this many forks run their forks inside the run's workflow by default.
 pub const DEFAULT_INLINE_FORK_LIMIT: u32 = 200;
@@ -138,6 +140,26 @@ fn check_agent(agent: Option<&AgentSpec>) -> Result<AgentSpec, GatewayError> {
     }
     no_nul("agent.command", &agent.command)?;
     no_nul("agent.model", &agent.model)?;
+    if agent.allowed_models.len() > MAX_ALLOWED_MODELS {
+        return Err(field(
+            "agent.allowed_models",
+            format!(
+                "{} models; the limit is {MAX_ALLOWED_MODELS}",
+                agent.allowed_models.len()
+            ),
+        ));
+    }
+    for m in &agent.allowed_models {
+        let ok = !m.trim().is_empty()
+            && m.len() <= 200
+            && !m.chars().any(|c| c.is_control() || c.is_whitespace());
+        if !ok {
+            return Err(field(
+                "agent.allowed_models",
+                format!("{m:?} is not a model name"),
+            ));
+        }
+    }
     Ok(AgentSpec {
         driver: driver.to_owned(),
         ..agent

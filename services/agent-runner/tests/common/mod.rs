@@ -178,6 +178,7 @@ pub async fn fixture(base_url: &str) -> Fixture {
     );
     let artifacts = tmp.path().join("artifacts");
     let runner = Runner {
+        llm_gateway: None,
         provisioners: Provisioners::new(prov_url),
         ledger: lazy_channel(&ledger_url).unwrap(),
         drivers: Arc::new(drivers),

@@ -113,6 +113,7 @@ impl GatewayService {
             tenant.run_id_for(&req.request_id)
         };
         spec.repo = self.tenancy.repos.check(&spec.repo)?;
+        spec.egress = self.tenancy.egress.check(&tenant.name, &req.egress)?;
         validate::check_repo(&spec.repo).await?;
         spec.tenant.clone_from(&tenant.name);
         self.check_fork_slots(tenant, spec.max_concurrent.min(spec.forks))

@@ -27,6 +27,8 @@ pub struct TenantPolicy {
     pub ledger: Option<BudgetLedgerClient<Channel>>,
     /// Which repositories runs may name (local paths, the sandboxes' storage).
     pub repos: crate::repo_policy::RepoPolicy,
+    /// Which hosts each tenant's runs may reach.
+    pub egress: crate::egress_policy::EgressPolicy,
 }
 
 impl Default for TenantPolicy {
@@ -36,6 +38,7 @@ impl Default for TenantPolicy {
             default_budget_micros: 100_000_000,
             ledger: None,
             repos: crate::repo_policy::RepoPolicy::default(),
+            egress: crate::egress_policy::EgressPolicy::default(),
         }
     }
 }

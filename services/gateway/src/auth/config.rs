@@ -52,6 +52,16 @@ pub struct SecurityArgs {
     /// with API keys (a tenant could otherwise read any repository on the host).
     #[arg(long, env = "FORKYARD_LOCAL_REPO_ROOTS")]
     pub local_repo_roots: Option<String>,
+    /// Named host sets runs may ask for in `egress`, added to the built-in npm, pypi,
+    /// crates, debian and github: `name=host,*.domain;name2=host:port`.
+    #[arg(long, env = "FORKYARD_EGRESS_SETS")]
+    pub egress_sets: Option<String>,
+    /// What each tenant's runs may ask for in `egress`: `tenant=entry,…;*=entry,…` where
+    /// an entry is a host pattern, a set name, or `*` (any public host); `*` names every
+    /// tenant not listed. Unset: any public host with `--auth none`, the named sets only
+    /// with API keys. Loopback, link-local and private addresses only when listed as such.
+    #[arg(long, env = "FORKYARD_TENANT_EGRESS")]
+    pub tenant_egress: Option<String>,
     /// Longest one API call may take, its calls to Temporal and the ledger included.
     #[arg(long, env = "FORKYARD_CALL_DEADLINE_SECS", default_value_t = 30)]
     pub call_deadline_secs: u64,
@@ -121,6 +131,11 @@ impl SecurityArgs {
                 self.local_repo_roots.as_deref(),
                 matches!(self.auth, AuthMode::ApiKey),
                 state_dir,
+            )?,
+            egress: crate::egress_policy::EgressPolicy::from_settings(
+                self.egress_sets.as_deref(),
+                self.tenant_egress.as_deref(),
+                matches!(self.auth, AuthMode::ApiKey),
             )?,
         };
         let auth = match self.auth {

@@ -287,7 +287,10 @@ fn create_request(f: &WaveFork, idempotency_key: String) -> CreateSandboxRequest
             (labels::WORKFLOW_ID.to_owned(), f.owner().to_owned()),
         ]),
         idempotency_key,
-        network: false,
+        // The run's egress (its tenant's policy checked at launch); none: the sandbox
+        // reaches only the LLM gateway, which every agent command gets.
+        network: !spec.egress.is_empty(),
+        egress_allow: spec.egress.clone(),
         ..Default::default()
     }
 }

@@ -1,0 +1,264 @@
+//! Per-fork tokens. A fork's agent gets a token when its command starts and loses it when
+//! the command ends (the grant is dropped): the token is bound to the fork's sandbox, its
+//! reservation and its allowed models, and is the only credential the sandbox ever holds.
+
+use crate::{charge::Charger, error::AgentError};
+use forkyard_proto::common::v1::Usage;
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+use tokio::sync::Notify;
+
+/// Which models a grant may ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Allowed {
+    Any,
+    Only(BTreeSet<String>),
+}
+
+impl Allowed {
+    pub fn permits(&self, model: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Only(set) => set.contains(model),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Any => "any".into(),
+            Self::Only(set) => set.iter().cloned().collect::<Vec<_>>().join(", "),
+        }
+    }
+}
+
+/// What a grant is for.
+pub struct GrantSpec {
+    pub sandbox_id: String,
+    pub run_id: String,
+    pub fork: u32,
+    pub allowed: Allowed,
+    /// Charges each request's price to the fork's reservation; none without one.
+    pub charger: Option<Charger>,
+}
+
+/// What the fork's requests came to so far.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Totals {
+    pub requests: u32,
+    pub usage: Usage,
+    pub cost_micros: i64,
+    /// What the ledger accepted (a refused or failed charge is in `cost_micros` only).
+    pub charged_micros: i64,
+    /// Why the fork may not ask for more (its reservation is spent).
+    pub exhausted: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    totals: Totals,
+    /// Requests whose charge has not settled yet.
+    in_flight: u32,
+}
+
+pub struct Grant {
+    /// Short and random: names the grant in charge keys and logs (never the token).
+    pub id: String,
+    pub sandbox_id: String,
+    pub run_id: String,
+    pub fork: u32,
+    pub allowed: Allowed,
+    charger: Option<tokio::sync::Mutex<Charger>>,
+    seq: AtomicU32,
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl Grant {
+    /// Why a new request must be refused, if it must.
+    pub fn exhausted(&self) -> Option<String> {
+        self.state
+            .lock()
+            .expect("grant lock")
+            .totals
+            .exhausted
+            .clone()
+    }
+
+    /// A request starts: its sequence number (the charge key's suffix).
+    pub fn begin(&self) -> u32 {
+        self.state.lock().expect("grant lock").in_flight += 1;
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// A request ended having used `usage` at `cost_micros`: count it, then charge it
+    /// (under `llm-<grant>-<seq>`, so the ledger posts it once however often asked).
+    pub async fn finish(&self, seq: u32, usage: Usage, cost_micros: i64) {
+        {
+            let mut s = self.state.lock().expect("grant lock");
+            let t = &mut s.totals;
+            t.requests += 1;
+            t.usage.input_tokens += usage.input_tokens;
+            t.usage.output_tokens += usage.output_tokens;
+            t.usage.cache_read_tokens += usage.cache_read_tokens;
+            t.usage.cache_write_tokens += usage.cache_write_tokens;
+            t.cost_micros += cost_micros;
+        }
+        let outcome = match &self.charger {
+            Some(charger) if cost_micros > 0 => Some(
+                charger
+                    .lock()
+                    .await
+                    .charge_as(&format!("llm-{}-{seq}", self.id), seq, cost_micros)
+                    .await,
+            ),
+            _ => None,
+        };
+        {
+            let mut s = self.state.lock().expect("grant lock");
+            match outcome {
+                Some(Ok(_)) => s.totals.charged_micros += cost_micros,
+                Some(Err(AgentError::BudgetExceeded(why))) => {
+                    tracing::info!(run_id = %self.run_id, fork = self.fork, grant = %self.id, "fork budget spent, refusing further model requests");
+                    s.totals.exhausted = Some(why);
+                }
+                Some(Err(e)) => {
+                    // Spent all the same: the fork's commit posts what was not charged.
+                    tracing::warn!(run_id = %self.run_id, fork = self.fork, grant = %self.id, error = %e, "model request charge failed");
+                }
+                None => {}
+            }
+            s.in_flight -= 1;
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// A request ended without reaching the model (refused, upstream down).
+    pub fn abandon(&self) {
+        self.state.lock().expect("grant lock").in_flight -= 1;
+        self.changed.notify_waiters();
+    }
+
+    pub fn totals(&self) -> Totals {
+        self.state.lock().expect("grant lock").totals.clone()
+    }
+}
+
+/// Every live grant of this replica, by token.
+#[derive(Default)]
+pub struct Grants {
+    by_token: Mutex<HashMap<String, Arc<Grant>>>,
+}
+
+impl Grants {
+    /// A new token for `spec`, live until the handle is dropped.
+    pub fn mint(self: &Arc<Self>, spec: GrantSpec) -> GrantHandle {
+        let token = format!(
+            "fyk-llm-{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let grant = Arc::new(Grant {
+            id: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
+            sandbox_id: spec.sandbox_id,
+            run_id: spec.run_id,
+            fork: spec.fork,
+            allowed: spec.allowed,
+            charger: spec.charger.map(tokio::sync::Mutex::new),
+            seq: AtomicU32::new(0),
+            state: Mutex::default(),
+            changed: Notify::new(),
+        });
+        self.by_token
+            .lock()
+            .expect("grants lock")
+            .insert(token.clone(), grant.clone());
+        GrantHandle {
+            grants: self.clone(),
+            token,
+            grant,
+        }
+    }
+
+    pub fn get(&self, token: &str) -> Option<Arc<Grant>> {
+        self.by_token
+            .lock()
+            .expect("grants lock")
+            .get(token)
+            .cloned()
+    }
+
+    pub fn live(&self) -> usize {
+        self.by_token.lock().expect("grants lock").len()
+    }
+}
+
+/// A live token; dropping it revokes the token (requests in flight finish and are
+/// charged).
+pub struct GrantHandle {
+    grants: Arc<Grants>,
+    token: String,
+    grant: Arc<Grant>,
+}
+
+impl GrantHandle {
+    /// The secret the sandbox presents. Only ever put in the sandboxed command's
+    /// environment: never logged, never in a Temporal payload.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    pub fn totals(&self) -> Totals {
+        self.grant.totals()
+    }
+
+    /// Resolves once the fork's reservation refused a charge: the reason.
+    pub async fn exhausted(&self) -> String {
+        loop {
+            let changed = self.grant.changed.notified();
+            if let Some(why) = self.grant.exhausted() {
+                return why;
+            }
+            changed.await;
+        }
+    }
+
+    /// Wait (up to `limit`) until every request's charge has settled: the totals are
+    /// then final.
+    pub async fn settle(&self, limit: Duration) -> Totals {
+        let _ = tokio::time::timeout(limit, async {
+            loop {
+                let changed = self.grant.changed.notified();
+                if self.grant.state.lock().expect("grant lock").in_flight == 0 {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await;
+        self.grant.totals()
+    }
+}
+
+impl Drop for GrantHandle {
+    fn drop(&mut self) {
+        self.grants
+            .by_token
+            .lock()
+            .expect("grants lock")
+            .remove(&self.token);
+    }
+}
+
+impl std::fmt::Debug for GrantHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrantHandle")
+            .field("grant", &self.grant.id)
+            .finish_non_exhaustive()
+    }
+}

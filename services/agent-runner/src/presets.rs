@@ -1,0 +1,224 @@
+//! What runs in the sandbox for the command-like drivers: `command` (the caller's shell
+//! command), and the presets `claude-code` and `codex`, each the CLI's non-interactive
+//! invocation wired to the LLM gateway. Every one gets the prompt in `FORKYARD_PROMPT`
+//! (never on a command line the runner builds) and, with the gateway, the provider
+//! variables pointing at it with the fork's token.
+
+use crate::{error::AgentError, llm_gateway::grants::Allowed, models::Models};
+use forkyard_proto::{SANDBOX_LLM_ADDR, agent::v1::RunAgentRequest, common::v1::AgentSpec};
+use std::collections::{BTreeSet, HashMap};
+
+pub const CLAUDE_CODE: &str = "claude-code";
+pub const CODEX: &str = "codex";
+
+/// Claude Code's tools a fork may use without asking (`-p` has nobody to ask). The
+/// sandbox is the boundary; web tools only reach what the run's egress allows.
+const CLAUDE_TOOLS: &str =
+    "Bash Edit MultiEdit Write Read Glob Grep LS NotebookEdit TodoWrite Task WebFetch WebSearch";
+
+/// The command-like drivers.
+pub fn is_command_like(driver: &str) -> bool {
+    matches!(driver, "" | "command" | CLAUDE_CODE | CODEX)
+}
+
+/// The program to run and the model it uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Program {
+    /// Run as `sh -c <script>`.
+    pub script: String,
+    /// The model id (resolved from an alias); empty when the spec names none.
+    pub model: String,
+    pub env: HashMap<String, String>,
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The program `req` asks for; INVALID_ARGUMENT naming the field when it cannot be.
+pub fn program(
+    req: &RunAgentRequest,
+    models: &Models,
+    max_turns: u32,
+) -> Result<Program, AgentError> {
+    let agent = req
+        .agent
+        .as_ref()
+        .ok_or_else(|| AgentError::InvalidArgument("agent: missing".into()))?;
+    if req.sandbox_id.is_empty() {
+        return Err(AgentError::InvalidArgument("sandbox_id: is empty".into()));
+    }
+    let driver = agent.driver.as_str();
+    let bad = |m: String| AgentError::InvalidArgument(format!("agent.model: {m}"));
+    let mut env = HashMap::new();
+    let (script, model) = match driver {
+        "" | "command" => {
+            if agent.command.trim().is_empty() {
+                return Err(AgentError::InvalidArgument(
+                    "agent.command: is empty".into(),
+                ));
+            }
+            (agent.command.clone(), agent.model.clone())
+        }
+        CLAUDE_CODE => {
+            let model = models.resolve("anthropic", &agent.model).map_err(bad)?;
+            let turns = if agent.max_turns == 0 {
+                max_turns
+            } else {
+                agent.max_turns
+            };
+            // Claude Code's background calls use the "small fast" model: the same one,
+            // so a run's allowed list of one model holds.
+            for var in [
+                "ANTHROPIC_SMALL_FAST_MODEL",
+                "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+            ] {
+                env.insert(var.into(), model.clone());
+            }
+            for var in [
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+                "DISABLE_AUTOUPDATER",
+                "DISABLE_TELEMETRY",
+                "DISABLE_ERROR_REPORTING",
+            ] {
+                env.insert(var.into(), "1".into());
+            }
+            let script = format!(
+                "exec claude -p \"$FORKYARD_PROMPT\" --output-format stream-json --verbose --model {} --max-turns {turns} --permission-mode acceptEdits --allowedTools {}",
+                shell_quote(&model),
+                shell_quote(CLAUDE_TOOLS),
+            );
+            (script, model)
+        }
+        CODEX => {
+            let model = if agent.model.trim().is_empty() {
+                String::new()
+            } else {
+                models.resolve("openai", &agent.model).map_err(bad)?
+            };
+            let model_flag = if model.is_empty() {
+                String::new()
+            } else {
+                format!(" -m {}", shell_quote(&model))
+            };
+            // A provider of Forkyard's own: codex's built-in one ignores a base URL and
+            // tries OpenAI's websocket first. Codex's own sandbox stays off: the fork's
+            // sandbox is the boundary, and a second one cannot start inside it.
+            let script = format!(
+                "exec codex exec --json --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox{model_flag} \
+                 -c model_provider=forkyard -c model_providers.forkyard.name=forkyard \
+                 -c \"model_providers.forkyard.base_url=$OPENAI_BASE_URL\" \
+                 -c model_providers.forkyard.env_key=OPENAI_API_KEY \
+                 -c model_providers.forkyard.wire_api=responses \"$FORKYARD_PROMPT\""
+            );
+            (script, model)
+        }
+        other => {
+            return Err(AgentError::InvalidArgument(format!(
+                "agent.driver: {other:?} is not a command driver"
+            )));
+        }
+    };
+    Ok(Program { script, model, env })
+}
+
+/// The models a fork's agent may ask the gateway for: the spec's list (aliases
+/// resolved), else its model, else any.
+pub fn allowed(agent: &AgentSpec, model: &str, models: &Models) -> Allowed {
+    let listed: BTreeSet<String> = agent
+        .allowed_models
+        .iter()
+        .map(|m| m.trim())
+        .filter(|m| !m.is_empty())
+        .map(|m| {
+            models
+                .aliases
+                .get(m)
+                .cloned()
+                .unwrap_or_else(|| m.to_owned())
+        })
+        .collect();
+    if !listed.is_empty() {
+        return Allowed::Only(listed);
+    }
+    let model = if model.is_empty() {
+        agent.model.trim()
+    } else {
+        model
+    };
+    if model.is_empty() {
+        return Allowed::Any;
+    }
+    let id = models
+        .aliases
+        .get(model)
+        .cloned()
+        .unwrap_or_else(|| model.to_owned());
+    Allowed::Only(BTreeSet::from([id]))
+}
+
+/// The provider variables every command-like driver's command gets with the gateway:
+/// both clients' base URLs at the sandbox's LLM address and the fork's token as both
+/// keys.
+pub fn gateway_env(token: &str) -> HashMap<String, String> {
+    let base = format!("http://{SANDBOX_LLM_ADDR}");
+    HashMap::from([
+        ("ANTHROPIC_BASE_URL".to_owned(), base.clone()),
+        ("ANTHROPIC_API_KEY".to_owned(), token.to_owned()),
+        ("OPENAI_BASE_URL".to_owned(), format!("{base}/v1")),
+        ("OPENAI_API_KEY".to_owned(), token.to_owned()),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(driver: &str, model: &str) -> RunAgentRequest {
+        RunAgentRequest {
+            sandbox_id: "sbx-1".into(),
+            agent: Some(AgentSpec {
+                driver: driver.into(),
+                model: model.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn presets_build_the_non_interactive_invocations() {
+        let m = Models::default();
+        let p = program(&req(CLAUDE_CODE, "sonnet"), &m, 7).unwrap();
+        assert_eq!(p.model, "claude-sonnet-4-5");
+        assert!(p.script.starts_with("exec claude -p \"$FORKYARD_PROMPT\" --output-format stream-json --verbose --model 'claude-sonnet-4-5' --max-turns 7"), "{}", p.script);
+        assert_eq!(p.env["ANTHROPIC_SMALL_FAST_MODEL"], "claude-sonnet-4-5");
+        let p = program(&req(CODEX, "gpt-5"), &m, 7).unwrap();
+        assert!(
+            p.script.starts_with("exec codex exec --json"),
+            "{}",
+            p.script
+        );
+        assert!(p.script.contains(" -m 'gpt-5' "), "{}", p.script);
+        assert!(p.script.ends_with("\"$FORKYARD_PROMPT\""), "{}", p.script);
+        let e = program(&req(CLAUDE_CODE, "sonet"), &m, 7).unwrap_err();
+        assert!(e.to_string().starts_with("agent.model:"), "{e}");
+        let e = program(&req("command", ""), &m, 7).unwrap_err();
+        assert!(e.to_string().starts_with("agent.command:"), "{e}");
+    }
+
+    #[test]
+    fn allowed_models_default_to_the_spec_model() {
+        let m = Models::default();
+        let mut spec = AgentSpec::default();
+        assert_eq!(allowed(&spec, "", &m), Allowed::Any);
+        spec.model = "haiku".into();
+        assert_eq!(
+            allowed(&spec, "", &m),
+            Allowed::Only(BTreeSet::from(["claude-haiku-4-5".to_owned()]))
+        );
+        spec.allowed_models = vec!["sonnet".into(), "gpt-5".into()];
+        assert!(allowed(&spec, "claude-haiku-4-5", &m).permits("claude-sonnet-4-5"));
+        assert!(!allowed(&spec, "claude-haiku-4-5", &m).permits("claude-haiku-4-5"));
+    }
+}
