@@ -8,6 +8,7 @@
 pub mod mesh;
 pub mod otlp;
 pub mod repo;
+pub mod scripted_model;
 pub mod support;
 
 pub use mesh::Mesh;

@@ -30,6 +30,9 @@ pub struct MeshOptions {
     pub tls: bool,
     /// Extra environment for every service (e.g. the gateway's limits).
     pub env: Vec<(String, String)>,
+    /// Extra environment for one service only: (service, name, value). A model API key
+    /// goes to the agent runner alone, as in production.
+    pub service_env: Vec<(String, String, String)>,
 }
 
 pub struct Mesh {
@@ -39,6 +42,8 @@ pub struct Mesh {
     pub ports: [u16; 5],
     /// Prometheus `/metrics` ports in the order of `SERVICES`.
     pub metrics_ports: [u16; 5],
+    /// The agent runner's LLM gateway port.
+    pub llm_port: u16,
     children: Vec<(String, Child)>,
     options: MeshOptions,
 }
@@ -160,6 +165,7 @@ impl Mesh {
             temporal_port: free_port(),
             ports: [0; 5],
             metrics_ports: [0; 5],
+            llm_port: free_port(),
             children: Vec::new(),
             options,
         };
@@ -280,10 +286,21 @@ impl Mesh {
             .env("FORKYARD_LEDGER_ADDR", self.endpoint("budget-ledger"))
             .env("FORKYARD_AGENT_RUNNER_ADDR", self.endpoint("agent-runner"))
             .env("FORKYARD_HEARTBEAT_SECS", "1")
+            .env(
+                "FORKYARD_LLM_LISTEN",
+                format!("127.0.0.1:{}", self.llm_port),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             // Last, so a test's settings win over the defaults above.
             .envs(self.options.env.iter().map(|(k, v)| (k, v)))
+            .envs(
+                self.options
+                    .service_env
+                    .iter()
+                    .filter(|(s, _, _)| s == service)
+                    .map(|(_, k, v)| (k, v)),
+            )
             .spawn()?;
         self.children.retain(|(n, _)| n != service);
         self.children.push((service.to_owned(), child));
@@ -450,11 +467,20 @@ impl Mesh {
         let provisioner = self.endpoint("sandbox-provisioner");
         let ledger = self.endpoint("budget-ledger");
         let extra = self.options.env.clone();
+        let own: Vec<(String, String)> = self
+            .options
+            .service_env
+            .iter()
+            .filter(|(s, _, _)| s == "agent-runner")
+            .map(|(_, k, v)| (k.clone(), v.clone()))
+            .collect();
         self.start_replica("agent-runner", replica_id, |cmd| {
             cmd.env("FORKYARD_PROVISIONER_ADDR", provisioner)
                 .env("FORKYARD_LEDGER_ADDR", ledger)
                 .env("FORKYARD_HEARTBEAT_SECS", "1")
-                .envs(extra);
+                .env("FORKYARD_LLM_LISTEN", format!("127.0.0.1:{}", free_port()))
+                .envs(extra)
+                .envs(own);
         })
         .await
     }

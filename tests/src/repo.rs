@@ -24,3 +24,10 @@ pub fn create(dir: &Path) -> anyhow::Result<String> {
     git(dir, &["commit", "-q", "-m", "initial"])?;
     git(dir, &["rev-parse", "HEAD"])
 }
+
+/// Commit everything in `dir` with `message`; returns the commit.
+pub fn commit_all(dir: &Path, message: &str) -> anyhow::Result<String> {
+    git(dir, &["add", "-A"])?;
+    git(dir, &["commit", "-q", "-m", message])?;
+    git(dir, &["rev-parse", "HEAD"])
+}

@@ -64,6 +64,8 @@ struct State {
     totals: Totals,
     /// Requests whose charge has not settled yet.
     in_flight: u32,
+    /// Of those, requests whose response is done and whose charge is being posted.
+    charging: u32,
 }
 
 pub struct Grant {
@@ -96,7 +98,14 @@ impl Grant {
         self.seq.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// A request ended having used `usage` at `cost_micros`: count it, then charge it
+    /// A request's response is done: its charge is coming ([`Self::finish`]), and a
+    /// next request waits for it. Called at once, before the charge is even started.
+    pub fn delivered(&self) {
+        self.state.lock().expect("grant lock").charging += 1;
+    }
+
+    /// A request ended having used `usage` at `cost_micros` ([`Self::delivered`] was
+    /// called): count it, then charge it
     /// (under `llm-<grant>-<seq>`, so the ledger posts it once however often asked).
     pub async fn finish(&self, seq: u32, usage: Usage, cost_micros: i64) {
         {
@@ -133,6 +142,33 @@ impl Grant {
                 }
                 None => {}
             }
+            s.in_flight -= 1;
+            s.charging -= 1;
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Wait (up to `limit`) for the charges of responses already delivered, so a new
+    /// request is judged against what the fork has really spent: the agent asks again
+    /// only after reading an answer, and that answer's charge may still be on its way.
+    pub async fn charges_posted(&self, limit: Duration) {
+        let _ = tokio::time::timeout(limit, async {
+            loop {
+                let changed = self.changed.notified();
+                if self.state.lock().expect("grant lock").charging == 0 {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await;
+    }
+
+    /// A delivered response whose charge cannot be posted (the runtime is going away).
+    pub fn undeliver(&self) {
+        {
+            let mut s = self.state.lock().expect("grant lock");
+            s.charging -= 1;
             s.in_flight -= 1;
         }
         self.changed.notify_waiters();

@@ -188,6 +188,7 @@ async fn handle(gw: &Arc<LlmGateway>, sandbox: &str, req: Request<Incoming>) -> 
             "this token belongs to another sandbox",
         );
     }
+    grant.charges_posted(Duration::from_secs(10)).await;
     if let Some(why) = grant.exhausted() {
         refused("budget");
         return budget_spent(provider, &why);
@@ -424,11 +425,12 @@ impl Drop for Tap {
         let usage = self.meter.usage.clone();
         let cost = self.gw.models.price(&model).cost_micros(&usage);
         let (grant, seq) = (self.grant.clone(), self.seq);
+        grant.delivered();
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move { grant.finish(seq, usage, cost).await });
             }
-            Err(_) => grant.abandon(),
+            Err(_) => grant.undeliver(),
         }
     }
 }

@@ -419,4 +419,7 @@ pub(super) fn apply_settlement(
         (false, Err(e)) if result.error.is_empty() => result.error = failure_message(e),
         (false, Err(_)) => {}
     }
+    // The sandbox's part is set before settling (0 until sandbox time is priced): the
+    // rest of what the ledger took is the model's.
+    result.model_cost_micros = (result.cost_micros - result.sandbox_cost_micros).max(0);
 }

@@ -1,0 +1,378 @@
+//! The real agent CLIs in forks, through the whole mesh: `claude` (Claude Code) and
+//! `codex` run in each fork's sandbox, reach a scripted model server speaking the
+//! Anthropic / OpenAI wire protocol only through the agent runner's metering LLM
+//! gateway, and carry out the model's tool call. Checked: the edit is in the patch, the
+//! ledger holds exactly the priced usage, a model that will not stop is stopped at the
+//! fork's budget, and the real API key is nowhere but in the request to the model (not in
+//! the sandbox's environment, files or processes, the logs, the transcript, or the run's
+//! Temporal history).
+//!
+//! `make test` installs the CLIs (pinned, from npm); without them these tests fail.
+
+use forkyard_proto::{
+    budget::v1::budget_ledger_client::BudgetLedgerClient,
+    common::v1::{AgentSpec, ForkResult, ForkStatus, VerifyStatus},
+    gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
+};
+use forkyard_tests::{
+    Mesh,
+    mesh::{MeshOptions, temporal_cli},
+    repo,
+    scripted_model::{CACHED_TOKENS, INPUT_TOKENS, OUTPUT_TOKENS, Script, ScriptedModel},
+    support::{fork_result, run_account, wait_finished},
+};
+use std::{path::Path, time::Duration};
+
+const ANTHROPIC_KEY: &str = "sk-ant-api03-e2eREALKEY-4c1d9";
+const OPENAI_KEY: &str = "sk-proj-e2eREALKEY-77b0e";
+/// Every fork token starts so (`llm_gateway::grants`).
+const TOKEN_PREFIX: &str = "fyk-llm-";
+
+/// What the scripted tool call runs inside the sandbox: the edit, then evidence of what
+/// the sandbox holds (its environment, and every file and process that mentions the real
+/// keys), all into the workspace so it comes back in the patch. The key patterns are
+/// built at run time so the command's own text (in the CLI's session log) never matches;
+/// the fork's token is masked (a dead token, but still no secret for the patch).
+fn edit_and_scan(line: &str) -> String {
+    format!(
+        "printf '{line}\\n' >> notes.txt; t=$(printf 'fyk-%s' llm-); env | sort | sed -E \"s/$t[0-9a-f]{{64}}/[fork token]/\" > .sandbox-env.txt; \
+         p1=$(printf 'sk-ant-api03-%s' e2eREALKEY); p2=$(printf 'sk-proj-%s' e2eREALKEY); \
+         {{ grep -rIl -e \"$p1\" -e \"$p2\" /workspace /tmp /etc /run 2>/dev/null; \
+            for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do grep -l -e \"$p1\" -e \"$p2\" \"$f\" 2>/dev/null; done; }} \
+         > .key-scan.txt; true"
+    )
+}
+
+fn options(model: &ScriptedModel) -> MeshOptions {
+    let runner = |k: &str, v: &str| ("agent-runner".to_owned(), k.to_owned(), v.to_owned());
+    MeshOptions {
+        service_env: vec![
+            runner("ANTHROPIC_BASE_URL", &model.url),
+            runner("ANTHROPIC_API_KEY", ANTHROPIC_KEY),
+            runner("OPENAI_BASE_URL", &format!("{}/v1", model.url)),
+            runner("OPENAI_API_KEY", OPENAI_KEY),
+        ],
+        ..Default::default()
+    }
+}
+
+fn launch(repo: &Path, driver: &str, model: &str, forks: u32, budget: &str) -> LaunchRunRequest {
+    LaunchRunRequest {
+        repo: repo.to_string_lossy().into_owned(),
+        prompt: "Add a line to notes.txt".into(),
+        forks,
+        max_concurrent: forks,
+        budget_usd: budget.into(),
+        agent: Some(AgentSpec {
+            driver: driver.into(),
+            model: model.into(),
+            ..Default::default()
+        }),
+        fork_timeout_secs: 180,
+        ..Default::default()
+    }
+}
+
+fn assert_cli_installed(cli: &str) {
+    let found = std::process::Command::new(cli)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "the {cli} CLI is not installed: `make test` installs it (npm)"
+    );
+}
+
+/// The key and the fork tokens are in no log, transcript or Temporal payload of the run.
+async fn assert_no_secret_leaked(mesh: &Mesh, run_id: &str, forks: &[ForkResult]) {
+    for entry in std::fs::read_dir(mesh.state_dir()).unwrap().flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            for secret in [ANTHROPIC_KEY, OPENAI_KEY, TOKEN_PREFIX] {
+                assert!(!text.contains(secret), "{secret} in {}", path.display());
+            }
+        }
+    }
+    for f in forks {
+        for secret in [ANTHROPIC_KEY, OPENAI_KEY, TOKEN_PREFIX] {
+            assert!(
+                !f.transcript.contains(secret),
+                "{secret} in fork {} transcript",
+                f.fork
+            );
+            assert!(
+                !f.agent_output_tail.contains(secret),
+                "{secret} in fork {} output",
+                f.fork
+            );
+        }
+    }
+    let history = std::process::Command::new(temporal_cli())
+        .args([
+            "workflow",
+            "show",
+            "--output",
+            "json",
+            "--workflow-id",
+            run_id,
+        ])
+        .args([
+            "--address",
+            &mesh.temporal_address(),
+            "--namespace",
+            "default",
+        ])
+        .output()
+        .expect("temporal workflow show");
+    assert!(
+        history.status.success(),
+        "{}",
+        String::from_utf8_lossy(&history.stderr)
+    );
+    let history: serde_json::Value =
+        serde_json::from_slice(&history.stdout).expect("history as JSON");
+    // Payloads are base64 (`data`): read them decoded, every one.
+    let mut decoded = String::new();
+    payload_texts(&history, &mut decoded);
+    assert!(
+        decoded.contains("Add a line to notes.txt") && decoded.contains("llm_gateway"),
+        "the run's payloads were not read"
+    );
+    let raw = history.to_string();
+    for secret in [ANTHROPIC_KEY, OPENAI_KEY, TOKEN_PREFIX] {
+        assert!(
+            !decoded.contains(secret),
+            "{secret} in a Temporal payload of {run_id}"
+        );
+        assert!(
+            !raw.contains(secret),
+            "{secret} in the Temporal history of {run_id}"
+        );
+    }
+}
+
+/// Every `data` string under `v`, base64-decoded, appended to `out`.
+fn payload_texts(v: &serde_json::Value, out: &mut String) {
+    use base64::Engine;
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                if k == "data"
+                    && let Some(text) = v.as_str()
+                    && let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(text)
+                {
+                    out.push_str(&String::from_utf8_lossy(&bytes));
+                    out.push('\n');
+                }
+                payload_texts(v, out);
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| payload_texts(v, out)),
+        _ => {}
+    }
+}
+
+/// What the sandbox saw, from the files the scripted command wrote into the patch.
+fn assert_sandbox_held_only_the_token(fork: &ForkResult, key_var: &str) {
+    let added = |file: &str| -> String {
+        let start = fork
+            .patch
+            .find(&format!("+++ b/{file}"))
+            .unwrap_or_else(|| panic!("{file} not in the patch:\n{}", fork.patch));
+        fork.patch[start..]
+            .lines()
+            .skip(2)
+            .take_while(|l| !l.starts_with("diff --git"))
+            .filter_map(|l| l.strip_prefix('+'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let env = added(".sandbox-env.txt");
+    assert!(
+        env.lines().any(|l| l == format!("{key_var}=[fork token]")),
+        "{key_var} is not the fork token:\n{env}"
+    );
+    assert!(
+        !env.contains("e2eREALKEY"),
+        "a real key in the sandbox environment:\n{env}"
+    );
+    assert!(
+        env.contains("FORKYARD_LLM_URL=http://127.0.0.1:4000"),
+        "{env}"
+    );
+    // The scan file is empty: no file or process in the sandbox mentions a real key.
+    assert!(
+        !fork.patch.contains("+++ b/.key-scan.txt"),
+        "the sandbox holds a real key: {}",
+        added(".key-scan.txt")
+    );
+    assert!(
+        fork.patch.contains(".key-scan.txt"),
+        "the scan never ran:\n{}",
+        fork.patch
+    );
+}
+
+/// Per model call, micro-USD: the scripted usage priced from the runner's table.
+fn price_per_call(input: f64, output: f64, cache_read: f64) -> i64 {
+    let micro = (INPUT_TOKENS - CACHED_TOKENS) as f64 * input
+        + OUTPUT_TOKENS as f64 * output
+        + CACHED_TOKENS as f64 * cache_read;
+    (micro - 1e-6).ceil() as i64
+}
+
+async fn run_cli_forks(driver: &str, model_name: &str, key_var: &str, per_call: i64, line: &str) {
+    let model = ScriptedModel::start(Script::edit(&edit_and_scan(line))).await;
+    let mesh = Mesh::start_with(options(&model)).await.expect("mesh");
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = dir.path().join("repo");
+    repo::create(&repo_dir).unwrap();
+    std::fs::write(repo_dir.join("notes.txt"), "notes\n").unwrap();
+    repo::commit_all(&repo_dir, "notes").unwrap();
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    let req = LaunchRunRequest {
+        request_id: format!("{driver}-e2e"),
+        verify_command: format!("grep -qx '{line}' notes.txt"),
+        ..launch(&repo_dir, driver, model_name, 2, "1")
+    };
+    let run_id = gw
+        .launch_run(req)
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(240)).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    let mut forks = Vec::new();
+    for n in 1..=2 {
+        let fork = fork_result(&mut gw, &run_id, n).await;
+        assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?}");
+        assert_eq!(fork.verify, VerifyStatus::Passed as i32, "{fork:#?}");
+        assert!(fork.patch.contains(&format!("+{line}")), "{}", fork.patch);
+        assert_sandbox_held_only_the_token(&fork, key_var);
+        // Exactly its requests: each one's usage, priced.
+        let usage = fork.usage.unwrap_or_default();
+        let calls = usage.output_tokens / OUTPUT_TOKENS;
+        assert!(calls >= 2, "{usage:?}");
+        assert_eq!(usage.cache_read_tokens, calls * CACHED_TOKENS);
+        assert_eq!(fork.model_cost_micros, calls as i64 * per_call, "{fork:#?}");
+        assert_eq!(
+            fork.cost_micros,
+            fork.model_cost_micros + fork.sandbox_cost_micros
+        );
+        forks.push(fork);
+    }
+    let calls = model.model_calls();
+    assert_eq!(
+        calls.len() as u64,
+        forks
+            .iter()
+            .map(|f| f.usage.unwrap_or_default().output_tokens / OUTPUT_TOKENS)
+            .sum::<u64>(),
+        "every model call was metered once"
+    );
+    for c in &calls {
+        let presented = c
+            .header("x-api-key")
+            .or(c.header("authorization"))
+            .unwrap_or_default();
+        assert!(
+            presented.ends_with(if driver == "codex" {
+                OPENAI_KEY
+            } else {
+                ANTHROPIC_KEY
+            }),
+            "{c:?}"
+        );
+        assert!(
+            c.headers.iter().all(|(_, v)| !v.contains(TOKEN_PREFIX)),
+            "token sent upstream: {c:?}"
+        );
+    }
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = run_account(&mut ledger, &run_id).await;
+    let total: i64 = forks.iter().map(|f| f.cost_micros).sum();
+    assert_eq!(
+        account.spent_micros, total,
+        "the ledger holds exactly the forks' costs"
+    );
+    assert_eq!(account.reserved_micros, 0);
+    assert_no_secret_leaked(&mesh, &run_id, &forks).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_forks_edit_through_the_gateway_and_pay_exactly_their_usage() {
+    assert_cli_installed("claude");
+    // claude-sonnet-4-5: $3 in, $15 out, $0.30 cache read per million tokens.
+    run_cli_forks(
+        "claude-code",
+        "sonnet",
+        "ANTHROPIC_API_KEY",
+        price_per_call(3.0, 15.0, 0.3),
+        "edited by claude",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_forks_edit_through_the_gateway_and_pay_exactly_their_usage() {
+    assert_cli_installed("codex");
+    // gpt-5: $1.25 in, $10 out, $0.125 cached per million tokens.
+    run_cli_forks(
+        "codex",
+        "gpt-5",
+        "OPENAI_API_KEY",
+        price_per_call(1.25, 10.0, 0.125),
+        "edited by codex",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_never_stops_is_stopped_at_the_forks_budget() {
+    assert_cli_installed("claude");
+    let model = ScriptedModel::start(Script::never_stop("echo again >> notes.txt")).await;
+    let mesh = Mesh::start_with(options(&model)).await.expect("mesh");
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = dir.path().join("repo");
+    repo::create(&repo_dir).unwrap();
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    let per_call = price_per_call(3.0, 15.0, 0.3);
+    // Room for three calls' charges, not four.
+    let budget = format!("0.{:06}", per_call * 3 + per_call / 2);
+    let req = LaunchRunRequest {
+        request_id: "never-stops".into(),
+        ..launch(&repo_dir, "claude-code", "sonnet", 1, &budget)
+    };
+    let run_id = gw
+        .launch_run(req)
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(180)).await;
+    let fork = fork_result(&mut gw, &run_id, 1).await;
+    assert_eq!(
+        fork.status,
+        ForkStatus::BudgetExceeded as i32,
+        "{fork:#?} {run:#?}"
+    );
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = run_account(&mut ledger, &run_id).await;
+    assert_eq!(
+        account.spent_micros,
+        3 * per_call,
+        "three charges accepted, the fourth refused"
+    );
+    assert_eq!(account.reserved_micros, 0);
+    assert_eq!(fork.cost_micros, account.spent_micros);
+    // The fourth answer's charge was refused; nothing after it reached the model.
+    assert_eq!(
+        model.model_calls().len(),
+        4,
+        "{:?}",
+        model.model_calls().len()
+    );
+}
