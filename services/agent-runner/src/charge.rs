@@ -8,6 +8,7 @@ use forkyard_proto::budget::v1::{
 use std::time::Duration;
 use tonic::{Code, transport::Channel};
 
+#[derive(Clone)]
 pub struct Charger {
     pub client: BudgetLedgerClient<Channel>,
     pub reservation_id: String,

@@ -143,22 +143,18 @@ pub async fn run<S: ProgressSink>(
             "model": spec_model, "llm_gateway": llm.is_some(),
         }));
     }
-    // With the gateway, charges are the gateway's (one per request) and stdout is only
-    // the transcript; without it, the meter charges what stdout reports.
-    let (grant, charger) = match &llm {
-        Some((gateway, allowed)) => (
-            Some(gateway.grants.mint(GrantSpec {
-                sandbox_id: req.sandbox_id.clone(),
-                run_id: req.run_id.clone(),
-                fork: req.fork,
-                allowed: allowed.clone(),
-                charger,
-            })),
-            None,
-        ),
-        None => (None, charger),
-    };
-    let resumed = resume.clone().unwrap_or_default();
+    // Once the agent uses the gateway, its charges are the gateway's (one per request)
+    // and stdout is only the transcript; a command that never calls a model through it
+    // is charged what it reports on stdout, as without a gateway.
+    let grant = llm.as_ref().map(|(gateway, allowed)| {
+        gateway.grants.mint(GrantSpec {
+            sandbox_id: req.sandbox_id.clone(),
+            run_id: req.run_id.clone(),
+            fork: req.fork,
+            allowed: allowed.clone(),
+            charger: charger.clone(),
+        })
+    });
     let mut meter = Meter {
         req,
         models,
@@ -223,14 +219,12 @@ pub async fn run<S: ProgressSink>(
         let event = tokio::select! {
             ev = stream.message() => ev.map_err(|s| sandbox_error(req, &endpoint, &s))?,
             _ = ticker.tick() => {
-                if let Some(g) = &grant {
-                    gateway_progress(&mut meter.progress, &resumed, &g.totals());
-                }
-                meter.beat("command running").await;
+                let totals = grant.as_ref().filter(|g| g.used()).map(GrantHandle::totals);
+                meter.beat_with("command running", totals.as_ref()).await;
                 continue;
             }
             () = &mut cancelled => return Err(cancel(&mut meter)),
-            why = &mut exhausted => return Err(spent(&mut meter, grant.as_ref(), &resumed, why).await),
+            why = &mut exhausted => return Err(spent(&mut meter, grant.as_ref(), why).await),
         };
         let lines = match event.and_then(|e| e.event) {
             Some(Event::Stdout(chunk)) => stdout.push(&chunk),
@@ -251,7 +245,7 @@ pub async fn run<S: ProgressSink>(
         };
         for line in lines {
             meter.record_output(&line);
-            if grant.is_some() {
+            if grant.as_ref().is_some_and(GrantHandle::used) {
                 continue;
             }
             match readings.line(&line) {
@@ -271,7 +265,7 @@ pub async fn run<S: ProgressSink>(
     drop(stream);
     if let Some(line) = stdout.finish() {
         meter.record_output(&line);
-        if grant.is_none() {
+        if !grant.as_ref().is_some_and(GrantHandle::used) {
             match readings.line(&line) {
                 Some(Reading::Turn { usage, model }) => meter.turn(usage, model).await?,
                 Some(Reading::Total(t)) => meter.total = Some(t),
@@ -280,14 +274,14 @@ pub async fn run<S: ProgressSink>(
         }
     }
     let kept = stdout.kept();
-    match &grant {
+    match grant.as_ref().filter(|g| g.used()) {
         Some(g) => {
             let totals = g.settle(SETTLE).await;
-            gateway_progress(&mut meter.progress, &resumed, &totals);
-            write_gateway_totals(&mut meter, &totals);
             if let Some(why) = totals.exhausted {
-                return Err(spent(&mut meter, grant.as_ref(), &resumed, why).await);
+                return Err(spent(&mut meter, grant.as_ref(), why).await);
             }
+            add_totals(&mut meter.progress, &totals);
+            write_gateway_totals(&mut meter, &totals);
         }
         None => meter.reconcile(&kept),
     }
@@ -322,18 +316,17 @@ pub async fn run<S: ProgressSink>(
     Ok(out)
 }
 
-/// The attempt's progress from what the gateway metered (on top of what a failed
-/// earlier attempt had reached).
-fn gateway_progress(p: &mut AgentProgress, resumed: &AgentProgress, t: &Totals) {
-    p.turns = resumed.turns + t.requests;
-    let mut usage = resumed.usage.unwrap_or_default();
+/// `p` (what earlier attempts and stdout reports came to) plus the gateway's requests.
+pub(crate) fn add_totals(p: &mut AgentProgress, t: &Totals) {
+    p.turns += t.requests;
+    let mut usage = p.usage.unwrap_or_default();
     usage.input_tokens += t.usage.input_tokens;
     usage.output_tokens += t.usage.output_tokens;
     usage.cache_read_tokens += t.usage.cache_read_tokens;
     usage.cache_write_tokens += t.usage.cache_write_tokens;
     p.usage = Some(usage);
-    p.cost_micros = resumed.cost_micros.max(resumed.charged_micros) + t.cost_micros;
-    p.charged_micros = resumed.charged_micros + t.charged_micros;
+    p.cost_micros += t.cost_micros;
+    p.charged_micros += t.charged_micros;
 }
 
 fn write_gateway_totals<S: ProgressSink>(meter: &mut Meter<'_, S>, t: &Totals) {
@@ -348,12 +341,11 @@ fn write_gateway_totals<S: ProgressSink>(meter: &mut Meter<'_, S>, t: &Totals) {
 async fn spent<S: ProgressSink>(
     meter: &mut Meter<'_, S>,
     grant: Option<&GrantHandle>,
-    resumed: &AgentProgress,
     why: String,
 ) -> AgentError {
     if let Some(g) = grant {
         let totals = g.settle(SETTLE).await;
-        gateway_progress(&mut meter.progress, resumed, &totals);
+        add_totals(&mut meter.progress, &totals);
         write_gateway_totals(meter, &totals);
     }
     let p = &meter.progress;

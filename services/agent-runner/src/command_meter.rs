@@ -90,9 +90,22 @@ pub struct Meter<'a, S: ProgressSink> {
 
 impl<S: ProgressSink> Meter<'_, S> {
     pub async fn beat(&mut self, action: &str) {
+        self.beat_with(action, None).await;
+    }
+
+    /// A heartbeat showing `gateway`'s requests on top of the meter's own progress.
+    pub async fn beat_with(
+        &mut self,
+        action: &str,
+        gateway: Option<&crate::llm_gateway::grants::Totals>,
+    ) {
         self.progress.elapsed_ms = self.started.elapsed().as_millis() as u64;
         action.clone_into(&mut self.progress.last_action);
-        self.sink.report(self.progress.clone()).await;
+        let mut shown = self.progress.clone();
+        if let Some(t) = gateway {
+            crate::command::add_totals(&mut shown, t);
+        }
+        self.sink.report(shown).await;
     }
 
     pub fn record_output(&mut self, line: &str) {

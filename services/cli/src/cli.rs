@@ -146,12 +146,30 @@ pub struct ForkArgs {
     /// What one fork may spend (USD); default: budget / forks.
     #[arg(long)]
     pub fork_budget: Option<String>,
-    /// Shell command each fork runs in its sandbox; the prompt is in $FORKYARD_PROMPT.
+    /// The agent: `claude-code` (the claude CLI), `codex` (the codex CLI), `command` (your
+    /// --agent-command), or the runner's own loops `anthropic` / `openai`. Default:
+    /// `command` with --agent-command, else `claude-code`.
+    #[arg(long, value_parser = ["command", "claude-code", "codex", "anthropic", "openai"])]
+    pub driver: Option<String>,
+    /// Shell command each fork runs in its sandbox (the `command` driver); the prompt is in
+    /// $FORKYARD_PROMPT, and the LLM gateway in ANTHROPIC_BASE_URL / OPENAI_BASE_URL with
+    /// the fork's token as ANTHROPIC_API_KEY / OPENAI_API_KEY.
     #[arg(long)]
-    pub agent_command: String,
-    /// Model name, passed to the agent (informational for command agents).
+    pub agent_command: Option<String>,
+    /// Model id or alias (sonnet, opus, haiku, gpt-5, …) the agent uses.
     #[arg(short = 'm', long, default_value = "")]
     pub model: String,
+    /// Most model turns per fork (claude-code and the runner's loops); 0: the runner's default.
+    #[arg(long, default_value_t = 0)]
+    pub max_turns: u32,
+    /// Another model the fork's agent may ask for (repeatable); default: only --model.
+    #[arg(long = "allow-model")]
+    pub allowed_models: Vec<String>,
+    /// What each fork's sandbox may reach besides the LLM gateway (repeatable or
+    /// comma-separated): hosts, host:port, *.domain, or sets such as npm, pypi, crates,
+    /// debian, github. Default: nothing.
+    #[arg(long, value_delimiter = ',')]
+    pub egress: Vec<String>,
     /// Branch prefix: fork n works on <branch>-fork-<n>.
     #[arg(short, long, default_value = "forkyard")]
     pub branch: String,

@@ -111,11 +111,19 @@ async fn fork(client: &mut Client, a: ForkArgs, output: Output) -> anyhow::Resul
         budget_usd: a.budget,
         fork_budget_usd: a.fork_budget.unwrap_or_default(),
         agent: Some(AgentSpec {
-            driver: "command".into(),
-            command: a.agent_command,
+            driver: a.driver.unwrap_or_else(|| {
+                if a.agent_command.is_some() {
+                    "command".into()
+                } else {
+                    "claude-code".into()
+                }
+            }),
+            command: a.agent_command.unwrap_or_default(),
             model: a.model,
-            ..Default::default()
+            max_turns: a.max_turns,
+            allowed_models: a.allowed_models,
         }),
+        egress: a.egress,
         fork_timeout_secs: a.timeout,
         verify_command: a.verify.unwrap_or_default(),
         stop_on_first_verified: a.stop_on_first_verified,

@@ -253,6 +253,11 @@ impl GrantHandle {
         self.grant.totals()
     }
 
+    /// Whether the agent has sent the gateway any request yet.
+    pub fn used(&self) -> bool {
+        self.grant.seq.load(Ordering::Relaxed) > 0
+    }
+
     /// Resolves once the fork's reservation refused a charge: the reason.
     pub async fn exhausted(&self) -> String {
         loop {
