@@ -1,0 +1,313 @@
+//! The metering LLM gateway on its own: a real gateway listener, a real ledger, a local
+//! model server. Connections arrive as a provisioner's relay sends them (a PROXY v2
+//! header naming the sandbox, then HTTP/1.1).
+
+mod common;
+
+use axum::{
+    Router,
+    response::sse::{Event, Sse},
+    routing::post,
+};
+use common::{KEY, Shared, a_usage, fixture, model_server};
+use forkyard_agent_runner::{
+    charge::Charger,
+    llm::{Endpoint, Secret, http::RetryPolicy},
+    llm_gateway::{
+        LlmGateway,
+        grants::{Allowed, GrantSpec},
+    },
+    models::Models,
+};
+use forkyard_proto::budget::v1::budget_ledger_client::BudgetLedgerClient;
+use serde_json::{Value, json};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+
+fn endpoint(base: &str) -> Endpoint {
+    Endpoint {
+        base_url: base.into(),
+        key: Secret::new(KEY.into()),
+        retry: RetryPolicy::default(),
+    }
+}
+
+/// A gateway in front of `anthropic_base`; its address.
+async fn gateway(anthropic_base: &str) -> (Arc<LlmGateway>, String) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let gw = Arc::new(LlmGateway::new(
+        endpoint(anthropic_base),
+        endpoint(&format!("{anthropic_base}/v1")),
+        Models::default(),
+        format!("http://{addr}"),
+    ));
+    tokio::spawn(forkyard_agent_runner::llm_gateway::serve(
+        gw.clone(),
+        l,
+        tokio_util::sync::CancellationToken::new(),
+    ));
+    (gw, addr)
+}
+
+/// One request as a relay from `sandbox` delivers it; (status, body, time to the first
+/// body byte, total time).
+async fn call(
+    addr: &str,
+    sandbox: Option<&str>,
+    token: &str,
+    body: &Value,
+) -> (u16, String, Duration, Duration) {
+    let started = std::time::Instant::now();
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    if let Some(s) = sandbox {
+        conn.write_all(&forkyard_common::proxy_header::encode(s))
+            .await
+            .unwrap();
+    }
+    let body = body.to_string();
+    let req = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: {token}\r\nanthropic-version: 2023-06-01\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = conn.write_all(req.as_bytes()).await;
+    let mut out = Vec::new();
+    let mut first = None;
+    let mut buf = [0u8; 4096];
+    loop {
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                if first.is_none() && out.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let head_end = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    if out.len() > head_end {
+                        first = Some(started.elapsed());
+                    }
+                }
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    let total = started.elapsed();
+    (status, body, first.unwrap_or(total), total)
+}
+
+fn message(model: &str, input: u64, output: u64) -> Value {
+    json!({"id": "msg_1", "type": "message", "role": "assistant", "model": model,
+           "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+           "usage": a_usage(input, output)})
+}
+
+fn ask(model: &str) -> Value {
+    json!({"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+fn refused(reason: &str) -> u64 {
+    forkyard_common::metrics::registry()
+        .gather()
+        .iter()
+        .filter(|f| f.name() == "llm_gateway_refused_total")
+        .flat_map(|f| f.get_metric())
+        .filter(|m| m.get_label().iter().any(|l| l.value() == reason))
+        .map(|m| m.get_counter().get_value() as u64)
+        .sum()
+}
+
+fn only(model: &str) -> Allowed {
+    Allowed::Only(BTreeSet::from([model.to_owned()]))
+}
+
+#[tokio::test]
+async fn a_token_works_only_from_its_own_sandbox_and_only_while_its_command_runs() {
+    let script: Shared = Arc::default();
+    for _ in 0..2 {
+        script.lock().unwrap().replies.push_back((200, message("claude-haiku-4-5", 10, 2)));
+    }
+    let base = model_server(script.clone()).await;
+    let (gw, addr) = gateway(&base).await;
+    let grant = gw.grants.mint(GrantSpec {
+        sandbox_id: "sbx-a".into(),
+        run_id: "run-1".into(),
+        fork: 1,
+        allowed: Allowed::Any,
+        charger: None,
+    });
+    let token = grant.token().to_owned();
+
+    let (status, body, _, _) = call(&addr, Some("sbx-a"), &token, &ask("claude-haiku-4-5")).await;
+    assert_eq!(status, 200, "{body}");
+    {
+        let s = script.lock().unwrap();
+        let (headers, _) = &s.requests[0];
+        assert_eq!(headers["x-api-key"], KEY, "the real key upstream");
+        assert!(headers.iter().all(|(_, v)| !v.to_str().unwrap_or_default().contains(&token)));
+    }
+
+    // Another sandbox presenting it: refused, counted, and the model never asked.
+    let (status, body, _, _) = call(&addr, Some("sbx-b"), &token, &ask("claude-haiku-4-5")).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("another sandbox"), "{body}");
+    assert_eq!(refused("wrong_sandbox"), 1);
+    // No sandbox header at all (not from a relay): the connection is dropped.
+    let (status, _, _, _) = call(&addr, None, &token, &ask("claude-haiku-4-5")).await;
+    assert_eq!(status, 0);
+    assert_eq!(refused("no_proxy_header"), 1);
+    // The command ended (its sandbox destroyed): the token is dead.
+    drop(grant);
+    let (status, body, _, _) = call(&addr, Some("sbx-a"), &token, &ask("claude-haiku-4-5")).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(json_type(&body), "authentication_error");
+    assert_eq!(refused("unknown_token"), 1);
+    assert_eq!(script.lock().unwrap().requests.len(), 1);
+}
+
+fn json_type(body: &str) -> String {
+    serde_json::from_str::<Value>(body).unwrap_or_default()["error"]["type"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_model_outside_the_runs_list_is_refused_before_reaching_the_model() {
+    let script: Shared = Arc::default();
+    let base = model_server(script.clone()).await;
+    let (gw, addr) = gateway(&base).await;
+    let grant = gw.grants.mint(GrantSpec {
+        sandbox_id: "sbx-a".into(),
+        run_id: "run-1".into(),
+        fork: 1,
+        allowed: only("claude-haiku-4-5"),
+        charger: None,
+    });
+    let (status, body, _, _) = call(&addr, Some("sbx-a"), grant.token(), &ask("claude-opus-4-1")).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("claude-opus-4-1") && body.contains("claude-haiku-4-5"), "{body}");
+    assert_eq!(refused("model"), 1);
+    assert!(script.lock().unwrap().requests.is_empty());
+}
+
+#[tokio::test]
+async fn an_unreachable_model_api_is_a_502_the_agent_sees_and_costs_nothing() {
+    // A port with nothing behind it.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let (gw, addr) = gateway(&format!("http://{dead}")).await;
+    let grant = gw.grants.mint(GrantSpec {
+        sandbox_id: "sbx-a".into(),
+        run_id: "run-1".into(),
+        fork: 1,
+        allowed: Allowed::Any,
+        charger: None,
+    });
+    let (status, body, _, _) = call(&addr, Some("sbx-a"), grant.token(), &ask("claude-haiku-4-5")).await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(json_type(&body), "api_error");
+    assert!(!body.contains(KEY));
+    let t = grant.settle(Duration::from_secs(5)).await;
+    assert_eq!((t.requests, t.cost_micros), (0, 0));
+}
+
+#[tokio::test]
+async fn each_answer_is_charged_once_and_a_spent_reservation_refuses_the_next_request() {
+    let script: Shared = Arc::default();
+    for _ in 0..3 {
+        // claude-haiku-4-5 at $1 / $5 per million: 1000 in + 1000 out = 6000 micro-USD.
+        script.lock().unwrap().replies.push_back((200, message("claude-haiku-4-5", 1000, 1000)));
+    }
+    let base = model_server(script.clone()).await;
+    let mut f = fixture(&base).await;
+    let reservation_id = f.reservation("run-g", 10_000, 10_000).await;
+    let (gw, addr) = gateway(&base).await;
+    let grant = gw.grants.mint(GrantSpec {
+        sandbox_id: "sbx-a".into(),
+        run_id: "run-g".into(),
+        fork: 1,
+        allowed: Allowed::Any,
+        charger: Some(Charger {
+            client: BudgetLedgerClient::new(f.runner.ledger.clone()),
+            reservation_id,
+            key_prefix: "run-g/fork-1/a1".into(),
+            run_id: "run-g".into(),
+            fork: 1,
+            model: String::new(),
+            activity_attempt: 1,
+        }),
+    });
+    let token = grant.token().to_owned();
+    let (status, _, _, _) = call(&addr, Some("sbx-a"), &token, &ask("claude-haiku-4-5")).await;
+    assert_eq!(status, 200);
+    grant.settle(Duration::from_secs(5)).await;
+    assert_eq!(f.charged("run-g").await, 6000);
+    // The second answer is delivered, but its charge does not fit: the fork is spent.
+    let (status, _, _, _) = call(&addr, Some("sbx-a"), &token, &ask("claude-haiku-4-5")).await;
+    assert_eq!(status, 200);
+    let why = tokio::time::timeout(Duration::from_secs(10), grant.exhausted())
+        .await
+        .expect("the refusal reaches the driver");
+    assert!(!why.is_empty());
+    let (status, body, _, _) = call(&addr, Some("sbx-a"), &token, &ask("claude-haiku-4-5")).await;
+    assert_eq!(status, 402, "{body}");
+    assert_eq!(json_type(&body), "billing_error");
+    assert_eq!(refused("budget"), 1);
+    assert_eq!(script.lock().unwrap().requests.len(), 2, "the third never reached the model");
+    let t = grant.settle(Duration::from_secs(5)).await;
+    assert_eq!((t.requests, t.cost_micros, t.charged_micros), (2, 12_000, 6000));
+    assert_eq!(f.charged("run-g").await, 6000, "posted once, the refused one not at all");
+}
+
+#[tokio::test]
+async fn a_stream_passes_through_as_it_is_made_and_its_usage_is_read() {
+    // A model that takes 300 ms between events.
+    async fn slow() -> Sse<impl futures::Stream<Item = Result<Event, std::convert::Infallible>>> {
+        let events = vec![
+            ("message_start", json!({"type": "message_start", "message": {"model": "claude-haiku-4-5", "usage": {"input_tokens": 100, "output_tokens": 1}}})),
+            ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}})),
+            ("message_delta", json!({"type": "message_delta", "usage": {"output_tokens": 50}})),
+            ("message_stop", json!({"type": "message_stop"})),
+        ];
+        let stream = futures::stream::iter(events).then(|(e, d)| async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok(Event::default().event(e).data(d.to_string()))
+        });
+        Sse::new(stream)
+    }
+    use futures::StreamExt;
+    let app = Router::new().route("/v1/messages", post(slow));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let (gw, addr) = gateway(&base).await;
+    let grant = gw.grants.mint(GrantSpec {
+        sandbox_id: "sbx-a".into(),
+        run_id: "run-1".into(),
+        fork: 1,
+        allowed: Allowed::Any,
+        charger: None,
+    });
+    let mut body = ask("claude-haiku-4-5");
+    body["stream"] = json!(true);
+    let (status, text, first, total) = call(&addr, Some("sbx-a"), grant.token(), &body).await;
+    assert_eq!(status, 200);
+    assert!(text.contains("message_stop"), "{text}");
+    assert!(
+        first < Duration::from_millis(900) && total >= Duration::from_millis(1100),
+        "first byte after {first:?}, all after {total:?}: the stream was held back"
+    );
+    let t = grant.settle(Duration::from_secs(5)).await;
+    assert_eq!((t.requests, t.usage.input_tokens, t.usage.output_tokens), (1, 100, 50));
+    // claude-haiku-4-5: 100 × $1 + 50 × $5 per million.
+    assert_eq!(t.cost_micros, 350);
+}
