@@ -290,6 +290,9 @@ impl Mesh {
                 "FORKYARD_LLM_LISTEN",
                 format!("127.0.0.1:{}", self.llm_port),
             )
+            // Sandbox time is free unless a test prices it: ledger figures stay exact.
+            .env("FORKYARD_SANDBOX_CPU_SECOND_USD", "0")
+            .env("FORKYARD_SANDBOX_GIB_SECOND_USD", "0")
             .stdout(Stdio::null())
             .stderr(log)
             // Last, so a test's settings win over the defaults above.

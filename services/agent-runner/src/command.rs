@@ -162,7 +162,7 @@ pub async fn run<S: ProgressSink>(
         sink,
         started: Instant::now(),
         progress: resume.unwrap_or_default(),
-        charger,
+        charger: charger.clone(),
         transcript,
         transcript_output: 0,
         run_usage: Usage::default(),
@@ -193,6 +193,8 @@ pub async fn run<S: ProgressSink>(
             .as_ref()
             .map_or(String::new(), |(g, _)| g.advertise.clone()),
     };
+    let mut sandbox_cost =
+        crate::sandbox_cost::SandboxCost::new(&req.sandbox_id, charger.clone(), activity_attempt);
     let exhausted = async {
         match &grant {
             Some(g) => g.exhausted().await,
@@ -219,6 +221,10 @@ pub async fn run<S: ProgressSink>(
         let event = tokio::select! {
             ev = stream.message() => ev.map_err(|s| sandbox_error(req, &endpoint, &s))?,
             _ = ticker.tick() => {
+                if let Err(e) = sandbox_cost.tick(&mut client, &mut meter.progress).await {
+                    let why = e.to_string();
+                    return Err(spent(&mut meter, grant.as_ref(), format!("sandbox time: {why}")).await);
+                }
                 let totals = grant.as_ref().filter(|g| g.used()).map(GrantHandle::totals);
                 meter.beat_with("command running", totals.as_ref()).await;
                 continue;
@@ -306,6 +312,7 @@ pub async fn run<S: ProgressSink>(
         duration_ms: meter.started.elapsed().as_millis() as u64,
         turns: p.turns,
         transcript_key: meter.transcript.key.clone(),
+        sandbox_charged_micros: p.sandbox_charged_micros,
         ..Default::default()
     };
     // What a retry would resume from, should this completion be lost; a command that

@@ -14,6 +14,7 @@ pub mod llm_gateway;
 pub mod models;
 pub mod presets;
 pub mod runner;
+pub mod sandbox_cost;
 pub mod tools;
 pub mod transcript;
 pub mod usage;

@@ -97,7 +97,10 @@ async fn call(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
     let total = started.elapsed();
     (status, body, first.unwrap_or(total), total)
 }
@@ -131,7 +134,11 @@ fn only(model: &str) -> Allowed {
 async fn a_token_works_only_from_its_own_sandbox_and_only_while_its_command_runs() {
     let script: Shared = Arc::default();
     for _ in 0..2 {
-        script.lock().unwrap().replies.push_back((200, message("claude-haiku-4-5", 10, 2)));
+        script
+            .lock()
+            .unwrap()
+            .replies
+            .push_back((200, message("claude-haiku-4-5", 10, 2)));
     }
     let base = model_server(script.clone()).await;
     let (gw, addr) = gateway(&base).await;
@@ -150,7 +157,11 @@ async fn a_token_works_only_from_its_own_sandbox_and_only_while_its_command_runs
         let s = script.lock().unwrap();
         let (headers, _) = &s.requests[0];
         assert_eq!(headers["x-api-key"], KEY, "the real key upstream");
-        assert!(headers.iter().all(|(_, v)| !v.to_str().unwrap_or_default().contains(&token)));
+        assert!(
+            headers
+                .iter()
+                .all(|(_, v)| !v.to_str().unwrap_or_default().contains(&token))
+        );
     }
 
     // Another sandbox presenting it: refused, counted, and the model never asked.
@@ -190,9 +201,13 @@ async fn a_model_outside_the_runs_list_is_refused_before_reaching_the_model() {
         allowed: only("claude-haiku-4-5"),
         charger: None,
     });
-    let (status, body, _, _) = call(&addr, Some("sbx-a"), grant.token(), &ask("claude-opus-4-1")).await;
+    let (status, body, _, _) =
+        call(&addr, Some("sbx-a"), grant.token(), &ask("claude-opus-4-1")).await;
     assert_eq!(status, 403, "{body}");
-    assert!(body.contains("claude-opus-4-1") && body.contains("claude-haiku-4-5"), "{body}");
+    assert!(
+        body.contains("claude-opus-4-1") && body.contains("claude-haiku-4-5"),
+        "{body}"
+    );
     assert_eq!(refused("model"), 1);
     assert!(script.lock().unwrap().requests.is_empty());
 }
@@ -212,7 +227,13 @@ async fn an_unreachable_model_api_is_a_502_the_agent_sees_and_costs_nothing() {
         allowed: Allowed::Any,
         charger: None,
     });
-    let (status, body, _, _) = call(&addr, Some("sbx-a"), grant.token(), &ask("claude-haiku-4-5")).await;
+    let (status, body, _, _) = call(
+        &addr,
+        Some("sbx-a"),
+        grant.token(),
+        &ask("claude-haiku-4-5"),
+    )
+    .await;
     assert_eq!(status, 502, "{body}");
     assert_eq!(json_type(&body), "api_error");
     assert!(!body.contains(KEY));
@@ -225,7 +246,11 @@ async fn each_answer_is_charged_once_and_a_spent_reservation_refuses_the_next_re
     let script: Shared = Arc::default();
     for _ in 0..3 {
         // claude-haiku-4-5 at $1 / $5 per million: 1000 in + 1000 out = 6000 micro-USD.
-        script.lock().unwrap().replies.push_back((200, message("claude-haiku-4-5", 1000, 1000)));
+        script
+            .lock()
+            .unwrap()
+            .replies
+            .push_back((200, message("claude-haiku-4-5", 1000, 1000)));
     }
     let base = model_server(script.clone()).await;
     let mut f = fixture(&base).await;
@@ -262,10 +287,21 @@ async fn each_answer_is_charged_once_and_a_spent_reservation_refuses_the_next_re
     assert_eq!(status, 402, "{body}");
     assert_eq!(json_type(&body), "billing_error");
     assert_eq!(refused("budget"), 1);
-    assert_eq!(script.lock().unwrap().requests.len(), 2, "the third never reached the model");
+    assert_eq!(
+        script.lock().unwrap().requests.len(),
+        2,
+        "the third never reached the model"
+    );
     let t = grant.settle(Duration::from_secs(5)).await;
-    assert_eq!((t.requests, t.cost_micros, t.charged_micros), (2, 12_000, 6000));
-    assert_eq!(f.charged("run-g").await, 6000, "posted once, the refused one not at all");
+    assert_eq!(
+        (t.requests, t.cost_micros, t.charged_micros),
+        (2, 12_000, 6000)
+    );
+    assert_eq!(
+        f.charged("run-g").await,
+        6000,
+        "posted once, the refused one not at all"
+    );
 }
 
 #[tokio::test]
@@ -273,9 +309,18 @@ async fn a_stream_passes_through_as_it_is_made_and_its_usage_is_read() {
     // A model that takes 300 ms between events.
     async fn slow() -> Sse<impl futures::Stream<Item = Result<Event, std::convert::Infallible>>> {
         let events = vec![
-            ("message_start", json!({"type": "message_start", "message": {"model": "claude-haiku-4-5", "usage": {"input_tokens": 100, "output_tokens": 1}}})),
-            ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}})),
-            ("message_delta", json!({"type": "message_delta", "usage": {"output_tokens": 50}})),
+            (
+                "message_start",
+                json!({"type": "message_start", "message": {"model": "claude-haiku-4-5", "usage": {"input_tokens": 100, "output_tokens": 1}}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}}),
+            ),
+            (
+                "message_delta",
+                json!({"type": "message_delta", "usage": {"output_tokens": 50}}),
+            ),
             ("message_stop", json!({"type": "message_stop"})),
         ];
         let stream = futures::stream::iter(events).then(|(e, d)| async move {
@@ -307,7 +352,10 @@ async fn a_stream_passes_through_as_it_is_made_and_its_usage_is_read() {
         "first byte after {first:?}, all after {total:?}: the stream was held back"
     );
     let t = grant.settle(Duration::from_secs(5)).await;
-    assert_eq!((t.requests, t.usage.input_tokens, t.usage.output_tokens), (1, 100, 50));
+    assert_eq!(
+        (t.requests, t.usage.input_tokens, t.usage.output_tokens),
+        (1, 100, 50)
+    );
     // claude-haiku-4-5: 100 × $1 + 50 × $5 per million.
     assert_eq!(t.cost_micros, 350);
 }

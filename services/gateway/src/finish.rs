@@ -53,6 +53,8 @@ pub struct FinishItem {
     pub succeeds_with_patch: bool,
     pub reservation_id: String,
     pub cost_micros: i64,
+    /// Of `cost_micros`, the sandbox time the agent charged as it ran.
+    pub sandbox_charged_micros: i64,
     pub commit_key: String,
     pub release_key: String,
 }
@@ -70,6 +72,10 @@ pub struct Finished {
     pub reservation: Option<Reservation>,
     pub settle_error: String,
     pub destroy_error: String,
+    /// The sandbox's part of what was committed (its whole cost, once its patch is in).
+    pub sandbox_cost_micros: i64,
+    /// The commit's amount (the agent's spend with the sandbox's whole cost).
+    pub amount_micros: i64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -151,12 +157,21 @@ impl WaveLocal {
             }
         }
         let patched = !item.collect_patch || out.patch.is_some();
-        out.committed = item.cost_micros > 0 || (item.succeeds_with_patch && patched);
+        let (amount, sandbox) = crate::workflows::commit_amount(
+            item.cost_micros,
+            item.sandbox_charged_micros,
+            out.patch
+                .as_ref()
+                .and_then(|p| p.usage)
+                .map(|u| u.cost_micros),
+        );
+        (out.amount_micros, out.sandbox_cost_micros) = (amount, sandbox);
+        out.committed = amount > 0 || (item.succeeds_with_patch && patched);
         let ledger = &self.ledger;
         let settled = if out.committed {
             let req = CommitRequest {
                 reservation_id: item.reservation_id.clone(),
-                amount_micros: item.cost_micros,
+                amount_micros: amount,
                 idempotency_key: item.commit_key.clone(),
             };
             retried(5, Duration::from_secs(1), ledger_final, || {

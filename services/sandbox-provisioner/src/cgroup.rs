@@ -52,6 +52,9 @@ pub struct Cgroups {
     pub version: Version,
     /// v2: `[<root>/<parent>]`; v1: `<mount>/<parent>` per controller of [`V1_CONTROLLERS`].
     parents: Vec<PathBuf>,
+    /// v1 only: `<mount>/<parent>` of the `cpuacct` hierarchy when it is mounted apart
+    /// from `cpu` (it counts the sandbox's CPU time; co-mounted, the cpu group does).
+    cpuacct: Option<PathBuf>,
 }
 
 impl Cgroups {
@@ -59,7 +62,24 @@ impl Cgroups {
     /// go. `Err` explains why cgroups cannot be used (the caller decides whether that is
     /// fatal).
     pub fn detect(parent: &str) -> Result<Self, String> {
-        Self::setup(&crate::cgroup_detect::detect()?, parent)
+        let mut cg = Self::setup(&crate::cgroup_detect::detect()?, parent)?;
+        if cg.version == Version::V1
+            && let Some(mount) = crate::cgroup_detect::v1_mount_of("cpuacct")
+            && cg
+                .parents
+                .get(2)
+                .is_some_and(|cpu| !cpu.starts_with(&mount))
+        {
+            let dir = mount.join(parent);
+            // Without it the sandbox's CPU time is not counted (nor charged), nothing else.
+            match mkdir(&dir) {
+                Ok(()) => cg.cpuacct = Some(dir),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cpuacct unavailable: sandbox CPU time is not metered")
+                }
+            }
+        }
+        Ok(cg)
     }
 
     /// Create `<parent>` in `layout`, enable the controllers down to it (v2), and prove a
@@ -95,6 +115,7 @@ impl Cgroups {
                 Self {
                     version: Version::V2,
                     parents: vec![dir],
+                    cpuacct: None,
                 }
             }
             Layout::V1 { mounts } => {
@@ -113,6 +134,7 @@ impl Cgroups {
                 Self {
                     version: Version::V1,
                     parents,
+                    cpuacct: None,
                 }
             }
         };
@@ -131,7 +153,48 @@ impl Cgroups {
     }
 
     fn dirs(&self, id: &str) -> Vec<PathBuf> {
-        self.parents.iter().map(|p| p.join(id)).collect()
+        self.parents
+            .iter()
+            .chain(&self.cpuacct)
+            .map(|p| p.join(id))
+            .collect()
+    }
+
+    /// CPU time the sandbox's processes used, in microseconds; `None` where the host
+    /// does not count it.
+    pub fn cpu_usec(&self, id: &str) -> Option<u64> {
+        match self.version {
+            Version::V2 => {
+                let text =
+                    std::fs::read_to_string(self.parents[0].join(id).join("cpu.stat")).ok()?;
+                text.lines().find_map(|l| {
+                    l.strip_prefix("usage_usec ")
+                        .and_then(|v| v.trim().parse().ok())
+                })
+            }
+            Version::V1 => {
+                let dir = self.cpuacct.as_ref().unwrap_or(&self.parents[2]).join(id);
+                let ns: u64 = std::fs::read_to_string(dir.join("cpuacct.usage"))
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()?;
+                Some(ns / 1000)
+            }
+        }
+    }
+
+    /// Memory the sandbox holds now (its processes and their page cache), in bytes.
+    pub fn memory_bytes(&self, id: &str) -> Option<u64> {
+        let file = match self.version {
+            Version::V2 => "memory.current",
+            Version::V1 => "memory.usage_in_bytes",
+        };
+        std::fs::read_to_string(self.parents[0].join(id).join(file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// Create the sandbox's groups (idempotent) and apply `limits`.

@@ -144,3 +144,12 @@ pub fn detect() -> Result<Layout, String> {
         std::fs::read_to_string(p.join("cgroup.controllers")).ok()
     })
 }
+
+/// The mount point of v1 controller `controller`, if it is mounted.
+pub fn v1_mount_of(controller: &str) -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    parse_mountinfo(&text)
+        .into_iter()
+        .find(|m| !m.v2 && m.controllers.iter().any(|c| c == controller))
+        .map(|m| m.point)
+}

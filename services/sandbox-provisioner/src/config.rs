@@ -92,6 +92,23 @@ pub struct Args {
     /// E2B template new sandboxes start from.
     #[arg(long, env = "FORKYARD_E2B_TEMPLATE", default_value = "base")]
     pub e2b_template: String,
+    /// USD per CPU-second a local sandbox uses (charged to its fork's budget; 0 = free).
+    #[arg(
+        long,
+        env = "FORKYARD_SANDBOX_CPU_SECOND_USD",
+        default_value_t = 0.000014
+    )]
+    pub sandbox_cpu_second_usd: f64,
+    /// USD per GiB of memory a local sandbox holds for a second while its commands run.
+    #[arg(
+        long,
+        env = "FORKYARD_SANDBOX_GIB_SECOND_USD",
+        default_value_t = 0.0000045
+    )]
+    pub sandbox_gib_second_usd: f64,
+    /// USD per second of an E2B sandbox's life.
+    #[arg(long, env = "FORKYARD_E2B_SECOND_USD", default_value_t = 0.00003025)]
+    pub e2b_second_usd: f64,
 }
 
 impl Args {
@@ -165,6 +182,15 @@ impl Args {
                 return Err(format!("{name} is empty"));
             }
         }
+        config.prices = crate::usage::Prices {
+            cpu_second_usd: self.sandbox_cpu_second_usd,
+            gib_second_usd: self.sandbox_gib_second_usd,
+            e2b_second_usd: self.e2b_second_usd,
+        };
+        if !config.prices.valid() {
+            return Err("FORKYARD_SANDBOX_CPU_SECOND_USD, FORKYARD_SANDBOX_GIB_SECOND_USD and FORKYARD_E2B_SECOND_USD must be numbers from 0 to 1 (USD)".into());
+        }
+        config.e2b.second_usd = self.e2b_second_usd;
         config.e2b.api_url = self.e2b_api_url.trim().to_owned();
         config.e2b.domain = self.e2b_domain.trim().to_owned();
         config.e2b.template = self.e2b_template.trim().to_owned();

@@ -31,6 +31,7 @@ mod snapshot;
 pub mod store;
 mod stream;
 mod template;
+pub mod usage;
 mod validate;
 
 pub use activities::{E2bActivities, SandboxActivities};

@@ -72,6 +72,7 @@ impl Provisioner {
             patch: String::from_utf8_lossy(kept).into_owned(),
             diffstat: Some(git::parse_numstat(&String::from_utf8_lossy(numstat))),
             base_commit: base,
+            usage: Some(self.usage(&*self.entry(id)?)),
         })
     }
 }

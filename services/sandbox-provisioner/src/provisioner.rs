@@ -73,6 +73,8 @@ pub struct Config {
     pub snapshot_dir: PathBuf,
     /// The `e2b` backend (disabled without an API key).
     pub e2b: crate::e2b::E2bConfig,
+    /// What sandboxes' CPU, memory and wall time cost.
+    pub prices: crate::usage::Prices,
 }
 
 impl Config {
@@ -99,6 +101,7 @@ impl Config {
             reap_interval: Duration::from_secs(30),
             forwarder_path: None,
             e2b: crate::e2b::E2bConfig::default(),
+            prices: crate::usage::Prices::default(),
         }
     }
 }
@@ -226,6 +229,7 @@ impl Provisioner {
             "sandbox provisioner ready"
         );
         crate::reaper::spawn(&core);
+        crate::usage::spawn_sampler(&core);
         Ok(core)
     }
 
@@ -277,7 +281,14 @@ impl Provisioner {
         let map = self.sandboxes.lock().expect("sandboxes lock");
         map.values()
             .find(|e| e.record.lock().expect("record lock").idempotency_key == key)
-            .map(|e| e.snapshot())
+            .map(|e| self.snapshot(e))
+    }
+
+    /// The sandbox as callers see it, with its use so far.
+    pub(crate) fn snapshot(&self, entry: &Entry) -> Sandbox {
+        let mut s = entry.snapshot();
+        s.usage = Some(self.usage(entry));
+        s
     }
 
     pub async fn create(&self, mut req: CreateSandboxRequest) -> Result<Sandbox> {
@@ -395,6 +406,7 @@ impl Provisioner {
             },
             stopped: false,
             workspace_bytes: 0,
+            memory_mib_ms: 0,
         }
     }
 
@@ -505,7 +517,7 @@ impl Provisioner {
     }
 
     pub fn get(&self, id: &str) -> Result<Sandbox> {
-        Ok(self.entry(id)?.snapshot())
+        Ok(self.snapshot(&*self.entry(id)?))
     }
 
     /// Sandboxes carrying every label of `selector`, oldest first. The reserved key
@@ -521,7 +533,7 @@ impl Provisioner {
             .unwrap_or_default();
         let mut out: Vec<Sandbox> = {
             let map = self.sandboxes.lock().expect("sandboxes lock");
-            map.values().map(|e| e.snapshot()).collect()
+            map.values().map(|e| self.snapshot(e)).collect()
         };
         out.retain(|s| {
             selector

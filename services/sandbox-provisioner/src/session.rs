@@ -33,7 +33,7 @@ impl Provisioner {
         let mut execs = entry.execs.subscribe();
         let _ =
             tokio::time::timeout(Duration::from_secs(10), execs.wait_for(|s| s.running == 0)).await;
-        Ok(entry.snapshot())
+        Ok(self.snapshot(&entry))
     }
 
     pub async fn start(&self, req: StartSandboxRequest) -> Result<Sandbox> {
@@ -44,7 +44,7 @@ impl Provisioner {
             r.clone()
         };
         self.store.save(&record)?;
-        Ok(entry.snapshot())
+        Ok(self.snapshot(&entry))
     }
 
     pub async fn persist(&self, req: PersistWorkspaceRequest) -> Result<PersistWorkspaceResponse> {
@@ -92,7 +92,7 @@ impl Provisioner {
         })
         .await
         .map_err(|e| ProvisionerError::internal("hydrate", e))??;
-        Ok(entry.snapshot())
+        Ok(self.snapshot(&entry))
     }
 
     /// A new sandbox whose workspace is snapshot `req.snapshot_id` (called by create).

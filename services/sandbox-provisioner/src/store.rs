@@ -48,6 +48,9 @@ pub struct Record {
     /// Size of the workspace at the last check (not authoritative on disk).
     #[serde(default)]
     pub workspace_bytes: u64,
+    /// Memory held while commands ran, MiB × milliseconds (sampled; see crate::usage).
+    #[serde(default)]
+    pub memory_mib_ms: u64,
 }
 
 impl Record {
@@ -84,6 +87,8 @@ impl Record {
             egress_allow: self.egress_allow.clone(),
             workspace_bytes: self.workspace_bytes,
             workspace_over_limit: self.over_limit(),
+            // Live figures: filled in by the provisioner (crate::usage).
+            usage: None,
         }
     }
 }

@@ -158,3 +158,38 @@ async fn a_sandbox_past_its_ttl_is_destroyed_by_the_provisioner() {
     );
     assert!(core.get(&long.id).is_ok());
 }
+
+#[tokio::test]
+async fn a_sandbox_counts_its_cpu_and_memory_time_and_prices_them() {
+    let f = common::fixture().await;
+    let sbx = f.create().await;
+    let before = f.core.get(&sbx.id).unwrap().usage.unwrap_or_default();
+    assert_eq!(
+        (before.cpu_ms, before.memory_mib_seconds, before.cost_micros),
+        (0, 0, 0)
+    );
+    // About two seconds of one core, holding a few MiB.
+    let out = f
+        .sh(
+            &sbx.id,
+            "x=$(head -c 8000000 /dev/zero | tr '\\0' a); end=$(($(date +%s)+3)); while [ $(date +%s) -lt $end ]; do :; done; echo ${#x}",
+        )
+        .await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let u = f.core.get(&sbx.id).unwrap().usage.unwrap_or_default();
+    assert!(u.cpu_ms >= 1500, "{u:?}");
+    assert!(u.memory_mib_seconds >= 1, "{u:?}");
+    let prices = forkyard_sandbox_provisioner::usage::Prices::default();
+    assert_eq!(u.cost_micros, prices.local(u.cpu_ms, u.memory_mib_seconds));
+    assert!(u.cost_micros > 0);
+    // The patch's collection reports the same, and never less.
+    let patch = f
+        .core
+        .collect_patch(forkyard_proto::sandbox::v1::CollectPatchRequest {
+            sandbox_id: sbx.id.clone(),
+            max_bytes: 0,
+        })
+        .await
+        .unwrap();
+    assert!(patch.usage.unwrap_or_default().cost_micros >= u.cost_micros);
+}

@@ -61,6 +61,7 @@ pub struct Handoff {
     pub result: ForkResult,
     pub agent: AgentEnd,
     pub cost_micros: i64,
+    pub sandbox_charged_micros: i64,
 }
 
 /// How the agent ended, for the fork's status once its patch is in.
@@ -80,7 +81,12 @@ pub struct ForkWorkflow {
 /// What the work steps produced before they stopped.
 #[derive(Default)]
 pub(super) struct Progress {
+    /// What the agent spent: its model usage and the sandbox time it charged.
     pub(super) cost_micros: i64,
+    /// Of `cost_micros`, the sandbox's part charged while the agent ran.
+    pub(super) sandbox_charged_micros: i64,
+    /// The sandbox's whole cost, read when the patch was collected (its last command).
+    pub(super) sandbox_cost_micros: Option<i64>,
     /// The agent charges its model turns to this reservation as it goes.
     pub(super) reservation_id: String,
 }
@@ -151,6 +157,7 @@ impl ForkWorkflow {
         let (mut result, agent) = match input.handoff.clone() {
             Some(h) => {
                 progress.cost_micros = h.cost_micros;
+                progress.sandbox_charged_micros = h.sandbox_charged_micros;
                 (h.result, Ok(h.agent))
             }
             None => {
@@ -176,7 +183,7 @@ impl ForkWorkflow {
             }
         };
         let outcome = match agent {
-            Ok(end) => patch(ctx, &host, &sandbox, &mut result)
+            Ok(end) => patch(ctx, &host, &sandbox, &mut result, &mut progress)
                 .await
                 .map(|()| apply_agent_end(&mut result, end, input.spec.fork_timeout_secs)),
             Err(f) => Err(f),
@@ -294,6 +301,7 @@ pub(super) async fn agent_and_verify<W>(
         }
     };
     progress.cost_micros = agent_out.cost_micros;
+    progress.sandbox_charged_micros = agent_out.sandbox_charged_micros;
     result.agent_exit_code = agent_out.exit_code;
     result.agent_output_tail = agent_out.output_tail.clone();
     result.usage = agent_out.usage;
@@ -354,6 +362,7 @@ async fn patch(
     host: &Host<'_>,
     sandbox: &Sandbox,
     result: &mut ForkResult,
+    progress: &mut Progress,
 ) -> Result<(), StepFailure> {
     result.phase = phase::PATCH.into();
     (host.show)(result);
@@ -369,6 +378,7 @@ async fn patch(
         )
         .await
         .map_err(|e| classify("collect patch", &e))?;
+    progress.sandbox_cost_micros = patch.usage.map(|u| u.cost_micros);
     apply_patch(result, patch);
     Ok(())
 }

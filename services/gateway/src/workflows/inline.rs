@@ -132,6 +132,7 @@ fn item(d: &AgentDone) -> FinishItem {
         succeeds_with_patch: matches!(d.agent, Ok(end) if !end.timed_out && end.exit_code == 0),
         reservation_id: d.progress.reservation_id.clone(),
         cost_micros: d.progress.cost_micros,
+        sandbox_charged_micros: d.progress.sandbox_charged_micros,
         commit_key: key("commit"),
         release_key: key("release"),
     }
@@ -212,6 +213,7 @@ fn outcome(d: AgentDone, answer: Result<Finished, String>, now: i64) -> Outcome 
             result,
             agent: end,
             cost_micros: progress.cost_micros,
+            sandbox_charged_micros: progress.sandbox_charged_micros,
         });
         return Outcome::HandOff(Box::new((f, prepared, input)));
     }
@@ -231,7 +233,14 @@ fn outcome(d: AgentDone, answer: Result<Finished, String>, now: i64) -> Outcome 
     let settled = out
         .reservation
         .ok_or_else(|| StepFailure::Failed(format!("{step}: {}", out.settle_error)));
-    apply_settlement(&mut result, progress.cost_micros, out.committed, settled);
+    result.sandbox_cost_micros = out.sandbox_cost_micros;
+    // Results of a finish from before sandbox costs carry no amount: the agent's spend.
+    let amount = if out.amount_micros > 0 {
+        out.amount_micros
+    } else {
+        progress.cost_micros
+    };
+    apply_settlement(&mut result, amount, out.committed, settled);
     if !out.destroy_error.is_empty() && result.error.is_empty() {
         // The run closes after its forks: the janitor's sweep reaps the sandbox then.
         result.error = out.destroy_error;

@@ -14,6 +14,7 @@ mod prepare;
 
 pub use fork::{ForkInput, ForkWorkflow};
 pub use orchestration::SandboxOrchestrationWorkflow;
+pub use prepare::commit_amount;
 
 /// Where a fork is, as `ForkResult::phase`.
 pub mod phase {

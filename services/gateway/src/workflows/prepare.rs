@@ -370,11 +370,17 @@ pub(super) async fn settle<W>(
     result: &mut ForkResult,
 ) {
     let reservation_id = progress.reservation_id.clone();
-    let commit = progress.cost_micros > 0 || result.status == ForkStatus::Succeeded as i32;
+    let (amount, sandbox) = commit_amount(
+        progress.cost_micros,
+        progress.sandbox_charged_micros,
+        progress.sandbox_cost_micros,
+    );
+    result.sandbox_cost_micros = sandbox;
+    let commit = amount > 0 || result.status == ForkStatus::Succeeded as i32;
     let answer = if commit {
         let commit = CommitRequest {
             reservation_id,
-            amount_micros: progress.cost_micros,
+            amount_micros: amount,
             idempotency_key: key("commit"),
         };
         ctx.execute_local_activity(Ledger::commit, commit, options::ledger_detached())
@@ -389,7 +395,16 @@ pub(super) async fn settle<W>(
             .await
             .map_err(|e| classify("release reservation", &e))
     };
-    apply_settlement(result, progress.cost_micros, commit, answer);
+    apply_settlement(result, amount, commit, answer);
+}
+
+/// What a fork's commit posts, and the sandbox's part of it: the agent's spend (`cost`,
+/// of which `sandbox_charged` was sandbox time charged while it ran) with the sandbox's
+/// whole cost in place of that part, when it is known (read at patch collection, never
+/// less than what was charged for it).
+pub fn commit_amount(cost: i64, sandbox_charged: i64, sandbox_cost: Option<i64>) -> (i64, i64) {
+    let sandbox = sandbox_cost.unwrap_or(0).max(sandbox_charged);
+    (cost - sandbox_charged + sandbox, sandbox)
 }
 
 /// The fork's cost (and status) from its settlement: what was committed, or (released)
@@ -415,7 +430,10 @@ pub(super) fn apply_settlement(
             result.status = ForkStatus::Failed as i32;
             result.error = failure_message(e);
         }
-        (false, Ok(r)) => result.cost_micros = r.charged_micros,
+        (false, Ok(r)) => {
+            result.cost_micros = r.charged_micros;
+            result.sandbox_cost_micros = result.sandbox_cost_micros.min(r.charged_micros);
+        }
         (false, Err(e)) if result.error.is_empty() => result.error = failure_message(e),
         (false, Err(_)) => {}
     }

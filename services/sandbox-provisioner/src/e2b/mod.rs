@@ -93,6 +93,8 @@ pub struct E2bConfig {
     pub exec_timeout: Duration,
     /// Limit for cloning the repository inside the sandbox.
     pub clone_timeout: Duration,
+    /// USD per second of a sandbox's life (E2B bills by the second).
+    pub second_usd: f64,
 }
 
 impl Default for E2bConfig {
@@ -106,6 +108,7 @@ impl Default for E2bConfig {
             default_timeout: Duration::from_secs(3600),
             exec_timeout: Duration::from_secs(600),
             clone_timeout: Duration::from_secs(300),
+            second_usd: crate::usage::Prices::default().e2b_second_usd,
         }
     }
 }
@@ -316,6 +319,7 @@ impl E2bBackend {
             Some("paused") => SandboxState::Stopped,
             _ => SandboxState::Ready,
         };
+        let created = s.started_at.as_deref().map_or(0, rfc3339_ms);
         Sandbox {
             id: format!("{ID_PREFIX}{}", s.sandbox_id),
             backend: BACKEND.into(),
@@ -326,10 +330,32 @@ impl E2bBackend {
                 .known(&s.sandbox_id)
                 .map(|k| k.base_commit)
                 .unwrap_or_default(),
-            created_unix_ms: s.started_at.as_deref().map_or(0, rfc3339_ms),
+            created_unix_ms: created,
             owner_endpoint: self.owner_endpoint.clone(),
             owner_task_queue: self.owner_task_queue.clone(),
             expires_unix_ms: expires,
+            usage: Some(self.usage(created)),
+            ..Default::default()
+        }
+    }
+
+    /// What a sandbox created at `created_unix_ms` has cost so far: its wall time.
+    fn usage(&self, created_unix_ms: i64) -> forkyard_proto::sandbox::v1::SandboxUsage {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let wall_ms = if created_unix_ms > 0 {
+            u64::try_from(now - created_unix_ms).unwrap_or(0)
+        } else {
+            0
+        };
+        let prices = crate::usage::Prices {
+            e2b_second_usd: self.config.second_usd,
+            ..Default::default()
+        };
+        forkyard_proto::sandbox::v1::SandboxUsage {
+            wall_ms,
+            cost_micros: prices.e2b(wall_ms),
             ..Default::default()
         }
     }
@@ -878,6 +904,7 @@ impl SandboxBackend for E2bBackend {
             patch_bytes: total,
             diffstat: Some(git::parse_numstat(&numstat)),
             base_commit: base,
+            usage: self.get(&req.sandbox_id).await.ok().and_then(|s| s.usage),
         })
     }
 
