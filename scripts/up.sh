@@ -24,9 +24,17 @@ for i in $(seq 1 120); do
   sleep 0.5
 done
 
+# Model API keys go to the agent runner alone (its LLM gateway injects them); every other
+# service starts without them.
+MODEL_KEYS=(ANTHROPIC_API_KEY OPENAI_API_KEY)
 for s in "${SERVICES[@]}"; do
   alive "$s" && continue
   echo "starting $s on 127.0.0.1:${PORT[$s]}"
+  unset_keys=()
+  if [ "$s" != agent-runner ]; then
+    for k in "${MODEL_KEYS[@]}"; do unset_keys+=(-u "$k"); done
+  fi
+  env "${unset_keys[@]}" \
   FORKYARD_LISTEN="127.0.0.1:${PORT[$s]}" \
   FORKYARD_PROVISIONER_ADDR="http://127.0.0.1:${PORT[sandbox-provisioner]}" \
     nohup "$BIN_DIR/$s" >"$LOG_DIR/$s.log" 2>&1 &

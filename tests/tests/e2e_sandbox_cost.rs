@@ -46,17 +46,18 @@ async fn sandbox_time_is_charged_with_the_fork_and_a_cpu_burner_is_stopped_at_it
     let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
 
-    // Two seconds of CPU with room to spare: charged as it ran, committed in full.
+    // Two to three seconds of a busy loop, with room to spare: charged as it ran,
+    // committed in full (at least a second of CPU, whatever else the machine runs).
     let req = LaunchRunRequest {
         request_id: "sandbox-cost".into(),
-        ..launch(dir.path(), 1, 1, &burn(2))
+        ..launch(dir.path(), 1, 1, &burn(3))
     };
     let run_id = gw.launch_run(req).await.unwrap().into_inner().run_id;
     let run = wait_finished(&mut gw, &run_id, Duration::from_secs(60)).await;
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
     let fork = fork_result(&mut gw, &run_id, 1).await;
     assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?}");
-    assert!(fork.sandbox_cost_micros >= 15_000, "{fork:#?}");
+    assert!(fork.sandbox_cost_micros >= 10_000, "{fork:#?}");
     assert_eq!(
         fork.model_cost_micros, 0,
         "the command reported no model use"

@@ -130,6 +130,12 @@ pub async fn fixture(base_url: &str) -> Fixture {
 
     let mut config = Config::new(tmp.path().join("prov"), "http://127.0.0.1:50052");
     config.exec_timeout = Duration::from_secs(120);
+    // Sandbox time is free here: the ledger figures are the model's alone.
+    config.prices = forkyard_sandbox_provisioner::usage::Prices {
+        cpu_second_usd: 0.0,
+        gib_second_usd: 0.0,
+        e2b_second_usd: 0.0,
+    };
     let core = Provisioner::open(config).await.expect("open provisioner");
     let prov_url = serve(Routes::new(SandboxService::new(core.clone()).into_server())).await;
 
