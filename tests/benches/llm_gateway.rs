@@ -1,8 +1,9 @@
-//! What the metering LLM gateway adds to a model request, at 200 concurrent streams:
-//! the same requests to a local model server directly and through a gateway (as a
-//! provisioner's relay delivers them: a PROXY v2 header, then HTTP/1.1), each client on
-//! its own connection. Prints p50/p99 of a whole JSON request and of the time to the
-//! first streamed byte, both ways, and the difference.
+//! What the metering LLM gateway adds to a model request while 200 streams flow through
+//! it: probe requests to a local model server directly and through the gateway (as a
+//! provisioner's relay delivers them: a PROXY v2 header, then HTTP/1.1), interleaved,
+//! each on its own connection, while 199 clients stream through the gateway without a
+//! pause. Prints p50/p99 of a whole JSON request and of the time to the first streamed
+//! byte, both ways, and the difference.
 //!
 //! `cargo bench -p forkyard-tests --bench llm_gateway [-- --streams N --rounds N]`
 
@@ -80,30 +81,6 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-async fn round(
-    addr: &str,
-    grants: &[GrantHandle],
-    via_gateway: bool,
-    stream: bool,
-) -> Vec<Sample> {
-    let tasks: Vec<_> = grants
-        .iter()
-        .enumerate()
-        .map(|(i, g)| {
-            let (addr, token) = (addr.to_owned(), g.token().to_owned());
-            tokio::spawn(async move {
-                let sandbox = format!("sbx-bench-{i}");
-                request(&addr, via_gateway.then_some(sandbox.as_str()), &token, stream).await
-            })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.unwrap());
-    }
-    out
-}
-
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -115,15 +92,15 @@ fn arg(name: &str, default: usize) -> usize {
 
 fn main() {
     let streams = arg("--streams", 200);
-    let rounds = arg("--rounds", 10);
+    let rounds = arg("--rounds", 200);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async move {
-        // A model that streams its events 10 ms apart.
+        // A model that streams its events 50 ms apart.
         let mut script = Script::edit("true");
-        script.event_gap = Duration::from_millis(10);
+        script.event_gap = Duration::from_millis(50);
         let model = ScriptedModel::start(script).await;
         let upstream = model.url.trim_start_matches("http://").to_owned();
         let endpoint = |base: &str| Endpoint {
@@ -155,33 +132,47 @@ fn main() {
                 })
             })
             .collect();
-        // Warm both paths (connections, the gateway's upstream pool).
-        round(&upstream, &grants, false, false).await;
-        round(&gw_addr, &grants, true, false).await;
-
-        println!("llm gateway: {streams} concurrent clients, {rounds} rounds each way, interleaved");
+        // The load: `streams` clients, each streaming through the gateway without a
+        // pause (20 events 50 ms apart, a second a stream), started over one second.
+        let stop = tokio_util::sync::CancellationToken::new();
+        let streamed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        for (i, g) in grants.iter().enumerate().skip(1) {
+            let (addr, token, stop, streamed) =
+                (gw_addr.clone(), g.token().to_owned(), stop.clone(), streamed.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(1000 * i as u64 / streams as u64)).await;
+                let sandbox = format!("sbx-bench-{i}");
+                while !stop.is_cancelled() {
+                    request(&addr, Some(&sandbox), &token, true).await;
+                    streamed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let token = grants[0].token().to_owned();
+        println!(
+            "llm gateway: {} streams in flight through it (a second each), {rounds} probes each way, interleaved",
+            streams - 1
+        );
         for stream in [false, true] {
-            let (mut d_first, mut d_total, mut g_first, mut g_total) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut direct, mut via) = (Vec::new(), Vec::new());
             for _ in 0..rounds {
-                for s in round(&upstream, &grants, false, stream).await {
-                    d_first.push(s.first_byte);
-                    d_total.push(s.total);
-                }
-                for s in round(&gw_addr, &grants, true, stream).await {
-                    g_first.push(s.first_byte);
-                    g_total.push(s.total);
-                }
+                let d = request(&upstream, None, &token, stream).await;
+                let g = request(&gw_addr, Some("sbx-bench-0"), &token, stream).await;
+                let pick = |s: &Sample| if stream { s.first_byte } else { s.total };
+                direct.push(pick(&d));
+                via.push(pick(&g));
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            let (what, figure, direct, via) = if stream {
-                ("SSE stream", "first byte", &mut d_first, &mut g_first)
+            let (what, figure) = if stream {
+                ("SSE stream", "first byte")
             } else {
-                ("JSON request", "whole request", &mut d_total, &mut g_total)
+                ("JSON request", "whole request")
             };
-            let (dp50, dp99) = (pct(direct, 0.5), pct(direct, 0.99));
-            let (gp50, gp99) = (pct(via, 0.5), pct(via, 0.99));
+            let (dp50, dp99) = (pct(&mut direct, 0.5), pct(&mut direct, 0.99));
+            let (gp50, gp99) = (pct(&mut via, 0.5), pct(&mut via, 0.99));
             println!(
-                "  {what:<13} {figure:<14} direct p50 {:>7.2} ms p99 {:>7.2} ms | via gateway p50 {:>7.2} ms p99 {:>7.2} ms | added p50 {:>+6.2} ms",
+                "  {what:<13} {figure:<14} direct p50 {:>6.2} ms p99 {:>6.2} ms | via gateway p50 {:>6.2} ms p99 {:>6.2} ms | added p50 {:>+5.2} ms",
                 ms(dp50),
                 ms(dp99),
                 ms(gp50),
@@ -189,7 +180,11 @@ fn main() {
                 ms(gp50) - ms(dp50),
             );
         }
-        let metered = grants.iter().map(|g| g.totals().requests).sum::<u32>();
-        println!("  requests metered by the gateway: {metered}");
+        stop.cancel();
+        println!(
+            "  load: {} streams completed through the gateway meanwhile; requests metered: {}",
+            streamed.load(std::sync::atomic::Ordering::Relaxed),
+            grants.iter().map(|g| g.totals().requests).sum::<u32>()
+        );
     });
 }
