@@ -64,7 +64,11 @@ async fn request(addr: &str, sandbox: Option<&str>, token: &str, stream: bool) -
             first_byte = Some(started.elapsed());
         }
     }
-    assert!(seen.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&seen));
+    assert!(
+        seen.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
     let total = started.elapsed();
     Sample {
         first_byte: first_byte.unwrap_or(total),

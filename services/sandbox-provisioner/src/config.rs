@@ -106,6 +106,11 @@ pub struct Args {
         default_value_t = 0.0000045
     )]
     pub sandbox_gib_second_usd: f64,
+    /// Loopback, link-local or private IP addresses `egress_allow` lists may name
+    /// (comma-separated); by default none, so no sandbox reaches the host's or the mesh's
+    /// own services.
+    #[arg(long, env = "FORKYARD_EGRESS_PRIVATE_ALLOWED", value_delimiter = ',')]
+    pub egress_private_allowed: Vec<String>,
     /// USD per second of an E2B sandbox's life.
     #[arg(long, env = "FORKYARD_E2B_SECOND_USD", default_value_t = 0.00003025)]
     pub e2b_second_usd: f64,
@@ -191,6 +196,17 @@ impl Args {
             return Err("FORKYARD_SANDBOX_CPU_SECOND_USD, FORKYARD_SANDBOX_GIB_SECOND_USD and FORKYARD_E2B_SECOND_USD must be numbers from 0 to 1 (USD)".into());
         }
         config.e2b.second_usd = self.e2b_second_usd;
+        config.egress_private_allowed = self
+            .egress_private_allowed
+            .iter()
+            .map(|a| a.trim())
+            .filter(|a| !a.is_empty())
+            .map(|a| {
+                a.trim_start_matches('[').trim_end_matches(']').parse().map_err(|_| {
+                    format!("FORKYARD_EGRESS_PRIVATE_ALLOWED (--egress-private-allowed): {a:?} is not an IP address")
+                })
+            })
+            .collect::<Result<_, String>>()?;
         config.e2b.api_url = self.e2b_api_url.trim().to_owned();
         config.e2b.domain = self.e2b_domain.trim().to_owned();
         config.e2b.template = self.e2b_template.trim().to_owned();

@@ -44,6 +44,31 @@ impl Allowlist {
         &self.0
     }
 
+    /// Entries naming the host itself, the mesh or a private network: loopback,
+    /// link-local, private or unspecified IP literals (with the address), and
+    /// `localhost` names (without one).
+    pub fn private_entries(&self) -> Vec<(String, Option<IpAddr>)> {
+        self.0
+            .iter()
+            .filter_map(|e| {
+                let host = match e.rsplit_once(':') {
+                    Some((h, p))
+                        if (!h.contains(':') || h.ends_with(']')) && p.parse::<u16>().is_ok() =>
+                    {
+                        h
+                    }
+                    _ => e.as_str(),
+                };
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                if host == "localhost" || host.ends_with(".localhost") {
+                    return Some((e.clone(), None));
+                }
+                let ip: IpAddr = host.parse().ok()?;
+                internal(ip).then(|| (e.clone(), Some(ip)))
+            })
+            .collect()
+    }
+
     /// Whether `host:port` may be reached, and whether `host` was listed literally as an IP.
     pub fn allows(&self, host: &str, port: u16) -> bool {
         let host = host

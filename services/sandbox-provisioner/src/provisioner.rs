@@ -75,6 +75,10 @@ pub struct Config {
     pub e2b: crate::e2b::E2bConfig,
     /// What sandboxes' CPU, memory and wall time cost.
     pub prices: crate::usage::Prices,
+    /// Loopback, link-local or private addresses an `egress_allow` list may name (the
+    /// operator's choice); any other is refused, so no sandbox reaches the host's or the
+    /// mesh's own services.
+    pub egress_private_allowed: Vec<std::net::IpAddr>,
 }
 
 impl Config {
@@ -102,6 +106,7 @@ impl Config {
             forwarder_path: None,
             e2b: crate::e2b::E2bConfig::default(),
             prices: crate::usage::Prices::default(),
+            egress_private_allowed: Vec::new(),
         }
     }
 }
@@ -352,8 +357,21 @@ impl Provisioner {
                 "unrestricted network is not offered; list the reachable hosts in egress_allow",
             ));
         }
-        Allowlist::parse(&req.egress_allow)
+        let list = Allowlist::parse(&req.egress_allow)
             .map_err(|e| ProvisionerError::invalid("egress_allow", e))?;
+        if let Some(bad) = list
+            .private_entries()
+            .into_iter()
+            .find(|(_, ip)| ip.is_none_or(|ip| !self.config.egress_private_allowed.contains(&ip)))
+        {
+            return Err(ProvisionerError::invalid(
+                "egress_allow",
+                format!(
+                    "{} is a loopback, link-local or private address: a sandbox must not reach the host's or the mesh's own services (the operator can allow an address with FORKYARD_EGRESS_PRIVATE_ALLOWED)",
+                    bad.0
+                ),
+            ));
+        }
         if !req.egress_allow.is_empty() && self.config.forwarder_path.is_none() {
             return Err(ProvisionerError::FailedPrecondition(
                 "egress is not available: the provisioner has no egress forwarder configured"

@@ -162,3 +162,31 @@ async fn another_sandboxs_workspace_is_not_a_repository_by_path_or_file_url() {
     let out = f.sh(&sbx.id, "cat README.md").await;
     assert_eq!(out.stdout, "hello\nworld\n");
 }
+
+#[tokio::test]
+async fn egress_to_the_hosts_own_or_private_addresses_is_refused_unless_allowed() {
+    let f = fixture().await;
+    for bad in [
+        "127.0.0.2:7233",
+        "169.254.169.254",
+        "[::1]:50051",
+        "10.0.0.5",
+        "localhost:50054",
+    ] {
+        let mut req = f.request("forkyard-fork-9");
+        req.egress_allow = vec!["example.com".into(), bad.into()];
+        let status = tonic::Status::from(f.core.create(req).await.unwrap_err());
+        assert_eq!(status.code(), Code::InvalidArgument, "{bad}: {status:?}");
+        assert!(
+            status
+                .message()
+                .contains(bad.trim_start_matches('[').split(']').next().unwrap()),
+            "{}",
+            status.message()
+        );
+    }
+    // What the operator allowed (here 127.0.0.1) is taken as meant.
+    let mut req = f.request("forkyard-fork-9");
+    req.egress_allow = vec!["127.0.0.1:8080".into()];
+    assert!(f.core.create(req).await.is_ok());
+}
