@@ -50,6 +50,8 @@ pub struct Script {
     pub never_stop: bool,
     /// Pause between streamed events (a slow model).
     pub event_gap: Duration,
+    /// Answer this many model calls with 503 first (an API that is down).
+    pub fail_first: usize,
 }
 
 impl Script {
@@ -58,6 +60,7 @@ impl Script {
             command: command.into(),
             never_stop: false,
             event_gap: Duration::ZERO,
+            fail_first: 0,
         }
     }
 
@@ -204,6 +207,12 @@ async fn answer(
     let model = body["model"].as_str().unwrap_or("unknown").to_owned();
     let call = script.never_stop || !has_tool_result(&body);
     let n = rec.lock().unwrap().len();
+    if n <= script.fail_first && path != "/v1/messages/count_tokens" {
+        return json_response(
+            503,
+            &json!({"type": "error", "error": {"type": "overloaded_error", "message": "scripted outage"}}),
+        );
+    }
     match path.as_str() {
         "/v1/messages/count_tokens" => json_response(200, &json!({"input_tokens": 10})),
         "/v1/messages" => anthropic(script, &body, &model, call, n),

@@ -376,3 +376,35 @@ async fn a_model_that_never_stops_is_stopped_at_the_forks_budget() {
         model.model_calls().len()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_failed_by_a_down_model_api_is_retried_and_charged_once() {
+    let mut script = Script::edit("true");
+    script.fail_first = 1;
+    let model = ScriptedModel::start(script).await;
+    let mesh = Mesh::start_with(options(&model)).await.expect("mesh");
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = dir.path().join("repo");
+    repo::create(&repo_dir).unwrap();
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    // A plain command calling the Messages API through the gateway; curl -f fails on 503.
+    let command = r#"curl -sSf -H "x-api-key: $ANTHROPIC_API_KEY" -H 'anthropic-version: 2023-06-01' -H 'content-type: application/json' -d '{"model":"claude-haiku-4-5","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}' "$ANTHROPIC_BASE_URL/v1/messages" > answer.json"#;
+    let req = LaunchRunRequest {
+        request_id: "api-down".into(),
+        ..launch(&repo_dir, "command", "", 1, "1")
+    };
+    let mut req = req;
+    req.agent.as_mut().unwrap().command = command.into();
+    let run_id = gw.launch_run(req).await.expect("launch").into_inner().run_id;
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
+    let fork = fork_result(&mut gw, &run_id, 1).await;
+    assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?} {run:#?}");
+    assert!(fork.patch.contains("msg_scripted_2"), "the second attempt's answer: {}", fork.patch);
+    assert_eq!(model.model_calls().len(), 2, "one failed call, one answered");
+    // claude-haiku-4-5: 800 in × $1, 200 cache read × $0.10, 200 out × $5 per million.
+    let per_call = price_per_call(1.0, 5.0, 0.1);
+    assert_eq!(fork.model_cost_micros, per_call, "{fork:#?}");
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = run_account(&mut ledger, &run_id).await;
+    assert_eq!(account.spent_micros, per_call, "the failed call cost nothing, the answer once");
+}

@@ -288,6 +288,19 @@ pub async fn run<S: ProgressSink>(
             }
             add_totals(&mut meter.progress, &totals);
             write_gateway_totals(&mut meter, &totals);
+            // The agent gave up because the model API failed it: worth another attempt
+            // (the agent retry table), which resumes from this beat's charges.
+            if exit.exit_code != 0 && !exit.timed_out && totals.upstream_failures > 0 {
+                meter.beat("model api unavailable").await;
+                return Err(AgentError::Model(crate::llm::LlmError::Unavailable {
+                    status: totals.last_upstream_status,
+                    attempts: totals.upstream_failures,
+                    message: format!(
+                        "the agent exited with {} after the model API failed {} of its requests",
+                        exit.exit_code, totals.upstream_failures
+                    ),
+                }));
+            }
         }
         None => meter.reconcile(&kept),
     }

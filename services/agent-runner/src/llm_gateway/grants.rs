@@ -57,6 +57,10 @@ pub struct Totals {
     pub charged_micros: i64,
     /// Why the fork may not ask for more (its reservation is spent).
     pub exhausted: Option<String>,
+    /// Requests the model API failed (unreachable, 429, 5xx), and the last such status
+    /// (502 for unreachable): an agent that gives up on them is retried.
+    pub upstream_failures: u32,
+    pub last_upstream_status: u16,
 }
 
 #[derive(Default)]
@@ -172,6 +176,13 @@ impl Grant {
             s.in_flight -= 1;
         }
         self.changed.notify_waiters();
+    }
+
+    /// The model API failed a request (`status`: its answer, or 502 when unreachable).
+    pub fn upstream_failed(&self, status: u16) {
+        let mut s = self.state.lock().expect("grant lock");
+        s.totals.upstream_failures += 1;
+        s.totals.last_upstream_status = status;
     }
 
     /// A request ended without reaching the model (refused, upstream down).

@@ -257,6 +257,7 @@ async fn handle(gw: &Arc<LlmGateway>, sandbox: &str, req: Request<Incoming>) -> 
     let upstream = match upstream {
         Ok(r) => r,
         Err(e) => {
+            grant.upstream_failed(502);
             grant.abandon();
             refused("upstream");
             let e = endpoint
@@ -275,6 +276,9 @@ async fn handle(gw: &Arc<LlmGateway>, sandbox: &str, req: Request<Incoming>) -> 
     let m = metrics::get();
     m.upstream_head.observe(started.elapsed().as_secs_f64());
     let status = upstream.status();
+    if status.as_u16() == 429 || status.is_server_error() {
+        grant.upstream_failed(status.as_u16());
+    }
     m.requests
         .with_label_values(&[api.map_or("other", api_name), status.as_str()])
         .inc();
