@@ -123,6 +123,7 @@ fn main() {
         tokio::spawn(forkyard_agent_runner::llm_gateway::serve(
             gw.clone(),
             l,
+            None,
             tokio_util::sync::CancellationToken::new(),
         ));
         let grants: Vec<GrantHandle> = (0..streams)

@@ -395,16 +395,36 @@ async fn an_agent_failed_by_a_down_model_api_is_retried_and_charged_once() {
     };
     let mut req = req;
     req.agent.as_mut().unwrap().command = command.into();
-    let run_id = gw.launch_run(req).await.expect("launch").into_inner().run_id;
+    let run_id = gw
+        .launch_run(req)
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
     let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
     let fork = fork_result(&mut gw, &run_id, 1).await;
-    assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?} {run:#?}");
-    assert!(fork.patch.contains("msg_scripted_2"), "the second attempt's answer: {}", fork.patch);
-    assert_eq!(model.model_calls().len(), 2, "one failed call, one answered");
+    assert_eq!(
+        fork.status,
+        ForkStatus::Succeeded as i32,
+        "{fork:#?} {run:#?}"
+    );
+    assert!(
+        fork.patch.contains("msg_scripted_2"),
+        "the second attempt's answer: {}",
+        fork.patch
+    );
+    assert_eq!(
+        model.model_calls().len(),
+        2,
+        "one failed call, one answered"
+    );
     // claude-haiku-4-5: 800 in × $1, 200 cache read × $0.10, 200 out × $5 per million.
     let per_call = price_per_call(1.0, 5.0, 0.1);
     assert_eq!(fork.model_cost_micros, per_call, "{fork:#?}");
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
     let account = run_account(&mut ledger, &run_id).await;
-    assert_eq!(account.spent_micros, per_call, "the failed call cost nothing, the answer once");
+    assert_eq!(
+        account.spent_micros, per_call,
+        "the failed call cost nothing, the answer once"
+    );
 }

@@ -9,9 +9,11 @@ use forkyard_tests::{
     Mesh,
     mesh::MeshOptions,
     repo,
-    support::{launch, wait_finished},
+    scripted_model::{Script, ScriptedModel},
+    support::{fork_result, launch, wait_finished},
 };
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
@@ -26,8 +28,14 @@ async fn serving(ch: tonic::transport::Channel) -> Result<bool, tonic::Status> {
 #[tokio::test]
 async fn internal_services_demand_a_mesh_certificate_and_a_run_completes_over_mtls()
 -> anyhow::Result<()> {
+    let model = ScriptedModel::start(Script::edit("true")).await;
     let mesh = Mesh::start_with(MeshOptions {
         tls: true,
+        service_env: vec![(
+            "agent-runner".into(),
+            "ANTHROPIC_BASE_URL".into(),
+            model.url.clone(),
+        )],
         ..Default::default()
     })
     .await?;
@@ -88,12 +96,37 @@ async fn internal_services_demand_a_mesh_certificate_and_a_run_completes_over_mt
     let src = mesh.state_dir().join("repo");
     repo::create(&src)?;
     let mut gw = GatewayClient::new(mesh.channel("gateway").await?);
+    // Each fork's agent also calls its model: sandbox → provisioner relay → the runner's
+    // LLM gateway, that hop over mesh TLS too.
+    let command = r#"echo over-mtls > mtls.txt; curl -sSf -H "x-api-key: $ANTHROPIC_API_KEY" -H 'anthropic-version: 2023-06-01' -H 'content-type: application/json' -d '{"model":"claude-haiku-4-5","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}' "$ANTHROPIC_BASE_URL/v1/messages" > answer.json"#;
     let run = gw
-        .launch_run(launch(&src, 2, 2, "echo over-mtls > mtls.txt"))
+        .launch_run(launch(&src, 2, 2, command))
         .await?
         .into_inner();
     let done = wait_finished(&mut gw, &run.run_id, Duration::from_secs(120)).await;
     assert_eq!(done.forks_succeeded, 2, "{done:#?}");
-    assert!(done.cost_micros >= 0);
+    assert!(
+        done.cost_micros > 0,
+        "the model calls were metered: {done:#?}"
+    );
+    assert_eq!(model.model_calls().len(), 2);
+    let fork = fork_result(&mut gw, &run.run_id, 1).await;
+    assert!(fork.patch.contains("msg_scripted_"), "{}", fork.patch);
+
+    // The LLM gateway's port takes no plaintext, not even with a sandbox header.
+    let mut plain = tokio::net::TcpStream::connect(("127.0.0.1", mesh.llm_port)).await?;
+    plain
+        .write_all(&forkyard_common::proxy_header::encode("sbx-forged"))
+        .await?;
+    plain
+        .write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await?;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut answer)).await;
+    assert!(
+        !String::from_utf8_lossy(&answer).contains("HTTP/1.1"),
+        "plaintext answered: {}",
+        String::from_utf8_lossy(&answer)
+    );
     Ok(())
 }

@@ -159,9 +159,15 @@ async fn main() -> anyhow::Result<()> {
             advertise,
         ));
         tracing::info!(listen = %args.llm_listen, advertise = %gw.advertise, "llm gateway serving");
+        let tls = forkyard_common::tls::mesh().map(|t| {
+            t.rustls_server().unwrap_or_else(|e| {
+                exit_config_error(format!("--tls-cert (FORKYARD_TLS_CERT): {e}"))
+            })
+        });
         tokio::spawn(forkyard_agent_runner::llm_gateway::serve(
             gw.clone(),
             listener,
+            tls,
             tokio_util::sync::CancellationToken::new(),
         ));
         gw

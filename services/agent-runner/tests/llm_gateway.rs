@@ -48,6 +48,7 @@ async fn gateway(anthropic_base: &str) -> (Arc<LlmGateway>, String) {
     tokio::spawn(forkyard_agent_runner::llm_gateway::serve(
         gw.clone(),
         l,
+        None,
         tokio_util::sync::CancellationToken::new(),
     ));
     (gw, addr)

@@ -10,6 +10,8 @@
 //! agree on one identity.
 
 use std::{path::PathBuf, sync::OnceLock, time::Duration};
+/// For the crates that serve or dial the non-gRPC mesh hop with [`MeshTls`].
+pub use tokio_rustls;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
 
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -154,6 +156,83 @@ impl MeshTls {
             cfg = cfg.ca_certificate(Certificate::from_pem(ca));
         }
         cfg
+    }
+}
+
+impl MeshTls {
+    fn rustls_identity(
+        &self,
+    ) -> Result<
+        (
+            Vec<rustls::pki_types::CertificateDer<'static>>,
+            rustls::pki_types::PrivateKeyDer<'static>,
+        ),
+        String,
+    > {
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+        let certs = CertificateDer::pem_slice_iter(&self.cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("mesh certificate: {e}"))?;
+        let key = PrivateKeyDer::from_pem_slice(&self.key).map_err(|e| format!("mesh key: {e}"))?;
+        Ok((certs, key))
+    }
+
+    fn roots(&self) -> Result<Option<rustls::RootCertStore>, String> {
+        use rustls::pki_types::{CertificateDer, pem::PemObject};
+        let Some(ca) = &self.ca else { return Ok(None) };
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca) {
+            roots
+                .add(cert.map_err(|e| format!("mesh ca: {e}"))?)
+                .map_err(|e| format!("mesh ca: {e}"))?;
+        }
+        Ok(Some(roots))
+    }
+
+    fn provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
+        std::sync::Arc::new(rustls::crypto::ring::default_provider())
+    }
+
+    /// A TLS server for a mesh connection that is not gRPC (the LLM gateway's relayed
+    /// sandbox traffic): this identity; with a CA, only mesh clients.
+    pub fn rustls_server(&self) -> Result<tokio_rustls::TlsAcceptor, String> {
+        let (certs, key) = self.rustls_identity()?;
+        let builder = rustls::ServerConfig::builder_with_provider(Self::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?;
+        let builder = match self.roots()? {
+            Some(roots) => {
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    std::sync::Arc::new(roots),
+                    Self::provider(),
+                )
+                .build()
+                .map_err(|e| format!("mesh ca: {e}"))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let config = builder
+            .with_single_cert(certs, key)
+            .map_err(|e| format!("mesh certificate: {e}"))?;
+        Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
+    }
+
+    /// A TLS client for the same: this identity, trusting the mesh CA.
+    pub fn rustls_client(&self) -> Result<tokio_rustls::TlsConnector, String> {
+        let (certs, key) = self.rustls_identity()?;
+        let roots = self
+            .roots()?
+            .ok_or("mesh tls without a CA (FORKYARD_TLS_CA) cannot verify its peers")?;
+        let config = rustls::ClientConfig::builder_with_provider(Self::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(certs, key)
+            .map_err(|e| format!("mesh certificate: {e}"))?;
+        Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
+            config,
+        )))
     }
 }
 

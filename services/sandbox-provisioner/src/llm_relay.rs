@@ -74,10 +74,24 @@ pub fn spawn(
                         let sandbox_id = sandbox_id.clone();
                         tokio::spawn(async move {
                             let relay = async {
-                                let mut up = TcpStream::connect(&gateway).await?;
+                                let up = TcpStream::connect(&gateway).await?;
                                 up.set_nodelay(true)?;
-                                up.write_all(&header).await?;
-                                tokio::io::copy_bidirectional(&mut conn, &mut up).await
+                                match forkyard_common::tls::mesh() {
+                                    // Mesh TLS: the gateway takes mesh clients only.
+                                    Some(tls) => {
+                                        let connector = mesh_connector(tls)?;
+                                        let host = gateway.rsplit_once(':').map_or(gateway.as_str(), |(h, _)| h);
+                                        let name = rustls_name(host)?;
+                                        let mut up = connector.connect(name, up).await?;
+                                        up.write_all(&header).await?;
+                                        tokio::io::copy_bidirectional(&mut conn, &mut up).await
+                                    }
+                                    None => {
+                                        let mut up = up;
+                                        up.write_all(&header).await?;
+                                        tokio::io::copy_bidirectional(&mut conn, &mut up).await
+                                    }
+                                }
                             };
                             tokio::select! {
                                 () = stop.cancelled() => {}
@@ -97,6 +111,31 @@ pub fn spawn(
         let _ = std::fs::remove_file(&socket);
     });
     Ok(relay)
+}
+
+/// The mesh TLS client, built once.
+fn mesh_connector(
+    tls: &forkyard_common::tls::MeshTls,
+) -> std::io::Result<forkyard_common::tls::tokio_rustls::TlsConnector> {
+    static CONNECTOR: std::sync::OnceLock<
+        Result<forkyard_common::tls::tokio_rustls::TlsConnector, String>,
+    > = std::sync::OnceLock::new();
+    CONNECTOR
+        .get_or_init(|| tls.rustls_client())
+        .clone()
+        .map_err(std::io::Error::other)
+}
+
+/// The name a gateway's certificate must carry: its host (a DNS name or an IP).
+fn rustls_name(
+    host: &str,
+) -> std::io::Result<forkyard_common::tls::tokio_rustls::rustls::pki_types::ServerName<'static>> {
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    forkyard_common::tls::tokio_rustls::rustls::pki_types::ServerName::try_from(host)
+        .map_err(|e| std::io::Error::other(format!("llm gateway host: {e}")))
 }
 
 #[cfg(test)]

@@ -34,43 +34,67 @@ enum Provider {
     OpenAi,
 }
 
-/// Serve relayed connections on `listener` until `stop` fires.
-pub async fn serve(gw: Arc<LlmGateway>, listener: TcpListener, stop: CancellationToken) {
+/// Serve relayed connections on `listener` until `stop` fires; with `tls` (mesh TLS),
+/// only over TLS from a mesh client (a provisioner).
+pub async fn serve(
+    gw: Arc<LlmGateway>,
+    listener: TcpListener,
+    tls: Option<forkyard_common::tls::tokio_rustls::TlsAcceptor>,
+    stop: CancellationToken,
+) {
     loop {
         let conn = tokio::select! {
             () = stop.cancelled() => return,
             conn = listener.accept() => conn,
         };
-        let Ok((mut conn, _)) = conn else { continue };
-        let gw = gw.clone();
+        let Ok((conn, _)) = conn else { continue };
+        let _ = conn.set_nodelay(true);
+        let (gw, tls) = (gw.clone(), tls.clone());
         tokio::spawn(async move {
-            let _ = conn.set_nodelay(true);
-            let sandbox = match tokio::time::timeout(
-                HEADER_TIMEOUT,
-                forkyard_common::proxy_header::read_sandbox_id(&mut conn),
-            )
-            .await
-            {
-                Ok(Ok(id)) => Arc::<str>::from(id),
-                Ok(Err(e)) => {
-                    metrics::get()
-                        .refused
-                        .with_label_values(&["no_proxy_header"])
-                        .inc();
-                    tracing::warn!(error = %e, "llm gateway connection without a sandbox header refused");
-                    return;
-                }
-                Err(_) => return,
-            };
-            let service = hyper::service::service_fn(move |req| {
-                let (gw, sandbox) = (gw.clone(), sandbox.clone());
-                async move { Ok::<_, Infallible>(handle(&gw, &sandbox, req).await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
-                .await;
+            match tls {
+                Some(tls) => match tokio::time::timeout(HEADER_TIMEOUT, tls.accept(conn)).await {
+                    Ok(Ok(conn)) => serve_connection(gw, conn).await,
+                    Ok(Err(e)) => {
+                        metrics::get().refused.with_label_values(&["tls"]).inc();
+                        tracing::warn!(error = %e, "llm gateway tls handshake refused");
+                    }
+                    Err(_) => {}
+                },
+                None => serve_connection(gw, conn).await,
+            }
         });
     }
+}
+
+/// One relayed connection: the sandbox it comes from, then its HTTP requests.
+async fn serve_connection<S>(gw: Arc<LlmGateway>, mut conn: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let sandbox = match tokio::time::timeout(
+        HEADER_TIMEOUT,
+        forkyard_common::proxy_header::read_sandbox_id(&mut conn),
+    )
+    .await
+    {
+        Ok(Ok(id)) => Arc::<str>::from(id),
+        Ok(Err(e)) => {
+            metrics::get()
+                .refused
+                .with_label_values(&["no_proxy_header"])
+                .inc();
+            tracing::warn!(error = %e, "llm gateway connection without a sandbox header refused");
+            return;
+        }
+        Err(_) => return,
+    };
+    let service = hyper::service::service_fn(move |req| {
+        let (gw, sandbox) = (gw.clone(), sandbox.clone());
+        async move { Ok::<_, Infallible>(handle(&gw, &sandbox, req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
+        .await;
 }
 
 fn route(method: &Method, path: &str, headers: &HeaderMap) -> Option<(Provider, Option<Api>)> {
