@@ -373,6 +373,9 @@ def starts_with(service: str, env: dict[str, str], seconds: float = 3.0) -> str 
         })
         if service == "budget-ledger":
             env["FORKYARD_LEDGER_DATABASE_URL"] = f"sqlite://{state}/ledger.db"
+        if service == "agent-runner":
+            # Its LLM gateway's own port, free here (a local stack may hold the default).
+            env["FORKYARD_LLM_LISTEN"] = f"127.0.0.1:{free_port()}"
         env = {k: v.replace("$(POD_IP)", "127.0.0.1") for k, v in env.items()}
         proc = subprocess.Popen([str(bin_dir() / service)], env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

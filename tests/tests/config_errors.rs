@@ -45,6 +45,7 @@ fn start(service: &str, env: &[(&str, String)]) -> Exit {
             "FORKYARD_METRICS_LISTEN",
             format!("127.0.0.1:{}", free_port()),
         )
+        .env("FORKYARD_LLM_LISTEN", format!("127.0.0.1:{}", free_port()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
@@ -197,5 +198,39 @@ fn tls_certificate_without_its_key_exits_64_naming_the_key() {
             assert_config_error(service, &exit, key);
         }
         assert!(checked > 0, "no service accepts {cert}");
+    }
+}
+
+#[test]
+fn llm_gateway_egress_price_and_repo_settings_exit_64_naming_the_setting() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let cases: &[(&str, &str, String)] = &[
+        ("agent-runner", "FORKYARD_LLM_LISTEN", "nope".into()),
+        (
+            "agent-runner",
+            "FORKYARD_LLM_LISTEN",
+            taken.local_addr().unwrap().to_string(),
+        ),
+        (
+            "sandbox-provisioner",
+            "FORKYARD_SANDBOX_CPU_SECOND_USD",
+            "-1".into(),
+        ),
+        (
+            "sandbox-provisioner",
+            "FORKYARD_EGRESS_PRIVATE_ALLOWED",
+            "not-an-ip".into(),
+        ),
+        ("gateway", "FORKYARD_TENANT_EGRESS", "no equals sign".into()),
+        ("gateway", "FORKYARD_EGRESS_SETS", "bad=ho st".into()),
+        (
+            "gateway",
+            "FORKYARD_LOCAL_REPO_ROOTS",
+            "/no/such/root".into(),
+        ),
+    ];
+    for (service, name, value) in cases {
+        let exit = start(service, &[(name, value.clone())]);
+        assert_config_error(service, &exit, name);
     }
 }

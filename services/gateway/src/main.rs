@@ -120,6 +120,9 @@ async fn main() -> anyhow::Result<()> {
             forkyard_gateway::validate::MAX_INLINE_FORK_LIMIT
         ));
     }
+    if let Err(e) = args.security.check_policies(&args.state.state_dir) {
+        exit_config_error(e);
+    }
     // Bound before logging starts, so a port in use is the first line a pod prints.
     let listener = server::bind(listen)
         .await

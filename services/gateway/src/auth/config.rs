@@ -113,6 +113,23 @@ impl SecurityArgs {
         })
     }
 
+    /// Check the repository and egress policies' settings (before anything starts, so a
+    /// bad one is the first line the gateway prints).
+    pub fn check_policies(&self, state_dir: &std::path::Path) -> Result<(), String> {
+        let authenticated = matches!(self.auth, AuthMode::ApiKey);
+        crate::repo_policy::RepoPolicy::from_setting(
+            self.local_repo_roots.as_deref(),
+            authenticated,
+            state_dir,
+        )?;
+        crate::egress_policy::EgressPolicy::from_settings(
+            self.egress_sets.as_deref(),
+            self.tenant_egress.as_deref(),
+            authenticated,
+        )?;
+        Ok(())
+    }
+
     /// The gate and the tenant policy (tenant accounts in the ledger at `ledger_addr`);
     /// errors name the setting (exit 64).
     pub async fn build(
