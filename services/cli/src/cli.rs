@@ -39,7 +39,7 @@ pub enum Output {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Launch a run: the prompt on the repo, as N forks.
-    Fork(ForkArgs),
+    Fork(Box<ForkArgs>),
     /// Show a run and its forks.
     Status { run_id: String },
     /// Follow a run live until it finishes.

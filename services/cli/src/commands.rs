@@ -167,7 +167,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     .await?;
     let output = cli.output;
     match command {
-        Command::Fork(a) => fork(&mut client, a, output).await,
+        Command::Fork(a) => fork(&mut client, *a, output).await,
         Command::Status { run_id } => {
             print_run(&get(&mut client, &run_id).await?, output)?;
             Ok(ExitCode::SUCCESS)

@@ -61,7 +61,7 @@ async fn the_llm_endpoint_relays_to_the_gateway_naming_the_sandbox_while_the_com
         out.stdout,
         format!("{} GET /v1/messages?x=1 HTTP/1.1", sbx.id)
     );
-    assert_eq!(*seen.lock().unwrap(), [sbx.id.clone()]);
+    assert_eq!(*seen.lock().unwrap(), std::slice::from_ref(&sbx.id));
     // The relay's socket went with the command.
     let dir = f.state.join("sandboxes").join(&sbx.id);
     let sockets: Vec<_> = std::fs::read_dir(&dir)

@@ -450,7 +450,7 @@ impl Drop for Tap {
             Some(m) if self.gw.models.knows(m) => m.clone(),
             _ => self.model.clone(),
         };
-        let usage = self.meter.usage.clone();
+        let usage = self.meter.usage;
         let cost = self.gw.models.price(&model).cost_micros(&usage);
         let (grant, seq) = (self.grant.clone(), self.seq);
         grant.delivered();
