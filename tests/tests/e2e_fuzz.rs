@@ -256,6 +256,29 @@ fn hostile_requests_get_a_proper_status_and_start_nothing() -> anyhow::Result<()
     assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
     assert!(s.message().contains("LaunchRunRequest.repo"), "{s:?}");
 
+    // A call with no request message at all (a body without a gRPC frame), at every
+    // service: INVALID_ARGUMENT naming the request, not INTERNAL.
+    for (service, path) in [
+        ("gateway", "/forkyard.gateway.v1.Gateway/LaunchRun"),
+        ("sandbox-provisioner", "/forkyard.sandbox.v1.SandboxProvisioner/Exec"),
+        ("agent-runner", "/forkyard.agent.v1.AgentRunner/RunAgent"),
+        ("budget-ledger", "/forkyard.budget.v1.BudgetLedger/Charge"),
+        ("janitor", "/forkyard.janitor.v1.Janitor/SweepNow"),
+    ] {
+        let ch = rt.block_on(mesh.channel(service))?;
+        let mut grpc = tonic::client::Grpc::new(ch);
+        let mut req = Request::new(futures::stream::empty::<Vec<u8>>());
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {key}").parse().unwrap());
+        let got = rt.block_on(async {
+            grpc.ready().await.map_err(|e| Status::unavailable(e.to_string()))?;
+            grpc.client_streaming(req, path.parse().unwrap(), Raw).await
+        });
+        let s = got.expect_err("an empty call succeeded");
+        assert_eq!(s.code(), Code::InvalidArgument, "{service}: {s:?}");
+        assert!(s.message().starts_with("request"), "{service}: {s:?}");
+    }
+
     // Still serving, and nothing was started.
     let mut gw = GatewayClient::new(channel.clone());
     let mut req = Request::new(ListRunsRequest::default());

@@ -260,7 +260,10 @@ where
     };
     Box::pin(async move {
         match fut.with_context(cx).await {
-            Ok(resp) => {
+            Ok(mut resp) => {
+                if server {
+                    missing_message_is_bad_input(resp.headers_mut());
+                }
                 // Trailers-only responses (every tonic error) carry the code in the headers.
                 finish.code = grpc_status(resp.headers());
                 let (parts, body) = resp.into_parts();
@@ -278,6 +281,22 @@ where
             }
         }
     })
+}
+
+/// A call whose body held no request message is the caller's mistake: tonic answers it
+/// INTERNAL ("Missing request message."); the services say INVALID_ARGUMENT.
+fn missing_message_is_bad_input(headers: &mut http::HeaderMap) {
+    let missing = headers.get("grpc-status").is_some_and(|v| v == "13")
+        && headers
+            .get("grpc-message")
+            .is_some_and(|v| v == "Missing%20request%20message.");
+    if missing {
+        headers.insert("grpc-status", http::HeaderValue::from_static("3"));
+        headers.insert(
+            "grpc-message",
+            http::HeaderValue::from_static("request:%20the%20call%20carried%20no%20request%20message"),
+        );
+    }
 }
 
 macro_rules! layer {
