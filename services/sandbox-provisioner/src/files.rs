@@ -38,6 +38,8 @@ fn open_in(workspace: &Path, path: &str, flags: OFlags, mode: u32) -> Result<std
     .map_err(|e| match e {
         rustix::io::Errno::NOENT => ProvisionerError::NotFound(format!("file {path}")),
         rustix::io::Errno::ISDIR => ProvisionerError::invalid("path", "is a directory"),
+        // A FIFO opened for writing without blocking, with no reader.
+        rustix::io::Errno::NXIO => ProvisionerError::invalid("path", "is not a regular file"),
         e => ProvisionerError::FailedPrecondition(format!("cannot open {path}: {e}")),
     })?;
     Ok(std::fs::File::from(fd))
@@ -90,8 +92,21 @@ impl Provisioner {
             req.mode & 0o777
         };
         tokio::task::spawn_blocking(move || {
-            let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW;
+            // Never blocking in open (a FIFO the agent made would hold this thread until a
+            // reader came), and never anything but a regular file.
+            let flags = OFlags::WRONLY
+                | OFlags::CREATE
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK;
             let mut file = open_in(&ws, &req.path, flags, mode)?;
+            let meta = file
+                .metadata()
+                .map_err(|e| ProvisionerError::internal("stat", e))?;
+            if !meta.is_file() {
+                return Err(ProvisionerError::invalid("path", "is not a regular file"));
+            }
+            file.set_len(0)
+                .map_err(|e| ProvisionerError::internal("truncate", e))?;
             file.write_all(&req.content)
                 .map_err(|e| ProvisionerError::internal("write", e))?;
             Ok(WriteFileResponse {

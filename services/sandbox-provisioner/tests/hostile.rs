@@ -190,3 +190,45 @@ async fn egress_to_the_hosts_own_or_private_addresses_is_refused_unless_allowed(
     req.egress_allow = vec!["127.0.0.1:8080".into()];
     assert!(f.core.create(req).await.is_ok());
 }
+
+#[tokio::test]
+async fn files_that_are_not_regular_files_are_refused_at_once() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let out = f.sh(&sbx.id, "mkfifo pipe && mkdir dir").await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    for path in ["pipe", "/workspace/pipe", "dir"] {
+        let write = f.core.write_file(forkyard_proto::sandbox::v1::WriteFileRequest {
+            sandbox_id: sbx.id.clone(),
+            path: path.into(),
+            content: b"x".to_vec(),
+            mode: 0,
+        });
+        let err = tokio::time::timeout(Duration::from_secs(5), write)
+            .await
+            .expect("a write to a FIFO blocked")
+            .expect_err(path);
+        assert_eq!(tonic::Status::from(err).code(), Code::InvalidArgument, "{path}");
+        let read = f.core.read_file(forkyard_proto::sandbox::v1::ReadFileRequest {
+            sandbox_id: sbx.id.clone(),
+            path: path.into(),
+            max_bytes: 0,
+        });
+        let err = tokio::time::timeout(Duration::from_secs(5), read)
+            .await
+            .expect("a read of a FIFO blocked")
+            .expect_err(path);
+        assert_eq!(tonic::Status::from(err).code(), Code::InvalidArgument, "{path}");
+    }
+    // A regular file is written, replacing what was there.
+    let req = |content: &[u8]| forkyard_proto::sandbox::v1::WriteFileRequest {
+        sandbox_id: sbx.id.clone(),
+        path: "notes.txt".into(),
+        content: content.to_vec(),
+        mode: 0,
+    };
+    f.core.write_file(req(b"a longer first text\n")).await.unwrap();
+    f.core.write_file(req(b"short\n")).await.unwrap();
+    let out = f.sh(&sbx.id, "cat notes.txt").await;
+    assert_eq!(out.stdout, "short\n");
+}
