@@ -260,7 +260,10 @@ fn hostile_requests_get_a_proper_status_and_start_nothing() -> anyhow::Result<()
     // service: INVALID_ARGUMENT naming the request, not INTERNAL.
     for (service, path) in [
         ("gateway", "/forkyard.gateway.v1.Gateway/LaunchRun"),
-        ("sandbox-provisioner", "/forkyard.sandbox.v1.SandboxProvisioner/Exec"),
+        (
+            "sandbox-provisioner",
+            "/forkyard.sandbox.v1.SandboxProvisioner/Exec",
+        ),
         ("agent-runner", "/forkyard.agent.v1.AgentRunner/RunAgent"),
         ("budget-ledger", "/forkyard.budget.v1.BudgetLedger/Charge"),
         ("janitor", "/forkyard.janitor.v1.Janitor/SweepNow"),
@@ -271,7 +274,9 @@ fn hostile_requests_get_a_proper_status_and_start_nothing() -> anyhow::Result<()
         req.metadata_mut()
             .insert("authorization", format!("Bearer {key}").parse().unwrap());
         let got = rt.block_on(async {
-            grpc.ready().await.map_err(|e| Status::unavailable(e.to_string()))?;
+            grpc.ready()
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?;
             grpc.client_streaming(req, path.parse().unwrap(), Raw).await
         });
         let s = got.expect_err("an empty call succeeded");

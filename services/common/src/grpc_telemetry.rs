@@ -294,7 +294,9 @@ fn missing_message_is_bad_input(headers: &mut http::HeaderMap) {
         headers.insert("grpc-status", http::HeaderValue::from_static("3"));
         headers.insert(
             "grpc-message",
-            http::HeaderValue::from_static("request:%20the%20call%20carried%20no%20request%20message"),
+            http::HeaderValue::from_static(
+                "request:%20the%20call%20carried%20no%20request%20message",
+            ),
         );
     }
 }

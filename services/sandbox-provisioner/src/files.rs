@@ -94,10 +94,7 @@ impl Provisioner {
         tokio::task::spawn_blocking(move || {
             // Never blocking in open (a FIFO the agent made would hold this thread until a
             // reader came), and never anything but a regular file.
-            let flags = OFlags::WRONLY
-                | OFlags::CREATE
-                | OFlags::NOFOLLOW
-                | OFlags::NONBLOCK;
+            let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK;
             let mut file = open_in(&ws, &req.path, flags, mode)?;
             let meta = file
                 .metadata()

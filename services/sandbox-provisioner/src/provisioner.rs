@@ -304,6 +304,9 @@ impl Provisioner {
             ));
         }
         self.check_network(&req)?;
+        if let Some(l) = &req.limits {
+            crate::validate::limits(l)?;
+        }
         if req.snapshot_id.is_empty() {
             if req.repo.trim().is_empty() {
                 return Err(ProvisionerError::invalid("repo", "must not be empty"));

@@ -28,6 +28,58 @@ const LOADER_VARS: &[&str] = &[
     "RESOLV_HOST_CONF",
 ];
 
+/// The bounds of `SandboxLimits` (0 in a field means the provisioner's default). Beyond
+/// them a value is no limit at all (a cgroup takes 2^64-1 as "unlimited") or a sandbox
+/// that cannot run anything.
+pub const MAX_MEMORY_BYTES: u64 = 1 << 40;
+pub const MIN_MEMORY_BYTES: u64 = 8 << 20;
+/// The kernel's own ceiling on pids (`PID_MAX_LIMIT`).
+pub const MAX_PIDS: u32 = 4 << 20;
+pub const MIN_PIDS: u32 = 4;
+pub const MAX_CPU_MILLIS: u32 = 1024 * 1000;
+pub const MIN_CPU_MILLIS: u32 = 10;
+pub const MAX_DISK_BYTES: u64 = 1 << 50;
+
+pub(crate) fn limits(l: &forkyard_proto::sandbox::v1::SandboxLimits) -> Result<()> {
+    fn bound<T: PartialOrd + Copy + std::fmt::Display + Default>(
+        field: &'static str,
+        v: T,
+        min: T,
+        max: T,
+        unit: &str,
+    ) -> Result<()> {
+        if v != T::default() && (v < min || v > max) {
+            return Err(ProvisionerError::invalid(
+                field,
+                format!("{v} is out of range: {min} to {max} {unit} (0: the default)"),
+            ));
+        }
+        Ok(())
+    }
+    bound(
+        "limits.memory_bytes",
+        l.memory_bytes,
+        MIN_MEMORY_BYTES,
+        MAX_MEMORY_BYTES,
+        "bytes",
+    )?;
+    bound("limits.pids", l.pids, MIN_PIDS, MAX_PIDS, "processes")?;
+    bound(
+        "limits.cpu_millis",
+        l.cpu_millis,
+        MIN_CPU_MILLIS,
+        MAX_CPU_MILLIS,
+        "thousandths of a core",
+    )?;
+    bound(
+        "limits.disk_bytes",
+        l.disk_bytes,
+        1,
+        MAX_DISK_BYTES,
+        "bytes",
+    )
+}
+
 pub(crate) fn argv(argv: &[String]) -> Result<()> {
     if argv.first().is_none_or(String::is_empty) {
         return Err(ProvisionerError::invalid("argv", "must name a command"));
@@ -147,5 +199,44 @@ mod tests {
         let many: Vec<(String, String)> = (0..11).map(|i| (format!("V{i}"), big.clone())).collect();
         assert!(env_total(many.iter().map(|(k, v)| (k, v))).is_err());
         assert!(env_total(many[..10].iter().map(|(k, v)| (k, v))).is_ok());
+    }
+
+    #[test]
+    fn limits_beyond_what_a_cgroup_can_mean_are_refused() {
+        use forkyard_proto::sandbox::v1::SandboxLimits;
+        assert!(limits(&SandboxLimits::default()).is_ok());
+        let ok = SandboxLimits {
+            memory_bytes: 64 << 20,
+            pids: 32,
+            cpu_millis: 500,
+            disk_bytes: 4 << 20,
+        };
+        assert!(limits(&ok).is_ok());
+        for bad in [
+            SandboxLimits {
+                memory_bytes: u64::MAX,
+                ..ok
+            },
+            SandboxLimits {
+                memory_bytes: 4096,
+                ..ok
+            },
+            SandboxLimits {
+                pids: u32::MAX,
+                ..ok
+            },
+            SandboxLimits { pids: 1, ..ok },
+            SandboxLimits {
+                cpu_millis: u32::MAX,
+                ..ok
+            },
+            SandboxLimits {
+                disk_bytes: u64::MAX,
+                ..ok
+            },
+        ] {
+            let e = limits(&bad).unwrap_err();
+            assert!(e.to_string().contains("limits."), "{e}");
+        }
     }
 }

@@ -198,27 +198,39 @@ async fn files_that_are_not_regular_files_are_refused_at_once() {
     let out = f.sh(&sbx.id, "mkfifo pipe && mkdir dir").await;
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
     for path in ["pipe", "/workspace/pipe", "dir"] {
-        let write = f.core.write_file(forkyard_proto::sandbox::v1::WriteFileRequest {
-            sandbox_id: sbx.id.clone(),
-            path: path.into(),
-            content: b"x".to_vec(),
-            mode: 0,
-        });
+        let write = f
+            .core
+            .write_file(forkyard_proto::sandbox::v1::WriteFileRequest {
+                sandbox_id: sbx.id.clone(),
+                path: path.into(),
+                content: b"x".to_vec(),
+                mode: 0,
+            });
         let err = tokio::time::timeout(Duration::from_secs(5), write)
             .await
             .expect("a write to a FIFO blocked")
             .expect_err(path);
-        assert_eq!(tonic::Status::from(err).code(), Code::InvalidArgument, "{path}");
-        let read = f.core.read_file(forkyard_proto::sandbox::v1::ReadFileRequest {
-            sandbox_id: sbx.id.clone(),
-            path: path.into(),
-            max_bytes: 0,
-        });
+        assert_eq!(
+            tonic::Status::from(err).code(),
+            Code::InvalidArgument,
+            "{path}"
+        );
+        let read = f
+            .core
+            .read_file(forkyard_proto::sandbox::v1::ReadFileRequest {
+                sandbox_id: sbx.id.clone(),
+                path: path.into(),
+                max_bytes: 0,
+            });
         let err = tokio::time::timeout(Duration::from_secs(5), read)
             .await
             .expect("a read of a FIFO blocked")
             .expect_err(path);
-        assert_eq!(tonic::Status::from(err).code(), Code::InvalidArgument, "{path}");
+        assert_eq!(
+            tonic::Status::from(err).code(),
+            Code::InvalidArgument,
+            "{path}"
+        );
     }
     // A regular file is written, replacing what was there.
     let req = |content: &[u8]| forkyard_proto::sandbox::v1::WriteFileRequest {
@@ -227,8 +239,52 @@ async fn files_that_are_not_regular_files_are_refused_at_once() {
         content: content.to_vec(),
         mode: 0,
     };
-    f.core.write_file(req(b"a longer first text\n")).await.unwrap();
+    f.core
+        .write_file(req(b"a longer first text\n"))
+        .await
+        .unwrap();
     f.core.write_file(req(b"short\n")).await.unwrap();
     let out = f.sh(&sbx.id, "cat notes.txt").await;
     assert_eq!(out.stdout, "short\n");
+}
+
+#[tokio::test]
+async fn limits_that_would_mean_no_limit_are_refused_at_create() {
+    let f = fixture().await;
+    for (field, limits) in [
+        (
+            "memory_bytes",
+            forkyard_proto::sandbox::v1::SandboxLimits {
+                memory_bytes: u64::MAX,
+                ..Default::default()
+            },
+        ),
+        (
+            "pids",
+            forkyard_proto::sandbox::v1::SandboxLimits {
+                pids: u32::MAX,
+                ..Default::default()
+            },
+        ),
+        (
+            "cpu_millis",
+            forkyard_proto::sandbox::v1::SandboxLimits {
+                cpu_millis: u32::MAX,
+                ..Default::default()
+            },
+        ),
+    ] {
+        let mut req = f.request("forkyard-fork-7");
+        req.limits = Some(limits);
+        let status = tonic::Status::from(f.core.create(req).await.unwrap_err());
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}");
+        assert!(status.message().contains(field), "{}", status.message());
+    }
+    assert!(
+        std::fs::read_dir(f.state.join("sandboxes"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "a refused create left a sandbox"
+    );
 }
