@@ -353,6 +353,30 @@ async fn cancel_and_janitor_destroy_sandboxes_and_bad_launches_start_nothing() {
             Code::FailedPrecondition,
             "repo",
         ),
+        (
+            LaunchRunRequest {
+                base_ref: "no-such-branch".into(),
+                ..launch(src.path(), 1, 1, "true")
+            },
+            Code::InvalidArgument,
+            "base_ref",
+        ),
+        (
+            LaunchRunRequest {
+                base_ref: "--upload-pack=touch /tmp/x".into(),
+                ..launch(src.path(), 1, 1, "true")
+            },
+            Code::InvalidArgument,
+            "base_ref",
+        ),
+        (
+            LaunchRunRequest {
+                base_ref: "HEAD~5".into(),
+                ..launch(src.path(), 1, 1, "true")
+            },
+            Code::InvalidArgument,
+            "base_ref",
+        ),
     ];
     for (i, (req, code, field)) in cases.into_iter().enumerate() {
         let req = LaunchRunRequest {

@@ -114,7 +114,7 @@ impl GatewayService {
         };
         spec.repo = self.tenancy.repos.check(&spec.repo)?;
         spec.egress = self.tenancy.egress.check(&tenant.name, &req.egress)?;
-        validate::check_repo(&spec.repo).await?;
+        validate::check_repo(&spec.repo, &spec.base_ref).await?;
         spec.tenant.clone_from(&tenant.name);
         self.check_fork_slots(tenant, spec.max_concurrent.min(spec.forks))
             .await?;
