@@ -5,7 +5,8 @@ use forkyard_proto::{
     budget::v1::{GetAccountRequest, budget_ledger_client::BudgetLedgerClient},
     common::v1::{AgentSpec, ForkStatus},
     gateway::v1::{
-        CancelRunRequest, GetRunRequest, LaunchRunRequest, RunState, gateway_client::GatewayClient,
+        CancelRunRequest, GetRunRequest, LaunchRunRequest, ListRunsRequest, RunState,
+        gateway_client::GatewayClient,
     },
     janitor::v1::{SweepReport, SweepRequest, janitor_client::JanitorClient},
     labels,
@@ -646,4 +647,106 @@ async fn a_wave_wider_than_one_preparation_activity_runs_every_fork_in_its_own_s
         "{:?}",
         sandbox_processes(mesh.state_dir())
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_in_which_no_fork_succeeds_is_failed_with_the_reason() {
+    let mesh = Mesh::start().await.expect("mesh starts");
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    let failing = gw
+        .launch_run(LaunchRunRequest {
+            request_id: "all-fail".into(),
+            ..launch(src.path(), 2, 2, "echo broken >&2; exit 3")
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    let fine = gw
+        .launch_run(LaunchRunRequest {
+            request_id: "one-fine".into(),
+            ..launch(
+                src.path(),
+                2,
+                2,
+                "[ \"$FORKYARD_FORK\" = 1 ] && echo ok >> README.md",
+            )
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    let run = wait_finished(&mut gw, &failing, Duration::from_secs(90)).await;
+    assert_eq!(run.state, RunState::Failed as i32, "{run:#?}");
+    assert!(
+        run.error.starts_with("no fork succeeded (2 forks); fork "),
+        "{}",
+        run.error
+    );
+    let other = wait_finished(&mut gw, &fine, Duration::from_secs(90)).await;
+    assert_eq!(
+        other.state,
+        RunState::Completed as i32,
+        "one of two succeeded: {other:#?}"
+    );
+
+    // ListRuns agrees, by state and in its summaries.
+    let list = |state: RunState| {
+        let mut gw = gw.clone();
+        async move {
+            gw.list_runs(ListRunsRequest {
+                state: state as i32,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .runs
+        }
+    };
+    let mut failed = Vec::new();
+    for _ in 0..50 {
+        // Visibility follows the close by a moment.
+        failed = list(RunState::Failed).await;
+        if !failed.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        failed.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
+        [failing.as_str()]
+    );
+    assert_eq!(failed[0].state, RunState::Failed as i32);
+    let completed = list(RunState::Completed).await;
+    assert_eq!(
+        completed
+            .iter()
+            .map(|r| r.run_id.as_str())
+            .collect::<Vec<_>>(),
+        [fine.as_str()]
+    );
+
+    // `forkyard watch` exits 3 for a failed run, 2 for one with some forks failed.
+    for (run_id, code) in [(&failing, 3), (&fine, 2)] {
+        let out = std::process::Command::new(forkyard_tests::mesh::bin_dir().join("forkyard"))
+            .args([
+                "--gateway",
+                &mesh.endpoint("gateway"),
+                "-o",
+                "json",
+                "watch",
+                run_id,
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{run_id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -106,8 +106,16 @@ pub fn list_query_for(
         RunState::Running | RunState::Paused | RunState::AwaitingBudget => {
             live(state.as_str_name())
         }
-        RunState::Completed => " AND ExecutionStatus = 'Completed'".into(),
-        RunState::Failed => " AND ExecutionStatus = 'Failed'".into(),
+        // A run whose workflow completed with no fork succeeded is FAILED (it says so in
+        // its run-state attribute since this build; earlier ones stay COMPLETED).
+        RunState::Completed => format!(
+            " AND ExecutionStatus = 'Completed' AND {} != 'RUN_STATE_FAILED'",
+            RUN_STATE_ATTR.name()
+        ),
+        RunState::Failed => format!(
+            " AND (ExecutionStatus = 'Failed' OR (ExecutionStatus = 'Completed' AND {} = 'RUN_STATE_FAILED'))",
+            RUN_STATE_ATTR.name()
+        ),
         RunState::Cancelled => " AND ExecutionStatus = 'Canceled'".into(),
         RunState::Terminated => " AND ExecutionStatus = 'Terminated'".into(),
         RunState::TimedOut => " AND ExecutionStatus = 'TimedOut'".into(),

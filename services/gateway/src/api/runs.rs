@@ -194,6 +194,13 @@ impl GatewayService {
         if state != RunState::Running {
             run.state = state as i32;
         }
+        if state == RunState::Completed {
+            let (outcome, why) = crate::workflows::outcome(&run);
+            run.state = outcome as i32;
+            if run.error.is_empty() {
+                run.error = why;
+            }
+        }
         if run.started_unix_ms == 0 {
             run.started_unix_ms = started;
         }
@@ -247,12 +254,15 @@ impl GatewayService {
                 break;
             }
             let mut state = run_state(wf.status());
-            if state == RunState::Running
-                && let Some(live) = wf
-                    .search_attributes()
-                    .get(&crate::workflows::RUN_STATE_ATTR)
-            {
-                state = RunState::from_str_name(&live).unwrap_or(state);
+            let published = wf
+                .search_attributes()
+                .get(&crate::workflows::RUN_STATE_ATTR)
+                .and_then(|s| RunState::from_str_name(&s));
+            match (state, published) {
+                (RunState::Running, Some(live)) => state = live,
+                // A completed run in which no fork succeeded.
+                (RunState::Completed, Some(RunState::Failed)) => state = RunState::Failed,
+                _ => {}
             }
             runs.push(RunSummary {
                 run_id: wf.id().to_owned(),

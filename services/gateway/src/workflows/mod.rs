@@ -13,7 +13,7 @@ pub mod orchestration;
 mod prepare;
 
 pub use fork::{ForkInput, ForkWorkflow};
-pub use orchestration::SandboxOrchestrationWorkflow;
+pub use orchestration::{SandboxOrchestrationWorkflow, outcome};
 pub use prepare::commit_amount;
 
 /// Where a fork is, as `ForkResult::phase`.

@@ -368,10 +368,20 @@ impl SandboxOrchestrationWorkflow {
             });
             return Err(WorkflowTermination::cancelled());
         }
-        Ok(ctx.state_mut(|s| {
+        let run = ctx.state_mut(|s| {
             s.finished_unix_ms = now;
             s.snapshot()
-        }))
+        });
+        // Runs from this build on publish how they ended, so ListRuns can tell a run in
+        // which no fork succeeded (FAILED) from one that completed. A patch: the upsert
+        // is a new command that histories of earlier builds do not hold.
+        if ctx.patched("run-outcome-attribute") {
+            let (state, _) = outcome(&run);
+            ctx.upsert_search_attributes(vec![
+                RUN_STATE_ATTR.value_set(state.as_str_name().to_owned()),
+            ]);
+        }
+        Ok(run)
     }
 
     /// The run with every fork's compact state.
@@ -739,4 +749,23 @@ impl SandboxOrchestrationWorkflow {
             ..Default::default()
         }
     }
+}
+
+/// How a run whose workflow completed ended: FAILED, with the reason, when it had forks
+/// and none succeeded (every one failed, timed out, ran out of budget or was cancelled);
+/// COMPLETED otherwise. A cancelled run is CANCELLED by its workflow's own status.
+pub fn outcome(run: &Run) -> (RunState, String) {
+    if run.forks.is_empty() || run.forks_succeeded > 0 {
+        return (RunState::Completed, String::new());
+    }
+    let first = run
+        .forks
+        .iter()
+        .find(|f| !f.error.is_empty())
+        .map(|f| format!("; fork {}: {}", f.fork, f.error))
+        .unwrap_or_default();
+    (
+        RunState::Failed,
+        format!("no fork succeeded ({} forks){first}", run.forks.len()),
+    )
 }
