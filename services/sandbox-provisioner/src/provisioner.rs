@@ -567,7 +567,23 @@ impl Provisioner {
     }
 
     /// Kill every command running in the sandbox, wait for them and remove it.
-    pub async fn destroy(&self, req: DestroySandboxRequest) -> Result<DestroySandboxResponse> {
+    /// Destroy a sandbox. The work runs on a task of its own, to the end: a caller that
+    /// hangs up midway (a gateway killed during a fork's finish) never leaves a sandbox
+    /// marked destroying, listed and on disk.
+    pub async fn destroy(
+        self: &Arc<Self>,
+        req: DestroySandboxRequest,
+    ) -> Result<DestroySandboxResponse> {
+        let core = self.clone();
+        tokio::spawn(async move { core.destroy_to_the_end(req).await })
+            .await
+            .map_err(|e| ProvisionerError::internal("destroy sandbox", e))?
+    }
+
+    async fn destroy_to_the_end(
+        &self,
+        req: DestroySandboxRequest,
+    ) -> Result<DestroySandboxResponse> {
         let id = &req.sandbox_id;
         let Ok(entry) = self.entry(id) else {
             return Ok(DestroySandboxResponse { existed: false });

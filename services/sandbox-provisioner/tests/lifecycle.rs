@@ -432,3 +432,27 @@ async fn collect_patch_never_runs_fsmonitor_or_filters_on_the_host() {
         "an agent-configured git command ran on the host"
     );
 }
+
+#[tokio::test]
+async fn a_destroy_whose_caller_hangs_up_midway_still_finishes() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let dir = f.state.join("sandboxes").join(&sbx.id);
+    assert!(dir.is_dir());
+    // The caller gives up at once (as a killed gateway's call does): the future is polled
+    // into the destroy and dropped.
+    let req = forkyard_proto::sandbox::v1::DestroySandboxRequest {
+        sandbox_id: sbx.id.clone(),
+        reason: "caller went away".into(),
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_micros(1), f.core.destroy(req)).await;
+    let gone = common::eventually(std::time::Duration::from_secs(10), || {
+        f.core.get(&sbx.id).is_err() && !dir.exists()
+    })
+    .await;
+    assert!(
+        gone,
+        "the sandbox was left half destroyed: {:?}",
+        f.core.get(&sbx.id)
+    );
+}
