@@ -13,7 +13,7 @@ use forkyard_agent_runner::{
 use forkyard_common::{
     TemporalArgs,
     config::{StateDirArg, parse_listen},
-    exit_config_error, server, service, telemetry, temporal,
+    exit_config_error, server, service, telemetry,
 };
 use forkyard_proto::{agent::v1::agent_runner_server::AgentRunnerServer, queues};
 use std::{path::PathBuf, sync::Arc, time::Duration};
@@ -187,7 +187,14 @@ async fn main() -> anyhow::Result<()> {
         runner: runner.clone(),
     }));
 
-    let client = temporal::connect(&args.temporal, "forkyard-agent-runner").await?;
+    // Until Temporal answers, health says NOT_SERVING on this port (retried with backoff).
+    let (listener, client) = forkyard_common::waiting::connect_while_not_serving(
+        listener,
+        <AgentRunnerServer<AgentRunnerService> as NamedService>::NAME,
+        &args.temporal,
+        "forkyard-agent-runner",
+    )
+    .await?;
     let activities = AgentActivities { runner };
     let options = WorkerOptions::new(queues::AGENT_RUNNER)
         .register_activities(activities)

@@ -5,7 +5,7 @@ use forkyard_budget_ledger::{DEFAULT_LISTEN, LedgerService, LedgerStore, activit
 use forkyard_common::{
     StateDirArg, TemporalArgs,
     config::{exit_config_error, parse_listen},
-    server, service, telemetry, temporal,
+    server, service, telemetry,
 };
 use forkyard_proto::budget::v1::budget_ledger_server::BudgetLedgerServer;
 use std::sync::Arc;
@@ -70,7 +70,14 @@ async fn main() -> anyhow::Result<()> {
     )?;
     let routes = routes.add_service(LedgerService::new(store.clone()).into_server());
 
-    let client = temporal::connect(&args.temporal, "budget-ledger").await?;
+    // Until Temporal answers, health says NOT_SERVING on this port (retried with backoff).
+    let (listener, client) = forkyard_common::waiting::connect_while_not_serving(
+        listener,
+        <BudgetLedgerServer<LedgerService> as tonic::server::NamedService>::NAME,
+        &args.temporal,
+        "budget-ledger",
+    )
+    .await?;
     service::run_with_worker(
         service::Service {
             name: "budget-ledger",

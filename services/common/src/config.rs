@@ -29,11 +29,12 @@ pub struct TemporalArgs {
         default_value = "default"
     )]
     pub namespace: String,
-    /// How long to keep retrying the first connection to Temporal at start-up.
+    /// How long to keep retrying the first connection to Temporal at start-up, serving
+    /// health NOT_SERVING meanwhile; 0 (the default): for as long as it takes.
     #[arg(
         long = "temporal-connect-timeout-secs",
         env = "FORKYARD_TEMPORAL_CONNECT_TIMEOUT_SECS",
-        default_value_t = 60
+        default_value_t = 0
     )]
     pub connect_timeout_secs: u64,
     /// gRPC compression to Temporal: `none` (default: on a LAN or in a cluster gzip only

@@ -18,5 +18,6 @@ pub mod telemetry;
 pub mod temporal;
 pub mod text;
 pub mod tls;
+pub mod waiting;
 
 pub use config::{StateDirArg, TemporalArgs, exit_config_error};

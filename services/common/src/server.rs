@@ -13,8 +13,21 @@ pub struct Health {
     service_name: &'static str,
 }
 
+/// A health service name that answers SERVING whenever the process is up, ready or not:
+/// what liveness and startup probes ask, so a service waiting for a dependency (see
+/// [`crate::waiting`]) is held out of traffic by readiness but never restarted.
+pub const LIVENESS: &str = "forkyard.liveness";
+
 impl Health {
+    /// The process is up (whatever it can serve yet).
+    pub async fn alive(&self) {
+        self.reporter
+            .set_service_status(LIVENESS, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+
     pub async fn serving(&self) {
+        self.alive().await;
         self.reporter
             .set_service_status(self.service_name, tonic_health::ServingStatus::Serving)
             .await;

@@ -7,44 +7,52 @@ use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 
 /// Connect to the Temporal frontend, retrying while it is not up yet (services and the
 /// dev server start together) until `connect_timeout_secs` has passed.
-pub async fn connect(args: &TemporalArgs, identity: &str) -> anyhow::Result<Client> {
+/// One attempt to connect to Temporal (see [`crate::waiting`] for the retries: a
+/// service waits for its Temporal, serving NOT_SERVING meanwhile).
+pub async fn connect_once(args: &TemporalArgs, identity: &str) -> anyhow::Result<Client> {
     let mut url = args.url().map_err(anyhow::Error::msg)?;
     let tls = args.tls.options().map_err(anyhow::Error::msg)?;
     if tls.is_some() && url.scheme() == "http" {
         // tonic only speaks TLS to an https URI.
         let _ = url.set_scheme("https");
     }
-    let deadline = Instant::now() + Duration::from_secs(args.connect_timeout_secs);
+    let opts = ConnectionOptions::new(url.clone())
+        .identity(identity.to_owned())
+        .maybe_tls_options(tls)
+        .grpc_compression(match args.compression {
+            Compression::None => GrpcCompression::None,
+            Compression::Gzip => GrpcCompression::Gzip,
+        })
+        .build();
+    let conn = Connection::connect(opts).await.map_err(|e| {
+        anyhow::anyhow!("cannot connect to temporal at {url} (TEMPORAL_ADDRESS): {e}")
+    })?;
+    // The OpenTelemetry plugin carries the trace in Temporal headers (client → workflow →
+    // child workflow → activity) and spans each of those steps; workers built from this
+    // client inherit it.
+    let options = ClientOptions::new(args.namespace.clone())
+        .plugin(temporalio_sdk::opentelemetry::OpenTelemetryPlugin::builder().build())
+        // After the plugin, so it runs inside each activity's span.
+        .plugin(crate::activity_telemetry::plugin())
+        .build();
+    Ok(Client::new(conn, options)?)
+}
+
+/// Connect, retrying with backoff for up to `--temporal-connect-timeout-secs` (forever
+/// when 0): for tools and tests that have no port to report on meanwhile.
+pub async fn connect(args: &TemporalArgs, identity: &str) -> anyhow::Result<Client> {
+    let limit =
+        (args.connect_timeout_secs > 0).then(|| Duration::from_secs(args.connect_timeout_secs));
+    let started = Instant::now();
     let mut delay = Duration::from_millis(100);
     loop {
-        let opts = ConnectionOptions::new(url.clone())
-            .identity(identity.to_owned())
-            .maybe_tls_options(tls.clone())
-            .grpc_compression(match args.compression {
-                Compression::None => GrpcCompression::None,
-                Compression::Gzip => GrpcCompression::Gzip,
-            })
-            .build();
-        match Connection::connect(opts).await {
-            Ok(conn) => {
-                // The OpenTelemetry plugin carries the trace in Temporal headers (client →
-                // workflow → child workflow → activity) and spans each of those steps;
-                // workers built from this client inherit it.
-                let options = ClientOptions::new(args.namespace.clone())
-                    .plugin(temporalio_sdk::opentelemetry::OpenTelemetryPlugin::builder().build())
-                    // After the plugin, so it runs inside each activity's span.
-                    .plugin(crate::activity_telemetry::plugin())
-                    .build();
-                let client = Client::new(conn, options)?;
-                return Ok(client);
-            }
-            Err(e) if Instant::now() < deadline => {
-                tracing::debug!(error = %e, address = %url, "temporal not reachable yet, retrying");
+        match connect_once(args, identity).await {
+            Ok(c) => return Ok(c),
+            Err(e) if limit.is_some_and(|l| started.elapsed() >= l) => return Err(e),
+            Err(e) => {
+                tracing::debug!(error = %e, "temporal not reachable yet, retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
-            }
-            Err(e) => {
-                anyhow::bail!("cannot connect to temporal at {url} (TEMPORAL_ADDRESS): {e}")
             }
         }
     }

@@ -4,7 +4,7 @@ use clap::Parser;
 use forkyard_common::{
     StateDirArg, TemporalArgs,
     config::parse_listen,
-    exit_config_error, server, service, telemetry, temporal,
+    exit_config_error, server, service, telemetry,
     tls::{ClientAuth, TlsArgs},
 };
 use forkyard_gateway::{
@@ -136,7 +136,14 @@ async fn main() -> anyhow::Result<()> {
         .build(&state_dir, &args.ledger_addr)
         .await
         .unwrap_or_else(|e| exit_config_error(e));
-    let client = temporal::connect(&args.temporal, "forkyard-gateway").await?;
+    // Until Temporal answers, health says NOT_SERVING on this port (retried with backoff).
+    let (listener, client) = forkyard_common::waiting::connect_while_not_serving(
+        listener,
+        <GatewayServer<GatewayService> as NamedService>::NAME,
+        &args.temporal,
+        "forkyard-gateway",
+    )
+    .await?;
     // The run workflow upserts these; without them its tasks would fail.
     if let Err(e) = search::ensure_registered(&client, &args.temporal.namespace).await {
         exit_config_error(e);

@@ -4,7 +4,7 @@ use clap::Parser;
 use forkyard_common::{
     StateDirArg, TemporalArgs,
     config::{exit_config_error, parse_listen},
-    server, service, telemetry, temporal,
+    server, service, telemetry,
 };
 use forkyard_janitor::{
     DEFAULT_LEDGER_ADDR, DEFAULT_LISTEN, DEFAULT_PROVISIONER_ADDR, GrpcSandboxes, JanitorService,
@@ -69,7 +69,14 @@ async fn main() -> anyhow::Result<()> {
     // The process registry: the sweep counters beside the run, gRPC and Temporal metrics.
     let sweep_metrics = SweepMetrics::register(forkyard_common::metrics::registry())?;
     forkyard_common::metrics::serve_registry(metrics_listener);
-    let client = temporal::connect(&args.temporal, "janitor").await?;
+    // Until Temporal answers, health says NOT_SERVING on this port (retried with backoff).
+    let (listener, client) = forkyard_common::waiting::connect_while_not_serving(
+        listener,
+        <JanitorServer<JanitorService<GrpcSandboxes, temporalio_client::Client>> as tonic::server::NamedService>::NAME,
+        &args.temporal,
+        "janitor",
+    )
+    .await?;
     let sweeper: Arc<LiveSweeper> = Arc::new(
         Sweeper::new(sandboxes, client.clone())
             .with_ledger(ledger)

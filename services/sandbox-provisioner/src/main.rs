@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use forkyard_common::{exit_config_error, server, service, telemetry, temporal};
+use forkyard_common::{exit_config_error, server, service, telemetry};
 use forkyard_proto::{queues, sandbox::v1::sandbox_provisioner_server::SandboxProvisionerServer};
 use forkyard_sandbox_provisioner::{
     Args, E2bActivities, Provisioner, SandboxActivities, SandboxService,
@@ -37,7 +37,14 @@ async fn main() -> anyhow::Result<()> {
         server::base_routes(<SandboxProvisionerServer<SandboxService> as NamedService>::NAME)?;
     let routes = routes.add_service(SandboxService::new(core.clone()).into_server());
 
-    let client = temporal::connect(&args.temporal, "sandbox-provisioner").await?;
+    // Until Temporal answers, health says NOT_SERVING on this port (retried with backoff).
+    let (listener, client) = forkyard_common::waiting::connect_while_not_serving(
+        listener,
+        <SandboxProvisionerServer<SandboxService> as NamedService>::NAME,
+        &args.temporal,
+        "sandbox-provisioner",
+    )
+    .await?;
     // Creates come through the shared queue; every later activity about a sandbox is
     // sent to its owner's own queue (`owner_task_queue`), which only this replica polls.
     // Both serve every activity, so callers that ignore the owner still work on one

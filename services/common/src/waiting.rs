@@ -1,0 +1,113 @@
+//! A service whose Temporal is not up yet: it stays up, answers its health checks
+//! NOT_SERVING on its own port (a readiness probe holds traffic, a liveness probe sees it
+//! alive), and keeps trying with backoff, naming the setting in its log. A crash loop for
+//! a dependency that will come only slows its coming.
+//!
+//! The port serves health alone meanwhile; once Temporal answers, that server hands the
+//! listener over to the service's own (connections open on it are closed, and clients
+//! reconnect to the real one).
+
+use crate::{TemporalArgs, server, temporal};
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+
+/// Connect to Temporal, serving NOT_SERVING health on `listener` until it answers;
+/// the listener back, and the client. Gives up only after `--temporal-connect-timeout-
+/// secs` when that is set (0, the default: never).
+pub async fn connect_while_not_serving(
+    listener: TcpListener,
+    service: &'static str,
+    args: &TemporalArgs,
+    identity: &str,
+) -> anyhow::Result<(TcpListener, temporalio_client::Client)> {
+    // A first try before anything else: the usual case, Temporal is up.
+    if let Ok(client) = temporal::connect_once(args, identity).await {
+        return Ok((listener, client));
+    }
+    let stop = CancellationToken::new();
+    let (conns_tx, conns_rx) = tokio::sync::mpsc::channel::<std::io::Result<TcpStream>>(16);
+    let acceptor = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return listener,
+                    conn = listener.accept() => {
+                        let conn = conn.map(|(c, _)| c);
+                        if conns_tx.send(conn).await.is_err() {
+                            return listener;
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let (routes, health) = server::base_routes(service)?;
+    health.not_serving().await;
+    health.alive().await;
+    // Calls to the service itself meanwhile: UNAVAILABLE (retry), not UNIMPLEMENTED.
+    let routes = tonic::service::Routes::from(routes.into_axum_router().fallback(|| async {
+        (
+            [
+                ("content-type", "application/grpc"),
+                ("grpc-status", "14"),
+                (
+                    "grpc-message",
+                    "not%20serving%20yet%3A%20temporal%20is%20not%20reachable",
+                ),
+            ],
+            "",
+        )
+    }));
+    let mut builder = Server::builder();
+    if let Some(tls) = crate::tls::mesh() {
+        builder = builder.tls_config(tls.server_config())?;
+    }
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(conns_rx);
+    let placeholder = {
+        let stop = stop.clone();
+        tokio::spawn(
+            builder
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
+        )
+    };
+
+    let started = Instant::now();
+    let limit =
+        (args.connect_timeout_secs > 0).then(|| Duration::from_secs(args.connect_timeout_secs));
+    let mut delay = Duration::from_millis(500);
+    let client = loop {
+        match temporal::connect_once(args, identity).await {
+            Ok(client) => break client,
+            Err(e) => {
+                if limit.is_some_and(|l| started.elapsed() >= l) {
+                    stop.cancel();
+                    let _ = placeholder.await;
+                    anyhow::bail!("{e}");
+                }
+                tracing::warn!(
+                    service,
+                    setting = "TEMPORAL_ADDRESS (--temporal-address)",
+                    address = %args.address,
+                    error = %e,
+                    retry_in_secs = delay.as_secs_f64(),
+                    "temporal not reachable: not serving yet, retrying"
+                );
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    };
+    tracing::info!(
+        service,
+        waited_secs = started.elapsed().as_secs(),
+        "temporal reachable"
+    );
+    stop.cancel();
+    let listener = acceptor.await?;
+    let _ = placeholder.await;
+    Ok((listener, client))
+}

@@ -1,0 +1,86 @@
+//! A service started while Temporal is down stays up: its port answers health
+//! NOT_SERVING and its API UNAVAILABLE, it retries with backoff for as long as it takes,
+//! and it serves once Temporal is back.
+
+use forkyard_proto::gateway::v1::{GetRunRequest, gateway_client::GatewayClient};
+use forkyard_tests::{
+    Mesh, repo,
+    support::{launch, wait_finished},
+};
+use std::time::Duration;
+use tonic::Code;
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+async fn health(mesh: &Mesh, service: &str) -> Option<i32> {
+    health_of(mesh, service, "").await
+}
+
+async fn health_of(mesh: &Mesh, service: &str, name: &str) -> Option<i32> {
+    let ch = mesh.channel(service).await.ok()?;
+    HealthClient::new(ch)
+        .check(HealthCheckRequest {
+            service: name.into(),
+        })
+        .await
+        .ok()
+        .map(|r| r.into_inner().status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_started_without_temporal_wait_not_serving_and_serve_once_it_is_up() {
+    let mut mesh = Mesh::start().await.expect("mesh");
+    mesh.kill9("temporal");
+    for service in ["gateway", "sandbox-provisioner"] {
+        mesh.kill9(service);
+        mesh.start_service(service).unwrap();
+    }
+    // Well past a crash loop's first restart: up, answering, not serving.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for service in ["gateway", "sandbox-provisioner"] {
+        assert_eq!(
+            health(&mesh, service).await,
+            Some(ServingStatus::NotServing as i32),
+            "{service}: {}",
+            mesh.log_tail(service)
+        );
+        assert!(
+            mesh.log_tail(service).contains("TEMPORAL_ADDRESS"),
+            "{service} does not say what it waits for"
+        );
+        // Alive all the same: liveness and startup probes ask this, and do not restart it.
+        assert_eq!(
+            health_of(&mesh, service, "forkyard.liveness").await,
+            Some(ServingStatus::Serving as i32),
+            "{service}"
+        );
+    }
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    let err = gw
+        .get_run(GetRunRequest {
+            run_id: "run-x".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+
+    // Temporal back (its database as it was): both serve, and a run goes through.
+    mesh.start_temporal("temporal.db").unwrap();
+    for service in ["gateway", "sandbox-provisioner"] {
+        mesh.wait_serving(service, Duration::from_secs(60))
+            .await
+            .expect("serving once temporal is up");
+    }
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    let run_id = gw
+        .launch_run(launch(src.path(), 1, 1, "echo back >> README.md"))
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(90)).await;
+    assert_eq!(run.forks_succeeded, 1, "{run:#?}");
+}
