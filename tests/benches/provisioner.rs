@@ -67,7 +67,7 @@ fn true_req(id: &str) -> ExecRequest {
     }
 }
 
-async fn destroy(core: &Provisioner, id: &str) {
+async fn destroy(core: &Arc<Provisioner>, id: &str) {
     core.destroy(DestroySandboxRequest {
         sandbox_id: id.to_owned(),
         reason: "bench".into(),
