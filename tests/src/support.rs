@@ -99,6 +99,22 @@ pub async fn wait_finished(gw: &mut Gateway, run_id: &str, timeout: Duration) ->
     wait_until(gw, run_id, timeout, is_closed).await
 }
 
+/// Launch `req` and wait (up to `timeout`) for the run to finish: its id and its end.
+pub async fn run_to_end(
+    gw: &mut Gateway,
+    req: LaunchRunRequest,
+    timeout: Duration,
+) -> (String, Run) {
+    let run_id = gw
+        .launch_run(req)
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    let run = wait_finished(gw, &run_id, timeout).await;
+    (run_id, run)
+}
+
 /// Processes still running inside a sandbox of this mesh: every sandboxed command has
 /// `FORKYARD_SANDBOX_ID` in its environment, and bwrap itself names the sandboxes dir.
 pub fn sandbox_processes(state: &Path) -> Vec<String> {

@@ -19,7 +19,7 @@ use forkyard_tests::{
     mesh::{MeshOptions, temporal_cli},
     repo,
     scripted_model::{CACHED_TOKENS, INPUT_TOKENS, OUTPUT_TOKENS, Script, ScriptedModel},
-    support::{fork_result, run_account, wait_finished},
+    support::{fork_result, run_account, run_to_end},
 };
 use std::{path::Path, time::Duration};
 
@@ -237,13 +237,7 @@ async fn run_cli_forks(driver: &str, model_name: &str, key_var: &str, per_call: 
         verify_command: format!("grep -qx '{line}' notes.txt"),
         ..launch(&repo_dir, driver, model_name, 2, "1")
     };
-    let run_id = gw
-        .launch_run(req)
-        .await
-        .expect("launch")
-        .into_inner()
-        .run_id;
-    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(240)).await;
+    let (run_id, run) = run_to_end(&mut gw, req, Duration::from_secs(240)).await;
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
     let mut forks = Vec::new();
     for n in 1..=2 {
@@ -346,13 +340,7 @@ async fn a_model_that_never_stops_is_stopped_at_the_forks_budget() {
         request_id: "never-stops".into(),
         ..launch(&repo_dir, "claude-code", "sonnet", 1, &budget)
     };
-    let run_id = gw
-        .launch_run(req)
-        .await
-        .expect("launch")
-        .into_inner()
-        .run_id;
-    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(180)).await;
+    let (run_id, run) = run_to_end(&mut gw, req, Duration::from_secs(180)).await;
     let fork = fork_result(&mut gw, &run_id, 1).await;
     assert_eq!(
         fork.status,
@@ -395,13 +383,7 @@ async fn an_agent_failed_by_a_down_model_api_is_retried_and_charged_once() {
     };
     let mut req = req;
     req.agent.as_mut().unwrap().command = command.into();
-    let run_id = gw
-        .launch_run(req)
-        .await
-        .expect("launch")
-        .into_inner()
-        .run_id;
-    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
+    let (run_id, run) = run_to_end(&mut gw, req, Duration::from_secs(120)).await;
     let fork = fork_result(&mut gw, &run_id, 1).await;
     assert_eq!(
         fork.status,

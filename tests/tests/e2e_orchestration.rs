@@ -586,8 +586,10 @@ async fn the_cli_drives_runs_with_exit_codes_scripts_can_rely_on() {
     assert_eq!(code, Some(0));
     assert!(out.contains(&run_id), "{out}");
 
-    let (code, _, _) = cli(&fork_args("exit 3"));
+    let (code, _, _) = cli(&fork_args("[ \"$FORKYARD_FORK\" = 1 ] || exit 3"));
     assert_eq!(code, Some(2), "some fork failed");
+    let (code, _, _) = cli(&fork_args("exit 3"));
+    assert_eq!(code, Some(3), "every fork failed: the run failed");
     let (code, _, err) = cli(&["status", "run-nope"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("not found"), "{err}");

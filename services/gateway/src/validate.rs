@@ -426,23 +426,7 @@ async fn check_head(repo: &str) -> Result<(), GatewayError> {
     if !looks_remote && forkyard_common::git_refs::local_commit(repo, "HEAD").is_some() {
         return Ok(());
     }
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::process::Command::new("git")
-            .args(["ls-remote", "--quiet", "--exit-code", "--", repo, "HEAD"])
-            // The caller chose the URL: no prompts, no user or system git config.
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_ALLOW_PROTOCOL", "file:git:http:https:ssh")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| {
-        GatewayError::FailedPrecondition(format!("repo: {repo:?} did not answer within 30 s"))
-    })?
-    .map_err(|e| GatewayError::Internal(format!("cannot run git: {e}")))?;
+    let out = git(&["ls-remote", "--quiet", "--exit-code", "--", repo, "HEAD"]).await?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let reason = stderr
