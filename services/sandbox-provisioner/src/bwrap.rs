@@ -21,6 +21,8 @@ pub const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// The descriptor bwrap reads the sandboxed command's environment from (`--args`).
 pub const ENV_FD: i32 = 3;
 const ENV_FD_STR: &str = "3";
+/// The first descriptor of the seccomp filters (`--add-seccomp-fd`), one each.
+const SECCOMP_FD: i32 = 4;
 
 /// Variables every sandboxed command gets; a request may not set these itself.
 pub const RESERVED_ENV: &[&str] = &["FORKYARD_SANDBOX_ID"];
@@ -96,6 +98,8 @@ pub struct Invocation<'a> {
     pub cgroup_procs: &'a [PathBuf],
     pub argv: &'a [String],
     pub env: &'a [(String, String)],
+    /// Seccomp filters the command runs under (compiled BPF; see `crate::seccomp`).
+    pub seccomp: &'a [Vec<u8>],
 }
 
 impl Invocation<'_> {
@@ -145,6 +149,12 @@ impl Invocation<'_> {
         // (see [`Self::env_args`]). Neither the wrapper shell nor bwrap is ever started
         // with a caller's variable: on the host they would act on host processes
         // running as the provisioner (`LD_PRELOAD` of a library in a workspace).
+        for fd in (SECCOMP_FD..).take(self.seccomp.len()) {
+            a.push([
+                OsString::from("--add-seccomp-fd"),
+                OsString::from(fd.to_string()),
+            ]);
+        }
         a.push(["--args", ENV_FD_STR]);
         a.push(["--"]);
         if let Some(r) = self.relays.filter(Relays::any) {
@@ -215,21 +225,27 @@ impl Invocation<'_> {
             c
         };
         cmd.env_clear().args(self.args());
-        let env = env_memfd(&self.env_args())?;
-        cmd.fd_mappings(vec![FdMapping {
-            parent_fd: env,
+        let mut fds = vec![FdMapping {
+            parent_fd: memfd("forkyard-env", &self.env_args())?,
             child_fd: ENV_FD,
-        }])
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
+        }];
+        for (filter, fd) in self.seccomp.iter().zip(SECCOMP_FD..) {
+            fds.push(FdMapping {
+                parent_fd: memfd("forkyard-seccomp", filter)?,
+                child_fd: fd,
+            });
+        }
+        cmd.fd_mappings(fds)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(cmd)
     }
 }
 
 /// An anonymous in-memory file holding `data`, positioned at its start. Close-on-exec
 /// here: only the one child it is mapped into gets it, never a concurrently spawned one.
-fn env_memfd(data: &[u8]) -> std::io::Result<std::os::fd::OwnedFd> {
+fn memfd(name: &str, data: &[u8]) -> std::io::Result<std::os::fd::OwnedFd> {
     use std::io::{Seek, Write};
-    let fd = rustix::fs::memfd_create("forkyard-env", rustix::fs::MemfdFlags::CLOEXEC)?;
+    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
     let mut file = std::fs::File::from(fd);
     file.write_all(data)?;
     file.rewind()?;
@@ -285,6 +301,7 @@ pub async fn probe(bwrap: &Path, scratch: &Path) -> Result<Features, String> {
             cgroup_procs: &[],
             argv: &argv,
             env: &[],
+            seccomp: &[],
         };
         let mut cmd = inv
             .command()
@@ -344,6 +361,7 @@ mod tests {
             cgroup_procs: &[],
             argv: &argv,
             env: &env,
+            seccomp: &[],
         };
         let args = inv
             .args()
@@ -398,6 +416,7 @@ mod tests {
             cgroup_procs: &procs,
             argv: &argv,
             env: &env,
+            seccomp: &[],
         };
         let cmd = inv.command().unwrap();
         assert_eq!(

@@ -111,6 +111,10 @@ pub struct Args {
     /// own services.
     #[arg(long, env = "FORKYARD_EGRESS_PRIVATE_ALLOWED", value_delimiter = ',')]
     pub egress_private_allowed: Vec<String>,
+    /// Run sandboxed commands under the seccomp filters that refuse the kernel calls an
+    /// agent has no use for (keyrings, bpf, namespaces, mounts, modules, clocks, …).
+    #[arg(long, env = "FORKYARD_SANDBOX_SECCOMP", default_value_t = true, action = clap::ArgAction::Set)]
+    pub sandbox_seccomp: bool,
     /// USD per second of an E2B sandbox's life.
     #[arg(long, env = "FORKYARD_E2B_SECOND_USD", default_value_t = 0.00003025)]
     pub e2b_second_usd: f64,
@@ -196,6 +200,7 @@ impl Args {
             return Err("FORKYARD_SANDBOX_CPU_SECOND_USD, FORKYARD_SANDBOX_GIB_SECOND_USD and FORKYARD_E2B_SECOND_USD must be numbers from 0 to 1 (USD)".into());
         }
         config.e2b.second_usd = self.e2b_second_usd;
+        config.seccomp = self.sandbox_seccomp;
         config.egress_private_allowed = self
             .egress_private_allowed
             .iter()

@@ -175,6 +175,7 @@ impl Provisioner {
             cgroup_procs: &procs,
             argv,
             env,
+            seccomp: &self.seccomp,
         };
         let oom_before = self.cgroups.as_ref().map_or(0, |cg| cg.oom_kills(id));
         let command = inv

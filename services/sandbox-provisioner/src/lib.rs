@@ -26,6 +26,7 @@ mod process;
 pub mod provisioner;
 mod pty;
 mod reaper;
+mod seccomp;
 mod session;
 mod snapshot;
 pub mod store;

@@ -75,6 +75,8 @@ pub struct Config {
     pub e2b: crate::e2b::E2bConfig,
     /// What sandboxes' CPU, memory and wall time cost.
     pub prices: crate::usage::Prices,
+    /// Sandboxed commands run under the seccomp filters of `crate::seccomp`.
+    pub seccomp: bool,
     /// Loopback, link-local or private addresses an `egress_allow` list may name (the
     /// operator's choice); any other is refused, so no sandbox reaches the host's or the
     /// mesh's own services.
@@ -107,6 +109,7 @@ impl Config {
             e2b: crate::e2b::E2bConfig::default(),
             prices: crate::usage::Prices::default(),
             egress_private_allowed: Vec::new(),
+            seccomp: true,
         }
     }
 }
@@ -128,6 +131,9 @@ pub struct Provisioner {
     creating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The replica-wide probe of the sandbox runtime behind health checks (`health.rs`).
     pub(crate) runtime_probe: crate::health::RuntimeProbe,
+    /// The seccomp filters every sandboxed command runs under (`crate::seccomp`); empty
+    /// when the operator turned them off.
+    pub(crate) seccomp: Vec<Vec<u8>>,
 }
 
 impl Provisioner {
@@ -212,7 +218,16 @@ impl Provisioner {
         if !e2b.enabled() {
             info!("e2b backend disabled (no E2B_API_KEY)");
         }
+        let seccomp = if config.seccomp {
+            crate::seccomp::filters().map_err(|e| format!("FORKYARD_SANDBOX_SECCOMP: {e}"))?
+        } else {
+            tracing::warn!(
+                "sandboxes run without a seccomp filter (FORKYARD_SANDBOX_SECCOMP=false)"
+            );
+            Vec::new()
+        };
         let core = Arc::new(Self {
+            seccomp,
             ptys: crate::pty::Ptys::default(),
             e2b,
             config,

@@ -288,3 +288,88 @@ async fn limits_that_would_mean_no_limit_are_refused_at_create() {
         "a refused create left a sandbox"
     );
 }
+
+/// A program that makes each refused system call and prints `name errno` per line.
+const SYSCALL_PROBE: &str = r#"
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <sched.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#define TRY(name, ...) do { errno = 0; long r = syscall(__VA_ARGS__); printf("%s %d\n", name, r == -1 ? errno : 0); } while (0)
+int main(void) {
+  TRY("keyctl", SYS_keyctl, 0, 0, 0, 0, 0);
+  TRY("add_key", SYS_add_key, "user", "k", "v", 1, -4);
+  TRY("bpf", SYS_bpf, 0, 0, 0);
+  TRY("userfaultfd", SYS_userfaultfd, 0);
+  TRY("perf_event_open", SYS_perf_event_open, 0, 0, -1, -1, 0);
+  TRY("unshare_user", SYS_unshare, CLONE_NEWUSER);
+  TRY("setns", SYS_setns, -1, 0);
+  TRY("mount", SYS_mount, "none", "/tmp", "tmpfs", 0, 0);
+  TRY("init_module", SYS_init_module, 0, 0, "");
+  TRY("clock_settime", SYS_clock_settime, 0, 0);
+  TRY("clone_newuser", SYS_clone, CLONE_NEWUSER, 0, 0, 0, 0);
+  TRY("clone3", SYS_clone3, 0, 0);
+  TRY("getpid", SYS_getpid);
+  return 0;
+}
+"#;
+
+#[tokio::test]
+async fn refused_system_calls_are_refused_and_real_tools_still_work() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let ws = f.state.join("sandboxes").join(&sbx.id).join("workspace");
+    std::fs::write(ws.join("probe.c"), SYSCALL_PROBE).unwrap();
+    // Compiled inside the sandbox: the host's compiler works under the filter.
+    let out = f.sh(&sbx.id, "gcc -O0 -o probe probe.c && ./probe").await;
+    assert_eq!(out.exit_code, 0, "{}{}", out.stdout, out.stderr);
+    let results: std::collections::HashMap<&str, i32> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, e)| (n, e.parse().unwrap()))
+        .collect();
+    for name in [
+        "keyctl",
+        "add_key",
+        "bpf",
+        "userfaultfd",
+        "perf_event_open",
+        "unshare_user",
+        "setns",
+        "mount",
+        "init_module",
+        "clock_settime",
+        "clone_newuser",
+    ] {
+        assert_eq!(
+            results.get(name),
+            Some(&1),
+            "{name} not refused with EPERM: {}",
+            out.stdout
+        );
+    }
+    assert_eq!(
+        results.get("clone3"),
+        Some(&38),
+        "clone3 must be ENOSYS: {}",
+        out.stdout
+    );
+    assert_eq!(results.get("getpid"), Some(&0));
+
+    // Threads, processes, git, python and node as usual.
+    let out = f
+        .sh(
+            &sbx.id,
+            "git status --short >/dev/null && git log -1 --format=%s && python3 -c 'import threading, subprocess; t = threading.Thread(target=lambda: None); t.start(); t.join(); print(subprocess.run([\"echo\", \"py\"], capture_output=True, text=True).stdout.strip())' && node -e 'require(\"child_process\").execSync(\"true\"); console.log(\"node\")' && (unshare -U true 2>/dev/null; echo unshare=$?)",
+        )
+        .await;
+    assert_eq!(out.exit_code, 0, "{}{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.stdout, "second\npy\nnode\nunshare=1\n",
+        "{}",
+        out.stderr
+    );
+}
