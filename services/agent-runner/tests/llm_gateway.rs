@@ -127,6 +127,20 @@ fn refused(reason: &str) -> u64 {
         .sum()
 }
 
+/// A token for fork 1 of run-1, in sandbox `sbx-a`, charging nothing.
+fn mint(
+    gw: &LlmGateway,
+    allowed: Allowed,
+) -> forkyard_agent_runner::llm_gateway::grants::GrantHandle {
+    gw.grants.mint(GrantSpec {
+        sandbox_id: "sbx-a".into(),
+        run_id: "run-1".into(),
+        fork: 1,
+        allowed,
+        charger: None,
+    })
+}
+
 fn only(model: &str) -> Allowed {
     Allowed::Only(BTreeSet::from([model.to_owned()]))
 }
@@ -143,13 +157,7 @@ async fn a_token_works_only_from_its_own_sandbox_and_only_while_its_command_runs
     }
     let base = model_server(script.clone()).await;
     let (gw, addr) = gateway(&base).await;
-    let grant = gw.grants.mint(GrantSpec {
-        sandbox_id: "sbx-a".into(),
-        run_id: "run-1".into(),
-        fork: 1,
-        allowed: Allowed::Any,
-        charger: None,
-    });
+    let grant = mint(&gw, Allowed::Any);
     let token = grant.token().to_owned();
 
     let (status, body, _, _) = call(&addr, Some("sbx-a"), &token, &ask("claude-haiku-4-5")).await;
@@ -195,13 +203,7 @@ async fn a_model_outside_the_runs_list_is_refused_before_reaching_the_model() {
     let script: Shared = Arc::default();
     let base = model_server(script.clone()).await;
     let (gw, addr) = gateway(&base).await;
-    let grant = gw.grants.mint(GrantSpec {
-        sandbox_id: "sbx-a".into(),
-        run_id: "run-1".into(),
-        fork: 1,
-        allowed: only("claude-haiku-4-5"),
-        charger: None,
-    });
+    let grant = mint(&gw, only("claude-haiku-4-5"));
     let (status, body, _, _) =
         call(&addr, Some("sbx-a"), grant.token(), &ask("claude-opus-4-1")).await;
     assert_eq!(status, 403, "{body}");
@@ -221,13 +223,7 @@ async fn an_unreachable_model_api_is_a_502_the_agent_sees_and_costs_nothing() {
         l.local_addr().unwrap().to_string()
     };
     let (gw, addr) = gateway(&format!("http://{dead}")).await;
-    let grant = gw.grants.mint(GrantSpec {
-        sandbox_id: "sbx-a".into(),
-        run_id: "run-1".into(),
-        fork: 1,
-        allowed: Allowed::Any,
-        charger: None,
-    });
+    let grant = mint(&gw, Allowed::Any);
     let (status, body, _, _) = call(
         &addr,
         Some("sbx-a"),
@@ -336,13 +332,7 @@ async fn a_stream_passes_through_as_it_is_made_and_its_usage_is_read() {
     let base = format!("http://{}", l.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
     let (gw, addr) = gateway(&base).await;
-    let grant = gw.grants.mint(GrantSpec {
-        sandbox_id: "sbx-a".into(),
-        run_id: "run-1".into(),
-        fork: 1,
-        allowed: Allowed::Any,
-        charger: None,
-    });
+    let grant = mint(&gw, Allowed::Any);
     let mut body = ask("claude-haiku-4-5");
     body["stream"] = json!(true);
     let (status, text, first, total) = call(&addr, Some("sbx-a"), grant.token(), &body).await;
