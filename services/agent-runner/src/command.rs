@@ -340,10 +340,7 @@ pub async fn run<S: ProgressSink>(
 pub(crate) fn add_totals(p: &mut AgentProgress, t: &Totals) {
     p.turns += t.requests;
     let mut usage = p.usage.unwrap_or_default();
-    usage.input_tokens += t.usage.input_tokens;
-    usage.output_tokens += t.usage.output_tokens;
-    usage.cache_read_tokens += t.usage.cache_read_tokens;
-    usage.cache_write_tokens += t.usage.cache_write_tokens;
+    crate::command_meter::add(&mut usage, &t.usage);
     p.usage = Some(usage);
     p.cost_micros += t.cost_micros;
     p.charged_micros += t.charged_micros;

@@ -24,7 +24,8 @@ const MAX_LINE_BYTES: usize = 4 << 20;
 /// Output lines written to the transcript per attempt, in bytes.
 const MAX_TRANSCRIPT_OUTPUT: usize = 8 << 20;
 
-fn add(a: &mut Usage, b: &Usage) {
+/// `b`'s tokens added to `a`'s.
+pub(crate) fn add(a: &mut Usage, b: &Usage) {
     a.input_tokens += b.input_tokens;
     a.output_tokens += b.output_tokens;
     a.cache_read_tokens += b.cache_read_tokens;

@@ -59,12 +59,7 @@ impl Runner {
             ..Default::default()
         };
         let program = presets::program(&probe, &self.drivers.models, self.drivers.max_turns)?;
-        if !matches!(agent.driver.as_str(), "" | "command") && self.llm_gateway.is_none() {
-            return Err(AgentError::InvalidArgument(format!(
-                "agent.driver: {} needs this runner's LLM gateway, which is off (--llm-listen)",
-                agent.driver
-            )));
-        }
+        self.gateway_for(&agent.driver)?;
         for m in &agent.allowed_models {
             if m.trim().is_empty() {
                 return Err(AgentError::InvalidArgument(
@@ -80,6 +75,16 @@ impl Runner {
             },
             model: program.model,
         })
+    }
+
+    /// The presets talk to a model only through this runner's LLM gateway.
+    fn gateway_for(&self, driver: &str) -> Result<(), AgentError> {
+        if matches!(driver, "" | "command") || self.llm_gateway.is_some() {
+            return Ok(());
+        }
+        Err(AgentError::InvalidArgument(format!(
+            "agent.driver: {driver} needs this runner's LLM gateway, which is off (--llm-listen)"
+        )))
     }
 
     /// Run the agent `req` asks for. `resume` is the last heartbeat of a failed attempt
@@ -121,10 +126,8 @@ impl Runner {
         } else {
             None
         };
-        if !matches!(driver, "" | "command") && is_command && self.llm_gateway.is_none() {
-            return Err(AgentError::InvalidArgument(format!(
-                "agent.driver: {driver} needs this runner's LLM gateway, which is off (--llm-listen)"
-            )));
+        if is_command {
+            self.gateway_for(driver)?;
         }
         let choice = match &program {
             Some(p) => crate::drivers::Choice {

@@ -8,6 +8,7 @@ pub mod advertise;
 pub mod config;
 pub mod git_refs;
 pub mod grpc_telemetry;
+pub mod hosts;
 pub mod metrics;
 pub mod proxy_header;
 pub mod repo_location;

@@ -1,7 +1,7 @@
 //! Connecting to Temporal and running a worker beside the gRPC server.
 
 use crate::config::{Compression, TemporalArgs};
-use std::time::{Duration, Instant};
+
 use temporalio_client::{Client, ClientOptions, Connection, ConnectionOptions, GrpcCompression};
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 
@@ -36,26 +36,6 @@ pub async fn connect_once(args: &TemporalArgs, identity: &str) -> anyhow::Result
         .plugin(crate::activity_telemetry::plugin())
         .build();
     Ok(Client::new(conn, options)?)
-}
-
-/// Connect, retrying with backoff for up to `--temporal-connect-timeout-secs` (forever
-/// when 0): for tools and tests that have no port to report on meanwhile.
-pub async fn connect(args: &TemporalArgs, identity: &str) -> anyhow::Result<Client> {
-    let limit =
-        (args.connect_timeout_secs > 0).then(|| Duration::from_secs(args.connect_timeout_secs));
-    let started = Instant::now();
-    let mut delay = Duration::from_millis(100);
-    loop {
-        match connect_once(args, identity).await {
-            Ok(c) => return Ok(c),
-            Err(e) if limit.is_some_and(|l| started.elapsed() >= l) => return Err(e),
-            Err(e) => {
-                tracing::debug!(error = %e, "temporal not reachable yet, retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
-            }
-        }
-    }
 }
 
 /// The SDK runtime on the current tokio runtime. Its worker metrics (task slots, poll and

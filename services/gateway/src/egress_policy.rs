@@ -4,7 +4,8 @@
 //! list this makes; this is where a tenant learns it asked for too much.
 
 use crate::error::GatewayError;
-use std::{collections::BTreeMap, net::IpAddr};
+use forkyard_common::hosts;
+use std::collections::BTreeMap;
 
 pub const SETS_SETTING: &str = "--egress-sets (FORKYARD_EGRESS_SETS)";
 pub const TENANT_SETTING: &str = "--tenant-egress (FORKYARD_TENANT_EGRESS)";
@@ -85,37 +86,9 @@ fn pattern_ok(e: &str) -> bool {
         && (!e.contains('*') || (e.starts_with("*.") && !e[1..].contains('*') && e.len() > 2))
 }
 
-fn host_of(e: &str) -> &str {
-    let h = match e.rsplit_once(':') {
-        Some((h, p)) if (!h.contains(':') || h.ends_with(']')) && p.parse::<u16>().is_ok() => h,
-        _ => e,
-    };
-    h.trim_start_matches('[').trim_end_matches(']')
-}
-
 /// Loopback, link-local, private or unspecified: the host's own services and the mesh.
 fn special_address(host: &str) -> bool {
-    if host == "localhost" || host.ends_with(".localhost") {
-        return true;
-    }
-    match host.parse::<IpAddr>() {
-        Ok(IpAddr::V4(a)) => {
-            a.is_loopback()
-                || a.is_link_local()
-                || a.is_private()
-                || a.is_unspecified()
-                || a.is_broadcast()
-        }
-        Ok(IpAddr::V6(a)) => {
-            a.is_loopback()
-                || a.is_unspecified()
-                || (a.segments()[0] & 0xffc0) == 0xfe80
-                || (a.segments()[0] & 0xfe00) == 0xfc00
-                || a.to_ipv4_mapped()
-                    .is_some_and(|v4| v4.is_loopback() || v4.is_private() || v4.is_link_local())
-        }
-        Err(_) => false,
-    }
+    hosts::is_localhost(host) || host.parse().is_ok_and(hosts::internal)
 }
 
 impl EgressPolicy {
@@ -166,7 +139,7 @@ impl EgressPolicy {
 
     /// Whether `tenant`'s policy covers host pattern `want`.
     fn covers(&self, tenant: &str, want: &str) -> bool {
-        let host = host_of(want);
+        let host = hosts::host_part(want);
         self.entries_of(tenant).iter().any(|p| {
             if p == want {
                 return true;
@@ -219,7 +192,9 @@ impl EgressPolicy {
                             ),
                         ));
                     }
-                    if special_address(host_of(&e)) && !self.entries_of(tenant).contains(&e) {
+                    if special_address(hosts::host_part(&e))
+                        && !self.entries_of(tenant).contains(&e)
+                    {
                         return Err(GatewayError::field(
                             "egress",
                             format!(

@@ -350,8 +350,7 @@ pub async fn check_repo(repo: &str, base_ref: &str) -> Result<(), GatewayError> 
     if base_ref.is_empty() || base_ref == "HEAD" {
         return Ok(());
     }
-    let looks_remote = repo.contains("://") || repo.starts_with("git@");
-    if !looks_remote {
+    if !looks_remote(repo) {
         if forkyard_common::git_refs::local_commit(repo, base_ref).is_some() {
             return Ok(());
         }
@@ -412,8 +411,12 @@ async fn git(args: &[&str]) -> Result<std::process::Output, GatewayError> {
     .map_err(|e| GatewayError::Internal(format!("cannot run git: {e}")))
 }
 
+fn looks_remote(repo: &str) -> bool {
+    repo.contains("://") || repo.starts_with("git@")
+}
+
 async fn check_head(repo: &str) -> Result<(), GatewayError> {
-    let looks_remote = repo.contains("://") || repo.starts_with("git@");
+    let looks_remote = looks_remote(repo);
     if !looks_remote && !std::path::Path::new(repo).exists() {
         return Err(field(
             "repo",

@@ -6,6 +6,7 @@
 //! link-local address is refused too (DNS rebinding onto the host's own services); an IP
 //! literal on the list is taken as meant.
 
+use forkyard_common::hosts;
 use std::{net::IpAddr, path::Path, sync::Arc};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
@@ -51,20 +52,12 @@ impl Allowlist {
         self.0
             .iter()
             .filter_map(|e| {
-                let host = match e.rsplit_once(':') {
-                    Some((h, p))
-                        if (!h.contains(':') || h.ends_with(']')) && p.parse::<u16>().is_ok() =>
-                    {
-                        h
-                    }
-                    _ => e.as_str(),
-                };
-                let host = host.trim_start_matches('[').trim_end_matches(']');
-                if host == "localhost" || host.ends_with(".localhost") {
+                let host = hosts::host_part(e);
+                if hosts::is_localhost(host) {
                     return Some((e.clone(), None));
                 }
                 let ip: IpAddr = host.parse().ok()?;
-                internal(ip).then(|| (e.clone(), Some(ip)))
+                hosts::internal(ip).then(|| (e.clone(), Some(ip)))
             })
             .collect()
     }
@@ -229,29 +222,12 @@ async fn connect(host: &str, port: u16) -> Result<TcpStream, String> {
         .await
         .map_err(|e| format!("cannot resolve {host}: {e}"))?
         .collect();
-    if addrs.iter().any(|a| internal(a.ip())) {
+    if addrs.iter().any(|a| hosts::internal(a.ip())) {
         return Err(format!("{host} resolves to an internal address"));
     }
     TcpStream::connect(&addrs[..])
         .await
         .map_err(|e| e.to_string())
-}
-
-fn internal(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            v4.is_loopback() || v4.is_private() || v4.is_link_local() || v4.is_unspecified()
-        }
-        IpAddr::V6(v6) => {
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || (v6.segments()[0] & 0xfe00) == 0xfc00
-                || (v6.segments()[0] & 0xffc0) == 0xfe80
-                || v6
-                    .to_ipv4_mapped()
-                    .is_some_and(|v4| internal(IpAddr::V4(v4)))
-        }
-    }
 }
 
 async fn respond(conn: &mut UnixStream, code: u16, msg: &str) -> std::io::Result<()> {
@@ -290,6 +266,9 @@ mod tests {
         assert!(!a.allows("127.0.0.1", 8081));
         assert!(Allowlist::parse(&["a b".into()]).is_err());
         assert!(Allowlist::parse(&["a.*.com".into()]).is_err());
-        assert!(internal("10.1.2.3".parse().unwrap()) && !internal("1.1.1.1".parse().unwrap()));
+        assert!(
+            hosts::internal("10.1.2.3".parse().unwrap())
+                && !hosts::internal("1.1.1.1".parse().unwrap())
+        );
     }
 }

@@ -60,12 +60,6 @@ impl Prices {
     }
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 impl Provisioner {
     /// `entry`'s use so far, priced.
     pub(crate) fn usage(&self, entry: &Entry) -> SandboxUsage {
@@ -83,7 +77,7 @@ impl Provisioner {
         SandboxUsage {
             cpu_ms,
             memory_mib_seconds,
-            wall_ms: u64::try_from(now_ms() - created).unwrap_or(0),
+            wall_ms: u64::try_from(crate::provisioner::now_ms() - created).unwrap_or(0),
             cost_micros: self.config.prices.local(cpu_ms, memory_mib_seconds),
         }
     }

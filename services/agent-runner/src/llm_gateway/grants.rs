@@ -116,10 +116,7 @@ impl Grant {
             let mut s = self.state.lock().expect("grant lock");
             let t = &mut s.totals;
             t.requests += 1;
-            t.usage.input_tokens += usage.input_tokens;
-            t.usage.output_tokens += usage.output_tokens;
-            t.usage.cache_read_tokens += usage.cache_read_tokens;
-            t.usage.cache_write_tokens += usage.cache_write_tokens;
+            crate::command_meter::add(&mut t.usage, &usage);
             t.cost_micros += cost_micros;
         }
         let outcome = match &self.charger {

@@ -341,11 +341,8 @@ impl E2bBackend {
 
     /// What a sandbox created at `created_unix_ms` has cost so far: its wall time.
     fn usage(&self, created_unix_ms: i64) -> forkyard_proto::sandbox::v1::SandboxUsage {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let wall_ms = if created_unix_ms > 0 {
-            u64::try_from(now - created_unix_ms).unwrap_or(0)
+            u64::try_from(crate::provisioner::now_ms() - created_unix_ms).unwrap_or(0)
         } else {
             0
         };
