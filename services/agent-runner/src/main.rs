@@ -7,7 +7,7 @@ use forkyard_agent_runner::{
     grpc::{AgentRunnerService, Provisioners},
     llm_gateway::LlmGateway,
     models::Models,
-    runner::{Runner, lazy_channel},
+    runner::{Runner, short_call_channel},
     transcript::ArtifactStore,
 };
 use forkyard_common::{
@@ -82,6 +82,8 @@ struct Args {
     /// Mesh TLS: this service's certificate, key and the mesh CA (mTLS when set).
     #[command(flatten)]
     tls: forkyard_common::tls::TlsArgs,
+    #[command(flatten)]
+    discovery: forkyard_common::discovery::DiscoveryArgs,
 }
 
 #[tokio::main]
@@ -91,6 +93,9 @@ async fn main() -> anyhow::Result<()> {
     args.tls
         .install(forkyard_common::tls::ClientAuth::Required)
         .unwrap_or_else(|e| forkyard_common::exit_config_error(e));
+    args.discovery
+        .install()
+        .unwrap_or_else(|e| exit_config_error(e));
     let listen = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen)
         .unwrap_or_else(|e| exit_config_error(e));
     let advertise = forkyard_common::advertise::resolve(
@@ -133,8 +138,8 @@ async fn main() -> anyhow::Result<()> {
             .unwrap_or_else(|e| exit_config_error(format!("{setting}: {e}")));
         Some((l, advertise))
     };
-    let ledger = lazy_channel(&args.ledger_addr)
-        .unwrap_or_else(|e| exit_config_error(format!("--ledger-addr (FORKYARD_LEDGER_ADDR) {e}")));
+    let ledger = short_call_channel("--ledger-addr (FORKYARD_LEDGER_ADDR)", &args.ledger_addr)
+        .unwrap_or_else(|e| exit_config_error(e));
     let models = Models::load(args.models_file.as_deref())
         .unwrap_or_else(|e| exit_config_error(format!("--models-file (FORKYARD_MODELS_FILE) {e}")));
     if args.max_turns == 0 {

@@ -36,12 +36,13 @@ pub struct Runner {
     pub llm_gateway: Option<Arc<LlmGateway>>,
 }
 
-/// A lazily connected channel to `addr` (checked to be a URL by the caller).
-pub fn lazy_channel(addr: &str) -> Result<Channel, String> {
-    Ok(forkyard_common::tls::short_call_endpoint(addr)
-        .map_err(|e| format!("{addr:?} is not a URL: {e}"))?
-        .connect_timeout(Duration::from_secs(5))
-        .connect_lazy())
+/// A channel over every replica of `addr` (`flag` names the setting in errors), for
+/// short calls.
+pub fn short_call_channel(flag: &str, addr: &str) -> Result<Channel, String> {
+    forkyard_common::discovery::balanced(flag, addr, |ep| {
+        ep.connect_timeout(Duration::from_secs(5))
+            .timeout(forkyard_common::tls::SHORT_CALL_DEADLINE)
+    })
 }
 
 impl Runner {

@@ -6,6 +6,7 @@ pub mod activity;
 pub mod activity_telemetry;
 pub mod advertise;
 pub mod config;
+pub mod discovery;
 pub mod git_refs;
 pub mod grpc_telemetry;
 pub mod hosts;

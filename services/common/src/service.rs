@@ -32,6 +32,18 @@ pub async fn run_workers(
     svc: Service,
     workers: Vec<(temporalio_sdk::Worker, StopWorker)>,
 ) -> anyhow::Result<()> {
+    run_workers_draining(svc, workers, None).await
+}
+
+/// Waited for between NOT_SERVING and stopping the workers and the server: what a
+/// replica must finish before it may go (the provisioner: the sandboxes it holds).
+pub type Drain = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+async fn run_workers_draining(
+    svc: Service,
+    workers: Vec<(temporalio_sdk::Worker, StopWorker)>,
+    drain: Option<Drain>,
+) -> anyhow::Result<()> {
     let addr = server::local_addr(&svc.listener);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop_tx = std::sync::Arc::new(stop_tx);
@@ -50,6 +62,11 @@ pub async fn run_workers(
     tokio::spawn(async move {
         crate::shutdown::signal_received().await;
         health.not_serving().await;
+        // Workers and server keep going while draining: calls about what this replica
+        // holds (and its own task queue's activities) must still be answered.
+        if let Some(drain) = drain {
+            drain.await;
+        }
         signal_stop_all();
         let _ = signal_stop.send(true);
     });
@@ -100,11 +117,22 @@ pub async fn run_with_workers(
     client: temporalio_client::Client,
     options: Vec<temporalio_sdk::WorkerOptions>,
 ) -> anyhow::Result<()> {
+    run_with_workers_draining(svc, client, options, None).await
+}
+
+/// [`run_with_workers`] that waits for `drain` after a shutdown signal (health already
+/// NOT_SERVING) before it stops the workers and the server.
+pub async fn run_with_workers_draining(
+    svc: Service,
+    client: temporalio_client::Client,
+    options: Vec<temporalio_sdk::WorkerOptions>,
+    drain: Option<Drain>,
+) -> anyhow::Result<()> {
     let runtime = crate::temporal::runtime()?;
     let mut workers = Vec::with_capacity(options.len());
     for o in options {
         let (worker, stop) = crate::temporal::worker(&runtime, client.clone(), o)?;
         workers.push((worker, Box::new(stop) as StopWorker));
     }
-    run_workers(svc, workers).await
+    run_workers_draining(svc, workers, drain).await
 }

@@ -263,6 +263,18 @@ pub fn endpoint(addr: &str) -> Result<Endpoint, String> {
     Ok(ep)
 }
 
+/// [`endpoint`] for one replica of a name, dialled at `addr` (an IP): with mesh TLS on,
+/// its certificate is checked against `name`, the name the operator configured.
+pub fn endpoint_named(addr: &str, name: &str) -> Result<Endpoint, String> {
+    let ep = endpoint(addr)?;
+    match mesh() {
+        Some(tls) => ep
+            .tls_config(tls.client_config().domain_name(name))
+            .map_err(|e| format!("{addr}: tls: {e}")),
+        None => Ok(ep),
+    }
+}
+
 /// Deadline of each call on a channel from [`short_call_endpoint`].
 pub const SHORT_CALL_DEADLINE: Duration = Duration::from_secs(60);
 

@@ -44,11 +44,14 @@ impl LedgerLocal {
     /// `endpoint` is budget-ledger's gRPC address; the channel connects on first use (and
     /// reconnects), so the gateway starts even while the ledger is still coming up.
     pub fn new(endpoint: &str) -> Result<Self, String> {
-        let channel = forkyard_common::tls::endpoint(endpoint)
-            .map_err(|e| format!("--ledger-addr (FORKYARD_LEDGER_ADDR): {e}"))?
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(CALL_DEADLINE)
-            .connect_lazy();
+        let channel = forkyard_common::discovery::balanced(
+            "--ledger-addr (FORKYARD_LEDGER_ADDR)",
+            endpoint,
+            |ep| {
+                ep.connect_timeout(Duration::from_secs(5))
+                    .timeout(CALL_DEADLINE)
+            },
+        )?;
         Ok(Self {
             client: BudgetLedgerClient::new(forkyard_common::grpc_telemetry::traced_channel(
                 channel,

@@ -78,6 +78,8 @@ struct Args {
     #[command(flatten)]
     tls: TlsArgs,
     #[command(flatten)]
+    discovery: forkyard_common::discovery::DiscoveryArgs,
+    #[command(flatten)]
     state: StateDirArg,
 }
 
@@ -88,6 +90,9 @@ async fn main() -> anyhow::Result<()> {
     // authenticate with API keys, so a client certificate is optional here.
     args.tls
         .install(ClientAuth::Optional)
+        .unwrap_or_else(|e| exit_config_error(e));
+    args.discovery
+        .install()
         .unwrap_or_else(|e| exit_config_error(e));
     let listen = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen)
         .unwrap_or_else(|e| exit_config_error(e));

@@ -10,8 +10,8 @@
 //! recorded with the workflow task that ran it. What stays a regular activity on the
 //! provisioner's queues is what runs long and must heartbeat: the verify command.
 //!
-//! Routing: creates go to any replica of `--provisioner-addr` (a comma-separated list is
-//! balanced); every later call goes to the sandbox's `owner_endpoint`, the replica that
+//! Routing: creates go to any replica of `--provisioner-addr` (balanced over every
+//! address its names resolve to, followed as replicas come and go); every later call goes to the sandbox's `owner_endpoint`, the replica that
 //! holds it, over a channel kept per endpoint.
 //!
 //! Safety on a crash: a local activity whose marker was not recorded runs again when the
@@ -37,7 +37,7 @@ use std::{
 };
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
-use tonic::{Code, Status, transport::Channel};
+use tonic::{Code, Status};
 
 /// Longest a create (a clone of the repository) may take before it is retried.
 const CREATE_DEADLINE: Duration = Duration::from_secs(300);
@@ -74,22 +74,14 @@ impl SandboxLocal {
     /// `addrs`: sandbox-provisioner's gRPC address, or several separated by commas (new
     /// sandboxes are spread over them). Channels connect on first use.
     pub fn new(addrs: &str) -> Result<Self, String> {
-        let list = addrs
-            .split(',')
-            .map(str::trim)
-            .filter(|a| !a.is_empty())
-            .map(|a| endpoint(a, CREATE_DEADLINE))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("--provisioner-addr (FORKYARD_PROVISIONER_ADDR): {e}"))?;
-        let channel = match list.len() {
-            0 => {
-                return Err(
-                    "--provisioner-addr (FORKYARD_PROVISIONER_ADDR) names no address".into(),
-                );
-            }
-            1 => list[0].connect_lazy(),
-            _ => Channel::balance_list(list.into_iter()),
-        };
+        let channel = forkyard_common::discovery::balanced(
+            "--provisioner-addr (FORKYARD_PROVISIONER_ADDR)",
+            addrs,
+            |ep| {
+                ep.connect_timeout(Duration::from_secs(5))
+                    .timeout(CREATE_DEADLINE)
+            },
+        )?;
         Ok(Self {
             creates: SandboxProvisionerClient::new(traced_channel(channel)),
             owners: Arc::default(),

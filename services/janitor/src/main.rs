@@ -36,6 +36,8 @@ struct Args {
     #[command(flatten)]
     tls: forkyard_common::tls::TlsArgs,
     #[command(flatten)]
+    discovery: forkyard_common::discovery::DiscoveryArgs,
+    #[command(flatten)]
     state: StateDirArg,
 }
 
@@ -46,6 +48,9 @@ async fn main() -> anyhow::Result<()> {
     args.tls
         .install(forkyard_common::tls::ClientAuth::Required)
         .unwrap_or_else(|e| forkyard_common::exit_config_error(e));
+    args.discovery
+        .install()
+        .unwrap_or_else(|e| exit_config_error(e));
     let addr = parse_listen("FORKYARD_LISTEN (--listen)", &args.listen)
         .unwrap_or_else(|e| exit_config_error(e));
     if let Err(e) = args.temporal.url() {

@@ -20,14 +20,15 @@ pub struct Ledger {
 
 impl Ledger {
     pub fn connect_lazy(addr: &str) -> Result<Self, JanitorError> {
-        let endpoint = forkyard_common::tls::short_call_endpoint(addr).map_err(|e| {
-            JanitorError::InvalidArgument {
-                field: "ledger_addr",
-                reason: format!("{addr:?}: {e}"),
-            }
+        let channel = forkyard_common::discovery::balanced("ledger_addr", addr, |ep| {
+            ep.timeout(forkyard_common::tls::SHORT_CALL_DEADLINE)
+        })
+        .map_err(|reason| JanitorError::InvalidArgument {
+            field: "ledger_addr",
+            reason,
         })?;
         Ok(Self {
-            client: BudgetLedgerClient::new(traced_channel(endpoint.connect_lazy())),
+            client: BudgetLedgerClient::new(traced_channel(channel)),
         })
     }
 

@@ -43,6 +43,12 @@ pub struct Args {
     /// Limit for cloning a sandbox's repository.
     #[arg(long, env = "FORKYARD_CLONE_TIMEOUT_SECS", default_value_t = 300)]
     pub clone_timeout_secs: u64,
+    /// On SIGTERM, how long to wait for the sandboxes this replica holds to be destroyed
+    /// (their forks finish; new sandboxes go to other replicas) before exiting. Sandboxes
+    /// left then stay on disk and are taken over at the next start. Keep the runtime's
+    /// grace period (terminationGracePeriodSeconds, Compose stop_grace_period) above it.
+    #[arg(long, env = "FORKYARD_DRAIN_TIMEOUT_SECS", default_value_t = 300)]
+    pub drain_timeout_secs: u64,
     /// Run sandboxes without a user namespace when the host cannot create one (refused
     /// by default).
     #[arg(long, env = "FORKYARD_ALLOW_NO_USERNS", default_value_t = false)]

@@ -60,7 +60,13 @@ async fn main() -> anyhow::Result<()> {
                 .build()
         })
         .collect();
-    service::run_with_workers(
+    // On SIGTERM: no new sandboxes here; the forks using the ones held finish first.
+    let drain_timeout = std::time::Duration::from_secs(args.drain_timeout_secs);
+    let drain: service::Drain = Box::pin(async move {
+        core.start_draining();
+        core.drained(drain_timeout).await;
+    });
+    service::run_with_workers_draining(
         service::Service {
             name: "sandbox-provisioner",
             listener,
@@ -69,6 +75,7 @@ async fn main() -> anyhow::Result<()> {
         },
         client,
         options,
+        Some(drain),
     )
     .await
 }

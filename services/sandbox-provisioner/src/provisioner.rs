@@ -134,6 +134,9 @@ pub struct Provisioner {
     /// The seccomp filters every sandboxed command runs under (`crate::seccomp`); empty
     /// when the operator turned them off.
     pub(crate) seccomp: Vec<Vec<u8>>,
+    /// Shutting down: new sandboxes are refused (UNAVAILABLE, so callers retry on
+    /// another replica) while the ones held are used to the end.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Provisioner {
@@ -239,6 +242,7 @@ impl Provisioner {
             templates,
             sandboxes: Mutex::new(HashMap::new()),
             creating: Mutex::new(HashMap::new()),
+            draining: std::sync::atomic::AtomicBool::new(false),
             runtime_probe: crate::health::RuntimeProbe::default(),
         });
         core.reconcile(records).await;
@@ -311,7 +315,62 @@ impl Provisioner {
         s
     }
 
+    /// Refuse new sandboxes from now on; [`Self::drained`] waits for the ones held.
+    pub fn start_draining(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn refuse_if_draining(&self, req: &CreateSandboxRequest) -> Result<()> {
+        let retry_of_a_create =
+            !req.idempotency_key.is_empty() && self.by_key(&req.idempotency_key).is_some();
+        if self.draining.load(std::sync::atomic::Ordering::SeqCst) && !retry_of_a_create {
+            return Err(ProvisionerError::Unavailable(
+                "this replica is shutting down: create the sandbox on another replica".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Returns once this replica holds no running sandbox, or after `timeout` (logging what is
+    /// left); progress is logged as sandboxes go.
+    pub async fn drained(&self, timeout: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = usize::MAX;
+        loop {
+            // Stopped sandboxes wait on disk for a StartSandbox: the next start has them.
+            let held = self
+                .sandboxes
+                .lock()
+                .expect("sandboxes lock")
+                .values()
+                .filter(|e| !e.record.lock().expect("record lock").stopped)
+                .count();
+            if held == 0 {
+                tracing::info!("drained: no sandbox left");
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    sandboxes = held,
+                    timeout_secs = timeout.as_secs(),
+                    "drain timed out; the sandboxes left are taken over at the next start"
+                );
+                return;
+            }
+            if held != last {
+                tracing::info!(
+                    sandboxes = held,
+                    "draining: waiting for the sandboxes held to be destroyed"
+                );
+                last = held;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    }
+
     pub async fn create(&self, mut req: CreateSandboxRequest) -> Result<Sandbox> {
+        self.refuse_if_draining(&req)?;
         if !(req.backend.is_empty() || req.backend == BACKEND) {
             return Err(ProvisionerError::invalid(
                 "backend",

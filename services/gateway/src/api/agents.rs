@@ -47,28 +47,42 @@ const MAX_REPLICA_CHANNELS: usize = 256;
 #[derive(Clone)]
 pub struct AgentRunnerLink {
     addr: String,
+    /// Every replica of the configured address (looked up when a transcript's replica
+    /// is not known or no longer has it).
+    targets: Arc<Vec<forkyard_common::discovery::Target>>,
     channel: Channel,
     /// Transcripts stay with the replica that ran the agent: one pooled channel per
     /// advertised endpoint (`ForkResult.transcript_endpoint`).
     replicas: Arc<Mutex<HashMap<String, Channel>>>,
 }
 
-fn lazy(addr: &str) -> Result<Channel, String> {
-    let channel = forkyard_common::tls::endpoint(addr)?
-        .connect_timeout(Duration::from_secs(3))
+fn timeouts(ep: tonic::transport::Endpoint) -> tonic::transport::Endpoint {
+    ep.connect_timeout(Duration::from_secs(3))
         .timeout(Duration::from_secs(10))
-        .connect_lazy();
-    Ok(traced_channel(channel))
+}
+
+fn lazy(addr: &str) -> Result<Channel, String> {
+    Ok(traced_channel(
+        timeouts(forkyard_common::tls::endpoint(addr)?).connect_lazy(),
+    ))
+}
+
+/// What one replica said about a transcript.
+enum Asked {
+    Found(String),
+    NotThere,
+    Failed(String),
 }
 
 impl AgentRunnerLink {
     /// A lazily connected link to the runner at `addr`.
     pub fn new(addr: &str) -> Result<Self, String> {
-        let channel = lazy(addr).map_err(|e| {
-            format!("--agent-runner-addr (FORKYARD_AGENT_RUNNER_ADDR) {addr:?} is not a URL: {e}")
-        })?;
+        const FLAG: &str = "--agent-runner-addr (FORKYARD_AGENT_RUNNER_ADDR)";
+        let targets = forkyard_common::discovery::parse(FLAG, addr)?;
+        let channel = traced_channel(forkyard_common::discovery::balanced(FLAG, addr, timeouts)?);
         Ok(Self {
             addr: addr.trim().to_owned(),
+            targets: Arc::new(targets),
             channel,
             replicas: Arc::default(),
         })
@@ -130,36 +144,76 @@ impl AgentRunnerLink {
         }
     }
 
-    /// The fork's transcript (JSON lines) from the replica at `endpoint` (empty: the
-    /// configured address), or empty when it has none or cannot be reached: a replica
-    /// that is gone takes its transcripts with it, and the rest of the result still
-    /// answers (with a warning logged).
+    /// A client for one replica found by name (its certificate carries the name).
+    fn client_for_replica(
+        &self,
+        replica: &forkyard_common::discovery::Replica,
+    ) -> Result<AgentRunnerClient<Channel>, String> {
+        let mut pool = self
+            .replicas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(c) = pool.get(&replica.url) {
+            return Ok(Self::client_on(c.clone()));
+        }
+        let channel =
+            traced_channel(timeouts(forkyard_common::discovery::endpoint(replica)?).connect_lazy());
+        if pool.len() >= MAX_REPLICA_CHANNELS {
+            pool.clear();
+        }
+        pool.insert(replica.url.clone(), channel.clone());
+        Ok(Self::client_on(channel))
+    }
+
+    async fn ask(
+        client: Result<AgentRunnerClient<Channel>, String>,
+        req: GetTranscriptRequest,
+    ) -> Asked {
+        let mut client = match client {
+            Ok(c) => c,
+            Err(e) => return Asked::Failed(e),
+        };
+        match client.get_transcript(req).await {
+            Ok(r) => Asked::Found(cap(r.into_inner().jsonl)),
+            Err(s) if s.code() == Code::NotFound => Asked::NotThere,
+            Err(s) => Asked::Failed(s.message().to_owned()),
+        }
+    }
+
+    /// The fork's transcript (JSON lines): from the replica at `endpoint`, the one that
+    /// ran the agent; when that is not known (a fork cancelled mid-agent) or it does not
+    /// have it, from whichever replica of the configured address does. Empty when none
+    /// has it or none can be reached: a replica that is gone takes its transcripts with
+    /// it, and the rest of the result still answers (with a warning logged).
     pub async fn transcript(&self, run_id: &str, fork: u32, endpoint: &str) -> String {
         let req = GetTranscriptRequest {
             run_id: run_id.to_owned(),
             fork,
             attempt: 0,
         };
-        let mut client = match self.client_for(endpoint) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(run_id, fork, endpoint, error = %e, "transcript endpoint is not a URL");
-                return String::new();
-            }
-        };
-        match client.get_transcript(req).await {
-            Ok(r) => cap(r.into_inner().jsonl),
-            Err(s) if s.code() == Code::NotFound => String::new(),
-            Err(s) => {
-                let endpoint = if endpoint.is_empty() {
-                    self.addr.as_str()
-                } else {
-                    endpoint
-                };
-                tracing::warn!(run_id, fork, endpoint, error = %s.message(), "transcript not available from the agent runner");
-                String::new()
+        let endpoint = endpoint.trim();
+        if !endpoint.is_empty() {
+            match Self::ask(self.client_for(endpoint), req.clone()).await {
+                Asked::Found(t) => return t,
+                Asked::NotThere => {}
+                Asked::Failed(e) => {
+                    tracing::warn!(run_id, fork, endpoint, error = %e, "transcript not available from the replica that ran the agent; asking every replica");
+                }
             }
         }
+        let (replicas, lookup_errors) = forkyard_common::discovery::replicas(&self.targets).await;
+        let mut failed = lookup_errors;
+        for replica in replicas.iter().filter(|r| r.url != endpoint) {
+            match Self::ask(self.client_for_replica(replica), req.clone()).await {
+                Asked::Found(t) => return t,
+                Asked::NotThere => {}
+                Asked::Failed(e) => failed.push(format!("{}: {e}", replica.url)),
+            }
+        }
+        if !failed.is_empty() {
+            tracing::warn!(run_id, fork, addr = %self.addr, errors = ?failed, "transcript not available from the agent runner");
+        }
+        String::new()
     }
 }
 

@@ -185,11 +185,14 @@ impl SecurityArgs {
                         "no valid api keys yet: every call is refused until `forkyard keys create --tenant <name>`"
                     );
                 }
-                let endpoint = forkyard_common::tls::endpoint(ledger_addr)
-                    .map_err(|e| format!("--ledger-addr (FORKYARD_LEDGER_ADDR): {e}"))?
-                    .timeout(self.deadline());
+                let deadline = self.deadline();
+                let channel = forkyard_common::discovery::balanced(
+                    "--ledger-addr (FORKYARD_LEDGER_ADDR)",
+                    ledger_addr,
+                    move |ep| ep.timeout(deadline),
+                )?;
                 policy.ledger = Some(BudgetLedgerClient::new(
-                    forkyard_common::grpc_telemetry::traced_channel(endpoint.connect_lazy()),
+                    forkyard_common::grpc_telemetry::traced_channel(channel),
                 ));
                 Authenticator::Keys {
                     store,

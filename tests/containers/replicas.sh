@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# The mesh as replicated containers (deploy/compose.replicas.yml, locally built images):
+# every replica serves; runs spread over the provisioner and runner replicas; any gateway
+# replica answers for any run; GetForkResult returns the transcript whichever runner
+# replica ran the fork, cancelled forks included; one janitor sweep reaches every
+# provisioner replica; the ledger is exact; a SIGTERM'd provisioner replica drains
+# without failing a fork. Driven over gRPC (grpcurl) and the CLI image.
+#
+# Needs: a Docker engine, the images (scripts/images.sh), docker compose and grpcurl
+# (the tools venv). `make test-containers` provides all of it.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PATH="${TOOLS_VENV:-$HOME/.cache/forkyard/venv}/bin:$PATH"
+project=forkyard-ctest
+repos=$(mktemp -d /var/tmp/forkyard-ctest-repos.XXXXXX)
+export FORKYARD_REPOS=$repos
+# Host ports: any free ones (the test reaches every replica by its container address).
+export FORKYARD_GATEWAY_PORTS="127.0.0.1:"
+C=(docker-compose -f deploy/compose.replicas.yml -p "$project")
+failures=0
+
+cleanup() {
+  if [ "$failures" -gt 0 ] || [ -n "${KEEP_LOGS:-}" ]; then
+    "${C[@]}" logs --no-color >"${LOG_DIR:-/tmp}/forkyard-ctest.log" 2>&1 || true
+    echo "container logs: ${LOG_DIR:-/tmp}/forkyard-ctest.log"
+  fi
+  "${C[@]}" down -v -t 5 >/dev/null 2>&1 || true
+  rm -rf "$repos"
+}
+trap cleanup EXIT
+
+pass() { echo "ok   $*"; }
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+
+ip_of() { docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$1"; }
+containers() { "${C[@]}" ps -q "$1" | xargs -r docker inspect -f '{{.Name}}' | sed 's#^/##' | sort; }
+grpc() { local addr=$1 method=$2 body=${3:-'{}'}; grpcurl -plaintext -max-time 30 -d "$body" "$addr" "$method"; }
+json() { python3 -c "import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]))" "$1"; }
+# The sum of a metric's samples matching a pattern on one replica's /metrics.
+metric() { curl -s "http://$1/metrics" | awk -v pat="$2" '$0 !~ /^#/ && index($0, pat) == 1 { s += $NF } END { print s + 0 }'; }
+
+wait_serving() {
+  local deadline=$((SECONDS + 180)) port c
+  for svc in gateway:50051 sandbox-provisioner:50052 agent-runner:50053 budget-ledger:50054 janitor:50055; do
+    port=${svc#*:}
+    for c in $(containers "${svc%%:*}"); do
+      until grpc "$(ip_of "$c"):$port" grpc.health.v1.Health/Check 2>/dev/null | grep -q '"SERVING"'; do
+        [ $SECONDS -lt $deadline ] || { fail "$c never SERVING"; return 1; }
+        sleep 1
+      done
+    done
+  done
+}
+
+wait_terminal() {
+  local run=$1 deadline=$((SECONDS + ${2:-120})) state
+  while :; do
+    state=$(grpc $G2 forkyard.gateway.v1.Gateway/GetRun "{\"run_id\":\"$run\"}" | json 'd.get("state","")')
+    case "$state" in RUN_STATE_COMPLETED | RUN_STATE_FAILED | RUN_STATE_CANCELLED) echo "$state"; return 0 ;; esac
+    [ $SECONDS -lt $deadline ] || { echo "$state"; return 1; }
+    sleep 1
+  done
+}
+
+launch() { # forks, max_concurrent, agent command
+  grpc $G1 forkyard.gateway.v1.Gateway/LaunchRun "$(python3 -c '
+import json, sys
+print(json.dumps({"repo": "/repos/demo", "prompt": "p", "forks": int(sys.argv[1]),
+                  "max_concurrent": int(sys.argv[2]), "budget_usd": "5",
+                  "agent": {"command": sys.argv[3]}}))' "$@")" | json 'd["runId"]'
+}
+
+# ---- the stack ------------------------------------------------------------------------
+repo=$repos/demo
+git init -q -b main "$repo"
+printf 'hello\n' >"$repo/greet.txt"
+# The agents: scripts in the repository (SLEEP seconds of work, then a cost report the
+# way `claude -p --output-format json` prints one).
+cat >"$repo/agent.sh" <<'AGENT'
+echo "fork $FORKYARD_FORK" >> greet.txt
+echo working
+sleep "${1:-1}"
+echo '{"total_cost_usd": 0.01}'
+AGENT
+git -C "$repo" add -A && git -C "$repo" -c user.name=t -c user.email=t@x commit -q -m init
+chown -R 65532:65532 "$repos"
+
+"${C[@]}" down -v -t 1 >/dev/null 2>&1 || true
+"${C[@]}" up -d --quiet-pull >/dev/null 2>&1 || { "${C[@]}" up -d; exit 1; }
+wait_serving
+G1=$(ip_of "$(containers gateway | sed -n 1p)"):50051
+G2=$(ip_of "$(containers gateway | sed -n 2p)"):50051
+L=$(ip_of "$(containers budget-ledger | sed -n 1p)"):50054
+counts=$(for s in gateway sandbox-provisioner agent-runner budget-ledger janitor; do echo -n "$s=$(containers $s | wc -l) "; done)
+check "replicas up and SERVING: $counts" test "$counts" = "gateway=2 sandbox-provisioner=3 agent-runner=2 budget-ledger=2 janitor=1 "
+
+# ---- a run spread over the replicas ---------------------------------------------------------
+run=$(launch 12 12 'bash agent.sh 1')
+state=$(wait_terminal "$run" 120) || true
+check "12-fork run completed ($state)" test "$state" = RUN_STATE_COMPLETED
+succeeded=$(grpc $G1 forkyard.gateway.v1.Gateway/GetRun "{\"run_id\":\"$run\"}" | json 'sum(1 for f in d.get("forks",[]) if f.get("status")=="FORK_STATUS_SUCCEEDED")')
+check "every fork succeeded ($succeeded of 12), read through the other gateway replica" test "$succeeded" = 12
+
+used=0; creates=""
+for c in $(containers sandbox-provisioner); do
+  n=$(metric "$(ip_of "$c"):9452" 'grpc_server_request_duration_seconds_count{code="OK",method="forkyard.sandbox.v1.SandboxProvisioner/CreateSandbox"')
+  creates="$creates $n"; [ "$n" -gt 0 ] && used=$((used + 1))
+done
+check "sandboxes made on several provisioner replicas (creates per replica:$creates)" test "$used" -ge 2
+used=0; agents=""
+for c in $(containers agent-runner); do
+  n=$(metric "$(ip_of "$c"):9453" 'agent_cost_usd_count')
+  agents="$agents $n"; [ "$n" -gt 0 ] && used=$((used + 1))
+done
+check "agents ran on both runner replicas (agents per replica:$agents)" test "$used" = 2
+
+missing=0
+for f in $(seq 1 12); do
+  t=$(grpc $G2 forkyard.gateway.v1.Gateway/GetForkResult "{\"run_id\":\"$run\",\"fork\":$f}" | json 'd.get("transcript","")')
+  case "$t" in *working*) ;; *) missing=$((missing + 1)) ;; esac
+done
+check "GetForkResult has every fork's transcript whichever runner ran it ($missing missing)" test "$missing" = 0
+
+account=$(grpc "$L" forkyard.budget.v1.BudgetLedger/GetAccount "{\"account_id\":\"$run\"}")
+spent=$(echo "$account" | json 'd.get("spentMicros","0")')
+reserved=$(echo "$account" | json 'd.get("reservedMicros","0")')
+cost=$(grpc "$G2" forkyard.gateway.v1.Gateway/GetRun "{\"run_id\":\"$run\"}" | json 'd.get("costMicros","0")')
+check "the ledger holds exactly the forks' cost (spent $spent, run cost $cost, reserved $reserved µ\$)" test "$spent" = 120000 -a "$cost" = 120000 -a "$reserved" = 0
+
+# ---- a cancelled run: transcripts still found ------------------------------------------------
+run=$(launch 4 4 'bash agent.sh 120')
+deadline=$((SECONDS + 60))
+until [ "$(grpc $G1 forkyard.gateway.v1.Gateway/GetRun "{\"run_id\":\"$run\"}" | json 'sum(1 for f in d.get("forks",[]) if f.get("phase")=="running agent")')" = 4 ]; do
+  [ $SECONDS -lt $deadline ] || break; sleep 1
+done
+sleep 1
+grpc $G1 forkyard.gateway.v1.Gateway/CancelRun "{\"run_id\":\"$run\"}" >/dev/null
+state=$(wait_terminal "$run" 60) || true
+check "cancelled run ended ($state)" test "$state" = RUN_STATE_CANCELLED
+missing=0
+for f in 1 2 3 4; do
+  t=$(grpc $G2 forkyard.gateway.v1.Gateway/GetForkResult "{\"run_id\":\"$run\",\"fork\":$f}" | json 'd.get("transcript","")')
+  case "$t" in *working*) ;; *) missing=$((missing + 1)) ;; esac
+done
+check "cancelled forks' transcripts found on whichever runner ran them ($missing missing)" test "$missing" = 0
+
+# ---- one janitor sweep reaches every provisioner replica ---------------------------------------
+for c in $(containers sandbox-provisioner); do
+  grpc "$(ip_of "$c"):50052" forkyard.sandbox.v1.SandboxProvisioner/CreateSandbox \
+    "{\"repo\":\"/repos/demo\",\"branch\":\"orphan\",\"labels\":{\"purpose\":\"orphan-test\"}}" >/dev/null
+done
+report=$(grpc "$(ip_of "$(containers janitor)"):50055" forkyard.janitor.v1.Janitor/SweepNow '{}')
+destroyed=$(echo "$report" | json 'sum(1 for a in d.get("actions",[]) if a.get("destroyed"))')
+left=0
+for c in $(containers sandbox-provisioner); do
+  n=$(grpc "$(ip_of "$c"):50052" forkyard.sandbox.v1.SandboxProvisioner/ListSandboxes '{}' | json 'len(d.get("sandboxes",[]))')
+  left=$((left + n))
+done
+check "one sweep destroyed an orphan on each of 3 replicas ($destroyed destroyed, $left left)" test "$destroyed" = 3 -a "$left" = 0
+
+# ---- SIGTERM of any replica drains it: no fork fails ------------------------------------------
+# The victim: a provisioner replica holding sandboxes of the run, a runner replica, a
+# gateway replica (the one the run was launched through; the other is asked).
+holding() { grpc "$(ip_of "$1"):50052" forkyard.sandbox.v1.SandboxProvisioner/ListSandboxes '{}' | json 'len(d.get("sandboxes",[]))'; }
+for service in sandbox-provisioner agent-runner gateway; do
+  run=$(launch 6 6 'bash agent.sh 4')
+  sleep 2
+  case $service in
+    sandbox-provisioner) victim=""; for c in $(containers sandbox-provisioner); do [ "$(holding "$c")" -gt 0 ] && victim=$c && break; done ;;
+    gateway) victim=$(containers gateway | sed -n 1p) ;;
+    *) victim=$(containers "$service" | sed -n 1p) ;;
+  esac
+  [ -n "$victim" ] || { fail "no $service replica holds a sandbox of the run"; continue; }
+  started=$SECONDS
+  docker stop -t 60 "$victim" >/dev/null
+  took=$((SECONDS - started))
+  state=$(wait_terminal "$run" 120) || true
+  bad=$(grpc "$G2" forkyard.gateway.v1.Gateway/GetRun "{\"run_id\":\"$run\"}" | json 'sum(1 for f in d.get("forks",[]) if f.get("status")!="FORK_STATUS_SUCCEEDED")')
+  check "docker stop of $victim mid-run (exited after ${took}s): run $state, $bad forks not succeeded" test "$state" = RUN_STATE_COMPLETED -a "$bad" = 0
+  docker start "$victim" >/dev/null
+  wait_serving
+  G1=$(ip_of "$(containers gateway | sed -n 1p)"):50051
+  G2=$(ip_of "$(containers gateway | sed -n 2p)"):50051
+done
+
+echo
+if [ "$failures" -gt 0 ]; then echo "test-containers: $failures failed"; exit 1; fi
+echo "test-containers: all passed"
