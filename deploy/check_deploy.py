@@ -33,6 +33,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "deploy" / "docker-compose.yml"
+COMPOSE_REPLICAS = ROOT / "deploy" / "compose.replicas.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 OVERLAYS = ["dev", "production"]
 SERVICES = {
@@ -238,12 +239,38 @@ def compose_parses_and_holds_the_stack():
 def prometheus_scrapes_every_service():
     config = compose_config()
     prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
-    targets = {t for job in prom["scrape_configs"] for sc in job.get("static_configs", [])
-               for t in sc["targets"]}
+    # Every replica: DNS service discovery of each service's name (type A) on its port.
+    found = {(name, sd["port"]) for job in prom["scrape_configs"]
+             for sd in job.get("dns_sd_configs", []) if sd.get("type") == "A"
+             for name in sd["names"]}
     for s, (_, metrics) in SERVICES.items():
         listen = compose_env(config, s).get("FORKYARD_METRICS_LISTEN", "")
         assert listen.endswith(f":{metrics}"), f"{s}: FORKYARD_METRICS_LISTEN {listen!r}"
-        assert f"{s}:{metrics}" in targets, f"prometheus does not scrape {s}:{metrics}"
+        assert (s, metrics) in found, f"prometheus does not discover every replica of {s}:{metrics}"
+
+
+@check
+def replicas_compose_runs_local_images_with_replicas():
+    """deploy/compose.replicas.yml: only images built here, the replica counts the
+    container test proves, every required setting wired."""
+    out = run(["docker-compose", "-f", str(COMPOSE_REPLICAS), "config", "--format", "json"],
+              env={**os.environ, "COMPOSE_PROJECT_NAME": "forkyard-replicas"})
+    assert out.returncode == 0, f"docker compose config failed: {out.stderr.strip()}"
+    config = json.loads(out.stdout)
+    services = config["services"]
+    stages = dockerfile_stages(DOCKERFILE.read_text())
+    for name, svc in services.items():
+        image = svc.get("image", "")
+        assert image.startswith("forkyard/") and "build" not in svc, f"{name}: image {image!r}"
+        assert image.split("/")[1].split(":")[0] in stages, f"{name}: no Dockerfile stage for {image}"
+    want = {"gateway": 2, "sandbox-provisioner": 3, "agent-runner": 2, "budget-ledger": 2, "janitor": 1}
+    for s, n in want.items():
+        got = (services[s].get("deploy") or {}).get("replicas", 1)
+        assert got == n, f"{s}: {got} replicas, want {n}"
+    accepted = {s: accepted_env(s) for s in SERVICES}
+    for s in SERVICES:
+        missing = unwired(required_env(s, accepted[s], stages), compose_env(config, s))
+        assert not missing, f"{s}: required {missing} not set in {COMPOSE_REPLICAS.name}"
 
 
 @check
