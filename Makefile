@@ -77,10 +77,12 @@ base-image: deps-docker
 images: deps deps-docker base-image
 	@PROFILE=$${PROFILE:-release} scripts/images.sh
 
-# The replicated mesh in containers: replicas spread, transcripts, sweeps, drains.
+# The replicated mesh in containers: replicas spread, transcripts, sweeps, drains; then
+# chaos (docker kill of a replica of each service with a run in flight).
 test-containers: build deps-docker deps-deploy base-image
 	@PROFILE=debug scripts/images.sh
 	@tests/containers/replicas.sh
+	@tests/containers/chaos.sh
 
 demo-containers: images deps-deploy
 	@scripts/demo-containers.sh

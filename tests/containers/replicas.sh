@@ -3,97 +3,17 @@
 # every replica serves; runs spread over the provisioner and runner replicas; any gateway
 # replica answers for any run; GetForkResult returns the transcript whichever runner
 # replica ran the fork, cancelled forks included; one janitor sweep reaches every
-# provisioner replica; the ledger is exact; a SIGTERM'd provisioner replica drains
-# without failing a fork. Driven over gRPC (grpcurl) and the CLI image.
+# provisioner replica; the ledger is exact; `docker stop` (SIGTERM) of a provisioner,
+# runner or gateway replica mid-run drains it without failing a fork. Driven over gRPC
+# (grpcurl).
 #
 # Needs: a Docker engine, the images (scripts/images.sh), docker compose and grpcurl
 # (the tools venv). `make test-containers` provides all of it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export PATH="${TOOLS_VENV:-$HOME/.cache/forkyard/venv}/bin:$PATH"
 project=forkyard-ctest
-repos=$(mktemp -d /var/tmp/forkyard-ctest-repos.XXXXXX)
-export FORKYARD_REPOS=$repos
-# Host ports: any free ones (the test reaches every replica by its container address).
-export FORKYARD_GATEWAY_PORTS="127.0.0.1:"
-C=(docker-compose -f deploy/compose.replicas.yml -p "$project")
-failures=0
-
-cleanup() {
-  if [ "$failures" -gt 0 ] || [ -n "${KEEP_LOGS:-}" ]; then
-    "${C[@]}" logs --no-color >"${LOG_DIR:-/tmp}/forkyard-ctest.log" 2>&1 || true
-    echo "container logs: ${LOG_DIR:-/tmp}/forkyard-ctest.log"
-  fi
-  "${C[@]}" down -v -t 5 >/dev/null 2>&1 || true
-  rm -rf "$repos"
-}
-trap cleanup EXIT
-
-pass() { echo "ok   $*"; }
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
-
-ip_of() { docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$1"; }
-containers() { "${C[@]}" ps -q "$1" | xargs -r docker inspect -f '{{.Name}}' | sed 's#^/##' | sort; }
-grpc() { local addr=$1 method=$2 body=${3:-'{}'}; grpcurl -plaintext -max-time 30 -d "$body" "$addr" "$method"; }
-json() { python3 -c "import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]))" "$1"; }
-# The sum of a metric's samples matching a pattern on one replica's /metrics.
-metric() { curl -s "http://$1/metrics" | awk -v pat="$2" '$0 !~ /^#/ && index($0, pat) == 1 { s += $NF } END { print s + 0 }'; }
-
-wait_serving() {
-  local deadline=$((SECONDS + 180)) port c
-  for svc in gateway:50051 sandbox-provisioner:50052 agent-runner:50053 budget-ledger:50054 janitor:50055; do
-    port=${svc#*:}
-    for c in $(containers "${svc%%:*}"); do
-      until grpc "$(ip_of "$c"):$port" grpc.health.v1.Health/Check 2>/dev/null | grep -q '"SERVING"'; do
-        [ $SECONDS -lt $deadline ] || { fail "$c never SERVING"; return 1; }
-        sleep 1
-      done
-    done
-  done
-}
-
-wait_terminal() {
-  local run=$1 deadline=$((SECONDS + ${2:-120})) state
-  while :; do
-    state=$(grpc $G2 forkyard.gateway.v1.Gateway/GetRun "{\"run_id\":\"$run\"}" | json 'd.get("state","")')
-    case "$state" in RUN_STATE_COMPLETED | RUN_STATE_FAILED | RUN_STATE_CANCELLED) echo "$state"; return 0 ;; esac
-    [ $SECONDS -lt $deadline ] || { echo "$state"; return 1; }
-    sleep 1
-  done
-}
-
-launch() { # forks, max_concurrent, agent command
-  grpc $G1 forkyard.gateway.v1.Gateway/LaunchRun "$(python3 -c '
-import json, sys
-print(json.dumps({"repo": "/repos/demo", "prompt": "p", "forks": int(sys.argv[1]),
-                  "max_concurrent": int(sys.argv[2]), "budget_usd": "5",
-                  "agent": {"command": sys.argv[3]}}))' "$@")" | json 'd["runId"]'
-}
-
-# ---- the stack ------------------------------------------------------------------------
-repo=$repos/demo
-git init -q -b main "$repo"
-printf 'hello\n' >"$repo/greet.txt"
-# The agents: scripts in the repository (SLEEP seconds of work, then a cost report the
-# way `claude -p --output-format json` prints one).
-cat >"$repo/agent.sh" <<'AGENT'
-echo "fork $FORKYARD_FORK" >> greet.txt
-echo working
-sleep "${1:-1}"
-echo '{"total_cost_usd": 0.01}'
-AGENT
-git -C "$repo" add -A && git -C "$repo" -c user.name=t -c user.email=t@x commit -q -m init
-chown -R 65532:65532 "$repos"
-
-"${C[@]}" down -v -t 1 >/dev/null 2>&1 || true
-"${C[@]}" up -d --quiet-pull >/dev/null 2>&1 || { "${C[@]}" up -d; exit 1; }
-wait_serving
-G1=$(ip_of "$(containers gateway | sed -n 1p)"):50051
-G2=$(ip_of "$(containers gateway | sed -n 2p)"):50051
-L=$(ip_of "$(containers budget-ledger | sed -n 1p)"):50054
-counts=$(for s in gateway sandbox-provisioner agent-runner budget-ledger janitor; do echo -n "$s=$(containers $s | wc -l) "; done)
-check "replicas up and SERVING: $counts" test "$counts" = "gateway=2 sandbox-provisioner=3 agent-runner=2 budget-ledger=2 janitor=1 "
+source tests/containers/lib.sh
+start_stack
 
 # ---- a run spread over the replicas ---------------------------------------------------------
 run=$(launch 12 12 'bash agent.sh 1')

@@ -16,7 +16,7 @@ use forkyard_agent_runner::{
     grpc::Provisioners,
     llm::{Endpoint, Secret, http::RetryPolicy},
     models::Models,
-    runner::{Runner, lazy_channel},
+    runner::{Runner, short_call_channel},
     transcript::ArtifactStore,
 };
 use forkyard_budget_ledger::{LedgerService, LedgerStore};
@@ -186,7 +186,7 @@ pub async fn fixture(base_url: &str) -> Fixture {
     let runner = Runner {
         llm_gateway: None,
         provisioners: Provisioners::new(prov_url),
-        ledger: lazy_channel(&ledger_url).unwrap(),
+        ledger: short_call_channel("ledger", &ledger_url).unwrap(),
         drivers: Arc::new(drivers),
         store: Some(ArtifactStore::new(&artifacts)),
         heartbeat: Duration::from_millis(200),

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Container chaos: with a run in flight, `docker kill` (SIGKILL) one replica of the
+# provisioner (one holding the run's sandboxes), the agent runner, the gateway, and the
+# ledger; then start it again. After each trial:
+#   - the run is terminal within 180 s;
+#   - the ledger is exact: the run's account spent = the run's cost = the sum of its
+#     reservations' commits, nothing reserved, no reservation still HELD;
+#   - after one janitor sweep: no sandbox on any replica, no workspace on any replica's
+#     disk, no process in any provisioner container but the provisioner's own.
+# Prints a table of trials and outcomes. `make test-containers` runs it after replicas.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+project=forkyard-chaos
+source tests/containers/lib.sh
+start_stack
+
+holding() { grpc "$(ip_of "$1"):50052" forkyard.sandbox.v1.SandboxProvisioner/ListSandboxes '{}' | json 'len(d.get("sandboxes",[]))'; }
+ledger() { grpc "$(ip_of "$(containers budget-ledger | head -1)"):50054" "$@"; }
+
+rows=()
+for service in sandbox-provisioner agent-runner gateway budget-ledger; do
+  run=$(launch 6 6 'bash agent.sh 4')
+  sleep 2
+  victim=""
+  case $service in
+    sandbox-provisioner)
+      for c in $(containers sandbox-provisioner); do [ "$(holding "$c")" -gt 0 ] && victim=$c && break; done ;;
+    *) victim=$(containers "$service" | head -1) ;;
+  esac
+  [ -n "$victim" ] || { fail "$service: no replica to kill"; continue; }
+  docker kill "$victim" >/dev/null
+  started=$SECONDS
+  state=$(wait_terminal "$run" 180) || true
+  took=$((SECONDS - started))
+  docker start "$victim" >/dev/null
+  wait_serving
+
+  summary=$(gw forkyard.gateway.v1.Gateway/GetRun "{\"run_id\":\"$run\"}" |
+    json '"%s %s %s" % (d.get("costMicros","0"), d.get("forksSucceeded",0), d.get("forksFailed",0))')
+  read -r cost ok bad <<<"$summary"
+  account=$(ledger forkyard.budget.v1.BudgetLedger/GetAccount "{\"account_id\":\"$run\"}")
+  spent=$(echo "$account" | json 'd.get("spentMicros","0")')
+  reserved=$(echo "$account" | json 'd.get("reservedMicros","0")')
+  report=$(grpc "$(ip_of "$(containers janitor)"):50055" forkyard.janitor.v1.Janitor/SweepNow '{}')
+  swept=$(echo "$report" | json 'sum(1 for a in d.get("actions",[]) if a.get("destroyed"))')
+  reservations=$(ledger forkyard.budget.v1.BudgetLedger/ListReservations "{\"account_id\":\"$run\"}")
+  held=$(echo "$reservations" | json 'sum(1 for r in d.get("reservations",[]) if r.get("state")=="RESERVATION_STATE_HELD")')
+  committed=$(echo "$reservations" | json 'sum(int(r.get("committedMicros","0")) for r in d.get("reservations",[]))')
+  left=0; workspaces=0; procs=0
+  for c in $(containers sandbox-provisioner); do
+    left=$((left + $(holding "$c")))
+    workspaces=$((workspaces + $(docker exec "$c" sh -c 'ls /var/lib/forkyard/sandboxes 2>/dev/null | wc -l')))
+    # tini, the provisioner, and the ps itself.
+    procs=$((procs + $(docker exec "$c" sh -c 'ps -e -o comm= | grep -cv -e "^tini$" -e "^sandbox-provisi" -e "^ps$" -e "^sh$" -e "^grep$" -e "^wc$"' || true)))
+  done
+  outcome="$state in ${took}s: $ok ok / $bad failed; cost $cost spent $spent committed $committed reserved $reserved held $held; swept $swept; left: $left sandboxes, $workspaces workspaces, $procs processes"
+  rows+=("$(printf '%-14s %-44s %s' "docker kill" "$victim" "$outcome")")
+  case "$state" in RUN_STATE_COMPLETED | RUN_STATE_FAILED | RUN_STATE_CANCELLED) t=1 ;; *) t=0 ;; esac
+  check "kill $victim: $outcome" test "$t" = 1 -a "$spent" = "$cost" -a "$committed" = "$cost" \
+    -a "$reserved" = 0 -a "$held" = 0 -a "$left" = 0 -a "$workspaces" = 0 -a "$procs" = 0
+done
+
+echo
+printf '%-14s %-44s %s\n' "trial" "replica" "outcome"
+printf '%s\n' "${rows[@]}"
+echo
+if [ "$failures" -gt 0 ]; then echo "test-containers chaos: $failures failed"; exit 1; fi
+echo "test-containers chaos: all passed"
