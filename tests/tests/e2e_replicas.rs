@@ -258,3 +258,99 @@ async fn forks_land_on_two_replicas_and_each_owner_runs_and_destroys_its_sandbox
     }
     panic!("in 3 runs of {FORKS} forks, the forks never landed on both replicas");
 }
+
+/// A provisioner replica killed (SIGKILL) while forks' agents run in its sandboxes: the
+/// sandboxes are gone with it, so those forks start again on new sandboxes (on the
+/// replica that is left) and succeed; what the lost attempts spent stays in the run's
+/// cost, which is what the ledger holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_whose_provisioner_is_killed_start_again_on_a_new_sandbox() {
+    let mut mesh = Mesh::start().await.expect("mesh starts");
+    let (b_endpoint, _) = mesh
+        .start_provisioner_replica("replica-b")
+        .await
+        .expect("second provisioner replica starts");
+    let a_endpoint = mesh.endpoint("sandbox-provisioner");
+    mesh.set_env(
+        "FORKYARD_PROVISIONER_ADDR",
+        &format!("{a_endpoint},{b_endpoint}"),
+    );
+    mesh.terminate("gateway", Duration::from_secs(30));
+    mesh.start_service("gateway").expect("gateway restarts");
+    mesh.wait_serving("gateway", Duration::from_secs(60))
+        .await
+        .expect("gateway serves again");
+    let b = SandboxProvisionerClient::new(
+        tonic::transport::Endpoint::from_shared(b_endpoint)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    let mut ledger = forkyard_proto::budget::v1::budget_ledger_client::BudgetLedgerClient::new(
+        mesh.channel("budget-ledger").await.unwrap(),
+    );
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    const SLOW: &str = r#"echo "fork $FORKYARD_FORK" > "fork-$FORKYARD_FORK.txt"
+sleep 6
+printf '{"type":"result","total_cost_usd":0.001,"usage":{"input_tokens":10,"output_tokens":2}}\n'"#;
+
+    for attempt in 1..=3 {
+        let run_id = gw
+            .launch_run(LaunchRunRequest {
+                request_id: format!("e2e-replica-killed-{attempt}"),
+                ..launch(src.path(), 6, 6, SLOW)
+            })
+            .await
+            .expect("launch")
+            .into_inner()
+            .run_id;
+        // Wait for replica b to hold some of the run's sandboxes, their agents started.
+        let mut on_b = 0;
+        for _ in 0..100 {
+            on_b = b
+                .clone()
+                .list_sandboxes(ListSandboxesRequest::default())
+                .await
+                .map(|r| r.into_inner().sandboxes.len())
+                .unwrap_or(0);
+            if on_b > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if on_b == 0 {
+            let _ = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
+            eprintln!("run {attempt}: no fork landed on replica b; again");
+            continue;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        mesh.kill9("replica-b");
+
+        let run = wait_finished(&mut gw, &run_id, Duration::from_secs(300)).await;
+        assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+        for f in &run.forks {
+            assert_eq!(
+                f.status,
+                ForkStatus::Succeeded as i32,
+                "fork {} (it had {on_b} sandboxes on the killed replica): {}",
+                f.fork,
+                f.error
+            );
+            let full = fork_result(&mut gw, &run_id, f.fork).await;
+            assert!(
+                full.patch.contains(&format!("+fork {}", f.fork)),
+                "fork {}: {}",
+                f.fork,
+                full.patch
+            );
+        }
+        let account = forkyard_tests::support::run_account(&mut ledger, &run_id).await;
+        assert_eq!(account.spent_micros, run.cost_micros, "{account:#?}");
+        assert_eq!(account.reserved_micros, 0, "{account:#?}");
+        return;
+    }
+    panic!("in 3 runs no fork landed on replica b");
+}

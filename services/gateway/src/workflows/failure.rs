@@ -7,8 +7,20 @@ use temporalio_workflow::common::error::ActivityExecutionError;
 pub(super) enum StepFailure {
     Cancelled,
     BudgetExceeded(String),
+    /// The fork's sandbox went away under its agent (its provisioner replica was killed
+    /// or lost its disk): the run starts the fork again on a new sandbox (`record`).
+    SandboxLost(String),
     Failed(String),
 }
+
+/// What the error of a fork whose sandbox was lost says (after the step's name); the
+/// run recognises such forks by it.
+pub(super) const SANDBOX_LOST: &str = "sandbox lost";
+
+/// Error types of an agent step that mean its sandbox is gone: the runner's NotFound
+/// (the replica answered without it) and ProvisionerUnavailable (its replica did not
+/// answer through the activity's retries).
+const LOST_SANDBOX_TYPES: [&str; 2] = [errors::NOT_FOUND, "ProvisionerUnavailable"];
 
 /// The innermost application failure's type and message, walking the cause chain
 /// (an activity failure wraps the application failure the activity returned).
@@ -59,6 +71,13 @@ pub(super) fn classify(step: &str, e: &ActivityExecutionError) -> StepFailure {
                 .failure()
                 .map(application)
                 .unwrap_or((None, e.to_string()));
+            if step == "run agent"
+                && ty
+                    .as_deref()
+                    .is_some_and(|t| LOST_SANDBOX_TYPES.contains(&t))
+            {
+                return StepFailure::SandboxLost(format!("{step}: {SANDBOX_LOST}: {msg}"));
+            }
             refused(step, ty.as_deref(), &msg)
         }
         ActivityExecutionError::Serialization(err) => StepFailure::Failed(format!("{step}: {err}")),

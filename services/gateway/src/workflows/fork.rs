@@ -220,7 +220,7 @@ impl ForkWorkflow {
 pub(super) fn failure_message(f: StepFailure) -> String {
     match f {
         StepFailure::Cancelled => "cancelled".to_owned(),
-        StepFailure::BudgetExceeded(m) | StepFailure::Failed(m) => m,
+        StepFailure::BudgetExceeded(m) | StepFailure::SandboxLost(m) | StepFailure::Failed(m) => m,
     }
 }
 
@@ -228,7 +228,7 @@ pub(super) fn apply_failure(result: &mut ForkResult, f: StepFailure) {
     let status = match &f {
         StepFailure::Cancelled => ForkStatus::Cancelled,
         StepFailure::BudgetExceeded(_) => ForkStatus::BudgetExceeded,
-        StepFailure::Failed(_) => ForkStatus::Failed,
+        StepFailure::SandboxLost(_) | StepFailure::Failed(_) => ForkStatus::Failed,
     };
     result.status = status as i32;
     result.error = failure_message(f);

@@ -41,7 +41,7 @@
 
 use super::{
     LABELS_ATTR, RUN_STATE_ATTR,
-    failure::StepFailure,
+    failure::{SANDBOX_LOST, StepFailure},
     fork::{ForkInput, ForkWorkflow, apply_failure},
     inline::{self, AgentDone},
     options, phase,
@@ -86,12 +86,23 @@ pub struct SandboxOrchestrationWorkflow {
     cancel_requests: BTreeSet<u32>,
     /// Starts of each fork, for the idempotency keys of a re-queued fork.
     attempts: Vec<u32>,
+    /// Forks whose sandbox was lost start again on a new one (runs started by builds
+    /// with that change: the `requeue-lost-sandbox` patch), at most
+    /// [`MAX_LOST_SANDBOX_STARTS`] times each.
+    requeue_lost: bool,
+    lost: Vec<u32>,
+    /// What the earlier starts of a re-started fork spent (total, model, sandbox), added
+    /// to its result so the run's cost stays what the ledger holds.
+    earlier_cost: BTreeMap<u32, (i64, i64, i64)>,
     /// Inline forks' full results (patch and output tails), for `fork_result`.
     full: BTreeMap<u32, ForkResult>,
     raises: u32,
     /// Bumped by every signal and update, so the main loop re-evaluates.
     generation: u64,
 }
+
+/// Times a fork whose sandbox was lost is started again (beyond its first start).
+const MAX_LOST_SANDBOX_STARTS: u32 = 2;
 
 fn child_id(run_id: &str, fork: u32) -> String {
     format!("{run_id}/fork-{fork}")
@@ -126,6 +137,9 @@ impl SandboxOrchestrationWorkflow {
         Self {
             budget_micros: spec.budget_micros,
             attempts: vec![0; spec.forks as usize],
+            requeue_lost: false,
+            lost: vec![0; spec.forks as usize],
+            earlier_cost: BTreeMap::new(),
             full: BTreeMap::new(),
             spec,
             forks,
@@ -196,6 +210,10 @@ impl SandboxOrchestrationWorkflow {
             return Err(ApplicationFailure::non_retryable(msg).into());
         }
 
+        // A patch: re-queueing changes the commands of a run whose sandbox is lost, so
+        // runs begun by earlier builds keep their old course when this build replays them.
+        let requeue_lost = ctx.patched("requeue-lost-sandbox");
+        ctx.state_mut(|s| s.requeue_lost = requeue_lost);
         let max_concurrent = spec.max_concurrent.clamp(1, spec.forks.max(1)) as usize;
         let cancel = ctx.cancellation_token();
         let mut published = String::new();
@@ -659,8 +677,22 @@ impl SandboxOrchestrationWorkflow {
         let branch = std::mem::take(&mut self.forks[i].branch);
         let requeue = result.phase == phase::AWAITING_BUDGET
             && result.status == ForkStatus::BudgetExceeded as i32;
+        let lost = self.requeue_lost
+            && result.status == ForkStatus::Failed as i32
+            && result.error.contains(SANDBOX_LOST)
+            && self.lost[i] < MAX_LOST_SANDBOX_STARTS;
         let mut slot = compact(result);
         slot.fork = fork;
+        if let Some((total, model, sandbox)) = self.earlier_cost.remove(&fork) {
+            slot.cost_micros += total;
+            slot.model_cost_micros += model;
+            slot.sandbox_cost_micros += sandbox;
+            if let Some(full) = self.full.get_mut(&fork) {
+                full.cost_micros += total;
+                full.model_cost_micros += model;
+                full.sandbox_cost_micros += sandbox;
+            }
+        }
         if slot.branch.is_empty() {
             slot.branch = branch;
         }
@@ -668,6 +700,20 @@ impl SandboxOrchestrationWorkflow {
             // Its reservation was refused: it starts again once the budget is raised.
             slot.status = ForkStatus::Pending as i32;
             self.awaiting_budget = true;
+        } else if lost {
+            // What its agent spent is committed; it starts again, on a new sandbox.
+            self.lost[i] += 1;
+            self.earlier_cost.insert(
+                fork,
+                (
+                    slot.cost_micros,
+                    slot.model_cost_micros,
+                    slot.sandbox_cost_micros,
+                ),
+            );
+            slot.status = ForkStatus::Pending as i32;
+            slot.phase = phase::PENDING.into();
+            slot.error = format!("{}; starting again on a new sandbox", slot.error);
         }
         let verified = slot.verify == VerifyStatus::Passed as i32;
         self.forks[i] = slot;

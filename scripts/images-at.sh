@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Images of an earlier commit, for the rolling-upgrade test: the commit checked out in a
+# worktree of this clone and built there (scripts/images.sh of that commit, debug
+# binaries, a target dir of its own without incremental data), tagged forkyard/<target>:$2.
+#
+#   scripts/images-at.sh c36764a upgrade-from
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ref=${1:?usage: images-at.sh <commit> <tag>}
+tag=${2:?usage: images-at.sh <commit> <tag>}
+root=$PWD
+if ! git cat-file -e "$ref^{commit}" 2>/dev/null; then
+  echo "images-at: commit $ref is not in this clone; fetching history" >&2
+  git fetch --quiet --unshallow 2>/dev/null || git fetch --quiet origin "$ref" || {
+    echo "images-at: cannot get commit $ref (a shallow clone without a remote?)" >&2; exit 1; }
+fi
+wt=${FORKYARD_UPGRADE_WORKTREE:-/var/tmp/forkyard-src-$ref}
+if [ ! -d "$wt" ]; then
+  git worktree add --quiet --detach "$wt" "$ref"
+fi
+cd "$wt"
+CARGO_TARGET_DIR="$root/target/at-$ref" CARGO_INCREMENTAL=0 PROFILE=debug FORKYARD_IMAGE_TAG="$tag" \
+  scripts/images.sh
