@@ -84,3 +84,34 @@ async fn services_started_without_temporal_wait_not_serving_and_serve_once_it_is
     let run = wait_finished(&mut gw, &run_id, Duration::from_secs(90)).await;
     assert_eq!(run.forks_succeeded, 1, "{run:#?}");
 }
+
+/// A gateway given a provisioner name that does not resolve stays up NOT_SERVING (alive
+/// for the liveness probe), names the setting in its log, and keeps looking it up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_name_that_does_not_resolve_keeps_the_service_not_serving_but_alive() {
+    let mut mesh = Mesh::start().await.expect("mesh");
+    mesh.set_env(
+        "FORKYARD_PROVISIONER_ADDR",
+        "http://no-such-provisioner.invalid:50052",
+    );
+    mesh.set_env("FORKYARD_DISCOVERY_REFRESH_SECS", "1");
+    mesh.terminate("gateway", Duration::from_secs(30));
+    mesh.start_service("gateway").unwrap();
+    // Temporal is up: only the peer keeps it from serving.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        health(&mesh, "gateway").await,
+        Some(ServingStatus::NotServing as i32),
+        "{}",
+        mesh.log_tail("gateway")
+    );
+    assert_eq!(
+        health_of(&mesh, "gateway", "forkyard.liveness").await,
+        Some(ServingStatus::Serving as i32)
+    );
+    let log = mesh.log_tail("gateway");
+    assert!(
+        log.contains("FORKYARD_PROVISIONER_ADDR") && log.contains("no-such-provisioner.invalid"),
+        "the log does not name the setting and the name: {log}"
+    );
+}

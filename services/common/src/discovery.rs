@@ -10,7 +10,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
     time::Duration,
 };
 use tonic::transport::{Channel, Endpoint, channel::Change};
@@ -45,6 +48,34 @@ impl DiscoveryArgs {
 
 fn refresh() -> Duration {
     Duration::from_secs(REFRESH_SECS.load(Ordering::Relaxed))
+}
+
+/// Each balanced channel's setting and whether its names have resolved to a replica yet.
+static PEERS: Mutex<Vec<(String, Arc<AtomicBool>)>> = Mutex::new(Vec::new());
+
+/// The settings whose peer names have not resolved to any replica yet (a name that does
+/// not resolve, or a peer that is not up): the service reports NOT_SERVING meanwhile
+/// (`crate::service`), and keeps looking them up.
+pub fn waiting_for() -> Vec<String> {
+    let peers = PEERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut out: Vec<String> = peers
+        .iter()
+        .filter(|(_, resolved)| !resolved.load(Ordering::Relaxed))
+        .map(|(setting, _)| setting.clone())
+        .collect();
+    out.dedup();
+    out
+}
+
+fn register(setting: &str) -> Arc<AtomicBool> {
+    let resolved = Arc::new(AtomicBool::new(false));
+    PEERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((setting.to_owned(), resolved.clone()));
+    resolved
 }
 
 /// One peer address as configured.
@@ -174,6 +205,7 @@ pub fn balanced(
         crate::tls::endpoint(&t.url).map_err(|e| format!("{flag}: {e}"))?;
     }
     let (channel, tx) = Channel::balance_channel::<String>(64);
+    let resolved = register(flag);
     let flag = flag.to_owned();
     tokio::spawn(async move {
         let mut current: BTreeMap<String, Replica> = BTreeMap::new();
@@ -182,6 +214,9 @@ pub fn balanced(
             let (now, errors) = replicas(&targets).await;
             if !errors.is_empty() && !failing {
                 tracing::warn!(setting = %flag, errors = ?errors, "peer lookup failed; keeping the replicas known so far and retrying");
+            }
+            if errors.is_empty() && !now.is_empty() {
+                resolved.store(true, Ordering::Relaxed);
             }
             failing = !errors.is_empty();
             // A failed lookup keeps what that name had (DNS hiccups must not empty the

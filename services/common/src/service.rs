@@ -48,8 +48,21 @@ async fn run_workers_draining(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop_tx = std::sync::Arc::new(stop_tx);
     let health = svc.health.clone();
-    health.serving().await;
+    // Ready only once the peers' names resolve too (`follow_peers` flips it either way).
+    let peers_ready = crate::discovery::waiting_for().is_empty();
+    if peers_ready {
+        health.serving().await;
+    } else {
+        tracing::warn!(settings = ?crate::discovery::waiting_for(), "peer names resolve to no replica yet: not serving until they do");
+        health.alive().await;
+        health.not_serving().await;
+    }
     tracing::info!(service = svc.name, %addr, "serving grpc");
+    tokio::spawn(follow_peers(
+        svc.health.clone(),
+        stop_rx.clone(),
+        peers_ready,
+    ));
 
     let (mut workers, stops): (Vec<_>, Vec<_>) = workers.into_iter().unzip();
     let stops = std::sync::Arc::new(stops);
@@ -98,6 +111,28 @@ async fn run_workers_draining(
     crate::telemetry::shutdown();
     tracing::info!(service = svc.name, "stopped");
     Ok(())
+}
+
+/// Health follows the peers: NOT_SERVING while a peer setting's names resolve to no
+/// replica (a wrong name, a peer not up yet), SERVING again once they do, until shutdown.
+async fn follow_peers(health: Health, stop: tokio::sync::watch::Receiver<bool>, mut serving: bool) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        if *stop.borrow() {
+            return;
+        }
+        let waiting = crate::discovery::waiting_for();
+        if waiting.is_empty() != serving {
+            serving = waiting.is_empty();
+            if serving {
+                tracing::info!("every peer name resolves: serving");
+                health.serving().await;
+            } else {
+                tracing::warn!(settings = ?waiting, "peer names resolve to no replica yet: not serving until they do (looked up again every FORKYARD_DISCOVERY_REFRESH_SECS)");
+                health.not_serving().await;
+            }
+        }
+    }
 }
 
 /// `run` with the worker built here from `options`: the common ending of every `main`.
