@@ -86,7 +86,8 @@ test-containers: build deps-docker deps-deploy base-image
 
 # A rolling upgrade with runs in flight, from the images of UPGRADE_FROM (a commit before
 # the latest workflow change, built in a worktree) to this build's. Needs the clone's
-# history; about 10 minutes more than test-containers (one more workspace build).
+# history; a few minutes more than test-containers (one more workspace build, its
+# dependencies' crates compiled again in target/at-<commit>).
 UPGRADE_FROM ?= c36764a
 test-upgrade: build deps-docker deps-deploy base-image
 	@scripts/images-at.sh $(UPGRADE_FROM) upgrade-from
@@ -142,6 +143,7 @@ test: build
 	@$(MAKE) --no-print-directory test-ledger-postgres
 	@$(MAKE) --no-print-directory test-deploy
 	@$(MAKE) --no-print-directory test-containers
+	@$(MAKE) --no-print-directory test-upgrade
 
 # Dockerfile, Compose file and Kubernetes manifests: lint, parse, render every overlay,
 # validate against the Kubernetes schemas, and check that every setting a service requires

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Container chaos: with a run in flight, `docker kill` (SIGKILL) one replica of the
-# provisioner (one holding the run's sandboxes), the agent runner, the gateway, and the
-# ledger; then start it again. After each trial:
-#   - the run completes within 180 s with every fork succeeded (forks whose sandbox died
+# provisioner (one holding the run's sandboxes), the agent runner, the gateway, the
+# ledger, and the ledger's PostgreSQL (every ledger replica's one connection target,
+# down for 45 s: agents go on unmetered, settlements wait for it); then start it again.
+# After each trial:
+#   - the run completes within 240 s with every fork succeeded (forks whose sandbox died
 #     with its provisioner start again on a new one);
 #   - the ledger is exact: the run's account spent = the run's cost = the sum of its
 #     reservations' commits, nothing reserved, no reservation still HELD;
@@ -19,7 +21,7 @@ holding() { grpc "$(ip_of "$1"):50052" forkyard.sandbox.v1.SandboxProvisioner/Li
 ledger() { grpc "$(ip_of "$(containers budget-ledger | head -1)"):50054" "$@"; }
 
 rows=()
-for service in sandbox-provisioner agent-runner gateway budget-ledger; do
+for service in sandbox-provisioner agent-runner gateway budget-ledger ledger-postgres; do
   run=$(launch 6 6 'bash agent.sh 4')
   sleep 2
   victim=""
@@ -31,7 +33,12 @@ for service in sandbox-provisioner agent-runner gateway budget-ledger; do
   [ -n "$victim" ] || { fail "$service: no replica to kill"; continue; }
   docker kill "$victim" >/dev/null
   started=$SECONDS
-  state=$(wait_terminal "$run" 180) || true
+  if [ "$service" = ledger-postgres ]; then
+    # The one database: a 45 s outage (past the ledger calls' own retries), then back.
+    sleep 45
+    docker start "$victim" >/dev/null
+  fi
+  state=$(wait_terminal "$run" 240) || true
   took=$((SECONDS - started))
   docker start "$victim" >/dev/null
   wait_serving

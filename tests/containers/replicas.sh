@@ -81,9 +81,10 @@ check "one sweep destroyed an orphan on each of 3 replicas ($destroyed destroyed
 
 # ---- SIGTERM of any replica drains it: no fork fails ------------------------------------------
 # The victim: a provisioner replica holding sandboxes of the run, a runner replica, a
-# gateway replica (the one the run was launched through; the other is asked).
+# gateway replica (the one the run was launched through; the other is asked), a ledger
+# replica, the janitor.
 holding() { grpc "$(ip_of "$1"):50052" forkyard.sandbox.v1.SandboxProvisioner/ListSandboxes '{}' | json 'len(d.get("sandboxes",[]))'; }
-for service in sandbox-provisioner agent-runner gateway; do
+for service in sandbox-provisioner agent-runner gateway budget-ledger janitor; do
   run=$(launch 6 6 'bash agent.sh 4')
   sleep 2
   case $service in

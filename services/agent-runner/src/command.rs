@@ -168,6 +168,7 @@ pub async fn run<S: ProgressSink>(
         run_usage: Usage::default(),
         run_priced: 0,
         total: None,
+        ledger_away_since: None,
     };
     // A retried attempt's cost so far is at least what the ledger was charged.
     meter.progress.cost_micros = meter

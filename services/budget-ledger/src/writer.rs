@@ -213,7 +213,12 @@ impl Session {
                 slot.insert(conn)
             }
         };
-        conn.execute(backend.begin_write()).await?;
+        if let Err(e) = conn.execute(backend.begin_write()).await {
+            // A broken connection (the database restarted, the network dropped it): keep
+            // it and every later write fails the same way; open another next time.
+            self.conn = None;
+            return Err(e.into());
+        }
         let result = async {
             let mut wants = Wants::default();
             ops.iter().for_each(|op| op.wants(&mut wants));

@@ -71,6 +71,9 @@ pub struct Finished {
     pub committed: bool,
     pub reservation: Option<Reservation>,
     pub settle_error: String,
+    /// The settlement failed only because the ledger did not answer (down, slow): the
+    /// workflow posts it again durably (`workflows::prepare::settle_durably`).
+    pub settle_retryable: bool,
     pub destroy_error: String,
     /// The sandbox's part of what was committed (its whole cost, once its patch is in).
     pub sandbox_cost_micros: i64,
@@ -192,7 +195,10 @@ impl WaveLocal {
         };
         match settled {
             Ok(r) => out.reservation = Some(r.into_inner()),
-            Err(s) => out.settle_error = ledger::message(&s),
+            Err(s) => {
+                out.settle_retryable = !ledger_final(&s);
+                out.settle_error = ledger::message(&s);
+            }
         }
         if let Some(owner) = owner {
             let destroyed = retried(

@@ -39,6 +39,24 @@ fn application(f: &Failure) -> (Option<String>, String) {
     (None, last_msg)
 }
 
+/// Whether a failed activity might succeed if asked again later: its innermost
+/// application failure is not final, or it timed out (the service did not answer).
+pub(super) fn retryable(e: &ActivityExecutionError) -> bool {
+    if !matches!(e, ActivityExecutionError::Failed(_)) {
+        return false;
+    }
+    let mut cur = e.failure();
+    while let Some(f) = cur {
+        match &f.failure_info {
+            Some(FailureInfo::ApplicationFailureInfo(info)) => return !info.non_retryable,
+            Some(FailureInfo::TimeoutFailureInfo(_)) => return true,
+            _ => {}
+        }
+        cur = f.cause.as_deref();
+    }
+    false
+}
+
 /// The JSON details of the innermost application failure (`None` when it has none or
 /// they do not decode as `T`).
 pub(super) fn details<T: serde::de::DeserializeOwned>(e: &ActivityExecutionError) -> Option<T> {

@@ -37,7 +37,9 @@ use super::{
     options,
     orchestration::SandboxOrchestrationWorkflow,
     phase,
-    prepare::{Prepared, WaveFork, apply_settlement, step_key},
+    prepare::{
+        DURABLE_SETTLE, Prepared, Settlement, WaveFork, apply_settlement, settle_durably, step_key,
+    },
     unix_ms,
 };
 use crate::{
@@ -173,17 +175,66 @@ pub(super) async fn finish(ctx: &Ctx, batch: Vec<AgentDone>) -> Vec<Outcome> {
             }
         }
     });
-    let answers: Vec<Result<Finished, String>> = super::prepare::join_all(runs)
+    let mut answers: Vec<Result<Finished, String>> = super::prepare::join_all(runs)
         .await
         .into_iter()
         .flatten()
         .collect();
+    settle_durably_where_the_ledger_was_away(ctx, &items, &mut answers).await;
     let now = unix_ms(ctx.workflow_time());
     batch
         .into_iter()
         .zip(answers)
         .map(|(d, answer)| outcome(d, answer, now))
         .collect()
+}
+
+/// Settlements the finish step could not post because the ledger did not answer are
+/// posted again durably (runs from this build on: the `durable-settle` patch), all at
+/// once; each fork's answer then carries the ledger's reservation.
+async fn settle_durably_where_the_ledger_was_away(
+    ctx: &Ctx,
+    items: &[FinishItem],
+    answers: &mut [Result<Finished, String>],
+) {
+    let pending: Vec<usize> = answers
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| matches!(a, Ok(out) if out.reservation.is_none() && out.settle_retryable))
+        .map(|(i, _)| i)
+        .collect();
+    if pending.is_empty() || !ctx.patched(DURABLE_SETTLE) {
+        return;
+    }
+    let runs = pending.iter().map(|&i| {
+        let item = &items[i];
+        let Ok(out) = &answers[i] else {
+            unreachable!("only answered forks are pending")
+        };
+        let s = Settlement {
+            commit: out.committed,
+            reservation_id: item.reservation_id.clone(),
+            amount_micros: out.amount_micros,
+            key: if out.committed {
+                item.commit_key.clone()
+            } else {
+                item.release_key.clone()
+            },
+        };
+        async move { settle_durably(ctx, &s).await }
+    });
+    let settled = super::prepare::join_all(runs).await;
+    for (i, answer) in pending.into_iter().zip(settled) {
+        if let Ok(out) = &mut answers[i] {
+            match answer {
+                Ok(r) => {
+                    out.reservation = Some(r);
+                    out.settle_error.clear();
+                }
+                Err(e) => out.settle_error = fork::failure_message(e),
+            }
+        }
+    }
 }
 
 fn outcome(d: AgentDone, answer: Result<Finished, String>, now: i64) -> Outcome {

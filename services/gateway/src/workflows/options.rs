@@ -7,7 +7,9 @@
 use forkyard_proto::{activities::errors, queues};
 use std::time::Duration;
 use temporalio_common::RetryPolicy;
-use temporalio_workflow::{ActivityOptions, LocalActivityOptions, WorkflowCancellationToken};
+use temporalio_workflow::{
+    ActivityCloseTimeouts, ActivityOptions, LocalActivityOptions, WorkflowCancellationToken,
+};
 
 fn retry(attempts: u32, initial_secs: u64, non_retryable: &[&str]) -> RetryPolicy {
     RetryPolicy::builder()
@@ -44,6 +46,29 @@ pub(super) fn ledger_detached() -> LocalActivityOptions {
         .schedule_to_close_timeout(Duration::from_secs(120))
         .cancellation_token(WorkflowCancellationToken::new())
         .build()
+}
+
+/// A settlement the ledger did not take in time (it was down or slow): posted again as a
+/// regular activity on the ledger's queue, retried at most a minute apart for up to a
+/// week and whatever the run's cancellation, since spend that happened must be posted.
+/// The idempotency key is the first attempt's: it is posted once.
+pub(super) fn ledger_durable() -> ActivityOptions {
+    ActivityOptions::with_close_timeouts(ActivityCloseTimeouts::ScheduleAndStartToClose {
+        schedule_to_close: Duration::from_secs(7 * 24 * 3600),
+        start_to_close: Duration::from_secs(60),
+    })
+    .task_queue(queues::BUDGET_LEDGER.to_owned())
+    .cancellation_token(WorkflowCancellationToken::new())
+    .retry_policy(
+        RetryPolicy::builder()
+            .maximum_attempts(0)
+            .initial_interval(Duration::from_secs(1))
+            .backoff_coefficient(2.0)
+            .maximum_interval(Duration::from_secs(60))
+            .non_retryable_error_types(FINAL.iter().map(|s| (*s).to_owned()))
+            .build(),
+    )
+    .build()
 }
 
 /// The queue for every call about an existing sandbox: its owner replica's own queue

@@ -13,7 +13,7 @@
 //! (`fork`, `inline`), and the run's for a fork that never got that far.
 
 use super::{
-    failure::{StepFailure, classify, refused},
+    failure::{StepFailure, classify, refused, retryable},
     fork::{ForkInput, Progress, failure_message},
     options,
     orchestration::SandboxOrchestrationWorkflow,
@@ -377,25 +377,90 @@ pub(super) async fn settle<W>(
     );
     result.sandbox_cost_micros = sandbox;
     let commit = amount > 0 || result.status == ForkStatus::Succeeded as i32;
+    let settlement = Settlement {
+        commit,
+        reservation_id,
+        amount_micros: amount,
+        key: key(if commit { "commit" } else { "release" }),
+    };
     let answer = if commit {
-        let commit = CommitRequest {
-            reservation_id,
-            amount_micros: amount,
-            idempotency_key: key("commit"),
-        };
-        ctx.execute_local_activity(Ledger::commit, commit, options::ledger_detached())
+        let req = settlement.commit_request();
+        ctx.execute_local_activity(Ledger::commit, req, options::ledger_detached())
             .await
-            .map_err(|e| classify("commit spend", &e))
     } else {
-        let release = ReleaseRequest {
-            reservation_id,
-            idempotency_key: key("release"),
-        };
-        ctx.execute_local_activity(Ledger::release, release, options::ledger_detached())
+        let req = settlement.release_request();
+        ctx.execute_local_activity(Ledger::release, req, options::ledger_detached())
             .await
-            .map_err(|e| classify("release reservation", &e))
+    };
+    let answer = match answer {
+        Err(e) if retryable(&e) && ctx.patched(DURABLE_SETTLE) => {
+            settle_durably(ctx, &settlement).await
+        }
+        a => a.map_err(|e| classify(settlement.step(), &e)),
     };
     apply_settlement(result, amount, commit, answer);
+}
+
+/// A patch: settlements the ledger did not take in time are posted again durably
+/// (runs from earlier builds reported such forks FAILED and lost the spend).
+pub(super) const DURABLE_SETTLE: &str = "durable-settle";
+
+/// One fork's settlement: commit what it spent, or release the reservation.
+pub(super) struct Settlement {
+    pub commit: bool,
+    pub reservation_id: String,
+    pub amount_micros: i64,
+    /// The idempotency key of the first try, so a durable retry posts it once.
+    pub key: String,
+}
+
+impl Settlement {
+    fn step(&self) -> &'static str {
+        if self.commit {
+            "commit spend"
+        } else {
+            "release reservation"
+        }
+    }
+
+    fn commit_request(&self) -> CommitRequest {
+        CommitRequest {
+            reservation_id: self.reservation_id.clone(),
+            amount_micros: self.amount_micros,
+            idempotency_key: self.key.clone(),
+        }
+    }
+
+    fn release_request(&self) -> ReleaseRequest {
+        ReleaseRequest {
+            reservation_id: self.reservation_id.clone(),
+            idempotency_key: self.key.clone(),
+        }
+    }
+}
+
+/// The settlement as a regular activity on the ledger's queue, retried until the ledger
+/// takes it ([`options::ledger_durable`]): the fork's result waits for it.
+pub(super) async fn settle_durably<W>(
+    ctx: &WorkflowContext<W>,
+    s: &Settlement,
+) -> Result<Reservation, StepFailure> {
+    let answer = if s.commit {
+        ctx.execute_activity(
+            Ledger::commit,
+            s.commit_request(),
+            options::ledger_durable(),
+        )
+        .await
+    } else {
+        ctx.execute_activity(
+            Ledger::release,
+            s.release_request(),
+            options::ledger_durable(),
+        )
+        .await
+    };
+    answer.map_err(|e| classify(s.step(), &e))
 }
 
 /// What a fork's commit posts, and the sandbox's part of it: the agent's spend (`cost`,
