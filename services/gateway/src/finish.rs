@@ -81,6 +81,17 @@ pub struct Finished {
     pub amount_micros: i64,
 }
 
+/// A finish attempt's heartbeat: the forks it finished, by their place in the batch
+/// (patches of inline forks are small, `workflows::inline::PATCH_MAX_BYTES`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FinishProgress {
+    pub done: std::collections::BTreeMap<usize, Finished>,
+}
+
+/// How often a finish attempt heartbeats (its heartbeat timeout is a few times this).
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct FinishDone {

@@ -233,15 +233,38 @@ fn span(name: &'static str, run_id: Option<String>, fork: Option<i64>) -> Contex
 #[activities]
 impl WaveLocal {
     /// Finish every fork of the batch at once (`crate::finish`); never fails as a whole.
+    ///
+    /// Heartbeats every few seconds with the forks finished so far, so a gateway that
+    /// dies mid-way is noticed within the heartbeat timeout, and the retry returns what
+    /// the first attempt reached for those forks (their patch collected, spend posted,
+    /// sandbox destroyed) instead of doing them again against sandboxes that are gone.
     #[activity(name = "WaveLocal.finish")]
     pub async fn finish(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         batch: crate::finish::Finish,
     ) -> Result<crate::finish::FinishDone, ActivityError> {
         let max = batch.patch_max_bytes;
-        let forks = batch.forks.into_iter().map(|item| {
+        let earlier = if ctx.info().attempt > 1 {
+            ctx.heartbeat_details()
+                .deserialize::<crate::finish::FinishProgress>()
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "unreadable finish heartbeat; finishing every fork again");
+                    None
+                })
+                .unwrap_or_default()
+        } else {
+            crate::finish::FinishProgress::default()
+        };
+        let done = std::sync::Mutex::new(earlier.done);
+        let forks = batch.forks.into_iter().enumerate().map(|(i, item)| {
             let this = &self;
+            let done = &done;
+            let earlier = done
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&i)
+                .cloned();
             let cx = span(
                 "FinishFork",
                 Some(item.run_id.clone()),
@@ -253,7 +276,15 @@ impl WaveLocal {
             ));
             let (run_id, fork) = (item.run_id.clone(), item.fork);
             async move {
+                if let Some(out) = earlier {
+                    tracing::info!(run_id, fork, "fork finished by an earlier attempt");
+                    cx.span().end();
+                    return out;
+                }
                 let out = this.finish_fork(item, max).with_context(cx.clone()).await;
+                done.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(i, out.clone());
                 let span = cx.span();
                 for error in [&out.patch_error, &out.settle_error, &out.destroy_error] {
                     if !error.is_empty() {
@@ -265,9 +296,23 @@ impl WaveLocal {
                 out
             }
         });
-        Ok(crate::finish::FinishDone {
-            forks: futures::future::join_all(forks).await,
-        })
+        let all = futures::future::join_all(forks);
+        tokio::pin!(all);
+        let mut beat = tokio::time::interval(crate::finish::HEARTBEAT_EVERY);
+        let forks = loop {
+            tokio::select! {
+                forks = &mut all => break forks,
+                _ = beat.tick() => {
+                    let progress = crate::finish::FinishProgress {
+                        done: done.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone(),
+                    };
+                    if let Err(e) = ctx.record_heartbeat(progress).await {
+                        tracing::warn!(error = %e, "finish heartbeat not recorded");
+                    }
+                }
+            }
+        };
+        Ok(crate::finish::FinishDone { forks })
     }
 
     /// Prepare every fork of the wave at once; never fails as a whole.

@@ -80,8 +80,12 @@ impl Provisioner {
 /// Stage everything, then one `git diff --numstat -p --binary` of the index against the
 /// base (`"$@"`: diff options, the base commit, `--`): its numstat lines, a blank line,
 /// then the patch (nothing at all when nothing changed). A failed step exits non-zero
-/// with git's message on stderr (101: the add).
-const PATCH_SCRIPT: &str = r#"git add -A || exit 101
+/// with git's message on stderr (101: the add). An index lock left by an add cut off
+/// mid-way (an earlier collection whose caller died) is removed once it is a few seconds
+/// old, so the retry does not fail on `index.lock: File exists`.
+const PATCH_SCRIPT: &str = r#"lock=$(git rev-parse --git-path index.lock) || exit 101
+if [ -e "$lock" ] && [ $(( $(date +%s) - $(stat -c %Y "$lock") )) -ge 5 ]; then rm -f "$lock"; fi
+git add -A || exit 101
 exec git diff --numstat --patch --binary "$@""#;
 
 /// Room for the numstat lines ahead of the patch: a line per changed file.

@@ -103,8 +103,11 @@ pub(super) fn wave_local() -> LocalActivityOptions {
 /// attempt that timed out or a worker that went away. On a fresh cancellation token: a
 /// cancelled fork must still be settled and its sandbox destroyed.
 pub(super) fn finish() -> ActivityOptions {
+    // Heartbeats every few seconds: a gateway that died mid-way is noticed in 30 s, not
+    // at the 720 s limit (`WaveLocal::finish`).
     let mut opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(720))
         .task_queue(queues::ORCHESTRATION.to_owned())
+        .heartbeat_timeout(Duration::from_secs(30))
         .retry_policy(retry(3, 5, &[]))
         .build();
     opts.cancellation_token = Some(WorkflowCancellationToken::new());
