@@ -47,6 +47,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 # ---- host (BINARIES=host): what scripts/images.sh put in target/image-bins ----------
 FROM scratch AS host
+# Every image made here carries it: scripts/images.sh prunes the ones a rebuild replaced.
+LABEL dev.forkyard.image=true
 COPY target/image-bins/ /out/
 
 FROM ${BINARIES} AS bins
@@ -55,6 +57,7 @@ FROM ${BINARIES} AS bins
 # The unprivileged user 65532 owns the state directory, so a fresh volume mounted there
 # is writable too. tini is PID 1: it forwards SIGTERM (services drain on it) and reaps.
 FROM ${BASE} AS runtime
+LABEL dev.forkyard.image=true
 # Debian packages follow the release (security fixes), so they are not pinned.
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -150,6 +153,7 @@ ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/temporal", "server", "start-d
 
 # ---- postgres: Debian's PostgreSQL 15 for the ledger --------------------------------
 FROM ${BASE} AS postgres
+LABEL dev.forkyard.image=true
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql tini \

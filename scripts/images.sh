@@ -50,3 +50,5 @@ for t in "${TARGETS[@]}"; do
     --target "$t" -t "forkyard/$t:$TAG" . >/dev/null
   echo "images: forkyard/$t:$TAG ($(docker image inspect -f '{{.Size}}' "forkyard/$t:$TAG" | awk '{printf "%.0f MB", $1/1e6}'))"
 done
+# The images this build replaced (untagged now), and only Forkyard's.
+docker image prune -f --filter label=dev.forkyard.image=true >/dev/null
