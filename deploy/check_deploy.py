@@ -314,6 +314,13 @@ def make_overlay_check(overlay: str):
                     assert any(value.startswith(m + "/") for m in mounts), f"{overlay}: {s} {name}={value} is not mounted"
             env = k8s_env(docs, s)
             assert bool(env.get("TEMPORAL_TLS_CERT")) == bool(env.get("TEMPORAL_TLS_KEY")), f"{overlay}: {s} TLS cert without key"
+        if overlay == "dev":
+            # The dev cluster runs the images `make images` builds and the container tests run.
+            for d in docs:
+                if d["kind"] == "Deployment":
+                    for c in d["spec"]["template"]["spec"]["containers"]:
+                        assert c["image"].startswith("forkyard/") and c["image"].endswith(":local"), \
+                            f"dev: {d['metadata']['name']} runs {c['image']}"
         policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
         deny = next((p for p in policies if p["spec"]["podSelector"] == {}), None)
         assert deny and not deny["spec"].get("ingress"), f"{overlay}: no default-deny NetworkPolicy"
