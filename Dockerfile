@@ -14,7 +14,7 @@
 # The base is `forkyard/debian:bookworm` from scripts/base-image.sh (debootstrap of
 # Debian's own packages, then `docker import`); any Debian bookworm image serves.
 # targets: gateway, sandbox-provisioner, agent-runner, budget-ledger, janitor, cli,
-# temporal-dev, postgres
+# temporal-dev, postgres, prometheus
 
 ARG RUST_VERSION=1.95
 ARG BASE=forkyard/debian:bookworm
@@ -165,3 +165,16 @@ USER postgres:postgres
 ENV PGDATA=/var/lib/postgresql/data
 EXPOSE 5432
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/postgres-entrypoint"]
+
+# ---- prometheus: Debian's Prometheus, scraping every replica (deploy/prometheus) ------
+FROM ${BASE} AS prometheus
+LABEL dev.forkyard.image=true
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus tini \
+ && rm -rf /var/lib/apt/lists/*
+COPY deploy/prometheus/prometheus.yml /etc/prometheus/prometheus.yml
+USER prometheus:prometheus
+EXPOSE 9090
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/bin/prometheus", "--config.file=/etc/prometheus/prometheus.yml", \
+            "--storage.tsdb.path=/var/lib/prometheus/metrics2", "--web.listen-address=0.0.0.0:9090"]

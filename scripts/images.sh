@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Forkyard's images into the local Docker engine from binaries built on this host
 # (Dockerfile, BINARIES=host): forkyard/<target>:$TAG for every service, the CLI, a
-# Temporal dev server and PostgreSQL. Needs the base image (scripts/base-image.sh).
+# Temporal dev server, PostgreSQL and Prometheus. Needs the base image (scripts/base-image.sh).
 #
 #   scripts/images.sh                  release binaries, tag "local"
 #   PROFILE=debug scripts/images.sh    the debug binaries `make test` already built
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 PROFILE=${PROFILE:-release}
 TAG=${FORKYARD_IMAGE_TAG:-local}
 BASE=${FORKYARD_BASE_IMAGE:-forkyard/debian:bookworm}
-TARGETS=(gateway sandbox-provisioner agent-runner budget-ledger janitor cli temporal-dev postgres)
+TARGETS=(gateway sandbox-provisioner agent-runner budget-ledger janitor cli temporal-dev postgres prometheus)
 BINS=(gateway sandbox-provisioner sandbox-egress-forwarder agent-runner budget-ledger janitor forkyard)
 TOOLS_VENV=${TOOLS_VENV:-$HOME/.cache/forkyard/venv}
 target_dir=${CARGO_TARGET_DIR:-target}

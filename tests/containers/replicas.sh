@@ -79,6 +79,18 @@ for c in $(containers sandbox-provisioner); do
 done
 check "one sweep destroyed an orphan on each of 3 replicas ($destroyed destroyed, $left left)" test "$destroyed" = 3 -a "$left" = 0
 
+# ---- Prometheus finds and scrapes every replica (DNS service discovery) -----------------
+prom=$(ip_of "$(containers prometheus)"):9090
+deadline=$((SECONDS + 90))
+while :; do
+  up=$(curl -s "http://$prom/api/v1/targets?state=active" |
+    json 'sorted(set((t["labels"].get("service"), t["labels"]["instance"]) for t in d["data"]["activeTargets"] if t["labels"].get("job") == "forkyard" and t["health"] == "up"))' 2>/dev/null || echo "[]")
+  n=$(python3 -c "import ast,sys; print(len(ast.literal_eval(sys.argv[1])))" "$up")
+  [ "$n" -ge 10 ] || [ $SECONDS -ge $deadline ] && break
+  sleep 3
+done
+check "Prometheus scrapes every replica ($n of 10 up)" test "$n" = 10
+
 # ---- SIGTERM of any replica drains it: no fork fails ------------------------------------------
 # The victim: a provisioner replica holding sandboxes of the run, a runner replica, a
 # gateway replica (the one the run was launched through; the other is asked), a ledger
