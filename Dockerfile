@@ -174,6 +174,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus tini \
  && rm -rf /var/lib/apt/lists/*
 COPY deploy/prometheus/prometheus.yml /etc/prometheus/prometheus.yml
+# hadolint ignore=DL3066
 USER prometheus:prometheus
 EXPOSE 9090
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/bin/prometheus", "--config.file=/etc/prometheus/prometheus.yml", \
