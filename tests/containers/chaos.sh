@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Container chaos: with a run in flight, `docker kill` (SIGKILL) one replica of the
 # provisioner (one holding the run's sandboxes), the agent runner, the gateway, the
-# ledger, and the ledger's PostgreSQL (every ledger replica's one connection target,
-# down for 45 s: agents go on unmetered, settlements wait for it); then start it again.
+# ledger, the ledger's PostgreSQL (every ledger replica's one connection target, down
+# for 45 s: agents go on unmetered, settlements wait for it) and the Temporal server
+# (down for 30 s); then start it again.
 # After each trial:
 #   - the run completes within 240 s with every fork succeeded (forks whose sandbox died
 #     with its provisioner start again on a new one);
@@ -21,7 +22,7 @@ holding() { grpc "$(ip_of "$1"):50052" forkyard.sandbox.v1.SandboxProvisioner/Li
 ledger() { grpc "$(ip_of "$(containers budget-ledger | head -1)"):50054" "$@"; }
 
 rows=()
-for service in sandbox-provisioner agent-runner gateway budget-ledger ledger-postgres; do
+for service in sandbox-provisioner agent-runner gateway budget-ledger ledger-postgres temporal; do
   run=$(launch 6 6 'bash agent.sh 4')
   sleep 2
   victim=""
@@ -33,11 +34,12 @@ for service in sandbox-provisioner agent-runner gateway budget-ledger ledger-pos
   [ -n "$victim" ] || { fail "$service: no replica to kill"; continue; }
   docker kill "$victim" >/dev/null
   started=$SECONDS
-  if [ "$service" = ledger-postgres ]; then
+  case $service in
     # The one database: a 45 s outage (past the ledger calls' own retries), then back.
-    sleep 45
-    docker start "$victim" >/dev/null
-  fi
+    ledger-postgres) sleep 45; docker start "$victim" >/dev/null ;;
+    # The Temporal server (its SQLite file survives): 30 s away, then back.
+    temporal) sleep 30; docker start "$victim" >/dev/null ;;
+  esac
   state=$(wait_terminal "$run" 240) || true
   took=$((SECONDS - started))
   docker start "$victim" >/dev/null
