@@ -379,6 +379,19 @@ async fn collect_patch_keeps_gits_warnings_out_of_the_diffstat_and_names_a_faile
         "{}",
         status.message()
     );
+
+    // A lock left seconds ago by an add that was cut off (a collection whose caller died)
+    // is removed, and the retried collection succeeds.
+    let out = f
+        .sh(&sbx.id, "touch -d '1 minute ago' .git/index.lock")
+        .await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let p = f
+        .core
+        .collect_patch(req())
+        .await
+        .expect("stale lock removed");
+    assert!(p.patch.contains("+++ b/lf1.txt"), "{}", p.patch);
 }
 
 #[tokio::test]
