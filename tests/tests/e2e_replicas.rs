@@ -42,6 +42,27 @@ struct Seen {
     owner_task_queue: String,
 }
 
+/// A mesh with a second provisioner replica ("replica-b"), the gateway restarted knowing
+/// both (it makes the sandboxes): the mesh, both endpoints and replica b's state dir.
+async fn two_provisioner_replicas() -> (Mesh, String, String, std::path::PathBuf) {
+    let mut mesh = Mesh::start().await.expect("mesh starts");
+    let (b_endpoint, b_state) = mesh
+        .start_provisioner_replica("replica-b")
+        .await
+        .expect("second provisioner replica starts");
+    let a_endpoint = mesh.endpoint("sandbox-provisioner");
+    mesh.set_env(
+        "FORKYARD_PROVISIONER_ADDR",
+        &format!("{a_endpoint},{b_endpoint}"),
+    );
+    mesh.terminate("gateway", Duration::from_secs(30));
+    mesh.start_service("gateway").expect("gateway restarts");
+    mesh.wait_serving("gateway", Duration::from_secs(60))
+        .await
+        .expect("gateway serves again");
+    (mesh, a_endpoint, b_endpoint, b_state)
+}
+
 /// Samples both replicas' sandboxes of the run until stopped.
 fn watch(
     replicas: Vec<(&'static str, Prov)>,
@@ -98,22 +119,7 @@ fn destroyed_in_log(log: &Path, id: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forks_land_on_two_replicas_and_each_owner_runs_and_destroys_its_sandboxes() {
-    let mut mesh = Mesh::start().await.expect("mesh starts");
-    let (b_endpoint, b_state) = mesh
-        .start_provisioner_replica("replica-b")
-        .await
-        .expect("second provisioner replica starts");
-    let a_endpoint = mesh.endpoint("sandbox-provisioner");
-    // The gateway makes sandboxes: restart it knowing both replicas.
-    mesh.set_env(
-        "FORKYARD_PROVISIONER_ADDR",
-        &format!("{a_endpoint},{b_endpoint}"),
-    );
-    mesh.terminate("gateway", Duration::from_secs(30));
-    mesh.start_service("gateway").expect("gateway restarts");
-    mesh.wait_serving("gateway", Duration::from_secs(60))
-        .await
-        .expect("gateway serves again");
+    let (mesh, a_endpoint, b_endpoint, b_state) = two_provisioner_replicas().await;
     let a = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
     let b = SandboxProvisionerClient::new(
         tonic::transport::Endpoint::from_shared(b_endpoint.clone())
@@ -265,21 +271,7 @@ async fn forks_land_on_two_replicas_and_each_owner_runs_and_destroys_its_sandbox
 /// cost, which is what the ledger holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forks_whose_provisioner_is_killed_start_again_on_a_new_sandbox() {
-    let mut mesh = Mesh::start().await.expect("mesh starts");
-    let (b_endpoint, _) = mesh
-        .start_provisioner_replica("replica-b")
-        .await
-        .expect("second provisioner replica starts");
-    let a_endpoint = mesh.endpoint("sandbox-provisioner");
-    mesh.set_env(
-        "FORKYARD_PROVISIONER_ADDR",
-        &format!("{a_endpoint},{b_endpoint}"),
-    );
-    mesh.terminate("gateway", Duration::from_secs(30));
-    mesh.start_service("gateway").expect("gateway restarts");
-    mesh.wait_serving("gateway", Duration::from_secs(60))
-        .await
-        .expect("gateway serves again");
+    let (mut mesh, _, b_endpoint, _) = two_provisioner_replicas().await;
     let b = SandboxProvisionerClient::new(
         tonic::transport::Endpoint::from_shared(b_endpoint)
             .unwrap()

@@ -103,18 +103,27 @@ impl AgentRunnerLink {
         if endpoint.is_empty() || endpoint == self.addr {
             return Ok(self.client());
         }
+        self.pooled(endpoint, || lazy(endpoint))
+    }
+
+    /// The pooled channel for `key` (a replica's URL), made by `make` the first time.
+    fn pooled(
+        &self,
+        key: &str,
+        make: impl FnOnce() -> Result<Channel, String>,
+    ) -> Result<AgentRunnerClient<Channel>, String> {
         let mut pool = self
             .replicas
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(c) = pool.get(endpoint) {
+        if let Some(c) = pool.get(key) {
             return Ok(Self::client_on(c.clone()));
         }
-        let channel = lazy(endpoint)?;
+        let channel = make()?;
         if pool.len() >= MAX_REPLICA_CHANNELS {
             pool.clear();
         }
-        pool.insert(endpoint.to_owned(), channel.clone());
+        pool.insert(key.to_owned(), channel.clone());
         Ok(Self::client_on(channel))
     }
 
@@ -149,20 +158,11 @@ impl AgentRunnerLink {
         &self,
         replica: &forkyard_common::discovery::Replica,
     ) -> Result<AgentRunnerClient<Channel>, String> {
-        let mut pool = self
-            .replicas
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(c) = pool.get(&replica.url) {
-            return Ok(Self::client_on(c.clone()));
-        }
-        let channel =
-            traced_channel(timeouts(forkyard_common::discovery::endpoint(replica)?).connect_lazy());
-        if pool.len() >= MAX_REPLICA_CHANNELS {
-            pool.clear();
-        }
-        pool.insert(replica.url.clone(), channel.clone());
-        Ok(Self::client_on(channel))
+        self.pooled(&replica.url, || {
+            Ok(traced_channel(
+                timeouts(forkyard_common::discovery::endpoint(replica)?).connect_lazy(),
+            ))
+        })
     }
 
     async fn ask(
