@@ -52,22 +52,23 @@ pub struct Mesh {
 /// outgoing connections of every test process running at the same time take theirs: a
 /// port picked from that range can be taken by one of them before the service binds it.
 /// Two meshes can still pick the same port; [`Mesh::start_with`] then starts again.
+/// A port nothing listens on, never one this process handed out before: a port picked
+/// and released is free again until its service binds it, so two picks of one mesh (the
+/// Temporal frontend and its UI, say) could otherwise be the same port.
 fn free_port() -> u16 {
     use std::hash::{BuildHasher, RandomState};
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     const LOW: u16 = 20_000;
     const SPAN: u16 = 12_000;
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
     let start = RandomState::new().hash_one(std::process::id()) % u64::from(SPAN);
     let start = u16::try_from(start).unwrap_or(0);
-    (0..SPAN)
+    let port = (0..SPAN)
         .map(|i| LOW + (start + i) % SPAN)
-        .find(|p| TcpListener::bind(("127.0.0.1", *p)).is_ok())
-        .or_else(|| {
-            TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-                .ok()
-        })
-        .expect("free port")
+        .find(|p| !given.contains(p) && TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("free port");
+    given.push(port);
+    port
 }
 
 /// Where the service binaries are.
@@ -412,13 +413,14 @@ impl Mesh {
     pub async fn wait_serving(&mut self, service: &str, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| n == service)
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                anyhow::bail!(
-                    "{service} exited with {status}; log:\n{}",
-                    self.log_tail(service)
-                );
+            // The service, and Temporal: a dev server that could not bind its port has
+            // exited, and whatever holds that port is no Temporal to wait for.
+            for name in [service, "temporal"] {
+                if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| n == name)
+                    && let Ok(Some(status)) = child.try_wait()
+                {
+                    anyhow::bail!("{name} exited with {status}; log:\n{}", self.log_tail(name));
+                }
             }
             if let Ok(ch) = self.channel(service).await {
                 let res = HealthClient::new(ch)
@@ -566,6 +568,14 @@ impl Mesh {
 
 impl Drop for Mesh {
     fn drop(&mut self) {
+        // A failed test's only trace of what the services did: their logs go with the
+        // temp dir, so print each one's tail (CI keeps the test's stderr).
+        if std::thread::panicking() {
+            let names: Vec<String> = self.children.iter().map(|(n, _)| n.clone()).collect();
+            for name in names {
+                eprintln!("----- {name}.log (tail) -----\n{}", self.log_tail(&name));
+            }
+        }
         // Services first (SIGTERM, so they drain), Temporal last.
         for (_, child) in self.children.iter_mut().rev() {
             let _ = Command::new("kill")

@@ -285,8 +285,14 @@ async fn forks_whose_provisioner_is_killed_start_again_on_a_new_sandbox() {
     );
     let src = tempfile::tempdir().unwrap();
     repo::create(src.path()).unwrap();
+    // A second of CPU first, so a fork has spent (sandbox time, charged every
+    // heartbeat) when its sandbox is lost, and long enough that the forks on the other
+    // replica still hold their reservations when the lost ones start again: a new start
+    // must reserve only what its fork budget has left (the budget is six fork budgets
+    // and 4 micros), or it is refused and the run waits for a raise.
     const SLOW: &str = r#"echo "fork $FORKYARD_FORK" > "fork-$FORKYARD_FORK.txt"
-sleep 6
+timeout 1 sh -c 'while :; do :; done' || true
+sleep 25
 printf '{"type":"result","total_cost_usd":0.001,"usage":{"input_tokens":10,"output_tokens":2}}\n'"#;
 
     for attempt in 1..=3 {
@@ -318,10 +324,10 @@ printf '{"type":"result","total_cost_usd":0.001,"usage":{"input_tokens":10,"outp
             eprintln!("run {attempt}: no fork landed on replica b; again");
             continue;
         }
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
         mesh.kill9("replica-b");
 
-        let run = wait_finished(&mut gw, &run_id, Duration::from_secs(300)).await;
+        let run = wait_finished(&mut gw, &run_id, Duration::from_secs(200)).await;
         assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
         for f in &run.forks {
             assert_eq!(

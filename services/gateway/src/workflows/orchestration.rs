@@ -91,6 +91,12 @@ pub struct SandboxOrchestrationWorkflow {
     /// [`MAX_LOST_SANDBOX_STARTS`] times each.
     requeue_lost: bool,
     lost: Vec<u32>,
+    /// (The `lost-fork-within-budget` patch.) A re-started fork reserves what its fork
+    /// budget has left after its earlier starts, and a refused reservation is tried
+    /// again once another fork settled (and gave back what it did not spend): without
+    /// it a re-started fork asked for its whole budget again, was refused by the few
+    /// micros its first start spent, and the run waited for a raise nobody had to make.
+    within_budget: bool,
     /// What the earlier starts of a re-started fork spent (total, model, sandbox), added
     /// to its result so the run's cost stays what the ledger holds.
     earlier_cost: BTreeMap<u32, (i64, i64, i64)>,
@@ -139,6 +145,7 @@ impl SandboxOrchestrationWorkflow {
             attempts: vec![0; spec.forks as usize],
             requeue_lost: false,
             lost: vec![0; spec.forks as usize],
+            within_budget: false,
             earlier_cost: BTreeMap::new(),
             full: BTreeMap::new(),
             spec,
@@ -213,7 +220,11 @@ impl SandboxOrchestrationWorkflow {
         // A patch: re-queueing changes the commands of a run whose sandbox is lost, so
         // runs begun by earlier builds keep their old course when this build replays them.
         let requeue_lost = ctx.patched("requeue-lost-sandbox");
-        ctx.state_mut(|s| s.requeue_lost = requeue_lost);
+        let within_budget = ctx.patched("lost-fork-within-budget");
+        ctx.state_mut(|s| {
+            s.requeue_lost = requeue_lost;
+            s.within_budget = within_budget;
+        });
         let max_concurrent = spec.max_concurrent.clamp(1, spec.forks.max(1)) as usize;
         let cancel = ctx.cancellation_token();
         let mut published = String::new();
@@ -233,7 +244,7 @@ impl SandboxOrchestrationWorkflow {
                     fork,
                     attempt,
                     spec: spec.clone(),
-                    reservation_micros: spec.fork_budget_micros,
+                    reservation_micros: ctx_ref.state(|s| s.reservation_for(fork)),
                     started_unix_ms: unix_ms(ctx_ref.workflow_time()),
                     ..ForkInput::default()
                 };
@@ -633,6 +644,16 @@ impl SandboxOrchestrationWorkflow {
     }
 
     /// The next pending fork, marked running, with its attempt number.
+    /// What a fork's start reserves: its budget, less what its earlier starts spent.
+    fn reservation_for(&self, fork: u32) -> i64 {
+        let spent = if self.within_budget {
+            self.earlier_cost.get(&fork).map_or(0, |c| c.0)
+        } else {
+            0
+        };
+        self.spec.fork_budget_micros - spent
+    }
+
     fn next_startable(&mut self) -> Option<(u32, u32)> {
         if self.paused || self.awaiting_budget || self.winner_found() {
             return None;
@@ -695,6 +716,13 @@ impl SandboxOrchestrationWorkflow {
         }
         if slot.branch.is_empty() {
             slot.branch = branch;
+        }
+        // A fork whose earlier starts spent its whole budget does not start again.
+        let lost =
+            lost && !(self.within_budget && slot.cost_micros >= self.spec.fork_budget_micros);
+        if self.within_budget && !requeue && self.awaiting_budget {
+            // This fork settled: what it held is back, so a refused fork may fit now.
+            self.awaiting_budget = false;
         }
         if requeue {
             // Its reservation was refused: it starts again once the budget is raised.
