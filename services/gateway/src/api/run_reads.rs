@@ -1,0 +1,328 @@
+//! GetRun's (and WatchRun's) read path: a run's view without a workflow query per call.
+//!
+//! A query of a closed run replays its whole history on a gateway worker, and a query of
+//! a running one waits for that worker's workflow task; at a few dozen GetRun calls a
+//! second both stalled (26 s, then DEADLINE_EXCEEDED). So:
+//!
+//! - a closed run's view never changes: it is kept (up to `closed_capacity` runs, the
+//!   oldest dropped first) and served without a call to Temporal. A completed run's view
+//!   is its workflow's result (one history read, no replay); only runs that ended
+//!   otherwise are queried, once;
+//! - a running run's view is fetched at most once per `live_ttl` by this replica, and
+//!   readers of the same run share that one fetch. A write through this gateway (pause,
+//!   resume, cancel, raise) drops it; another replica's write shows within `live_ttl`;
+//! - at most `max_fetches` fetches go to Temporal at once. A read that cannot start its
+//!   fetch within `shed_after` is refused at once with UNAVAILABLE (retry), never queued
+//!   until its deadline.
+
+use crate::error::GatewayError;
+use forkyard_proto::gateway::v1::Run;
+use futures::{
+    FutureExt as _,
+    future::{BoxFuture, Shared},
+};
+use std::{
+    collections::{HashMap, VecDeque},
+    future::Future,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+use tokio::sync::Semaphore;
+
+/// What a read serves: the run and the tenant that owns it.
+#[derive(Debug)]
+pub(crate) struct View {
+    pub owner: String,
+    pub run: Run,
+    /// Closed: kept for good.
+    pub closed: bool,
+}
+
+const LIVE_SWEEP_AT: usize = 1024;
+
+type Fetch = Shared<BoxFuture<'static, Result<Arc<View>, GatewayError>>>;
+
+#[derive(Debug, Clone, Copy)]
+pub struct ReadLimits {
+    pub live_ttl: Duration,
+    pub closed_capacity: usize,
+    pub max_fetches: usize,
+    pub shed_after: Duration,
+}
+
+impl Default for ReadLimits {
+    fn default() -> Self {
+        Self {
+            live_ttl: Duration::from_millis(500),
+            closed_capacity: 10_000,
+            max_fetches: 32,
+            shed_after: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    closed: HashMap<String, Arc<View>>,
+    /// Closed runs in the order they were kept (the first is dropped first).
+    order: VecDeque<String>,
+    live: HashMap<String, (Instant, Arc<View>)>,
+    in_flight: HashMap<String, Fetch>,
+}
+
+/// Cheap to clone: clones share the cache.
+#[derive(Clone)]
+pub(crate) struct RunReads {
+    inner: Arc<Mutex<Inner>>,
+    fetches: Arc<Semaphore>,
+    limits: ReadLimits,
+}
+
+impl RunReads {
+    pub fn new(limits: ReadLimits) -> Self {
+        Self {
+            inner: Arc::default(),
+            fetches: Arc::new(Semaphore::new(limits.max_fetches.max(1))),
+            limits,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The run's view: kept, fresh, shared with a fetch already under way, or fetched
+    /// with `fetch` (which must not depend on the caller: its result is everyone's).
+    pub async fn get<F>(&self, run_id: &str, fetch: F) -> Result<Arc<View>, GatewayError>
+    where
+        F: Future<Output = Result<View, GatewayError>> + Send + 'static,
+    {
+        let shared = {
+            let mut inner = self.lock();
+            if let Some(v) = inner.closed.get(run_id) {
+                return Ok(v.clone());
+            }
+            match inner.live.get(run_id) {
+                Some((at, v)) if at.elapsed() < self.limits.live_ttl => return Ok(v.clone()),
+                Some(_) => {
+                    inner.live.remove(run_id);
+                }
+                None => {}
+            }
+            if let Some(f) = inner.in_flight.get(run_id) {
+                f.clone()
+            } else {
+                let f = self.fetch(run_id.to_owned(), fetch);
+                inner.in_flight.insert(run_id.to_owned(), f.clone());
+                f
+            }
+        };
+        shared.await
+    }
+
+    fn fetch<F>(&self, run_id: String, fetch: F) -> Fetch
+    where
+        F: Future<Output = Result<View, GatewayError>> + Send + 'static,
+    {
+        let this = self.clone();
+        async move {
+            let permit =
+                tokio::time::timeout(this.limits.shed_after, this.fetches.clone().acquire_owned())
+                    .await;
+            let result = match permit {
+                Ok(Ok(_permit)) => fetch.await.map(Arc::new),
+                _ => Err(GatewayError::Unavailable(format!(
+                    "run {run_id}: the gateway is reading too many runs at once; retry"
+                ))),
+            };
+            this.settle(&run_id, &result);
+            result
+        }
+        .boxed()
+        .shared()
+    }
+
+    fn settle(&self, run_id: &str, result: &Result<Arc<View>, GatewayError>) {
+        let mut inner = self.lock();
+        inner.in_flight.remove(run_id);
+        let Ok(view) = result else { return };
+        if !view.closed {
+            // Stale views are dropped as they are read; past this many, the ones of
+            // runs nobody reads any more go too.
+            if inner.live.len() >= LIVE_SWEEP_AT {
+                let ttl = self.limits.live_ttl;
+                inner.live.retain(|_, (at, _)| at.elapsed() < ttl);
+            }
+            inner
+                .live
+                .insert(run_id.to_owned(), (Instant::now(), view.clone()));
+            return;
+        }
+        inner.live.remove(run_id);
+        if inner
+            .closed
+            .insert(run_id.to_owned(), view.clone())
+            .is_none()
+        {
+            inner.order.push_back(run_id.to_owned());
+        }
+        while inner.closed.len() > self.limits.closed_capacity.max(1) {
+            let Some(oldest) = inner.order.pop_front() else {
+                break;
+            };
+            inner.closed.remove(&oldest);
+        }
+    }
+
+    /// After a write to the run: the next read fetches again.
+    pub fn forget(&self, run_id: &str) {
+        self.lock().live.remove(run_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn view(closed: bool, fork_count: usize) -> View {
+        View {
+            owner: "t".into(),
+            run: Run {
+                forks: vec![Default::default(); fork_count],
+                ..Run::default()
+            },
+            closed,
+        }
+    }
+
+    fn counting(
+        calls: &Arc<AtomicUsize>,
+        closed: bool,
+        delay: Duration,
+    ) -> impl Future<Output = Result<View, GatewayError>> + Send + 'static {
+        let calls = calls.clone();
+        async move {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(delay).await;
+            Ok(view(closed, n))
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_readers_of_a_run_share_one_fetch_and_a_closed_run_is_never_fetched_again() {
+        let reads = RunReads::new(ReadLimits::default());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let all = futures::future::join_all(
+            (0..50).map(|_| reads.get("r", counting(&calls, true, Duration::from_millis(50)))),
+        )
+        .await;
+        assert!(all.iter().all(Result::is_ok));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        reads
+            .get("r", counting(&calls, true, Duration::ZERO))
+            .await
+            .unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "a closed run is kept");
+    }
+
+    #[tokio::test]
+    async fn a_running_run_is_fetched_again_after_its_ttl_or_a_write() {
+        let limits = ReadLimits {
+            live_ttl: Duration::from_millis(100),
+            ..ReadLimits::default()
+        };
+        let reads = RunReads::new(limits);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let get = || reads.get("r", counting(&calls, false, Duration::ZERO));
+        assert_eq!(get().await.unwrap().run.forks.len(), 1);
+        assert_eq!(
+            get().await.unwrap().run.forks.len(),
+            1,
+            "fresh: served as is"
+        );
+        reads.forget("r");
+        assert_eq!(get().await.unwrap().run.forks.len(), 2, "a write drops it");
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        assert_eq!(
+            get().await.unwrap().run.forks.len(),
+            3,
+            "stale: fetched again"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_fetch_is_not_kept() {
+        let reads = RunReads::new(ReadLimits::default());
+        let err = reads
+            .get("r", async { Err(GatewayError::Temporal("down".into())) })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, GatewayError::Temporal(_)));
+        let calls = Arc::new(AtomicUsize::new(0));
+        reads
+            .get("r", counting(&calls, false, Duration::ZERO))
+            .await
+            .unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn reads_beyond_the_fetch_limit_are_refused_fast_with_unavailable() {
+        let reads = RunReads::new(ReadLimits {
+            max_fetches: 2,
+            shed_after: Duration::from_millis(50),
+            ..ReadLimits::default()
+        });
+        let calls = Arc::new(AtomicUsize::new(0));
+        let slow: Vec<_> = (0..2)
+            .map(|i| {
+                let (reads, fetch) = (
+                    reads.clone(),
+                    counting(&calls, false, Duration::from_millis(500)),
+                );
+                tokio::spawn(async move { reads.get(&format!("slow-{i}"), fetch).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let err = reads
+            .get("other", counting(&calls, false, Duration::ZERO))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, GatewayError::Unavailable(_)), "{err}");
+        assert!(err.to_string().contains("retry"), "{err}");
+        assert!(
+            slow.iter().all(|h| !h.is_finished()),
+            "refused while the fetches ahead of it still ran"
+        );
+        for h in slow {
+            h.await.unwrap().unwrap();
+        }
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "the refused read fetched nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_oldest_closed_runs_are_dropped_past_the_capacity() {
+        let reads = RunReads::new(ReadLimits {
+            closed_capacity: 2,
+            ..ReadLimits::default()
+        });
+        let calls = Arc::new(AtomicUsize::new(0));
+        for id in ["a", "b", "c", "a"] {
+            reads
+                .get(id, counting(&calls, true, Duration::ZERO))
+                .await
+                .unwrap();
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 4, "a was dropped for c");
+        reads
+            .get("c", counting(&calls, true, Duration::ZERO))
+            .await
+            .unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 4, "c is still kept");
+    }
+}
