@@ -7,11 +7,14 @@
 //! starts every 1/rate s whatever the earlier ones do, so a stall shows as latency, not
 //! as a lower rate. Settings: `FORKYARD_BENCH_RATE` (calls/s, default 200),
 //! `FORKYARD_BENCH_SECS` (default 20), `FORKYARD_BENCH_CLIENTS` (connections, default
-//! 64), `FORKYARD_BENCH_RUNS` (runs of each kind, default 10).
+//! 64), `FORKYARD_BENCH_RUNS` (runs of each kind, default 10). The gateway's tenant
+//! limits are raised to four times the rate (see `FORKYARD_TENANT_RATE`).
 
 use forkyard_proto::gateway::v1::{GetRunRequest, ListRunsRequest};
 use forkyard_tests::{
-    Mesh, repo,
+    Mesh,
+    mesh::MeshOptions,
+    repo,
     support::{Gateway, launch, run_to_end},
 };
 use std::{
@@ -64,7 +67,22 @@ async fn main() -> anyhow::Result<()> {
     let clients = env_num("FORKYARD_BENCH_CLIENTS", 64).max(1) as usize;
     let runs_of_each = env_num("FORKYARD_BENCH_RUNS", 10).max(1) as u32;
 
-    let mesh = Mesh::start().await?;
+    // One tenant reading at this rate: its admission limits (50 calls/s by default)
+    // raised so the figures are the read path's, not the limiter's refusals.
+    let limit = (rate * 4).to_string();
+    let gateway_env = [
+        ("FORKYARD_TENANT_RATE", limit.as_str()),
+        ("FORKYARD_TENANT_BURST", limit.as_str()),
+        ("FORKYARD_TENANT_CONCURRENCY", limit.as_str()),
+    ];
+    let mesh = Mesh::start_with(MeshOptions {
+        service_env: gateway_env
+            .iter()
+            .map(|(k, v)| ("gateway".to_owned(), (*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..MeshOptions::default()
+    })
+    .await?;
     let src = tempfile::tempdir()?;
     repo::create(src.path())?;
     let mut gw = Gateway::new(mesh.channel("gateway").await?);

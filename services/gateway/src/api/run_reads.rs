@@ -9,8 +9,11 @@
 //!   is its workflow's result (one history read, no replay); only runs that ended
 //!   otherwise are queried, once;
 //! - a running run's view is fetched at most once per `live_ttl` by this replica, and
-//!   readers of the same run share that one fetch. A write through this gateway (pause,
-//!   resume, cancel, raise) drops it; another replica's write shows within `live_ttl`;
+//!   readers of the same run share that one fetch; a view a little older is served while
+//!   a fetch refreshes it in the background (so a reader sees a view at most a few
+//!   `live_ttl` old). A write through this gateway (pause, resume, cancel, raise) drops
+//!   it, so its next read waits for a fresh one; another replica's write shows within
+//!   those few `live_ttl`;
 //! - at most `max_fetches` fetches go to Temporal at once. A read that cannot start its
 //!   fetch within `shed_after` is refused at once with UNAVAILABLE (retry), never queued
 //!   until its deadline.
@@ -39,6 +42,9 @@ pub(crate) struct View {
 }
 
 const LIVE_SWEEP_AT: usize = 1024;
+/// A running run's view a little past `live_ttl` (up to this many times it) is served
+/// as it is while a fetch refreshes it, so readers do not wait for Temporal in turn.
+const STALE_SERVED: u32 = 4;
 
 type Fetch = Shared<BoxFuture<'static, Result<Arc<View>, GatewayError>>>;
 
@@ -102,20 +108,32 @@ impl RunReads {
             if let Some(v) = inner.closed.get(run_id) {
                 return Ok(v.clone());
             }
-            match inner.live.get(run_id) {
+            let stale = match inner.live.get(run_id) {
                 Some((at, v)) if at.elapsed() < self.limits.live_ttl => return Ok(v.clone()),
+                Some((at, v)) if at.elapsed() < self.limits.live_ttl * STALE_SERVED => {
+                    Some(v.clone())
+                }
                 Some(_) => {
                     inner.live.remove(run_id);
+                    None
                 }
-                None => {}
-            }
-            if let Some(f) = inner.in_flight.get(run_id) {
+                None => None,
+            };
+            let shared = if let Some(f) = inner.in_flight.get(run_id) {
                 f.clone()
             } else {
                 let f = self.fetch(run_id.to_owned(), fetch);
                 inner.in_flight.insert(run_id.to_owned(), f.clone());
+                if stale.is_some() {
+                    // Nobody waits for this one: it runs on its own.
+                    tokio::spawn(f.clone());
+                }
                 f
+            };
+            if let Some(v) = stale {
+                return Ok(v);
             }
+            shared
         };
         shared.await
     }
@@ -229,7 +247,7 @@ mod tests {
     #[tokio::test]
     async fn a_running_run_is_fetched_again_after_its_ttl_or_a_write() {
         let limits = ReadLimits {
-            live_ttl: Duration::from_millis(100),
+            live_ttl: Duration::from_millis(300),
             ..ReadLimits::default()
         };
         let reads = RunReads::new(limits);
@@ -243,12 +261,21 @@ mod tests {
         );
         reads.forget("r");
         assert_eq!(get().await.unwrap().run.forks.len(), 2, "a write drops it");
-        tokio::time::sleep(Duration::from_millis(120)).await;
+        tokio::time::sleep(Duration::from_millis(350)).await;
         assert_eq!(
             get().await.unwrap().run.forks.len(),
-            3,
-            "stale: fetched again"
+            2,
+            "a little stale: served while it is fetched again"
         );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(get().await.unwrap().run.forks.len(), 3, "refreshed");
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        assert_eq!(
+            get().await.unwrap().run.forks.len(),
+            4,
+            "too stale to serve: waited for"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
     }
 
     #[tokio::test]
