@@ -226,6 +226,7 @@ pub async fn run<S: ProgressSink>(
     let turns_so_far = lp.progress.turns;
     written = write_messages(&mut lp, &provider, written, turns_so_far);
 
+    let mut over_disk_limit = false;
     let outcome: Result<(i32, String), Stop> = 'conversation: loop {
         if lp.progress.turns >= max_turns {
             break Ok((
@@ -291,6 +292,13 @@ pub async fn run<S: ProgressSink>(
                 Err(s) => break 'conversation Err(s),
             };
             lp.transcript.write(&json!({"type": "tool", "turn": n, "name": call.name, "id": call.id, "is_error": out.is_error}));
+            if out.over_disk_limit {
+                over_disk_limit = true;
+                break 'conversation Ok((
+                    -1,
+                    "stopped: the workspace grew past the sandbox's disk limit".to_owned(),
+                ));
+            }
             outputs.push(ToolOutput {
                 call,
                 content: out.content,
@@ -317,7 +325,7 @@ pub async fn run<S: ProgressSink>(
         }
     };
     lp.transcript.write(&json!({
-        "type": "end", "reason": if timed_out { "timeout" } else if exit_code == 0 { "end_turn" } else { "turn_limit" },
+        "type": "end", "reason": if timed_out { "timeout" } else if over_disk_limit { "disk_limit" } else if exit_code == 0 { "end_turn" } else { "turn_limit" },
         "turns": p.turns, "cost_micros": cost_micros, "usage": p.usage,
     }));
     Ok(RunAgentResponse {
@@ -328,6 +336,7 @@ pub async fn run<S: ProgressSink>(
         cost_micros,
         duration_ms: lp.started.elapsed().as_millis() as u64,
         turns: p.turns,
+        workspace_over_limit: over_disk_limit,
         transcript_key: if lp.transcript.key.is_empty() {
             String::new()
         } else {

@@ -327,6 +327,7 @@ pub async fn run<S: ProgressSink>(
         turns: p.turns,
         transcript_key: meter.transcript.key.clone(),
         sandbox_charged_micros: p.sandbox_charged_micros,
+        workspace_over_limit: exit.workspace_over_limit,
         ..Default::default()
     };
     // What a retry would resume from, should this completion be lost; a command that

@@ -62,12 +62,16 @@ pub fn specs() -> Vec<ToolSpec> {
 pub struct Outcome {
     pub content: String,
     pub is_error: bool,
+    /// The command was stopped because the workspace grew past the sandbox's disk
+    /// limit: the agent ends here.
+    pub over_disk_limit: bool,
 }
 
 fn ok(content: String) -> Outcome {
     Outcome {
         content: clip(content),
         is_error: false,
+        over_disk_limit: false,
     }
 }
 
@@ -75,6 +79,7 @@ fn err(content: impl Into<String>) -> Outcome {
     Outcome {
         content: clip(content.into()),
         is_error: true,
+        over_disk_limit: false,
     }
 }
 
@@ -219,6 +224,9 @@ impl Sandbox {
         if out.timed_out {
             text.push_str(&format!(" (killed after {timeout} s)"));
         }
+        if out.workspace_over_limit {
+            text.push_str(" (stopped: the workspace grew past the sandbox's disk limit)");
+        }
         if !out.stdout.is_empty() {
             text.push_str("\nstdout:\n");
             text.push_str(&out.stdout);
@@ -230,6 +238,7 @@ impl Sandbox {
         Ok(Outcome {
             content: clip(text),
             is_error: out.exit_code != 0 || out.timed_out,
+            over_disk_limit: out.workspace_over_limit,
         })
     }
 

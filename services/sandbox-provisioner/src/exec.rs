@@ -47,6 +47,13 @@ impl Aftermath {
     }
 }
 
+/// Whether a command is stopped once the workspace grows past its disk limit.
+#[derive(Debug, Clone, Copy)]
+enum WatchDisk {
+    Yes,
+    No,
+}
+
 impl Provisioner {
     /// Validated argv + env, and the timeout the request asks for.
     pub(crate) fn exec_params(
@@ -84,6 +91,7 @@ impl Provisioner {
                 &req.llm_gateway,
                 timeout,
                 caps,
+                WatchDisk::Yes,
             )
             .await?;
         let timed_out = matches!(f.outcome, Outcome::TimedOut);
@@ -225,7 +233,12 @@ impl Provisioner {
         timeout: Duration,
         caps: Caps,
     ) -> Result<Finished> {
-        Ok(self.run_checked(id, argv, env, "", timeout, caps).await?.0)
+        // The provisioner's own commands (patch collection) run on a workspace that
+        // may be over its limit already: that is what they are there to deal with.
+        Ok(self
+            .run_checked(id, argv, env, "", timeout, caps, WatchDisk::No)
+            .await?
+            .0)
     }
 
     async fn run_checked(
@@ -236,12 +249,30 @@ impl Provisioner {
         llm_gateway: &str,
         timeout: Duration,
         caps: Caps,
+        watch: WatchDisk,
     ) -> Result<(Finished, Aftermath)> {
         let mut p = self.prepare(id, argv, env, llm_gateway)?;
         let cmd = std::mem::replace(&mut p.command, Command::new("true"));
-        let f = process::run(cmd, timeout, caps, &p.cancel)
-            .await
-            .map_err(|e| ProvisionerError::internal("cannot start bwrap", e))?;
+        let disk_bytes = match watch {
+            WatchDisk::Yes => p.entry.record().disk_bytes,
+            WatchDisk::No => 0,
+        };
+        let started = std::time::Instant::now();
+        let f = tokio::select! {
+            f = process::run(cmd, timeout, caps, &p.cancel) => {
+                f.map_err(|e| ProvisionerError::internal("cannot start bwrap", e))?
+            }
+            // Dropping the run kills the command's process tree.
+            bytes = crate::disk_watch::over_limit(self.store.workspace(id), disk_bytes) => {
+                tracing::warn!(sandbox_id = %id, bytes, "command stopped: workspace over its disk limit");
+                Finished {
+                    outcome: Outcome::Exited { code: -1 },
+                    stdout: Default::default(),
+                    stderr: Default::default(),
+                    duration: started.elapsed(),
+                }
+            }
+        };
         if matches!(f.outcome, Outcome::Cancelled) {
             return Err(ProvisionerError::FailedPrecondition(format!(
                 "sandbox {id} was stopped or destroyed while the command ran"

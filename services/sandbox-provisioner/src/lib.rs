@@ -10,6 +10,7 @@ pub mod bwrap;
 pub mod cgroup;
 pub mod cgroup_detect;
 pub mod config;
+mod disk_watch;
 pub mod e2b;
 pub mod egress;
 mod entry;

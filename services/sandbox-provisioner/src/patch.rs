@@ -25,6 +25,7 @@ impl Provisioner {
             "-c",
             PATCH_SCRIPT,
             "forkyard-patch",
+            &SKIP_FILE_BYTES.to_string(),
             "--cached",
             "--no-color",
             "--no-ext-diff",
@@ -73,6 +74,7 @@ impl Provisioner {
             diffstat: Some(git::parse_numstat(&String::from_utf8_lossy(numstat))),
             base_commit: base,
             usage: Some(self.usage(&*self.entry(id)?)),
+            skipped_files: skipped(&out.stderr.lossy()),
         })
     }
 }
@@ -83,10 +85,34 @@ impl Provisioner {
 /// with git's message on stderr (101: the add). An index lock left by an add cut off
 /// mid-way (an earlier collection whose caller died) is removed once it is a few seconds
 /// old, so the retry does not fail on `index.lock: File exists`.
+///
+/// `$1` is a size in bytes: larger files are neither staged nor hashed (an agent that
+/// wrote 12 GB past its disk limit cost the fork a minute of `git add`); they are named
+/// on stderr, one `forkyard-skipped <path>` line each.
 const PATCH_SCRIPT: &str = r#"lock=$(git rev-parse --git-path index.lock) || exit 101
 if [ -e "$lock" ] && [ $(( $(date +%s) - $(stat -c %Y "$lock") )) -ge 5 ]; then rm -f "$lock"; fi
-git add -A || exit 101
+skip=$(git rev-parse --git-path forkyard-skip) || exit 101
+find . -path ./.git -prune -o -type f -size +"$1"c -printf '%P\0' > "$skip" || exit 101
+shift
+if [ -s "$skip" ]; then
+  { printf '.\0'; sed -z 's/^/:(exclude,literal)/' "$skip"; } | git add -A --pathspec-from-file=- --pathspec-file-nul || exit 101
+  sed -z 's/^/forkyard-skipped /' "$skip" | tr '\0' '\n' >&2
+else
+  git add -A || exit 101
+fi
 exec git diff --numstat --patch --binary "$@""#;
+
+/// Files larger than this stay out of the patch: no patch may be larger.
+const SKIP_FILE_BYTES: u64 = MAX_PATCH_BYTES;
+
+/// The paths the script named as left out (its `forkyard-skipped` lines).
+fn skipped(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("forkyard-skipped "))
+        .map(str::to_owned)
+        .collect()
+}
 
 /// Room for the numstat lines ahead of the patch: a line per changed file.
 const NUMSTAT_BYTES: usize = 16 * 1024 * 1024;

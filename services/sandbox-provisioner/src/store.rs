@@ -298,6 +298,29 @@ pub fn disk_usage(path: &Path) -> u64 {
     total
 }
 
+/// `Some(bytes counted)` as soon as the tree occupies more than `limit` bytes (the walk
+/// stops there), `None` when it fits.
+pub fn disk_usage_over(path: &Path, limit: u64) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0u64;
+    let mut todo = vec![path.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        total = total.saturating_add(meta.blocks() * 512);
+        if total > limit {
+            return Some(total);
+        }
+        if meta.is_dir()
+            && let Ok(entries) = std::fs::read_dir(&p)
+        {
+            todo.extend(entries.flatten().map(|e| e.path()));
+        }
+    }
+    None
+}
+
 fn make_writable(dir: &Path) {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));

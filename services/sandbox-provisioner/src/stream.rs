@@ -30,6 +30,9 @@ impl Provisioner {
             .map_err(|e| ProvisionerError::internal("cannot start bwrap", e))?;
         let (tx, rx) = mpsc::channel(64);
         let core = self.clone();
+        let record = p.entry.record();
+        let over_disk =
+            crate::disk_watch::over_limit(self.store.workspace(&record.id), record.disk_bytes);
         tokio::spawn(async move {
             let started = std::time::Instant::now();
             let mut tree = KillTree(child.id());
@@ -38,7 +41,7 @@ impl Provisioner {
             let (mut ob, mut eb) = (vec![0u8; 32 * 1024], vec![0u8; 32 * 1024]);
             let (mut out_open, mut err_open) = (true, true);
             let deadline = tokio::time::sleep(timeout);
-            tokio::pin!(deadline);
+            tokio::pin!(deadline, over_disk);
             let mut timed_out = false;
             let status = loop {
                 tokio::select! {
@@ -52,6 +55,10 @@ impl Provisioner {
                     },
                     s = child.wait(), if !out_open && !err_open => break s.ok(),
                     () = &mut deadline => { timed_out = true; break None },
+                    bytes = &mut over_disk => {
+                        tracing::warn!(sandbox_id = %req.sandbox_id, bytes, "command stopped: workspace over its disk limit");
+                        break None
+                    },
                     () = p.cancel.cancelled() => break None,
                     () = tx.closed() => break None,
                 }

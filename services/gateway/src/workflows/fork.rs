@@ -70,6 +70,8 @@ pub struct Handoff {
 pub struct AgentEnd {
     pub timed_out: bool,
     pub exit_code: i32,
+    /// Stopped because the workspace grew past the sandbox's disk limit.
+    pub over_disk_limit: bool,
 }
 
 #[workflow]
@@ -240,6 +242,7 @@ pub(super) fn apply_patch(result: &mut ForkResult, patch: CollectPatchResponse) 
     result.patch_truncated = patch.truncated;
     result.patch_bytes = patch.patch_bytes;
     result.diffstat = Some(patch.diffstat.unwrap_or_default());
+    result.patch_skipped_files = patch.skipped_files;
 }
 
 /// The fork's status from how its agent ended (its patch is in).
@@ -247,6 +250,9 @@ pub(super) fn apply_agent_end(result: &mut ForkResult, end: AgentEnd, timeout_se
     if end.timed_out {
         result.status = ForkStatus::TimedOut as i32;
         result.error = format!("agent did not finish within {timeout_secs} s");
+    } else if end.over_disk_limit {
+        result.status = ForkStatus::Failed as i32;
+        result.error = "agent stopped: the workspace grew past the sandbox's disk limit".into();
     } else if end.exit_code != 0 {
         result.status = ForkStatus::Failed as i32;
         result.error = format!("agent exited with code {}", end.exit_code);
@@ -313,8 +319,9 @@ pub(super) async fn agent_and_verify<W>(
     let end = AgentEnd {
         timed_out: agent_out.timed_out,
         exit_code: agent_out.exit_code,
+        over_disk_limit: agent_out.workspace_over_limit,
     };
-    let agent_ok = !end.timed_out && end.exit_code == 0;
+    let agent_ok = !end.timed_out && end.exit_code == 0 && !end.over_disk_limit;
 
     if agent_ok && !spec.verify_command.trim().is_empty() {
         result.phase = phase::VERIFYING.into();

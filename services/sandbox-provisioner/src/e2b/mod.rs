@@ -902,6 +902,8 @@ impl SandboxBackend for E2bBackend {
             diffstat: Some(git::parse_numstat(&numstat)),
             base_commit: base,
             usage: self.get(&req.sandbox_id).await.ok().and_then(|s| s.usage),
+            // E2B's sandbox has a disk of its own size: nothing grows past a limit here.
+            skipped_files: Vec::new(),
         })
     }
 
