@@ -87,6 +87,16 @@ enum Step {
 /// Rounds of a wave's preparation: the first, then the retries of forks whose step may
 /// succeed later, 5 s and then 10 s after (the seed's create policy, 3×/5 s/×2).
 const ROUNDS: u32 = 3;
+/// Runs started by builds with the `prepare-outlasts-an-outage` patch go on longer:
+/// 5, 10, 20, 40, 60 and 60 s apart, about three minutes in all, so a provisioner fleet
+/// (or the ledger) away for a minute delays its forks instead of failing them (a chaos
+/// trial: every provisioner down for 60 s mid-run).
+const PATIENT_ROUNDS: u32 = 7;
+
+/// The wait before round `round` (from 1).
+fn backoff(round: u32) -> Duration {
+    Duration::from_secs((5u64 << (round - 1).min(4)).min(60))
+}
 
 /// Forks per preparation activity.
 const CHUNK: usize = 100;
@@ -115,10 +125,16 @@ pub(super) async fn prepare_wave(
             reservation_id: String::new(),
         })
         .collect();
-    for round in 0..ROUNDS {
+    // A patch: more rounds are more timers, which histories of earlier builds lack.
+    let rounds = if ctx.patched("prepare-outlasts-an-outage") {
+        PATIENT_ROUNDS
+    } else {
+        ROUNDS
+    };
+    for round in 0..rounds {
         if round > 0 && steps.iter().any(|s| matches!(s, Step::Todo { .. })) {
             // Cancelled with the run: the forks then stop as cancelled below.
-            let _ = ctx.timer(Duration::from_secs(5 << (round - 1))).await;
+            let _ = ctx.timer(backoff(round)).await;
         }
         let mut todo = Vec::new();
         let mut items = Vec::new();
@@ -181,7 +197,7 @@ pub(super) async fn prepare_wave(
         });
         let outcomes: Vec<Result<ForkPrepared, StepFailure>> =
             join_all(runs).await.into_iter().flatten().collect();
-        let last = round + 1 == ROUNDS;
+        let last = round + 1 == rounds;
         for (i, outcome) in todo.into_iter().zip(outcomes) {
             let (f, step) = (&wave[i], &mut steps[i]);
             let Step::Todo { reservation_id } = step else {

@@ -1,0 +1,93 @@
+//! Long outages mid-run: every sandbox-provisioner replica away for a minute. Forks
+//! whose sandboxes died with it start again on new ones once it is back, forks not yet
+//! started wait for it, and the run completes with every fork succeeded, the ledger
+//! exact and nothing left after a janitor sweep.
+
+use forkyard_proto::{
+    budget::v1::budget_ledger_client::BudgetLedgerClient,
+    common::v1::ForkStatus,
+    gateway::v1::{LaunchRunRequest, RunState},
+    janitor::v1::{SweepRequest, janitor_client::JanitorClient},
+};
+use forkyard_tests::{
+    Mesh, repo,
+    support::{
+        Gateway, fork_result, launch, run_account, sandbox_processes, wait_finished, wait_until,
+        workspaces_left,
+    },
+};
+use std::time::Duration;
+
+const AGENT: &str = r#"echo "fork $FORKYARD_FORK" > "fork-$FORKYARD_FORK.txt"
+sleep 4
+printf '{"type":"result","total_cost_usd":0.001,"usage":{"input_tokens":10,"output_tokens":2}}\n'"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provisioner_away_for_a_minute_delays_forks_and_loses_none() {
+    let mut mesh = Mesh::start().await.expect("mesh starts");
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    let run_id = gw
+        .launch_run(LaunchRunRequest {
+            request_id: "provisioner-outage".into(),
+            ..launch(src.path(), 4, 2, AGENT)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    wait_until(&mut gw, &run_id, Duration::from_secs(60), |r| {
+        r.forks_running == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    mesh.kill9("sandbox-provisioner");
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    mesh.start_service("sandbox-provisioner").unwrap();
+    mesh.wait_serving("sandbox-provisioner", Duration::from_secs(60))
+        .await
+        .unwrap();
+
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(240)).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    for fork in 1..=4u32 {
+        let f = fork_result(&mut gw, &run_id, fork).await;
+        assert_eq!(
+            f.status,
+            ForkStatus::Succeeded as i32,
+            "fork {fork}: {}",
+            f.error
+        );
+        assert!(
+            f.patch.contains(&format!("+fork {fork}")),
+            "fork {fork}: {}",
+            f.patch
+        );
+    }
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = run_account(&mut ledger, &run_id).await;
+    assert_eq!(account.spent_micros, run.cost_micros, "{account:#?}");
+    assert_eq!(account.reserved_micros, 0, "{account:#?}");
+
+    // The sandboxes the outage took with it are the janitor's: one sweep, nothing left.
+    let mut janitor = JanitorClient::new(mesh.channel("janitor").await.unwrap());
+    janitor.sweep_now(SweepRequest::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        workspaces_left(mesh.state_dir()).is_empty(),
+        "{:?}",
+        workspaces_left(mesh.state_dir())
+    );
+    // Destroys kill their sandboxes' processes as they go: give them a few seconds.
+    let mut left = sandbox_processes(mesh.state_dir());
+    for _ in 0..50 {
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        left = sandbox_processes(mesh.state_dir());
+    }
+    assert!(left.is_empty(), "{left:#?}");
+}
