@@ -72,6 +72,54 @@ fn history_length(mesh: &Mesh, run_id: &str) -> String {
         .unwrap_or_else(|| "?".into())
 }
 
+/// Workflow tasks of the run that failed or timed out (a task held open by a long local
+/// activity while events piled up is force-failed by the server past 100 buffered
+/// events: the hazard a wave's preparation must not run into), and the most events
+/// the run's history ever recorded between two completed workflow tasks.
+fn task_trouble(mesh: &Mesh, run_id: &str) -> String {
+    let out = std::process::Command::new(forkyard_tests::mesh::temporal_cli())
+        .args([
+            "workflow",
+            "show",
+            "-o",
+            "json",
+            "--address",
+            &mesh.temporal_address(),
+            "-w",
+            run_id,
+        ])
+        .output();
+    let Some(history) = out
+        .ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+    else {
+        return "?".into();
+    };
+    let kind = |e: &serde_json::Value| {
+        e["eventType"]
+            .as_str()
+            .unwrap_or_default()
+            .to_ascii_uppercase()
+            .replace('_', "")
+    };
+    let (mut failed, mut timed_out, mut run, mut most) = (0, 0, 0, 0);
+    for e in history["events"].as_array().into_iter().flatten() {
+        let k = kind(e);
+        if k.ends_with("WORKFLOWTASKFAILED") {
+            failed += 1;
+        } else if k.ends_with("WORKFLOWTASKTIMEDOUT") {
+            timed_out += 1;
+        }
+        if k.ends_with("WORKFLOWTASKCOMPLETED") {
+            run = 0;
+        } else {
+            run += 1;
+            most = most.max(run);
+        }
+    }
+    format!("{failed} failed, {timed_out} timed out, ≤{most} events between tasks")
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let sizes = env_list("FORKYARD_BENCH_SIZES", &[10, 100, 1000]);
@@ -155,6 +203,7 @@ async fn main() -> anyhow::Result<()> {
             })
             .collect();
         println!("       CPU per fork: {}", cpu.join(", "));
+        println!("       workflow tasks: {}", task_trouble(&mesh, &run_id));
         anyhow::ensure!(
             run.forks_succeeded == n,
             "{} of {n} forks succeeded",

@@ -2,8 +2,9 @@
 # Container chaos: with a run in flight, `docker kill` (SIGKILL) one replica of the
 # provisioner (one holding the run's sandboxes), the agent runner, the gateway, the
 # ledger, the ledger's PostgreSQL (every ledger replica's one connection target, down
-# for 45 s: agents go on unmetered, settlements wait for it) and the Temporal server
-# (down for 30 s); then start it again.
+# for 60 s: agents go on unmetered, settlements wait for it) and the Temporal server
+# (down for 30 s); then `docker stop` (SIGTERM, then a drain) one replica of each of the
+# five services, which must exit 0; then start it again.
 # After each trial:
 #   - the run completes within 240 s with every fork succeeded (forks whose sandbox died
 #     with its provisioner start again on a new one);
@@ -22,7 +23,10 @@ holding() { grpc "$(ip_of "$1"):50052" forkyard.sandbox.v1.SandboxProvisioner/Li
 ledger() { grpc "$(ip_of "$(containers budget-ledger | head -1)"):50054" "$@"; }
 
 rows=()
-for service in sandbox-provisioner agent-runner gateway budget-ledger ledger-postgres temporal; do
+trials="kill:sandbox-provisioner kill:agent-runner kill:gateway kill:budget-ledger kill:ledger-postgres kill:temporal
+  term:sandbox-provisioner term:agent-runner term:gateway term:budget-ledger term:janitor"
+for trial in $trials; do
+  action=${trial%%:*} service=${trial#*:}
   run=$(launch 6 6 'bash agent.sh 4')
   sleep 2
   victim=""
@@ -31,14 +35,21 @@ for service in sandbox-provisioner agent-runner gateway budget-ledger ledger-pos
       for c in $(containers sandbox-provisioner); do [ "$(holding "$c")" -gt 0 ] && victim=$c && break; done ;;
     *) victim=$(containers "$service" | head -1) ;;
   esac
-  [ -n "$victim" ] || { fail "$service: no replica to kill"; continue; }
-  docker kill "$victim" >/dev/null
+  [ -n "$victim" ] || { fail "$service: no replica to $action"; continue; }
+  exited=0
+  if [ "$action" = term ]; then
+    # SIGTERM: NOT_SERVING, drain (a provisioner waits for the sandboxes it holds), exit 0.
+    docker stop -t 330 "$victim" >/dev/null
+    exited=$(docker inspect -f '{{.State.ExitCode}}' "$victim")
+  else
+    docker kill "$victim" >/dev/null
+  fi
   started=$SECONDS
-  case $service in
-    # The one database: a 45 s outage (past the ledger calls' own retries), then back.
-    ledger-postgres) sleep 45; docker start "$victim" >/dev/null ;;
+  case $action:$service in
+    # The one database: a 60 s outage (past the ledger calls' own retries), then back.
+    kill:ledger-postgres) sleep 60; docker start "$victim" >/dev/null ;;
     # The Temporal server (its SQLite file survives): 30 s away, then back.
-    temporal) sleep 30; docker start "$victim" >/dev/null ;;
+    kill:temporal) sleep 30; docker start "$victim" >/dev/null ;;
   esac
   state=$(wait_terminal "$run" 240) || true
   took=$((SECONDS - started))
@@ -63,10 +74,10 @@ for service in sandbox-provisioner agent-runner gateway budget-ledger ledger-pos
     # tini, the provisioner, and the ps itself.
     procs=$((procs + $(docker exec "$c" sh -c 'ps -e -o comm= | grep -cv -e "^tini$" -e "^sandbox-provisi" -e "^ps$" -e "^sh$" -e "^grep$" -e "^wc$"' || true)))
   done
-  outcome="$state in ${took}s: $ok ok / $bad failed; cost $cost spent $spent committed $committed reserved $reserved held $held; swept $swept; left: $left sandboxes, $workspaces workspaces, $procs processes"
-  rows+=("$(printf '%-14s %-44s %s' "docker kill" "$victim" "$outcome")")
-  check "kill $victim: $outcome" test "$state" = RUN_STATE_COMPLETED -a "$bad" = 0 -a "$spent" = "$cost" -a "$committed" = "$cost" \
-    -a "$reserved" = 0 -a "$held" = 0 -a "$left" = 0 -a "$workspaces" = 0 -a "$procs" = 0
+  outcome="$state in ${took}s: $ok ok / $bad failed; cost $cost spent $spent committed $committed reserved $reserved held $held; swept $swept; left: $left sandboxes, $workspaces workspaces, $procs processes; exit $exited"
+  rows+=("$(printf '%-14s %-44s %s' "docker $action" "$victim" "$outcome")")
+  check "$action $victim: $outcome" test "$state" = RUN_STATE_COMPLETED -a "$bad" = 0 -a "$spent" = "$cost" -a "$committed" = "$cost" \
+    -a "$reserved" = 0 -a "$held" = 0 -a "$left" = 0 -a "$workspaces" = 0 -a "$procs" = 0 -a "$exited" = 0
 done
 
 echo
