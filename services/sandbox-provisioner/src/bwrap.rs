@@ -128,6 +128,16 @@ impl Invocation<'_> {
             a.push(["--ro-bind-try", *path, *path]);
         }
         a.push(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+        // The sandbox's uid 0 is the host's root, so the kernel lets it write sysctls
+        // (`kernel.core_pattern` names a program the host runs as root); bubblewrap's
+        // own cover of /proc/sys is skipped when its access check says it is read-only,
+        // which for this uid it wrongly does. Read-only, explicitly.
+        a.push(["--ro-bind", "/proc/sys", "/proc/sys"]);
+        a.push([
+            "--ro-bind-try",
+            "/proc/sysrq-trigger",
+            "/proc/sysrq-trigger",
+        ]);
         if let Some(r) = self.relays.filter(Relays::any) {
             a.push([
                 OsStr::new("--ro-bind"),

@@ -373,3 +373,56 @@ async fn refused_system_calls_are_refused_and_real_tools_still_work() {
         out.stderr
     );
 }
+
+/// What an agent would try next, once the calls above are refused: each line of the
+/// script prints `ESCAPED <what>` only if the attempt worked (a sysctl is written with
+/// the value it has, so a failure of the fix changes nothing on the test's host). Hard
+/// links and writes into the host's read-only trees, device nodes, kernel settings (a
+/// sandbox could set the host's `kernel.core_pattern` before this test), cgroup limits, the
+/// host's abstract Unix sockets (X11, containerd shims and the like live there), its
+/// loopback services, and files the provisioner keeps next to the workspace.
+#[tokio::test]
+async fn links_devices_kernel_settings_and_host_sockets_stay_out_of_reach() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    // A host service on loopback and one on an abstract Unix socket, both listening.
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let abstract_name = format!("forkyard-escape-{}", std::process::id());
+    let unix = {
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(&abstract_name).unwrap();
+        std::os::unix::net::UnixListener::bind_addr(&addr).unwrap()
+    };
+    let script = format!(
+        r#"ln /usr/bin/env hardlink 2>/dev/null && echo "ESCAPED hard link into /usr"
+echo x > /usr/forkyard-escape 2>/dev/null && echo "ESCAPED write to /usr"
+echo x > /etc/forkyard-escape 2>/dev/null
+mknod null2 c 1 3 2>/dev/null && echo "ESCAPED device node"
+[ -e /dev/sda ] || [ -e /dev/vda ] || [ -e /dev/mem ] || [ -e /dev/kmsg ] && echo "ESCAPED host devices visible"
+for k in kernel/core_pattern kernel/panic kernel/randomize_va_space vm/drop_caches net/ipv4/ip_forward; do v=$(cat /proc/sys/$k 2>/dev/null); echo "$v" > /proc/sys/$k 2>/dev/null && echo "ESCAPED kernel setting $k"; done
+echo 1 > /proc/sysrq-trigger 2>/dev/null && echo "ESCAPED sysrq"
+for f in /sys/fs/cgroup/memory.max /sys/fs/cgroup/pids.max; do echo max > $f 2>/dev/null && echo "ESCAPED cgroup limit $f"; done
+ls /run/docker.sock /var/run/docker.sock 2>/dev/null && echo "ESCAPED docker socket"
+ls .. 2>/dev/null | grep -q -e record -e llm -e egress && echo "ESCAPED provisioner files beside the workspace"
+python3 -c 'import socket,sys; s=socket.socket(); s.settimeout(2); s.connect(("127.0.0.1",{port}))' 2>/dev/null && echo "ESCAPED host loopback"
+python3 -c 'import socket; s=socket.socket(socket.AF_UNIX); s.connect("\0{abstract_name}")' 2>/dev/null && echo "ESCAPED abstract socket"
+echo tried"#
+    );
+    let out = f.sh(&sbx.id, &script).await;
+    assert!(
+        out.stdout.ends_with("tried\n"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        !out.stdout.contains("ESCAPED"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    drop((tcp, unix));
+    // The sandbox's /etc is its own: nothing written there reaches the host's.
+    assert!(!Path::new("/etc/forkyard-escape").exists());
+}
