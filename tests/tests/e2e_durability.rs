@@ -149,3 +149,66 @@ async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
         sandbox_processes(mesh.state_dir())
     );
 }
+
+/// `kill -9` of the gateway right after a cancel was accepted, with every fork inside its
+/// agent: the restarted gateway finishes the cancel. The run ends CANCELLED, every
+/// sandbox is destroyed and every reservation settled (what the agents spent
+/// committed, the rest released), with no janitor sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_killed_during_a_cancel_still_cleans_up_every_fork() {
+    let mut mesh = Mesh::start().await.expect("mesh starts");
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    let run_id = gw
+        .launch_run(LaunchRunRequest {
+            request_id: "cancel-kill".into(),
+            ..launch(src.path(), 3, 3, "sleep 60")
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    wait_until(&mut gw, &run_id, Duration::from_secs(60), |r| {
+        r.forks_running == 3 && r.forks.iter().all(|f| f.sandbox_ready_unix_ms > 0)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    gw.cancel_run(forkyard_proto::gateway::v1::CancelRunRequest {
+        run_id: run_id.clone(),
+        reason: "chaos".into(),
+    })
+    .await
+    .unwrap();
+    mesh.kill9("gateway");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    mesh.start_service("gateway").unwrap();
+    mesh.wait_serving("gateway", Duration::from_secs(60))
+        .await
+        .unwrap();
+
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
+    assert_eq!(run.state, RunState::Cancelled as i32, "{run:#?}");
+    for f in &run.forks {
+        assert_eq!(f.status, ForkStatus::Cancelled as i32, "{f:#?}");
+    }
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = run_account(&mut ledger, &run_id).await;
+    assert_eq!(account.reserved_micros, 0, "{account:#?}");
+    assert_eq!(account.spent_micros, run.cost_micros, "{account:#?}");
+    let mut left = workspaces_left(mesh.state_dir());
+    for _ in 0..50 {
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        left = workspaces_left(mesh.state_dir());
+    }
+    assert!(left.is_empty(), "{left:?}");
+    assert!(
+        sandbox_processes(mesh.state_dir()).is_empty(),
+        "{:?}",
+        sandbox_processes(mesh.state_dir())
+    );
+}
