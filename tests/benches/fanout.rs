@@ -72,10 +72,11 @@ fn history_length(mesh: &Mesh, run_id: &str) -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-/// Workflow tasks of the run that failed or timed out (a task held open by a long local
-/// activity while events piled up is force-failed by the server past 100 buffered
-/// events: the hazard a wave's preparation must not run into), and the most events
-/// the run's history ever recorded between two completed workflow tasks.
+/// Workflow tasks of the run that failed or timed out, with why: a task held open by a
+/// long local activity while events piled up is force-failed by the server past 100
+/// buffered events (the hazard a wave's preparation must not run into), one the worker
+/// did not answer in time times out (START_TO_CLOSE), and a sticky task nobody picked up
+/// in time goes back to the normal queue (SCHEDULE_TO_START, harmless).
 fn task_trouble(mesh: &Mesh, run_id: &str) -> String {
     let out = std::process::Command::new(forkyard_tests::mesh::temporal_cli())
         .args([
@@ -95,29 +96,22 @@ fn task_trouble(mesh: &Mesh, run_id: &str) -> String {
     else {
         return "?".into();
     };
-    let kind = |e: &serde_json::Value| {
-        e["eventType"]
-            .as_str()
-            .unwrap_or_default()
-            .to_ascii_uppercase()
-            .replace('_', "")
-    };
-    let (mut failed, mut timed_out, mut run, mut most) = (0, 0, 0, 0);
+    let mut trouble: std::collections::BTreeMap<String, usize> = Default::default();
     for e in history["events"].as_array().into_iter().flatten() {
-        let k = kind(e);
-        if k.ends_with("WORKFLOWTASKFAILED") {
-            failed += 1;
-        } else if k.ends_with("WORKFLOWTASKTIMEDOUT") {
-            timed_out += 1;
-        }
-        if k.ends_with("WORKFLOWTASKCOMPLETED") {
-            run = 0;
+        let why = if let Some(a) = e.get("workflowTaskFailedEventAttributes") {
+            format!("failed {}", a["cause"].as_str().unwrap_or("?"))
+        } else if let Some(a) = e.get("workflowTaskTimedOutEventAttributes") {
+            format!("timed out {}", a["timeoutType"].as_str().unwrap_or("?"))
         } else {
-            run += 1;
-            most = most.max(run);
-        }
+            continue;
+        };
+        *trouble.entry(why).or_default() += 1;
     }
-    format!("{failed} failed, {timed_out} timed out, ≤{most} events between tasks")
+    if trouble.is_empty() {
+        "none failed or timed out".into()
+    } else {
+        format!("{trouble:?}")
+    }
 }
 
 #[tokio::main]
