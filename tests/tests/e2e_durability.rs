@@ -212,3 +212,84 @@ async fn a_gateway_killed_during_a_cancel_still_cleans_up_every_fork() {
         sandbox_processes(mesh.state_dir())
     );
 }
+
+/// `kill -9` of the gateway while a wave is being prepared (its reserves and creates in
+/// flight, nothing recorded yet): the restarted gateway prepares the wave again under the
+/// same idempotency keys, so every fork gets one sandbox and one reservation, and the
+/// run completes with the ledger exact and nothing left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_killed_while_a_wave_is_prepared_makes_each_sandbox_once() {
+    let mut mesh = Mesh::start().await.expect("mesh starts");
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    let mut prov =
+        SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+    let forks = 12;
+    let run_id = gw
+        .launch_run(LaunchRunRequest {
+            request_id: "wave-kill".into(),
+            ..launch(src.path(), forks, forks, AGENT)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    // The first sandbox of the wave exists: its other creates are under way.
+    for _ in 0..200 {
+        let made = prov
+            .list_sandboxes(ListSandboxesRequest::default())
+            .await
+            .map(|r| r.into_inner().sandboxes.len())
+            .unwrap_or(0);
+        if made > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    mesh.kill9("gateway");
+    let made_before = prov
+        .list_sandboxes(ListSandboxesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .sandboxes
+        .len();
+    eprintln!("{made_before} of {forks} sandboxes made when the gateway was killed");
+    mesh.start_service("gateway").unwrap();
+    mesh.wait_serving("gateway", Duration::from_secs(60))
+        .await
+        .unwrap();
+
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(240)).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    assert_eq!(run.forks_succeeded, forks, "{run:#?}");
+    let mut ids = HashSet::new();
+    for fork in 1..=forks {
+        let f = fork_result(&mut gw, &run_id, fork).await;
+        assert!(
+            f.patch.contains(&format!("+fork {fork}")),
+            "fork {fork}: {}",
+            f.patch
+        );
+        assert!(ids.insert(f.sandbox_id.clone()), "two forks, one sandbox");
+    }
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = run_account(&mut ledger, &run_id).await;
+    assert_eq!(account.spent_micros, run.cost_micros, "{account:#?}");
+    assert_eq!(account.reserved_micros, 0, "{account:#?}");
+    // Every sandbox made before the kill was a fork's, and is gone with its fork.
+    let mut left = workspaces_left(mesh.state_dir());
+    for _ in 0..50 {
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        left = workspaces_left(mesh.state_dir());
+    }
+    assert!(
+        left.is_empty(),
+        "{left:?} ({made_before} sandboxes existed at the kill)"
+    );
+}
