@@ -178,11 +178,14 @@ impl Provisioner {
             }
         });
         let core = self.clone();
+        let record = p.entry.record();
+        let over_disk =
+            crate::disk_watch::over_limit(self.store.workspace(&record.id), record.disk_bytes);
         tokio::spawn(async move {
             let started = std::time::Instant::now();
             let mut tree = KillTree(child.id());
             let deadline = tokio::time::sleep(timeout);
-            tokio::pin!(deadline);
+            tokio::pin!(deadline, over_disk);
             let mut timed_out = false;
             let mut out_open = true;
             let status = loop {
@@ -193,6 +196,10 @@ impl Provisioner {
                     },
                     s = child.wait() => break s.ok(),
                     () = &mut deadline => { timed_out = true; break None },
+                    bytes = &mut over_disk => {
+                        tracing::warn!(sandbox_id = %record.id, bytes, "session command stopped: workspace over its disk limit");
+                        break None
+                    },
                     () = p.cancel.cancelled() => break None,
                     () = tx.closed() => break None,
                 }
