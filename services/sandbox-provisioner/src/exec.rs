@@ -54,6 +54,14 @@ enum WatchDisk {
     No,
 }
 
+/// What a command may take: time, captured output, the workspace's disk limit.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    timeout: Duration,
+    caps: Caps,
+    watch: WatchDisk,
+}
+
 impl Provisioner {
     /// Validated argv + env, and the timeout the request asks for.
     pub(crate) fn exec_params(
@@ -89,9 +97,11 @@ impl Provisioner {
                 &req.argv,
                 &env,
                 &req.llm_gateway,
-                timeout,
-                caps,
-                WatchDisk::Yes,
+                Bounds {
+                    timeout,
+                    caps,
+                    watch: WatchDisk::Yes,
+                },
             )
             .await?;
         let timed_out = matches!(f.outcome, Outcome::TimedOut);
@@ -236,7 +246,17 @@ impl Provisioner {
         // The provisioner's own commands (patch collection) run on a workspace that
         // may be over its limit already: that is what they are there to deal with.
         Ok(self
-            .run_checked(id, argv, env, "", timeout, caps, WatchDisk::No)
+            .run_checked(
+                id,
+                argv,
+                env,
+                "",
+                Bounds {
+                    timeout,
+                    caps,
+                    watch: WatchDisk::No,
+                },
+            )
             .await?
             .0)
     }
@@ -247,10 +267,13 @@ impl Provisioner {
         argv: &[String],
         env: &[(String, String)],
         llm_gateway: &str,
-        timeout: Duration,
-        caps: Caps,
-        watch: WatchDisk,
+        bounds: Bounds,
     ) -> Result<(Finished, Aftermath)> {
+        let Bounds {
+            timeout,
+            caps,
+            watch,
+        } = bounds;
         let mut p = self.prepare(id, argv, env, llm_gateway)?;
         let cmd = std::mem::replace(&mut p.command, Command::new("true"));
         let disk_bytes = match watch {
