@@ -49,21 +49,19 @@ fn cpu_secs(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-fn history_length(mesh: &Mesh, run_id: &str) -> String {
+/// `temporal workflow <what> -o json -w <run_id>` against the mesh's server, parsed.
+fn workflow_json(mesh: &Mesh, what: &str, run_id: &str) -> Option<serde_json::Value> {
     let out = std::process::Command::new(forkyard_tests::mesh::temporal_cli())
-        .args([
-            "workflow",
-            "describe",
-            "-o",
-            "json",
-            "--address",
-            &mesh.temporal_address(),
-            "-w",
-            run_id,
-        ])
-        .output();
-    out.ok()
-        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .args(["workflow", what, "-o", "json", "--address"])
+        .arg(mesh.temporal_address())
+        .args(["-w", run_id])
+        .output()
+        .ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+fn history_length(mesh: &Mesh, run_id: &str) -> String {
+    workflow_json(mesh, "describe", run_id)
         .and_then(|v| {
             v["workflowExecutionInfo"]["historyLength"]
                 .as_str()
@@ -78,22 +76,7 @@ fn history_length(mesh: &Mesh, run_id: &str) -> String {
 /// did not answer in time times out (START_TO_CLOSE), and a sticky task nobody picked up
 /// in time goes back to the normal queue (SCHEDULE_TO_START, harmless).
 fn task_trouble(mesh: &Mesh, run_id: &str) -> String {
-    let out = std::process::Command::new(forkyard_tests::mesh::temporal_cli())
-        .args([
-            "workflow",
-            "show",
-            "-o",
-            "json",
-            "--address",
-            &mesh.temporal_address(),
-            "-w",
-            run_id,
-        ])
-        .output();
-    let Some(history) = out
-        .ok()
-        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
-    else {
+    let Some(history) = workflow_json(mesh, "show", run_id) else {
         return "?".into();
     };
     let mut trouble: std::collections::BTreeMap<String, usize> = Default::default();

@@ -131,6 +131,19 @@ pub fn sandbox_processes(state: &Path) -> Vec<String> {
     found
 }
 
+/// What `left` still finds, once it finds nothing or after 10 s: destroys remove their
+/// sandboxes' files and processes as they go, so a check right after a run may race them.
+pub async fn left_after_settling(left: impl Fn() -> Vec<String>) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = left();
+        if found.is_empty() || Instant::now() >= deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 pub fn workspaces_left(state: &Path) -> Vec<String> {
     std::fs::read_dir(state.join("sandboxes"))
         .into_iter()

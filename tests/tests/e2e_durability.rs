@@ -12,8 +12,8 @@ use forkyard_proto::{
 use forkyard_tests::{
     Mesh, repo,
     support::{
-        Gateway, fork_result, launch, run_account, sandbox_processes, wait_finished, wait_until,
-        workspaces_left,
+        Gateway, fork_result, launch, left_after_settling, run_account, sandbox_processes,
+        wait_finished, wait_until, workspaces_left,
     },
 };
 use std::{
@@ -197,14 +197,7 @@ async fn a_gateway_killed_during_a_cancel_still_cleans_up_every_fork() {
     let account = run_account(&mut ledger, &run_id).await;
     assert_eq!(account.reserved_micros, 0, "{account:#?}");
     assert_eq!(account.spent_micros, run.cost_micros, "{account:#?}");
-    let mut left = workspaces_left(mesh.state_dir());
-    for _ in 0..50 {
-        if left.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        left = workspaces_left(mesh.state_dir());
-    }
+    let left = left_after_settling(|| workspaces_left(mesh.state_dir())).await;
     assert!(left.is_empty(), "{left:?}");
     assert!(
         sandbox_processes(mesh.state_dir()).is_empty(),
@@ -280,14 +273,7 @@ async fn a_gateway_killed_while_a_wave_is_prepared_makes_each_sandbox_once() {
     assert_eq!(account.spent_micros, run.cost_micros, "{account:#?}");
     assert_eq!(account.reserved_micros, 0, "{account:#?}");
     // Every sandbox made before the kill was a fork's, and is gone with its fork.
-    let mut left = workspaces_left(mesh.state_dir());
-    for _ in 0..50 {
-        if left.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        left = workspaces_left(mesh.state_dir());
-    }
+    let left = left_after_settling(|| workspaces_left(mesh.state_dir())).await;
     assert!(
         left.is_empty(),
         "{left:?} ({made_before} sandboxes existed at the kill)"

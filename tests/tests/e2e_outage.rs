@@ -12,8 +12,8 @@ use forkyard_proto::{
 use forkyard_tests::{
     Mesh, repo,
     support::{
-        Gateway, fork_result, launch, run_account, sandbox_processes, wait_finished, wait_until,
-        workspaces_left,
+        Gateway, fork_result, launch, left_after_settling, run_account, sandbox_processes,
+        wait_finished, wait_until, workspaces_left,
     },
 };
 use std::time::Duration;
@@ -80,14 +80,6 @@ async fn a_provisioner_away_for_a_minute_delays_forks_and_loses_none() {
         "{:?}",
         workspaces_left(mesh.state_dir())
     );
-    // Destroys kill their sandboxes' processes as they go: give them a few seconds.
-    let mut left = sandbox_processes(mesh.state_dir());
-    for _ in 0..50 {
-        if left.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        left = sandbox_processes(mesh.state_dir());
-    }
+    let left = left_after_settling(|| sandbox_processes(mesh.state_dir())).await;
     assert!(left.is_empty(), "{left:#?}");
 }
