@@ -2,11 +2,12 @@
 //! so a retried activity attempt that repeats a charge posts nothing new.
 
 use crate::error::AgentError;
+use forkyard_common::grpc_telemetry::TracedChannel as Channel;
 use forkyard_proto::budget::v1::{
     ChargeRequest, SpendAttribution, budget_ledger_client::BudgetLedgerClient,
 };
 use std::time::Duration;
-use tonic::{Code, transport::Channel};
+use tonic::Code;
 
 #[derive(Clone)]
 pub struct Charger {

@@ -13,18 +13,18 @@ use crate::{
     tools::Sandbox,
     transcript::ArtifactStore,
 };
+use forkyard_common::balance::Balanced;
 use forkyard_proto::{
     agent::v1::{AgentProgress, RunAgentRequest, RunAgentResponse},
     budget::v1::budget_ledger_client::BudgetLedgerClient,
 };
 use std::{future::Future, sync::Arc, time::Duration};
-use tonic::transport::Channel;
 
 #[derive(Clone)]
 pub struct Runner {
     pub provisioners: Provisioners,
     /// Lazily connected; only LLM drivers with a reservation use it.
-    pub ledger: Channel,
+    pub ledger: Balanced,
     pub drivers: Arc<Drivers>,
     pub store: Option<ArtifactStore>,
     pub heartbeat: Duration,
@@ -38,7 +38,7 @@ pub struct Runner {
 
 /// A channel over every replica of `addr` (`flag` names the setting in errors), for
 /// short calls.
-pub fn short_call_channel(flag: &str, addr: &str) -> Result<Channel, String> {
+pub fn short_call_channel(flag: &str, addr: &str) -> Result<Balanced, String> {
     forkyard_common::discovery::balanced(flag, addr, |ep| {
         ep.connect_timeout(Duration::from_secs(5))
             .timeout(forkyard_common::tls::SHORT_CALL_DEADLINE)
@@ -144,7 +144,9 @@ impl Runner {
                 .check(req.agent.as_ref().unwrap_or(&Default::default()))?,
         };
         let charger = (!req.reservation_id.is_empty()).then(|| Charger {
-            client: BudgetLedgerClient::new(self.ledger.clone()),
+            client: BudgetLedgerClient::new(forkyard_common::grpc_telemetry::traced_channel(
+                self.ledger.clone(),
+            )),
             reservation_id: req.reservation_id.clone(),
             key_prefix: if req.charge_key.is_empty() {
                 format!("agent/{}/{}/{}", req.run_id, req.fork, req.attempt.max(1))

@@ -8,6 +8,7 @@ use common::*;
 use forkyard_agent_runner::{error::AgentError, llm::LlmError};
 use forkyard_proto::{
     agent::v1::{AgentProgress, RunAgentRequest},
+    budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::AgentSpec,
     sandbox::v1::ReadFileRequest,
 };
@@ -532,7 +533,9 @@ async fn a_retried_attempt_resumes_without_charging_again() {
 
     // Replaying a charge key posts nothing: the same turn charged again is a no-op.
     let mut charger = forkyard_agent_runner::charge::Charger {
-        client: f.ledger.clone(),
+        client: BudgetLedgerClient::new(forkyard_common::grpc_telemetry::traced_channel(
+            f.runner.ledger.clone(),
+        )),
         reservation_id: rsv.clone(),
         key_prefix: req.charge_key.clone(),
         run_id: run.into(),

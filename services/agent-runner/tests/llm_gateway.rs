@@ -259,7 +259,9 @@ async fn each_answer_is_charged_once_and_a_spent_reservation_refuses_the_next_re
         fork: 1,
         allowed: Allowed::Any,
         charger: Some(Charger {
-            client: BudgetLedgerClient::new(f.runner.ledger.clone()),
+            client: BudgetLedgerClient::new(forkyard_common::grpc_telemetry::traced_channel(
+                f.runner.ledger.clone(),
+            )),
             reservation_id,
             key_prefix: "run-g/fork-1/a1".into(),
             run_id: "run-g".into(),

@@ -7,6 +7,7 @@
 //! TLS: each replica is dialled by IP and its certificate checked against the name the
 //! operator wrote, as one would dial the name itself.
 
+use crate::balance::Balanced;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
@@ -16,7 +17,7 @@ use std::{
     },
     time::Duration,
 };
-use tonic::transport::{Channel, Endpoint, channel::Change};
+use tonic::transport::{Channel, Endpoint};
 
 /// How often names are looked up again unless a service sets it
 /// ([`DiscoveryArgs::install`]).
@@ -193,22 +194,25 @@ pub fn balanced(
     flag: &str,
     addrs: &str,
     configure: impl Fn(Endpoint) -> Endpoint + Send + Sync + 'static,
-) -> Result<Channel, String> {
+) -> Result<Balanced, String> {
     let targets = parse(flag, addrs)?;
     if let [one] = targets.as_slice()
         && one.ip().is_some()
     {
-        return Ok(configure(crate::tls::endpoint(&one.url)?).connect_lazy());
+        return Ok(configure(crate::tls::endpoint(&one.url)?)
+            .connect_lazy()
+            .into());
     }
     // Check every address builds an endpoint now, so a bad one is a config error.
     for t in &targets {
         crate::tls::endpoint(&t.url).map_err(|e| format!("{flag}: {e}"))?;
     }
-    let (channel, tx) = Channel::balance_channel::<String>(64);
+    let channel = Balanced::empty(flag);
     let resolved = register(flag);
     let flag = flag.to_owned();
+    let members = channel.downgrade();
     tokio::spawn(async move {
-        let mut current: BTreeMap<String, Replica> = BTreeMap::new();
+        let mut current: BTreeMap<String, Channel> = BTreeMap::new();
         let mut failing = false;
         loop {
             let (now, errors) = replicas(&targets).await;
@@ -221,43 +225,38 @@ pub fn balanced(
             failing = !errors.is_empty();
             // A failed lookup keeps what that name had (DNS hiccups must not empty the
             // channel); replicas of names that answered are replaced.
-            let now: BTreeMap<String, Replica> =
-                now.into_iter().map(|r| (r.url.clone(), r)).collect();
             let keep_old = !errors.is_empty();
-            for (url, replica) in &now {
-                if !current.contains_key(url) {
-                    match endpoint(replica) {
-                        Ok(ep) => {
-                            tracing::info!(setting = %flag, replica = %url, "peer replica added");
-                            if tx
-                                .send(Change::Insert(url.clone(), configure(ep)))
-                                .await
-                                .is_err()
-                            {
-                                return; // the channel is gone
-                            }
-                            current.insert(url.clone(), replica.clone());
-                        }
-                        Err(e) => {
-                            tracing::warn!(setting = %flag, replica = %url, error = %e, "peer replica skipped");
-                        }
+            let mut next = if keep_old {
+                current.clone()
+            } else {
+                BTreeMap::new()
+            };
+            for replica in &now {
+                if let Some(ch) = current.get(&replica.url) {
+                    next.insert(replica.url.clone(), ch.clone());
+                    continue;
+                }
+                match endpoint(replica) {
+                    Ok(ep) => {
+                        tracing::info!(setting = %flag, replica = %replica.url, "peer replica added");
+                        next.insert(replica.url.clone(), configure(ep).connect_lazy());
+                    }
+                    Err(e) => {
+                        tracing::warn!(setting = %flag, replica = %replica.url, error = %e, "peer replica skipped");
                     }
                 }
             }
-            if !keep_old {
-                let gone: Vec<String> = current
-                    .keys()
-                    .filter(|u| !now.contains_key(*u))
-                    .cloned()
-                    .collect();
-                for url in gone {
-                    tracing::info!(setting = %flag, replica = %url, "peer replica removed");
-                    if tx.send(Change::Remove(url.clone())).await.is_err() {
-                        return;
-                    }
-                    current.remove(&url);
-                }
+            for url in current.keys().filter(|u| !next.contains_key(*u)) {
+                tracing::info!(setting = %flag, replica = %url, "peer replica removed");
             }
+            let Some(members) = members.upgrade() else {
+                return; // every user of the channel is gone
+            };
+            if next.keys().ne(current.keys()) {
+                members.set(next.iter().map(|(u, c)| (u.clone(), c.clone())).collect());
+            }
+            drop(members);
+            current = next;
             tokio::time::sleep(refresh()).await;
         }
     });

@@ -357,12 +357,13 @@ layer!(
     "Traces and counts the calls a gRPC client makes, propagating the trace."
 );
 
-/// A tonic channel whose calls are traced and counted.
-pub type TracedChannel = GrpcClientTrace<tonic::transport::Channel>;
+/// A channel to a peer (one replica or several, [`crate::balance`]) whose calls are
+/// traced and counted.
+pub type TracedChannel = GrpcClientTrace<crate::balance::Balanced>;
 
 /// Wrap `channel` so its calls are traced and counted.
-pub fn traced_channel(channel: tonic::transport::Channel) -> TracedChannel {
-    tower::Layer::layer(&GrpcClientLayer, channel)
+pub fn traced_channel(channel: impl Into<crate::balance::Balanced>) -> TracedChannel {
+    tower::Layer::layer(&GrpcClientLayer, channel.into())
 }
 
 /// Touch both sides' metrics so they are listed before the first call.

@@ -5,6 +5,7 @@
 pub mod activity;
 pub mod activity_telemetry;
 pub mod advertise;
+pub mod balance;
 pub mod config;
 pub mod discovery;
 pub mod git_refs;
