@@ -211,8 +211,6 @@ async fn a_gateway_killed_during_a_cancel_still_cleans_up_every_fork() {
 /// same idempotency keys, so every fork gets one sandbox and one reservation, and the
 /// run completes with the ledger exact and nothing left behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known bug: in about half the runs one to three sandboxes outlive the run, \
-            and a janitor sweep right after does not take them (closing note, 2026-11-24)"]
 async fn a_gateway_killed_while_a_wave_is_prepared_makes_each_sandbox_once() {
     let mut mesh = Mesh::start().await.expect("mesh starts");
     let src = tempfile::tempdir().unwrap();

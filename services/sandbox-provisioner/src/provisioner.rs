@@ -369,7 +369,35 @@ impl Provisioner {
         }
     }
 
-    pub async fn create(&self, mut req: CreateSandboxRequest) -> Result<Sandbox> {
+    /// Create a sandbox. The work runs on a task of its own, to the end: a caller that
+    /// hangs up midway (a gateway killed during a wave) cannot cut a create between its
+    /// blocking file steps and its cleanup, which left half-made directories no list
+    /// showed. A sandbox made for a caller that is gone is kept when it has an idempotency
+    /// key (the caller's retry gets it) and destroyed when it has none (nobody can learn
+    /// its id).
+    pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Sandbox> {
+        let core = self.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let keyed = !req.idempotency_key.is_empty();
+            let out = core.create_to_the_end(req).await;
+            if let Err(Ok(sandbox)) = tx.send(out)
+                && !keyed
+            {
+                warn!(sandbox_id = %sandbox.id, "the caller hung up during the create: sandbox destroyed");
+                let _ = core
+                    .destroy(DestroySandboxRequest {
+                        sandbox_id: sandbox.id,
+                        reason: "its creator hung up before the create ended".into(),
+                    })
+                    .await;
+            }
+        });
+        rx.await
+            .map_err(|e| ProvisionerError::internal("create sandbox", e))?
+    }
+
+    async fn create_to_the_end(&self, mut req: CreateSandboxRequest) -> Result<Sandbox> {
         self.refuse_if_draining(&req)?;
         if !(req.backend.is_empty() || req.backend == BACKEND) {
             return Err(ProvisionerError::invalid(

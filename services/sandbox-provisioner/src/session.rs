@@ -127,7 +127,7 @@ impl Provisioner {
         Ok(sandbox)
     }
 
-    pub async fn fork(&self, req: ForkSandboxRequest) -> Result<ForkSandboxResponse> {
+    pub async fn fork(self: &std::sync::Arc<Self>, req: ForkSandboxRequest) -> Result<ForkSandboxResponse> {
         if req.count == 0 || req.count > MAX_FORKS {
             return Err(ProvisionerError::invalid(
                 "count",
