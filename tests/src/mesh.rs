@@ -161,6 +161,12 @@ impl Mesh {
 
     async fn try_start(options: MeshOptions) -> anyhow::Result<Self> {
         let state = tempfile::Builder::new().prefix("forkyard-e2e-").tempdir()?;
+        // Run as root, the provisioner runs each sandbox as a uid of its own, whose
+        // bubblewrap must pass through here to the workspace (search only).
+        std::fs::set_permissions(
+            state.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )?;
         let mut mesh = Mesh {
             state,
             temporal_port: free_port(),

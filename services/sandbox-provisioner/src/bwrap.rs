@@ -100,6 +100,9 @@ pub struct Invocation<'a> {
     pub env: &'a [(String, String)],
     /// Seccomp filters the command runs under (compiled BPF; see `crate::seccomp`).
     pub seccomp: &'a [Vec<u8>],
+    /// The host uid bubblewrap and the command run as (`crate::uids`); `None`: the
+    /// provisioner's.
+    pub uid: Option<u32>,
 }
 
 impl Invocation<'_> {
@@ -225,13 +228,23 @@ impl Invocation<'_> {
     /// started with an empty environment; the sandboxed command's environment reaches
     /// bwrap on [`ENV_FD`] (a memfd, so values are never on a command line or on disk).
     pub fn command(&self) -> std::io::Result<Command> {
+        // The uid drop comes after the cgroup join (writing `cgroup.procs` takes the
+        // provisioner's rights) and before bubblewrap, so its user namespace maps the
+        // sandbox to the dropped uid.
+        let mut program: Vec<OsString> = match self.uid {
+            Some(uid) => crate::uids::drop_to(uid).into(),
+            None => Vec::new(),
+        };
+        program.push(self.bwrap.as_os_str().to_owned());
         let mut cmd = if self.cgroup_procs.is_empty() {
-            Command::new(self.bwrap)
+            let mut c = Command::new(&program[0]);
+            c.args(&program[1..]);
+            c
         } else {
             let mut c = Command::new("/bin/sh");
             c.args(["-c", JOIN_CGROUPS, "forkyard-join"]);
             c.args(self.cgroup_procs);
-            c.arg("--").arg(self.bwrap);
+            c.arg("--").args(&program);
             c
         };
         cmd.env_clear().args(self.args());
@@ -298,7 +311,7 @@ fn host_root_links() -> &'static [(PathBuf, Option<PathBuf>)] {
 }
 
 /// Check that `bwrap` runs a sandbox on this host and find which features it has.
-pub async fn probe(bwrap: &Path, scratch: &Path) -> Result<Features, String> {
+pub async fn probe(bwrap: &Path, scratch: &Path, uid: Option<u32>) -> Result<Features, String> {
     let argv = ["true".to_owned()];
     let mut last_err = String::new();
     for features in [Features { userns: true }, Features { userns: false }] {
@@ -312,6 +325,7 @@ pub async fn probe(bwrap: &Path, scratch: &Path) -> Result<Features, String> {
             argv: &argv,
             env: &[],
             seccomp: &[],
+            uid,
         };
         let mut cmd = inv
             .command()
@@ -372,6 +386,7 @@ mod tests {
             argv: &argv,
             env: &env,
             seccomp: &[],
+            uid: None,
         };
         let args = inv
             .args()
@@ -427,6 +442,7 @@ mod tests {
             argv: &argv,
             env: &env,
             seccomp: &[],
+            uid: Some(1_000_000_007),
         };
         let cmd = inv.command().unwrap();
         assert_eq!(
@@ -440,6 +456,14 @@ mod tests {
             .map(|a| a.to_str().unwrap().to_owned())
             .collect();
         assert!(args.join(" ").contains("--args 3 --"), "{args:?}");
+        // The cgroup is joined as the provisioner, then the uid dropped, then bwrap.
+        let joined = args.join(" ");
+        assert!(
+            joined.contains(
+                "cgroup.procs -- /usr/bin/setpriv --reuid=1000000007 --regid=1000000007 --clear-groups /usr/bin/bwrap --unshare-all"
+            ),
+            "{joined}"
+        );
         assert!(!args.iter().any(|a| a.contains("x.so")), "{args:?}");
         let data = String::from_utf8(inv.env_args()).unwrap();
         let parts: Vec<&str> = data.split_terminator('\0').collect();

@@ -53,6 +53,15 @@ pub struct Args {
     /// by default).
     #[arg(long, env = "FORKYARD_ALLOW_NO_USERNS", default_value_t = false)]
     pub allow_no_userns: bool,
+    /// When the provisioner runs as root: the first host uid given to sandboxes, each
+    /// sandbox its own (its workspace is owned by it and its commands run as it); 0 runs
+    /// sandboxes as root. Not used when the provisioner is not root (sandboxes then run
+    /// as its own uid).
+    #[arg(long, env = "FORKYARD_SANDBOX_UID_BASE", default_value_t = crate::uids::DEFAULT_BASE)]
+    pub sandbox_uid_base: u32,
+    /// How many uids from FORKYARD_SANDBOX_UID_BASE (at most this many sandboxes at once).
+    #[arg(long, env = "FORKYARD_SANDBOX_UID_COUNT", default_value_t = crate::uids::DEFAULT_COUNT)]
+    pub sandbox_uid_count: u32,
     /// Cgroup (under each hierarchy's root) that holds one group per sandbox; empty
     /// disables cgroups.
     #[arg(long, env = "FORKYARD_CGROUP_PARENT", default_value = "forkyard")]
@@ -170,6 +179,9 @@ impl Args {
         config.exec_timeout = Duration::from_secs(self.exec_timeout_secs);
         config.clone_timeout = Duration::from_secs(self.clone_timeout_secs);
         config.allow_no_userns = self.allow_no_userns;
+        crate::uids::SandboxUids::check(self.sandbox_uid_base, self.sandbox_uid_count)?;
+        config.sandbox_uid_base = self.sandbox_uid_base;
+        config.sandbox_uid_count = self.sandbox_uid_count;
         let parent = self.cgroup_parent.trim();
         if parent.contains("..") || parent.starts_with('/') {
             return Err("FORKYARD_CGROUP_PARENT (--cgroup-parent) must be a relative name".into());

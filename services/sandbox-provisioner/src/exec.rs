@@ -174,6 +174,10 @@ impl Provisioner {
                 let stop = entry.cancel.child_token();
                 Some(
                     crate::llm_relay::spawn(path, gateway, id, stop)
+                        .and_then(|relay| {
+                            self.give_to_sandbox(&record, path)?;
+                            Ok(relay)
+                        })
                         .map_err(|e| ProvisionerError::internal("start the llm relay", e))?,
                 )
             }
@@ -194,6 +198,7 @@ impl Provisioner {
             argv,
             env,
             seccomp: &self.seccomp,
+            uid: self.uid_of(&record),
         };
         let oom_before = self.cgroups.as_ref().map_or(0, |cg| cg.oom_kills(id));
         let command = inv

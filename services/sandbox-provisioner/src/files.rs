@@ -86,6 +86,7 @@ impl Provisioner {
             return Err(ProvisionerError::invalid("content", "larger than 64 MiB"));
         }
         let ws = self.store.workspace(&req.sandbox_id);
+        let uid = self.uid_of(&entry.record());
         let mode = if req.mode == 0 {
             0o644
         } else {
@@ -101,6 +102,15 @@ impl Provisioner {
                 .map_err(|e| ProvisionerError::internal("stat", e))?;
             if !meta.is_file() {
                 return Err(ProvisionerError::invalid("path", "is not a regular file"));
+            }
+            // A file this call made is the sandbox's, as if its own command had written it.
+            if let Some(uid) = uid {
+                rustix::fs::fchown(
+                    &file,
+                    Some(rustix::fs::Uid::from_raw(uid)),
+                    Some(rustix::fs::Gid::from_raw(uid)),
+                )
+                .map_err(|e| ProvisionerError::internal("give the file to the sandbox", e))?;
             }
             file.set_len(0)
                 .map_err(|e| ProvisionerError::internal("truncate", e))?;

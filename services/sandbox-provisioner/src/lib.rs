@@ -33,6 +33,7 @@ mod snapshot;
 pub mod store;
 mod stream;
 mod template;
+pub mod uids;
 pub mod usage;
 mod validate;
 

@@ -54,6 +54,10 @@ pub struct Config {
     /// Run sandboxes without a user namespace when the host cannot create one
     /// (otherwise the provisioner refuses to start).
     pub allow_no_userns: bool,
+    /// Run as root: each sandbox gets a host uid of its own from `base..base + count`
+    /// (`crate::uids`); base 0 runs sandboxes as the provisioner's uid.
+    pub sandbox_uid_base: u32,
+    pub sandbox_uid_count: u32,
     /// Name of the cgroup (under each hierarchy's root) holding the sandboxes' groups;
     /// `None` disables cgroups (no limits, destroy by pid namespace only).
     pub cgroup_parent: Option<String>,
@@ -95,6 +99,8 @@ impl Config {
             exec_timeout: Duration::from_secs(600),
             clone_timeout: Duration::from_secs(300),
             allow_no_userns: false,
+            sandbox_uid_base: crate::uids::DEFAULT_BASE,
+            sandbox_uid_count: crate::uids::DEFAULT_COUNT,
             cgroup_parent: Some("forkyard".into()),
             require_cgroups: false,
             default_limits: Limits {
@@ -127,6 +133,8 @@ pub struct Provisioner {
     pub(crate) ptys: crate::pty::Ptys,
     /// The `e2b` backend, shared by every front door.
     pub(crate) e2b: Arc<crate::e2b::E2bBackend>,
+    /// Host uids of sandboxes, when the provisioner runs as root (`crate::uids`).
+    pub(crate) uids: Option<crate::uids::SandboxUids>,
     /// One lock per idempotency key with a create in flight.
     creating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The replica-wide probe of the sandbox runtime behind health checks (`health.rs`).
@@ -155,9 +163,30 @@ impl Provisioner {
                 config.state_dir.display()
             )
         })?;
-        let features = bwrap::probe(&bwrap, store.root())
-            .await
-            .map_err(|e| format!("FORKYARD_BWRAP_PATH (--bwrap-path): {e}"))?;
+        let uids = crate::uids::SandboxUids::new(config.sandbox_uid_base, config.sandbox_uid_count);
+        let features = match &uids {
+            None => bwrap::probe(&bwrap, store.root(), None)
+                .await
+                .map_err(|e| format!("FORKYARD_BWRAP_PATH (--bwrap-path): {e}"))?,
+            Some(_) => {
+                // Bubblewrap, run as a sandbox's uid, opens the workspace by path.
+                for dir in [config.state_dir.as_path(), store.root()] {
+                    crate::uids::let_through(dir).map_err(|e| {
+                        format!("FORKYARD_STATE_DIR (--state-dir) {}: {e}", dir.display())
+                    })?;
+                }
+                bwrap::probe(&bwrap, store.root(), Some(config.sandbox_uid_base))
+                    .await
+                    .map_err(|e| {
+                        format!(
+                            "FORKYARD_SANDBOX_UID_BASE (--sandbox-uid-base): sandboxes cannot run as host uid {}: {e} (every directory above {} must let others through, o+x, and {} must exist; 0 runs sandboxes as root)",
+                            config.sandbox_uid_base,
+                            store.root().display(),
+                            crate::uids::SETPRIV,
+                        )
+                    })?
+            }
+        };
         if !features.userns {
             if !config.allow_no_userns {
                 return Err(format!(
@@ -242,6 +271,7 @@ impl Provisioner {
             templates,
             sandboxes: Mutex::new(HashMap::new()),
             creating: Mutex::new(HashMap::new()),
+            uids,
             draining: std::sync::atomic::AtomicBool::new(false),
             runtime_probe: crate::health::RuntimeProbe::default(),
         });
@@ -263,12 +293,10 @@ impl Provisioner {
         if !record.egress_allow.is_empty() {
             let allow = Allowlist::parse(&record.egress_allow)
                 .map_err(|e| ProvisionerError::invalid("egress_allow", e))?;
-            egress::spawn(
-                &self.store.egress_socket(&record.id),
-                allow,
-                entry.cancel.child_token(),
-            )
-            .map_err(|e| ProvisionerError::internal("start egress proxy", e))?;
+            let socket = self.store.egress_socket(&record.id);
+            egress::spawn(&socket, allow, entry.cancel.child_token())
+                .and_then(|()| self.give_to_sandbox(&record, &socket))
+                .map_err(|e| ProvisionerError::internal("start egress proxy", e))?;
         }
         Ok(())
     }
@@ -290,6 +318,38 @@ impl Provisioner {
             .map_err(|e| ProvisionerError::internal("create cgroup", e))?;
         entry.set_cgroups_made();
         Ok(())
+    }
+
+    /// The host uid a sandbox's commands run as: its own when this replica hands uids
+    /// out, else the provisioner's.
+    pub(crate) fn uid_of(&self, record: &Record) -> Option<u32> {
+        (self.uids.is_some() && record.uid != 0).then_some(record.uid)
+    }
+
+    /// Give a file the sandbox must use (a relay socket) to the sandbox's uid.
+    pub(crate) fn give_to_sandbox(
+        &self,
+        record: &Record,
+        path: &std::path::Path,
+    ) -> std::io::Result<()> {
+        match self.uid_of(record) {
+            Some(uid) => crate::uids::chown(path, uid),
+            None => Ok(()),
+        }
+    }
+
+    /// A sandbox's directory: owner-only, so nothing an agent leaves in a workspace (a
+    /// setuid file) is reachable by other users of the host; with uids of their own,
+    /// others may pass through (the sandbox's bubblewrap opens the workspace as the
+    /// sandbox's uid, and what the agent made is that uid's, not root's).
+    pub(crate) fn sandbox_dir_mode(&self) -> u32 {
+        if self.uids.is_some() { 0o711 } else { 0o700 }
+    }
+
+    pub(crate) fn release_uid(&self, uid: u32) {
+        if let (Some(uids), true) = (&self.uids, uid != 0) {
+            uids.release(uid);
+        }
     }
 
     pub(crate) fn entry(&self, id: &str) -> Result<Arc<Entry>> {
@@ -530,6 +590,8 @@ impl Provisioner {
             stopped: false,
             workspace_bytes: 0,
             memory_mib_ms: 0,
+            // Given at register (`crate::uids`).
+            uid: 0,
         }
     }
 
@@ -540,14 +602,29 @@ impl Provisioner {
     /// wave's health checks among them) meanwhile. Nothing after that wait can be
     /// interrupted, so a caller hanging up there leaves nothing behind (its directory
     /// goes with the create's cleanup).
-    pub(crate) async fn register(&self, record: Record) -> Result<Sandbox> {
+    pub(crate) async fn register(&self, mut record: Record) -> Result<Sandbox> {
         let id = record.id.clone();
+        if let Some(uids) = &self.uids {
+            record.uid = uids.claim()?;
+        }
         let (store, saved) = (self.store.clone(), record.clone());
-        tokio::task::spawn_blocking(move || store.save(&saved))
-            .await
-            .map_err(|e| ProvisionerError::internal("register sandbox", e))??;
+        let made = tokio::task::spawn_blocking(move || {
+            if saved.uid != 0 {
+                crate::uids::give_workspace(&store.workspace(&saved.id), saved.uid)
+                    .map_err(|e| ProvisionerError::internal("give the workspace to its uid", e))?;
+            }
+            store.save(&saved)
+        })
+        .await
+        .map_err(|e| ProvisionerError::internal("register sandbox", e))
+        .and_then(|r| r);
+        if let Err(e) = made {
+            self.release_uid(record.uid);
+            return Err(e);
+        }
         let entry = Entry::new(record);
         if let Err(e) = self.activate(&entry) {
+            self.release_uid(entry.record().uid);
             entry.cancel.cancel();
             if let Some(cg) = &self.cgroups {
                 cg.remove(&id);
@@ -608,13 +685,12 @@ impl Provisioner {
             crate::template::Source::Template(..) => Some(self.templates.turn().await?),
             crate::template::Source::Clone => None,
         };
-        // Owner-only: a file the agent made setuid in its workspace must not be
-        // reachable by other users of the host.
         let made = dir.clone();
+        let mode = self.sandbox_dir_mode();
         tokio::task::spawn_blocking(move || {
             std::fs::DirBuilder::new()
                 .recursive(true)
-                .mode(0o700)
+                .mode(mode)
                 .create(&made)
         })
         .await
@@ -724,6 +800,7 @@ impl Provisioner {
             let _ = tokio::task::spawn_blocking(move || cg.remove(&id)).await;
         }
         self.sandboxes.lock().expect("sandboxes lock").remove(id);
+        self.release_uid(record.uid);
         crate::lifecycle::destroyed(record.created_unix_ms);
         info!(sandbox_id = %id, reason = %req.reason, "sandbox destroyed");
         Ok(DestroySandboxResponse { existed: true })

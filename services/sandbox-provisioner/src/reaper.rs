@@ -35,6 +35,11 @@ impl Provisioner {
             if let Some(cg) = &self.cgroups {
                 cg.kill_all(&id);
             }
+            if let Err(e) = self.adopt_uid(&mut record) {
+                warn!(sandbox_id = %id, error = %e, "cannot give the sandbox a uid of its own; destroying it");
+                self.remove_leftover(&id);
+                continue;
+            }
             let entry = Entry::new(record);
             match self.activate(&entry) {
                 Ok(()) => {
@@ -60,6 +65,28 @@ impl Provisioner {
                 }
             }
         }
+    }
+
+    /// Keep an adopted sandbox's uid, or give it one (made before uids were handed out,
+    /// or its uid is another's now): its workspace follows.
+    fn adopt_uid(&self, record: &mut Record) -> crate::error::Result<()> {
+        let Some(uids) = &self.uids else {
+            return Ok(());
+        };
+        crate::uids::let_through(&self.store.dir(&record.id))
+            .map_err(|e| crate::ProvisionerError::internal("open the sandbox's directory", e))?;
+        if record.uid != 0 && uids.hold(record.uid) {
+            return Ok(());
+        }
+        let uid = uids.claim()?;
+        let given = crate::uids::give_workspace(&self.store.workspace(&record.id), uid)
+            .map_err(|e| crate::ProvisionerError::internal("give the workspace to its uid", e));
+        if let Err(e) = given {
+            uids.release(uid);
+            return Err(e);
+        }
+        record.uid = uid;
+        self.store.save(record)
     }
 
     fn remove_leftover(&self, id: &str) {

@@ -78,11 +78,16 @@ impl Provisioner {
         let dir = self.store.dir(&req.sandbox_id);
         let snaps = self.snapshots.clone();
         let id = req.snapshot_id.clone();
+        let uid = self.uid_of(&entry.record());
         tokio::task::spawn_blocking(move || -> Result<()> {
             let fresh = dir.join("workspace.hydrating");
             let old = dir.join("workspace.old");
             let _ = store::remove_all(&fresh);
             snaps.unpack(&id, &fresh)?;
+            if let Some(uid) = uid {
+                crate::uids::give_workspace(&fresh, uid)
+                    .map_err(|e| ProvisionerError::internal("give the workspace to its uid", e))?;
+            }
             let ws = dir.join("workspace");
             std::fs::rename(&ws, &old)
                 .and_then(|()| std::fs::rename(&fresh, &ws))
@@ -111,7 +116,7 @@ impl Provisioner {
         let dir = self.store.dir(&id);
         std::fs::DirBuilder::new()
             .recursive(true)
-            .mode(0o700)
+            .mode(self.sandbox_dir_mode())
             .create(&dir)
             .map_err(|e| ProvisionerError::internal("create sandbox directory", e))?;
         let mut cleanup = DirCleanup(Some(dir));
@@ -127,7 +132,10 @@ impl Provisioner {
         Ok(sandbox)
     }
 
-    pub async fn fork(self: &std::sync::Arc<Self>, req: ForkSandboxRequest) -> Result<ForkSandboxResponse> {
+    pub async fn fork(
+        self: &std::sync::Arc<Self>,
+        req: ForkSandboxRequest,
+    ) -> Result<ForkSandboxResponse> {
         if req.count == 0 || req.count > MAX_FORKS {
             return Err(ProvisionerError::invalid(
                 "count",

@@ -51,6 +51,10 @@ pub struct Record {
     /// Memory held while commands ran, MiB × milliseconds (sampled; see crate::usage).
     #[serde(default)]
     pub memory_mib_ms: u64,
+    /// The host uid the sandbox runs as and its workspace is owned by (`crate::uids`);
+    /// 0: the provisioner's own.
+    #[serde(default)]
+    pub uid: u32,
 }
 
 impl Record {

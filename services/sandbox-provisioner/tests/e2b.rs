@@ -70,7 +70,7 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
         .finish();
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = common::let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
     let server = fake_e2b::start(KEY).await;
     let core = open(tmp.path(), &server.url, Some(KEY)).await;
@@ -284,7 +284,7 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
 
 #[tokio::test]
 async fn e2b_errors_auth_is_final_server_errors_and_timeouts_retryable() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = common::let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
     let server = fake_e2b::start(KEY).await;
 
@@ -298,7 +298,7 @@ async fn e2b_errors_auth_is_final_server_errors_and_timeouts_retryable() {
     assert_eq!(status.code(), Code::PermissionDenied);
     drop(e2b);
 
-    let tmp2 = tempfile::tempdir().unwrap();
+    let tmp2 = common::let_through(tempfile::tempdir().unwrap());
     let core = open(tmp2.path(), &server.url, Some(KEY)).await;
     let e2b = Backends::new(core).by_name("e2b").unwrap().clone();
     // 5xx → Unavailable (retryable)
@@ -327,7 +327,7 @@ async fn e2b_errors_auth_is_final_server_errors_and_timeouts_retryable() {
 
 #[tokio::test]
 async fn e2b_is_disabled_without_a_key_and_local_is_unchanged() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = common::let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
     let core = open(tmp.path(), "http://127.0.0.1:9", None).await;
     let svc = SandboxService::new(core);

@@ -50,7 +50,7 @@ fn now_ms() -> i64 {
 
 #[tokio::test]
 async fn e2b_timeout_follows_the_ttl_after_create_and_on_resume() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = common::let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
     let server = fake_e2b::start(KEY).await;
     let svc = SandboxService::new(open(tmp.path(), &server.url).await);
@@ -180,7 +180,7 @@ async fn until(events: &mut Events, want: &str) -> String {
 
 #[tokio::test]
 async fn e2b_pty_takes_input_resizes_and_is_interrupted_by_ctrl_c() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = common::let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
     let server = fake_e2b::start(KEY).await;
     let svc = SandboxService::new(open(tmp.path(), &server.url).await);
@@ -259,7 +259,7 @@ async fn e2b_pty_takes_input_resizes_and_is_interrupted_by_ctrl_c() {
 
 #[tokio::test]
 async fn e2b_pty_command_is_killed_when_the_stream_is_dropped() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = common::let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
     let server = fake_e2b::start(KEY).await;
     let svc = SandboxService::new(open(tmp.path(), &server.url).await);

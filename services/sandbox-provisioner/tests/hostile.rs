@@ -426,3 +426,119 @@ echo tried"#
     // The sandbox's /etc is its own: nothing written there reaches the host's.
     assert!(!Path::new("/etc/forkyard-escape").exists());
 }
+
+/// The host uids (real, effective, saved, filesystem) of a command running in the
+/// sandbox, as the host sees them.
+async fn host_uids(f: &common::Fixture, id: &str) -> Vec<u32> {
+    let sleep = unique_sleep();
+    let core = f.core.clone();
+    let req = exec_req(id, &["sleep", &sleep]);
+    let running = tokio::spawn(async move { core.exec(req).await });
+    let marker = format!("sleep {sleep}");
+    assert!(
+        eventually(Duration::from_secs(10), || !host_pids_with(&marker)
+            .is_empty())
+        .await,
+        "the command never started"
+    );
+    // The sandboxed sleep itself, not bwrap or the wrapper (their cmdlines hold it too).
+    let pid = host_pids_with(&marker)
+        .into_iter()
+        .find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sleep")
+        })
+        .expect("the sleep process");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    running.abort();
+    let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    line.split_whitespace()
+        .skip(1)
+        .map(|u| u.parse().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_sandbox_is_a_host_uid_of_its_own_and_never_root() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: the provisioner runs sandboxes as its own uid when it is not root");
+        return;
+    }
+    let f = fixture().await;
+    let (a, b) = (f.create().await, f.create().await);
+    let (uids_a, uids_b) = (host_uids(&f, &a.id).await, host_uids(&f, &b.id).await);
+    let (ua, ub) = (uids_a[0], uids_b[0]);
+    assert!(
+        uids_a.iter().all(|u| *u == ua) && uids_b.iter().all(|u| *u == ub),
+        "{uids_a:?} {uids_b:?}: every uid of the process is the sandbox's"
+    );
+    assert!(
+        ua >= 65_536 && ub >= 65_536,
+        "{ua} {ub}: not a host user's uid"
+    );
+    assert_ne!(ua, ub, "two sandboxes share a host uid");
+
+    // What the agent writes is its uid's on the host, and the workspace is its alone.
+    let out = f.sh(&a.id, "echo x > made-by-agent && id -u").await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let ws = f.state.join("sandboxes").join(&a.id).join("workspace");
+    let made = std::fs::metadata(ws.join("made-by-agent")).unwrap();
+    assert_eq!((made.uid(), made.gid()), (ua, ua));
+    let meta = std::fs::metadata(&ws).unwrap();
+    assert_eq!(meta.uid(), ua);
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o700,
+        "other host users read it"
+    );
+    let cloned = std::fs::metadata(ws.join(".git/HEAD")).unwrap();
+    assert_eq!(cloned.uid(), ua, "the clone is the sandbox's too");
+
+    // A file written for the caller is the sandbox's: its own commands can change it.
+    f.core
+        .write_file(forkyard_proto::sandbox::v1::WriteFileRequest {
+            sandbox_id: a.id.clone(),
+            path: "from-caller.txt".into(),
+            content: b"one\n".to_vec(),
+            mode: 0o644,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::metadata(ws.join("from-caller.txt")).unwrap().uid(),
+        ua
+    );
+    let out = f
+        .sh(&a.id, "echo two >> from-caller.txt && cat from-caller.txt")
+        .await;
+    assert_eq!(out.stdout, "one\ntwo\n", "{}", out.stderr);
+
+    // As a host uid that owns nothing else, root's files and the other sandbox's
+    // workspace are out of reach even through a host path.
+    let other = f.state.join("sandboxes").join(&b.id).join("workspace");
+    let probe = Command::new("/usr/bin/setpriv")
+        .args([format!("--reuid={ua}"), format!("--regid={ua}"), "--clear-groups".into()])
+        .args(["sh", "-c"])
+        .arg(format!(
+            "ls {} 2>/dev/null && echo ESCAPED other sandbox; cat /etc/shadow 2>/dev/null && echo ESCAPED shadow; echo tried",
+            other.display()
+        ))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&probe.stdout);
+    assert!(
+        said.ends_with("tried\n") && !said.contains("ESCAPED"),
+        "{said}"
+    );
+
+    // A destroyed sandbox's uid is handed out again.
+    f.core
+        .destroy(forkyard_proto::sandbox::v1::DestroySandboxRequest {
+            sandbox_id: a.id.clone(),
+            reason: "test".into(),
+        })
+        .await
+        .unwrap();
+    let c = f.create().await;
+    assert_eq!(host_uids(&f, &c.id).await[0], ua);
+}

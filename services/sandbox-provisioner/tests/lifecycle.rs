@@ -403,8 +403,17 @@ async fn workspaces_are_private_and_the_state_dir_is_not_a_repo_source() {
         f.state.join("sandboxes"),
         f.state.join("sandboxes").join(&sbx.id),
     ] {
+        // Others may at most pass through (a sandbox's own uid opens its workspace).
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o700, "{} is {mode:o}", dir.display());
+        assert_eq!(mode & 0o766, 0o700, "{} is {mode:o}", dir.display());
+    }
+    if rustix::process::geteuid().is_root() {
+        let ws = f.state.join("sandboxes").join(&sbx.id).join("workspace");
+        let mode = std::fs::metadata(&ws).unwrap().permissions().mode() & 0o777;
+        assert_eq!(
+            mode, 0o700,
+            "the workspace is {mode:o}: readable by other host users"
+        );
     }
     // Another sandbox's workspace cannot be cloned into a new one.
     let mut req = f.request("steal");

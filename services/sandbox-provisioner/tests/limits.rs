@@ -131,7 +131,7 @@ async fn workspace_over_its_disk_limit_is_flagged() {
 
 #[tokio::test]
 async fn a_sandbox_past_its_ttl_is_destroyed_by_the_provisioner() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = common::let_through(tempfile::tempdir().unwrap());
     let repo = common::make_repo(tmp.path());
     let state = tmp.path().join("state");
     let mut config = forkyard_sandbox_provisioner::Config::new(&state, "http://x");

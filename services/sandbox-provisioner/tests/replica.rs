@@ -16,7 +16,7 @@ async fn replica(state: &Path, endpoint: &str, id: &str) -> Arc<Provisioner> {
 
 #[tokio::test]
 async fn sandboxes_name_their_owner_replica_and_its_task_queue() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = common::let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
     let state = tmp.path().join("state");
     let a = replica(&state, "http://10.0.0.1:50052", "host-a").await;

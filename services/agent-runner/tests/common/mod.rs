@@ -119,6 +119,13 @@ async fn serve(routes: Routes) -> String {
 
 pub async fn fixture(base_url: &str) -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
+    // Run as root, the provisioner runs each sandbox as a uid of its own, whose
+    // bubblewrap must pass through here to the workspace (search only).
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .unwrap();
     let repo = tmp.path().join("repo");
     std::fs::create_dir_all(&repo).unwrap();
     git(&repo, &["init", "-q", "-b", "main"]);

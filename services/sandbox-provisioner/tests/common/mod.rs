@@ -58,6 +58,14 @@ pub fn make_repo(dir: &Path) -> PathBuf {
     repo
 }
 
+/// A temporary directory sandboxes' own uids may pass through (search only), as the
+/// state directory's parents must be when the provisioner runs as root.
+pub fn let_through(tmp: tempfile::TempDir) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    tmp
+}
+
 pub async fn open(state: &Path) -> Arc<Provisioner> {
     let mut config = Config::new(state, "http://127.0.0.1:50052");
     config.exec_timeout = Duration::from_secs(60);
@@ -68,7 +76,7 @@ pub async fn open(state: &Path) -> Arc<Provisioner> {
 }
 
 pub async fn fixture() -> Fixture {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
     let state = tmp.path().join("state");
     let core = open(&state).await;

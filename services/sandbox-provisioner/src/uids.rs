@@ -1,0 +1,218 @@
+//! Host uids for sandboxes. A user namespace maps the sandbox's uid to the uid of the
+//! process that starts bubblewrap, so a provisioner running as root ran every sandbox as
+//! host root: a file an agent wrote was root's, and anything that got out of the
+//! namespaces landed as root. Run as root, the provisioner gives each sandbox a uid of
+//! its own from a range no host user has (`FORKYARD_SANDBOX_UID_BASE`, `..._COUNT`):
+//! its workspace is owned by that uid, its relay sockets too, and every command of the
+//! sandbox drops to it (`setpriv`) after joining the sandbox's cgroups and before
+//! bubblewrap starts. An escape lands as a uid that owns nothing but that one workspace,
+//! and sandboxes cannot reach each other's files. A provisioner that is not root (its
+//! container image runs it as 65532) already runs sandboxes as itself.
+
+use crate::error::{ProvisionerError, Result};
+use std::{
+    collections::BTreeSet, ffi::OsString, os::unix::fs::PermissionsExt as _, path::Path,
+    sync::Mutex,
+};
+
+/// Where the uid drop is done: util-linux, on every Debian host and in the image.
+pub const SETPRIV: &str = "/usr/bin/setpriv";
+
+/// The default range: far above any uid a host hands out (useradd stops at 60000,
+/// subordinate ranges for rootless containers start at 100000 and rarely pass 10^8).
+pub const DEFAULT_BASE: u32 = 1_000_000_000;
+pub const DEFAULT_COUNT: u32 = 100_000;
+
+/// The uids this replica hands out, and which are in use.
+#[derive(Debug)]
+pub struct SandboxUids {
+    base: u32,
+    count: u32,
+    used: Mutex<BTreeSet<u32>>,
+}
+
+impl SandboxUids {
+    /// The range `base..base + count`; `None` when `base` is 0 (off) or the provisioner
+    /// is not root (sandboxes run as its own uid then).
+    pub fn new(base: u32, count: u32) -> Option<Self> {
+        (base != 0 && rustix::process::geteuid().is_root()).then(|| Self {
+            base,
+            count,
+            used: Mutex::default(),
+        })
+    }
+
+    /// Check a configured range: outside the uids hosts give users and below the
+    /// kernel's invalid uid.
+    pub fn check(base: u32, count: u32) -> std::result::Result<(), String> {
+        if base == 0 {
+            return Ok(());
+        }
+        if base < 65_536 {
+            return Err("FORKYARD_SANDBOX_UID_BASE (--sandbox-uid-base) must be 0 (off) or at least 65536: lower uids belong to the host's users".into());
+        }
+        if count == 0 || u64::from(base) + u64::from(count) > u64::from(u32::MAX - 1) {
+            return Err("FORKYARD_SANDBOX_UID_COUNT (--sandbox-uid-count) must be at least 1 and keep the range below 4294967294".into());
+        }
+        Ok(())
+    }
+
+    /// The lowest uid of the range not in use, now in use.
+    pub fn claim(&self) -> Result<u32> {
+        let mut used = self.used.lock().expect("uids lock");
+        let free = (self.base..self.base + self.count)
+            .find(|u| !used.contains(u))
+            .ok_or_else(|| {
+                ProvisionerError::Unavailable(format!(
+                    "every sandbox uid of this replica is in use ({} from {}): destroy sandboxes or raise FORKYARD_SANDBOX_UID_COUNT",
+                    self.count, self.base
+                ))
+            })?;
+        used.insert(free);
+        Ok(free)
+    }
+
+    /// Mark `uid` in use (a sandbox adopted after a restart); false when it is not of
+    /// this range or already taken.
+    pub fn hold(&self, uid: u32) -> bool {
+        (self.base..self.base + self.count).contains(&uid)
+            && self.used.lock().expect("uids lock").insert(uid)
+    }
+
+    pub fn release(&self, uid: u32) {
+        self.used.lock().expect("uids lock").remove(&uid);
+    }
+}
+
+/// The command prefix that runs the rest as `uid` (its own group, no others).
+pub fn drop_to(uid: u32) -> [OsString; 4] {
+    [
+        SETPRIV.into(),
+        format!("--reuid={uid}").into(),
+        format!("--regid={uid}").into(),
+        "--clear-groups".into(),
+    ]
+}
+
+/// Give `root` and everything under it to `uid` (symlinks themselves, never what they
+/// point at).
+pub fn chown_tree(root: &Path, uid: u32) -> std::io::Result<()> {
+    let owner = Some(rustix::fs::Uid::from_raw(uid));
+    let group = Some(rustix::fs::Gid::from_raw(uid));
+    let mut dirs = vec![root.to_path_buf()];
+    rustix::fs::chownat(
+        rustix::fs::CWD,
+        root,
+        owner,
+        group,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )?;
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let path = entry.path();
+            rustix::fs::chownat(
+                rustix::fs::CWD,
+                &path,
+                owner,
+                group,
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )?;
+            if entry.file_type()?.is_dir() {
+                dirs.push(path);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Give a workspace to `uid`, readable by it alone (its directory's parents let other
+/// uids through).
+pub fn give_workspace(ws: &Path, uid: u32) -> std::io::Result<()> {
+    chown_tree(ws, uid)?;
+    std::fs::set_permissions(ws, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Give one file (a socket, a file written for a caller) to `uid`.
+pub fn chown(path: &Path, uid: u32) -> std::io::Result<()> {
+    rustix::fs::chownat(
+        rustix::fs::CWD,
+        path,
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(uid)),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )?;
+    Ok(())
+}
+
+/// Let other uids pass through `dir` (search only, no listing): a sandbox's bubblewrap,
+/// running as the sandbox's uid, opens its workspace by path.
+pub fn let_through(dir: &Path) -> std::io::Result<()> {
+    let mode = std::fs::metadata(dir)?.permissions().mode() & 0o7777;
+    if mode & 0o011 != 0o011 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o011))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_outside_the_hosts_users_are_accepted() {
+        assert!(SandboxUids::check(0, 0).is_ok(), "0 is off");
+        assert!(SandboxUids::check(DEFAULT_BASE, DEFAULT_COUNT).is_ok());
+        let low = SandboxUids::check(1000, 10).unwrap_err();
+        assert!(low.contains("FORKYARD_SANDBOX_UID_BASE"), "{low}");
+        let wide = SandboxUids::check(u32::MAX - 10, 100).unwrap_err();
+        assert!(wide.contains("FORKYARD_SANDBOX_UID_COUNT"), "{wide}");
+    }
+
+    #[test]
+    fn uids_are_handed_out_once_and_come_back() {
+        let u = SandboxUids {
+            base: 2_000_000,
+            count: 3,
+            used: Mutex::default(),
+        };
+        assert!(u.hold(2_000_001));
+        assert!(!u.hold(2_000_001), "taken twice");
+        assert!(!u.hold(5), "outside the range");
+        assert_eq!(u.claim().unwrap(), 2_000_000);
+        assert_eq!(u.claim().unwrap(), 2_000_002);
+        let full = u.claim().unwrap_err();
+        assert!(
+            full.to_string().contains("FORKYARD_SANDBOX_UID_COUNT"),
+            "{full}"
+        );
+        u.release(2_000_000);
+        assert_eq!(u.claim().unwrap(), 2_000_000);
+    }
+
+    #[test]
+    fn a_tree_is_given_away_without_following_links() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: needs root to chown");
+            return;
+        }
+        use std::os::unix::fs::MetadataExt as _;
+        let d = tempfile::tempdir().unwrap();
+        let outside = d.path().join("outside");
+        std::fs::write(&outside, "x").unwrap();
+        let ws = d.path().join("ws");
+        std::fs::create_dir_all(ws.join("a/b")).unwrap();
+        std::fs::write(ws.join("a/b/f"), "y").unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("link")).unwrap();
+        chown_tree(&ws, 2_000_123).unwrap();
+        for p in ["", "a", "a/b", "a/b/f", "link"] {
+            let m = std::fs::symlink_metadata(ws.join(p)).unwrap();
+            assert_eq!((m.uid(), m.gid()), (2_000_123, 2_000_123), "{p}");
+        }
+        assert_eq!(
+            std::fs::metadata(&outside).unwrap().uid(),
+            0,
+            "link target kept"
+        );
+    }
+}
