@@ -3,8 +3,9 @@
 # provisioner (one holding the run's sandboxes), the agent runner, the gateway, the
 # ledger, the ledger's PostgreSQL (every ledger replica's one connection target, down
 # for 60 s: agents go on unmetered, settlements wait for it) and the Temporal server
-# (down for 30 s); then `docker stop` (SIGTERM, then a drain) one replica of each of the
-# five services, which must exit 0; then start it again.
+# (down for 30 s); a gateway while forks are being finished; a replica of each service at
+# a random moment of the run; then `docker stop` (SIGTERM, then a drain) one replica of
+# each of the five services, which must exit 0; then start it again.
 # After each trial:
 #   - the run completes within 240 s with every fork succeeded (forks whose sandbox died
 #     with its provisioner start again on a new one);
@@ -23,16 +24,36 @@ holding() { grpc "$(ip_of "$1"):50052" forkyard.sandbox.v1.SandboxProvisioner/Li
 ledger() { grpc "$(ip_of "$(containers budget-ledger | head -1)"):50054" "$@"; }
 
 rows=()
+# action:service[@moment]. Without a moment the kill comes 2 s into the run (agents at
+# work); @random: at a random moment of the run (0-9.9 s after the launch, the wave's
+# preparation included); @finish: once the first fork has finished and the others are
+# being finished (patch collected, spend committed, sandbox destroyed), the window a
+# gateway crash once stalled for 12 minutes.
 trials="kill:sandbox-provisioner kill:agent-runner kill:gateway kill:budget-ledger kill:ledger-postgres kill:temporal
+  kill:gateway@finish kill:gateway@random kill:sandbox-provisioner@random kill:agent-runner@random
+  kill:budget-ledger@random kill:janitor@random
   term:sandbox-provisioner term:agent-runner term:gateway term:budget-ledger term:janitor"
 for trial in $trials; do
+  moment=""; [[ $trial == *@* ]] && moment=${trial#*@} && trial=${trial%@*}
   action=${trial%%:*} service=${trial#*:}
   run=$(launch 6 6 'bash agent.sh 4')
-  sleep 2
+  at="2 s in"
+  case $moment in
+    random) delay="$((RANDOM % 10)).$((RANDOM % 10))"; at="$delay s in"; sleep "$delay" ;;
+    finish)
+      deadline=$((SECONDS + 60))
+      until [ "$(gw forkyard.gateway.v1.Gateway/GetRun "{\"run_id\":\"$run\"}" | json 'd.get("forksSucceeded",0)')" -ge 1 ]; do
+        [ $SECONDS -lt $deadline ] || break; sleep 0.2
+      done
+      at="first fork finished" ;;
+    *) sleep 2 ;;
+  esac
   victim=""
   case $service in
     sandbox-provisioner)
-      for c in $(containers sandbox-provisioner); do [ "$(holding "$c")" -gt 0 ] && victim=$c && break; done ;;
+      for c in $(containers sandbox-provisioner); do [ "$(holding "$c")" -gt 0 ] && victim=$c && break; done
+      # At a random moment none may hold one yet (the wave is being prepared).
+      [ -n "$victim" ] || [ "$moment" != random ] || victim=$(containers sandbox-provisioner | head -1) ;;
     *) victim=$(containers "$service" | head -1) ;;
   esac
   [ -n "$victim" ] || { fail "$service: no replica to $action"; continue; }
@@ -75,13 +96,13 @@ for trial in $trials; do
     procs=$((procs + $(docker exec "$c" sh -c 'ps -e -o comm= | grep -cv -e "^tini$" -e "^sandbox-provisi" -e "^ps$" -e "^sh$" -e "^grep$" -e "^wc$"' || true)))
   done
   outcome="$state in ${took}s: $ok ok / $bad failed; cost $cost spent $spent committed $committed reserved $reserved held $held; swept $swept; left: $left sandboxes, $workspaces workspaces, $procs processes; exit $exited"
-  rows+=("$(printf '%-14s %-44s %s' "docker $action" "$victim" "$outcome")")
-  check "$action $victim: $outcome" test "$state" = RUN_STATE_COMPLETED -a "$bad" = 0 -a "$spent" = "$cost" -a "$committed" = "$cost" \
+  rows+=("$(printf '%-14s %-44s %-20s %s' "docker $action" "$victim" "$at" "$outcome")")
+  check "$action $victim ($at): $outcome" test "$state" = RUN_STATE_COMPLETED -a "$bad" = 0 -a "$spent" = "$cost" -a "$committed" = "$cost" \
     -a "$reserved" = 0 -a "$held" = 0 -a "$left" = 0 -a "$workspaces" = 0 -a "$procs" = 0 -a "$exited" = 0
 done
 
 echo
-printf '%-14s %-44s %s\n' "trial" "replica" "outcome"
+printf '%-14s %-44s %-20s %s\n' "trial" "replica" "when" "outcome"
 printf '%s\n' "${rows[@]}"
 echo
 if [ "$failures" -gt 0 ]; then echo "test-containers chaos: $failures failed"; exit 1; fi

@@ -71,6 +71,9 @@ struct Loop<'a, S: ProgressSink> {
     ticker: tokio::time::Interval,
     progress: AgentProgress,
     transcript: Transcript,
+    /// Since when turns could not be charged because the ledger did not answer (see
+    /// [`crate::command_meter::LEDGER_OUTAGE_GRACE`]).
+    ledger_away_since: Option<Instant>,
 }
 
 impl<S: ProgressSink> Loop<'_, S> {
@@ -195,6 +198,7 @@ pub async fn run<S: ProgressSink>(
         ticker,
         progress: AgentProgress::default(),
         transcript,
+        ledger_away_since: None,
     };
 
     let mut written = 0;
@@ -257,7 +261,25 @@ pub async fn run<S: ProgressSink>(
         }));
         if let Some(charger) = charger.as_mut() {
             match charger.charge(n, cost).await {
-                Ok(total) => lp.progress.charged_micros = lp.progress.charged_micros.max(total),
+                Ok(total) => {
+                    lp.progress.charged_micros = lp.progress.charged_micros.max(total);
+                    lp.ledger_away_since = None;
+                }
+                // As for CLI agents: a ledger outage does not stop the agent at once (its
+                // spend is posted by the fork's commit, which waits for the ledger), a
+                // long one does.
+                Err(AgentError::Ledger {
+                    retry: true,
+                    message,
+                }) if lp
+                    .ledger_away_since
+                    .get_or_insert_with(Instant::now)
+                    .elapsed()
+                    < crate::command_meter::LEDGER_OUTAGE_GRACE =>
+                {
+                    tracing::warn!(run_id = %req.run_id, fork = req.fork, turn = n, error = %message, "ledger away: turn not charged yet, the agent goes on");
+                    lp.transcript.write(&json!({"type": "charge_deferred", "turn": n, "cost_micros": cost, "error": message}));
+                }
                 Err(e) => {
                     lp.transcript.write(&json!({"type": "end", "reason": "charge refused", "error": e.to_string(), "turns": n}));
                     tracing::warn!(run_id = %req.run_id, fork = req.fork, turn = n, error = %e, "charge refused, stopping the agent");

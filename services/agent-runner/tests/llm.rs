@@ -576,3 +576,54 @@ async fn a_401_is_final_and_names_no_key() {
     assert!(act.contains("non_retryable: true"), "{act}");
     let _ = Mutex::new(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_outage_does_not_stop_the_agent_and_its_cost_is_reported_in_full() {
+    let script: Shared = Arc::default();
+    let base = model_server(script.clone()).await;
+    let mut f = fixture(&base).await;
+    let run = "run-ledger-away";
+    let rsv = f.reservation(run, 1_000_000, 100_000).await;
+    // The ledger goes away after the reservation: every charge is refused connection.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    f.runner.ledger = forkyard_agent_runner::runner::short_call_channel("ledger", &closed).unwrap();
+    {
+        let mut s = script.lock().unwrap();
+        s.replies.push_back(tool_use(
+            "toolu_1",
+            "bash",
+            json!({"command": "echo one >> log.txt"}),
+            a_usage(1000, 100),
+        ));
+        s.replies.push_back(end_turn("Done.", a_usage(1000, 100)));
+    }
+    let beats = Beats::default();
+    let out = f
+        .runner
+        .run(
+            &request(&f, run, "anthropic", "sonnet", &rsv),
+            &beats,
+            std::future::pending(),
+            None,
+            1,
+        )
+        .await
+        .expect("the agent finishes although no turn could be charged");
+    assert_eq!(out.exit_code, 0);
+    assert_eq!(read(&mut f, "log.txt").await, "one\n");
+    assert_eq!(out.turns, 2);
+    assert_eq!(
+        out.cost_micros, 9_000,
+        "the whole cost is reported, for the fork's commit to post"
+    );
+    assert_eq!(f.charged(run).await, 0, "nothing reached the ledger");
+    let transcript = std::fs::read_to_string(f.artifacts.join(&out.transcript_key)).unwrap();
+    assert_eq!(
+        transcript.matches("charge_deferred").count(),
+        2,
+        "{transcript}"
+    );
+}
