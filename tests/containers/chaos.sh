@@ -3,7 +3,8 @@
 # provisioner (one holding the run's sandboxes), the agent runner, the gateway, the
 # ledger, the ledger's PostgreSQL (every ledger replica's one connection target, down
 # for 60 s: agents go on unmetered, settlements wait for it) and the Temporal server
-# (down for 30 s); a gateway while forks are being finished; a replica of each service at
+# (down for 30 s); every provisioner replica at once (down for 60 s); a gateway while
+# forks are being finished; a replica of each service at
 # a random moment of the run; then `docker stop` (SIGTERM, then a drain) one replica of
 # each of the five services, which must exit 0; then start it again.
 # After each trial:
@@ -30,7 +31,7 @@ rows=()
 # being finished (patch collected, spend committed, sandbox destroyed), the window a
 # gateway crash once stalled for 12 minutes.
 trials="kill:sandbox-provisioner kill:agent-runner kill:gateway kill:budget-ledger kill:ledger-postgres kill:temporal
-  kill:gateway@finish kill:gateway@random kill:sandbox-provisioner@random kill:agent-runner@random
+  down:sandbox-provisioner kill:gateway@finish kill:gateway@random kill:sandbox-provisioner@random kill:agent-runner@random
   kill:budget-ledger@random kill:janitor@random
   term:sandbox-provisioner term:agent-runner term:gateway term:budget-ledger term:janitor"
 for trial in $trials; do
@@ -58,7 +59,11 @@ for trial in $trials; do
   esac
   [ -n "$victim" ] || { fail "$service: no replica to $action"; continue; }
   exited=0
-  if [ "$action" = term ]; then
+  if [ "$action" = down ]; then
+    # Every replica away at once for 60 s: the wave and the forks wait, none is lost.
+    victim=$(containers "$service" | tr '\n' ' ')
+    docker kill $victim >/dev/null
+  elif [ "$action" = term ]; then
     # SIGTERM: NOT_SERVING, drain (a provisioner waits for the sandboxes it holds), exit 0.
     docker stop -t 330 "$victim" >/dev/null
     exited=$(docker inspect -f '{{.State.ExitCode}}' "$victim")
@@ -71,10 +76,11 @@ for trial in $trials; do
     kill:ledger-postgres) sleep 60; docker start "$victim" >/dev/null ;;
     # The Temporal server (its SQLite file survives): 30 s away, then back.
     kill:temporal) sleep 30; docker start "$victim" >/dev/null ;;
+    down:*) sleep 60; docker start $victim >/dev/null ;;
   esac
   state=$(wait_terminal "$run" 240) || true
   took=$((SECONDS - started))
-  docker start "$victim" >/dev/null
+  docker start $victim >/dev/null
   wait_serving
 
   summary=$(gw forkyard.gateway.v1.Gateway/GetRun "{\"run_id\":\"$run\"}" |
@@ -96,8 +102,9 @@ for trial in $trials; do
     procs=$((procs + $(docker exec "$c" sh -c 'ps -e -o comm= | grep -cv -e "^tini$" -e "^sandbox-provisi" -e "^ps$" -e "^sh$" -e "^grep$" -e "^wc$"' || true)))
   done
   outcome="$state in ${took}s: $ok ok / $bad failed; cost $cost spent $spent committed $committed reserved $reserved held $held; swept $swept; left: $left sandboxes, $workspaces workspaces, $procs processes; exit $exited"
-  rows+=("$(printf '%-14s %-44s %-20s %s' "docker $action" "$victim" "$at" "$outcome")")
-  check "$action $victim ($at): $outcome" test "$state" = RUN_STATE_COMPLETED -a "$bad" = 0 -a "$spent" = "$cost" -a "$committed" = "$cost" \
+  who=$victim act=$action; [ "$action" = down ] && who="every $service replica, 60 s" act=kill
+  rows+=("$(printf '%-14s %-44s %-20s %s' "docker $act" "$who" "$at" "$outcome")")
+  check "$action $who ($at): $outcome" test "$state" = RUN_STATE_COMPLETED -a "$bad" = 0 -a "$spent" = "$cost" -a "$committed" = "$cost" \
     -a "$reserved" = 0 -a "$held" = 0 -a "$left" = 0 -a "$workspaces" = 0 -a "$procs" = 0 -a "$exited" = 0
 done
 

@@ -24,7 +24,7 @@ use crate::{
     error::AgentError,
     llm_gateway::{
         LlmGateway,
-        grants::{Allowed, GrantHandle, GrantSpec, Totals},
+        grants::{Allowed, GrantHandle, GrantSpec, Stop, Totals},
     },
     models::Models,
     presets::Program,
@@ -153,6 +153,7 @@ pub async fn run<S: ProgressSink>(
             fork: req.fork,
             allowed: allowed.clone(),
             charger: charger.clone(),
+            ledger_grace: crate::command_meter::LEDGER_OUTAGE_GRACE,
         })
     });
     let mut meter = Meter {
@@ -196,13 +197,13 @@ pub async fn run<S: ProgressSink>(
     };
     let mut sandbox_cost =
         crate::sandbox_cost::SandboxCost::new(&req.sandbox_id, charger.clone(), activity_attempt);
-    let exhausted = async {
+    let stopped = async {
         match &grant {
-            Some(g) => g.exhausted().await,
+            Some(g) => g.stopped().await,
             None => std::future::pending().await,
         }
     };
-    tokio::pin!(exhausted);
+    tokio::pin!(stopped);
     let cancel = |meter: &mut Meter<'_, S>| {
         meter
             .transcript
@@ -231,7 +232,10 @@ pub async fn run<S: ProgressSink>(
                 continue;
             }
             () = &mut cancelled => return Err(cancel(&mut meter)),
-            why = &mut exhausted => return Err(spent(&mut meter, grant.as_ref(), why).await),
+            why = &mut stopped => return Err(match why {
+                Stop::Spent(why) => spent(&mut meter, grant.as_ref(), why).await,
+                Stop::LedgerAway(why) => ledger_away(&mut meter, grant.as_ref(), why).await,
+            }),
         };
         let lines = match event.and_then(|e| e.event) {
             Some(Event::Stdout(chunk)) => stdout.push(&chunk),
@@ -357,6 +361,28 @@ fn write_gateway_totals<S: ProgressSink>(meter: &mut Meter<'_, S>, t: &Totals) {
 
 /// The fork's reservation refused a request's charge: the command is stopped (its
 /// stream dropped by the caller) and the fork ends `BUDGET_EXCEEDED`.
+/// The agent's charges have not reached the ledger for too long: it is stopped, and the
+/// attempt is retried (what it used is in its last beat, for the fork's commit).
+async fn ledger_away<S: ProgressSink>(
+    meter: &mut Meter<'_, S>,
+    grant: Option<&GrantHandle>,
+    why: String,
+) -> AgentError {
+    if let Some(g) = grant {
+        let totals = g.settle(SETTLE).await;
+        add_totals(&mut meter.progress, &totals);
+        write_gateway_totals(meter, &totals);
+    }
+    let p = &meter.progress;
+    meter.transcript.write(&json!({"type": "end", "reason": "ledger away", "error": why, "turns": p.turns, "cost_micros": p.cost_micros}));
+    tracing::warn!(run_id = %meter.req.run_id, fork = meter.req.fork, "ledger away past the grace, stopping the agent");
+    meter.beat("stopped: ledger away").await;
+    AgentError::Ledger {
+        message: why,
+        retry: true,
+    }
+}
+
 async fn spent<S: ProgressSink>(
     meter: &mut Meter<'_, S>,
     grant: Option<&GrantHandle>,

@@ -15,7 +15,7 @@ use forkyard_agent_runner::{
     llm::{Endpoint, Secret, http::RetryPolicy},
     llm_gateway::{
         LlmGateway,
-        grants::{Allowed, GrantSpec},
+        grants::{Allowed, GrantSpec, Stop},
     },
     models::Models,
 };
@@ -138,6 +138,7 @@ fn mint(
         fork: 1,
         allowed,
         charger: None,
+        ledger_grace: Duration::from_secs(120),
     })
 }
 
@@ -269,6 +270,7 @@ async fn each_answer_is_charged_once_and_a_spent_reservation_refuses_the_next_re
             model: String::new(),
             activity_attempt: 1,
         }),
+        ledger_grace: Duration::from_secs(120),
     });
     let token = grant.token().to_owned();
     let (status, _, _, _) = call(&addr, Some("sbx-a"), &token, &ask("claude-haiku-4-5")).await;
@@ -278,10 +280,10 @@ async fn each_answer_is_charged_once_and_a_spent_reservation_refuses_the_next_re
     // The second answer is delivered, but its charge does not fit: the fork is spent.
     let (status, _, _, _) = call(&addr, Some("sbx-a"), &token, &ask("claude-haiku-4-5")).await;
     assert_eq!(status, 200);
-    let why = tokio::time::timeout(Duration::from_secs(10), grant.exhausted())
+    let why = tokio::time::timeout(Duration::from_secs(10), grant.stopped())
         .await
         .expect("the refusal reaches the driver");
-    assert!(!why.is_empty());
+    assert!(matches!(why, Stop::Spent(w) if !w.is_empty()));
     let (status, body, _, _) = call(&addr, Some("sbx-a"), &token, &ask("claude-haiku-4-5")).await;
     assert_eq!(status, 402, "{body}");
     assert_eq!(json_type(&body), "billing_error");
@@ -351,4 +353,71 @@ async fn a_stream_passes_through_as_it_is_made_and_its_usage_is_read() {
     );
     // claude-haiku-4-5: 100 × $1 + 50 × $5 per million.
     assert_eq!(t.cost_micros, 350);
+}
+
+#[tokio::test]
+async fn answers_go_on_through_a_short_ledger_outage_and_stop_after_the_grace() {
+    let script: Shared = Arc::default();
+    for _ in 0..3 {
+        script
+            .lock()
+            .unwrap()
+            .replies
+            .push_back((200, message("claude-haiku-4-5", 1000, 1000)));
+    }
+    let base = model_server(script.clone()).await;
+    let mut f = fixture(&base).await;
+    let reservation_id = f.reservation("run-away", 100_000, 100_000).await;
+    // The ledger is gone once the reservation is made: every charge is refused connection.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let ledger = forkyard_agent_runner::runner::short_call_channel("ledger", &closed).unwrap();
+    let (gw, addr) = gateway(&base).await;
+    let grant = gw.grants.mint(GrantSpec {
+        sandbox_id: "sbx-a".into(),
+        run_id: "run-away".into(),
+        fork: 1,
+        allowed: Allowed::Any,
+        charger: Some(Charger {
+            client: BudgetLedgerClient::new(forkyard_common::grpc_telemetry::traced_channel(
+                ledger,
+            )),
+            reservation_id,
+            key_prefix: "run-away/fork-1/a1".into(),
+            run_id: "run-away".into(),
+            fork: 1,
+            model: String::new(),
+            activity_attempt: 1,
+        }),
+        ledger_grace: Duration::from_secs(1),
+    });
+    let token = grant.token().to_owned();
+    // Within the grace: answered, and counted though not charged.
+    for _ in 0..2 {
+        let (status, body, _, _) =
+            call(&addr, Some("sbx-a"), &token, &ask("claude-haiku-4-5")).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let why = tokio::time::timeout(Duration::from_secs(30), grant.stopped())
+        .await
+        .expect("the driver hears the agent must stop");
+    assert!(
+        matches!(&why, Stop::LedgerAway(w) if w.contains("ledger")),
+        "{why:?}"
+    );
+    let (status, body, _, _) = call(&addr, Some("sbx-a"), &token, &ask("claude-haiku-4-5")).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        script.lock().unwrap().requests.len(),
+        2,
+        "the third never reached the model"
+    );
+    let t = grant.settle(Duration::from_secs(5)).await;
+    assert_eq!(
+        (t.requests, t.cost_micros, t.charged_micros),
+        (2, 12_000, 0),
+        "what was used is known, for the fork's commit"
+    );
 }

@@ -45,6 +45,18 @@ pub struct GrantSpec {
     pub allowed: Allowed,
     /// Charges each request's price to the fork's reservation; none without one.
     pub charger: Option<Charger>,
+    /// How long the fork's requests go on while their charges cannot reach the ledger
+    /// (the fork's commit posts them later); then the agent is stopped.
+    pub ledger_grace: Duration,
+}
+
+/// Why a grant takes no more requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// The fork's reservation is spent.
+    Spent(String),
+    /// Charges have not reached the ledger for longer than the grace.
+    LedgerAway(String),
 }
 
 /// What the fork's requests came to so far.
@@ -57,6 +69,8 @@ pub struct Totals {
     pub charged_micros: i64,
     /// Why the fork may not ask for more (its reservation is spent).
     pub exhausted: Option<String>,
+    /// The ledger has not taken a charge for longer than the grant's grace.
+    pub ledger_away: Option<String>,
     /// Requests the model API failed (unreachable, 429, 5xx), and the last such status
     /// (502 for unreachable): an agent that gives up on them is retried.
     pub upstream_failures: u32,
@@ -70,6 +84,8 @@ struct State {
     in_flight: u32,
     /// Of those, requests whose response is done and whose charge is being posted.
     charging: u32,
+    /// Since when charges fail because the ledger does not answer.
+    ledger_away_since: Option<std::time::Instant>,
 }
 
 pub struct Grant {
@@ -80,6 +96,7 @@ pub struct Grant {
     pub fork: u32,
     pub allowed: Allowed,
     charger: Option<tokio::sync::Mutex<Charger>>,
+    ledger_grace: Duration,
     seq: AtomicU32,
     state: Mutex<State>,
     changed: Notify,
@@ -87,13 +104,13 @@ pub struct Grant {
 
 impl Grant {
     /// Why a new request must be refused, if it must.
-    pub fn exhausted(&self) -> Option<String> {
-        self.state
-            .lock()
-            .expect("grant lock")
-            .totals
-            .exhausted
-            .clone()
+    pub fn stopped(&self) -> Option<Stop> {
+        let s = self.state.lock().expect("grant lock");
+        match (&s.totals.exhausted, &s.totals.ledger_away) {
+            (Some(why), _) => Some(Stop::Spent(why.clone())),
+            (None, Some(why)) => Some(Stop::LedgerAway(why.clone())),
+            (None, None) => None,
+        }
     }
 
     /// A request starts: its sequence number (the charge key's suffix).
@@ -132,7 +149,28 @@ impl Grant {
         {
             let mut s = self.state.lock().expect("grant lock");
             match outcome {
-                Some(Ok(_)) => s.totals.charged_micros += cost_micros,
+                Some(Ok(_)) => {
+                    s.totals.charged_micros += cost_micros;
+                    s.ledger_away_since = None;
+                }
+                Some(Err(AgentError::Ledger {
+                    retry: true,
+                    message,
+                })) => {
+                    // Spent all the same: the fork's commit posts it. A short outage
+                    // does not stop the agent, a long one does.
+                    let since = *s
+                        .ledger_away_since
+                        .get_or_insert_with(std::time::Instant::now);
+                    tracing::warn!(run_id = %self.run_id, fork = self.fork, grant = %self.id, error = %message, "ledger away: model request not charged yet");
+                    if since.elapsed() >= self.ledger_grace && s.totals.ledger_away.is_none() {
+                        tracing::warn!(run_id = %self.run_id, fork = self.fork, grant = %self.id, "ledger away past the grace, refusing further model requests");
+                        s.totals.ledger_away = Some(format!(
+                            "the ledger has not taken a charge for {} s: {message}",
+                            since.elapsed().as_secs()
+                        ));
+                    }
+                }
                 Some(Err(AgentError::BudgetExceeded(why))) => {
                     tracing::info!(run_id = %self.run_id, fork = self.fork, grant = %self.id, "fork budget spent, refusing further model requests");
                     s.totals.exhausted = Some(why);
@@ -214,6 +252,7 @@ impl Grants {
             fork: spec.fork,
             allowed: spec.allowed,
             charger: spec.charger.map(tokio::sync::Mutex::new),
+            ledger_grace: spec.ledger_grace,
             seq: AtomicU32::new(0),
             state: Mutex::default(),
             changed: Notify::new(),
@@ -267,10 +306,11 @@ impl GrantHandle {
     }
 
     /// Resolves once the fork's reservation refused a charge: the reason.
-    pub async fn exhausted(&self) -> String {
+    /// Once the grant takes no more requests: why.
+    pub async fn stopped(&self) -> Stop {
         loop {
             let changed = self.grant.changed.notified();
-            if let Some(why) = self.grant.exhausted() {
+            if let Some(why) = self.grant.stopped() {
                 return why;
             }
             changed.await;

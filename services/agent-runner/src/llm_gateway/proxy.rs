@@ -4,7 +4,7 @@
 
 use super::{
     LlmGateway,
-    grants::Grant,
+    grants::{Grant, Stop},
     meter::{Api, Meter},
     metrics,
 };
@@ -213,9 +213,21 @@ async fn handle(gw: &Arc<LlmGateway>, sandbox: &str, req: Request<Incoming>) -> 
         );
     }
     grant.charges_posted(Duration::from_secs(10)).await;
-    if let Some(why) = grant.exhausted() {
-        refused("budget");
-        return budget_spent(provider, &why);
+    match grant.stopped() {
+        Some(Stop::Spent(why)) => {
+            refused("budget");
+            return budget_spent(provider, &why);
+        }
+        Some(Stop::LedgerAway(why)) => {
+            refused("ledger");
+            return error(
+                provider,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "api_error",
+                &format!("spend cannot be recorded: {why}"),
+            );
+        }
+        None => {}
     }
     let (parts, body) = req.into_parts();
     let body = match Limited::new(body, MAX_REQUEST_BODY).collect().await {
