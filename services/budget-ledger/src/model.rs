@@ -25,12 +25,7 @@ pub(crate) const SELECT_RESERVATION: &str = "\
     SELECT reservation_id, account_id, amount_micros, state, committed_micros, budget_exceeded, \
       holder, created_unix_ms, charged_micros FROM reservations";
 
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+pub(crate) use forkyard_common::clock::now_ms;
 
 pub(crate) fn state_str(state: ReservationState) -> &'static str {
     match state {

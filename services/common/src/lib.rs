@@ -6,6 +6,7 @@ pub mod activity;
 pub mod activity_telemetry;
 pub mod advertise;
 pub mod balance;
+pub mod clock;
 pub mod config;
 pub mod discovery;
 pub mod git_refs;

@@ -382,12 +382,7 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
     }
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+use forkyard_common::clock::now_ms;
 
 #[cfg(test)]
 mod tests {

@@ -53,12 +53,7 @@ impl Workflows for FakeWorkflows {
     }
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
+use forkyard_common::clock::now_ms;
 
 fn sandbox(id: &str, workflow: Option<&str>, age_secs: i64) -> Sandbox {
     let mut labels = HashMap::from([(labels::RUN_ID.to_owned(), "run-1".to_owned())]);

@@ -816,12 +816,7 @@ fn state_name(state: i32) -> &'static str {
     }
 }
 
-pub(crate) fn now_ms() -> i64 {
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
-}
+pub(crate) use forkyard_common::clock::now_ms;
 
 /// Removes a half-created sandbox directory when dropped while armed.
 pub(crate) struct DirCleanup(pub(crate) Option<PathBuf>);

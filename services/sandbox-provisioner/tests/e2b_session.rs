@@ -41,12 +41,7 @@ fn create_req(repo: &std::path::Path, ttl_secs: u32) -> CreateSandboxRequest {
     }
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
+use forkyard_common::clock::now_ms;
 
 #[tokio::test]
 async fn e2b_timeout_follows_the_ttl_after_create_and_on_resume() {

@@ -19,7 +19,6 @@ use forkyard_proto::{
     queues,
 };
 use futures::StreamExt;
-use std::time::SystemTime;
 use temporalio_client::{
     WorkflowCancelOptions, WorkflowDescribeOptions, WorkflowExecuteUpdateOptions,
     WorkflowExecutionStatus, WorkflowGetResultOptions, WorkflowIdReusePolicy, WorkflowListOptions,
@@ -31,10 +30,7 @@ use temporalio_common::search_attributes::SearchAttributes;
 /// Most runs one ListRuns page may skip; deeper paging needs a narrower filter.
 const MAX_LIST_OFFSET: usize = 100_000;
 
-fn unix_ms(t: Option<SystemTime>) -> i64 {
-    t.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+use forkyard_common::clock::unix_ms;
 
 /// The API state of a closed (or running) workflow execution.
 pub fn run_state(s: WorkflowExecutionStatus) -> RunState {

@@ -13,18 +13,14 @@ use forkyard_proto::{
     common::v1::{ForkResult, ForkStatus},
     gateway::v1::{Run, RunEvent, RunState, run_event::Kind},
 };
-use std::{collections::HashMap, pin::Pin, time::SystemTime};
+use std::{collections::HashMap, pin::Pin};
 use temporalio_client::{WorkflowDescribeOptions, WorkflowQueryOptions};
 use tokio::sync::mpsc;
 use tonic::Status;
 
 type EventStream = Pin<Box<dyn futures::Stream<Item = Result<RunEvent, Status>> + Send>>;
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+use forkyard_common::clock::now_ms;
 
 fn closed(state: i32) -> bool {
     ![

@@ -102,11 +102,7 @@ fn key_id(key: &str) -> Option<&str> {
     (hexy(id, ID_BYTES) && hexy(secret, SECRET_BYTES)).then_some(id)
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+use forkyard_common::clock::now_ms;
 
 fn info(row: &sqlx::sqlite::SqliteRow) -> Result<KeyInfo, sqlx::Error> {
     Ok(KeyInfo {

@@ -45,9 +45,4 @@ pub const ORCHESTRATION_WORKFLOW: &str = "SandboxOrchestrationWorkflow";
 pub const FORK_WORKFLOW: &str = "ForkWorkflow";
 pub const CLEANUP_WORKFLOW: &str = "ScheduledCleanupWorkflow";
 
-/// Milliseconds since the Unix epoch (0 for none or before it).
-pub(crate) fn unix_ms(t: Option<std::time::SystemTime>) -> i64 {
-    t.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or_default()
-}
+pub(crate) use forkyard_common::clock::unix_ms;
