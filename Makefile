@@ -140,6 +140,7 @@ demo: up
 # five service binaries on free ports, so they do not need `make up`).
 # Without nextest, the mesh tests run one at a time (each boots a whole stack).
 test: build
+	@python3 scripts/unused-deps.py
 	@if command -v cargo-nextest >/dev/null; then \
 	  cargo nextest run --workspace --no-fail-fast; \
 	else \
@@ -184,6 +185,7 @@ bench-ledger: deps-apt
 lint:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	python3 scripts/unused-deps.py
 
 fmt:
 	cargo fmt --all

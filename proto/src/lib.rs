@@ -6,6 +6,7 @@
 //! `#[activity(definition = ...)]`, and workflows call them on the owner's task queue.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "activities")]
 pub mod activities;
 
 /// Where a command's LLM gateway is inside its sandbox (`ExecRequest.llm_gateway`): the

@@ -134,6 +134,7 @@ fn main() {
                     fork: u32::try_from(i).unwrap_or(0),
                     allowed: Allowed::Any,
                     charger: None,
+                    ledger_grace: std::time::Duration::from_secs(120),
                 })
             })
             .collect();

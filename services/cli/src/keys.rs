@@ -2,7 +2,7 @@
 //! other commands send.
 
 use crate::cli::{KeysArgs, KeysCommand, Output};
-use forkyard_gateway::auth::keys::{KeyInfo, KeyStore};
+use forkyard_keys::{KeyInfo, KeyStore};
 use std::process::ExitCode;
 use tonic::{metadata::MetadataValue, service::Interceptor};
 

@@ -7,7 +7,7 @@
 
 pub mod config;
 pub mod gate;
-pub mod keys;
+pub use forkyard_keys as keys;
 pub mod limits;
 
 use keys::KeyStore;

@@ -1,16 +1,30 @@
-//! API keys: `fyk_<id>_<secret>`, stored as the SHA-256 of the whole key in a SQLite file.
+//! The gateway's API key store (also used by `forkyard keys`). API keys: `fyk_<id>_<secret>`, stored as the SHA-256 of the whole key in a SQLite file.
 //!
 //! The secret is 256 random bits from the OS, so a fast hash is enough: nothing short of
 //! guessing 2^256 values finds a key from its hash (slow password hashes exist for
 //! low-entropy human passwords). The id is stored in the clear so a lookup is one
 //! indexed read and `keys list` / `keys revoke` can name a key without its secret.
 
+#![forbid(unsafe_code)]
+
 use sha2::{Digest, Sha256};
 use sqlx::{
     Row,
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions},
 };
-use std::{path::Path, str::FromStr, time::Duration};
+use std::{
+    path::Path,
+    str::FromStr,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+fn now_ms() -> i64 {
+    // Not forkyard-common's clock: this crate stays free of the services' dependencies
+    // (the CLI uses it).
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
 
 const PREFIX: &str = "fyk_";
 const ID_BYTES: usize = 8;
@@ -101,8 +115,6 @@ fn key_id(key: &str) -> Option<&str> {
     let hexy = |s: &str, n: usize| s.len() == n * 2 && s.bytes().all(|b| b.is_ascii_hexdigit());
     (hexy(id, ID_BYTES) && hexy(secret, SECRET_BYTES)).then_some(id)
 }
-
-use forkyard_common::clock::now_ms;
 
 fn info(row: &sqlx::sqlite::SqliteRow) -> Result<KeyInfo, sqlx::Error> {
     Ok(KeyInfo {
