@@ -9,28 +9,27 @@ use forkyard_proto::{
     },
     sandbox::v1::sandbox_provisioner_client::SandboxProvisionerClient,
 };
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::time::Duration;
 use tonic::{Request, Response, Status};
 // Traced: calls are spans of the agent's activity span and carry the trace onward.
-use forkyard_common::grpc_telemetry::{TracedChannel as Channel, traced_channel};
+use forkyard_common::{
+    grpc_telemetry::{TracedChannel as Channel, traced_channel},
+    pool::ChannelPool,
+};
 
 /// One lazily-connected channel per provisioner replica; a sandbox's commands go to the
 /// replica that owns it (`sandbox_endpoint`), else to the configured default.
 #[derive(Clone)]
 pub struct Provisioners {
     default_endpoint: String,
-    channels: Arc<Mutex<HashMap<String, Channel>>>,
+    channels: ChannelPool,
 }
 
 impl Provisioners {
     pub fn new(default_endpoint: String) -> Self {
         Self {
             default_endpoint,
-            channels: Arc::default(),
+            channels: ChannelPool::new(1024),
         }
     }
 
@@ -43,24 +42,15 @@ impl Provisioners {
         } else {
             endpoint.to_owned()
         };
-        let mut channels = self
-            .channels
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let channel = match channels.get(&endpoint) {
-            Some(c) => c.clone(),
-            None => {
-                let c = forkyard_common::tls::endpoint(&endpoint)
-                    .map_err(|e| {
-                        AgentError::InvalidArgument(format!("sandbox_endpoint: {endpoint:?}: {e}"))
-                    })?
-                    .connect_timeout(Duration::from_secs(5))
-                    .connect_lazy();
-                let c = traced_channel(c);
-                channels.insert(endpoint.clone(), c.clone());
-                c
-            }
-        };
+        let channel = self.channels.get_or(&endpoint, || {
+            let c = forkyard_common::tls::endpoint(&endpoint)
+                .map_err(|e| {
+                    AgentError::InvalidArgument(format!("sandbox_endpoint: {endpoint:?}: {e}"))
+                })?
+                .connect_timeout(Duration::from_secs(5))
+                .connect_lazy();
+            Ok::<_, AgentError>(traced_channel(c))
+        })?;
         let client = SandboxProvisionerClient::new(channel).max_decoding_message_size(64 << 20);
         Ok((client, endpoint))
     }

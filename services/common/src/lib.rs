@@ -13,6 +13,7 @@ pub mod git_refs;
 pub mod grpc_telemetry;
 pub mod hosts;
 pub mod metrics;
+pub mod pool;
 pub mod proxy_header;
 pub mod repo_location;
 pub mod server;

@@ -21,6 +21,7 @@
 use forkyard_common::{
     activity::{non_retryable, retryable},
     grpc_telemetry::{TracedChannel, traced_channel},
+    pool::ChannelPool,
 };
 use forkyard_proto::{
     activities::errors,
@@ -30,11 +31,7 @@ use forkyard_proto::{
     },
 };
 use serde::{Deserialize, Serialize};
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 use tonic::{Code, Status};
@@ -50,7 +47,7 @@ pub(crate) type Client = SandboxProvisionerClient<TracedChannel>;
 #[derive(Clone)]
 pub struct SandboxLocal {
     creates: Client,
-    owners: Arc<Mutex<HashMap<String, Client>>>,
+    owners: ChannelPool,
 }
 
 /// A call about an existing sandbox, addressed to the replica that owns it.
@@ -84,7 +81,7 @@ impl SandboxLocal {
         )?;
         Ok(Self {
             creates: SandboxProvisionerClient::new(traced_channel(channel)),
-            owners: Arc::default(),
+            owners: ChannelPool::new(1024),
         })
     }
 
@@ -98,15 +95,12 @@ impl SandboxLocal {
         if addr.is_empty() {
             return Ok(self.creates.clone());
         }
-        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = owners.get(addr) {
-            return Ok(c.clone());
-        }
-        let ep =
-            endpoint(addr, CALL_DEADLINE).map_err(|e| format!("owner endpoint {addr:?}: {e}"))?;
-        let client = SandboxProvisionerClient::new(traced_channel(ep.connect_lazy()));
-        owners.insert(addr.to_owned(), client.clone());
-        Ok(client)
+        let channel = self.owners.get_or(addr, || {
+            let ep = endpoint(addr, CALL_DEADLINE)
+                .map_err(|e| format!("owner endpoint {addr:?}: {e}"))?;
+            Ok::<_, String>(traced_channel(ep.connect_lazy()))
+        })?;
+        Ok(SandboxProvisionerClient::new(channel))
     }
 
     fn owner(&self, addr: &str) -> Result<Client, ActivityError> {

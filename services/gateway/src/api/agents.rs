@@ -8,13 +8,12 @@ use forkyard_proto::{
     agent::v1::{CheckDriverRequest, GetTranscriptRequest, agent_runner_client::AgentRunnerClient},
     common::v1::AgentSpec,
 };
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 // Traced: the runner's spans join the LaunchRun / GetForkResult trace.
-use forkyard_common::grpc_telemetry::{TracedChannel as Channel, traced_channel};
+use forkyard_common::{
+    grpc_telemetry::{TracedChannel as Channel, traced_channel},
+    pool::ChannelPool,
+};
 use tonic::Code;
 
 /// Most transcript bytes GetForkResult returns: gRPC clients refuse messages above 4 MiB
@@ -39,9 +38,7 @@ fn cap(jsonl: String) -> String {
     out
 }
 
-/// Channels to runner replicas other than the configured address, at most this many
-/// (each a lazily connected HTTP/2 connection); past it the pool starts afresh, since the
-/// replicas of old results are mostly gone.
+/// Channels to runner replicas other than the configured address, at most this many.
 const MAX_REPLICA_CHANNELS: usize = 256;
 
 #[derive(Clone)]
@@ -53,7 +50,7 @@ pub struct AgentRunnerLink {
     channel: Channel,
     /// Transcripts stay with the replica that ran the agent: one pooled channel per
     /// advertised endpoint (`ForkResult.transcript_endpoint`).
-    replicas: Arc<Mutex<HashMap<String, Channel>>>,
+    replicas: ChannelPool,
 }
 
 fn timeouts(ep: tonic::transport::Endpoint) -> tonic::transport::Endpoint {
@@ -84,7 +81,7 @@ impl AgentRunnerLink {
             addr: addr.trim().to_owned(),
             targets: Arc::new(targets),
             channel,
-            replicas: Arc::default(),
+            replicas: ChannelPool::new(MAX_REPLICA_CHANNELS),
         })
     }
 
@@ -112,19 +109,7 @@ impl AgentRunnerLink {
         key: &str,
         make: impl FnOnce() -> Result<Channel, String>,
     ) -> Result<AgentRunnerClient<Channel>, String> {
-        let mut pool = self
-            .replicas
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(c) = pool.get(key) {
-            return Ok(Self::client_on(c.clone()));
-        }
-        let channel = make()?;
-        if pool.len() >= MAX_REPLICA_CHANNELS {
-            pool.clear();
-        }
-        pool.insert(key.to_owned(), channel.clone());
-        Ok(Self::client_on(channel))
+        Ok(Self::client_on(self.replicas.get_or(key, make)?))
     }
 
     /// INVALID_ARGUMENT for an unknown driver or model alias, FAILED_PRECONDITION naming
@@ -250,7 +235,7 @@ mod tests {
     use super::AgentRunnerLink;
 
     fn pooled(link: &AgentRunnerLink) -> usize {
-        link.replicas.lock().unwrap().len()
+        link.replicas.len()
     }
 
     #[tokio::test]
