@@ -26,7 +26,7 @@ ledger() { grpc "$(ip_of "$(containers budget-ledger | head -1)"):50054" "$@"; }
 
 rows=()
 # action:service[@moment]. Without a moment the kill comes 2 s into the run (agents at
-# work); @random: at a random moment of the run (0-9.9 s after the launch, the wave's
+# work); @random: at a random moment of the run (0-5.9 s after the launch, the wave's
 # preparation included); @finish: once the first fork has finished and the others are
 # being finished (patch collected, spend committed, sandbox destroyed), the window a
 # gateway crash once stalled for 12 minutes.
@@ -37,10 +37,14 @@ trials="kill:sandbox-provisioner kill:agent-runner kill:gateway kill:budget-ledg
 for trial in $trials; do
   moment=""; [[ $trial == *@* ]] && moment=${trial#*@} && trial=${trial%@*}
   action=${trial%%:*} service=${trial#*:}
-  run=$(launch 6 6 'bash agent.sh 4')
+  # @finish: the forks' agents end one by one (2, 4, ... 12 s), so a kill once the
+  # first has finished lands while others are being finished.
+  agent='bash agent.sh 4'; [ "$moment" = finish ] && agent='bash agent.sh $((2 * FORKYARD_FORK))'
+  run=$(launch 6 6 "$agent")
   at="2 s in"
   case $moment in
-    random) delay="$((RANDOM % 10)).$((RANDOM % 10))"; at="$delay s in"; sleep "$delay" ;;
+    # Within the run's life (its agents take 4 s).
+    random) delay="$((RANDOM % 6)).$((RANDOM % 10))"; at="$delay s in"; sleep "$delay" ;;
     finish)
       deadline=$((SECONDS + 60))
       until [ "$(gw forkyard.gateway.v1.Gateway/GetRun "{\"run_id\":\"$run\"}" | json 'd.get("forksSucceeded",0)')" -ge 1 ]; do
