@@ -83,17 +83,32 @@ async fn main() -> anyhow::Result<()> {
     let tmp = tempfile::Builder::new()
         .prefix("forkyard-bench-prov-")
         .tempdir()?;
+    // Run as root, the provisioner runs each sandbox as a uid of its own, whose
+    // bubblewrap passes through here to the workspace (search only).
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )?;
     let src = tmp.path().join("repo");
     forkyard_tests::repo::create(&src)?;
     let repo = src.to_string_lossy().into_owned();
     let mut config = Config::new(tmp.path().join("state"), "http://127.0.0.1:0");
     config.default_ttl = Duration::ZERO;
+    // `FORKYARD_SANDBOX_UID_BASE=0`: sandboxes as root, for an A/B of the uid per sandbox.
+    if let Ok(base) = std::env::var("FORKYARD_SANDBOX_UID_BASE") {
+        config.sandbox_uid_base = base.parse()?;
+    }
+    let config_uid_base = config.sandbox_uid_base;
     let core: Arc<Provisioner> = Provisioner::open(config)
         .await
         .map_err(anyhow::Error::msg)?;
     let rss_before = status_kib("VmRSS:");
     println!(
-        "provisioner bench (local backend, in process): {n} sandboxes one at a time, {alive} alive at once"
+        "provisioner bench (local backend, in process): {n} sandboxes one at a time, {alive} alive at once, sandbox uids from {}",
+        match config_uid_base {
+            0 => "off (root)".to_owned(),
+            b => b.to_string(),
+        }
     );
 
     // Warm-up: page cache, git's and bwrap's first runs.
