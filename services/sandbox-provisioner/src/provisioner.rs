@@ -150,7 +150,7 @@ pub struct Provisioner {
 impl Provisioner {
     /// Check bubblewrap and cgroups work, then take over the sandboxes a previous run
     /// left (see [`crate::reaper`]). Errors are configuration errors naming the setting.
-    pub async fn open(config: Config) -> Result<Arc<Self>, String> {
+    pub async fn open(mut config: Config) -> Result<Arc<Self>, String> {
         let bwrap = bwrap::resolve(&config.bwrap_path).ok_or_else(|| {
             format!(
                 "FORKYARD_BWRAP_PATH (--bwrap-path) {}: no such executable",
@@ -222,6 +222,21 @@ impl Provisioner {
                 "FORKYARD_EGRESS_FORWARDER (--egress-forwarder) {}: no such executable",
                 fwd.display()
             ));
+        }
+        // A sandbox's bubblewrap, run as the sandbox's uid, opens the forwarder by path:
+        // a copy under the state directory (which lets uids through) does not depend on
+        // where the binary is installed.
+        if uids.is_some()
+            && let Some(fwd) = config.forwarder_path.as_deref().and_then(bwrap::resolve)
+        {
+            config.forwarder_path = Some(
+                crate::uids::reachable_copy(&fwd, &config.state_dir.join("bin")).map_err(|e| {
+                    format!(
+                        "FORKYARD_EGRESS_FORWARDER (--egress-forwarder) {}: {e}",
+                        fwd.display()
+                    )
+                })?,
+            );
         }
         let snapshots = Snapshots::open(&config.snapshot_dir).map_err(|e| {
             format!(

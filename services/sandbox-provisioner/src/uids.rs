@@ -145,6 +145,25 @@ pub fn chown(path: &Path, uid: u32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A copy of the executable `bin` in `dir` (made 0711), readable and executable by any
+/// uid: replaced when its content differs, so an upgraded binary is what sandboxes run.
+pub fn reachable_copy(bin: &Path, dir: &Path) -> std::io::Result<std::path::PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+    let name = bin
+        .file_name()
+        .unwrap_or_else(|| std::ffi::OsStr::new("forwarder"));
+    let to = dir.join(name);
+    let wanted = std::fs::read(bin)?;
+    if std::fs::read(&to).ok().as_deref() != Some(wanted.as_slice()) {
+        let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+        std::fs::write(&tmp, &wanted)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::rename(&tmp, &to)?;
+    }
+    Ok(to)
+}
+
 /// Let other uids pass through `dir` (search only, no listing): a sandbox's bubblewrap,
 /// running as the sandbox's uid, opens its workspace by path.
 pub fn let_through(dir: &Path) -> std::io::Result<()> {
@@ -188,6 +207,27 @@ mod tests {
         );
         u.release(2_000_000);
         assert_eq!(u.claim().unwrap(), 2_000_000);
+    }
+
+    #[test]
+    fn a_binary_gets_a_copy_any_uid_can_run() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d = tempfile::tempdir().unwrap();
+        let locked = d.path().join("locked");
+        std::fs::create_dir(&locked).unwrap();
+        std::fs::write(locked.join("fwd"), b"v1").unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let bin = d.path().join("state/bin");
+        let copy = reachable_copy(&locked.join("fwd"), &bin).unwrap();
+        assert_eq!(copy, bin.join("fwd"));
+        assert_eq!(std::fs::read(&copy).unwrap(), b"v1");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode(&bin), mode(&copy)), (0o711, 0o755));
+        // An upgraded binary replaces the copy; the same one leaves it alone.
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(locked.join("fwd"), b"v2").unwrap();
+        reachable_copy(&locked.join("fwd"), &bin).unwrap();
+        assert_eq!(std::fs::read(&copy).unwrap(), b"v2");
     }
 
     #[test]
