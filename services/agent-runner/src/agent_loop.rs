@@ -9,7 +9,7 @@
 //! checkpoint when this runner has it.
 
 use crate::{
-    charge::Charger,
+    charge::{Charger, LEDGER_OUTAGE_GRACE, LedgerOutage},
     command::ProgressSink,
     drivers::Drivers,
     error::AgentError,
@@ -71,9 +71,8 @@ struct Loop<'a, S: ProgressSink> {
     ticker: tokio::time::Interval,
     progress: AgentProgress,
     transcript: Transcript,
-    /// Since when turns could not be charged because the ledger did not answer (see
-    /// [`crate::command_meter::LEDGER_OUTAGE_GRACE`]).
-    ledger_away_since: Option<Instant>,
+    /// Turns the ledger did not take.
+    ledger_outage: LedgerOutage,
 }
 
 impl<S: ProgressSink> Loop<'_, S> {
@@ -198,7 +197,7 @@ pub async fn run<S: ProgressSink>(
         ticker,
         progress: AgentProgress::default(),
         transcript,
-        ledger_away_since: None,
+        ledger_outage: LedgerOutage::default(),
     };
 
     let mut written = 0;
@@ -263,20 +262,12 @@ pub async fn run<S: ProgressSink>(
             match charger.charge(n, cost).await {
                 Ok(total) => {
                     lp.progress.charged_micros = lp.progress.charged_micros.max(total);
-                    lp.ledger_away_since = None;
+                    lp.ledger_outage.answered();
                 }
-                // As for CLI agents: a ledger outage does not stop the agent at once (its
-                // spend is posted by the fork's commit, which waits for the ledger), a
-                // long one does.
                 Err(AgentError::Ledger {
                     retry: true,
                     message,
-                }) if lp
-                    .ledger_away_since
-                    .get_or_insert_with(Instant::now)
-                    .elapsed()
-                    < crate::command_meter::LEDGER_OUTAGE_GRACE =>
-                {
+                }) if lp.ledger_outage.failed() < LEDGER_OUTAGE_GRACE => {
                     tracing::warn!(run_id = %req.run_id, fork = req.fork, turn = n, error = %message, "ledger away: turn not charged yet, the agent goes on");
                     lp.transcript.write(&json!({"type": "charge_deferred", "turn": n, "cost_micros": cost, "error": message}));
                 }

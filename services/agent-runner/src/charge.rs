@@ -9,6 +9,33 @@ use forkyard_proto::budget::v1::{
 use std::time::Duration;
 use tonic::Code;
 
+/// How long an agent keeps running, unmetered, while the ledger does not answer: a
+/// short outage must not fail a fork, a long one must not let it spend unchecked.
+pub const LEDGER_OUTAGE_GRACE: Duration = Duration::from_secs(120);
+
+/// Since when an agent's charges have failed because the ledger did not answer (its
+/// spend is posted by the fork's commit, which waits for the ledger): every agent kind
+/// goes on within the grace and stops after it.
+#[derive(Debug, Default)]
+pub struct LedgerOutage {
+    since: Option<std::time::Instant>,
+}
+
+impl LedgerOutage {
+    /// A charge reached the ledger: the outage, if any, is over.
+    pub fn answered(&mut self) {
+        self.since = None;
+    }
+
+    /// A charge failed because the ledger did not answer: how long it has been away
+    /// (since the first such failure).
+    pub fn failed(&mut self) -> Duration {
+        self.since
+            .get_or_insert_with(std::time::Instant::now)
+            .elapsed()
+    }
+}
+
 #[derive(Clone)]
 pub struct Charger {
     pub client: BudgetLedgerClient<Channel>,

@@ -153,7 +153,7 @@ pub async fn run<S: ProgressSink>(
             fork: req.fork,
             allowed: allowed.clone(),
             charger: charger.clone(),
-            ledger_grace: crate::command_meter::LEDGER_OUTAGE_GRACE,
+            ledger_grace: crate::charge::LEDGER_OUTAGE_GRACE,
         })
     });
     let mut meter = Meter {
@@ -169,7 +169,7 @@ pub async fn run<S: ProgressSink>(
         run_usage: Usage::default(),
         run_priced: 0,
         total: None,
-        ledger_away_since: None,
+        ledger_outage: Default::default(),
     };
     // A retried attempt's cost so far is at least what the ledger was charged.
     meter.progress.cost_micros = meter
@@ -359,8 +359,6 @@ fn write_gateway_totals<S: ProgressSink>(meter: &mut Meter<'_, S>, t: &Totals) {
     }));
 }
 
-/// The fork's reservation refused a request's charge: the command is stopped (its
-/// stream dropped by the caller) and the fork ends `BUDGET_EXCEEDED`.
 /// The agent's charges have not reached the ledger for too long: it is stopped, and the
 /// attempt is retried (what it used is in its last beat, for the fork's commit).
 async fn ledger_away<S: ProgressSink>(
@@ -368,38 +366,44 @@ async fn ledger_away<S: ProgressSink>(
     grant: Option<&GrantHandle>,
     why: String,
 ) -> AgentError {
-    if let Some(g) = grant {
-        let totals = g.settle(SETTLE).await;
-        add_totals(&mut meter.progress, &totals);
-        write_gateway_totals(meter, &totals);
-    }
-    let p = &meter.progress;
-    meter.transcript.write(&json!({"type": "end", "reason": "ledger away", "error": why, "turns": p.turns, "cost_micros": p.cost_micros}));
     tracing::warn!(run_id = %meter.req.run_id, fork = meter.req.fork, "ledger away past the grace, stopping the agent");
-    meter.beat("stopped: ledger away").await;
+    stop(meter, grant, "ledger away", &why).await;
     AgentError::Ledger {
         message: why,
         retry: true,
     }
 }
 
+/// The fork's reservation refused a request's charge: the command is stopped (its
+/// stream dropped by the caller) and the fork ends `BUDGET_EXCEEDED`.
 async fn spent<S: ProgressSink>(
     meter: &mut Meter<'_, S>,
     grant: Option<&GrantHandle>,
     why: String,
 ) -> AgentError {
+    tracing::info!(run_id = %meter.req.run_id, fork = meter.req.fork, "fork budget spent, stopping its agent");
+    stop(meter, grant, "budget spent", &why).await;
+    let p = &meter.progress;
+    AgentError::BudgetExceeded(format!(
+        "{why}; the agent was stopped after {} model requests ({} micro-USD used, {} charged)",
+        p.turns, p.cost_micros, p.charged_micros
+    ))
+}
+
+/// What an agent stopped for `reason` leaves: the gateway's final totals in its progress
+/// and transcript, the transcript's end, and a last beat.
+async fn stop<S: ProgressSink>(
+    meter: &mut Meter<'_, S>,
+    grant: Option<&GrantHandle>,
+    reason: &str,
+    why: &str,
+) {
     if let Some(g) = grant {
         let totals = g.settle(SETTLE).await;
         add_totals(&mut meter.progress, &totals);
         write_gateway_totals(meter, &totals);
     }
     let p = &meter.progress;
-    meter.transcript.write(&json!({"type": "end", "reason": "budget spent", "error": why, "turns": p.turns, "cost_micros": p.cost_micros}));
-    tracing::info!(run_id = %meter.req.run_id, fork = meter.req.fork, "fork budget spent, stopping its agent");
-    meter.beat("stopped: budget spent").await;
-    let p = &meter.progress;
-    AgentError::BudgetExceeded(format!(
-        "{why}; the agent was stopped after {} model requests ({} micro-USD used, {} charged)",
-        p.turns, p.cost_micros, p.charged_micros
-    ))
+    meter.transcript.write(&json!({"type": "end", "reason": reason, "error": why, "turns": p.turns, "cost_micros": p.cost_micros}));
+    meter.beat(&format!("stopped: {reason}")).await;
 }

@@ -2,7 +2,7 @@
 //! and heartbeat, the CLI's total reconciled at the end, everything in the transcript.
 
 use crate::{
-    charge::Charger,
+    charge::{Charger, LEDGER_OUTAGE_GRACE, LedgerOutage},
     command::ProgressSink,
     error::AgentError,
     models::Models,
@@ -87,15 +87,9 @@ pub struct Meter<'a, S: ProgressSink> {
     pub run_usage: Usage,
     pub run_priced: i64,
     pub total: Option<Reported>,
-    /// Since when usage reports could not be charged because the ledger did not answer:
-    /// the agent goes on for [`LEDGER_OUTAGE_GRACE`] (its spend is posted by the fork's
-    /// commit, which waits for the ledger), then stops.
-    pub ledger_away_since: Option<Instant>,
+    /// Usage reports the ledger did not take ([`LedgerOutage`]).
+    pub ledger_outage: LedgerOutage,
 }
-
-/// How long an agent keeps running, unmetered, while the ledger does not answer: a
-/// short outage must not fail a fork, a long one must not let it spend unchecked.
-pub const LEDGER_OUTAGE_GRACE: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl<S: ProgressSink> Meter<'_, S> {
     pub async fn beat(&mut self, action: &str) {
@@ -165,18 +159,13 @@ impl<S: ProgressSink> Meter<'_, S> {
         match charger.charge_as(name, n, amount).await {
             Ok(total) => {
                 self.progress.charged_micros = self.progress.charged_micros.max(total);
-                self.ledger_away_since = None;
+                self.ledger_outage.answered();
                 Ok(())
             }
             Err(AgentError::Ledger {
                 retry: true,
                 message,
-            }) if self
-                .ledger_away_since
-                .get_or_insert_with(Instant::now)
-                .elapsed()
-                < LEDGER_OUTAGE_GRACE =>
-            {
+            }) if self.ledger_outage.failed() < LEDGER_OUTAGE_GRACE => {
                 // Not charged now; the commit posts the whole cost (`reconcile`).
                 tracing::warn!(run_id = %self.req.run_id, fork = self.req.fork, turn = n, error = %message, "ledger away: usage not charged yet, the agent goes on");
                 self.transcript.write(&json!({"type": "charge_deferred", "turn": n, "cost_micros": amount, "error": message}));

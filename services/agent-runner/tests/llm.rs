@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use forkyard_agent_runner::{error::AgentError, llm::LlmError};
 use forkyard_proto::{
-    agent::v1::{AgentProgress, RunAgentRequest},
+    agent::v1::{AgentProgress, RunAgentRequest, RunAgentResponse},
     budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::AgentSpec,
     sandbox::v1::ReadFileRequest,
@@ -41,6 +41,27 @@ fn request(
         attempt: 1,
         ..Default::default()
     }
+}
+
+/// Run the Anthropic driver (sonnet) for fork 1 of `run` on `reservation`, as attempt 1:
+/// what it returned and the heartbeats it sent.
+async fn run_anthropic(
+    f: &Fixture,
+    run: &str,
+    reservation: &str,
+) -> (Result<RunAgentResponse, AgentError>, Beats) {
+    let beats = Beats::default();
+    let out = f
+        .runner
+        .run(
+            &request(f, run, "anthropic", "sonnet", reservation),
+            &beats,
+            std::future::pending(),
+            None,
+            1,
+        )
+        .await;
+    (out, beats)
 }
 
 fn tool_use(id: &str, name: &str, input: Value, usage: Value) -> (u16, Value) {
@@ -114,18 +135,8 @@ async fn anthropic_agent_edits_a_file_over_several_turns_and_charges_each_turn()
         s.replies
             .push_back(end_turn("README now says hi.", a_usage(3000, 20)));
     }
-    let beats = Beats::default();
-    let out = f
-        .runner
-        .run(
-            &request(&f, run, "anthropic", "sonnet", &rsv),
-            &beats,
-            std::future::pending(),
-            None,
-            1,
-        )
-        .await
-        .expect("agent run");
+    let (result, beats) = run_anthropic(&f, run, &rsv).await;
+    let out = result.expect("agent run");
 
     assert_eq!(out.exit_code, 0);
     assert!(!out.timed_out);
@@ -338,18 +349,8 @@ async fn a_refused_charge_stops_the_agent_as_budget_exceeded() {
             ));
         }
     }
-    let beats = Beats::default();
-    let err = f
-        .runner
-        .run(
-            &request(&f, run, "anthropic", "sonnet", &rsv),
-            &beats,
-            std::future::pending(),
-            None,
-            1,
-        )
-        .await
-        .unwrap_err();
+    let (result, _) = run_anthropic(&f, run, &rsv).await;
+    let err = result.unwrap_err();
     assert!(matches!(err, AgentError::BudgetExceeded(_)), "{err:?}");
     assert!(
         err.to_string()
@@ -600,18 +601,8 @@ async fn a_ledger_outage_does_not_stop_the_agent_and_its_cost_is_reported_in_ful
         ));
         s.replies.push_back(end_turn("Done.", a_usage(1000, 100)));
     }
-    let beats = Beats::default();
-    let out = f
-        .runner
-        .run(
-            &request(&f, run, "anthropic", "sonnet", &rsv),
-            &beats,
-            std::future::pending(),
-            None,
-            1,
-        )
-        .await
-        .expect("the agent finishes although no turn could be charged");
+    let (result, _) = run_anthropic(&f, run, &rsv).await;
+    let out = result.expect("the agent finishes although no turn could be charged");
     assert_eq!(out.exit_code, 0);
     assert_eq!(read(&mut f, "log.txt").await, "one\n");
     assert_eq!(out.turns, 2);

@@ -239,6 +239,23 @@ async fn an_unreachable_model_api_is_a_502_the_agent_sees_and_costs_nothing() {
     assert_eq!((t.requests, t.cost_micros), (0, 0));
 }
 
+/// Fork 1's charges to `reservation_id` of `run`, through `ledger`.
+fn charger(
+    ledger: forkyard_common::balance::Balanced,
+    reservation_id: String,
+    run: &str,
+) -> Charger {
+    Charger {
+        client: BudgetLedgerClient::new(forkyard_common::grpc_telemetry::traced_channel(ledger)),
+        reservation_id,
+        key_prefix: format!("{run}/fork-1/a1"),
+        run_id: run.into(),
+        fork: 1,
+        model: String::new(),
+        activity_attempt: 1,
+    }
+}
+
 #[tokio::test]
 async fn each_answer_is_charged_once_and_a_spent_reservation_refuses_the_next_request() {
     let script: Shared = Arc::default();
@@ -259,17 +276,7 @@ async fn each_answer_is_charged_once_and_a_spent_reservation_refuses_the_next_re
         run_id: "run-g".into(),
         fork: 1,
         allowed: Allowed::Any,
-        charger: Some(Charger {
-            client: BudgetLedgerClient::new(forkyard_common::grpc_telemetry::traced_channel(
-                f.runner.ledger.clone(),
-            )),
-            reservation_id,
-            key_prefix: "run-g/fork-1/a1".into(),
-            run_id: "run-g".into(),
-            fork: 1,
-            model: String::new(),
-            activity_attempt: 1,
-        }),
+        charger: Some(charger(f.runner.ledger.clone(), reservation_id, "run-g")),
         ledger_grace: Duration::from_secs(120),
     });
     let token = grant.token().to_owned();
@@ -380,17 +387,7 @@ async fn answers_go_on_through_a_short_ledger_outage_and_stop_after_the_grace() 
         run_id: "run-away".into(),
         fork: 1,
         allowed: Allowed::Any,
-        charger: Some(Charger {
-            client: BudgetLedgerClient::new(forkyard_common::grpc_telemetry::traced_channel(
-                ledger,
-            )),
-            reservation_id,
-            key_prefix: "run-away/fork-1/a1".into(),
-            run_id: "run-away".into(),
-            fork: 1,
-            model: String::new(),
-            activity_attempt: 1,
-        }),
+        charger: Some(charger(ledger, reservation_id, "run-away")),
         ledger_grace: Duration::from_secs(1),
     });
     let token = grant.token().to_owned();

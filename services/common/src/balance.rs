@@ -17,15 +17,15 @@ use std::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     task::{Context, Poll},
-    time::{Duration, Instant},
+    time::Instant,
 };
 use tonic::{body::Body, transport::Channel};
 use tower::{Service, ServiceExt as _};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// How long a replica whose connection failed is passed over.
-const PASS_OVER: Duration = Duration::from_secs(1);
+/// How long a replica whose connection failed is passed over, in milliseconds.
+const PASS_OVER_MS: u64 = 1_000;
 
 /// One channel over one or several replicas (see the module docs); clones share them.
 #[derive(Clone)]
@@ -50,6 +50,10 @@ impl Weak {
     }
 }
 
+fn ms_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
 #[derive(Clone)]
 struct Member {
     url: String,
@@ -57,6 +61,17 @@ struct Member {
     in_flight: Arc<AtomicUsize>,
     /// Milliseconds since `epoch` until which this replica is passed over.
     failed_until: Arc<AtomicU64>,
+}
+
+impl Member {
+    fn new(url: String, channel: Channel) -> Self {
+        Self {
+            url,
+            channel,
+            in_flight: Arc::default(),
+            failed_until: Arc::default(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Balanced {
@@ -71,7 +86,11 @@ impl std::fmt::Debug for Balanced {
 impl From<Channel> for Balanced {
     fn from(channel: Channel) -> Self {
         let b = Self::empty("the peer");
-        b.set(vec![("".into(), channel)]);
+        *b.shared
+            .members
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Arc::new(vec![Member::new(String::new(), channel)]);
         b
     }
 }
@@ -101,14 +120,9 @@ impl Balanced {
             .map(|(url, channel)| {
                 members
                     .iter()
-                    .find(|m| m.url == url && !url.is_empty())
+                    .find(|m| m.url == url)
                     .cloned()
-                    .unwrap_or_else(|| Member {
-                        url,
-                        channel,
-                        in_flight: Arc::default(),
-                        failed_until: Arc::default(),
-                    })
+                    .unwrap_or_else(|| Member::new(url, channel))
             })
             .collect();
         *members = Arc::new(next);
@@ -133,7 +147,7 @@ impl Balanced {
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.shared.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+        ms_since(self.shared.epoch)
     }
 
     /// The least busy replica, ties in turn; one that just failed only if all did.
@@ -173,7 +187,7 @@ impl Service<http::Request<Body>> for Balanced {
             });
         };
         let guard = InFlight::enter(member.in_flight.clone());
-        let pass_over_until = self.now_ms() + PASS_OVER.as_millis() as u64;
+        let epoch = self.shared.epoch;
         Box::pin(async move {
             let mut channel = member.channel;
             let result = match channel.ready().await {
@@ -188,7 +202,7 @@ impl Service<http::Request<Body>> for Balanced {
                 Err(e) => {
                     member
                         .failed_until
-                        .store(pass_over_until, Ordering::Relaxed);
+                        .store(ms_since(epoch) + PASS_OVER_MS, Ordering::Relaxed);
                     Err(e.into())
                 }
             }

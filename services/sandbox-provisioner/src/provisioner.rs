@@ -362,7 +362,8 @@ impl Provisioner {
     }
 
     pub(crate) fn release_uid(&self, uid: u32) {
-        if let (Some(uids), true) = (&self.uids, uid != 0) {
+        // 0 (none given) is never in use: releasing it is a no-op.
+        if let Some(uids) = &self.uids {
             uids.release(uid);
         }
     }

@@ -97,27 +97,13 @@ pub fn drop_to(uid: u32) -> [OsString; 4] {
 /// Give `root` and everything under it to `uid` (symlinks themselves, never what they
 /// point at).
 pub fn chown_tree(root: &Path, uid: u32) -> std::io::Result<()> {
-    let owner = Some(rustix::fs::Uid::from_raw(uid));
-    let group = Some(rustix::fs::Gid::from_raw(uid));
+    chown(root, uid)?;
     let mut dirs = vec![root.to_path_buf()];
-    rustix::fs::chownat(
-        rustix::fs::CWD,
-        root,
-        owner,
-        group,
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-    )?;
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir)? {
             let entry = entry?;
             let path = entry.path();
-            rustix::fs::chownat(
-                rustix::fs::CWD,
-                &path,
-                owner,
-                group,
-                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-            )?;
+            chown(&path, uid)?;
             if entry.file_type()?.is_dir() {
                 dirs.push(path);
             }
@@ -133,7 +119,8 @@ pub fn give_workspace(ws: &Path, uid: u32) -> std::io::Result<()> {
     std::fs::set_permissions(ws, std::fs::Permissions::from_mode(0o700))
 }
 
-/// Give one file (a socket, a file written for a caller) to `uid`.
+/// Give one file (a socket, a file written for a caller) to `uid`; a symlink itself,
+/// never what it points at.
 pub fn chown(path: &Path, uid: u32) -> std::io::Result<()> {
     rustix::fs::chownat(
         rustix::fs::CWD,

@@ -306,29 +306,14 @@ async fn a_session_command_that_grows_the_workspace_past_its_limit_is_stopped() 
     });
     let sbx = f.core.create(req).await.expect("create");
     let svc = SandboxService::new(f.core.clone());
-    let mut events: Events = svc
-        .start_pty(Request::new(StartPtyRequest {
-            sandbox_id: sbx.id.clone(),
-            argv: ["sh", "-c", "fallocate -l 64M big; echo filled; sleep 60"]
-                .map(String::from)
-                .to_vec(),
-            rows: 24,
-            cols: 80,
-            ..Default::default()
-        }))
-        .await
-        .unwrap()
-        .into_inner();
-    let exit = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(ev) = events.next().await {
-            if let Some(Event::Exit(e)) = ev.unwrap().event {
-                return e;
-            }
-        }
-        panic!("no exit event")
-    })
-    .await
-    .expect("stopped long before its sleep ended");
+    let (mut events, _) = start_argv(
+        &svc,
+        &sbx.id,
+        &["sh", "-c", "fallocate -l 64M big; echo filled; sleep 60"],
+    )
+    .await;
+    // Stopped long before its sleep ended.
+    let exit = exit_of(&mut events).await;
     assert!(exit.workspace_over_limit, "{exit:?}");
     assert_eq!(exit.exit_code, -1, "{exit:?}");
 }

@@ -84,8 +84,8 @@ struct State {
     in_flight: u32,
     /// Of those, requests whose response is done and whose charge is being posted.
     charging: u32,
-    /// Since when charges fail because the ledger does not answer.
-    ledger_away_since: Option<std::time::Instant>,
+    /// Charges the ledger did not take.
+    ledger_outage: crate::charge::LedgerOutage,
 }
 
 pub struct Grant {
@@ -151,23 +151,19 @@ impl Grant {
             match outcome {
                 Some(Ok(_)) => {
                     s.totals.charged_micros += cost_micros;
-                    s.ledger_away_since = None;
+                    s.ledger_outage.answered();
                 }
                 Some(Err(AgentError::Ledger {
                     retry: true,
                     message,
                 })) => {
-                    // Spent all the same: the fork's commit posts it. A short outage
-                    // does not stop the agent, a long one does.
-                    let since = *s
-                        .ledger_away_since
-                        .get_or_insert_with(std::time::Instant::now);
+                    let away = s.ledger_outage.failed();
                     tracing::warn!(run_id = %self.run_id, fork = self.fork, grant = %self.id, error = %message, "ledger away: model request not charged yet");
-                    if since.elapsed() >= self.ledger_grace && s.totals.ledger_away.is_none() {
+                    if away >= self.ledger_grace && s.totals.ledger_away.is_none() {
                         tracing::warn!(run_id = %self.run_id, fork = self.fork, grant = %self.id, "ledger away past the grace, refusing further model requests");
                         s.totals.ledger_away = Some(format!(
                             "the ledger has not taken a charge for {} s: {message}",
-                            since.elapsed().as_secs()
+                            away.as_secs()
                         ));
                     }
                 }
