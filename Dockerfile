@@ -101,6 +101,7 @@ USER 0:0
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       bubblewrap git openssh-client bash coreutils findutils grep sed diffutils patch procps \
+      btrfs-progs \
  && rm -rf /var/lib/apt/lists/*
 # The egress forwarder is found next to the provisioner binary.
 COPY --from=bins /out/sandbox-provisioner /out/sandbox-egress-forwarder /usr/local/bin/

@@ -81,6 +81,14 @@ pub struct Args {
     /// Default workspace size bound per sandbox, MiB (0 = unbounded).
     #[arg(long, env = "FORKYARD_SANDBOX_DISK_MB", default_value_t = 10240)]
     pub sandbox_disk_mb: u64,
+    /// A hard quota per sandbox at its disk bound (plus a margin): `auto` where the
+    /// state directory is on btrfs with quotas enabled and the provisioner is root,
+    /// `required` to refuse to start otherwise, `off` for the workspace watch alone.
+    #[arg(long, env = "FORKYARD_SANDBOX_DISK_QUOTA", value_enum, default_value_t = crate::disk_quota::QuotaMode::Auto)]
+    pub sandbox_disk_quota: crate::disk_quota::QuotaMode,
+    /// The btrfs tool (btrfs-progs), for the quotas: a path or a name on $PATH.
+    #[arg(long, env = "FORKYARD_BTRFS_PATH", default_value = "btrfs")]
+    pub btrfs_path: PathBuf,
     /// Default sandbox lifetime; the provisioner destroys it afterwards (0 = no TTL).
     #[arg(long, env = "FORKYARD_SANDBOX_TTL_SECS", default_value_t = 14400)]
     pub sandbox_ttl_secs: u64,
@@ -194,6 +202,8 @@ impl Args {
             cpu_millis: self.sandbox_cpu_millis,
         };
         config.default_disk_bytes = self.sandbox_disk_mb << 20;
+        config.disk_quota = self.sandbox_disk_quota;
+        config.btrfs_path.clone_from(&self.btrfs_path);
         config.default_ttl = Duration::from_secs(self.sandbox_ttl_secs);
         config.reap_interval = Duration::from_secs(self.reap_interval_secs);
         config.forwarder_path = forwarder;

@@ -10,6 +10,7 @@ pub mod bwrap;
 pub mod cgroup;
 pub mod cgroup_detect;
 pub mod config;
+pub mod disk_quota;
 mod disk_watch;
 pub mod e2b;
 pub mod egress;

@@ -14,7 +14,6 @@ use crate::{
 use forkyard_proto::sandbox::v1::{
     CreateSandboxRequest, DestroySandboxRequest, DestroySandboxResponse, Sandbox, SandboxState,
 };
-use std::os::unix::fs::DirBuilderExt;
 use std::{
     collections::HashMap,
     path::PathBuf,
@@ -67,6 +66,10 @@ pub struct Config {
     pub default_limits: Limits,
     /// Workspace bound for a sandbox whose request gives none (0 = unbounded).
     pub default_disk_bytes: u64,
+    /// Whether a sandbox's disk bound is also a hard quota (`crate::disk_quota`).
+    pub disk_quota: crate::disk_quota::QuotaMode,
+    /// The btrfs tool, for subvolume quotas: a path or a name looked up on `$PATH`.
+    pub btrfs_path: PathBuf,
     /// Lifetime of a sandbox whose request gives none (`ZERO` = no TTL).
     pub default_ttl: Duration,
     /// How often expired sandboxes are looked for.
@@ -109,6 +112,8 @@ impl Config {
                 cpu_millis: 2000,
             },
             default_disk_bytes: 10 << 30,
+            disk_quota: crate::disk_quota::QuotaMode::Auto,
+            btrfs_path: "btrfs".into(),
             default_ttl: Duration::from_secs(4 * 3600),
             reap_interval: Duration::from_secs(30),
             forwarder_path: None,
@@ -135,6 +140,8 @@ pub struct Provisioner {
     pub(crate) e2b: Arc<crate::e2b::E2bBackend>,
     /// Host uids of sandboxes, when the provisioner runs as root (`crate::uids`).
     pub(crate) uids: Option<crate::uids::SandboxUids>,
+    /// Hard disk quotas, where the state directory's filesystem offers them.
+    pub(crate) disk_quota: Option<crate::disk_quota::DiskQuota>,
     /// One lock per idempotency key with a create in flight.
     creating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The replica-wide probe of the sandbox runtime behind health checks (`health.rs`).
@@ -163,6 +170,11 @@ impl Provisioner {
                 config.state_dir.display()
             )
         })?;
+        let disk_quota = crate::disk_quota::DiskQuota::detect(
+            config.disk_quota,
+            store.root(),
+            &config.btrfs_path,
+        )?;
         let uids = crate::uids::SandboxUids::new(config.sandbox_uid_base, config.sandbox_uid_count);
         let features = match &uids {
             None => bwrap::probe(&bwrap, store.root(), None)
@@ -287,6 +299,7 @@ impl Provisioner {
             sandboxes: Mutex::new(HashMap::new()),
             creating: Mutex::new(HashMap::new()),
             uids,
+            disk_quota,
             draining: std::sync::atomic::AtomicBool::new(false),
             runtime_probe: crate::health::RuntimeProbe::default(),
         });
@@ -295,6 +308,7 @@ impl Provisioner {
             sandboxes = core.sandboxes.lock().expect("sandboxes lock").len(),
             ?features,
             cgroups = ?core.cgroups.as_ref().map(|c| c.version),
+            disk_quota = core.disk_quota.is_some(),
             "sandbox provisioner ready"
         );
         crate::reaper::spawn(&core);
@@ -596,7 +610,7 @@ impl Provisioner {
                 pids: pick(l.pids.into(), d.pids),
                 cpu_millis: pick(l.cpu_millis.into(), d.cpu_millis),
             },
-            disk_bytes: pick(l.disk_bytes, self.config.default_disk_bytes),
+            disk_bytes: self.disk_bytes_for(req),
             egress_allow: req.egress_allow.clone(),
             expires_unix_ms: if ttl.is_zero() {
                 0
@@ -701,17 +715,7 @@ impl Provisioner {
             crate::template::Source::Template(..) => Some(self.templates.turn().await?),
             crate::template::Source::Clone => None,
         };
-        let made = dir.clone();
-        let mode = self.sandbox_dir_mode();
-        tokio::task::spawn_blocking(move || {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(mode)
-                .create(&made)
-        })
-        .await
-        .map_err(|e| ProvisionerError::internal("create sandbox directory", e))?
-        .map_err(|e| ProvisionerError::internal("create sandbox directory", e))?;
+        self.make_sandbox_dir(&dir, &req).await?;
         // Removes the directory unless the create completes (also if the caller hangs up).
         let mut cleanup = DirCleanup(Some(dir));
         let base_commit = self

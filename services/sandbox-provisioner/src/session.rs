@@ -11,7 +11,6 @@ use forkyard_proto::sandbox::v1::{
     PersistWorkspaceRequest, PersistWorkspaceResponse, Sandbox, StartSandboxRequest,
     StopSandboxRequest,
 };
-use std::os::unix::fs::DirBuilderExt;
 use std::time::Duration;
 
 const MAX_FORKS: u32 = 64;
@@ -114,11 +113,7 @@ impl Provisioner {
         }
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
         let dir = self.store.dir(&id);
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(self.sandbox_dir_mode())
-            .create(&dir)
-            .map_err(|e| ProvisionerError::internal("create sandbox directory", e))?;
+        self.make_sandbox_dir(&dir, &req).await?;
         let mut cleanup = DirCleanup(Some(dir));
         let snaps = self.snapshots.clone();
         let ws = self.store.workspace(&id);

@@ -61,9 +61,13 @@ pub fn make_repo(dir: &Path) -> PathBuf {
 /// A temporary directory sandboxes' own uids may pass through (search only), as the
 /// state directory's parents must be when the provisioner runs as root.
 pub fn let_through(tmp: tempfile::TempDir) -> tempfile::TempDir {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let_through_dir(tmp.path());
     tmp
+}
+
+pub fn let_through_dir(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
 }
 
 pub async fn open(state: &Path) -> Arc<Provisioner> {
