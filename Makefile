@@ -80,6 +80,7 @@ images: deps deps-docker base-image
 # The replicated mesh in containers: replicas spread, transcripts, sweeps, drains; then
 # chaos (docker kill of a replica of each service with a run in flight).
 test-containers: build deps-docker deps-deploy base-image
+	@df -h --output=avail,target . | tail -1 | awk '{print "test-containers: " $$1 " free on " $$2}'
 	@PROFILE=debug scripts/images.sh
 	@tests/containers/replicas.sh
 	@tests/containers/chaos.sh

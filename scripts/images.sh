@@ -50,5 +50,8 @@ for t in "${TARGETS[@]}"; do
     --target "$t" -t "forkyard/$t:$TAG" . >/dev/null
   echo "images: forkyard/$t:$TAG ($(docker image inspect -f '{{.Size}}' "forkyard/$t:$TAG" | awk '{printf "%.0f MB", $1/1e6}'))"
 done
-# The images this build replaced (untagged now), and only Forkyard's.
+# The images this build replaced (untagged now), and only Forkyard's; and the build
+# cache beyond what the next build reuses (each build's binaries are a new 600 MB layer,
+# which filled a CI machine's disk once).
 docker image prune -f --filter label=dev.forkyard.image=true >/dev/null
+docker builder prune -f --keep-storage 3gb >/dev/null 2>&1 || true

@@ -1,13 +1,13 @@
 //! A sandbox's disk limit while a command runs: its workspace is measured every few
 //! seconds and the command is stopped once the workspace is larger than the limit.
 //!
-//! Why a watch and not a quota: this host's filesystem (ext4 without the `quota`
-//! feature, as most are) has no project quotas, and a loop-mounted filesystem per
-//! sandbox would cost a mkfs and a mount on every create. Without the watch an agent
-//! that wrote past its limit (`fallocate -l 12G`) held the host's disk until the fork's
-//! destroy, and the patch step then spent a minute hashing the file. The watch stops
-//! it within a few seconds of the crossing; what it wrote in those seconds is on disk
-//! until the sandbox is destroyed.
+//! The watch runs on every filesystem; where there is a hard quota too
+//! (`crate::disk_quota`, btrfs) it is the wall a fast writer meets, and the watch still
+//! names the crossing. Without a quota (ext4, XFS here: see that module) the watch is
+//! all there is. Without it an agent that wrote past its limit (`fallocate -l 12G`) held
+//! the host's disk until the fork's destroy, and the patch step then spent a minute
+//! hashing the file. The watch stops it within a few seconds of the crossing; what it
+//! wrote in those seconds is on disk until the sandbox is destroyed.
 
 use crate::store;
 use std::{

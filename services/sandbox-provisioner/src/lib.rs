@@ -21,6 +21,7 @@ mod files;
 mod git;
 pub mod grpc;
 mod health;
+pub mod image;
 mod lifecycle;
 mod llm_relay;
 mod patch;
