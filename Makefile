@@ -137,11 +137,16 @@ certs:
 demo: up
 	@scripts/demo.sh
 
-# Unit tests and the end-to-end tests (which boot their own Temporal dev server and the
+# Lint (fmt, clippy on every target, unused dependencies), then unit tests and the
+# end-to-end tests (which boot their own Temporal dev server and the
 # five service binaries on free ports, so they do not need `make up`).
 # Without nextest, the mesh tests run one at a time (each boots a whole stack).
 test: build
-	@python3 scripts/unused-deps.py
+	@if cargo clippy --version >/dev/null 2>&1 && cargo fmt --version >/dev/null 2>&1; then \
+	  $(MAKE) --no-print-directory lint; \
+	else \
+	  echo "test: clippy or rustfmt missing from this toolchain; lint skipped"; python3 scripts/unused-deps.py; \
+	fi
 	@if command -v cargo-nextest >/dev/null; then \
 	  cargo nextest run --workspace --no-fail-fast; \
 	else \

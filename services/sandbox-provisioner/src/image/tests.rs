@@ -15,7 +15,9 @@ fn tar_of(entries: &[E<'_>]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for e in entries {
         let mut h = tar::Header::new_gnu();
-        (h.set_uid(0), h.set_gid(0), h.set_mtime(1_700_000_000));
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
         match e {
             E::Dir(p) => {
                 h.set_entry_type(tar::EntryType::Directory);
