@@ -22,6 +22,7 @@ mod git;
 pub mod grpc;
 mod health;
 pub mod image;
+mod keyed_lock;
 mod lifecycle;
 mod llm_relay;
 mod patch;

@@ -143,7 +143,7 @@ pub struct Provisioner {
     /// Hard disk quotas, where the state directory's filesystem offers them.
     pub(crate) disk_quota: Option<crate::disk_quota::DiskQuota>,
     /// One lock per idempotency key with a create in flight.
-    creating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    creating: crate::keyed_lock::KeyedLock<String>,
     /// The replica-wide probe of the sandbox runtime behind health checks (`health.rs`).
     pub(crate) runtime_probe: crate::health::RuntimeProbe,
     /// The seccomp filters every sandboxed command runs under (`crate::seccomp`); empty
@@ -297,7 +297,7 @@ impl Provisioner {
             snapshots,
             templates,
             sandboxes: Mutex::new(HashMap::new()),
-            creating: Mutex::new(HashMap::new()),
+            creating: crate::keyed_lock::KeyedLock::default(),
             uids,
             disk_quota,
             draining: std::sync::atomic::AtomicBool::new(false),
@@ -511,36 +511,18 @@ impl Provisioner {
             crate::lifecycle::created(BACKEND, &out);
             return out;
         }
-        let key_lock = {
-            let mut creating = self.creating.lock().expect("creating lock");
-            creating
-                .entry(req.idempotency_key.clone())
-                .or_default()
-                .clone()
-        };
-        let result = {
-            let _held = key_lock.lock().await;
-            match self.by_key(&req.idempotency_key) {
-                Some(existing) => {
-                    info!(sandbox_id = %existing.id, "create repeated with the same idempotency key");
-                    Ok(existing)
-                }
-                None => {
-                    let out = self.create_new(req.clone()).await;
-                    crate::lifecycle::created(BACKEND, &out);
-                    out
-                }
+        let _held = self.creating.lock(req.idempotency_key.clone()).await;
+        match self.by_key(&req.idempotency_key) {
+            Some(existing) => {
+                info!(sandbox_id = %existing.id, "create repeated with the same idempotency key");
+                Ok(existing)
             }
-        };
-        drop(key_lock);
-        let mut creating = self.creating.lock().expect("creating lock");
-        if creating
-            .get(&req.idempotency_key)
-            .is_some_and(|l| Arc::strong_count(l) == 1)
-        {
-            creating.remove(&req.idempotency_key);
+            None => {
+                let out = self.create_new(req).await;
+                crate::lifecycle::created(BACKEND, &out);
+                out
+            }
         }
-        result
     }
 
     /// Network only through the egress allowlist proxy: a sandbox never shares the host's

@@ -16,11 +16,9 @@ use crate::{
 };
 use forkyard_common::git_refs::{local_commit, read_ref};
 use std::{
-    collections::HashMap,
     io,
     os::unix::fs::{DirBuilderExt, PermissionsExt},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -29,7 +27,7 @@ const READY: &str = "ready";
 pub(crate) struct Templates {
     root: PathBuf,
     /// One build at a time per template.
-    building: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    building: crate::keyed_lock::KeyedLock<String>,
     /// Sandboxes whose files are being made at once (their workspace copies above all):
     /// four per core (enough to overlap their waits on the disk), first come first
     /// served. A wave of a hundred creates copied all at once would share the cores a
@@ -103,7 +101,7 @@ impl Templates {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Ok(Self {
             root,
-            building: Mutex::default(),
+            building: crate::keyed_lock::KeyedLock::default(),
             turns: tokio::sync::Semaphore::new(cores.max(2) * 4),
         })
     }
@@ -115,14 +113,7 @@ impl Templates {
         if dir.join(READY).is_file() {
             return Ok(dir);
         }
-        let lock = self
-            .building
-            .lock()
-            .expect("templates lock")
-            .entry(key.clone())
-            .or_default()
-            .clone();
-        let _held = lock.lock().await;
+        let _held = self.building.lock(key.clone()).await;
         if dir.join(READY).is_file() {
             return Ok(dir);
         }

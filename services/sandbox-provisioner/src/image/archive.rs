@@ -145,23 +145,33 @@ fn read_oci(dir: &Path) -> Result<Parts, ImageError> {
     }
     let manifest: Manifest = json(&blob(dir, &desc_digest)?)?;
     let config_file: ConfigFile = json(&blob(dir, &manifest.config.digest)?)?;
-    if config_file.rootfs.diff_ids.len() != manifest.layers.len() {
-        return Err(ImageError::NotAnImage(format!(
-            "the manifest has {} layers and the config {}",
-            manifest.layers.len(),
-            config_file.rootfs.diff_ids.len()
-        )));
-    }
     let layers = manifest
         .layers
         .iter()
-        .zip(config_file.rootfs.diff_ids)
-        .map(|(l, diff)| Ok((blob(dir, &l.digest)?, diff)))
-        .collect::<Result<_, ImageError>>()?;
+        .map(|l| blob(dir, &l.digest))
+        .collect::<Result<_, _>>()?;
+    assemble(desc_digest, config_file, layers, "the manifest")
+}
+
+/// An image's parts, its layer files paired with the config's `diff_ids`.
+fn assemble(
+    digest: String,
+    config_file: ConfigFile,
+    layers: Vec<PathBuf>,
+    listed_in: &str,
+) -> Result<Parts, ImageError> {
+    let diff_ids = config_file.rootfs.diff_ids;
+    if diff_ids.len() != layers.len() {
+        return Err(ImageError::NotAnImage(format!(
+            "{listed_in} has {} layers and the config {}",
+            layers.len(),
+            diff_ids.len()
+        )));
+    }
     Ok(Parts {
-        digest: desc_digest,
+        digest,
         config: config_file.config.unwrap_or_default(),
-        layers,
+        layers: layers.into_iter().zip(diff_ids).collect(),
     })
 }
 
@@ -182,24 +192,12 @@ fn read_docker_save(dir: &Path) -> Result<Parts, ImageError> {
     let digest = format!("sha256:{hex}");
     verify(&config_path, &digest)?;
     let config_file: ConfigFile = json(&config_path)?;
-    if config_file.rootfs.diff_ids.len() != image.layers.len() {
-        return Err(ImageError::NotAnImage(format!(
-            "manifest.json has {} layers and the config {}",
-            image.layers.len(),
-            config_file.rootfs.diff_ids.len()
-        )));
-    }
     let layers = image
         .layers
         .iter()
-        .zip(config_file.rootfs.diff_ids)
-        .map(|(l, diff)| Ok((inside(dir, l)?, diff)))
-        .collect::<Result<_, ImageError>>()?;
-    Ok(Parts {
-        digest,
-        config: config_file.config.unwrap_or_default(),
-        layers,
-    })
+        .map(|l| inside(dir, l))
+        .collect::<Result<_, _>>()?;
+    assemble(digest, config_file, layers, "manifest.json")
 }
 
 /// A path an archive's manifest names, which must stay inside the archive.

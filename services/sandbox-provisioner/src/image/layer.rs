@@ -10,6 +10,7 @@
 //! way up for anyone who can reach it.
 
 use super::ImageError;
+use crate::store::remove_all;
 use sha2::{Digest as _, Sha256};
 use std::{
     fs::File,
@@ -47,12 +48,12 @@ pub fn apply(layer: &Path, diff_id: &str, rootfs: &Path) -> Result<(), ImageErro
     }
     for d in deletions {
         match d {
-            Deletion::Entry(p) => remove(&rootfs.join(p)),
+            Deletion::Entry(p) => remove_all(&rootfs.join(p)),
             Deletion::Contents(dir) => std::fs::read_dir(rootfs.join(dir))
                 .into_iter()
                 .flatten()
                 .flatten()
-                .try_for_each(|c| remove(&c.path())),
+                .try_for_each(|c| remove_all(&c.path())),
         }
         .map_err(|e| ImageError::Io(format!("apply a whiteout: {e}")))?;
     }
@@ -81,7 +82,7 @@ pub fn apply(layer: &Path, diff_id: &str, rootfs: &Path) -> Result<(), ImageErro
         if let Ok(meta) = std::fs::symlink_metadata(&target)
             && !(kind.is_dir() && meta.is_dir())
         {
-            remove(&target)
+            remove_all(&target)
                 .map_err(|e| ImageError::Io(format!("replace {}: {e}", path.display())))?;
         }
         entry.unpack_in(rootfs).map_err(|e| {
@@ -126,15 +127,6 @@ fn relative(path: &Path) -> Result<PathBuf, ImageError> {
         }
     }
     Ok(out)
-}
-
-fn remove(path: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
-        Ok(_) => std::fs::remove_file(path),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
 }
 
 fn bad(layer: &Path, e: impl std::fmt::Display) -> ImageError {

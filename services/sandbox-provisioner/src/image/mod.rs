@@ -16,7 +16,7 @@ pub use archive::ImageConfig;
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::Mutex,
     time::SystemTime,
 };
 
@@ -55,8 +55,8 @@ type Seen = (PathBuf, Option<SystemTime>, u64);
 
 pub struct ImageCache {
     root: PathBuf,
-    /// One lock per archive being loaded.
-    loading: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+    /// One load at a time per archive.
+    loading: crate::keyed_lock::KeyedLock<PathBuf>,
     loaded: Mutex<HashMap<Seen, Image>>,
 }
 
@@ -74,7 +74,7 @@ impl ImageCache {
         }
         Ok(Self {
             root: root.to_path_buf(),
-            loading: Mutex::default(),
+            loading: crate::keyed_lock::KeyedLock::default(),
             loaded: Mutex::default(),
         })
     }
@@ -85,14 +85,7 @@ impl ImageCache {
         let meta = std::fs::metadata(path)
             .map_err(|e| ImageError::NotAnImage(format!("{}: {e}", path.display())))?;
         let seen: Seen = (path.to_path_buf(), meta.modified().ok(), meta.len());
-        let lock = self
-            .loading
-            .lock()
-            .expect("image loading lock")
-            .entry(path.to_path_buf())
-            .or_default()
-            .clone();
-        let _one = lock.lock().await;
+        let _one = self.loading.lock(path.to_path_buf()).await;
         if let Some(img) = self.loaded.lock().expect("images lock").get(&seen) {
             return Ok(img.clone());
         }
