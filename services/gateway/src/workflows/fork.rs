@@ -143,6 +143,8 @@ impl ForkWorkflow {
         input: ForkInput,
     ) -> WorkflowResult<ForkResult> {
         let ctx = &*ctx;
+        // First, before any await (see `patches`).
+        let patches = super::patches::Patches::decide(ctx);
         let wf_id = ctx.workflow_id().to_owned();
         let key = |step: &str| format!("{wf_id}/a{}/{step}", input.attempt.max(1));
         let sandbox = input.sandbox.clone().unwrap_or_default();
@@ -195,7 +197,7 @@ impl ForkWorkflow {
         }
         result.phase = phase::CLEANUP.into();
         sync(ctx, &result);
-        super::prepare::settle(ctx, &key, &progress, &mut result).await;
+        super::prepare::settle(ctx, &key, &progress, patches, &mut result).await;
 
         if !sandbox.id.is_empty()
             && let Err(e) = super::prepare::destroy(ctx, &sandbox, "fork finished").await

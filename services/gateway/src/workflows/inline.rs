@@ -36,10 +36,9 @@ use super::{
     },
     options,
     orchestration::SandboxOrchestrationWorkflow,
+    patches::Change,
     phase,
-    prepare::{
-        DURABLE_SETTLE, Prepared, Settlement, WaveFork, apply_settlement, settle_durably, step_key,
-    },
+    prepare::{Prepared, Settlement, WaveFork, apply_settlement, settle_durably, step_key},
     unix_ms,
 };
 use crate::{
@@ -203,7 +202,11 @@ async fn settle_durably_where_the_ledger_was_away(
         .filter(|(_, a)| matches!(a, Ok(out) if out.reservation.is_none() && out.settle_retryable))
         .map(|(i, _)| i)
         .collect();
-    if pending.is_empty() || !ctx.patched(DURABLE_SETTLE) {
+    if pending.is_empty() {
+        return;
+    }
+    let patches = ctx.state(|s| s.patches);
+    if !patches.takes(ctx, Change::DurableSettle) {
         return;
     }
     let runs = pending.iter().map(|&i| {

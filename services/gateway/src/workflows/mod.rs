@@ -10,6 +10,7 @@ pub mod fork;
 mod inline;
 mod options;
 pub mod orchestration;
+mod patches;
 mod prepare;
 
 pub use fork::{ForkInput, ForkWorkflow};

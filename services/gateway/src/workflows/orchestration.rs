@@ -44,7 +44,9 @@ use super::{
     failure::{SANDBOX_LOST, StepFailure},
     fork::{ForkInput, ForkWorkflow, apply_failure},
     inline::{self, AgentDone},
-    options, phase,
+    options,
+    patches::{Change, Patches},
+    phase,
     prepare::{self, Prepared, WaveFork, prepare_wave},
     unix_ms,
 };
@@ -86,16 +88,17 @@ pub struct SandboxOrchestrationWorkflow {
     cancel_requests: BTreeSet<u32>,
     /// Starts of each fork, for the idempotency keys of a re-queued fork.
     attempts: Vec<u32>,
-    /// Forks whose sandbox was lost start again on a new one (runs started by builds
-    /// with that change: the `requeue-lost-sandbox` patch), at most
+    /// Which workflow changes this run takes ([`patches`](super::patches)).
+    pub(super) patches: Patches,
+    /// Forks whose sandbox was lost start again on a new one, at most
     /// [`MAX_LOST_SANDBOX_STARTS`] times each.
     requeue_lost: bool,
     lost: Vec<u32>,
-    /// (The `lost-fork-within-budget` patch.) A re-started fork reserves what its fork
-    /// budget has left after its earlier starts, and a refused reservation is tried
-    /// again once another fork settled (and gave back what it did not spend): without
-    /// it a re-started fork asked for its whole budget again, was refused by the few
-    /// micros its first start spent, and the run waited for a raise nobody had to make.
+    /// A re-started fork reserves what its fork budget has left after its earlier
+    /// starts, and a refused reservation is tried again once another fork settled (and
+    /// gave back what it did not spend): without it a re-started fork asked for its
+    /// whole budget again, was refused by the few micros its first start spent, and the
+    /// run waited for a raise nobody had to make.
     within_budget: bool,
     /// What the earlier starts of a re-started fork spent (total, model, sandbox), added
     /// to its result so the run's cost stays what the ledger holds.
@@ -143,9 +146,10 @@ impl SandboxOrchestrationWorkflow {
         Self {
             budget_micros: spec.budget_micros,
             attempts: vec![0; spec.forks as usize],
+            patches: Patches::default(),
             requeue_lost: false,
-            lost: vec![0; spec.forks as usize],
             within_budget: false,
+            lost: vec![0; spec.forks as usize],
             earlier_cost: BTreeMap::new(),
             full: BTreeMap::new(),
             spec,
@@ -163,10 +167,15 @@ impl SandboxOrchestrationWorkflow {
 
     #[run(name = "SandboxOrchestrationWorkflow")]
     pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<Run> {
+        // First, before any await (see `patches`).
+        let patches = Patches::decide(ctx);
         let run_id = ctx.workflow_id().to_owned();
         let spec = ctx.state(|s| s.spec.clone());
         let started = unix_ms(ctx.workflow_time());
-        ctx.state_mut(|s| s.started_unix_ms = started);
+        ctx.state_mut(|s| {
+            s.started_unix_ms = started;
+            s.patches = patches;
+        });
 
         let open = OpenAccountRequest {
             account_id: run_id.clone(),
@@ -217,10 +226,9 @@ impl SandboxOrchestrationWorkflow {
             return Err(ApplicationFailure::non_retryable(msg).into());
         }
 
-        // A patch: re-queueing changes the commands of a run whose sandbox is lost, so
-        // runs begun by earlier builds keep their old course when this build replays them.
-        let requeue_lost = ctx.patched("requeue-lost-sandbox");
-        let within_budget = ctx.patched("lost-fork-within-budget");
+        // Where runs of earlier builds asked for these (after opening the account).
+        let requeue_lost = patches.takes(ctx, Change::RequeueLostSandbox);
+        let within_budget = patches.takes(ctx, Change::LostForkWithinBudget);
         ctx.state_mut(|s| {
             s.requeue_lost = requeue_lost;
             s.within_budget = within_budget;
@@ -404,7 +412,7 @@ impl SandboxOrchestrationWorkflow {
         // Runs from this build on publish how they ended, so ListRuns can tell a run in
         // which no fork succeeded (FAILED) from one that completed. A patch: the upsert
         // is a new command that histories of earlier builds do not hold.
-        if ctx.patched("run-outcome-attribute") {
+        if patches.takes(ctx, Change::RunOutcomeAttribute) {
             let (state, _) = outcome(&run);
             ctx.upsert_search_attributes(vec![
                 RUN_STATE_ATTR.value_set(state.as_str_name().to_owned()),

@@ -17,6 +17,7 @@ use super::{
     fork::{ForkInput, Progress, failure_message},
     options,
     orchestration::SandboxOrchestrationWorkflow,
+    patches::{Change, Patches},
     phase,
 };
 use crate::{
@@ -126,7 +127,8 @@ pub(super) async fn prepare_wave(
         })
         .collect();
     // A patch: more rounds are more timers, which histories of earlier builds lack.
-    let rounds = if ctx.patched("prepare-outlasts-an-outage") {
+    let patches = ctx.state(|s| s.patches);
+    let rounds = if patches.takes(ctx, Change::PrepareOutlastsAnOutage) {
         PATIENT_ROUNDS
     } else {
         ROUNDS
@@ -378,11 +380,15 @@ pub(super) async fn release<W>(ctx: &WorkflowContext<W>, key: &str, reservation_
         .await;
 }
 
-/// Commit what the agent spent, or release the reservation if it spent nothing.
+/// Commit what the agent spent, or release the reservation if it spent nothing. A
+/// settlement the ledger did not take in time is posted again until it does
+/// ([`Change::DurableSettle`]: runs from earlier builds reported such forks FAILED and
+/// lost the spend).
 pub(super) async fn settle<W>(
     ctx: &WorkflowContext<W>,
     key: &impl Fn(&str) -> String,
     progress: &Progress,
+    patches: Patches,
     result: &mut ForkResult,
 ) {
     let reservation_id = progress.reservation_id.clone();
@@ -409,17 +415,13 @@ pub(super) async fn settle<W>(
             .await
     };
     let answer = match answer {
-        Err(e) if retryable(&e) && ctx.patched(DURABLE_SETTLE) => {
+        Err(e) if retryable(&e) && patches.takes(ctx, Change::DurableSettle) => {
             settle_durably(ctx, &settlement).await
         }
         a => a.map_err(|e| classify(settlement.step(), &e)),
     };
     apply_settlement(result, amount, commit, answer);
 }
-
-/// A patch: settlements the ledger did not take in time are posted again durably
-/// (runs from earlier builds reported such forks FAILED and lost the spend).
-pub(super) const DURABLE_SETTLE: &str = "durable-settle";
 
 /// One fork's settlement: commit what it spent, or release the reservation.
 pub(super) struct Settlement {
