@@ -18,7 +18,7 @@ TOOLS_VENV ?= $(HOME)/.cache/forkyard/venv
 export PATH := $(TOOLS_VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql openssl curl btrfs-progs
+APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql openssl curl btrfs-progs docker-registry skopeo
 # Images and the container tests: a Docker engine and debootstrap for the base image.
 DOCKER_APT_PACKAGES := docker.io debootstrap binutils
 COMPOSE_REPLICAS := docker-compose -f deploy/compose.replicas.yml

@@ -170,6 +170,10 @@ pub struct ForkArgs {
     /// debian, github. Default: nothing.
     #[arg(long, value_delimiter = ',')]
     pub egress: Vec<String>,
+    /// The image each fork's sandbox runs on (its toolchains): archive:<file> in the
+    /// provisioners' image directory. Default: the provisioners' own /usr.
+    #[arg(long, default_value = "")]
+    pub image: String,
     /// Branch prefix: fork n works on <branch>-fork-<n>.
     #[arg(short, long, default_value = "forkyard")]
     pub branch: String,

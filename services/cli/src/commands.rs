@@ -124,6 +124,7 @@ async fn fork(client: &mut Client, a: ForkArgs, output: Output) -> anyhow::Resul
             allowed_models: a.allowed_models,
         }),
         egress: a.egress,
+        image: a.image,
         fork_timeout_secs: a.timeout,
         verify_command: a.verify.unwrap_or_default(),
         stop_on_first_verified: a.stop_on_first_verified,

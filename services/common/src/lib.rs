@@ -12,6 +12,7 @@ pub mod discovery;
 pub mod git_refs;
 pub mod grpc_telemetry;
 pub mod hosts;
+pub mod image_reference;
 pub mod metrics;
 pub mod pool;
 pub mod proxy_header;

@@ -318,6 +318,9 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
             ));
         }
     }
+    if !req.image.is_empty() {
+        forkyard_common::image_reference::parse(&req.image).map_err(|e| field("image", e))?;
+    }
     Ok(RunSpec {
         repo: req.repo.trim().to_owned(),
         base_ref: req.base_ref.clone(),
@@ -340,6 +343,7 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         // The gateway sets the allowed hosts after checking them against the tenant's
         // policy (api::egress).
         egress: Vec::new(),
+        image: req.image.clone(),
     })
 }
 

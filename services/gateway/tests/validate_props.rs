@@ -19,6 +19,7 @@ use std::collections::HashMap;
 
 /// Fields of LaunchRunRequest: a refusal names one of them first.
 const FIELDS: &[&str] = &[
+    "image",
     "request_id",
     "repo",
     "base_ref",
@@ -85,14 +86,14 @@ fn request() -> impl Strategy<Value = LaunchRunRequest> {
             nasty_string(),
             nasty_string(),
         ),
-        (labels(), any::<bool>(), nasty_string()),
+        (labels(), any::<bool>(), nasty_string(), nasty_string()),
     )
         .prop_map(
             |(
                 (request_id, repo, base_ref, branch),
                 (forks, max_concurrent, fork_timeout_secs, verify_timeout_secs),
                 (prompt, budget_usd, driver, command),
-                (labels, stop_on_first_verified, verify_command),
+                (labels, stop_on_first_verified, verify_command, image),
             )| LaunchRunRequest {
                 request_id,
                 repo,
@@ -114,6 +115,7 @@ fn request() -> impl Strategy<Value = LaunchRunRequest> {
                 stop_on_first_verified,
                 fork_budget_usd: budget_usd,
                 egress: Vec::new(),
+                image,
             },
         )
 }

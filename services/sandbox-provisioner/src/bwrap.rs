@@ -38,7 +38,6 @@ const ETC_ALWAYS: &[&str] = &[
 ];
 
 /// Where the provisioner's helpers appear inside the sandbox.
-pub const FORWARDER_IN_SANDBOX: &str = "/run/forkyard/egress-forwarder";
 pub const PROXY_SOCKET_IN_SANDBOX: &str = "/run/forkyard/egress.sock";
 pub const LLM_SOCKET_IN_SANDBOX: &str = "/run/forkyard/llm.sock";
 /// The in-sandbox address of the egress proxy (the forwarder listens there).
@@ -60,7 +59,8 @@ pub struct Features {
 /// the forwarder binary.
 #[derive(Debug, Clone, Copy)]
 pub struct Relays<'a> {
-    pub forwarder: &'a Path,
+    /// The forwarder with its loader and libraries (`crate::forwarder_kit`).
+    pub forwarder: &'a crate::forwarder_kit::ForwarderKit,
     /// The egress proxy's socket, exposed on [`PROXY_ADDR`].
     pub egress: Option<&'a Path>,
     /// The LLM relay's socket, exposed on [`forkyard_proto::SANDBOX_LLM_ADDR`].
@@ -85,6 +85,15 @@ impl Relays<'_> {
     }
 }
 
+/// An image's root filesystem as the sandbox's `/`, and its environment.
+#[derive(Debug, Clone, Copy)]
+pub struct ImageRoot<'a> {
+    /// Unpacked, with the mount points bubblewrap needs (`crate::image`).
+    pub rootfs: &'a Path,
+    /// The image's `Env`; `HOME` and reserved names are not taken from it.
+    pub env: &'a [(String, String)],
+}
+
 /// One command to run in one sandbox.
 #[derive(Debug)]
 pub struct Invocation<'a> {
@@ -103,6 +112,8 @@ pub struct Invocation<'a> {
     /// The host uid bubblewrap and the command run as (`crate::uids`); `None`: the
     /// provisioner's.
     pub uid: Option<u32>,
+    /// `None`: the host's /usr (and the few files of /etc programs need), read-only.
+    pub image: Option<ImageRoot<'a>>,
 }
 
 impl Invocation<'_> {
@@ -116,19 +127,35 @@ impl Invocation<'_> {
             a.push(["--unshare-user", "--disable-userns"]);
         }
         a.push(["--die-with-parent", "--new-session", "--cap-drop", "ALL"]);
-        a.push(["--ro-bind", "/usr", "/usr"]);
-        for (path, link) in host_root_links() {
-            match link {
-                Some(target) => a.push([
-                    OsStr::new("--symlink"),
-                    target.as_os_str(),
-                    path.as_os_str(),
-                ]),
-                None => a.push([OsStr::new("--ro-bind"), path.as_os_str(), path.as_os_str()]),
+        match self.image {
+            // The whole image, read-only; /run a tmpfs for the relays' sockets (the
+            // image is read-only, so their mount points could not be made in it).
+            Some(img) => {
+                a.push([
+                    OsStr::new("--ro-bind"),
+                    img.rootfs.as_os_str(),
+                    OsStr::new("/"),
+                ]);
+                a.push(["--tmpfs", "/run"]);
             }
-        }
-        for path in ETC_ALWAYS {
-            a.push(["--ro-bind-try", *path, *path]);
+            None => {
+                a.push(["--ro-bind", "/usr", "/usr"]);
+                for (path, link) in host_root_links() {
+                    match link {
+                        Some(target) => a.push([
+                            OsStr::new("--symlink"),
+                            target.as_os_str(),
+                            path.as_os_str(),
+                        ]),
+                        None => {
+                            a.push([OsStr::new("--ro-bind"), path.as_os_str(), path.as_os_str()]);
+                        }
+                    }
+                }
+                for path in ETC_ALWAYS {
+                    a.push(["--ro-bind-try", *path, *path]);
+                }
+            }
         }
         a.push(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
         // The sandbox's uid 0 is the host's root, so the kernel lets it write sysctls
@@ -144,8 +171,8 @@ impl Invocation<'_> {
         if let Some(r) = self.relays.filter(Relays::any) {
             a.push([
                 OsStr::new("--ro-bind"),
-                r.forwarder.as_os_str(),
-                OsStr::new(FORWARDER_IN_SANDBOX),
+                r.forwarder.dir.as_os_str(),
+                OsStr::new(crate::forwarder_kit::IN_SANDBOX),
             ]);
             for (_, inside, host) in r.pairs() {
                 a.push([OsStr::new("--bind"), host.as_os_str(), OsStr::new(inside)]);
@@ -171,7 +198,7 @@ impl Invocation<'_> {
         a.push(["--args", ENV_FD_STR]);
         a.push(["--"]);
         if let Some(r) = self.relays.filter(Relays::any) {
-            a.push([FORWARDER_IN_SANDBOX]);
+            a.0.extend(r.forwarder.argv().into_iter().map(OsString::from));
             for (addr, inside, _) in r.pairs() {
                 a.push([format!("{addr}={inside}")]);
             }
@@ -192,6 +219,16 @@ impl Invocation<'_> {
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
+        // The image's own variables (its PATH first of all) over the defaults; HOME stays
+        // /tmp (the image's root is read-only) and reserved names stay the provisioner's.
+        if let Some(img) = self.image {
+            env.extend(
+                img.env
+                    .iter()
+                    .filter(|(k, _)| k != "HOME" && !RESERVED_ENV.contains(&k.as_str()))
+                    .cloned(),
+            );
+        }
         if let Some(r) = self.relays
             && r.llm.is_some()
         {
@@ -326,6 +363,7 @@ pub async fn probe(bwrap: &Path, scratch: &Path, uid: Option<u32>) -> Result<Fea
             env: &[],
             seccomp: &[],
             uid,
+            image: None,
         };
         let mut cmd = inv
             .command()
@@ -370,6 +408,12 @@ mod tests {
     use super::*;
 
     fn inv_args(egress: bool) -> (Vec<String>, Vec<(String, String)>) {
+        let kit_dir = tempfile::tempdir().unwrap();
+        let kit = crate::forwarder_kit::ForwarderKit::prepare(
+            Path::new("/bin/true"),
+            &kit_dir.path().join("fwd"),
+        )
+        .unwrap();
         let argv = ["ls".to_owned()];
         let env = [("A".to_owned(), "secret-value".to_owned())];
         let inv = Invocation {
@@ -378,7 +422,7 @@ mod tests {
             workspace: Path::new("/state/ws"),
             sandbox_id: "sbx-1",
             relays: egress.then_some(Relays {
-                forwarder: Path::new("/bin/fwd"),
+                forwarder: &kit,
                 egress: Some(Path::new("/state/egress.sock")),
                 llm: None,
             }),
@@ -387,6 +431,7 @@ mod tests {
             env: &env,
             seccomp: &[],
             uid: None,
+            image: None,
         };
         let args = inv
             .args()
@@ -417,7 +462,7 @@ mod tests {
         );
         assert!(
             a.ends_with(
-                "-- /run/forkyard/egress-forwarder 127.0.0.1:3128=/run/forkyard/egress.sock -- ls"
+                "-- /run/forkyard/fwd/ld.so --library-path /run/forkyard/fwd /run/forkyard/fwd/true 127.0.0.1:3128=/run/forkyard/egress.sock -- ls"
             ),
             "{a}"
         );
@@ -443,6 +488,7 @@ mod tests {
             env: &env,
             seccomp: &[],
             uid: Some(1_000_000_007),
+            image: None,
         };
         let cmd = inv.command().unwrap();
         assert_eq!(

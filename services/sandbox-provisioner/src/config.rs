@@ -102,6 +102,21 @@ pub struct Args {
     /// Where workspace snapshots are stored (default `<state>/snapshots`).
     #[arg(long, env = "FORKYARD_SNAPSHOT_DIR")]
     pub snapshot_dir: Option<PathBuf>,
+    /// Image archives (`docker save` output, OCI layouts as directories or tars) a
+    /// create may name as `image: "archive:<file name>"`; unset: none offered.
+    #[arg(long, env = "FORKYARD_IMAGE_ARCHIVE_DIR")]
+    pub image_archive_dir: Option<PathBuf>,
+    /// Where images are unpacked, once per digest (default `<state>/images`).
+    #[arg(long, env = "FORKYARD_IMAGE_CACHE_DIR")]
+    pub image_cache_dir: Option<PathBuf>,
+    /// Registry credentials for image pulls: a Docker `config.json` (`docker login`'s, or
+    /// a Kubernetes image pull secret's `.dockerconfigjson`).
+    #[arg(long, env = "FORKYARD_REGISTRY_AUTH_FILE")]
+    pub registry_auth_file: Option<PathBuf>,
+    /// Registries pulled from over plain HTTP (`host:port`, comma-separated); loopback
+    /// registries always are.
+    #[arg(long, env = "FORKYARD_REGISTRY_INSECURE", value_delimiter = ',')]
+    pub registry_insecure: Vec<String>,
     /// E2B control-plane API (the key comes only from `E2B_API_KEY`).
     #[arg(
         long,
@@ -209,6 +224,14 @@ impl Args {
         config.forwarder_path = forwarder;
         if let Some(dir) = &self.snapshot_dir {
             config.snapshot_dir.clone_from(dir);
+        }
+        config.image_archive_dir.clone_from(&self.image_archive_dir);
+        config.registry = crate::image::registry::RegistryConfig {
+            auth_file: self.registry_auth_file.clone(),
+            insecure: self.registry_insecure.clone(),
+        };
+        if let Some(dir) = &self.image_cache_dir {
+            config.image_cache_dir.clone_from(dir);
         }
         for (name, v) in [
             ("FORKYARD_E2B_API_URL (--e2b-api-url)", &self.e2b_api_url),

@@ -2,7 +2,7 @@
 //! cgroups, egress, environment) every kind of exec goes through.
 
 use crate::{
-    bwrap::{Invocation, Relays},
+    bwrap::{ImageRoot, Invocation, Relays},
     entry::{Entry, ExecGuard},
     error::{ProvisionerError, Result},
     process::{self, Caps, Finished, Outcome},
@@ -60,6 +60,18 @@ struct Bounds {
     timeout: Duration,
     caps: Caps,
     watch: WatchDisk,
+    tools: Tools,
+}
+
+/// Whose tools a command runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tools {
+    /// The sandbox's: its image's root filesystem, or the host's /usr without one. What
+    /// callers and agents run.
+    Sandbox,
+    /// The provisioner's: the host's /usr, for its own steps (health probe, the git steps
+    /// of patch collection), which an image need not carry. Same isolation either way.
+    Provisioner,
 }
 
 impl Provisioner {
@@ -101,6 +113,7 @@ impl Provisioner {
                     timeout,
                     caps,
                     watch: WatchDisk::Yes,
+                    tools: Tools::Sandbox,
                 },
             )
             .await?;
@@ -129,6 +142,7 @@ impl Provisioner {
         argv: &[String],
         env: &[(String, String)],
         llm_gateway: &str,
+        tools: Tools,
     ) -> Result<Prepared> {
         let llm_gateway = match llm_gateway {
             "" => None,
@@ -156,7 +170,7 @@ impl Provisioner {
                 &uuid::Uuid::new_v4().simple().to_string()[..8]
             ))
         });
-        let relays = match (&self.config.forwarder_path, egress || llm_socket.is_some()) {
+        let relays = match (&self.forwarder, egress || llm_socket.is_some()) {
             (Some(fwd), true) => Some(Relays {
                 forwarder: fwd,
                 egress: egress.then_some(socket.as_path()),
@@ -199,6 +213,13 @@ impl Provisioner {
             env,
             seccomp: &self.seccomp,
             uid: self.uid_of(&record),
+            image: match tools {
+                Tools::Sandbox => record.image.as_ref().map(|i| ImageRoot {
+                    rootfs: &i.rootfs,
+                    env: &i.env,
+                }),
+                Tools::Provisioner => None,
+            },
         };
         let oom_before = self.cgroups.as_ref().map_or(0, |cg| cg.oom_kills(id));
         let command = inv
@@ -260,6 +281,7 @@ impl Provisioner {
                     timeout,
                     caps,
                     watch: WatchDisk::No,
+                    tools: Tools::Provisioner,
                 },
             )
             .await?
@@ -278,8 +300,9 @@ impl Provisioner {
             timeout,
             caps,
             watch,
+            tools,
         } = bounds;
-        let mut p = self.prepare(id, argv, env, llm_gateway)?;
+        let mut p = self.prepare(id, argv, env, llm_gateway, tools)?;
         let cmd = std::mem::replace(&mut p.command, Command::new("true"));
         let disk_bytes = match watch {
             WatchDisk::Yes => p.entry.record().disk_bytes,

@@ -78,6 +78,12 @@ pub struct Config {
     pub forwarder_path: Option<PathBuf>,
     /// Compressed workspace snapshots (`<state>/snapshots` by default).
     pub snapshot_dir: PathBuf,
+    /// Image archives a create may name as `archive:<name>`; `None`: none offered.
+    pub image_archive_dir: Option<PathBuf>,
+    /// Unpacked images, one per digest (`<state>/images` by default).
+    pub image_cache_dir: PathBuf,
+    /// Credentials and plain-HTTP registries for image pulls.
+    pub registry: crate::image::registry::RegistryConfig,
     /// The `e2b` backend (disabled without an API key).
     pub e2b: crate::e2b::E2bConfig,
     /// What sandboxes' CPU, memory and wall time cost.
@@ -95,6 +101,9 @@ impl Config {
         let state_dir: PathBuf = state_dir.into();
         Self {
             snapshot_dir: state_dir.join("snapshots"),
+            image_archive_dir: None,
+            image_cache_dir: state_dir.join("images"),
+            registry: crate::image::registry::RegistryConfig::default(),
             state_dir,
             bwrap_path: "bwrap".into(),
             advertise_endpoint: advertise_endpoint.into(),
@@ -133,6 +142,11 @@ pub struct Provisioner {
     pub(crate) cgroups: Option<Cgroups>,
     pub(crate) snapshots: Snapshots,
     pub(crate) templates: crate::template::Templates,
+    /// Sandbox images, unpacked once per digest (`crate::image`).
+    pub(crate) images: crate::image::ImageCache,
+    pub(crate) registries: crate::image::registry::Registries,
+    /// The egress forwarder as sandboxes run it; `None`: no relays can be offered.
+    pub(crate) forwarder: Option<crate::forwarder_kit::ForwarderKit>,
     pub(crate) sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
     /// Commands running on a pseudo-terminal, by pty id.
     pub(crate) ptys: crate::pty::Ptys,
@@ -157,7 +171,7 @@ pub struct Provisioner {
 impl Provisioner {
     /// Check bubblewrap and cgroups work, then take over the sandboxes a previous run
     /// left (see [`crate::reaper`]). Errors are configuration errors naming the setting.
-    pub async fn open(mut config: Config) -> Result<Arc<Self>, String> {
+    pub async fn open(config: Config) -> Result<Arc<Self>, String> {
         let bwrap = bwrap::resolve(&config.bwrap_path).ok_or_else(|| {
             format!(
                 "FORKYARD_BWRAP_PATH (--bwrap-path) {}: no such executable",
@@ -235,21 +249,24 @@ impl Provisioner {
                 fwd.display()
             ));
         }
-        // A sandbox's bubblewrap, run as the sandbox's uid, opens the forwarder by path:
-        // a copy under the state directory (which lets uids through) does not depend on
-        // where the binary is installed.
-        if uids.is_some()
-            && let Some(fwd) = config.forwarder_path.as_deref().and_then(bwrap::resolve)
-        {
-            config.forwarder_path = Some(
-                crate::uids::reachable_copy(&fwd, &config.state_dir.join("bin")).map_err(|e| {
+        // Sandboxes run a kit of the forwarder, its loader and its libraries under the
+        // state directory: it runs on any image, and a sandbox's bubblewrap (run as the
+        // sandbox's uid) reaches it whatever the install path's parents allow.
+        let forwarder = match config.forwarder_path.as_deref().and_then(bwrap::resolve) {
+            None => None,
+            Some(fwd) => Some(
+                crate::forwarder_kit::ForwarderKit::prepare(
+                    &fwd,
+                    &config.state_dir.join("bin/forwarder"),
+                )
+                .map_err(|e| {
                     format!(
                         "FORKYARD_EGRESS_FORWARDER (--egress-forwarder) {}: {e}",
                         fwd.display()
                     )
                 })?,
-            );
-        }
+            ),
+        };
         let snapshots = Snapshots::open(&config.snapshot_dir).map_err(|e| {
             format!(
                 "FORKYARD_SNAPSHOT_DIR (--snapshot-dir) {}: {e}",
@@ -263,6 +280,14 @@ impl Provisioner {
                     config.state_dir.display()
                 )
             })?;
+        let images = crate::image::ImageCache::open(&config.image_cache_dir).map_err(|e| {
+            format!(
+                "FORKYARD_IMAGE_CACHE_DIR (--image-cache-dir) {}: {e}",
+                config.image_cache_dir.display()
+            )
+        })?;
+        let registries = crate::image::registry::Registries::new(&config.registry)
+            .map_err(|e| format!("FORKYARD_REGISTRY_AUTH_FILE (--registry-auth-file): {e}"))?;
         let records = store.load_all().map_err(|e| {
             format!(
                 "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
@@ -296,6 +321,9 @@ impl Provisioner {
             cgroups,
             snapshots,
             templates,
+            images,
+            registries,
+            forwarder,
             sandboxes: Mutex::new(HashMap::new()),
             creating: crate::keyed_lock::KeyedLock::default(),
             uids,
@@ -564,6 +592,7 @@ impl Provisioner {
         id: &str,
         req: &CreateSandboxRequest,
         base_commit: String,
+        image: Option<crate::store::SandboxImage>,
     ) -> Record {
         let d = self.config.default_limits;
         let l = req.limits.unwrap_or_default();
@@ -604,6 +633,7 @@ impl Provisioner {
             memory_mib_ms: 0,
             // Given at register (`crate::uids`).
             uid: 0,
+            image,
         }
     }
 
@@ -682,8 +712,10 @@ impl Provisioner {
     }
 
     async fn create_new(&self, req: CreateSandboxRequest) -> Result<Sandbox> {
+        // First: an image that cannot be used leaves nothing behind.
+        let image = self.resolve_image(&req.image).await?;
         if !req.snapshot_id.is_empty() {
-            return self.create_from_snapshot(req).await;
+            return self.create_from_snapshot(req, image).await;
         }
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
         let dir = self.store.dir(&id);
@@ -706,7 +738,7 @@ impl Provisioner {
             .inspect_err(
                 |e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"),
             )?;
-        let record = self.new_record(&id, &req, base_commit);
+        let record = self.new_record(&id, &req, base_commit, image);
         let sandbox = self.register(record).await?;
         cleanup.0 = None;
         Ok(sandbox)

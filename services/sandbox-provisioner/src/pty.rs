@@ -123,7 +123,13 @@ impl Provisioner {
             .entry("TERM".into())
             .or_insert_with(|| "xterm-256color".into());
         let (env, timeout) = self.exec_params(&req.argv, &env_map, req.timeout_secs)?;
-        let mut p = self.prepare(&req.sandbox_id, &with_ctty(&req.argv), &env, "")?;
+        let mut p = self.prepare(
+            &req.sandbox_id,
+            &with_ctty(&req.argv),
+            &env,
+            "",
+            crate::exec::Tools::Sandbox,
+        )?;
         let (master, slave) = open_pair(winsize(req.rows, req.cols))
             .map_err(|e| ProvisionerError::internal("open a pty", e))?;
         let io = |fd: &OwnedFd| -> Result<Stdio> {

@@ -103,6 +103,7 @@ impl Provisioner {
     pub(crate) async fn create_from_snapshot(
         &self,
         mut req: CreateSandboxRequest,
+        image: Option<crate::store::SandboxImage>,
     ) -> Result<Sandbox> {
         let meta = self.snapshots.meta(&req.snapshot_id)?;
         if req.repo.is_empty() {
@@ -121,7 +122,7 @@ impl Provisioner {
         tokio::task::spawn_blocking(move || snaps.unpack(&snap, &ws))
             .await
             .map_err(|e| ProvisionerError::internal("unpack", e))??;
-        let record = self.new_record(&id, &req, meta.base_commit);
+        let record = self.new_record(&id, &req, meta.base_commit, image);
         let sandbox = self.register(record).await?;
         cleanup.0 = None;
         Ok(sandbox)

@@ -55,6 +55,21 @@ pub struct Record {
     /// 0: the provisioner's own.
     #[serde(default)]
     pub uid: u32,
+    /// The image the sandbox runs on; `None`: the host's /usr.
+    #[serde(default)]
+    pub image: Option<SandboxImage>,
+}
+
+/// A sandbox's image, as resolved at create (`crate::image`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SandboxImage {
+    /// As the create asked for it.
+    pub reference: String,
+    pub digest: String,
+    /// The unpacked root filesystem in the image cache (read-only to sandboxes).
+    pub rootfs: PathBuf,
+    /// The image's `Env`, each `NAME=value` (checked: no NUL byte).
+    pub env: Vec<(String, String)>,
 }
 
 impl Record {
@@ -93,6 +108,16 @@ impl Record {
             workspace_over_limit: self.over_limit(),
             // Live figures: filled in by the provisioner (crate::usage).
             usage: None,
+            image: self
+                .image
+                .as_ref()
+                .map(|i| i.reference.clone())
+                .unwrap_or_default(),
+            image_digest: self
+                .image
+                .as_ref()
+                .map(|i| i.digest.clone())
+                .unwrap_or_default(),
         }
     }
 }

@@ -18,7 +18,13 @@ impl Provisioner {
         req: ExecRequest,
     ) -> Result<mpsc::Receiver<ExecEvent>> {
         let (env, timeout) = self.exec_params(&req.argv, &req.env, req.timeout_secs)?;
-        let mut p = self.prepare(&req.sandbox_id, &req.argv, &env, &req.llm_gateway)?;
+        let mut p = self.prepare(
+            &req.sandbox_id,
+            &req.argv,
+            &env,
+            &req.llm_gateway,
+            crate::exec::Tools::Sandbox,
+        )?;
         p.command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -309,6 +309,7 @@ fn create_request(f: &WaveFork, idempotency_key: String) -> CreateSandboxRequest
         // reaches only the LLM gateway, which every agent command gets.
         network: !spec.egress.is_empty(),
         egress_allow: spec.egress.clone(),
+        image: spec.image.clone(),
         ..Default::default()
     }
 }

@@ -682,6 +682,14 @@ impl SandboxBackend for E2bBackend {
                 "not supported by the e2b backend",
             ));
         }
+        if !req.image.is_empty() {
+            // Until an image maps to an E2B template, say so rather than run on the
+            // backend's default template with tools the caller did not ask for.
+            return Err(ProvisionerError::FailedPrecondition(format!(
+                "image {}: the e2b backend runs its configured template (FORKYARD_E2B_TEMPLATE); images are not mapped to E2B templates yet",
+                req.image
+            )));
+        }
         if req.repo.trim().is_empty() {
             return Err(ProvisionerError::invalid("repo", "must not be empty"));
         }

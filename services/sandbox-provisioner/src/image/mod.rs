@@ -5,14 +5,17 @@
 //! staging left by a crash is removed when the cache opens. Loads of one archive by
 //! many forks at once unpack it once.
 //!
-//! Sources: an image archive on the provisioner's host (`docker save`, or an OCI
-//! layout as a directory or tar). Registry pulls, the sandbox's use of the root
-//! filesystem and the cache's size bound are issue #23's next steps.
+//! Sources: an image archive in the provisioner's image directory (`docker save`, or
+//! an OCI layout as a directory or tar), or an OCI registry (`registry`). The cache's
+//! size bound is issue #23's next step.
 
 mod archive;
 mod layer;
+pub mod registry;
+mod rootfs;
 
 pub use archive::ImageConfig;
+pub use rootfs::has_shell;
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
@@ -33,6 +36,9 @@ pub enum ImageError {
     },
     #[error("image cache: {0}")]
     Io(String),
+    /// The registry is down, refuses us, or has no such image.
+    #[error("registry: {0}")]
+    Registry(String),
 }
 
 /// An image ready to be a sandbox's root.
@@ -53,20 +59,28 @@ struct Saved {
 /// An archive as last seen: loaded again only when it changed.
 type Seen = (PathBuf, Option<SystemTime>, u64);
 
+/// How long a pulled tag is taken to name the same image before the registry is asked
+/// again (a digest reference is never asked again).
+const TAG_FRESH: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub struct ImageCache {
     root: PathBuf,
     /// One load at a time per archive.
     loading: crate::keyed_lock::KeyedLock<PathBuf>,
     loaded: Mutex<HashMap<Seen, Image>>,
+    /// One pull at a time per reference, and what each last resolved to.
+    pulling: crate::keyed_lock::KeyedLock<String>,
+    pulled: Mutex<HashMap<String, (Image, std::time::Instant)>>,
 }
 
 impl ImageCache {
-    /// The cache under `root` (made 0700: images may hold anything), without the
-    /// staging directories an interrupted load left.
+    /// The cache under `root`, without the staging directories an interrupted load
+    /// left. Made 0711: a sandbox's bubblewrap, running as the sandbox's own uid, opens
+    /// its image's root by path, and no uid but the provisioner's may list the cache.
     pub fn open(root: &Path) -> std::io::Result<Self> {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::create_dir_all(root)?;
-        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))?;
         for e in std::fs::read_dir(root)?.flatten() {
             if e.file_name().to_string_lossy().starts_with(".tmp-") {
                 let _ = crate::store::remove_all(&e.path());
@@ -76,7 +90,55 @@ impl ImageCache {
             root: root.to_path_buf(),
             loading: crate::keyed_lock::KeyedLock::default(),
             loaded: Mutex::default(),
+            pulling: crate::keyed_lock::KeyedLock::default(),
+            pulled: Mutex::default(),
         })
+    }
+
+    /// The image `reference` names in its registry, pulled and unpacked unless the
+    /// cache has its digest; many forks asking at once pull it once.
+    pub async fn pull(
+        &self,
+        reference: &str,
+        registries: &registry::Registries,
+    ) -> Result<Image, ImageError> {
+        let target = registry::Target::parse(reference);
+        let _one = self.pulling.lock(reference.to_owned()).await;
+        if let Some((img, at)) = self.pulled.lock().expect("images lock").get(reference)
+            && (target.by_digest() || at.elapsed() < TAG_FRESH)
+        {
+            return Ok(img.clone());
+        }
+        let staging = self
+            .root
+            .join(format!(".tmp-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir(&staging).map_err(io("make a staging directory"))?;
+        let layout = staging.join("layout");
+        let root = self.root.clone();
+        let pulled = registries
+            .pull(&target, &layout, |digest| cached(&root, digest).is_some())
+            .await;
+        let img = match pulled {
+            Ok((digest, true)) => cached(&root, &digest)
+                .ok_or_else(|| ImageError::Io(format!("{digest} left the cache"))),
+            Ok((_, false)) => {
+                let (root, staging) = (root.clone(), staging.clone());
+                tokio::task::spawn_blocking(move || {
+                    load_in(&root, &staging.join("layout"), &staging)
+                })
+                .await
+                .map_err(|e| ImageError::Io(format!("load task: {e}")))
+                .and_then(|r| r)
+            }
+            Err(e) => Err(e),
+        };
+        let _ = crate::store::remove_all(&staging);
+        let img = img?;
+        self.pulled.lock().expect("images lock").insert(
+            reference.to_owned(),
+            (img.clone(), std::time::Instant::now()),
+        );
+        Ok(img)
     }
 
     /// The image in the archive `path` (a tar file or an OCI layout directory),
@@ -137,6 +199,7 @@ fn load_in(root: &Path, src: &Path, staging: &Path) -> Result<Image, ImageError>
         for (file, diff_id) in &parts.layers {
             layer::apply(file, diff_id, &rootfs)?;
         }
+        rootfs::make_mount_points(&rootfs).map_err(io("make the sandbox's mount points"))?;
         let saved = Saved {
             digest: parts.digest.clone(),
             config: parts.config.clone(),
@@ -158,6 +221,18 @@ fn load_in(root: &Path, src: &Path, staging: &Path) -> Result<Image, ImageError>
         digest: parts.digest,
         rootfs: home.join("rootfs"),
         config: parts.config,
+    })
+}
+
+/// The image of `digest` if the cache has it unpacked.
+fn cached(root: &Path, digest: &str) -> Option<Image> {
+    let home = root.join(digest.trim_start_matches("sha256:"));
+    let saved: Saved =
+        serde_json::from_slice(&std::fs::read(home.join("image.json")).ok()?).ok()?;
+    Some(Image {
+        digest: saved.digest,
+        rootfs: home.join("rootfs"),
+        config: saved.config,
     })
 }
 

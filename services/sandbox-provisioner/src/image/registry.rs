@@ -1,0 +1,570 @@
+//! Pulls from an OCI registry over the distribution API (manifests and blobs over
+//! HTTP(S), with bearer-token or basic auth), written as an OCI layout that the archive
+//! reader then checks like any other: every blob against its digest, the layers against
+//! the config's `diff_ids`.
+
+use super::ImageError;
+use sha2::Digest as _;
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+use tokio::io::AsyncWriteExt as _;
+
+const MANIFEST_TYPES: &str = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docker.distribution.manifest.v2+json";
+
+/// Where and how to reach registries.
+#[derive(Debug, Clone, Default)]
+pub struct RegistryConfig {
+    /// A Docker `config.json` (`{"auths": {"<host>": {"auth": "<base64 user:pass>"}}}`, as
+    /// `docker login` and Kubernetes image pull secrets write it).
+    pub auth_file: Option<PathBuf>,
+    /// Registries reached over plain HTTP (`host[:port]`); loopback ones always are.
+    pub insecure: Vec<String>,
+}
+
+/// The registry client of one provisioner.
+pub struct Registries {
+    http: reqwest::Client,
+    /// `host` → base64 `user:password`. Never logged.
+    auths: HashMap<String, String>,
+    insecure: Vec<String>,
+}
+
+impl std::fmt::Debug for Registries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registries")
+            .field("credentials_for", &self.auths.keys().collect::<Vec<_>>())
+            .field("insecure", &self.insecure)
+            .finish()
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct DockerConfig {
+    #[serde(default)]
+    auths: HashMap<String, AuthEntry>,
+}
+
+#[derive(serde::Deserialize)]
+struct AuthEntry {
+    #[serde(default)]
+    auth: String,
+}
+
+/// `registry/repository` and the tag or digest asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub host: String,
+    pub repository: String,
+    pub reference: String,
+}
+
+impl Target {
+    /// Docker's defaults: no registry is Docker Hub, a one-part name is `library/…`,
+    /// no tag is `latest`.
+    pub fn parse(image: &str) -> Self {
+        let (name, digest) = match image.split_once('@') {
+            Some((n, d)) => (n, Some(d)),
+            None => (image, None),
+        };
+        let last_slash = name.rfind('/').map_or(0, |i| i + 1);
+        let (name, tag) = match name[last_slash..].rfind(':') {
+            Some(i) => (&name[..last_slash + i], Some(&name[last_slash + i + 1..])),
+            None => (name, None),
+        };
+        let (host, repository) = match name.split_once('/') {
+            Some((h, rest)) if h.contains(['.', ':']) || h == "localhost" => {
+                (h.to_owned(), rest.to_owned())
+            }
+            _ if name.contains('/') => ("registry-1.docker.io".into(), name.to_owned()),
+            _ => ("registry-1.docker.io".into(), format!("library/{name}")),
+        };
+        let host = if host == "docker.io" {
+            "registry-1.docker.io".into()
+        } else {
+            host
+        };
+        let reference = digest.or(tag).unwrap_or("latest").to_owned();
+        Self {
+            host,
+            repository,
+            reference,
+        }
+    }
+
+    pub fn by_digest(&self) -> bool {
+        self.reference.starts_with("sha256:")
+    }
+}
+
+fn unavailable(what: impl std::fmt::Display) -> ImageError {
+    ImageError::Registry(what.to_string())
+}
+
+impl Registries {
+    pub fn new(config: &RegistryConfig) -> Result<Self, String> {
+        let auths = match &config.auth_file {
+            None => HashMap::new(),
+            Some(path) => {
+                let raw = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let parsed: DockerConfig = serde_json::from_slice(&raw)
+                    .map_err(|e| format!("{}: not a Docker config.json: {e}", path.display()))?;
+                parsed
+                    .auths
+                    .into_iter()
+                    .filter(|(_, a)| !a.auth.is_empty())
+                    .map(|(host, a)| (host_of(&host), a.auth))
+                    .collect()
+            }
+        };
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(Duration::from_secs(60))
+            .user_agent("forkyard-sandbox-provisioner")
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            http,
+            auths,
+            insecure: config.insecure.clone(),
+        })
+    }
+
+    fn base(&self, host: &str) -> String {
+        let loopback =
+            host.starts_with("localhost") || host.starts_with("127.") || host.starts_with("[::1]");
+        let scheme = if loopback || self.insecure.iter().any(|h| h == host) {
+            "http"
+        } else {
+            "https"
+        };
+        format!("{scheme}://{host}")
+    }
+
+    /// Write the image `t` names as an OCI layout in `layout` (created), for this host's
+    /// platform; returns the manifest's digest. Unless `cached(digest)` says the image
+    /// is unpacked already, in which case no blob is fetched.
+    pub async fn pull(
+        &self,
+        t: &Target,
+        layout: &Path,
+        cached: impl Fn(&str) -> bool,
+    ) -> Result<(String, bool), ImageError> {
+        let mut session = Session {
+            reg: self,
+            target: t,
+            base: self.base(&t.host),
+            token: None,
+        };
+        let (mut bytes, mut media_type) = session.manifest(&t.reference).await?;
+        let mut digest = sha256(&bytes);
+        if t.by_digest() && digest != t.reference {
+            return Err(ImageError::DigestMismatch {
+                what: "the manifest".into(),
+                expected: t.reference.clone(),
+                got: digest,
+            });
+        }
+        if media_type.contains("index") || media_type.contains("manifest.list") {
+            let platform = platform_manifest(&bytes)?;
+            (bytes, media_type) = session.manifest(&platform).await?;
+            digest = sha256(&bytes);
+            if digest != platform {
+                return Err(ImageError::DigestMismatch {
+                    what: "the platform's manifest".into(),
+                    expected: platform,
+                    got: digest,
+                });
+            }
+        }
+        if cached(&digest) {
+            return Ok((digest, true));
+        }
+        let blobs = layout.join("blobs/sha256");
+        tokio::fs::create_dir_all(&blobs).await.map_err(io)?;
+        tokio::fs::write(blobs.join(hex(&digest)), &bytes)
+            .await
+            .map_err(io)?;
+        let manifest: Manifest = serde_json::from_slice(&bytes)
+            .map_err(|e| ImageError::NotAnImage(format!("the manifest: {e}")))?;
+        for d in std::iter::once(&manifest.config).chain(&manifest.layers) {
+            session.blob(&d.digest, &blobs.join(hex(&d.digest))).await?;
+        }
+        let index = serde_json::json!({
+            "schemaVersion": 2,
+            "manifests": [{"mediaType": media_type, "digest": digest, "size": bytes.len()}],
+        });
+        tokio::fs::write(layout.join("index.json"), index.to_string())
+            .await
+            .map_err(io)?;
+        tokio::fs::write(
+            layout.join("oci-layout"),
+            r#"{"imageLayoutVersion":"1.0.0"}"#,
+        )
+        .await
+        .map_err(io)?;
+        Ok((digest, false))
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Descriptor {
+    digest: String,
+}
+
+#[derive(serde::Deserialize)]
+struct Manifest {
+    config: Descriptor,
+    layers: Vec<Descriptor>,
+}
+
+#[derive(serde::Deserialize)]
+struct Platform {
+    #[serde(default)]
+    architecture: String,
+    #[serde(default)]
+    os: String,
+}
+
+#[derive(serde::Deserialize)]
+struct Listed {
+    digest: String,
+    platform: Option<Platform>,
+}
+
+#[derive(serde::Deserialize)]
+struct IndexFile {
+    manifests: Vec<Listed>,
+}
+
+/// The digest of this host's platform's manifest in an index.
+fn platform_manifest(index: &[u8]) -> Result<String, ImageError> {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let index: IndexFile = serde_json::from_slice(index)
+        .map_err(|e| ImageError::NotAnImage(format!("the image index: {e}")))?;
+    index
+        .manifests
+        .into_iter()
+        .find(|m| {
+            m.platform
+                .as_ref()
+                .is_some_and(|p| p.os == "linux" && p.architecture == arch)
+        })
+        .map(|m| m.digest)
+        .ok_or_else(|| ImageError::NotAnImage(format!("no linux/{arch} image in the index")))
+}
+
+/// One pull: the token a registry's auth service gave, kept for the pull's requests.
+struct Session<'a> {
+    reg: &'a Registries,
+    target: &'a Target,
+    base: String,
+    token: Option<String>,
+}
+
+impl Session<'_> {
+    async fn manifest(&mut self, reference: &str) -> Result<(Vec<u8>, String), ImageError> {
+        let url = format!(
+            "{}/v2/{}/manifests/{reference}",
+            self.base, self.target.repository
+        );
+        let resp = self.get(&url, Some(MANIFEST_TYPES)).await?;
+        let media_type = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let bytes = resp.bytes().await.map_err(unavailable)?.to_vec();
+        Ok((bytes, media_type))
+    }
+
+    /// Fetch a blob into `path`, hashing as it comes; a blob that is not what its
+    /// digest says is not kept.
+    async fn blob(&mut self, digest: &str, path: &Path) -> Result<(), ImageError> {
+        if !digest.starts_with("sha256:") {
+            return Err(ImageError::NotAnImage(format!(
+                "unsupported digest {digest}"
+            )));
+        }
+        let url = format!("{}/v2/{}/blobs/{digest}", self.base, self.target.repository);
+        let mut resp = self.get(&url, None).await?;
+        let mut file = tokio::fs::File::create(path).await.map_err(io)?;
+        let mut hash = sha2::Sha256::new();
+        while let Some(chunk) = resp.chunk().await.map_err(unavailable)? {
+            hash.update(&chunk);
+            file.write_all(&chunk).await.map_err(io)?;
+        }
+        file.flush().await.map_err(io)?;
+        let got = format!("sha256:{:x}", hash.finalize());
+        if got != digest {
+            let _ = tokio::fs::remove_file(path).await;
+            return Err(ImageError::DigestMismatch {
+                what: format!("blob {digest}"),
+                expected: digest.to_owned(),
+                got,
+            });
+        }
+        Ok(())
+    }
+
+    /// GET with the pull's credentials; a 401 is answered once per its challenge (a
+    /// bearer token from the auth service the registry names, or basic auth).
+    async fn get(
+        &mut self,
+        url: &str,
+        accept: Option<&str>,
+    ) -> Result<reqwest::Response, ImageError> {
+        for _ in 0..2 {
+            let mut req = self.reg.http.get(url);
+            if let Some(a) = accept {
+                req = req.header(reqwest::header::ACCEPT, a);
+            }
+            if let Some(t) = &self.token {
+                req = req.header(reqwest::header::AUTHORIZATION, t);
+            }
+            let resp = req.send().await.map_err(|e| {
+                unavailable(format!(
+                    "{} cannot be reached: {}",
+                    self.target.host,
+                    error_chain(&e)
+                ))
+            })?;
+            match resp.status() {
+                s if s.is_success() => return Ok(resp),
+                reqwest::StatusCode::UNAUTHORIZED if self.token.is_none() => {
+                    let challenge = resp
+                        .headers()
+                        .get(reqwest::header::WWW_AUTHENTICATE)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    self.token = Some(self.authorize(&challenge).await?);
+                }
+                reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN => {
+                    return Err(unavailable(format!(
+                        "{} refused the credentials for {}",
+                        self.target.host, self.target.repository
+                    )));
+                }
+                reqwest::StatusCode::NOT_FOUND => {
+                    return Err(unavailable(format!(
+                        "{} has no {}:{}",
+                        self.target.host, self.target.repository, self.target.reference
+                    )));
+                }
+                s => {
+                    return Err(unavailable(format!(
+                        "{} answered {s} for {url}",
+                        self.target.host
+                    )));
+                }
+            }
+        }
+        Err(unavailable(format!(
+            "{} kept asking for credentials",
+            self.target.host
+        )))
+    }
+
+    async fn authorize(&self, challenge: &str) -> Result<String, ImageError> {
+        let basic = self.reg.auths.get(&self.target.host);
+        let (scheme, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
+        if scheme.eq_ignore_ascii_case("basic") {
+            return basic.map(|b| format!("Basic {b}")).ok_or_else(|| {
+                unavailable(format!(
+                    "{} asks for credentials and FORKYARD_REGISTRY_AUTH_FILE has none for it",
+                    self.target.host
+                ))
+            });
+        }
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return Err(unavailable(format!(
+                "{} asks for {scheme} auth",
+                self.target.host
+            )));
+        }
+        let params = challenge_params(params);
+        let realm = params.get("realm").ok_or_else(|| {
+            unavailable(format!(
+                "{} gave a bearer challenge without a realm",
+                self.target.host
+            ))
+        })?;
+        let mut req = self.reg.http.get(realm.as_str());
+        let mut query = Vec::new();
+        if let Some(s) = params.get("service") {
+            query.push(("service", s.clone()));
+        }
+        query.push((
+            "scope",
+            params
+                .get("scope")
+                .cloned()
+                .unwrap_or_else(|| format!("repository:{}:pull", self.target.repository)),
+        ));
+        req = req.query(&query);
+        if let Some(b) = basic {
+            req = req.header(reqwest::header::AUTHORIZATION, format!("Basic {b}"));
+        }
+        let resp = req.send().await.map_err(|e| {
+            unavailable(format!(
+                "the auth service of {} cannot be reached: {}",
+                self.target.host,
+                error_chain(&e)
+            ))
+        })?;
+        if !resp.status().is_success() {
+            return Err(unavailable(format!(
+                "the auth service of {} answered {}",
+                self.target.host,
+                resp.status()
+            )));
+        }
+        #[derive(serde::Deserialize)]
+        struct Token {
+            #[serde(default)]
+            token: String,
+            #[serde(default)]
+            access_token: String,
+        }
+        let t: Token = resp.json().await.map_err(unavailable)?;
+        let token = if t.token.is_empty() {
+            t.access_token
+        } else {
+            t.token
+        };
+        if token.is_empty() {
+            return Err(unavailable(format!(
+                "the auth service of {} gave no token",
+                self.target.host
+            )));
+        }
+        Ok(format!("Bearer {token}"))
+    }
+}
+
+/// `realm="…",service="…",scope="…"` (values quoted, commas inside quotes kept).
+fn challenge_params(s: &str) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    let mut rest = s.trim();
+    while let Some((key, after)) = rest.split_once('=') {
+        let key = key
+            .trim()
+            .trim_start_matches(',')
+            .trim()
+            .to_ascii_lowercase();
+        let (value, tail) = if let Some(q) = after.strip_prefix('"') {
+            match q.find('"') {
+                Some(end) => (&q[..end], &q[end + 1..]),
+                None => (q, ""),
+            }
+        } else {
+            match after.find(',') {
+                Some(end) => (&after[..end], &after[end..]),
+                None => (after, ""),
+            }
+        };
+        out.insert(key, value.to_owned());
+        rest = tail.trim_start_matches(',').trim();
+    }
+    out
+}
+
+/// A `config.json` key (`https://index.docker.io/v1/`, `host:port`) as a host.
+fn host_of(key: &str) -> String {
+    let k = key
+        .trim_start_matches("https://")
+        .trim_start_matches("http://");
+    let host = k.split('/').next().unwrap_or(k);
+    match host {
+        "index.docker.io" | "docker.io" => "registry-1.docker.io".into(),
+        h => h.to_owned(),
+    }
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{:x}", sha2::Sha256::digest(bytes))
+}
+
+fn hex(digest: &str) -> &str {
+    digest.trim_start_matches("sha256:")
+}
+
+fn io(e: std::io::Error) -> ImageError {
+    ImageError::Io(format!("write the pulled image: {e}"))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_take_dockers_defaults() {
+        let t = Target::parse("debian");
+        assert_eq!(
+            (t.host.as_str(), t.repository.as_str(), t.reference.as_str()),
+            ("registry-1.docker.io", "library/debian", "latest")
+        );
+        let t = Target::parse("localhost:5000/forkyard/node:22");
+        assert_eq!(
+            (t.host.as_str(), t.repository.as_str(), t.reference.as_str()),
+            ("localhost:5000", "forkyard/node", "22")
+        );
+        let d = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let t = Target::parse(&format!("ghcr.io/org/img:1@{d}"));
+        assert_eq!((t.host.as_str(), t.reference.as_str()), ("ghcr.io", d));
+        assert!(t.by_digest());
+        assert_eq!(Target::parse("org/img").host, "registry-1.docker.io");
+    }
+
+    #[test]
+    fn bearer_challenges_are_read_with_their_quoted_commas() {
+        let p = challenge_params(
+            r#"realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#,
+        );
+        assert_eq!(p["realm"], "https://auth.example/token");
+        assert_eq!(p["service"], "registry.example");
+        assert_eq!(p["scope"], "repository:a/b:pull,push");
+    }
+
+    #[test]
+    fn credentials_are_keyed_by_host_and_never_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.json");
+        std::fs::write(
+            &file,
+            r#"{"auths": {"https://index.docker.io/v1/": {"auth": "dXNlcjpzZWNyZXQ="}, "127.0.0.1:5000": {"auth": "YTpi"}}}"#,
+        )
+        .unwrap();
+        let r = Registries::new(&RegistryConfig {
+            auth_file: Some(file),
+            insecure: vec![],
+        })
+        .unwrap();
+        assert_eq!(r.auths["registry-1.docker.io"], "dXNlcjpzZWNyZXQ=");
+        assert_eq!(r.auths["127.0.0.1:5000"], "YTpi");
+        let shown = format!("{r:?}");
+        assert!(
+            !shown.contains("dXNlcjpzZWNyZXQ=") && !shown.contains("YTpi"),
+            "{shown}"
+        );
+    }
+}
