@@ -109,6 +109,10 @@ pub struct Args {
     /// Where images are unpacked, once per digest (default `<state>/images`).
     #[arg(long, env = "FORKYARD_IMAGE_CACHE_DIR")]
     pub image_cache_dir: Option<PathBuf>,
+    /// The image cache's size bound in bytes; least recently used images no sandbox
+    /// runs on are removed past it. 0: no bound.
+    #[arg(long, env = "FORKYARD_IMAGE_CACHE_MAX_BYTES", default_value_t = 20 << 30)]
+    pub image_cache_max_bytes: u64,
     /// Registry credentials for image pulls: a Docker `config.json` (`docker login`'s, or
     /// a Kubernetes image pull secret's `.dockerconfigjson`).
     #[arg(long, env = "FORKYARD_REGISTRY_AUTH_FILE")]
@@ -226,6 +230,7 @@ impl Args {
             config.snapshot_dir.clone_from(dir);
         }
         config.image_archive_dir.clone_from(&self.image_archive_dir);
+        config.image_cache_max_bytes = self.image_cache_max_bytes;
         config.registry = crate::image::registry::RegistryConfig {
             auth_file: self.registry_auth_file.clone(),
             insecure: self.registry_insecure.clone(),

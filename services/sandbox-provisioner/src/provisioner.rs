@@ -84,6 +84,9 @@ pub struct Config {
     pub image_cache_dir: PathBuf,
     /// Credentials and plain-HTTP registries for image pulls.
     pub registry: crate::image::registry::RegistryConfig,
+    /// The image cache's size bound in bytes (0: none): least recently used images
+    /// that no sandbox runs on are removed past it.
+    pub image_cache_max_bytes: u64,
     /// The `e2b` backend (disabled without an API key).
     pub e2b: crate::e2b::E2bConfig,
     /// What sandboxes' CPU, memory and wall time cost.
@@ -104,6 +107,7 @@ impl Config {
             image_archive_dir: None,
             image_cache_dir: state_dir.join("images"),
             registry: crate::image::registry::RegistryConfig::default(),
+            image_cache_max_bytes: 20 << 30,
             state_dir,
             bwrap_path: "bwrap".into(),
             advertise_endpoint: advertise_endpoint.into(),
@@ -143,7 +147,7 @@ pub struct Provisioner {
     pub(crate) snapshots: Snapshots,
     pub(crate) templates: crate::template::Templates,
     /// Sandbox images, unpacked once per digest (`crate::image`).
-    pub(crate) images: crate::image::ImageCache,
+    pub(crate) images: Arc<crate::image::ImageCache>,
     pub(crate) registries: crate::image::registry::Registries,
     /// The egress forwarder as sandboxes run it; `None`: no relays can be offered.
     pub(crate) forwarder: Option<crate::forwarder_kit::ForwarderKit>,
@@ -280,12 +284,14 @@ impl Provisioner {
                     config.state_dir.display()
                 )
             })?;
-        let images = crate::image::ImageCache::open(&config.image_cache_dir).map_err(|e| {
-            format!(
-                "FORKYARD_IMAGE_CACHE_DIR (--image-cache-dir) {}: {e}",
-                config.image_cache_dir.display()
-            )
-        })?;
+        let images = crate::image::ImageCache::open(&config.image_cache_dir)
+            .map(Arc::new)
+            .map_err(|e| {
+                format!(
+                    "FORKYARD_IMAGE_CACHE_DIR (--image-cache-dir) {}: {e}",
+                    config.image_cache_dir.display()
+                )
+            })?;
         let registries = crate::image::registry::Registries::new(&config.registry)
             .map_err(|e| format!("FORKYARD_REGISTRY_AUTH_FILE (--registry-auth-file): {e}"))?;
         let records = store.load_all().map_err(|e| {

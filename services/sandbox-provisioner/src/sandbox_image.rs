@@ -54,11 +54,30 @@ impl Provisioner {
             .filter(|(k, _)| !k.is_empty())
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
+        self.evict_images_in_the_background();
         Ok(Some(SandboxImage {
             reference: image.to_owned(),
             digest: loaded.digest,
             rootfs: loaded.rootfs,
             env,
         }))
+    }
+
+    /// Keep the image cache within its bound (`image_cache_max_bytes`), sparing the
+    /// images of this replica's sandboxes; off the create's path.
+    fn evict_images_in_the_background(&self) {
+        let max = self.config.image_cache_max_bytes;
+        if max == 0 {
+            return;
+        }
+        let in_use: std::collections::HashSet<String> = self
+            .sandboxes
+            .lock()
+            .expect("sandboxes lock")
+            .values()
+            .filter_map(|e| e.record().image.map(|i| i.digest))
+            .collect();
+        let images = self.images.clone();
+        tokio::task::spawn_blocking(move || images.evict(max, &in_use, image::GRACE));
     }
 }

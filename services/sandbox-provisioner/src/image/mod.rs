@@ -6,15 +6,17 @@
 //! many forks at once unpack it once.
 //!
 //! Sources: an image archive in the provisioner's image directory (`docker save`, or
-//! an OCI layout as a directory or tar), or an OCI registry (`registry`). The cache's
-//! size bound is issue #23's next step.
+//! an OCI layout as a directory or tar), or an OCI registry (`registry`). The cache
+//! has a size bound (`evict`).
 
 mod archive;
+mod evict;
 mod layer;
 pub mod registry;
 mod rootfs;
 
 pub use archive::ImageConfig;
+pub use evict::GRACE;
 pub use rootfs::has_shell;
 use std::{
     collections::HashMap,
@@ -54,6 +56,9 @@ pub struct Image {
 struct Saved {
     digest: String,
     config: ImageConfig,
+    /// The root filesystem's size on disk (0 in entries from before it was kept).
+    #[serde(default)]
+    bytes: u64,
 }
 
 /// An archive as last seen: loaded again only when it changed.
@@ -71,6 +76,10 @@ pub struct ImageCache {
     /// One pull at a time per reference, and what each last resolved to.
     pulling: crate::keyed_lock::KeyedLock<String>,
     pulled: Mutex<HashMap<String, (Image, std::time::Instant)>>,
+    /// When each image was last handed out, for eviction.
+    used: Mutex<HashMap<String, SystemTime>>,
+    /// An eviction is under way (one at a time; others skip).
+    evicting: std::sync::atomic::AtomicBool,
 }
 
 impl ImageCache {
@@ -92,6 +101,8 @@ impl ImageCache {
             loaded: Mutex::default(),
             pulling: crate::keyed_lock::KeyedLock::default(),
             pulled: Mutex::default(),
+            used: Mutex::default(),
+            evicting: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -104,10 +115,18 @@ impl ImageCache {
     ) -> Result<Image, ImageError> {
         let target = registry::Target::parse(reference);
         let _one = self.pulling.lock(reference.to_owned()).await;
-        if let Some((img, at)) = self.pulled.lock().expect("images lock").get(reference)
+        let memo = self
+            .pulled
+            .lock()
+            .expect("images lock")
+            .get(reference)
+            .cloned();
+        if let Some((img, at)) = memo
             && (target.by_digest() || at.elapsed() < TAG_FRESH)
+            && img.rootfs.is_dir()
         {
-            return Ok(img.clone());
+            self.touch(&img.digest);
+            return Ok(img);
         }
         let staging = self
             .root
@@ -138,6 +157,7 @@ impl ImageCache {
             reference.to_owned(),
             (img.clone(), std::time::Instant::now()),
         );
+        self.touch(&img.digest);
         Ok(img)
     }
 
@@ -148,8 +168,12 @@ impl ImageCache {
             .map_err(|e| ImageError::NotAnImage(format!("{}: {e}", path.display())))?;
         let seen: Seen = (path.to_path_buf(), meta.modified().ok(), meta.len());
         let _one = self.loading.lock(path.to_path_buf()).await;
-        if let Some(img) = self.loaded.lock().expect("images lock").get(&seen) {
-            return Ok(img.clone());
+        let memo = self.loaded.lock().expect("images lock").get(&seen).cloned();
+        if let Some(img) = memo
+            && img.rootfs.is_dir()
+        {
+            self.touch(&img.digest);
+            return Ok(img);
         }
         let (root, src) = (self.root.clone(), path.to_path_buf());
         let img = tokio::task::spawn_blocking(move || load(&root, &src))
@@ -159,6 +183,7 @@ impl ImageCache {
             .lock()
             .expect("images lock")
             .insert(seen, img.clone());
+        self.touch(&img.digest);
         Ok(img)
     }
 }
@@ -203,6 +228,7 @@ fn load_in(root: &Path, src: &Path, staging: &Path) -> Result<Image, ImageError>
         let saved = Saved {
             digest: parts.digest.clone(),
             config: parts.config.clone(),
+            bytes: crate::store::disk_usage(&rootfs),
         };
         std::fs::write(
             unpacked.join("image.json"),

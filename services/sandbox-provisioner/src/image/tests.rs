@@ -365,3 +365,54 @@ async fn what_is_not_an_image_is_named_so_and_staging_never_survives_a_restart()
     let _ = cache(tmp.path());
     assert_cache_empty(tmp.path());
 }
+
+#[tokio::test]
+async fn past_its_bound_the_cache_drops_the_least_recently_used_image_no_sandbox_runs_on() {
+    use std::{collections::HashSet, time::Duration};
+    let tmp = tempfile::tempdir().unwrap();
+    let images = cache(tmp.path());
+    let layout = |name: &str, content: &[u8]| {
+        let dir = tmp.path().join(name);
+        oci_layout(&dir, &[tar_of(&[E::File("data", content, 0o644)])]);
+        dir
+    };
+    let (a_dir, b_dir) = (
+        layout("a", &[b'a'; 64 << 10]),
+        layout("b", &[b'b'; 64 << 10]),
+    );
+    let a = images.load_archive(&a_dir).await.unwrap();
+    let b = images.load_archive(&b_dir).await.unwrap();
+    let one = crate::store::disk_usage(&a.rootfs);
+    let none = HashSet::new();
+
+    // Within the bound, or everything used within the grace period: nothing goes.
+    assert!(images.evict(3 * one, &none, Duration::ZERO).is_empty());
+    assert!(
+        images
+            .evict(one, &none, Duration::from_secs(600))
+            .is_empty()
+    );
+    // Past it: the older of the two, unless a sandbox runs on it.
+    let in_use_a = HashSet::from([a.digest.clone()]);
+    assert_eq!(
+        images.evict(one + one / 2, &in_use_a, Duration::ZERO),
+        vec![b.digest.clone()]
+    );
+    assert!(!b.rootfs.exists() && a.rootfs.exists());
+    // Loaded again, it is unpacked again (nothing remembered a removed image), and now
+    // it is the more recent one.
+    let b = images.load_archive(&b_dir).await.unwrap();
+    assert!(b.rootfs.join("data").is_file());
+    assert_eq!(
+        images.evict(one + one / 2, &none, Duration::ZERO),
+        vec![a.digest.clone()]
+    );
+    let left: Vec<_> = std::fs::read_dir(tmp.path().join("images"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        left,
+        vec![b.digest.trim_start_matches("sha256:").to_owned()]
+    );
+}
