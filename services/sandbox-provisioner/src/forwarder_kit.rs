@@ -32,13 +32,9 @@ impl ForwarderKit {
             .map_err(|e| format!("ldd {}: {e}", bin.display()))?;
         let listing = String::from_utf8_lossy(&out.stdout).into_owned();
         let copy = |from: &Path, name: &str| -> Result<(), String> {
-            let copied = crate::uids::reachable_copy(from, dir)
-                .map_err(|e| format!("copy {}: {e}", from.display()))?;
-            if copied.file_name().is_some_and(|n| n != name) {
-                std::fs::rename(&copied, dir.join(name))
-                    .map_err(|e| format!("name {}: {e}", from.display()))?;
-            }
-            Ok(())
+            crate::uids::reachable_copy(from, dir, name)
+                .map(drop)
+                .map_err(|e| format!("copy {}: {e}", from.display()))
         };
         let bin_name = bin.file_name().map_or_else(
             || "egress-forwarder".into(),

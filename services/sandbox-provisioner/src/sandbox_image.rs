@@ -64,10 +64,11 @@ impl Provisioner {
     }
 
     /// Keep the image cache within its bound (`image_cache_max_bytes`), sparing the
-    /// images of this replica's sandboxes; off the create's path.
+    /// images of this replica's sandboxes; off the create's path, and only after the
+    /// cache grew (not for each of a wave's creates on an image already there).
     fn evict_images_in_the_background(&self) {
         let max = self.config.image_cache_max_bytes;
-        if max == 0 {
+        if max == 0 || !self.images.take_grown() {
             return;
         }
         let in_use: std::collections::HashSet<String> = self

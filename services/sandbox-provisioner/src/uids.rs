@@ -132,18 +132,16 @@ pub fn chown(path: &Path, uid: u32) -> std::io::Result<()> {
     Ok(())
 }
 
-/// A copy of the executable `bin` in `dir` (made 0711), readable and executable by any
-/// uid: replaced when its content differs, so an upgraded binary is what sandboxes run.
-pub fn reachable_copy(bin: &Path, dir: &Path) -> std::io::Result<std::path::PathBuf> {
+/// A copy of the executable `bin` as `dir/<name>` (`dir` made 0711), readable and
+/// executable by any uid: replaced when its content differs, so an upgraded binary is
+/// what sandboxes run.
+pub fn reachable_copy(bin: &Path, dir: &Path, name: &str) -> std::io::Result<std::path::PathBuf> {
     std::fs::create_dir_all(dir)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
-    let name = bin
-        .file_name()
-        .unwrap_or_else(|| std::ffi::OsStr::new("forwarder"));
     let to = dir.join(name);
     let wanted = std::fs::read(bin)?;
     if std::fs::read(&to).ok().as_deref() != Some(wanted.as_slice()) {
-        let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+        let tmp = dir.join(format!(".{name}.tmp"));
         std::fs::write(&tmp, &wanted)?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
         std::fs::rename(&tmp, &to)?;
@@ -205,7 +203,7 @@ mod tests {
         std::fs::write(locked.join("fwd"), b"v1").unwrap();
         std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
         let bin = d.path().join("state/bin");
-        let copy = reachable_copy(&locked.join("fwd"), &bin).unwrap();
+        let copy = reachable_copy(&locked.join("fwd"), &bin, "fwd").unwrap();
         assert_eq!(copy, bin.join("fwd"));
         assert_eq!(std::fs::read(&copy).unwrap(), b"v1");
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
@@ -213,7 +211,7 @@ mod tests {
         // An upgraded binary replaces the copy; the same one leaves it alone.
         std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::write(locked.join("fwd"), b"v2").unwrap();
-        reachable_copy(&locked.join("fwd"), &bin).unwrap();
+        reachable_copy(&locked.join("fwd"), &bin, "fwd").unwrap();
         assert_eq!(std::fs::read(&copy).unwrap(), b"v2");
     }
 

@@ -5,31 +5,21 @@
 
 mod common;
 
-use common::{Fixture, let_through, make_repo, test_image::save_image};
+use common::{Fixture, test_image::save_image};
 use forkyard_proto::sandbox::v1::{CollectPatchRequest, CreateSandboxRequest};
-use forkyard_sandbox_provisioner::{Config, Provisioner, error::ProvisionerError};
-use std::time::Duration;
+use forkyard_sandbox_provisioner::error::ProvisionerError;
 
 /// A provisioner with an image directory holding `tool.tar` (runnable) and
 /// `no-shell.tar` (no /bin/sh).
 async fn fixture() -> Fixture {
-    let tmp = let_through(tempfile::tempdir().unwrap());
-    let repo = make_repo(tmp.path());
-    let state = tmp.path().join("state");
-    let images = tmp.path().join("images");
-    std::fs::create_dir(&images).unwrap();
-    save_image(&images, "tool.tar", true);
-    save_image(&images, "no-shell.tar", false);
-    let mut config = Config::new(&state, "http://127.0.0.1:50052");
-    config.exec_timeout = Duration::from_secs(60);
-    config.image_archive_dir = Some(images);
-    let core = Provisioner::open(config).await.expect("open provisioner");
-    Fixture {
-        tmp,
-        repo,
-        state,
-        core,
-    }
+    common::fixture_with(|tmp, config| {
+        let images = tmp.join("images");
+        std::fs::create_dir(&images).unwrap();
+        save_image(&images, "tool.tar", true);
+        save_image(&images, "no-shell.tar", false);
+        config.image_archive_dir = Some(images);
+    })
+    .await
 }
 
 fn on_image(f: &Fixture, image: &str) -> CreateSandboxRequest {
@@ -141,11 +131,7 @@ async fn an_image_that_cannot_be_used_is_refused_naming_it_and_leaves_nothing() 
             other => panic!("{image}: {other:?}"),
         }
     }
-    let left: Vec<_> = std::fs::read_dir(f.state.join("sandboxes"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
+    let left = f.sandbox_dirs();
     assert!(left.is_empty(), "{left:?}");
     assert!(f.core.list(&Default::default()).is_empty());
 }

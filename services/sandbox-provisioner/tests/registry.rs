@@ -5,9 +5,9 @@
 
 mod common;
 
-use common::{Fixture, let_through, make_repo, test_image::save_image};
+use common::{Fixture, test_image::save_image};
 use forkyard_proto::sandbox::v1::CreateSandboxRequest;
-use forkyard_sandbox_provisioner::{Config, Provisioner, error::ProvisionerError};
+use forkyard_sandbox_provisioner::error::ProvisionerError;
 use std::{
     net::TcpListener,
     path::{Path, PathBuf},
@@ -97,21 +97,6 @@ fn push(registry: &Registry, archive: &Path, name: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
-async fn fixture() -> Fixture {
-    let tmp = let_through(tempfile::tempdir().unwrap());
-    let repo = make_repo(tmp.path());
-    let state = tmp.path().join("state");
-    let mut config = Config::new(&state, "http://127.0.0.1:50052");
-    config.exec_timeout = Duration::from_secs(60);
-    let core = Provisioner::open(config).await.expect("open provisioner");
-    Fixture {
-        tmp,
-        repo,
-        state,
-        core,
-    }
-}
-
 fn on_image(f: &Fixture, image: &str, branch: &str) -> CreateSandboxRequest {
     CreateSandboxRequest {
         image: image.into(),
@@ -121,7 +106,7 @@ fn on_image(f: &Fixture, image: &str, branch: &str) -> CreateSandboxRequest {
 
 #[tokio::test]
 async fn sandboxes_run_on_an_image_pulled_once_from_a_registry() {
-    let f = fixture().await;
+    let f = common::fixture().await;
     let reg_dir = tempfile::tempdir().unwrap();
     let registry = start_registry(reg_dir.path());
     save_image(reg_dir.path(), "tool.tar", true);
@@ -170,7 +155,7 @@ async fn sandboxes_run_on_an_image_pulled_once_from_a_registry() {
 
 #[tokio::test]
 async fn a_missing_image_or_a_registry_that_is_down_is_refused_naming_the_image() {
-    let f = fixture().await;
+    let f = common::fixture().await;
     let reg_dir = tempfile::tempdir().unwrap();
     let registry = start_registry(reg_dir.path());
     let down = format!("127.0.0.1:{}", free_port());
@@ -188,11 +173,7 @@ async fn a_missing_image_or_a_registry_that_is_down_is_refused_naming_the_image(
             other => panic!("{image}: {other:?}"),
         }
     }
-    let left: Vec<_> = std::fs::read_dir(f.state.join("sandboxes"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
+    let left = f.sandbox_dirs();
     assert!(left.is_empty(), "{left:?}");
     let staging: Vec<_> = std::fs::read_dir(f.state.join("images"))
         .unwrap()

@@ -19,6 +19,15 @@ struct Entry {
 }
 
 impl ImageCache {
+    pub(super) fn grew(&self) {
+        self.grown.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether an image may have been unpacked since the last call.
+    pub fn take_grown(&self) -> bool {
+        self.grown.swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+
     /// Note that the image `digest` was just used.
     pub(super) fn touch(&self, digest: &str) {
         self.used

@@ -80,6 +80,9 @@ pub struct ImageCache {
     used: Mutex<HashMap<String, SystemTime>>,
     /// An eviction is under way (one at a time; others skip).
     evicting: std::sync::atomic::AtomicBool,
+    /// An image was unpacked since [`Self::take_grown`] last asked: only then can the
+    /// cache have gone past its bound.
+    grown: std::sync::atomic::AtomicBool,
 }
 
 impl ImageCache {
@@ -103,6 +106,8 @@ impl ImageCache {
             pulled: Mutex::default(),
             used: Mutex::default(),
             evicting: std::sync::atomic::AtomicBool::new(false),
+            // An earlier run may have left the cache past a bound lowered since.
+            grown: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -141,6 +146,7 @@ impl ImageCache {
             Ok((digest, true)) => cached(&root, &digest)
                 .ok_or_else(|| ImageError::Io(format!("{digest} left the cache"))),
             Ok((_, false)) => {
+                self.grew();
                 let (root, staging) = (root.clone(), staging.clone());
                 tokio::task::spawn_blocking(move || {
                     load_in(&root, &staging.join("layout"), &staging)
@@ -175,6 +181,7 @@ impl ImageCache {
             self.touch(&img.digest);
             return Ok(img);
         }
+        self.grew();
         let (root, src) = (self.root.clone(), path.to_path_buf());
         let img = tokio::task::spawn_blocking(move || load(&root, &src))
             .await

@@ -72,19 +72,30 @@ pub fn let_through_dir(dir: &Path) {
 }
 
 pub async fn open(state: &Path) -> Arc<Provisioner> {
+    open_with(state, |_| {}).await
+}
+
+/// [`open`] with `configure` applied to the tests' configuration.
+pub async fn open_with(state: &Path, configure: impl FnOnce(&mut Config)) -> Arc<Provisioner> {
     let mut config = Config::new(state, "http://127.0.0.1:50052");
     config.exec_timeout = Duration::from_secs(60);
     config.forwarder_path = Some(env!("CARGO_BIN_EXE_sandbox-egress-forwarder").into());
     // The egress tests' servers run on this host's loopback.
     config.egress_private_allowed = vec!["127.0.0.1".parse().unwrap()];
+    configure(&mut config);
     Provisioner::open(config).await.expect("open provisioner")
 }
 
 pub async fn fixture() -> Fixture {
+    fixture_with(|_, _| {}).await
+}
+
+/// [`fixture`] with `configure` given the temp dir and the configuration.
+pub async fn fixture_with(configure: impl FnOnce(&Path, &mut Config)) -> Fixture {
     let tmp = let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
     let state = tmp.path().join("state");
-    let core = open(&state).await;
+    let core = open_with(&state, |c| configure(tmp.path(), c)).await;
     Fixture {
         tmp,
         repo,
@@ -94,6 +105,15 @@ pub async fn fixture() -> Fixture {
 }
 
 impl Fixture {
+    /// The sandbox directories on disk.
+    pub fn sandbox_dirs(&self) -> Vec<std::ffi::OsString> {
+        std::fs::read_dir(self.state.join("sandboxes"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect()
+    }
+
     pub fn request(&self, branch: &str) -> CreateSandboxRequest {
         CreateSandboxRequest {
             backend: "local".into(),
