@@ -18,7 +18,7 @@ TOOLS_VENV ?= $(HOME)/.cache/forkyard/venv
 export PATH := $(TOOLS_VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql openssl curl btrfs-progs docker-registry skopeo
+APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql openssl curl btrfs-progs docker-registry skopeo apache2-utils
 # Images and the container tests: a Docker engine and debootstrap for the base image.
 DOCKER_APT_PACKAGES := docker.io debootstrap binutils
 COMPOSE_REPLICAS := docker-compose -f deploy/compose.replicas.yml
@@ -218,4 +218,5 @@ bench-get-run: deps
 # The local backend in process: create-to-ready and destroy p50/p99 over 200 sandboxes,
 # 100 alive at once (time, RSS). Real git, bubblewrap and cgroups (root for cgroups).
 bench-provisioner: deps-apt
+	cargo build --release -p forkyard-sandbox-provisioner --bin sandbox-egress-forwarder
 	cargo bench -p forkyard-tests --bench provisioner

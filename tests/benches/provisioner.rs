@@ -98,16 +98,36 @@ async fn main() -> anyhow::Result<()> {
     if let Ok(base) = std::env::var("FORKYARD_SANDBOX_UID_BASE") {
         config.sandbox_uid_base = base.parse()?;
     }
+    // The forwarder is the sandboxes' init: without it every command gets a bubblewrap
+    // of its own. `FORKYARD_SANDBOX_INIT=false` for that A/B.
+    config.forwarder_path = Some(match std::env::var_os("FORKYARD_EGRESS_FORWARDER") {
+        Some(p) => p.into(),
+        None => std::env::current_exe()?
+            .parent()
+            .and_then(|deps| deps.parent())
+            .map(|dir| dir.join("sandbox-egress-forwarder"))
+            .filter(|p| p.is_file())
+            .ok_or_else(|| anyhow::anyhow!("no sandbox-egress-forwarder next to the bench: cargo build --release -p forkyard-sandbox-provisioner"))?,
+    });
+    if let Ok(v) = std::env::var("FORKYARD_SANDBOX_INIT") {
+        config.sandbox_init = v.parse()?;
+    }
     let config_uid_base = config.sandbox_uid_base;
+    let core_init = config.sandbox_init;
     let core: Arc<Provisioner> = Provisioner::open(config)
         .await
         .map_err(anyhow::Error::msg)?;
     let rss_before = status_kib("VmRSS:");
     println!(
-        "provisioner bench (local backend, in process): {n} sandboxes one at a time, {alive} alive at once, sandbox uids from {}",
+        "provisioner bench (local backend, in process): {n} sandboxes one at a time, {alive} alive at once, sandbox uids from {}, {}",
         match config_uid_base {
             0 => "off (root)".to_owned(),
             b => b.to_string(),
+        },
+        if core_init {
+            "commands under each sandbox's init"
+        } else {
+            "a bubblewrap per command"
         }
     );
 

@@ -8,6 +8,10 @@
 //! Temporal history).
 //!
 //! `make test` installs the CLIs (pinned, from npm); without them these tests fail.
+//! Claude Code also runs in forks on an image that brings it (and not the host's /usr).
+
+#[path = "../../services/sandbox-provisioner/tests/common/test_image.rs"]
+mod test_image;
 
 use forkyard_proto::{
     budget::v1::budget_ledger_client::BudgetLedgerClient,
@@ -223,9 +227,70 @@ fn price_per_call(input: f64, output: f64, cache_read: f64) -> i64 {
     (micro - 1e-6).ceil() as i64
 }
 
+/// An image (`<dir>/<name>`) holding only the agent CLI's own executable (`exe`,
+/// resolved, and linked from `link`), the shell and the few tools the scripted tool call
+/// runs, with their libraries: nothing else of this host.
+fn agent_image(dir: &Path, name: &str, exe: &str, link: &str) {
+    let exe = std::fs::canonicalize(exe).unwrap_or_else(|e| panic!("{exe}: {e}"));
+    let exe = exe.to_str().unwrap();
+    let tools = [
+        "/bin/bash",
+        "/usr/bin/env",
+        "/usr/bin/sort",
+        "/usr/bin/sed",
+        "/usr/bin/grep",
+    ];
+    let programs: Vec<&str> = tools.iter().copied().chain([exe]).collect();
+    test_image::save_image_of(dir, name, &programs, &[], &[(link, exe)]);
+}
+
+/// `<codex package>/node_modules/@openai/codex-linux-<arch>/vendor/<target>/bin/codex`.
+fn codex_native() -> Option<String> {
+    let wrapper = std::fs::canonicalize("/usr/bin/codex").ok()?;
+    let scoped = wrapper.parent()?.parent()?.join("node_modules/@openai");
+    std::fs::read_dir(scoped)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("codex-linux-"))
+        .flat_map(|e| {
+            std::fs::read_dir(e.path().join("vendor"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|target| target.path().join("bin/codex"))
+        .find(|p| p.is_file())
+        .map(|p| p.display().to_string())
+}
+
+/// A run's image: the archive directory the provisioners get and the image's name.
+struct OnImage<'a> {
+    archives: &'a Path,
+    image: &'a str,
+}
+
 async fn run_cli_forks(driver: &str, model_name: &str, key_var: &str, per_call: i64, line: &str) {
+    run_cli_forks_on(driver, model_name, key_var, per_call, line, None).await;
+}
+
+async fn run_cli_forks_on(
+    driver: &str,
+    model_name: &str,
+    key_var: &str,
+    per_call: i64,
+    line: &str,
+    on_image: Option<OnImage<'_>>,
+) {
     let model = ScriptedModel::start(Script::edit(&edit_and_scan(line))).await;
-    let mesh = Mesh::start_with(options(&model)).await.expect("mesh");
+    let mut opts = options(&model);
+    if let Some(img) = &on_image {
+        opts.service_env.push((
+            "sandbox-provisioner".into(),
+            "FORKYARD_IMAGE_ARCHIVE_DIR".into(),
+            img.archives.display().to_string(),
+        ));
+    }
+    let mesh = Mesh::start_with(opts).await.expect("mesh");
     let dir = tempfile::tempdir().unwrap();
     let repo_dir = dir.path().join("repo");
     repo::create(&repo_dir).unwrap();
@@ -234,7 +299,15 @@ async fn run_cli_forks(driver: &str, model_name: &str, key_var: &str, per_call: 
     let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
     let req = LaunchRunRequest {
         request_id: format!("{driver}-e2e"),
-        verify_command: format!("grep -qx '{line}' notes.txt"),
+        // On the image, the host's git (and all of its /usr) is out of sight.
+        verify_command: match on_image {
+            Some(_) => format!("grep -qx '{line}' notes.txt && test ! -e /usr/bin/git"),
+            None => format!("grep -qx '{line}' notes.txt"),
+        },
+        image: on_image
+            .as_ref()
+            .map(|i| i.image.to_owned())
+            .unwrap_or_default(),
         ..launch(&repo_dir, driver, model_name, 2, "1")
     };
     let (run_id, run) = run_to_end(&mut gw, req, Duration::from_secs(240)).await;
@@ -306,6 +379,52 @@ async fn claude_code_forks_edit_through_the_gateway_and_pay_exactly_their_usage(
         "ANTHROPIC_API_KEY",
         price_per_call(3.0, 15.0, 0.3),
         "edited by claude",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_runs_in_forks_on_an_image_that_brings_it() {
+    assert_cli_installed("claude");
+    let archives = tempfile::tempdir().unwrap();
+    agent_image(
+        archives.path(),
+        "claude.tar",
+        "/usr/bin/claude",
+        "/usr/bin/claude",
+    );
+    run_cli_forks_on(
+        "claude-code",
+        "sonnet",
+        "ANTHROPIC_API_KEY",
+        price_per_call(3.0, 15.0, 0.3),
+        "edited by claude on its image",
+        Some(OnImage {
+            archives: archives.path(),
+            image: "archive:claude.tar",
+        }),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_runs_in_forks_on_an_image_that_brings_it() {
+    assert_cli_installed("codex");
+    // Codex's native executable (what the npm wrapper starts, a static binary) as the
+    // image's `codex`: the image needs no node.
+    let native = codex_native().expect("codex's native executable in its npm package");
+    let archives = tempfile::tempdir().unwrap();
+    agent_image(archives.path(), "codex.tar", &native, "/usr/bin/codex");
+    run_cli_forks_on(
+        "codex",
+        "gpt-5",
+        "OPENAI_API_KEY",
+        price_per_call(1.25, 10.0, 0.125),
+        "edited by codex on its image",
+        Some(OnImage {
+            archives: archives.path(),
+            image: "archive:codex.tar",
+        }),
     )
     .await;
 }

@@ -114,9 +114,18 @@ pub struct Invocation<'a> {
     pub uid: Option<u32>,
     /// `None`: the host's /usr (and the few files of /etc programs need), read-only.
     pub image: Option<ImageRoot<'a>>,
+    /// The sandbox's init (`crate::init`): the forwarder in `--init` mode, `argv` the
+    /// way to start it again; `relays` holds its kit.
+    pub init: bool,
 }
 
 impl Invocation<'_> {
+    /// The relays, when the forwarder runs first in the sandbox: it has relays to offer,
+    /// or it is the sandbox's init.
+    fn kit(&self) -> Option<Relays<'_>> {
+        self.relays.filter(|r| self.init || r.any())
+    }
+
     /// The full bwrap argument list (options, `--`, then the command's argv). No
     /// environment value is ever on it (argv is world-readable in `ps`): see [`Self::env`].
     pub fn args(&self) -> Vec<OsString> {
@@ -168,7 +177,7 @@ impl Invocation<'_> {
             "/proc/sysrq-trigger",
             "/proc/sysrq-trigger",
         ]);
-        if let Some(r) = self.relays.filter(Relays::any) {
+        if let Some(r) = self.kit() {
             a.push([
                 OsStr::new("--ro-bind"),
                 r.forwarder.dir.as_os_str(),
@@ -197,10 +206,13 @@ impl Invocation<'_> {
         }
         a.push(["--args", ENV_FD_STR]);
         a.push(["--"]);
-        if let Some(r) = self.relays.filter(Relays::any) {
+        if let Some(r) = self.kit() {
             a.0.extend(r.forwarder.argv().into_iter().map(OsString::from));
             for (addr, inside, _) in r.pairs() {
                 a.push([format!("{addr}={inside}")]);
+            }
+            if self.init {
+                a.push(["--init"]);
             }
             a.push(["--"]);
         }
@@ -364,6 +376,7 @@ pub async fn probe(bwrap: &Path, scratch: &Path, uid: Option<u32>) -> Result<Fea
             seccomp: &[],
             uid,
             image: None,
+            init: false,
         };
         let mut cmd = inv
             .command()
@@ -432,6 +445,7 @@ mod tests {
             seccomp: &[],
             uid: None,
             image: None,
+            init: false,
         };
         let args = inv
             .args()
@@ -489,6 +503,7 @@ mod tests {
             seccomp: &[],
             uid: Some(1_000_000_007),
             image: None,
+            init: false,
         };
         let cmd = inv.command().unwrap();
         assert_eq!(

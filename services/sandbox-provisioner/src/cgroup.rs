@@ -366,12 +366,17 @@ fn write(dir: &Path, file: &str, value: &str) -> io::Result<()> {
 }
 
 /// Poll `empty` for up to a second.
+/// Wait up to a second for `empty`. Killed processes are usually gone within a
+/// millisecond: the first looks come soon, later ones back off to every 10 ms.
 fn wait_empty(empty: impl Fn() -> bool) -> bool {
-    for _ in 0..100 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    let mut pause = Duration::from_micros(200);
+    while std::time::Instant::now() < deadline {
         if empty() {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(10));
     }
     empty()
 }

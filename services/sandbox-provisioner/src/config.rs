@@ -113,6 +113,10 @@ pub struct Args {
     /// runs on are removed past it. 0: no bound.
     #[arg(long, env = "FORKYARD_IMAGE_CACHE_MAX_BYTES", default_value_t = 20 << 30)]
     pub image_cache_max_bytes: u64,
+    /// The workspace templates' size bound in bytes (`<state>/templates`, a clone per
+    /// local repository); least recently used ones are removed past it. 0: no bound.
+    #[arg(long, env = "FORKYARD_TEMPLATE_CACHE_MAX_BYTES", default_value_t = 10 << 30)]
+    pub template_cache_max_bytes: u64,
     /// Registry credentials for image pulls: a Docker `config.json` (`docker login`'s, or
     /// a Kubernetes image pull secret's `.dockerconfigjson`).
     #[arg(long, env = "FORKYARD_REGISTRY_AUTH_FILE")]
@@ -134,6 +138,11 @@ pub struct Args {
     /// E2B template new sandboxes start from.
     #[arg(long, env = "FORKYARD_E2B_TEMPLATE", default_value = "base")]
     pub e2b_template: String,
+    /// The E2B template for each image a create may name on the e2b backend:
+    /// `IMAGE=TEMPLATE`, comma-separated (`python:3.12=py312,archive:node22=node-22`);
+    /// an image not listed is refused.
+    #[arg(long, env = "FORKYARD_E2B_TEMPLATES", value_delimiter = ',')]
+    pub e2b_templates: Vec<String>,
     /// USD per CPU-second a local sandbox uses (charged to its fork's budget; 0 = free).
     #[arg(
         long,
@@ -157,6 +166,11 @@ pub struct Args {
     /// agent has no use for (keyrings, bpf, namespaces, mounts, modules, clocks, …).
     #[arg(long, env = "FORKYARD_SANDBOX_SECCOMP", default_value_t = true, action = clap::ArgAction::Set)]
     pub sandbox_seccomp: bool,
+    /// Run each sandbox's commands as children of one long-lived bubblewrap per sandbox
+    /// (its init, started at its first command), not a bubblewrap per command. Needs the
+    /// egress forwarder, which is that init; off: a bubblewrap per command, as before.
+    #[arg(long, env = "FORKYARD_SANDBOX_INIT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub sandbox_init: bool,
     /// USD per second of an E2B sandbox's life.
     #[arg(long, env = "FORKYARD_E2B_SECOND_USD", default_value_t = 0.00003025)]
     pub e2b_second_usd: f64,
@@ -231,6 +245,7 @@ impl Args {
         }
         config.image_archive_dir.clone_from(&self.image_archive_dir);
         config.image_cache_max_bytes = self.image_cache_max_bytes;
+        config.template_cache_max_bytes = self.template_cache_max_bytes;
         config.registry = crate::image::registry::RegistryConfig {
             auth_file: self.registry_auth_file.clone(),
             insecure: self.registry_insecure.clone(),
@@ -257,6 +272,7 @@ impl Args {
         }
         config.e2b.second_usd = self.e2b_second_usd;
         config.seccomp = self.sandbox_seccomp;
+        config.sandbox_init = self.sandbox_init;
         config.egress_private_allowed = self
             .egress_private_allowed
             .iter()
@@ -271,6 +287,8 @@ impl Args {
         config.e2b.api_url = self.e2b_api_url.trim().to_owned();
         config.e2b.domain = self.e2b_domain.trim().to_owned();
         config.e2b.template = self.e2b_template.trim().to_owned();
+        config.e2b.templates = crate::e2b::templates::parse(&self.e2b_templates)
+            .map_err(|e| format!("FORKYARD_E2B_TEMPLATES (--e2b-templates): {e}"))?;
         config.e2b.api_key = std::env::var("E2B_API_KEY")
             .ok()
             .filter(|k| !k.trim().is_empty())

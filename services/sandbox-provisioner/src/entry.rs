@@ -18,6 +18,10 @@ pub(crate) struct Entry {
     stop: Mutex<CancellationToken>,
     /// Its cgroups exist with its limits (made before its first command, not at create).
     cgroups_made: AtomicBool,
+    /// Its running init, when its commands run under one (`crate::init`).
+    pub(crate) init: Mutex<Option<crate::init::session::InitSession>>,
+    /// The LLM gateway of its running LLM commands (under an init: one relay for all).
+    pub(crate) llm: Arc<crate::llm_relay::LlmSlot>,
 }
 
 #[derive(Debug, Default)]
@@ -39,6 +43,8 @@ impl Entry {
             stop: Mutex::new(cancel.child_token()),
             cancel,
             cgroups_made: AtomicBool::new(false),
+            init: Mutex::new(None),
+            llm: Arc::default(),
         })
     }
 
@@ -55,11 +61,23 @@ impl Entry {
         self.stop.lock().expect("stop lock").clone()
     }
 
-    /// Kill every running exec (a fresh token for the ones started afterwards).
+    /// Kill every running exec (a fresh token for the ones started afterwards) and the
+    /// sandbox's init with everything left in the sandbox.
     pub(crate) fn stop_execs(&self) {
         let mut stop = self.stop.lock().expect("stop lock");
         stop.cancel();
         *stop = self.cancel.child_token();
+        drop(stop);
+        self.end_init();
+    }
+
+    /// Kill the sandbox's init (its bubblewrap, and every process in the sandbox); the
+    /// next command starts a new one.
+    pub(crate) fn end_init(&self) {
+        let session = self.init.lock().expect("init lock").take();
+        if let Some(s) = session {
+            s.init.shutdown();
+        }
     }
 
     pub(crate) fn snapshot(&self) -> Sandbox {

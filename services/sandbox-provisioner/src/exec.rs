@@ -9,21 +9,29 @@ use crate::{
     provisioner::{OUTPUT_CAP, Provisioner},
     store, validate,
 };
+use crate::{init::wire::Spec, launch::Launch};
 use forkyard_proto::sandbox::v1::{ExecRequest, ExecResponse};
 use std::{sync::Arc, time::Duration};
-use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 /// A command ready to spawn in a sandbox, holding its place in the sandbox's exec count.
 pub(crate) struct Prepared {
     pub(crate) entry: Arc<Entry>,
-    pub(crate) command: Command,
+    /// Taken when it is spawned.
+    pub(crate) launch: Option<Launch>,
     /// Fires when the sandbox is stopped or destroyed: the command must die.
     pub(crate) cancel: CancellationToken,
     oom_before: u64,
     _guard: ExecGuard,
-    /// Stops the command's LLM relay when the command is done with.
-    _llm_relay: Option<crate::llm_relay::Relay>,
+    /// The command's way to its LLM gateway, closed when the command is done with.
+    _llm: Option<LlmHold>,
+}
+
+/// A command's hold on an LLM gateway: a relay of its own (a bubblewrap per command) or
+/// its place in the sandbox's shared one (under the sandbox's init).
+enum LlmHold {
+    Relay(#[allow(dead_code)] crate::llm_relay::Relay),
+    Lease(#[allow(dead_code)] crate::llm_relay::LlmLease),
 }
 
 /// What the sandbox's limits did to one command.
@@ -143,12 +151,15 @@ impl Provisioner {
         env: &[(String, String)],
         llm_gateway: &str,
         tools: Tools,
+        pty: bool,
     ) -> Result<Prepared> {
         let llm_gateway = match llm_gateway {
             "" => None,
             url => Some(crate::llm_relay::authority(url)?),
         };
         let entry = self.entry(id)?;
+        // Taken before the stopped check: a stop after it fires this very token.
+        let cancel = entry.exec_cancel();
         let Some(guard) = entry.begin_exec() else {
             return Err(ProvisionerError::FailedPrecondition(format!(
                 "sandbox {id} is being destroyed"
@@ -161,6 +172,81 @@ impl Provisioner {
             )));
         }
         self.ensure_cgroups(&entry)?;
+        if llm_gateway.is_some() && self.forwarder.is_none() {
+            return Err(ProvisionerError::FailedPrecondition(
+                "this provisioner has no sandbox-egress-forwarder (FORKYARD_EGRESS_FORWARDER): it cannot offer an LLM endpoint".into(),
+            ));
+        }
+        let workspace = self.store.workspace(id);
+        let socket = self.store.egress_socket(id);
+        let egress = !record.egress_allow.is_empty();
+        let image = match tools {
+            Tools::Sandbox => record.image.as_ref().map(|i| ImageRoot {
+                rootfs: &i.rootfs,
+                env: &i.env,
+            }),
+            Tools::Provisioner => None,
+        };
+        let oom_before = self.cgroups.as_ref().map_or(0, |cg| cg.oom_kills(id));
+        let (launch, llm) = if self.runs_under_init(&record, tools) {
+            // The sandbox's init runs the command: only its environment is made here.
+            let lease = llm_gateway.map(|g| entry.llm.lease(g, id)).transpose()?;
+            let llm_socket = self.store.dir(id).join("llm.sock");
+            let inv = Invocation {
+                bwrap: &self.bwrap,
+                features: self.features,
+                workspace: &workspace,
+                sandbox_id: id,
+                relays: self.forwarder.as_ref().map(|forwarder| Relays {
+                    forwarder,
+                    egress: egress.then_some(socket.as_path()),
+                    llm: lease.is_some().then_some(llm_socket.as_path()),
+                }),
+                cgroup_procs: &[],
+                argv,
+                env,
+                seccomp: &self.seccomp,
+                uid: self.uid_of(&record),
+                image,
+                init: false,
+            };
+            let mut env = inv.env();
+            // What bubblewrap's `--chdir` sets (over a caller's) for a command it starts.
+            env.retain(|(k, _)| k != "PWD");
+            env.push(("PWD".into(), crate::bwrap::WORKSPACE.into()));
+            let spec = Spec {
+                argv: argv.to_vec(),
+                env,
+            };
+            let init = self.init_of(&entry, &record)?;
+            (Launch::Init { init, spec }, lease.map(LlmHold::Lease))
+        } else {
+            self.bwrap_per_command(&entry, &record, argv, env, llm_gateway, image, pty)?
+        };
+        Ok(Prepared {
+            launch: Some(launch),
+            cancel,
+            entry,
+            oom_before,
+            _guard: guard,
+            _llm: llm,
+        })
+    }
+
+    /// A bubblewrap of the command's own (no init, or the provisioner's own step on an
+    /// image); with `llm_gateway`, a relay of its own.
+    #[allow(clippy::too_many_arguments)]
+    fn bwrap_per_command(
+        &self,
+        entry: &Arc<Entry>,
+        record: &crate::store::Record,
+        argv: &[String],
+        env: &[(String, String)],
+        llm_gateway: Option<String>,
+        image: Option<ImageRoot<'_>>,
+        pty: bool,
+    ) -> Result<(Launch, Option<LlmHold>)> {
+        let id = record.id.as_str();
         let workspace = self.store.workspace(id);
         let socket = self.store.egress_socket(id);
         let egress = !record.egress_allow.is_empty();
@@ -176,23 +262,23 @@ impl Provisioner {
                 egress: egress.then_some(socket.as_path()),
                 llm: llm_socket.as_deref(),
             }),
-            (None, true) if llm_socket.is_some() => {
-                return Err(ProvisionerError::FailedPrecondition(
-                    "this provisioner has no sandbox-egress-forwarder (FORKYARD_EGRESS_FORWARDER): it cannot offer an LLM endpoint".into(),
-                ));
-            }
             _ => None,
         };
         let llm_relay = match (&llm_socket, llm_gateway) {
             (Some(path), Some(gateway)) => {
                 let stop = entry.cancel.child_token();
                 Some(
-                    crate::llm_relay::spawn(path, gateway, id, stop)
-                        .and_then(|relay| {
-                            self.give_to_sandbox(&record, path)?;
-                            Ok(relay)
-                        })
-                        .map_err(|e| ProvisionerError::internal("start the llm relay", e))?,
+                    crate::llm_relay::spawn(
+                        path,
+                        Arc::new(move || Some(gateway.clone())),
+                        id,
+                        stop,
+                    )
+                    .and_then(|relay| {
+                        self.give_to_sandbox(record, path)?;
+                        Ok(relay)
+                    })
+                    .map_err(|e| ProvisionerError::internal("start the llm relay", e))?,
                 )
             }
             _ => None,
@@ -202,6 +288,11 @@ impl Provisioner {
             .as_ref()
             .map(|cg| cg.procs_files(id))
             .unwrap_or_default();
+        let argv = if pty {
+            crate::pty::with_ctty(argv)
+        } else {
+            argv.to_vec()
+        };
         let inv = Invocation {
             bwrap: &self.bwrap,
             features: self.features,
@@ -209,30 +300,17 @@ impl Provisioner {
             sandbox_id: id,
             relays,
             cgroup_procs: &procs,
-            argv,
+            argv: &argv,
             env,
             seccomp: &self.seccomp,
-            uid: self.uid_of(&record),
-            image: match tools {
-                Tools::Sandbox => record.image.as_ref().map(|i| ImageRoot {
-                    rootfs: &i.rootfs,
-                    env: &i.env,
-                }),
-                Tools::Provisioner => None,
-            },
+            uid: self.uid_of(record),
+            image,
+            init: false,
         };
-        let oom_before = self.cgroups.as_ref().map_or(0, |cg| cg.oom_kills(id));
         let command = inv
             .command()
             .map_err(|e| ProvisionerError::internal("prepare the command's environment", e))?;
-        Ok(Prepared {
-            command,
-            cancel: entry.exec_cancel(),
-            entry,
-            oom_before,
-            _guard: guard,
-            _llm_relay: llm_relay,
-        })
+        Ok((Launch::Process(command), llm_relay.map(LlmHold::Relay)))
     }
 
     /// After a command: did the kernel OOM-kill something, is the workspace too big.
@@ -302,15 +380,15 @@ impl Provisioner {
             watch,
             tools,
         } = bounds;
-        let mut p = self.prepare(id, argv, env, llm_gateway, tools)?;
-        let cmd = std::mem::replace(&mut p.command, Command::new("true"));
+        let mut p = self.prepare(id, argv, env, llm_gateway, tools, false)?;
+        let launch = p.launch.take().expect("prepared once");
         let disk_bytes = match watch {
             WatchDisk::Yes => p.entry.record().disk_bytes,
             WatchDisk::No => 0,
         };
         let started = std::time::Instant::now();
         let f = tokio::select! {
-            f = process::run(cmd, timeout, caps, &p.cancel) => {
+            f = process::run(launch, timeout, caps, &p.cancel) => {
                 f.map_err(|e| ProvisionerError::internal("cannot start bwrap", e))?
             }
             // Dropping the run kills the command's process tree.

@@ -39,9 +39,14 @@ fn host_git() -> Command {
 
 /// Run host git; `Ok(stdout)` on success, `Err(summary of stderr)` on a git failure.
 async fn run(cmd: Command, timeout: Duration) -> Result<Result<String, String>> {
-    let f = process::run(cmd, timeout, HOST_GIT_CAPS, &CancellationToken::new())
-        .await
-        .map_err(|e| ProvisionerError::internal("cannot run git", e))?;
+    let f = process::run(
+        crate::launch::Launch::Process(cmd),
+        timeout,
+        HOST_GIT_CAPS,
+        &CancellationToken::new(),
+    )
+    .await
+    .map_err(|e| ProvisionerError::internal("cannot run git", e))?;
     Ok(match f.outcome {
         Outcome::Exited { code: 0 } => Ok(f.stdout.lossy()),
         Outcome::Exited { code } => Err(summarise(&f.stderr.lossy(), code)),

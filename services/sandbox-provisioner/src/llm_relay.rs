@@ -5,6 +5,10 @@
 //! header naming the sandbox. The relay reads nothing of the stream (no buffering, no
 //! parsing): the gateway checks the fork's token against the announced sandbox.
 //! Only that one gateway is reachable, and only while the command runs.
+//!
+//! A sandbox run by its init has one relay for its whole life (its socket is bound once,
+//! when its bubblewrap starts): it relays to the gateway of the sandbox's running LLM
+//! commands ([`LlmSlot`]), and closes every connection while none runs.
 
 use crate::error::{ProvisionerError, Result};
 use std::{
@@ -37,32 +41,109 @@ pub fn authority(url: &str) -> Result<String> {
 /// socket at once, so no later command of the sandbox can reach the gateway through it.
 pub struct Relay {
     stop: CancellationToken,
-    socket: PathBuf,
+    socket: BoundSocket,
 }
 
 impl Drop for Relay {
     fn drop(&mut self) {
         self.stop.cancel();
-        let _ = std::fs::remove_file(&self.socket);
+        self.socket.remove();
+    }
+}
+
+/// A socket file this relay bound: removed only while it is still that file, so a
+/// relay stopping late never removes the socket a newer relay bound at the same path.
+#[derive(Clone)]
+struct BoundSocket {
+    path: PathBuf,
+    inode: (u64, u64),
+}
+
+impl BoundSocket {
+    fn new(path: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(path)?;
+        Ok(Self {
+            path: path.to_owned(),
+            inode: (m.dev(), m.ino()),
+        })
+    }
+
+    fn remove(&self) {
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Where a relay's connections go: the gateway (`host:port`) at the moment a connection
+/// arrives; `None` closes it.
+pub type Gateway = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// The gateway of a sandbox's running LLM commands: commands running at once must name
+/// the same one (each holds an [`LlmLease`]); when the last ends, none is reachable.
+#[derive(Default)]
+pub struct LlmSlot(std::sync::Mutex<Option<(String, usize)>>);
+
+/// One command's hold on its sandbox's [`LlmSlot`].
+pub struct LlmLease(Arc<LlmSlot>);
+
+impl LlmSlot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(String, usize)>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn current(&self) -> Option<String> {
+        self.lock().as_ref().map(|(g, _)| g.clone())
+    }
+
+    /// Hold the slot for `gateway`; refused while other commands hold it for another.
+    pub fn lease(self: &Arc<Self>, gateway: String, sandbox_id: &str) -> Result<LlmLease> {
+        let mut slot = self.lock();
+        match slot.as_mut() {
+            Some((held, users)) if *held == gateway => *users += 1,
+            Some((held, _)) => {
+                return Err(ProvisionerError::FailedPrecondition(format!(
+                    "sandbox {sandbox_id} has a command running with llm gateway {held}; one with {gateway} cannot run beside it"
+                )));
+            }
+            None => *slot = Some((gateway, 1)),
+        }
+        Ok(LlmLease(self.clone()))
+    }
+}
+
+impl Drop for LlmLease {
+    fn drop(&mut self) {
+        let mut slot = self.0.lock();
+        if let Some((_, users)) = slot.as_mut() {
+            *users -= 1;
+            if *users == 0 {
+                *slot = None;
+            }
+        }
     }
 }
 
 /// Serve `socket` until the returned [`Relay`] is dropped or `stop` fires (the sandbox is
-/// destroyed), relaying to `gateway` (`host:port`) for `sandbox_id`.
+/// destroyed), relaying to `gateway` for `sandbox_id`.
 pub fn spawn(
     socket: &Path,
-    gateway: String,
+    gateway: Gateway,
     sandbox_id: &str,
     stop: CancellationToken,
 ) -> std::io::Result<Relay> {
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket)?;
+    let bound = BoundSocket::new(socket)?;
     let relay = Relay {
         stop: stop.clone(),
-        socket: socket.to_owned(),
+        socket: bound.clone(),
     };
     let header: Arc<[u8]> = forkyard_common::proxy_header::encode(sandbox_id).into();
-    let socket = socket.to_owned();
     let sandbox_id = sandbox_id.to_owned();
     tokio::spawn(async move {
         loop {
@@ -70,7 +151,11 @@ pub fn spawn(
                 () = stop.cancelled() => break,
                 conn = listener.accept() => match conn {
                     Ok((mut conn, _)) => {
-                        let (gateway, header, stop) = (gateway.clone(), header.clone(), stop.clone());
+                        let Some(gateway) = gateway() else {
+                            drop(conn);
+                            continue;
+                        };
+                        let (header, stop) = (header.clone(), stop.clone());
                         let sandbox_id = sandbox_id.clone();
                         tokio::spawn(async move {
                             let relay = async {
@@ -108,7 +193,7 @@ pub fn spawn(
                 },
             }
         }
-        let _ = std::fs::remove_file(&socket);
+        bound.remove();
     });
     Ok(relay)
 }

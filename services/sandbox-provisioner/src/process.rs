@@ -2,11 +2,9 @@
 //! limit, and an external cancel (destroy). The child is spawned with `kill_on_drop`, so
 //! dropping the future (a caller that hung up) kills it.
 
-use std::{process::Stdio, time::Duration};
-use tokio::{
-    io::{AsyncRead, AsyncReadExt},
-    process::Command,
-};
+use crate::{init::host::Stdio3, launch::Launch};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
 
 /// How long to keep reading a killed child's pipes before giving up on them.
@@ -55,23 +53,17 @@ pub struct Caps {
     pub stderr: usize,
 }
 
-/// Spawn `cmd` (stdin from /dev/null) and wait for it, its timeout or `cancel`.
-pub async fn run(
-    mut cmd: Command,
+/// Spawn the command (stdin from /dev/null) and wait for it, its timeout or `cancel`.
+pub(crate) async fn run(
+    launch: Launch,
     timeout: Duration,
     caps: Caps,
     cancel: &CancellationToken,
 ) -> std::io::Result<Finished> {
     let started = std::time::Instant::now();
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = cmd.spawn()?;
-    // Declared after `child`, so it drops first: a dropped future kills the tree top-down.
-    let mut tree = KillTree(child.id());
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let stderr = child.stderr.take().expect("stderr is piped");
+    let mut running = launch.spawn(Stdio3::Piped).await?;
+    let stdout = running.stdout.take().expect("stdout is piped");
+    let stderr = running.stderr.take().expect("stderr is piped");
     let io = async {
         tokio::join!(
             read_capped(stdout, caps.stdout),
@@ -79,34 +71,36 @@ pub async fn run(
         )
     };
     tokio::pin!(io);
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
 
-    enum Step {
-        Done(
-            std::io::Result<std::process::ExitStatus>,
-            (Captured, Captured),
-        ),
-        TimedOut,
-        Cancelled,
-    }
-    let step = tokio::select! {
-        (status, out) = async { tokio::join!(child.wait(), &mut io) } => Step::Done(status, out),
-        () = tokio::time::sleep(timeout) => Step::TimedOut,
-        () = cancel.cancelled() => Step::Cancelled,
-    };
-    let (outcome, (stdout, stderr)) = match step {
-        Step::Done(status, out) => {
-            tree.disarm();
-            let code = status?.code().unwrap_or(-1);
-            (Outcome::Exited { code }, out)
+    let mut output = None;
+    let outcome = loop {
+        tokio::select! {
+            out = &mut io, if output.is_none() => output = Some(out),
+            // A command ended by a stop or destroy (its init killed) is a cancelled one.
+            code = running.wait() => break if cancel.is_cancelled() {
+                Outcome::Cancelled
+            } else {
+                Outcome::Exited { code }
+            },
+            () = &mut deadline => {
+                running.kill().await;
+                break Outcome::TimedOut;
+            }
+            () = cancel.cancelled() => {
+                running.kill().await;
+                break Outcome::Cancelled;
+            }
         }
-        Step::TimedOut => (
-            Outcome::TimedOut,
-            kill_and_drain(&mut child, &mut tree, io).await,
-        ),
-        Step::Cancelled => (
-            Outcome::Cancelled,
-            kill_and_drain(&mut child, &mut tree, io).await,
-        ),
+    };
+    // Once the command is gone its output ends, unless something it left outside its
+    // process group holds the pipes: that is not waited for long.
+    let (stdout, stderr) = match output {
+        Some(out) => out,
+        None => tokio::time::timeout(DRAIN_AFTER_KILL, io)
+            .await
+            .unwrap_or_default(),
     };
     Ok(Finished {
         outcome,
@@ -154,21 +148,6 @@ impl Drop for KillTree {
     }
 }
 
-/// SIGKILL the sandbox's init and then the direct child (bwrap), then take what output
-/// there is.
-async fn kill_and_drain(
-    child: &mut tokio::process::Child,
-    tree: &mut KillTree,
-    io: std::pin::Pin<&mut impl std::future::Future<Output = (Captured, Captured)>>,
-) -> (Captured, Captured) {
-    tree.kill();
-    let _ = child.start_kill();
-    let _ = child.wait().await;
-    tokio::time::timeout(DRAIN_AFTER_KILL, io)
-        .await
-        .unwrap_or_default()
-}
-
 /// Read `reader` to its end, keeping the first `cap` bytes and counting the rest (the
 /// pipe is drained so the writer never blocks on a full pipe).
 async fn read_capped(mut reader: impl AsyncRead + Unpin, cap: usize) -> Captured {
@@ -190,10 +169,10 @@ async fn read_capped(mut reader: impl AsyncRead + Unpin, cap: usize) -> Captured
 mod tests {
     use super::*;
 
-    fn sh(script: &str) -> Command {
-        let mut c = Command::new("sh");
+    fn sh(script: &str) -> Launch {
+        let mut c = tokio::process::Command::new("sh");
         c.arg("-c").arg(script);
-        c
+        Launch::Process(c)
     }
 
     #[tokio::test]

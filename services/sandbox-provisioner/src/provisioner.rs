@@ -7,13 +7,10 @@ use crate::{
     egress::{self, Allowlist},
     entry::Entry,
     error::{ProvisionerError, Result},
-    git,
     snapshot::Snapshots,
     store::{self, Record, Store},
 };
-use forkyard_proto::sandbox::v1::{
-    CreateSandboxRequest, DestroySandboxRequest, DestroySandboxResponse, Sandbox, SandboxState,
-};
+use forkyard_proto::sandbox::v1::{CreateSandboxRequest, Sandbox, SandboxState};
 use std::{
     collections::HashMap,
     path::PathBuf,
@@ -31,8 +28,6 @@ pub const DEFAULT_PATCH_BYTES: u64 = 1024 * 1024;
 pub const MAX_PATCH_BYTES: u64 = 64 * 1024 * 1024;
 /// Label-selector key that filters [`Provisioner::list`] by state.
 pub const STATE_SELECTOR: &str = "forkyard.state";
-/// How long destroy waits for killed commands to go before removing the workspace anyway.
-const DESTROY_WAIT: Duration = Duration::from_secs(30);
 
 /// Settings of the core (the binary fills them from flags; tests build them directly).
 #[derive(Debug, Clone)]
@@ -76,6 +71,9 @@ pub struct Config {
     pub reap_interval: Duration,
     /// The `sandbox-egress-forwarder` binary; `None` = egress cannot be offered.
     pub forwarder_path: Option<PathBuf>,
+    /// Each sandbox's commands run under one long-lived bubblewrap (`crate::init`), when
+    /// there is a forwarder (the init is that binary).
+    pub sandbox_init: bool,
     /// Compressed workspace snapshots (`<state>/snapshots` by default).
     pub snapshot_dir: PathBuf,
     /// Image archives a create may name as `archive:<name>`; `None`: none offered.
@@ -87,6 +85,8 @@ pub struct Config {
     /// The image cache's size bound in bytes (0: none): least recently used images
     /// that no sandbox runs on are removed past it.
     pub image_cache_max_bytes: u64,
+    /// The workspace templates' size bound in bytes (0: none).
+    pub template_cache_max_bytes: u64,
     /// The `e2b` backend (disabled without an API key).
     pub e2b: crate::e2b::E2bConfig,
     /// What sandboxes' CPU, memory and wall time cost.
@@ -108,6 +108,7 @@ impl Config {
             image_cache_dir: state_dir.join("images"),
             registry: crate::image::registry::RegistryConfig::default(),
             image_cache_max_bytes: 20 << 30,
+            template_cache_max_bytes: 10 << 30,
             state_dir,
             bwrap_path: "bwrap".into(),
             advertise_endpoint: advertise_endpoint.into(),
@@ -130,6 +131,7 @@ impl Config {
             default_ttl: Duration::from_secs(4 * 3600),
             reap_interval: Duration::from_secs(30),
             forwarder_path: None,
+            sandbox_init: true,
             e2b: crate::e2b::E2bConfig::default(),
             prices: crate::usage::Prices::default(),
             egress_private_allowed: Vec::new(),
@@ -161,7 +163,7 @@ pub struct Provisioner {
     /// Hard disk quotas, where the state directory's filesystem offers them.
     pub(crate) disk_quota: Option<crate::disk_quota::DiskQuota>,
     /// One lock per idempotency key with a create in flight.
-    creating: crate::keyed_lock::KeyedLock<String>,
+    pub(crate) creating: crate::keyed_lock::KeyedLock<String>,
     /// The replica-wide probe of the sandbox runtime behind health checks (`health.rs`).
     pub(crate) runtime_probe: crate::health::RuntimeProbe,
     /// The seccomp filters every sandboxed command runs under (`crate::seccomp`); empty
@@ -277,13 +279,16 @@ impl Provisioner {
                 config.snapshot_dir.display()
             )
         })?;
-        let templates = crate::template::Templates::open(config.state_dir.join("templates"))
-            .map_err(|e| {
-                format!(
-                    "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
-                    config.state_dir.display()
-                )
-            })?;
+        let templates = crate::template::Templates::open(
+            config.state_dir.join("templates"),
+            config.template_cache_max_bytes,
+        )
+        .map_err(|e| {
+            format!(
+                "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
+                config.state_dir.display()
+            )
+        })?;
         let images = crate::image::ImageCache::open(&config.image_cache_dir)
             .map(Arc::new)
             .map_err(|e| {
@@ -292,8 +297,9 @@ impl Provisioner {
                     config.image_cache_dir.display()
                 )
             })?;
-        let registries = crate::image::registry::Registries::new(&config.registry)
-            .map_err(|e| format!("FORKYARD_REGISTRY_AUTH_FILE (--registry-auth-file): {e}"))?;
+        let registries =
+            crate::image::registry::Registries::new(&config.registry, config.image_cache_max_bytes)
+                .map_err(|e| format!("FORKYARD_REGISTRY_AUTH_FILE (--registry-auth-file): {e}"))?;
         let records = store.load_all().map_err(|e| {
             format!(
                 "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
@@ -425,7 +431,7 @@ impl Provisioner {
             .ok_or_else(|| ProvisionerError::NotFound(id.to_owned()))
     }
 
-    fn by_key(&self, key: &str) -> Option<Sandbox> {
+    pub(crate) fn by_key(&self, key: &str) -> Option<Sandbox> {
         let map = self.sandboxes.lock().expect("sandboxes lock");
         map.values()
             .find(|e| e.record.lock().expect("record lock").idempotency_key == key)
@@ -445,7 +451,7 @@ impl Provisioner {
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
-    fn refuse_if_draining(&self, req: &CreateSandboxRequest) -> Result<()> {
+    pub(crate) fn refuse_if_draining(&self, req: &CreateSandboxRequest) -> Result<()> {
         let retry_of_a_create =
             !req.idempotency_key.is_empty() && self.by_key(&req.idempotency_key).is_some();
         if self.draining.load(std::sync::atomic::Ordering::SeqCst) && !retry_of_a_create {
@@ -493,263 +499,6 @@ impl Provisioner {
         }
     }
 
-    /// Create a sandbox. The work runs on a task of its own, to the end: a caller that
-    /// hangs up midway (a gateway killed during a wave) cannot cut a create between its
-    /// blocking file steps and its cleanup, which left half-made directories no list
-    /// showed. A sandbox made for a caller that is gone is kept when it has an idempotency
-    /// key (the caller's retry gets it) and destroyed when it has none (nobody can learn
-    /// its id).
-    pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Sandbox> {
-        let core = self.clone();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let keyed = !req.idempotency_key.is_empty();
-            let out = core.create_to_the_end(req).await;
-            if let Err(Ok(sandbox)) = tx.send(out)
-                && !keyed
-            {
-                warn!(sandbox_id = %sandbox.id, "the caller hung up during the create: sandbox destroyed");
-                let _ = core
-                    .destroy(DestroySandboxRequest {
-                        sandbox_id: sandbox.id,
-                        reason: "its creator hung up before the create ended".into(),
-                    })
-                    .await;
-            }
-        });
-        rx.await
-            .map_err(|e| ProvisionerError::internal("create sandbox", e))?
-    }
-
-    async fn create_to_the_end(&self, mut req: CreateSandboxRequest) -> Result<Sandbox> {
-        self.refuse_if_draining(&req)?;
-        if !(req.backend.is_empty() || req.backend == BACKEND) {
-            return Err(ProvisionerError::invalid(
-                "backend",
-                format!("{:?} is not served here (only \"local\")", req.backend),
-            ));
-        }
-        self.check_network(&req)?;
-        if let Some(l) = &req.limits {
-            crate::validate::limits(l)?;
-        }
-        if req.snapshot_id.is_empty() {
-            if req.repo.trim().is_empty() {
-                return Err(ProvisionerError::invalid("repo", "must not be empty"));
-            }
-            req.repo = self.check_repo_location(&req.repo)?;
-            git::check_branch(&req.branch).await?;
-        }
-        if req.idempotency_key.is_empty() {
-            let out = self.create_new(req).await;
-            crate::lifecycle::created(BACKEND, &out);
-            return out;
-        }
-        let _held = self.creating.lock(req.idempotency_key.clone()).await;
-        match self.by_key(&req.idempotency_key) {
-            Some(existing) => {
-                info!(sandbox_id = %existing.id, "create repeated with the same idempotency key");
-                Ok(existing)
-            }
-            None => {
-                let out = self.create_new(req).await;
-                crate::lifecycle::created(BACKEND, &out);
-                out
-            }
-        }
-    }
-
-    /// Network only through the egress allowlist proxy: a sandbox never shares the host's
-    /// network (every loopback service, this one and Temporal included, would be exposed).
-    pub(crate) fn check_network(&self, req: &CreateSandboxRequest) -> Result<()> {
-        if req.network && req.egress_allow.is_empty() {
-            return Err(ProvisionerError::invalid(
-                "network",
-                "unrestricted network is not offered; list the reachable hosts in egress_allow",
-            ));
-        }
-        let list = Allowlist::parse(&req.egress_allow)
-            .map_err(|e| ProvisionerError::invalid("egress_allow", e))?;
-        if let Some(bad) = list
-            .private_entries()
-            .into_iter()
-            .find(|(_, ip)| ip.is_none_or(|ip| !self.config.egress_private_allowed.contains(&ip)))
-        {
-            return Err(ProvisionerError::invalid(
-                "egress_allow",
-                format!(
-                    "{} is a loopback, link-local or private address: a sandbox must not reach the host's or the mesh's own services (the operator can allow an address with FORKYARD_EGRESS_PRIVATE_ALLOWED)",
-                    bad.0
-                ),
-            ));
-        }
-        if !req.egress_allow.is_empty() && self.config.forwarder_path.is_none() {
-            return Err(ProvisionerError::FailedPrecondition(
-                "egress is not available: the provisioner has no egress forwarder configured"
-                    .into(),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The record a new sandbox starts with (workspace not yet made).
-    pub(crate) fn new_record(
-        &self,
-        id: &str,
-        req: &CreateSandboxRequest,
-        base_commit: String,
-        image: Option<crate::store::SandboxImage>,
-    ) -> Record {
-        let d = self.config.default_limits;
-        let l = req.limits.unwrap_or_default();
-        let pick = |v: u64, default: u64| if v == 0 { default } else { v };
-        let ttl = match req.ttl_secs {
-            0 => self.config.default_ttl,
-            s => Duration::from_secs(s.into()),
-        };
-        let now = now_ms();
-        Record {
-            id: id.to_owned(),
-            backend: BACKEND.to_owned(),
-            destroying: false,
-            labels: req.labels.clone(),
-            branch: req.branch.clone(),
-            base_commit,
-            created_unix_ms: now,
-            owner_endpoint: self.config.advertise_endpoint.clone(),
-            owner_task_queue: self.config.owner_task_queue.clone(),
-            idempotency_key: req.idempotency_key.clone(),
-            network: req.network || !req.egress_allow.is_empty(),
-            repo: req.repo.clone(),
-            base_ref: req.base_ref.clone(),
-            limits: Limits {
-                memory_bytes: pick(l.memory_bytes, d.memory_bytes),
-                pids: pick(l.pids.into(), d.pids),
-                cpu_millis: pick(l.cpu_millis.into(), d.cpu_millis),
-            },
-            disk_bytes: self.disk_bytes_for(req),
-            egress_allow: req.egress_allow.clone(),
-            expires_unix_ms: if ttl.is_zero() {
-                0
-            } else {
-                now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
-            },
-            stopped: false,
-            workspace_bytes: 0,
-            memory_mib_ms: 0,
-            // Given at register (`crate::uids`).
-            uid: 0,
-            image,
-        }
-    }
-
-    /// Save `record` (its workspace is complete), start its egress proxy, and register
-    /// it (its cgroups come with its first command: [`Self::ensure_cgroups`]). The
-    /// record's file is written on a blocking thread: on a busy filesystem a new file can
-    /// take milliseconds, and this replica's async threads answer every other call (a
-    /// wave's health checks among them) meanwhile. Nothing after that wait can be
-    /// interrupted, so a caller hanging up there leaves nothing behind (its directory
-    /// goes with the create's cleanup).
-    pub(crate) async fn register(&self, mut record: Record) -> Result<Sandbox> {
-        let id = record.id.clone();
-        if let Some(uids) = &self.uids {
-            record.uid = uids.claim()?;
-        }
-        let (store, saved) = (self.store.clone(), record.clone());
-        let made = tokio::task::spawn_blocking(move || {
-            if saved.uid != 0 {
-                crate::uids::give_workspace(&store.workspace(&saved.id), saved.uid)
-                    .map_err(|e| ProvisionerError::internal("give the workspace to its uid", e))?;
-            }
-            store.save(&saved)
-        })
-        .await
-        .map_err(|e| ProvisionerError::internal("register sandbox", e))
-        .and_then(|r| r);
-        if let Err(e) = made {
-            self.release_uid(record.uid);
-            return Err(e);
-        }
-        let entry = Entry::new(record);
-        if let Err(e) = self.activate(&entry) {
-            self.release_uid(entry.record().uid);
-            entry.cancel.cancel();
-            if let Some(cg) = &self.cgroups {
-                cg.remove(&id);
-            }
-            let _ = store::remove_all(&self.store.dir(&id));
-            return Err(e);
-        }
-        let sandbox = entry.snapshot();
-        self.sandboxes
-            .lock()
-            .expect("sandboxes lock")
-            .insert(id.clone(), entry);
-        info!(sandbox_id = %id, branch = %sandbox.branch, base_commit = %sandbox.base_commit, "sandbox created");
-        Ok(sandbox)
-    }
-
-    /// The repository to clone: a URL as given, a local path (plain or `file://`)
-    /// resolved, and never one inside this replica's sandboxes, templates, trash or
-    /// snapshots (another sandbox's work, and a repository an agent has modified).
-    fn check_repo_location(&self, repo: &str) -> Result<String> {
-        use forkyard_common::repo_location::{self, RepoLocation};
-        let path = match repo_location::locate(repo.trim()) {
-            Ok(RepoLocation::Remote) => return Ok(repo.to_owned()),
-            Ok(RepoLocation::Local(path)) => path,
-            Err(why) => return Err(ProvisionerError::invalid("repo", why)),
-        };
-        let Ok(path) = repo_location::canonical_local(&path) else {
-            return Err(ProvisionerError::RepoUnavailable(format!(
-                "cannot clone {repo}: no such path on this host"
-            )));
-        };
-        let mut protected = repo_location::sandbox_data_dirs(&self.config.state_dir);
-        protected.push(self.config.snapshot_dir.clone());
-        if protected.iter().any(|d| repo_location::is_within(&path, d)) {
-            return Err(ProvisionerError::invalid(
-                "repo",
-                "is inside the provisioner's state directory (sandboxes, templates, snapshots)",
-            ));
-        }
-        path.into_os_string()
-            .into_string()
-            .map_err(|_| ProvisionerError::invalid("repo", "resolves to a path that is not UTF-8"))
-    }
-
-    async fn create_new(&self, req: CreateSandboxRequest) -> Result<Sandbox> {
-        // First: an image that cannot be used leaves nothing behind.
-        let image = self.resolve_image(&req.image).await?;
-        if !req.snapshot_id.is_empty() {
-            return self.create_from_snapshot(req, image).await;
-        }
-        let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
-        let dir = self.store.dir(&id);
-        let source = self.workspace_source(&req).await;
-        // A template's sandbox makes all of its files (directory, workspace, record,
-        // cgroups) in one turn, so a wave's creates finish one after the other in arrival
-        // order, and the replica runs a bounded number of blocking threads: with every
-        // create's file steps queued at once, a wave's sandboxes were all ready only with
-        // the last, and the health checks in between waited behind a hundred threads.
-        let _turn = match &source {
-            crate::template::Source::Template(..) => Some(self.templates.turn().await?),
-            crate::template::Source::Clone => None,
-        };
-        self.make_sandbox_dir(&dir, &req).await?;
-        // Removes the directory unless the create completes (also if the caller hangs up).
-        let mut cleanup = DirCleanup(Some(dir));
-        let base_commit = self
-            .make_workspace(&req, source, &self.store.workspace(&id))
-            .await
-            .inspect_err(
-                |e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"),
-            )?;
-        let record = self.new_record(&id, &req, base_commit, image);
-        let sandbox = self.register(record).await?;
-        cleanup.0 = None;
-        Ok(sandbox)
-    }
-
     /// The task queue only this replica polls (empty when not configured).
     pub fn owner_task_queue(&self) -> &str {
         &self.config.owner_task_queue
@@ -782,68 +531,6 @@ impl Provisioner {
         });
         out.sort_by(|a, b| (a.created_unix_ms, &a.id).cmp(&(b.created_unix_ms, &b.id)));
         out
-    }
-
-    /// Kill every command running in the sandbox, wait for them and remove it.
-    /// Destroy a sandbox. The work runs on a task of its own, to the end: a caller that
-    /// hangs up midway (a gateway killed during a fork's finish) never leaves a sandbox
-    /// marked destroying, listed and on disk.
-    pub async fn destroy(
-        self: &Arc<Self>,
-        req: DestroySandboxRequest,
-    ) -> Result<DestroySandboxResponse> {
-        let core = self.clone();
-        tokio::spawn(async move { core.destroy_to_the_end(req).await })
-            .await
-            .map_err(|e| ProvisionerError::internal("destroy sandbox", e))?
-    }
-
-    async fn destroy_to_the_end(
-        &self,
-        req: DestroySandboxRequest,
-    ) -> Result<DestroySandboxResponse> {
-        let id = &req.sandbox_id;
-        let Ok(entry) = self.entry(id) else {
-            return Ok(DestroySandboxResponse { existed: false });
-        };
-        entry.execs.send_modify(|s| s.destroying = true);
-        let record = {
-            let mut r = entry.record.lock().expect("record lock");
-            r.destroying = true;
-            r.clone()
-        };
-        if let Err(e) = self.store.save(&record) {
-            warn!(sandbox_id = %id, error = %e, "cannot mark sandbox as destroying on disk");
-        }
-        entry.cancel.cancel();
-        // The cgroup holds every process the sandbox ever started, also ones that left
-        // the exec's process tree.
-        if let Some(cg) = self.cgroups.clone() {
-            let id = id.clone();
-            let _ = tokio::task::spawn_blocking(move || cg.kill_all(&id)).await;
-        }
-        let mut execs = entry.execs.subscribe();
-        if tokio::time::timeout(DESTROY_WAIT, execs.wait_for(|s| s.running == 0))
-            .await
-            .is_err()
-        {
-            warn!(sandbox_id = %id, "commands still running after kill, removing the workspace anyway");
-        }
-        let store = self.store.clone();
-        let sid = id.clone();
-        tokio::task::spawn_blocking(move || store.remove_later(&sid))
-            .await
-            .map_err(|e| ProvisionerError::internal("remove sandbox", e))?
-            .map_err(|e| ProvisionerError::internal("remove sandbox", e))?;
-        if let Some(cg) = self.cgroups.clone() {
-            let id = id.clone();
-            let _ = tokio::task::spawn_blocking(move || cg.remove(&id)).await;
-        }
-        self.sandboxes.lock().expect("sandboxes lock").remove(id);
-        self.release_uid(record.uid);
-        crate::lifecycle::destroyed(record.created_unix_ms);
-        info!(sandbox_id = %id, reason = %req.reason, "sandbox destroyed");
-        Ok(DestroySandboxResponse { existed: true })
     }
 }
 

@@ -1,19 +1,20 @@
 //! Commands on a pseudo-terminal in a `local` sandbox. The provisioner opens the pty pair
-//! (rustix: openpt/grantpt/unlockpt/ptsname — no unsafe), hands the slave to bubblewrap as
+//! (rustix: openpt/grantpt/unlockpt/ptsname — no unsafe), hands the slave to the
+//! sandbox's init (`crate::init`; or to a bubblewrap of the command's own) as
 //! stdin/stdout/stderr and keeps the master: output is streamed, `WritePty` writes to it,
-//! `ResizePty` sets its window size (TIOCSWINSZ). bwrap's `--new-session` stays, and
-//! inside the sandbox the command runs under util-linux `setsid --wait --ctty`: a session
-//! of its own whose controlling terminal is the pty, so ^C becomes SIGINT and a resize
-//! SIGWINCH for its foreground process group, as on any terminal. (Only the sandbox
-//! reads that terminal, so TIOCSTI on it reaches nothing outside.) `setsid --wait`
-//! reports a command killed by signal N as exit 128+N. Without `/usr/bin/setsid` on the
+//! `ResizePty` sets its window size (TIOCSWINSZ). The command runs in a session of its
+//! own whose controlling terminal is the pty (the init's `--ctty` helper; without an init,
+//! util-linux `setsid --wait --ctty` from the host's /usr), so ^C becomes SIGINT and a
+//! resize SIGWINCH for its foreground process group, as on any terminal. (Only the
+//! sandbox reads that terminal, so TIOCSTI on it reaches nothing outside.) A command
+//! killed by signal N exits 128+N. Without an init and without `/usr/bin/setsid` on the
 //! host the command runs without a controlling terminal (no ^C, no SIGWINCH).
 //! The command dies when the stream is dropped (hang-up), on timeout, and when the
 //! sandbox is stopped or destroyed.
 
 use crate::{
     error::{ProvisionerError, Result},
-    process::KillTree,
+    init::host::Stdio3,
     provisioner::Provisioner,
 };
 use forkyard_proto::sandbox::v1::{
@@ -29,7 +30,6 @@ use rustix::{
 use std::{
     collections::HashMap,
     io::{Read, Write},
-    process::Stdio,
     sync::{Arc, Mutex},
 };
 use tokio::sync::mpsc;
@@ -38,7 +38,7 @@ use tokio::sync::mpsc;
 const SETSID: &str = "/usr/bin/setsid";
 
 /// `argv` as run inside the sandbox: under `setsid --wait --ctty` when the host has it.
-fn with_ctty(argv: &[String]) -> Vec<String> {
+pub(crate) fn with_ctty(argv: &[String]) -> Vec<String> {
     static HAVE_SETSID: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let have = *HAVE_SETSID.get_or_init(|| {
         let found = std::path::Path::new(SETSID).is_file();
@@ -88,7 +88,8 @@ fn winsize(rows: u32, cols: u32) -> Winsize {
 
 /// A new pty pair: (master, slave).
 fn open_pair(size: Winsize) -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let master = rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY)?;
+    let master =
+        rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
     rustix::pty::grantpt(&master)?;
     rustix::pty::unlockpt(&master)?;
     let name = rustix::pty::ptsname(&master, Vec::new())?;
@@ -125,28 +126,23 @@ impl Provisioner {
         let (env, timeout) = self.exec_params(&req.argv, &env_map, req.timeout_secs)?;
         let mut p = self.prepare(
             &req.sandbox_id,
-            &with_ctty(&req.argv),
+            &req.argv,
             &env,
             "",
             crate::exec::Tools::Sandbox,
+            true,
         )?;
         let (master, slave) = open_pair(winsize(req.rows, req.cols))
             .map_err(|e| ProvisionerError::internal("open a pty", e))?;
-        let io = |fd: &OwnedFd| -> Result<Stdio> {
-            fd.try_clone()
-                .map(Stdio::from)
-                .map_err(|e| ProvisionerError::internal("dup pty", e))
-        };
-        p.command
-            .stdin(io(&slave)?)
-            .stdout(io(&slave)?)
-            .stderr(io(&slave)?)
-            .kill_on_drop(true);
-        let spawned = p.command.spawn();
-        // Drop every parent copy of the slave, so reads see EIO once the command is gone.
-        p.command = tokio::process::Command::new("true");
-        drop(slave);
-        let mut child = spawned.map_err(|e| ProvisionerError::internal("cannot start bwrap", e))?;
+        // The slave goes with the launch: no copy of it stays here, so reads of the
+        // master see EIO once the command is gone.
+        let mut running = p
+            .launch
+            .take()
+            .expect("prepared once")
+            .spawn(Stdio3::Pty(slave))
+            .await
+            .map_err(|e| ProvisionerError::internal("cannot start the command", e))?;
         let master = std::fs::File::from(master);
         let mut reader = master
             .try_clone()
@@ -189,7 +185,6 @@ impl Provisioner {
             crate::disk_watch::over_limit(self.store.workspace(&record.id), record.disk_bytes);
         tokio::spawn(async move {
             let started = std::time::Instant::now();
-            let mut tree = KillTree(child.id());
             let deadline = tokio::time::sleep(timeout);
             tokio::pin!(deadline, over_disk);
             let mut timed_out = false;
@@ -200,7 +195,7 @@ impl Provisioner {
                         Some(b) => if tx.send(PtyEvent { event: Some(Event::Output(b)) }).await.is_err() { break None },
                         None => out_open = false,
                     },
-                    s = child.wait() => break s.ok(),
+                    code = running.wait() => break Some(code),
                     () = &mut deadline => { timed_out = true; break None },
                     bytes = &mut over_disk => {
                         tracing::warn!(sandbox_id = %record.id, bytes, "session command stopped: workspace over its disk limit");
@@ -211,27 +206,31 @@ impl Provisioner {
                 }
             };
             let exit_code = match status {
-                Some(s) => {
-                    tree.disarm();
-                    s.code().unwrap_or(-1)
-                }
+                Some(code) => code,
                 None => {
-                    tree.kill();
-                    let _ = child.start_kill();
-                    let _ = child.wait().await;
+                    running.kill().await;
                     -1
                 }
             };
             core.ptys.0.lock().expect("ptys lock").remove(&pty_id);
-            // What the command wrote before it went (the reader ends at EIO).
-            while let Ok(Some(b)) =
-                tokio::time::timeout(std::time::Duration::from_millis(200), out_rx.recv()).await
+            // What the command wrote before it went (the reader ends at EIO), for at most
+            // two seconds: a process that left the command may hold the terminal open.
+            let drain_until = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+            while let Ok(Some(b)) = tokio::time::timeout_at(
+                drain_until
+                    .min(tokio::time::Instant::now() + std::time::Duration::from_millis(200)),
+                out_rx.recv(),
+            )
+            .await
             {
-                let _ = tx
+                let sent = tx
                     .send(PtyEvent {
                         event: Some(Event::Output(b)),
                     })
                     .await;
+                if sent.is_err() {
+                    break;
+                }
             }
             let exit = core
                 .aftermath(&p)

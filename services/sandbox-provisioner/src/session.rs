@@ -74,6 +74,9 @@ impl Provisioner {
                 "commands are running in the sandbox; stop it first".into(),
             ));
         }
+        // The sandbox's bubblewrap holds the old workspace's directory, not its path:
+        // what is left in the sandbox goes with it, the next command starts a new one.
+        entry.end_init();
         let dir = self.store.dir(&req.sandbox_id);
         let snaps = self.snapshots.clone();
         let id = req.snapshot_id.clone();
@@ -96,6 +99,8 @@ impl Provisioner {
         })
         .await
         .map_err(|e| ProvisionerError::internal("hydrate", e))??;
+        // An init a command started meanwhile holds the old workspace: it goes too.
+        entry.end_init();
         Ok(self.snapshot(&entry))
     }
 

@@ -4,11 +4,14 @@
 
 use crate::{
     error::{ProvisionerError, Result},
-    process::KillTree,
+    init::host::Stdio3,
     provisioner::Provisioner,
 };
 use forkyard_proto::sandbox::v1::{ExecEvent, ExecRequest, exec_event::Event};
-use std::{process::Stdio, sync::Arc};
+use std::{sync::Arc, time::Duration};
+
+/// How long output is still read after the command exited.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 use tokio::{io::AsyncReadExt, sync::mpsc};
 
 impl Provisioner {
@@ -24,16 +27,15 @@ impl Provisioner {
             &env,
             &req.llm_gateway,
             crate::exec::Tools::Sandbox,
+            false,
         )?;
-        p.command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = p
-            .command
-            .spawn()
-            .map_err(|e| ProvisionerError::internal("cannot start bwrap", e))?;
+        let mut running = p
+            .launch
+            .take()
+            .expect("prepared once")
+            .spawn(Stdio3::Piped)
+            .await
+            .map_err(|e| ProvisionerError::internal("cannot start the command", e))?;
         let (tx, rx) = mpsc::channel(64);
         let core = self.clone();
         let record = p.entry.record();
@@ -41,15 +43,24 @@ impl Provisioner {
             crate::disk_watch::over_limit(self.store.workspace(&record.id), record.disk_bytes);
         tokio::spawn(async move {
             let started = std::time::Instant::now();
-            let mut tree = KillTree(child.id());
-            let mut out = child.stdout.take().expect("piped");
-            let mut err = child.stderr.take().expect("piped");
+            let mut out = running.stdout.take().expect("piped");
+            let mut err = running.stderr.take().expect("piped");
             let (mut ob, mut eb) = (vec![0u8; 32 * 1024], vec![0u8; 32 * 1024]);
             let (mut out_open, mut err_open) = (true, true);
             let deadline = tokio::time::sleep(timeout);
             tokio::pin!(deadline, over_disk);
             let mut timed_out = false;
+            // After the exit, what the pipes still hold is sent, for a bounded time (a
+            // process that left the command's group may hold them open).
+            let mut drain: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+            let mut exited = None;
             let status = loop {
+                if !out_open
+                    && !err_open
+                    && let Some(code) = exited
+                {
+                    break Some(code);
+                }
                 tokio::select! {
                     n = out.read(&mut ob), if out_open => match n {
                         Ok(0) | Err(_) => out_open = false,
@@ -59,25 +70,24 @@ impl Provisioner {
                         Ok(0) | Err(_) => err_open = false,
                         Ok(n) => if tx.send(ExecEvent { event: Some(Event::Stderr(eb[..n].to_vec())) }).await.is_err() { break None },
                     },
-                    s = child.wait(), if !out_open && !err_open => break s.ok(),
-                    () = &mut deadline => { timed_out = true; break None },
-                    bytes = &mut over_disk => {
+                    code = running.wait(), if exited.is_none() => {
+                        exited = Some(code);
+                        drain = Some(Box::pin(tokio::time::sleep(DRAIN_AFTER_EXIT)));
+                    },
+                    () = async { drain.as_mut().expect("armed").await }, if drain.is_some() => break exited,
+                    () = &mut deadline, if exited.is_none() => { timed_out = true; break None },
+                    bytes = &mut over_disk, if exited.is_none() => {
                         tracing::warn!(sandbox_id = %req.sandbox_id, bytes, "command stopped: workspace over its disk limit");
                         break None
                     },
-                    () = p.cancel.cancelled() => break None,
+                    () = p.cancel.cancelled(), if exited.is_none() => break None,
                     () = tx.closed() => break None,
                 }
             };
             let exit_code = match status {
-                Some(s) => {
-                    tree.disarm();
-                    s.code().unwrap_or(-1)
-                }
+                Some(code) => code,
                 None => {
-                    tree.kill();
-                    let _ = child.start_kill();
-                    let _ = child.wait().await;
+                    running.kill().await;
                     -1
                 }
             };

@@ -9,6 +9,8 @@
 //! running anything (HEAD, a branch, a full commit id) take this path; URLs and
 //! expressions like `HEAD~1` are cloned as before. Templates are never shown to a
 //! sandbox, and a template of an older commit is dropped when a newer one is built.
+//! Past their size bound, least recently used templates are removed
+//! (`crate::template_evict`).
 
 use crate::{
     error::{ProvisionerError, Result},
@@ -22,10 +24,10 @@ use std::{
     time::Duration,
 };
 
-const READY: &str = "ready";
+pub(crate) const READY: &str = "ready";
 
 pub(crate) struct Templates {
-    root: PathBuf,
+    pub(crate) root: PathBuf,
     /// One build at a time per template.
     building: crate::keyed_lock::KeyedLock<String>,
     /// Sandboxes whose files are being made at once (their workspace copies above all):
@@ -35,6 +37,12 @@ pub(crate) struct Templates {
     /// threads (its gRPC answers, health checks) would get a hundredth of the machine
     /// meanwhile.
     turns: tokio::sync::Semaphore,
+    /// When each template was last used, by key (this replica's run).
+    pub(crate) used: crate::template_evict::Used,
+    /// The size bound in bytes (0: none).
+    pub(crate) max_bytes: u64,
+    /// One eviction at a time.
+    pub(crate) evicting: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// `<hash of the repository>-<commit>`: the templates of one repository share a prefix.
@@ -87,7 +95,7 @@ fn start_branch(ws: &Path, branch: &str, commit: &str) -> Result<()> {
 }
 
 impl Templates {
-    pub(crate) fn open(root: PathBuf) -> io::Result<Self> {
+    pub(crate) fn open(root: PathBuf, max_bytes: u64) -> io::Result<Self> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -103,6 +111,9 @@ impl Templates {
             root,
             building: crate::keyed_lock::KeyedLock::default(),
             turns: tokio::sync::Semaphore::new(cores.max(2) * 4),
+            used: crate::template_evict::Used::default(),
+            max_bytes,
+            evicting: std::sync::Arc::default(),
         })
     }
 
@@ -110,6 +121,7 @@ impl Templates {
     async fn ensure(&self, repo: &str, commit: &str, timeout: Duration) -> Result<PathBuf> {
         let key = key(repo, commit);
         let dir = self.root.join(&key);
+        self.touch(&key);
         if dir.join(READY).is_file() {
             return Ok(dir);
         }
@@ -129,8 +141,10 @@ impl Templates {
             let _ = crate::store::remove_all(&tmp);
             return Err(e);
         }
-        let done =
-            std::fs::write(tmp.join(READY), commit).and_then(|()| std::fs::rename(&tmp, &dir));
+        let bytes = crate::store::disk_usage(&tmp);
+        let done = std::fs::write(tmp.join(crate::template_evict::BYTES), bytes.to_string())
+            .and_then(|()| std::fs::write(tmp.join(READY), commit))
+            .and_then(|()| std::fs::rename(&tmp, &dir));
         if let Err(e) = done {
             let _ = crate::store::remove_all(&tmp);
             return Err(ProvisionerError::internal("store template", e));
@@ -147,6 +161,7 @@ impl Templates {
                 let _ = crate::store::remove_all(&e.path());
             }
         }
+        self.evict_in_the_background();
         Ok(dir)
     }
 

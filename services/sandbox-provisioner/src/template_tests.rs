@@ -62,7 +62,7 @@ async fn workspaces_are_independent_copies_on_their_branch() {
     let tmp = tempfile::tempdir().unwrap();
     let r = repo(tmp.path());
     let path = r.to_str().unwrap();
-    let t = Templates::open(tmp.path().join("templates")).unwrap();
+    let t = Templates::open(tmp.path().join("templates"), 0).unwrap();
     let commit = local_commit(path, "").unwrap();
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
     let timeout = Duration::from_secs(60);

@@ -35,7 +35,9 @@ pub const MAX_MEMORY_BYTES: u64 = 1 << 40;
 pub const MIN_MEMORY_BYTES: u64 = 8 << 20;
 /// The kernel's own ceiling on pids (`PID_MAX_LIMIT`).
 pub const MAX_PIDS: u32 = 4 << 20;
-pub const MIN_PIDS: u32 = 4;
+/// The sandbox's own bubblewrap (two processes) and init (a thread per relay and per
+/// running command) count too: below this a sandbox cannot run a shell pipeline.
+pub const MIN_PIDS: u32 = 16;
 pub const MAX_CPU_MILLIS: u32 = 1024 * 1000;
 pub const MIN_CPU_MILLIS: u32 = 10;
 pub const MAX_DISK_BYTES: u64 = 1 << 50;

@@ -362,3 +362,98 @@ async fn e2b_is_disabled_without_a_key_and_local_is_unchanged() {
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
 }
+
+#[tokio::test]
+async fn an_image_starts_the_template_built_from_it_and_others_are_refused() {
+    let server = fake_e2b::start(KEY).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = make_repo(&tmp.path().join("repo"));
+    let mut config = Config::new(tmp.path().join("state"), "http://127.0.0.1:50052");
+    config.e2b = E2bConfig {
+        api_url: server.url.clone(),
+        domain: server.url.clone(),
+        api_key: Some(ApiKey::new(KEY)),
+        request_timeout: Duration::from_secs(2),
+        templates: forkyard_sandbox_provisioner::e2b::templates::parse(&[
+            "python:3.12=py312".into()
+        ])
+        .unwrap(),
+        ..E2bConfig::default()
+    };
+    let core = Provisioner::open(config).await.expect("open provisioner");
+    let svc = SandboxService::new(core.clone());
+
+    let mut req = create_req(&repo);
+    req.image = "python:3.12".into();
+    let sbx = svc
+        .create_sandbox(Request::new(req))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(sbx.image, "python:3.12");
+    let sid = sbx.id.trim_start_matches("e2b-").to_owned();
+    assert_eq!(
+        server
+            .fake
+            .templates
+            .lock()
+            .unwrap()
+            .get(&sid)
+            .map(String::as_str),
+        Some("py312")
+    );
+    let listed = svc
+        .get_sandbox(Request::new(GetSandboxRequest {
+            sandbox_id: sbx.id.clone(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.image, "python:3.12");
+
+    // No image: the default template.
+    let plain = svc
+        .create_sandbox(Request::new(create_req(&repo)))
+        .await
+        .unwrap()
+        .into_inner();
+    let sid = plain.id.trim_start_matches("e2b-").to_owned();
+    assert_eq!(
+        server
+            .fake
+            .templates
+            .lock()
+            .unwrap()
+            .get(&sid)
+            .map(String::as_str),
+        Some("base")
+    );
+
+    let before = server.fake.sandboxes.lock().unwrap().len();
+    let mut req = create_req(&repo);
+    req.image = "node:22".into();
+    let err = svc.create_sandbox(Request::new(req)).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(
+        err.message().contains("node:22") && err.message().contains("FORKYARD_E2B_TEMPLATES"),
+        "{}",
+        err.message()
+    );
+    let mut req = create_req(&repo);
+    req.image = "Not A Reference".into();
+    let err = svc.create_sandbox(Request::new(req)).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    assert_eq!(
+        server.fake.sandboxes.lock().unwrap().len(),
+        before,
+        "a refused image made a sandbox"
+    );
+    for s in [sbx.id, plain.id] {
+        svc.destroy_sandbox(Request::new(DestroySandboxRequest {
+            sandbox_id: s,
+            reason: "done".into(),
+        }))
+        .await
+        .unwrap();
+    }
+}

@@ -75,23 +75,36 @@ async fn the_callers_environment_reaches_only_the_sandboxed_command() {
         .await,
         "the command never started"
     );
+    let command = host_pids_with(&needle)
+        .into_iter()
+        .find(|p| cmdline(*p).starts_with("sleep"))
+        .expect("the command's pid");
+    let environ = |pid: u32| {
+        String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default())
+            .into_owned()
+    };
+    assert!(
+        environ(command).contains(&value),
+        "the command lost its variable"
+    );
+    // Every process between the provisioner and the command (bwrap, the sandbox's init,
+    // a wrapper shell): none started with a caller's variable.
     let mut seen_host_side = 0;
-    for pid in host_pids_with(&needle) {
-        let cmd = cmdline(pid);
-        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        let environ = String::from_utf8_lossy(&environ);
-        if cmd.starts_with("sleep") {
-            assert!(environ.contains(&value), "the command lost its variable");
-        } else {
-            // The wrapper shell and bwrap (both bwrap processes): no caller variable.
-            seen_host_side += 1;
-            assert!(
-                !environ.contains("CALLER_VAR"),
-                "{cmd} started with the caller's environment: {environ}"
-            );
-        }
+    let mut pid = parent_of(command);
+    while pid > 1 && pid != std::process::id() {
+        let env = environ(pid);
+        assert!(
+            !env.contains("CALLER_VAR"),
+            "{} started with the caller's environment: {env}",
+            cmdline(pid)
+        );
+        seen_host_side += 1;
+        pid = parent_of(pid);
     }
-    assert!(seen_host_side >= 1, "no host-side process found");
+    assert!(
+        seen_host_side >= 2,
+        "no bwrap between the provisioner and the command"
+    );
     f.core
         .destroy(forkyard_proto::sandbox::v1::DestroySandboxRequest {
             sandbox_id: sbx.id.clone(),
@@ -100,6 +113,13 @@ async fn the_callers_environment_reaches_only_the_sandboxed_command() {
         .await
         .unwrap();
     let _ = running.await;
+}
+
+fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
 }
 
 fn cmdline(pid: u32) -> String {

@@ -5,97 +5,13 @@
 
 mod common;
 
-use common::{Fixture, test_image::save_image};
+use common::{
+    Fixture,
+    registry::{free_port, push, start_registry},
+    test_image::save_image,
+};
 use forkyard_proto::sandbox::v1::CreateSandboxRequest;
 use forkyard_sandbox_provisioner::error::ProvisionerError;
-use std::{
-    net::TcpListener,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
-};
-
-/// `docker-registry serve` on a free loopback port, storing in a temp dir, its log in
-/// `<dir>/registry.log`.
-struct Registry {
-    child: Child,
-    addr: String,
-    log: PathBuf,
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start_registry(dir: &Path) -> Registry {
-    let addr = format!("127.0.0.1:{}", free_port());
-    let config = dir.join("registry.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
-            dir.join("data").display()
-        ),
-    )
-    .unwrap();
-    let log = dir.join("registry.log");
-    let child = Command::new("docker-registry")
-        .args(["serve", config.to_str().unwrap()])
-        .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
-        .stderr(Stdio::from(
-            std::fs::File::options().append(true).open(&log).unwrap(),
-        ))
-        .spawn()
-        .expect("docker-registry (Debian package docker-registry; make deps installs it)");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(&addr).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the registry did not start: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Registry { child, addr, log }
-}
-
-/// Push the `docker save` archive `archive` as `<registry>/<name>`; its manifest digest.
-fn push(registry: &Registry, archive: &Path, name: &str) -> String {
-    let dest = format!("docker://{}/{name}", registry.addr);
-    let out = Command::new("skopeo")
-        .args(["copy", "--quiet", "--dest-tls-verify=false"])
-        .arg(format!("docker-archive:{}", archive.display()))
-        .arg(&dest)
-        .output()
-        .expect("skopeo (Debian package skopeo; make deps installs it)");
-    assert!(
-        out.status.success(),
-        "skopeo copy: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = Command::new("skopeo")
-        .args(["inspect", "--tls-verify=false", "--format", "{{.Digest}}"])
-        .arg(&dest)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "skopeo inspect: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
 
 fn on_image(f: &Fixture, image: &str, branch: &str) -> CreateSandboxRequest {
     CreateSandboxRequest {
@@ -181,4 +97,34 @@ async fn a_missing_image_or_a_registry_that_is_down_is_refused_naming_the_image(
         .map(|e| e.file_name())
         .collect();
     assert!(staging.is_empty(), "{staging:?}");
+}
+
+#[tokio::test]
+async fn an_image_larger_than_the_cache_is_refused_before_its_layers_are_fetched() {
+    let f = common::fixture_with(|_, c| c.image_cache_max_bytes = 4096).await;
+    let reg_dir = tempfile::tempdir().unwrap();
+    let registry = start_registry(reg_dir.path());
+    save_image(reg_dir.path(), "tool.tar", true);
+    push(
+        &registry,
+        &reg_dir.path().join("tool.tar"),
+        "forkyard/big:1",
+    );
+    let image = format!("{}/forkyard/big:1", registry.addr);
+    match f.core.create(on_image(&f, &image, "x")).await {
+        Err(ProvisionerError::FailedPrecondition(m)) => {
+            assert!(
+                m.contains(&image) && m.contains("FORKYARD_IMAGE_CACHE_MAX_BYTES"),
+                "{m}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let log = std::fs::read_to_string(&registry.log).unwrap();
+    let blobs = log
+        .lines()
+        .filter(|l| l.contains("/blobs/sha256:") && l.ends_with("\"forkyard-sandbox-provisioner\""))
+        .count();
+    assert_eq!(blobs, 0, "{log}");
+    assert!(f.sandbox_dirs().is_empty());
 }

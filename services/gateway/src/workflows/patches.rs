@@ -1,10 +1,12 @@
 //! Which workflow changes a run takes (Temporal patches).
 //!
-//! Runs started by this build decide it once, with one patch
-//! ([`DECIDED_AT_START`]) in the workflow's first activation, before anything is
-//! awaited: such a run takes every change listed here. Runs started by earlier builds
-//! have no such marker; for them each change is asked for where those builds asked
-//! for it, so their histories replay unchanged.
+//! Runs started by this build decide it once, with one patch naming the newest
+//! generation of changes this build has ([`GENERATIONS`]), in the workflow's first
+//! activation, before anything is awaited: such a run takes every change of that
+//! generation and the older ones. Runs started by earlier builds have an older
+//! generation's marker (and take only its changes), or none at all (builds before
+//! generations): for those each change is asked for where those builds asked for it, so
+//! their histories replay unchanged.
 //!
 //! Why at the start: when a query arrives while a local activity runs, sdk-core (0.10)
 //! answers it by completing the workflow task, and if the activity had just finished,
@@ -14,13 +16,17 @@
 //! "patch marker encountered … no corresponding change command"), and with it every read
 //! of the run. Before the first await nothing can be handed over early.
 //!
-//! A new change: add it to [`Change`] and take it where `decided_at_start` holds; never
-//! call `patched` after an await.
+//! A new change: add a generation to [`GENERATIONS`] (a new patch id, appended), add the
+//! change to [`Change`] with that generation, and take it where [`Patches::takes`] says
+//! so. A run started by the previous build, replayed by the new one, has the previous
+//! generation's marker and so does not take the new change, as it did not when it ran.
+//! Never call `patched` after an await.
 
 use temporalio_workflow::WorkflowContext;
 
-/// The one patch of runs started by this build and later ones.
-const DECIDED_AT_START: &str = "patches-decided-at-start";
+/// The patch each generation of changes records at a run's start, oldest first; a run
+/// takes the changes of its generation and of the older ones. Only ever appended to.
+const GENERATIONS: &[&str] = &["patches-decided-at-start"];
 
 /// Changes introduced by earlier builds, each with the patch those builds recorded.
 #[derive(Clone, Copy, Debug)]
@@ -38,6 +44,18 @@ pub enum Change {
 }
 
 impl Change {
+    /// The generation that takes it at a run's start (1-based in [`GENERATIONS`]).
+    fn generation(self) -> usize {
+        match self {
+            Self::RequeueLostSandbox
+            | Self::LostForkWithinBudget
+            | Self::PrepareOutlastsAnOutage
+            | Self::DurableSettle
+            | Self::RunOutcomeAttribute => 1,
+        }
+    }
+
+    /// The patch builds before generations asked for at the change's place.
     fn patch_id(self) -> &'static str {
         match self {
             Self::RequeueLostSandbox => "requeue-lost-sandbox",
@@ -52,20 +70,28 @@ impl Change {
 /// What a workflow decided in its first activation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Patches {
-    decided_at_start: bool,
+    /// 0: started by a build before generations.
+    generation: usize,
 }
 
 impl Patches {
-    /// Call in the workflow's first activation, before its first await.
+    /// Call in the workflow's first activation, before its first await. A new run
+    /// records the newest generation; a replayed one finds the generation it recorded.
     pub fn decide<W>(ctx: &WorkflowContext<W>) -> Self {
-        Self {
-            decided_at_start: ctx.patched(DECIDED_AT_START),
-        }
+        let generation = (1..=GENERATIONS.len())
+            .rev()
+            .find(|g| ctx.patched(GENERATIONS[g - 1]))
+            .unwrap_or(0);
+        Self { generation }
     }
 
-    /// Whether the run takes `change`. For a run started by an earlier build this asks
-    /// the history, so call it where that build did (the same places, the same order).
+    /// Whether the run takes `change`. For a run started by a build before generations
+    /// this asks the history, so call it where that build did (the same places, the same
+    /// order).
     pub fn takes<W>(self, ctx: &WorkflowContext<W>, change: Change) -> bool {
-        self.decided_at_start || ctx.patched(change.patch_id())
+        if self.generation > 0 {
+            return self.generation >= change.generation();
+        }
+        change.generation() == 1 && ctx.patched(change.patch_id())
     }
 }

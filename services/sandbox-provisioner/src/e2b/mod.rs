@@ -8,6 +8,7 @@
 
 pub mod connect;
 mod pty;
+pub mod templates;
 mod ttl;
 
 use crate::{
@@ -53,6 +54,8 @@ const BRANCH_KEY: &str = "forkyard.branch";
 const KEY_KEY: &str = "forkyard.idempotency_key";
 /// Metadata key holding our expiry (unix ms): E2B's own timeout is kept equal to it.
 const EXPIRES_KEY: &str = "forkyard.expires_unix_ms";
+/// The image a sandbox was created for (its template is the one mapped to it).
+const IMAGE_KEY: &str = "forkyard.image";
 
 /// The E2B API key. Debug/Display are redacted; only [`ApiKey::expose`] reveals it.
 #[derive(Clone)]
@@ -83,6 +86,8 @@ pub struct E2bConfig {
     pub domain: String,
     /// Template sandboxes are created from.
     pub template: String,
+    /// The template for each image a create may name (`templates`); others are refused.
+    pub templates: templates::Templates,
     /// `None` = the backend is disabled.
     pub api_key: Option<ApiKey>,
     /// Limit for one control-plane or envd request (not for a command's run).
@@ -103,6 +108,7 @@ impl Default for E2bConfig {
             api_url: "https://api.e2b.dev".into(),
             domain: "e2b.app".into(),
             template: "base".into(),
+            templates: templates::Templates::default(),
             api_key: None,
             request_timeout: Duration::from_secs(30),
             default_timeout: Duration::from_secs(3600),
@@ -310,6 +316,7 @@ impl E2bBackend {
         let branch = labels.remove(BRANCH_KEY).unwrap_or_default();
         labels.remove(MANAGED);
         labels.remove(KEY_KEY);
+        let image = labels.remove(IMAGE_KEY).unwrap_or_default();
         // Ours when we set it (E2B's endAt of a paused sandbox says nothing about it).
         let expires = labels
             .remove(EXPIRES_KEY)
@@ -335,6 +342,7 @@ impl E2bBackend {
             owner_task_queue: self.owner_task_queue.clone(),
             expires_unix_ms: expires,
             usage: Some(self.usage(created)),
+            image,
             ..Default::default()
         }
     }
@@ -682,14 +690,10 @@ impl SandboxBackend for E2bBackend {
                 "not supported by the e2b backend",
             ));
         }
-        if !req.image.is_empty() {
-            // Until an image maps to an E2B template, say so rather than run on the
-            // backend's default template with tools the caller did not ask for.
-            return Err(ProvisionerError::FailedPrecondition(format!(
-                "image {}: the e2b backend runs its configured template (FORKYARD_E2B_TEMPLATE); images are not mapped to E2B templates yet",
-                req.image
-            )));
-        }
+        // An image runs as the template the operator built from it; one not mapped is
+        // refused rather than run on the default template without the tools asked for.
+        let template = self.config.templates.for_image(&req.image)?;
+        let template = template.unwrap_or(&self.config.template).to_owned();
         if req.repo.trim().is_empty() {
             return Err(ProvisionerError::invalid("repo", "must not be empty"));
         }
@@ -708,6 +712,9 @@ impl SandboxBackend for E2bBackend {
         if !req.idempotency_key.is_empty() {
             metadata.insert(KEY_KEY.into(), req.idempotency_key.clone());
         }
+        if !req.image.is_empty() {
+            metadata.insert(IMAGE_KEY.into(), req.image.clone());
+        }
         let timeout = match req.ttl_secs {
             0 => self.config.default_timeout.as_secs(),
             s => u64::from(s),
@@ -716,7 +723,7 @@ impl SandboxBackend for E2bBackend {
             .saturating_add(i64::try_from(timeout.saturating_mul(1000)).unwrap_or(i64::MAX));
         metadata.insert(EXPIRES_KEY.into(), expires.to_string());
         let body = json!({
-            "templateID": self.config.template,
+            "templateID": template,
             "timeout": timeout,
             "metadata": metadata,
         });
@@ -744,7 +751,7 @@ impl SandboxBackend for E2bBackend {
                 base_commit: String::new(),
             },
         );
-        info!(sandbox_id = %format!("{ID_PREFIX}{sid}"), template = %self.config.template, "e2b sandbox created");
+        info!(sandbox_id = %format!("{ID_PREFIX}{sid}"), template = %template, "e2b sandbox created");
         let base = match self.clone_repo(&sid, &req).await {
             Ok(b) => b,
             Err(e) => {

@@ -3,20 +3,13 @@
 //! may be between resolving its image and registering its sandbox).
 
 use super::{ImageCache, Saved};
+use crate::lru::Entry;
 use std::{
     collections::HashSet,
-    path::PathBuf,
     time::{Duration, SystemTime},
 };
 
 pub const GRACE: Duration = Duration::from_secs(600);
-
-struct Entry {
-    digest: String,
-    home: PathBuf,
-    bytes: u64,
-    used: SystemTime,
-}
 
 impl ImageCache {
     pub(super) fn grew(&self) {
@@ -51,42 +44,25 @@ impl ImageCache {
 
     fn evict_now(&self, max_bytes: u64, in_use: &HashSet<String>, grace: Duration) -> Vec<String> {
         let mut entries = self.entries();
-        let mut total: u64 = entries.iter().map(|e| e.bytes).sum();
-        if total <= max_bytes {
-            return Vec::new();
+        for e in &mut entries {
+            e.spared = in_use.contains(&e.key);
         }
-        entries.sort_by_key(|e| e.used);
-        let now = SystemTime::now();
-        let mut removed = Vec::new();
-        for e in entries {
-            if total <= max_bytes {
-                break;
-            }
-            let recent = now.duration_since(e.used).unwrap_or_default() < grace;
-            if in_use.contains(&e.digest) || recent {
-                continue;
-            }
-            // Out of the cache's namespace first, so no load finds it half removed.
-            let gone = self
-                .root
-                .join(format!(".tmp-evict-{}", uuid::Uuid::new_v4().simple()));
-            if std::fs::rename(&e.home, &gone).is_err() {
-                continue;
-            }
-            let _ = crate::store::remove_all(&gone);
-            self.forget(&e.digest);
-            total = total.saturating_sub(e.bytes);
-            tracing::info!(digest = %e.digest, bytes = e.bytes, "image evicted from the cache");
-            removed.push(e.digest);
+        let root = self.root.clone();
+        let done = crate::lru::evict(entries, max_bytes, grace, |_| {
+            root.join(format!(".tmp-evict-{}", uuid::Uuid::new_v4().simple()))
+        });
+        for e in &done.removed {
+            self.forget(&e.key);
+            tracing::info!(digest = %e.key, bytes = e.bytes, "image evicted from the cache");
         }
-        if total > max_bytes {
+        if let Some(bytes) = done.over {
             tracing::warn!(
-                bytes = total,
+                bytes,
                 max_bytes,
                 "image cache over its bound: every image left is in use or recently used"
             );
         }
-        removed
+        done.removed.into_iter().map(|e| e.key).collect()
     }
 
     fn entries(&self) -> Vec<Entry> {
@@ -111,10 +87,11 @@ impl ImageCache {
                         .unwrap_or(SystemTime::UNIX_EPOCH)
                 });
                 Some(Entry {
-                    digest: saved.digest,
+                    key: saved.digest,
                     home,
                     bytes,
                     used,
+                    spared: false,
                 })
             })
             .collect()

@@ -41,6 +41,9 @@ pub enum ImageError {
     /// The registry is down, refuses us, or has no such image.
     #[error("registry: {0}")]
     Registry(String),
+    /// Larger than this provisioner keeps.
+    #[error("too large: {0}")]
+    TooLarge(String),
 }
 
 /// An image ready to be a sandbox's root.

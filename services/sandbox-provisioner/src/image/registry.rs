@@ -30,6 +30,9 @@ pub struct Registries {
     /// `host` → base64 `user:password`. Never logged.
     auths: HashMap<String, String>,
     insecure: Vec<String>,
+    /// An image whose blobs add up to more is refused before any is fetched (the
+    /// cache's bound: it could never be kept); 0: none.
+    max_image_bytes: u64,
 }
 
 impl std::fmt::Debug for Registries {
@@ -99,12 +102,15 @@ impl Target {
     }
 }
 
+/// The longest manifest or index accepted.
+const MAX_MANIFEST_BYTES: usize = 4 << 20;
+
 fn unavailable(what: impl std::fmt::Display) -> ImageError {
     ImageError::Registry(what.to_string())
 }
 
 impl Registries {
-    pub fn new(config: &RegistryConfig) -> Result<Self, String> {
+    pub fn new(config: &RegistryConfig, max_image_bytes: u64) -> Result<Self, String> {
         let auths = match &config.auth_file {
             None => HashMap::new(),
             Some(path) => {
@@ -129,6 +135,7 @@ impl Registries {
             http,
             auths,
             insecure: config.insecure.clone(),
+            max_image_bytes,
         })
     }
 
@@ -189,8 +196,20 @@ impl Registries {
             .map_err(io)?;
         let manifest: Manifest = serde_json::from_slice(&bytes)
             .map_err(|e| ImageError::NotAnImage(format!("the manifest: {e}")))?;
+        let total: u64 = std::iter::once(&manifest.config)
+            .chain(&manifest.layers)
+            .map(|d| d.size)
+            .fold(0, u64::saturating_add);
+        if self.max_image_bytes > 0 && total > self.max_image_bytes {
+            return Err(ImageError::TooLarge(format!(
+                "its layers are {total} bytes, more than the image cache holds ({} bytes, FORKYARD_IMAGE_CACHE_MAX_BYTES)",
+                self.max_image_bytes
+            )));
+        }
         for d in std::iter::once(&manifest.config).chain(&manifest.layers) {
-            session.blob(&d.digest, &blobs.join(hex(&d.digest))).await?;
+            session
+                .blob(&d.digest, d.size, &blobs.join(hex(&d.digest)))
+                .await?;
         }
         let index = serde_json::json!({
             "schemaVersion": 2,
@@ -212,6 +231,9 @@ impl Registries {
 #[derive(serde::Deserialize)]
 struct Descriptor {
     digest: String,
+    /// Its length in bytes, as the manifest says (required by the OCI and Docker specs).
+    #[serde(default)]
+    size: u64,
 }
 
 #[derive(serde::Deserialize)]
@@ -281,13 +303,24 @@ impl Session<'_> {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_owned();
-        let bytes = resp.bytes().await.map_err(unavailable)?.to_vec();
+        // Manifests are a few KiB; a registry sending more is not one to unpack from.
+        let mut bytes = Vec::new();
+        let mut resp = resp;
+        while let Some(chunk) = resp.chunk().await.map_err(unavailable)? {
+            bytes.extend_from_slice(&chunk);
+            if bytes.len() > MAX_MANIFEST_BYTES {
+                return Err(ImageError::NotAnImage(format!(
+                    "the manifest {reference} is over {MAX_MANIFEST_BYTES} bytes"
+                )));
+            }
+        }
         Ok((bytes, media_type))
     }
 
     /// Fetch a blob into `path`, hashing as it comes; a blob that is not what its
-    /// digest says is not kept.
-    async fn blob(&mut self, digest: &str, path: &Path) -> Result<(), ImageError> {
+    /// digest says is not kept, and one longer than its descriptor's `size` (when
+    /// given) is cut off there rather than filling the disk.
+    async fn blob(&mut self, digest: &str, size: u64, path: &Path) -> Result<(), ImageError> {
         if !digest.starts_with("sha256:") {
             return Err(ImageError::NotAnImage(format!(
                 "unsupported digest {digest}"
@@ -297,7 +330,18 @@ impl Session<'_> {
         let mut resp = self.get(&url, None).await?;
         let mut file = tokio::fs::File::create(path).await.map_err(io)?;
         let mut hash = sha2::Sha256::new();
+        let mut seen: u64 = 0;
         while let Some(chunk) = resp.chunk().await.map_err(unavailable)? {
+            seen = seen.saturating_add(chunk.len() as u64);
+            if size > 0 && seen > size {
+                drop(file);
+                let _ = tokio::fs::remove_file(path).await;
+                return Err(ImageError::DigestMismatch {
+                    what: format!("blob {digest}"),
+                    expected: format!("{size} bytes"),
+                    got: format!("more than {size} bytes"),
+                });
+            }
             hash.update(&chunk);
             file.write_all(&chunk).await.map_err(io)?;
         }
@@ -554,10 +598,13 @@ mod tests {
             r#"{"auths": {"https://index.docker.io/v1/": {"auth": "dXNlcjpzZWNyZXQ="}, "127.0.0.1:5000": {"auth": "YTpi"}}}"#,
         )
         .unwrap();
-        let r = Registries::new(&RegistryConfig {
-            auth_file: Some(file),
-            insecure: vec![],
-        })
+        let r = Registries::new(
+            &RegistryConfig {
+                auth_file: Some(file),
+                insecure: vec![],
+            },
+            0,
+        )
         .unwrap();
         assert_eq!(r.auths["registry-1.docker.io"], "dXNlcjpzZWNyZXQ=");
         assert_eq!(r.auths["127.0.0.1:5000"], "YTpi");

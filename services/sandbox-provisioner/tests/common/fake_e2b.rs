@@ -40,6 +40,8 @@ pub struct Fake {
     pub paused: Mutex<std::collections::HashSet<String>>,
     /// Pty masters of running pty commands, by pid.
     pub ptys: Mutex<HashMap<u32, std::fs::File>>,
+    /// The template each sandbox was created from.
+    pub templates: Mutex<HashMap<String, String>>,
 }
 
 pub struct Server {
@@ -141,7 +143,14 @@ fn describe(f: &Fake, id: &str, md: &HashMap<String, String>) -> Value {
     } else {
         "running"
     };
-    json!({"templateID": "base", "sandboxID": id, "clientID": "fake", "alias": null,
+    let template = f
+        .templates
+        .lock()
+        .unwrap()
+        .get(id)
+        .cloned()
+        .unwrap_or_default();
+    json!({"templateID": template, "sandboxID": id, "clientID": "fake", "alias": null,
            "startedAt": "2026-01-01T00:00:00Z", "endAt": "2026-01-01T01:00:00Z",
            "cpuCount": 2, "memoryMB": 512, "metadata": md, "state": state})
 }
@@ -155,6 +164,9 @@ async fn create(State(f): State<Arc<Fake>>, h: HeaderMap, Json(body): Json<Value
     let md: HashMap<String, String> =
         serde_json::from_value(body["metadata"].clone()).unwrap_or_default();
     f.sandboxes.lock().unwrap().insert(id.clone(), md);
+    if let Some(t) = body["templateID"].as_str() {
+        f.templates.lock().unwrap().insert(id.clone(), t.to_owned());
+    }
     if let Some(t) = body["timeout"].as_u64() {
         f.timeouts.lock().unwrap().push((id.clone(), "create", t));
     }

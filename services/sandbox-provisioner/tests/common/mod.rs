@@ -4,6 +4,7 @@
 
 pub mod fake_e2b;
 pub mod fake_e2b_session;
+pub mod registry;
 pub mod test_image;
 
 use forkyard_proto::sandbox::v1::{CreateSandboxRequest, ExecRequest, ExecResponse, Sandbox};

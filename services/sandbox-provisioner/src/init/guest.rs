@@ -1,0 +1,295 @@
+//! The sandbox's init, inside the sandbox's one long-lived bubblewrap: it runs each
+//! command the provisioner sends it as its child, with the descriptors the provisioner
+//! passed, in a process group of its own (a session of its own, the terminal its
+//! controlling one, on a pty), and reports its pid and its exit. When a command's leader
+//! exits, the rest of its process group is killed, as everything of a command died with
+//! its own bubblewrap before. When the provisioner's end closes, every command is killed
+//! and the init exits, which ends the sandbox's pid namespace and all left in it.
+
+use super::wire::{self, FromInit, ToInit};
+use rustix::{
+    fd::{AsFd, OwnedFd},
+    process::{Pid, Signal, WaitId, WaitIdOptions},
+};
+use std::{
+    collections::HashMap,
+    io::{self, Write},
+    os::unix::process::{CommandExt, ExitStatusExt},
+    process::{Command, ExitCode, ExitStatus, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+};
+
+/// The largest argv + environment accepted (the provisioner's own limit is 1 MiB).
+const SPEC_LIMIT: u64 = 8 << 20;
+
+/// A running command: its leader's pid, and what of it a kill reaches.
+#[derive(Clone, Copy)]
+struct Leader {
+    pid: i32,
+    /// A pty command leads a session (an interactive shell puts each job in a process
+    /// group of its own): the whole session. Otherwise its process group.
+    session: bool,
+}
+
+impl Leader {
+    fn kill(self, sig: Signal) {
+        let Some(pid) = Pid::from_raw(self.pid) else {
+            return;
+        };
+        // The leader itself too: it may have left its group, or (a pty command's helper)
+        // not made its session yet. Its pid is not reused while it is unreaped.
+        let _ = rustix::process::kill_process(pid, sig);
+        let _ = rustix::process::kill_process_group(pid, sig);
+        if self.session {
+            kill_session(pid, sig);
+        }
+    }
+}
+
+/// Signal every process of the session `sid` (this sandbox's /proc lists only its own).
+fn kill_session(sid: Pid, sig: Signal) {
+    // A process forking meanwhile may escape one pass; a few passes catch its children.
+    for _ in 0..3 {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        let mut found = false;
+        for pid in entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter_map(Pid::from_raw)
+        {
+            if rustix::process::getsid(Some(pid)).is_ok_and(|s| s == sid) {
+                found = true;
+                let _ = rustix::process::kill_process(pid, sig);
+            }
+        }
+        if !found || sig != Signal::KILL {
+            return;
+        }
+    }
+}
+
+/// Running commands by tag. A leader is removed before its process is reaped, so a pid
+/// found here names that command's process group (or session) and no other.
+#[derive(Default)]
+struct Running(Mutex<HashMap<u64, Leader>>);
+
+impl Running {
+    fn signal(&self, tag: u64, signal: i32) {
+        let running = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let (Some(leader), Some(sig)) = (running.get(&tag), Signal::from_named_raw(signal)) {
+            leader.kill(sig);
+        }
+    }
+
+    fn kill_all(&self) {
+        let running = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for leader in running.values() {
+            leader.kill(Signal::KILL);
+        }
+    }
+}
+
+/// Serve the provisioner on `sock` until it closes. `helper` starts this binary (through
+/// its loader when it has one): a pty command runs under `helper --ctty -- argv`.
+pub fn run(sock: OwnedFd, helper: Vec<String>) -> ExitCode {
+    // Not ptrace-able, its /proc/<pid>/fd not openable, by the sandbox's other processes
+    // (same uid, no capabilities): a command cannot take over the init or its pipes.
+    // Its children are dumpable again at their exec.
+    if let Err(e) =
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+    {
+        eprintln!("sandbox init: cannot make itself non-dumpable: {e}");
+        return ExitCode::from(125);
+    }
+    let sock = Arc::new(sock);
+    let running = Arc::new(Running::default());
+    loop {
+        match wire::recv::<ToInit>(sock.as_fd()) {
+            Ok(Some((ToInit::Spawn { tag, pty }, fds))) => {
+                spawn(&sock, &running, &helper, tag, pty, fds);
+            }
+            Ok(Some((ToInit::Kill { tag, signal }, _))) => running.signal(tag, signal),
+            Ok(None) => break,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::InvalidData
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    running.kill_all();
+    ExitCode::SUCCESS
+}
+
+fn spawn(
+    sock: &Arc<OwnedFd>,
+    running: &Arc<Running>,
+    helper: &[String],
+    tag: u64,
+    pty: bool,
+    fds: Vec<OwnedFd>,
+) {
+    let reply = |msg: FromInit| {
+        let _ = wire::send(sock.as_fd(), &msg, &[]);
+    };
+    let mut fds = fds.into_iter();
+    let spec = fds
+        .next()
+        .and_then(|fd| wire::read_spec(fd, SPEC_LIMIT).ok());
+    let stdio = if pty {
+        fds.next().and_then(|tty| {
+            let (a, b) = (tty.try_clone().ok()?, tty.try_clone().ok()?);
+            Some((Stdio::from(a), Stdio::from(b), tty))
+        })
+    } else {
+        match (fds.next(), fds.next()) {
+            (Some(out), Some(err)) => Some((Stdio::null(), Stdio::from(out), err)),
+            _ => None,
+        }
+    };
+    let (Some(spec), Some((stdin, stdout, stderr))) = (spec, stdio) else {
+        return reply(FromInit::Failed { tag, code: 125 });
+    };
+    let Some(program) = spec.argv.first() else {
+        return reply(FromInit::Failed { tag, code: 125 });
+    };
+    let mut cmd = if pty {
+        let mut c = Command::new(&helper[0]);
+        c.args(&helper[1..]).args(["--ctty", "--"]).args(&spec.argv);
+        c
+    } else {
+        let mut c = Command::new(program);
+        c.args(&spec.argv[1..]).process_group(0);
+        c
+    };
+    // A second handle on stderr, to say why the command could not be started.
+    let mut err_note = stderr.try_clone().ok().map(std::fs::File::from);
+    cmd.env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .stdin(stdin)
+        .stdout(stdout)
+        .stderr(Stdio::from(stderr));
+    // Held while spawning, so the waiter cannot look the pid up before it is recorded.
+    let mut map = running
+        .0
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            drop(map);
+            if let Some(f) = err_note.as_mut() {
+                let _ = writeln!(f, "forkyard: {program}: {e}");
+            }
+            return reply(FromInit::Failed {
+                tag,
+                code: not_started(&e),
+            });
+        }
+    };
+    drop(cmd);
+    let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+    let leader = Leader { pid, session: pty };
+    map.insert(tag, leader);
+    drop(map);
+    let (sock2, running2) = (sock.clone(), running.clone());
+    let (tx, rx) = std::sync::mpsc::channel();
+    // A thread may be refused (the sandbox at its pids limit): then the command is not
+    // run, rather than left unwatched.
+    let waiter = thread::Builder::new().spawn(move || {
+        if let Ok(child) = rx.recv() {
+            wait(&sock2, &running2, tag, leader, child);
+        }
+    });
+    match waiter {
+        Ok(_) => {
+            reply(FromInit::Started { tag, pid });
+            let _ = tx.send(child);
+        }
+        Err(e) => {
+            let mut child = child;
+            leader.kill(Signal::KILL);
+            let _ = child.wait();
+            running
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&tag);
+            if let Some(f) = err_note.as_mut() {
+                let _ = writeln!(f, "forkyard: {program}: no thread to watch it: {e}");
+            }
+            reply(FromInit::Failed { tag, code: 125 });
+        }
+    }
+}
+
+/// Wait for the command's leader to exit, kill what is left of its group (or session),
+/// then reap it.
+fn wait(
+    sock: &OwnedFd,
+    running: &Running,
+    tag: u64,
+    leader: Leader,
+    mut child: std::process::Child,
+) {
+    if let Some(pid) = Pid::from_raw(leader.pid) {
+        // Left unreaped (NOWAIT): its pid, and so its group id, cannot be reused meanwhile.
+        while let Err(e) = rustix::process::waitid(
+            WaitId::Pid(pid),
+            WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+        ) {
+            if e != rustix::io::Errno::INTR {
+                break;
+            }
+        }
+    }
+    running
+        .0
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(&tag);
+    leader.kill(Signal::KILL);
+    let code = child.wait().map_or(125, code_of);
+    let _ = wire::send(sock.as_fd(), &FromInit::Exited { tag, code }, &[]);
+}
+
+/// The exit code, or 128 + the signal, as a shell (and bubblewrap) reports it.
+pub fn code_of(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(125)
+}
+
+fn not_started(e: &io::Error) -> i32 {
+    match e.kind() {
+        io::ErrorKind::NotFound => 127,
+        io::ErrorKind::PermissionDenied => 126,
+        _ => 125,
+    }
+}
+
+/// `--ctty -- argv`: a session of its own whose controlling terminal is stdin, then the
+/// command in this process's place (so its exit is the command's own).
+pub fn exec_on_ctty(argv: &[String]) -> ExitCode {
+    let Some(program) = argv.first() else {
+        return ExitCode::from(125);
+    };
+    let _ = rustix::process::setsid();
+    if let Err(e) = rustix::process::ioctl_tiocsctty(io::stdin()) {
+        eprintln!("forkyard: no controlling terminal: {e}");
+    }
+    let e = Command::new(program).args(&argv[1..]).exec();
+    eprintln!("forkyard: {program}: {e}");
+    ExitCode::from(u8::try_from(not_started(&e)).unwrap_or(125))
+}

@@ -1,0 +1,237 @@
+//! A sandbox that starts once: every command of a sandbox runs under its one long-lived
+//! bubblewrap (its init), and what a command leaves behind is cleaned up as before.
+
+mod common;
+
+use common::{eventually, exec_req, fixture, fixture_with, host_pids_with, unique_sleep};
+use forkyard_proto::sandbox::v1::{DestroySandboxRequest, StartSandboxRequest, StopSandboxRequest};
+use std::time::Duration;
+
+/// A `sleep` in a session of its own, given time to get there before the command ends.
+fn detach(marker: &str) -> String {
+    format!("setsid sleep {marker} >/dev/null 2>&1 </dev/null & sleep 0.5")
+}
+
+/// The start time of the sandbox's pid 1 (its bubblewrap), in clock ticks since boot.
+const PID1_START: &str = "cut -d' ' -f22 /proc/1/stat";
+
+#[tokio::test]
+async fn every_command_of_a_sandbox_runs_under_one_bubblewrap() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let first = f.sh(&sbx.id, PID1_START).await;
+    assert_eq!(first.exit_code, 0, "{}", first.stderr);
+    for _ in 0..5 {
+        let again = f.sh(&sbx.id, PID1_START).await;
+        assert_eq!(again.stdout, first.stdout, "a new bubblewrap started");
+    }
+    // The same bubblewrap on the host (it and its pid 1), whatever ran in it.
+    let workspace = f.state.join("sandboxes").join(&sbx.id).join("workspace");
+    let bind = format!("{} /workspace", workspace.display());
+    let bwraps = host_pids_with(&bind);
+    assert!(!bwraps.is_empty() && bwraps.len() <= 2, "{bwraps:?}");
+    f.sh(&sbx.id, "true").await;
+    assert_eq!(host_pids_with(&bind), bwraps);
+    let other = f.create().await;
+    let theirs = f.sh(&other.id, PID1_START).await;
+    assert_eq!(theirs.exit_code, 0, "{}", theirs.stderr);
+}
+
+#[tokio::test]
+async fn what_a_command_leaves_in_its_group_dies_with_it_and_the_rest_at_destroy() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let in_group = unique_sleep();
+    // The background sleep holds the command's stdout: the exec still ends at once.
+    let out = f
+        .sh(&sbx.id, &format!("sleep {in_group} & echo left"))
+        .await;
+    assert_eq!((out.exit_code, out.stdout.as_str()), (0, "left\n"));
+    assert!(out.duration_ms < 1_500, "{out:?}");
+    assert!(
+        eventually(Duration::from_secs(5), || host_pids_with(&in_group)
+            .is_empty())
+        .await,
+        "the command's process group outlived it"
+    );
+    // A process that left the command's group (a session of its own) stays, until the
+    // sandbox is stopped or destroyed.
+    let escaped = unique_sleep();
+    let out = f.sh(&sbx.id, &detach(&escaped)).await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    assert!(
+        eventually(Duration::from_secs(5), || !host_pids_with(&escaped)
+            .is_empty())
+        .await,
+        "the detached process never ran"
+    );
+    assert_eq!(f.sh(&sbx.id, "echo still").await.stdout, "still\n");
+    f.core
+        .stop(StopSandboxRequest {
+            sandbox_id: sbx.id.clone(),
+        })
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || host_pids_with(&escaped)
+            .is_empty())
+        .await,
+        "a stop left a process running"
+    );
+    f.core
+        .start(StartSandboxRequest {
+            sandbox_id: sbx.id.clone(),
+        })
+        .await
+        .unwrap();
+    let escaped = unique_sleep();
+    f.sh(&sbx.id, &detach(&escaped)).await;
+    assert!(
+        eventually(Duration::from_secs(5), || !host_pids_with(&escaped)
+            .is_empty())
+        .await
+    );
+    f.core
+        .destroy(DestroySandboxRequest {
+            sandbox_id: sbx.id.clone(),
+            reason: "done".into(),
+        })
+        .await
+        .unwrap();
+    assert!(
+        host_pids_with(&escaped).is_empty(),
+        "destroy left a process running"
+    );
+    let workspace = f.state.join("sandboxes").join(&sbx.id).join("workspace");
+    assert!(host_pids_with(&workspace.display().to_string()).is_empty());
+}
+
+#[tokio::test]
+async fn a_timeout_kills_the_command_not_the_sandbox() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let before = f.sh(&sbx.id, PID1_START).await.stdout;
+    let marker = unique_sleep();
+    let mut req = exec_req(
+        &sbx.id,
+        &["sh", "-c", &format!("sleep {marker}; echo never")],
+    );
+    req.timeout_secs = 1;
+    let out = f.core.exec(req).await.unwrap();
+    assert!(out.timed_out, "{out:?}");
+    assert!(
+        host_pids_with(&marker).is_empty(),
+        "the timed-out command lives on"
+    );
+    assert_eq!(f.sh(&sbx.id, PID1_START).await.stdout, before);
+}
+
+#[tokio::test]
+async fn a_command_that_kills_the_init_ends_its_commands_and_the_next_starts_a_new_one() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let before = f.sh(&sbx.id, PID1_START).await.stdout;
+    let marker = unique_sleep();
+    let core = f.core.clone();
+    let id = sbx.id.clone();
+    let waiting = tokio::spawn(async move { core.exec(exec_req(&id, &["sleep", &marker])).await });
+    // The init is the parent of every command.
+    let out = f.sh(&sbx.id, "kill -KILL $PPID; sleep 5").await;
+    assert_ne!(out.exit_code, 0, "{out:?}");
+    let other = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("a command of a dead init never ended")
+        .unwrap()
+        .unwrap();
+    assert_ne!(other.exit_code, 0, "{other:?}");
+    let after = f.sh(&sbx.id, &format!("echo back; {PID1_START}")).await;
+    assert_eq!(after.exit_code, 0, "{}", after.stderr);
+    assert!(after.stdout.starts_with("back\n"), "{after:?}");
+    assert_ne!(after.stdout.trim_start_matches("back\n"), before);
+}
+
+#[tokio::test]
+async fn a_missing_program_is_exit_127_with_its_name() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let out = f
+        .core
+        .exec(exec_req(&sbx.id, &["no-such-program-here"]))
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, 127, "{out:?}");
+    assert!(
+        out.stderr.contains("no-such-program-here"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[tokio::test]
+async fn with_the_init_off_each_command_gets_a_bubblewrap_of_its_own() {
+    let f = fixture_with(|_, c| c.sandbox_init = false).await;
+    let sbx = f.create().await;
+    let out = f
+        .sh(&sbx.id, "echo $$; ls /proc | grep -cE '^[0-9]+$'")
+        .await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let marker = unique_sleep();
+    let out = f
+        .sh(
+            &sbx.id,
+            &format!(
+                "{}; grep -qs {marker} /proc/[0-9]*/cmdline && echo ran",
+                detach(&marker)
+            ),
+        )
+        .await;
+    assert_eq!(out.stdout, "ran\n", "{}", out.stderr);
+    assert!(
+        eventually(Duration::from_secs(5), || host_pids_with(&marker)
+            .is_empty())
+        .await,
+        "a bubblewrap per command takes everything of the command with it"
+    );
+}
+
+#[tokio::test]
+async fn a_command_can_neither_reach_into_its_init_nor_hold_another_sandboxs_terminal() {
+    let f = fixture().await;
+    let a = f.create().await;
+    let b = f.create().await;
+    // A terminal open in sandbox A while sandbox B's init starts.
+    let mut events = f
+        .core
+        .start_pty(forkyard_proto::sandbox::v1::StartPtyRequest {
+            sandbox_id: a.id.clone(),
+            argv: vec!["sh".into()],
+            rows: 24,
+            cols: 80,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(events.recv().await.is_some(), "the pty never started");
+    let fds = f
+        .sh(
+            &b.id,
+            "for fd in /proc/$$/fd/*; do readlink $fd; done; true",
+        )
+        .await;
+    assert_eq!(fds.exit_code, 0, "{}", fds.stderr);
+    assert!(
+        !fds.stdout.contains("ptmx") && !fds.stdout.contains("/dev/pts"),
+        "a command holds a terminal it was not given: {}",
+        fds.stdout
+    );
+    // The init (the command's parent) is not dumpable: its descriptors and memory are
+    // out of the sandbox's reach although it runs as the same uid.
+    let out = f
+        .sh(
+            &b.id,
+            "ls /proc/$PPID/fd >/dev/null 2>&1 && echo reached || echo refused",
+        )
+        .await;
+    assert_eq!(out.stdout, "refused\n", "{}", out.stderr);
+    drop(events);
+}
