@@ -30,17 +30,33 @@ json() { python3 -c "import json,sys; d=json.load(sys.stdin); print(eval(sys.arg
 # The sum of a metric's samples matching a pattern on one replica's /metrics.
 metric() { curl -s "http://$1/metrics" | awk -v pat="$2" '$0 !~ /^#/ && index($0, pat) == 1 { s += $NF } END { print s + 0 }'; }
 
+# Every replica of every service running and SERVING: the count compose was asked for
+# (a replica restarting after an exit is not listed by `ps`, so a count short of it is
+# waited for, not skipped). On a deadline, says which and shows its state and log.
+REPLICAS="gateway=2 sandbox-provisioner=3 agent-runner=2 budget-ledger=2 janitor=1"
+PORTS="gateway=50051 sandbox-provisioner=50052 agent-runner=50053 budget-ledger=50054 janitor=50055"
 wait_serving() {
-  local deadline=$((SECONDS + 180)) port c
-  for svc in gateway:50051 sandbox-provisioner:50052 agent-runner:50053 budget-ledger:50054 janitor:50055; do
-    port=${svc#*:}
-    for c in $(containers "${svc%%:*}"); do
+  local deadline=$((SECONDS + 180)) svc want port c n
+  for pair in $REPLICAS; do
+    svc=${pair%%=*} want=${pair#*=}
+    port=$(echo "$PORTS" | tr ' ' '\n' | sed -n "s/^$svc=//p")
+    until n=$(containers "$svc" | wc -l); [ "$n" -ge "$want" ]; do
+      [ $SECONDS -lt $deadline ] || { fail "$svc: $n of $want replicas running"; show_service "$svc"; return 1; }
+      sleep 1
+    done
+    for c in $(containers "$svc"); do
       until grpc "$(ip_of "$c"):$port" grpc.health.v1.Health/Check 2>/dev/null | grep -q '"SERVING"'; do
-        [ $SECONDS -lt $deadline ] || { fail "$c never SERVING"; return 1; }
+        [ $SECONDS -lt $deadline ] || { fail "$c never SERVING"; show_service "$svc"; return 1; }
         sleep 1
       done
     done
   done
+}
+
+# A service's containers, running or not, and the end of its log: printed where CI shows it.
+show_service() {
+  "${C[@]}" ps -a "$1" || true
+  "${C[@]}" logs --no-color --tail 40 "$1" 2>&1 || true
 }
 
 # A gateway call through whichever gateway replica answers.
@@ -84,10 +100,10 @@ start_stack() {
 
   "${C[@]}" down -v -t 1 >/dev/null 2>&1 || true
   "${C[@]}" up -d --quiet-pull >/dev/null 2>&1 || { "${C[@]}" up -d; exit 1; }
-  wait_serving
+  wait_serving || exit 1
   G1=$(ip_of "$(containers gateway | sed -n 1p)"):50051
   G2=$(ip_of "$(containers gateway | sed -n 2p)"):50051
   L=$(ip_of "$(containers budget-ledger | sed -n 1p)"):50054
   counts=$(for s in gateway sandbox-provisioner agent-runner budget-ledger janitor; do echo -n "$s=$(containers $s | wc -l) "; done)
-  check "replicas up and SERVING: $counts" test "$counts" = "gateway=2 sandbox-provisioner=3 agent-runner=2 budget-ledger=2 janitor=1 "
+  check "replicas up and SERVING: $counts" test "$counts" = "$REPLICAS "
 }

@@ -22,7 +22,39 @@ pub const FORK_SLOTS_ATTR: SearchAttributeKey<i64> = SearchAttributeKey::int("Fo
 /// Make sure the custom search attributes exist in the namespace (the run workflow
 /// upserts them; an unknown attribute would fail its workflow tasks). On Temporal
 /// Cloud, where the operator API is closed, create them beforehand and this only checks.
+///
+/// Gateway replicas start together and race to add them, and a Temporal that has just
+/// come up can fail a call it answers a moment later: such a failure is retried with
+/// backoff (each retry looks again first), for as long as it takes, as a connection is.
+/// Only a refusal that no retry can change (the operator API closed or denied) ends it.
 pub async fn ensure_registered(client: &Client, namespace: &str) -> Result<(), String> {
+    let mut delay = std::time::Duration::from_millis(200);
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        match register_missing(client, namespace).await {
+            Ok(()) => return Ok(()),
+            Err((code, e)) if is_permanent(code) => return Err(e),
+            Err((_, e)) => {
+                tracing::warn!(attempt, error = %e, "search attributes not registered yet; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+fn is_permanent(code: tonic::Code) -> bool {
+    matches!(
+        code,
+        tonic::Code::PermissionDenied
+            | tonic::Code::Unauthenticated
+            | tonic::Code::Unimplemented
+            | tonic::Code::InvalidArgument
+    )
+}
+
+async fn register_missing(client: &Client, namespace: &str) -> Result<(), (tonic::Code, String)> {
     let wanted = [
         (RUN_STATE_ATTR.name(), IndexedValueType::Keyword),
         (LABELS_ATTR.name(), IndexedValueType::KeywordList),
@@ -36,10 +68,11 @@ pub async fn ensure_registered(client: &Client, namespace: &str) -> Result<(), S
         }))
         .await
         .map_err(|s| {
-            format!(
+            let e = format!(
                 "cannot list search attributes of namespace {namespace:?}: {}",
                 s.message()
-            )
+            );
+            (s.code(), e)
         })?
         .into_inner();
     let missing: HashMap<String, i32> = wanted
@@ -63,10 +96,13 @@ pub async fn ensure_registered(client: &Client, namespace: &str) -> Result<(), S
             Ok(())
         }
         Err(s) if s.code() == tonic::Code::AlreadyExists => Ok(()),
-        Err(s) => Err(format!(
-            "search attributes {names:?} are missing in namespace {namespace:?} and cannot be added ({}); create them \
+        Err(s) => Err((
+            s.code(),
+            format!(
+                "search attributes {names:?} are missing in namespace {namespace:?} and cannot be added ({}); create them \
              (ForkyardRunState: Keyword, ForkyardLabels: KeywordList, ForkyardTenant: Keyword, ForkyardForkSlots: Int) and restart",
-            s.message()
+                s.message()
+            ),
         )),
     }
 }
