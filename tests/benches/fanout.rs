@@ -49,6 +49,29 @@ fn cpu_secs(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// CPU time the whole machine has spent busy so far (every process and the kernel: all of
+/// `/proc/stat`'s first line but idle and iowait), in seconds.
+fn machine_cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let busy: f64 = ticks
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, t)| t)
+        .sum();
+    busy / 100.0
+}
+
 /// `temporal workflow <what> -o json -w <run_id>` against the mesh's server, parsed.
 fn workflow_json(mesh: &Mesh, what: &str, run_id: &str) -> Option<serde_json::Value> {
     let out = std::process::Command::new(forkyard_tests::mesh::temporal_cli())
@@ -123,6 +146,7 @@ async fn main() -> anyhow::Result<()> {
             .duration_since(SystemTime::UNIX_EPOCH)?
             .as_millis() as i64;
         let cpu0: Vec<f64> = mesh.pids().iter().map(|(_, p)| cpu_secs(*p)).collect();
+        let machine0 = machine_cpu_secs();
         let t0 = Instant::now();
         let run_id = gw.launch_run(req).await?.into_inner().run_id;
         let run = wait_finished(&mut gw, &run_id, Duration::from_secs(3600)).await;
@@ -179,7 +203,11 @@ async fn main() -> anyhow::Result<()> {
                 )
             })
             .collect();
-        println!("       CPU per fork: {}", cpu.join(", "));
+        let machine = (machine_cpu_secs() - machine0) * 1000.0 / f64::from(n);
+        println!(
+            "       CPU per fork: {}; machine {machine:.1} ms",
+            cpu.join(", ")
+        );
         println!("       workflow tasks: {}", task_trouble(&mesh, &run_id));
         anyhow::ensure!(
             run.forks_succeeded == n,

@@ -167,7 +167,7 @@ impl WaveLocal {
                     }
                     out.patch = Some(p);
                 }
-                Err(s) => out.patch_error = format!("collect patch: {}", s.message()),
+                Err(s) => out.patch_error = sandboxes::patch_failure_message(&s),
             }
         }
         let patched = !item.collect_patch || out.patch.is_some();

@@ -152,6 +152,28 @@ pub(crate) fn error_type(status: &Status) -> (&'static str, bool) {
     }
 }
 
+/// Whether a sandbox call's final failure means the sandbox is gone: its replica
+/// answered without it, or did not answer through the call's retries (a killed
+/// provisioner takes its sandboxes' processes with it). The run starts such a fork
+/// again on a new sandbox (`workflows::SANDBOX_LOST` in its error), as it does one
+/// whose agent lost its sandbox, instead of failing a fork whose agent did its work.
+pub(crate) fn lost(status: &Status) -> bool {
+    status.code() == Code::NotFound || error_type(status).1
+}
+
+/// A collect-patch failure's message: naming a lost sandbox so (see [`lost`]).
+pub(crate) fn patch_failure_message(status: &Status) -> String {
+    if lost(status) {
+        format!(
+            "collect patch: {}: {}",
+            crate::workflows::SANDBOX_LOST,
+            status.message()
+        )
+    } else {
+        format!("collect patch: {}", status.message())
+    }
+}
+
 fn failure(what: &str, status: Status) -> ActivityError {
     let msg = format!("{what}: {}", status.message());
     match error_type(&status) {
@@ -176,7 +198,13 @@ impl SandboxLocal {
             .collect_patch(req)
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|s| failure("collect patch", s))
+            .map_err(|s| {
+                let msg = patch_failure_message(&s);
+                match error_type(&s) {
+                    (ty, true) => retryable(ty, msg),
+                    (ty, false) => non_retryable(ty, msg),
+                }
+            })
     }
 
     /// A sandbox already gone counts as destroyed.
@@ -187,5 +215,42 @@ impl SandboxLocal {
         at: AtOwner,
     ) -> Result<DestroySandboxResponse, ActivityError> {
         self.destroy_at(at).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_patch_the_sandbox_is_gone_for_names_it_lost_so_the_run_starts_the_fork_again() {
+        for status in [
+            Status::not_found("sandbox sb-1 not found"),
+            Status::unavailable("dns error"),
+            Status::unknown("h2 protocol error: error reading a body from connection"),
+        ] {
+            let msg = patch_failure_message(&status);
+            assert!(
+                msg.starts_with("collect patch: sandbox lost: "),
+                "{:?}: {msg}",
+                status.code()
+            );
+        }
+    }
+
+    #[test]
+    fn a_patch_refused_for_what_it_is_is_not_a_lost_sandbox() {
+        for status in [
+            Status::failed_precondition("sandbox sb-1 is stopped"),
+            Status::invalid_argument("sandbox_id: malformed"),
+            Status::permission_denied("not yours"),
+        ] {
+            let msg = patch_failure_message(&status);
+            assert!(
+                !msg.contains(crate::workflows::SANDBOX_LOST),
+                "{:?}: {msg}",
+                status.code()
+            );
+        }
     }
 }

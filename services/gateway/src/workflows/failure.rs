@@ -15,7 +15,7 @@ pub(super) enum StepFailure {
 
 /// What the error of a fork whose sandbox was lost says (after the step's name); the
 /// run recognises such forks by it.
-pub(super) const SANDBOX_LOST: &str = "sandbox lost";
+pub(crate) const SANDBOX_LOST: &str = "sandbox lost";
 
 /// Error types of an agent step that mean its sandbox is gone: the runner's NotFound
 /// (the replica answered without it) and ProvisionerUnavailable (its replica did not

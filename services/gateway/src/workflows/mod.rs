@@ -13,6 +13,7 @@ pub mod orchestration;
 mod patches;
 mod prepare;
 
+pub(crate) use failure::SANDBOX_LOST;
 pub use fork::{ForkInput, ForkWorkflow};
 pub use orchestration::{SandboxOrchestrationWorkflow, outcome};
 pub use prepare::commit_amount;
