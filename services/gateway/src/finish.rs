@@ -100,7 +100,7 @@ pub struct FinishDone {
 
 /// `call` until it answers, it fails for good, or `attempts` are used, waiting
 /// `initial` and then twice as long between tries.
-async fn retried<T, F, Fut>(
+pub(crate) async fn retried<T, F, Fut>(
     attempts: u32,
     initial: Duration,
     final_error: impl Fn(&Status) -> bool,

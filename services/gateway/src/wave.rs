@@ -32,7 +32,7 @@ use forkyard_common::telemetry::otel::{
 };
 use forkyard_proto::{
     activities::errors,
-    budget::v1::ReserveRequest,
+    budget::v1::{CreateAccountRequest, OpenAccountRequest, ReserveRequest},
     labels,
     sandbox::v1::{CreateSandboxRequest, HealthCheckRequest, Sandbox},
 };
@@ -61,6 +61,16 @@ impl WaveLocal {
 #[serde(default)]
 pub struct Wave {
     pub forks: Vec<WaveItem>,
+    /// The run's ledger account, when this wave opens it (the run's first): opened
+    /// while the forks' sandboxes are made, each fork's reserve after it.
+    pub open: Option<AccountOpen>,
+}
+
+/// How a run's account is opened: on its own, or under its tenant's account.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum AccountOpen {
+    Open(OpenAccountRequest),
+    Create(CreateAccountRequest),
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -77,6 +87,10 @@ pub struct WaveItem {
 #[serde(default)]
 pub struct WaveDone {
     pub forks: Vec<ForkPrepared>,
+    /// Why the run's account could not be opened (the wave's `open`), after the
+    /// ledger calls' own retries; its forks then stopped at [`step::OPEN`], their
+    /// sandboxes destroyed (or left in their outcome to destroy).
+    pub open_error: String,
 }
 
 /// How far one fork got. Ready when `step` is empty; otherwise `step` names the step that
@@ -100,6 +114,7 @@ pub struct ForkPrepared {
 
 /// Step names, as they appear in a fork's error (`"create sandbox: …"`).
 pub mod step {
+    pub const OPEN: &str = "open ledger account";
     pub const RESERVE: &str = "reserve budget";
     pub const CREATE: &str = "create sandbox";
     pub const HEALTH: &str = "health check";
@@ -121,14 +136,25 @@ impl WaveLocal {
     /// waiting for the ledger's commit before the create put a whole ledger round trip
     /// (10–50 ms in a wave, one fsync per group) in front of every sandbox. A sandbox
     /// made for a fork the ledger refused is destroyed here before anything runs in it.
-    async fn prepare_fork(&self, item: WaveItem) -> ForkPrepared {
+    async fn prepare_fork(&self, item: WaveItem, opened: Opened) -> ForkPrepared {
         let mut out = ForkPrepared {
             reservation_id: item.reservation_id,
             ..ForkPrepared::default()
         };
         let reserve = async {
+            // The reserve needs the run's account: when this wave opens it, after that.
+            if let Err(msg) = opened.await {
+                return Some(Err(Refusal::Open(msg)));
+            }
             if out.reservation_id.is_empty() {
-                Some(self.ledger.clone().reserve(item.reserve).await)
+                Some(
+                    self.ledger
+                        .clone()
+                        .reserve(item.reserve)
+                        .await
+                        .map(tonic::Response::into_inner)
+                        .map_err(Refusal::Reserve),
+                )
             } else {
                 None
             }
@@ -137,8 +163,14 @@ impl WaveLocal {
         let (reserved, created) = futures::join!(reserve, creates.create_sandbox(item.create));
         let created = created.map(tonic::Response::into_inner);
         match reserved {
-            Some(Ok(r)) => out.reservation_id = r.into_inner().reservation_id,
-            Some(Err(status)) => {
+            Some(Err(Refusal::Open(msg))) => {
+                if let Ok(sandbox) = created {
+                    out.sandbox = self.discard(sandbox).await;
+                }
+                return out.stop(step::OPEN, "", msg, false);
+            }
+            Some(Ok(r)) => out.reservation_id = r.reservation_id,
+            Some(Err(Refusal::Reserve(status))) => {
                 let (ty, retryable) = ledger::error_type(&status);
                 if let Ok(sandbox) = created {
                     out.sandbox = self.discard(sandbox).await;
@@ -197,6 +229,41 @@ impl WaveLocal {
                 Some(sandbox)
             }
         }
+    }
+}
+
+/// Whether the run's account is open, shared by the wave's forks (at once `Ok` when the
+/// wave does not open it).
+type Opened = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), String>>>;
+
+/// What stopped a fork's reserve: the account not opened, or the reserve refused.
+enum Refusal {
+    Open(String),
+    Reserve(tonic::Status),
+}
+
+impl WaveLocal {
+    /// Open the run's account, retried as the run's own open was (5 tries, from 1 s,
+    /// doubling); the error says why it stayed shut.
+    fn open(&self, open: Option<AccountOpen>) -> Opened {
+        let ledger = self.ledger.clone();
+        let opening = async move {
+            let Some(open) = open else { return Ok(()) };
+            let final_error = |s: &tonic::Status| !ledger::error_type(s).1;
+            let opened =
+                crate::finish::retried(5, std::time::Duration::from_secs(1), final_error, || {
+                    let (mut c, open) = (ledger.clone(), open.clone());
+                    async move {
+                        match open {
+                            AccountOpen::Open(req) => c.open_account(req).await.map(drop),
+                            AccountOpen::Create(req) => c.create_account(req).await.map(drop),
+                        }
+                    }
+                })
+                .await;
+            opened.map_err(|s| format!("{}: {}", step::OPEN, ledger::message(&s)))
+        };
+        futures::FutureExt::shared(futures::FutureExt::boxed(opening))
     }
 }
 
@@ -322,13 +389,18 @@ impl WaveLocal {
         _ctx: ActivityContext,
         wave: Wave,
     ) -> Result<WaveDone, ActivityError> {
+        let opened = self.open(wave.open);
         let forks = wave.forks.into_iter().map(|item| {
+            let opened = opened.clone();
             let cx = fork_span(&item.create);
             let run_id = item.create.labels.get(labels::RUN_ID).cloned();
             let fork = item.create.labels.get(labels::FORK).cloned();
             let this = &self;
             async move {
-                let out = this.prepare_fork(item).with_context(cx.clone()).await;
+                let out = this
+                    .prepare_fork(item, opened)
+                    .with_context(cx.clone())
+                    .await;
                 let span = cx.span();
                 if !out.step.is_empty() {
                     tracing::warn!(
@@ -345,8 +417,10 @@ impl WaveLocal {
                 out
             }
         });
+        let forks = futures::future::join_all(forks).await;
         Ok(WaveDone {
-            forks: futures::future::join_all(forks).await,
+            forks,
+            open_error: opened.await.err().unwrap_or_default(),
         })
     }
 }

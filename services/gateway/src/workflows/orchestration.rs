@@ -50,6 +50,7 @@ use super::{
     prepare::{self, Prepared, WaveFork, prepare_wave},
     unix_ms,
 };
+use crate::wave::AccountOpen;
 use forkyard_proto::{
     activities::Ledger,
     budget::v1::{
@@ -108,6 +109,11 @@ pub struct SandboxOrchestrationWorkflow {
     raises: u32,
     /// Bumped by every signal and update, so the main loop re-evaluates.
     generation: u64,
+    /// The run's ledger account, while the next wave is to open it (runs that take
+    /// [`Change::AccountOpenedWithFirstWave`]).
+    pub(super) account_to_open: Option<AccountOpen>,
+    /// Why a wave could not open it: the run fails.
+    pub(super) open_error: Option<String>,
 }
 
 /// Times a fork whose sandbox was lost is started again (beyond its first start).
@@ -162,6 +168,8 @@ impl SandboxOrchestrationWorkflow {
             cancel_requests: BTreeSet::new(),
             raises: 0,
             generation: 0,
+            account_to_open: None,
+            open_error: None,
         }
     }
 
@@ -177,53 +185,28 @@ impl SandboxOrchestrationWorkflow {
             s.patches = patches;
         });
 
-        let open = OpenAccountRequest {
-            account_id: run_id.clone(),
-            budget_micros: spec.budget_micros,
-            idempotency_key: format!("{run_id}/open-account"),
-        };
-        // A tenant's run draws on the tenant's account too (its spending limit).
-        let opened = if spec.tenant_account_id.is_empty() {
-            ctx.execute_local_activity(Ledger::open_account, open, options::ledger())
-                .await
+        let open = if spec.tenant_account_id.is_empty() {
+            AccountOpen::Open(OpenAccountRequest {
+                account_id: run_id.clone(),
+                budget_micros: spec.budget_micros,
+                idempotency_key: format!("{run_id}/open-account"),
+            })
         } else {
-            let create = CreateAccountRequest {
-                account_id: open.account_id,
+            // A tenant's run draws on the tenant's account too (its spending limit).
+            AccountOpen::Create(CreateAccountRequest {
+                account_id: run_id.clone(),
                 kind: AccountKind::Run as i32,
                 parent_account_id: spec.tenant_account_id.clone(),
-                budget_micros: open.budget_micros,
-                idempotency_key: open.idempotency_key,
+                budget_micros: spec.budget_micros,
+                idempotency_key: format!("{run_id}/open-account"),
                 ..Default::default()
-            };
-            ctx.execute_local_activity(Ledger::create_account, create, options::ledger())
-                .await
+            })
         };
-        if let Err(e) = opened {
-            let cancelled = ctx.cancellation_token().is_cancelled();
-            let msg = if cancelled {
-                "run cancelled".to_owned()
-            } else {
-                format!("open ledger account: {e}")
-            };
-            let now = unix_ms(ctx.workflow_time());
-            ctx.state_mut(|s| {
-                s.error.clone_from(&msg);
-                s.finished_unix_ms = now;
-                let status = if cancelled {
-                    ForkStatus::Cancelled
-                } else {
-                    ForkStatus::Failed
-                };
-                for f in &mut s.forks {
-                    f.status = status as i32;
-                    f.phase = phase::DONE.into();
-                    f.error.clone_from(&msg);
-                }
-            });
-            if cancelled {
-                return Err(WorkflowTermination::cancelled());
-            }
-            return Err(ApplicationFailure::non_retryable(msg).into());
+        if patches.takes(ctx, Change::AccountOpenedWithFirstWave) {
+            // Opened by the first wave's activity, beside its sandboxes' creates.
+            ctx.state_mut(|s| s.account_to_open = Some(open));
+        } else if let Err(e) = prepare::open_account(ctx, open).await {
+            return Err(fail_unopened(ctx, e));
         }
 
         // Where runs of earlier builds asked for these (after opening the account).
@@ -267,6 +250,10 @@ impl SandboxOrchestrationWorkflow {
             }
             if !wave.is_empty() {
                 let outcomes = prepare_wave(ctx_ref, &wave).await;
+                if let Some(e) = ctx_ref.state(|s| s.open_error.clone()) {
+                    // Its forks' sandboxes are destroyed; nothing was reserved.
+                    return Err(fail_unopened(ctx_ref, e));
+                }
                 for (f, outcome) in wave.into_iter().zip(outcomes) {
                     let fork = f.input.fork;
                     match outcome {
@@ -490,6 +477,14 @@ impl SandboxOrchestrationWorkflow {
         amount_micros: i64,
     ) -> Result<Account, BoxError> {
         let run_id = ctx.workflow_id().to_owned();
+        // An account the first wave is still opening is raised once it is open (at
+        // once in runs that opened it before any wave: the condition holds).
+        let _ = ctx
+            .wait_condition(|s| s.account_to_open.is_none() || s.open_error.is_some())
+            .await;
+        if let Some(e) = ctx.state(|s| s.open_error.clone()) {
+            return Err(format!("raise budget: {e}").into());
+        }
         let n = ctx.state_mut(|s| {
             s.raises += 1;
             s.raises
@@ -509,6 +504,40 @@ impl SandboxOrchestrationWorkflow {
             s.generation += 1;
         });
         Ok(account)
+    }
+}
+
+/// A run whose account could not be opened: every fork ends with the reason (cancelled,
+/// when the run was cancelled meanwhile), and so does the run.
+fn fail_unopened(
+    ctx: &WorkflowContext<SandboxOrchestrationWorkflow>,
+    e: String,
+) -> WorkflowTermination {
+    let cancelled = ctx.cancellation_token().is_cancelled();
+    let msg = if cancelled {
+        "run cancelled".to_owned()
+    } else {
+        e
+    };
+    let now = unix_ms(ctx.workflow_time());
+    ctx.state_mut(|s| {
+        s.error.clone_from(&msg);
+        s.finished_unix_ms = now;
+        let status = if cancelled {
+            ForkStatus::Cancelled
+        } else {
+            ForkStatus::Failed
+        };
+        for f in &mut s.forks {
+            f.status = status as i32;
+            f.phase = phase::DONE.into();
+            f.error.clone_from(&msg);
+        }
+    });
+    if cancelled {
+        WorkflowTermination::cancelled()
+    } else {
+        ApplicationFailure::non_retryable(msg).into()
     }
 }
 

@@ -26,7 +26,7 @@ use temporalio_workflow::WorkflowContext;
 
 /// The patch each generation of changes records at a run's start, oldest first; a run
 /// takes the changes of its generation and of the older ones. Only ever appended to.
-const GENERATIONS: &[&str] = &["patches-decided-at-start"];
+const GENERATIONS: &[&str] = &["patches-decided-at-start", "account-opened-with-first-wave"];
 
 /// Changes introduced by earlier builds, each with the patch those builds recorded.
 #[derive(Clone, Copy, Debug)]
@@ -41,6 +41,9 @@ pub enum Change {
     DurableSettle,
     /// A finished run publishes how it ended as a search attribute.
     RunOutcomeAttribute,
+    /// The run's ledger account is opened by its first wave's activity, beside the
+    /// creates, instead of by a local activity of its own before it.
+    AccountOpenedWithFirstWave,
 }
 
 impl Change {
@@ -52,6 +55,7 @@ impl Change {
             | Self::PrepareOutlastsAnOutage
             | Self::DurableSettle
             | Self::RunOutcomeAttribute => 1,
+            Self::AccountOpenedWithFirstWave => 2,
         }
     }
 
@@ -63,6 +67,8 @@ impl Change {
             Self::PrepareOutlastsAnOutage => "prepare-outlasts-an-outage",
             Self::DurableSettle => "durable-settle",
             Self::RunOutcomeAttribute => "run-outcome-attribute",
+            // Never asked for by a build before generations (it has generation 2).
+            Self::AccountOpenedWithFirstWave => GENERATIONS[1],
         }
     }
 }

@@ -22,7 +22,7 @@ use super::{
 };
 use crate::{
     sandboxes::{AtOwner, SandboxLocal},
-    wave::{ForkPrepared, Wave, WaveItem, WaveLocal},
+    wave::{AccountOpen, ForkPrepared, Wave, WaveItem, WaveLocal},
 };
 use forkyard_proto::{
     activities::Ledger,
@@ -102,6 +102,27 @@ fn backoff(round: u32) -> Duration {
 /// Forks per preparation activity.
 const CHUNK: usize = 100;
 
+/// Open the run's ledger account in a local activity of its own (runs of earlier
+/// builds, and a first wave of more than one activity); the error is the run's.
+pub(super) async fn open_account(
+    ctx: &WorkflowContext<SandboxOrchestrationWorkflow>,
+    open: AccountOpen,
+) -> Result<(), String> {
+    let opened = match open {
+        AccountOpen::Open(req) => {
+            ctx.execute_local_activity(Ledger::open_account, req, options::ledger())
+                .await
+        }
+        AccountOpen::Create(req) => {
+            ctx.execute_local_activity(Ledger::create_account, req, options::ledger())
+                .await
+        }
+    };
+    opened
+        .map(drop)
+        .map_err(|e| format!("{}: {e}", crate::wave::step::OPEN))
+}
+
 /// Reserve, create and check the sandboxes of a wave of forks (the forks the run starts
 /// at one time) in one local activity (`crate::wave`), then give back what the forks
 /// that stopped hold (destroy, then release).
@@ -171,16 +192,42 @@ pub(super) async fn prepare_wave(
         // At most CHUNK forks per activity, all started at once: its result (about 1 KB
         // a fork) is one payload in the run's history, kept far below Temporal's limits.
         let chunks: Vec<Vec<WaveItem>> = items.chunks(CHUNK).map(<[WaveItem]>::to_vec).collect();
+        // The run's account, when still to open: by the wave's one activity, beside its
+        // creates; before a wave of several (each one's reserves need it).
+        let mut open = ctx.state(|s| s.account_to_open.clone());
+        if chunks.len() > 1
+            && let Some(o) = open.take()
+        {
+            if let Err(e) = open_account(ctx, o).await {
+                ctx.state_mut(|s| s.open_error = Some(e));
+                return wave
+                    .iter()
+                    .map(|_| Err(StepFailure::Failed(String::new())))
+                    .collect();
+            }
+            ctx.state_mut(|s| s.account_to_open = None);
+        }
         let runs = chunks.into_iter().map(|forks| {
             let asked = forks.len();
+            let open = open.take();
             async move {
+                let opens = open.is_some();
                 let done = ctx
                     .execute_local_activity(
                         WaveLocal::prepare,
-                        Wave { forks },
+                        Wave { forks, open },
                         options::wave_local(),
                     )
                     .await;
+                if opens && let Ok(d) = &done {
+                    let error = Some(d.open_error.clone()).filter(|e| !e.is_empty());
+                    ctx.state_mut(|s| {
+                        if error.is_none() {
+                            s.account_to_open = None;
+                        }
+                        s.open_error = error;
+                    });
+                }
                 let out: Vec<Result<ForkPrepared, StepFailure>> = match done {
                     Ok(d) if d.forks.len() == asked => d.forks.into_iter().map(Ok).collect(),
                     Ok(d) => {
