@@ -77,11 +77,13 @@ base-image: deps-docker
 images: deps deps-docker base-image
 	@PROFILE=$${PROFILE:-release} scripts/images.sh
 
-# The replicated mesh in containers: replicas spread, transcripts, sweeps, drains; then
-# chaos (docker kill of a replica of each service with a run in flight).
+# The replicated mesh in containers: the alerts' promtool tests (k8s/monitoring), then
+# replicas spread, transcripts, sweeps, drains; then chaos (docker kill of a replica of
+# each service with a run in flight).
 test-containers: build deps-docker deps-deploy base-image
 	@df -h --output=avail,target . | tail -1 | awk '{print "test-containers: " $$1 " free on " $$2}'
 	@PROFILE=debug scripts/images.sh
+	@scripts/check-alerts.sh
 	@tests/containers/replicas.sh
 	@tests/containers/chaos.sh
 

@@ -107,3 +107,33 @@ fn dashboards_are_importable_and_query_exported_metrics() {
     }
     assert!(files >= 3, "{files} dashboards in {}", dir.display());
 }
+
+/// The alerts of k8s/monitoring/prometheusrule.yaml name only exported metrics too (their
+/// firing is tested by promtool: scripts/check-alerts.sh).
+#[test]
+fn alerts_query_exported_metrics() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let rules = std::fs::read_to_string(root.join("k8s/monitoring/prometheusrule.yaml")).unwrap();
+    let exprs: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr: "))
+        .collect();
+    assert!(exprs.len() >= 5, "{exprs:?}");
+    // The SDK's own histograms, as the services export them (prefix `temporal_`,
+    // durations in seconds with the unit suffix: forkyard_common::temporal).
+    use temporalio_common::telemetry::metrics::{
+        ACTIVITY_SCHED_TO_START_LATENCY_HISTOGRAM_NAME as ACTIVITY,
+        WORKFLOW_TASK_SCHED_TO_START_LATENCY_HISTOGRAM_NAME as WORKFLOW_TASK,
+    };
+    let sdk = [ACTIVITY, WORKFLOW_TASK].map(|name| format!("temporal_{name}_seconds"));
+    for expr in exprs {
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "{expr}");
+        for metric in names {
+            assert!(
+                EXPORTED.contains(&metric.as_str()) || sdk.contains(&metric),
+                "{metric} in {expr} is not exported"
+            );
+        }
+    }
+}
