@@ -1,8 +1,14 @@
 //! One JSON POST with the retry rules both APIs share: 429, 529 (Anthropic's
 //! "overloaded"), 5xx and network errors are retried with exponential backoff (honouring
 //! `retry-after`); 4xx otherwise are final.
+//!
+//! The backoff is jittered (each wait between one and two times the doubling delay, at
+//! most `max_delay`):
+//! the forks of a run hit a model API's rate limit together, and without jitter they
+//! would all come back at the same instant and be refused together again.
 
 use super::{LlmError, Secret};
+use backon::{BackoffBuilder, ExponentialBuilder};
 use reqwest::{StatusCode, header::HeaderMap};
 use serde_json::Value;
 use std::time::Duration;
@@ -53,6 +59,20 @@ fn error_message(body: &str, key: Option<&Secret>) -> String {
     }
 }
 
+/// The waits between tries: doubling from `initial`, each jittered up to twice itself,
+/// never over `max_delay`.
+fn backoff(policy: RetryPolicy) -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(policy.initial)
+        // Jitter adds up to the delay again: at the cap the waits still spread, over
+        // [max / 2, max).
+        .with_max_delay(policy.max_delay / 2)
+        .with_factor(2.0)
+        .with_max_times(policy.attempts.max(1) as usize)
+        .with_jitter()
+        .build()
+}
+
 /// POST `body` to `url` with `headers`, retrying per `policy`. `key` only scrubs texts.
 pub async fn post_json(
     client: &reqwest::Client,
@@ -62,8 +82,8 @@ pub async fn post_json(
     policy: RetryPolicy,
     key: Option<&Secret>,
 ) -> Result<Value, LlmError> {
-    let mut delay = policy.initial;
     let attempts = policy.attempts.max(1);
+    let mut delays = backoff(policy);
     for attempt in 1..=attempts {
         let last = attempt == attempts;
         let sent = client
@@ -103,10 +123,39 @@ pub async fn post_json(
                 message,
             });
         }
+        let delay = delays.next().unwrap_or(policy.max_delay);
+        // What the server asked for, when it said; the jittered backoff otherwise.
         let pause = wait.unwrap_or(delay).min(policy.max_delay);
         tracing::warn!(status, attempt, delay_ms = pause.as_millis() as u64, error = %message, "model API call failed, retrying");
         tokio::time::sleep(pause).await;
-        delay = (delay * 2).min(policy.max_delay);
     }
     unreachable!("the last attempt returns")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RetryPolicy, backoff};
+    use std::time::Duration;
+
+    #[test]
+    fn waits_double_spread_and_stay_under_the_cap() {
+        let policy = RetryPolicy {
+            attempts: 8,
+            initial: Duration::from_secs(1),
+            max_delay: Duration::from_secs(30),
+        };
+        let runs: Vec<Vec<Duration>> = (0..20).map(|_| backoff(policy).collect()).collect();
+        for waits in &runs {
+            assert_eq!(waits.len(), 8);
+            // 1, 2, 4, 8, then 15 (half the cap), each times [1, 2).
+            let base = [1, 2, 4, 8, 15, 15, 15, 15].map(Duration::from_secs);
+            for (w, b) in waits.iter().zip(base) {
+                assert!(*w >= b && *w < b * 2, "{w:?} not in [{b:?}, {:?})", b * 2);
+                assert!(*w <= policy.max_delay, "{w:?}");
+            }
+        }
+        // Forks that failed together do not come back together.
+        let firsts: std::collections::HashSet<Duration> = runs.iter().map(|w| w[0]).collect();
+        assert!(firsts.len() > 10, "{firsts:?}");
+    }
 }
