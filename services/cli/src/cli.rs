@@ -6,10 +6,19 @@ use clap::{Parser, Subcommand, ValueEnum};
 #[command(
     name = "forkyard",
     version,
-    about = "Run one prompt on one repo as N parallel agent forks"
+    about = "Run one prompt on one repo as N parallel agent forks",
+    after_help = "Examples:
+  forkyard fork ./repo -p 'fix the flaky test' -f 5 --max-concurrent 3 --budget 10 --verify 'cargo test' --wait
+  forkyard list --state running
+  forkyard watch run-3f2a…
+  forkyard result run-3f2a… 2 --save fork-2.patch
+  forkyard -o json status run-3f2a… | jq .forks
+  forkyard completion bash > /etc/bash_completion.d/forkyard
+
+The gateway is FORKYARD_GATEWAY (default http://127.0.0.1:50051), its key FORKYARD_API_KEY."
 )]
 pub struct Cli {
-    /// Gateway gRPC endpoint.
+    /// Gateway gRPC endpoint (`https://` for TLS).
     #[arg(
         long,
         global = true,
@@ -41,11 +50,18 @@ pub enum Command {
     /// Launch a run: the prompt on the repo, as N forks.
     Fork(Box<ForkArgs>),
     /// Show a run and its forks.
-    Status { run_id: String },
+    Status {
+        /// The run (as `fork` printed it, or `list` shows).
+        run_id: String,
+    },
     /// Follow a run live until it finishes.
-    Watch { run_id: String },
+    Watch {
+        /// The run to follow.
+        run_id: String,
+    },
     /// List runs, newest first.
     List {
+        /// Most runs to show.
         #[arg(long, default_value_t = 20)]
         limit: u32,
         /// Only runs in this state (running, paused, awaiting-budget, completed, failed, cancelled, ...).
@@ -57,17 +73,25 @@ pub enum Command {
     },
     /// Cancel a run: its forks stop and their sandboxes are destroyed.
     Cancel {
+        /// The run to cancel.
         run_id: String,
         /// Cancel only this fork.
         #[arg(long)]
         fork: Option<u32>,
+        /// Why, recorded with the cancellation.
         #[arg(long, default_value = "")]
         reason: String,
     },
     /// Pause a run: no new fork starts; running forks go on.
-    Pause { run_id: String },
+    Pause {
+        /// The run to pause.
+        run_id: String,
+    },
     /// Resume a paused run.
-    Resume { run_id: String },
+    Resume {
+        /// The run to resume.
+        run_id: String,
+    },
     /// The run's budget.
     Budget {
         #[command(subcommand)]
@@ -75,7 +99,9 @@ pub enum Command {
     },
     /// One fork in full: its patch (printed, or saved with --save), output, verification.
     Result {
+        /// The fork's run.
         run_id: String,
+        /// The fork's number (1 to the run's forks).
         fork: u32,
         /// Write the patch to this file instead of printing the fork.
         #[arg(long)]
@@ -94,6 +120,11 @@ pub enum Command {
     StopCleanup,
     /// API keys of the gateway (works on its key file, so run it where the gateway runs).
     Keys(KeysArgs),
+    /// Print a shell completion script: `forkyard completion bash > /etc/bash_completion.d/forkyard`.
+    Completion {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -112,6 +143,7 @@ pub struct KeysArgs {
 pub enum KeysCommand {
     /// Make a key for a tenant; the key is printed once and stored only as a digest.
     Create {
+        /// The tenant the key acts for (`[a-z0-9-]`): its runs, its limits.
         #[arg(long)]
         tenant: String,
         /// What the key is for (shown by `keys list`).
@@ -121,23 +153,38 @@ pub enum KeysCommand {
     /// Every key: id, tenant, name, created, revoked.
     List,
     /// Revoke a key by id; the gateway refuses it from the next call on.
-    Revoke { id: String },
+    Revoke {
+        /// The key's id (`keys list`), not the key itself.
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum BudgetCommand {
     /// Add to a run's budget (USD); a run awaiting budget goes on.
-    Raise { run_id: String, amount: String },
+    Raise {
+        /// The run whose budget to raise.
+        run_id: String,
+        /// US dollars to add, e.g. 5 or 2.50.
+        amount: String,
+    },
 }
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:
+  forkyard fork ./repo -p 'make the tests pass' -f 5 --max-concurrent 3 --budget 10 --verify 'cargo test' --wait
+  forkyard fork https://github.com/org/repo -p \"$(cat task.md)\" --driver codex -m gpt-5 --egress crates,github
+  forkyard fork ./repo -p 'try it' --agent-command './agent.sh' --label team=infra --request-id nightly-42")]
 pub struct ForkArgs {
     /// Git URL or local path of the repository.
     pub repo: String,
+    /// The task every fork's agent is given.
     #[arg(short, long)]
     pub prompt: String,
+    /// How many forks (agents, each in its own sandbox).
     #[arg(short = 'f', long, default_value_t = 3)]
     pub forks: u32,
+    /// Most forks running at once; the rest wait for a slot.
     #[arg(long, default_value_t = 3)]
     pub max_concurrent: u32,
     /// Total budget in US dollars, e.g. 10 or 2.50.
@@ -205,4 +252,49 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .filter(|(k, _)| !k.is_empty())
         .ok_or_else(|| format!("{s:?} is not key=value"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every flag and argument of every subcommand says what it is in `--help`.
+    #[test]
+    fn every_argument_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {} (the command)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "forkyard", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:#?}");
+    }
+
+    #[test]
+    fn the_command_line_is_consistent_and_shows_examples() {
+        Cli::command().debug_assert();
+        let mut cmd = Cli::command();
+        let help = cmd.render_long_help().to_string();
+        assert!(help.contains("Examples:"), "{help}");
+        let fork = cmd
+            .find_subcommand_mut("fork")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(fork.contains("Examples:"), "{fork}");
+    }
 }

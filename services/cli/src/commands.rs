@@ -158,6 +158,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let command = match cli.command {
         // Keys live in the gateway's key file, not behind its API.
         Command::Keys(k) => return crate::keys::run(k, cli.output).await,
+        // Needs no gateway either.
+        Command::Completion { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "forkyard", &mut std::io::stdout());
+            return Ok(ExitCode::SUCCESS);
+        }
         other => other,
     };
     let mut client = connect(
@@ -322,5 +328,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Keys(k) => crate::keys::run(k, output).await,
+        Command::Completion { .. } => unreachable!("answered before connecting"),
     }
 }

@@ -38,11 +38,15 @@ fn row(k: &KeyInfo) -> String {
     let revoked = if k.revoked_unix_ms == 0 {
         "-".to_owned()
     } else {
-        k.revoked_unix_ms.to_string()
+        crate::when::iso(k.revoked_unix_ms)
     };
     format!(
-        "{:<16}  {:<20}  {:<14}  {:<14}  {}",
-        k.id, k.tenant, k.created_unix_ms, revoked, k.name
+        "{:<16}  {:<20}  {:<20}  {:<20}  {}",
+        k.id,
+        k.tenant,
+        crate::when::iso(k.created_unix_ms),
+        revoked,
+        k.name
     )
 }
 
@@ -76,8 +80,8 @@ pub async fn run(args: KeysArgs, output: Output) -> anyhow::Result<ExitCode> {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&keys)?),
                 Output::Table => {
                     println!(
-                        "{:<16}  {:<20}  {:<14}  {:<14}  NAME",
-                        "ID", "TENANT", "CREATED_MS", "REVOKED_MS"
+                        "{:<16}  {:<20}  {:<20}  {:<20}  NAME",
+                        "ID", "TENANT", "CREATED", "REVOKED"
                     );
                     for k in &keys {
                         println!("{}", row(k));

@@ -12,6 +12,7 @@ mod commands;
 mod keys;
 mod table;
 mod watch;
+mod when;
 
 use clap::Parser;
 use std::process::ExitCode;

@@ -128,14 +128,14 @@ pub fn run(run: &Run) -> String {
 }
 
 pub fn runs(runs: &[RunSummary]) -> String {
-    let mut out = format!("{:<44} {:<16} {}\n", "RUN", "STATE", "STARTED (unix ms)");
+    let mut out = format!("{:<44} {:<16} {}\n", "RUN", "STATE", "STARTED");
     for r in runs {
         let _ = writeln!(
             out,
             "{:<44} {:<16} {}",
             r.run_id,
             run_state(r.state),
-            r.started_unix_ms
+            crate::when::at(r.started_unix_ms)
         );
     }
     out
