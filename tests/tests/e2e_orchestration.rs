@@ -563,9 +563,11 @@ async fn the_cli_drives_runs_with_exit_codes_scripts_can_rely_on() {
 
     let (code, out, err) = cli(&fork_args("echo \"$FORKYARD_PROMPT\" > note.txt"));
     assert_eq!(code, Some(0), "{out}\n{err}");
+    // The standard protobuf JSON mapping, as grpcurl prints it.
     let run: serde_json::Value = serde_json::from_str(&out).expect("json run");
-    assert_eq!(run["state"], RunState::Completed as i32);
-    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    assert_eq!(run["state"], RunState::Completed.as_str_name(), "{out}");
+    assert_eq!(run["forks"][0]["status"], "FORK_STATUS_SUCCEEDED", "{out}");
+    let run_id = run["runId"].as_str().unwrap().to_owned();
 
     let patch_file = src.path().join("fork-1.patch");
     let (code, _, err) = cli(&[
@@ -590,7 +592,17 @@ async fn the_cli_drives_runs_with_exit_codes_scripts_can_rely_on() {
     );
     let (code, out, _) = cli(&["list", "-o", "json"]);
     assert_eq!(code, Some(0));
-    assert!(out.contains(&run_id), "{out}");
+    let list: serde_json::Value = serde_json::from_str(&out).expect("json list");
+    assert!(
+        list["runs"]
+            .as_array()
+            .is_some_and(|runs| runs.iter().any(|r| r["runId"] == run_id.as_str())),
+        "{out}"
+    );
+    // People read times, not unix milliseconds.
+    let (code, out, _) = cli(&["list"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains(" ago)") && out.contains('T'), "{out}");
 
     let (code, _, _) = cli(&fork_args("[ \"$FORKYARD_FORK\" = 1 ] || exit 3"));
     assert_eq!(code, Some(2), "some fork failed");

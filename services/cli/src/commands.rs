@@ -8,8 +8,8 @@ use forkyard_proto::{
     common::v1::AgentSpec,
     gateway::v1::{
         CancelForkRequest, CancelRunRequest, GetForkResultRequest, GetRunRequest, LaunchRunRequest,
-        ListRunsRequest, PauseRunRequest, RaiseBudgetRequest, ResumeRunRequest, Run, RunState,
-        StartCleanupRequest, StopCleanupRequest, gateway_client::GatewayClient,
+        ListRunsRequest, ListRunsResponse, PauseRunRequest, RaiseBudgetRequest, ResumeRunRequest,
+        Run, RunState, StartCleanupRequest, StopCleanupRequest, gateway_client::GatewayClient,
     },
 };
 use std::{process::ExitCode, time::Duration};
@@ -61,14 +61,14 @@ pub fn exit_for(run: &Run) -> ExitCode {
     }
 }
 
-fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+fn print_json<M: prost::Message>(message: &M, full_name: &str) -> anyhow::Result<()> {
+    println!("{}", crate::json::to_string(message, full_name)?);
     Ok(())
 }
 
 fn print_run(run: &Run, output: Output) -> anyhow::Result<()> {
     match output {
-        Output::Json => print_json(run),
+        Output::Json => print_json(run, "forkyard.gateway.v1.Run"),
         Output::Table => {
             print!("{}", table::run(run));
             Ok(())
@@ -138,7 +138,7 @@ async fn fork(client: &mut Client, a: ForkArgs, output: Output) -> anyhow::Resul
         .into_inner();
     if !a.wait {
         match output {
-            Output::Json => print_json(&launched)?,
+            Output::Json => print_json(&launched, "forkyard.gateway.v1.LaunchRunResponse")?,
             Output::Table => println!("{}", launched.run_id),
         }
         return Ok(ExitCode::SUCCESS);
@@ -194,19 +194,34 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .map(parse_state)
                 .transpose()?
                 .unwrap_or_default();
-            let req = ListRunsRequest {
-                page_size: limit,
-                page_token: String::new(),
-                state: state as i32,
-                labels: labels.into_iter().collect(),
-            };
-            let resp = client
-                .list_runs(req)
-                .await
-                .map_err(status_error)?
-                .into_inner();
+            // Page by page (the gateway's pages are at most its own size) until `limit`
+            // runs or the last page.
+            let mut resp = ListRunsResponse::default();
+            loop {
+                let want = limit.saturating_sub(resp.runs.len() as u32);
+                if want == 0 {
+                    break;
+                }
+                let page = client
+                    .list_runs(ListRunsRequest {
+                        page_size: want,
+                        page_token: std::mem::take(&mut resp.next_page_token),
+                        state: state as i32,
+                        labels: labels.iter().cloned().collect(),
+                    })
+                    .await
+                    .map_err(status_error)?
+                    .into_inner();
+                let empty = page.runs.is_empty();
+                resp.runs.extend(page.runs);
+                resp.next_page_token = page.next_page_token;
+                if empty || resp.next_page_token.is_empty() {
+                    break;
+                }
+            }
+            resp.runs.truncate(limit as usize);
             match output {
-                Output::Json => print_json(&resp)?,
+                Output::Json => print_json(&resp, "forkyard.gateway.v1.ListRunsResponse")?,
                 Output::Table => print!("{}", table::runs(&resp.runs)),
             }
             Ok(ExitCode::SUCCESS)
@@ -272,7 +287,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .map_err(status_error)?
                 .into_inner();
             match output {
-                Output::Json => print_json(&resp)?,
+                Output::Json => print_json(&resp, "forkyard.gateway.v1.RaiseBudgetResponse")?,
                 Output::Table => println!(
                     "{run_id}: budget {} ({} available)",
                     table::usd(resp.budget_micros),
@@ -297,7 +312,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 );
             } else {
                 match output {
-                    Output::Json => print_json(&f)?,
+                    Output::Json => print_json(&f, "forkyard.common.v1.ForkResult")?,
                     Output::Table => print!("{}", table::fork(&f)),
                 }
             }

@@ -9,6 +9,7 @@
 
 mod cli;
 mod commands;
+mod json;
 mod keys;
 mod table;
 mod watch;

@@ -9,7 +9,11 @@ fn completion(shell: &str) -> String {
         .env("FORKYARD_GATEWAY", "http://127.0.0.1:9")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -24,7 +28,11 @@ fn bash_completion_parses_and_completes_the_subcommands() {
     let path = dir.path().join("forkyard.bash");
     std::fs::write(&path, &script).unwrap();
     let check = Command::new("bash").arg("-n").arg(&path).output().unwrap();
-    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
 }
 
 #[test]

@@ -1,0 +1,64 @@
+//! `-o json`: the standard protobuf JSON mapping (field names in lowerCamelCase, enums by
+//! name, 64-bit integers as strings, default values left out), as grpcurl and every
+//! protobuf library print it, read off the gateway's own descriptors.
+
+use prost_reflect::{DescriptorPool, DynamicMessage};
+use std::sync::OnceLock;
+
+fn pool() -> &'static DescriptorPool {
+    static POOL: OnceLock<DescriptorPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        DescriptorPool::decode(forkyard_proto::FILE_DESCRIPTOR_SET)
+            .expect("the descriptors built into forkyard-proto decode")
+    })
+}
+
+/// `message` (of the protobuf type `full_name`, e.g. `forkyard.gateway.v1.Run`) as JSON.
+pub fn to_string<M: prost::Message>(message: &M, full_name: &str) -> anyhow::Result<String> {
+    let descriptor = pool()
+        .get_message_by_name(full_name)
+        .ok_or_else(|| anyhow::anyhow!("no protobuf message {full_name} in the descriptors"))?;
+    let dynamic = DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice())?;
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::pretty(&mut out);
+    dynamic.serialize_with_options(&mut ser, &prost_reflect::SerializeOptions::new())?;
+    Ok(String::from_utf8(out)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use forkyard_proto::{
+        common::v1::{ForkResult, ForkStatus},
+        gateway::v1::{Run, RunState},
+    };
+
+    #[test]
+    fn runs_print_as_grpcurl_prints_them() {
+        let run = Run {
+            run_id: "run-1".into(),
+            state: RunState::Completed as i32,
+            cost_micros: 120_000,
+            forks: vec![ForkResult {
+                fork: 2,
+                status: ForkStatus::Succeeded as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = super::to_string(&run, "forkyard.gateway.v1.Run").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["runId"], "run-1", "{text}");
+        assert_eq!(v["state"], "RUN_STATE_COMPLETED", "{text}");
+        // int64 as a string, as the mapping says.
+        assert_eq!(v["costMicros"], "120000", "{text}");
+        assert_eq!(v["forks"][0]["status"], "FORK_STATUS_SUCCEEDED", "{text}");
+        // Defaults are left out.
+        assert!(v.get("error").is_none(), "{text}");
+    }
+
+    #[test]
+    fn an_unknown_type_is_an_error_not_a_panic() {
+        let run = Run::default();
+        assert!(super::to_string(&run, "forkyard.nope.v1.Run").is_err());
+    }
+}
