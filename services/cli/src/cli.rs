@@ -32,7 +32,8 @@ pub struct Cli {
     /// PEM CA to verify a TLS gateway (`https://` endpoints) with; default: system roots.
     #[arg(long, global = true, env = "FORKYARD_GATEWAY_CA")]
     pub gateway_ca: Option<std::path::PathBuf>,
-    /// Output of read commands: a table for people, JSON for scripts.
+    /// Output of read commands: a table for people; JSON (the standard protobuf mapping,
+    /// as grpcurl prints) or YAML for scripts.
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
     pub output: Output,
     #[command(subcommand)]
@@ -43,6 +44,7 @@ pub struct Cli {
 pub enum Output {
     Table,
     Json,
+    Yaml,
 }
 
 #[derive(Debug, Subcommand)]

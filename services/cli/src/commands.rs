@@ -66,9 +66,15 @@ fn print_json<M: prost::Message>(message: &M, full_name: &str) -> anyhow::Result
     Ok(())
 }
 
+fn print_yaml<M: prost::Message>(message: &M, full_name: &str) -> anyhow::Result<()> {
+    print!("{}", crate::json::to_yaml(message, full_name)?);
+    Ok(())
+}
+
 fn print_run(run: &Run, output: Output) -> anyhow::Result<()> {
     match output {
         Output::Json => print_json(run, "forkyard.gateway.v1.Run"),
+        Output::Yaml => print_yaml(run, "forkyard.gateway.v1.Run"),
         Output::Table => {
             print!("{}", table::run(run));
             Ok(())
@@ -139,6 +145,7 @@ async fn fork(client: &mut Client, a: ForkArgs, output: Output) -> anyhow::Resul
     if !a.wait {
         match output {
             Output::Json => print_json(&launched, "forkyard.gateway.v1.LaunchRunResponse")?,
+            Output::Yaml => print_yaml(&launched, "forkyard.gateway.v1.LaunchRunResponse")?,
             Output::Table => println!("{}", launched.run_id),
         }
         return Ok(ExitCode::SUCCESS);
@@ -222,6 +229,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             resp.runs.truncate(limit as usize);
             match output {
                 Output::Json => print_json(&resp, "forkyard.gateway.v1.ListRunsResponse")?,
+                Output::Yaml => print_yaml(&resp, "forkyard.gateway.v1.ListRunsResponse")?,
                 Output::Table => print!("{}", table::runs(&resp.runs)),
             }
             Ok(ExitCode::SUCCESS)
@@ -288,6 +296,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .into_inner();
             match output {
                 Output::Json => print_json(&resp, "forkyard.gateway.v1.RaiseBudgetResponse")?,
+                Output::Yaml => print_yaml(&resp, "forkyard.gateway.v1.RaiseBudgetResponse")?,
                 Output::Table => println!(
                     "{run_id}: budget {} ({} available)",
                     table::usd(resp.budget_micros),
@@ -313,6 +322,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 match output {
                     Output::Json => print_json(&f, "forkyard.common.v1.ForkResult")?,
+                    Output::Yaml => print_yaml(&f, "forkyard.common.v1.ForkResult")?,
                     Output::Table => print!("{}", table::fork(&f)),
                 }
             }

@@ -62,3 +62,95 @@ mod tests {
         assert!(super::to_string(&run, "forkyard.nope.v1.Run").is_err());
     }
 }
+
+/// `message` as YAML: the same mapping as [`to_string`], in block style. Strings are
+/// written as YAML's double-quoted scalars (JSON's escapes are YAML's), so no value can be
+/// read as another type or break the layout.
+pub fn to_yaml<M: prost::Message>(message: &M, full_name: &str) -> anyhow::Result<String> {
+    let value: serde_json::Value = serde_json::from_str(&to_string(message, full_name)?)?;
+    Ok(value_to_yaml(&value))
+}
+
+/// Any JSON value as block YAML (see [`to_yaml`]).
+pub fn value_to_yaml(value: &serde_json::Value) -> String {
+    let mut out = String::new();
+    yaml(value, 0, &mut out);
+    out
+}
+
+fn yaml(v: &serde_json::Value, indent: usize, out: &mut String) {
+    use serde_json::Value;
+    let pad = " ".repeat(indent);
+    match v {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, item) in map {
+                out.push_str(&format!("{pad}{}:", Value::String(k.clone())));
+                nested(item, indent, out);
+            }
+        }
+        Value::Array(items) if !items.is_empty() => {
+            for item in items {
+                out.push_str(&format!("{pad}-"));
+                nested(item, indent, out);
+            }
+        }
+        scalar => out.push_str(&format!("{pad}{scalar}\n")),
+    }
+}
+
+/// After `key:` or `-`: a scalar (or an empty map or list) on the same line, anything
+/// else on the lines below, indented.
+fn nested(v: &serde_json::Value, indent: usize, out: &mut String) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            out.push('\n');
+            yaml(v, indent + 2, out);
+        }
+        Value::Array(a) if !a.is_empty() => {
+            out.push('\n');
+            yaml(v, indent + 2, out);
+        }
+        scalar => out.push_str(&format!(" {scalar}\n")),
+    }
+}
+
+#[cfg(test)]
+mod yaml_tests {
+    use forkyard_proto::{
+        common::v1::{ForkResult, ForkStatus},
+        gateway::v1::{Run, RunState},
+    };
+
+    #[test]
+    fn runs_print_as_block_yaml() {
+        let run = Run {
+            run_id: "run-1".into(),
+            state: RunState::Completed as i32,
+            error: "a: \"quoted\"\nsecond line".into(),
+            forks: vec![ForkResult {
+                fork: 2,
+                status: ForkStatus::Succeeded as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = super::to_yaml(&run, "forkyard.gateway.v1.Run").unwrap();
+        assert!(text.contains("\"runId\": \"run-1\"\n"), "{text}");
+        assert!(
+            text.contains("\"state\": \"RUN_STATE_COMPLETED\"\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "\"forks\":\n  -\n    \"fork\": 2\n    \"status\": \"FORK_STATUS_SUCCEEDED\"\n"
+            ),
+            "{text}"
+        );
+        // A value with a colon, quotes and a newline stays one quoted scalar.
+        assert!(
+            text.contains(r#""error": "a: \"quoted\"\nsecond line""#),
+            "{text}"
+        );
+    }
+}

@@ -60,11 +60,10 @@ pub async fn run(args: KeysArgs, output: Output) -> anyhow::Result<ExitCode> {
     match args.command {
         KeysCommand::Create { tenant, name } => {
             let k = store.create(&tenant, &name).await?;
+            let made = serde_json::json!({"id": k.info.id, "tenant": k.info.tenant, "name": k.info.name, "key": k.key});
             match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::json!({"id": k.info.id, "tenant": k.info.tenant, "name": k.info.name, "key": k.key})
-                ),
+                Output::Json => println!("{made}"),
+                Output::Yaml => print!("{}", crate::json::value_to_yaml(&made)),
                 Output::Table => {
                     eprintln!(
                         "key {} for tenant {} (shown once; the gateway keeps only its digest):",
@@ -78,6 +77,10 @@ pub async fn run(args: KeysArgs, output: Output) -> anyhow::Result<ExitCode> {
             let keys = store.list().await?;
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&keys)?),
+                Output::Yaml => print!(
+                    "{}",
+                    crate::json::value_to_yaml(&serde_json::to_value(&keys)?)
+                ),
                 Output::Table => {
                     println!(
                         "{:<16}  {:<20}  {:<20}  {:<20}  NAME",
@@ -93,6 +96,9 @@ pub async fn run(args: KeysArgs, output: Output) -> anyhow::Result<ExitCode> {
             let k = store.revoke(&id).await?;
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&k)?),
+                Output::Yaml => {
+                    print!("{}", crate::json::value_to_yaml(&serde_json::to_value(&k)?))
+                }
                 Output::Table => println!("revoked key {} of tenant {}", k.id, k.tenant),
             }
         }
