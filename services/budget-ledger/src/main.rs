@@ -40,7 +40,7 @@ async fn main() -> anyhow::Result<()> {
     args.tls
         .install(forkyard_common::tls::ClientAuth::Required)
         .unwrap_or_else(|e| forkyard_common::exit_config_error(e));
-    let addr = parse_listen("FORKYARD_LISTEN (--listen)", &args.listen)
+    let addr = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen)
         .unwrap_or_else(|e| exit_config_error(e));
     if let Err(e) = args.temporal.url() {
         exit_config_error(e);
@@ -50,7 +50,7 @@ async fn main() -> anyhow::Result<()> {
     // line a pod prints.
     let listener = server::bind(addr)
         .await
-        .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
+        .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
     args.metrics.start("budget-ledger").await;
     telemetry::init("budget-ledger");
 
@@ -60,7 +60,7 @@ async fn main() -> anyhow::Result<()> {
     }
     .unwrap_or_else(|e| {
         exit_config_error(format!(
-            "FORKYARD_LEDGER_DATABASE_URL (--database-url): {e}"
+            "--database-url (FORKYARD_LEDGER_DATABASE_URL): {e}"
         ))
     });
     let store = Arc::new(store);

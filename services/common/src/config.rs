@@ -109,22 +109,22 @@ impl TemporalTlsArgs {
         let client = match (&self.cert, &self.key) {
             (None, None) => None,
             (Some(_), None) => {
-                return Err("TEMPORAL_TLS_KEY (--temporal-tls-key) is missing: TEMPORAL_TLS_CERT needs its private key".into());
+                return Err("--temporal-tls-key (TEMPORAL_TLS_KEY) is missing: TEMPORAL_TLS_CERT needs its private key".into());
             }
             (None, Some(_)) => {
-                return Err("TEMPORAL_TLS_CERT (--temporal-tls-cert) is missing: TEMPORAL_TLS_KEY is set without a certificate".into());
+                return Err("--temporal-tls-cert (TEMPORAL_TLS_CERT) is missing: TEMPORAL_TLS_KEY is set without a certificate".into());
             }
             (Some(c), Some(k)) => Some(
                 temporalio_client::ClientTlsOptions::builder()
-                    .client_cert(read("TEMPORAL_TLS_CERT (--temporal-tls-cert)", c)?)
-                    .client_private_key(read("TEMPORAL_TLS_KEY (--temporal-tls-key)", k)?)
+                    .client_cert(read("--temporal-tls-cert (TEMPORAL_TLS_CERT)", c)?)
+                    .client_private_key(read("--temporal-tls-key (TEMPORAL_TLS_KEY)", k)?)
                     .build(),
             ),
         };
         let ca = self
             .ca
             .as_deref()
-            .map(|p| read("TEMPORAL_TLS_CA (--temporal-tls-ca)", p))
+            .map(|p| read("--temporal-tls-ca (TEMPORAL_TLS_CA)", p))
             .transpose()?;
         if !self.enabled && client.is_none() && ca.is_none() && self.server_name.is_none() {
             return Ok(None);
@@ -147,7 +147,7 @@ impl TemporalArgs {
         self.tls.options()?;
         let raw = self.address.trim();
         if raw.is_empty() {
-            return Err("TEMPORAL_ADDRESS (--temporal-address) is empty".into());
+            return Err("--temporal-address (TEMPORAL_ADDRESS) is empty".into());
         }
         let with_scheme = if raw.contains("://") {
             raw.to_owned()
@@ -155,11 +155,11 @@ impl TemporalArgs {
             format!("http://{raw}")
         };
         let url = url::Url::parse(&with_scheme).map_err(|e| {
-            format!("TEMPORAL_ADDRESS (--temporal-address) {raw:?} is not an address: {e}")
+            format!("--temporal-address (TEMPORAL_ADDRESS) {raw:?} is not an address: {e}")
         })?;
         if url.host_str().is_none() || url.port_or_known_default().is_none() {
             return Err(format!(
-                "TEMPORAL_ADDRESS (--temporal-address) {raw:?} needs a host and port"
+                "--temporal-address (TEMPORAL_ADDRESS) {raw:?} needs a host and port"
             ));
         }
         Ok(url)
@@ -182,13 +182,13 @@ impl StateDirArg {
     pub fn ensure(&self) -> Result<PathBuf, String> {
         std::fs::create_dir_all(&self.state_dir).map_err(|e| {
             format!(
-                "FORKYARD_STATE_DIR (--state-dir) {}: cannot create: {e}",
+                "--state-dir (FORKYARD_STATE_DIR) {}: cannot create: {e}",
                 self.state_dir.display()
             )
         })?;
         std::fs::canonicalize(&self.state_dir).map_err(|e| {
             format!(
-                "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
+                "--state-dir (FORKYARD_STATE_DIR) {}: {e}",
                 self.state_dir.display()
             )
         })

@@ -225,7 +225,7 @@ impl MetricsArgs {
 
     /// Bind the endpoint; a bad or taken address exits 64 naming the flag.
     pub async fn bind(&self, service: &str) -> tokio::net::TcpListener {
-        const FLAG: &str = "FORKYARD_METRICS_LISTEN (--metrics-listen)";
+        const FLAG: &str = "--metrics-listen (FORKYARD_METRICS_LISTEN)";
         let raw = self
             .metrics_listen
             .as_deref()

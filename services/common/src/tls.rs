@@ -74,7 +74,7 @@ impl TlsArgs {
             (None, None) => {
                 if self.ca.is_some() {
                     return Err(
-                        "FORKYARD_TLS_CA (--tls-ca) is set but FORKYARD_TLS_CERT (--tls-cert) is not: \
+                        "--tls-ca (FORKYARD_TLS_CA) is set but --tls-cert (FORKYARD_TLS_CERT) is not: \
                          mTLS needs this service's own certificate and key too"
                             .into(),
                     );
@@ -82,18 +82,18 @@ impl TlsArgs {
                 Ok(None)
             }
             (Some(_), None) => Err(
-                "FORKYARD_TLS_KEY (--tls-key) is missing: FORKYARD_TLS_CERT (--tls-cert) needs its private key".into(),
+                "--tls-key (FORKYARD_TLS_KEY) is missing: --tls-cert (FORKYARD_TLS_CERT) needs its private key".into(),
             ),
             (None, Some(_)) => Err(
-                "FORKYARD_TLS_CERT (--tls-cert) is missing: FORKYARD_TLS_KEY (--tls-key) is set without a certificate".into(),
+                "--tls-cert (FORKYARD_TLS_CERT) is missing: --tls-key (FORKYARD_TLS_KEY) is set without a certificate".into(),
             ),
             (Some(cert), Some(key)) => {
-                let cert = read("FORKYARD_TLS_CERT (--tls-cert)", cert)?;
-                let key = read("FORKYARD_TLS_KEY (--tls-key)", key)?;
+                let cert = read("--tls-cert (FORKYARD_TLS_CERT)", cert)?;
+                let key = read("--tls-key (FORKYARD_TLS_KEY)", key)?;
                 let ca = self
                     .ca
                     .as_deref()
-                    .map(|p| read("FORKYARD_TLS_CA (--tls-ca)", p))
+                    .map(|p| read("--tls-ca (FORKYARD_TLS_CA)", p))
                     .transpose()?;
                 let tls = MeshTls {
                     cert,

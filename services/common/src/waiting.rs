@@ -90,7 +90,7 @@ pub async fn connect_while_not_serving(
                 }
                 tracing::warn!(
                     service,
-                    setting = "TEMPORAL_ADDRESS (--temporal-address)",
+                    setting = "--temporal-address (TEMPORAL_ADDRESS)",
                     address = %args.address,
                     error = %e,
                     retry_in_secs = delay.as_secs_f64(),

@@ -51,7 +51,7 @@ async fn main() -> anyhow::Result<()> {
     args.discovery
         .install()
         .unwrap_or_else(|e| exit_config_error(e));
-    let addr = parse_listen("FORKYARD_LISTEN (--listen)", &args.listen)
+    let addr = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen)
         .unwrap_or_else(|e| exit_config_error(e));
     if let Err(e) = args.temporal.url() {
         exit_config_error(e);
@@ -59,16 +59,16 @@ async fn main() -> anyhow::Result<()> {
     args.state.ensure().unwrap_or_else(|e| exit_config_error(e));
     let sandboxes = GrpcSandboxes::connect_lazy(&args.provisioner_addr).unwrap_or_else(|e| {
         exit_config_error(format!(
-            "FORKYARD_PROVISIONER_ADDR (--provisioner-addr): {e}"
+            "--provisioner-addr (FORKYARD_PROVISIONER_ADDR): {e}"
         ))
     });
     let ledger = Ledger::connect_lazy(&args.ledger_addr).unwrap_or_else(|e| {
-        exit_config_error(format!("FORKYARD_LEDGER_ADDR (--ledger-addr): {e}"))
+        exit_config_error(format!("--ledger-addr (FORKYARD_LEDGER_ADDR): {e}"))
     });
     // Bound before logging starts, so a port in use is the first line a pod prints.
     let listener = server::bind(addr)
         .await
-        .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
+        .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
     let metrics_listener = args.metrics.bind("janitor").await;
     telemetry::init("janitor");
     // The process registry: the sweep counters beside the run, gRPC and Temporal metrics.

@@ -179,25 +179,25 @@ pub struct Args {
 impl Args {
     /// The listen address and the core's settings; errors name the setting.
     pub fn resolve(&self) -> Result<(SocketAddr, Config), String> {
-        let listen = parse_listen("FORKYARD_LISTEN (--listen)", &self.listen)?;
+        let listen = parse_listen("--listen (FORKYARD_LISTEN)", &self.listen)?;
         if self.exec_timeout_secs == 0 {
             return Err(
-                "FORKYARD_EXEC_TIMEOUT_SECS (--exec-timeout-secs) must be at least 1".into(),
+                "--exec-timeout-secs (FORKYARD_EXEC_TIMEOUT_SECS) must be at least 1".into(),
             );
         }
         if self.clone_timeout_secs == 0 {
             return Err(
-                "FORKYARD_CLONE_TIMEOUT_SECS (--clone-timeout-secs) must be at least 1".into(),
+                "--clone-timeout-secs (FORKYARD_CLONE_TIMEOUT_SECS) must be at least 1".into(),
             );
         }
         let advertise = forkyard_common::advertise::resolve(
-            "FORKYARD_ADVERTISE_ENDPOINT (--advertise-endpoint)",
+            "--advertise-endpoint (FORKYARD_ADVERTISE_ENDPOINT)",
             self.advertise_endpoint.as_deref(),
             listen,
         )?;
         if self.reap_interval_secs == 0 {
             return Err(
-                "FORKYARD_REAP_INTERVAL_SECS (--reap-interval-secs) must be at least 1".into(),
+                "--reap-interval-secs (FORKYARD_REAP_INTERVAL_SECS) must be at least 1".into(),
             );
         }
         let forwarder = match &self.egress_forwarder {
@@ -225,7 +225,7 @@ impl Args {
         config.sandbox_uid_count = self.sandbox_uid_count;
         let parent = self.cgroup_parent.trim();
         if parent.contains("..") || parent.starts_with('/') {
-            return Err("FORKYARD_CGROUP_PARENT (--cgroup-parent) must be a relative name".into());
+            return Err("--cgroup-parent (FORKYARD_CGROUP_PARENT) must be a relative name".into());
         }
         config.cgroup_parent = (!parent.is_empty()).then(|| parent.to_owned());
         config.require_cgroups = self.require_cgroups;
@@ -254,9 +254,9 @@ impl Args {
             config.image_cache_dir.clone_from(dir);
         }
         for (name, v) in [
-            ("FORKYARD_E2B_API_URL (--e2b-api-url)", &self.e2b_api_url),
-            ("FORKYARD_E2B_DOMAIN (--e2b-domain)", &self.e2b_domain),
-            ("FORKYARD_E2B_TEMPLATE (--e2b-template)", &self.e2b_template),
+            ("--e2b-api-url (FORKYARD_E2B_API_URL)", &self.e2b_api_url),
+            ("--e2b-domain (FORKYARD_E2B_DOMAIN)", &self.e2b_domain),
+            ("--e2b-template (FORKYARD_E2B_TEMPLATE)", &self.e2b_template),
         ] {
             if v.trim().is_empty() {
                 return Err(format!("{name} is empty"));
@@ -280,7 +280,7 @@ impl Args {
             .filter(|a| !a.is_empty())
             .map(|a| {
                 a.trim_start_matches('[').trim_end_matches(']').parse().map_err(|_| {
-                    format!("FORKYARD_EGRESS_PRIVATE_ALLOWED (--egress-private-allowed): {a:?} is not an IP address")
+                    format!("--egress-private-allowed (FORKYARD_EGRESS_PRIVATE_ALLOWED): {a:?} is not an IP address")
                 })
             })
             .collect::<Result<_, String>>()?;
@@ -288,7 +288,7 @@ impl Args {
         config.e2b.domain = self.e2b_domain.trim().to_owned();
         config.e2b.template = self.e2b_template.trim().to_owned();
         config.e2b.templates = crate::e2b::templates::parse(&self.e2b_templates)
-            .map_err(|e| format!("FORKYARD_E2B_TEMPLATES (--e2b-templates): {e}"))?;
+            .map_err(|e| format!("--e2b-templates (FORKYARD_E2B_TEMPLATES): {e}"))?;
         config.e2b.api_key = std::env::var("E2B_API_KEY")
             .ok()
             .filter(|k| !k.trim().is_empty())
@@ -306,7 +306,7 @@ pub fn replica_task_queue(id: &str) -> String {
 
 /// A replica id becomes part of a task queue name: keep it short and unambiguous.
 fn check_replica_id(id: &str) -> Result<(), String> {
-    const NAME: &str = "FORKYARD_PROVISIONER_REPLICA_ID (--replica-id)";
+    const NAME: &str = "--replica-id (FORKYARD_PROVISIONER_REPLICA_ID)";
     if id.is_empty() || id.len() > 128 {
         return Err(format!("{NAME} must be 1 to 128 characters"));
     }

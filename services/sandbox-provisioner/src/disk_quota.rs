@@ -58,7 +58,7 @@ impl DiskQuota {
         match Self::usable(sandboxes, btrfs) {
             Ok(q) => Ok(Some(q)),
             Err(why) if mode == QuotaMode::Required => Err(format!(
-                "FORKYARD_SANDBOX_DISK_QUOTA (--sandbox-disk-quota) is required: {why}"
+                "--sandbox-disk-quota (FORKYARD_SANDBOX_DISK_QUOTA) is required: {why}"
             )),
             Err(why) => {
                 tracing::info!(reason = %why, "no hard disk quota: a sandbox's disk limit is enforced by watching its workspace");

@@ -26,7 +26,7 @@ async fn main() -> anyhow::Result<()> {
     // first line a pod prints.
     let listener = server::bind(listen)
         .await
-        .unwrap_or_else(|e| exit_config_error(format!("FORKYARD_LISTEN (--listen): {e}")));
+        .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
     args.metrics.start("sandbox-provisioner").await;
     telemetry::init("sandbox-provisioner");
     let core = Provisioner::open(config)

@@ -180,13 +180,13 @@ impl Provisioner {
     pub async fn open(config: Config) -> Result<Arc<Self>, String> {
         let bwrap = bwrap::resolve(&config.bwrap_path).ok_or_else(|| {
             format!(
-                "FORKYARD_BWRAP_PATH (--bwrap-path) {}: no such executable",
+                "--bwrap-path (FORKYARD_BWRAP_PATH) {}: no such executable",
                 config.bwrap_path.display()
             )
         })?;
         let store = Store::open(&config.state_dir).map_err(|e| {
             format!(
-                "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
+                "--state-dir (FORKYARD_STATE_DIR) {}: {e}",
                 config.state_dir.display()
             )
         })?;
@@ -199,19 +199,19 @@ impl Provisioner {
         let features = match &uids {
             None => bwrap::probe(&bwrap, store.root(), None)
                 .await
-                .map_err(|e| format!("FORKYARD_BWRAP_PATH (--bwrap-path): {e}"))?,
+                .map_err(|e| format!("--bwrap-path (FORKYARD_BWRAP_PATH): {e}"))?,
             Some(_) => {
                 // Bubblewrap, run as a sandbox's uid, opens the workspace by path.
                 for dir in [config.state_dir.as_path(), store.root()] {
                     crate::uids::let_through(dir).map_err(|e| {
-                        format!("FORKYARD_STATE_DIR (--state-dir) {}: {e}", dir.display())
+                        format!("--state-dir (FORKYARD_STATE_DIR) {}: {e}", dir.display())
                     })?;
                 }
                 bwrap::probe(&bwrap, store.root(), Some(config.sandbox_uid_base))
                     .await
                     .map_err(|e| {
                         format!(
-                            "FORKYARD_SANDBOX_UID_BASE (--sandbox-uid-base): sandboxes cannot run as host uid {}: {e} (every directory above {} must let others through, o+x, and {} must exist; 0 runs sandboxes as root)",
+                            "--sandbox-uid-base (FORKYARD_SANDBOX_UID_BASE): sandboxes cannot run as host uid {}: {e} (every directory above {} must let others through, o+x, and {} must exist; 0 runs sandboxes as root)",
                             config.sandbox_uid_base,
                             store.root().display(),
                             crate::uids::SETPRIV,
@@ -222,7 +222,7 @@ impl Provisioner {
         if !features.userns {
             if !config.allow_no_userns {
                 return Err(format!(
-                    "FORKYARD_ALLOW_NO_USERNS (--allow-no-userns): {} cannot create a user \
+                    "--allow-no-userns (FORKYARD_ALLOW_NO_USERNS): {} cannot create a user \
                      namespace on this host; refusing to run sandboxes without one",
                     bwrap.display()
                 ));
@@ -238,7 +238,7 @@ impl Provisioner {
                 match Cgroups::detect(&crate::cgroup::instance_parent(parent, &config.state_dir)) {
                     Ok(cg) => Some(cg),
                     Err(e) if config.require_cgroups => {
-                        return Err(format!("FORKYARD_REQUIRE_CGROUPS (--require-cgroups): {e}"));
+                        return Err(format!("--require-cgroups (FORKYARD_REQUIRE_CGROUPS): {e}"));
                     }
                     Err(e) => {
                         warn!(error = %e, "DEGRADED: cgroups unavailable; sandboxes run without memory, pids or CPU limits and destroy relies on pid namespaces");
@@ -251,7 +251,7 @@ impl Provisioner {
             && bwrap::resolve(fwd).is_none()
         {
             return Err(format!(
-                "FORKYARD_EGRESS_FORWARDER (--egress-forwarder) {}: no such executable",
+                "--egress-forwarder (FORKYARD_EGRESS_FORWARDER) {}: no such executable",
                 fwd.display()
             ));
         }
@@ -267,7 +267,7 @@ impl Provisioner {
                 )
                 .map_err(|e| {
                     format!(
-                        "FORKYARD_EGRESS_FORWARDER (--egress-forwarder) {}: {e}",
+                        "--egress-forwarder (FORKYARD_EGRESS_FORWARDER) {}: {e}",
                         fwd.display()
                     )
                 })?,
@@ -275,7 +275,7 @@ impl Provisioner {
         };
         let snapshots = Snapshots::open(&config.snapshot_dir).map_err(|e| {
             format!(
-                "FORKYARD_SNAPSHOT_DIR (--snapshot-dir) {}: {e}",
+                "--snapshot-dir (FORKYARD_SNAPSHOT_DIR) {}: {e}",
                 config.snapshot_dir.display()
             )
         })?;
@@ -285,7 +285,7 @@ impl Provisioner {
         )
         .map_err(|e| {
             format!(
-                "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
+                "--state-dir (FORKYARD_STATE_DIR) {}: {e}",
                 config.state_dir.display()
             )
         })?;
@@ -293,16 +293,16 @@ impl Provisioner {
             .map(Arc::new)
             .map_err(|e| {
                 format!(
-                    "FORKYARD_IMAGE_CACHE_DIR (--image-cache-dir) {}: {e}",
+                    "--image-cache-dir (FORKYARD_IMAGE_CACHE_DIR) {}: {e}",
                     config.image_cache_dir.display()
                 )
             })?;
         let registries =
             crate::image::registry::Registries::new(&config.registry, config.image_cache_max_bytes)
-                .map_err(|e| format!("FORKYARD_REGISTRY_AUTH_FILE (--registry-auth-file): {e}"))?;
+                .map_err(|e| format!("--registry-auth-file (FORKYARD_REGISTRY_AUTH_FILE): {e}"))?;
         let records = store.load_all().map_err(|e| {
             format!(
-                "FORKYARD_STATE_DIR (--state-dir) {}: {e}",
+                "--state-dir (FORKYARD_STATE_DIR) {}: {e}",
                 config.state_dir.display()
             )
         })?;

@@ -49,10 +49,10 @@ impl SandboxUids {
             return Ok(());
         }
         if base < 65_536 {
-            return Err("FORKYARD_SANDBOX_UID_BASE (--sandbox-uid-base) must be 0 (off) or at least 65536: lower uids belong to the host's users".into());
+            return Err("--sandbox-uid-base (FORKYARD_SANDBOX_UID_BASE) must be 0 (off) or at least 65536: lower uids belong to the host's users".into());
         }
         if count == 0 || u64::from(base) + u64::from(count) > u64::from(u32::MAX - 1) {
-            return Err("FORKYARD_SANDBOX_UID_COUNT (--sandbox-uid-count) must be at least 1 and keep the range below 4294967294".into());
+            return Err("--sandbox-uid-count (FORKYARD_SANDBOX_UID_COUNT) must be at least 1 and keep the range below 4294967294".into());
         }
         Ok(())
     }
