@@ -175,8 +175,12 @@ pub(crate) fn patch_failure_message(status: &Status) -> String {
 }
 
 fn failure(what: &str, status: Status) -> ActivityError {
-    let msg = format!("{what}: {}", status.message());
-    match error_type(&status) {
+    failure_saying(format!("{what}: {}", status.message()), &status)
+}
+
+/// The activity error for `status`, retryable as [`error_type`] says, with `msg`.
+fn failure_saying(msg: String, status: &Status) -> ActivityError {
+    match error_type(status) {
         (ty, true) => retryable(ty, msg),
         (ty, false) => non_retryable(ty, msg),
     }
@@ -198,13 +202,7 @@ impl SandboxLocal {
             .collect_patch(req)
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|s| {
-                let msg = patch_failure_message(&s);
-                match error_type(&s) {
-                    (ty, true) => retryable(ty, msg),
-                    (ty, false) => non_retryable(ty, msg),
-                }
-            })
+            .map_err(|s| failure_saying(patch_failure_message(&s), &s))
     }
 
     /// A sandbox already gone counts as destroyed.

@@ -29,6 +29,19 @@ pub const MAX_PATCH_BYTES: u64 = 64 * 1024 * 1024;
 /// Label-selector key that filters [`Provisioner::list`] by state.
 pub const STATE_SELECTOR: &str = "forkyard.state";
 
+/// The states a selector's [`STATE_SELECTOR`] asks for (comma-separated, any case);
+/// empty: every state.
+pub fn wanted_states(selector: &HashMap<String, String>) -> Vec<String> {
+    selector
+        .get(STATE_SELECTOR)
+        .map(|v| {
+            v.split(',')
+                .map(|s| s.trim().to_ascii_lowercase())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Settings of the core (the binary fills them from flags; tests build them directly).
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -511,14 +524,7 @@ impl Provisioner {
     /// Sandboxes carrying every label of `selector`, oldest first. The reserved key
     /// [`STATE_SELECTOR`] filters by state ("ready", "stopped", "destroying", comma-separated).
     pub fn list(&self, selector: &HashMap<String, String>) -> Vec<Sandbox> {
-        let states: Vec<String> = selector
-            .get(STATE_SELECTOR)
-            .map(|v| {
-                v.split(',')
-                    .map(|s| s.trim().to_ascii_lowercase())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let states = wanted_states(selector);
         let mut out: Vec<Sandbox> = {
             let map = self.sandboxes.lock().expect("sandboxes lock");
             map.values().map(|e| self.snapshot(e)).collect()

@@ -6,7 +6,7 @@ use super::{
 };
 use crate::{
     error::{ProvisionerError, Result},
-    provisioner::STATE_SELECTOR,
+    provisioner::{STATE_SELECTOR, wanted_states},
 };
 use forkyard_proto::sandbox::v1::{Sandbox, SandboxState};
 use reqwest::{Method, StatusCode};
@@ -227,14 +227,7 @@ impl E2bBackend {
             .unwrap_or(Value::Array(Vec::new()));
         let all: Vec<ApiSandbox> = serde_json::from_value(v)
             .map_err(|e| ProvisionerError::Unavailable(format!("E2B list: {e}")))?;
-        let states: Vec<String> = selector
-            .get(STATE_SELECTOR)
-            .map(|v| {
-                v.split(',')
-                    .map(|s| s.trim().to_ascii_lowercase())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let states = wanted_states(selector);
         let mut out: Vec<Sandbox> = all
             .iter()
             .filter(|a| {
