@@ -43,10 +43,6 @@ pub const LLM_SOCKET_IN_SANDBOX: &str = "/run/forkyard/llm.sock";
 /// The in-sandbox address of the egress proxy (the forwarder listens there).
 pub const PROXY_ADDR: &str = "127.0.0.1:3128";
 
-/// Joins the cgroups named by its arguments (up to `--`), then execs the rest: every
-/// process of the sandbox is in its cgroups from its first instruction.
-const JOIN_CGROUPS: &str = r#"for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; shift; exec "$@""#;
-
 /// What the host's bubblewrap can do, found by [`probe`] at start-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Features {
@@ -273,29 +269,16 @@ impl Invocation<'_> {
         out
     }
 
-    /// The command: bubblewrap (behind the cgroup-joining shell when there are cgroups),
-    /// started with an empty environment; the sandboxed command's environment reaches
-    /// bwrap on [`ENV_FD`] (a memfd, so values are never on a command line or on disk).
+    /// The command: bubblewrap, which enters the sandbox's cgroups and drops to its uid
+    /// between fork and exec (`crate::enter`), started with an empty environment; the
+    /// sandboxed command's environment reaches bwrap on [`ENV_FD`] (a memfd, so values are
+    /// never on a command line or on disk).
     pub fn command(&self) -> std::io::Result<Command> {
         // The uid drop comes after the cgroup join (writing `cgroup.procs` takes the
         // provisioner's rights) and before bubblewrap, so its user namespace maps the
         // sandbox to the dropped uid.
-        let mut program: Vec<OsString> = match self.uid {
-            Some(uid) => crate::uids::drop_to(uid).into(),
-            None => Vec::new(),
-        };
-        program.push(self.bwrap.as_os_str().to_owned());
-        let mut cmd = if self.cgroup_procs.is_empty() {
-            let mut c = Command::new(&program[0]);
-            c.args(&program[1..]);
-            c
-        } else {
-            let mut c = Command::new("/bin/sh");
-            c.args(["-c", JOIN_CGROUPS, "forkyard-join"]);
-            c.args(self.cgroup_procs);
-            c.arg("--").args(&program);
-            c
-        };
+        let mut cmd = Command::new(self.bwrap);
+        crate::enter::set(&mut cmd, self.cgroup_procs, self.uid)?;
         cmd.env_clear().args(self.args());
         let mut fds = vec![FdMapping {
             parent_fd: memfd("forkyard-env", &self.env_args())?,
@@ -490,7 +473,9 @@ mod tests {
     fn host_processes_start_with_no_environment_and_bwrap_reads_it_from_the_fd() {
         let argv = ["ls".to_owned()];
         let env = [("LD_PRELOAD".to_owned(), "/workspace/x.so".to_owned())];
-        let procs = [PathBuf::from("/sys/fs/cgroup/x/cgroup.procs")];
+        // Opened at spawn set-up, so it must exist; any writable file stands in.
+        let cgroup = tempfile::NamedTempFile::new().unwrap();
+        let procs = [cgroup.path().to_path_buf()];
         let inv = Invocation {
             bwrap: Path::new("/usr/bin/bwrap"),
             features: Features { userns: true },
@@ -517,14 +502,10 @@ mod tests {
             .map(|a| a.to_str().unwrap().to_owned())
             .collect();
         assert!(args.join(" ").contains("--args 3 --"), "{args:?}");
-        // The cgroup is joined as the provisioner, then the uid dropped, then bwrap.
-        let joined = args.join(" ");
-        assert!(
-            joined.contains(
-                "cgroup.procs -- /usr/bin/setpriv --reuid=1000000007 --regid=1000000007 --clear-groups /usr/bin/bwrap --unshare-all"
-            ),
-            "{joined}"
-        );
+        // bwrap itself, no wrapper: the cgroup join and the uid drop happen in its
+        // process before exec (`crate::enter`).
+        assert_eq!(cmd.as_std().get_program(), "/usr/bin/bwrap");
+        assert_eq!(args[0], "--unshare-all", "{args:?}");
         assert!(!args.iter().any(|a| a.contains("x.so")), "{args:?}");
         let data = String::from_utf8(inv.env_args()).unwrap();
         let parts: Vec<&str> = data.split_terminator('\0').collect();

@@ -2,7 +2,7 @@
 //! `<state>/sandboxes/<id>/workspace`, and every command runs in a fresh bubblewrap
 //! sandbox over it. [`Provisioner`] is the core; [`SandboxService`] (gRPC) and
 //! [`SandboxActivities`] (Temporal `local.*`) are its two front doors.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod activities;
 pub mod backend;
@@ -16,6 +16,7 @@ pub mod disk_quota;
 mod disk_watch;
 pub mod e2b;
 pub mod egress;
+mod enter;
 mod entry;
 pub mod error;
 mod exec;

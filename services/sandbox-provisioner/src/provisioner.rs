@@ -224,10 +224,9 @@ impl Provisioner {
                     .await
                     .map_err(|e| {
                         format!(
-                            "--sandbox-uid-base (FORKYARD_SANDBOX_UID_BASE): sandboxes cannot run as host uid {}: {e} (every directory above {} must let others through, o+x, and {} must exist; 0 runs sandboxes as root)",
+                            "--sandbox-uid-base (FORKYARD_SANDBOX_UID_BASE): sandboxes cannot run as host uid {}: {e} (every directory above {} must let others through, o+x; 0 runs sandboxes as root)",
                             config.sandbox_uid_base,
                             store.root().display(),
-                            crate::uids::SETPRIV,
                         )
                     })?
             }

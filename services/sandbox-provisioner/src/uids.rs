@@ -4,19 +4,13 @@
 //! namespaces landed as root. Run as root, the provisioner gives each sandbox a uid of
 //! its own from a range no host user has (`FORKYARD_SANDBOX_UID_BASE`, `..._COUNT`):
 //! its workspace is owned by that uid, its relay sockets too, and every command of the
-//! sandbox drops to it (`setpriv`) after joining the sandbox's cgroups and before
+//! sandbox drops to it (`crate::enter`) after joining the sandbox's cgroups and before
 //! bubblewrap starts. An escape lands as a uid that owns nothing but that one workspace,
 //! and sandboxes cannot reach each other's files. A provisioner that is not root (its
 //! container image runs it as 65532) already runs sandboxes as itself.
 
 use crate::error::{ProvisionerError, Result};
-use std::{
-    collections::BTreeSet, ffi::OsString, os::unix::fs::PermissionsExt as _, path::Path,
-    sync::Mutex,
-};
-
-/// Where the uid drop is done: util-linux, on every Debian host and in the image.
-pub const SETPRIV: &str = "/usr/bin/setpriv";
+use std::{collections::BTreeSet, os::unix::fs::PermissionsExt as _, path::Path, sync::Mutex};
 
 /// The default range: far above any uid a host hands out (useradd stops at 60000,
 /// subordinate ranges for rootless containers start at 100000 and rarely pass 10^8).
@@ -82,16 +76,6 @@ impl SandboxUids {
     pub fn release(&self, uid: u32) {
         self.used.lock().expect("uids lock").remove(&uid);
     }
-}
-
-/// The command prefix that runs the rest as `uid` (its own group, no others).
-pub fn drop_to(uid: u32) -> [OsString; 4] {
-    [
-        SETPRIV.into(),
-        format!("--reuid={uid}").into(),
-        format!("--regid={uid}").into(),
-        "--clear-groups".into(),
-    ]
 }
 
 /// Give `root` and everything under it to `uid` (symlinks themselves, never what they
