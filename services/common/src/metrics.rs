@@ -2,7 +2,7 @@
 //!
 //! Every service exposes one process-wide [`registry`]: the run metrics below (same names
 //! as the seed, registered in every service so dashboards can sum across the mesh; each is
-//! recorded by the one service that observes the event, see the README), the gRPC
+//! recorded by the one service that observes the event, see docs/observability.md), the gRPC
 //! request metrics of [`crate::grpc_telemetry`], and the Temporal SDK's worker metrics,
 //! which the SDK keeps in a registry of its own and which are appended to the page.
 

@@ -1,11 +1,11 @@
 //! The run workflows' ledger calls, run as local activities of the gateway's worker that
 //! call budget-ledger over gRPC.
 //!
-//! Why local: a ledger call takes about a millisecond, and each fork makes two or three of
-//! them. As regular activities on the `budget-ledger` queue each costs a matched task, three
+//! Why local: a ledger call is short, and each fork makes two or three of them. As
+//! regular activities on the `budget-ledger` queue each costs a matched task, three
 //! history events and a workflow-task round trip; as local activities each is one marker
 //! recorded with the workflow task that ran it. On the fan-out benchmark that was the
-//! largest single share of the Temporal server's CPU per fork (see README, Benchmarks).
+//! largest single share of the Temporal server's CPU per fork (docs/performance.md).
 //! Every mutating request carries an idempotency key (`<workflow id>/a<attempt>/<step>`),
 //! so a local activity that runs again after a gateway crash does not apply twice.
 //!

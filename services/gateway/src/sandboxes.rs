@@ -4,8 +4,8 @@
 //!
 //! Why local: these calls take milliseconds, and as regular activities each one cost a
 //! matched task, three history events and a workflow-task round trip on the Temporal
-//! server, which on this kind of machine was the whole limit of fan-out (bench-fanout:
-//! about 100 ms of server CPU per fork, 10 forks/s) and put four server round trips
+//! server, which on this kind of machine was the whole limit of fan-out (bench-fanout;
+//! figures in docs/performance.md) and put four server round trips
 //! between `LaunchRun` and a ready sandbox. As local activities each is one marker
 //! recorded with the workflow task that ran it. What stays a regular activity on the
 //! provisioner's queues is what runs long and must heartbeat: the verify command.

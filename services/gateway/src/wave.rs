@@ -134,7 +134,7 @@ impl WaveLocal {
     /// The fork's reserve and create go out together, then its health check. A reserve
     /// is refused only when the run's budget is spent (or the ledger is away), and
     /// waiting for the ledger's commit before the create put a whole ledger round trip
-    /// (10–50 ms in a wave, one fsync per group) in front of every sandbox. A sandbox
+    /// (one fsync per group; docs/performance.md) in front of every sandbox. A sandbox
     /// made for a fork the ledger refused is destroyed here before anything runs in it.
     async fn prepare_fork(&self, item: WaveItem, opened: Opened) -> ForkPrepared {
         let mut out = ForkPrepared {

@@ -1,9 +1,9 @@
-//! Workspace templates: the fast path of create. Cloning costs ~50 ms of git processes
-//! per sandbox; instead, one clone per (repository, commit) is made once under
-//! `<state>/templates/` and each new workspace is a plain file copy of it with the new
-//! branch written into `.git` (refs and HEAD are files). The copy is a full copy (no
-//! hard links, no alternates): a sandbox can change every file of its workspace,
-//! `.git/objects` included, without touching the template or another sandbox.
+//! Workspace templates: the fast path of create. Cloning costs git processes per
+//! sandbox (measured: docs/performance.md); instead, one clone per (repository, commit)
+//! is made once under `<state>/templates/` and each new workspace is a plain file copy
+//! of it with the new branch written into `.git` (refs and HEAD are files). The copy is
+//! a full copy (no hard links, no alternates): a sandbox can change every file of its
+//! workspace, `.git/objects` included, without touching the template or another sandbox.
 //!
 //! Only local repositories whose `base_ref` can be read from their ref files without
 //! running anything (HEAD, a branch, a full commit id) take this path; URLs and

@@ -2,7 +2,7 @@
 //!
 //! A query of a closed run replays its whole history on a gateway worker, and a query of
 //! a running one waits for that worker's workflow task; at a few dozen GetRun calls a
-//! second both stalled (26 s, then DEADLINE_EXCEEDED). So:
+//! second both stalled until DEADLINE_EXCEEDED (docs/performance.md). So:
 //!
 //! - a closed run's view never changes: it is kept (up to `closed_capacity` runs, the
 //!   oldest dropped first) and served without a call to Temporal. A completed run's view

@@ -2,8 +2,8 @@
 //! fork's steps in its own workflow instead of a child's.
 //!
 //! Why: a child workflow per fork was the largest share of the Temporal server's work
-//! per fork (its start, its own workflow tasks, its completion recorded in the run; about
-//! 40% of the server's CPU on bench-fanout). Inline, a fork adds its agent activity's
+//! per fork (its start, its own workflow tasks, its completion recorded in the run; see
+//! docs/performance.md). Inline, a fork adds its agent activity's
 //! three events to the run's history, and its last steps share an activity with the
 //! other forks that finished in the same batch.
 //!
