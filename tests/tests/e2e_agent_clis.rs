@@ -21,6 +21,7 @@ use forkyard_proto::{
 use forkyard_tests::{
     Mesh,
     mesh::{MeshOptions, temporal_cli},
+    otlp::{SpanRecord, TraceSink},
     repo,
     scripted_model::{CACHED_TOKENS, INPUT_TOKENS, OUTPUT_TOKENS, Script, ScriptedModel},
     support::{fork_result, run_account, run_to_end},
@@ -283,6 +284,14 @@ async fn run_cli_forks_on(
 ) {
     let model = ScriptedModel::start(Script::edit(&edit_and_scan(line))).await;
     let mut opts = options(&model);
+    let sink_dir = tempfile::tempdir().unwrap();
+    let sink = TraceSink::start(&sink_dir.path().join("spans.jsonl"))
+        .await
+        .unwrap();
+    opts.env.extend([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), sink.endpoint()),
+        ("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "200".to_owned()),
+    ]);
     if let Some(img) = &on_image {
         opts.service_env.push((
             "sandbox-provisioner".into(),
@@ -367,6 +376,85 @@ async fn run_cli_forks_on(
     );
     assert_eq!(account.reserved_micros, 0);
     assert_no_secret_leaked(&mesh, &run_id, &forks).await;
+    assert_model_requests_traced(&sink, &run_id, calls.len()).await;
+}
+
+/// Every model request the CLIs made through the gateway is an `llm.request` span in the
+/// run's trace, under its fork's agent activity, with its charge to the ledger under it;
+/// and no span anywhere carries a key or a fork's token.
+async fn assert_model_requests_traced(sink: &TraceSink, run_id: &str, calls: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let spans = loop {
+        let spans = sink.spans();
+        let requests = spans.iter().filter(|s| s.name == "llm.request").count();
+        let charges = spans
+            .iter()
+            .filter(|s| {
+                s.name == "forkyard.budget.v1.BudgetLedger/Charge" && s.service == "budget-ledger"
+            })
+            .count();
+        if (requests >= calls && charges >= calls) || std::time::Instant::now() > deadline {
+            break spans;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let by_id: std::collections::HashMap<&str, &SpanRecord> =
+        spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
+    let ancestors = |s: &SpanRecord| {
+        let mut chain = Vec::new();
+        let mut cur = s;
+        while let Some(p) = by_id.get(cur.parent_span_id.as_str()) {
+            chain.push(*p);
+            cur = p;
+        }
+        chain
+    };
+    let requests: Vec<&SpanRecord> = spans
+        .iter()
+        .filter(|s| s.name == "llm.request" && s.attr_str("run_id").as_deref() == Some(run_id))
+        .collect();
+    assert_eq!(requests.len(), calls, "an llm.request span per model call");
+    for r in &requests {
+        assert_eq!(r.service, "agent-runner");
+        assert_eq!(
+            r.attr_str("http.response.status_code").as_deref(),
+            Some("200")
+        );
+        let chain = ancestors(r);
+        let agent = chain
+            .iter()
+            .find(|a| a.name == "RunActivity:agent.run")
+            .unwrap_or_else(|| panic!("llm.request not under an agent activity: {r:?}"));
+        assert_eq!(agent.attr_str("forkyard.fork"), r.attr_str("fork"));
+        assert_eq!(agent.attr_str("forkyard.run_id").as_deref(), Some(run_id));
+        assert!(
+            chain
+                .iter()
+                .any(|a| a.name == "forkyard.gateway.v1.Gateway/LaunchRun"),
+            "the request is in the run's trace: {:?}",
+            chain.iter().map(|a| &a.name).collect::<Vec<_>>()
+        );
+        let charged = spans.iter().any(|s| {
+            s.service == "budget-ledger"
+                && s.name == "forkyard.budget.v1.BudgetLedger/Charge"
+                && ancestors(s).iter().any(|a| a.span_id == r.span_id)
+        });
+        assert!(
+            charged,
+            "the request's charge reached the ledger under it: {r:?}"
+        );
+    }
+    for s in &spans {
+        for v in s.attributes.values() {
+            let v = v.to_string();
+            assert!(
+                !v.contains(ANTHROPIC_KEY) && !v.contains(OPENAI_KEY) && !v.contains(TOKEN_PREFIX),
+                "a secret in span {} ({}): {v}",
+                s.name,
+                s.service
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

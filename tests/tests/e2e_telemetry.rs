@@ -20,8 +20,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Fork n reports a cost of n × 0.01 + 0.005 USD and 100 / 20 tokens.
+/// Fork n reports one model turn as Claude Code's stream-json prints it (charged to the
+/// ledger while the agent runs), then a cost of n × 0.01 + 0.005 USD and 100 / 20 tokens.
 const AGENT: &str = r#"echo "fork $FORKYARD_FORK" > "fork-$FORKYARD_FORK.txt"
+echo '{"type":"assistant","message":{"id":"msg_1","model":"claude-sonnet-4-5","usage":{"input_tokens":100,"output_tokens":20}}}'
 printf '{"type":"result","total_cost_usd":0.0%d5,"usage":{"input_tokens":100,"output_tokens":20}}\n' "$FORKYARD_FORK""#;
 
 /// The caller's own span: the run's trace is the caller's trace.
@@ -135,6 +137,8 @@ async fn one_trace_and_metrics(inline: bool) {
             .collect();
         let count = |name: &str| spans.iter().filter(|s| s.name == name).count();
         let done = count("RunActivity:agent.run") >= 2
+            && count("forkyard.budget.v1.BudgetLedger/Charge") >= 4
+            && count("git.patch") >= 2
             && count("forkyard.sandbox.v1.SandboxProvisioner/DestroySandbox") >= 4
             && count("RunWorkflow:SandboxOrchestrationWorkflow") >= 1;
         if done || Instant::now() > deadline {
@@ -244,7 +248,60 @@ async fn one_trace_and_metrics(inline: bool) {
             agent.attr_str("forkyard.input_tokens").as_deref(),
             Some("100")
         );
+        // In-process steps join the trace through tracing-opentelemetry: the runner's
+        // charge of the fork's model turn (over every try), under the agent's activity,
+        // with its gRPC call to the ledger under it and the ledger's server span under that.
+        let charge = spans
+            .iter()
+            .find(|s| s.name == "ledger.charge" && descends_from(s, agent, &by_id))
+            .unwrap_or_else(|| panic!("no ledger.charge under fork {fork}'s agent:\n{}", dump()));
+        assert_eq!(charge.service, "agent-runner");
+        assert_eq!(charge.attr_str("fork"), Some(fork.to_string()));
+        assert_eq!(charge.attr_str("turn").as_deref(), Some("1"));
+        // 100 input and 20 output tokens at $3 and $15 a million.
+        assert_eq!(charge.attr_str("amount_micros").as_deref(), Some("600"));
+        let ledger_server = spans
+            .iter()
+            .find(|s| {
+                s.service == "budget-ledger"
+                    && s.name == "forkyard.budget.v1.BudgetLedger/Charge"
+                    && descends_from(s, charge, &by_id)
+            })
+            .unwrap_or_else(|| panic!("no ledger Charge under fork {fork}'s charge:\n{}", dump()));
+        assert_eq!(
+            by_id[ledger_server.parent_span_id.as_str()].service,
+            "agent-runner",
+            "the runner's client span is the ledger's parent"
+        );
         let sandbox = agent.attr_str("forkyard.sandbox_id").expect("sandbox id");
+        // The provisioner's steps for this sandbox: each command it ran (the agent's
+        // included, named by its program only) and the patch's git step, each under the
+        // gRPC call that asked for it.
+        let in_sandbox = |name: &str| -> Vec<&SpanRecord> {
+            spans
+                .iter()
+                .filter(|s| {
+                    s.service == "sandbox-provisioner"
+                        && s.name == name
+                        && s.attr_str("sandbox_id").as_deref() == Some(sandbox.as_str())
+                })
+                .collect()
+        };
+        let patch = in_sandbox("git.patch");
+        assert_eq!(patch.len(), 1, "one git.patch for {sandbox}:\n{}", dump());
+        let execs = in_sandbox("sandbox.exec");
+        assert!(
+            execs.iter().any(|e| descends_from(e, patch[0], &by_id)),
+            "the patch's command runs under git.patch:\n{}",
+            dump()
+        );
+        assert!(
+            execs.iter().any(|e| descends_from(e, agent, &by_id)
+                && e.attr_str("program").as_deref() == Some("sh")
+                && e.attr_str("exit_code").as_deref() == Some("0")),
+            "the agent's command is a sandbox.exec under its activity:\n{}",
+            dump()
+        );
         // The run prepares the fork: its reserve, create and health check are the
         // fork's part of the wave's local activity in the gateway, under the run's
         // workflow, calling the provisioner over gRPC.

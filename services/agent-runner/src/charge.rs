@@ -55,7 +55,13 @@ impl Charger {
         self.charge_as(&format!("turn-{turn}"), turn, amount).await
     }
 
-    /// Charge `amount` under the key `<prefix>/<name>` (`turn` is for the logs).
+    /// Charge `amount` under the key `<prefix>/<name>` (`turn` is for the logs). Traced as
+    /// a `ledger.charge` span over every try, its gRPC calls under it.
+    #[tracing::instrument(
+        name = "ledger.charge",
+        skip_all,
+        fields(run_id = %self.run_id, fork = self.fork, turn = turn, amount_micros = amount, tries = tracing::field::Empty)
+    )]
     pub async fn charge_as(
         &mut self,
         name: &str,
@@ -70,6 +76,7 @@ impl Charger {
         let mut tries = 0;
         loop {
             tries += 1;
+            tracing::Span::current().record("tries", tries);
             let req = ChargeRequest {
                 reservation_id: self.reservation_id.clone(),
                 amount_micros: amount,

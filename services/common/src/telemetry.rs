@@ -29,9 +29,11 @@ use std::{
 };
 use temporalio_sdk::opentelemetry::{WorkflowIdGenerator, WorkflowSpanProcessor};
 use tracing_subscriber::{
-    EnvFilter,
+    EnvFilter, Layer as _,
     fmt::{FmtContext, FormatEvent, FormatFields, format::Writer},
+    layer::SubscriberExt as _,
     registry::LookupSpan,
+    util::SubscriberInitExt as _,
 };
 
 /// The environment variable naming the OTLP collector (gRPC, e.g. `http://localhost:4317`).
@@ -40,28 +42,64 @@ pub const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 
 pub fn init(service: &'static str) {
+    let (provider, exporting) = init_traces(service);
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(
             "info,temporalio_sdk_core=warn,temporalio_client=warn,\
              opentelemetry=off,opentelemetry_sdk=off,opentelemetry_otlp=off",
         )
     });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let result = if std::io::stderr().is_terminal() {
-        let format = tracing_subscriber::fmt::format();
-        builder.event_format(WithTraceIds(format)).try_init()
+    let logs = if std::io::stderr().is_terminal() {
+        tracing_subscriber::fmt::layer()
+            .event_format(WithTraceIds(tracing_subscriber::fmt::format()))
+            .with_writer(std::io::stderr)
+            .boxed()
     } else {
-        builder
+        tracing_subscriber::fmt::layer()
             .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
             .event_format(json_format())
-            .try_init()
+            .with_writer(std::io::stderr)
+            .boxed()
     };
+    let result = tracing_subscriber::registry()
+        .with(logs.with_filter(filter))
+        .with(span_layer(&provider))
+        .try_init();
     if result.is_ok() {
         tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
     }
-    init_traces(service);
+    match exporting {
+        Some(Ok(endpoint)) => tracing::info!(endpoint, "exporting traces over otlp"),
+        Some(Err((endpoint, e))) => tracing::warn!(
+            endpoint,
+            error = %e,
+            "OTEL_EXPORTER_OTLP_ENDPOINT unusable, spans are dropped"
+        ),
+        None => {}
+    }
+}
+
+/// Forkyard's own `tracing` spans (a ledger charge, a sandbox command, a git step, a model
+/// request) as OpenTelemetry spans, children of whatever span is current where they start
+/// (a gRPC call's, a Temporal activity's), so they join the run's trace; and entering
+/// one makes it the current context, so the gRPC calls made inside it hang under it.
+///
+/// Only spans of Forkyard's crates, at info or above, and never the log-only `activity`
+/// span (the Temporal plugin already traces each activity). Independent of `RUST_LOG`:
+/// quieter logs do not thin out traces.
+fn span_layer<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
+    use opentelemetry::trace::TracerProvider as _;
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("forkyard"))
+        .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+            meta.is_span()
+                && meta.target().starts_with("forkyard")
+                && meta.name() != "activity"
+                && *meta.level() <= tracing::Level::INFO
+        }))
 }
 
 /// One JSON object per line: `trace_id` and `span_id` first, then the event's fields
@@ -76,10 +114,14 @@ fn json_format()
     )
 }
 
+/// What became of `OTEL_EXPORTER_OTLP_ENDPOINT`: `None` unset, else the endpoint, and
+/// why it cannot be used (said once logging runs).
+type Exporting = Option<Result<String, (String, String)>>;
+
 /// Install the global propagator and tracer provider (once per process).
-fn init_traces(service: &'static str) {
-    if PROVIDER.get().is_some() {
-        return;
+fn init_traces(service: &'static str) -> (SdkTracerProvider, Exporting) {
+    if let Some(provider) = PROVIDER.get() {
+        return (provider.clone(), None);
     }
     opentelemetry::global::set_text_map_propagator(
         opentelemetry_sdk::propagation::TraceContextPropagator::new(),
@@ -91,23 +133,22 @@ fn init_traces(service: &'static str) {
         .with_id_generator(WorkflowIdGenerator::default())
         .with_resource(Resource::builder().with_service_name(service).build());
     let endpoint = std::env::var(OTLP_ENDPOINT_ENV).unwrap_or_default();
-    if !endpoint.trim().is_empty() {
-        match exporter(endpoint.trim()) {
+    let endpoint = endpoint.trim();
+    let mut exporting = None;
+    if !endpoint.is_empty() {
+        exporting = Some(match exporter(endpoint) {
             Ok(exporter) => {
                 let batch = BatchSpanProcessor::builder(exporter).build();
                 builder = builder.with_span_processor(WorkflowSpanProcessor::new(batch));
-                tracing::info!(endpoint = endpoint.trim(), "exporting traces over otlp");
+                Ok(endpoint.to_owned())
             }
-            Err(e) => tracing::warn!(
-                endpoint = endpoint.trim(),
-                error = %e,
-                "OTEL_EXPORTER_OTLP_ENDPOINT unusable, spans are dropped"
-            ),
-        }
+            Err(e) => Err((endpoint.to_owned(), e)),
+        });
     }
     let provider = builder.build();
     opentelemetry::global::set_tracer_provider(provider.clone());
-    let _ = PROVIDER.set(provider);
+    let provider = PROVIDER.get_or_init(|| provider).clone();
+    (provider, exporting)
 }
 
 /// The OTLP/gRPC exporter for `endpoint`, checked up front so a typo is one clear warning.
@@ -181,6 +222,14 @@ impl SpanExporter for WarnOnce {
     fn set_resource(&mut self, resource: &Resource) {
         self.inner.set_resource(resource);
     }
+}
+
+/// Make `span`, a Forkyard span not yet entered, a child of `parent`: for work that
+/// serves a trace begun elsewhere (a sandbox's model request, under the agent activity
+/// that let it in).
+pub fn set_parent(span: &tracing::Span, parent: opentelemetry::Context) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let _ = span.set_parent(parent);
 }
 
 /// The current trace and span ids, when inside a traced operation.
@@ -286,5 +335,76 @@ mod tests {
         let (line, _) = log_line(false);
         assert!(line.get("trace_id").is_none(), "{line}");
         assert_eq!(line["message"], "sandbox created");
+    }
+
+    /// Every finished span, for the test to read.
+    #[derive(Clone, Debug, Default)]
+    struct Collect(Arc<Mutex<Vec<opentelemetry_sdk::trace::SpanData>>>);
+
+    impl opentelemetry_sdk::trace::SpanExporter for Collect {
+        async fn export(
+            &self,
+            batch: Vec<opentelemetry_sdk::trace::SpanData>,
+        ) -> opentelemetry_sdk::error::OTelSdkResult {
+            self.0.lock().unwrap().extend(batch);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn forkyard_spans_join_the_current_trace_and_parent_the_calls_made_inside() {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let spans = Collect::default();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_simple_exporter(spans.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry().with(super::span_layer(&provider));
+        tracing::subscriber::with_default(subscriber, || {
+            // An activity's span, as the Temporal plugin makes it.
+            let activity = provider.tracer("temporal").start("RunActivity:agent.run");
+            let cx = opentelemetry::Context::current_with_span(activity);
+            let _attached = cx.clone().attach();
+            let charge = tracing::info_span!(
+                target: "forkyard_agent_runner::charge",
+                "ledger.charge",
+                turn = 1
+            );
+            // A gRPC client span started inside it, as the traced channel does.
+            charge.in_scope(|| {
+                provider
+                    .tracer("forkyard-grpc")
+                    .start("forkyard.budget.v1.BudgetLedger/Charge");
+            });
+            drop(charge);
+            // Not Forkyard's, and the log-only activity span: neither is a trace span.
+            tracing::info_span!(target: "h2::proto", "poll").in_scope(|| {});
+            tracing::info_span!(target: "forkyard_common::activity_telemetry", "activity")
+                .in_scope(|| {});
+            tracing::debug_span!(target: "forkyard_agent_runner::charge", "chatty").in_scope(|| {});
+            cx.span().end();
+        });
+        let spans = spans.0.lock().unwrap().clone();
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_ref()).collect();
+        let by_name = |n: &str| {
+            spans
+                .iter()
+                .find(|s| s.name == n)
+                .unwrap_or_else(|| panic!("no {n} span in {names:?}"))
+        };
+        let activity = by_name("RunActivity:agent.run");
+        let charge = by_name("ledger.charge");
+        let call = by_name("forkyard.budget.v1.BudgetLedger/Charge");
+        assert_eq!(charge.parent_span_id, activity.span_context.span_id());
+        assert_eq!(call.parent_span_id, charge.span_context.span_id());
+        assert_eq!(
+            call.span_context.trace_id(),
+            activity.span_context.trace_id()
+        );
+        assert!(
+            charge.attributes.iter().any(|kv| kv.key.as_str() == "turn"),
+            "{:?}",
+            charge.attributes
+        );
+        assert_eq!(names.len(), 3, "only those three: {names:?}");
     }
 }

@@ -366,6 +366,13 @@ impl Provisioner {
             .0)
     }
 
+    /// Traced as a `sandbox.exec` span: the sandbox, the program (never its arguments:
+    /// they may hold a prompt or a secret) and how it ended.
+    #[tracing::instrument(
+        name = "sandbox.exec",
+        skip_all,
+        fields(sandbox_id = %id, program = argv.first().map_or("", String::as_str), exit_code = tracing::field::Empty)
+    )]
     async fn run_checked(
         &self,
         id: &str,
@@ -406,6 +413,9 @@ impl Provisioner {
             return Err(ProvisionerError::FailedPrecondition(format!(
                 "sandbox {id} was stopped or destroyed while the command ran"
             )));
+        }
+        if let Outcome::Exited { code } = f.outcome {
+            tracing::Span::current().record("exit_code", code);
         }
         let after = self.aftermath(&p).await;
         Ok((f, after))

@@ -38,6 +38,8 @@ fn host_git() -> Command {
 }
 
 /// Run host git; `Ok(stdout)` on success, `Err(summary of stderr)` on a git failure.
+/// Traced as a `git` span naming the step (`clone`, `rev-parse`, ...) and its exit.
+#[tracing::instrument(name = "git", skip_all, fields(step = step(&cmd), exit_code = tracing::field::Empty))]
 async fn run(cmd: Command, timeout: Duration) -> Result<Result<String, String>> {
     let f = process::run(
         crate::launch::Launch::Process(cmd),
@@ -47,12 +49,31 @@ async fn run(cmd: Command, timeout: Duration) -> Result<Result<String, String>> 
     )
     .await
     .map_err(|e| ProvisionerError::internal("cannot run git", e))?;
+    if let Outcome::Exited { code } = f.outcome {
+        tracing::Span::current().record("exit_code", code);
+    }
     Ok(match f.outcome {
         Outcome::Exited { code: 0 } => Ok(f.stdout.lossy()),
         Outcome::Exited { code } => Err(summarise(&f.stderr.lossy(), code)),
         Outcome::TimedOut => Err(format!("git timed out after {}s", timeout.as_secs())),
         Outcome::Cancelled => Err("git was cancelled".into()),
     })
+}
+
+/// The git subcommand of `cmd`: its first argument that is neither an option nor the
+/// value of `-c` or `-C`. Never a URL or a path (those may hold credentials).
+fn step(cmd: &Command) -> String {
+    let mut args = cmd.as_std().get_args().map(|a| a.to_string_lossy());
+    while let Some(a) = args.next() {
+        match a.as_ref() {
+            "-c" | "-C" => {
+                args.next();
+            }
+            a if a.starts_with('-') => {}
+            a => return a.to_owned(),
+        }
+    }
+    String::new()
 }
 
 fn summarise(stderr: &str, code: i32) -> String {

@@ -13,6 +13,7 @@ impl Provisioner {
     /// sandbox (the agent controls the repository: its hooks and config never run here).
     /// One sandbox process does all of it ([`PATCH_SCRIPT`]): starting a sandbox, or any
     /// process, costs more than the git work, and this runs once per fork.
+    #[tracing::instrument(name = "git.patch", skip_all, fields(sandbox_id = %req.sandbox_id, patch_bytes = tracing::field::Empty))]
     pub async fn collect_patch(&self, req: CollectPatchRequest) -> Result<CollectPatchResponse> {
         let id = &req.sandbox_id;
         let base = self.entry(id)?.record().base_commit;
@@ -67,6 +68,7 @@ impl Provisioner {
         }
         let (numstat, patch, patch_bytes) = split_numstat(&out.stdout.bytes, out.stdout.total);
         let kept = &patch[..patch.len().min(max)];
+        tracing::Span::current().record("patch_bytes", patch_bytes);
         Ok(CollectPatchResponse {
             truncated: patch_bytes > kept.len() as u64,
             patch_bytes,

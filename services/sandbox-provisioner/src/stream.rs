@@ -13,6 +13,7 @@ use std::{sync::Arc, time::Duration};
 /// How long output is still read after the command exited.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 use tokio::{io::AsyncReadExt, sync::mpsc};
+use tracing::Instrument as _;
 
 impl Provisioner {
     /// Start the command; events arrive on the returned channel, the exit last.
@@ -21,6 +22,14 @@ impl Provisioner {
         req: ExecRequest,
     ) -> Result<mpsc::Receiver<ExecEvent>> {
         let (env, timeout) = self.exec_params(&req.argv, &req.env, req.timeout_secs)?;
+        // Open until the exit is sent; as in `run_checked`, the program but no argument.
+        let span = tracing::info_span!(
+            "sandbox.exec",
+            sandbox_id = %req.sandbox_id,
+            program = req.argv.first().map_or("", String::as_str),
+            streamed = true,
+            exit_code = tracing::field::Empty,
+        );
         let mut p = self.prepare(
             &req.sandbox_id,
             &req.argv,
@@ -91,6 +100,7 @@ impl Provisioner {
                     -1
                 }
             };
+            tracing::Span::current().record("exit_code", exit_code);
             let exit = core
                 .aftermath(&p)
                 .await
@@ -101,7 +111,7 @@ impl Provisioner {
                 })
                 .await;
             drop(p);
-        });
+        }.instrument(span));
         Ok(rx)
     }
 }

@@ -73,7 +73,32 @@ fn backoff(policy: RetryPolicy) -> impl Iterator<Item = Duration> {
         .build()
 }
 
+fn server_of(url: &str) -> String {
+    reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn path_of(url: &str) -> String {
+    reqwest::Url::parse(url)
+        .map(|u| u.path().to_owned())
+        .unwrap_or_default()
+}
+
 /// POST `body` to `url` with `headers`, retrying per `policy`. `key` only scrubs texts.
+/// Traced as an `llm.request` span over every attempt: the server and path (never the
+/// query, headers or body), the attempts made and the last status.
+#[tracing::instrument(
+    name = "llm.request",
+    skip_all,
+    fields(
+        server.address = %server_of(url),
+        url.path = %path_of(url),
+        attempts = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    )
+)]
 pub async fn post_json(
     client: &reqwest::Client,
     url: &str,
@@ -86,6 +111,7 @@ pub async fn post_json(
     let mut delays = backoff(policy);
     for attempt in 1..=attempts {
         let last = attempt == attempts;
+        tracing::Span::current().record("attempts", attempt);
         let sent = client
             .post(url)
             .headers(headers.clone())
@@ -100,6 +126,7 @@ pub async fn post_json(
             }
             Ok(resp) => {
                 let status = resp.status();
+                tracing::Span::current().record("http.response.status_code", status.as_u16());
                 let wait = retry_after(resp.headers());
                 let text = resp.text().await.unwrap_or_default();
                 if status.is_success() {

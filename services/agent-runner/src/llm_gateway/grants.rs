@@ -95,6 +95,9 @@ pub struct Grant {
     pub run_id: String,
     pub fork: u32,
     pub allowed: Allowed,
+    /// The trace context of the activity that minted the grant: the fork's requests are
+    /// traced under it.
+    pub trace: forkyard_common::telemetry::otel::Context,
     charger: Option<tokio::sync::Mutex<Charger>>,
     ledger_grace: Duration,
     seq: AtomicU32,
@@ -247,6 +250,7 @@ impl Grants {
             run_id: spec.run_id,
             fork: spec.fork,
             allowed: spec.allowed,
+            trace: forkyard_common::telemetry::otel::Context::current(),
             charger: spec.charger.map(tokio::sync::Mutex::new),
             ledger_grace: spec.ledger_grace,
             seq: AtomicU32::new(0),

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use std::{convert::Infallible, sync::Arc, time::Duration};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 type Body = BoxBody<Bytes, std::io::Error>;
 
@@ -229,6 +230,51 @@ async fn handle(gw: &Arc<LlmGateway>, sandbox: &str, req: Request<Incoming>) -> 
         }
         None => {}
     }
+    // Under the fork's agent activity, which minted the grant: the request, its upstream
+    // call and its charge join the run's trace.
+    let span = tracing::info_span!(
+        "llm.request",
+        run_id = %grant.run_id,
+        fork = grant.fork,
+        url.path = %path,
+        http.response.status_code = tracing::field::Empty,
+    );
+    forkyard_common::telemetry::set_parent(&span, grant.trace.clone());
+    let call = Call {
+        provider,
+        api,
+        path,
+        query,
+        started,
+    };
+    forward(gw, grant, call, req, span.clone())
+        .instrument(span)
+        .await
+}
+
+/// A request that passed the grant's checks, on its way upstream.
+struct Call {
+    provider: Provider,
+    api: Option<Api>,
+    path: String,
+    query: Option<String>,
+    started: std::time::Instant,
+}
+
+async fn forward(
+    gw: &Arc<LlmGateway>,
+    grant: Arc<Grant>,
+    call: Call,
+    req: Request<Incoming>,
+    span: tracing::Span,
+) -> Response<Body> {
+    let Call {
+        provider,
+        api,
+        path,
+        query,
+        started,
+    } = call;
     let (parts, body) = req.into_parts();
     let body = match Limited::new(body, MAX_REQUEST_BODY).collect().await {
         Ok(b) => b.to_bytes(),
@@ -312,6 +358,7 @@ async fn handle(gw: &Arc<LlmGateway>, sandbox: &str, req: Request<Incoming>) -> 
     let m = metrics::get();
     m.upstream_head.observe(started.elapsed().as_secs_f64());
     let status = upstream.status();
+    span.record("http.response.status_code", status.as_u16());
     if status.as_u16() == 429 || status.is_server_error() {
         grant.upstream_failed(status.as_u16());
     }
@@ -342,6 +389,7 @@ async fn handle(gw: &Arc<LlmGateway>, sandbox: &str, req: Request<Incoming>) -> 
                 seq,
                 model,
                 meter: Meter::new(api, &content_type),
+                span,
             };
             BoxBody::new(StreamBody::new(stream.map(move |chunk| {
                 let chunk = chunk.map_err(std::io::Error::other)?;
@@ -453,6 +501,8 @@ struct Tap {
     /// response names.
     model: String,
     meter: Meter,
+    /// The request's span: open until the response is delivered and charged.
+    span: tracing::Span,
 }
 
 impl Drop for Tap {
@@ -468,7 +518,10 @@ impl Drop for Tap {
         grant.delivered();
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                rt.spawn(async move { grant.finish(seq, usage, cost).await });
+                rt.spawn(
+                    async move { grant.finish(seq, usage, cost).await }
+                        .instrument(self.span.clone()),
+                );
             }
             Err(_) => grant.undeliver(),
         }
