@@ -172,8 +172,8 @@ fn gateway_settings_out_of_range_exit_64_naming_the_setting() {
     // list would only fail at the first create.
     for (name, value) in [
         ("FORKYARD_MAX_FORKS", "5000"),
-        // Inline forks keep their agents' events and patches in the run's history.
-        ("FORKYARD_INLINE_FORK_LIMIT", "301"),
+        // No run may have more forks than that.
+        ("FORKYARD_INLINE_FORK_LIMIT", "1301"),
         ("FORKYARD_PROVISIONER_ADDR", " , "),
         ("FORKYARD_PROVISIONER_ADDR", "http://a:1,not a url"),
     ] {

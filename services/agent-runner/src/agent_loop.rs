@@ -59,10 +59,6 @@ fn add(a: &mut Usage, b: &Usage) {
     a.cache_write_tokens += b.cache_write_tokens;
 }
 
-fn tail(s: &str) -> String {
-    forkyard_common::text::tail(s, OUTPUT_TAIL_BYTES).to_owned()
-}
-
 struct Loop<'a, S: ProgressSink> {
     sink: &'a S,
     cancelled: Pin<Box<dyn Future<Output = ()> + Send + 'a>>,
@@ -344,7 +340,11 @@ pub async fn run<S: ProgressSink>(
     Ok(RunAgentResponse {
         exit_code,
         timed_out,
-        output_tail: tail(&text),
+        output_tail: forkyard_common::text::tail(
+            &text,
+            OUTPUT_TAIL_BYTES.min(crate::command::tail_bytes(req)),
+        )
+        .to_owned(),
         usage: p.usage,
         cost_micros,
         duration_ms: lp.started.elapsed().as_millis() as u64,

@@ -83,6 +83,15 @@ pub struct Env<'a, S: ProgressSink> {
     pub llm: Option<(&'a std::sync::Arc<LlmGateway>, Allowed)>,
 }
 
+/// The most bytes of a response's `output_tail` the caller allows (`output_tail_bytes`;
+/// its stdout and stderr parts half each): 8 KiB unless it asked for less, at least 512.
+pub(crate) fn tail_bytes(req: &RunAgentRequest) -> usize {
+    match usize::try_from(req.output_tail_bytes) {
+        Ok(n @ 1..) => n.clamp(512, 2 * OUTPUT_TAIL_BYTES),
+        _ => 2 * OUTPUT_TAIL_BYTES,
+    }
+}
+
 fn sandbox_error(req: &RunAgentRequest, endpoint: &str, s: &tonic::Status) -> AgentError {
     match s.code() {
         tonic::Code::Unavailable
@@ -194,6 +203,8 @@ pub async fn run<S: ProgressSink>(
         llm_gateway: llm
             .as_ref()
             .map_or(String::new(), |(g, _)| g.advertise.clone()),
+        // Streamed: nothing is captured by the provisioner.
+        output_tail_bytes: 0,
     };
     let mut sandbox_cost =
         crate::sandbox_cost::SandboxCost::new(&req.sandbox_id, charger.clone(), activity_attempt);
@@ -316,10 +327,11 @@ pub async fn run<S: ProgressSink>(
         "type": "end", "reason": if exit.timed_out { "timeout" } else { "exit" },
         "exit_code": exit.exit_code, "turns": p.turns, "cost_micros": cost_micros, "usage": p.usage,
     }));
-    let mut output_tail = tail(&kept, OUTPUT_TAIL_BYTES).to_owned();
+    let half = tail_bytes(req) / 2;
+    let mut output_tail = tail(&kept, half).to_owned();
     if !stderr.is_empty() {
         output_tail.push_str("\n--- stderr ---\n");
-        output_tail.push_str(tail(&stderr, OUTPUT_TAIL_BYTES));
+        output_tail.push_str(tail(&stderr, half));
     }
     let out = RunAgentResponse {
         exit_code: exit.exit_code,

@@ -133,7 +133,7 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.inline_fork_limit > forkyard_gateway::validate::MAX_INLINE_FORK_LIMIT {
         exit_config_error(format!(
-            "--inline-fork-limit (FORKYARD_INLINE_FORK_LIMIT) must be at most {}: the run's history holds its inline forks' patches",
+            "--inline-fork-limit (FORKYARD_INLINE_FORK_LIMIT) must be at most {}, the most forks a run may have",
             forkyard_gateway::validate::MAX_INLINE_FORK_LIMIT
         ));
     }

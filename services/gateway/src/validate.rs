@@ -24,11 +24,13 @@ pub const DRIVERS: &[&str] = &["command", "claude-code", "codex", "anthropic", "
 /// Most entries of `agent.allowed_models`.
 const MAX_ALLOWED_MODELS: usize = 32;
 
-/// Runs of up to this many forks run their forks inside the run's workflow by default.
-pub const DEFAULT_INLINE_FORK_LIMIT: u32 = 200;
-/// The most `--inline-fork-limit` may be: the run's history holds each inline fork's
-/// agent events and its (capped) patch.
-pub const MAX_INLINE_FORK_LIMIT: u32 = 300;
+/// Runs of up to this many forks run their forks inside the run's workflow by default:
+/// every run the default `--max-forks` allows.
+pub const DEFAULT_INLINE_FORK_LIMIT: u32 = 1000;
+/// The most `--inline-fork-limit` may be: the most forks a run may have. The run's
+/// history holds each inline fork's agent events and what it keeps of its patch and
+/// outputs, which shrinks as runs grow past 300 forks (`workflows::inline`).
+pub const MAX_INLINE_FORK_LIMIT: u32 = 1300;
 
 #[derive(Debug, Clone)]
 pub struct Limits {

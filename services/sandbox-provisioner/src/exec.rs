@@ -107,9 +107,20 @@ impl Provisioner {
 
     pub async fn exec(&self, req: ExecRequest) -> Result<ExecResponse> {
         let (env, timeout) = self.exec_params(&req.argv, &req.env, req.timeout_secs)?;
-        let caps = Caps {
-            stdout: OUTPUT_CAP,
-            stderr: OUTPUT_CAP,
+        let caps = match req.output_tail_bytes {
+            0 => Caps {
+                stdout: OUTPUT_CAP,
+                stderr: OUTPUT_CAP,
+                tail: false,
+            },
+            n => {
+                let n = usize::try_from(n).unwrap_or(OUTPUT_CAP).min(OUTPUT_CAP);
+                Caps {
+                    stdout: n,
+                    stderr: n,
+                    tail: true,
+                }
+            }
         };
         let (f, after) = self
             .run_checked(

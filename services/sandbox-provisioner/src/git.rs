@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 const HOST_GIT_CAPS: Caps = Caps {
     stdout: 64 * 1024,
     stderr: 64 * 1024,
+    tail: false,
 };
 /// How much of git's stderr goes into an error message.
 const STDERR_SUMMARY: usize = 600;

@@ -142,6 +142,7 @@ impl Provisioner {
         let caps = Caps {
             stdout: 4096,
             stderr: 4096,
+            tail: false,
         };
         Ok(
             match self

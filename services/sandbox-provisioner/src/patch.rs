@@ -41,6 +41,7 @@ impl Provisioner {
         let caps = Caps {
             stdout: max.saturating_add(NUMSTAT_BYTES),
             stderr: 64 * 1024,
+            tail: false,
         };
         let out = self
             .run_in(

@@ -51,6 +51,8 @@ pub struct Finished {
 pub struct Caps {
     pub stdout: usize,
     pub stderr: usize,
+    /// Keep the last bytes of each stream rather than the first.
+    pub tail: bool,
 }
 
 /// Spawn the command (stdin from /dev/null) and wait for it, its timeout or `cancel`.
@@ -66,8 +68,8 @@ pub(crate) async fn run(
     let stderr = running.stderr.take().expect("stderr is piped");
     let io = async {
         tokio::join!(
-            read_capped(stdout, caps.stdout),
-            read_capped(stderr, caps.stderr)
+            read_capped(stdout, caps.stdout, caps.tail),
+            read_capped(stderr, caps.stderr, caps.tail)
         )
     };
     tokio::pin!(io);
@@ -148,21 +150,33 @@ impl Drop for KillTree {
     }
 }
 
-/// Read `reader` to its end, keeping the first `cap` bytes and counting the rest (the
-/// pipe is drained so the writer never blocks on a full pipe).
-async fn read_capped(mut reader: impl AsyncRead + Unpin, cap: usize) -> Captured {
+/// Read `reader` to its end, keeping the first `cap` bytes (or with `tail` the last) and
+/// counting the rest (the pipe is drained so the writer never blocks on a full pipe).
+async fn read_capped(mut reader: impl AsyncRead + Unpin, cap: usize, tail: bool) -> Captured {
     let mut out = Captured::default();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match reader.read(&mut buf).await {
-            Ok(0) | Err(_) => return out,
+            Ok(0) | Err(_) => break,
             Ok(n) => {
                 out.total += n as u64;
-                let room = cap.saturating_sub(out.bytes.len());
-                out.bytes.extend_from_slice(&buf[..n.min(room)]);
+                if tail {
+                    out.bytes.extend_from_slice(&buf[..n]);
+                    // Cut now and then, not at every read: each cut moves `cap` bytes.
+                    if out.bytes.len() >= cap.saturating_mul(2).max(64 * 1024) {
+                        out.bytes.drain(..out.bytes.len() - cap);
+                    }
+                } else {
+                    let room = cap.saturating_sub(out.bytes.len());
+                    out.bytes.extend_from_slice(&buf[..n.min(room)]);
+                }
             }
         }
     }
+    if out.bytes.len() > cap {
+        out.bytes.drain(..out.bytes.len() - cap);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -180,6 +194,7 @@ mod tests {
         let caps = Caps {
             stdout: 4,
             stderr: 100,
+            tail: false,
         };
         let f = run(
             sh("printf 0123456789; echo err >&2; exit 3"),
@@ -197,10 +212,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_tail_cap_keeps_the_last_bytes_of_a_long_output() {
+        let caps = Caps {
+            stdout: 10,
+            stderr: 10,
+            tail: true,
+        };
+        // 600 KB, read in many chunks: the kept bytes are cut more than once.
+        let f = run(
+            sh("seq 1 100000; echo last-words >&2"),
+            Duration::from_secs(10),
+            caps,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(f.stdout.lossy(), "99\n100000\n");
+        assert!(f.stdout.truncated());
+        assert_eq!(f.stderr.lossy(), "ast-words\n");
+        assert_eq!(f.stderr.total, 11);
+    }
+
+    #[tokio::test]
     async fn timeout_kills() {
         let caps = Caps {
             stdout: 10,
             stderr: 10,
+            tail: false,
         };
         let f = run(
             sh("exec sleep 30"),

@@ -14,7 +14,7 @@
 //!
 //! A run of 1,000 forks must stay far from Temporal's history limits (warning at 10,240
 //! events, 2,000 pending children or activities). So:
-//! - a run of more than `--inline-fork-limit` forks (at most 300) gives each fork a child:
+//! - a run of more than `--inline-fork-limit` forks (at most 1,300, default 1,000) gives each fork a child:
 //!   per fork, the run's history holds its child's lifecycle (start initiated, started,
 //!   completed) plus the workflow tasks that batch them; a wave's preparation (reserve,
 //!   create, health check of all its forks) is one marker: about 4-5 events a fork

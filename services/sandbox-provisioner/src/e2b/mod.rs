@@ -252,8 +252,20 @@ impl SandboxBackend for E2bBackend {
 
     async fn exec(&self, req: ExecRequest) -> Result<ExecResponse> {
         let (sid, timeout) = self.exec_params(&req)?;
-        self.run(&sid, &req.argv, &req.env, WORKSPACE, timeout, None)
-            .await
+        let mut out = self
+            .run(&sid, &req.argv, &req.env, WORKSPACE, timeout, None)
+            .await?;
+        // envd streams the output here: the tail is cut from what was captured.
+        if let Ok(n @ 1..) = usize::try_from(req.output_tail_bytes) {
+            for s in [&mut out.stdout, &mut out.stderr] {
+                let kept = forkyard_common::text::tail(s, n);
+                if kept.len() < s.len() {
+                    *s = kept.to_owned();
+                    out.output_truncated = true;
+                }
+            }
+        }
+        Ok(out)
     }
 
     async fn exec_stream(&self, req: ExecRequest) -> Result<mpsc::Receiver<ExecEvent>> {
