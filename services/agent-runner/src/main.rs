@@ -13,7 +13,9 @@ use forkyard_agent_runner::{
 use forkyard_common::{
     TemporalArgs,
     config::{StateDirArg, parse_listen},
-    exit_config_error, server, service, telemetry,
+    exit_config_error, server, service,
+    startup::Startup,
+    tls::ClientAuth,
 };
 use forkyard_proto::{agent::v1::agent_runner_server::AgentRunnerServer, queues};
 use std::{path::PathBuf, sync::Arc, time::Duration};
@@ -89,24 +91,20 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // Before any channel is built: internal services require a mesh client certificate.
-    args.tls
-        .install(forkyard_common::tls::ClientAuth::Required)
-        .unwrap_or_else(|e| forkyard_common::exit_config_error(e));
-    args.discovery
-        .install()
-        .unwrap_or_else(|e| exit_config_error(e));
-    let listen = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen)
-        .unwrap_or_else(|e| exit_config_error(e));
+    let startup = Startup {
+        name: "agent-runner",
+        tls: &args.tls,
+        client_auth: ClientAuth::Required,
+        discovery: Some(&args.discovery),
+        temporal: &args.temporal,
+    };
+    let listen = startup.check(&args.listen);
     let advertise = forkyard_common::advertise::resolve(
         "--advertise-addr (FORKYARD_AGENT_RUNNER_ADVERTISE_ADDR)",
         args.advertise_addr.as_deref(),
         listen,
     )
     .unwrap_or_else(|e| exit_config_error(e));
-    if let Err(e) = args.temporal.url() {
-        exit_config_error(e);
-    }
     if tonic::transport::Endpoint::from_shared(args.provisioner_addr.clone()).is_err() {
         exit_config_error(format!(
             "--provisioner-addr (FORKYARD_PROVISIONER_ADDR) {:?} is not a URL",
@@ -118,10 +116,6 @@ async fn main() -> anyhow::Result<()> {
             "--heartbeat-secs (FORKYARD_HEARTBEAT_SECS) must be 1-15 (the heartbeat timeout is 20 s)",
         );
     }
-    // Bound before logging starts, so a port in use is the first line a pod prints.
-    let listener = server::bind(listen)
-        .await
-        .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
     let llm = if args.llm_listen.trim().is_empty() {
         None
     } else {
@@ -153,9 +147,7 @@ async fn main() -> anyhow::Result<()> {
     drivers.max_turns = args.max_turns;
     drivers.anthropic.retry.attempts = args.model_retries;
     drivers.openai.retry.attempts = args.model_retries;
-    // Before logging starts too, so a taken metrics port is the first line a pod prints.
-    args.metrics.start("agent-runner").await;
-    telemetry::init("agent-runner");
+    let listener = startup.bind(listen, Some(&args.metrics)).await;
     let llm_gateway = llm.map(|(listener, advertise)| {
         let gw = Arc::new(LlmGateway::new(
             drivers.anthropic.clone(),

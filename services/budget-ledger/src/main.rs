@@ -3,9 +3,8 @@
 use clap::Parser;
 use forkyard_budget_ledger::{DEFAULT_LISTEN, LedgerService, LedgerStore, activities};
 use forkyard_common::{
-    StateDirArg, TemporalArgs,
-    config::{exit_config_error, parse_listen},
-    server, service, telemetry,
+    StateDirArg, TemporalArgs, config::exit_config_error, server, service, startup::Startup,
+    tls::ClientAuth,
 };
 use forkyard_proto::budget::v1::budget_ledger_server::BudgetLedgerServer;
 use std::sync::Arc;
@@ -36,23 +35,17 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // Before any channel is built: internal services require a mesh client certificate.
-    args.tls
-        .install(forkyard_common::tls::ClientAuth::Required)
-        .unwrap_or_else(|e| forkyard_common::exit_config_error(e));
-    let addr = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen)
-        .unwrap_or_else(|e| exit_config_error(e));
-    if let Err(e) = args.temporal.url() {
-        exit_config_error(e);
-    }
+    let startup = Startup {
+        name: "budget-ledger",
+        tls: &args.tls,
+        client_auth: ClientAuth::Required,
+        discovery: None,
+        temporal: &args.temporal,
+    };
+    let addr = startup.check(&args.listen);
     let state_dir = args.state.ensure().unwrap_or_else(|e| exit_config_error(e));
-    // Bound before logging starts and before the database, so a port in use is the first
-    // line a pod prints.
-    let listener = server::bind(addr)
-        .await
-        .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
-    args.metrics.start("budget-ledger").await;
-    telemetry::init("budget-ledger");
+    // Before the database: a port in use is the first line a pod prints.
+    let listener = startup.bind(addr, Some(&args.metrics)).await;
 
     let store = match &args.database_url {
         Some(url) => LedgerStore::connect(url).await,

@@ -20,8 +20,11 @@ pub mod repo_location;
 pub mod server;
 pub mod service;
 pub mod shutdown;
+pub mod startup;
 pub mod telemetry;
 pub mod temporal;
+#[cfg(feature = "test-support")]
+pub mod testing;
 pub mod text;
 pub mod tls;
 pub mod waiting;

@@ -2,9 +2,8 @@
 
 use clap::Parser;
 use forkyard_common::{
-    StateDirArg, TemporalArgs,
-    config::parse_listen,
-    exit_config_error, server, service, telemetry,
+    StateDirArg, TemporalArgs, exit_config_error, server, service,
+    startup::Startup,
     tls::{ClientAuth, TlsArgs},
 };
 use forkyard_gateway::{
@@ -95,19 +94,15 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // Before any channel is built (the ledger's, the agent runner's). Public callers
-    // authenticate with API keys, so a client certificate is optional here.
-    args.tls
-        .install(ClientAuth::Optional)
-        .unwrap_or_else(|e| exit_config_error(e));
-    args.discovery
-        .install()
-        .unwrap_or_else(|e| exit_config_error(e));
-    let listen = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen)
-        .unwrap_or_else(|e| exit_config_error(e));
-    if let Err(e) = args.temporal.url() {
-        exit_config_error(e);
-    }
+    let startup = Startup {
+        name: "gateway",
+        tls: &args.tls,
+        // Public callers authenticate with API keys.
+        client_auth: ClientAuth::Optional,
+        discovery: Some(&args.discovery),
+        temporal: &args.temporal,
+    };
+    let listen = startup.check(&args.listen);
     let ledger = LedgerLocal::new(&args.ledger_addr).unwrap_or_else(|e| exit_config_error(e));
     let sandboxes =
         SandboxLocal::new(&args.provisioner_addr).unwrap_or_else(|e| exit_config_error(e));
@@ -140,12 +135,7 @@ async fn main() -> anyhow::Result<()> {
     if let Err(e) = args.security.check_policies(&args.state.state_dir) {
         exit_config_error(e);
     }
-    // Bound before logging starts, so a port in use is the first line a pod prints.
-    let listener = server::bind(listen)
-        .await
-        .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
-    args.metrics.start("gateway").await;
-    telemetry::init("gateway");
+    let listener = startup.bind(listen, Some(&args.metrics)).await;
     // Only the key file lives there (and only with api keys): created when it is opened.
     let state_dir = args.state.state_dir.clone();
     let (gate, tenancy) = args

@@ -2,9 +2,8 @@
 
 use clap::Parser;
 use forkyard_common::{
-    StateDirArg, TemporalArgs,
-    config::{exit_config_error, parse_listen},
-    server, service, telemetry,
+    StateDirArg, TemporalArgs, config::exit_config_error, server, service, startup::Startup,
+    tls::ClientAuth,
 };
 use forkyard_janitor::{
     DEFAULT_LEDGER_ADDR, DEFAULT_LISTEN, DEFAULT_PROVISIONER_ADDR, GrpcSandboxes, JanitorService,
@@ -44,18 +43,14 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // Before any channel is built: internal services require a mesh client certificate.
-    args.tls
-        .install(forkyard_common::tls::ClientAuth::Required)
-        .unwrap_or_else(|e| forkyard_common::exit_config_error(e));
-    args.discovery
-        .install()
-        .unwrap_or_else(|e| exit_config_error(e));
-    let addr = parse_listen("--listen (FORKYARD_LISTEN)", &args.listen)
-        .unwrap_or_else(|e| exit_config_error(e));
-    if let Err(e) = args.temporal.url() {
-        exit_config_error(e);
-    }
+    let startup = Startup {
+        name: "janitor",
+        tls: &args.tls,
+        client_auth: ClientAuth::Required,
+        discovery: Some(&args.discovery),
+        temporal: &args.temporal,
+    };
+    let addr = startup.check(&args.listen);
     args.state.ensure().unwrap_or_else(|e| exit_config_error(e));
     let sandboxes = GrpcSandboxes::connect_lazy(&args.provisioner_addr).unwrap_or_else(|e| {
         exit_config_error(format!(
@@ -65,12 +60,10 @@ async fn main() -> anyhow::Result<()> {
     let ledger = Ledger::connect_lazy(&args.ledger_addr).unwrap_or_else(|e| {
         exit_config_error(format!("--ledger-addr (FORKYARD_LEDGER_ADDR): {e}"))
     });
-    // Bound before logging starts, so a port in use is the first line a pod prints.
-    let listener = server::bind(addr)
-        .await
-        .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
+    // The process registry is served once the sweep counters are in it; bound now, with
+    // the gRPC port, before logging starts.
     let metrics_listener = args.metrics.bind("janitor").await;
-    telemetry::init("janitor");
+    let listener = startup.bind(addr, None).await;
     // The process registry: the sweep counters beside the run, gRPC and Temporal metrics.
     let sweep_metrics = SweepMetrics::register(forkyard_common::metrics::registry())?;
     forkyard_common::metrics::serve_registry(metrics_listener);

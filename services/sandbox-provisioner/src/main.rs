@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use forkyard_common::{exit_config_error, server, service, telemetry};
+use forkyard_common::{exit_config_error, server, service, startup::Startup, tls::ClientAuth};
 use forkyard_proto::{queues, sandbox::v1::sandbox_provisioner_server::SandboxProvisionerServer};
 use forkyard_sandbox_provisioner::{
     Args, E2bActivities, Provisioner, SandboxActivities, SandboxService,
@@ -14,21 +14,17 @@ use tracing::info;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // Before any channel is built: internal services require a mesh client certificate.
-    args.tls
-        .install(forkyard_common::tls::ClientAuth::Required)
-        .unwrap_or_else(|e| forkyard_common::exit_config_error(e));
-    let (listen, config) = args.resolve().unwrap_or_else(|e| exit_config_error(e));
-    if let Err(e) = args.temporal.url() {
-        exit_config_error(e);
-    }
-    // Bound before logging starts and before the slow start-up, so a port in use is the
-    // first line a pod prints.
-    let listener = server::bind(listen)
-        .await
-        .unwrap_or_else(|e| exit_config_error(format!("--listen (FORKYARD_LISTEN): {e}")));
-    args.metrics.start("sandbox-provisioner").await;
-    telemetry::init("sandbox-provisioner");
+    let startup = Startup {
+        name: "sandbox-provisioner",
+        tls: &args.tls,
+        client_auth: ClientAuth::Required,
+        discovery: None,
+        temporal: &args.temporal,
+    };
+    let listen = startup.check(&args.listen);
+    let (_, config) = args.resolve().unwrap_or_else(|e| exit_config_error(e));
+    // Before the slow start-up: a port in use is the first line a pod prints.
+    let listener = startup.bind(listen, Some(&args.metrics)).await;
     let core = Provisioner::open(config)
         .await
         .unwrap_or_else(|e| exit_config_error(e));

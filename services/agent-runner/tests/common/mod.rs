@@ -290,22 +290,6 @@ pub fn a_usage(input: u64, output: u64) -> Value {
         "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
 }
 
-pub fn host_pids_with(marker: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if pid == std::process::id() {
-            continue;
-        }
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
-            && String::from_utf8_lossy(&cmdline)
-                .replace('\0', " ")
-                .contains(marker)
-        {
-            pids.push(pid);
-        }
-    }
-    pids
-}
+// Not every test binary that includes this module uses it.
+#[allow(unused_imports)]
+pub use forkyard_common::testing::host_pids_with;

@@ -149,26 +149,9 @@ pub fn exec_req(id: &str, argv: &[&str]) -> ExecRequest {
     }
 }
 
-/// Host pids whose command line contains `marker`.
-pub fn host_pids_with(marker: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if pid == std::process::id() {
-            continue;
-        }
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
-            && String::from_utf8_lossy(&cmdline)
-                .replace('\0', " ")
-                .contains(marker)
-        {
-            pids.push(pid);
-        }
-    }
-    pids
-}
+// Not every test binary that includes this module uses it.
+#[allow(unused_imports)]
+pub use forkyard_common::testing::host_pids_with;
 
 /// Wait until `cond` holds, up to `limit`.
 pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
