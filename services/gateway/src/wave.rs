@@ -386,7 +386,7 @@ impl WaveLocal {
     #[activity(name = "WaveLocal.prepare")]
     pub async fn prepare(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         wave: Wave,
     ) -> Result<WaveDone, ActivityError> {
         let opened = self.open(wave.open);
@@ -417,7 +417,21 @@ impl WaveLocal {
                 out
             }
         });
-        let forks = futures::future::join_all(forks).await;
+        // Run as a regular activity (a later wave), it heartbeats: a gateway that died
+        // mid-way is noticed within the heartbeat timeout. A no-op as a local activity.
+        let all = futures::future::join_all(forks);
+        tokio::pin!(all);
+        let mut beat = tokio::time::interval(crate::finish::HEARTBEAT_EVERY);
+        let forks = loop {
+            tokio::select! {
+                forks = &mut all => break forks,
+                _ = beat.tick() => {
+                    if let Err(e) = ctx.record_heartbeat(()).await {
+                        tracing::warn!(error = %e, "wave heartbeat not recorded");
+                    }
+                }
+            }
+        };
         Ok(WaveDone {
             forks,
             open_error: opened.await.err().unwrap_or_default(),

@@ -96,6 +96,20 @@ pub(super) fn wave_local() -> LocalActivityOptions {
         .build()
 }
 
+/// A later wave's preparation as a regular activity on the gateway's own queue (see
+/// `patches::Change::LaterWavesAreActivities`), with the local one's timeout and retries;
+/// it heartbeats, so a gateway that died mid-way is noticed in 30 s. The retry sends every
+/// fork again under the same idempotency keys.
+pub(super) fn wave() -> ActivityOptions {
+    let mut opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(420))
+        .task_queue(queues::ORCHESTRATION.to_owned())
+        .heartbeat_timeout(Duration::from_secs(30))
+        .retry_policy(retry(3, 5, &[]))
+        .build();
+    opts.cancellation_token = Some(WorkflowCancellationToken::new());
+    opts
+}
+
 /// A batch of inline forks' last steps (`crate::finish`), a regular activity on the
 /// gateway's own queue: as a local activity it held the run's workflow task open while
 /// the other forks' agent completions piled up, and past 100 buffered events Temporal

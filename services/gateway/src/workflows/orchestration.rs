@@ -114,6 +114,9 @@ pub struct SandboxOrchestrationWorkflow {
     pub(super) account_to_open: Option<AccountOpen>,
     /// Why a wave could not open it: the run fails.
     pub(super) open_error: Option<String>,
+    /// A wave was prepared: later ones are regular activities (runs that take
+    /// [`Change::LaterWavesAreActivities`]).
+    pub(super) first_wave_prepared: bool,
 }
 
 /// Times a fork whose sandbox was lost is started again (beyond its first start).
@@ -170,6 +173,7 @@ impl SandboxOrchestrationWorkflow {
             generation: 0,
             account_to_open: None,
             open_error: None,
+            first_wave_prepared: false,
         }
     }
 

@@ -26,7 +26,11 @@ use temporalio_workflow::WorkflowContext;
 
 /// The patch each generation of changes records at a run's start, oldest first; a run
 /// takes the changes of its generation and of the older ones. Only ever appended to.
-const GENERATIONS: &[&str] = &["patches-decided-at-start", "account-opened-with-first-wave"];
+const GENERATIONS: &[&str] = &[
+    "patches-decided-at-start",
+    "account-opened-with-first-wave",
+    "later-waves-are-activities",
+];
 
 /// Changes introduced by earlier builds, each with the patch those builds recorded.
 #[derive(Clone, Copy, Debug)]
@@ -44,6 +48,11 @@ pub enum Change {
     /// The run's ledger account is opened by its first wave's activity, beside the
     /// creates, instead of by a local activity of its own before it.
     AccountOpenedWithFirstWave,
+    /// Every wave after the first is prepared by a regular activity on the gateway's own
+    /// queue, not a local one: a local activity holds the run's workflow task open, and
+    /// while it ran the other forks' completions piled up behind it; past 100 buffered
+    /// events Temporal force-fails the task (the worker then replays the whole history).
+    LaterWavesAreActivities,
 }
 
 impl Change {
@@ -56,6 +65,7 @@ impl Change {
             | Self::DurableSettle
             | Self::RunOutcomeAttribute => 1,
             Self::AccountOpenedWithFirstWave => 2,
+            Self::LaterWavesAreActivities => 3,
         }
     }
 
@@ -69,6 +79,7 @@ impl Change {
             Self::RunOutcomeAttribute => "run-outcome-attribute",
             // Never asked for by a build before generations (it has generation 2).
             Self::AccountOpenedWithFirstWave => GENERATIONS[1],
+            Self::LaterWavesAreActivities => GENERATIONS[2],
         }
     }
 }

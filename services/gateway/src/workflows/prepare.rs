@@ -149,6 +149,10 @@ pub(super) async fn prepare_wave(
         .collect();
     // A patch: more rounds are more timers, which histories of earlier builds lack.
     let patches = ctx.state(|s| s.patches);
+    // Only the first wave runs while nothing else is in flight; its latency is the run's.
+    let as_activity =
+        ctx.state(|s| s.first_wave_prepared) && patches.takes(ctx, Change::LaterWavesAreActivities);
+    ctx.state_mut(|s| s.first_wave_prepared = true);
     let rounds = if patches.takes(ctx, Change::PrepareOutlastsAnOutage) {
         PATIENT_ROUNDS
     } else {
@@ -212,13 +216,14 @@ pub(super) async fn prepare_wave(
             let open = open.take();
             async move {
                 let opens = open.is_some();
-                let done = ctx
-                    .execute_local_activity(
-                        WaveLocal::prepare,
-                        Wave { forks, open },
-                        options::wave_local(),
-                    )
-                    .await;
+                let wave = Wave { forks, open };
+                let done = if as_activity {
+                    ctx.execute_activity(WaveLocal::prepare, wave, options::wave())
+                        .await
+                } else {
+                    ctx.execute_local_activity(WaveLocal::prepare, wave, options::wave_local())
+                        .await
+                };
                 if opens && let Ok(d) = &done {
                     let error = Some(d.open_error.clone()).filter(|e| !e.is_empty());
                     ctx.state_mut(|s| {
