@@ -82,7 +82,7 @@ pub struct Finished {
 }
 
 /// A finish attempt's heartbeat: the forks it finished, by their place in the batch
-/// (patches of inline forks are small, `workflows::inline::PATCH_MAX_BYTES`).
+/// (patches of inline forks are small, `workflows::history::PATCH_MAX_BYTES`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct FinishProgress {

@@ -294,7 +294,7 @@ pub(super) async fn agent_and_verify<W>(
         reservation_id: progress.reservation_id.clone(),
         charge_key: key("agent"),
         attempt: input.attempt.max(1),
-        output_tail_bytes: super::inline::history_caps(spec).agent_tail,
+        output_tail_bytes: super::history::history_caps(spec).agent_tail,
     };
     let mut opts = options::agent(spec.fork_timeout_secs);
     opts.cancellation_token = Some(host.cancel.clone());
@@ -335,7 +335,7 @@ pub(super) async fn agent_and_verify<W>(
             env: HashMap::new(),
             timeout_secs: spec.verify_timeout_secs,
             // Only the tails are kept (in the history, too).
-            output_tail_bytes: super::inline::history_caps(spec).verify_tail,
+            output_tail_bytes: super::history::history_caps(spec).verify_tail,
             ..Default::default()
         };
         let mut opts = options::verify(

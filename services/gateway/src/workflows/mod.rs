@@ -7,6 +7,7 @@
 pub mod cleanup;
 mod failure;
 pub mod fork;
+mod history;
 mod inline;
 mod options;
 pub mod orchestration;

@@ -24,7 +24,7 @@
 //!   child's own history, which stays a few dozen events;
 //! - an inline fork (smaller runs) adds its agent's three events (six with verify) and a
 //!   share of a finishing batch's; its patch is kept in the run's history only up to
-//!   16 KiB (`inline::PATCH_MAX_BYTES`), a larger one is handed to a child;
+//!   16 KiB (`history::PATCH_MAX_BYTES`), a larger one is handed to a child;
 //! - forks in flight never exceed `max_concurrent` (capped at 500 by the gateway), so
 //!   pending children or agent activities stay under 2,000 (local activities are not
 //!   pending activities);
