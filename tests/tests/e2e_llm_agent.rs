@@ -267,22 +267,7 @@ fn tool_use(id: &str, name: &str, input: Value) -> (u16, Value) {
     )
 }
 
-fn pids_with(marker: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
-            && String::from_utf8_lossy(&cmdline)
-                .replace('\0', " ")
-                .contains(marker)
-        {
-            pids.push(pid);
-        }
-    }
-    pids
-}
+use forkyard_common::testing::host_pids_with as pids_with;
 
 /// Temporal retries a failed agent attempt, which resumes from the last heartbeat's
 /// details (no turn charged twice); a cancel reaches the agent through its heartbeat and

@@ -279,6 +279,29 @@ fn fork_span(create: &CreateSandboxRequest) -> Context {
     )
 }
 
+/// `work`, heartbeating `details()` every [`crate::finish::HEARTBEAT_EVERY`] while it runs.
+async fn heartbeating<T, D>(
+    ctx: &ActivityContext,
+    work: impl std::future::Future<Output = T>,
+    details: impl Fn() -> D,
+) -> T
+where
+    D: temporalio_common::data_converters::TemporalSerializable + 'static,
+{
+    tokio::pin!(work);
+    let mut beat = tokio::time::interval(crate::finish::HEARTBEAT_EVERY);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = beat.tick() => {
+                if let Err(e) = ctx.record_heartbeat(details()).await {
+                    tracing::warn!(activity = %ctx.info().activity_type, error = %e, "heartbeat not recorded");
+                }
+            }
+        }
+    }
+}
+
 /// A span named `name` for one fork (its run and number), under the current one.
 fn span(name: &'static str, run_id: Option<String>, fork: Option<i64>) -> Context {
     let tracer = global::tracer("forkyard-gateway");
@@ -363,22 +386,15 @@ impl WaveLocal {
                 out
             }
         });
-        let all = futures::future::join_all(forks);
-        tokio::pin!(all);
-        let mut beat = tokio::time::interval(crate::finish::HEARTBEAT_EVERY);
-        let forks = loop {
-            tokio::select! {
-                forks = &mut all => break forks,
-                _ = beat.tick() => {
-                    let progress = crate::finish::FinishProgress {
-                        done: done.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone(),
-                    };
-                    if let Err(e) = ctx.record_heartbeat(progress).await {
-                        tracing::warn!(error = %e, "finish heartbeat not recorded");
-                    }
-                }
+        let forks = heartbeating(&ctx, futures::future::join_all(forks), || {
+            crate::finish::FinishProgress {
+                done: done
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone(),
             }
-        };
+        })
+        .await;
         Ok(crate::finish::FinishDone { forks })
     }
 
@@ -419,19 +435,7 @@ impl WaveLocal {
         });
         // Run as a regular activity (a later wave), it heartbeats: a gateway that died
         // mid-way is noticed within the heartbeat timeout. A no-op as a local activity.
-        let all = futures::future::join_all(forks);
-        tokio::pin!(all);
-        let mut beat = tokio::time::interval(crate::finish::HEARTBEAT_EVERY);
-        let forks = loop {
-            tokio::select! {
-                forks = &mut all => break forks,
-                _ = beat.tick() => {
-                    if let Err(e) = ctx.record_heartbeat(()).await {
-                        tracing::warn!(error = %e, "wave heartbeat not recorded");
-                    }
-                }
-            }
-        };
+        let forks = heartbeating(&ctx, futures::future::join_all(forks), || ()).await;
         Ok(WaveDone {
             forks,
             open_error: opened.await.err().unwrap_or_default(),

@@ -101,13 +101,7 @@ pub(super) fn wave_local() -> LocalActivityOptions {
 /// it heartbeats, so a gateway that died mid-way is noticed in 30 s. The retry sends every
 /// fork again under the same idempotency keys.
 pub(super) fn wave() -> ActivityOptions {
-    let mut opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(420))
-        .task_queue(queues::ORCHESTRATION.to_owned())
-        .heartbeat_timeout(Duration::from_secs(30))
-        .retry_policy(retry(3, 5, &[]))
-        .build();
-    opts.cancellation_token = Some(WorkflowCancellationToken::new());
-    opts
+    on_gateway_queue(Duration::from_secs(420))
 }
 
 /// A batch of inline forks' last steps (`crate::finish`), a regular activity on the
@@ -117,9 +111,14 @@ pub(super) fn wave() -> ActivityOptions {
 /// attempt that timed out or a worker that went away. On a fresh cancellation token: a
 /// cancelled fork must still be settled and its sandbox destroyed.
 pub(super) fn finish() -> ActivityOptions {
-    // Heartbeats every few seconds: a gateway that died mid-way is noticed in 30 s, not
-    // at the 720 s limit (`WaveLocal::finish`).
-    let mut opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(720))
+    on_gateway_queue(Duration::from_secs(720))
+}
+
+/// A heartbeating activity of the gateway's own (`WaveLocal`) on its queue: a gateway that
+/// died mid-way is noticed in 30 s, not at `start_to_close`; retried for an attempt that
+/// timed out or a worker that went away; on a fresh cancellation token.
+fn on_gateway_queue(start_to_close: Duration) -> ActivityOptions {
+    let mut opts = ActivityOptions::with_start_to_close_timeout(start_to_close)
         .task_queue(queues::ORCHESTRATION.to_owned())
         .heartbeat_timeout(Duration::from_secs(30))
         .retry_policy(retry(3, 5, &[]))
