@@ -21,15 +21,15 @@
 
 use crate::{
     ledger,
-    sandboxes::{self, AtOwner},
-    wave::WaveLocal,
+    retry::retried,
+    sandboxes::{self, AtOwner, SandboxLocal},
 };
 use forkyard_proto::{
     budget::v1::{CommitRequest, ReleaseRequest, Reservation},
     sandbox::v1::{CollectPatchRequest, CollectPatchResponse},
 };
 use serde::{Deserialize, Serialize};
-use std::{future::Future, time::Duration};
+use std::time::Duration;
 use tonic::{Code, Status};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -89,40 +89,10 @@ pub struct FinishProgress {
     pub done: std::collections::BTreeMap<usize, Finished>,
 }
 
-/// How often a finish attempt heartbeats (its heartbeat timeout is a few times this).
-pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
-
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct FinishDone {
     pub forks: Vec<Finished>,
-}
-
-/// `call` until it answers, it fails for good, or `attempts` are used, waiting
-/// `initial` and then twice as long between tries.
-pub(crate) async fn retried<T, F, Fut>(
-    attempts: u32,
-    initial: Duration,
-    final_error: impl Fn(&Status) -> bool,
-    mut call: F,
-) -> Result<T, Status>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, Status>>,
-{
-    let mut wait = initial;
-    let mut attempt = 1;
-    loop {
-        match call().await {
-            Ok(v) => return Ok(v),
-            Err(s) if attempt >= attempts || final_error(&s) => return Err(s),
-            Err(_) => {
-                tokio::time::sleep(wait).await;
-                wait *= 2;
-                attempt += 1;
-            }
-        }
-    }
 }
 
 fn sandbox_final(s: &Status) -> bool {
@@ -133,96 +103,100 @@ fn ledger_final(s: &Status) -> bool {
     !ledger::error_type(s).1
 }
 
-impl WaveLocal {
-    pub(crate) async fn finish_fork(&self, item: FinishItem, patch_max_bytes: u64) -> Finished {
-        let mut out = Finished::default();
-        let owner = match self.sandboxes.owner_of(&item.sandbox.endpoint) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                out.destroy_error = e.clone();
-                if item.collect_patch {
-                    out.patch_error = e;
-                }
-                None
+/// Collect one fork's patch, settle its reservation and destroy its sandbox, each step
+/// retried as the child workflow's local activities are; never fails as a whole.
+pub(crate) async fn finish_fork(
+    ledger: &ledger::Client,
+    sandboxes: &SandboxLocal,
+    item: FinishItem,
+    patch_max_bytes: u64,
+) -> Finished {
+    let mut out = Finished::default();
+    let owner = match sandboxes.owner_of(&item.sandbox.endpoint) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            out.destroy_error = e.clone();
+            if item.collect_patch {
+                out.patch_error = e;
             }
+            None
+        }
+    };
+    if item.collect_patch
+        && let Some(owner) = &owner
+    {
+        let req = CollectPatchRequest {
+            sandbox_id: item.sandbox.sandbox_id.clone(),
+            max_bytes: patch_max_bytes,
         };
-        if item.collect_patch
-            && let Some(owner) = &owner
-        {
-            let req = CollectPatchRequest {
-                sandbox_id: item.sandbox.sandbox_id.clone(),
-                max_bytes: patch_max_bytes,
-            };
-            let got = retried(3, Duration::from_secs(2), sandbox_final, || {
-                let (mut c, req) = (owner.clone(), req.clone());
-                async move { c.collect_patch(req).await }
-            })
-            .await;
-            match got {
-                Ok(p) => {
-                    let p = p.into_inner();
-                    if p.truncated {
-                        out.handoff = true;
-                        return out;
-                    }
-                    out.patch = Some(p);
+        let got = retried(3, Duration::from_secs(2), sandbox_final, || {
+            let (mut c, req) = (owner.clone(), req.clone());
+            async move { c.collect_patch(req).await }
+        })
+        .await;
+        match got {
+            Ok(p) => {
+                let p = p.into_inner();
+                if p.truncated {
+                    out.handoff = true;
+                    return out;
                 }
-                Err(s) => out.patch_error = sandboxes::patch_failure_message(&s),
+                out.patch = Some(p);
             }
+            Err(s) => out.patch_error = sandboxes::patch_failure_message(&s),
         }
-        let patched = !item.collect_patch || out.patch.is_some();
-        let (amount, sandbox) = crate::workflows::commit_amount(
-            item.cost_micros,
-            item.sandbox_charged_micros,
-            out.patch
-                .as_ref()
-                .and_then(|p| p.usage)
-                .map(|u| u.cost_micros),
-        );
-        (out.amount_micros, out.sandbox_cost_micros) = (amount, sandbox);
-        out.committed = amount > 0 || (item.succeeds_with_patch && patched);
-        let ledger = &self.ledger;
-        let settled = if out.committed {
-            let req = CommitRequest {
-                reservation_id: item.reservation_id.clone(),
-                amount_micros: amount,
-                idempotency_key: item.commit_key.clone(),
-            };
-            retried(5, Duration::from_secs(1), ledger_final, || {
-                let (mut c, req) = (ledger.clone(), req.clone());
-                async move { c.commit(req).await }
-            })
-            .await
-        } else {
-            let req = ReleaseRequest {
-                reservation_id: item.reservation_id.clone(),
-                idempotency_key: item.release_key.clone(),
-            };
-            retried(5, Duration::from_secs(1), ledger_final, || {
-                let (mut c, req) = (ledger.clone(), req.clone());
-                async move { c.release(req).await }
-            })
-            .await
-        };
-        match settled {
-            Ok(r) => out.reservation = Some(r.into_inner()),
-            Err(s) => {
-                out.settle_retryable = !ledger_final(&s);
-                out.settle_error = ledger::message(&s);
-            }
-        }
-        if let Some(owner) = owner {
-            let destroyed = retried(
-                3,
-                Duration::from_secs(2),
-                |s| s.code() == Code::InvalidArgument,
-                || sandboxes::destroy_with(owner.clone(), item.sandbox.clone()),
-            )
-            .await;
-            if let Err(s) = destroyed {
-                out.destroy_error = format!("destroy sandbox: {}", s.message());
-            }
-        }
-        out
     }
+    let patched = !item.collect_patch || out.patch.is_some();
+    let (amount, sandbox) = crate::workflows::commit_amount(
+        item.cost_micros,
+        item.sandbox_charged_micros,
+        out.patch
+            .as_ref()
+            .and_then(|p| p.usage)
+            .map(|u| u.cost_micros),
+    );
+    (out.amount_micros, out.sandbox_cost_micros) = (amount, sandbox);
+    out.committed = amount > 0 || (item.succeeds_with_patch && patched);
+    let settled = if out.committed {
+        let req = CommitRequest {
+            reservation_id: item.reservation_id.clone(),
+            amount_micros: amount,
+            idempotency_key: item.commit_key.clone(),
+        };
+        retried(5, Duration::from_secs(1), ledger_final, || {
+            let (mut c, req) = (ledger.clone(), req.clone());
+            async move { c.commit(req).await }
+        })
+        .await
+    } else {
+        let req = ReleaseRequest {
+            reservation_id: item.reservation_id.clone(),
+            idempotency_key: item.release_key.clone(),
+        };
+        retried(5, Duration::from_secs(1), ledger_final, || {
+            let (mut c, req) = (ledger.clone(), req.clone());
+            async move { c.release(req).await }
+        })
+        .await
+    };
+    match settled {
+        Ok(r) => out.reservation = Some(r.into_inner()),
+        Err(s) => {
+            out.settle_retryable = !ledger_final(&s);
+            out.settle_error = ledger::message(&s);
+        }
+    }
+    if let Some(owner) = owner {
+        let destroyed = retried(
+            3,
+            Duration::from_secs(2),
+            |s| s.code() == Code::InvalidArgument,
+            || sandboxes::destroy_with(owner.clone(), item.sandbox.clone()),
+        )
+        .await;
+        if let Err(s) = destroyed {
+            out.destroy_error = format!("destroy sandbox: {}", s.message());
+        }
+    }
+    out
 }

@@ -10,6 +10,7 @@ pub mod fork_telemetry;
 pub mod ledger;
 pub mod money;
 pub mod repo_policy;
+pub mod retry;
 pub mod sandboxes;
 pub mod search;
 pub mod validate;

@@ -251,7 +251,7 @@ impl WaveLocal {
             let Some(open) = open else { return Ok(()) };
             let final_error = |s: &tonic::Status| !ledger::error_type(s).1;
             let opened =
-                crate::finish::retried(5, std::time::Duration::from_secs(1), final_error, || {
+                crate::retry::retried(5, std::time::Duration::from_secs(1), final_error, || {
                     let (mut c, open) = (ledger.clone(), open.clone());
                     async move {
                         match open {
@@ -279,7 +279,11 @@ fn fork_span(create: &CreateSandboxRequest) -> Context {
     )
 }
 
-/// `work`, heartbeating `details()` every [`crate::finish::HEARTBEAT_EVERY`] while it runs.
+/// How often the gateway's own activities heartbeat while they run (their heartbeat
+/// timeout is a few times this).
+pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `work`, heartbeating `details()` every [`HEARTBEAT_EVERY`] while it runs.
 async fn heartbeating<T, D>(
     ctx: &ActivityContext,
     work: impl std::future::Future<Output = T>,
@@ -289,7 +293,7 @@ where
     D: temporalio_common::data_converters::TemporalSerializable + 'static,
 {
     tokio::pin!(work);
-    let mut beat = tokio::time::interval(crate::finish::HEARTBEAT_EVERY);
+    let mut beat = tokio::time::interval(HEARTBEAT_EVERY);
     loop {
         tokio::select! {
             out = &mut work => return out,
@@ -371,7 +375,9 @@ impl WaveLocal {
                     cx.span().end();
                     return out;
                 }
-                let out = this.finish_fork(item, max).with_context(cx.clone()).await;
+                let out = crate::finish::finish_fork(&this.ledger, &this.sandboxes, item, max)
+                    .with_context(cx.clone())
+                    .await;
                 done.lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .insert(i, out.clone());
