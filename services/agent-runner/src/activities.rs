@@ -1,6 +1,6 @@
 //! The `agent.run` activity on the `agent-runner` queue.
 
-use crate::{command, runner::Runner};
+use crate::{progress::ProgressSink, runner::Runner};
 use forkyard_proto::agent::v1::{AgentProgress, RunAgentRequest, RunAgentResponse};
 use std::sync::Arc;
 use temporalio_macros::activities;
@@ -12,7 +12,7 @@ pub struct AgentActivities {
 
 struct Heartbeats<'a>(&'a ActivityContext);
 
-impl command::ProgressSink for Heartbeats<'_> {
+impl ProgressSink for Heartbeats<'_> {
     async fn report(&self, progress: AgentProgress) {
         if let Err(e) = self.0.record_heartbeat(progress).await {
             tracing::warn!(error = %e, "heartbeat not recorded");

@@ -10,17 +10,14 @@
 
 use crate::{
     charge::{Charger, LEDGER_OUTAGE_GRACE, LedgerOutage},
-    command::ProgressSink,
     drivers::Drivers,
     error::AgentError,
     llm::{Provider, ToolOutput, anthropic::Anthropic, openai::OpenAi},
+    progress::{ProgressSink, first_beat_after},
     tools::{self, Sandbox},
     transcript::{ArtifactStore, Transcript},
 };
-use forkyard_proto::{
-    agent::v1::{AgentProgress, RunAgentRequest, RunAgentResponse},
-    common::v1::Usage,
-};
+use forkyard_proto::agent::v1::{AgentProgress, RunAgentRequest, RunAgentResponse};
 use serde_json::{Value, json};
 use std::{
     future::Future,
@@ -50,13 +47,6 @@ pub struct Env<'a, S: ProgressSink> {
 enum Stop {
     Cancelled,
     Deadline,
-}
-
-fn add(a: &mut Usage, b: &Usage) {
-    a.input_tokens += b.input_tokens;
-    a.output_tokens += b.output_tokens;
-    a.cache_read_tokens += b.cache_read_tokens;
-    a.cache_write_tokens += b.cache_write_tokens;
 }
 
 struct Loop<'a, S: ProgressSink> {
@@ -183,7 +173,7 @@ pub async fn run<S: ProgressSink>(
         }
         _ => (Transcript::none(), Vec::new()),
     };
-    let ticker = crate::command_meter::first_beat_after(heartbeat);
+    let ticker = first_beat_after(heartbeat);
     let resume = resume.filter(|p| p.turns > 0);
     let mut lp = Loop {
         sink,
@@ -244,7 +234,7 @@ pub async fn run<S: ProgressSink>(
         let n = lp.progress.turns;
         let cost = price.cost_micros(&turn.usage);
         let mut usage = lp.progress.usage.unwrap_or_default();
-        add(&mut usage, &turn.usage);
+        crate::usage_sum::add(&mut usage, &turn.usage);
         lp.progress.usage = Some(usage);
         lp.progress.cost_micros += cost;
         written = write_messages(&mut lp, &provider, written, n);

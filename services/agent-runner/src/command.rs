@@ -20,14 +20,15 @@
 
 use crate::{
     charge::Charger,
-    command_meter::{Lines, Meter},
+    command_meter::{Lines, Meter, add_totals},
     error::AgentError,
     llm_gateway::{
         LlmGateway,
-        grants::{Allowed, GrantHandle, GrantSpec, Stop, Totals},
+        grants::{Allowed, GrantHandle, GrantSpec, Stop},
     },
     models::Models,
     presets::Program,
+    progress::{ProgressSink, first_beat_after},
     transcript::{ArtifactStore, Transcript},
     usage_stream::{Reading, UsageStream},
 };
@@ -51,16 +52,6 @@ use std::{
 const OUTPUT_TAIL_BYTES: usize = 4096;
 /// How long the end of a command waits for its last requests' charges.
 const SETTLE: Duration = Duration::from_secs(15);
-
-/// Where progress goes while the agent runs (activity heartbeats, or nowhere).
-pub trait ProgressSink {
-    fn report(&self, progress: AgentProgress) -> impl Future<Output = ()>;
-}
-
-pub struct NoProgress;
-impl ProgressSink for NoProgress {
-    async fn report(&self, _: AgentProgress) {}
-}
 
 /// What the command driver needs besides the request.
 pub struct Env<'a, S: ProgressSink> {
@@ -226,7 +217,7 @@ pub async fn run<S: ProgressSink>(
         res = client.exec_stream(exec) => res.map_err(|s| sandbox_error(req, &endpoint, &s))?.into_inner(),
         () = &mut cancelled => return Err(cancel(&mut meter)),
     };
-    let mut ticker = crate::command_meter::first_beat_after(heartbeat);
+    let mut ticker = first_beat_after(heartbeat);
     let mut stdout = Lines::default();
     let mut stderr = String::new();
     let mut readings = UsageStream::default();
@@ -303,7 +294,7 @@ pub async fn run<S: ProgressSink>(
                 return Err(spent(&mut meter, grant.as_ref(), why).await);
             }
             add_totals(&mut meter.progress, &totals);
-            write_gateway_totals(&mut meter, &totals);
+            meter.write_gateway_totals(&totals);
             // The agent gave up because the model API failed it: worth another attempt
             // (the agent retry table), which resumes from this beat's charges.
             if exit.exit_code != 0 && !exit.timed_out && totals.upstream_failures > 0 {
@@ -354,23 +345,6 @@ pub async fn run<S: ProgressSink>(
     Ok(out)
 }
 
-/// `p` (what earlier attempts and stdout reports came to) plus the gateway's requests.
-pub(crate) fn add_totals(p: &mut AgentProgress, t: &Totals) {
-    p.turns += t.requests;
-    let mut usage = p.usage.unwrap_or_default();
-    crate::command_meter::add(&mut usage, &t.usage);
-    p.usage = Some(usage);
-    p.cost_micros += t.cost_micros;
-    p.charged_micros += t.charged_micros;
-}
-
-fn write_gateway_totals<S: ProgressSink>(meter: &mut Meter<'_, S>, t: &Totals) {
-    meter.transcript.write(&json!({
-        "type": "llm_gateway", "requests": t.requests, "usage": t.usage,
-        "cost_micros": t.cost_micros, "charged_micros": t.charged_micros,
-    }));
-}
-
 /// The agent's charges have not reached the ledger for too long: it is stopped, and the
 /// attempt is retried (what it used is in its last beat, for the fork's commit).
 async fn ledger_away<S: ProgressSink>(
@@ -413,7 +387,7 @@ async fn stop<S: ProgressSink>(
     if let Some(g) = grant {
         let totals = g.settle(SETTLE).await;
         add_totals(&mut meter.progress, &totals);
-        write_gateway_totals(meter, &totals);
+        meter.write_gateway_totals(&totals);
     }
     let p = &meter.progress;
     meter.transcript.write(&json!({"type": "end", "reason": reason, "error": why, "turns": p.turns, "cost_micros": p.cost_micros}));

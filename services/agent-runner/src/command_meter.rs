@@ -3,12 +3,14 @@
 
 use crate::{
     charge::{Charger, LEDGER_OUTAGE_GRACE, LedgerOutage},
-    command::ProgressSink,
     error::AgentError,
+    llm_gateway::grants::Totals,
     models::Models,
+    progress::ProgressSink,
     transcript::Transcript,
     usage::{self, Reported},
     usage_stream::{at_least, grown, is_zero},
+    usage_sum::add,
 };
 use forkyard_proto::{
     agent::v1::{AgentProgress, RunAgentRequest},
@@ -24,12 +26,14 @@ const MAX_LINE_BYTES: usize = 4 << 20;
 /// Output lines written to the transcript per attempt, in bytes.
 const MAX_TRANSCRIPT_OUTPUT: usize = 8 << 20;
 
-/// `b`'s tokens added to `a`'s.
-pub(crate) fn add(a: &mut Usage, b: &Usage) {
-    a.input_tokens += b.input_tokens;
-    a.output_tokens += b.output_tokens;
-    a.cache_read_tokens += b.cache_read_tokens;
-    a.cache_write_tokens += b.cache_write_tokens;
+/// `p` (what earlier attempts and stdout reports came to) plus the gateway's requests.
+pub(crate) fn add_totals(p: &mut AgentProgress, t: &Totals) {
+    p.turns += t.requests;
+    let mut usage = p.usage.unwrap_or_default();
+    add(&mut usage, &t.usage);
+    p.usage = Some(usage);
+    p.cost_micros += t.cost_micros;
+    p.charged_micros += t.charged_micros;
 }
 
 /// Bytes cut into lines as they arrive, with the last `KEEP_STDOUT_BYTES` kept.
@@ -97,18 +101,22 @@ impl<S: ProgressSink> Meter<'_, S> {
     }
 
     /// A heartbeat showing `gateway`'s requests on top of the meter's own progress.
-    pub async fn beat_with(
-        &mut self,
-        action: &str,
-        gateway: Option<&crate::llm_gateway::grants::Totals>,
-    ) {
+    pub async fn beat_with(&mut self, action: &str, gateway: Option<&Totals>) {
         self.progress.elapsed_ms = self.started.elapsed().as_millis() as u64;
         action.clone_into(&mut self.progress.last_action);
         let mut shown = self.progress.clone();
         if let Some(t) = gateway {
-            crate::command::add_totals(&mut shown, t);
+            add_totals(&mut shown, t);
         }
         self.sink.report(shown).await;
+    }
+
+    /// The gateway's totals `t` in the transcript.
+    pub fn write_gateway_totals(&mut self, t: &Totals) {
+        self.transcript.write(&json!({
+            "type": "llm_gateway", "requests": t.requests, "usage": t.usage,
+            "cost_micros": t.cost_micros, "charged_micros": t.charged_micros,
+        }));
     }
 
     pub fn record_output(&mut self, line: &str) {
@@ -227,16 +235,6 @@ impl<S: ProgressSink> Meter<'_, S> {
             tracing::info!(run_id = %self.req.run_id, fork = self.req.fork, reported = cost, charged = self.run_priced, "the cli's total is below what its usage reports were charged; keeping the charges");
         }
     }
-}
-
-/// The heartbeat ticker: its first tick one interval after the start, not at once. A
-/// heartbeat at the start carries nothing to resume from and costs Temporal a write per
-/// fork; an agent that finishes within the interval never needs one (the heartbeat
-/// timeout is longer than the longest interval allowed).
-pub(crate) fn first_beat_after(every: std::time::Duration) -> tokio::time::Interval {
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker
 }
 
 #[cfg(test)]

@@ -4,9 +4,10 @@ use clap::Parser;
 use forkyard_agent_runner::{
     activities::AgentActivities,
     drivers::Drivers,
-    grpc::{AgentRunnerService, Provisioners},
+    grpc::AgentRunnerService,
     llm_gateway::LlmGateway,
     models::Models,
+    provisioners::Provisioners,
     runner::{Runner, short_call_channel},
     transcript::ArtifactStore,
 };

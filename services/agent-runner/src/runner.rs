@@ -4,12 +4,13 @@
 use crate::{
     agent_loop::{self, Env},
     charge::Charger,
-    command::{self, ProgressSink},
+    command,
     drivers::Drivers,
     error::AgentError,
-    grpc::Provisioners,
     llm_gateway::LlmGateway,
     presets,
+    progress::ProgressSink,
+    provisioners::Provisioners,
     tools::Sandbox,
     transcript::ArtifactStore,
 };

@@ -136,7 +136,7 @@ impl Grant {
             let mut s = self.state.lock().expect("grant lock");
             let t = &mut s.totals;
             t.requests += 1;
-            crate::command_meter::add(&mut t.usage, &usage);
+            crate::usage_sum::add(&mut t.usage, &usage);
             t.cost_micros += cost_micros;
         }
         let outcome = match &self.charger {

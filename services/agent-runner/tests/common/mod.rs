@@ -11,11 +11,11 @@ use axum::{
     routing::post,
 };
 use forkyard_agent_runner::{
-    command::ProgressSink,
     drivers::Drivers,
-    grpc::Provisioners,
     llm::{Endpoint, Secret, http::RetryPolicy},
     models::Models,
+    progress::ProgressSink,
+    provisioners::Provisioners,
     runner::{Runner, short_call_channel},
     transcript::ArtifactStore,
 };
