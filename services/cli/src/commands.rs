@@ -2,6 +2,7 @@
 
 use crate::{
     cli::{BudgetCommand, Cli, Command, ForkArgs, Output},
+    client::{Client, connect, status_error},
     table, watch,
 };
 use forkyard_proto::{
@@ -9,46 +10,10 @@ use forkyard_proto::{
     gateway::v1::{
         CancelForkRequest, CancelRunRequest, GetForkResultRequest, GetRunRequest, LaunchRunRequest,
         ListRunsRequest, ListRunsResponse, PauseRunRequest, RaiseBudgetRequest, ResumeRunRequest,
-        Run, RunState, StartCleanupRequest, StopCleanupRequest, gateway_client::GatewayClient,
+        Run, RunState, StartCleanupRequest, StopCleanupRequest,
     },
 };
-use std::{process::ExitCode, time::Duration};
-use tonic::{service::interceptor::InterceptedService, transport::Channel};
-
-pub type Client = GatewayClient<InterceptedService<Channel, crate::keys::Bearer>>;
-
-async fn connect(
-    endpoint: &str,
-    api_key: Option<&str>,
-    gateway_ca: Option<&std::path::Path>,
-) -> anyhow::Result<Client> {
-    let bearer = crate::keys::Bearer::new(api_key)?;
-    let mut ep = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|e| anyhow::anyhow!("--gateway {endpoint:?}: {e}"))?;
-    if endpoint.starts_with("https://") {
-        let mut tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
-        if let Some(ca) = gateway_ca {
-            let pem = std::fs::read(ca)
-                .map_err(|e| anyhow::anyhow!("--gateway-ca {}: {e}", ca.display()))?;
-            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
-        }
-        ep = ep.tls_config(tls)?;
-    }
-    let channel = ep
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot reach the gateway at {endpoint}: {e} (is the stack up? `make up`)"
-            )
-        })?;
-    Ok(GatewayClient::with_interceptor(channel, bearer).max_decoding_message_size(64 << 20))
-}
-
-pub fn status_error(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{}: {}", s.code().description(), s.message())
-}
+use std::process::ExitCode;
 
 /// The exit code a finished run maps to (see the crate docs).
 pub fn exit_for(run: &Run) -> ExitCode {

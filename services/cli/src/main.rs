@@ -8,6 +8,7 @@
 //! - 64: bad command-line usage.
 
 mod cli;
+mod client;
 mod commands;
 mod json;
 mod keys;

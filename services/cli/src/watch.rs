@@ -2,7 +2,7 @@
 //! line per fork (redrawn in place); otherwise one line per event, for logs.
 
 use crate::{
-    commands::{Client, status_error},
+    client::{Client, status_error},
     table,
 };
 use forkyard_proto::gateway::v1::{
