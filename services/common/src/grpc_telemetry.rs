@@ -8,7 +8,7 @@
 //! call ends (span closed, metrics recorded) when its response body ends — for streams,
 //! when the stream ends — so the code is the one in the trailers.
 
-use crate::metrics::registry;
+use crate::metrics_registry::registry;
 use http_body::{Body, Frame};
 use opentelemetry::{
     Context, KeyValue, global,

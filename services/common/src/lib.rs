@@ -14,6 +14,7 @@ pub mod grpc_telemetry;
 pub mod hosts;
 pub mod image_reference;
 pub mod metrics;
+mod metrics_registry;
 pub mod pool;
 pub mod proxy_header;
 pub mod repo_location;

@@ -6,27 +6,12 @@
 //! request metrics of [`crate::grpc_telemetry`], and the Temporal SDK's worker metrics,
 //! which the SDK keeps in a registry of its own and which are appended to the page.
 
+pub use crate::metrics_registry::{register, registry};
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
 use std::{
     net::SocketAddr,
     sync::{LazyLock, OnceLock},
 };
-
-/// The process-wide registry served at `/metrics`.
-pub fn registry() -> &'static Registry {
-    static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
-    &REGISTRY
-}
-
-/// Register `m` in the process-wide registry (a service's own metrics, beside the run metrics).
-pub fn register<M: prometheus::core::Collector + Clone + 'static>(m: M) -> M {
-    // Registering twice only happens if two statics share a name: a programming error
-    // caught by the unit test below, not something a running service can hit.
-    registry()
-        .register(Box::new(m.clone()))
-        .expect("metric names are unique");
-    m
-}
 
 /// What a run does, by the seed's names.
 pub struct RunMetrics {
