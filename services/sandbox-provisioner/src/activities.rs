@@ -1,7 +1,7 @@
 //! The Temporal front door: `local.*` activities on queue `sandbox-provisioner`, over the
 //! same [`Provisioner`] as the gRPC service.
 
-use crate::provisioner::Provisioner;
+use crate::local::provisioner::Provisioner;
 use forkyard_proto::activities::markers;
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,

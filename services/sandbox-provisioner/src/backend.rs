@@ -7,7 +7,7 @@
 
 use crate::{
     error::{ProvisionerError, Result},
-    provisioner::Provisioner,
+    local::provisioner::Provisioner,
 };
 use async_trait::async_trait;
 use forkyard_proto::sandbox::v1::{
@@ -88,7 +88,7 @@ pub struct LocalBackend(pub Arc<Provisioner>);
 #[async_trait]
 impl SandboxBackend for LocalBackend {
     fn name(&self) -> &'static str {
-        crate::provisioner::BACKEND
+        crate::local::provisioner::BACKEND
     }
     fn id_prefix(&self) -> &'static str {
         "sbx-"

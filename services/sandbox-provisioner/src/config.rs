@@ -1,6 +1,6 @@
 //! Command-line flags (each also read from an environment variable).
 
-use crate::{cgroup::Limits, provisioner::Config};
+use crate::local::{cgroup::Limits, provisioner::Config};
 use forkyard_common::{
     advertise::hostname,
     config::{StateDirArg, TemporalArgs, parse_listen},
@@ -57,10 +57,10 @@ pub struct Args {
     /// sandbox its own (its workspace is owned by it and its commands run as it); 0 runs
     /// sandboxes as root. Not used when the provisioner is not root (sandboxes then run
     /// as its own uid).
-    #[arg(long, env = "FORKYARD_SANDBOX_UID_BASE", default_value_t = crate::uids::DEFAULT_BASE)]
+    #[arg(long, env = "FORKYARD_SANDBOX_UID_BASE", default_value_t = crate::local::uids::DEFAULT_BASE)]
     pub sandbox_uid_base: u32,
     /// How many uids from FORKYARD_SANDBOX_UID_BASE (at most this many sandboxes at once).
-    #[arg(long, env = "FORKYARD_SANDBOX_UID_COUNT", default_value_t = crate::uids::DEFAULT_COUNT)]
+    #[arg(long, env = "FORKYARD_SANDBOX_UID_COUNT", default_value_t = crate::local::uids::DEFAULT_COUNT)]
     pub sandbox_uid_count: u32,
     /// Cgroup (under each hierarchy's root) that holds one group per sandbox; empty
     /// disables cgroups.
@@ -84,8 +84,8 @@ pub struct Args {
     /// A hard quota per sandbox at its disk bound (plus a margin): `auto` where the
     /// state directory is on btrfs with quotas enabled and the provisioner is root,
     /// `required` to refuse to start otherwise, `off` for the workspace watch alone.
-    #[arg(long, env = "FORKYARD_SANDBOX_DISK_QUOTA", value_enum, default_value_t = crate::disk_quota::QuotaMode::Auto)]
-    pub sandbox_disk_quota: crate::disk_quota::QuotaMode,
+    #[arg(long, env = "FORKYARD_SANDBOX_DISK_QUOTA", value_enum, default_value_t = crate::local::disk_quota::QuotaMode::Auto)]
+    pub sandbox_disk_quota: crate::local::disk_quota::QuotaMode,
     /// The btrfs tool (btrfs-progs), for the quotas: a path or a name on $PATH.
     #[arg(long, env = "FORKYARD_BTRFS_PATH", default_value = "btrfs")]
     pub btrfs_path: PathBuf,
@@ -220,7 +220,7 @@ impl Args {
         config.exec_timeout = Duration::from_secs(self.exec_timeout_secs);
         config.clone_timeout = Duration::from_secs(self.clone_timeout_secs);
         config.allow_no_userns = self.allow_no_userns;
-        crate::uids::SandboxUids::check(self.sandbox_uid_base, self.sandbox_uid_count)?;
+        crate::local::uids::SandboxUids::check(self.sandbox_uid_base, self.sandbox_uid_count)?;
         config.sandbox_uid_base = self.sandbox_uid_base;
         config.sandbox_uid_count = self.sandbox_uid_count;
         let parent = self.cgroup_parent.trim();
@@ -246,7 +246,7 @@ impl Args {
         config.image_archive_dir.clone_from(&self.image_archive_dir);
         config.image_cache_max_bytes = self.image_cache_max_bytes;
         config.template_cache_max_bytes = self.template_cache_max_bytes;
-        config.registry = crate::image::registry::RegistryConfig {
+        config.registry = crate::local::image::registry::RegistryConfig {
             auth_file: self.registry_auth_file.clone(),
             insecure: self.registry_insecure.clone(),
         };

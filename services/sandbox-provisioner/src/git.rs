@@ -3,7 +3,7 @@
 
 use crate::{
     error::{ProvisionerError, Result},
-    process::{self, Caps, Outcome},
+    local::process::{self, Caps, Outcome},
 };
 use forkyard_proto::common::v1::DiffStat;
 use std::{io::ErrorKind, path::Path, time::Duration};
@@ -43,7 +43,7 @@ fn host_git() -> Command {
 #[tracing::instrument(name = "git", skip_all, fields(step = step(&cmd), exit_code = tracing::field::Empty))]
 async fn run(cmd: Command, timeout: Duration) -> Result<Result<String, String>> {
     let f = process::run(
-        crate::launch::Launch::Process(cmd),
+        crate::local::launch::Launch::Process(cmd),
         timeout,
         HOST_GIT_CAPS,
         &CancellationToken::new(),
@@ -180,7 +180,7 @@ pub async fn clone(
 }
 
 /// Clone `repo` into `ws` with HEAD detached at `commit`, without git's template files
-/// (hook samples, description): the source of [`crate::template`] copies.
+/// (hook samples, description): the source of [`crate::local::template`] copies.
 pub async fn clone_detached(repo: &str, commit: &str, ws: &Path, timeout: Duration) -> Result<()> {
     let mut cmd = host_git();
     cmd.args(["clone", "--quiet", "--no-local", "--template=", "--", repo])
@@ -206,7 +206,7 @@ pub async fn clone_detached(repo: &str, commit: &str, ws: &Path, timeout: Durati
 /// a run's destroys cost in proportion to both. The directories a clone has and agents
 /// may write into (`hooks`, `info`, without the samples) stay.
 fn trim_template(git_dir: &Path) -> std::io::Result<()> {
-    crate::store::remove_all(&git_dir.join("logs"))?;
+    crate::local::store::remove_all(&git_dir.join("logs"))?;
     for empty in ["refs/tags", "objects/info"] {
         if let Err(e) = std::fs::remove_dir(git_dir.join(empty))
             && !matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty)

@@ -2,7 +2,7 @@
 //! create picks the backend from `CreateSandboxRequest.backend`, every other call from
 //! the sandbox id. Dropping an `Exec` call drops its future, which kills the process.
 
-use crate::{backend::Backends, provisioner::Provisioner};
+use crate::{backend::Backends, local::provisioner::Provisioner};
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
     DestroySandboxResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,

@@ -4,7 +4,7 @@
 //! reservation as the agent runs, and the fork's commit includes the final figure
 //! (`CollectPatchResponse.usage`, read after the fork's last command).
 
-use crate::{entry::Entry, provisioner::Provisioner};
+use crate::local::{entry::Entry, provisioner::Provisioner};
 use forkyard_proto::sandbox::v1::SandboxUsage;
 use std::{
     sync::{Arc, Weak},
@@ -77,7 +77,7 @@ impl Provisioner {
         SandboxUsage {
             cpu_ms,
             memory_mib_seconds,
-            wall_ms: u64::try_from(crate::provisioner::now_ms() - created).unwrap_or(0),
+            wall_ms: u64::try_from(crate::local::provisioner::now_ms() - created).unwrap_or(0),
             cost_micros: self.config.prices.local(cpu_ms, memory_mib_seconds),
         }
     }

@@ -1,8 +1,8 @@
 //! Checks on request fields that the types do not enforce.
 
 use crate::{
-    bwrap,
     error::{ProvisionerError, Result},
+    local::bwrap,
 };
 
 /// Linux's limit on one argument or one `NAME=VALUE` string (`MAX_ARG_STRLEN`), NUL

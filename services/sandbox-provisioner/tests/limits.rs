@@ -8,7 +8,8 @@ use forkyard_proto::sandbox::v1::{DestroySandboxRequest, SandboxLimits};
 use std::time::Duration;
 
 fn cgroups_writable() -> bool {
-    let ok = forkyard_sandbox_provisioner::cgroup::Cgroups::detect("forkyard-test-probe").is_ok();
+    let ok =
+        forkyard_sandbox_provisioner::local::cgroup::Cgroups::detect("forkyard-test-probe").is_ok();
     if !ok {
         eprintln!("SKIPPED: cgroups not writable on this host");
     }

@@ -18,7 +18,9 @@ use common::{
     test_image::save_image,
 };
 use forkyard_proto::sandbox::v1::CreateSandboxRequest;
-use forkyard_sandbox_provisioner::{error::ProvisionerError, image::registry::RegistryConfig};
+use forkyard_sandbox_provisioner::{
+    error::ProvisionerError, local::image::registry::RegistryConfig,
+};
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},

@@ -1,0 +1,299 @@
+//! The provisioner's side of a sandbox's init: start the sandbox's one bubblewrap with
+//! the init in it, ask it to run commands, learn their exits. The init is the sandbox's
+//! (it runs as the sandbox's uid, where a command can kill or replace it): a message it
+//! sends can end only its own commands, and an init that goes away ends them all, which
+//! their callers see as a command that died.
+
+use super::wire::{self, FromInit, Spec, ToInit};
+use crate::local::process::KillTree;
+use rustix::fd::{AsFd, OwnedFd};
+use std::{
+    collections::HashMap,
+    io,
+    process::Stdio,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+use tokio::{io::unix::AsyncFd, sync::oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// How long a message to the init may wait for room: an init that reads nothing for
+/// this long (stopped, or flooded) is ended.
+const SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// What of the init's stderr is logged (it says why it could not start); the rest is
+/// read and dropped.
+const STDERR_LINES: usize = 20;
+
+/// What the provisioner's end of the socket pair and the reader share.
+struct Shared {
+    sock: AsyncFd<OwnedFd>,
+    /// Commands not yet exited, by tag: where their exit code goes.
+    pending: Mutex<HashMap<u64, oneshot::Sender<i32>>>,
+    /// Fired when the init is gone (its end closed, or it said something malformed).
+    gone: CancellationToken,
+    /// The sandbox's bubblewrap: killed, with everything in the sandbox, when the init
+    /// is gone for whatever reason.
+    bwrap: Mutex<(tokio::process::Child, KillTree)>,
+}
+
+impl Shared {
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<i32>>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn send(&self, msg: &ToInit, fds: &[rustix::fd::BorrowedFd<'_>]) -> io::Result<()> {
+        let sent = tokio::time::timeout(SEND_LIMIT, async {
+            loop {
+                let mut guard = self.sock.writable().await?;
+                if let Ok(result) = guard.try_io(|s| wire::send(s.get_ref().as_fd(), msg, fds)) {
+                    return result;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| Err(io::Error::other("the sandbox's init reads nothing")));
+        if sent.is_err() {
+            self.end();
+        }
+        sent
+    }
+
+    /// The init is gone (or useless): kill the sandbox's bubblewrap, and with it every
+    /// process of the sandbox; its commands learn it.
+    fn end(&self) {
+        self.gone.cancel();
+        let mut bwrap = self
+            .bwrap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        bwrap.1.kill();
+        let _ = bwrap.0.start_kill();
+        drop(bwrap);
+        self.pending().clear();
+    }
+
+    /// Whether the init is gone: its reader said so, or its bubblewrap has exited.
+    fn is_gone(&self) -> bool {
+        if self.gone.is_cancelled() {
+            return true;
+        }
+        let exited = self
+            .bwrap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+            .try_wait()
+            .is_ok_and(|s| s.is_some());
+        if exited {
+            self.end();
+        }
+        exited
+    }
+
+    /// A kill from a place that cannot wait (a drop): the socket has room for a few
+    /// thousand such messages, and a full one means the init is not reading anyway.
+    fn send_now(&self, msg: &ToInit) {
+        let _ = wire::send(self.sock.get_ref().as_fd(), msg, &[]);
+    }
+}
+
+/// A sandbox's running init: dropping it kills the sandbox's bubblewrap, and with it
+/// every process of the sandbox.
+pub(crate) struct Init {
+    shared: Arc<Shared>,
+    next_tag: AtomicU64,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Init {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Init {
+    /// Kill the sandbox's bubblewrap (and so every process in the sandbox) now, whoever
+    /// still holds the init; its commands see it gone.
+    pub(crate) fn shutdown(&self) {
+        self.reader.abort();
+        self.shared.end();
+    }
+}
+
+/// Where a command's output goes.
+pub(crate) enum Stdio3 {
+    /// Pipes: the caller reads stdout and stderr; stdin is /dev/null.
+    Piped,
+    /// A terminal (the pty's slave) as stdin, stdout, stderr and controlling terminal.
+    Pty(OwnedFd),
+}
+
+/// A command started by an init.
+pub(crate) struct InitChild {
+    shared: Arc<Shared>,
+    tag: u64,
+    exit: Option<oneshot::Receiver<i32>>,
+    pub(crate) stdout: Option<tokio::net::unix::pipe::Receiver>,
+    pub(crate) stderr: Option<tokio::net::unix::pipe::Receiver>,
+}
+
+impl InitChild {
+    /// Its exit code (128 + N for signal N); an error when the init went away first.
+    pub(crate) async fn wait(&mut self) -> io::Result<i32> {
+        let Some(exit) = self.exit.as_mut() else {
+            return Err(io::Error::other("already waited for"));
+        };
+        let code = exit
+            .await
+            .map_err(|_| io::Error::other("the sandbox's init is gone"));
+        self.exit = None;
+        code
+    }
+
+    /// SIGKILL its process group (what is left of the command is killed with it).
+    pub(crate) fn kill(&self) {
+        self.shared.send_now(&ToInit::Kill {
+            tag: self.tag,
+            signal: rustix::process::Signal::KILL.as_raw(),
+        });
+    }
+}
+
+impl Drop for InitChild {
+    fn drop(&mut self) {
+        if self.exit.is_some() {
+            self.kill();
+            self.shared.pending().remove(&self.tag);
+        }
+    }
+}
+
+impl Init {
+    /// Start `bwrap` (the whole command line, the init last on it) with the control
+    /// socket as the init's stdin.
+    pub(crate) fn start(mut bwrap: tokio::process::Command, sandbox_id: &str) -> io::Result<Self> {
+        let (ours, theirs) = wire::pair()?;
+        bwrap
+            .stdin(Stdio::from(theirs))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = bwrap.spawn()?;
+        // The command holds the init's end until dropped: the init's exit must close it.
+        drop(bwrap);
+        let tree = KillTree(child.id());
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(log_stderr(stderr, sandbox_id.to_owned()));
+        }
+        let shared = Arc::new(Shared {
+            // Deprecated for a descriptor it does not own; this one it owns (moved in).
+            #[allow(deprecated)]
+            sock: AsyncFd::new(ours)?,
+            pending: Mutex::default(),
+            gone: CancellationToken::new(),
+            bwrap: Mutex::new((child, tree)),
+        });
+        let reader = tokio::spawn(read(shared.clone(), sandbox_id.to_owned()));
+        Ok(Self {
+            shared,
+            next_tag: AtomicU64::new(1),
+            reader,
+        })
+    }
+
+    /// Whether the init is gone (a new command then needs a new one).
+    pub(crate) fn is_gone(&self) -> bool {
+        self.shared.is_gone()
+    }
+
+    /// Run `spec` in the sandbox.
+    pub(crate) async fn spawn(&self, spec: &Spec, stdio: Stdio3) -> io::Result<InitChild> {
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let memfd = wire::spec_memfd(spec)?;
+        let (tx, rx) = oneshot::channel();
+        let mut child = InitChild {
+            shared: self.shared.clone(),
+            tag,
+            exit: Some(rx),
+            stdout: None,
+            stderr: None,
+        };
+        self.shared.pending().insert(tag, tx);
+        let (pty, theirs) = match stdio {
+            Stdio3::Piped => {
+                let (out_r, out_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+                let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+                child.stdout = Some(tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)?);
+                child.stderr = Some(tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?);
+                (false, vec![memfd, out_w, err_w])
+            }
+            Stdio3::Pty(slave) => (true, vec![memfd, slave]),
+        };
+        let fds: Vec<_> = theirs.iter().map(AsFd::as_fd).collect();
+        if self.shared.is_gone() {
+            return Err(io::Error::other("the sandbox's init is gone"));
+        }
+        self.shared.send(&ToInit::Spawn { tag, pty }, &fds).await?;
+        // Our copies of the write ends close here: the pipes end when the command's do.
+        drop(theirs);
+        Ok(child)
+    }
+}
+
+/// Read the init's reports until it is gone; then every command still pending learns
+/// it (its exit sender is dropped).
+async fn read(shared: Arc<Shared>, sandbox_id: String) {
+    loop {
+        let Ok(mut guard) = shared.sock.readable().await else {
+            break;
+        };
+        let got = match guard.try_io(|s| wire::recv::<FromInit>(s.get_ref().as_fd())) {
+            Ok(got) => got,
+            Err(_would_block) => continue,
+        };
+        match got {
+            Ok(Some((msg, _fds))) => match msg {
+                FromInit::Started { .. } => {}
+                FromInit::Failed { tag, code } | FromInit::Exited { tag, code } => {
+                    if let Some(tx) = shared.pending().remove(&tag) {
+                        let _ = tx.send(code);
+                    }
+                }
+            },
+            Ok(None) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!(%sandbox_id, error = %e, "sandbox init: unreadable report");
+                break;
+            }
+        }
+    }
+    shared.end();
+}
+
+/// Log the first lines the init writes on its stderr (a few hundred bytes each), and
+/// read and drop the rest: a command that reaches the init's stderr cannot make the
+/// provisioner hold or log without bound.
+async fn log_stderr(mut stderr: tokio::process::ChildStderr, sandbox_id: String) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 4096];
+    let mut logged = 0;
+    while let Ok(n) = stderr.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        if logged < STDERR_LINES {
+            for line in String::from_utf8_lossy(&buf[..n])
+                .lines()
+                .take(STDERR_LINES - logged)
+            {
+                logged += 1;
+                tracing::warn!(%sandbox_id, line = %line.chars().take(500).collect::<String>(), "sandbox init said");
+            }
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Exec with stdout and stderr streamed as they come. The command dies when it times
+//! out, when the sandbox is stopped or destroyed, and when the receiver is dropped (the
+//! gRPC caller hung up).
+
+use crate::{
+    error::{ProvisionerError, Result},
+    local::{init::host::Stdio3, provisioner::Provisioner},
+};
+use forkyard_proto::sandbox::v1::{ExecEvent, ExecRequest, exec_event::Event};
+use std::{sync::Arc, time::Duration};
+
+/// How long output is still read after the command exited.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+use tokio::{io::AsyncReadExt, sync::mpsc};
+use tracing::Instrument as _;
+
+impl Provisioner {
+    /// Start the command; events arrive on the returned channel, the exit last.
+    pub async fn exec_stream(
+        self: &Arc<Self>,
+        req: ExecRequest,
+    ) -> Result<mpsc::Receiver<ExecEvent>> {
+        let (env, timeout) = self.exec_params(&req.argv, &req.env, req.timeout_secs)?;
+        // Open until the exit is sent; as in `run_checked`, the program but no argument.
+        let span = tracing::info_span!(
+            "sandbox.exec",
+            sandbox_id = %req.sandbox_id,
+            program = req.argv.first().map_or("", String::as_str),
+            streamed = true,
+            exit_code = tracing::field::Empty,
+        );
+        let mut p = self.prepare(
+            &req.sandbox_id,
+            &req.argv,
+            &env,
+            &req.llm_gateway,
+            crate::local::exec::Tools::Sandbox,
+            false,
+        )?;
+        let mut running = p
+            .launch
+            .take()
+            .expect("prepared once")
+            .spawn(Stdio3::Piped)
+            .await
+            .map_err(|e| ProvisionerError::internal("cannot start the command", e))?;
+        let (tx, rx) = mpsc::channel(64);
+        let core = self.clone();
+        let record = p.entry.record();
+        let over_disk = crate::local::disk_watch::over_limit(
+            self.store.workspace(&record.id),
+            record.disk_bytes,
+        );
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let mut out = running.stdout.take().expect("piped");
+            let mut err = running.stderr.take().expect("piped");
+            let (mut ob, mut eb) = (vec![0u8; 32 * 1024], vec![0u8; 32 * 1024]);
+            let (mut out_open, mut err_open) = (true, true);
+            let deadline = tokio::time::sleep(timeout);
+            tokio::pin!(deadline, over_disk);
+            let mut timed_out = false;
+            // After the exit, what the pipes still hold is sent, for a bounded time (a
+            // process that left the command's group may hold them open).
+            let mut drain: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+            let mut exited = None;
+            let status = loop {
+                if !out_open
+                    && !err_open
+                    && let Some(code) = exited
+                {
+                    break Some(code);
+                }
+                tokio::select! {
+                    n = out.read(&mut ob), if out_open => match n {
+                        Ok(0) | Err(_) => out_open = false,
+                        Ok(n) => if tx.send(ExecEvent { event: Some(Event::Stdout(ob[..n].to_vec())) }).await.is_err() { break None },
+                    },
+                    n = err.read(&mut eb), if err_open => match n {
+                        Ok(0) | Err(_) => err_open = false,
+                        Ok(n) => if tx.send(ExecEvent { event: Some(Event::Stderr(eb[..n].to_vec())) }).await.is_err() { break None },
+                    },
+                    code = running.wait(), if exited.is_none() => {
+                        exited = Some(code);
+                        drain = Some(Box::pin(tokio::time::sleep(DRAIN_AFTER_EXIT)));
+                    },
+                    () = async { drain.as_mut().expect("armed").await }, if drain.is_some() => break exited,
+                    () = &mut deadline, if exited.is_none() => { timed_out = true; break None },
+                    bytes = &mut over_disk, if exited.is_none() => {
+                        tracing::warn!(sandbox_id = %req.sandbox_id, bytes, "command stopped: workspace over its disk limit");
+                        break None
+                    },
+                    () = p.cancel.cancelled(), if exited.is_none() => break None,
+                    () = tx.closed() => break None,
+                }
+            };
+            let exit_code = match status {
+                Some(code) => code,
+                None => {
+                    running.kill().await;
+                    -1
+                }
+            };
+            tracing::Span::current().record("exit_code", exit_code);
+            let exit = core
+                .aftermath(&p)
+                .await
+                .exit(exit_code, timed_out, started.elapsed());
+            let _ = tx
+                .send(ExecEvent {
+                    event: Some(Event::Exit(exit)),
+                })
+                .await;
+            drop(p);
+        }.instrument(span));
+        Ok(rx)
+    }
+}

@@ -1,0 +1,271 @@
+//! Workspace templates: the fast path of create. Cloning costs git processes per
+//! sandbox (measured: docs/performance.md); instead, one clone per (repository, commit)
+//! is made once under `<state>/templates/` and each new workspace is a plain file copy
+//! of it with the new branch written into `.git` (refs and HEAD are files). The copy is
+//! a full copy (no hard links, no alternates): a sandbox can change every file of its
+//! workspace, `.git/objects` included, without touching the template or another sandbox.
+//!
+//! Only local repositories whose `base_ref` can be read from their ref files without
+//! running anything (HEAD, a branch, a full commit id) take this path; URLs and
+//! expressions like `HEAD~1` are cloned as before. Templates are never shown to a
+//! sandbox, and a template of an older commit is dropped when a newer one is built.
+//! Past their size bound, least recently used templates are removed
+//! (`crate::local::template_evict`).
+
+use crate::{
+    error::{ProvisionerError, Result},
+    git,
+};
+use forkyard_common::git_refs::{local_commit, read_ref};
+use std::{
+    io,
+    os::unix::fs::{DirBuilderExt, PermissionsExt},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+pub(crate) const READY: &str = "ready";
+
+pub(crate) struct Templates {
+    pub(crate) root: PathBuf,
+    /// One build at a time per template.
+    building: crate::local::keyed_lock::KeyedLock<String>,
+    /// Sandboxes whose files are being made at once (their workspace copies above all):
+    /// four per core (enough to overlap their waits on the disk), first come first
+    /// served. A wave of a hundred creates copied all at once would share the cores a
+    /// hundred ways: every copy would end near the last one, and the replica's async
+    /// threads (its gRPC answers, health checks) would get a hundredth of the machine
+    /// meanwhile.
+    turns: tokio::sync::Semaphore,
+    /// When each template was last used, by key (this replica's run).
+    pub(crate) used: crate::local::template_evict::Used,
+    /// The size bound in bytes (0: none).
+    pub(crate) max_bytes: u64,
+    /// One eviction at a time.
+    pub(crate) evicting: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// `<hash of the repository>-<commit>`: the templates of one repository share a prefix.
+fn key(repo: &str, commit: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in repo.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}-{commit}")
+}
+
+/// Copy a directory tree: files (with their mode), directories and symlinks as links.
+pub(crate) fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
+    let mode = std::fs::symlink_metadata(from)?.permissions().mode();
+    std::fs::DirBuilder::new().mode(mode & 0o7777).create(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            copy_tree(&src, &dst)?;
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+        } else if kind.is_file() {
+            std::fs::copy(&src, &dst)?;
+        }
+    }
+    Ok(())
+}
+
+/// Start `branch` at `commit` in a copied workspace: what `git checkout -b` writes
+/// (the reflog aside).
+fn start_branch(ws: &Path, branch: &str, commit: &str) -> Result<()> {
+    let git = ws.join(".git");
+    let refs = git.join("refs/heads");
+    if read_ref(&git, &format!("refs/heads/{branch}"), 0).is_some() {
+        return Err(ProvisionerError::FailedPrecondition(format!(
+            "cannot create branch {branch}: a branch named '{branch}' already exists"
+        )));
+    }
+    let file = refs.join(branch);
+    let write = || -> io::Result<()> {
+        if let Some(parent) = file.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&file, format!("{commit}\n"))?;
+        std::fs::write(git.join("HEAD"), format!("ref: refs/heads/{branch}\n"))
+    };
+    write().map_err(|e| ProvisionerError::internal("start branch", e))
+}
+
+impl Templates {
+    pub(crate) fn open(root: PathBuf, max_bytes: u64) -> io::Result<Self> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&root)?;
+        // Builds interrupted by a crash.
+        for e in std::fs::read_dir(&root)?.flatten() {
+            if e.file_name().to_string_lossy().contains(".tmp-") {
+                let _ = crate::local::store::remove_all(&e.path());
+            }
+        }
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        Ok(Self {
+            root,
+            building: crate::local::keyed_lock::KeyedLock::default(),
+            turns: tokio::sync::Semaphore::new(cores.max(2) * 4),
+            used: crate::local::template_evict::Used::default(),
+            max_bytes,
+            evicting: std::sync::Arc::default(),
+        })
+    }
+
+    /// The ready template of `repo` at `commit`, built now if needed.
+    async fn ensure(&self, repo: &str, commit: &str, timeout: Duration) -> Result<PathBuf> {
+        let key = key(repo, commit);
+        let dir = self.root.join(&key);
+        self.touch(&key);
+        if dir.join(READY).is_file() {
+            return Ok(dir);
+        }
+        let _held = self.building.lock(key.clone()).await;
+        if dir.join(READY).is_file() {
+            return Ok(dir);
+        }
+        let tmp = self
+            .root
+            .join(format!("{key}.tmp-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&tmp)
+            .map_err(|e| ProvisionerError::internal("create template", e))?;
+        let built = git::clone_detached(repo, commit, &tmp.join("workspace"), timeout).await;
+        if let Err(e) = built {
+            let _ = crate::local::store::remove_all(&tmp);
+            return Err(e);
+        }
+        let bytes = crate::local::store::disk_usage(&tmp);
+        let done = std::fs::write(
+            tmp.join(crate::local::template_evict::BYTES),
+            bytes.to_string(),
+        )
+        .and_then(|()| std::fs::write(tmp.join(READY), commit))
+        .and_then(|()| std::fs::rename(&tmp, &dir));
+        if let Err(e) = done {
+            let _ = crate::local::store::remove_all(&tmp);
+            return Err(ProvisionerError::internal("store template", e));
+        }
+        // Older commits of the same repository are not needed any more.
+        let prefix = &key[..17];
+        for e in std::fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(prefix) && name != key && !name.contains(".tmp-") {
+                let _ = crate::local::store::remove_all(&e.path());
+            }
+        }
+        self.evict_in_the_background();
+        Ok(dir)
+    }
+
+    /// One turn of the replica's file work for a sandbox (see [`Self::turns`]); the
+    /// caller holds it while it makes the sandbox's directory, workspace, record and
+    /// cgroups, so a create's file work is done at once, in arrival order.
+    pub(crate) async fn turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.turns
+            .acquire()
+            .await
+            .map_err(|e| ProvisionerError::internal("wait for a create turn", e))
+    }
+
+    /// Make `ws` a copy of template `dir` (from [`Self::ensure`]) on new branch `branch`
+    /// at `commit`. The caller holds a [`Self::turn`].
+    async fn copy(&self, dir: PathBuf, ws: &Path, branch: &str, commit: &str) -> Result<()> {
+        let (ws, branch, commit) = (ws.to_path_buf(), branch.to_owned(), commit.to_owned());
+        tokio::task::spawn_blocking(move || {
+            copy_tree(&dir.join("workspace"), &ws)
+                .map_err(|e| ProvisionerError::internal("copy template", e))?;
+            start_branch(&ws, &branch, &commit)
+        })
+        .await
+        .map_err(|e| ProvisionerError::internal("copy template", e))?
+    }
+
+    /// Make `ws` a copy of the template of `repo` at `commit`, on new branch `branch`.
+    #[cfg(test)]
+    pub(crate) async fn workspace(
+        &self,
+        repo: &str,
+        commit: &str,
+        branch: &str,
+        ws: &Path,
+        timeout: Duration,
+    ) -> Result<()> {
+        let dir = self.ensure(repo, commit, timeout).await?;
+        let _turn = self.turn().await?;
+        self.copy(dir, ws, branch, commit).await
+    }
+}
+
+/// How a new sandbox's workspace is made: from a ready template, or by a clone.
+pub(crate) enum Source {
+    /// The template's directory and the commit it holds.
+    Template(PathBuf, String),
+    Clone,
+}
+
+impl crate::local::provisioner::Provisioner {
+    /// Where the workspace of `req` comes from: the template when the repository allows
+    /// (built now if needed), else a clone. A template that cannot be built is logged
+    /// and cloned instead.
+    pub(crate) async fn workspace_source(
+        &self,
+        req: &forkyard_proto::sandbox::v1::CreateSandboxRequest,
+    ) -> Source {
+        let Some(commit) = local_commit(&req.repo, &req.base_ref) else {
+            return Source::Clone;
+        };
+        match self
+            .templates
+            .ensure(&req.repo, &commit, self.config.clone_timeout)
+            .await
+        {
+            Ok(dir) => Source::Template(dir, commit),
+            Err(e) => {
+                tracing::warn!(repo = %req.repo, error = %e, "workspace template cannot be built; cloning instead");
+                Source::Clone
+            }
+        }
+    }
+
+    /// The new sandbox's workspace at `ws` from `source`. Returns the base commit.
+    pub(crate) async fn make_workspace(
+        &self,
+        req: &forkyard_proto::sandbox::v1::CreateSandboxRequest,
+        source: Source,
+        ws: &Path,
+    ) -> Result<String> {
+        if let Source::Template(dir, commit) = source {
+            match self.templates.copy(dir, ws, &req.branch, &commit).await {
+                Ok(()) => return Ok(commit),
+                Err(e @ ProvisionerError::FailedPrecondition(_)) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(repo = %req.repo, error = %e, "workspace template copy failed; cloning instead");
+                    let _ = crate::local::store::remove_all(ws);
+                }
+            }
+        }
+        git::clone(
+            &req.repo,
+            &req.base_ref,
+            &req.branch,
+            ws,
+            self.config.clone_timeout,
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+#[path = "template_tests.rs"]
+mod tests;
