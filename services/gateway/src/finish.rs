@@ -72,7 +72,7 @@ pub struct Finished {
     pub reservation: Option<Reservation>,
     pub settle_error: String,
     /// The settlement failed only because the ledger did not answer (down, slow): the
-    /// workflow posts it again durably (`workflows::prepare::settle_durably`).
+    /// workflow posts it again durably (`workflows::settle::settle_durably`).
     pub settle_retryable: bool,
     pub destroy_error: String,
     /// The sandbox's part of what was committed (its whole cost, once its patch is in).

@@ -103,3 +103,11 @@ pub(super) fn classify(step: &str, e: &ActivityExecutionError) -> StepFailure {
         _ => StepFailure::Failed(format!("{step}: {e}")),
     }
 }
+
+/// The fork's error for a step failure.
+pub(super) fn failure_message(f: StepFailure) -> String {
+    match f {
+        StepFailure::Cancelled => "cancelled".to_owned(),
+        StepFailure::BudgetExceeded(m) | StepFailure::SandboxLost(m) | StepFailure::Failed(m) => m,
+    }
+}

@@ -31,17 +31,17 @@
 //! stays below Temporal's 10,240-event and 10 MiB history warnings.
 
 use super::{
-    failure::StepFailure,
-    fork::{
-        self, AgentEnd, ForkInput, Handoff, Host, Progress, apply_agent_end, apply_failure,
-        apply_patch,
-    },
+    failure::{StepFailure, failure_message},
+    fork_result::{apply_agent_end, apply_failure, apply_patch, apply_settlement, starting},
     history::{PATCH_MAX_BYTES, history_caps},
+    input::{ForkInput, Handoff, step_key},
+    join::join_all,
     options,
-    orchestration::SandboxOrchestrationWorkflow,
-    patches::Change,
+    patches::{Change, Patches},
     phase,
-    prepare::{Prepared, Settlement, WaveFork, apply_settlement, settle_durably, step_key},
+    prepare::{Prepared, WaveFork},
+    settle::{Settlement, settle_durably},
+    steps::{AgentRan, ForkSteps, agent_and_verify},
     unix_ms,
 };
 use crate::{
@@ -55,16 +55,23 @@ use temporalio_workflow::WorkflowContext;
 /// Forks per finishing activity: its result (patches included) stays under 1 MB.
 const CHUNK: usize = 32;
 
-type Ctx = WorkflowContext<SandboxOrchestrationWorkflow>;
-
 /// An inline fork whose agent (and verify) ended: to finish in the next batch.
 pub(super) struct AgentDone {
     pub f: WaveFork,
     pub prepared: Prepared,
     pub input: ForkInput,
-    pub result: ForkResult,
-    pub progress: Progress,
-    pub agent: Result<AgentEnd, StepFailure>,
+    pub ran: AgentRan,
+}
+
+impl AgentDone {
+    /// The fork's phase while its batch finishes.
+    pub(super) fn finishing_phase(&self) -> &'static str {
+        if self.ran.agent.is_ok() {
+            phase::PATCH
+        } else {
+            phase::CLEANUP
+        }
+    }
 }
 
 /// How a batch left a fork: done, or handed to a child with what the run had.
@@ -82,41 +89,31 @@ pub(super) fn input_for(f: &WaveFork, prepared: &Prepared) -> ForkInput {
     input
 }
 
-/// The fork's agent and verify, in the run's history, cancelled by the fork's token.
-pub(super) async fn agent(ctx: &Ctx, f: WaveFork, prepared: Prepared) -> AgentDone {
+/// The fork's agent and verify, in the run's history, cancelled by the fork's token;
+/// `show` is told of its progress.
+pub(super) async fn agent<W>(
+    ctx: &WorkflowContext<W>,
+    f: WaveFork,
+    prepared: Prepared,
+    show: impl Fn(&ForkResult),
+) -> AgentDone {
     let fork = f.input.fork;
     let input = input_for(&f, &prepared);
-    let sandbox = prepared.sandbox.clone();
-    let mut result = fork::starting(&input, &sandbox);
-    ctx.state_mut(|s| s.show(fork, &result));
-    let show = |r: &ForkResult| ctx.state_mut(|s| s.show(fork, r));
-    let host = Host {
+    let result = starting(&input, &prepared.sandbox);
+    show(&result);
+    let steps = ForkSteps {
+        input: &input,
+        sandbox: &prepared.sandbox,
+        key_owner: &f.child_id,
         cancel: f.cancel.clone(),
         activity_ids: Some(format!("fork-{fork}/a{}", input.attempt.max(1))),
-        show: &show,
     };
-    let key = |step: &str| step_key(&f.child_id, input.attempt, step);
-    let mut progress = Progress {
-        reservation_id: prepared.reservation_id.clone(),
-        ..Progress::default()
-    };
-    let agent = fork::agent_and_verify(
-        ctx,
-        &host,
-        &input,
-        &sandbox,
-        &key,
-        &mut result,
-        &mut progress,
-    )
-    .await;
+    let ran = agent_and_verify(ctx, &steps, result, show).await;
     AgentDone {
         f,
         prepared,
         input,
-        result,
-        progress,
-        agent,
+        ran,
     }
 }
 
@@ -130,26 +127,22 @@ fn item(d: &AgentDone) -> FinishItem {
             sandbox_id: d.prepared.sandbox.id.clone(),
             reason: "fork finished".into(),
         },
-        collect_patch: d.agent.is_ok(),
-        succeeds_with_patch: matches!(d.agent, Ok(end) if !end.timed_out && end.exit_code == 0),
-        reservation_id: d.progress.reservation_id.clone(),
-        cost_micros: d.progress.cost_micros,
-        sandbox_charged_micros: d.progress.sandbox_charged_micros,
+        collect_patch: d.ran.agent.is_ok(),
+        succeeds_with_patch: matches!(d.ran.agent, Ok(end) if !end.timed_out && end.exit_code == 0),
+        reservation_id: d.ran.progress.reservation_id.clone(),
+        cost_micros: d.ran.progress.cost_micros,
+        sandbox_charged_micros: d.ran.progress.sandbox_charged_micros,
         commit_key: key("commit"),
         release_key: key("release"),
     }
 }
 
 /// Finish a batch of forks (in the order given): patch, settle, destroy.
-pub(super) async fn finish(ctx: &Ctx, batch: Vec<AgentDone>) -> Vec<Outcome> {
-    for d in &batch {
-        let p = if d.agent.is_ok() {
-            phase::PATCH
-        } else {
-            phase::CLEANUP
-        };
-        ctx.state_mut(|s| s.set_fork_phase(d.f.input.fork, p));
-    }
+pub(super) async fn finish<W>(
+    ctx: &WorkflowContext<W>,
+    batch: Vec<AgentDone>,
+    patches: Patches,
+) -> Vec<Outcome> {
     let items: Vec<FinishItem> = batch.iter().map(item).collect();
     // Every fork of a batch is of the one run.
     let patch_max_bytes = batch
@@ -179,12 +172,9 @@ pub(super) async fn finish(ctx: &Ctx, batch: Vec<AgentDone>) -> Vec<Outcome> {
             }
         }
     });
-    let mut answers: Vec<Result<Finished, String>> = super::prepare::join_all(runs)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
-    settle_durably_where_the_ledger_was_away(ctx, &items, &mut answers).await;
+    let mut answers: Vec<Result<Finished, String>> =
+        join_all(runs).await.into_iter().flatten().collect();
+    settle_durably_where_the_ledger_was_away(ctx, patches, &items, &mut answers).await;
     let now = unix_ms(ctx.workflow_time());
     batch
         .into_iter()
@@ -196,8 +186,9 @@ pub(super) async fn finish(ctx: &Ctx, batch: Vec<AgentDone>) -> Vec<Outcome> {
 /// Settlements the finish step could not post because the ledger did not answer are
 /// posted again durably (runs from this build on: the `durable-settle` patch), all at
 /// once; each fork's answer then carries the ledger's reservation.
-async fn settle_durably_where_the_ledger_was_away(
-    ctx: &Ctx,
+async fn settle_durably_where_the_ledger_was_away<W>(
+    ctx: &WorkflowContext<W>,
+    patches: Patches,
     items: &[FinishItem],
     answers: &mut [Result<Finished, String>],
 ) {
@@ -210,7 +201,6 @@ async fn settle_durably_where_the_ledger_was_away(
     if pending.is_empty() {
         return;
     }
-    let patches = ctx.state(|s| s.patches);
     if !patches.takes(ctx, Change::DurableSettle) {
         return;
     }
@@ -231,7 +221,7 @@ async fn settle_durably_where_the_ledger_was_away(
         };
         async move { settle_durably(ctx, &s).await }
     });
-    let settled = super::prepare::join_all(runs).await;
+    let settled = join_all(runs).await;
     for (i, answer) in pending.into_iter().zip(settled) {
         if let Ok(out) = &mut answers[i] {
             match answer {
@@ -239,7 +229,7 @@ async fn settle_durably_where_the_ledger_was_away(
                     out.reservation = Some(r);
                     out.settle_error.clear();
                 }
-                Err(e) => out.settle_error = fork::failure_message(e),
+                Err(e) => out.settle_error = failure_message(e),
             }
         }
     }
@@ -250,9 +240,11 @@ fn outcome(d: AgentDone, answer: Result<Finished, String>, now: i64) -> Outcome 
         f,
         prepared,
         mut input,
-        mut result,
-        progress,
-        agent,
+        ran: AgentRan {
+            mut result,
+            progress,
+            agent,
+        },
     } = d;
     let out = match answer {
         Ok(out) => out,

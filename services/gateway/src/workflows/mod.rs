@@ -7,17 +7,26 @@
 pub mod cleanup;
 mod failure;
 pub mod fork;
+mod fork_result;
 mod history;
 mod inline;
+mod input;
+mod join;
 mod options;
 pub mod orchestration;
 mod patches;
 mod prepare;
+mod run_loop;
+mod run_state;
+mod settle;
+mod start;
+mod steps;
 
 pub(crate) use failure::SANDBOX_LOST;
-pub use fork::{ForkInput, ForkWorkflow};
-pub use orchestration::{SandboxOrchestrationWorkflow, outcome};
-pub use prepare::commit_amount;
+pub use fork::ForkWorkflow;
+pub use input::{AgentEnd, ForkInput, Handoff};
+pub use run_state::{SandboxOrchestrationWorkflow, outcome};
+pub use settle::commit_amount;
 
 /// Where a fork is, as `ForkResult::phase`.
 pub mod phase {

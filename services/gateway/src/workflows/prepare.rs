@@ -9,44 +9,33 @@
 //! holds, and a fork cancelled (or failed) before its child started has its sandbox
 //! destroyed and its reservation released here.
 //!
-//! Settlement and destroy are the last steps of whichever workflow runs the fork's steps
-//! (`fork`, `inline`), and the run's for a fork that never got that far.
+//! The wave touches one part of the run's state, and only through [`OpensAccount`]:
+//! the run's ledger account, which the first wave opens and a RaiseBudget waits for.
 
 use super::{
-    failure::{StepFailure, classify, refused, retryable},
-    fork::{ForkInput, Progress, failure_message},
-    options,
-    orchestration::SandboxOrchestrationWorkflow,
-    patches::{Change, Patches},
-    phase,
+    failure::{StepFailure, classify, refused},
+    input::{ForkInput, step_key},
+    join::join_all,
+    options, settle,
 };
-use crate::{
-    sandboxes::{AtOwner, SandboxLocal},
-    wave::{AccountOpen, ForkPrepared, Wave, WaveItem, WaveLocal},
-};
+use crate::wave::{AccountOpen, ForkPrepared, Wave, WaveItem, WaveLocal};
 use forkyard_proto::{
     activities::Ledger,
-    budget::v1::{CommitRequest, ReleaseRequest, Reservation, ReserveRequest},
-    common::v1::{ForkResult, ForkStatus},
+    budget::v1::ReserveRequest,
     labels,
-    sandbox::v1::{CreateSandboxRequest, DestroySandboxResponse, Sandbox},
+    sandbox::v1::{CreateSandboxRequest, Sandbox},
 };
-use std::{collections::HashMap, future::Future, pin::Pin, task::Poll, time::Duration};
-use temporalio_workflow::{
-    WorkflowCancellationToken, WorkflowContext, common::error::ActivityExecutionError,
-};
+use std::{collections::HashMap, time::Duration};
+use temporalio_workflow::{WorkflowCancellationToken, WorkflowContext};
+
+/// Forks per preparation activity.
+const CHUNK: usize = 100;
 
 /// What prepare hands to the fork's child.
 pub(super) struct Prepared {
     pub reservation_id: String,
     pub sandbox: Sandbox,
     pub ready_unix_ms: i64,
-}
-
-/// The idempotency key of a fork's step: `<run>/fork-<n>/a<attempt>/<step>` (the same
-/// keys whichever workflow runs the step, so a retried step never applies twice).
-pub(super) fn step_key(child_id: &str, attempt: u32, step: &str) -> String {
-    format!("{child_id}/a{}/{step}", attempt.max(1))
 }
 
 /// One fork of a wave: what it needs, its child's id and its own cancellation token
@@ -99,13 +88,44 @@ fn backoff(round: u32) -> Duration {
     Duration::from_secs((5u64 << (round - 1).min(4)).min(60))
 }
 
-/// Forks per preparation activity.
-const CHUNK: usize = 100;
+/// The run's ledger account while its first wave is to open it (runs that take
+/// [`Change::AccountOpenedWithFirstWave`](super::patches::Change)): RaiseBudget waits
+/// until it is open, or until `error` says why it never will be.
+#[derive(Default)]
+pub(super) struct AccountOpening {
+    pub to_open: Option<AccountOpen>,
+    pub error: Option<String>,
+}
+
+/// A workflow whose waves may open its account. The run's state is shared with its
+/// update handler, so the wave records the opening there as soon as it is known.
+pub(super) trait OpensAccount {
+    fn account(&mut self) -> &mut AccountOpening;
+}
+
+/// How a wave is prepared, decided by the run (the patches its history takes).
+#[derive(Clone, Copy)]
+pub(super) struct WavePlan {
+    /// A regular activity instead of a local one (a later wave).
+    pub as_activity: bool,
+    /// The longer retry rounds ([`PATIENT_ROUNDS`]).
+    pub outlasts_an_outage: bool,
+}
+
+impl WavePlan {
+    fn rounds(self) -> u32 {
+        if self.outlasts_an_outage {
+            PATIENT_ROUNDS
+        } else {
+            ROUNDS
+        }
+    }
+}
 
 /// Open the run's ledger account in a local activity of its own (runs of earlier
 /// builds, and a first wave of more than one activity); the error is the run's.
-pub(super) async fn open_account(
-    ctx: &WorkflowContext<SandboxOrchestrationWorkflow>,
+pub(super) async fn open_account<W>(
+    ctx: &WorkflowContext<W>,
     open: AccountOpen,
 ) -> Result<(), String> {
     let opened = match open {
@@ -136,121 +156,34 @@ pub(super) async fn open_account(
 /// a cache eviction) could fail as nondeterministic, or worse hand one fork's result to
 /// another. With one activity per round and every later step started in fork order,
 /// nothing depends on timing; inside the activity each fork goes on at its own pace.
-pub(super) async fn prepare_wave(
-    ctx: &WorkflowContext<SandboxOrchestrationWorkflow>,
+pub(super) async fn prepare_wave<W: OpensAccount>(
+    ctx: &WorkflowContext<W>,
     wave: &[WaveFork],
+    plan: WavePlan,
 ) -> Vec<Result<Prepared, StepFailure>> {
-    let key = |f: &WaveFork, step: &str| step_key(&f.child_id, f.input.attempt, step);
     let mut steps: Vec<Step> = wave
         .iter()
         .map(|_| Step::Todo {
             reservation_id: String::new(),
         })
         .collect();
-    // A patch: more rounds are more timers, which histories of earlier builds lack.
-    let patches = ctx.state(|s| s.patches);
-    // Only the first wave runs while nothing else is in flight; its latency is the run's.
-    let as_activity =
-        ctx.state(|s| s.first_wave_prepared) && patches.takes(ctx, Change::LaterWavesAreActivities);
-    ctx.state_mut(|s| s.first_wave_prepared = true);
-    let rounds = if patches.takes(ctx, Change::PrepareOutlastsAnOutage) {
-        PATIENT_ROUNDS
-    } else {
-        ROUNDS
-    };
+    let rounds = plan.rounds();
     for round in 0..rounds {
         if round > 0 && steps.iter().any(|s| matches!(s, Step::Todo { .. })) {
             // Cancelled with the run: the forks then stop as cancelled below.
             let _ = ctx.timer(backoff(round)).await;
         }
-        let mut todo = Vec::new();
-        let mut items = Vec::new();
-        for (i, (f, step)) in wave.iter().zip(steps.iter_mut()).enumerate() {
-            let Step::Todo { reservation_id } = step else {
-                continue;
-            };
-            if f.cancel.is_cancelled() {
-                *step = Step::Failed {
-                    reservation_id: held(std::mem::take(reservation_id)),
-                    sandbox: None,
-                    why: StepFailure::Cancelled,
-                };
-                continue;
-            }
-            ctx.state_mut(|s| s.set_fork_phase(f.input.fork, phase::CREATING));
-            todo.push(i);
-            items.push(WaveItem {
-                reservation_id: reservation_id.clone(),
-                reserve: ReserveRequest {
-                    account_id: f.input.run_id.clone(),
-                    amount_micros: f.input.reservation_micros,
-                    holder: f.owner().to_owned(),
-                    idempotency_key: key(f, "reserve"),
-                },
-                create: create_request(f, key(f, "create")),
-            });
-        }
+        let (todo, items) = round_items(wave, &mut steps);
         if todo.is_empty() {
             break;
         }
-        // At most CHUNK forks per activity, all started at once: its result (about 1 KB
-        // a fork) is one payload in the run's history, kept far below Temporal's limits.
-        let chunks: Vec<Vec<WaveItem>> = items.chunks(CHUNK).map(<[WaveItem]>::to_vec).collect();
-        // The run's account, when still to open: by the wave's one activity, beside its
-        // creates; before a wave of several (each one's reserves need it).
-        let mut open = ctx.state(|s| s.account_to_open.clone());
-        if chunks.len() > 1
-            && let Some(o) = open.take()
-        {
-            if let Err(e) = open_account(ctx, o).await {
-                ctx.state_mut(|s| s.open_error = Some(e));
-                return wave
-                    .iter()
-                    .map(|_| Err(StepFailure::Failed(String::new())))
-                    .collect();
-            }
-            ctx.state_mut(|s| s.account_to_open = None);
-        }
-        let runs = chunks.into_iter().map(|forks| {
-            let asked = forks.len();
-            let open = open.take();
-            async move {
-                let opens = open.is_some();
-                let wave = Wave { forks, open };
-                let done = if as_activity {
-                    ctx.execute_activity(WaveLocal::prepare, wave, options::wave())
-                        .await
-                } else {
-                    ctx.execute_local_activity(WaveLocal::prepare, wave, options::wave_local())
-                        .await
-                };
-                if opens && let Ok(d) = &done {
-                    let error = Some(d.open_error.clone()).filter(|e| !e.is_empty());
-                    ctx.state_mut(|s| {
-                        if error.is_none() {
-                            s.account_to_open = None;
-                        }
-                        s.open_error = error;
-                    });
-                }
-                let out: Vec<Result<ForkPrepared, StepFailure>> = match done {
-                    Ok(d) if d.forks.len() == asked => d.forks.into_iter().map(Ok).collect(),
-                    Ok(d) => {
-                        let why =
-                            format!("prepare forks: {} answers for {asked} forks", d.forks.len());
-                        (0..asked)
-                            .map(|_| Err(StepFailure::Failed(why.clone())))
-                            .collect()
-                    }
-                    Err(e) => (0..asked)
-                        .map(|_| Err(classify("prepare forks", &e)))
-                        .collect(),
-                };
-                out
-            }
-        });
-        let outcomes: Vec<Result<ForkPrepared, StepFailure>> =
-            join_all(runs).await.into_iter().flatten().collect();
+        let Some(outcomes) = prepare_round(ctx, &items, plan.as_activity).await else {
+            // The run's account could not be opened: the run fails.
+            return wave
+                .iter()
+                .map(|_| Err(StepFailure::Failed(String::new())))
+                .collect();
+        };
         let last = round + 1 == rounds;
         for (i, outcome) in todo.into_iter().zip(outcomes) {
             let (f, step) = (&wave[i], &mut steps[i]);
@@ -268,28 +201,7 @@ pub(super) async fn prepare_wave(
             };
         }
     }
-
-    // Give back what the stopped forks hold: sandboxes first, then reservations.
-    let destroys = steps.iter().map(|step| async move {
-        if let Step::Failed {
-            sandbox: Some(sb), ..
-        } = step
-        {
-            let _ = destroy(ctx, sb, "fork did not start").await;
-        }
-    });
-    join_all(destroys).await;
-    let releases = wave.iter().zip(&steps).map(|(f, step)| async move {
-        if let Step::Failed {
-            reservation_id: Some(id),
-            ..
-        } = step
-        {
-            release(ctx, &key(f, "release"), id).await;
-        }
-    });
-    join_all(releases).await;
-
+    give_back(ctx, wave, &steps).await;
     steps
         .into_iter()
         .map(|step| match step {
@@ -301,6 +213,132 @@ pub(super) async fn prepare_wave(
             )),
         })
         .collect()
+}
+
+/// The forks a round prepares (their indexes in the wave, and what to ask for each);
+/// a fork cancelled meanwhile stops here.
+fn round_items(wave: &[WaveFork], steps: &mut [Step]) -> (Vec<usize>, Vec<WaveItem>) {
+    let key = |f: &WaveFork, step: &str| step_key(&f.child_id, f.input.attempt, step);
+    let mut todo = Vec::new();
+    let mut items = Vec::new();
+    for (i, (f, step)) in wave.iter().zip(steps.iter_mut()).enumerate() {
+        let Step::Todo { reservation_id } = step else {
+            continue;
+        };
+        if f.cancel.is_cancelled() {
+            *step = Step::Failed {
+                reservation_id: held(std::mem::take(reservation_id)),
+                sandbox: None,
+                why: StepFailure::Cancelled,
+            };
+            continue;
+        }
+        todo.push(i);
+        items.push(WaveItem {
+            reservation_id: reservation_id.clone(),
+            reserve: ReserveRequest {
+                account_id: f.input.run_id.clone(),
+                amount_micros: f.input.reservation_micros,
+                holder: f.owner().to_owned(),
+                idempotency_key: key(f, "reserve"),
+            },
+            create: create_request(f, key(f, "create")),
+        });
+    }
+    (todo, items)
+}
+
+/// One round: at most [`CHUNK`] forks per activity, all started at once (its result,
+/// about 1 KB a fork, is one payload in the run's history, kept far below Temporal's
+/// limits). The run's account, when still to open, is opened by the round's one
+/// activity, beside its creates; before a round of several (each one's reserves need
+/// it). `None`: it could not be opened.
+async fn prepare_round<W: OpensAccount>(
+    ctx: &WorkflowContext<W>,
+    items: &[WaveItem],
+    as_activity: bool,
+) -> Option<Vec<Result<ForkPrepared, StepFailure>>> {
+    let chunks: Vec<Vec<WaveItem>> = items.chunks(CHUNK).map(<[WaveItem]>::to_vec).collect();
+    let mut open = ctx.state_mut(|s| s.account().to_open.clone());
+    if chunks.len() > 1
+        && let Some(o) = open.take()
+    {
+        if let Err(e) = open_account(ctx, o).await {
+            ctx.state_mut(|s| s.account().error = Some(e));
+            return None;
+        }
+        ctx.state_mut(|s| s.account().to_open = None);
+    }
+    let runs = chunks.into_iter().map(|forks| {
+        let open = open.take();
+        async move { prepare_chunk(ctx, forks, open, as_activity).await }
+    });
+    Some(join_all(runs).await.into_iter().flatten().collect())
+}
+
+/// One activity of a round: every fork's outcome, in order.
+async fn prepare_chunk<W: OpensAccount>(
+    ctx: &WorkflowContext<W>,
+    forks: Vec<WaveItem>,
+    open: Option<AccountOpen>,
+    as_activity: bool,
+) -> Vec<Result<ForkPrepared, StepFailure>> {
+    let asked = forks.len();
+    let opens = open.is_some();
+    let wave = Wave { forks, open };
+    let done = if as_activity {
+        ctx.execute_activity(WaveLocal::prepare, wave, options::wave())
+            .await
+    } else {
+        ctx.execute_local_activity(WaveLocal::prepare, wave, options::wave_local())
+            .await
+    };
+    if opens && let Ok(d) = &done {
+        let error = Some(d.open_error.clone()).filter(|e| !e.is_empty());
+        ctx.state_mut(|s| {
+            let account = s.account();
+            if error.is_none() {
+                account.to_open = None;
+            }
+            account.error = error;
+        });
+    }
+    match done {
+        Ok(d) if d.forks.len() == asked => d.forks.into_iter().map(Ok).collect(),
+        Ok(d) => {
+            let why = format!("prepare forks: {} answers for {asked} forks", d.forks.len());
+            (0..asked)
+                .map(|_| Err(StepFailure::Failed(why.clone())))
+                .collect()
+        }
+        Err(e) => (0..asked)
+            .map(|_| Err(classify("prepare forks", &e)))
+            .collect(),
+    }
+}
+
+/// Give back what the stopped forks hold: sandboxes first, then reservations.
+async fn give_back<W>(ctx: &WorkflowContext<W>, wave: &[WaveFork], steps: &[Step]) {
+    let destroys = steps.iter().map(|step| async move {
+        if let Step::Failed {
+            sandbox: Some(sb), ..
+        } = step
+        {
+            let _ = settle::destroy(ctx, sb, "fork did not start").await;
+        }
+    });
+    join_all(destroys).await;
+    let releases = wave.iter().zip(steps).map(|(f, step)| async move {
+        if let Step::Failed {
+            reservation_id: Some(id),
+            ..
+        } = step
+        {
+            let key = step_key(&f.child_id, f.input.attempt, "release");
+            settle::release(ctx, &key, id).await;
+        }
+    });
+    join_all(releases).await;
 }
 
 /// A reservation id as a fork holds it: empty is none.
@@ -366,214 +404,10 @@ fn create_request(f: &WaveFork, idempotency_key: String) -> CreateSandboxRequest
     }
 }
 
-/// Every future's output, in order. Unlike `futures::future::join_all` (which puts more
-/// than 30 futures in a `FuturesOrdered` with wakers of its own), it polls each future
-/// with the workflow task's waker, the only kind the SDK accepts.
-pub(super) async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let mut futs: Vec<Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
-    let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    std::future::poll_fn(move |cx| {
-        let mut pending = false;
-        for (fut, out) in futs.iter_mut().zip(outs.iter_mut()) {
-            if out.is_none() {
-                match fut.as_mut().poll(cx) {
-                    Poll::Ready(v) => *out = Some(v),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(outs.iter_mut().filter_map(Option::take).collect())
-        }
-    })
-    .await
-}
-
 fn cancelled_or_failed(f: &WaveFork) -> StepFailure {
     if f.cancel.is_cancelled() {
         StepFailure::Cancelled
     } else {
         StepFailure::Failed("fork preparation stopped".into())
     }
-}
-
-fn at(sandbox: &Sandbox, reason: &str) -> AtOwner {
-    AtOwner {
-        endpoint: sandbox.owner_endpoint.clone(),
-        sandbox_id: sandbox.id.clone(),
-        reason: reason.to_owned(),
-    }
-}
-
-/// Destroy a sandbox at its owner replica, whatever the workflow's cancellation.
-pub(super) async fn destroy<W>(
-    ctx: &WorkflowContext<W>,
-    sandbox: &Sandbox,
-    reason: &str,
-) -> Result<DestroySandboxResponse, ActivityExecutionError> {
-    ctx.execute_local_activity(
-        SandboxLocal::destroy,
-        at(sandbox, reason),
-        options::destroy_local(),
-    )
-    .await
-}
-
-/// Give back a reservation nothing was charged to (best effort: the janitor releases
-/// reservations whose holder has closed).
-pub(super) async fn release<W>(ctx: &WorkflowContext<W>, key: &str, reservation_id: &str) {
-    let release = ReleaseRequest {
-        reservation_id: reservation_id.to_owned(),
-        idempotency_key: key.to_owned(),
-    };
-    let _ = ctx
-        .execute_local_activity(Ledger::release, release, options::ledger_detached())
-        .await;
-}
-
-/// Commit what the agent spent, or release the reservation if it spent nothing. A
-/// settlement the ledger did not take in time is posted again until it does
-/// ([`Change::DurableSettle`]: runs from earlier builds reported such forks FAILED and
-/// lost the spend).
-pub(super) async fn settle<W>(
-    ctx: &WorkflowContext<W>,
-    key: &impl Fn(&str) -> String,
-    progress: &Progress,
-    patches: Patches,
-    result: &mut ForkResult,
-) {
-    let reservation_id = progress.reservation_id.clone();
-    let (amount, sandbox) = commit_amount(
-        progress.cost_micros,
-        progress.sandbox_charged_micros,
-        progress.sandbox_cost_micros,
-    );
-    result.sandbox_cost_micros = sandbox;
-    let commit = amount > 0 || result.status == ForkStatus::Succeeded as i32;
-    let settlement = Settlement {
-        commit,
-        reservation_id,
-        amount_micros: amount,
-        key: key(if commit { "commit" } else { "release" }),
-    };
-    let answer = if commit {
-        let req = settlement.commit_request();
-        ctx.execute_local_activity(Ledger::commit, req, options::ledger_detached())
-            .await
-    } else {
-        let req = settlement.release_request();
-        ctx.execute_local_activity(Ledger::release, req, options::ledger_detached())
-            .await
-    };
-    let answer = match answer {
-        Err(e) if retryable(&e) && patches.takes(ctx, Change::DurableSettle) => {
-            settle_durably(ctx, &settlement).await
-        }
-        a => a.map_err(|e| classify(settlement.step(), &e)),
-    };
-    apply_settlement(result, amount, commit, answer);
-}
-
-/// One fork's settlement: commit what it spent, or release the reservation.
-pub(super) struct Settlement {
-    pub commit: bool,
-    pub reservation_id: String,
-    pub amount_micros: i64,
-    /// The idempotency key of the first try, so a durable retry posts it once.
-    pub key: String,
-}
-
-impl Settlement {
-    fn step(&self) -> &'static str {
-        if self.commit {
-            "commit spend"
-        } else {
-            "release reservation"
-        }
-    }
-
-    fn commit_request(&self) -> CommitRequest {
-        CommitRequest {
-            reservation_id: self.reservation_id.clone(),
-            amount_micros: self.amount_micros,
-            idempotency_key: self.key.clone(),
-        }
-    }
-
-    fn release_request(&self) -> ReleaseRequest {
-        ReleaseRequest {
-            reservation_id: self.reservation_id.clone(),
-            idempotency_key: self.key.clone(),
-        }
-    }
-}
-
-/// The settlement as a regular activity on the ledger's queue, retried until the ledger
-/// takes it ([`options::ledger_durable`]): the fork's result waits for it.
-pub(super) async fn settle_durably<W>(
-    ctx: &WorkflowContext<W>,
-    s: &Settlement,
-) -> Result<Reservation, StepFailure> {
-    let answer = if s.commit {
-        ctx.execute_activity(
-            Ledger::commit,
-            s.commit_request(),
-            options::ledger_durable(),
-        )
-        .await
-    } else {
-        ctx.execute_activity(
-            Ledger::release,
-            s.release_request(),
-            options::ledger_durable(),
-        )
-        .await
-    };
-    answer.map_err(|e| classify(s.step(), &e))
-}
-
-/// What a fork's commit posts, and the sandbox's part of it: the agent's spend (`cost`,
-/// of which `sandbox_charged` was sandbox time charged while it ran) with the sandbox's
-/// whole cost in place of that part, when it is known (read at patch collection, never
-/// less than what was charged for it).
-pub fn commit_amount(cost: i64, sandbox_charged: i64, sandbox_cost: Option<i64>) -> (i64, i64) {
-    let sandbox = sandbox_cost.unwrap_or(0).max(sandbox_charged);
-    (cost - sandbox_charged + sandbox, sandbox)
-}
-
-/// The fork's cost (and status) from its settlement: what was committed, or (released)
-/// what the agent charged before it stopped, e.g. on budget exceeded, which stays spent.
-pub(super) fn apply_settlement(
-    result: &mut ForkResult,
-    cost_micros: i64,
-    committed: bool,
-    answer: Result<Reservation, StepFailure>,
-) {
-    match (committed, answer) {
-        (true, Ok(r)) => {
-            result.cost_micros = r.committed_micros;
-            if r.budget_exceeded {
-                result.status = ForkStatus::BudgetExceeded as i32;
-                result.error = format!(
-                    "agent spent {cost_micros} micro-USD, more than the run's budget allowed ({} charged)",
-                    r.committed_micros
-                );
-            }
-        }
-        (true, Err(e)) => {
-            result.status = ForkStatus::Failed as i32;
-            result.error = failure_message(e);
-        }
-        (false, Ok(r)) => {
-            result.cost_micros = r.charged_micros;
-            result.sandbox_cost_micros = result.sandbox_cost_micros.min(r.charged_micros);
-        }
-        (false, Err(e)) if result.error.is_empty() => result.error = failure_message(e),
-        (false, Err(_)) => {}
-    }
-    // The sandbox's part is set before settling (0 until sandbox time is priced): the
-    // rest of what the ledger took is the model's.
-    result.model_cost_micros = (result.cost_micros - result.sandbox_cost_micros).max(0);
 }

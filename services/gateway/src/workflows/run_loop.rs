@@ -1,0 +1,390 @@
+//! The run workflow's run: open the run's account (or leave it to the first wave), then
+//! keep at most `max_concurrent` forks in flight until every fork has a result, then
+//! publish how the run ended. See `orchestration` for the whole design.
+
+use super::{
+    LABELS_ATTR, RUN_STATE_ATTR,
+    inline::{self, AgentDone},
+    input::ForkInput,
+    patches::{Change, Patches},
+    phase,
+    prepare::{self, WaveFork, WavePlan, prepare_wave},
+    run_state::{SandboxOrchestrationWorkflow, outcome},
+    start::{ChildOutcome, InFlight, child_id, give_back, not_started, run_child, start_fork},
+    unix_ms,
+};
+use crate::wave::AccountOpen;
+use forkyard_proto::{
+    budget::v1::{AccountKind, CreateAccountRequest, OpenAccountRequest},
+    gateway::v1::{Run, RunSpec},
+};
+use futures::{FutureExt, future::select_all};
+use std::collections::BTreeMap;
+use temporalio_common::error::ApplicationFailure;
+use temporalio_workflow::{
+    WaitConditionOptions, WorkflowCancellationToken, WorkflowContext, WorkflowResult,
+    WorkflowTermination,
+};
+
+type Ctx = WorkflowContext<SandboxOrchestrationWorkflow>;
+
+pub(super) async fn run(ctx: &mut Ctx) -> WorkflowResult<Run> {
+    // First, before any await (see `patches`).
+    let patches = Patches::decide(ctx);
+    let run_id = ctx.workflow_id().to_owned();
+    let spec = ctx.state(|s| s.spec.clone());
+    let started = unix_ms(ctx.workflow_time());
+    ctx.state_mut(|s| {
+        s.started_unix_ms = started;
+        s.patches = patches;
+    });
+    let open = account_open(&run_id, &spec);
+    if patches.takes(ctx, Change::AccountOpenedWithFirstWave) {
+        // Opened by the first wave's activity, beside its sandboxes' creates.
+        ctx.state_mut(|s| s.account.to_open = Some(open));
+    } else if let Err(e) = prepare::open_account(ctx, open).await {
+        return Err(fail_unopened(ctx, e));
+    }
+    // Where runs of earlier builds asked for these (after opening the account).
+    let requeue_lost = patches.takes(ctx, Change::RequeueLostSandbox);
+    let within_budget = patches.takes(ctx, Change::LostForkWithinBudget);
+    ctx.state_mut(|s| {
+        s.requeue_lost = requeue_lost;
+        s.within_budget = within_budget;
+    });
+    let cancel = ctx.cancellation_token();
+    let mut flight = Flight::new(ctx, run_id, spec);
+    flight.fly(&cancel).await?;
+    drop(flight);
+    end(ctx, patches, &cancel)
+}
+
+/// How the run's ledger account is opened: its own, or a run account under its tenant's
+/// (whose spending limit it draws on too).
+fn account_open(run_id: &str, spec: &RunSpec) -> AccountOpen {
+    if spec.tenant_account_id.is_empty() {
+        AccountOpen::Open(OpenAccountRequest {
+            account_id: run_id.to_owned(),
+            budget_micros: spec.budget_micros,
+            idempotency_key: format!("{run_id}/open-account"),
+        })
+    } else {
+        AccountOpen::Create(CreateAccountRequest {
+            account_id: run_id.to_owned(),
+            kind: AccountKind::Run as i32,
+            parent_account_id: spec.tenant_account_id.clone(),
+            budget_micros: spec.budget_micros,
+            idempotency_key: format!("{run_id}/open-account"),
+            ..Default::default()
+        })
+    }
+}
+
+/// The run once every fork has a result (or it was cancelled).
+fn end(ctx: &Ctx, patches: Patches, cancel: &WorkflowCancellationToken) -> WorkflowResult<Run> {
+    let now = unix_ms(ctx.workflow_time());
+    if cancel.is_cancelled() {
+        ctx.state_mut(|s| s.cancel_pending(now));
+        return Err(WorkflowTermination::cancelled());
+    }
+    let run = ctx.state_mut(|s| {
+        s.finished_unix_ms = now;
+        s.snapshot()
+    });
+    // Runs from this build on publish how they ended, so ListRuns can tell a run in
+    // which no fork succeeded (FAILED) from one that completed. A patch: the upsert
+    // is a new command that histories of earlier builds do not hold.
+    if patches.takes(ctx, Change::RunOutcomeAttribute) {
+        let (state, _) = outcome(&run);
+        ctx.upsert_search_attributes(vec![
+            RUN_STATE_ATTR.value_set(state.as_str_name().to_owned()),
+        ]);
+    }
+    Ok(run)
+}
+
+/// A run whose account could not be opened: every fork ends with the reason (cancelled,
+/// when the run was cancelled meanwhile), and so does the run.
+fn fail_unopened(ctx: &Ctx, e: String) -> WorkflowTermination {
+    let cancelled = ctx.cancellation_token().is_cancelled();
+    let msg = if cancelled {
+        "run cancelled".to_owned()
+    } else {
+        e
+    };
+    let now = unix_ms(ctx.workflow_time());
+    ctx.state_mut(|s| s.end_every_fork(&msg, cancelled, now));
+    if cancelled {
+        WorkflowTermination::cancelled()
+    } else {
+        ApplicationFailure::non_retryable(msg).into()
+    }
+}
+
+/// The forks in flight, and what the run loop keeps beside them.
+struct Flight<'a> {
+    ctx: &'a Ctx,
+    run_id: String,
+    spec: RunSpec,
+    max_concurrent: usize,
+    in_flight: Vec<InFlight<'a>>,
+    /// Each running fork's own token: its preparation and its steps stop on it.
+    tokens: BTreeMap<u32, WorkflowCancellationToken>,
+    /// The run state last published as a search attribute.
+    published: String,
+}
+
+impl<'a> Flight<'a> {
+    fn new(ctx: &'a Ctx, run_id: String, spec: RunSpec) -> Self {
+        Self {
+            ctx,
+            run_id,
+            max_concurrent: spec.max_concurrent.clamp(1, spec.forks.max(1)) as usize,
+            spec,
+            in_flight: Vec::new(),
+            tokens: BTreeMap::new(),
+            published: String::new(),
+        }
+    }
+
+    /// Until every fork has a result, or the run is cancelled and its forks are done.
+    async fn fly(&mut self, cancel: &WorkflowCancellationToken) -> Result<(), WorkflowTermination> {
+        loop {
+            self.publish_state();
+            // Start what may start: prepare them as one wave, then start their steps.
+            let wave = self.next_wave(cancel);
+            if !wave.is_empty() {
+                self.start_wave(wave).await?;
+                continue;
+            }
+            self.pass_on_cancels();
+            if self.in_flight.is_empty() {
+                if !self.wait_while_held(cancel).await {
+                    return Ok(());
+                }
+                continue;
+            }
+            if let Some(finished) = self.next_finished().await {
+                self.take_finished(finished).await;
+            }
+        }
+    }
+
+    /// The forks that may start now, each marked running with a token of its own.
+    fn next_wave(&mut self, cancel: &WorkflowCancellationToken) -> Vec<WaveFork> {
+        let ctx = self.ctx;
+        let mut wave = Vec::new();
+        while self.in_flight.len() + wave.len() < self.max_concurrent && !cancel.is_cancelled() {
+            let Some((fork, attempt)) = ctx.state_mut(|s| s.next_startable()) else {
+                break;
+            };
+            let input = ForkInput {
+                run_id: self.run_id.clone(),
+                fork,
+                attempt,
+                spec: self.spec.clone(),
+                reservation_micros: ctx.state(|s| s.reservation_for(fork)),
+                started_unix_ms: unix_ms(ctx.workflow_time()),
+                ..ForkInput::default()
+            };
+            let token = ctx.cancellation_token().child_token();
+            self.tokens.insert(fork, token.clone());
+            wave.push(WaveFork {
+                child_id: child_id(&self.run_id, fork),
+                input,
+                cancel: token,
+            });
+        }
+        wave
+    }
+
+    /// Prepare a wave, then start the steps of its forks that are ready.
+    async fn start_wave(&mut self, wave: Vec<WaveFork>) -> Result<(), WorkflowTermination> {
+        let ctx = self.ctx;
+        let plan = wave_plan(ctx);
+        ctx.state_mut(|s| {
+            for f in &wave {
+                s.set_fork_phase(f.input.fork, phase::CREATING);
+            }
+        });
+        let outcomes = prepare_wave(ctx, &wave, plan).await;
+        if let Some(e) = ctx.state(|s| s.account.error.clone()) {
+            // Its forks' sandboxes are destroyed; nothing was reserved.
+            return Err(fail_unopened(ctx, e));
+        }
+        for (f, outcome) in wave.into_iter().zip(outcomes) {
+            let fork = f.input.fork;
+            match outcome {
+                Ok(prepared) => self.in_flight.push(start_fork(ctx, f, prepared)),
+                Err(why) => {
+                    self.tokens.remove(&fork);
+                    let result = not_started(ctx, &f.input, why);
+                    ctx.state_mut(|s| s.record(fork, result));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Cancellations asked for by CancelFork or an early stop, to the forks' tokens.
+    fn pass_on_cancels(&self) {
+        for fork in self
+            .ctx
+            .state_mut(|s| std::mem::take(&mut s.cancel_requests))
+        {
+            if let Some(t) = self.tokens.get(&fork) {
+                t.cancel_with_reason("fork cancelled");
+            }
+        }
+    }
+
+    /// Nothing in flight: paused or out of budget with forks pending, wait for resume, a
+    /// raise or a cancel (`true`); otherwise the run is done (`false`).
+    async fn wait_while_held(&self, cancel: &WorkflowCancellationToken) -> bool {
+        let ctx = self.ctx;
+        let waiting = ctx.state(|s| s.has_pending() && (s.paused || s.awaiting_budget));
+        if !waiting || cancel.is_cancelled() {
+            return false;
+        }
+        let seen = ctx.state(|s| s.generation);
+        let _ = ctx.wait_condition(|s| s.generation != seen).await;
+        true
+    }
+
+    /// The forks that finished, the first to complete first, then every other one
+    /// already done (in vector order), so the next wave prepares their successors
+    /// together; `None` when a signal or an update came first.
+    async fn next_finished(&mut self) -> Option<Vec<(u32, ChildOutcome)>> {
+        let ctx = self.ctx;
+        let seen = ctx.state(|s| s.generation);
+        // Not tied to the run's cancellation: once cancelled, the forks (which inherit
+        // it) finish their cleanup and complete, and that is what to wait for.
+        let detached = WaitConditionOptions::builder()
+            .cancellation_token(WorkflowCancellationToken::new())
+            .build();
+        let changed = ctx
+            .wait_condition_with_options(move |s| s.generation != seen, detached)
+            .fuse();
+        let next = select_all(self.in_flight.iter_mut()).fuse();
+        futures::pin_mut!(changed, next);
+        // Completions first, so a replay sees the same order.
+        let done = futures::select_biased! {
+            (out, index, _) = next => Some((out, index)),
+            _ = changed => None,
+        };
+        let (first, index) = done?;
+        drop(self.in_flight.remove(index));
+        let mut finished = vec![first];
+        // Polled with this task's own waker: the SDK refuses foreign wakers.
+        let in_flight = &mut self.in_flight;
+        let ready = std::future::poll_fn(|cx| {
+            let mut ready = Vec::new();
+            let mut i = 0;
+            while i < in_flight.len() {
+                if let std::task::Poll::Ready(out) = in_flight[i].as_mut().poll(cx) {
+                    drop(in_flight.remove(i));
+                    ready.push(out);
+                } else {
+                    i += 1;
+                }
+            }
+            std::task::Poll::Ready(ready)
+        })
+        .await;
+        finished.extend(ready);
+        Some(finished)
+    }
+
+    /// Record the forks that finished; inline forks whose agent ended in this activation
+    /// finish together, in the order their completions came (see `inline`).
+    async fn take_finished(&mut self, finished: Vec<(u32, ChildOutcome)>) {
+        let ctx = self.ctx;
+        let mut batch = Vec::new();
+        for (fork, outcome) in finished {
+            let result = match outcome {
+                ChildOutcome::Finished(result) => *result,
+                ChildOutcome::AgentDone(done) => {
+                    batch.push(*done);
+                    continue;
+                }
+                ChildOutcome::NotStarted(not) => give_back(ctx, *not).await,
+            };
+            self.tokens.remove(&fork);
+            ctx.state_mut(|s| s.record(fork, result));
+        }
+        if !batch.is_empty() {
+            self.finish_inline(batch).await;
+        }
+    }
+
+    /// Patch, settle and destroy a batch of inline forks; a fork whose patch is too
+    /// large for the run's history goes on in a child.
+    async fn finish_inline(&mut self, batch: Vec<AgentDone>) {
+        let ctx = self.ctx;
+        ctx.state_mut(|s| {
+            for d in &batch {
+                s.set_fork_phase(d.f.input.fork, d.finishing_phase());
+            }
+        });
+        let patches = ctx.state(|s| s.patches);
+        for outcome in inline::finish(ctx, batch, patches).await {
+            match outcome {
+                inline::Outcome::Done(fork, result) => {
+                    self.tokens.remove(&fork);
+                    // As the fork workflows' interceptor does for theirs.
+                    if !ctx.is_replaying() {
+                        let model = self.spec.agent.as_ref().map_or("", |a| a.model.as_str());
+                        crate::fork_telemetry::record(&result, model);
+                    }
+                    ctx.state_mut(|s| {
+                        s.full.insert(fork, (*result).clone());
+                        s.record(fork, *result);
+                    });
+                }
+                inline::Outcome::HandOff(h) => {
+                    let (f, prepared, input) = *h;
+                    self.in_flight.push(run_child(ctx, f, prepared, input));
+                }
+            }
+        }
+    }
+
+    /// Keep the `ForkyardRunState` search attribute in step, so ListRuns can filter on it.
+    fn publish_state(&mut self) {
+        let ctx = self.ctx;
+        let state = ctx.state(|s| s.live_state()).as_str_name().to_owned();
+        if self.published == state {
+            return;
+        }
+        let labels = ctx.state(|s| {
+            let mut l: Vec<String> = s
+                .spec
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            l.sort();
+            l
+        });
+        let mut updates = vec![RUN_STATE_ATTR.value_set(state.clone())];
+        if self.published.is_empty() {
+            updates.push(LABELS_ATTR.value_set(labels));
+        }
+        ctx.upsert_search_attributes(updates);
+        self.published = state;
+    }
+}
+
+/// How the next wave is prepared. Only the first wave runs while nothing else is in
+/// flight (its latency is the run's); later ones are regular activities. A patch: more
+/// rounds are more timers, which histories of earlier builds lack.
+fn wave_plan(ctx: &Ctx) -> WavePlan {
+    let patches = ctx.state(|s| s.patches);
+    let as_activity =
+        ctx.state(|s| s.first_wave_prepared) && patches.takes(ctx, Change::LaterWavesAreActivities);
+    ctx.state_mut(|s| s.first_wave_prepared = true);
+    WavePlan {
+        as_activity,
+        outlasts_an_outage: patches.takes(ctx, Change::PrepareOutlastsAnOutage),
+    }
+}

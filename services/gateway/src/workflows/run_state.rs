@@ -1,0 +1,395 @@
+//! The run workflow's state: its forks and what it keeps to decide what starts next,
+//! changed only through these methods, which are functions of what happened (a fork
+//! finished, a signal came) and never run an activity. The workflow's code is in
+//! `orchestration` (its handlers) and `run_loop` (its run).
+
+use super::{
+    failure::SANDBOX_LOST,
+    patches::Patches,
+    phase,
+    prepare::{AccountOpening, OpensAccount},
+};
+use forkyard_proto::{
+    common::v1::{ForkResult, ForkStatus, VerifyStatus},
+    gateway::v1::{Run, RunSpec, RunState},
+};
+use std::collections::{BTreeMap, BTreeSet};
+use temporalio_macros::workflow;
+
+#[workflow]
+pub struct SandboxOrchestrationWorkflow {
+    pub(super) spec: RunSpec,
+    pub(super) forks: Vec<ForkResult>,
+    pub(super) started_unix_ms: i64,
+    pub(super) finished_unix_ms: i64,
+    pub(super) error: String,
+    pub(super) budget_micros: i64,
+    pub(super) paused: bool,
+    pub(super) awaiting_budget: bool,
+    /// Running forks whose cancellation was asked for and not yet passed on to their
+    /// cancellation tokens (kept by the run loop: the state must be `Send`).
+    pub(super) cancel_requests: BTreeSet<u32>,
+    /// Starts of each fork, for the idempotency keys of a re-queued fork.
+    pub(super) attempts: Vec<u32>,
+    /// Which workflow changes this run takes ([`patches`](super::patches)).
+    pub(super) patches: Patches,
+    /// Forks whose sandbox was lost start again on a new one, at most
+    /// [`MAX_LOST_SANDBOX_STARTS`] times each.
+    pub(super) requeue_lost: bool,
+    pub(super) lost: Vec<u32>,
+    /// A re-started fork reserves what its fork budget has left after its earlier
+    /// starts, and a refused reservation is tried again once another fork settled (and
+    /// gave back what it did not spend): without it a re-started fork asked for its
+    /// whole budget again, was refused by the few micros its first start spent, and the
+    /// run waited for a raise nobody had to make.
+    pub(super) within_budget: bool,
+    /// What the earlier starts of a re-started fork spent (total, model, sandbox), added
+    /// to its result so the run's cost stays what the ledger holds.
+    pub(super) earlier_cost: BTreeMap<u32, (i64, i64, i64)>,
+    /// Inline forks' full results (patch and output tails), for `fork_result`.
+    pub(super) full: BTreeMap<u32, ForkResult>,
+    pub(super) raises: u32,
+    /// Bumped by every signal and update, so the main loop re-evaluates.
+    pub(super) generation: u64,
+    /// The run's ledger account while its first wave is to open it, or why it could not.
+    pub(super) account: AccountOpening,
+    /// A wave was prepared: later ones are regular activities (runs that take
+    /// [`Change::LaterWavesAreActivities`]).
+    pub(super) first_wave_prepared: bool,
+}
+
+/// Times a fork whose sandbox was lost is started again (beyond its first start).
+const MAX_LOST_SANDBOX_STARTS: u32 = 2;
+
+/// The run's copy of a fork: the large fields stay in the child's result.
+fn compact(mut f: ForkResult) -> ForkResult {
+    f.patch.clear();
+    f.agent_output_tail.clear();
+    f.verify_output_tail.clear();
+    f.error.truncate(512);
+    f
+}
+
+fn is_running(f: &ForkResult) -> bool {
+    f.status == ForkStatus::Running as i32
+}
+
+impl SandboxOrchestrationWorkflow {
+    /// A run of `spec`, before anything started.
+    pub(super) fn starting(spec: RunSpec) -> Self {
+        let forks = (1..=spec.forks)
+            .map(|fork| ForkResult {
+                fork,
+                status: ForkStatus::Pending as i32,
+                branch: format!("{}-fork-{fork}", spec.branch),
+                phase: phase::PENDING.into(),
+                ..Default::default()
+            })
+            .collect();
+        Self {
+            budget_micros: spec.budget_micros,
+            attempts: vec![0; spec.forks as usize],
+            patches: Patches::default(),
+            requeue_lost: false,
+            within_budget: false,
+            lost: vec![0; spec.forks as usize],
+            earlier_cost: BTreeMap::new(),
+            full: BTreeMap::new(),
+            spec,
+            forks,
+            started_unix_ms: 0,
+            finished_unix_ms: 0,
+            error: String::new(),
+            paused: false,
+            awaiting_budget: false,
+            cancel_requests: BTreeSet::new(),
+            raises: 0,
+            generation: 0,
+            account: AccountOpening::default(),
+            first_wave_prepared: false,
+        }
+    }
+
+    pub(super) fn has_pending(&self) -> bool {
+        self.forks
+            .iter()
+            .any(|f| f.status == ForkStatus::Pending as i32)
+    }
+
+    pub(super) fn winner_found(&self) -> bool {
+        self.spec.stop_on_first_verified
+            && self
+                .forks
+                .iter()
+                .any(|f| f.verify == VerifyStatus::Passed as i32)
+    }
+
+    /// What a fork's start reserves: its budget, less what its earlier starts spent.
+    pub(super) fn reservation_for(&self, fork: u32) -> i64 {
+        let spent = if self.within_budget {
+            self.earlier_cost.get(&fork).map_or(0, |c| c.0)
+        } else {
+            0
+        };
+        self.spec.fork_budget_micros - spent
+    }
+
+    /// The next pending fork, marked running, with its attempt number.
+    pub(super) fn next_startable(&mut self) -> Option<(u32, u32)> {
+        if self.paused || self.awaiting_budget || self.winner_found() {
+            return None;
+        }
+        let f = self
+            .forks
+            .iter_mut()
+            .find(|f| f.status == ForkStatus::Pending as i32)?;
+        f.status = ForkStatus::Running as i32;
+        f.phase = phase::RESERVING.into();
+        f.error.clear();
+        let i = (f.fork - 1) as usize;
+        self.attempts[i] += 1;
+        Some((f.fork, self.attempts[i]))
+    }
+
+    /// A running inline fork's progress as the run shows it (compact).
+    pub(super) fn show(&mut self, fork: u32, r: &ForkResult) {
+        if let Some(slot) = fork
+            .checked_sub(1)
+            .and_then(|i| self.forks.get_mut(i as usize))
+        {
+            let branch = std::mem::take(&mut slot.branch);
+            *slot = compact(r.clone());
+            if slot.branch.is_empty() {
+                slot.branch = branch;
+            }
+        }
+    }
+
+    pub(super) fn set_fork_phase(&mut self, fork: u32, p: &str) {
+        if let Some(f) = fork
+            .checked_sub(1)
+            .and_then(|i| self.forks.get_mut(i as usize))
+        {
+            p.clone_into(&mut f.phase);
+        }
+    }
+
+    pub(super) fn record(&mut self, fork: u32, result: ForkResult) {
+        let i = (fork - 1) as usize;
+        let branch = std::mem::take(&mut self.forks[i].branch);
+        let requeue = result.phase == phase::AWAITING_BUDGET
+            && result.status == ForkStatus::BudgetExceeded as i32;
+        let lost = self.requeue_lost
+            && result.status == ForkStatus::Failed as i32
+            && result.error.contains(SANDBOX_LOST)
+            && self.lost[i] < MAX_LOST_SANDBOX_STARTS;
+        let mut slot = compact(result);
+        slot.fork = fork;
+        if let Some((total, model, sandbox)) = self.earlier_cost.remove(&fork) {
+            slot.cost_micros += total;
+            slot.model_cost_micros += model;
+            slot.sandbox_cost_micros += sandbox;
+            if let Some(full) = self.full.get_mut(&fork) {
+                full.cost_micros += total;
+                full.model_cost_micros += model;
+                full.sandbox_cost_micros += sandbox;
+            }
+        }
+        if slot.branch.is_empty() {
+            slot.branch = branch;
+        }
+        // A fork whose earlier starts spent its whole budget does not start again.
+        let lost =
+            lost && !(self.within_budget && slot.cost_micros >= self.spec.fork_budget_micros);
+        if self.within_budget && !requeue && self.awaiting_budget {
+            // This fork settled: what it held is back, so a refused fork may fit now.
+            self.awaiting_budget = false;
+        }
+        if requeue {
+            // Its reservation was refused: it starts again once the budget is raised.
+            slot.status = ForkStatus::Pending as i32;
+            self.awaiting_budget = true;
+        } else if lost {
+            // What its agent spent is committed; it starts again, on a new sandbox.
+            self.lost[i] += 1;
+            self.earlier_cost.insert(
+                fork,
+                (
+                    slot.cost_micros,
+                    slot.model_cost_micros,
+                    slot.sandbox_cost_micros,
+                ),
+            );
+            slot.status = ForkStatus::Pending as i32;
+            slot.phase = phase::PENDING.into();
+            slot.error = format!("{}; starting again on a new sandbox", slot.error);
+        }
+        let verified = slot.verify == VerifyStatus::Passed as i32;
+        self.forks[i] = slot;
+        if verified && self.spec.stop_on_first_verified {
+            // Best-of-N early stop: the others are not needed any more.
+            for f in &mut self.forks {
+                if f.status == ForkStatus::Pending as i32 {
+                    f.status = ForkStatus::Cancelled as i32;
+                    f.phase = phase::DONE.into();
+                    f.error = format!("fork {fork} verified first");
+                } else if is_running(f) {
+                    self.cancel_requests.insert(f.fork);
+                }
+            }
+        }
+    }
+
+    pub(super) fn live_state(&self) -> RunState {
+        if self.awaiting_budget {
+            RunState::AwaitingBudget
+        } else if self.paused {
+            RunState::Paused
+        } else {
+            RunState::Running
+        }
+    }
+
+    /// Best first: verified, then cheaper, then smaller patch (then fork number).
+    pub(super) fn ranking(&self) -> Vec<u32> {
+        let mut ranked: Vec<&ForkResult> = self
+            .forks
+            .iter()
+            .filter(|f| f.status == ForkStatus::Succeeded as i32)
+            .collect();
+        ranked.sort_by_key(|f| {
+            (
+                f.verify != VerifyStatus::Passed as i32,
+                f.cost_micros,
+                f.patch_bytes,
+                f.fork,
+            )
+        });
+        ranked.into_iter().map(|f| f.fork).collect()
+    }
+
+    pub(super) fn snapshot(&self) -> Run {
+        let count =
+            |st: ForkStatus| self.forks.iter().filter(|f| f.status == st as i32).count() as u32;
+        let ranking = self.ranking();
+        // With a verify command only a verified fork can win.
+        let winner = ranking
+            .first()
+            .copied()
+            .filter(|w| {
+                self.spec.verify_command.trim().is_empty()
+                    || self.forks[(*w - 1) as usize].verify == VerifyStatus::Passed as i32
+            })
+            .unwrap_or(0);
+        let (running, pending, succeeded) = (
+            count(ForkStatus::Running),
+            count(ForkStatus::Pending),
+            count(ForkStatus::Succeeded),
+        );
+        Run {
+            state: self.live_state() as i32,
+            spec: Some(self.spec.clone()),
+            forks: self.forks.clone(),
+            cost_micros: self.forks.iter().map(|f| f.cost_micros).sum(),
+            forks_succeeded: succeeded,
+            forks_failed: self.forks.len() as u32 - succeeded - running - pending,
+            forks_running: running,
+            forks_pending: pending,
+            started_unix_ms: self.started_unix_ms,
+            finished_unix_ms: self.finished_unix_ms,
+            error: self.error.clone(),
+            budget_micros: self.budget_micros,
+            ranking,
+            winner,
+            ..Default::default()
+        }
+    }
+
+    /// CancelFork: a pending fork never starts; a running one is cancelled (its sandbox
+    /// destroyed).
+    pub(super) fn cancel_fork_now(&mut self, fork: u32) {
+        let Some(f) = fork
+            .checked_sub(1)
+            .and_then(|i| self.forks.get_mut(i as usize))
+        else {
+            return;
+        };
+        if f.status == ForkStatus::Pending as i32 {
+            f.status = ForkStatus::Cancelled as i32;
+            f.phase = phase::DONE.into();
+            f.error = "fork cancelled before it started".into();
+        } else if is_running(f) {
+            self.cancel_requests.insert(fork);
+        }
+        self.generation += 1;
+    }
+
+    /// Why RaiseBudget cannot take `amount_micros`, if it cannot.
+    pub(super) fn refuse_raise(&self, amount_micros: i64) -> Option<&'static str> {
+        if amount_micros <= 0 {
+            Some("amount must be more than 0")
+        } else if self.finished_unix_ms != 0 {
+            Some("the run has finished")
+        } else if self.budget_micros.checked_add(amount_micros).is_none() {
+            Some("the budget would overflow")
+        } else {
+            None
+        }
+    }
+
+    /// The run was cancelled: forks that never started end cancelled.
+    pub(super) fn cancel_pending(&mut self, now: i64) {
+        for f in self
+            .forks
+            .iter_mut()
+            .filter(|f| f.status == ForkStatus::Pending as i32)
+        {
+            f.status = ForkStatus::Cancelled as i32;
+            f.phase = phase::DONE.into();
+            f.error = "run cancelled before the fork started".into();
+        }
+        self.finished_unix_ms = now;
+    }
+
+    /// The run ends before any fork ran (its account could not be opened, or it was
+    /// cancelled meanwhile): every fork ends with the reason.
+    pub(super) fn end_every_fork(&mut self, msg: &str, cancelled: bool, now: i64) {
+        self.error = msg.to_owned();
+        self.finished_unix_ms = now;
+        let status = if cancelled {
+            ForkStatus::Cancelled
+        } else {
+            ForkStatus::Failed
+        };
+        for f in &mut self.forks {
+            f.status = status as i32;
+            f.phase = phase::DONE.into();
+            msg.clone_into(&mut f.error);
+        }
+    }
+}
+
+impl OpensAccount for SandboxOrchestrationWorkflow {
+    fn account(&mut self) -> &mut AccountOpening {
+        &mut self.account
+    }
+}
+
+/// How a run whose workflow completed ended: FAILED, with the reason, when it had forks
+/// and none succeeded (every one failed, timed out, ran out of budget or was cancelled);
+/// COMPLETED otherwise. A cancelled run is CANCELLED by its workflow's own status.
+pub fn outcome(run: &Run) -> (RunState, String) {
+    if run.forks.is_empty() || run.forks_succeeded > 0 {
+        return (RunState::Completed, String::new());
+    }
+    let first = run
+        .forks
+        .iter()
+        .find(|f| !f.error.is_empty())
+        .map(|f| format!("; fork {}: {}", f.fork, f.error))
+        .unwrap_or_default();
+    (
+        RunState::Failed,
+        format!("no fork succeeded ({} forks){first}", run.forks.len()),
+    )
+}
