@@ -11,8 +11,9 @@ pub mod e2b;
 pub mod error;
 mod git;
 pub mod grpc;
-mod lifecycle;
+pub mod limits;
 pub mod local;
+mod metrics;
 pub mod usage;
 mod validate;
 

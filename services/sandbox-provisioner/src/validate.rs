@@ -1,9 +1,10 @@
 //! Checks on request fields that the types do not enforce.
 
-use crate::{
-    error::{ProvisionerError, Result},
-    local::bwrap,
-};
+use crate::error::{ProvisionerError, Result};
+
+/// Variables every sandboxed command gets (the local backend's bubblewrap sets them);
+/// a request may not set these itself, on either backend.
+pub const RESERVED_ENV: &[&str] = &["FORKYARD_SANDBOX_ID"];
 
 /// Linux's limit on one argument or one `NAME=VALUE` string (`MAX_ARG_STRLEN`), NUL
 /// included: a longer one cannot be exec'd at all.
@@ -130,7 +131,7 @@ pub(crate) fn env(name: &str, value: &str) -> Result<()> {
             format!("{name} is a dynamic loader variable and may not be set"),
         ));
     }
-    if bwrap::RESERVED_ENV.contains(&name) {
+    if RESERVED_ENV.contains(&name) {
         return Err(ProvisionerError::invalid(
             "env",
             format!("{name} is set by the provisioner"),

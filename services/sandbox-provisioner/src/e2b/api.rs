@@ -6,7 +6,7 @@ use super::{
 };
 use crate::{
     error::{ProvisionerError, Result},
-    local::provisioner::{STATE_SELECTOR, wanted_states},
+    limits::{STATE_SELECTOR, wanted_states},
 };
 use forkyard_proto::sandbox::v1::{Sandbox, SandboxState};
 use reqwest::{Method, StatusCode};
@@ -175,7 +175,7 @@ impl E2bBackend {
     /// What a sandbox created at `created_unix_ms` has cost so far: its wall time.
     pub(super) fn usage(&self, created_unix_ms: i64) -> forkyard_proto::sandbox::v1::SandboxUsage {
         let wall_ms = if created_unix_ms > 0 {
-            u64::try_from(crate::local::provisioner::now_ms() - created_unix_ms).unwrap_or(0)
+            u64::try_from(crate::limits::now_ms() - created_unix_ms).unwrap_or(0)
         } else {
             0
         };

@@ -4,7 +4,7 @@
 use super::{E2bBackend, ENVD_PORT, WORKSPACE, connect};
 use crate::{
     error::{ProvisionerError, Result},
-    local::provisioner::OUTPUT_CAP,
+    limits::OUTPUT_CAP,
 };
 use base64::{Engine, engine::general_purpose::STANDARD as B64};
 use forkyard_proto::sandbox::v1::{ExecEvent, ExecRequest, ExecResponse, exec_event::Event};

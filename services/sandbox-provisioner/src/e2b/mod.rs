@@ -24,7 +24,7 @@ use crate::{
     backend::SandboxBackend,
     error::{ProvisionerError, Result},
     git,
-    local::provisioner::{DEFAULT_PATCH_BYTES, MAX_PATCH_BYTES, OUTPUT_CAP},
+    limits::{DEFAULT_PATCH_BYTES, MAX_PATCH_BYTES, OUTPUT_CAP},
 };
 use async_trait::async_trait;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -160,7 +160,7 @@ impl SandboxBackend for E2bBackend {
             0 => self.config.default_timeout.as_secs(),
             s => u64::from(s),
         };
-        let expires = crate::local::provisioner::now_ms()
+        let expires = crate::limits::now_ms()
             .saturating_add(i64::try_from(timeout.saturating_mul(1000)).unwrap_or(i64::MAX));
         metadata.insert(EXPIRES_KEY.into(), expires.to_string());
         let body = json!({
@@ -178,7 +178,7 @@ impl SandboxBackend for E2bBackend {
                 "",
             )
             .await;
-        crate::lifecycle::created(self.name(), &created);
+        crate::metrics::created(self.name(), &created);
         let created = created?
             .ok_or_else(|| ProvisionerError::Unavailable("E2B create: empty response".into()))?;
         let api: ApiSandbox = serde_json::from_value(created)
@@ -210,7 +210,7 @@ impl SandboxBackend for E2bBackend {
         if let Err(e) = self.set_timeout(&sid, expires).await {
             warn!(sandbox_id = %sid, error = %e, "cannot align the e2b timeout with the ttl");
         }
-        let now = crate::local::provisioner::now_ms();
+        let now = crate::limits::now_ms();
         let mut s = self.to_proto(&ApiSandbox {
             metadata: Some(metadata),
             ..api
@@ -426,7 +426,7 @@ impl SandboxBackend for E2bBackend {
         let existed = self.kill(sid).await?;
         if existed {
             // The E2B API gives no creation time on kill: the lifetime is not observed.
-            crate::lifecycle::destroyed(0);
+            crate::metrics::destroyed(0);
         }
         self.known.lock().expect("known lock").remove(sid);
         info!(sandbox_id = %req.sandbox_id, existed, reason = %req.reason, "e2b sandbox destroyed");

@@ -22,7 +22,7 @@ pub(super) fn secs_left(expires_ms: i64, now_ms: i64) -> u64 {
 impl E2bBackend {
     /// `POST /sandboxes/{id}/timeout` with the seconds left until `expires_ms`.
     pub(super) async fn set_timeout(&self, sid: &str, expires_ms: i64) -> Result<()> {
-        let left = secs_left(expires_ms, crate::local::provisioner::now_ms()).max(1);
+        let left = secs_left(expires_ms, crate::limits::now_ms()).max(1);
         let path = format!("/sandboxes/{sid}/timeout");
         self.api(
             Method::POST,
@@ -43,7 +43,7 @@ impl E2bBackend {
         if s.expires_unix_ms == 0 {
             return Ok(self.config.default_timeout.as_secs());
         }
-        match secs_left(s.expires_unix_ms, crate::local::provisioner::now_ms()) {
+        match secs_left(s.expires_unix_ms, crate::limits::now_ms()) {
             0 => {
                 self.destroy(DestroySandboxRequest {
                     sandbox_id: id.to_owned(),

@@ -24,9 +24,6 @@ const ENV_FD_STR: &str = "3";
 /// The first descriptor of the seccomp filters (`--add-seccomp-fd`), one each.
 const SECCOMP_FD: i32 = 4;
 
-/// Variables every sandboxed command gets; a request may not set these itself.
-pub const RESERVED_ENV: &[&str] = &["FORKYARD_SANDBOX_ID"];
-
 /// Files and directories of the host's /etc that programs need. Not the whole /etc:
 /// it holds secrets and host configuration the sandbox has no business seeing.
 const ETC_ALWAYS: &[&str] = &[
@@ -233,7 +230,9 @@ impl Invocation<'_> {
             env.extend(
                 img.env
                     .iter()
-                    .filter(|(k, _)| k != "HOME" && !RESERVED_ENV.contains(&k.as_str()))
+                    .filter(|(k, _)| {
+                        k != "HOME" && !crate::validate::RESERVED_ENV.contains(&k.as_str())
+                    })
                     .cloned(),
             );
         }

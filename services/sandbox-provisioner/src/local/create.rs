@@ -4,11 +4,12 @@
 use crate::{
     error::{ProvisionerError, Result},
     git,
+    limits::now_ms,
     local::{
         cgroup::Limits,
         egress::Allowlist,
         entry::Entry,
-        provisioner::{BACKEND, DirCleanup, Provisioner, now_ms},
+        provisioner::{BACKEND, DirCleanup, Provisioner},
         store::{self, Record},
     },
 };
@@ -66,7 +67,7 @@ impl Provisioner {
         }
         if req.idempotency_key.is_empty() {
             let out = self.create_new(req).await;
-            crate::lifecycle::created(BACKEND, &out);
+            crate::metrics::created(BACKEND, &out);
             return out;
         }
         let _held = self.creating.lock(req.idempotency_key.clone()).await;
@@ -77,7 +78,7 @@ impl Provisioner {
             }
             None => {
                 let out = self.create_new(req).await;
-                crate::lifecycle::created(BACKEND, &out);
+                crate::metrics::created(BACKEND, &out);
                 out
             }
         }

@@ -71,7 +71,7 @@ impl Provisioner {
         }
         self.sandboxes.lock().expect("sandboxes lock").remove(id);
         self.release_uid(record.uid);
-        crate::lifecycle::destroyed(record.created_unix_ms);
+        crate::metrics::destroyed(record.created_unix_ms);
         info!(sandbox_id = %id, reason = %req.reason, "sandbox destroyed");
         Ok(DestroySandboxResponse { existed: true })
     }

@@ -4,11 +4,12 @@
 use crate::local::{init::wire::Spec, launch::Launch};
 use crate::{
     error::{ProvisionerError, Result},
+    limits::OUTPUT_CAP,
     local::{
         bwrap::{ImageRoot, Invocation, Relays},
         entry::{Entry, ExecGuard},
         process::{self, Caps, Finished, Outcome},
-        provisioner::{OUTPUT_CAP, Provisioner},
+        provisioner::Provisioner,
         store,
     },
     validate,

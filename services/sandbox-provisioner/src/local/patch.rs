@@ -3,9 +3,10 @@
 use crate::{
     error::{ProvisionerError, Result},
     git,
+    limits::{DEFAULT_PATCH_BYTES, MAX_PATCH_BYTES},
     local::{
         process::{Caps, Outcome},
-        provisioner::{DEFAULT_PATCH_BYTES, MAX_PATCH_BYTES, Provisioner},
+        provisioner::Provisioner,
     },
 };
 use forkyard_proto::sandbox::v1::{CollectPatchRequest, CollectPatchResponse};

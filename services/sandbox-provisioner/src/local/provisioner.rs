@@ -3,6 +3,7 @@
 
 use crate::{
     error::{ProvisionerError, Result},
+    limits::{STATE_SELECTOR, wanted_states},
     local::{
         bwrap::{self, Features},
         cgroup::{Cgroups, Limits},
@@ -22,27 +23,6 @@ use std::{
 use tracing::{info, warn};
 
 pub const BACKEND: &str = "local";
-/// Capture limit for an exec's stdout and for its stderr.
-pub const OUTPUT_CAP: usize = 1024 * 1024;
-/// Patch size limit when the request gives none.
-pub const DEFAULT_PATCH_BYTES: u64 = 1024 * 1024;
-/// Upper bound on a requested patch size, to bound memory.
-pub const MAX_PATCH_BYTES: u64 = 64 * 1024 * 1024;
-/// Label-selector key that filters [`Provisioner::list`] by state.
-pub const STATE_SELECTOR: &str = "forkyard.state";
-
-/// The states a selector's [`STATE_SELECTOR`] asks for (comma-separated, any case);
-/// empty: every state.
-pub fn wanted_states(selector: &HashMap<String, String>) -> Vec<String> {
-    selector
-        .get(STATE_SELECTOR)
-        .map(|v| {
-            v.split(',')
-                .map(|s| s.trim().to_ascii_lowercase())
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// Settings of the core (the binary fills them from flags; tests build them directly).
 #[derive(Debug, Clone)]
@@ -373,7 +353,7 @@ impl Provisioner {
             "sandbox provisioner ready"
         );
         crate::local::reaper::spawn(&core);
-        crate::usage::spawn_sampler(&core);
+        crate::local::usage::spawn_sampler(&core);
         Ok(core)
     }
 
@@ -556,8 +536,6 @@ fn state_name(state: i32) -> &'static str {
         _ => "unspecified",
     }
 }
-
-pub(crate) use forkyard_common::clock::now_ms;
 
 /// Removes a half-created sandbox directory when dropped while armed.
 pub(crate) struct DirCleanup(pub(crate) Option<PathBuf>);

@@ -1,9 +1,10 @@
 //! Lifecycle without callers: taking over sandboxes after a restart (or destroying what
 //! cannot be accounted for), and destroying sandboxes whose TTL has passed.
 
+use crate::limits::now_ms;
 use crate::local::{
     entry::Entry,
-    provisioner::{Provisioner, now_ms},
+    provisioner::Provisioner,
     store::{self, Record},
 };
 use forkyard_proto::sandbox::v1::DestroySandboxRequest;

@@ -3,8 +3,9 @@
 
 use crate::{
     error::{ProvisionerError, Result},
+    limits::now_ms,
     local::{
-        provisioner::{DirCleanup, Provisioner, now_ms},
+        provisioner::{DirCleanup, Provisioner},
         store,
     },
 };

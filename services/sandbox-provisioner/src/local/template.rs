@@ -14,7 +14,7 @@
 
 use crate::{
     error::{ProvisionerError, Result},
-    git,
+    local::git,
 };
 use forkyard_common::git_refs::{local_commit, read_ref};
 use std::{

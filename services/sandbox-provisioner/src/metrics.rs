@@ -22,7 +22,7 @@ pub(crate) fn created<T, E>(backend: &str, out: &Result<T, E>) {
 pub(crate) fn destroyed(created_unix_ms: i64) {
     let run = metrics::run();
     run.active_sandboxes.dec();
-    let age_ms = crate::local::provisioner::now_ms().saturating_sub(created_unix_ms);
+    let age_ms = crate::limits::now_ms().saturating_sub(created_unix_ms);
     if created_unix_ms > 0 && age_ms >= 0 {
         run.sandbox_duration.observe(age_ms as f64 / 1000.0);
     }
