@@ -1,6 +1,6 @@
 //! The `forkyard.janitor.v1.Janitor` gRPC service.
 
-use crate::sweeper::{Sandboxes, Sweeper, Workflows};
+use crate::{sandboxes::Sandboxes, sweeper::Sweeper, workflows::Workflows};
 use forkyard_proto::janitor::v1::{
     SweepReport, SweepRequest,
     janitor_server::{Janitor, JanitorServer},

@@ -10,11 +10,15 @@ pub mod error;
 pub mod grpc;
 pub mod metrics;
 pub mod reservations;
+pub mod sandboxes;
 pub mod sweeper;
+pub mod workflows;
 
 pub use error::JanitorError;
 pub use grpc::JanitorService;
-pub use sweeper::{GrpcSandboxes, LiveSweeper, Sandboxes, Sweeper, Workflows};
+pub use sandboxes::{GrpcSandboxes, Sandboxes};
+pub use sweeper::{LiveSweeper, Sweeper};
+pub use workflows::Workflows;
 
 /// Default `--listen` address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50055";

@@ -2,7 +2,7 @@
 //! past its cleanup) or that Temporal does not know. The janitor releases it, so a run's
 //! budget is never blocked by a fork that is gone.
 
-use crate::{classify::WorkflowState, error::JanitorError, sweeper::Workflows};
+use crate::{classify::WorkflowState, error::JanitorError, workflows::Workflows};
 use forkyard_common::grpc_telemetry::{TracedChannel, traced_channel};
 use forkyard_proto::{
     budget::v1::{
