@@ -9,6 +9,7 @@ pub mod finish;
 pub mod fork_telemetry;
 pub mod ledger;
 pub mod money;
+pub mod repo_check;
 pub mod repo_policy;
 pub mod retry;
 pub mod sandboxes;
