@@ -1,7 +1,7 @@
 //! The Temporal front door: `local.*` activities on queue `sandbox-provisioner`, over the
 //! same [`Provisioner`] as the gRPC service.
 
-use crate::local::provisioner::Provisioner;
+use crate::{local::provisioner::Provisioner, router::Backends};
 use forkyard_proto::activities::markers;
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
@@ -239,9 +239,9 @@ pub struct E2bActivities {
 }
 
 impl E2bActivities {
-    pub fn new(core: &Arc<Provisioner>) -> Self {
+    pub fn new(backends: &Backends) -> Self {
         Self {
-            backend: core.e2b.clone(),
+            backend: backends.e2b().clone(),
         }
     }
 }

@@ -1,11 +1,19 @@
 //! Command-line flags (each also read from an environment variable).
 
-use crate::local::{cgroup::Limits, provisioner::Config};
+use crate::{
+    e2b::{ApiKey, E2bConfig},
+    local::{cgroup::Limits, provisioner::Config},
+    usage::Prices,
+};
 use forkyard_common::{
     advertise::hostname,
     config::{StateDirArg, TemporalArgs, parse_listen},
 };
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
 
 #[derive(Debug, clap::Parser)]
 #[command(
@@ -177,9 +185,16 @@ pub struct Args {
 }
 
 impl Args {
-    /// The listen address and the core's settings; errors name the setting.
-    pub fn resolve(&self) -> Result<(SocketAddr, Config), String> {
+    /// The listen address and the two backends' settings; errors name the setting.
+    pub fn resolve(&self) -> Result<(SocketAddr, Config, E2bConfig), String> {
         let listen = parse_listen("--listen (FORKYARD_LISTEN)", &self.listen)?;
+        let local = self.local(listen)?;
+        let e2b = self.e2b(&local)?;
+        Ok((listen, local, e2b))
+    }
+
+    /// The local backend's settings (the replica's endpoint and queue among them).
+    fn local(&self, listen: SocketAddr) -> Result<Config, String> {
         if self.exec_timeout_secs == 0 {
             return Err(
                 "--exec-timeout-secs (FORKYARD_EXEC_TIMEOUT_SECS) must be at least 1".into(),
@@ -200,14 +215,6 @@ impl Args {
                 "--reap-interval-secs (FORKYARD_REAP_INTERVAL_SECS) must be at least 1".into(),
             );
         }
-        let forwarder = match &self.egress_forwarder {
-            Some(p) if p.as_os_str().is_empty() => None,
-            Some(p) => Some(p.clone()),
-            None => std::env::current_exe()
-                .ok()
-                .and_then(|e| Some(e.parent()?.join("sandbox-egress-forwarder")))
-                .filter(|p| p.is_file()),
-        };
         let state_dir = self.state.ensure()?;
         let replica = match &self.replica_id {
             Some(id) => id.trim().to_owned(),
@@ -220,6 +227,18 @@ impl Args {
         config.exec_timeout = Duration::from_secs(self.exec_timeout_secs);
         config.clone_timeout = Duration::from_secs(self.clone_timeout_secs);
         config.allow_no_userns = self.allow_no_userns;
+        self.sandbox_bounds(&mut config)?;
+        config.forwarder_path = self.forwarder();
+        self.storage(&mut config);
+        config.prices = self.prices()?;
+        config.seccomp = self.sandbox_seccomp;
+        config.sandbox_init = self.sandbox_init;
+        config.egress_private_allowed = self.egress_private_allowed()?;
+        Ok(config)
+    }
+
+    /// What holds each sandbox in: its uid, its cgroup and limits, its disk, its lifetime.
+    fn sandbox_bounds(&self, config: &mut Config) -> Result<(), String> {
         crate::local::uids::SandboxUids::check(self.sandbox_uid_base, self.sandbox_uid_count)?;
         config.sandbox_uid_base = self.sandbox_uid_base;
         config.sandbox_uid_count = self.sandbox_uid_count;
@@ -239,7 +258,24 @@ impl Args {
         config.btrfs_path.clone_from(&self.btrfs_path);
         config.default_ttl = Duration::from_secs(self.sandbox_ttl_secs);
         config.reap_interval = Duration::from_secs(self.reap_interval_secs);
-        config.forwarder_path = forwarder;
+        Ok(())
+    }
+
+    /// The forwarder named, or the one installed next to this executable; an empty name
+    /// offers none.
+    fn forwarder(&self) -> Option<PathBuf> {
+        match &self.egress_forwarder {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) => Some(p.clone()),
+            None => std::env::current_exe()
+                .ok()
+                .and_then(|e| Some(e.parent()?.join("sandbox-egress-forwarder")))
+                .filter(|p| p.is_file()),
+        }
+    }
+
+    /// Where snapshots, images and templates are kept, and how images are pulled.
+    fn storage(&self, config: &mut Config) {
         if let Some(dir) = &self.snapshot_dir {
             config.snapshot_dir.clone_from(dir);
         }
@@ -253,6 +289,36 @@ impl Args {
         if let Some(dir) = &self.image_cache_dir {
             config.image_cache_dir.clone_from(dir);
         }
+    }
+
+    fn prices(&self) -> Result<Prices, String> {
+        let prices = Prices {
+            cpu_second_usd: self.sandbox_cpu_second_usd,
+            gib_second_usd: self.sandbox_gib_second_usd,
+            e2b_second_usd: self.e2b_second_usd,
+        };
+        if !prices.valid() {
+            return Err("FORKYARD_SANDBOX_CPU_SECOND_USD, FORKYARD_SANDBOX_GIB_SECOND_USD and FORKYARD_E2B_SECOND_USD must be numbers from 0 to 1 (USD)".into());
+        }
+        Ok(prices)
+    }
+
+    fn egress_private_allowed(&self) -> Result<Vec<IpAddr>, String> {
+        self.egress_private_allowed
+            .iter()
+            .map(|a| a.trim())
+            .filter(|a| !a.is_empty())
+            .map(|a| {
+                a.trim_start_matches('[').trim_end_matches(']').parse().map_err(|_| {
+                    format!("--egress-private-allowed (FORKYARD_EGRESS_PRIVATE_ALLOWED): {a:?} is not an IP address")
+                })
+            })
+            .collect()
+    }
+
+    /// The e2b backend's settings. Its key comes from `E2B_API_KEY` alone (never a flag,
+    /// which `ps` would show); its command and clone limits are the local backend's.
+    fn e2b(&self, local: &Config) -> Result<E2bConfig, String> {
         for (name, v) in [
             ("--e2b-api-url (FORKYARD_E2B_API_URL)", &self.e2b_api_url),
             ("--e2b-domain (FORKYARD_E2B_DOMAIN)", &self.e2b_domain),
@@ -262,40 +328,21 @@ impl Args {
                 return Err(format!("{name} is empty"));
             }
         }
-        config.prices = crate::usage::Prices {
-            cpu_second_usd: self.sandbox_cpu_second_usd,
-            gib_second_usd: self.sandbox_gib_second_usd,
-            e2b_second_usd: self.e2b_second_usd,
-        };
-        if !config.prices.valid() {
-            return Err("FORKYARD_SANDBOX_CPU_SECOND_USD, FORKYARD_SANDBOX_GIB_SECOND_USD and FORKYARD_E2B_SECOND_USD must be numbers from 0 to 1 (USD)".into());
-        }
-        config.e2b.second_usd = self.e2b_second_usd;
-        config.seccomp = self.sandbox_seccomp;
-        config.sandbox_init = self.sandbox_init;
-        config.egress_private_allowed = self
-            .egress_private_allowed
-            .iter()
-            .map(|a| a.trim())
-            .filter(|a| !a.is_empty())
-            .map(|a| {
-                a.trim_start_matches('[').trim_end_matches(']').parse().map_err(|_| {
-                    format!("--egress-private-allowed (FORKYARD_EGRESS_PRIVATE_ALLOWED): {a:?} is not an IP address")
-                })
-            })
-            .collect::<Result<_, String>>()?;
-        config.e2b.api_url = self.e2b_api_url.trim().to_owned();
-        config.e2b.domain = self.e2b_domain.trim().to_owned();
-        config.e2b.template = self.e2b_template.trim().to_owned();
-        config.e2b.templates = crate::e2b::templates::parse(&self.e2b_templates)
-            .map_err(|e| format!("--e2b-templates (FORKYARD_E2B_TEMPLATES): {e}"))?;
-        config.e2b.api_key = std::env::var("E2B_API_KEY")
-            .ok()
-            .filter(|k| !k.trim().is_empty())
-            .map(|k| crate::e2b::ApiKey::new(k.trim()));
-        config.e2b.exec_timeout = config.exec_timeout;
-        config.e2b.clone_timeout = config.clone_timeout;
-        Ok((listen, config))
+        Ok(E2bConfig {
+            api_url: self.e2b_api_url.trim().to_owned(),
+            domain: self.e2b_domain.trim().to_owned(),
+            template: self.e2b_template.trim().to_owned(),
+            templates: crate::e2b::templates::parse(&self.e2b_templates)
+                .map_err(|e| format!("--e2b-templates (FORKYARD_E2B_TEMPLATES): {e}"))?,
+            api_key: std::env::var("E2B_API_KEY")
+                .ok()
+                .filter(|k| !k.trim().is_empty())
+                .map(|k| ApiKey::new(k.trim())),
+            exec_timeout: local.exec_timeout,
+            clone_timeout: local.clone_timeout,
+            second_usd: self.e2b_second_usd,
+            ..E2bConfig::default()
+        })
     }
 }
 
@@ -331,7 +378,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let state = tmp.path().to_str().unwrap();
         let args = Args::try_parse_from(["sandbox-provisioner", "--state-dir", state]).unwrap();
-        let (listen, config) = args.resolve().unwrap();
+        let (listen, config, _) = args.resolve().unwrap();
         assert_eq!(listen.to_string(), "127.0.0.1:50052");
         assert_eq!(config.advertise_endpoint, "http://127.0.0.1:50052");
         assert_eq!(config.exec_timeout, Duration::from_secs(600));

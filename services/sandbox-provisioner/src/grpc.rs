@@ -2,7 +2,7 @@
 //! create picks the backend from `CreateSandboxRequest.backend`, every other call from
 //! the sandbox id. Dropping an `Exec` call drops its future, which kills the process.
 
-use crate::{backend::Backends, local::provisioner::Provisioner};
+use crate::{local::provisioner::Provisioner, router::Backends};
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
     DestroySandboxResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,
@@ -23,7 +23,7 @@ pub struct SandboxService {
 }
 
 impl SandboxService {
-    /// `local` plus the backends configured in the core (E2B).
+    /// `local`, and `e2b` disabled ([`Backends::new`]).
     pub fn new(core: Arc<Provisioner>) -> Self {
         Self::with_backends(Backends::new(core))
     }

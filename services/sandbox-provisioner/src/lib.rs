@@ -14,12 +14,14 @@ pub mod grpc;
 pub mod limits;
 pub mod local;
 mod metrics;
+pub mod router;
 pub mod usage;
 mod validate;
 
 pub use activities::{E2bActivities, SandboxActivities};
-pub use backend::{Backends, SandboxBackend};
+pub use backend::SandboxBackend;
 pub use config::Args;
 pub use error::ProvisionerError;
 pub use grpc::SandboxService;
 pub use local::provisioner::{Config, Provisioner};
+pub use router::Backends;

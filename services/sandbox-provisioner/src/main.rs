@@ -6,7 +6,7 @@ use clap::Parser;
 use forkyard_common::{exit_config_error, server, service, startup::Startup, tls::ClientAuth};
 use forkyard_proto::{queues, sandbox::v1::sandbox_provisioner_server::SandboxProvisionerServer};
 use forkyard_sandbox_provisioner::{
-    Args, E2bActivities, Provisioner, SandboxActivities, SandboxService,
+    Args, Backends, E2bActivities, Provisioner, SandboxActivities, SandboxService,
 };
 use tonic::server::NamedService;
 use tracing::info;
@@ -22,16 +22,17 @@ async fn main() -> anyhow::Result<()> {
         temporal: &args.temporal,
     };
     let listen = startup.check(&args.listen);
-    let (_, config) = args.resolve().unwrap_or_else(|e| exit_config_error(e));
+    let (_, config, e2b) = args.resolve().unwrap_or_else(|e| exit_config_error(e));
     // Before the slow start-up: a port in use is the first line a pod prints.
     let listener = startup.bind(listen, Some(&args.metrics)).await;
     let core = Provisioner::open(config)
         .await
         .unwrap_or_else(|e| exit_config_error(e));
+    let backends = Backends::open(core.clone(), e2b).unwrap_or_else(|e| exit_config_error(e));
 
     let (routes, health) =
         server::base_routes(<SandboxProvisionerServer<SandboxService> as NamedService>::NAME)?;
-    let routes = routes.add_service(SandboxService::new(core.clone()).into_server());
+    let routes = routes.add_service(SandboxService::with_backends(backends.clone()).into_server());
 
     // Until Temporal answers, health says NOT_SERVING on this port (retried with backoff).
     let (listener, client) = forkyard_common::waiting::connect_while_not_serving(
@@ -51,7 +52,7 @@ async fn main() -> anyhow::Result<()> {
         .into_iter()
         .map(|queue| {
             temporalio_sdk::WorkerOptions::new(queue)
-                .register_activities(E2bActivities::new(&core))
+                .register_activities(E2bActivities::new(&backends))
                 .register_activities(SandboxActivities::new(core.clone()))
                 .build()
         })

@@ -22,16 +22,17 @@ use tonic::{Code, Request};
 
 const KEY: &str = "e2b_test_key_5f1d2c9a";
 
-async fn open(tmp: &std::path::Path, server: &str, key: Option<&str>) -> Arc<Provisioner> {
-    let mut config = Config::new(tmp.join("state"), "http://127.0.0.1:50052");
-    config.e2b = E2bConfig {
+async fn open(tmp: &std::path::Path, server: &str, key: Option<&str>) -> Backends {
+    let config = Config::new(tmp.join("state"), "http://127.0.0.1:50052");
+    let e2b = E2bConfig {
         api_url: server.into(),
         domain: server.into(),
         api_key: key.map(ApiKey::new),
         request_timeout: Duration::from_secs(2),
         ..E2bConfig::default()
     };
-    Provisioner::open(config).await.expect("open provisioner")
+    let core = Provisioner::open(config).await.expect("open provisioner");
+    Backends::open(core, e2b).expect("open backends")
 }
 
 fn create_req(repo: &std::path::Path) -> CreateSandboxRequest {
@@ -73,8 +74,7 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
     let tmp = common::let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
     let server = fake_e2b::start(KEY).await;
-    let core = open(tmp.path(), &server.url, Some(KEY)).await;
-    let svc = SandboxService::new(core.clone());
+    let svc = SandboxService::with_backends(open(tmp.path(), &server.url, Some(KEY)).await);
 
     let sbx = svc
         .create_sandbox(Request::new(create_req(&repo)))
@@ -289,8 +289,8 @@ async fn e2b_errors_auth_is_final_server_errors_and_timeouts_retryable() {
     let server = fake_e2b::start(KEY).await;
 
     // wrong key: 401 → SandboxAuth (non-retryable), the key never in the message
-    let core = open(tmp.path(), &server.url, Some("wrong_key_123")).await;
-    let e2b = Backends::new(core).by_name("e2b").unwrap().clone();
+    let backends = open(tmp.path(), &server.url, Some("wrong_key_123")).await;
+    let e2b = backends.by_name("e2b").unwrap().clone();
     let err = e2b.create(create_req(&repo)).await.unwrap_err();
     assert!(matches!(err, ProvisionerError::Auth(_)), "{err:?}");
     assert!(err.to_string().contains("E2B_API_KEY") && !err.to_string().contains("wrong_key_123"));
@@ -299,8 +299,8 @@ async fn e2b_errors_auth_is_final_server_errors_and_timeouts_retryable() {
     drop(e2b);
 
     let tmp2 = common::let_through(tempfile::tempdir().unwrap());
-    let core = open(tmp2.path(), &server.url, Some(KEY)).await;
-    let e2b = Backends::new(core).by_name("e2b").unwrap().clone();
+    let backends = open(tmp2.path(), &server.url, Some(KEY)).await;
+    let e2b = backends.by_name("e2b").unwrap().clone();
     // 5xx → Unavailable (retryable)
     *server.fake.fail.lock().unwrap() = Some((503, 1));
     let err = e2b.create(create_req(&repo)).await.unwrap_err();
@@ -329,8 +329,7 @@ async fn e2b_errors_auth_is_final_server_errors_and_timeouts_retryable() {
 async fn e2b_is_disabled_without_a_key_and_local_is_unchanged() {
     let tmp = common::let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
-    let core = open(tmp.path(), "http://127.0.0.1:9", None).await;
-    let svc = SandboxService::new(core);
+    let svc = SandboxService::with_backends(open(tmp.path(), "http://127.0.0.1:9", None).await);
     let err = svc
         .create_sandbox(Request::new(create_req(&repo)))
         .await
@@ -368,8 +367,8 @@ async fn an_image_starts_the_template_built_from_it_and_others_are_refused() {
     let server = fake_e2b::start(KEY).await;
     let tmp = tempfile::tempdir().unwrap();
     let repo = make_repo(&tmp.path().join("repo"));
-    let mut config = Config::new(tmp.path().join("state"), "http://127.0.0.1:50052");
-    config.e2b = E2bConfig {
+    let config = Config::new(tmp.path().join("state"), "http://127.0.0.1:50052");
+    let e2b = E2bConfig {
         api_url: server.url.clone(),
         domain: server.url.clone(),
         api_key: Some(ApiKey::new(KEY)),
@@ -381,7 +380,7 @@ async fn an_image_starts_the_template_built_from_it_and_others_are_refused() {
         ..E2bConfig::default()
     };
     let core = Provisioner::open(config).await.expect("open provisioner");
-    let svc = SandboxService::new(core.clone());
+    let svc = SandboxService::with_backends(Backends::open(core, e2b).expect("open backends"));
 
     let mut req = create_req(&repo);
     req.image = "python:3.12".into();

@@ -10,25 +10,26 @@ use forkyard_proto::sandbox::v1::{
     sandbox_provisioner_server::SandboxProvisioner,
 };
 use forkyard_sandbox_provisioner::{
-    Config, Provisioner, SandboxService,
+    Backends, Config, Provisioner, SandboxService,
     e2b::{ApiKey, E2bConfig},
 };
 use futures::StreamExt;
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 use tonic::{Code, Request};
 
 const KEY: &str = "e2b_test_key_0c3e7d1b";
 
-async fn open(tmp: &std::path::Path, server: &str) -> Arc<Provisioner> {
-    let mut config = Config::new(tmp.join("state"), "http://127.0.0.1:50052");
-    config.e2b = E2bConfig {
+async fn open(tmp: &std::path::Path, server: &str) -> Backends {
+    let config = Config::new(tmp.join("state"), "http://127.0.0.1:50052");
+    let e2b = E2bConfig {
         api_url: server.into(),
         domain: server.into(),
         api_key: Some(ApiKey::new(KEY)),
         request_timeout: Duration::from_secs(5),
         ..E2bConfig::default()
     };
-    Provisioner::open(config).await.expect("open provisioner")
+    let core = Provisioner::open(config).await.expect("open provisioner");
+    Backends::open(core, e2b).expect("open backends")
 }
 
 fn create_req(repo: &std::path::Path, ttl_secs: u32) -> CreateSandboxRequest {
@@ -48,7 +49,7 @@ async fn e2b_timeout_follows_the_ttl_after_create_and_on_resume() {
     let tmp = common::let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
     let server = fake_e2b::start(KEY).await;
-    let svc = SandboxService::new(open(tmp.path(), &server.url).await);
+    let svc = SandboxService::with_backends(open(tmp.path(), &server.url).await);
 
     let before = now_ms();
     let sbx = svc
@@ -178,7 +179,7 @@ async fn e2b_pty_takes_input_resizes_and_is_interrupted_by_ctrl_c() {
     let tmp = common::let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
     let server = fake_e2b::start(KEY).await;
-    let svc = SandboxService::new(open(tmp.path(), &server.url).await);
+    let svc = SandboxService::with_backends(open(tmp.path(), &server.url).await);
     let sbx = svc
         .create_sandbox(Request::new(create_req(&repo, 600)))
         .await
@@ -257,7 +258,7 @@ async fn e2b_pty_command_is_killed_when_the_stream_is_dropped() {
     let tmp = common::let_through(tempfile::tempdir().unwrap());
     let repo = make_repo(tmp.path());
     let server = fake_e2b::start(KEY).await;
-    let svc = SandboxService::new(open(tmp.path(), &server.url).await);
+    let svc = SandboxService::with_backends(open(tmp.path(), &server.url).await);
     let sbx = svc
         .create_sandbox(Request::new(create_req(&repo, 600)))
         .await

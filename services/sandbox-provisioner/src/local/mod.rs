@@ -1,6 +1,7 @@
 //! The `local` backend: each sandbox is a git clone under the state directory, and its
 //! commands run in bubblewrap sandboxes over it.
 
+pub mod backend;
 pub mod bwrap;
 pub mod cgroup;
 pub mod cgroup_detect;

@@ -82,8 +82,6 @@ pub struct Config {
     pub image_cache_max_bytes: u64,
     /// The workspace templates' size bound in bytes (0: none).
     pub template_cache_max_bytes: u64,
-    /// The `e2b` backend (disabled without an API key).
-    pub e2b: crate::e2b::E2bConfig,
     /// What sandboxes' CPU, memory and wall time cost.
     pub prices: crate::usage::Prices,
     /// Sandboxed commands run under the seccomp filters of `crate::local::seccomp`.
@@ -127,7 +125,6 @@ impl Config {
             reap_interval: Duration::from_secs(30),
             forwarder_path: None,
             sandbox_init: true,
-            e2b: crate::e2b::E2bConfig::default(),
             prices: crate::usage::Prices::default(),
             egress_private_allowed: Vec::new(),
             seccomp: true,
@@ -151,8 +148,6 @@ pub struct Provisioner {
     pub(crate) sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
     /// Commands running on a pseudo-terminal, by pty id.
     pub(crate) ptys: crate::local::pty::Ptys,
-    /// The `e2b` backend, shared by every front door.
-    pub(crate) e2b: Arc<crate::e2b::E2bBackend>,
     /// Host uids of sandboxes, when the provisioner runs as root (`crate::local::uids`).
     pub(crate) uids: Option<crate::local::uids::SandboxUids>,
     /// Hard disk quotas, where the state directory's filesystem offers them.
@@ -306,14 +301,6 @@ impl Provisioner {
                 config.state_dir.display()
             )
         })?;
-        let e2b = crate::e2b::E2bBackend::new(
-            config.e2b.clone(),
-            config.advertise_endpoint.clone(),
-            config.owner_task_queue.clone(),
-        )?;
-        if !e2b.enabled() {
-            info!("e2b backend disabled (no E2B_API_KEY)");
-        }
         let seccomp = if config.seccomp {
             crate::local::seccomp::filters()
                 .map_err(|e| format!("FORKYARD_SANDBOX_SECCOMP: {e}"))?
@@ -326,7 +313,6 @@ impl Provisioner {
         let core = Arc::new(Self {
             seccomp,
             ptys: crate::local::pty::Ptys::default(),
-            e2b,
             config,
             bwrap,
             features,
@@ -498,6 +484,11 @@ impl Provisioner {
             }
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         }
+    }
+
+    /// This replica's gRPC endpoint, stored as each sandbox's `owner_endpoint`.
+    pub fn advertise_endpoint(&self) -> &str {
+        &self.config.advertise_endpoint
     }
 
     /// The task queue only this replica polls (empty when not configured).
