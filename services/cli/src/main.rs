@@ -12,6 +12,7 @@ mod client;
 mod commands;
 mod json;
 mod keys;
+mod live;
 mod table;
 mod watch;
 mod when;
