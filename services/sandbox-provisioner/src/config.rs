@@ -2,7 +2,7 @@
 
 use crate::{
     e2b::{ApiKey, E2bConfig},
-    local::{cgroup::Limits, provisioner::Config},
+    local::{cgroup::Limits, config::Config},
     usage::Prices,
 };
 use forkyard_common::{

@@ -23,5 +23,5 @@ pub use backend::SandboxBackend;
 pub use config::Args;
 pub use error::ProvisionerError;
 pub use grpc::SandboxService;
-pub use local::provisioner::{Config, Provisioner};
+pub use local::{Config, Provisioner};
 pub use router::Backends;

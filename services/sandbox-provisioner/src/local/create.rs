@@ -257,8 +257,8 @@ impl Provisioner {
         // create's file steps queued at once, a wave's sandboxes were all ready only with
         // the last, and the health checks in between waited behind a hundred threads.
         let _turn = match &source {
-            crate::local::template::Source::Template(..) => Some(self.templates.turn().await?),
-            crate::local::template::Source::Clone => None,
+            crate::local::workspace::Source::Template(..) => Some(self.templates.turn().await?),
+            crate::local::workspace::Source::Clone => None,
         };
         self.make_sandbox_dir(&dir, &req).await?;
         // Removes the directory unless the create completes (also if the caller hangs up).

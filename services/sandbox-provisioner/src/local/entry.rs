@@ -1,6 +1,6 @@
 //! A sandbox as the running provisioner tracks it: its record and its running commands.
 
-use crate::local::store::Record;
+use crate::local::{init::host::Init, llm_relay::Relay, store::Record};
 use forkyard_proto::sandbox::v1::Sandbox;
 use std::sync::{
     Arc, Mutex,
@@ -19,9 +19,26 @@ pub(crate) struct Entry {
     /// Its cgroups exist with its limits (made before its first command, not at create).
     cgroups_made: AtomicBool,
     /// Its running init, when its commands run under one (`crate::local::init`).
-    pub(crate) init: Mutex<Option<crate::local::init::session::InitSession>>,
+    pub(crate) init: Mutex<Option<InitSession>>,
     /// The LLM gateway of its running LLM commands (under an init: one relay for all).
     pub(crate) llm: Arc<crate::local::llm_relay::LlmSlot>,
+}
+
+/// A sandbox's init as the provisioner keeps it (`crate::local::sandbox_init`), with the
+/// one LLM relay the sandbox's commands share while it runs.
+pub(crate) struct InitSession {
+    pub(crate) init: Arc<Init>,
+    /// Stopped (its socket removed) with the session.
+    _llm_relay: Relay,
+}
+
+impl InitSession {
+    pub(crate) fn new(init: Arc<Init>, llm_relay: Relay) -> Self {
+        Self {
+            init,
+            _llm_relay: llm_relay,
+        }
+    }
 }
 
 #[derive(Debug, Default)]

@@ -304,7 +304,7 @@ impl Provisioner {
             .map(|cg| cg.procs_files(id))
             .unwrap_or_default();
         let argv = if pty {
-            crate::local::pty::with_ctty(argv)
+            crate::local::terminal::with_ctty(argv)
         } else {
             argv.to_vec()
         };

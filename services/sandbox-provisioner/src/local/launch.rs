@@ -7,7 +7,7 @@ use crate::local::{
         host::{Init, InitChild, Stdio3},
         wire::Spec,
     },
-    process::KillTree,
+    kill_tree::KillTree,
 };
 use std::{process::Stdio, sync::Arc, time::Duration};
 use tokio::io::AsyncRead;

@@ -1,16 +1,27 @@
-//! The core: sandbox lifecycle on the `local` (bubblewrap) backend. The gRPC service and
-//! the Temporal activities are thin front doors over [`Provisioner`].
+//! The local backend's core: the [`Provisioner`], what it holds, and what every part of
+//! the backend asks of it (a sandbox by id, its uid, its cgroups; the list; draining).
+//! Start-up is `open`; each call of the session API is an `impl Provisioner` in a file
+//! of its own (`create`, `destroy`, `exec`, `pty`, `session`, ...), over this one.
 
 use crate::{
     error::{ProvisionerError, Result},
     limits::{STATE_SELECTOR, wanted_states},
     local::{
-        bwrap::{self, Features},
-        cgroup::{Cgroups, Limits},
+        bwrap::Features,
+        cgroup::Cgroups,
+        config::Config,
+        disk_quota::DiskQuota,
         egress::{self, Allowlist},
         entry::Entry,
+        forwarder_kit::ForwarderKit,
+        image::{ImageCache, registry::Registries},
+        keyed_lock::KeyedLock,
+        runtime_probe::RuntimeProbe,
         snapshot::Snapshots,
         store::{self, Record, Store},
+        template::Templates,
+        terminal::Ptys,
+        uids::SandboxUids,
     },
 };
 use forkyard_proto::sandbox::v1::{CreateSandboxRequest, Sandbox, SandboxState};
@@ -18,120 +29,12 @@ use std::{
     collections::HashMap,
     path::PathBuf,
     sync::{Arc, Mutex},
-    time::Duration,
 };
-use tracing::{info, warn};
+use tracing::warn;
 
 pub const BACKEND: &str = "local";
 
-/// Settings of the core (the binary fills them from flags; tests build them directly).
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// `<state>/sandboxes/<id>/` holds each sandbox.
-    pub state_dir: PathBuf,
-    /// The bubblewrap binary: a path or a name looked up on `$PATH`.
-    pub bwrap_path: PathBuf,
-    /// This replica's gRPC endpoint, stored as each sandbox's `owner_endpoint`.
-    pub advertise_endpoint: String,
-    /// This replica's own Temporal task queue, stored as each sandbox's
-    /// `owner_task_queue` (empty = none: activities use the shared queue).
-    pub owner_task_queue: String,
-    /// Exec wall-clock limit when a request gives none.
-    pub exec_timeout: Duration,
-    /// Limit for cloning the repository.
-    pub clone_timeout: Duration,
-    /// Run sandboxes without a user namespace when the host cannot create one
-    /// (otherwise the provisioner refuses to start).
-    pub allow_no_userns: bool,
-    /// Run as root: each sandbox gets a host uid of its own from `base..base + count`
-    /// (`crate::local::uids`); base 0 runs sandboxes as the provisioner's uid.
-    pub sandbox_uid_base: u32,
-    pub sandbox_uid_count: u32,
-    /// Name of the cgroup (under each hierarchy's root) holding the sandboxes' groups;
-    /// `None` disables cgroups (no limits, destroy by pid namespace only).
-    pub cgroup_parent: Option<String>,
-    /// Refuse to start when cgroups cannot be used (otherwise: a warning, degraded mode).
-    pub require_cgroups: bool,
-    /// Limits for a sandbox whose request gives none (0 = unlimited).
-    pub default_limits: Limits,
-    /// Workspace bound for a sandbox whose request gives none (0 = unbounded).
-    pub default_disk_bytes: u64,
-    /// Whether a sandbox's disk bound is also a hard quota (`crate::local::disk_quota`).
-    pub disk_quota: crate::local::disk_quota::QuotaMode,
-    /// The btrfs tool, for subvolume quotas: a path or a name looked up on `$PATH`.
-    pub btrfs_path: PathBuf,
-    /// Lifetime of a sandbox whose request gives none (`ZERO` = no TTL).
-    pub default_ttl: Duration,
-    /// How often expired sandboxes are looked for.
-    pub reap_interval: Duration,
-    /// The `sandbox-egress-forwarder` binary; `None` = egress cannot be offered.
-    pub forwarder_path: Option<PathBuf>,
-    /// Each sandbox's commands run under one long-lived bubblewrap (`crate::local::init`), when
-    /// there is a forwarder (the init is that binary).
-    pub sandbox_init: bool,
-    /// Compressed workspace snapshots (`<state>/snapshots` by default).
-    pub snapshot_dir: PathBuf,
-    /// Image archives a create may name as `archive:<name>`; `None`: none offered.
-    pub image_archive_dir: Option<PathBuf>,
-    /// Unpacked images, one per digest (`<state>/images` by default).
-    pub image_cache_dir: PathBuf,
-    /// Credentials and plain-HTTP registries for image pulls.
-    pub registry: crate::local::image::registry::RegistryConfig,
-    /// The image cache's size bound in bytes (0: none): least recently used images
-    /// that no sandbox runs on are removed past it.
-    pub image_cache_max_bytes: u64,
-    /// The workspace templates' size bound in bytes (0: none).
-    pub template_cache_max_bytes: u64,
-    /// What sandboxes' CPU, memory and wall time cost.
-    pub prices: crate::usage::Prices,
-    /// Sandboxed commands run under the seccomp filters of `crate::local::seccomp`.
-    pub seccomp: bool,
-    /// Loopback, link-local or private addresses an `egress_allow` list may name (the
-    /// operator's choice); any other is refused, so no sandbox reaches the host's or the
-    /// mesh's own services.
-    pub egress_private_allowed: Vec<std::net::IpAddr>,
-}
-
-impl Config {
-    pub fn new(state_dir: impl Into<PathBuf>, advertise_endpoint: impl Into<String>) -> Self {
-        let state_dir: PathBuf = state_dir.into();
-        Self {
-            snapshot_dir: state_dir.join("snapshots"),
-            image_archive_dir: None,
-            image_cache_dir: state_dir.join("images"),
-            registry: crate::local::image::registry::RegistryConfig::default(),
-            image_cache_max_bytes: 20 << 30,
-            template_cache_max_bytes: 10 << 30,
-            state_dir,
-            bwrap_path: "bwrap".into(),
-            advertise_endpoint: advertise_endpoint.into(),
-            owner_task_queue: String::new(),
-            exec_timeout: Duration::from_secs(600),
-            clone_timeout: Duration::from_secs(300),
-            allow_no_userns: false,
-            sandbox_uid_base: crate::local::uids::DEFAULT_BASE,
-            sandbox_uid_count: crate::local::uids::DEFAULT_COUNT,
-            cgroup_parent: Some("forkyard".into()),
-            require_cgroups: false,
-            default_limits: Limits {
-                memory_bytes: 4 << 30,
-                pids: 1024,
-                cpu_millis: 2000,
-            },
-            default_disk_bytes: 10 << 30,
-            disk_quota: crate::local::disk_quota::QuotaMode::Auto,
-            btrfs_path: "btrfs".into(),
-            default_ttl: Duration::from_secs(4 * 3600),
-            reap_interval: Duration::from_secs(30),
-            forwarder_path: None,
-            sandbox_init: true,
-            prices: crate::usage::Prices::default(),
-            egress_private_allowed: Vec::new(),
-            seccomp: true,
-        }
-    }
-}
-
+/// The `local` backend: its sandboxes, and the host resources they run on.
 pub struct Provisioner {
     pub(crate) config: Config,
     pub(crate) bwrap: PathBuf,
@@ -139,210 +42,32 @@ pub struct Provisioner {
     pub(crate) store: Store,
     pub(crate) cgroups: Option<Cgroups>,
     pub(crate) snapshots: Snapshots,
-    pub(crate) templates: crate::local::template::Templates,
+    pub(crate) templates: Templates,
     /// Sandbox images, unpacked once per digest (`crate::local::image`).
-    pub(crate) images: Arc<crate::local::image::ImageCache>,
-    pub(crate) registries: crate::local::image::registry::Registries,
+    pub(crate) images: Arc<ImageCache>,
+    pub(crate) registries: Registries,
     /// The egress forwarder as sandboxes run it; `None`: no relays can be offered.
-    pub(crate) forwarder: Option<crate::local::forwarder_kit::ForwarderKit>,
+    pub(crate) forwarder: Option<ForwarderKit>,
     pub(crate) sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
     /// Commands running on a pseudo-terminal, by pty id.
-    pub(crate) ptys: crate::local::pty::Ptys,
+    pub(crate) ptys: Ptys,
     /// Host uids of sandboxes, when the provisioner runs as root (`crate::local::uids`).
-    pub(crate) uids: Option<crate::local::uids::SandboxUids>,
+    pub(crate) uids: Option<SandboxUids>,
     /// Hard disk quotas, where the state directory's filesystem offers them.
-    pub(crate) disk_quota: Option<crate::local::disk_quota::DiskQuota>,
+    pub(crate) disk_quota: Option<DiskQuota>,
     /// One lock per idempotency key with a create in flight.
-    pub(crate) creating: crate::local::keyed_lock::KeyedLock<String>,
+    pub(crate) creating: KeyedLock<String>,
     /// The replica-wide probe of the sandbox runtime behind health checks (`health.rs`).
-    pub(crate) runtime_probe: crate::local::health::RuntimeProbe,
+    pub(crate) runtime_probe: RuntimeProbe,
     /// The seccomp filters every sandboxed command runs under (`crate::local::seccomp`); empty
     /// when the operator turned them off.
     pub(crate) seccomp: Vec<Vec<u8>>,
     /// Shutting down: new sandboxes are refused (UNAVAILABLE, so callers retry on
     /// another replica) while the ones held are used to the end.
-    draining: std::sync::atomic::AtomicBool,
+    pub(crate) draining: std::sync::atomic::AtomicBool,
 }
 
 impl Provisioner {
-    /// Check bubblewrap and cgroups work, then take over the sandboxes a previous run
-    /// left (see [`crate::local::reaper`]). Errors are configuration errors naming the setting.
-    pub async fn open(config: Config) -> Result<Arc<Self>, String> {
-        let bwrap = bwrap::resolve(&config.bwrap_path).ok_or_else(|| {
-            format!(
-                "--bwrap-path (FORKYARD_BWRAP_PATH) {}: no such executable",
-                config.bwrap_path.display()
-            )
-        })?;
-        let store = Store::open(&config.state_dir).map_err(|e| {
-            format!(
-                "--state-dir (FORKYARD_STATE_DIR) {}: {e}",
-                config.state_dir.display()
-            )
-        })?;
-        let disk_quota = crate::local::disk_quota::DiskQuota::detect(
-            config.disk_quota,
-            store.root(),
-            &config.btrfs_path,
-        )?;
-        let uids =
-            crate::local::uids::SandboxUids::new(config.sandbox_uid_base, config.sandbox_uid_count);
-        let features = match &uids {
-            None => bwrap::probe(&bwrap, store.root(), None)
-                .await
-                .map_err(|e| format!("--bwrap-path (FORKYARD_BWRAP_PATH): {e}"))?,
-            Some(_) => {
-                // Bubblewrap, run as a sandbox's uid, opens the workspace by path.
-                for dir in [config.state_dir.as_path(), store.root()] {
-                    crate::local::uids::let_through(dir).map_err(|e| {
-                        format!("--state-dir (FORKYARD_STATE_DIR) {}: {e}", dir.display())
-                    })?;
-                }
-                bwrap::probe(&bwrap, store.root(), Some(config.sandbox_uid_base))
-                    .await
-                    .map_err(|e| {
-                        format!(
-                            "--sandbox-uid-base (FORKYARD_SANDBOX_UID_BASE): sandboxes cannot run as host uid {}: {e} (every directory above {} must let others through, o+x; 0 runs sandboxes as root)",
-                            config.sandbox_uid_base,
-                            store.root().display(),
-                        )
-                    })?
-            }
-        };
-        if !features.userns {
-            if !config.allow_no_userns {
-                return Err(format!(
-                    "--allow-no-userns (FORKYARD_ALLOW_NO_USERNS): {} cannot create a user \
-                     namespace on this host; refusing to run sandboxes without one",
-                    bwrap.display()
-                ));
-            }
-            warn!(bwrap = %bwrap.display(), "no user namespace available: sandboxes run without one (FORKYARD_ALLOW_NO_USERNS)");
-        }
-        let cgroups = match &config.cgroup_parent {
-            None => {
-                warn!("cgroups disabled: sandboxes have no memory, pids or CPU limits");
-                None
-            }
-            Some(parent) => {
-                match Cgroups::detect(&crate::local::cgroup::instance_parent(
-                    parent,
-                    &config.state_dir,
-                )) {
-                    Ok(cg) => Some(cg),
-                    Err(e) if config.require_cgroups => {
-                        return Err(format!("--require-cgroups (FORKYARD_REQUIRE_CGROUPS): {e}"));
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "DEGRADED: cgroups unavailable; sandboxes run without memory, pids or CPU limits and destroy relies on pid namespaces");
-                        None
-                    }
-                }
-            }
-        };
-        if let Some(fwd) = &config.forwarder_path
-            && bwrap::resolve(fwd).is_none()
-        {
-            return Err(format!(
-                "--egress-forwarder (FORKYARD_EGRESS_FORWARDER) {}: no such executable",
-                fwd.display()
-            ));
-        }
-        // Sandboxes run a kit of the forwarder, its loader and its libraries under the
-        // state directory: it runs on any image, and a sandbox's bubblewrap (run as the
-        // sandbox's uid) reaches it whatever the install path's parents allow.
-        let forwarder = match config.forwarder_path.as_deref().and_then(bwrap::resolve) {
-            None => None,
-            Some(fwd) => Some(
-                crate::local::forwarder_kit::ForwarderKit::prepare(
-                    &fwd,
-                    &config.state_dir.join("bin/forwarder"),
-                )
-                .map_err(|e| {
-                    format!(
-                        "--egress-forwarder (FORKYARD_EGRESS_FORWARDER) {}: {e}",
-                        fwd.display()
-                    )
-                })?,
-            ),
-        };
-        let snapshots = Snapshots::open(&config.snapshot_dir).map_err(|e| {
-            format!(
-                "--snapshot-dir (FORKYARD_SNAPSHOT_DIR) {}: {e}",
-                config.snapshot_dir.display()
-            )
-        })?;
-        let templates = crate::local::template::Templates::open(
-            config.state_dir.join("templates"),
-            config.template_cache_max_bytes,
-        )
-        .map_err(|e| {
-            format!(
-                "--state-dir (FORKYARD_STATE_DIR) {}: {e}",
-                config.state_dir.display()
-            )
-        })?;
-        let images = crate::local::image::ImageCache::open(&config.image_cache_dir)
-            .map(Arc::new)
-            .map_err(|e| {
-                format!(
-                    "--image-cache-dir (FORKYARD_IMAGE_CACHE_DIR) {}: {e}",
-                    config.image_cache_dir.display()
-                )
-            })?;
-        let registries = crate::local::image::registry::Registries::new(
-            &config.registry,
-            config.image_cache_max_bytes,
-        )
-        .map_err(|e| format!("--registry-auth-file (FORKYARD_REGISTRY_AUTH_FILE): {e}"))?;
-        let records = store.load_all().map_err(|e| {
-            format!(
-                "--state-dir (FORKYARD_STATE_DIR) {}: {e}",
-                config.state_dir.display()
-            )
-        })?;
-        let seccomp = if config.seccomp {
-            crate::local::seccomp::filters()
-                .map_err(|e| format!("FORKYARD_SANDBOX_SECCOMP: {e}"))?
-        } else {
-            tracing::warn!(
-                "sandboxes run without a seccomp filter (FORKYARD_SANDBOX_SECCOMP=false)"
-            );
-            Vec::new()
-        };
-        let core = Arc::new(Self {
-            seccomp,
-            ptys: crate::local::pty::Ptys::default(),
-            config,
-            bwrap,
-            features,
-            store,
-            cgroups,
-            snapshots,
-            templates,
-            images,
-            registries,
-            forwarder,
-            sandboxes: Mutex::new(HashMap::new()),
-            creating: crate::local::keyed_lock::KeyedLock::default(),
-            uids,
-            disk_quota,
-            draining: std::sync::atomic::AtomicBool::new(false),
-            runtime_probe: crate::local::health::RuntimeProbe::default(),
-        });
-        core.reconcile(records).await;
-        info!(
-            sandboxes = core.sandboxes.lock().expect("sandboxes lock").len(),
-            ?features,
-            cgroups = ?core.cgroups.as_ref().map(|c| c.version),
-            disk_quota = core.disk_quota.is_some(),
-            "sandbox provisioner ready"
-        );
-        crate::local::reaper::spawn(&core);
-        crate::local::usage::spawn_sampler(&core);
-        Ok(core)
-    }
-
     /// Make the running side of a sandbox: its cgroups and its egress proxy.
     pub(crate) fn activate(&self, entry: &Arc<Entry>) -> Result<()> {
         let record = entry.record();

@@ -14,102 +14,25 @@
 
 use crate::{
     error::{ProvisionerError, Result},
-    local::{init::host::Stdio3, provisioner::Provisioner},
+    local::{
+        exec::{Prepared, Tools},
+        init::host::Stdio3,
+        launch::Running,
+        provisioner::Provisioner,
+        terminal::{Pty, open_pair, winsize},
+    },
 };
 use forkyard_proto::sandbox::v1::{
     PtyEvent, ResizePtyRequest, ResizePtyResponse, StartPtyRequest, WritePtyRequest,
     WritePtyResponse, pty_event::Event,
 };
-use rustix::{
-    fd::OwnedFd,
-    fs::{Mode, OFlags},
-    pty::OpenptFlags,
-    termios::Winsize,
-};
-use std::{
-    collections::HashMap,
-    io::{Read, Write},
-    sync::{Arc, Mutex},
-};
+use std::{io::Read, sync::Arc, time::Duration};
 use tokio::sync::mpsc;
-
-/// util-linux `setsid`, visible inside the sandbox through the read-only /usr.
-const SETSID: &str = "/usr/bin/setsid";
-
-/// `argv` as run inside the sandbox: under `setsid --wait --ctty` when the host has it.
-pub(crate) fn with_ctty(argv: &[String]) -> Vec<String> {
-    static HAVE_SETSID: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let have = *HAVE_SETSID.get_or_init(|| {
-        let found = std::path::Path::new(SETSID).is_file();
-        if !found {
-            tracing::warn!(
-                path = SETSID,
-                "no setsid: pty commands get no controlling terminal (no ^C, no SIGWINCH)"
-            );
-        }
-        found
-    });
-    if !have {
-        return argv.to_vec();
-    }
-    [SETSID, "--wait", "--ctty", "--"]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .chain(argv.iter().cloned())
-        .collect()
-}
-
-/// A running pty command: its master side, shared by the writer and the resizer.
-pub(crate) struct Pty {
-    sandbox_id: String,
-    master: Mutex<std::fs::File>,
-}
-
-/// Open pty sessions by id.
-#[derive(Default)]
-pub(crate) struct Ptys(Mutex<HashMap<String, Arc<Pty>>>);
-
-fn winsize(rows: u32, cols: u32) -> Winsize {
-    let clamp = |v: u32, default: u16| {
-        if v == 0 {
-            default
-        } else {
-            u16::try_from(v).unwrap_or(u16::MAX)
-        }
-    };
-    Winsize {
-        ws_row: clamp(rows, 24),
-        ws_col: clamp(cols, 80),
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    }
-}
-
-/// A new pty pair: (master, slave).
-fn open_pair(size: Winsize) -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let master =
-        rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
-    rustix::pty::grantpt(&master)?;
-    rustix::pty::unlockpt(&master)?;
-    let name = rustix::pty::ptsname(&master, Vec::new())?;
-    let slave = rustix::fs::open(
-        name.as_c_str(),
-        OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    rustix::termios::tcsetwinsize(&master, size)?;
-    Ok((master, slave))
-}
 
 impl Provisioner {
     pub(crate) fn pty(&self, sandbox_id: &str, pty_id: &str) -> Result<Arc<Pty>> {
         self.ptys
-            .0
-            .lock()
-            .expect("ptys lock")
-            .get(pty_id)
-            .filter(|p| p.sandbox_id == sandbox_id)
-            .cloned()
+            .get(sandbox_id, pty_id)
             .ok_or_else(|| ProvisionerError::NotFound(format!("pty {pty_id} in {sandbox_id}")))
     }
 
@@ -123,19 +46,12 @@ impl Provisioner {
             .entry("TERM".into())
             .or_insert_with(|| "xterm-256color".into());
         let (env, timeout) = self.exec_params(&req.argv, &env_map, req.timeout_secs)?;
-        let mut p = self.prepare(
-            &req.sandbox_id,
-            &req.argv,
-            &env,
-            "",
-            crate::local::exec::Tools::Sandbox,
-            true,
-        )?;
+        let mut p = self.prepare(&req.sandbox_id, &req.argv, &env, "", Tools::Sandbox, true)?;
         let (master, slave) = open_pair(winsize(req.rows, req.cols))
             .map_err(|e| ProvisionerError::internal("open a pty", e))?;
         // The slave goes with the launch: no copy of it stays here, so reads of the
         // master see EIO once the command is gone.
-        let mut running = p
+        let running = p
             .launch
             .take()
             .expect("prepared once")
@@ -143,19 +59,10 @@ impl Provisioner {
             .await
             .map_err(|e| ProvisionerError::internal("cannot start the command", e))?;
         let master = std::fs::File::from(master);
-        let mut reader = master
+        let reader = master
             .try_clone()
             .map_err(|e| ProvisionerError::internal("dup pty", e))?;
-        let pty_id = format!("pty-{}", uuid::Uuid::new_v4().simple());
-        let pty = Arc::new(Pty {
-            sandbox_id: req.sandbox_id.clone(),
-            master: Mutex::new(master),
-        });
-        self.ptys
-            .0
-            .lock()
-            .expect("ptys lock")
-            .insert(pty_id.clone(), pty);
+        let pty_id = self.ptys.add(&req.sandbox_id, master);
 
         let (tx, rx) = mpsc::channel(64);
         let _ = tx
@@ -163,100 +70,79 @@ impl Provisioner {
                 event: Some(Event::PtyId(pty_id.clone())),
             })
             .await;
-        // Blocking reads on the master, on their own thread; EIO once the slave is closed.
-        let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(64);
-        std::thread::spawn(move || {
-            let mut buf = vec![0u8; 16 * 1024];
-            loop {
-                match reader.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if out_tx.blocking_send(buf[..n].to_vec()).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        });
-        let core = self.clone();
+        let output = read_master(reader);
+        tokio::spawn(
+            self.clone()
+                .follow_pty(p, running, pty_id, output, tx, timeout),
+        );
+        Ok(rx)
+    }
+
+    /// Stream the command's output until it exits, times out, outgrows its disk, is
+    /// cancelled or its caller hangs up; then what it left in the terminal, and its exit.
+    async fn follow_pty(
+        self: Arc<Self>,
+        p: Prepared,
+        mut running: Running,
+        pty_id: String,
+        mut out_rx: mpsc::Receiver<Vec<u8>>,
+        tx: mpsc::Sender<PtyEvent>,
+        timeout: Duration,
+    ) {
         let record = p.entry.record();
         let over_disk = crate::local::disk_watch::over_limit(
             self.store.workspace(&record.id),
             record.disk_bytes,
         );
-        tokio::spawn(async move {
-            let started = std::time::Instant::now();
-            let deadline = tokio::time::sleep(timeout);
-            tokio::pin!(deadline, over_disk);
-            let mut timed_out = false;
-            let mut out_open = true;
-            let status = loop {
-                tokio::select! {
-                    chunk = out_rx.recv(), if out_open => match chunk {
-                        Some(b) => if tx.send(PtyEvent { event: Some(Event::Output(b)) }).await.is_err() { break None },
-                        None => out_open = false,
-                    },
-                    code = running.wait() => break Some(code),
-                    () = &mut deadline => { timed_out = true; break None },
-                    bytes = &mut over_disk => {
-                        tracing::warn!(sandbox_id = %record.id, bytes, "session command stopped: workspace over its disk limit");
-                        break None
-                    },
-                    () = p.cancel.cancelled() => break None,
-                    () = tx.closed() => break None,
-                }
-            };
-            let exit_code = match status {
-                Some(code) => code,
-                None => {
-                    running.kill().await;
-                    -1
-                }
-            };
-            core.ptys.0.lock().expect("ptys lock").remove(&pty_id);
-            // What the command wrote before it went (the reader ends at EIO), for at most
-            // two seconds: a process that left the command may hold the terminal open.
-            let drain_until = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
-            while let Ok(Some(b)) = tokio::time::timeout_at(
-                drain_until
-                    .min(tokio::time::Instant::now() + std::time::Duration::from_millis(200)),
-                out_rx.recv(),
-            )
-            .await
-            {
-                let sent = tx
-                    .send(PtyEvent {
-                        event: Some(Event::Output(b)),
-                    })
-                    .await;
-                if sent.is_err() {
-                    break;
-                }
+        let started = std::time::Instant::now();
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline, over_disk);
+        let mut timed_out = false;
+        let mut out_open = true;
+        let status = loop {
+            tokio::select! {
+                chunk = out_rx.recv(), if out_open => match chunk {
+                    Some(b) => if tx.send(PtyEvent { event: Some(Event::Output(b)) }).await.is_err() { break None },
+                    None => out_open = false,
+                },
+                code = running.wait() => break Some(code),
+                () = &mut deadline => { timed_out = true; break None },
+                bytes = &mut over_disk => {
+                    tracing::warn!(sandbox_id = %record.id, bytes, "session command stopped: workspace over its disk limit");
+                    break None
+                },
+                () = p.cancel.cancelled() => break None,
+                () = tx.closed() => break None,
             }
-            let exit = core
-                .aftermath(&p)
-                .await
-                .exit(exit_code, timed_out, started.elapsed());
-            let _ = tx
-                .send(PtyEvent {
-                    event: Some(Event::Exit(exit)),
-                })
-                .await;
-            drop(p);
-        });
-        Ok(rx)
+        };
+        let exit_code = match status {
+            Some(code) => code,
+            None => {
+                running.kill().await;
+                -1
+            }
+        };
+        self.ptys.remove(&pty_id);
+        drain_output(&mut out_rx, &tx).await;
+        let exit = self
+            .aftermath(&p)
+            .await
+            .exit(exit_code, timed_out, started.elapsed());
+        let _ = tx
+            .send(PtyEvent {
+                event: Some(Event::Exit(exit)),
+            })
+            .await;
+        drop(p);
     }
 
     pub async fn write_pty(&self, req: WritePtyRequest) -> Result<WritePtyResponse> {
         let pty = self.pty(&req.sandbox_id, &req.pty_id)?;
         let len = req.data.len() as u64;
-        tokio::task::spawn_blocking(move || {
-            let mut m = pty.master.lock().expect("pty lock");
-            m.write_all(&req.data)
-        })
-        .await
-        .map_err(|e| ProvisionerError::internal("write pty", e))?
-        .map_err(|e| ProvisionerError::FailedPrecondition(format!("pty closed: {e}")))?;
+        tokio::task::spawn_blocking(move || pty.write(&req.data))
+            .await
+            .map_err(|e| ProvisionerError::internal("write pty", e))?
+            .map_err(|e| ProvisionerError::FailedPrecondition(format!("pty closed: {e}")))?;
         Ok(WritePtyResponse { bytes_written: len })
     }
 
@@ -268,9 +154,48 @@ impl Provisioner {
             ));
         }
         let pty = self.pty(&req.sandbox_id, &req.pty_id)?;
-        let m = pty.master.lock().expect("pty lock");
-        rustix::termios::tcsetwinsize(&*m, winsize(req.rows, req.cols))
+        pty.resize(req.rows, req.cols)
             .map_err(|e| ProvisionerError::internal("resize pty", e))?;
         Ok(ResizePtyResponse {})
+    }
+}
+
+/// Blocking reads on the master, on their own thread; EIO once the slave is closed.
+fn read_master(mut reader: std::fs::File) -> mpsc::Receiver<Vec<u8>> {
+    let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(64);
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if out_tx.blocking_send(buf[..n].to_vec()).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    out_rx
+}
+
+/// What the command wrote before it went (the reader ends at EIO), for at most two
+/// seconds: a process that left the command may hold the terminal open.
+async fn drain_output(out_rx: &mut mpsc::Receiver<Vec<u8>>, tx: &mpsc::Sender<PtyEvent>) {
+    let drain_until = tokio::time::Instant::now() + Duration::from_secs(2);
+    while let Ok(Some(b)) = tokio::time::timeout_at(
+        drain_until.min(tokio::time::Instant::now() + Duration::from_millis(200)),
+        out_rx.recv(),
+    )
+    .await
+    {
+        let sent = tx
+            .send(PtyEvent {
+                event: Some(Event::Output(b)),
+            })
+            .await;
+        if sent.is_err() {
+            break;
+        }
     }
 }

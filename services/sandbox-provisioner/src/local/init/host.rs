@@ -5,7 +5,7 @@
 //! their callers see as a command that died.
 
 use super::wire::{self, FromInit, Spec, ToInit};
-use crate::local::process::KillTree;
+use crate::local::kill_tree::KillTree;
 use rustix::fd::{AsFd, OwnedFd};
 use std::{
     collections::HashMap,

@@ -6,5 +6,4 @@
 
 pub mod guest;
 pub(crate) mod host;
-pub(crate) mod session;
 pub mod wire;

@@ -1,6 +1,7 @@
 //! Workspace templates against real git repositories in temp dirs.
 
 use super::*;
+use forkyard_common::git_refs::local_commit;
 use std::process::Command;
 
 fn git(dir: &Path, args: &[&str]) -> String {

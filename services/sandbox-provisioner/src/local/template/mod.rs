@@ -9,22 +9,30 @@
 //! running anything (HEAD, a branch, a full commit id) take this path; URLs and
 //! expressions like `HEAD~1` are cloned as before. Templates are never shown to a
 //! sandbox, and a template of an older commit is dropped when a newer one is built.
-//! Past their size bound, least recently used templates are removed
-//! (`crate::local::template_evict`).
+//! Past their size bound, least recently used templates are removed (`evict`).
 
 use crate::{
     error::{ProvisionerError, Result},
     local::git,
 };
-use forkyard_common::git_refs::{local_commit, read_ref};
+use forkyard_common::git_refs::read_ref;
 use std::{
+    collections::HashMap,
     io,
     os::unix::fs::{DirBuilderExt, PermissionsExt},
     path::{Path, PathBuf},
-    time::Duration,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
 };
 
+mod evict;
+
 pub(crate) const READY: &str = "ready";
+/// The file holding a template's size in bytes, written when it is built.
+pub(crate) const BYTES: &str = "bytes";
+
+/// When each template was last used, by key (this replica's run).
+pub(crate) type Used = Arc<Mutex<HashMap<String, SystemTime>>>;
 
 pub(crate) struct Templates {
     pub(crate) root: PathBuf,
@@ -38,7 +46,7 @@ pub(crate) struct Templates {
     /// meanwhile.
     turns: tokio::sync::Semaphore,
     /// When each template was last used, by key (this replica's run).
-    pub(crate) used: crate::local::template_evict::Used,
+    pub(crate) used: Used,
     /// The size bound in bytes (0: none).
     pub(crate) max_bytes: u64,
     /// One eviction at a time.
@@ -111,14 +119,19 @@ impl Templates {
             root,
             building: crate::local::keyed_lock::KeyedLock::default(),
             turns: tokio::sync::Semaphore::new(cores.max(2) * 4),
-            used: crate::local::template_evict::Used::default(),
+            used: Used::default(),
             max_bytes,
             evicting: std::sync::Arc::default(),
         })
     }
 
     /// The ready template of `repo` at `commit`, built now if needed.
-    async fn ensure(&self, repo: &str, commit: &str, timeout: Duration) -> Result<PathBuf> {
+    pub(crate) async fn ensure(
+        &self,
+        repo: &str,
+        commit: &str,
+        timeout: Duration,
+    ) -> Result<PathBuf> {
         let key = key(repo, commit);
         let dir = self.root.join(&key);
         self.touch(&key);
@@ -142,12 +155,9 @@ impl Templates {
             return Err(e);
         }
         let bytes = crate::local::store::disk_usage(&tmp);
-        let done = std::fs::write(
-            tmp.join(crate::local::template_evict::BYTES),
-            bytes.to_string(),
-        )
-        .and_then(|()| std::fs::write(tmp.join(READY), commit))
-        .and_then(|()| std::fs::rename(&tmp, &dir));
+        let done = std::fs::write(tmp.join(BYTES), bytes.to_string())
+            .and_then(|()| std::fs::write(tmp.join(READY), commit))
+            .and_then(|()| std::fs::rename(&tmp, &dir));
         if let Err(e) = done {
             let _ = crate::local::store::remove_all(&tmp);
             return Err(ProvisionerError::internal("store template", e));
@@ -180,7 +190,13 @@ impl Templates {
 
     /// Make `ws` a copy of template `dir` (from [`Self::ensure`]) on new branch `branch`
     /// at `commit`. The caller holds a [`Self::turn`].
-    async fn copy(&self, dir: PathBuf, ws: &Path, branch: &str, commit: &str) -> Result<()> {
+    pub(crate) async fn copy(
+        &self,
+        dir: PathBuf,
+        ws: &Path,
+        branch: &str,
+        commit: &str,
+    ) -> Result<()> {
         let (ws, branch, commit) = (ws.to_path_buf(), branch.to_owned(), commit.to_owned());
         tokio::task::spawn_blocking(move || {
             copy_tree(&dir.join("workspace"), &ws)
@@ -207,65 +223,5 @@ impl Templates {
     }
 }
 
-/// How a new sandbox's workspace is made: from a ready template, or by a clone.
-pub(crate) enum Source {
-    /// The template's directory and the commit it holds.
-    Template(PathBuf, String),
-    Clone,
-}
-
-impl crate::local::provisioner::Provisioner {
-    /// Where the workspace of `req` comes from: the template when the repository allows
-    /// (built now if needed), else a clone. A template that cannot be built is logged
-    /// and cloned instead.
-    pub(crate) async fn workspace_source(
-        &self,
-        req: &forkyard_proto::sandbox::v1::CreateSandboxRequest,
-    ) -> Source {
-        let Some(commit) = local_commit(&req.repo, &req.base_ref) else {
-            return Source::Clone;
-        };
-        match self
-            .templates
-            .ensure(&req.repo, &commit, self.config.clone_timeout)
-            .await
-        {
-            Ok(dir) => Source::Template(dir, commit),
-            Err(e) => {
-                tracing::warn!(repo = %req.repo, error = %e, "workspace template cannot be built; cloning instead");
-                Source::Clone
-            }
-        }
-    }
-
-    /// The new sandbox's workspace at `ws` from `source`. Returns the base commit.
-    pub(crate) async fn make_workspace(
-        &self,
-        req: &forkyard_proto::sandbox::v1::CreateSandboxRequest,
-        source: Source,
-        ws: &Path,
-    ) -> Result<String> {
-        if let Source::Template(dir, commit) = source {
-            match self.templates.copy(dir, ws, &req.branch, &commit).await {
-                Ok(()) => return Ok(commit),
-                Err(e @ ProvisionerError::FailedPrecondition(_)) => return Err(e),
-                Err(e) => {
-                    tracing::warn!(repo = %req.repo, error = %e, "workspace template copy failed; cloning instead");
-                    let _ = crate::local::store::remove_all(ws);
-                }
-            }
-        }
-        git::clone(
-            &req.repo,
-            &req.base_ref,
-            &req.branch,
-            ws,
-            self.config.clone_timeout,
-        )
-        .await
-    }
-}
-
 #[cfg(test)]
-#[path = "template_tests.rs"]
 mod tests;

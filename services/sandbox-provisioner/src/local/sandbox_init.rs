@@ -2,23 +2,17 @@
 //! (again after a stop, a provisioner restart, or an init that went away), with the one
 //! LLM relay the sandbox's commands share while it runs.
 
-use super::host::Init;
 use crate::{
     error::{ProvisionerError, Result},
     local::{
         bwrap::{ImageRoot, Invocation, Relays},
-        entry::Entry,
+        entry::{Entry, InitSession},
+        init::host::Init,
         provisioner::Provisioner,
         store::Record,
     },
 };
 use std::sync::Arc;
-
-pub(crate) struct InitSession {
-    pub(crate) init: Arc<Init>,
-    /// Stopped (its socket removed) with the session.
-    _llm_relay: crate::local::llm_relay::Relay,
-}
 
 impl Provisioner {
     /// Whether a command with these tools runs under the sandbox's init: the init is the
@@ -109,10 +103,7 @@ impl Provisioner {
             .map(Arc::new)
             .map_err(|e| ProvisionerError::internal("start the sandbox's init", e))?;
         tracing::debug!(sandbox_id = %id, "sandbox init started");
-        *session = Some(InitSession {
-            init: init.clone(),
-            _llm_relay: relay,
-        });
+        *session = Some(InitSession::new(init.clone(), relay));
         Ok(init)
     }
 }

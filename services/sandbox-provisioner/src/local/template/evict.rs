@@ -3,23 +3,15 @@
 //! [`GRACE`] (a create may be between finding its template and copying it; one that
 //! lost the race clones instead). `FORKYARD_TEMPLATE_CACHE_MAX_BYTES`.
 
-use crate::local::{
-    lru::Entry,
-    template::{READY, Templates},
-};
+use super::{BYTES, READY, Templates, Used};
+use crate::local::lru::Entry;
 use std::{
-    collections::HashMap,
     path::Path,
-    sync::{Arc, Mutex, atomic::Ordering},
+    sync::atomic::Ordering,
     time::{Duration, SystemTime},
 };
 
-/// The file holding a template's size in bytes, written when it is built.
-pub(crate) const BYTES: &str = "bytes";
 pub(crate) const GRACE: Duration = Duration::from_secs(600);
-
-/// When each template was last used, by key (this replica's run).
-pub(crate) type Used = Arc<Mutex<HashMap<String, SystemTime>>>;
 
 impl Templates {
     pub(crate) fn touch(&self, key: &str) {

@@ -1,0 +1,66 @@
+//! A new sandbox's workspace: a copy of its repository's template (`crate::local::template`)
+//! where there can be one, else a clone.
+
+use crate::{
+    error::{ProvisionerError, Result},
+    local::{git, provisioner::Provisioner, store},
+};
+use forkyard_common::git_refs::local_commit;
+use forkyard_proto::sandbox::v1::CreateSandboxRequest;
+use std::path::{Path, PathBuf};
+
+/// How a new sandbox's workspace is made: from a ready template, or by a clone.
+pub(crate) enum Source {
+    /// The template's directory and the commit it holds.
+    Template(PathBuf, String),
+    Clone,
+}
+
+impl Provisioner {
+    /// Where the workspace of `req` comes from: the template when the repository allows
+    /// (built now if needed), else a clone. A template that cannot be built is logged
+    /// and cloned instead.
+    pub(crate) async fn workspace_source(&self, req: &CreateSandboxRequest) -> Source {
+        let Some(commit) = local_commit(&req.repo, &req.base_ref) else {
+            return Source::Clone;
+        };
+        match self
+            .templates
+            .ensure(&req.repo, &commit, self.config.clone_timeout)
+            .await
+        {
+            Ok(dir) => Source::Template(dir, commit),
+            Err(e) => {
+                tracing::warn!(repo = %req.repo, error = %e, "workspace template cannot be built; cloning instead");
+                Source::Clone
+            }
+        }
+    }
+
+    /// The new sandbox's workspace at `ws` from `source`. Returns the base commit.
+    pub(crate) async fn make_workspace(
+        &self,
+        req: &CreateSandboxRequest,
+        source: Source,
+        ws: &Path,
+    ) -> Result<String> {
+        if let Source::Template(dir, commit) = source {
+            match self.templates.copy(dir, ws, &req.branch, &commit).await {
+                Ok(()) => return Ok(commit),
+                Err(e @ ProvisionerError::FailedPrecondition(_)) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(repo = %req.repo, error = %e, "workspace template copy failed; cloning instead");
+                    let _ = store::remove_all(ws);
+                }
+            }
+        }
+        git::clone(
+            &req.repo,
+            &req.base_ref,
+            &req.branch,
+            ws,
+            self.config.clone_timeout,
+        )
+        .await
+    }
+}
