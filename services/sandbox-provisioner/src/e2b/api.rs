@@ -280,3 +280,19 @@ pub(super) fn rfc3339_ms(s: &str) -> i64 {
     };
     parse().unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{super::E2bConfig, ApiKey, rfc3339_ms};
+
+    #[test]
+    fn key_is_redacted_and_timestamps_parse() {
+        let c = E2bConfig {
+            api_key: Some(ApiKey::new("e2b_secret_123")),
+            ..E2bConfig::default()
+        };
+        assert!(!format!("{c:?}").contains("e2b_secret_123"));
+        assert_eq!(rfc3339_ms("1970-01-01T00:00:01Z"), 1000);
+        assert_eq!(rfc3339_ms("2024-01-01T00:00:00.5Z"), 1_704_067_200_500);
+    }
+}

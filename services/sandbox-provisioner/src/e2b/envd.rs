@@ -1,5 +1,5 @@
-//! envd, the daemon inside each E2B sandbox: commands (Connect-RPC
-//! `process.Process/Start`, output streamed) and files (`GET/POST /files`).
+//! envd, the daemon inside each E2B sandbox: its requests, and commands run through it
+//! (Connect-RPC `process.Process/Start`, output streamed). Files are `files`.
 
 use super::{E2bBackend, ENVD_PORT, WORKSPACE, connect};
 use crate::{
@@ -9,7 +9,7 @@ use crate::{
 use base64::{Engine, engine::general_purpose::STANDARD as B64};
 use forkyard_proto::sandbox::v1::{ExecEvent, ExecRequest, ExecResponse, exec_event::Event};
 use futures::StreamExt;
-use reqwest::{Method, StatusCode};
+use reqwest::Method;
 use serde_json::{Value, json};
 use std::{
     collections::HashMap,
@@ -54,28 +54,8 @@ impl E2bBackend {
         tx: Option<&mpsc::Sender<ExecEvent>>,
     ) -> Result<ExecResponse> {
         let started = Instant::now();
-        let req = json!({
-            "process": {"cmd": argv[0], "args": &argv[1..], "envs": env, "cwd": cwd},
-        });
-        let body = connect::encode(0, &serde_json::to_vec(&req).expect("json"));
-        let resp = self
-            .envd(sid, Method::POST, "/process.Process/Start")
-            .header("Content-Type", "application/connect+json")
-            .header("Connect-Protocol-Version", "1")
-            .timeout(timeout + self.config.request_timeout)
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| self.transport_error("process start", &e))?;
-        let status = resp.status();
-        if !status.is_success() {
-            let text = resp.text().await.unwrap_or_default();
-            return Err(self.status_error("process start", "", status, &text));
-        }
-        let mut out = Capture::default();
-        let mut err = Capture::default();
-        let mut pid: Option<u64> = None;
-        let mut exit: Option<i32> = None;
+        let resp = self.start_process(sid, argv, env, cwd, timeout).await?;
+        let mut process = Process::default();
         let mut dec = connect::Decoder::default();
         let mut body = resp.bytes_stream();
         let deadline = tokio::time::sleep(timeout);
@@ -95,72 +75,83 @@ impl E2bBackend {
                 })?;
                 if frame.flags & connect::FLAG_END_STREAM != 0 {
                     if let Some(e) = msg.get("error") {
-                        let code = e.get("code").and_then(Value::as_str).unwrap_or("unknown");
-                        let m = e.get("message").and_then(Value::as_str).unwrap_or("");
-                        let m = self.scrub(m);
-                        return Err(match code {
-                            "unauthenticated" | "permission_denied" => ProvisionerError::Auth(
-                                format!("envd refused the command: {code}: {m}"),
-                            ),
-                            "invalid_argument" | "not_found" | "failed_precondition" => {
-                                ProvisionerError::FailedPrecondition(format!("envd: {code}: {m}"))
-                            }
-                            _ => ProvisionerError::Unavailable(format!("envd: {code}: {m}")),
-                        });
+                        return Err(self.envd_error(e));
                     }
                     break 'read;
                 }
-                let Some(ev) = msg.get("event") else { continue };
-                if let Some(s) = ev.get("start") {
-                    pid = s.get("pid").and_then(Value::as_u64);
-                } else if let Some(d) = ev.get("data") {
-                    for (key, cap) in [("stdout", &mut out), ("stderr", &mut err)] {
-                        if let Some(b) = d.get(key).and_then(Value::as_str) {
-                            let bytes = B64.decode(b).map_err(|e| {
-                                ProvisionerError::Unavailable(format!(
-                                    "envd {key}: bad base64: {e}"
-                                ))
-                            })?;
-                            if let Some(tx) = tx {
-                                let e = if key == "stdout" {
-                                    Event::Stdout(bytes.clone())
-                                } else {
-                                    Event::Stderr(bytes.clone())
-                                };
-                                let _ = tx.send(ExecEvent { event: Some(e) }).await;
-                            }
-                            cap.push(&bytes);
-                        }
-                    }
-                } else if let Some(end) = ev.get("end") {
-                    // proto3 JSON leaves a zero exitCode out.
-                    exit = Some(
-                        end.get("exitCode")
-                            .and_then(Value::as_i64)
-                            .and_then(|c| i32::try_from(c).ok())
-                            .unwrap_or(0),
-                    );
+                if let Some(ev) = msg.get("event") {
+                    process.event(ev, tx).await?;
                 }
             }
         }
         if timed_out {
-            if let Some(pid) = pid {
+            if let Some(pid) = process.pid {
                 self.kill_process(sid, pid).await;
             }
-        } else if exit.is_none() {
+        } else if process.exit.is_none() {
             return Err(ProvisionerError::Unavailable(
                 "envd process stream ended without an exit".into(),
             ));
         }
         Ok(ExecResponse {
-            exit_code: if timed_out { -1 } else { exit.unwrap_or(-1) },
-            output_truncated: out.truncated || err.truncated,
-            stdout: String::from_utf8_lossy(&out.data).into_owned(),
-            stderr: String::from_utf8_lossy(&err.data).into_owned(),
+            exit_code: if timed_out {
+                -1
+            } else {
+                process.exit.unwrap_or(-1)
+            },
+            output_truncated: process.out.truncated || process.err.truncated,
+            stdout: String::from_utf8_lossy(&process.out.data).into_owned(),
+            stderr: String::from_utf8_lossy(&process.err.data).into_owned(),
             timed_out,
             duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             ..Default::default()
         })
+    }
+
+    /// envd's `Start` for argv, answered with the stream of the process's events.
+    async fn start_process(
+        &self,
+        sid: &str,
+        argv: &[String],
+        env: &HashMap<String, String>,
+        cwd: &str,
+        timeout: Duration,
+    ) -> Result<reqwest::Response> {
+        let req = json!({
+            "process": {"cmd": argv[0], "args": &argv[1..], "envs": env, "cwd": cwd},
+        });
+        let body = connect::encode(0, &serde_json::to_vec(&req).expect("json"));
+        let resp = self
+            .envd(sid, Method::POST, "/process.Process/Start")
+            .header("Content-Type", "application/connect+json")
+            .header("Connect-Protocol-Version", "1")
+            .timeout(timeout + self.config.request_timeout)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| self.transport_error("process start", &e))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let text = resp.text().await.unwrap_or_default();
+            return Err(self.status_error("process start", "", status, &text));
+        }
+        Ok(resp)
+    }
+
+    /// The error an envd stream ended with, as the provisioner's (scrubbed of the key).
+    fn envd_error(&self, e: &Value) -> ProvisionerError {
+        let code = e.get("code").and_then(Value::as_str).unwrap_or("unknown");
+        let m = e.get("message").and_then(Value::as_str).unwrap_or("");
+        let m = self.scrub(m);
+        match code {
+            "unauthenticated" | "permission_denied" => {
+                ProvisionerError::Auth(format!("envd refused the command: {code}: {m}"))
+            }
+            "invalid_argument" | "not_found" | "failed_precondition" => {
+                ProvisionerError::FailedPrecondition(format!("envd: {code}: {m}"))
+            }
+            _ => ProvisionerError::Unavailable(format!("envd: {code}: {m}")),
+        }
     }
 
     pub(super) async fn kill_process(&self, sid: &str, pid: u64) {
@@ -176,6 +167,55 @@ impl E2bBackend {
         if let Err(e) = res {
             warn!(sandbox_id = %sid, pid, error = %self.transport_error("kill", &e), "could not kill a timed-out command");
         }
+    }
+
+    /// A command run to its end, its output captured (the tail when asked for).
+    pub(super) async fn exec_captured(&self, req: ExecRequest) -> Result<ExecResponse> {
+        let (sid, timeout) = self.exec_params(&req)?;
+        let mut out = self
+            .run(&sid, &req.argv, &req.env, WORKSPACE, timeout, None)
+            .await?;
+        // envd streams the output here: the tail is cut from what was captured.
+        if let Ok(n @ 1..) = usize::try_from(req.output_tail_bytes) {
+            for s in [&mut out.stdout, &mut out.stderr] {
+                let kept = forkyard_common::text::tail(s, n);
+                if kept.len() < s.len() {
+                    *s = kept.to_owned();
+                    out.output_truncated = true;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A command whose output is sent as it comes, its exit last.
+    pub(super) fn exec_streamed(&self, req: ExecRequest) -> Result<mpsc::Receiver<ExecEvent>> {
+        let (sid, timeout) = self.exec_params(&req)?;
+        let (tx, rx) = mpsc::channel(64);
+        let this = self.self_arc();
+        tokio::spawn(async move {
+            let exit = match this
+                .run(&sid, &req.argv, &req.env, WORKSPACE, timeout, Some(&tx))
+                .await
+            {
+                Ok(r) => ExecResponse {
+                    stdout: String::new(),
+                    stderr: String::new(),
+                    ..r
+                },
+                Err(e) => ExecResponse {
+                    exit_code: -1,
+                    stderr: e.to_string(),
+                    ..Default::default()
+                },
+            };
+            let _ = tx
+                .send(ExecEvent {
+                    event: Some(Event::Exit(exit)),
+                })
+                .await;
+        });
+        Ok(rx)
     }
 
     pub(super) fn exec_params(&self, req: &ExecRequest) -> Result<(String, Duration)> {
@@ -196,89 +236,66 @@ impl E2bBackend {
         };
         Ok((sid, timeout))
     }
-
-    pub(super) async fn read_bytes(&self, sid: &str, path: &str) -> Result<Vec<u8>> {
-        let resp = self
-            .envd(sid, Method::GET, "/files")
-            .query(&[("path", path), ("username", "user")])
-            .timeout(self.config.request_timeout)
-            .send()
-            .await
-            .map_err(|e| self.transport_error("read file", &e))?;
-        let status = resp.status();
-        if status == StatusCode::NOT_FOUND {
-            return Err(ProvisionerError::invalid(
-                "path",
-                format!("{path}: no such file"),
-            ));
-        }
-        if !status.is_success() {
-            let text = resp.text().await.unwrap_or_default();
-            return Err(self.status_error("read file", "", status, &text));
-        }
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| self.transport_error("read file", &e))?;
-        Ok(bytes.to_vec())
-    }
-
-    pub(super) async fn write_bytes(&self, sid: &str, path: &str, content: &[u8]) -> Result<()> {
-        let boundary = format!("forkyard{}", uuid::Uuid::new_v4().simple());
-        let name = path.rsplit('/').next().unwrap_or("file").replace('"', "");
-        let mut body = Vec::with_capacity(content.len() + 256);
-        body.extend_from_slice(
-            format!(
-                "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
-            )
-            .as_bytes(),
-        );
-        body.extend_from_slice(content);
-        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-        let resp = self
-            .envd(sid, Method::POST, "/files")
-            .query(&[("path", path), ("username", "user")])
-            .header(
-                "Content-Type",
-                format!("multipart/form-data; boundary={boundary}"),
-            )
-            .timeout(self.config.request_timeout)
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| self.transport_error("write file", &e))?;
-        let status = resp.status();
-        if !status.is_success() {
-            let text = resp.text().await.unwrap_or_default();
-            return Err(self.status_error("write file", "", status, &text));
-        }
-        Ok(())
-    }
-
-    pub(super) fn path(&self, p: &str) -> Result<String> {
-        if p.is_empty() || p.starts_with('/') || p.split('/').any(|c| c == "..") {
-            return Err(ProvisionerError::invalid(
-                "path",
-                "must be relative to the workspace, without \"..\"",
-            ));
-        }
-        Ok(format!("{WORKSPACE}/{p}"))
-    }
 }
 
 /// Output capture up to [`OUTPUT_CAP`].
 #[derive(Default)]
-pub(super) struct Capture {
-    pub(super) data: Vec<u8>,
-    pub(super) truncated: bool,
+struct Capture {
+    data: Vec<u8>,
+    truncated: bool,
 }
 
 impl Capture {
-    pub(super) fn push(&mut self, b: &[u8]) {
+    fn push(&mut self, b: &[u8]) {
         let room = OUTPUT_CAP.saturating_sub(self.data.len());
         if b.len() > room {
             self.truncated = true;
         }
         self.data.extend_from_slice(&b[..b.len().min(room)]);
+    }
+}
+
+/// What a running command has told so far.
+#[derive(Default)]
+struct Process {
+    out: Capture,
+    err: Capture,
+    pid: Option<u64>,
+    exit: Option<i32>,
+}
+
+impl Process {
+    /// One event of envd's stream: the start (its pid), output (sent on to `tx` too), or
+    /// the end (its exit code).
+    async fn event(&mut self, ev: &Value, tx: Option<&mpsc::Sender<ExecEvent>>) -> Result<()> {
+        if let Some(s) = ev.get("start") {
+            self.pid = s.get("pid").and_then(Value::as_u64);
+        } else if let Some(d) = ev.get("data") {
+            for (key, cap) in [("stdout", &mut self.out), ("stderr", &mut self.err)] {
+                if let Some(b) = d.get(key).and_then(Value::as_str) {
+                    let bytes = B64.decode(b).map_err(|e| {
+                        ProvisionerError::Unavailable(format!("envd {key}: bad base64: {e}"))
+                    })?;
+                    if let Some(tx) = tx {
+                        let e = if key == "stdout" {
+                            Event::Stdout(bytes.clone())
+                        } else {
+                            Event::Stderr(bytes.clone())
+                        };
+                        let _ = tx.send(ExecEvent { event: Some(e) }).await;
+                    }
+                    cap.push(&bytes);
+                }
+            }
+        } else if let Some(end) = ev.get("end") {
+            // proto3 JSON leaves a zero exitCode out.
+            self.exit = Some(
+                end.get("exitCode")
+                    .and_then(Value::as_i64)
+                    .and_then(|c| i32::try_from(c).ok())
+                    .unwrap_or(0),
+            );
+        }
+        Ok(())
     }
 }

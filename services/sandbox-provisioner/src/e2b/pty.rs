@@ -4,17 +4,18 @@
 //! controlling terminal, so ^C (0x03) interrupts it as on a local terminal. The pty id
 //! handed out is ours; it maps to the sandbox and envd's pid of the command.
 
-use super::{B64, E2bBackend, WORKSPACE, connect};
+use super::{E2bBackend, WORKSPACE, connect};
 use crate::error::{ProvisionerError, Result};
-use base64::Engine;
+use base64::{Engine, engine::general_purpose::STANDARD as B64};
+use bytes::Bytes;
 use forkyard_proto::sandbox::v1::{
     ExecRequest, ExecResponse, PtyEvent, ResizePtyRequest, ResizePtyResponse, StartPtyRequest,
     WritePtyRequest, WritePtyResponse, pty_event::Event,
 };
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use reqwest::Method;
 use serde_json::{Value, json};
-use std::time::Instant;
+use std::{sync::Arc, time::Instant};
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -54,6 +55,15 @@ fn end_code(end: &Value) -> i64 {
         .strip_prefix("signal: ")
         .and_then(|name| SIGNALS.iter().find(|(n, _)| *n == name))
         .map_or(-1, |(_, n)| 128 + n)
+}
+
+/// A pty command envd started.
+struct Running {
+    /// The E2B sandbox id.
+    sid: String,
+    pid: u64,
+    pty_id: String,
+    timeout: std::time::Duration,
 }
 
 impl E2bBackend {
@@ -121,8 +131,36 @@ impl E2bBackend {
         // error of this call, and the first event handed out names the pty.
         let mut dec = connect::Decoder::default();
         let mut stream = resp.bytes_stream();
+        let (pid, early) = self.started(&mut stream, &mut dec).await?;
+        let pty_id = format!("pty-{}", uuid::Uuid::new_v4().simple());
+        self.ptys
+            .lock()
+            .expect("ptys lock")
+            .insert(pty_id.clone(), (sid.clone(), pid));
+        let (tx, rx) = mpsc::channel(64);
+        let _ = tx
+            .send(PtyEvent {
+                event: Some(Event::PtyId(pty_id.clone())),
+            })
+            .await;
+        let pty = Running {
+            sid,
+            pid,
+            pty_id,
+            timeout,
+        };
+        tokio::spawn(self.self_arc().follow(pty, stream, dec, early, tx));
+        Ok(rx)
+    }
+
+    /// The command's pid, from envd's start event, and the messages decoded after it.
+    async fn started(
+        &self,
+        stream: &mut (impl Stream<Item = reqwest::Result<Bytes>> + Unpin),
+        dec: &mut connect::Decoder,
+    ) -> Result<(u64, Vec<Value>)> {
         let mut early = Vec::new();
-        let pid = 'start: loop {
+        loop {
             let Some(chunk) = stream.next().await else {
                 return Err(ProvisionerError::Unavailable(
                     "envd pty stream ended before the command started".into(),
@@ -140,82 +178,79 @@ impl E2bBackend {
                     )));
                 }
                 if let Some(p) = msg["event"]["start"]["pid"].as_u64() {
-                    break 'start p;
+                    return Ok((p, early));
                 }
                 early.push(msg);
             }
-        };
-        let pty_id = format!("pty-{}", uuid::Uuid::new_v4().simple());
-        self.ptys
-            .lock()
-            .expect("ptys lock")
-            .insert(pty_id.clone(), (sid.clone(), pid));
-        let (tx, rx) = mpsc::channel(64);
-        let _ = tx
-            .send(PtyEvent {
-                event: Some(Event::PtyId(pty_id.clone())),
-            })
-            .await;
-        let me = self.self_arc();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let deadline = tokio::time::sleep(timeout);
-            tokio::pin!(deadline);
-            let (mut exit, mut timed_out) = (None, false);
-            // Frames already decoded after the start event come first.
-            let mut pending: std::collections::VecDeque<Value> = early.into();
-            'read: loop {
-                while let Some(frame) = dec.next_frame().ok().flatten() {
-                    if frame.flags & connect::FLAG_END_STREAM != 0 {
+        }
+    }
+
+    /// Stream the command's output until it ends, times out, its stream breaks or its
+    /// caller hangs up (then it is killed); its exit last.
+    async fn follow(
+        self: Arc<Self>,
+        pty: Running,
+        mut stream: impl Stream<Item = reqwest::Result<Bytes>> + Unpin,
+        mut dec: connect::Decoder,
+        early: Vec<Value>,
+        tx: mpsc::Sender<PtyEvent>,
+    ) {
+        let started = Instant::now();
+        let deadline = tokio::time::sleep(pty.timeout);
+        tokio::pin!(deadline);
+        let (mut exit, mut timed_out) = (None, false);
+        // Frames already decoded after the start event come first.
+        let mut pending: std::collections::VecDeque<Value> = early.into();
+        'read: loop {
+            while let Some(frame) = dec.next_frame().ok().flatten() {
+                if frame.flags & connect::FLAG_END_STREAM != 0 {
+                    break 'read;
+                }
+                if let Ok(msg) = serde_json::from_slice::<Value>(&frame.data) {
+                    pending.push_back(msg);
+                }
+            }
+            while let Some(msg) = pending.pop_front() {
+                let ev = &msg["event"];
+                if let Some(b) = ev["data"]["pty"].as_str() {
+                    let Ok(bytes) = B64.decode(b) else { continue };
+                    let out = PtyEvent {
+                        event: Some(Event::Output(bytes)),
+                    };
+                    if tx.send(out).await.is_err() {
                         break 'read;
                     }
-                    if let Ok(msg) = serde_json::from_slice::<Value>(&frame.data) {
-                        pending.push_back(msg);
-                    }
-                }
-                while let Some(msg) = pending.pop_front() {
-                    let ev = &msg["event"];
-                    if let Some(b) = ev["data"]["pty"].as_str() {
-                        let Ok(bytes) = B64.decode(b) else { continue };
-                        let out = PtyEvent {
-                            event: Some(Event::Output(bytes)),
-                        };
-                        if tx.send(out).await.is_err() {
-                            break 'read;
-                        }
-                    } else if ev.get("end").is_some() {
-                        exit = Some(end_code(&ev["end"]));
-                    }
-                }
-                let chunk = tokio::select! {
-                    c = stream.next() => c,
-                    () = &mut deadline => { timed_out = true; break 'read; }
-                    () = tx.closed() => break 'read,
-                };
-                let Some(Ok(chunk)) = chunk else { break };
-                dec.push(&chunk);
-            }
-            me.ptys.lock().expect("ptys lock").remove(&pty_id);
-            if exit.is_none() {
-                // Timeout, hang-up or a broken stream: the command must not outlive it.
-                me.kill_process(&sid, pid).await;
-                if !timed_out && !tx.is_closed() {
-                    warn!(sandbox_id = %sid, "envd pty stream ended without an exit");
+                } else if ev.get("end").is_some() {
+                    exit = Some(end_code(&ev["end"]));
                 }
             }
-            let exit = ExecResponse {
-                exit_code: exit.and_then(|c| i32::try_from(c).ok()).unwrap_or(-1),
-                timed_out,
-                duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                ..Default::default()
+            let chunk = tokio::select! {
+                c = stream.next() => c,
+                () = &mut deadline => { timed_out = true; break 'read; }
+                () = tx.closed() => break 'read,
             };
-            let _ = tx
-                .send(PtyEvent {
-                    event: Some(Event::Exit(exit)),
-                })
-                .await;
-        });
-        Ok(rx)
+            let Some(Ok(chunk)) = chunk else { break };
+            dec.push(&chunk);
+        }
+        self.ptys.lock().expect("ptys lock").remove(&pty.pty_id);
+        if exit.is_none() {
+            // Timeout, hang-up or a broken stream: the command must not outlive it.
+            self.kill_process(&pty.sid, pty.pid).await;
+            if !timed_out && !tx.is_closed() {
+                warn!(sandbox_id = %pty.sid, "envd pty stream ended without an exit");
+            }
+        }
+        let exit = ExecResponse {
+            exit_code: exit.and_then(|c| i32::try_from(c).ok()).unwrap_or(-1),
+            timed_out,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            ..Default::default()
+        };
+        let _ = tx
+            .send(PtyEvent {
+                event: Some(Event::Exit(exit)),
+            })
+            .await;
     }
 
     pub(super) async fn pty_write(&self, req: WritePtyRequest) -> Result<WritePtyResponse> {

@@ -1,11 +1,16 @@
-//! The repository inside an E2B sandbox, through envd: the clone at create and the base commit.
+//! The repository inside an E2B sandbox, through envd: the clone at create, the base
+//! commit, and the patch collected from it.
 
 use super::{BASE_FILE, E2bBackend, HOME, WORKSPACE};
 use crate::{
+    backend::SandboxBackend,
     error::{ProvisionerError, Result},
     git,
+    limits::{DEFAULT_PATCH_BYTES, MAX_PATCH_BYTES},
 };
-use forkyard_proto::sandbox::v1::CreateSandboxRequest;
+use forkyard_proto::sandbox::v1::{
+    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest,
+};
 use std::collections::HashMap;
 
 impl E2bBackend {
@@ -70,5 +75,55 @@ impl E2bBackend {
         let base = base.trim().to_owned();
         self.write_bytes(sid, BASE_FILE, base.as_bytes()).await?;
         Ok(base)
+    }
+
+    /// The workspace's changes since the base commit, as a binary patch.
+    pub(super) async fn patch(&self, req: CollectPatchRequest) -> Result<CollectPatchResponse> {
+        let sid = Self::e2b_id(&req.sandbox_id)?;
+        let base = self.base_commit(sid).await?;
+        let max = match req.max_bytes {
+            0 => DEFAULT_PATCH_BYTES,
+            n => n.min(MAX_PATCH_BYTES),
+        };
+        let diff = [
+            "diff",
+            "--cached",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-textconv",
+        ];
+        self.git(sid, &["add", "-A"], "git add").await?;
+        let args: Vec<&str> = diff
+            .iter()
+            .copied()
+            .chain(["--binary", &base, "--"])
+            .collect();
+        let patch = self.git(sid, &args, "git diff").await?;
+        let args: Vec<&str> = diff
+            .iter()
+            .copied()
+            .chain(["--numstat", &base, "--"])
+            .collect();
+        let numstat = self.git(sid, &args, "git diff --numstat").await?;
+        let total = patch.len() as u64;
+        let mut patch = patch;
+        let truncated = total > max;
+        if truncated {
+            let mut cut = usize::try_from(max).unwrap_or(usize::MAX);
+            while !patch.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            patch.truncate(cut);
+        }
+        Ok(CollectPatchResponse {
+            patch,
+            truncated,
+            patch_bytes: total,
+            diffstat: Some(git::parse_numstat(&numstat)),
+            base_commit: base,
+            usage: self.get(&req.sandbox_id).await.ok().and_then(|s| s.usage),
+            // E2B's sandbox has a disk of its own size: nothing grows past a limit here.
+            skipped_files: Vec::new(),
+        })
     }
 }

@@ -3,8 +3,9 @@
 //! fixed expiry stored in the sandbox's metadata (`forkyard.expires_unix_ms`). After the
 //! create (whose clone takes a while) and at every resume, E2B is told the time left.
 
-use super::{E2bBackend, ProvisionerError, Result};
+use super::E2bBackend;
 use crate::backend::SandboxBackend;
+use crate::error::{ProvisionerError, Result};
 use forkyard_proto::sandbox::v1::DestroySandboxRequest;
 use reqwest::Method;
 use serde_json::json;
