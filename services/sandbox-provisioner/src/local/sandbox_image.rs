@@ -81,6 +81,6 @@ impl Provisioner {
             .filter_map(|e| e.record().image.map(|i| i.digest))
             .collect();
         let images = self.images.clone();
-        tokio::task::spawn_blocking(move || images.evict(max, &in_use, image::GRACE));
+        tokio::task::spawn_blocking(move || images.evict(max, &in_use, image::evict::GRACE));
     }
 }

@@ -3,7 +3,7 @@
 //! `skopeo copy … oci-archive:` and Docker 25+ `docker save` write) or the older
 //! `docker save` format (`manifest.json`, a config named by its digest, `<id>/layer.tar`).
 
-use super::{ImageError, sha256_file};
+use super::error::ImageError;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -211,4 +211,12 @@ fn inside(dir: &Path, rel: &str) -> Result<PathBuf, ImageError> {
         )));
     }
     Ok(dir.join(p))
+}
+
+/// `sha256:<hex>` of a file's bytes.
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use sha2::Digest as _;
+    let mut hash = sha2::Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path)?, &mut hash)?;
+    Ok(format!("sha256:{:x}", hash.finalize()))
 }

@@ -9,7 +9,7 @@
 //! setgid bits are dropped: the cache is on the host, where such a file would be a
 //! way up for anyone who can reach it.
 
-use super::ImageError;
+use super::error::ImageError;
 use crate::local::store::remove_all;
 use sha2::{Digest as _, Sha256};
 use std::{

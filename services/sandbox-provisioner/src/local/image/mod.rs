@@ -10,13 +10,14 @@
 //! has a size bound (`evict`).
 
 mod archive;
-mod evict;
+mod error;
+pub(crate) mod evict;
 mod layer;
 pub mod registry;
 mod rootfs;
 
 pub use archive::ImageConfig;
-pub use evict::GRACE;
+pub use error::ImageError;
 pub use rootfs::has_shell;
 use std::{
     collections::HashMap,
@@ -24,27 +25,6 @@ use std::{
     sync::Mutex,
     time::SystemTime,
 };
-
-/// Why an image cannot be used; every one names what was wrong.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ImageError {
-    #[error("not an image: {0}")]
-    NotAnImage(String),
-    #[error("digest mismatch in {what}: expected {expected}, got {got}")]
-    DigestMismatch {
-        what: String,
-        expected: String,
-        got: String,
-    },
-    #[error("image cache: {0}")]
-    Io(String),
-    /// The registry is down, refuses us, or has no such image.
-    #[error("registry: {0}")]
-    Registry(String),
-    /// Larger than this provisioner keeps.
-    #[error("too large: {0}")]
-    TooLarge(String),
-}
 
 /// An image ready to be a sandbox's root.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -270,14 +250,6 @@ fn cached(root: &Path, digest: &str) -> Option<Image> {
         rootfs: home.join("rootfs"),
         config: saved.config,
     })
-}
-
-/// `sha256:<hex>` of a file's bytes.
-pub(crate) fn sha256_file(path: &Path) -> std::io::Result<String> {
-    use sha2::Digest as _;
-    let mut hash = sha2::Sha256::new();
-    std::io::copy(&mut std::fs::File::open(path)?, &mut hash)?;
-    Ok(format!("sha256:{:x}", hash.finalize()))
 }
 
 #[cfg(test)]

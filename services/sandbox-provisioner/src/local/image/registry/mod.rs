@@ -3,7 +3,12 @@
 //! reader then checks like any other: every blob against its digest, the layers against
 //! the config's `diff_ids`.
 
-use super::ImageError;
+mod auth;
+mod manifest;
+
+use super::error::ImageError;
+use auth::{error_chain, unavailable};
+use manifest::{Manifest, platform_manifest};
 use sha2::Digest as _;
 use std::{
     collections::HashMap,
@@ -42,18 +47,6 @@ impl std::fmt::Debug for Registries {
             .field("insecure", &self.insecure)
             .finish()
     }
-}
-
-#[derive(serde::Deserialize)]
-struct DockerConfig {
-    #[serde(default)]
-    auths: HashMap<String, AuthEntry>,
-}
-
-#[derive(serde::Deserialize)]
-struct AuthEntry {
-    #[serde(default)]
-    auth: String,
 }
 
 /// `registry/repository` and the tag or digest asked for.
@@ -105,25 +98,11 @@ impl Target {
 /// The longest manifest or index accepted.
 const MAX_MANIFEST_BYTES: usize = 4 << 20;
 
-fn unavailable(what: impl std::fmt::Display) -> ImageError {
-    ImageError::Registry(what.to_string())
-}
-
 impl Registries {
     pub fn new(config: &RegistryConfig, max_image_bytes: u64) -> Result<Self, String> {
         let auths = match &config.auth_file {
             None => HashMap::new(),
-            Some(path) => {
-                let raw = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-                let parsed: DockerConfig = serde_json::from_slice(&raw)
-                    .map_err(|e| format!("{}: not a Docker config.json: {e}", path.display()))?;
-                parsed
-                    .auths
-                    .into_iter()
-                    .filter(|(_, a)| !a.auth.is_empty())
-                    .map(|(host, a)| (host_of(&host), a.auth))
-                    .collect()
-            }
+            Some(path) => auth::credentials(path)?,
         };
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
@@ -226,60 +205,6 @@ impl Registries {
         .map_err(io)?;
         Ok((digest, false))
     }
-}
-
-#[derive(serde::Deserialize)]
-struct Descriptor {
-    digest: String,
-    /// Its length in bytes, as the manifest says (required by the OCI and Docker specs).
-    #[serde(default)]
-    size: u64,
-}
-
-#[derive(serde::Deserialize)]
-struct Manifest {
-    config: Descriptor,
-    layers: Vec<Descriptor>,
-}
-
-#[derive(serde::Deserialize)]
-struct Platform {
-    #[serde(default)]
-    architecture: String,
-    #[serde(default)]
-    os: String,
-}
-
-#[derive(serde::Deserialize)]
-struct Listed {
-    digest: String,
-    platform: Option<Platform>,
-}
-
-#[derive(serde::Deserialize)]
-struct IndexFile {
-    manifests: Vec<Listed>,
-}
-
-/// The digest of this host's platform's manifest in an index.
-fn platform_manifest(index: &[u8]) -> Result<String, ImageError> {
-    let arch = match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    };
-    let index: IndexFile = serde_json::from_slice(index)
-        .map_err(|e| ImageError::NotAnImage(format!("the image index: {e}")))?;
-    index
-        .manifests
-        .into_iter()
-        .find(|m| {
-            m.platform
-                .as_ref()
-                .is_some_and(|p| p.os == "linux" && p.architecture == arch)
-        })
-        .map(|m| m.digest)
-        .ok_or_else(|| ImageError::NotAnImage(format!("no linux/{arch} image in the index")))
 }
 
 /// One pull: the token a registry's auth service gave, kept for the pull's requests.
@@ -389,7 +314,12 @@ impl Session<'_> {
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or_default()
                         .to_owned();
-                    self.token = Some(self.authorize(&challenge).await?);
+                    let basic = self.reg.auths.get(&self.target.host);
+                    let (host, repository) = (&self.target.host, &self.target.repository);
+                    self.token = Some(
+                        auth::authorize(&self.reg.http, basic, host, repository, &challenge)
+                            .await?,
+                    );
                 }
                 reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN => {
                     return Err(unavailable(format!(
@@ -416,121 +346,6 @@ impl Session<'_> {
             self.target.host
         )))
     }
-
-    async fn authorize(&self, challenge: &str) -> Result<String, ImageError> {
-        let basic = self.reg.auths.get(&self.target.host);
-        let (scheme, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
-        if scheme.eq_ignore_ascii_case("basic") {
-            return basic.map(|b| format!("Basic {b}")).ok_or_else(|| {
-                unavailable(format!(
-                    "{} asks for credentials and FORKYARD_REGISTRY_AUTH_FILE has none for it",
-                    self.target.host
-                ))
-            });
-        }
-        if !scheme.eq_ignore_ascii_case("bearer") {
-            return Err(unavailable(format!(
-                "{} asks for {scheme} auth",
-                self.target.host
-            )));
-        }
-        let params = challenge_params(params);
-        let realm = params.get("realm").ok_or_else(|| {
-            unavailable(format!(
-                "{} gave a bearer challenge without a realm",
-                self.target.host
-            ))
-        })?;
-        let mut req = self.reg.http.get(realm.as_str());
-        let mut query = Vec::new();
-        if let Some(s) = params.get("service") {
-            query.push(("service", s.clone()));
-        }
-        query.push((
-            "scope",
-            params
-                .get("scope")
-                .cloned()
-                .unwrap_or_else(|| format!("repository:{}:pull", self.target.repository)),
-        ));
-        req = req.query(&query);
-        if let Some(b) = basic {
-            req = req.header(reqwest::header::AUTHORIZATION, format!("Basic {b}"));
-        }
-        let resp = req.send().await.map_err(|e| {
-            unavailable(format!(
-                "the auth service of {} cannot be reached: {}",
-                self.target.host,
-                error_chain(&e)
-            ))
-        })?;
-        if !resp.status().is_success() {
-            return Err(unavailable(format!(
-                "the auth service of {} answered {}",
-                self.target.host,
-                resp.status()
-            )));
-        }
-        #[derive(serde::Deserialize)]
-        struct Token {
-            #[serde(default)]
-            token: String,
-            #[serde(default)]
-            access_token: String,
-        }
-        let t: Token = resp.json().await.map_err(unavailable)?;
-        let token = if t.token.is_empty() {
-            t.access_token
-        } else {
-            t.token
-        };
-        if token.is_empty() {
-            return Err(unavailable(format!(
-                "the auth service of {} gave no token",
-                self.target.host
-            )));
-        }
-        Ok(format!("Bearer {token}"))
-    }
-}
-
-/// `realm="…",service="…",scope="…"` (values quoted, commas inside quotes kept).
-fn challenge_params(s: &str) -> HashMap<String, String> {
-    let mut out = HashMap::new();
-    let mut rest = s.trim();
-    while let Some((key, after)) = rest.split_once('=') {
-        let key = key
-            .trim()
-            .trim_start_matches(',')
-            .trim()
-            .to_ascii_lowercase();
-        let (value, tail) = if let Some(q) = after.strip_prefix('"') {
-            match q.find('"') {
-                Some(end) => (&q[..end], &q[end + 1..]),
-                None => (q, ""),
-            }
-        } else {
-            match after.find(',') {
-                Some(end) => (&after[..end], &after[end..]),
-                None => (after, ""),
-            }
-        };
-        out.insert(key, value.to_owned());
-        rest = tail.trim_start_matches(',').trim();
-    }
-    out
-}
-
-/// A `config.json` key (`https://index.docker.io/v1/`, `host:port`) as a host.
-fn host_of(key: &str) -> String {
-    let k = key
-        .trim_start_matches("https://")
-        .trim_start_matches("http://");
-    let host = k.split('/').next().unwrap_or(k);
-    match host {
-        "index.docker.io" | "docker.io" => "registry-1.docker.io".into(),
-        h => h.to_owned(),
-    }
 }
 
 fn sha256(bytes: &[u8]) -> String {
@@ -543,17 +358,6 @@ fn hex(digest: &str) -> &str {
 
 fn io(e: std::io::Error) -> ImageError {
     ImageError::Io(format!("write the pulled image: {e}"))
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
 }
 
 #[cfg(test)]
@@ -577,16 +381,6 @@ mod tests {
         assert_eq!((t.host.as_str(), t.reference.as_str()), ("ghcr.io", d));
         assert!(t.by_digest());
         assert_eq!(Target::parse("org/img").host, "registry-1.docker.io");
-    }
-
-    #[test]
-    fn bearer_challenges_are_read_with_their_quoted_commas() {
-        let p = challenge_params(
-            r#"realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#,
-        );
-        assert_eq!(p["realm"], "https://auth.example/token");
-        assert_eq!(p["service"], "registry.example");
-        assert_eq!(p["scope"], "repository:a/b:pull,push");
     }
 
     #[test]
