@@ -27,6 +27,7 @@ pub(crate) mod llm_relay;
 pub(crate) mod lru;
 pub(crate) mod open;
 pub(crate) mod patch;
+pub(crate) mod prepare;
 pub(crate) mod process;
 pub mod provisioner;
 pub(crate) mod pty;

@@ -15,9 +15,9 @@
 use crate::{
     error::{ProvisionerError, Result},
     local::{
-        exec::{Prepared, Tools},
         init::host::Stdio3,
         launch::Running,
+        prepare::{Prepared, Tools},
         provisioner::Provisioner,
         terminal::{Pty, open_pair, winsize},
     },

@@ -21,11 +21,11 @@ impl Provisioner {
     pub(crate) fn runs_under_init(
         &self,
         record: &Record,
-        tools: crate::local::exec::Tools,
+        tools: crate::local::prepare::Tools,
     ) -> bool {
         self.config.sandbox_init
             && self.forwarder.is_some()
-            && (tools == crate::local::exec::Tools::Sandbox || record.image.is_none())
+            && (tools == crate::local::prepare::Tools::Sandbox || record.image.is_none())
     }
 
     /// The sandbox's running init, started now when it has none.

@@ -34,7 +34,7 @@ impl Provisioner {
             &req.argv,
             &env,
             &req.llm_gateway,
-            crate::local::exec::Tools::Sandbox,
+            crate::local::prepare::Tools::Sandbox,
             false,
         )?;
         let mut running = p
