@@ -1,50 +1,54 @@
 //! The `local` backend: each sandbox is a git clone under the state directory, and its
-//! commands run in bubblewrap sandboxes over it.
+//! commands run in bubblewrap sandboxes over it. [`Provisioner`] (`provisioner`) is its
+//! core, started by `open` with its [`Config`]; each call of the session API is an
+//! `impl Provisioner` of its own file over it, and `backend` serves them as a
+//! `SandboxBackend`. It imports nothing of the e2b backend. The modules made public are
+//! those the binaries, the tests and the crate's settings name.
 
 pub mod backend;
 pub mod bwrap;
 pub mod cgroup;
 pub mod cgroup_detect;
 pub mod config;
-pub(crate) mod create;
-pub(crate) mod destroy;
+mod create;
+mod destroy;
 pub mod disk_quota;
-pub(crate) mod disk_watch;
+mod disk_watch;
 pub mod egress;
-pub(crate) mod enter;
-pub(crate) mod entry;
-pub(crate) mod exec;
-pub(crate) mod files;
-pub(crate) mod forwarder_kit;
-pub(crate) mod git;
-pub(crate) mod health;
+mod enter;
+mod entry;
+mod exec;
+mod files;
+mod forwarder_kit;
+mod git;
+mod health;
 pub mod image;
 pub mod init;
-pub(crate) mod keyed_lock;
-pub(crate) mod kill_tree;
-pub(crate) mod launch;
-pub(crate) mod llm_relay;
-pub(crate) mod lru;
-pub(crate) mod open;
-pub(crate) mod patch;
-pub(crate) mod prepare;
-pub(crate) mod process;
+mod keyed_lock;
+mod kill_tree;
+mod launch;
+mod llm_relay;
+mod lru;
+mod open;
+mod patch;
+mod prepare;
+mod process;
 pub mod provisioner;
-pub(crate) mod pty;
-pub(crate) mod reaper;
-pub(crate) mod runtime_probe;
-pub(crate) mod sandbox_image;
-pub(crate) mod sandbox_init;
-pub(crate) mod seccomp;
-pub(crate) mod session;
-pub(crate) mod snapshot;
+mod pty;
+mod reaper;
+mod runtime_probe;
+mod sandbox_image;
+mod sandbox_init;
+mod seccomp;
+mod session;
+mod snapshot;
 pub mod store;
-pub(crate) mod stream;
-pub(crate) mod template;
-pub(crate) mod terminal;
+mod stream;
+mod template;
+mod terminal;
 pub mod uids;
-pub(crate) mod usage;
-pub(crate) mod workspace;
+mod usage;
+mod workspace;
 
 pub use config::Config;
 pub use provisioner::Provisioner;

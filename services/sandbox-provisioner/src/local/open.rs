@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 impl Provisioner {
     /// Check bubblewrap and cgroups work, then take over the sandboxes a previous run
-    /// left (see [`crate::local::reaper`]). Errors are configuration errors naming the setting.
+    /// left (see `local::reaper`). Errors are configuration errors naming the setting.
     pub async fn open(config: Config) -> Result<Arc<Self>, String> {
         let bwrap = bwrap::resolve(&config.bwrap_path).ok_or_else(|| {
             format!(

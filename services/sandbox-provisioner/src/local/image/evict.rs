@@ -30,7 +30,7 @@ impl ImageCache {
     }
 
     /// Remove images until the cache holds at most `max_bytes` (0: no bound), sparing
-    /// those `in_use` (digests) and those used within `grace` ([`GRACE`] but in tests).
+    /// those `in_use` (digests) and those used within `grace` (`GRACE` but in tests).
     /// Blocking (it walks directories). The digests removed.
     pub fn evict(&self, max_bytes: u64, in_use: &HashSet<String>, grace: Duration) -> Vec<String> {
         use std::sync::atomic::Ordering;
