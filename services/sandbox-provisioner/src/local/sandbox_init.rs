@@ -8,11 +8,12 @@ use crate::{
         bwrap::{ImageRoot, Invocation, Relays},
         entry::{Entry, InitSession},
         init::host::Init,
+        llm_relay::Relay,
         provisioner::Provisioner,
         store::Record,
     },
 };
-use std::sync::Arc;
+use std::{path::Path, sync::Arc};
 
 impl Provisioner {
     /// Whether a command with these tools runs under the sandbox's init: the init is the
@@ -56,18 +57,7 @@ impl Provisioner {
         };
         let id = record.id.as_str();
         let llm_socket = self.store.dir(id).join("llm.sock");
-        let slot = entry.llm.clone();
-        let relay = crate::local::llm_relay::spawn(
-            &llm_socket,
-            Arc::new(move || slot.current()),
-            id,
-            entry.cancel.child_token(),
-        )
-        .and_then(|relay| {
-            self.give_to_sandbox(record, &llm_socket)?;
-            Ok(relay)
-        })
-        .map_err(|e| ProvisionerError::internal("start the llm relay", e))?;
+        let relay = self.shared_llm_relay(entry, record, &llm_socket)?;
         let workspace = self.store.workspace(id);
         let egress = self.store.egress_socket(id);
         let procs = self
@@ -105,5 +95,22 @@ impl Provisioner {
         tracing::debug!(sandbox_id = %id, "sandbox init started");
         *session = Some(InitSession::new(init.clone(), relay));
         Ok(init)
+    }
+
+    /// The sandbox's one LLM relay at `socket`: it relays to the gateway of whichever of
+    /// the sandbox's LLM commands runs (`entry.llm`), and dies with the sandbox.
+    fn shared_llm_relay(&self, entry: &Entry, record: &Record, socket: &Path) -> Result<Relay> {
+        let slot = entry.llm.clone();
+        crate::local::llm_relay::spawn(
+            socket,
+            Arc::new(move || slot.current()),
+            &record.id,
+            entry.cancel.child_token(),
+        )
+        .and_then(|relay| {
+            self.give_to_sandbox(record, socket)?;
+            Ok(relay)
+        })
+        .map_err(|e| ProvisionerError::internal("start the llm relay", e))
     }
 }
