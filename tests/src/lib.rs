@@ -7,6 +7,7 @@
 
 pub mod mesh;
 pub mod otlp;
+pub mod replicas;
 pub mod repo;
 pub mod scripted_model;
 pub mod support;

@@ -44,8 +44,8 @@ pub struct Mesh {
     pub metrics_ports: [u16; 5],
     /// The agent runner's LLM gateway port.
     pub llm_port: u16,
-    children: Vec<(String, Child)>,
-    options: MeshOptions,
+    pub(crate) children: Vec<(String, Child)>,
+    pub(crate) options: MeshOptions,
 }
 
 /// A port free now, below the kernel's ephemeral range (32768 and up here), where the
@@ -55,7 +55,7 @@ pub struct Mesh {
 /// A port nothing listens on, never one this process handed out before: a port picked
 /// and released is free again until its service binds it, so two picks of one mesh (the
 /// Temporal frontend and its UI, say) could otherwise be the same port.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     use std::hash::{BuildHasher, RandomState};
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     const LOW: u16 = 20_000;
@@ -133,7 +133,7 @@ impl Mesh {
         format!("127.0.0.1:{}", self.temporal_port)
     }
 
-    fn log_file(&self, name: &str) -> std::fs::File {
+    pub(crate) fn log_file(&self, name: &str) -> std::fs::File {
         let dir = self.state.path().join("logs");
         std::fs::create_dir_all(&dir).expect("log dir");
         std::fs::File::create(dir.join(format!("{name}.log"))).expect("log file")
@@ -442,122 +442,6 @@ impl Mesh {
                 Instant::now() < deadline,
                 "{service} not SERVING in time; log:\n{}",
                 self.log_tail(service)
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// Start one more `sandbox-provisioner` replica beside the mesh's own: its own state
-    /// dir (`<state>/<replica_id>`), gRPC and metrics ports and replica id, same Temporal.
-    /// Its log is `<replica_id>.log`; it stops with the mesh. Returns its gRPC endpoint and
-    /// state dir once it serves.
-    pub async fn start_provisioner_replica(
-        &mut self,
-        replica_id: &str,
-    ) -> anyhow::Result<(String, PathBuf)> {
-        self.start_replica("sandbox-provisioner", replica_id, |cmd| {
-            cmd.env("FORKYARD_PROVISIONER_REPLICA_ID", replica_id);
-        })
-        .await
-    }
-
-    /// Start one more `agent-runner` replica beside the mesh's own, wired like it (same
-    /// Temporal, provisioner, ledger and extra environment) but with its own state dir
-    /// (`<state>/<replica_id>`, so its artifact store holds only the transcripts of the
-    /// agents it ran) and ports; it advertises `http://127.0.0.1:<port>`. Its log is
-    /// `<replica_id>.log`; it stops with the mesh. Returns its gRPC endpoint and state dir
-    /// once it serves.
-    pub async fn start_agent_runner_replica(
-        &mut self,
-        replica_id: &str,
-    ) -> anyhow::Result<(String, PathBuf)> {
-        anyhow::ensure!(
-            !self.options.tls,
-            "agent-runner replicas: plaintext meshes only"
-        );
-        let provisioner = self.endpoint("sandbox-provisioner");
-        let ledger = self.endpoint("budget-ledger");
-        let extra = self.options.env.clone();
-        let own: Vec<(String, String)> = self
-            .options
-            .service_env
-            .iter()
-            .filter(|(s, _, _)| s == "agent-runner")
-            .map(|(_, k, v)| (k.clone(), v.clone()))
-            .collect();
-        self.start_replica("agent-runner", replica_id, |cmd| {
-            cmd.env("FORKYARD_PROVISIONER_ADDR", provisioner)
-                .env("FORKYARD_LEDGER_ADDR", ledger)
-                .env("FORKYARD_HEARTBEAT_SECS", "1")
-                .env("FORKYARD_LLM_LISTEN", format!("127.0.0.1:{}", free_port()))
-                .envs(extra)
-                .envs(own);
-        })
-        .await
-    }
-
-    /// Spawn `service` as the extra replica `replica_id` (own state dir and ports, same
-    /// Temporal; `wire` adds its settings) and wait until it reports SERVING.
-    async fn start_replica(
-        &mut self,
-        service: &str,
-        replica_id: &str,
-        wire: impl FnOnce(&mut Command),
-    ) -> anyhow::Result<(String, PathBuf)> {
-        let bin = bin_dir().join(service);
-        anyhow::ensure!(bin.exists(), "{} missing", bin.display());
-        let state = self.state.path().join(replica_id);
-        std::fs::create_dir_all(&state)?;
-        let port = free_port();
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let mut cmd = Command::new(&bin);
-        cmd.env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("RUST_LOG", "info")
-            .env("TEMPORAL_ADDRESS", self.temporal_address())
-            .env("TEMPORAL_NAMESPACE", "default")
-            .env("FORKYARD_STATE_DIR", &state)
-            .env("FORKYARD_LISTEN", format!("127.0.0.1:{port}"))
-            .env(
-                "FORKYARD_METRICS_LISTEN",
-                format!("127.0.0.1:{}", free_port()),
-            )
-            .stdout(Stdio::null())
-            .stderr(self.log_file(replica_id));
-        wire(&mut cmd);
-        let child = cmd.spawn()?;
-        self.children.retain(|(n, _)| n != replica_id);
-        self.children.push((replica_id.to_owned(), child));
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| n == replica_id)
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                anyhow::bail!(
-                    "{replica_id} exited with {status}; log:\n{}",
-                    self.log_tail(replica_id)
-                );
-            }
-            let channel = tonic::transport::Endpoint::from_shared(endpoint.clone())?
-                .connect_timeout(Duration::from_secs(2))
-                .connect()
-                .await;
-            let serving = match channel {
-                Ok(ch) => HealthClient::new(ch)
-                    .check(HealthCheckRequest {
-                        service: String::new(),
-                    })
-                    .await
-                    .is_ok_and(|r| r.into_inner().status == ServingStatus::Serving as i32),
-                Err(_) => false,
-            };
-            if serving {
-                return Ok((endpoint, state));
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "{replica_id} not SERVING in time; log:\n{}",
-                self.log_tail(replica_id)
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
