@@ -48,78 +48,97 @@ pub fn program(
     if req.sandbox_id.is_empty() {
         return Err(AgentError::InvalidArgument("sandbox_id: is empty".into()));
     }
-    let driver = agent.driver.as_str();
-    let bad = |m: String| AgentError::InvalidArgument(format!("agent.model: {m}"));
-    let mut env = HashMap::new();
-    let (script, model) = match driver {
-        "" | "command" => {
-            if agent.command.trim().is_empty() {
-                return Err(AgentError::InvalidArgument(
-                    "agent.command: is empty".into(),
-                ));
-            }
-            (agent.command.clone(), agent.model.clone())
-        }
-        CLAUDE_CODE => {
-            let model = models.resolve("anthropic", &agent.model).map_err(bad)?;
-            let turns = if agent.max_turns == 0 {
-                max_turns
-            } else {
-                agent.max_turns
-            };
-            // Claude Code's background calls use the "small fast" model: the same one,
-            // so a run's allowed list of one model holds.
-            for var in [
-                "ANTHROPIC_SMALL_FAST_MODEL",
-                "ANTHROPIC_DEFAULT_HAIKU_MODEL",
-            ] {
-                env.insert(var.into(), model.clone());
-            }
-            for var in [
-                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
-                "DISABLE_AUTOUPDATER",
-                "DISABLE_TELEMETRY",
-                "DISABLE_ERROR_REPORTING",
-            ] {
-                env.insert(var.into(), "1".into());
-            }
-            let script = format!(
-                "exec claude -p \"$FORKYARD_PROMPT\" --output-format stream-json --verbose --model {} --max-turns {turns} --permission-mode acceptEdits --allowedTools {}",
-                shell_quote(&model),
-                shell_quote(CLAUDE_TOOLS),
-            );
-            (script, model)
-        }
-        CODEX => {
-            let model = if agent.model.trim().is_empty() {
-                String::new()
-            } else {
-                models.resolve("openai", &agent.model).map_err(bad)?
-            };
-            let model_flag = if model.is_empty() {
-                String::new()
-            } else {
-                format!(" -m {}", shell_quote(&model))
-            };
-            // A provider of Forkyard's own: codex's built-in one ignores a base URL and
-            // tries OpenAI's websocket first. Codex's own sandbox stays off: the fork's
-            // sandbox is the boundary, and a second one cannot start inside it.
-            let script = format!(
-                "exec codex exec --json --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox{model_flag} \
-                 -c model_provider=forkyard -c model_providers.forkyard.name=forkyard \
-                 -c \"model_providers.forkyard.base_url=$OPENAI_BASE_URL\" \
-                 -c model_providers.forkyard.env_key=OPENAI_API_KEY \
-                 -c model_providers.forkyard.wire_api=responses \"$FORKYARD_PROMPT\""
-            );
-            (script, model)
-        }
-        other => {
-            return Err(AgentError::InvalidArgument(format!(
-                "agent.driver: {other:?} is not a command driver"
-            )));
-        }
+    match agent.driver.as_str() {
+        "" | "command" => command(agent),
+        CLAUDE_CODE => claude_code(agent, models, max_turns),
+        CODEX => codex(agent, models),
+        other => Err(AgentError::InvalidArgument(format!(
+            "agent.driver: {other:?} is not a command driver"
+        ))),
+    }
+}
+
+fn bad_model(m: String) -> AgentError {
+    AgentError::InvalidArgument(format!("agent.model: {m}"))
+}
+
+/// The caller's own shell command, as given.
+fn command(agent: &AgentSpec) -> Result<Program, AgentError> {
+    if agent.command.trim().is_empty() {
+        return Err(AgentError::InvalidArgument(
+            "agent.command: is empty".into(),
+        ));
+    }
+    Ok(Program {
+        script: agent.command.clone(),
+        model: agent.model.clone(),
+        env: HashMap::new(),
+    })
+}
+
+/// `claude -p` with the spec's model (an Anthropic one) and turn limit (else the
+/// runner's `max_turns`).
+fn claude_code(agent: &AgentSpec, models: &Models, max_turns: u32) -> Result<Program, AgentError> {
+    let model = models
+        .resolve("anthropic", &agent.model)
+        .map_err(bad_model)?;
+    let turns = if agent.max_turns == 0 {
+        max_turns
+    } else {
+        agent.max_turns
     };
+    let mut env = HashMap::new();
+    // Claude Code's background calls use the "small fast" model: the same one,
+    // so a run's allowed list of one model holds.
+    for var in [
+        "ANTHROPIC_SMALL_FAST_MODEL",
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+    ] {
+        env.insert(var.into(), model.clone());
+    }
+    for var in [
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+        "DISABLE_AUTOUPDATER",
+        "DISABLE_TELEMETRY",
+        "DISABLE_ERROR_REPORTING",
+    ] {
+        env.insert(var.into(), "1".into());
+    }
+    let script = format!(
+        "exec claude -p \"$FORKYARD_PROMPT\" --output-format stream-json --verbose --model {} --max-turns {turns} --permission-mode acceptEdits --allowedTools {}",
+        shell_quote(&model),
+        shell_quote(CLAUDE_TOOLS),
+    );
     Ok(Program { script, model, env })
+}
+
+/// `codex exec` with the spec's model (an OpenAI one), else codex's own default.
+fn codex(agent: &AgentSpec, models: &Models) -> Result<Program, AgentError> {
+    let model = if agent.model.trim().is_empty() {
+        String::new()
+    } else {
+        models.resolve("openai", &agent.model).map_err(bad_model)?
+    };
+    let model_flag = if model.is_empty() {
+        String::new()
+    } else {
+        format!(" -m {}", shell_quote(&model))
+    };
+    // A provider of Forkyard's own: codex's built-in one ignores a base URL and
+    // tries OpenAI's websocket first. Codex's own sandbox stays off: the fork's
+    // sandbox is the boundary, and a second one cannot start inside it.
+    let script = format!(
+        "exec codex exec --json --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox{model_flag} \
+         -c model_provider=forkyard -c model_providers.forkyard.name=forkyard \
+         -c \"model_providers.forkyard.base_url=$OPENAI_BASE_URL\" \
+         -c model_providers.forkyard.env_key=OPENAI_API_KEY \
+         -c model_providers.forkyard.wire_api=responses \"$FORKYARD_PROMPT\""
+    );
+    Ok(Program {
+        script,
+        model,
+        env: HashMap::new(),
+    })
 }
 
 /// The models a fork's agent may ask the gateway for: the spec's list (aliases

@@ -2,24 +2,25 @@
 //! driver with the sandbox, ledger and artifact store it needs.
 
 use crate::{
-    agent_loop::{self, Env},
+    agent_loop,
     charge::Charger,
     command,
-    drivers::Drivers,
+    drivers::{Choice, Drivers},
     error::AgentError,
     llm_gateway::LlmGateway,
-    presets,
+    presets::{self, Program},
     progress::ProgressSink,
     provisioners::Provisioners,
     tools::Sandbox,
     transcript::ArtifactStore,
 };
-use forkyard_common::balance::Balanced;
+use forkyard_common::{balance::Balanced, grpc_telemetry::TracedChannel as Channel};
 use forkyard_proto::{
     agent::v1::{AgentProgress, RunAgentRequest, RunAgentResponse},
     budget::v1::budget_ledger_client::BudgetLedgerClient,
+    sandbox::v1::sandbox_provisioner_client::SandboxProvisionerClient,
 };
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 #[derive(Clone)]
 pub struct Runner {
@@ -46,12 +47,32 @@ pub fn short_call_channel(flag: &str, addr: &str) -> Result<Balanced, String> {
     })
 }
 
+/// What a driver gets from the caller of [`Runner::run`] besides the request.
+struct Caller<'a, S: ProgressSink> {
+    sink: &'a S,
+    cancelled: Pin<Box<dyn Future<Output = ()> + Send + 'a>>,
+    resume: Option<AgentProgress>,
+    activity_attempt: u32,
+}
+
+/// A command-like driver's choice: the driver by name, the model its program uses.
+fn command_choice(driver: &str, program: &Program) -> Choice {
+    Choice {
+        driver: if driver.is_empty() {
+            "command".into()
+        } else {
+            driver.into()
+        },
+        model: program.model.clone(),
+    }
+}
+
 impl Runner {
     /// Whether this runner can run `agent` (asked at launch): the driver and model id.
     pub fn check(
         &self,
         agent: &forkyard_proto::common::v1::AgentSpec,
-    ) -> Result<crate::drivers::Choice, AgentError> {
+    ) -> Result<Choice, AgentError> {
         if !presets::is_command_like(&agent.driver) {
             return self.drivers.check(agent);
         }
@@ -69,14 +90,7 @@ impl Runner {
                 ));
             }
         }
-        Ok(crate::drivers::Choice {
-            driver: if agent.driver.is_empty() {
-                "command".into()
-            } else {
-                agent.driver.clone()
-            },
-            model: program.model,
-        })
+        Ok(command_choice(&agent.driver, &program))
     }
 
     /// The presets talk to a model only through this runner's LLM gateway.
@@ -99,52 +113,64 @@ impl Runner {
         resume: Option<AgentProgress>,
         activity_attempt: u32,
     ) -> Result<RunAgentResponse, AgentError> {
-        let mut out = self
-            .run_driver(req, sink, cancelled, resume, activity_attempt)
-            .await?;
+        let caller = Caller {
+            sink,
+            cancelled: Box::pin(cancelled),
+            resume,
+            activity_attempt,
+        };
+        let mut out = self.run_driver(req, caller).await?;
         if !out.transcript_key.is_empty() {
             out.transcript_endpoint.clone_from(&self.advertise);
         }
         Ok(out)
     }
 
-    async fn run_driver(
+    /// Route `req` to its driver: a command-like one runs its program in the sandbox, an
+    /// LLM one the tool-use loop.
+    async fn run_driver<S: ProgressSink + Sync>(
         &self,
         req: &RunAgentRequest,
-        sink: &(impl ProgressSink + Sync),
-        cancelled: impl Future<Output = ()> + Send,
-        resume: Option<AgentProgress>,
-        activity_attempt: u32,
+        caller: Caller<'_, S>,
     ) -> Result<RunAgentResponse, AgentError> {
-        let (client, endpoint) = self.provisioners.client_for(&req.sandbox_endpoint)?;
-        let driver = req.agent.as_ref().map_or("", |a| a.driver.as_str());
-        let is_command = presets::is_command_like(driver);
-        let program = if is_command {
-            Some(presets::program(
-                req,
-                &self.drivers.models,
-                self.drivers.max_turns,
-            )?)
-        } else {
-            None
-        };
-        if is_command {
-            self.gateway_for(driver)?;
-        }
+        let sandbox = self.provisioners.client_for(&req.sandbox_endpoint)?;
+        let program = self.program_for(req)?;
         let choice = match &program {
-            Some(p) => crate::drivers::Choice {
-                driver: if driver.is_empty() {
-                    "command".into()
-                } else {
-                    driver.into()
-                },
-                model: p.model.clone(),
-            },
+            Some(p) => command_choice(req.agent.as_ref().map_or("", |a| a.driver.as_str()), p),
             None => self
                 .drivers
                 .check(req.agent.as_ref().unwrap_or(&Default::default()))?,
         };
-        let charger = (!req.reservation_id.is_empty()).then(|| Charger {
+        let charger = self.charger(req, choice.model, caller.activity_attempt);
+        match program {
+            Some(program) => {
+                let env = self.command_env(req, program, sandbox, charger, caller);
+                command::run(req, env).await
+            }
+            None => agent_loop::run(req, self.loop_env(req, sandbox, charger, caller)).await,
+        }
+    }
+
+    /// The program of a command-like driver (none for the LLM drivers); INVALID_ARGUMENT
+    /// when it cannot be made or needs the gateway this runner lacks.
+    fn program_for(&self, req: &RunAgentRequest) -> Result<Option<Program>, AgentError> {
+        let driver = req.agent.as_ref().map_or("", |a| a.driver.as_str());
+        if !presets::is_command_like(driver) {
+            return Ok(None);
+        }
+        let program = presets::program(req, &self.drivers.models, self.drivers.max_turns)?;
+        self.gateway_for(driver)?;
+        Ok(Some(program))
+    }
+
+    /// What charges the fork's reservation for `model`'s use; none without one.
+    fn charger(
+        &self,
+        req: &RunAgentRequest,
+        model: String,
+        activity_attempt: u32,
+    ) -> Option<Charger> {
+        (!req.reservation_id.is_empty()).then(|| Charger {
             client: BudgetLedgerClient::new(forkyard_common::grpc_telemetry::traced_channel(
                 self.ledger.clone(),
             )),
@@ -156,34 +182,52 @@ impl Runner {
             },
             run_id: req.run_id.clone(),
             fork: req.fork,
-            model: choice.model.clone(),
+            model,
             activity_attempt,
+        })
+    }
+
+    /// What the command driver gets to run `program` in the sandbox (`client`, `endpoint`).
+    fn command_env<'a, S: ProgressSink>(
+        &'a self,
+        req: &RunAgentRequest,
+        program: Program,
+        (client, endpoint): (SandboxProvisionerClient<Channel>, String),
+        charger: Option<Charger>,
+        caller: Caller<'a, S>,
+    ) -> command::Env<'a, S> {
+        let agent = req.agent.clone().unwrap_or_default();
+        let llm = self.llm_gateway.as_ref().map(|g| {
+            (
+                g,
+                presets::allowed(&agent, &program.model, &self.drivers.models),
+            )
         });
-        if let Some(program) = program {
-            let agent = req.agent.clone().unwrap_or_default();
-            let llm = self.llm_gateway.as_ref().map(|g| {
-                (
-                    g,
-                    presets::allowed(&agent, &program.model, &self.drivers.models),
-                )
-            });
-            let env = command::Env {
-                client,
-                endpoint,
-                sink,
-                heartbeat: self.heartbeat,
-                cancelled: Box::pin(cancelled),
-                models: &self.drivers.models,
-                charger,
-                store: self.store.as_ref(),
-                resume,
-                activity_attempt,
-                program,
-                llm,
-            };
-            return command::run(req, env).await;
+        command::Env {
+            client,
+            endpoint,
+            sink: caller.sink,
+            heartbeat: self.heartbeat,
+            cancelled: caller.cancelled,
+            models: &self.drivers.models,
+            charger,
+            store: self.store.as_ref(),
+            resume: caller.resume,
+            activity_attempt: caller.activity_attempt,
+            program,
+            llm,
         }
-        let env = Env {
+    }
+
+    /// What the tool-use loop gets to run its tools in the sandbox (`client`, `endpoint`).
+    fn loop_env<'a, S: ProgressSink>(
+        &'a self,
+        req: &RunAgentRequest,
+        (client, endpoint): (SandboxProvisionerClient<Channel>, String),
+        charger: Option<Charger>,
+        caller: Caller<'a, S>,
+    ) -> agent_loop::Env<'a, S> {
+        agent_loop::Env {
             drivers: &self.drivers,
             sandbox: Sandbox {
                 client,
@@ -192,12 +236,11 @@ impl Runner {
             },
             charger,
             store: self.store.as_ref(),
-            sink,
+            sink: caller.sink,
             heartbeat: self.heartbeat,
-            cancelled: Box::pin(cancelled),
-            resume,
-            activity_attempt,
-        };
-        agent_loop::run(req, env).await
+            cancelled: caller.cancelled,
+            resume: caller.resume,
+            activity_attempt: caller.activity_attempt,
+        }
     }
 }

@@ -64,6 +64,14 @@ impl OpenAi {
     }
 
     pub async fn next_turn(&mut self) -> Result<Turn, LlmError> {
+        let resp = self.complete().await?;
+        let (turn, assistant) = parse_completion(&resp)?;
+        self.messages.push(assistant);
+        Ok(turn)
+    }
+
+    /// The model's completion of the conversation so far, with the tools offered.
+    async fn complete(&self) -> Result<Value, LlmError> {
         let body = json!({
             "model": self.model,
             "messages": self.messages,
@@ -74,7 +82,7 @@ impl OpenAi {
             "{}/chat/completions",
             self.endpoint.base_url.trim_end_matches('/')
         );
-        let resp = post_json(
+        post_json(
             &self.client,
             &url,
             self.headers(),
@@ -82,70 +90,7 @@ impl OpenAi {
             self.endpoint.retry,
             self.endpoint.key.as_ref(),
         )
-        .await?;
-        let choice = resp
-            .pointer("/choices/0")
-            .ok_or_else(|| LlmError::Protocol("completion without choices".into()))?;
-        let message = choice
-            .get("message")
-            .cloned()
-            .ok_or_else(|| LlmError::Protocol("choice without a message".into()))?;
-        let mut turn = Turn {
-            stop_reason: choice
-                .get("finish_reason")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-            text: message
-                .get("content")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-            ..Default::default()
-        };
-        for call in message
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let args = call
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or("{}");
-            turn.calls.push(ToolCall {
-                id: call
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| LlmError::Protocol("tool call without an id".into()))?
-                    .to_owned(),
-                name: call
-                    .pointer("/function/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
-                // Models sometimes emit broken JSON; the tool then reports the problem
-                // to the model instead of the run failing.
-                input: serde_json::from_str(args).unwrap_or(Value::String(args.to_owned())),
-            });
-        }
-        // prompt_tokens includes cached tokens; they are priced separately.
-        let cached = u64_at(&resp, "/usage/prompt_tokens_details/cached_tokens");
-        turn.usage = Usage {
-            input_tokens: u64_at(&resp, "/usage/prompt_tokens").saturating_sub(cached),
-            output_tokens: u64_at(&resp, "/usage/completion_tokens"),
-            cache_read_tokens: cached,
-            cache_write_tokens: 0,
-        };
-        let mut assistant = json!({"role": "assistant", "content": message.get("content").cloned().unwrap_or(Value::Null)});
-        if let Some(calls) = message
-            .get("tool_calls")
-            .filter(|c| c.as_array().is_some_and(|a| !a.is_empty()))
-        {
-            assistant["tool_calls"] = calls.clone();
-        }
-        self.messages.push(assistant);
-        Ok(turn)
+        .await
     }
 
     pub fn add_tool_outputs(&mut self, outputs: &[ToolOutput]) {
@@ -156,5 +101,81 @@ impl OpenAi {
                 "content": o.content,
             }));
         }
+    }
+}
+
+/// A completion's turn, and the assistant message it adds to the conversation.
+fn parse_completion(resp: &Value) -> Result<(Turn, Value), LlmError> {
+    let choice = resp
+        .pointer("/choices/0")
+        .ok_or_else(|| LlmError::Protocol("completion without choices".into()))?;
+    let message = choice
+        .get("message")
+        .cloned()
+        .ok_or_else(|| LlmError::Protocol("choice without a message".into()))?;
+    let turn = Turn {
+        stop_reason: choice
+            .get("finish_reason")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        text: message
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        calls: tool_calls(&message)?,
+        usage: usage(resp),
+    };
+    let mut assistant = json!({"role": "assistant", "content": message.get("content").cloned().unwrap_or(Value::Null)});
+    if let Some(calls) = message
+        .get("tool_calls")
+        .filter(|c| c.as_array().is_some_and(|a| !a.is_empty()))
+    {
+        assistant["tool_calls"] = calls.clone();
+    }
+    Ok((turn, assistant))
+}
+
+/// The tool calls in an assistant `message`.
+fn tool_calls(message: &Value) -> Result<Vec<ToolCall>, LlmError> {
+    let mut calls = Vec::new();
+    for call in message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let args = call
+            .pointer("/function/arguments")
+            .and_then(Value::as_str)
+            .unwrap_or("{}");
+        calls.push(ToolCall {
+            id: call
+                .get("id")
+                .and_then(Value::as_str)
+                .ok_or_else(|| LlmError::Protocol("tool call without an id".into()))?
+                .to_owned(),
+            name: call
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            // Models sometimes emit broken JSON; the tool then reports the problem
+            // to the model instead of the run failing.
+            input: serde_json::from_str(args).unwrap_or(Value::String(args.to_owned())),
+        });
+    }
+    Ok(calls)
+}
+
+fn usage(resp: &Value) -> Usage {
+    // prompt_tokens includes cached tokens; they are priced separately.
+    let cached = u64_at(resp, "/usage/prompt_tokens_details/cached_tokens");
+    Usage {
+        input_tokens: u64_at(resp, "/usage/prompt_tokens").saturating_sub(cached),
+        output_tokens: u64_at(resp, "/usage/completion_tokens"),
+        cache_read_tokens: cached,
+        cache_write_tokens: 0,
     }
 }
