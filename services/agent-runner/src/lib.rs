@@ -6,6 +6,7 @@ pub mod agent_loop;
 pub mod charge;
 pub mod command;
 pub mod command_meter;
+pub mod config;
 pub mod drivers;
 pub mod error;
 pub mod grpc;
