@@ -3,6 +3,8 @@
 //! chat-completions protocols from a script, recording every request.
 #![allow(dead_code)]
 
+pub mod llm_agent;
+
 use axum::{
     Json, Router,
     extract::State,
