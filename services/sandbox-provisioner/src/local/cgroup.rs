@@ -304,6 +304,13 @@ impl Cgroups {
             wait_empty(|| self.pids(id).is_empty());
             return;
         }
+        // Usually the sandbox's processes are gone already (its init ended first): then
+        // no freeze. Each freeze and thaw of a first or last frozen group switches a
+        // kernel static key, which patches kernel text with an interrupt to every CPU.
+        // An empty group being destroyed gets no new member: nothing starts in it.
+        if self.pids(id).is_empty() {
+            return;
+        }
         let freezer = match self.version {
             Version::V2 => (dirs[0].clone(), "cgroup.freeze", "1", "0"),
             Version::V1 => (dirs[3].clone(), "freezer.state", "FROZEN", "THAWED"),

@@ -12,7 +12,7 @@ use crate::{
     validate,
 };
 use forkyard_proto::sandbox::v1::{ExecRequest, ExecResponse};
-use std::time::Duration;
+use std::{os::fd::OwnedFd, time::Duration};
 
 /// Whether a command is stopped once the workspace grows past its disk limit.
 #[derive(Debug, Clone, Copy)]
@@ -21,13 +21,16 @@ enum WatchDisk {
     No,
 }
 
-/// What a command may take: time, captured output, the workspace's disk limit.
-#[derive(Debug, Clone, Copy)]
+/// What a command may take (time, captured output, the workspace's disk limit), and
+/// what it is given.
+#[derive(Debug)]
 struct Bounds {
     timeout: Duration,
     caps: Caps,
     watch: WatchDisk,
     tools: Tools,
+    /// Its stdin (else /dev/null).
+    input: Option<OwnedFd>,
 }
 
 impl Provisioner {
@@ -81,6 +84,7 @@ impl Provisioner {
                     caps,
                     watch: WatchDisk::Yes,
                     tools: Tools::Sandbox,
+                    input: None,
                 },
             )
             .await?;
@@ -101,12 +105,14 @@ impl Provisioner {
         })
     }
 
-    /// Run one command to completion in a fresh bubblewrap over the sandbox's workspace.
+    /// Run one of the provisioner's own commands to completion in the sandbox, with the
+    /// host's tools, its stdin from `input`.
     pub(crate) async fn run_in(
         &self,
         id: &str,
         argv: &[String],
         env: &[(String, String)],
+        input: Option<OwnedFd>,
         timeout: Duration,
         caps: Caps,
     ) -> Result<Finished> {
@@ -123,6 +129,7 @@ impl Provisioner {
                     caps,
                     watch: WatchDisk::No,
                     tools: Tools::Provisioner,
+                    input,
                 },
             )
             .await?
@@ -149,6 +156,7 @@ impl Provisioner {
             caps,
             watch,
             tools,
+            input,
         } = bounds;
         let mut p = self.prepare(id, argv, env, llm_gateway, tools, false)?;
         let launch = p.launch.take().expect("prepared once");
@@ -158,7 +166,7 @@ impl Provisioner {
         };
         let started = std::time::Instant::now();
         let f = tokio::select! {
-            f = process::run(launch, timeout, caps, &p.cancel) => {
+            f = process::run(launch, input, timeout, caps, &p.cancel) => {
                 f.map_err(|e| ProvisionerError::internal("cannot start bwrap", e))?
             }
             // Dropping the run kills the command's process tree.
@@ -180,7 +188,12 @@ impl Provisioner {
         if let Outcome::Exited { code } = f.outcome {
             tracing::Span::current().record("exit_code", code);
         }
-        let after = self.aftermath(&p).await;
+        // The provisioner's own steps (the patch, the health probe) need not know what the
+        // limits did: the walk of the workspace is left to the caller's next command.
+        let after = match tools {
+            Tools::Sandbox => self.aftermath(&p).await,
+            Tools::Provisioner => Aftermath::default(),
+        };
         Ok((f, after))
     }
 }

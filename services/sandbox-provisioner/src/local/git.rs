@@ -24,6 +24,7 @@ const STDERR_SUMMARY: usize = 600;
 async fn run(cmd: Command, timeout: Duration) -> Result<Result<String, String>> {
     let f = process::run(
         crate::local::launch::Launch::Process(cmd),
+        None,
         timeout,
         HOST_GIT_CAPS,
         &CancellationToken::new(),

@@ -93,7 +93,7 @@ impl Provisioner {
         };
         Ok(
             match self
-                .run_in(sandbox_id, &argv, &[], HEALTH_TIMEOUT, caps)
+                .run_in(sandbox_id, &argv, &[], None, HEALTH_TIMEOUT, caps)
                 .await
             {
                 Ok(f) => match f.outcome {

@@ -54,6 +54,11 @@ impl Launch {
                             .stdout(Stdio::piped())
                             .stderr(Stdio::piped());
                     }
+                    Stdio3::Input(input) => {
+                        cmd.stdin(Stdio::from(input))
+                            .stdout(Stdio::piped())
+                            .stderr(Stdio::piped());
+                    }
                     Stdio3::Pty(slave) => {
                         cmd.stdin(Stdio::from(slave.try_clone()?))
                             .stdout(Stdio::from(slave.try_clone()?))

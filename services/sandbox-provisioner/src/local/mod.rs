@@ -31,6 +31,7 @@ mod llm_relay;
 mod lru;
 mod open;
 mod patch;
+mod patch_scan;
 mod prepare;
 mod process;
 pub mod provisioner;

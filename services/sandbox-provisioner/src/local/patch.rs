@@ -5,7 +5,9 @@ use crate::{
     git,
     limits::{DEFAULT_PATCH_BYTES, MAX_PATCH_BYTES},
     local::{
-        process::{Caps, Outcome},
+        patch_scan,
+        prepare::Tools,
+        process::{Caps, Finished, Outcome},
         provisioner::Provisioner,
     },
 };
@@ -14,62 +16,46 @@ use forkyard_proto::sandbox::v1::{CollectPatchRequest, CollectPatchResponse};
 impl Provisioner {
     /// The workspace's changes against the base commit, computed by git inside the
     /// sandbox (the agent controls the repository: its hooks and config never run here).
-    /// One sandbox process does all of it ([`PATCH_SCRIPT`]): starting a sandbox, or any
-    /// process, costs more than the git work, and this runs once per fork.
+    /// Under the sandbox's init, the provisioner reads what the patch leaves out on the
+    /// host ([`patch_scan`]) and the init runs `git add` and `git diff` as two commands;
+    /// otherwise (a bubblewrap per command, or a workspace of unusual shape) one sandbox
+    /// process runs [`PATCH_SCRIPT`]. Process starts cost more than the git work here,
+    /// and this runs once per fork.
     #[tracing::instrument(name = "git.patch", skip_all, fields(sandbox_id = %req.sandbox_id, patch_bytes = tracing::field::Empty))]
     pub async fn collect_patch(&self, req: CollectPatchRequest) -> Result<CollectPatchResponse> {
         let id = &req.sandbox_id;
-        let base = self.entry(id)?.record().base_commit;
+        let record = self.entry(id)?.record();
+        let base = record.base_commit.clone();
         let max = match req.max_bytes {
             0 => DEFAULT_PATCH_BYTES,
             n => n.min(MAX_PATCH_BYTES),
         };
-        let argv: Vec<String> = [
-            "sh",
-            "-c",
-            PATCH_SCRIPT,
-            "forkyard-patch",
-            &SKIP_FILE_BYTES.to_string(),
-            "--cached",
-            "--no-color",
-            "--no-ext-diff",
-            "--no-textconv",
-            &base,
-            "--",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
         let max = usize::try_from(max).unwrap_or(usize::MAX);
         let caps = Caps {
             stdout: max.saturating_add(NUMSTAT_BYTES),
             stderr: 64 * 1024,
             tail: false,
         };
-        let out = self
-            .run_in(
-                id,
-                &argv,
-                &git::sandbox_env(),
-                self.config.exec_timeout,
-                caps,
-            )
-            .await?;
-        match out.outcome {
-            Outcome::Exited { code: 0 } => {}
-            Outcome::Exited { code } => {
-                let what = if code == 101 { "git add" } else { "git diff" };
-                return Err(ProvisionerError::FailedPrecondition(format!(
-                    "{what} in the sandbox failed: {}",
-                    out.stderr.lossy().trim()
-                )));
+        let scan = if self.runs_under_init(&record, Tools::Provisioner) {
+            let ws = self.store.workspace(id);
+            tokio::task::spawn_blocking(move || patch_scan::scan(&ws, SKIP_FILE_BYTES))
+                .await
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        let (out, skipped_files) = match scan {
+            Some(scan) => (
+                self.patch_in_steps(id, &base, &scan, caps).await?,
+                scan.skipped(),
+            ),
+            None => {
+                let out = self.patch_by_script(id, &base, caps).await?;
+                let skipped = skipped(&out.stderr.lossy());
+                (out, skipped)
             }
-            _ => {
-                return Err(ProvisionerError::Internal(
-                    "collecting the patch in the sandbox timed out".into(),
-                ));
-            }
-        }
+        };
         let (numstat, patch, patch_bytes) = split_numstat(&out.stdout.bytes, out.stdout.total);
         let kept = &patch[..patch.len().min(max)];
         tracing::Span::current().record("patch_bytes", patch_bytes);
@@ -80,12 +66,111 @@ impl Provisioner {
             diffstat: Some(git::parse_numstat(&String::from_utf8_lossy(numstat))),
             base_commit: base,
             usage: Some(self.usage(&*self.entry(id)?)),
-            skipped_files: skipped(&out.stderr.lossy()),
+            skipped_files,
         })
+    }
+
+    /// `git add` (every file but those the scan left out), then `git diff` of the index
+    /// against the base: two commands of the sandbox's init, no shell.
+    async fn patch_in_steps(
+        &self,
+        id: &str,
+        base: &str,
+        scan: &patch_scan::Scan,
+        caps: Caps,
+    ) -> Result<Finished> {
+        let env = git::sandbox_env();
+        let timeout = self.config.exec_timeout;
+        let mut add = vec!["git".to_owned(), "add".into(), "-A".into()];
+        let input = if scan.too_large.is_empty() {
+            None
+        } else {
+            add.extend([
+                "--pathspec-from-file=-".into(),
+                "--pathspec-file-nul".into(),
+            ]);
+            Some(
+                memfd_with(&scan.pathspecs())
+                    .map_err(|e| ProvisionerError::internal("pathspecs for git add", e))?,
+            )
+        };
+        let small = Caps {
+            stdout: 64 * 1024,
+            ..caps
+        };
+        let added = self.run_in(id, &add, &env, input, timeout, small).await?;
+        checked_step("git add", &added)?;
+        let mut diff: Vec<String> = ["git", "diff", "--numstat", "--patch", "--binary"]
+            .iter()
+            .chain(DIFF_OPTIONS)
+            .map(|s| (*s).to_owned())
+            .collect();
+        diff.extend([base.to_owned(), "--".to_owned()]);
+        let out = self.run_in(id, &diff, &env, None, timeout, caps).await?;
+        checked_step("git diff", &out)?;
+        Ok(out)
+    }
+
+    /// [`PATCH_SCRIPT`] in one sandbox process.
+    async fn patch_by_script(&self, id: &str, base: &str, caps: Caps) -> Result<Finished> {
+        let skip_over = SKIP_FILE_BYTES.to_string();
+        let argv: Vec<String> = ["sh", "-c", PATCH_SCRIPT, "forkyard-patch", &skip_over]
+            .iter()
+            .chain(DIFF_OPTIONS)
+            .chain(&[base, "--"])
+            .map(|s| (*s).to_owned())
+            .collect();
+        let out = self
+            .run_in(
+                id,
+                &argv,
+                &git::sandbox_env(),
+                None,
+                self.config.exec_timeout,
+                caps,
+            )
+            .await?;
+        match out.outcome {
+            Outcome::Exited { code } if code != 0 => {
+                let what = if code == 101 { "git add" } else { "git diff" };
+                checked_step(what, &out)?;
+            }
+            _ => checked_step("the patch script", &out)?,
+        }
+        Ok(out)
     }
 }
 
-/// Stage everything, then one `git diff --numstat -p --binary` of the index against the
+/// The options of every patch's diff (after `--numstat --patch --binary`): of the index,
+/// plain, with no program of the repository's configuration run.
+const DIFF_OPTIONS: &[&str] = &["--cached", "--no-color", "--no-ext-diff", "--no-textconv"];
+
+/// A step that did not exit 0 is the collection's error, saying which step and why.
+fn checked_step(what: &str, out: &Finished) -> Result<()> {
+    match out.outcome {
+        Outcome::Exited { code: 0 } => Ok(()),
+        Outcome::Exited { .. } => Err(ProvisionerError::FailedPrecondition(format!(
+            "{what} in the sandbox failed: {}",
+            out.stderr.lossy().trim()
+        ))),
+        _ => Err(ProvisionerError::Internal(
+            "collecting the patch in the sandbox timed out".into(),
+        )),
+    }
+}
+
+/// An anonymous in-memory file holding `bytes`, read from its start: a command's stdin.
+fn memfd_with(bytes: &[u8]) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::io::{Seek, Write};
+    let fd = rustix::fs::memfd_create("forkyard-input", rustix::fs::MemfdFlags::CLOEXEC)?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)?;
+    file.rewind()?;
+    Ok(file.into())
+}
+
+/// The patch in one sandbox process, where the init does not run it in steps. Stage
+/// everything, then one `git diff --numstat -p --binary` of the index against the
 /// base (`"$@"`: diff options, the base commit, `--`): its numstat lines, a blank line,
 /// then the patch (nothing at all when nothing changed). A failed step exits non-zero
 /// with git's message on stderr (101: the add). An index lock left by an add cut off

@@ -3,7 +3,7 @@
 //! dropping the future (a caller that hung up) kills it.
 
 use crate::local::{init::host::Stdio3, launch::Launch};
-use std::time::Duration;
+use std::{os::fd::OwnedFd, time::Duration};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
 
@@ -55,15 +55,18 @@ pub struct Caps {
     pub tail: bool,
 }
 
-/// Spawn the command (stdin from /dev/null) and wait for it, its timeout or `cancel`.
+/// Spawn the command (stdin from `input`, else /dev/null) and wait for it, its timeout
+/// or `cancel`.
 pub(crate) async fn run(
     launch: Launch,
+    input: Option<OwnedFd>,
     timeout: Duration,
     caps: Caps,
     cancel: &CancellationToken,
 ) -> std::io::Result<Finished> {
     let started = std::time::Instant::now();
-    let mut running = launch.spawn(Stdio3::Piped).await?;
+    let stdio = input.map_or(Stdio3::Piped, Stdio3::Input);
+    let mut running = launch.spawn(stdio).await?;
     let stdout = running.stdout.take().expect("stdout is piped");
     let stderr = running.stderr.take().expect("stderr is piped");
     let io = async {
@@ -160,6 +163,7 @@ mod tests {
         };
         let f = run(
             sh("printf 0123456789; echo err >&2; exit 3"),
+            None,
             Duration::from_secs(10),
             caps,
             &CancellationToken::new(),
@@ -183,6 +187,7 @@ mod tests {
         // 600 KB, read in many chunks: the kept bytes are cut more than once.
         let f = run(
             sh("seq 1 100000; echo last-words >&2"),
+            None,
             Duration::from_secs(10),
             caps,
             &CancellationToken::new(),
@@ -204,6 +209,7 @@ mod tests {
         };
         let f = run(
             sh("exec sleep 30"),
+            None,
             Duration::from_millis(200),
             caps,
             &CancellationToken::new(),

@@ -114,8 +114,8 @@ pub fn run(sock: OwnedFd, helper: Vec<String>) -> ExitCode {
     let running = Arc::new(Running::default());
     loop {
         match wire::recv::<ToInit>(sock.as_fd()) {
-            Ok(Some((ToInit::Spawn { tag, pty }, fds))) => {
-                spawn(&sock, &running, &helper, tag, pty, fds);
+            Ok(Some((ToInit::Spawn { tag, pty, stdin }, fds))) => {
+                spawn(&sock, &running, &helper, Asked { tag, pty, stdin }, fds);
             }
             Ok(Some((ToInit::Kill { tag, signal }, _))) => running.signal(tag, signal),
             Ok(None) => break,
@@ -131,14 +131,23 @@ pub fn run(sock: OwnedFd, helper: Vec<String>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// What a [`ToInit::Spawn`] asks for.
+#[derive(Clone, Copy)]
+struct Asked {
+    tag: u64,
+    pty: bool,
+    /// The descriptor after the spec is the command's stdin.
+    stdin: bool,
+}
+
 fn spawn(
     sock: &Arc<OwnedFd>,
     running: &Arc<Running>,
     helper: &[String],
-    tag: u64,
-    pty: bool,
+    asked: Asked,
     fds: Vec<OwnedFd>,
 ) {
+    let Asked { tag, pty, stdin } = asked;
     let reply = |msg: FromInit| {
         let _ = wire::send(sock.as_fd(), &msg, &[]);
     };
@@ -152,8 +161,13 @@ fn spawn(
             Some((Stdio::from(a), Stdio::from(b), tty))
         })
     } else {
-        match (fds.next(), fds.next()) {
-            (Some(out), Some(err)) => Some((Stdio::null(), Stdio::from(out), err)),
+        let input = if stdin {
+            fds.next().map(Stdio::from)
+        } else {
+            Some(Stdio::null())
+        };
+        match (input, fds.next(), fds.next()) {
+            (Some(input), Some(out), Some(err)) => Some((input, Stdio::from(out), err)),
             _ => None,
         }
     };

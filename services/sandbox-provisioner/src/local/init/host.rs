@@ -128,6 +128,9 @@ impl Init {
 pub(crate) enum Stdio3 {
     /// Pipes: the caller reads stdout and stderr; stdin is /dev/null.
     Piped,
+    /// Pipes for stdout and stderr, as [`Self::Piped`]; stdin read from this descriptor
+    /// (what the provisioner's own step feeds its command).
+    Input(OwnedFd),
     /// A terminal (the pty's slave) as stdin, stdout, stderr and controlling terminal.
     Pty(OwnedFd),
 }
@@ -223,21 +226,29 @@ impl Init {
             stderr: None,
         };
         self.shared.pending().insert(tag, tx);
-        let (pty, theirs) = match stdio {
-            Stdio3::Piped => {
+        let (pty, input, theirs) = match stdio {
+            Stdio3::Piped | Stdio3::Input(_) => {
                 let (out_r, out_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
                 let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
                 child.stdout = Some(tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)?);
                 child.stderr = Some(tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?);
-                (false, vec![memfd, out_w, err_w])
+                match stdio {
+                    Stdio3::Input(stdin) => (false, true, vec![memfd, stdin, out_w, err_w]),
+                    _ => (false, false, vec![memfd, out_w, err_w]),
+                }
             }
-            Stdio3::Pty(slave) => (true, vec![memfd, slave]),
+            Stdio3::Pty(slave) => (true, false, vec![memfd, slave]),
         };
         let fds: Vec<_> = theirs.iter().map(AsFd::as_fd).collect();
         if self.shared.is_gone() {
             return Err(io::Error::other("the sandbox's init is gone"));
         }
-        self.shared.send(&ToInit::Spawn { tag, pty }, &fds).await?;
+        let msg = ToInit::Spawn {
+            tag,
+            pty,
+            stdin: input,
+        };
+        self.shared.send(&msg, &fds).await?;
         // Our copies of the write ends close here: the pipes end when the command's do.
         drop(theirs);
         Ok(child)

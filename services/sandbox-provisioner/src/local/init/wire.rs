@@ -20,8 +20,8 @@ use std::{
     mem::MaybeUninit,
 };
 
-/// The most descriptors a message carries: the spec, stdout, stderr.
-pub const MAX_FDS: usize = 3;
+/// The most descriptors a message carries: the spec, stdin, stdout, stderr.
+pub const MAX_FDS: usize = 4;
 /// The longest message either side sends (they are a few dozen bytes).
 pub const MAX_MESSAGE: usize = 4096;
 
@@ -29,10 +29,16 @@ pub const MAX_MESSAGE: usize = 4096;
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum ToInit {
-    /// Run a command. Descriptors: the [`Spec`] memfd, then stdout and stderr (stdin is
-    /// /dev/null); with `pty`, the spec and the terminal (stdin, stdout and stderr, and
-    /// the controlling terminal of a session of the command's own).
-    Spawn { tag: u64, pty: bool },
+    /// Run a command. Descriptors: the [`Spec`] memfd, with `stdin` the command's stdin
+    /// (else /dev/null), then stdout and stderr; with `pty`, the spec and the terminal
+    /// (stdin, stdout and stderr, and the controlling terminal of a session of the
+    /// command's own).
+    Spawn {
+        tag: u64,
+        pty: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stdin: bool,
+    },
     /// Send `signal` to the command's process group.
     Kill { tag: u64, signal: i32 },
 }

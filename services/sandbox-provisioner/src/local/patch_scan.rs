@@ -1,0 +1,246 @@
+//! What the provisioner reads of a workspace before its patch is collected, on the
+//! host: a stale index lock to clear, and the files too large to stage. Done here
+//! rather than by a shell and `find` in the sandbox: two process starts a fork saved
+//! (each a millisecond or more of CPU), for a walk of metadata only.
+//!
+//! The workspace is the agent's: anything in it can be a symlink, and can change while
+//! it is read. Every directory is opened relative to its parent's descriptor, with
+//! `O_NOFOLLOW`, and every file is looked at with `AT_SYMLINK_NOFOLLOW`: the walk never
+//! leaves the workspace and never opens anything but directories. A race can only
+//! change which paths are named (what git then stages, inside the sandbox).
+
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
+use std::{
+    os::fd::OwnedFd,
+    path::Path,
+    time::{Duration, SystemTime},
+};
+
+/// An index lock at least this old is left by a collection cut off mid-way (its caller
+/// died) and is removed; a younger one may be a running git's.
+const STALE_LOCK: Duration = Duration::from_secs(5);
+/// Deeper trees are left to the in-sandbox script, as are unusual `.git` entries.
+const MAX_DEPTH: usize = 64;
+
+/// What the walk found: the files larger than the limit (paths relative to the
+/// workspace, as the file system spells them).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Scan {
+    pub(crate) too_large: Vec<Vec<u8>>,
+}
+
+impl Scan {
+    /// The pathspecs `git add --pathspec-from-file=- --pathspec-file-nul` reads: the
+    /// whole tree but the files left out.
+    pub(crate) fn pathspecs(&self) -> Vec<u8> {
+        let mut out = b".\0".to_vec();
+        for path in &self.too_large {
+            out.extend_from_slice(b":(exclude,literal)");
+            out.extend_from_slice(path);
+            out.push(0);
+        }
+        out
+    }
+
+    /// The left-out paths as the response names them.
+    pub(crate) fn skipped(&self) -> Vec<String> {
+        self.too_large
+            .iter()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect()
+    }
+}
+
+/// Clear a stale index lock and list the files larger than `max_bytes`. `None` when the
+/// workspace is not the usual shape (its `.git` not a plain directory, a tree deeper
+/// than [`MAX_DEPTH`], a directory that cannot be read): the caller then lets the
+/// in-sandbox script do it all.
+pub(crate) fn scan(workspace: &Path, max_bytes: u64) -> Option<Scan> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let root = rustix::fs::open(workspace, flags | OFlags::NOFOLLOW, Mode::empty()).ok()?;
+    let git = rustix::fs::statat(&root, ".git", AtFlags::SYMLINK_NOFOLLOW).ok()?;
+    if FileType::from_raw_mode(git.st_mode) != FileType::Directory {
+        return None;
+    }
+    clear_stale_lock(&subdir(&root, b".git")?);
+    let mut scan = Scan::default();
+    walk(root, &mut Vec::new(), max_bytes, 0, &mut scan).then_some(scan)
+}
+
+/// A directory entry opened as a directory, never through a symlink.
+fn subdir(parent: &OwnedFd, name: &[u8]) -> Option<OwnedFd> {
+    let flags =
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    rustix::fs::openat(parent, name, flags, Mode::empty()).ok()
+}
+
+fn clear_stale_lock(git: &OwnedFd) {
+    let Ok(lock) = rustix::fs::statat(git, "index.lock", AtFlags::SYMLINK_NOFOLLOW) else {
+        return;
+    };
+    // Whole seconds are enough to tell an age of seconds.
+    let mtime =
+        SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(lock.st_mtime).unwrap_or(0));
+    let old = SystemTime::now()
+        .duration_since(mtime)
+        .is_ok_and(|age| age >= STALE_LOCK);
+    // unlinkat never follows the name it removes, and refuses a directory.
+    if old && let Err(e) = rustix::fs::unlinkat(git, "index.lock", AtFlags::empty()) {
+        tracing::debug!(error = %e, "cannot remove a stale index lock");
+    }
+}
+
+/// Walk `dir` (at `prefix` in the workspace), adding its too-large files to `scan`.
+/// False when the walk gave up (too deep, unreadable).
+fn walk(dir: OwnedFd, prefix: &mut Vec<u8>, max: u64, depth: usize, scan: &mut Scan) -> bool {
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    let Ok(mut entries) = Dir::read_from(&dir) else {
+        return false;
+    };
+    while let Some(entry) = entries.read() {
+        let Ok(entry) = entry else {
+            return false;
+        };
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." || (depth == 0 && name == b".git") {
+            continue;
+        }
+        let kind = match entry.file_type() {
+            FileType::Unknown => match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => FileType::from_raw_mode(st.st_mode),
+                // Gone meanwhile: nothing to leave out.
+                Err(_) => continue,
+            },
+            kind => kind,
+        };
+        let len = prefix.len();
+        if !prefix.is_empty() {
+            prefix.push(b'/');
+        }
+        prefix.extend_from_slice(name);
+        let ok = match kind {
+            FileType::RegularFile => {
+                if rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
+                    FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                        && u64::try_from(st.st_size).unwrap_or(0) > max
+                }) {
+                    scan.too_large.push(prefix.clone());
+                }
+                true
+            }
+            // Replaced by something else meanwhile: not a directory of this tree.
+            FileType::Directory => match subdir(&dir, name) {
+                Some(sub) => walk(sub, prefix, max, depth + 1, scan),
+                None => true,
+            },
+            _ => true,
+        };
+        prefix.truncate(len);
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::{
+        ffi::OsString,
+        os::unix::{ffi::OsStringExt, fs::symlink},
+    };
+
+    fn as_path(p: &[u8]) -> OsString {
+        OsString::from_vec(p.to_vec())
+    }
+
+    fn tree() -> tempfile::TempDir {
+        let t = tempfile::tempdir().unwrap();
+        let w = t.path();
+        std::fs::create_dir_all(w.join(".git/objects")).unwrap();
+        std::fs::write(w.join(".git/objects/big"), vec![0u8; 300]).unwrap();
+        std::fs::create_dir_all(w.join("src/deep")).unwrap();
+        std::fs::write(w.join("small.txt"), b"hi").unwrap();
+        std::fs::write(w.join("src/deep/big.bin"), vec![0u8; 200]).unwrap();
+        std::fs::write(w.join("exactly.bin"), vec![0u8; 100]).unwrap();
+        std::fs::create_dir(w.join("sub")).unwrap();
+        std::fs::create_dir(w.join("sub/.git")).unwrap();
+        std::fs::write(w.join("sub/.git/pack"), vec![0u8; 101]).unwrap();
+        t
+    }
+
+    #[test]
+    fn names_files_over_the_limit_but_not_the_workspaces_own_git() {
+        let t = tree();
+        let mut found: Vec<_> = scan(t.path(), 100)
+            .unwrap()
+            .too_large
+            .iter()
+            .map(|p| as_path(p))
+            .collect();
+        found.sort();
+        // Larger than, as `find -size +100c`: 100 bytes exactly stays in; a nested
+        // repository's .git is the agent's like any other directory.
+        assert_eq!(found, ["src/deep/big.bin", "sub/.git/pack"]);
+    }
+
+    #[test]
+    fn never_follows_a_symlink_out_of_the_workspace() {
+        let t = tree();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("huge"), vec![0u8; 1000]).unwrap();
+        symlink(outside.path(), t.path().join("escape")).unwrap();
+        symlink(outside.path().join("huge"), t.path().join("link-to-huge")).unwrap();
+        let found = scan(t.path(), 100).unwrap().too_large;
+        assert!(
+            !found
+                .iter()
+                .any(|p| p.starts_with(b"escape") || p.starts_with(b"link")),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_git_that_is_not_a_plain_directory_is_left_to_the_sandbox() {
+        let t = tree();
+        std::fs::rename(t.path().join(".git"), t.path().join("real-git")).unwrap();
+        symlink("real-git", t.path().join(".git")).unwrap();
+        assert_eq!(scan(t.path(), 100), None);
+        std::fs::remove_file(t.path().join(".git")).unwrap();
+        std::fs::write(t.path().join(".git"), b"gitdir: real-git\n").unwrap();
+        assert_eq!(scan(t.path(), 100), None);
+    }
+
+    #[test]
+    fn only_a_stale_index_lock_is_removed() {
+        let t = tree();
+        let lock = t.path().join(".git/index.lock");
+        std::fs::write(&lock, b"").unwrap();
+        scan(t.path(), 100).unwrap();
+        assert!(lock.exists(), "a fresh lock may be a running git's");
+        let minute_ago = SystemTime::now() - Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(&lock)
+            .unwrap()
+            .set_modified(minute_ago)
+            .unwrap();
+        scan(t.path(), 100).unwrap();
+        assert!(!lock.exists());
+    }
+
+    #[test]
+    fn pathspecs_exclude_each_left_out_file_literally() {
+        let s = Scan {
+            too_large: vec![b"a b*".to_vec(), b"dir/x".to_vec()],
+        };
+        assert_eq!(
+            s.pathspecs(),
+            b".\0:(exclude,literal)a b*\0:(exclude,literal)dir/x\0"
+        );
+        assert_eq!(s.skipped(), ["a b*", "dir/x"]);
+    }
+}
