@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod config;
 pub mod egress_policy;
 pub mod error;
 pub mod finish;
@@ -18,4 +19,5 @@ pub mod sandboxes;
 pub mod search;
 pub mod validate;
 pub mod wave;
+pub mod worker;
 pub mod workflows;
