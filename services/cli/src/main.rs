@@ -10,9 +10,11 @@
 mod cli;
 mod client;
 mod commands;
+mod fork;
 mod json;
 mod keys;
 mod live;
+mod output;
 mod table;
 mod watch;
 mod when;

@@ -33,52 +33,42 @@ pub struct RunMetrics {
 
 /// The run metrics, registered on first use.
 pub fn run() -> &'static RunMetrics {
-    static RUN: LazyLock<RunMetrics> = LazyLock::new(|| {
+    static RUN: LazyLock<RunMetrics> = LazyLock::new(RunMetrics::register);
+    &RUN
+}
+
+impl RunMetrics {
+    fn register() -> Self {
         let cost_buckets = vec![0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0];
-        RunMetrics {
-            fork_completed: register(
-                IntCounterVec::new(
-                    Opts::new(
-                        "sandbox_fork_completed_total",
-                        "Forks finished, by status and model",
-                    ),
-                    &["status", "model"],
-                )
-                .expect("valid metric"),
+        Self {
+            fork_completed: counter_vec(
+                Opts::new(
+                    "sandbox_fork_completed_total",
+                    "Forks finished, by status and model",
+                ),
+                &["status", "model"],
             ),
-            fork_duration: register(
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "sandbox_fork_duration_seconds",
-                        "Fork wall time from start to result, by status",
-                    )
-                    .buckets(vec![
-                        1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
-                    ]),
-                    &["status"],
+            fork_duration: histogram_vec(
+                HistogramOpts::new(
+                    "sandbox_fork_duration_seconds",
+                    "Fork wall time from start to result, by status",
                 )
-                .expect("valid metric"),
+                .buckets(vec![
+                    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+                ]),
+                &["status"],
             ),
-            fork_cost: register(
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "sandbox_fork_cost_usd",
-                        "Cost of one fork in USD, by model",
-                    )
+            fork_cost: histogram_vec(
+                HistogramOpts::new("sandbox_fork_cost_usd", "Cost of one fork in USD, by model")
                     .buckets(cost_buckets.clone()),
-                    &["model"],
-                )
-                .expect("valid metric"),
+                &["model"],
             ),
-            sandbox_created: register(
-                IntCounterVec::new(
-                    Opts::new(
-                        "sandbox_created_total",
-                        "Sandbox creations, by template and status",
-                    ),
-                    &["template", "status"],
-                )
-                .expect("valid metric"),
+            sandbox_created: counter_vec(
+                Opts::new(
+                    "sandbox_created_total",
+                    "Sandbox creations, by template and status",
+                ),
+                &["template", "status"],
             ),
             sandbox_duration: register(
                 Histogram::with_opts(
@@ -90,13 +80,10 @@ pub fn run() -> &'static RunMetrics {
                 )
                 .expect("valid metric"),
             ),
-            agent_cost: register(
-                HistogramVec::new(
-                    HistogramOpts::new("agent_cost_usd", "Cost of one agent run in USD, by model")
-                        .buckets(cost_buckets),
-                    &["model"],
-                )
-                .expect("valid metric"),
+            agent_cost: histogram_vec(
+                HistogramOpts::new("agent_cost_usd", "Cost of one agent run in USD, by model")
+                    .buckets(cost_buckets),
+                &["model"],
             ),
             active_sandboxes: register(
                 IntGauge::new(
@@ -106,8 +93,15 @@ pub fn run() -> &'static RunMetrics {
                 .expect("valid metric"),
             ),
         }
-    });
-    &RUN
+    }
+}
+
+fn counter_vec(opts: Opts, labels: &[&str]) -> IntCounterVec {
+    register(IntCounterVec::new(opts, labels).expect("valid metric"))
+}
+
+fn histogram_vec(opts: HistogramOpts, labels: &[&str]) -> HistogramVec {
+    register(HistogramVec::new(opts, labels).expect("valid metric"))
 }
 
 /// Address of the Temporal SDK's own Prometheus endpoint (loopback, ephemeral port),

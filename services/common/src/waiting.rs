@@ -9,7 +9,11 @@
 
 use crate::{TemporalArgs, server, temporal};
 use std::time::{Duration, Instant};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::mpsc::Receiver,
+    task::JoinHandle,
+};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
@@ -27,23 +31,60 @@ pub async fn connect_while_not_serving(
         return Ok((listener, client));
     }
     let stop = CancellationToken::new();
+    let (acceptor, conns) = accept_until(listener, stop.clone());
+    let placeholder = serve_not_serving(service, conns, stop.clone()).await?;
+
+    let started = Instant::now();
+    let client = match keep_trying(service, args, identity, started).await {
+        Ok(client) => client,
+        Err(e) => {
+            stop.cancel();
+            let _ = placeholder.await;
+            return Err(e);
+        }
+    };
+    tracing::info!(
+        service,
+        waited_secs = started.elapsed().as_secs(),
+        "temporal reachable"
+    );
+    stop.cancel();
+    let listener = acceptor.await?;
+    let _ = placeholder.await;
+    Ok((listener, client))
+}
+
+/// Connections accepted on `listener`, passed on until `stop`; the listener back then.
+fn accept_until(
+    listener: TcpListener,
+    stop: CancellationToken,
+) -> (
+    JoinHandle<TcpListener>,
+    Receiver<std::io::Result<TcpStream>>,
+) {
     let (conns_tx, conns_rx) = tokio::sync::mpsc::channel::<std::io::Result<TcpStream>>(16);
-    let acceptor = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = stop.cancelled() => return listener,
-                    conn = listener.accept() => {
-                        let conn = conn.map(|(c, _)| c);
-                        if conns_tx.send(conn).await.is_err() {
-                            return listener;
-                        }
+    let acceptor = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return listener,
+                conn = listener.accept() => {
+                    let conn = conn.map(|(c, _)| c);
+                    if conns_tx.send(conn).await.is_err() {
+                        return listener;
                     }
                 }
             }
-        })
-    };
+        }
+    });
+    (acceptor, conns_rx)
+}
+
+/// Health alone on `conns` until `stop`: NOT_SERVING for the service, alive.
+async fn serve_not_serving(
+    service: &'static str,
+    conns: Receiver<std::io::Result<TcpStream>>,
+    stop: CancellationToken,
+) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>> {
     let (routes, health) = server::base_routes(service)?;
     health.not_serving().await;
     health.alive().await;
@@ -65,27 +106,30 @@ pub async fn connect_while_not_serving(
     if let Some(tls) = crate::tls::mesh() {
         builder = builder.tls_config(tls.server_config())?;
     }
-    let incoming = tokio_stream::wrappers::ReceiverStream::new(conns_rx);
-    let placeholder = {
-        let stop = stop.clone();
-        tokio::spawn(
-            builder
-                .add_routes(routes)
-                .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
-        )
-    };
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(conns);
+    Ok(tokio::spawn(
+        builder
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
+    ))
+}
 
-    let started = Instant::now();
+/// Temporal asked again with backoff (from 0.5 s, doubling up to 30 s) until it answers,
+/// or until the connect timeout since `started` passed.
+async fn keep_trying(
+    service: &'static str,
+    args: &TemporalArgs,
+    identity: &str,
+    started: Instant,
+) -> anyhow::Result<temporalio_client::Client> {
     let limit =
         (args.connect_timeout_secs > 0).then(|| Duration::from_secs(args.connect_timeout_secs));
     let mut delay = Duration::from_millis(500);
-    let client = loop {
+    loop {
         match temporal::connect_once(args, identity).await {
-            Ok(client) => break client,
+            Ok(client) => return Ok(client),
             Err(e) => {
                 if limit.is_some_and(|l| started.elapsed() >= l) {
-                    stop.cancel();
-                    let _ = placeholder.await;
                     anyhow::bail!("{e}");
                 }
                 tracing::warn!(
@@ -100,14 +144,5 @@ pub async fn connect_while_not_serving(
                 delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
-    };
-    tracing::info!(
-        service,
-        waited_secs = started.elapsed().as_secs(),
-        "temporal reachable"
-    );
-    stop.cancel();
-    let listener = acceptor.await?;
-    let _ = placeholder.await;
-    Ok((listener, client))
+    }
 }

@@ -24,12 +24,21 @@ use crate::{
     retry::retried,
     sandboxes::{self, AtOwner, SandboxLocal},
 };
+use forkyard_common::telemetry::otel::{
+    KeyValue,
+    trace::{FutureExt as _, Status as SpanStatus, TraceContextExt as _},
+};
 use forkyard_proto::{
     budget::v1::{CommitRequest, ReleaseRequest, Reservation},
     sandbox::v1::{CollectPatchRequest, CollectPatchResponse},
 };
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
+use std::{
+    collections::BTreeMap,
+    sync::{Mutex, MutexGuard, PoisonError},
+    time::Duration,
+};
+use temporalio_sdk::activities::ActivityContext;
 use tonic::{Code, Status};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -86,13 +95,86 @@ pub struct Finished {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct FinishProgress {
-    pub done: std::collections::BTreeMap<usize, Finished>,
+    pub done: BTreeMap<usize, Finished>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct FinishDone {
     pub forks: Vec<Finished>,
+}
+
+/// A finish batch under way: what each of its forks uses, and the forks finished so
+/// far by their place in the batch (the heartbeat's details).
+pub(crate) struct Batch<'a> {
+    pub ledger: &'a ledger::Client,
+    pub sandboxes: &'a SandboxLocal,
+    pub patch_max_bytes: u64,
+    pub done: Mutex<BTreeMap<usize, Finished>>,
+}
+
+impl Batch<'_> {
+    fn done(&self) -> MutexGuard<'_, BTreeMap<usize, Finished>> {
+        self.done.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The heartbeat's details: the forks finished so far.
+    pub(crate) fn progress(&self) -> FinishProgress {
+        FinishProgress {
+            done: self.done().clone(),
+        }
+    }
+
+    /// The `i`th fork of the batch, under a span of its own: what an earlier attempt
+    /// reached for it, or finished now and kept for the heartbeat.
+    pub(crate) fn fork(&self, i: usize, item: FinishItem) -> impl Future<Output = Finished> {
+        let earlier = self.done().get(&i).cloned();
+        let cx = crate::fork_span::span(
+            "FinishFork",
+            Some(item.run_id.clone()),
+            Some(i64::from(item.fork)),
+        );
+        cx.span().set_attribute(KeyValue::new(
+            "forkyard.sandbox_id",
+            item.sandbox.sandbox_id.clone(),
+        ));
+        let (run_id, fork) = (item.run_id.clone(), item.fork);
+        async move {
+            if let Some(out) = earlier {
+                tracing::info!(run_id, fork, "fork finished by an earlier attempt");
+                cx.span().end();
+                return out;
+            }
+            let out = finish_fork(self.ledger, self.sandboxes, item, self.patch_max_bytes)
+                .with_context(cx.clone())
+                .await;
+            self.done().insert(i, out.clone());
+            let span = cx.span();
+            for error in [&out.patch_error, &out.settle_error, &out.destroy_error] {
+                if !error.is_empty() {
+                    tracing::warn!(run_id, fork, error, "fork finish step failed");
+                    span.set_status(SpanStatus::error(error.clone()));
+                }
+            }
+            span.end();
+            out
+        }
+    }
+}
+
+/// What an earlier attempt of this finish reached, from its last heartbeat.
+pub(crate) fn earlier(ctx: &ActivityContext) -> FinishProgress {
+    if ctx.info().attempt > 1 {
+        ctx.heartbeat_details()
+            .deserialize::<FinishProgress>()
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "unreadable finish heartbeat; finishing every fork again");
+                None
+            })
+            .unwrap_or_default()
+    } else {
+        FinishProgress::default()
+    }
 }
 
 fn sandbox_final(s: &Status) -> bool {
@@ -125,18 +207,8 @@ pub(crate) async fn finish_fork(
     if item.collect_patch
         && let Some(owner) = &owner
     {
-        let req = CollectPatchRequest {
-            sandbox_id: item.sandbox.sandbox_id.clone(),
-            max_bytes: patch_max_bytes,
-        };
-        let got = retried(3, Duration::from_secs(2), sandbox_final, || {
-            let (mut c, req) = (owner.clone(), req.clone());
-            async move { c.collect_patch(req).await }
-        })
-        .await;
-        match got {
+        match collect_patch(owner, &item.sandbox.sandbox_id, patch_max_bytes).await {
             Ok(p) => {
-                let p = p.into_inner();
                 if p.truncated {
                     out.handoff = true;
                     return out;
@@ -146,6 +218,43 @@ pub(crate) async fn finish_fork(
             Err(s) => out.patch_error = sandboxes::patch_failure_message(&s),
         }
     }
+    settle(ledger, &item, &mut out).await;
+    if let Some(owner) = owner {
+        let destroyed = retried(
+            3,
+            Duration::from_secs(2),
+            |s| s.code() == Code::InvalidArgument,
+            || sandboxes::destroy_with(owner.clone(), item.sandbox.clone()),
+        )
+        .await;
+        if let Err(s) = destroyed {
+            out.destroy_error = format!("destroy sandbox: {}", s.message());
+        }
+    }
+    out
+}
+
+/// The fork's patch, at most `max_bytes` of it (a larger one comes back truncated).
+async fn collect_patch(
+    owner: &sandboxes::Client,
+    sandbox_id: &str,
+    max_bytes: u64,
+) -> Result<CollectPatchResponse, Status> {
+    let req = CollectPatchRequest {
+        sandbox_id: sandbox_id.to_owned(),
+        max_bytes,
+    };
+    retried(3, Duration::from_secs(2), sandbox_final, || {
+        let (mut c, req) = (owner.clone(), req.clone());
+        async move { c.collect_patch(req).await }
+    })
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+/// Commit what the fork spent (with its sandbox's cost, once its patch is in), or
+/// release its reservation when it spent nothing and does not succeed.
+async fn settle(ledger: &ledger::Client, item: &FinishItem, out: &mut Finished) {
     let patched = !item.collect_patch || out.patch.is_some();
     let (amount, sandbox) = crate::workflows::commit_amount(
         item.cost_micros,
@@ -186,17 +295,4 @@ pub(crate) async fn finish_fork(
             out.settle_error = ledger::message(&s);
         }
     }
-    if let Some(owner) = owner {
-        let destroyed = retried(
-            3,
-            Duration::from_secs(2),
-            |s| s.code() == Code::InvalidArgument,
-            || sandboxes::destroy_with(owner.clone(), item.sandbox.clone()),
-        )
-        .await;
-        if let Err(s) = destroyed {
-            out.destroy_error = format!("destroy sandbox: {}", s.message());
-        }
-    }
-    out
 }

@@ -3,10 +3,13 @@
 
 pub mod api;
 pub mod auth;
+pub mod config;
 pub mod egress_policy;
 pub mod error;
 pub mod finish;
+mod fork_span;
 pub mod fork_telemetry;
+pub mod heartbeat;
 pub mod ledger;
 pub mod money;
 pub mod repo_check;
@@ -16,4 +19,5 @@ pub mod sandboxes;
 pub mod search;
 pub mod validate;
 pub mod wave;
+pub mod worker;
 pub mod workflows;

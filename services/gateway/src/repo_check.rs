@@ -1,7 +1,7 @@
 //! `LaunchRun`'s repository check: the repository answers, and its base ref names a
 //! commit (asked of git only where its ref files cannot tell).
 
-use crate::{error::GatewayError, validate::field};
+use crate::error::GatewayError;
 use std::time::Duration;
 
 /// The repository must exist and answer `git ls-remote`; a local path that does not
@@ -32,7 +32,7 @@ pub async fn check_repo(repo: &str, base_ref: &str) -> Result<(), GatewayError> 
         return if out.status.success() {
             Ok(())
         } else {
-            Err(field(
+            Err(GatewayError::field(
                 "base_ref",
                 format!("{base_ref:?} names no commit in {repo}"),
             ))
@@ -47,7 +47,7 @@ pub async fn check_repo(repo: &str, base_ref: &str) -> Result<(), GatewayError> 
     if out.status.success() {
         Ok(())
     } else {
-        Err(field(
+        Err(GatewayError::field(
             "base_ref",
             format!("{base_ref:?} is no branch or tag of {repo}"),
         ))
@@ -79,7 +79,7 @@ fn looks_remote(repo: &str) -> bool {
 async fn check_head(repo: &str) -> Result<(), GatewayError> {
     let looks_remote = looks_remote(repo);
     if !looks_remote && !std::path::Path::new(repo).exists() {
-        return Err(field(
+        return Err(GatewayError::field(
             "repo",
             format!("{repo:?} does not exist (not a URL and no such path)"),
         ));

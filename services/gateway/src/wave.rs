@@ -23,21 +23,25 @@
 //! sandbox id), under the activity's span in the run's trace.
 
 use crate::{
+    heartbeat::heartbeating,
     ledger::{self, LedgerLocal},
     sandboxes::{self, AtOwner, SandboxLocal},
 };
 use forkyard_common::telemetry::otel::{
-    Context, KeyValue, global,
-    trace::{FutureExt as _, Status as SpanStatus, TraceContextExt as _, Tracer as _},
+    Context, KeyValue,
+    trace::{FutureExt as _, Status as SpanStatus, TraceContextExt as _},
 };
 use forkyard_proto::{
     activities::errors,
-    budget::v1::{CreateAccountRequest, OpenAccountRequest, ReserveRequest},
+    budget::v1::{CreateAccountRequest, OpenAccountRequest, Reservation, ReserveRequest},
     labels,
     sandbox::v1::{CreateSandboxRequest, HealthCheckRequest, Sandbox},
 };
 use serde::{Deserialize, Serialize};
-use std::{sync::Arc, time::SystemTime};
+use std::{
+    sync::{Arc, Mutex},
+    time::SystemTime,
+};
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
@@ -141,42 +145,13 @@ impl WaveLocal {
             reservation_id: item.reservation_id,
             ..ForkPrepared::default()
         };
-        let reserve = async {
-            // The reserve needs the run's account: when this wave opens it, after that.
-            if let Err(msg) = opened.await {
-                return Some(Err(Refusal::Open(msg)));
-            }
-            if out.reservation_id.is_empty() {
-                Some(
-                    self.ledger
-                        .clone()
-                        .reserve(item.reserve)
-                        .await
-                        .map(tonic::Response::into_inner)
-                        .map_err(Refusal::Reserve),
-                )
-            } else {
-                None
-            }
-        };
+        let reserve = self.reserve(out.reservation_id.is_empty(), item.reserve, opened);
         let mut creates = self.sandboxes.creates();
         let (reserved, created) = futures::join!(reserve, creates.create_sandbox(item.create));
         let created = created.map(tonic::Response::into_inner);
         match reserved {
-            Some(Err(Refusal::Open(msg))) => {
-                if let Ok(sandbox) = created {
-                    out.sandbox = self.discard(sandbox).await;
-                }
-                return out.stop(step::OPEN, "", msg, false);
-            }
+            Some(Err(refusal)) => return self.refused(out, refusal, created).await,
             Some(Ok(r)) => out.reservation_id = r.reservation_id,
-            Some(Err(Refusal::Reserve(status))) => {
-                let (ty, retryable) = ledger::error_type(&status);
-                if let Ok(sandbox) = created {
-                    out.sandbox = self.discard(sandbox).await;
-                }
-                return out.stop(step::RESERVE, ty, ledger::message(&status), retryable);
-            }
             None => {}
         }
         let sandbox = match created {
@@ -187,6 +162,61 @@ impl WaveLocal {
                 return out.stop(step::CREATE, ty, msg, retryable);
             }
         };
+        self.health_check(out, sandbox).await
+    }
+
+    /// The fork's reserve, unless it holds a reservation from an earlier round.
+    async fn reserve(
+        &self,
+        unreserved: bool,
+        req: ReserveRequest,
+        opened: Opened,
+    ) -> Option<Result<Reservation, Refusal>> {
+        // The reserve needs the run's account: when this wave opens it, after that.
+        if let Err(msg) = opened.await {
+            return Some(Err(Refusal::Open(msg)));
+        }
+        if unreserved {
+            Some(
+                self.ledger
+                    .clone()
+                    .reserve(req)
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(Refusal::Reserve),
+            )
+        } else {
+            None
+        }
+    }
+
+    /// A fork whose reserve was refused stops there; the sandbox made for it meanwhile
+    /// is destroyed.
+    async fn refused(
+        &self,
+        mut out: ForkPrepared,
+        refusal: Refusal,
+        created: Result<Sandbox, tonic::Status>,
+    ) -> ForkPrepared {
+        match refusal {
+            Refusal::Open(msg) => {
+                if let Ok(sandbox) = created {
+                    out.sandbox = self.discard(sandbox).await;
+                }
+                out.stop(step::OPEN, "", msg, false)
+            }
+            Refusal::Reserve(status) => {
+                let (ty, retryable) = ledger::error_type(&status);
+                if let Ok(sandbox) = created {
+                    out.sandbox = self.discard(sandbox).await;
+                }
+                out.stop(step::RESERVE, ty, ledger::message(&status), retryable)
+            }
+        }
+    }
+
+    /// The new sandbox's health check, asked of the replica that holds it.
+    async fn health_check(&self, mut out: ForkPrepared, sandbox: Sandbox) -> ForkPrepared {
         Context::current()
             .span()
             .set_attribute(KeyValue::new("forkyard.sandbox_id", sandbox.id.clone()));
@@ -269,7 +299,7 @@ impl WaveLocal {
 
 /// A span of its own for one fork's calls, under the activity's.
 fn fork_span(create: &CreateSandboxRequest) -> Context {
-    span(
+    crate::fork_span::span(
         "PrepareFork",
         create.labels.get(labels::RUN_ID).cloned(),
         create
@@ -277,51 +307,6 @@ fn fork_span(create: &CreateSandboxRequest) -> Context {
             .get(labels::FORK)
             .and_then(|f| f.parse::<i64>().ok()),
     )
-}
-
-/// How often the gateway's own activities heartbeat while they run (their heartbeat
-/// timeout is a few times this).
-pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// `work`, heartbeating `details()` every [`HEARTBEAT_EVERY`] while it runs.
-async fn heartbeating<T, D>(
-    ctx: &ActivityContext,
-    work: impl std::future::Future<Output = T>,
-    details: impl Fn() -> D,
-) -> T
-where
-    D: temporalio_common::data_converters::TemporalSerializable + 'static,
-{
-    tokio::pin!(work);
-    let mut beat = tokio::time::interval(HEARTBEAT_EVERY);
-    loop {
-        tokio::select! {
-            out = &mut work => return out,
-            _ = beat.tick() => {
-                if let Err(e) = ctx.record_heartbeat(details()).await {
-                    tracing::warn!(activity = %ctx.info().activity_type, error = %e, "heartbeat not recorded");
-                }
-            }
-        }
-    }
-}
-
-/// A span named `name` for one fork (its run and number), under the current one.
-fn span(name: &'static str, run_id: Option<String>, fork: Option<i64>) -> Context {
-    let tracer = global::tracer("forkyard-gateway");
-    let mut attrs = Vec::new();
-    if let Some(run_id) = run_id {
-        attrs.push(KeyValue::new("forkyard.run_id", run_id));
-    }
-    if let Some(fork) = fork {
-        attrs.push(KeyValue::new("forkyard.fork", fork));
-    }
-    let parent = Context::current();
-    let span = tracer
-        .span_builder(name)
-        .with_attributes(attrs)
-        .start_with_context(&tracer, &parent);
-    parent.with_span(span)
 }
 
 #[activities]
@@ -338,67 +323,19 @@ impl WaveLocal {
         ctx: ActivityContext,
         batch: crate::finish::Finish,
     ) -> Result<crate::finish::FinishDone, ActivityError> {
-        let max = batch.patch_max_bytes;
-        let earlier = if ctx.info().attempt > 1 {
-            ctx.heartbeat_details()
-                .deserialize::<crate::finish::FinishProgress>()
-                .unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "unreadable finish heartbeat; finishing every fork again");
-                    None
-                })
-                .unwrap_or_default()
-        } else {
-            crate::finish::FinishProgress::default()
+        let finishing = crate::finish::Batch {
+            ledger: &self.ledger,
+            sandboxes: &self.sandboxes,
+            patch_max_bytes: batch.patch_max_bytes,
+            done: Mutex::new(crate::finish::earlier(&ctx).done),
         };
-        let done = std::sync::Mutex::new(earlier.done);
-        let forks = batch.forks.into_iter().enumerate().map(|(i, item)| {
-            let this = &self;
-            let done = &done;
-            let earlier = done
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(&i)
-                .cloned();
-            let cx = span(
-                "FinishFork",
-                Some(item.run_id.clone()),
-                Some(i64::from(item.fork)),
-            );
-            cx.span().set_attribute(KeyValue::new(
-                "forkyard.sandbox_id",
-                item.sandbox.sandbox_id.clone(),
-            ));
-            let (run_id, fork) = (item.run_id.clone(), item.fork);
-            async move {
-                if let Some(out) = earlier {
-                    tracing::info!(run_id, fork, "fork finished by an earlier attempt");
-                    cx.span().end();
-                    return out;
-                }
-                let out = crate::finish::finish_fork(&this.ledger, &this.sandboxes, item, max)
-                    .with_context(cx.clone())
-                    .await;
-                done.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(i, out.clone());
-                let span = cx.span();
-                for error in [&out.patch_error, &out.settle_error, &out.destroy_error] {
-                    if !error.is_empty() {
-                        tracing::warn!(run_id, fork, error, "fork finish step failed");
-                        span.set_status(SpanStatus::error(error.clone()));
-                    }
-                }
-                span.end();
-                out
-            }
-        });
+        let forks = batch
+            .forks
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| finishing.fork(i, item));
         let forks = heartbeating(&ctx, futures::future::join_all(forks), || {
-            crate::finish::FinishProgress {
-                done: done
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .clone(),
-            }
+            finishing.progress()
         })
         .await;
         Ok(crate::finish::FinishDone { forks })

@@ -5,11 +5,17 @@
 //! states (it also answers after the run closed); Temporal's execution status is the
 //! run's state once it closed.
 
-mod agents;
+mod agent_runner;
 mod cleanup;
+mod forks;
+mod launch;
+mod list;
 mod run_reads;
+mod run_state;
 mod runs;
+mod steer;
 mod tenancy;
+mod tenant_policy;
 mod watch;
 
 use crate::{auth::Tenant, error::GatewayError, validate::Limits};
@@ -28,8 +34,8 @@ use temporalio_client::Client;
 use tonic::{Request, Response, Status};
 
 pub use run_reads::ReadLimits;
-pub use runs::run_state;
-pub use tenancy::TenantPolicy;
+pub use run_state::run_state;
+pub use tenant_policy::TenantPolicy;
 
 #[derive(Clone)]
 pub struct GatewayService {
@@ -38,7 +44,7 @@ pub struct GatewayService {
     /// How often WatchRun looks at the run.
     watch_interval: Duration,
     /// Asked at launch whether it can run the agent spec, and for transcripts.
-    agent_runner: Option<agents::AgentRunnerLink>,
+    agent_runner: Option<AgentRunnerLink>,
     tenancy: TenantPolicy,
     /// Longest a call may take, its calls to Temporal and the ledger included.
     deadline: Duration,
@@ -46,7 +52,7 @@ pub struct GatewayService {
     reads: run_reads::RunReads,
 }
 
-pub use agents::AgentRunnerLink;
+pub use agent_runner::AgentRunnerLink;
 
 impl GatewayService {
     /// Check LLM agent specs with, and fetch transcripts from, this agent runner.

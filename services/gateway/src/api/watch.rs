@@ -50,6 +50,80 @@ struct Seen {
     agent_elapsed_ms: Option<u64>,
 }
 
+/// The client went away: the watch ends.
+struct Gone;
+
+/// One watch: where its events go, and what the client was last told.
+struct Watcher<'a> {
+    run_id: &'a str,
+    tx: &'a mpsc::Sender<Result<RunEvent, Status>>,
+    seen: HashMap<u32, Seen>,
+    /// The run's state the client was last told.
+    state: i32,
+}
+
+impl Watcher<'_> {
+    async fn send(&self, e: RunEvent) -> Result<(), Gone> {
+        self.tx.send(Ok(e)).await.map_err(|_| Gone)
+    }
+
+    /// A running fork's news: started, its sandbox ready, its agent's latest heartbeat.
+    /// What the client knows of it then.
+    async fn tell_running(
+        &self,
+        before: &Seen,
+        state: i32,
+        view: &ForkResult,
+        progress: Option<AgentProgress>,
+    ) -> Result<Seen, Gone> {
+        let run_id = self.run_id;
+        let mut now = Seen {
+            status: ForkStatus::Running as i32,
+            ..before.clone()
+        };
+        if before.status == ForkStatus::Pending as i32 {
+            self.send(fork_event(Kind::ForkStarted, run_id, state, view))
+                .await?;
+        }
+        now.sandbox_ready = view.sandbox_ready_unix_ms > 0;
+        if now.sandbox_ready && !before.sandbox_ready {
+            self.send(fork_event(Kind::SandboxReady, run_id, state, view))
+                .await?;
+        }
+        if let Some(p) = progress
+            && Some(p.elapsed_ms) != before.agent_elapsed_ms
+        {
+            now.agent_elapsed_ms = Some(p.elapsed_ms);
+            let mut e = fork_event(Kind::AgentProgress, run_id, state, view);
+            e.agent_elapsed_ms = p.elapsed_ms;
+            e.agent_turns = p.turns;
+            e.agent_cost_micros = p.cost_micros;
+            e.agent_last_action = p.last_action;
+            e.agent_usage = p.usage;
+            self.send(e).await?;
+        }
+        Ok(now)
+    }
+
+    /// A run still going whose state changed (paused, resumed, awaiting budget).
+    async fn tell_state(&mut self, run: &Run) -> Result<(), Gone> {
+        if run.state != self.state {
+            self.state = run.state;
+            let mut e = event(Kind::RunStateChanged, self.run_id, self.state);
+            e.run = Some(run.clone());
+            self.send(e).await?;
+        }
+        Ok(())
+    }
+}
+
+/// A fork not running now finished since the last look: it was running, or it started
+/// and finished between two looks (or was cancelled while pending).
+fn finished_since(before: i32, now: i32) -> bool {
+    let was_open = before == ForkStatus::Running as i32 || before == ForkStatus::Pending as i32;
+    was_open && now != ForkStatus::Pending as i32
+}
+
 impl GatewayService {
     pub(super) async fn watch(
         &self,
@@ -74,100 +148,30 @@ impl GatewayService {
         first: Run,
         tx: &mpsc::Sender<Result<RunEvent, Status>>,
     ) -> Result<(), Status> {
-        let send = |e: RunEvent| async move { tx.send(Ok(e)).await.is_ok() };
-        let mut seen: HashMap<u32, Seen> = HashMap::new();
-        let mut state = first.state;
-        let mut snapshot = event(Kind::Snapshot, run_id, state);
+        let mut watcher = Watcher {
+            run_id,
+            tx,
+            seen: HashMap::new(),
+            state: first.state,
+        };
+        let mut snapshot = event(Kind::Snapshot, run_id, first.state);
         snapshot.run = Some(first.clone());
-        if !send(snapshot).await {
+        if watcher.send(snapshot).await.is_err() {
             return Ok(());
         }
         let mut run = first;
         loop {
-            let inline = run.spec.as_ref().is_some_and(|s| s.inline_forks);
-            let mut heartbeats = if inline
-                && run
-                    .forks
-                    .iter()
-                    .any(|f| f.status == ForkStatus::Running as i32 && f.phase == phase::AGENT)
-            {
-                self.inline_agents(run_id).await
-            } else {
-                HashMap::new()
-            };
-            for f in &run.forks {
-                let mut now = Seen {
-                    status: f.status,
-                    ..seen.get(&f.fork).cloned().unwrap_or_default()
-                };
-                let before = seen.get(&f.fork).cloned().unwrap_or(Seen {
-                    status: ForkStatus::Pending as i32,
-                    ..Default::default()
-                });
-                if f.status == ForkStatus::Running as i32 {
-                    // An inline fork's view is the run's; a child's is its own.
-                    let live = if inline {
-                        None
-                    } else {
-                        self.fork_live(run_id, f.fork).await
-                    };
-                    let (view, progress) =
-                        live.unwrap_or_else(|| (f.clone(), heartbeats.remove(&f.fork)));
-                    if before.status == ForkStatus::Pending as i32
-                        && !send(fork_event(Kind::ForkStarted, run_id, run.state, &view)).await
-                    {
-                        return Ok(());
-                    }
-                    now.sandbox_ready = view.sandbox_ready_unix_ms > 0;
-                    if now.sandbox_ready
-                        && !before.sandbox_ready
-                        && !send(fork_event(Kind::SandboxReady, run_id, run.state, &view)).await
-                    {
-                        return Ok(());
-                    }
-                    if let Some(p) = progress
-                        && Some(p.elapsed_ms) != before.agent_elapsed_ms
-                    {
-                        now.agent_elapsed_ms = Some(p.elapsed_ms);
-                        let mut e = fork_event(Kind::AgentProgress, run_id, run.state, &view);
-                        e.agent_elapsed_ms = p.elapsed_ms;
-                        e.agent_turns = p.turns;
-                        e.agent_cost_micros = p.cost_micros;
-                        e.agent_last_action = p.last_action;
-                        e.agent_usage = p.usage;
-                        if !send(e).await {
-                            return Ok(());
-                        }
-                    }
-                } else if before.status == ForkStatus::Running as i32
-                    && f.status != ForkStatus::Pending as i32
-                {
-                    if !send(fork_event(Kind::ForkFinished, run_id, run.state, f)).await {
-                        return Ok(());
-                    }
-                } else if before.status == ForkStatus::Pending as i32
-                    && f.status != ForkStatus::Pending as i32
-                {
-                    // Started and finished between two looks (or cancelled while pending).
-                    if !send(fork_event(Kind::ForkFinished, run_id, run.state, f)).await {
-                        return Ok(());
-                    }
-                }
-                seen.insert(f.fork, now);
+            if self.tell_forks(&mut watcher, &run).await.is_err() {
+                return Ok(());
             }
             if closed(run.state) {
                 let mut e = event(Kind::RunFinished, run_id, run.state);
                 e.run = Some(run);
-                let _ = send(e).await;
+                let _ = watcher.send(e).await;
                 return Ok(());
             }
-            if run.state != state {
-                state = run.state;
-                let mut e = event(Kind::RunStateChanged, run_id, state);
-                e.run = Some(run.clone());
-                if !send(e).await {
-                    return Ok(());
-                }
+            if watcher.tell_state(&run).await.is_err() {
+                return Ok(());
             }
             tokio::select! {
                 () = tokio::time::sleep(self.watch_interval) => {}
@@ -175,6 +179,53 @@ impl GatewayService {
             }
             run = self.run(tenant, run_id).await.map_err(Status::from)?;
         }
+    }
+
+    /// Tell the client what changed of each fork since the last look.
+    async fn tell_forks(&self, watcher: &mut Watcher<'_>, run: &Run) -> Result<(), Gone> {
+        let run_id = watcher.run_id;
+        let inline = run.spec.as_ref().is_some_and(|s| s.inline_forks);
+        let mut heartbeats = if inline
+            && run
+                .forks
+                .iter()
+                .any(|f| f.status == ForkStatus::Running as i32 && f.phase == phase::AGENT)
+        {
+            self.inline_agents(run_id).await
+        } else {
+            HashMap::new()
+        };
+        for f in &run.forks {
+            let before = watcher.seen.get(&f.fork).cloned().unwrap_or(Seen {
+                status: ForkStatus::Pending as i32,
+                ..Default::default()
+            });
+            let now = if f.status == ForkStatus::Running as i32 {
+                // An inline fork's view is the run's; a child's is its own.
+                let live = if inline {
+                    None
+                } else {
+                    self.fork_live(run_id, f.fork).await
+                };
+                let (view, progress) =
+                    live.unwrap_or_else(|| (f.clone(), heartbeats.remove(&f.fork)));
+                watcher
+                    .tell_running(&before, run.state, &view, progress)
+                    .await?
+            } else {
+                if finished_since(before.status, f.status) {
+                    watcher
+                        .send(fork_event(Kind::ForkFinished, run_id, run.state, f))
+                        .await?;
+                }
+                Seen {
+                    status: f.status,
+                    ..before
+                }
+            };
+            watcher.seen.insert(f.fork, now);
+        }
+        Ok(())
     }
 
     /// The last heartbeat of each inline fork's running agent, from the run's pending

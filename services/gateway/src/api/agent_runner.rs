@@ -202,34 +202,6 @@ impl AgentRunnerLink {
     }
 }
 
-impl super::GatewayService {
-    /// Refuse a launch whose agent spec the runner cannot run (see `AgentRunnerLink::check`).
-    pub(super) async fn check_agent(
-        &self,
-        spec: &forkyard_proto::gateway::v1::RunSpec,
-    ) -> Result<(), GatewayError> {
-        match (&self.agent_runner, &spec.agent) {
-            (Some(link), Some(agent)) => link.check(agent).await,
-            _ => Ok(()),
-        }
-    }
-
-    /// Fill in the fork's transcript from the runner; a fork that never started has none.
-    pub(super) async fn attach_transcript(
-        &self,
-        run_id: &str,
-        result: &mut forkyard_proto::common::v1::ForkResult,
-    ) {
-        if let Some(link) = &self.agent_runner
-            && (result.started_unix_ms > 0 || !result.sandbox_id.is_empty())
-        {
-            result.transcript = link
-                .transcript(run_id, result.fork, &result.transcript_endpoint)
-                .await;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::AgentRunnerLink;

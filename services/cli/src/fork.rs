@@ -1,0 +1,74 @@
+//! `forkyard fork`: launch a run, and with `--wait` follow it to its end.
+
+use crate::{
+    cli::{ForkArgs, Output},
+    client::{Client, status_error},
+    output::{exit_for, print_json, print_run, print_yaml},
+    watch,
+};
+use forkyard_proto::{common::v1::AgentSpec, gateway::v1::LaunchRunRequest};
+use std::process::ExitCode;
+
+pub async fn launch(client: &mut Client, a: ForkArgs, output: Output) -> anyhow::Result<ExitCode> {
+    let wait = a.wait;
+    let launched = client
+        .launch_run(launch_request(a))
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    if !wait {
+        match output {
+            Output::Json => print_json(&launched, "forkyard.gateway.v1.LaunchRunResponse")?,
+            Output::Yaml => print_yaml(&launched, "forkyard.gateway.v1.LaunchRunResponse")?,
+            Output::Table => println!("{}", launched.run_id),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let verb = if launched.created {
+        "launched"
+    } else {
+        "already launched"
+    };
+    eprintln!("{verb} {}", launched.run_id);
+    let run = watch::follow(client, &launched.run_id, output == Output::Table).await?;
+    print_run(&run, output)?;
+    Ok(exit_for(&run))
+}
+
+fn launch_request(a: ForkArgs) -> LaunchRunRequest {
+    // A local path is sent absolute: the gateway does not share our working directory.
+    let repo = match std::fs::canonicalize(&a.repo) {
+        Ok(p) if !a.repo.contains("://") => p.to_string_lossy().into_owned(),
+        _ => a.repo.clone(),
+    };
+    LaunchRunRequest {
+        request_id: a.request_id,
+        repo,
+        branch: a.branch,
+        prompt: a.prompt,
+        forks: a.forks,
+        max_concurrent: a.max_concurrent,
+        budget_usd: a.budget,
+        fork_budget_usd: a.fork_budget.unwrap_or_default(),
+        agent: Some(AgentSpec {
+            driver: a.driver.unwrap_or_else(|| {
+                if a.agent_command.is_some() {
+                    "command".into()
+                } else {
+                    "claude-code".into()
+                }
+            }),
+            command: a.agent_command.unwrap_or_default(),
+            model: a.model,
+            max_turns: a.max_turns,
+            allowed_models: a.allowed_models,
+        }),
+        egress: a.egress,
+        image: a.image,
+        fork_timeout_secs: a.timeout,
+        verify_command: a.verify.unwrap_or_default(),
+        stop_on_first_verified: a.stop_on_first_verified,
+        labels: a.labels.into_iter().collect(),
+        ..Default::default()
+    }
+}

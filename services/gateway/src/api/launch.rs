@@ -1,0 +1,126 @@
+//! LaunchRun: a checked request started as a run workflow, once per request id.
+
+use super::GatewayService;
+use crate::{
+    auth::Tenant, error::GatewayError, search, validate, workflows::SandboxOrchestrationWorkflow,
+};
+use forkyard_proto::{
+    gateway::v1::{LaunchRunRequest, LaunchRunResponse, RunSpec},
+    queues,
+};
+use temporalio_client::{WorkflowIdReusePolicy, WorkflowStartOptions, errors::WorkflowStartError};
+use temporalio_common::search_attributes::SearchAttributes;
+
+impl GatewayService {
+    pub(super) async fn launch(
+        &self,
+        tenant: &Tenant,
+        req: LaunchRunRequest,
+    ) -> Result<LaunchRunResponse, GatewayError> {
+        let mut spec = validate::launch_spec(&req, &self.limits)?;
+        self.check_agent(&spec).await?;
+        let run_id = launch_run_id(tenant, &req.request_id)?;
+        self.admit(tenant, &req.egress, &mut spec).await?;
+        let forks = spec.forks;
+        match self
+            .client
+            .start_workflow(
+                SandboxOrchestrationWorkflow::run,
+                spec.clone(),
+                start_options(tenant, &run_id, &spec),
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(run_id, forks, "run launched");
+                Ok(LaunchRunResponse {
+                    run_id,
+                    created: true,
+                })
+            }
+            Err(WorkflowStartError::AlreadyStarted { .. }) => {
+                self.launched_before(run_id, &spec, &req.request_id).await
+            }
+            Err(e) => Err(GatewayError::from_start(e)),
+        }
+    }
+
+    /// Refuse a launch whose agent spec the runner cannot run (see `AgentRunnerLink::check`).
+    async fn check_agent(&self, spec: &RunSpec) -> Result<(), GatewayError> {
+        match (&self.agent_runner, &spec.agent) {
+            (Some(link), Some(agent)) => link.check(agent).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// What the tenant's policies make of the spec: its repository allowed (and
+    /// answering, with its base ref), its egress allowed, a slot for its forks and an
+    /// account for its spending.
+    async fn admit(
+        &self,
+        tenant: &Tenant,
+        egress: &[String],
+        spec: &mut RunSpec,
+    ) -> Result<(), GatewayError> {
+        spec.repo = self.tenancy.repos.check(&spec.repo)?;
+        spec.egress = self.tenancy.egress.check(&tenant.name, egress)?;
+        validate::check_repo(&spec.repo, &spec.base_ref).await?;
+        spec.tenant.clone_from(&tenant.name);
+        self.check_fork_slots(tenant, spec.max_concurrent.min(spec.forks))
+            .await?;
+        spec.tenant_account_id = self.tenant_account(tenant).await?.unwrap_or_default();
+        Ok(())
+    }
+
+    /// Same request id: the same run, as long as it is the same request.
+    async fn launched_before(
+        &self,
+        run_id: String,
+        spec: &RunSpec,
+        request_id: &str,
+    ) -> Result<LaunchRunResponse, GatewayError> {
+        let existing = self.progress(&run_id).await?;
+        if existing.spec.as_ref() != Some(spec) {
+            return Err(GatewayError::AlreadyExists(format!(
+                "request_id: {request_id:?} already launched {run_id} with a different request"
+            )));
+        }
+        tracing::info!(run_id, "launch replayed; run already exists");
+        Ok(LaunchRunResponse {
+            run_id,
+            created: false,
+        })
+    }
+}
+
+/// A new run id, or the one the request id names (for this tenant).
+fn launch_run_id(tenant: &Tenant, request_id: &str) -> Result<String, GatewayError> {
+    if request_id.is_empty() {
+        Ok(format!("run-{}", uuid::Uuid::new_v4().simple()))
+    } else {
+        validate::run_id_for(request_id)?;
+        Ok(tenant.run_id_for(request_id))
+    }
+}
+
+/// RejectDuplicate: a request id names one run forever, even after it closed.
+/// Eager start: this gateway's own worker (it polls the orchestration queue) takes
+/// the run's first workflow task from the start's answer, with no trip through
+/// matching; when it has no free slot, the server dispatches the task as usual.
+fn start_options(tenant: &Tenant, run_id: &str, spec: &RunSpec) -> WorkflowStartOptions {
+    let mut labels: Vec<String> = spec
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    labels.sort();
+    WorkflowStartOptions::new(queues::ORCHESTRATION, run_id.to_owned())
+        .id_reuse_policy(WorkflowIdReusePolicy::RejectDuplicate)
+        .enable_eager_workflow_start(true)
+        .search_attributes(SearchAttributes::new([
+            crate::workflows::LABELS_ATTR.value_set(labels),
+            search::TENANT_ATTR.value_set(tenant.name.clone()),
+            search::FORK_SLOTS_ATTR.value_set(i64::from(spec.max_concurrent.min(spec.forks))),
+        ]))
+        .build()
+}

@@ -1,0 +1,64 @@
+//! The agent spec of a `LaunchRun` request.
+
+use super::fields::{command_size, field, no_nul};
+use crate::error::GatewayError;
+use forkyard_proto::common::v1::AgentSpec;
+
+/// Drivers agent-runner implements. Whether the runner can run one (its model alias,
+/// its API key) is asked of the runner at launch (`api::agent_runner`).
+pub const DRIVERS: &[&str] = &["command", "claude-code", "codex", "anthropic", "openai"];
+/// Most entries of `agent.allowed_models`.
+const MAX_ALLOWED_MODELS: usize = 32;
+
+pub(super) fn check_agent(agent: Option<&AgentSpec>) -> Result<AgentSpec, GatewayError> {
+    let agent = agent.cloned().unwrap_or_default();
+    let driver = if agent.driver.is_empty() {
+        "command"
+    } else {
+        agent.driver.as_str()
+    };
+    if !DRIVERS.contains(&driver) {
+        return Err(field(
+            "agent.driver",
+            format!(
+                "unknown driver {driver:?}; available: {}",
+                DRIVERS.join(", ")
+            ),
+        ));
+    }
+    if driver == "command" && agent.command.trim().is_empty() {
+        return Err(field(
+            "agent.command",
+            "is empty; the command driver needs a shell command to run",
+        ));
+    }
+    command_size("agent.command", &agent.command)?;
+    no_nul("agent.command", &agent.command)?;
+    no_nul("agent.model", &agent.model)?;
+    check_allowed_models(&agent.allowed_models)?;
+    Ok(AgentSpec {
+        driver: driver.to_owned(),
+        ..agent
+    })
+}
+
+fn check_allowed_models(models: &[String]) -> Result<(), GatewayError> {
+    if models.len() > MAX_ALLOWED_MODELS {
+        return Err(field(
+            "agent.allowed_models",
+            format!("{} models; the limit is {MAX_ALLOWED_MODELS}", models.len()),
+        ));
+    }
+    for m in models {
+        let ok = !m.trim().is_empty()
+            && m.len() <= 200
+            && !m.chars().any(|c| c.is_control() || c.is_whitespace());
+        if !ok {
+            return Err(field(
+                "agent.allowed_models",
+                format!("{m:?} is not a model name"),
+            ));
+        }
+    }
+    Ok(())
+}

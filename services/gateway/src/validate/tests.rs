@@ -1,0 +1,118 @@
+//! The launch checks: defaults filled in, bad input refused naming its field.
+
+use super::*;
+use forkyard_proto::common::v1::AgentSpec;
+use tonic::Code;
+
+fn ok_req() -> LaunchRunRequest {
+    LaunchRunRequest {
+        repo: "/tmp/x".into(),
+        prompt: "do it".into(),
+        forks: 3,
+        max_concurrent: 2,
+        budget_usd: "1".into(),
+        agent: Some(AgentSpec {
+            driver: "command".into(),
+            command: "true".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn refused(req: LaunchRunRequest, field_name: &str) {
+    let err = launch_spec(&req, &Limits::default()).expect_err("accepted bad input");
+    let status = tonic::Status::from(err);
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().starts_with(field_name),
+        "{:?} does not name {field_name}",
+        status.message()
+    );
+}
+
+#[test]
+fn accepts_a_good_request_with_defaults() {
+    let spec = launch_spec(&ok_req(), &Limits::default()).unwrap();
+    assert_eq!(spec.branch, "forkyard");
+    assert_eq!(spec.fork_timeout_secs, DEFAULT_FORK_TIMEOUT_SECS);
+    assert_eq!(spec.budget_micros, 1_000_000);
+    assert_eq!(
+        spec.fork_budget_micros, 333_333,
+        "budget shared evenly by default"
+    );
+    assert_eq!(spec.verify_timeout_secs, DEFAULT_VERIFY_TIMEOUT_SECS);
+}
+
+#[test]
+fn bad_input_names_the_field() {
+    refused(
+        LaunchRunRequest {
+            forks: 0,
+            ..ok_req()
+        },
+        "forks",
+    );
+    refused(
+        LaunchRunRequest {
+            forks: 5000,
+            ..ok_req()
+        },
+        "forks",
+    );
+    refused(
+        LaunchRunRequest {
+            prompt: " ".into(),
+            ..ok_req()
+        },
+        "prompt",
+    );
+    refused(
+        LaunchRunRequest {
+            max_concurrent: 0,
+            ..ok_req()
+        },
+        "max_concurrent",
+    );
+    refused(
+        LaunchRunRequest {
+            budget_usd: "-5".into(),
+            ..ok_req()
+        },
+        "budget_usd",
+    );
+    refused(
+        LaunchRunRequest {
+            budget_usd: String::new(),
+            ..ok_req()
+        },
+        "budget_usd",
+    );
+    refused(
+        LaunchRunRequest {
+            repo: String::new(),
+            ..ok_req()
+        },
+        "repo",
+    );
+    refused(
+        LaunchRunRequest {
+            branch: "a..b".into(),
+            ..ok_req()
+        },
+        "branch",
+    );
+    let mut r = ok_req();
+    r.agent.as_mut().unwrap().driver = "gpt-pilot".into();
+    refused(r, "agent.driver");
+    let mut r = ok_req();
+    r.agent.as_mut().unwrap().command = String::new();
+    refused(r, "agent.command");
+}
+
+#[test]
+fn request_ids_map_to_stable_run_ids() {
+    assert_eq!(run_id_for("abc-1").unwrap(), "run-abc-1");
+    assert!(run_id_for("has space").is_err());
+    assert!(run_id_for("").is_err());
+}
