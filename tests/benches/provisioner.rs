@@ -2,8 +2,13 @@
 //! and destroy of one sandbox at a time over N sandboxes (default 200), the first command
 //! in a fresh sandbox, and M sandboxes alive at once (default 100) with the process's
 //! peak RSS. Real git, real bubblewrap, real cgroups when the host allows them.
+//! Then the same one at a time on an image (a `docker save` archive made here, unpacked
+//! into the image cache by the first create; the others find it cached).
 //! Sizes: `FORKYARD_BENCH_SANDBOXES` (default 200), `FORKYARD_BENCH_ALIVE` (default 100).
-//! Prints figures only; the goal (create p50 ≤ 20 ms, p99 ≤ 50 ms) is for a human to read.
+//! Prints figures only; the goals (docs/performance.md) are for a human to read.
+
+#[path = "../../services/sandbox-provisioner/tests/common/test_image.rs"]
+mod test_image;
 
 use forkyard_proto::sandbox::v1::{CreateSandboxRequest, DestroySandboxRequest, ExecRequest};
 use forkyard_sandbox_provisioner::{Config, Provisioner};
@@ -94,6 +99,10 @@ async fn main() -> anyhow::Result<()> {
     let repo = src.to_string_lossy().into_owned();
     let mut config = Config::new(tmp.path().join("state"), "http://127.0.0.1:0");
     config.default_ttl = Duration::ZERO;
+    let images = tmp.path().join("images");
+    std::fs::create_dir(&images)?;
+    test_image::save_image(&images, "bench.tar", true);
+    config.image_archive_dir = Some(images);
     // `FORKYARD_SANDBOX_UID_BASE=0`: sandboxes as root, for an A/B of the uid per sandbox.
     if let Ok(base) = std::env::var("FORKYARD_SANDBOX_UID_BASE") {
         config.sandbox_uid_base = base.parse()?;
@@ -202,5 +211,41 @@ async fn main() -> anyhow::Result<()> {
         rss_alive,
         status_kib("VmHWM:")
     );
+    on_image(&core, &repo, n).await
+}
+
+/// Sandboxes one at a time on an image: the first create unpacks it, the rest find it
+/// in the cache. The image has a shell (its `true` a builtin) and nothing of the host.
+async fn on_image(core: &Arc<Provisioner>, repo: &str, n: usize) -> anyhow::Result<()> {
+    let req = |i| CreateSandboxRequest {
+        image: "archive:bench.tar".into(),
+        ..create_req(repo, i)
+    };
+    let sh_true = |id: &str| ExecRequest {
+        argv: vec!["sh".into(), "-c".into(), "true".into()],
+        ..true_req(id)
+    };
+    println!("  on an image ({n} sandboxes, one at a time):");
+    let t = Instant::now();
+    let s = core.create(req(0)).await?;
+    println!(
+        "    first create (image unpacked): {:.2} ms",
+        ms(t.elapsed())
+    );
+    destroy(core, &s.id).await;
+    let (mut create, mut exec) = (vec![], vec![]);
+    for i in 0..n {
+        let t = Instant::now();
+        let s = core.create(req(i)).await?;
+        create.push(ms(t.elapsed()));
+        core.exec(sh_true(&s.id)).await?;
+        let t = Instant::now();
+        let out = core.exec(sh_true(&s.id)).await?;
+        anyhow::ensure!(out.exit_code == 0, "sh -c true failed: {}", out.stderr);
+        exec.push(ms(t.elapsed()));
+        destroy(core, &s.id).await;
+    }
+    report("create (image cached)", create);
+    report("exec `sh -c true` (second)", exec);
     Ok(())
 }

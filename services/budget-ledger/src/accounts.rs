@@ -57,38 +57,8 @@ pub(crate) fn create(
         AccountKind::Tenant => AccountKind::Tenant,
         _ => AccountKind::Run,
     };
-    if !req.parent_account_id.is_empty() {
-        let parent = ws
-            .require_account(&req.parent_account_id)
-            .map_err(|e| match e {
-                LedgerError::NotFound(m) => {
-                    LedgerError::NotFound(format!("parent_account_id: {m}"))
-                }
-                other => other,
-            })?;
-        if parent.kind != AccountKind::Tenant {
-            return Err(LedgerError::FailedPrecondition(format!(
-                "parent_account_id: account {:?} is not a tenant account",
-                parent.account_id
-            )));
-        }
-    }
-    let wanted = AccountRow {
-        account_id: req.account_id.clone(),
-        kind,
-        parent_account_id: req.parent_account_id.clone(),
-        budget_micros: req.budget_micros,
-        reserved_micros: 0,
-        spent_micros: 0,
-        allow_overdraft: req.allow_overdraft,
-        commit_overage: match req.commit_overage() {
-            CommitOverage::Reject => CommitOverage::Reject,
-            _ => CommitOverage::Cap,
-        },
-        labels: req.labels.clone().into_iter().collect(),
-        posting_seq: 0,
-        created_unix_ms: model::now_ms(),
-    };
+    check_parent(ws, &req.parent_account_id)?;
+    let wanted = wanted_row(req, kind);
     let account = match ws.account(&req.account_id) {
         Some(existing) => {
             let same = existing.kind == wanted.kind
@@ -119,6 +89,44 @@ pub(crate) fn create(
     };
     idempotency::remember(ws, op, &req.idempotency_key, fp, &account)?;
     Ok(account)
+}
+
+/// A parent, when named, must be a tenant account that exists.
+fn check_parent(ws: &WorkSet, parent_account_id: &str) -> Result<(), LedgerError> {
+    if parent_account_id.is_empty() {
+        return Ok(());
+    }
+    let parent = ws.require_account(parent_account_id).map_err(|e| match e {
+        LedgerError::NotFound(m) => LedgerError::NotFound(format!("parent_account_id: {m}")),
+        other => other,
+    })?;
+    if parent.kind != AccountKind::Tenant {
+        return Err(LedgerError::FailedPrecondition(format!(
+            "parent_account_id: account {:?} is not a tenant account",
+            parent.account_id
+        )));
+    }
+    Ok(())
+}
+
+/// The account the request asks for, nothing reserved or spent yet.
+fn wanted_row(req: &CreateAccountRequest, kind: AccountKind) -> AccountRow {
+    AccountRow {
+        account_id: req.account_id.clone(),
+        kind,
+        parent_account_id: req.parent_account_id.clone(),
+        budget_micros: req.budget_micros,
+        reserved_micros: 0,
+        spent_micros: 0,
+        allow_overdraft: req.allow_overdraft,
+        commit_overage: match req.commit_overage() {
+            CommitOverage::Reject => CommitOverage::Reject,
+            _ => CommitOverage::Cap,
+        },
+        labels: req.labels.clone().into_iter().collect(),
+        posting_seq: 0,
+        created_unix_ms: model::now_ms(),
+    }
 }
 
 /// Adds to the budget of the first account of `chain` (a run's tenant is not funded by

@@ -40,27 +40,7 @@ pub(crate) fn post(
     meta: &TransferMeta<'_>,
     d: Deltas,
 ) -> Result<String, LedgerError> {
-    let sum = [d.funding, d.available, d.reserved, d.spent]
-        .iter()
-        .try_fold(0i64, |acc, x| acc.checked_add(*x));
-    if sum != Some(0) {
-        return Err(LedgerError::Corrupt(format!("unbalanced transfer {d:?}")));
-    }
-    let overflow = || LedgerError::invalid("amount_micros", "the balance would overflow");
-    let balances = chain
-        .iter()
-        .map(|a| {
-            Ok((
-                a.budget_micros
-                    .checked_sub(d.funding)
-                    .ok_or_else(overflow)?,
-                a.reserved_micros
-                    .checked_add(d.reserved)
-                    .ok_or_else(overflow)?,
-                a.spent_micros.checked_add(d.spent).ok_or_else(overflow)?,
-            ))
-        })
-        .collect::<Result<Vec<_>, LedgerError>>()?;
+    let balances = balances_after(chain, d)?;
     let now = model::now_ms();
     let transfer_id = format!("tr-{}", uuid::Uuid::new_v4().simple());
     let tenant_id = chain
@@ -106,6 +86,32 @@ pub(crate) fn post(
         ws.put_account(account.clone());
     }
     Ok(transfer_id)
+}
+
+/// Each account's (budget, reserved, spent) once `d` is posted; refused when the legs do
+/// not sum to zero or a balance would overflow.
+fn balances_after(chain: &[AccountRow], d: Deltas) -> Result<Vec<(i64, i64, i64)>, LedgerError> {
+    let sum = [d.funding, d.available, d.reserved, d.spent]
+        .iter()
+        .try_fold(0i64, |acc, x| acc.checked_add(*x));
+    if sum != Some(0) {
+        return Err(LedgerError::Corrupt(format!("unbalanced transfer {d:?}")));
+    }
+    let overflow = || LedgerError::invalid("amount_micros", "the balance would overflow");
+    chain
+        .iter()
+        .map(|a| {
+            Ok((
+                a.budget_micros
+                    .checked_sub(d.funding)
+                    .ok_or_else(overflow)?,
+                a.reserved_micros
+                    .checked_add(d.reserved)
+                    .ok_or_else(overflow)?,
+                a.spent_micros.checked_add(d.spent).ok_or_else(overflow)?,
+            ))
+        })
+        .collect()
 }
 
 /// Default and largest page of `ListPostings`.

@@ -225,30 +225,7 @@ pub fn balanced(
             failing = !errors.is_empty();
             // A failed lookup keeps what that name had (DNS hiccups must not empty the
             // channel); replicas of names that answered are replaced.
-            let keep_old = !errors.is_empty();
-            let mut next = if keep_old {
-                current.clone()
-            } else {
-                BTreeMap::new()
-            };
-            for replica in &now {
-                if let Some(ch) = current.get(&replica.url) {
-                    next.insert(replica.url.clone(), ch.clone());
-                    continue;
-                }
-                match endpoint(replica) {
-                    Ok(ep) => {
-                        tracing::info!(setting = %flag, replica = %replica.url, "peer replica added");
-                        next.insert(replica.url.clone(), configure(ep).connect_lazy());
-                    }
-                    Err(e) => {
-                        tracing::warn!(setting = %flag, replica = %replica.url, error = %e, "peer replica skipped");
-                    }
-                }
-            }
-            for url in current.keys().filter(|u| !next.contains_key(*u)) {
-                tracing::info!(setting = %flag, replica = %url, "peer replica removed");
-            }
+            let next = next_replicas(&flag, &current, &now, !errors.is_empty(), &configure);
             let Some(members) = members.upgrade() else {
                 return; // every user of the channel is gone
             };
@@ -261,6 +238,41 @@ pub fn balanced(
         }
     });
     Ok(channel)
+}
+
+/// The channels after a lookup found `now`: a known replica keeps its channel, a new
+/// one gets one, the rest are dropped, unless `keep_old` (a lookup failed).
+fn next_replicas(
+    flag: &str,
+    current: &BTreeMap<String, Channel>,
+    now: &[Replica],
+    keep_old: bool,
+    configure: &impl Fn(Endpoint) -> Endpoint,
+) -> BTreeMap<String, Channel> {
+    let mut next = if keep_old {
+        current.clone()
+    } else {
+        BTreeMap::new()
+    };
+    for replica in now {
+        if let Some(ch) = current.get(&replica.url) {
+            next.insert(replica.url.clone(), ch.clone());
+            continue;
+        }
+        match endpoint(replica) {
+            Ok(ep) => {
+                tracing::info!(setting = %flag, replica = %replica.url, "peer replica added");
+                next.insert(replica.url.clone(), configure(ep).connect_lazy());
+            }
+            Err(e) => {
+                tracing::warn!(setting = %flag, replica = %replica.url, error = %e, "peer replica skipped");
+            }
+        }
+    }
+    for url in current.keys().filter(|u| !next.contains_key(*u)) {
+        tracing::info!(setting = %flag, replica = %url, "peer replica removed");
+    }
+    next
 }
 
 #[cfg(test)]

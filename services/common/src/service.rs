@@ -48,15 +48,7 @@ async fn run_workers_draining(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop_tx = std::sync::Arc::new(stop_tx);
     let health = svc.health.clone();
-    // Ready only once the peers' names resolve too (`follow_peers` flips it either way).
-    let peers_ready = crate::discovery::waiting_for().is_empty();
-    if peers_ready {
-        health.serving().await;
-    } else {
-        tracing::warn!(settings = ?crate::discovery::waiting_for(), "peer names resolve to no replica yet: not serving until they do");
-        health.alive().await;
-        health.not_serving().await;
-    }
+    let peers_ready = start_serving(&health).await;
     tracing::info!(service = svc.name, %addr, "serving grpc");
     tokio::spawn(follow_peers(
         svc.health.clone(),
@@ -70,19 +62,12 @@ async fn run_workers_draining(
         let stops = stops.clone();
         move || stops.iter().for_each(|stop| stop())
     };
-    let signal_stop = stop_tx.clone();
-    let signal_stop_all = stop_all.clone();
-    tokio::spawn(async move {
-        crate::shutdown::signal_received().await;
-        health.not_serving().await;
-        // Workers and server keep going while draining: calls about what this replica
-        // holds (and its own task queue's activities) must still be answered.
-        if let Some(drain) = drain {
-            drain.await;
-        }
-        signal_stop_all();
-        let _ = signal_stop.send(true);
-    });
+    tokio::spawn(stop_on_signal(
+        health,
+        drain,
+        stop_all.clone(),
+        stop_tx.clone(),
+    ));
     let mut server_stop = stop_rx;
     let server = tokio::spawn(server::serve(svc.listener, svc.routes, async move {
         let _ = server_stop.wait_for(|s| *s).await;
@@ -111,6 +96,38 @@ async fn run_workers_draining(
     crate::telemetry::shutdown();
     tracing::info!(service = svc.name, "stopped");
     Ok(())
+}
+
+/// SERVING, once the peers' names resolve too (else NOT_SERVING until they do, which
+/// [`follow_peers`] watches); whether they did.
+async fn start_serving(health: &Health) -> bool {
+    let peers_ready = crate::discovery::waiting_for().is_empty();
+    if peers_ready {
+        health.serving().await;
+    } else {
+        tracing::warn!(settings = ?crate::discovery::waiting_for(), "peer names resolve to no replica yet: not serving until they do");
+        health.alive().await;
+        health.not_serving().await;
+    }
+    peers_ready
+}
+
+/// On SIGTERM/SIGINT: NOT_SERVING, the drain, then the workers and the server stopped.
+async fn stop_on_signal(
+    health: Health,
+    drain: Option<Drain>,
+    stop_workers: impl Fn(),
+    stop_server: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
+) {
+    crate::shutdown::signal_received().await;
+    health.not_serving().await;
+    // Workers and server keep going while draining: calls about what this replica
+    // holds (and its own task queue's activities) must still be answered.
+    if let Some(drain) = drain {
+        drain.await;
+    }
+    stop_workers();
+    let _ = stop_server.send(true);
 }
 
 /// Health follows the peers: NOT_SERVING while a peer setting's names resolve to no

@@ -134,7 +134,16 @@ async fn a_command_that_kills_the_init_ends_its_commands_and_the_next_starts_a_n
     let marker = unique_sleep();
     let core = f.core.clone();
     let id = sbx.id.clone();
-    let waiting = tokio::spawn(async move { core.exec(exec_req(&id, &["sleep", &marker])).await });
+    let sleeper = marker.clone();
+    let waiting = tokio::spawn(async move { core.exec(exec_req(&id, &["sleep", &sleeper])).await });
+    // Running under this init before it is killed (a busy machine may start the task late,
+    // and then a new init would run it).
+    assert!(
+        eventually(Duration::from_secs(10), || !host_pids_with(&marker)
+            .is_empty())
+        .await,
+        "the command never started"
+    );
     // The init is the parent of every command.
     let out = f.sh(&sbx.id, "kill -KILL $PPID; sleep 5").await;
     assert_ne!(out.exit_code, 0, "{out:?}");

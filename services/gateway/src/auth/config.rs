@@ -163,28 +163,7 @@ impl SecurityArgs {
                 Authenticator::None
             }
             AuthMode::ApiKey => {
-                for t in &self.admin_tenants {
-                    check_tenant(t)
-                        .map_err(|e| format!("--admin-tenants (FORKYARD_ADMIN_TENANTS): {e}"))?;
-                }
-                let path = self
-                    .api_keys_db
-                    .clone()
-                    .unwrap_or_else(|| state_dir.join("gateway").join("api-keys.db"));
-                let store = KeyStore::open(&path).await.map_err(|e| {
-                    format!(
-                        "--api-keys-db (FORKYARD_API_KEYS_DB) {}: {e}",
-                        path.display()
-                    )
-                })?;
-                let keys = store.list().await.map_err(|e| e.to_string())?;
-                let valid = keys.iter().filter(|k| k.revoked_unix_ms == 0).count();
-                tracing::info!(path = %path.display(), valid_keys = valid, "api key authentication on");
-                if valid == 0 {
-                    tracing::warn!(
-                        "no valid api keys yet: every call is refused until `forkyard keys create --tenant <name>`"
-                    );
-                }
+                let store = self.key_store(state_dir).await?;
                 let deadline = self.deadline();
                 let channel = forkyard_common::discovery::balanced(
                     "--ledger-addr (FORKYARD_LEDGER_ADDR)",
@@ -201,5 +180,33 @@ impl SecurityArgs {
             }
         };
         Ok((GateLayer::new(auth, Limiter::new(limits)), policy))
+    }
+
+    /// The API keys' store (the admin tenants' names checked first), and a word in the
+    /// log on how many keys it holds.
+    async fn key_store(&self, state_dir: &std::path::Path) -> Result<KeyStore, String> {
+        for t in &self.admin_tenants {
+            check_tenant(t)
+                .map_err(|e| format!("--admin-tenants (FORKYARD_ADMIN_TENANTS): {e}"))?;
+        }
+        let path = self
+            .api_keys_db
+            .clone()
+            .unwrap_or_else(|| state_dir.join("gateway").join("api-keys.db"));
+        let store = KeyStore::open(&path).await.map_err(|e| {
+            format!(
+                "--api-keys-db (FORKYARD_API_KEYS_DB) {}: {e}",
+                path.display()
+            )
+        })?;
+        let keys = store.list().await.map_err(|e| e.to_string())?;
+        let valid = keys.iter().filter(|k| k.revoked_unix_ms == 0).count();
+        tracing::info!(path = %path.display(), valid_keys = valid, "api key authentication on");
+        if valid == 0 {
+            tracing::warn!(
+                "no valid api keys yet: every call is refused until `forkyard keys create --tenant <name>`"
+            );
+        }
+        Ok(store)
     }
 }

@@ -57,36 +57,7 @@ impl ForkWorkflow {
             mut result,
             mut progress,
             agent,
-        } = match input.handoff.clone() {
-            Some(h) => AgentRan {
-                result: h.result,
-                progress: Progress {
-                    reservation_id: input.reservation_id.clone(),
-                    cost_micros: h.cost_micros,
-                    sandbox_charged_micros: h.sandbox_charged_micros,
-                    sandbox_cost_micros: None,
-                },
-                agent: Ok(h.agent),
-            },
-            None => {
-                let result = starting(&input, &sandbox);
-                sync(ctx, &result);
-                if sandbox.id.is_empty() {
-                    AgentRan {
-                        result,
-                        progress: Progress {
-                            reservation_id: input.reservation_id.clone(),
-                            ..Progress::default()
-                        },
-                        agent: Err(StepFailure::Failed(
-                            "the run gave this fork no sandbox".into(),
-                        )),
-                    }
-                } else {
-                    agent_and_verify(ctx, &steps, result, |r| sync(ctx, r)).await
-                }
-            }
-        };
+        } = agent_ran(ctx, &steps).await;
         let outcome = match agent {
             Ok(end) => {
                 result.phase = phase::PATCH.into();
@@ -127,6 +98,39 @@ impl ForkWorkflow {
     pub fn progress(&self, _ctx: &WorkflowContextView) -> ForkResult {
         self.result.clone()
     }
+}
+
+/// The fork's agent and verify: run now, or (a handoff from the run workflow) what they
+/// ended with there. A fork without a sandbox fails here.
+async fn agent_ran(ctx: &WorkflowContext<ForkWorkflow>, steps: &ForkSteps<'_>) -> AgentRan {
+    let (input, sandbox) = (steps.input, steps.sandbox);
+    if let Some(h) = input.handoff.clone() {
+        return AgentRan {
+            result: h.result,
+            progress: Progress {
+                reservation_id: input.reservation_id.clone(),
+                cost_micros: h.cost_micros,
+                sandbox_charged_micros: h.sandbox_charged_micros,
+                sandbox_cost_micros: None,
+            },
+            agent: Ok(h.agent),
+        };
+    }
+    let result = starting(input, sandbox);
+    sync(ctx, &result);
+    if sandbox.id.is_empty() {
+        return AgentRan {
+            result,
+            progress: Progress {
+                reservation_id: input.reservation_id.clone(),
+                ..Progress::default()
+            },
+            agent: Err(StepFailure::Failed(
+                "the run gave this fork no sandbox".into(),
+            )),
+        };
+    }
+    agent_and_verify(ctx, steps, result, |r| sync(ctx, r)).await
 }
 
 /// The child's patch step: the whole patch (up to the provisioner's cap), even from a

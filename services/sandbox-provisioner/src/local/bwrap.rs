@@ -129,6 +129,38 @@ impl Invocation<'_> {
             a.push(["--unshare-user", "--disable-userns"]);
         }
         a.push(["--die-with-parent", "--new-session", "--cap-drop", "ALL"]);
+        self.root(&mut a);
+        self.mounts(&mut a);
+        // The sandboxed command's environment comes from this file descriptor, read
+        // by bwrap once it runs: `--clearenv` first, then a `--setenv` per variable
+        // (see [`Self::env_args`]). Neither the wrapper shell nor bwrap is ever started
+        // with a caller's variable: on the host they would act on host processes
+        // running as the provisioner (`LD_PRELOAD` of a library in a workspace).
+        for fd in (SECCOMP_FD..).take(self.seccomp.len()) {
+            a.push([
+                OsString::from("--add-seccomp-fd"),
+                OsString::from(fd.to_string()),
+            ]);
+        }
+        a.push(["--args", ENV_FD_STR]);
+        a.push(["--"]);
+        if let Some(r) = self.kit() {
+            a.0.extend(r.forwarder.argv().into_iter().map(OsString::from));
+            for (addr, inside, _) in r.pairs() {
+                a.push([format!("{addr}={inside}")]);
+            }
+            if self.init {
+                a.push(["--init"]);
+            }
+            a.push(["--"]);
+        }
+        a.0.extend(self.argv.iter().map(OsString::from));
+        a.0
+    }
+
+    /// `/`: the image, or the host's /usr with the links and the few files of /etc
+    /// programs need.
+    fn root(&self, a: &mut Args) {
         match self.image {
             // The whole image, read-only; /run a tmpfs for the relays' sockets (the
             // image is read-only, so their mount points could not be made in it).
@@ -159,6 +191,10 @@ impl Invocation<'_> {
                 }
             }
         }
+    }
+
+    /// /proc, /dev, /tmp, the forwarder's kit and relays, and the workspace.
+    fn mounts(&self, a: &mut Args) {
         a.push(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
         // The sandbox's uid 0 is the host's root, so the kernel lets it write sysctls
         // (`kernel.core_pattern` names a program the host runs as root); bubblewrap's
@@ -186,31 +222,6 @@ impl Invocation<'_> {
             OsStr::new(WORKSPACE),
         ]);
         a.push(["--chdir", WORKSPACE, "--hostname", HOSTNAME]);
-        // The sandboxed command's environment comes from this file descriptor, read
-        // by bwrap once it runs: `--clearenv` first, then a `--setenv` per variable
-        // (see [`Self::env_args`]). Neither the wrapper shell nor bwrap is ever started
-        // with a caller's variable: on the host they would act on host processes
-        // running as the provisioner (`LD_PRELOAD` of a library in a workspace).
-        for fd in (SECCOMP_FD..).take(self.seccomp.len()) {
-            a.push([
-                OsString::from("--add-seccomp-fd"),
-                OsString::from(fd.to_string()),
-            ]);
-        }
-        a.push(["--args", ENV_FD_STR]);
-        a.push(["--"]);
-        if let Some(r) = self.kit() {
-            a.0.extend(r.forwarder.argv().into_iter().map(OsString::from));
-            for (addr, inside, _) in r.pairs() {
-                a.push([format!("{addr}={inside}")]);
-            }
-            if self.init {
-                a.push(["--init"]);
-            }
-            a.push(["--"]);
-        }
-        a.0.extend(self.argv.iter().map(OsString::from));
-        a.0
     }
 
     /// The sandboxed command's whole environment.

@@ -118,45 +118,14 @@ pub fn spawn(socket: &Path, allow: Allowlist, stop: CancellationToken) -> std::i
 
 async fn serve(conn: UnixStream, allow: &Allowlist) -> std::io::Result<()> {
     let mut conn = BufReader::new(conn);
-    let mut head = Vec::new();
-    loop {
-        let n = conn.read_until(b'\n', &mut head).await?;
-        if n == 0 || head.len() > MAX_HEAD {
-            return Ok(());
-        }
-        if head.ends_with(b"\r\n\r\n") || head.ends_with(b"\n\n") {
-            break;
-        }
-    }
+    let Some(head) = read_head(&mut conn).await? else {
+        return Ok(());
+    };
     let text = String::from_utf8_lossy(&head).into_owned();
-    let mut lines = text.split("\r\n");
-    let request_line = lines.next().unwrap_or_default();
-    let mut parts = request_line.split_whitespace();
-    let (method, target, version) = (
-        parts.next().unwrap_or_default(),
-        parts.next().unwrap_or_default(),
-        parts.next().unwrap_or("HTTP/1.1"),
-    );
-    let (host, port, rest) = if method.eq_ignore_ascii_case("CONNECT") {
-        match split_host_port(target, 443) {
-            Some((h, p)) => (h, p, None),
-            None => return respond(conn.get_mut(), 400, "bad CONNECT target").await,
-        }
-    } else {
-        let Some(after) = target.strip_prefix("http://") else {
-            return respond(
-                conn.get_mut(),
-                400,
-                "only absolute http:// URLs and CONNECT",
-            )
-            .await;
-        };
-        let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
-        let path = if path.is_empty() { "/" } else { path };
-        match split_host_port(authority, 80) {
-            Some((h, p)) => (h, p, Some(format!("{method} {path} {version}\r\n"))),
-            None => return respond(conn.get_mut(), 400, "bad URL").await,
-        }
+    let request_line = text.split("\r\n").next().unwrap_or_default();
+    let (host, port, rest) = match destination(request_line) {
+        Ok(d) => d,
+        Err(why) => return respond(conn.get_mut(), 400, why).await,
     };
     if !allow.allows(&host, port) {
         tracing::info!(%host, port, "egress refused: not on the allowlist");
@@ -167,11 +136,10 @@ async fn serve(conn: UnixStream, allow: &Allowlist) -> std::io::Result<()> {
         )
         .await;
     }
-    let upstream = match connect(&host, port).await {
+    let mut upstream = match connect(&host, port).await {
         Ok(s) => s,
         Err(e) => return respond(conn.get_mut(), 502, &e).await,
     };
-    let mut upstream = upstream;
     match rest {
         None => {
             conn.get_mut()
@@ -190,6 +158,43 @@ async fn serve(conn: UnixStream, allow: &Allowlist) -> std::io::Result<()> {
     let mut conn = conn.into_inner();
     tokio::io::copy_bidirectional(&mut conn, &mut upstream).await?;
     Ok(())
+}
+
+/// The request's head, up to its blank line; `None` when the client closed first or
+/// sent more than [`MAX_HEAD`].
+async fn read_head(conn: &mut BufReader<UnixStream>) -> std::io::Result<Option<Vec<u8>>> {
+    let mut head = Vec::new();
+    loop {
+        let n = conn.read_until(b'\n', &mut head).await?;
+        if n == 0 || head.len() > MAX_HEAD {
+            return Ok(None);
+        }
+        if head.ends_with(b"\r\n\r\n") || head.ends_with(b"\n\n") {
+            return Ok(Some(head));
+        }
+    }
+}
+
+/// Where a request line goes: host, port, and for a plain HTTP request the origin-form
+/// request line to send upstream instead (`None` for a CONNECT tunnel).
+fn destination(request_line: &str) -> Result<(String, u16, Option<String>), &'static str> {
+    let mut parts = request_line.split_whitespace();
+    let (method, target, version) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or("HTTP/1.1"),
+    );
+    if method.eq_ignore_ascii_case("CONNECT") {
+        let (h, p) = split_host_port(target, 443).ok_or("bad CONNECT target")?;
+        return Ok((h, p, None));
+    }
+    let after = target
+        .strip_prefix("http://")
+        .ok_or("only absolute http:// URLs and CONNECT")?;
+    let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
+    let path = if path.is_empty() { "/" } else { path };
+    let (h, p) = split_host_port(authority, 80).ok_or("bad URL")?;
+    Ok((h, p, Some(format!("{method} {path} {version}\r\n"))))
 }
 
 fn split_host_port(authority: &str, default: u16) -> Option<(String, u16)> {

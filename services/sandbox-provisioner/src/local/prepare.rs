@@ -207,22 +207,7 @@ impl Provisioner {
             _ => None,
         };
         let llm_relay = match (&llm_socket, llm_gateway) {
-            (Some(path), Some(gateway)) => {
-                let stop = entry.cancel.child_token();
-                Some(
-                    crate::local::llm_relay::spawn(
-                        path,
-                        Arc::new(move || Some(gateway.clone())),
-                        id,
-                        stop,
-                    )
-                    .and_then(|relay| {
-                        self.give_to_sandbox(record, path)?;
-                        Ok(relay)
-                    })
-                    .map_err(|e| ProvisionerError::internal("start the llm relay", e))?,
-                )
-            }
+            (Some(path), Some(gateway)) => Some(self.llm_relay(entry, record, path, gateway)?),
             _ => None,
         };
         let procs = self
@@ -253,6 +238,29 @@ impl Provisioner {
             .command()
             .map_err(|e| ProvisionerError::internal("prepare the command's environment", e))?;
         Ok((Launch::Process(command), llm_relay.map(LlmHold::Relay)))
+    }
+
+    /// A relay of the command's own to `gateway`, its socket at `path` owned by the
+    /// sandbox's uid; it stops with the sandbox.
+    fn llm_relay(
+        &self,
+        entry: &Arc<Entry>,
+        record: &Record,
+        path: &std::path::Path,
+        gateway: String,
+    ) -> Result<crate::local::llm_relay::Relay> {
+        let stop = entry.cancel.child_token();
+        crate::local::llm_relay::spawn(
+            path,
+            Arc::new(move || Some(gateway.clone())),
+            &record.id,
+            stop,
+        )
+        .and_then(|relay| {
+            self.give_to_sandbox(record, path)?;
+            Ok(relay)
+        })
+        .map_err(|e| ProvisionerError::internal("start the llm relay", e))
     }
 
     /// After a command: did the kernel OOM-kill something, is the workspace too big.

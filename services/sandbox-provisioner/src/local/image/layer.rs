@@ -23,8 +23,25 @@ const OPAQUE: &str = ".wh..wh..opq";
 
 /// Apply the layer file `layer` onto `rootfs`, checking it against `diff_id`.
 pub fn apply(layer: &Path, diff_id: &str, rootfs: &Path) -> Result<(), ImageError> {
-    // First pass: the digest, the paths' shape and the whiteouts; the deletions are
-    // made before anything of this layer is written, so they touch lower layers only.
+    // The deletions are made before anything of this layer is written, so they touch
+    // lower layers only.
+    for d in checked_whiteouts(layer, diff_id)? {
+        match d {
+            Deletion::Entry(p) => remove_all(&rootfs.join(p)),
+            Deletion::Contents(dir) => std::fs::read_dir(rootfs.join(dir))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .try_for_each(|c| remove_all(&c.path())),
+        }
+        .map_err(|e| ImageError::Io(format!("apply a whiteout: {e}")))?;
+    }
+    unpack(layer, rootfs)
+}
+
+/// A first pass over the layer: its digest checked against `diff_id`, its paths'
+/// shape, and the deletions its whiteouts ask for.
+fn checked_whiteouts(layer: &Path, diff_id: &str) -> Result<Vec<Deletion>, ImageError> {
     let mut deletions = Vec::new();
     let mut hashed = Hashing::new(open(layer)?);
     {
@@ -46,18 +63,12 @@ pub fn apply(layer: &Path, diff_id: &str, rootfs: &Path) -> Result<(), ImageErro
             got,
         });
     }
-    for d in deletions {
-        match d {
-            Deletion::Entry(p) => remove_all(&rootfs.join(p)),
-            Deletion::Contents(dir) => std::fs::read_dir(rootfs.join(dir))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .try_for_each(|c| remove_all(&c.path())),
-        }
-        .map_err(|e| ImageError::Io(format!("apply a whiteout: {e}")))?;
-    }
+    Ok(deletions)
+}
 
+/// The layer's entries written into `rootfs`: no whiteouts, device nodes or fifos, no
+/// setuid or setgid bit.
+fn unpack(layer: &Path, rootfs: &Path) -> Result<(), ImageError> {
     let mut tar = tar::Archive::new(open(layer)?);
     tar.set_preserve_permissions(true);
     tar.set_preserve_ownerships(rustix::process::geteuid().is_root());

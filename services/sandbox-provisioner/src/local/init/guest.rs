@@ -147,52 +147,19 @@ fn spawn(
     asked: Asked,
     fds: Vec<OwnedFd>,
 ) {
-    let Asked { tag, pty, stdin } = asked;
+    let tag = asked.tag;
     let reply = |msg: FromInit| {
         let _ = wire::send(sock.as_fd(), &msg, &[]);
     };
-    let mut fds = fds.into_iter();
-    let spec = fds
-        .next()
-        .and_then(|fd| wire::read_spec(fd, SPEC_LIMIT).ok());
-    let stdio = if pty {
-        fds.next().and_then(|tty| {
-            let (a, b) = (tty.try_clone().ok()?, tty.try_clone().ok()?);
-            Some((Stdio::from(a), Stdio::from(b), tty))
-        })
-    } else {
-        let input = if stdin {
-            fds.next().map(Stdio::from)
-        } else {
-            Some(Stdio::null())
-        };
-        match (input, fds.next(), fds.next()) {
-            (Some(input), Some(out), Some(err)) => Some((input, Stdio::from(out), err)),
-            _ => None,
-        }
-    };
-    let (Some(spec), Some((stdin, stdout, stderr))) = (spec, stdio) else {
+    let Some((spec, stdio)) = received(asked, fds) else {
         return reply(FromInit::Failed { tag, code: 125 });
     };
     let Some(program) = spec.argv.first() else {
         return reply(FromInit::Failed { tag, code: 125 });
     };
-    let mut cmd = if pty {
-        let mut c = Command::new(&helper[0]);
-        c.args(&helper[1..]).args(["--ctty", "--"]).args(&spec.argv);
-        c
-    } else {
-        let mut c = Command::new(program);
-        c.args(&spec.argv[1..]).process_group(0);
-        c
-    };
     // A second handle on stderr, to say why the command could not be started.
-    let mut err_note = stderr.try_clone().ok().map(std::fs::File::from);
-    cmd.env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .stdin(stdin)
-        .stdout(stdout)
-        .stderr(Stdio::from(stderr));
+    let mut err_note = stdio.2.try_clone().ok().map(std::fs::File::from);
+    let mut cmd = command(helper, &spec, asked.pty, stdio);
     // Held while spawning, so the waiter cannot look the pid up before it is recorded.
     let mut map = running
         .0
@@ -213,13 +180,80 @@ fn spawn(
     };
     drop(cmd);
     let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
-    let leader = Leader { pid, session: pty };
+    let leader = Leader {
+        pid,
+        session: asked.pty,
+    };
     map.insert(tag, leader);
     drop(map);
+    if let Err(e) = watch(sock, running, tag, leader, child) {
+        if let Some(f) = err_note.as_mut() {
+            let _ = writeln!(f, "forkyard: {program}: no thread to watch it: {e}");
+        }
+        reply(FromInit::Failed { tag, code: 125 });
+    }
+}
+
+/// The command's spec and its stdin, stdout and stderr, out of the descriptors passed
+/// with a [`ToInit::Spawn`]: the spec, then the terminal (a pty command) or stdin (when
+/// asked), stdout and stderr.
+fn received(asked: Asked, fds: Vec<OwnedFd>) -> Option<(wire::Spec, (Stdio, Stdio, OwnedFd))> {
+    let mut fds = fds.into_iter();
+    let spec = fds
+        .next()
+        .and_then(|fd| wire::read_spec(fd, SPEC_LIMIT).ok())?;
+    let stdio = if asked.pty {
+        let tty = fds.next()?;
+        let (a, b) = (tty.try_clone().ok()?, tty.try_clone().ok()?);
+        (Stdio::from(a), Stdio::from(b), tty)
+    } else {
+        let input = if asked.stdin {
+            Stdio::from(fds.next()?)
+        } else {
+            Stdio::null()
+        };
+        (input, Stdio::from(fds.next()?), fds.next()?)
+    };
+    Some((spec, stdio))
+}
+
+/// The command to start: its own process group, or on a pty under `helper --ctty`, which
+/// makes it a session with the terminal its controlling one.
+fn command(
+    helper: &[String],
+    spec: &wire::Spec,
+    pty: bool,
+    (stdin, stdout, stderr): (Stdio, Stdio, OwnedFd),
+) -> Command {
+    let mut cmd = if pty {
+        let mut c = Command::new(&helper[0]);
+        c.args(&helper[1..]).args(["--ctty", "--"]).args(&spec.argv);
+        c
+    } else {
+        let mut c = Command::new(&spec.argv[0]);
+        c.args(&spec.argv[1..]).process_group(0);
+        c
+    };
+    cmd.env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .stdin(stdin)
+        .stdout(stdout)
+        .stderr(Stdio::from(stderr));
+    cmd
+}
+
+/// A thread that waits for the command and reports its end; `Started` is reported once
+/// it runs. A thread may be refused (the sandbox at its pids limit): then the command is
+/// killed and reaped rather than left unwatched.
+fn watch(
+    sock: &Arc<OwnedFd>,
+    running: &Arc<Running>,
+    tag: u64,
+    leader: Leader,
+    mut child: std::process::Child,
+) -> io::Result<()> {
     let (sock2, running2) = (sock.clone(), running.clone());
     let (tx, rx) = std::sync::mpsc::channel();
-    // A thread may be refused (the sandbox at its pids limit): then the command is not
-    // run, rather than left unwatched.
     let waiter = thread::Builder::new().spawn(move || {
         if let Ok(child) = rx.recv() {
             wait(&sock2, &running2, tag, leader, child);
@@ -227,11 +261,18 @@ fn spawn(
     });
     match waiter {
         Ok(_) => {
-            reply(FromInit::Started { tag, pid });
+            let _ = wire::send(
+                sock.as_fd(),
+                &FromInit::Started {
+                    tag,
+                    pid: leader.pid,
+                },
+                &[],
+            );
             let _ = tx.send(child);
+            Ok(())
         }
         Err(e) => {
-            let mut child = child;
             leader.kill(Signal::KILL);
             let _ = child.wait();
             running
@@ -239,10 +280,7 @@ fn spawn(
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .remove(&tag);
-            if let Some(f) = err_note.as_mut() {
-                let _ = writeln!(f, "forkyard: {program}: no thread to watch it: {e}");
-            }
-            reply(FromInit::Failed { tag, code: 125 });
+            Err(e)
         }
     }
 }

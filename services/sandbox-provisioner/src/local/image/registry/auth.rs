@@ -52,11 +52,30 @@ pub(super) async fn authorize(
     if !scheme.eq_ignore_ascii_case("bearer") {
         return Err(unavailable(format!("{} asks for {scheme} auth", host)));
     }
-    let params = challenge_params(params);
+    bearer_token(http, basic, host, repository, &challenge_params(params))
+        .await
+        .map(|token| format!("Bearer {token}"))
+}
+
+/// A token from the auth service a bearer challenge (its `params`) names, for a pull of
+/// `repository`; the operator's credentials for `host` go with the request.
+async fn bearer_token(
+    http: &reqwest::Client,
+    basic: Option<&String>,
+    host: &str,
+    repository: &str,
+    params: &HashMap<String, String>,
+) -> Result<String, ImageError> {
+    #[derive(serde::Deserialize)]
+    struct Token {
+        #[serde(default)]
+        token: String,
+        #[serde(default)]
+        access_token: String,
+    }
     let realm = params
         .get("realm")
-        .ok_or_else(|| unavailable(format!("{} gave a bearer challenge without a realm", host)))?;
-    let mut req = http.get(realm.as_str());
+        .ok_or_else(|| unavailable(format!("{host} gave a bearer challenge without a realm")))?;
     let mut query = Vec::new();
     if let Some(s) = params.get("service") {
         query.push(("service", s.clone()));
@@ -66,32 +85,23 @@ pub(super) async fn authorize(
         params
             .get("scope")
             .cloned()
-            .unwrap_or_else(|| format!("repository:{}:pull", repository)),
+            .unwrap_or_else(|| format!("repository:{repository}:pull")),
     ));
-    req = req.query(&query);
+    let mut req = http.get(realm.as_str()).query(&query);
     if let Some(b) = basic {
         req = req.header(reqwest::header::AUTHORIZATION, format!("Basic {b}"));
     }
     let resp = req.send().await.map_err(|e| {
         unavailable(format!(
-            "the auth service of {} cannot be reached: {}",
-            host,
+            "the auth service of {host} cannot be reached: {}",
             error_chain(&e)
         ))
     })?;
     if !resp.status().is_success() {
         return Err(unavailable(format!(
-            "the auth service of {} answered {}",
-            host,
+            "the auth service of {host} answered {}",
             resp.status()
         )));
-    }
-    #[derive(serde::Deserialize)]
-    struct Token {
-        #[serde(default)]
-        token: String,
-        #[serde(default)]
-        access_token: String,
     }
     let t: Token = resp.json().await.map_err(unavailable)?;
     let token = if t.token.is_empty() {
@@ -101,11 +111,10 @@ pub(super) async fn authorize(
     };
     if token.is_empty() {
         return Err(unavailable(format!(
-            "the auth service of {} gave no token",
-            host
+            "the auth service of {host} gave no token"
         )));
     }
-    Ok(format!("Bearer {token}"))
+    Ok(token)
 }
 
 /// `realm="…",service="…",scope="…"` (values quoted, commas inside quotes kept).

@@ -144,27 +144,7 @@ impl Registries {
             base: self.base(&t.host),
             token: None,
         };
-        let (mut bytes, mut media_type) = session.manifest(&t.reference).await?;
-        let mut digest = sha256(&bytes);
-        if t.by_digest() && digest != t.reference {
-            return Err(ImageError::DigestMismatch {
-                what: "the manifest".into(),
-                expected: t.reference.clone(),
-                got: digest,
-            });
-        }
-        if media_type.contains("index") || media_type.contains("manifest.list") {
-            let platform = platform_manifest(&bytes)?;
-            (bytes, media_type) = session.manifest(&platform).await?;
-            digest = sha256(&bytes);
-            if digest != platform {
-                return Err(ImageError::DigestMismatch {
-                    what: "the platform's manifest".into(),
-                    expected: platform,
-                    got: digest,
-                });
-            }
-        }
+        let (bytes, media_type, digest) = session.platform_manifest().await?;
         if cached(&digest) {
             return Ok((digest, true));
         }
@@ -175,6 +155,18 @@ impl Registries {
             .map_err(io)?;
         let manifest: Manifest = serde_json::from_slice(&bytes)
             .map_err(|e| ImageError::NotAnImage(format!("the manifest: {e}")))?;
+        self.check_size(&manifest)?;
+        for d in std::iter::once(&manifest.config).chain(&manifest.layers) {
+            session
+                .blob(&d.digest, d.size, &blobs.join(hex(&d.digest)))
+                .await?;
+        }
+        write_index(layout, &media_type, &digest, bytes.len()).await?;
+        Ok((digest, false))
+    }
+
+    /// Refused before any layer is fetched: an image larger than the whole cache.
+    fn check_size(&self, manifest: &Manifest) -> Result<(), ImageError> {
         let total: u64 = std::iter::once(&manifest.config)
             .chain(&manifest.layers)
             .map(|d| d.size)
@@ -185,26 +177,30 @@ impl Registries {
                 self.max_image_bytes
             )));
         }
-        for d in std::iter::once(&manifest.config).chain(&manifest.layers) {
-            session
-                .blob(&d.digest, d.size, &blobs.join(hex(&d.digest)))
-                .await?;
-        }
-        let index = serde_json::json!({
-            "schemaVersion": 2,
-            "manifests": [{"mediaType": media_type, "digest": digest, "size": bytes.len()}],
-        });
-        tokio::fs::write(layout.join("index.json"), index.to_string())
-            .await
-            .map_err(io)?;
-        tokio::fs::write(
-            layout.join("oci-layout"),
-            r#"{"imageLayoutVersion":"1.0.0"}"#,
-        )
+        Ok(())
+    }
+}
+
+/// The layout's `index.json` (naming the one manifest) and `oci-layout`.
+async fn write_index(
+    layout: &Path,
+    media_type: &str,
+    digest: &str,
+    size: usize,
+) -> Result<(), ImageError> {
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{"mediaType": media_type, "digest": digest, "size": size}],
+    });
+    tokio::fs::write(layout.join("index.json"), index.to_string())
         .await
         .map_err(io)?;
-        Ok((digest, false))
-    }
+    tokio::fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .await
+    .map_err(io)
 }
 
 /// One pull: the token a registry's auth service gave, kept for the pull's requests.
@@ -216,6 +212,35 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
+    /// The target's manifest, with its digest checked (when pulled by digest), and for
+    /// an index the manifest of this host's platform instead, its digest checked too:
+    /// (bytes, media type, digest).
+    async fn platform_manifest(&mut self) -> Result<(Vec<u8>, String, String), ImageError> {
+        let t = self.target;
+        let (mut bytes, mut media_type) = self.manifest(&t.reference).await?;
+        let mut digest = sha256(&bytes);
+        if t.by_digest() && digest != t.reference {
+            return Err(ImageError::DigestMismatch {
+                what: "the manifest".into(),
+                expected: t.reference.clone(),
+                got: digest,
+            });
+        }
+        if media_type.contains("index") || media_type.contains("manifest.list") {
+            let platform = platform_manifest(&bytes)?;
+            (bytes, media_type) = self.manifest(&platform).await?;
+            digest = sha256(&bytes);
+            if digest != platform {
+                return Err(ImageError::DigestMismatch {
+                    what: "the platform's manifest".into(),
+                    expected: platform,
+                    got: digest,
+                });
+            }
+        }
+        Ok((bytes, media_type, digest))
+    }
+
     async fn manifest(&mut self, reference: &str) -> Result<(Vec<u8>, String), ImageError> {
         let url = format!(
             "{}/v2/{}/manifests/{reference}",
