@@ -5,6 +5,7 @@
 //! into; `make test` builds them first (`cargo build --workspace --bins`).
 #![forbid(unsafe_code)]
 
+pub mod fixture;
 pub mod mesh;
 pub mod otlp;
 pub mod replicas;

@@ -1,7 +1,8 @@
 //! Long outages mid-run: every sandbox-provisioner replica away for a minute. Forks
 //! whose sandboxes died with it start again on new ones once it is back, forks not yet
 //! started wait for it, and the run completes with every fork succeeded, the ledger
-//! exact and nothing left after a janitor sweep.
+//! exact and nothing left after a janitor sweep. And a wave's creates while the
+//! provisioner is away: retried until it is back, given up after minutes.
 
 use forkyard_proto::{
     budget::v1::budget_ledger_client::BudgetLedgerClient,
@@ -10,7 +11,9 @@ use forkyard_proto::{
     janitor::v1::{SweepRequest, janitor_client::JanitorClient},
 };
 use forkyard_tests::{
-    Mesh, repo,
+    Mesh,
+    fixture::{LONG, setup, status_of},
+    repo,
     support::{
         Gateway, fork_result, launch, left_after_settling, run_account, sandbox_processes,
         wait_finished, wait_until, workspaces_left,
@@ -82,4 +85,56 @@ async fn a_provisioner_away_for_a_minute_delays_forks_and_loses_none() {
     );
     let left = left_after_settling(|| sandbox_processes(mesh.state_dir())).await;
     assert!(left.is_empty(), "{left:#?}");
+}
+
+/// The seed's create policy (3 tries, 5 s then 10 s apart) for a wave: a provisioner that
+/// is back within it loses no fork; one that is not fails the forks naming the step, and
+/// gives their reservations back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_are_retried_while_the_provisioner_is_away() {
+    let (mut mesh, src, mut gw) = setup().await;
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let provisioner = "sandbox-provisioner";
+
+    mesh.terminate(provisioner, Duration::from_secs(30))
+        .expect("the provisioner stops");
+    let back = gw
+        .launch_run(launch(src.path(), 2, 2, "echo x > f.txt"))
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mesh.start_service(provisioner).unwrap();
+    mesh.wait_serving(provisioner, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let run = wait_finished(&mut gw, &back, LONG).await;
+    assert_eq!(run.forks_succeeded, 2, "{run:#?}");
+    assert_eq!(run_account(&mut ledger, &back).await.reserved_micros, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_gives_up_once_the_provisioner_stays_away_for_minutes() {
+    let (mut mesh, src, mut gw) = setup().await;
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    mesh.terminate("sandbox-provisioner", Duration::from_secs(30))
+        .expect("the provisioner stops");
+    let gone = gw
+        .launch_run(launch(src.path(), 1, 1, "echo x > f.txt"))
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    let run = wait_finished(&mut gw, &gone, Duration::from_secs(260)).await;
+    let fork = &run.forks[0];
+    assert_eq!(status_of(&run, 1), ForkStatus::Failed, "{run:#?}");
+    assert!(fork.error.starts_with("create sandbox: "), "{}", fork.error);
+    // Seven tries, 5, 10, 20, 40, 60 and 60 s apart: an outage shorter than that only
+    // delays the fork (e2e_outage).
+    let took = fork.finished_unix_ms - fork.started_unix_ms;
+    assert!(took >= 195_000, "gave up after {took} ms: {fork:#?}");
+    let account = run_account(&mut ledger, &gone).await;
+    assert_eq!(account.reserved_micros, 0, "{account:#?}");
+    assert_eq!(account.spent_micros, 0, "{account:#?}");
 }
