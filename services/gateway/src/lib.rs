@@ -17,6 +17,7 @@ pub mod repo_policy;
 pub mod retry;
 pub mod sandboxes;
 pub mod search;
+pub mod tenant_policy;
 pub mod validate;
 pub mod wave;
 pub mod worker;

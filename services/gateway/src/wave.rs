@@ -231,7 +231,7 @@ impl WaveLocal {
         };
         match answer {
             Ok(h) if h.get_ref().healthy => {
-                out.ready_unix_ms = crate::workflows::unix_ms(Some(SystemTime::now()));
+                out.ready_unix_ms = forkyard_common::clock::unix_ms(Some(SystemTime::now()));
                 out
             }
             Ok(h) => out.stop(step::HEALTH, "", h.into_inner().detail, false),

@@ -15,7 +15,6 @@ mod run_state;
 mod runs;
 mod steer;
 mod tenancy;
-mod tenant_policy;
 mod watch;
 
 use crate::{auth::Tenant, error::GatewayError, validate::Limits};
@@ -33,9 +32,9 @@ use std::{pin::Pin, time::Duration};
 use temporalio_client::Client;
 use tonic::{Request, Response, Status};
 
+pub use crate::tenant_policy::TenantPolicy;
 pub use run_reads::ReadLimits;
 pub use run_state::run_state;
-pub use tenant_policy::TenantPolicy;
 
 #[derive(Clone)]
 pub struct GatewayService {

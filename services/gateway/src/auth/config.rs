@@ -6,7 +6,7 @@ use super::{
     keys::{KeyStore, check_tenant},
     limits::{LimitConfig, Limiter},
 };
-use crate::api::TenantPolicy;
+use crate::tenant_policy::TenantPolicy;
 use forkyard_proto::budget::v1::budget_ledger_client::BudgetLedgerClient;
 use std::{path::PathBuf, time::Duration};
 
