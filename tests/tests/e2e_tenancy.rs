@@ -3,200 +3,35 @@
 //! callers, open health probes, tenant ledger accounts and limits, and one tenant's
 //! flood refused while another tenant's run completes.
 
+mod tenant_calls;
+
 use forkyard_proto::{
     budget::v1::{
         AccountKind, CreateAccountRequest, GetAccountRequest, RaiseBudgetRequest as LedgerRaise,
         budget_ledger_client::BudgetLedgerClient,
     },
     gateway::v1::{
-        CancelForkRequest, CancelRunRequest, GetForkResultRequest, GetRunRequest, LaunchRunRequest,
-        ListRunsRequest, PauseRunRequest, RaiseBudgetRequest, ResumeRunRequest, Run, RunState,
-        StartCleanupRequest, WatchRunRequest, gateway_client::GatewayClient,
+        CancelRunRequest, LaunchRunRequest, ListRunsRequest, RunState, StartCleanupRequest,
+        WatchRunRequest, gateway_client::GatewayClient,
     },
 };
-use forkyard_tests::{
-    Mesh,
-    mesh::{MeshOptions, bin_dir},
-    repo,
-    support::launch,
-};
+use forkyard_tests::{Mesh, mesh::MeshOptions, repo};
 use std::{
     path::Path,
     time::{Duration, Instant},
 };
-use tonic::{Code, Request, transport::Channel};
+use tenant_calls::{
+    Gw, assert_invisible, get, keys, launch_req, list_ids, new_key, wait_closed, with_key,
+};
+use tonic::{Code, transport::Channel};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
-type Gw = GatewayClient<Channel>;
+type Ledger = BudgetLedgerClient<Channel>;
 
-/// `forkyard keys …` against the mesh gateway's key file; its stdout.
-fn keys(mesh: &Mesh, args: &[&str]) -> String {
-    let out = std::process::Command::new(bin_dir().join("forkyard"))
-        .env("FORKYARD_STATE_DIR", mesh.state_dir())
-        .args(["-o", "json", "keys"])
-        .args(args)
-        .output()
-        .expect("run forkyard");
-    assert!(
-        out.status.success(),
-        "forkyard keys {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A new key for `tenant`: (id, key).
-fn new_key(mesh: &Mesh, tenant: &str) -> (String, String) {
-    let v: serde_json::Value =
-        serde_json::from_str(&keys(mesh, &["create", "--tenant", tenant])).expect("json");
-    (
-        v["id"].as_str().unwrap().to_owned(),
-        v["key"].as_str().unwrap().to_owned(),
-    )
-}
-
-fn with_key<T>(key: &str, msg: T) -> Request<T> {
-    let mut r = Request::new(msg);
-    r.metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    r.set_timeout(Duration::from_secs(20));
-    r
-}
-
-async fn get(gw: &mut Gw, key: &str, run_id: &str) -> Result<Run, tonic::Status> {
-    gw.get_run(with_key(
-        key,
-        GetRunRequest {
-            run_id: run_id.into(),
-        },
-    ))
-    .await
-    .map(tonic::Response::into_inner)
-}
-
-async fn wait_closed(gw: &mut Gw, key: &str, run_id: &str, timeout: Duration) -> Run {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let run = get(gw, key, run_id).await.expect("own run");
-        let live = [
-            RunState::Running as i32,
-            RunState::Paused as i32,
-            RunState::AwaitingBudget as i32,
-        ];
-        if !live.contains(&run.state) {
-            return run;
-        }
-        assert!(Instant::now() < deadline, "run never finished: {run:#?}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
-fn launch_req(repo: &Path, request_id: &str, command: &str) -> LaunchRunRequest {
-    LaunchRunRequest {
-        request_id: request_id.into(),
-        ..launch(repo, 1, 1, command)
-    }
-}
-
-/// Every run RPC tenant B might aim at A's run, each must be NOT_FOUND.
-async fn assert_invisible(gw: &mut Gw, key: &str, run_id: &str) {
-    let id = || run_id.to_owned();
-    let codes = [
-        ("GetRun", get(gw, key, run_id).await.err().map(|s| s.code())),
-        (
-            "WatchRun",
-            gw.watch_run(with_key(key, WatchRunRequest { run_id: id() }))
-                .await
-                .err()
-                .map(|s| s.code()),
-        ),
-        (
-            "PauseRun",
-            gw.pause_run(with_key(key, PauseRunRequest { run_id: id() }))
-                .await
-                .err()
-                .map(|s| s.code()),
-        ),
-        (
-            "ResumeRun",
-            gw.resume_run(with_key(key, ResumeRunRequest { run_id: id() }))
-                .await
-                .err()
-                .map(|s| s.code()),
-        ),
-        (
-            "CancelRun",
-            gw.cancel_run(with_key(
-                key,
-                CancelRunRequest {
-                    run_id: id(),
-                    reason: String::new(),
-                },
-            ))
-            .await
-            .err()
-            .map(|s| s.code()),
-        ),
-        (
-            "CancelFork",
-            gw.cancel_fork(with_key(
-                key,
-                CancelForkRequest {
-                    run_id: id(),
-                    fork: 1,
-                    ..Default::default()
-                },
-            ))
-            .await
-            .err()
-            .map(|s| s.code()),
-        ),
-        (
-            "RaiseBudget",
-            gw.raise_budget(with_key(
-                key,
-                RaiseBudgetRequest {
-                    run_id: id(),
-                    amount_usd: "1".into(),
-                },
-            ))
-            .await
-            .err()
-            .map(|s| s.code()),
-        ),
-        (
-            "GetForkResult",
-            gw.get_fork_result(with_key(
-                key,
-                GetForkResultRequest {
-                    run_id: id(),
-                    fork: 1,
-                },
-            ))
-            .await
-            .err()
-            .map(|s| s.code()),
-        ),
-    ];
-    for (rpc, code) in codes {
-        assert_eq!(code, Some(Code::NotFound), "{rpc} of another tenant's run");
-    }
-}
-
-async fn list_ids(gw: &mut Gw, key: &str) -> Vec<String> {
-    gw.list_runs(with_key(key, ListRunsRequest::default()))
-        .await
-        .expect("list")
-        .into_inner()
-        .runs
-        .into_iter()
-        .map(|r| r.run_id)
-        .collect()
-}
-
-#[tokio::test]
-async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
-    let mesh = Mesh::start_with(MeshOptions {
+/// A mesh with API keys on: each tenant may spend $5 and run one fork at a time, and
+/// hold two watches open; `ops` is an operator.
+async fn tenant_mesh() -> anyhow::Result<Mesh> {
+    Mesh::start_with(MeshOptions {
         api_keys: true,
         env: vec![
             ("FORKYARD_TENANT_BUDGET_USD".into(), "5".into()),
@@ -206,21 +41,43 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
         ],
         ..Default::default()
     })
-    .await?;
-    let src = mesh.state_dir().join("repo");
-    repo::create(&src)?;
-    let (_, key_a) = new_key(&mesh, "team-a");
-    let (id_b, key_b) = new_key(&mesh, "team-b");
-    let (_, key_ops) = new_key(&mesh, "ops");
-    let listed = keys(&mesh, &["list"]);
+    .await
+}
+
+/// The keys of teams A and B (and B's key id) and the operators', made with the CLI,
+/// whose listing shows the keys but not their secrets.
+struct TeamKeys {
+    a: String,
+    id_b: String,
+    b: String,
+    ops: String,
+}
+
+fn team_keys(mesh: &Mesh) -> TeamKeys {
+    let (_, key_a) = new_key(mesh, "team-a");
+    let (id_b, key_b) = new_key(mesh, "team-b");
+    let (_, key_ops) = new_key(mesh, "ops");
+    let listed = keys(mesh, &["list"]);
     assert!(
         listed.contains("team-a") && listed.contains(&id_b),
         "{listed}"
     );
     assert!(!listed.contains(&key_a), "keys list must not show secrets");
-    let mut gw = GatewayClient::new(mesh.channel("gateway").await?);
+    TeamKeys {
+        a: key_a,
+        id_b,
+        b: key_b,
+        ops: key_ops,
+    }
+}
 
-    // Health stays open; everything else wants a valid key.
+/// Health stays open; everything else wants a valid key.
+async fn assert_only_valid_keys_get_in(
+    mesh: &Mesh,
+    gw: &mut Gw,
+    src: &Path,
+    key_a: &str,
+) -> anyhow::Result<()> {
     let health = HealthClient::new(mesh.channel("gateway").await?)
         .check(HealthCheckRequest::default())
         .await?;
@@ -228,37 +85,26 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
     let err = gw.list_runs(ListRunsRequest::default()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
     let err = gw
-        .launch_run(launch_req(&src, "x", "true"))
+        .launch_run(launch_req(src, "x", "true"))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
     let flipped = if key_a.ends_with('0') { '1' } else { '0' };
     let forged = format!("{}{flipped}", &key_a[..key_a.len() - 1]);
     for bad in [forged.as_str(), "fyk_nothing", "", "Bearer"] {
-        let err = get(&mut gw, bad, "run-x").await.unwrap_err();
+        let err = get(gw, bad, "run-x").await.unwrap_err();
         assert_eq!(err.code(), Code::Unauthenticated, "key {bad:?}: {err:?}");
     }
+    Ok(())
+}
 
-    // A's run: long enough to steer; B uses the same request id and gets its own run.
-    let a = gw
-        .launch_run(with_key(&key_a, launch_req(&src, "same", "sleep 60")))
-        .await?
-        .into_inner();
-    let b_launch = gw
-        .launch_run(with_key(&key_b, launch_req(&src, "same", "true")))
-        .await?
-        .into_inner();
-    assert!(b_launch.created, "B's request id is B's own");
-    assert_ne!(a.run_id, b_launch.run_id);
-
-    assert_invisible(&mut gw, &key_b, &a.run_id).await;
-
-    // Open WatchRun streams are capped per tenant (2 here); closing one frees its slot.
+/// Open WatchRun streams are capped per tenant (2 here); closing one frees its slot.
+async fn assert_watches_capped(gw: &mut Gw, key_a: &str, run_id: &str) -> anyhow::Result<()> {
     let watch = || {
         with_key(
-            &key_a,
+            key_a,
             WatchRunRequest {
-                run_id: a.run_id.clone(),
+                run_id: run_id.to_owned(),
             },
         )
     };
@@ -281,30 +127,35 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
         }
     }
     drop(w2);
-    // The same answer as for a run that does not exist: nothing tells B the id is taken.
-    let ghost = get(&mut gw, &key_b, "run-does-not-exist")
-        .await
-        .unwrap_err();
-    assert_eq!(ghost.code(), Code::NotFound);
-    assert!(list_ids(&mut gw, &key_a).await.contains(&a.run_id));
-    let b_runs = list_ids(&mut gw, &key_b).await;
-    assert_eq!(
-        b_runs,
-        vec![b_launch.run_id.clone()],
-        "B lists only its own"
-    );
+    Ok(())
+}
 
-    // A's run carries its tenant and draws on the tenant's ledger account.
-    let run = get(&mut gw, &key_a, &a.run_id).await?;
+/// B cannot tell A's run from one that does not exist, and each lists only its own.
+async fn assert_lists_are_per_tenant(gw: &mut Gw, team: &TeamKeys, a_run: &str, b_run: &str) {
+    // The same answer as for a run that does not exist: nothing tells B the id is taken.
+    let ghost = get(gw, &team.b, "run-does-not-exist").await.unwrap_err();
+    assert_eq!(ghost.code(), Code::NotFound);
+    assert!(list_ids(gw, &team.a).await.contains(&a_run.to_owned()));
+    let b_runs = list_ids(gw, &team.b).await;
+    assert_eq!(b_runs, vec![b_run.to_owned()], "B lists only its own");
+}
+
+/// A's run carries its tenant and draws on the tenant's ledger account.
+async fn assert_run_draws_on_its_tenant(
+    gw: &mut Gw,
+    ledger: &mut Ledger,
+    key_a: &str,
+    run_id: &str,
+) -> anyhow::Result<()> {
+    let run = get(gw, key_a, run_id).await?;
     let spec = run.spec.clone().unwrap();
     assert_eq!(spec.tenant, "team-a");
     assert_eq!(spec.tenant_account_id, "tenant-team-a");
-    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await?);
     let deadline = Instant::now() + Duration::from_secs(30);
     let run_account = loop {
         match ledger
             .get_account(GetAccountRequest {
-                account_id: a.run_id.clone(),
+                account_id: run_id.to_owned(),
             })
             .await
         {
@@ -324,10 +175,16 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
         .into_inner();
     assert_eq!(tenant.kind, AccountKind::Tenant as i32);
     assert_eq!(tenant.budget_micros, 5_000_000);
+    Ok(())
+}
 
+/// What a tenant may not do: start a fork past its concurrent-forks limit, fork a
+/// repository outside the operator's roots, run the cleanup schedule; and an operator
+/// sees no tenant's runs.
+async fn assert_tenant_bounds(gw: &mut Gw, src: &Path, team: &TeamKeys) -> anyhow::Result<()> {
     // A's concurrent-forks limit is 1 and its run holds it; B's own limit is untouched.
     let err = gw
-        .launch_run(with_key(&key_a, launch_req(&src, "second", "true")))
+        .launch_run(with_key(&team.a, launch_req(src, "second", "true")))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
@@ -338,10 +195,10 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
     for repo in ["/usr/share", "file:///usr/share"] {
         let err = gw
             .launch_run(with_key(
-                &key_b,
+                &team.b,
                 LaunchRunRequest {
                     repo: repo.into(),
-                    ..launch_req(&src, "outside-roots", "true")
+                    ..launch_req(src, "outside-roots", "true")
                 },
             ))
             .await
@@ -355,31 +212,25 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
 
     // The cleanup schedule is the operators'.
     let err = gw
-        .start_cleanup(with_key(&key_b, StartCleanupRequest::default()))
+        .start_cleanup(with_key(&team.b, StartCleanupRequest::default()))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     let ops = gw
-        .list_runs(with_key(&key_ops, ListRunsRequest::default()))
+        .list_runs(with_key(&team.ops, ListRunsRequest::default()))
         .await?
         .into_inner();
     assert!(ops.runs.is_empty(), "ops sees no tenant's runs: {ops:?}");
+    Ok(())
+}
 
-    // A steers its own run.
-    gw.cancel_run(with_key(
-        &key_a,
-        CancelRunRequest {
-            run_id: a.run_id.clone(),
-            reason: "test".into(),
-        },
-    ))
-    .await?;
-    let done = wait_closed(&mut gw, &key_a, &a.run_id, Duration::from_secs(90)).await;
-    assert_eq!(done.state, RunState::Cancelled as i32);
-    let b_done = wait_closed(&mut gw, &key_b, &b_launch.run_id, Duration::from_secs(90)).await;
-    assert_eq!(b_done.state, RunState::Completed as i32, "{b_done:#?}");
-
-    // A tenant whose limit is spent launches nothing; raising it lets the run start.
+/// A tenant whose limit is spent launches nothing; raising it lets the run start.
+async fn assert_a_spent_tenant_launches_once_raised(
+    mesh: &Mesh,
+    gw: &mut Gw,
+    ledger: &mut Ledger,
+    src: &Path,
+) -> anyhow::Result<()> {
     ledger
         .create_account(CreateAccountRequest {
             account_id: "tenant-team-c".into(),
@@ -389,17 +240,14 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
             ..Default::default()
         })
         .await?;
-    let (_, key_c) = new_key(&mesh, "team-c");
+    let (_, key_c) = new_key(mesh, "team-c");
     let err = gw
-        .launch_run(with_key(&key_c, launch_req(&src, "c1", "true")))
+        .launch_run(with_key(&key_c, launch_req(src, "c1", "true")))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(err.message().starts_with("budget_usd"), "{err:?}");
-    assert!(
-        list_ids(&mut gw, &key_c).await.is_empty(),
-        "nothing started"
-    );
+    assert!(list_ids(gw, &key_c).await.is_empty(), "nothing started");
     ledger
         .raise_budget(LedgerRaise {
             account_id: "tenant-team-c".into(),
@@ -408,15 +256,61 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
         })
         .await?;
     let c = gw
-        .launch_run(with_key(&key_c, launch_req(&src, "c1", "true")))
+        .launch_run(with_key(&key_c, launch_req(src, "c1", "true")))
         .await?
         .into_inner();
-    let c_done = wait_closed(&mut gw, &key_c, &c.run_id, Duration::from_secs(90)).await;
+    let c_done = wait_closed(gw, &key_c, &c.run_id, Duration::from_secs(90)).await;
     assert_eq!(c_done.state, RunState::Completed as i32, "{c_done:#?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
+    let mesh = tenant_mesh().await?;
+    let src = mesh.state_dir().join("repo");
+    repo::create(&src)?;
+    let team = team_keys(&mesh);
+    let mut gw = GatewayClient::new(mesh.channel("gateway").await?);
+    assert_only_valid_keys_get_in(&mesh, &mut gw, &src, &team.a).await?;
+
+    // A's run: long enough to steer; B uses the same request id and gets its own run.
+    let a = gw
+        .launch_run(with_key(&team.a, launch_req(&src, "same", "sleep 60")))
+        .await?
+        .into_inner();
+    let b_launch = gw
+        .launch_run(with_key(&team.b, launch_req(&src, "same", "true")))
+        .await?
+        .into_inner();
+    assert!(b_launch.created, "B's request id is B's own");
+    assert_ne!(a.run_id, b_launch.run_id);
+
+    assert_invisible(&mut gw, &team.b, &a.run_id).await;
+    assert_watches_capped(&mut gw, &team.a, &a.run_id).await?;
+    assert_lists_are_per_tenant(&mut gw, &team, &a.run_id, &b_launch.run_id).await;
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await?);
+    assert_run_draws_on_its_tenant(&mut gw, &mut ledger, &team.a, &a.run_id).await?;
+    assert_tenant_bounds(&mut gw, &src, &team).await?;
+
+    // A steers its own run.
+    gw.cancel_run(with_key(
+        &team.a,
+        CancelRunRequest {
+            run_id: a.run_id.clone(),
+            reason: "test".into(),
+        },
+    ))
+    .await?;
+    let done = wait_closed(&mut gw, &team.a, &a.run_id, Duration::from_secs(90)).await;
+    assert_eq!(done.state, RunState::Cancelled as i32);
+    let b_done = wait_closed(&mut gw, &team.b, &b_launch.run_id, Duration::from_secs(90)).await;
+    assert_eq!(b_done.state, RunState::Completed as i32, "{b_done:#?}");
+
+    assert_a_spent_tenant_launches_once_raised(&mesh, &mut gw, &mut ledger, &src).await?;
 
     // A revoked key stops working at once.
-    keys(&mesh, &["revoke", &id_b]);
-    let err = get(&mut gw, &key_b, &b_launch.run_id).await.unwrap_err();
+    keys(&mesh, &["revoke", &team.id_b]);
+    let err = get(&mut gw, &team.b, &b_launch.run_id).await.unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
     Ok(())
 }
