@@ -7,7 +7,7 @@ use forkyard_proto::{
     budget::v1::{
         ListReservationsRequest, ReservationState, budget_ledger_client::BudgetLedgerClient,
     },
-    janitor::v1::{SweepRequest, janitor_client::JanitorClient},
+    janitor::v1::{SweepReport, SweepRequest, janitor_client::JanitorClient},
     labels,
     sandbox::v1::{
         CreateSandboxRequest, ListSandboxesRequest, Sandbox,
@@ -20,7 +20,10 @@ use forkyard_tests::{
     repo,
     support::{Gateway, is_closed, launch, wait_until},
 };
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, path::Path, time::Duration};
+use tonic::transport::Channel;
+
+type Janitor = JanitorClient<Channel>;
 
 async fn sandboxes_of(mesh: &Mesh, run_id: Option<&str>) -> Vec<Sandbox> {
     let mut prov =
@@ -63,21 +66,16 @@ async fn wait_agents(mesh: &Mesh, run_id: &str, n: usize) {
     panic!("{n} agents of {run_id} never ran");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
-    let mut mesh = Mesh::start().await.expect("mesh starts");
-    let src = tempfile::tempdir().unwrap();
-    repo::create(src.path()).unwrap();
-    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
-
-    // 1. A run in flight when everything dies and Temporal's state is lost.
+/// A run in flight when everything dies (`kill -9`) and Temporal's state is lost: its id,
+/// once the restarted provisioner has found its two sandboxes again.
+async fn lose_a_run_in_a_disaster(mesh: &mut Mesh, gw: &mut Gateway, src: &Path) -> String {
     let lost = gw
-        .launch_run(launch(src.path(), 2, 2, "sleep 300"))
+        .launch_run(launch(src, 2, 2, "sleep 300"))
         .await
         .unwrap()
         .into_inner()
         .run_id;
-    wait_agents(&mesh, &lost, 2).await;
+    wait_agents(mesh, &lost, 2).await;
     for s in SERVICES {
         mesh.kill9(s);
     }
@@ -89,43 +87,41 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
     for s in SERVICES {
         mesh.wait_serving(s, Duration::from_secs(90)).await.unwrap();
     }
-    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
-    assert_eq!(
-        sandboxes_of(&mesh, Some(&lost)).await.len(),
-        2,
-        "the provisioner found its sandboxes again"
-    );
+    lost
+}
 
-    // 2. A sandbox made outside any workflow.
+/// A sandbox made outside any workflow.
+async fn stray_sandbox(mesh: &Mesh, src: &Path) -> String {
     let mut prov =
         SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
-    let stray = prov
-        .create_sandbox(CreateSandboxRequest {
-            repo: src.path().to_string_lossy().into_owned(),
-            branch: "stray".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .id;
+    prov.create_sandbox(CreateSandboxRequest {
+        repo: src.to_string_lossy().into_owned(),
+        branch: "stray".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .id
+}
 
-    // 3. A run terminated through Temporal (its forks' cleanup never runs), and
-    // 4. a healthy run that must be left alone.
+/// A run terminated through Temporal (its forks' cleanup never runs), and a healthy run
+/// that must be left alone: (victim, live).
+async fn terminate_one_of_two_runs(mesh: &Mesh, gw: &mut Gateway, src: &Path) -> (String, String) {
     let victim = gw
-        .launch_run(launch(src.path(), 1, 1, "sleep 300"))
+        .launch_run(launch(src, 1, 1, "sleep 300"))
         .await
         .unwrap()
         .into_inner()
         .run_id;
     let live = gw
-        .launch_run(launch(src.path(), 2, 2, "sleep 300"))
+        .launch_run(launch(src, 2, 2, "sleep 300"))
         .await
         .unwrap()
         .into_inner()
         .run_id;
-    wait_agents(&mesh, &victim, 1).await;
-    wait_agents(&mesh, &live, 2).await;
+    wait_agents(mesh, &victim, 1).await;
+    wait_agents(mesh, &live, 2).await;
     let out = std::process::Command::new(forkyard_tests::mesh::temporal_cli())
         .args([
             "workflow",
@@ -143,20 +139,12 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    wait_until(&mut gw, &victim, Duration::from_secs(60), is_closed).await;
-    let live_sandboxes: Vec<String> = sandboxes_of(&mesh, Some(&live))
-        .await
-        .into_iter()
-        .map(|s| s.id)
-        .collect();
-    assert_eq!(live_sandboxes.len(), 2);
-    // An inline fork's reservation is held by its run.
-    let stale_holders = held(&mesh).await;
-    assert!(stale_holders.contains(&victim), "{stale_holders:?}");
-    assert!(stale_holders.contains(&lost), "{stale_holders:?}");
+    wait_until(gw, &victim, Duration::from_secs(60), is_closed).await;
+    (victim, live)
+}
 
-    // One sweep.
-    let mut janitor = JanitorClient::new(mesh.channel("janitor").await.unwrap());
+/// A dry run reports the four orphans and changes nothing.
+async fn assert_a_dry_run_changes_nothing(mesh: &Mesh, janitor: &mut Janitor) {
     let dry = janitor
         .sweep_now(SweepRequest {
             dry_run: true,
@@ -168,16 +156,14 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
     assert_eq!(dry.actions.len(), 4, "{dry:#?}");
     assert!(dry.actions.iter().all(|a| !a.destroyed));
     assert_eq!(
-        sandboxes_of(&mesh, None).await.len(),
+        sandboxes_of(mesh, None).await.len(),
         6,
         "a dry run changes nothing"
     );
+}
 
-    let report = janitor
-        .sweep_now(SweepRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+/// Each orphan destroyed, for its own reason.
+fn assert_reaped_for_their_reasons(report: &SweepReport, stray: &str, victim: &str, lost: &str) {
     let reason_of = |id: &str| {
         report
             .actions
@@ -186,14 +172,14 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
             .map(|a| a.reason.clone())
     };
     assert_eq!(
-        reason_of(&stray).as_deref(),
+        reason_of(stray).as_deref(),
         Some("no owner label"),
         "{report:#?}"
     );
     let victim_reason = report
         .actions
         .iter()
-        .find(|a| a.labels.get(labels::RUN_ID) == Some(&victim))
+        .find(|a| a.labels.get(labels::RUN_ID).map(String::as_str) == Some(victim))
         .map(|a| a.reason.clone());
     assert_eq!(
         victim_reason.as_deref(),
@@ -203,7 +189,7 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
     let lost_reasons: Vec<&str> = report
         .actions
         .iter()
-        .filter(|a| a.labels.get(labels::RUN_ID) == Some(&lost))
+        .filter(|a| a.labels.get(labels::RUN_ID).map(String::as_str) == Some(lost))
         .map(|a| a.reason.as_str())
         .collect();
     assert_eq!(lost_reasons, vec!["workflow not found"; 2], "{report:#?}");
@@ -214,13 +200,15 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
             .all(|a| a.destroyed && a.error.is_empty()),
         "{report:#?}"
     );
+}
 
-    let remaining: Vec<String> = sandboxes_of(&mesh, None)
+async fn assert_only_these_remain(mesh: &Mesh, live_sandboxes: &[String]) {
+    let remaining: Vec<String> = sandboxes_of(mesh, None)
         .await
         .into_iter()
         .map(|s| s.id)
         .collect();
-    let mut expected = live_sandboxes.clone();
+    let mut expected = live_sandboxes.to_vec();
     expected.sort();
     let mut remaining_sorted = remaining.clone();
     remaining_sorted.sort();
@@ -228,8 +216,16 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
         remaining_sorted, expected,
         "only the live run's sandboxes remain"
     );
+}
 
-    // Their reservations went back to their runs; the live run's stay held.
+/// Their reservations went back to their runs; the live run's stay held.
+async fn assert_reservations_released(
+    mesh: &Mesh,
+    report: &SweepReport,
+    victim: &str,
+    lost: &str,
+    live: &str,
+) {
     let released: Vec<&str> = report
         .reservations
         .iter()
@@ -246,24 +242,16 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
         2,
         "{report:#?}"
     );
-    let still_held = held(&mesh).await;
-    let mut want = vec![live.clone(), live.clone()];
+    let still_held = held(mesh).await;
+    let mut want = vec![live.to_owned(), live.to_owned()];
     want.sort();
     let mut got = still_held.clone();
     got.sort();
     assert_eq!(got, want);
-    // A second sweep finds nothing more.
-    let again = janitor
-        .sweep_now(SweepRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(
-        again.actions.is_empty() && again.reservations.is_empty(),
-        "{again:#?}"
-    );
+}
 
-    // The janitor's metrics count what happened, by reason.
+/// The janitor's metrics count what happened, by reason.
+fn assert_reaped_counted(mesh: &Mesh) {
     let metrics = mesh.scrape("janitor").unwrap();
     for line in [
         r#"janitor_sandboxes_reaped_total{reason="workflow_not_found"} 2"#,
@@ -278,6 +266,57 @@ async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
             "no {line:?} in\n{metrics}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sweep_reaps_every_kind_of_orphan_and_spares_live_runs() {
+    let mut mesh = Mesh::start().await.expect("mesh starts");
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+
+    let lost = lose_a_run_in_a_disaster(&mut mesh, &mut gw, src.path()).await;
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    assert_eq!(
+        sandboxes_of(&mesh, Some(&lost)).await.len(),
+        2,
+        "the provisioner found its sandboxes again"
+    );
+    let stray = stray_sandbox(&mesh, src.path()).await;
+    let (victim, live) = terminate_one_of_two_runs(&mesh, &mut gw, src.path()).await;
+    let live_sandboxes: Vec<String> = sandboxes_of(&mesh, Some(&live))
+        .await
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(live_sandboxes.len(), 2);
+    // An inline fork's reservation is held by its run.
+    let stale_holders = held(&mesh).await;
+    assert!(stale_holders.contains(&victim), "{stale_holders:?}");
+    assert!(stale_holders.contains(&lost), "{stale_holders:?}");
+
+    // One sweep.
+    let mut janitor = Janitor::new(mesh.channel("janitor").await.unwrap());
+    assert_a_dry_run_changes_nothing(&mesh, &mut janitor).await;
+    let report = janitor
+        .sweep_now(SweepRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_reaped_for_their_reasons(&report, &stray, &victim, &lost);
+    assert_only_these_remain(&mesh, &live_sandboxes).await;
+    assert_reservations_released(&mesh, &report, &victim, &lost, &live).await;
+    // A second sweep finds nothing more.
+    let again = janitor
+        .sweep_now(SweepRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        again.actions.is_empty() && again.reservations.is_empty(),
+        "{again:#?}"
+    );
+    assert_reaped_counted(&mesh);
 }
 
 /// StartCleanup's schedule really sweeps: a tick (triggered now rather than waiting for the
