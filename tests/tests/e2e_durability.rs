@@ -5,7 +5,7 @@
 use forkyard_proto::{
     budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::ForkStatus,
-    gateway::v1::{LaunchRunRequest, RunState},
+    gateway::v1::{LaunchRunRequest, Run, RunState},
     labels,
     sandbox::v1::{ListSandboxesRequest, sandbox_provisioner_client::SandboxProvisionerClient},
 };
@@ -30,55 +30,48 @@ use std::{
 /// first (at $0.0n1, fork 9 overspent its share and failed whenever it committed first).
 const AGENT: &str = r#"sleep 5; echo "fork $FORKYARD_FORK" > done.txt; printf '{"total_cost_usd": 0.00%d1}\n' "$FORKYARD_FORK""#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
-    let mut mesh = Mesh::start().await.expect("mesh starts");
-    let src = tempfile::tempdir().unwrap();
-    repo::create(src.path()).unwrap();
-    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
-    let run_id = gw
-        .launch_run(LaunchRunRequest {
-            request_id: "durable".into(),
-            ..launch(src.path(), 3, 2, AGENT)
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run_id;
+/// Each fork's sandboxes (by the fork's label): the most alive at once for any one fork,
+/// and every id seen per fork.
+type SandboxesSeen = (usize, HashMap<String, HashSet<String>>);
 
-    // Watch every sandbox of the run: per fork, never two alive at once.
-    let stop = Arc::new(AtomicBool::new(false));
-    let watcher = {
-        let mut prov =
-            SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
-        let (stop, run_id) = (stop.clone(), run_id.clone());
-        tokio::spawn(async move {
-            let mut worst = 0usize;
-            let mut ids: HashMap<String, HashSet<String>> = HashMap::new();
-            while !stop.load(Ordering::Relaxed) {
-                let sel = HashMap::from([(labels::RUN_ID.to_owned(), run_id.clone())]);
-                if let Ok(r) = prov
-                    .list_sandboxes(ListSandboxesRequest {
-                        label_selector: sel,
-                    })
-                    .await
-                {
-                    let mut per_fork: HashMap<String, usize> = HashMap::new();
-                    for s in r.into_inner().sandboxes {
-                        let fork = s.labels.get(labels::FORK).cloned().unwrap_or_default();
-                        *per_fork.entry(fork.clone()).or_default() += 1;
-                        ids.entry(fork).or_default().insert(s.id);
-                    }
-                    worst = worst.max(per_fork.values().copied().max().unwrap_or(0));
+/// Watches every sandbox of the run until `stop`: per fork, never two alive at once.
+async fn watch_sandboxes_per_fork(
+    mesh: &Mesh,
+    run_id: &str,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<SandboxesSeen> {
+    let mut prov =
+        SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+    let run_id = run_id.to_owned();
+    tokio::spawn(async move {
+        let mut worst = 0usize;
+        let mut ids: HashMap<String, HashSet<String>> = HashMap::new();
+        while !stop.load(Ordering::Relaxed) {
+            let sel = HashMap::from([(labels::RUN_ID.to_owned(), run_id.clone())]);
+            if let Ok(r) = prov
+                .list_sandboxes(ListSandboxesRequest {
+                    label_selector: sel,
+                })
+                .await
+            {
+                let mut per_fork: HashMap<String, usize> = HashMap::new();
+                for s in r.into_inner().sandboxes {
+                    let fork = s.labels.get(labels::FORK).cloned().unwrap_or_default();
+                    *per_fork.entry(fork.clone()).or_default() += 1;
+                    ids.entry(fork).or_default().insert(s.id);
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                worst = worst.max(per_fork.values().copied().max().unwrap_or(0));
             }
-            (worst, ids)
-        })
-    };
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (worst, ids)
+    })
+}
 
-    // Both first forks are inside their agents: crash the two processes.
-    wait_until(&mut gw, &run_id, Duration::from_secs(60), |r| {
+/// Both first forks are inside their agents: crash the gateway and the agent runner, and
+/// start them again.
+async fn crash_both_mid_agents(mesh: &mut Mesh, gw: &mut Gateway, run_id: &str) {
+    wait_until(gw, run_id, Duration::from_secs(60), |r| {
         r.forks_running == 2
     })
     .await;
@@ -107,17 +100,16 @@ async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
     mesh.wait_serving("gateway", Duration::from_secs(60))
         .await
         .unwrap();
+}
 
-    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
-    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(240)).await;
-    stop.store(true, Ordering::Relaxed);
-    let (worst, ids) = watcher.await.unwrap();
-
-    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
-    assert_eq!(run.forks_succeeded, 3, "{run:#?}");
-    assert!(worst <= 1, "{worst} sandboxes alive at once for one fork");
+/// Every fork succeeded, was charged once, and ran in one sandbox, ever.
+async fn assert_each_fork_ran_once(
+    gw: &mut Gateway,
+    run_id: &str,
+    ids: &HashMap<String, HashSet<String>>,
+) {
     for fork in 1..=3u32 {
-        let f = fork_result(&mut gw, &run_id, fork).await;
+        let f = fork_result(gw, run_id, fork).await;
         assert_eq!(
             f.status,
             ForkStatus::Succeeded as i32,
@@ -135,9 +127,13 @@ async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
         assert_eq!(seen.len(), 1, "fork {fork} had sandboxes {seen:?}");
         assert!(seen.contains(&f.sandbox_id));
     }
+}
 
+/// The ledger holds each fork's charge once and nothing reserved; no workspace or
+/// process is left.
+async fn assert_ledger_exact_and_nothing_left(mesh: &Mesh, run_id: &str, run: &Run) {
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let account = run_account(&mut ledger, &run_id).await;
+    let account = run_account(&mut ledger, run_id).await;
     assert_eq!(account.spent_micros, 6_300, "each fork charged once");
     assert_eq!(account.spent_micros, run.cost_micros);
     assert_eq!(account.reserved_micros, 0);
@@ -151,6 +147,36 @@ async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
         "{:?}",
         sandbox_processes(mesh.state_dir())
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_gateway_and_agent_runner_mid_run_loses_nothing() {
+    let mut mesh = Mesh::start().await.expect("mesh starts");
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    let run_id = gw
+        .launch_run(LaunchRunRequest {
+            request_id: "durable".into(),
+            ..launch(src.path(), 3, 2, AGENT)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = watch_sandboxes_per_fork(&mesh, &run_id, stop.clone()).await;
+    crash_both_mid_agents(&mut mesh, &mut gw, &run_id).await;
+
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(240)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (worst, ids) = watcher.await.unwrap();
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    assert_eq!(run.forks_succeeded, 3, "{run:#?}");
+    assert!(worst <= 1, "{worst} sandboxes alive at once for one fork");
+    assert_each_fork_ran_once(&mut gw, &run_id, &ids).await;
+    assert_ledger_exact_and_nothing_left(&mesh, &run_id, &run).await;
 }
 
 /// `kill -9` of the gateway right after a cancel was accepted, with every fork inside its

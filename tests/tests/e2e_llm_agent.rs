@@ -7,19 +7,19 @@ mod fake_llm;
 
 use fake_llm::{Requests, api_error};
 use forkyard_proto::{
-    budget::v1::budget_ledger_client::BudgetLedgerClient,
-    common::v1::{AgentSpec, ForkStatus},
-    gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
+    common::v1::{AgentSpec, ForkResult, ForkStatus},
+    gateway::v1::{LaunchRunRequest, RunState},
 };
 use forkyard_tests::{
     Mesh,
     mesh::MeshOptions,
     repo,
-    support::{fork_result, run_account, wait_finished},
+    support::{Gateway, Ledger, fork_result, run_account, wait_finished},
 };
 use serde_json::{Value, json};
 use std::{
     collections::VecDeque,
+    path::Path,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -65,42 +65,39 @@ fn launch(repo: &std::path::Path, driver: &str, model: &str) -> LaunchRunRequest
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn anthropic_driver_run_through_the_mesh() {
-    let script: Script = Arc::default();
-    let base = anthropic_server(script.clone()).await;
-    {
-        let mut s = script.lock().unwrap();
-        s.0.push_back((200, message("tool_use", json!([
-            {"type": "text", "text": "Editing."},
-            {"type": "tool_use", "id": "toolu_e2e_1", "name": "edit",
-             "input": {"path": "src/lib.txt", "old_string": "three\n", "new_string": "three\nfour\n"}}]), 1200, 80)));
-        s.0.push_back((
-            200,
-            message(
-                "end_turn",
-                json!([{"type": "text", "text": "Added line four."}]),
-                1500,
-                20,
-            ),
-        ));
-    }
-    let options = MeshOptions {
-        env: vec![
-            ("ANTHROPIC_API_KEY".into(), KEY.into()),
-            ("ANTHROPIC_BASE_URL".into(), base.clone()),
-        ],
-        ..Default::default()
-    };
-    let mesh = Mesh::start_with(options).await.expect("mesh");
-    let dir = tempfile::tempdir().unwrap();
-    let repo_dir = dir.path().join("repo");
-    repo::create(&repo_dir).unwrap();
-    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+/// The model's side of an edit: a tool call adding line four, then the end of the turn.
+fn script_an_edit(script: &Script) {
+    let mut s = script.lock().unwrap();
+    s.0.push_back((200, message("tool_use", json!([
+        {"type": "text", "text": "Editing."},
+        {"type": "tool_use", "id": "toolu_e2e_1", "name": "edit",
+         "input": {"path": "src/lib.txt", "old_string": "three\n", "new_string": "three\nfour\n"}}]), 1200, 80)));
+    s.0.push_back((
+        200,
+        message(
+            "end_turn",
+            json!([{"type": "text", "text": "Added line four."}]),
+            1500,
+            20,
+        ),
+    ));
+}
 
-    // Refused at launch, before anything starts.
+/// Launches `req` under `request_id`: the run's id.
+async fn launch_as(gw: &mut Gateway, mut req: LaunchRunRequest, request_id: &str) -> String {
+    req.request_id = request_id.into();
+    gw.launch_run(req)
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id
+}
+
+/// Refused at launch, before anything starts: a model the driver does not know, a driver
+/// that does not exist, a provider whose key the runner lacks.
+async fn assert_refused_at_launch(gw: &mut Gateway, repo_dir: &Path, script: &Script) {
     let err = gw
-        .launch_run(launch(&repo_dir, "anthropic", "sonet"))
+        .launch_run(launch(repo_dir, "anthropic", "sonet"))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
@@ -110,7 +107,7 @@ async fn anthropic_driver_run_through_the_mesh() {
         err.message()
     );
     let err = gw
-        .launch_run(launch(&repo_dir, "gpt-pilot", ""))
+        .launch_run(launch(repo_dir, "gpt-pilot", ""))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
@@ -120,7 +117,7 @@ async fn anthropic_driver_run_through_the_mesh() {
         err.message()
     );
     let err = gw
-        .launch_run(launch(&repo_dir, "openai", "gpt-4o"))
+        .launch_run(launch(repo_dir, "openai", "gpt-4o"))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
@@ -133,18 +130,18 @@ async fn anthropic_driver_run_through_the_mesh() {
         script.lock().unwrap().1.is_empty(),
         "no model call for refused launches"
     );
+}
 
-    let mut req = launch(&repo_dir, "anthropic", "haiku");
-    req.request_id = "llm-e2e".into();
-    let run_id = gw
-        .launch_run(req)
-        .await
-        .expect("launch")
-        .into_inner()
-        .run_id;
-    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
+/// The edit is in the patch, and the fork's two turns are its tokens and its cost, in the
+/// result and in the ledger: the fork's result.
+async fn assert_edited_and_paid_exactly(
+    gw: &mut Gateway,
+    ledger: &mut Ledger,
+    run_id: &str,
+) -> ForkResult {
+    let run = wait_finished(gw, run_id, Duration::from_secs(120)).await;
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
-    let fork = fork_result(&mut gw, &run_id, 1).await;
+    let fork = fork_result(gw, run_id, 1).await;
     assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?}");
     assert!(fork.patch.contains("+four"), "{}", fork.patch);
     let usage = fork.usage.unwrap();
@@ -160,15 +157,17 @@ async fn anthropic_driver_run_through_the_mesh() {
     let expected = 2700 + 100 * 5 + 20;
     assert_eq!(fork.cost_micros, expected);
     assert_eq!(fork.agent_output_tail, "Added line four.");
-    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let account = run_account(&mut ledger, &run_id).await;
+    let account = run_account(ledger, run_id).await;
     assert_eq!(
         account.spent_micros, expected,
         "charged per turn, committed once, exactly"
     );
     assert_eq!(account.reserved_micros, 0);
+    fork
+}
 
-    // The transcript comes from the runner's artifact store.
+/// The transcript comes from the runner's artifact store.
+fn assert_transcript_of_the_edit(fork: &ForkResult) {
     let lines: Vec<Value> = fork
         .transcript
         .lines()
@@ -182,7 +181,11 @@ async fn anthropic_driver_run_through_the_mesh() {
             .any(|l| l["message"]["content"][0]["tool_use_id"] == "toolu_e2e_1")
     );
     assert_eq!(lines.last().unwrap()["type"], "end");
+}
 
+/// The model got two requests, the first with the key, the second with the tool's
+/// result.
+fn assert_model_asked_with_the_key(script: &Script) {
     let requests = script.lock().unwrap().1.clone();
     assert_eq!(requests.len(), 2);
     assert!(requests[0].0.starts_with("POST /v1/messages HTTP/1.1"));
@@ -196,8 +199,10 @@ async fn anthropic_driver_run_through_the_mesh() {
         requests[1].1["messages"][2]["content"][0]["type"],
         "tool_result"
     );
+}
 
-    // The key reached the model API and nothing else the mesh wrote.
+/// The key reached the model API and nothing else the mesh wrote.
+fn assert_key_in_no_log_or_result(mesh: &Mesh, fork: &ForkResult) {
     for entry in std::fs::read_dir(mesh.state_dir().join("logs"))
         .unwrap()
         .flatten()
@@ -207,9 +212,16 @@ async fn anthropic_driver_run_through_the_mesh() {
     }
     assert!(!fork.transcript.contains(KEY));
     assert!(!format!("{fork:?}").contains(KEY));
+}
 
-    // A budget that runs out mid-conversation: the refused charge stops the agent and the
-    // fork is BUDGET_EXCEEDED with what it was charged (3 turns of 1,510 micro-USD).
+/// A budget that runs out mid-conversation: the refused charge stops the agent and the
+/// fork is BUDGET_EXCEEDED with what it was charged (3 turns of 1,510 micro-USD).
+async fn assert_a_spent_budget_stops_the_agent(
+    gw: &mut Gateway,
+    ledger: &mut Ledger,
+    script: &Script,
+    repo_dir: &Path,
+) {
     {
         let mut s = script.lock().unwrap();
         s.1.clear();
@@ -221,17 +233,11 @@ async fn anthropic_driver_run_through_the_mesh() {
             ));
         }
     }
-    let mut req = launch(&repo_dir, "anthropic", "haiku");
-    req.request_id = "llm-budget".into();
+    let mut req = launch(repo_dir, "anthropic", "haiku");
     req.budget_usd = "0.005".into();
-    let run_id = gw
-        .launch_run(req)
-        .await
-        .expect("launch")
-        .into_inner()
-        .run_id;
-    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
-    let fork = fork_result(&mut gw, &run_id, 1).await;
+    let run_id = launch_as(gw, req, "llm-budget").await;
+    let run = wait_finished(gw, &run_id, Duration::from_secs(120)).await;
+    let fork = fork_result(gw, &run_id, 1).await;
     assert_eq!(
         fork.status,
         ForkStatus::BudgetExceeded as i32,
@@ -243,7 +249,7 @@ async fn anthropic_driver_run_through_the_mesh() {
         4,
         "no model call after the refused charge"
     );
-    let account = run_account(&mut ledger, &run_id).await;
+    let account = run_account(ledger, &run_id).await;
     assert_eq!(account.spent_micros, 3 * 1510);
     assert_eq!(account.reserved_micros, 0);
     assert!(
@@ -253,6 +259,34 @@ async fn anthropic_driver_run_through_the_mesh() {
         "{}",
         fork.transcript
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_driver_run_through_the_mesh() {
+    let script: Script = Arc::default();
+    let base = anthropic_server(script.clone()).await;
+    script_an_edit(&script);
+    let options = MeshOptions {
+        env: vec![
+            ("ANTHROPIC_API_KEY".into(), KEY.into()),
+            ("ANTHROPIC_BASE_URL".into(), base.clone()),
+        ],
+        ..Default::default()
+    };
+    let mesh = Mesh::start_with(options).await.expect("mesh");
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = dir.path().join("repo");
+    repo::create(&repo_dir).unwrap();
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+
+    assert_refused_at_launch(&mut gw, &repo_dir, &script).await;
+    let run_id = launch_as(&mut gw, launch(&repo_dir, "anthropic", "haiku"), "llm-e2e").await;
+    let mut ledger = Ledger::new(mesh.channel("budget-ledger").await.unwrap());
+    let fork = assert_edited_and_paid_exactly(&mut gw, &mut ledger, &run_id).await;
+    assert_transcript_of_the_edit(&fork);
+    assert_model_asked_with_the_key(&script);
+    assert_key_in_no_log_or_result(&mesh, &fork);
+    assert_a_spent_budget_stops_the_agent(&mut gw, &mut ledger, &script, &repo_dir).await;
 }
 
 fn tool_use(id: &str, name: &str, input: Value) -> (u16, Value) {
@@ -269,66 +303,45 @@ fn tool_use(id: &str, name: &str, input: Value) -> (u16, Value) {
 
 use forkyard_common::testing::host_pids_with as pids_with;
 
-/// Temporal retries a failed agent attempt, which resumes from the last heartbeat's
-/// details (no turn charged twice); a cancel reaches the agent through its heartbeat and
-/// kills its sandbox command within seconds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retried_attempts_resume_and_cancels_kill_the_command() {
-    let script: Script = Arc::default();
-    let base = anthropic_server(script.clone()).await;
-    let options = MeshOptions {
-        env: vec![
-            ("ANTHROPIC_API_KEY".into(), KEY.into()),
-            ("ANTHROPIC_BASE_URL".into(), base.clone()),
-            // One try per model call: a 500 fails the attempt at once.
-            ("FORKYARD_MODEL_RETRIES".into(), "1".into()),
-        ],
-        ..Default::default()
-    };
-    let mesh = Mesh::start_with(options).await.expect("mesh");
-    let dir = tempfile::tempdir().unwrap();
-    let repo_dir = dir.path().join("repo");
-    repo::create(&repo_dir).unwrap();
-    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
-    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let turn = 1000 + 100 * 5 + 10; // haiku, with 100 cache-read tokens
+/// Turn 1 asks for a file, turn 2's call fails (a 500, the attempt with it), and the
+/// retried attempt's call ends the turn.
+fn script_a_failed_attempt(script: &Script) {
+    let mut s = script.lock().unwrap();
+    s.0.push_back(tool_use(
+        "toolu_r1",
+        "write_file",
+        json!({"path": "a.txt", "content": "a\n"}),
+    ));
+    s.0.push_back((
+        500,
+        json!({"type": "error", "error": {"type": "api_error", "message": "internal"}}),
+    ));
+    s.0.push_back((
+        200,
+        message(
+            "end_turn",
+            json!([{"type": "text", "text": "ok"}]),
+            1000,
+            100,
+        ),
+    ));
+}
 
-    {
-        let mut s = script.lock().unwrap();
-        s.0.push_back(tool_use(
-            "toolu_r1",
-            "write_file",
-            json!({"path": "a.txt", "content": "a\n"}),
-        ));
-        s.0.push_back((
-            500,
-            json!({"type": "error", "error": {"type": "api_error", "message": "internal"}}),
-        ));
-        s.0.push_back((
-            200,
-            message(
-                "end_turn",
-                json!([{"type": "text", "text": "ok"}]),
-                1000,
-                100,
-            ),
-        ));
-    }
-    let mut req = launch(&repo_dir, "anthropic", "haiku");
-    req.request_id = "llm-retry".into();
-    let run_id = gw
-        .launch_run(req)
-        .await
-        .expect("launch")
-        .into_inner()
-        .run_id;
-    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
+/// The retried attempt resumed after turn 1: nothing asked or charged twice.
+async fn assert_the_retry_resumed(
+    gw: &mut Gateway,
+    ledger: &mut Ledger,
+    script: &Script,
+    run_id: &str,
+    turn: i64,
+) {
+    let run = wait_finished(gw, run_id, Duration::from_secs(120)).await;
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
-    let fork = fork_result(&mut gw, &run_id, 1).await;
+    let fork = fork_result(gw, run_id, 1).await;
     assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?}");
     assert!(fork.patch.contains("+a"), "{}", fork.patch);
     assert_eq!(fork.cost_micros, 2 * turn);
-    let spent = run_account(&mut ledger, &run_id).await.spent_micros;
+    let spent = run_account(ledger, run_id).await.spent_micros;
     assert_eq!(
         spent,
         2 * turn,
@@ -350,22 +363,24 @@ async fn retried_attempts_resume_and_cancels_kill_the_command() {
         "{}",
         fork.transcript
     );
+}
 
-    // Cancel while the agent's command runs.
+/// Cancel while the agent's command runs: the command dies within seconds, the fork is
+/// cancelled, and its one model turn stays spent.
+async fn assert_a_cancel_kills_the_command(
+    gw: &mut Gateway,
+    ledger: &mut Ledger,
+    script: &Script,
+    repo_dir: &Path,
+    turn: i64,
+) {
     let marker = format!("{}.{}", 700 + std::process::id() % 200, 17);
     script.lock().unwrap().0.push_back(tool_use(
         "toolu_c1",
         "bash",
         json!({"command": format!("sleep {marker}")}),
     ));
-    let mut req = launch(&repo_dir, "anthropic", "haiku");
-    req.request_id = "llm-cancel".into();
-    let run_id = gw
-        .launch_run(req)
-        .await
-        .expect("launch")
-        .into_inner()
-        .run_id;
+    let run_id = launch_as(gw, launch(repo_dir, "anthropic", "haiku"), "llm-cancel").await;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while pids_with(&format!("sleep {marker}")).is_empty() {
         assert!(
@@ -392,11 +407,46 @@ async fn retried_attempts_resume_and_cancels_kill_the_command() {
         "command killed {} ms after CancelRun",
         cancelled.elapsed().as_millis()
     );
-    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(60)).await;
+    let run = wait_finished(gw, &run_id, Duration::from_secs(60)).await;
     assert_eq!(run.state, RunState::Cancelled as i32, "{run:#?}");
-    let fork = fork_result(&mut gw, &run_id, 1).await;
+    let fork = fork_result(gw, &run_id, 1).await;
     assert_eq!(fork.status, ForkStatus::Cancelled as i32, "{fork:#?}");
-    let spent = run_account(&mut ledger, &run_id).await;
+    let spent = run_account(ledger, &run_id).await;
     assert_eq!(spent.spent_micros, turn, "the one model turn stays spent");
     assert_eq!(spent.reserved_micros, 0);
+}
+
+/// Temporal retries a failed agent attempt, which resumes from the last heartbeat's
+/// details (no turn charged twice); a cancel reaches the agent through its heartbeat and
+/// kills its sandbox command within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_attempts_resume_and_cancels_kill_the_command() {
+    let script: Script = Arc::default();
+    let base = anthropic_server(script.clone()).await;
+    let options = MeshOptions {
+        env: vec![
+            ("ANTHROPIC_API_KEY".into(), KEY.into()),
+            ("ANTHROPIC_BASE_URL".into(), base.clone()),
+            // One try per model call: a 500 fails the attempt at once.
+            ("FORKYARD_MODEL_RETRIES".into(), "1".into()),
+        ],
+        ..Default::default()
+    };
+    let mesh = Mesh::start_with(options).await.expect("mesh");
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = dir.path().join("repo");
+    repo::create(&repo_dir).unwrap();
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    let mut ledger = Ledger::new(mesh.channel("budget-ledger").await.unwrap());
+    let turn = 1000 + 100 * 5 + 10; // haiku, with 100 cache-read tokens
+
+    script_a_failed_attempt(&script);
+    let run_id = launch_as(
+        &mut gw,
+        launch(&repo_dir, "anthropic", "haiku"),
+        "llm-retry",
+    )
+    .await;
+    assert_the_retry_resumed(&mut gw, &mut ledger, &script, &run_id, turn).await;
+    assert_a_cancel_kills_the_command(&mut gw, &mut ledger, &script, &repo_dir, turn).await;
 }

@@ -25,22 +25,9 @@ async fn serving(ch: tonic::transport::Channel) -> Result<bool, tonic::Status> {
     Ok(h.check(req).await?.into_inner().status == ServingStatus::Serving as i32)
 }
 
-#[tokio::test]
-async fn internal_services_demand_a_mesh_certificate_and_a_run_completes_over_mtls()
--> anyhow::Result<()> {
-    let model = ScriptedModel::start(Script::edit("true")).await;
-    let mesh = Mesh::start_with(MeshOptions {
-        tls: true,
-        service_env: vec![(
-            "agent-runner".into(),
-            "ANTHROPIC_BASE_URL".into(),
-            model.url.clone(),
-        )],
-        ..Default::default()
-    })
-    .await?;
-
-    // A certificate signed by some other CA, for the impostor below.
+/// A client certificate signed by some other CA, in the mesh's certs dir as
+/// `rogue-client`, for the impostor.
+fn rogue_client_certificate(mesh: &Mesh) -> anyhow::Result<()> {
     let rogue = mesh.state_dir().join("rogue-certs");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/certs.sh");
     let out = std::process::Command::new("bash")
@@ -55,7 +42,12 @@ async fn internal_services_demand_a_mesh_certificate_and_a_run_completes_over_mt
     for f in ["client.pem", "client.key"] {
         std::fs::copy(rogue.join(f), mesh.certs_dir().join(format!("rogue-{f}")))?;
     }
+    Ok(())
+}
 
+/// Each internal service serves the mesh's own certificate and nothing else: not a caller
+/// without one, not one from another CA, not plain gRPC.
+async fn assert_internal_services_demand_the_mesh_ca(mesh: &Mesh) -> anyhow::Result<()> {
     for service in [
         "sandbox-provisioner",
         "agent-runner",
@@ -90,9 +82,14 @@ async fn internal_services_demand_a_mesh_certificate_and_a_run_completes_over_mt
         };
         assert!(!plain, "{service} answered plaintext gRPC");
     }
-    // The public gateway: TLS, API keys (off here) instead of client certificates.
-    assert!(serving(mesh.tls_channel("gateway", None).await?).await?);
+    Ok(())
+}
 
+/// Two forks whose agents call their model complete, the calls metered.
+async fn assert_a_run_completes_over_mtls(
+    mesh: &Mesh,
+    model: &ScriptedModel,
+) -> anyhow::Result<()> {
     let src = mesh.state_dir().join("repo");
     repo::create(&src)?;
     let mut gw = GatewayClient::new(mesh.channel("gateway").await?);
@@ -112,8 +109,11 @@ async fn internal_services_demand_a_mesh_certificate_and_a_run_completes_over_mt
     assert_eq!(model.model_calls().len(), 2);
     let fork = fork_result(&mut gw, &run.run_id, 1).await;
     assert!(fork.patch.contains("msg_scripted_"), "{}", fork.patch);
+    Ok(())
+}
 
-    // The LLM gateway's port takes no plaintext, not even with a sandbox header.
+/// The LLM gateway's port takes no plaintext, not even with a sandbox header.
+async fn assert_llm_gateway_refuses_plaintext(mesh: &Mesh) -> anyhow::Result<()> {
     let mut plain = tokio::net::TcpStream::connect(("127.0.0.1", mesh.llm_port)).await?;
     plain
         .write_all(&forkyard_common::proxy_header::encode("sbx-forged"))
@@ -129,4 +129,26 @@ async fn internal_services_demand_a_mesh_certificate_and_a_run_completes_over_mt
         String::from_utf8_lossy(&answer)
     );
     Ok(())
+}
+
+#[tokio::test]
+async fn internal_services_demand_a_mesh_certificate_and_a_run_completes_over_mtls()
+-> anyhow::Result<()> {
+    let model = ScriptedModel::start(Script::edit("true")).await;
+    let mesh = Mesh::start_with(MeshOptions {
+        tls: true,
+        service_env: vec![(
+            "agent-runner".into(),
+            "ANTHROPIC_BASE_URL".into(),
+            model.url.clone(),
+        )],
+        ..Default::default()
+    })
+    .await?;
+    rogue_client_certificate(&mesh)?;
+    assert_internal_services_demand_the_mesh_ca(&mesh).await?;
+    // The public gateway: TLS, API keys (off here) instead of client certificates.
+    assert!(serving(mesh.tls_channel("gateway", None).await?).await?);
+    assert_a_run_completes_over_mtls(&mesh, &model).await?;
+    assert_llm_gateway_refuses_plaintext(&mesh).await
 }

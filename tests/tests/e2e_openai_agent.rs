@@ -10,17 +10,18 @@ mod fake_llm;
 use fake_llm::{Requests, api_error};
 use forkyard_proto::{
     budget::v1::budget_ledger_client::BudgetLedgerClient,
-    common::v1::{AgentSpec, ForkStatus},
-    gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
+    common::v1::{AgentSpec, ForkResult, ForkStatus},
+    gateway::v1::{LaunchRunRequest, Run, RunState},
 };
 use forkyard_tests::{
     Mesh,
     mesh::MeshOptions,
     repo,
-    support::{fork_result, run_account, wait_finished},
+    support::{Gateway, fork_result, run_account, wait_finished},
 };
 use serde_json::{Value, json};
 use std::{
+    path::Path,
     sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
@@ -80,51 +81,32 @@ fn model(rate_limited: &AtomicBool, body: &Value) -> (u16, Value) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn openai_driver_run_through_the_mesh() {
-    let requests = Requests::default();
-    let rate_limited = AtomicBool::new(false);
-    let base = fake_llm::serve(move |_, body| model(&rate_limited, body), requests.clone()).await;
-    let options = MeshOptions {
-        env: vec![
-            ("OPENAI_API_KEY".into(), KEY.into()),
-            ("OPENAI_BASE_URL".into(), format!("{base}/v1")),
-        ],
-        ..Default::default()
-    };
-    let mesh = Mesh::start_with(options).await.expect("mesh");
-    let dir = tempfile::tempdir().unwrap();
-    let repo_dir = dir.path().join("repo");
-    repo::create(&repo_dir).unwrap();
-    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
-
-    let run_id = gw
-        .launch_run(LaunchRunRequest {
-            repo: repo_dir.to_string_lossy().into_owned(),
-            prompt: "Append a line four to src/lib.txt".into(),
-            forks: 1,
-            max_concurrent: 1,
-            budget_usd: "1".into(),
-            agent: Some(AgentSpec {
-                driver: "openai".into(),
-                model: "gpt-4o".into(),
-                ..Default::default()
-            }),
-            fork_timeout_secs: 120,
-            request_id: "openai-e2e".into(),
+/// One fork of the openai driver with gpt-4o: its run's id.
+async fn launch_one_fork(gw: &mut Gateway, repo_dir: &Path) -> String {
+    gw.launch_run(LaunchRunRequest {
+        repo: repo_dir.to_string_lossy().into_owned(),
+        prompt: "Append a line four to src/lib.txt".into(),
+        forks: 1,
+        max_concurrent: 1,
+        budget_usd: "1".into(),
+        agent: Some(AgentSpec {
+            driver: "openai".into(),
+            model: "gpt-4o".into(),
             ..Default::default()
-        })
-        .await
-        .expect("launch")
-        .into_inner()
-        .run_id;
-    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
-    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
-    let fork = fork_result(&mut gw, &run_id, 1).await;
-    assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?}");
-    assert!(fork.patch.contains("+four"), "{}", fork.patch);
-    assert_eq!(fork.agent_output_tail, "Added line four.");
+        }),
+        fork_timeout_secs: 120,
+        request_id: "openai-e2e".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("launch")
+    .into_inner()
+    .run_id
+}
 
+/// The fork's three turns are its tokens and its cost, in the result, the run and the
+/// ledger.
+async fn assert_paid_exactly(mesh: &Mesh, run_id: &str, run: &Run, fork: &ForkResult) {
     // prompt_tokens include the cached ones, priced apart.
     let usage = fork.usage.unwrap();
     assert_eq!(
@@ -141,14 +123,16 @@ async fn openai_driver_run_through_the_mesh() {
     assert_eq!(fork.cost_micros, expected);
     assert_eq!(run.cost_micros, expected);
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let account = run_account(&mut ledger, &run_id).await;
+    let account = run_account(&mut ledger, run_id).await;
     assert_eq!(
         account.spent_micros, expected,
         "charged per turn, committed once, exactly"
     );
     assert_eq!(account.reserved_micros, 0);
+}
 
-    // The transcript, from the runner's artifact store: the whole conversation.
+/// The transcript, from the runner's artifact store: the whole conversation.
+fn assert_transcript_is_the_conversation(fork: &ForkResult) {
     let lines: Vec<Value> = fork
         .transcript
         .lines()
@@ -170,9 +154,11 @@ async fn openai_driver_run_through_the_mesh() {
         "three model turns"
     );
     assert_eq!(lines.last().unwrap()["type"], "end");
+}
 
-    // The wire: chat completions with the key as a bearer token, the tools as functions,
-    // and the tool results handed back.
+/// The wire: chat completions with the key as a bearer token, the tools as functions,
+/// and the tool results handed back.
+fn assert_the_wire(requests: &Requests) {
     let reqs = requests.lock().unwrap().clone();
     assert_eq!(reqs.len(), 4, "a 429, then three turns");
     for (head, body) in &reqs {
@@ -212,8 +198,10 @@ async fn openai_driver_run_through_the_mesh() {
         "the file's content went back to the model: {}",
         third[3]
     );
+}
 
-    // The key reached the model API and nothing else the mesh wrote.
+/// The key reached the model API and nothing else the mesh wrote.
+fn assert_key_in_no_log_or_result(mesh: &Mesh, fork: &ForkResult) {
     for entry in std::fs::read_dir(mesh.state_dir().join("logs"))
         .unwrap()
         .flatten()
@@ -223,4 +211,35 @@ async fn openai_driver_run_through_the_mesh() {
     }
     assert!(!fork.transcript.contains(KEY));
     assert!(!format!("{fork:?}").contains(KEY));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_driver_run_through_the_mesh() {
+    let requests = Requests::default();
+    let rate_limited = AtomicBool::new(false);
+    let base = fake_llm::serve(move |_, body| model(&rate_limited, body), requests.clone()).await;
+    let options = MeshOptions {
+        env: vec![
+            ("OPENAI_API_KEY".into(), KEY.into()),
+            ("OPENAI_BASE_URL".into(), format!("{base}/v1")),
+        ],
+        ..Default::default()
+    };
+    let mesh = Mesh::start_with(options).await.expect("mesh");
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = dir.path().join("repo");
+    repo::create(&repo_dir).unwrap();
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+
+    let run_id = launch_one_fork(&mut gw, &repo_dir).await;
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    let fork = fork_result(&mut gw, &run_id, 1).await;
+    assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?}");
+    assert!(fork.patch.contains("+four"), "{}", fork.patch);
+    assert_eq!(fork.agent_output_tail, "Added line four.");
+    assert_paid_exactly(&mesh, &run_id, &run, &fork).await;
+    assert_transcript_is_the_conversation(&fork);
+    assert_the_wire(&requests);
+    assert_key_in_no_log_or_result(&mesh, &fork);
 }

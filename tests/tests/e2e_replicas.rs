@@ -6,17 +6,17 @@
 
 use forkyard_proto::{
     common::v1::{ForkStatus, VerifyStatus},
-    gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
+    gateway::v1::{LaunchRunRequest, Run, RunState},
     labels,
     sandbox::v1::{ListSandboxesRequest, sandbox_provisioner_client::SandboxProvisionerClient},
 };
 use forkyard_tests::{
     Mesh, repo,
-    support::{fork_result, launch, sandbox_processes, wait_finished, workspaces_left},
+    support::{Gateway, fork_result, launch, sandbox_processes, wait_finished, workspaces_left},
 };
 use std::{
     collections::{BTreeMap, HashMap},
-    path::Path,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -117,146 +117,208 @@ fn destroyed_in_log(log: &Path, id: &str) -> bool {
         .any(|l| l.contains("\"sandbox destroyed\"") && l.contains(id))
 }
 
+/// The two provisioner replicas: their clients, endpoints, and b's state dir.
+struct Replicas {
+    a: Prov,
+    b: Prov,
+    a_endpoint: String,
+    b_endpoint: String,
+    b_state: PathBuf,
+}
+
+impl Replicas {
+    async fn connect(
+        mesh: &Mesh,
+        a_endpoint: String,
+        b_endpoint: String,
+        b_state: PathBuf,
+    ) -> Self {
+        let a = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+        let b = SandboxProvisionerClient::new(
+            tonic::transport::Endpoint::from_shared(b_endpoint.clone())
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        );
+        Self {
+            a,
+            b,
+            a_endpoint,
+            b_endpoint,
+            b_state,
+        }
+    }
+}
+
+/// Launches the run of `attempt`, watching both replicas' sandboxes until it finishes:
+/// its id, its end and what the replicas said of each sandbox.
+async fn run_watched(
+    gw: &mut Gateway,
+    src: &Path,
+    replicas: &Replicas,
+    attempt: u32,
+) -> (String, Run, BTreeMap<String, Vec<Seen>>) {
+    let launched = gw
+        .launch_run(LaunchRunRequest {
+            request_id: format!("e2e-replicas-{attempt}"),
+            // Runs on the owner replica's own queue: it sees the agent's file.
+            verify_command: "ls fork-*.txt".into(),
+            ..launch(src, FORKS, FORKS, AGENT)
+        })
+        .await
+        .expect("launch")
+        .into_inner();
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = watch(
+        vec![("a", replicas.a.clone()), ("b", replicas.b.clone())],
+        launched.run_id.clone(),
+        stop.clone(),
+    );
+    let run = wait_finished(gw, &launched.run_id, Duration::from_secs(240)).await;
+    stop.store(true, Ordering::Relaxed);
+    let seen = watcher.await.unwrap();
+    (launched.run_id, run, seen)
+}
+
+/// Each replica really polls its own task queue (the one its records name).
+fn assert_own_queues_polled(mesh: &Mesh, seen: &BTreeMap<String, Vec<Seen>>) {
+    let mut own_queues: Vec<&str> = seen
+        .values()
+        .map(|s| s[0].owner_task_queue.as_str())
+        .collect();
+    own_queues.sort_unstable();
+    own_queues.dedup();
+    for queue in own_queues {
+        assert!(has_activity_poller(mesh, queue), "nobody polls {queue}");
+    }
+}
+
+/// Every fork completed, whichever replica created its sandbox, and its sandbox had one
+/// owner, named in its record: each replica's sandboxes.
+async fn assert_forks_ran_on_their_owners(
+    gw: &mut Gateway,
+    replicas: &Replicas,
+    run_id: &str,
+    run: &Run,
+    seen: &BTreeMap<String, Vec<Seen>>,
+) -> HashMap<&'static str, Vec<String>> {
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    assert_eq!(run.forks_succeeded, FORKS, "{run:#?}");
+    let mut per_replica: HashMap<&str, Vec<String>> = HashMap::new();
+    for summary in &run.forks {
+        let f = fork_result(gw, run_id, summary.fork).await;
+        assert_eq!(
+            f.status,
+            ForkStatus::Succeeded as i32,
+            "fork {}: {}",
+            f.fork,
+            f.error
+        );
+        assert_eq!(
+            f.verify,
+            VerifyStatus::Passed as i32,
+            "fork {} verified on its owner: {}",
+            f.fork,
+            f.verify_output_tail
+        );
+        assert!(
+            f.patch.contains(&format!("+fork {}", f.fork)),
+            "fork {} ran its agent in its own sandbox:\n{}",
+            f.fork,
+            f.patch
+        );
+        let owners = seen.get(&f.sandbox_id).unwrap_or_else(|| {
+            panic!(
+                "sandbox {} of fork {} never listed: {seen:#?}",
+                f.sandbox_id, f.fork
+            )
+        });
+        // One owner, and its record names it (endpoint and own task queue).
+        assert_eq!(owners.len(), 1, "{} seen as {owners:?}", f.sandbox_id);
+        let o = &owners[0];
+        let endpoint = if o.replica == "a" {
+            &replicas.a_endpoint
+        } else {
+            &replicas.b_endpoint
+        };
+        assert_eq!(&o.owner_endpoint, endpoint, "{}", f.sandbox_id);
+        if o.replica == "b" {
+            assert_eq!(o.owner_task_queue, "sandbox-provisioner/replica-b");
+        } else {
+            assert!(
+                o.owner_task_queue.starts_with("sandbox-provisioner/")
+                    && o.owner_task_queue != "sandbox-provisioner/replica-b",
+                "{o:?}"
+            );
+        }
+        per_replica
+            .entry(o.replica)
+            .or_default()
+            .push(f.sandbox_id.clone());
+    }
+    per_replica
+}
+
+/// Each sandbox was destroyed by its owner: nothing is left on either replica, and the
+/// owner's log records the destroy.
+async fn assert_owners_destroyed_them(
+    mesh: &Mesh,
+    replicas: &Replicas,
+    per_replica: &HashMap<&str, Vec<String>>,
+) {
+    for (name, prov) in [("a", &replicas.a), ("b", &replicas.b)] {
+        let left = prov
+            .clone()
+            .list_sandboxes(ListSandboxesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .sandboxes;
+        assert!(left.is_empty(), "replica {name} still has {left:?}");
+    }
+    let logs = mesh.state_dir().join("logs");
+    for (replica, log) in [
+        ("a", logs.join("sandbox-provisioner.log")),
+        ("b", logs.join("replica-b.log")),
+    ] {
+        for id in per_replica.get(replica).into_iter().flatten() {
+            assert!(
+                destroyed_in_log(&log, id),
+                "replica {replica} never destroyed {id}"
+            );
+        }
+    }
+    for state in [mesh.state_dir(), replicas.b_state.as_path()] {
+        assert!(
+            workspaces_left(state).is_empty(),
+            "{:?}",
+            workspaces_left(state)
+        );
+        assert!(
+            sandbox_processes(state).is_empty(),
+            "{:?}",
+            sandbox_processes(state)
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forks_land_on_two_replicas_and_each_owner_runs_and_destroys_its_sandboxes() {
     let (mesh, a_endpoint, b_endpoint, b_state) = two_provisioner_replicas().await;
-    let a = SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
-    let b = SandboxProvisionerClient::new(
-        tonic::transport::Endpoint::from_shared(b_endpoint.clone())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
-    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    let replicas = Replicas::connect(&mesh, a_endpoint, b_endpoint, b_state).await;
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
     let src = tempfile::tempdir().unwrap();
     repo::create(src.path()).unwrap();
 
     // The gateway balances creates by load, so one run can land on a single replica by
     // chance: up to three runs, each checked in full.
     for attempt in 1..=3 {
-        let launched = gw
-            .launch_run(LaunchRunRequest {
-                request_id: format!("e2e-replicas-{attempt}"),
-                // Runs on the owner replica's own queue: it sees the agent's file.
-                verify_command: "ls fork-*.txt".into(),
-                ..launch(src.path(), FORKS, FORKS, AGENT)
-            })
-            .await
-            .expect("launch")
-            .into_inner();
-        let stop = Arc::new(AtomicBool::new(false));
-        let watcher = watch(
-            vec![("a", a.clone()), ("b", b.clone())],
-            launched.run_id.clone(),
-            stop.clone(),
-        );
-        let run = wait_finished(&mut gw, &launched.run_id, Duration::from_secs(240)).await;
-        stop.store(true, Ordering::Relaxed);
-        let seen = watcher.await.unwrap();
-
-        // Each replica really polls its own task queue (the one its records name).
-        let mut own_queues: Vec<&str> = seen
-            .values()
-            .map(|s| s[0].owner_task_queue.as_str())
-            .collect();
-        own_queues.sort_unstable();
-        own_queues.dedup();
-        for queue in own_queues {
-            assert!(has_activity_poller(&mesh, queue), "nobody polls {queue}");
-        }
-
-        // Every fork completed, whichever replica created its sandbox.
-        assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
-        assert_eq!(run.forks_succeeded, FORKS, "{run:#?}");
-        let mut per_replica: HashMap<&str, Vec<String>> = HashMap::new();
-        for summary in &run.forks {
-            let f = fork_result(&mut gw, &launched.run_id, summary.fork).await;
-            assert_eq!(
-                f.status,
-                ForkStatus::Succeeded as i32,
-                "fork {}: {}",
-                f.fork,
-                f.error
-            );
-            assert_eq!(
-                f.verify,
-                VerifyStatus::Passed as i32,
-                "fork {} verified on its owner: {}",
-                f.fork,
-                f.verify_output_tail
-            );
-            assert!(
-                f.patch.contains(&format!("+fork {}", f.fork)),
-                "fork {} ran its agent in its own sandbox:\n{}",
-                f.fork,
-                f.patch
-            );
-            let owners = seen.get(&f.sandbox_id).unwrap_or_else(|| {
-                panic!(
-                    "sandbox {} of fork {} never listed: {seen:#?}",
-                    f.sandbox_id, f.fork
-                )
-            });
-            // One owner, and its record names it (endpoint and own task queue).
-            assert_eq!(owners.len(), 1, "{} seen as {owners:?}", f.sandbox_id);
-            let o = &owners[0];
-            let endpoint = if o.replica == "a" {
-                &a_endpoint
-            } else {
-                &b_endpoint
-            };
-            assert_eq!(&o.owner_endpoint, endpoint, "{}", f.sandbox_id);
-            if o.replica == "b" {
-                assert_eq!(o.owner_task_queue, "sandbox-provisioner/replica-b");
-            } else {
-                assert!(
-                    o.owner_task_queue.starts_with("sandbox-provisioner/")
-                        && o.owner_task_queue != "sandbox-provisioner/replica-b",
-                    "{o:?}"
-                );
-            }
-            per_replica
-                .entry(o.replica)
-                .or_default()
-                .push(f.sandbox_id.clone());
-        }
-        // Each sandbox was destroyed by its owner: nothing is left on either replica, and the
-        // owner's log records the destroy.
-        for (name, prov) in [("a", &a), ("b", &b)] {
-            let left = prov
-                .clone()
-                .list_sandboxes(ListSandboxesRequest::default())
-                .await
-                .unwrap()
-                .into_inner()
-                .sandboxes;
-            assert!(left.is_empty(), "replica {name} still has {left:?}");
-        }
-        let logs = mesh.state_dir().join("logs");
-        for (replica, log) in [
-            ("a", logs.join("sandbox-provisioner.log")),
-            ("b", logs.join("replica-b.log")),
-        ] {
-            for id in per_replica.get(replica).into_iter().flatten() {
-                assert!(
-                    destroyed_in_log(&log, id),
-                    "replica {replica} never destroyed {id}"
-                );
-            }
-        }
-        for state in [mesh.state_dir(), b_state.as_path()] {
-            assert!(
-                workspaces_left(state).is_empty(),
-                "{:?}",
-                workspaces_left(state)
-            );
-            assert!(
-                sandbox_processes(state).is_empty(),
-                "{:?}",
-                sandbox_processes(state)
-            );
-        }
+        let (run_id, run, seen) = run_watched(&mut gw, src.path(), &replicas, attempt).await;
+        assert_own_queues_polled(&mesh, &seen);
+        let per_replica =
+            assert_forks_ran_on_their_owners(&mut gw, &replicas, &run_id, &run, &seen).await;
+        assert_owners_destroyed_them(&mesh, &replicas, &per_replica).await;
         if per_replica.len() == 2 {
             return;
         }
@@ -279,7 +341,7 @@ async fn forks_whose_provisioner_is_killed_start_again_on_a_new_sandbox() {
             .await
             .unwrap(),
     );
-    let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
     let mut ledger = forkyard_proto::budget::v1::budget_ledger_client::BudgetLedgerClient::new(
         mesh.channel("budget-ledger").await.unwrap(),
     );
