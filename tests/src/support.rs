@@ -144,6 +144,18 @@ pub async fn left_after_settling(left: impl Fn() -> Vec<String>) -> Vec<String> 
     }
 }
 
+/// No sandbox's workspace and no sandbox process left on this host (the mesh's state
+/// directory `state`).
+pub fn assert_nothing_left_on_host(state: &Path) {
+    let workspaces = workspaces_left(state);
+    assert!(workspaces.is_empty(), "workspaces left: {workspaces:?}");
+    let processes = sandbox_processes(state);
+    assert!(
+        processes.is_empty(),
+        "sandbox processes left: {processes:?}"
+    );
+}
+
 pub fn workspaces_left(state: &Path) -> Vec<String> {
     std::fs::read_dir(state.join("sandboxes"))
         .into_iter()

@@ -15,7 +15,7 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh, repo,
-    support::{Gateway, launch, sandbox_processes, wait_finished, workspaces_left},
+    support::{Gateway, assert_nothing_left_on_host, launch, wait_finished, workspaces_left},
 };
 use std::{
     collections::HashMap,
@@ -307,16 +307,7 @@ async fn cancel_and_assert_nothing_left(
     }
     let left = all_sandboxes(prov).await;
     assert!(left.is_empty(), "sandboxes left after cancel: {left:?}");
-    assert!(
-        workspaces_left(mesh.state_dir()).is_empty(),
-        "{:?}",
-        workspaces_left(mesh.state_dir())
-    );
-    assert!(
-        sandbox_processes(mesh.state_dir()).is_empty(),
-        "{:?}",
-        sandbox_processes(mesh.state_dir())
-    );
+    assert_nothing_left_on_host(mesh.state_dir());
 
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
     let account = ledger

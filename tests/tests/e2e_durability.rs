@@ -12,8 +12,8 @@ use forkyard_proto::{
 use forkyard_tests::{
     Mesh, repo,
     support::{
-        Gateway, fork_result, launch, left_after_settling, run_account, sandbox_processes,
-        wait_finished, wait_until, workspaces_left,
+        Gateway, assert_nothing_left_on_host, fork_result, launch, left_after_settling,
+        run_account, sandbox_processes, wait_finished, wait_until, workspaces_left,
     },
 };
 use std::{
@@ -137,16 +137,7 @@ async fn assert_ledger_exact_and_nothing_left(mesh: &Mesh, run_id: &str, run: &R
     assert_eq!(account.spent_micros, 6_300, "each fork charged once");
     assert_eq!(account.spent_micros, run.cost_micros);
     assert_eq!(account.reserved_micros, 0);
-    assert!(
-        workspaces_left(mesh.state_dir()).is_empty(),
-        "{:?}",
-        workspaces_left(mesh.state_dir())
-    );
-    assert!(
-        sandbox_processes(mesh.state_dir()).is_empty(),
-        "{:?}",
-        sandbox_processes(mesh.state_dir())
-    );
+    assert_nothing_left_on_host(mesh.state_dir());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,8 +12,8 @@ use forkyard_proto::{
 use forkyard_tests::{
     Mesh, repo,
     support::{
-        Gateway, fork_result, grpcurl, launch, max_overlap, run_account, sandbox_processes,
-        wait_finished, workspaces_left,
+        Gateway, assert_nothing_left_on_host, fork_result, grpcurl, launch, max_overlap,
+        run_account, sandbox_processes, wait_finished,
     },
 };
 use std::{
@@ -193,16 +193,7 @@ async fn assert_nothing_leaked(mesh: &Mesh, prov: &Provisioner) {
         .into_inner()
         .sandboxes;
     assert!(left.is_empty(), "sandboxes left: {left:?}");
-    assert!(
-        workspaces_left(mesh.state_dir()).is_empty(),
-        "{:?}",
-        workspaces_left(mesh.state_dir())
-    );
-    assert!(
-        sandbox_processes(mesh.state_dir()).is_empty(),
-        "{:?}",
-        sandbox_processes(mesh.state_dir())
-    );
+    assert_nothing_left_on_host(mesh.state_dir());
 }
 
 /// The real grpcurl sees every service through reflection, healthy, each advertising
