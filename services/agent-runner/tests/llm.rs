@@ -7,6 +7,7 @@ mod common;
 
 use common::{llm_agent::*, *};
 use forkyard_agent_runner::{error::AgentError, llm::LlmError};
+use forkyard_proto::agent::v1::RunAgentResponse;
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 
@@ -24,29 +25,7 @@ async fn anthropic_agent_edits_a_file_over_several_turns_and_charges_each_turn()
     let mut f = fixture(&base).await;
     let run = "run-anthropic";
     let rsv = f.reservation(run, 1_000_000, 100_000).await;
-    {
-        let mut s = script.lock().unwrap();
-        // A 429 and a 529 first: retried with backoff, not turns and not charged.
-        s.replies.push_back((
-            429,
-            json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}),
-        ));
-        s.replies.push_back((529, json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})));
-        s.replies.push_back(tool_use(
-            "toolu_1",
-            "edit",
-            json!({"path": "README.md", "old_string": "hello", "new_string": "hi"}),
-            a_usage(1000, 100),
-        ));
-        s.replies.push_back(tool_use(
-            "toolu_2",
-            "bash",
-            json!({"command": "cat README.md && echo done > notes.txt"}),
-            a_usage(2000, 50),
-        ));
-        s.replies
-            .push_back(end_turn("README now says hi.", a_usage(3000, 20)));
-    }
+    script_an_edit(&script);
     let (result, beats) = run_anthropic(&f, run, &rsv).await;
     let out = result.expect("agent run");
 
@@ -67,10 +46,72 @@ async fn anthropic_agent_edits_a_file_over_several_turns_and_charges_each_turn()
     assert_eq!(read(&mut f, "README.md").await, "hi world\n");
     assert_eq!(read(&mut f, "notes.txt").await, "done\n");
 
-    // The wire: headers, model id from the alias, tools, tool_result blocks.
-    let reqs = script.lock().unwrap().requests.clone();
+    assert_anthropic_wire(&script.lock().unwrap().requests);
+    assert_beats_carry_progress(&beats, expected);
+    let text = assert_transcript_is_the_conversation(&f, &out);
+
+    // The key reached the model API only.
+    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        logged.contains("retrying"),
+        "the 429/529 retries are logged"
+    );
+    for (what, text) in [
+        ("transcript", text),
+        ("heartbeats", beats.all_json()),
+        ("logs", logged),
+        ("response", format!("{out:?}")),
+    ] {
+        assert!(!text.contains(KEY), "API key leaked into the {what}");
+    }
+    let env = f
+        .provisioner
+        .exec(forkyard_proto::sandbox::v1::ExecRequest {
+            sandbox_id: f.sandbox_id.clone(),
+            argv: vec!["env".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !env.stdout.contains(KEY),
+        "API key in the sandbox environment"
+    );
+}
+
+/// A 429 and a 529 first (retried with backoff, not turns and not charged), then an
+/// edit, a bash call and the end of the turn.
+fn script_an_edit(script: &Shared) {
+    let mut s = script.lock().unwrap();
+    s.replies.push_back((
+        429,
+        json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}),
+    ));
+    s.replies.push_back((
+        529,
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    ));
+    s.replies.push_back(tool_use(
+        "toolu_1",
+        "edit",
+        json!({"path": "README.md", "old_string": "hello", "new_string": "hi"}),
+        a_usage(1000, 100),
+    ));
+    s.replies.push_back(tool_use(
+        "toolu_2",
+        "bash",
+        json!({"command": "cat README.md && echo done > notes.txt"}),
+        a_usage(2000, 50),
+    ));
+    s.replies
+        .push_back(end_turn("README now says hi.", a_usage(3000, 20)));
+}
+
+/// The wire: headers, model id from the alias, tools, tool_result blocks.
+fn assert_anthropic_wire(reqs: &[(axum::http::HeaderMap, Value)]) {
     assert_eq!(reqs.len(), 5);
-    for (h, body) in &reqs {
+    for (h, body) in reqs {
         assert_eq!(h["x-api-key"], KEY);
         assert_eq!(h["anthropic-version"], "2023-06-01");
         assert!(h.get("authorization").is_none());
@@ -107,8 +148,10 @@ async fn anthropic_agent_edits_a_file_over_several_turns_and_charges_each_turn()
             .contains("hi world"),
         "{bash_result}"
     );
+}
 
-    // Heartbeats carry turns, tokens, cost and the last tool call.
+/// Heartbeats carry turns, tokens, cost and the last tool call.
+fn assert_beats_carry_progress(beats: &Beats, expected: i64) {
     let last = beats.last();
     assert_eq!(last.turns, 3);
     assert_eq!(last.cost_micros, expected);
@@ -119,8 +162,10 @@ async fn anthropic_agent_edits_a_file_over_several_turns_and_charges_each_turn()
         "{}",
         last.last_tool
     );
+}
 
-    // The transcript: JSON lines in the artifact store, the whole conversation.
+/// The transcript: JSON lines in the artifact store, the whole conversation; its text.
+fn assert_transcript_is_the_conversation(f: &Fixture, out: &RunAgentResponse) -> String {
     let text = std::fs::read_to_string(f.artifacts.join(&out.transcript_key)).unwrap();
     assert_eq!(out.transcript_key, "run-anthropic/fork-1/attempt-1.jsonl");
     let lines: Vec<Value> = text
@@ -135,35 +180,7 @@ async fn anthropic_agent_edits_a_file_over_several_turns_and_charges_each_turn()
             .any(|l| l["type"] == "message" && l["message"]["content"][0]["type"] == "tool_result")
     );
     assert_eq!(lines.last().unwrap()["type"], "end");
-
-    // The key reached the model API only.
-    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    assert!(
-        logged.contains("retrying"),
-        "the 429/529 retries are logged"
-    );
-    for (what, text) in [
-        ("transcript", text),
-        ("heartbeats", beats.all_json()),
-        ("logs", logged),
-        ("response", format!("{out:?}")),
-    ] {
-        assert!(!text.contains(KEY), "API key leaked into the {what}");
-    }
-    let env = f
-        .provisioner
-        .exec(forkyard_proto::sandbox::v1::ExecRequest {
-            sandbox_id: f.sandbox_id.clone(),
-            argv: vec!["env".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(
-        !env.stdout.contains(KEY),
-        "API key in the sandbox environment"
-    );
+    text
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

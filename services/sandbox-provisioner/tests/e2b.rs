@@ -6,8 +6,8 @@ mod common;
 use common::{fake_e2b, make_repo};
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CreateSandboxRequest, DestroySandboxRequest, ExecRequest,
-    GetSandboxRequest, HealthCheckRequest, ListSandboxesRequest, ReadFileRequest, WriteFileRequest,
-    exec_event::Event, sandbox_provisioner_server::SandboxProvisioner,
+    GetSandboxRequest, HealthCheckRequest, ListSandboxesRequest, ReadFileRequest, Sandbox,
+    WriteFileRequest, exec_event::Event, sandbox_provisioner_server::SandboxProvisioner,
 };
 use forkyard_sandbox_provisioner::{
     Backends, Config, Provisioner, ProvisionerError, SandboxService,
@@ -76,8 +76,27 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
     let server = fake_e2b::start(KEY).await;
     let svc = SandboxService::with_backends(open(tmp.path(), &server.url, Some(KEY)).await);
 
+    let sbx = assert_created(&svc, &repo).await;
+    assert_idempotent_create(&svc, &repo).await;
+    assert_exec(&svc, &sbx.id).await;
+    assert_exec_stream(&svc, &sbx.id).await;
+    assert_exec_timeout(&svc, &sbx.id).await;
+    assert_files(&svc, &sbx.id).await;
+    assert_health_patch_get_list(&svc, &sbx).await;
+    assert_destroyed_once(&svc, &sbx.id).await;
+
+    // the key went to the control plane on every call, and nowhere into the logs
+    let seen = server.fake.keys_seen.lock().unwrap().clone();
+    assert!(!seen.is_empty() && seen.iter().all(|k| k == KEY));
+    let logs = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    assert!(logs.contains("e2b sandbox created"), "logs were captured");
+    assert!(!logs.contains(KEY), "the API key leaked into the logs");
+}
+
+/// A sandbox on the fork branch of the repository, with its labels.
+async fn assert_created(svc: &SandboxService, repo: &std::path::Path) -> Sandbox {
     let sbx = svc
-        .create_sandbox(Request::new(create_req(&repo)))
+        .create_sandbox(Request::new(create_req(repo)))
         .await
         .unwrap()
         .into_inner();
@@ -85,12 +104,15 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
     assert_eq!(sbx.backend, "e2b");
     assert_eq!(sbx.branch, "fork-1");
     assert_eq!(sbx.labels.get("run").map(String::as_str), Some("r1"));
-    assert_eq!(sbx.base_commit, common::git(&repo, &["rev-parse", "main"]));
+    assert_eq!(sbx.base_commit, common::git(repo, &["rev-parse", "main"]));
+    sbx
+}
 
-    // the same idempotency key finds the same sandbox (E2B list by metadata)
+/// The same idempotency key finds the same sandbox (E2B list by metadata).
+async fn assert_idempotent_create(svc: &SandboxService, repo: &std::path::Path) {
     let keyed = CreateSandboxRequest {
         idempotency_key: "run-1/fork-2".into(),
-        ..create_req(&repo)
+        ..create_req(repo)
     };
     let a = svc
         .create_sandbox(Request::new(keyed.clone()))
@@ -109,11 +131,13 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
     }))
     .await
     .unwrap();
+}
 
-    // exec: output and exit code, in the workspace (a clone on the fork branch)
+/// Output and exit code, in the workspace (a clone on the fork branch).
+async fn assert_exec(svc: &SandboxService, id: &str) {
     let r = svc
         .exec(Request::new(ExecRequest {
-            sandbox_id: sbx.id.clone(),
+            sandbox_id: id.to_owned(),
             argv: argv("git branch --show-current; cat README.md; echo oops >&2; exit 3"),
             ..Default::default()
         }))
@@ -126,7 +150,7 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
     assert!(!r.timed_out);
     let ok = svc
         .exec(Request::new(ExecRequest {
-            sandbox_id: sbx.id.clone(),
+            sandbox_id: id.to_owned(),
             argv: vec!["true".into()],
             ..Default::default()
         }))
@@ -134,11 +158,13 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
         .unwrap()
         .into_inner();
     assert_eq!(ok.exit_code, 0, "a zero exit code is absent from the JSON");
+}
 
-    // streamed exec
+/// A streamed exec: its output as it comes, then its exit.
+async fn assert_exec_stream(svc: &SandboxService, id: &str) {
     let mut rx = svc
         .exec_stream(Request::new(ExecRequest {
-            sandbox_id: sbx.id.clone(),
+            sandbox_id: id.to_owned(),
             argv: argv("echo one; sleep 0.2; echo two; exit 4"),
             ..Default::default()
         }))
@@ -157,11 +183,13 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
     }
     assert_eq!(String::from_utf8(out).unwrap(), "one\ntwo\n");
     assert_eq!(exit.unwrap().exit_code, 4);
+}
 
-    // timeout: the command is killed through SendSignal
+/// A command past its timeout is killed through SendSignal.
+async fn assert_exec_timeout(svc: &SandboxService, id: &str) {
     let r = svc
         .exec(Request::new(ExecRequest {
-            sandbox_id: sbx.id.clone(),
+            sandbox_id: id.to_owned(),
             argv: argv("sleep 30"),
             timeout_secs: 1,
             ..Default::default()
@@ -171,12 +199,14 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
         .into_inner();
     assert!(r.timed_out);
     assert!(r.duration_ms < 10_000);
+}
 
-    // files
+/// A file written and read back (binary content too); a path out of the workspace refused.
+async fn assert_files(svc: &SandboxService, id: &str) {
     let content = b"line one\n\x00binary\n".to_vec();
     let w = svc
         .write_file(Request::new(WriteFileRequest {
-            sandbox_id: sbx.id.clone(),
+            sandbox_id: id.to_owned(),
             path: "notes/new.txt".into(),
             content: content.clone(),
             mode: 0o644,
@@ -187,7 +217,7 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
     assert_eq!(w.bytes_written, content.len() as u64);
     let rd = svc
         .read_file(Request::new(ReadFileRequest {
-            sandbox_id: sbx.id.clone(),
+            sandbox_id: id.to_owned(),
             path: "notes/new.txt".into(),
             max_bytes: 0,
         }))
@@ -197,15 +227,17 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
     assert_eq!(rd.content, content);
     let err = svc
         .read_file(Request::new(ReadFileRequest {
-            sandbox_id: sbx.id.clone(),
+            sandbox_id: id.to_owned(),
             path: "../../etc/passwd".into(),
             max_bytes: 0,
         }))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
+}
 
-    // health, patch, get, list
+/// Health, the patch of the file written, get and list.
+async fn assert_health_patch_get_list(svc: &SandboxService, sbx: &Sandbox) {
     let h = svc
         .health_check(Request::new(HealthCheckRequest {
             sandbox_id: sbx.id.clone(),
@@ -246,11 +278,13 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
         listed.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
         vec![sbx.id.clone()]
     );
+}
 
-    // destroy
+/// Destroyed once; then gone, and a second destroy finds nothing.
+async fn assert_destroyed_once(svc: &SandboxService, id: &str) {
     let d = svc
         .destroy_sandbox(Request::new(DestroySandboxRequest {
-            sandbox_id: sbx.id.clone(),
+            sandbox_id: id.to_owned(),
             reason: "test".into(),
         }))
         .await
@@ -259,27 +293,20 @@ async fn e2b_sandbox_lifecycle_over_grpc() {
     assert!(d.existed);
     let err = svc
         .get_sandbox(Request::new(GetSandboxRequest {
-            sandbox_id: sbx.id.clone(),
+            sandbox_id: id.to_owned(),
         }))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
     let d = svc
         .destroy_sandbox(Request::new(DestroySandboxRequest {
-            sandbox_id: sbx.id.clone(),
+            sandbox_id: id.to_owned(),
             reason: "again".into(),
         }))
         .await
         .unwrap()
         .into_inner();
     assert!(!d.existed);
-
-    // the key went to the control plane on every call, and nowhere into the logs
-    let seen = server.fake.keys_seen.lock().unwrap().clone();
-    assert!(!seen.is_empty() && seen.iter().all(|k| k == KEY));
-    let logs = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
-    assert!(logs.contains("e2b sandbox created"), "logs were captured");
-    assert!(!logs.contains(KEY), "the API key leaked into the logs");
 }
 
 #[tokio::test]
