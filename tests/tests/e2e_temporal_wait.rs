@@ -109,9 +109,23 @@ async fn a_peer_name_that_does_not_resolve_keeps_the_service_not_serving_but_ali
         health_of(&mesh, "gateway", "forkyard.liveness").await,
         Some(ServingStatus::Serving as i32)
     );
+    // The name is in the log once its first lookup has failed: the resolver may take its
+    // time to say so.
+    let names_both = |log: &str| {
+        log.contains("FORKYARD_PROVISIONER_ADDR") && log.contains("no-such-provisioner.invalid")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !names_both(&mesh.log_tail("gateway")) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let log = mesh.log_tail("gateway");
     assert!(
-        log.contains("FORKYARD_PROVISIONER_ADDR") && log.contains("no-such-provisioner.invalid"),
+        names_both(&log),
         "the log does not name the setting and the name: {log}"
+    );
+    assert_eq!(
+        health(&mesh, "gateway").await,
+        Some(ServingStatus::NotServing as i32),
+        "still not serving: {log}"
     );
 }
