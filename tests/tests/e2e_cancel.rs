@@ -3,7 +3,7 @@
 //! leaves no sandbox, workspace, process or reservation behind.
 
 use forkyard_proto::{
-    budget::v1::{GetAccountRequest, budget_ledger_client::BudgetLedgerClient},
+    budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::{AgentSpec, ForkStatus},
     gateway::v1::{CancelRunRequest, GetRunRequest, LaunchRunRequest, RunState},
     janitor::v1::{SweepReport, SweepRequest, janitor_client::JanitorClient},
@@ -15,7 +15,9 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh, repo,
-    support::{Gateway, assert_nothing_left_on_host, launch, wait_finished, workspaces_left},
+    support::{
+        Gateway, assert_nothing_left_on_host, launch, run_account, wait_finished, workspaces_left,
+    },
 };
 use std::{
     collections::HashMap,
@@ -310,13 +312,7 @@ async fn cancel_and_assert_nothing_left(
     assert_nothing_left_on_host(mesh.state_dir());
 
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let account = ledger
-        .get_account(GetAccountRequest {
-            account_id: run_id.to_owned(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let account = run_account(&mut ledger, run_id).await;
     assert_eq!(
         account.reserved_micros, 0,
         "cancelled forks released their reservations"

@@ -3,7 +3,7 @@
 //! fork succeeds. Cancelling and refused launches: e2e_cancel.
 
 use forkyard_proto::{
-    budget::v1::{GetAccountRequest, budget_ledger_client::BudgetLedgerClient},
+    budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::ForkStatus,
     gateway::v1::{LaunchRunRequest, ListRunsRequest, Run, RunState},
     labels,
@@ -168,13 +168,7 @@ async fn assert_each_fork_has_its_own_patch(gw: &mut Gateway, run_id: &str, run:
 /// The ledger agrees with the forks to the micro-dollar, and nothing stays reserved.
 async fn assert_ledger_exact(mesh: &Mesh, run_id: &str, run: &Run) {
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let account = ledger
-        .get_account(GetAccountRequest {
-            account_id: run_id.to_owned(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let account = run_account(&mut ledger, run_id).await;
     let total: i64 = run.forks.iter().map(|f| f.cost_micros).sum();
     assert_eq!(total, 75_000);
     assert_eq!(run.cost_micros, total);
