@@ -36,6 +36,7 @@ mod prepare;
 mod process;
 pub mod provisioner;
 mod pty;
+mod read_buf;
 mod reaper;
 mod runtime_probe;
 mod sandbox_image;

@@ -2,7 +2,7 @@
 //! limit, and an external cancel (destroy). The child is spawned with `kill_on_drop`, so
 //! dropping the future (a caller that hung up) kills it.
 
-use crate::local::{init::host::Stdio3, launch::Launch};
+use crate::local::{init::host::Stdio3, launch::Launch, read_buf::ReadBuf};
 use std::{os::fd::OwnedFd, time::Duration};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
@@ -119,21 +119,22 @@ pub(crate) async fn run(
 /// counting the rest (the pipe is drained so the writer never blocks on a full pipe).
 async fn read_capped(mut reader: impl AsyncRead + Unpin, cap: usize, tail: bool) -> Captured {
     let mut out = Captured::default();
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = ReadBuf::new(64 * 1024);
     loop {
-        match reader.read(&mut buf).await {
+        match reader.read(buf.space()).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                let read = buf.took(n);
                 out.total += n as u64;
                 if tail {
-                    out.bytes.extend_from_slice(&buf[..n]);
+                    out.bytes.extend_from_slice(read);
                     // Cut now and then, not at every read: each cut moves `cap` bytes.
                     if out.bytes.len() >= cap.saturating_mul(2).max(64 * 1024) {
                         out.bytes.drain(..out.bytes.len() - cap);
                     }
                 } else {
                     let room = cap.saturating_sub(out.bytes.len());
-                    out.bytes.extend_from_slice(&buf[..n.min(room)]);
+                    out.bytes.extend_from_slice(&read[..n.min(room)]);
                 }
             }
         }

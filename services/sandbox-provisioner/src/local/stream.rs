@@ -7,6 +7,7 @@ use crate::{
     local::{
         init::host::Stdio3,
         launch::Running,
+        read_buf::ReadBuf,
         prepare::{Prepared, Tools},
         provisioner::Provisioner,
     },
@@ -105,7 +106,7 @@ async fn relay_output(
         crate::local::disk_watch::over_limit(core.store.workspace(&record.id), record.disk_bytes);
     let mut out = running.stdout.take().expect("piped");
     let mut err = running.stderr.take().expect("piped");
-    let (mut ob, mut eb) = (vec![0u8; 32 * 1024], vec![0u8; 32 * 1024]);
+    let (mut ob, mut eb) = (ReadBuf::new(32 * 1024), ReadBuf::new(32 * 1024));
     let (mut out_open, mut err_open) = (true, true);
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline, over_disk);
@@ -122,13 +123,13 @@ async fn relay_output(
             break Some(code);
         }
         tokio::select! {
-            n = out.read(&mut ob), if out_open => match n {
+            n = out.read(ob.space()), if out_open => match n {
                 Ok(0) | Err(_) => out_open = false,
-                Ok(n) => if tx.send(ExecEvent { event: Some(Event::Stdout(ob[..n].to_vec())) }).await.is_err() { break None },
+                Ok(n) => if tx.send(ExecEvent { event: Some(Event::Stdout(ob.took(n).to_vec())) }).await.is_err() { break None },
             },
-            n = err.read(&mut eb), if err_open => match n {
+            n = err.read(eb.space()), if err_open => match n {
                 Ok(0) | Err(_) => err_open = false,
-                Ok(n) => if tx.send(ExecEvent { event: Some(Event::Stderr(eb[..n].to_vec())) }).await.is_err() { break None },
+                Ok(n) => if tx.send(ExecEvent { event: Some(Event::Stderr(eb.took(n).to_vec())) }).await.is_err() { break None },
             },
             code = running.wait(), if exited.is_none() => {
                 exited = Some(code);
