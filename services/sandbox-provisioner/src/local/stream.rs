@@ -7,9 +7,9 @@ use crate::{
     local::{
         init::host::Stdio3,
         launch::Running,
-        read_buf::ReadBuf,
         prepare::{Prepared, Tools},
         provisioner::Provisioner,
+        read_buf::ReadBuf,
     },
 };
 use forkyard_proto::sandbox::v1::{ExecEvent, ExecRequest, exec_event::Event};
