@@ -301,7 +301,7 @@ impl Cgroups {
     pub fn kill_all(&self, id: &str) {
         let dirs = self.dirs(id);
         if self.version == Version::V2 && write(&dirs[0], "cgroup.kill", "1").is_ok() {
-            wait_empty(|| self.pids(id).is_empty());
+            wait_empty(KILLED, || self.pids(id).is_empty());
             return;
         }
         // No freeze when one kill of every member empties the group, as it does unless
@@ -317,7 +317,7 @@ impl Cgroups {
             return;
         }
         kill_each(&pids);
-        if wait_empty_for(SETTLE, || self.pids(id).is_empty()) {
+        if wait_empty(SETTLE, || self.pids(id).is_empty()) {
             return;
         }
         let freezer = match self.version {
@@ -331,7 +331,7 @@ impl Cgroups {
             if frozen {
                 let _ = write(&freezer.0, freezer.1, freezer.3);
             }
-            if pids.is_empty() || wait_empty(|| self.pids(id).is_empty()) {
+            if pids.is_empty() || wait_empty(KILLED, || self.pids(id).is_empty()) {
                 return;
             }
         }
@@ -377,12 +377,8 @@ fn write(dir: &Path, file: &str, value: &str) -> io::Result<()> {
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.join(file).display())))
 }
 
-/// Poll `empty` for up to a second.
-/// Wait up to a second for `empty`. Killed processes are usually gone within a
-/// millisecond: the first looks come soon, later ones back off to every 10 ms.
-fn wait_empty(empty: impl Fn() -> bool) -> bool {
-    wait_empty_for(Duration::from_secs(1), empty)
-}
+/// How long a kill waits for the group to empty (cgroup.kill, each pass of the freeze).
+const KILLED: Duration = Duration::from_secs(1);
 
 /// How long [`Cgroups::kill_all`] waits for a group to empty after one kill of each
 /// member, before it freezes the group to kill what is left. Killed processes still need
@@ -397,7 +393,9 @@ fn kill_each(pids: &[i32]) {
     }
 }
 
-fn wait_empty_for(bound: Duration, empty: impl Fn() -> bool) -> bool {
+/// Wait up to `bound` for `empty`. Killed processes are usually gone within a
+/// millisecond: the first looks come soon, later ones back off to every 10 ms.
+fn wait_empty(bound: Duration, empty: impl Fn() -> bool) -> bool {
     let deadline = std::time::Instant::now() + bound;
     let mut pause = Duration::from_micros(200);
     while std::time::Instant::now() < deadline {
