@@ -51,11 +51,15 @@ fn refresh() -> Duration {
     Duration::from_secs(REFRESH_SECS.load(Ordering::Relaxed))
 }
 
+/// How long one name's lookup may take before it counts as failed.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Each balanced channel's setting and whether its names have resolved to a replica yet.
 static PEERS: Mutex<Vec<(String, Arc<AtomicBool>)>> = Mutex::new(Vec::new());
 
 /// The settings whose peer names have not resolved to any replica yet (a name that does
-/// not resolve, or a peer that is not up): the service reports NOT_SERVING meanwhile
+/// not resolve, or a peer that is not up), each with the addresses it names (`--x-addr
+/// (FORKYARD_X_ADDR) = http://name:port`): the service reports NOT_SERVING meanwhile
 /// (`crate::service`), and keeps looking them up.
 pub fn waiting_for() -> Vec<String> {
     let peers = PEERS
@@ -70,12 +74,12 @@ pub fn waiting_for() -> Vec<String> {
     out
 }
 
-fn register(setting: &str) -> Arc<AtomicBool> {
+fn register(setting: &str, addrs: &str) -> Arc<AtomicBool> {
     let resolved = Arc::new(AtomicBool::new(false));
     PEERS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push((setting.to_owned(), resolved.clone()));
+        .push((format!("{setting} = {}", addrs.trim()), resolved.clone()));
     resolved
 }
 
@@ -124,8 +128,18 @@ impl Target {
                 tls_name: self.host.clone(),
             }]);
         }
-        let addrs = tokio::net::lookup_host((self.host.as_str(), self.port))
+        // A resolver that never answers (an unreachable nameserver, retried per search
+        // domain) must not hold the refresh loop, nor hide the name from the log.
+        let lookup = tokio::net::lookup_host((self.host.as_str(), self.port));
+        let addrs = tokio::time::timeout(LOOKUP_TIMEOUT, lookup)
             .await
+            .map_err(|_| {
+                format!(
+                    "cannot resolve {}: no answer within {}s",
+                    self.host,
+                    LOOKUP_TIMEOUT.as_secs()
+                )
+            })?
             .map_err(|e| format!("cannot resolve {}: {e}", self.host))?;
         let set: BTreeSet<SocketAddr> = addrs.collect();
         Ok(set.into_iter().map(|a| self.replica(a)).collect())
@@ -208,7 +222,7 @@ pub fn balanced(
         crate::tls::endpoint(&t.url).map_err(|e| format!("{flag}: {e}"))?;
     }
     let channel = Balanced::empty(flag);
-    let resolved = register(flag);
+    let resolved = register(flag, addrs);
     let flag = flag.to_owned();
     let members = channel.downgrade();
     tokio::spawn(async move {
