@@ -306,6 +306,54 @@ impl Invocation<'_> {
     }
 }
 
+impl Invocation<'_> {
+    /// Start the sandbox's init as [`Self::command`] would, without a fork of the
+    /// provisioner ([`crate::local::vfork`]): `stdin` its descriptor 0, `stderr` its 2,
+    /// /dev/null its 1.
+    pub(crate) fn spawn_init(
+        &self,
+        stdin: std::os::fd::OwnedFd,
+        stderr: std::os::fd::OwnedFd,
+    ) -> std::io::Result<crate::local::vfork::Process> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |s: &OsStr| {
+            std::ffi::CString::new(s.as_bytes()).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{} holds a NUL byte", s.to_string_lossy()),
+                )
+            })
+        };
+        let program = c(self.bwrap.as_os_str())?;
+        let mut argv = vec![program.clone()];
+        for a in self.args() {
+            argv.push(c(&a)?);
+        }
+        let null = rustix::fs::open(
+            "/dev/null",
+            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        let mut fds = vec![
+            (stdin, 0),
+            (null, 1),
+            (stderr, 2),
+            (memfd("forkyard-env", &self.env_args())?, ENV_FD),
+        ];
+        for (filter, fd) in self.seccomp.iter().zip(SECCOMP_FD..) {
+            fds.push((memfd("forkyard-seccomp", filter)?, fd));
+        }
+        crate::local::vfork::spawn(crate::local::vfork::Plan {
+            program,
+            argv,
+            env: Vec::new(),
+            fds,
+            procs: crate::local::enter::open_procs(self.cgroup_procs)?,
+            ids: self.uid.map(|u| (u, u)),
+        })
+    }
+}
+
 /// An anonymous in-memory file holding `data`, positioned at its start. Close-on-exec
 /// here: only the one child it is mapped into gets it, never a concurrently spawned one.
 fn memfd(name: &str, data: &[u8]) -> std::io::Result<std::os::fd::OwnedFd> {

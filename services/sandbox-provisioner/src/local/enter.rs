@@ -4,7 +4,8 @@
 //! a shell writing `cgroup.procs` and then `setpriv`: two process start-ups, about 2 ms of
 //! loader work, each time a sandbox started.)
 //!
-//! The only `unsafe` of the crate: a `pre_exec` hook. It runs in the forked child, where
+//! One of the crate's two `unsafe` places (the other: `crate::local::vfork`, the same
+//! steps for a sandbox's init): a `pre_exec` hook. It runs in the forked child, where
 //! only async-signal-safe calls are allowed; it makes raw system calls (rustix's Linux
 //! backend: `write`, `setgroups`, `setresgid`, `setresuid`) on descriptors opened before
 //! the fork, and allocates nothing.
@@ -18,6 +19,18 @@ use rustix::{
 use std::path::PathBuf;
 use tokio::process::Command;
 
+/// The `cgroup.procs` files, opened for writing (as the provisioner): a missing cgroup
+/// fails here, naming its path.
+pub fn open_procs(cgroup_procs: &[PathBuf]) -> std::io::Result<Vec<OwnedFd>> {
+    cgroup_procs
+        .iter()
+        .map(|p| {
+            rustix::fs::open(p, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))
+        })
+        .collect()
+}
+
 /// Make `cmd`'s process join the cgroups whose `cgroup.procs` files are `cgroup_procs`
 /// (as the provisioner), then become `uid` (its gid too, no supplementary groups).
 ///
@@ -27,13 +40,7 @@ pub fn set(cmd: &mut Command, cgroup_procs: &[PathBuf], uid: Option<u32>) -> std
     if cgroup_procs.is_empty() && uid.is_none() {
         return Ok(());
     }
-    let procs: Vec<OwnedFd> = cgroup_procs
-        .iter()
-        .map(|p| {
-            rustix::fs::open(p, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())
-                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))
-        })
-        .collect::<Result<_, _>>()?;
+    let procs = open_procs(cgroup_procs)?;
     let ids = uid.map(|u| (Uid::from_raw(u), Gid::from_raw(u)));
     // SAFETY: the hook only makes system calls on values it owns (no allocation, no lock,
     // no libc state), which is what a forked child of a multi-threaded process may do.

@@ -50,6 +50,7 @@ mod template;
 mod terminal;
 pub mod uids;
 mod usage;
+mod vfork;
 mod workspace;
 
 pub use config::Config;

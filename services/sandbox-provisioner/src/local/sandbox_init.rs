@@ -87,9 +87,7 @@ impl Provisioner {
             }),
             init: true,
         };
-        let init = inv
-            .command()
-            .and_then(|cmd| Init::start(cmd, id))
+        let init = Init::start(&inv, id)
             .map(Arc::new)
             .map_err(|e| ProvisionerError::internal("start the sandbox's init", e))?;
         tracing::debug!(sandbox_id = %id, "sandbox init started");

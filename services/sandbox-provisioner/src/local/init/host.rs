@@ -5,12 +5,11 @@
 //! their callers see as a command that died.
 
 use super::wire::{self, FromInit, Spec, ToInit};
-use crate::local::kill_tree::KillTree;
+use crate::local::{bwrap::Invocation, kill_tree::KillTree, vfork::Process};
 use rustix::fd::{AsFd, OwnedFd};
 use std::{
     collections::HashMap,
     io,
-    process::Stdio,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -35,7 +34,7 @@ struct Shared {
     gone: CancellationToken,
     /// The sandbox's bubblewrap: killed, with everything in the sandbox, when the init
     /// is gone for whatever reason.
-    bwrap: Mutex<(tokio::process::Child, KillTree)>,
+    bwrap: Mutex<(Process, KillTree)>,
 }
 
 impl Shared {
@@ -71,7 +70,7 @@ impl Shared {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         bwrap.1.kill();
-        let _ = bwrap.0.start_kill();
+        bwrap.0.start_kill();
         drop(bwrap);
         self.pending().clear();
     }
@@ -86,8 +85,7 @@ impl Shared {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .0
-            .try_wait()
-            .is_ok_and(|s| s.is_some());
+            .try_wait();
         if exited {
             self.end();
         }
@@ -176,22 +174,16 @@ impl Drop for InitChild {
 }
 
 impl Init {
-    /// Start `bwrap` (the whole command line, the init last on it) with the control
-    /// socket as the init's stdin.
-    pub(crate) fn start(mut bwrap: tokio::process::Command, sandbox_id: &str) -> io::Result<Self> {
+    /// Start the sandbox's bubblewrap (`inv`, the init last on its command line) with
+    /// the control socket as the init's stdin.
+    pub(crate) fn start(inv: &Invocation<'_>, sandbox_id: &str) -> io::Result<Self> {
         let (ours, theirs) = wire::pair()?;
-        bwrap
-            .stdin(Stdio::from(theirs))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = bwrap.spawn()?;
-        // The command holds the init's end until dropped: the init's exit must close it.
-        drop(bwrap);
-        let tree = KillTree(child.id());
-        if let Some(stderr) = child.stderr.take() {
-            tokio::spawn(log_stderr(stderr, sandbox_id.to_owned()));
-        }
+        let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        // Our copies of the init's ends close here: its exit must close the socket.
+        let child = inv.spawn_init(theirs, err_w)?;
+        let tree = KillTree(Some(child.id()));
+        let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?;
+        tokio::spawn(log_stderr(stderr, sandbox_id.to_owned()));
         let shared = Arc::new(Shared {
             // Deprecated for a descriptor it does not own; this one it owns (moved in).
             #[allow(deprecated)]
@@ -289,7 +281,7 @@ async fn read(shared: Arc<Shared>, sandbox_id: String) {
 /// Log the first lines the init writes on its stderr (a few hundred bytes each), and
 /// read and drop the rest: a command that reaches the init's stderr cannot make the
 /// provisioner hold or log without bound.
-async fn log_stderr(mut stderr: tokio::process::ChildStderr, sandbox_id: String) {
+async fn log_stderr(mut stderr: tokio::net::unix::pipe::Receiver, sandbox_id: String) {
     use tokio::io::AsyncReadExt;
     let mut buf = vec![0u8; 4096];
     let mut logged = 0;
