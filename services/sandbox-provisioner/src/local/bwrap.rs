@@ -290,23 +290,29 @@ impl Invocation<'_> {
         let mut cmd = Command::new(self.bwrap);
         crate::local::enter::set(&mut cmd, self.cgroup_procs, self.uid)?;
         cmd.env_clear().args(self.args());
-        let mut fds = vec![FdMapping {
-            parent_fd: memfd("forkyard-env", &self.env_args())?,
-            child_fd: ENV_FD,
-        }];
-        for (filter, fd) in self.seccomp.iter().zip(SECCOMP_FD..) {
-            fds.push(FdMapping {
-                parent_fd: memfd("forkyard-seccomp", filter)?,
-                child_fd: fd,
-            });
-        }
+        let fds = self
+            .bwrap_fds()?
+            .into_iter()
+            .map(|(parent_fd, child_fd)| FdMapping {
+                parent_fd,
+                child_fd,
+            })
+            .collect();
         cmd.fd_mappings(fds)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(cmd)
     }
-}
 
-impl Invocation<'_> {
+    /// What bubblewrap reads besides its command line, and the descriptor numbers its
+    /// options name: the environment ([`ENV_FD`]) and each seccomp filter.
+    fn bwrap_fds(&self) -> std::io::Result<Vec<(std::os::fd::OwnedFd, i32)>> {
+        let mut fds = vec![(memfd("forkyard-env", &self.env_args())?, ENV_FD)];
+        for (filter, fd) in self.seccomp.iter().zip(SECCOMP_FD..) {
+            fds.push((memfd("forkyard-seccomp", filter)?, fd));
+        }
+        Ok(fds)
+    }
+
     /// Start the sandbox's init as [`Self::command`] would, without a fork of the
     /// provisioner ([`crate::local::vfork`]): `stdin` its descriptor 0, `stderr` its 2,
     /// /dev/null its 1.
@@ -334,15 +340,8 @@ impl Invocation<'_> {
             rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )?;
-        let mut fds = vec![
-            (stdin, 0),
-            (null, 1),
-            (stderr, 2),
-            (memfd("forkyard-env", &self.env_args())?, ENV_FD),
-        ];
-        for (filter, fd) in self.seccomp.iter().zip(SECCOMP_FD..) {
-            fds.push((memfd("forkyard-seccomp", filter)?, fd));
-        }
+        let mut fds = vec![(stdin, 0), (null, 1), (stderr, 2)];
+        fds.extend(self.bwrap_fds()?);
         crate::local::vfork::spawn(crate::local::vfork::Plan {
             program,
             argv,

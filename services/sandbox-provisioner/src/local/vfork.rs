@@ -117,18 +117,8 @@ impl Drop for Process {
 
 /// Start `plan`. An error names the step that failed in the child, with its errno.
 pub(crate) fn spawn(plan: Plan) -> io::Result<Process> {
-    let argv: Vec<*const c_char> = plan
-        .argv
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let envp: Vec<*const c_char> = plan
-        .env
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
+    let argv = null_terminated(&plan.argv);
+    let envp = null_terminated(&plan.env);
     let fds: Vec<(c_int, c_int)> = plan
         .fds
         .iter()
@@ -196,6 +186,15 @@ pub(crate) fn spawn(plan: Plan) -> io::Result<Process> {
         pid: pid_u32,
         pidfd: Some(pidfd),
     })
+}
+
+/// `strings` as execve takes them: pointers, then a null one.
+fn null_terminated(strings: &[CString]) -> Vec<*const c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
 }
 
 /// What the child was doing when it failed, by the step number it reports.
