@@ -177,6 +177,33 @@ async fn a_missing_program_is_exit_127_with_its_name() {
 }
 
 #[tokio::test]
+async fn a_bare_name_is_found_on_the_commands_own_path_as_the_shell_finds_it() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    // On PATH, in order: a directory of the name, a file that is not executable, the
+    // program; then a second program the first one hides.
+    let setup = "mkdir -p a/tool b c d && printf 'echo b\\n' > b/tool \
+        && printf '#!/bin/sh\\necho c \"$@\"\\n' > c/tool && chmod +x c/tool \
+        && printf '#!/bin/sh\\necho d\\n' > d/tool && chmod +x d/tool";
+    let out = f.sh(&sbx.id, setup).await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let mut req = exec_req(&sbx.id, &["tool", "x", "y"]);
+    req.env.insert(
+        "PATH".into(),
+        "/workspace/a:/workspace/b:/workspace/c:/workspace/d:/usr/bin:/bin".into(),
+    );
+    let out = f.core.exec(req).await.unwrap();
+    assert_eq!(
+        (out.exit_code, out.stdout.as_str()),
+        (0, "c x y\n"),
+        "{out:?}"
+    );
+    // The program sees the name it was called by, not where it was found.
+    let out = f.sh(&sbx.id, "echo $0").await;
+    assert_eq!(out.stdout, "sh\n", "{out:?}");
+}
+
+#[tokio::test]
 async fn with_the_init_off_each_command_gets_a_bubblewrap_of_its_own() {
     let f = fixture_with(|_, c| c.sandbox_init = false).await;
     let sbx = f.create().await;
