@@ -127,16 +127,31 @@ async fn a_timeout_kills_the_command_not_the_sandbox() {
 }
 
 #[tokio::test]
-async fn a_command_that_kills_the_init_ends_its_commands_and_the_next_starts_a_new_one() {
+async fn no_command_can_kill_the_init_and_one_that_dies_is_replaced_at_the_next_command() {
     let f = fixture().await;
     let sbx = f.create().await;
     let before = f.sh(&sbx.id, PID1_START).await.stdout;
+    // The init is the sandbox's pid 1: a signal from inside, SIGKILL too, does not reach
+    // it, and the sandbox goes on under it.
+    let out = f
+        .sh(
+            &sbx.id,
+            "kill -KILL $PPID; kill -TERM 1; kill -KILL 1; echo alive",
+        )
+        .await;
+    assert_eq!(
+        (out.exit_code, out.stdout.as_str()),
+        (0, "alive\n"),
+        "{out:?}"
+    );
+    assert_eq!(f.sh(&sbx.id, PID1_START).await.stdout, before);
+
     let marker = unique_sleep();
     let core = f.core.clone();
     let id = sbx.id.clone();
     let sleeper = marker.clone();
     let waiting = tokio::spawn(async move { core.exec(exec_req(&id, &["sleep", &sleeper])).await });
-    // Running under this init before it is killed (a busy machine may start the task late,
+    // Running under this init before it dies (a busy machine may start the task late,
     // and then a new init would run it).
     assert!(
         eventually(Duration::from_secs(10), || !host_pids_with(&marker)
@@ -144,9 +159,21 @@ async fn a_command_that_kills_the_init_ends_its_commands_and_the_next_starts_a_n
         .await,
         "the command never started"
     );
-    // The init is the parent of every command.
-    let out = f.sh(&sbx.id, "kill -KILL $PPID; sleep 5").await;
-    assert_ne!(out.exit_code, 0, "{out:?}");
+    // The init dies as the OOM killer would kill it: from outside. It is the parent of
+    // every command.
+    let sleep_pid = host_pids_with(&marker)[0];
+    let stat = std::fs::read_to_string(format!("/proc/{sleep_pid}/stat")).unwrap();
+    let init_pid: i32 = stat
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .and_then(|ppid| ppid.parse().ok())
+        .unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &init_pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
     let other = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("a command of a dead init never ended")
@@ -157,6 +184,23 @@ async fn a_command_that_kills_the_init_ends_its_commands_and_the_next_starts_a_n
     assert_eq!(after.exit_code, 0, "{}", after.stderr);
     assert!(after.stdout.starts_with("back\n"), "{after:?}");
     assert_ne!(after.stdout.trim_start_matches("back\n"), before);
+}
+
+#[tokio::test]
+async fn what_a_command_leaves_reparented_to_the_init_is_reaped() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    // Each command leaves a process in its group (killed when it ends) and one in a
+    // session of its own (ending a moment later): both reparented to the init, neither
+    // may stay a zombie (each would hold a pid of the sandbox's).
+    for _ in 0..20 {
+        let script = "(sleep 5; true) & setsid sleep 0.05 >/dev/null 2>&1 </dev/null &";
+        let out = f.sh(&sbx.id, script).await;
+        assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    }
+    let zombies = "sleep 0.5; grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null | wc -l";
+    let out = f.sh(&sbx.id, zombies).await;
+    assert_eq!(out.stdout.trim(), "0", "zombies left: {out:?}");
 }
 
 #[tokio::test]

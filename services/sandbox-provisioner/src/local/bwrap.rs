@@ -129,6 +129,11 @@ impl Invocation<'_> {
             a.push(["--unshare-user", "--disable-userns"]);
         }
         a.push(["--die-with-parent", "--new-session", "--cap-drop", "ALL"]);
+        if self.init && self.kit().is_some() {
+            // The init reaps every process of the sandbox itself: no reaper process of
+            // bubblewrap's in front of it (one process less each time a sandbox starts).
+            a.push(["--as-pid-1"]);
+        }
         self.root(&mut a);
         self.mounts(&mut a);
         // The sandboxed command's environment comes from this file descriptor, read

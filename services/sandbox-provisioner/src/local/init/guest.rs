@@ -5,18 +5,23 @@
 //! exits, the rest of its process group is killed, as everything of a command died with
 //! its own bubblewrap before. When the provisioner's end closes, every command is killed
 //! and the init exits, which ends the sandbox's pid namespace and all left in it.
+//!
+//! The init is the namespace's pid 1 (bubblewrap's `--as-pid-1`): no reaper process of
+//! bubblewrap's in front of it, and no signal from inside the sandbox reaches it (the
+//! kernel drops those pid 1 has no handler for, SIGKILL included). One thread reaps
+//! every child, the commands and whatever they left that was reparented to it.
 
 use super::wire::{self, FromInit, ToInit};
 use rustix::{
     fd::{AsFd, OwnedFd},
-    process::{Pid, Signal, WaitId, WaitIdOptions},
+    process::{Pid, Signal, WaitId, WaitIdOptions, WaitOptions, WaitStatus},
 };
 use std::{
     collections::HashMap,
     io::{self, Write},
     os::unix::process::{CommandExt, ExitStatusExt},
     process::{Command, ExitCode, ExitStatus, Stdio},
-    sync::{Arc, Mutex},
+    sync::{Arc, Condvar, Mutex, MutexGuard},
     thread,
 };
 
@@ -33,13 +38,22 @@ struct Leader {
 }
 
 impl Leader {
+    /// A running command: the leader itself too (it may have left its group, or, a pty
+    /// command's helper, not made its session yet). Its pid is not reused while it is
+    /// unreaped, and it is reaped only once out of the table.
     fn kill(self, sig: Signal) {
+        if let Some(pid) = Pid::from_raw(self.pid) {
+            let _ = rustix::process::kill_process(pid, sig);
+        }
+        self.kill_rest(sig);
+    }
+
+    /// What is left of a command whose leader is reaped: its group (or session), whose
+    /// id stays allocated while a process of it lives.
+    fn kill_rest(self, sig: Signal) {
         let Some(pid) = Pid::from_raw(self.pid) else {
             return;
         };
-        // The leader itself too: it may have left its group, or (a pty command's helper)
-        // not made its session yet. Its pid is not reused while it is unreaped.
-        let _ = rustix::process::kill_process(pid, sig);
         let _ = rustix::process::kill_process_group(pid, sig);
         if self.session {
             kill_session(pid, sig);
@@ -71,28 +85,39 @@ fn kill_session(sid: Pid, sig: Signal) {
     }
 }
 
-/// Running commands by tag. A leader is removed before its process is reaped, so a pid
-/// found here names that command's process group (or session) and no other.
+/// Running commands: by tag, and their tags by leader pid. A leader leaves the table
+/// when it is reaped (under its lock), then what is left of its group is killed.
 #[derive(Default)]
-struct Running(Mutex<HashMap<u64, Leader>>);
+struct Table {
+    by_tag: HashMap<u64, Leader>,
+    by_pid: HashMap<i32, u64>,
+    /// Counts spawns: the reaper, finding no child at all, waits for it to move.
+    spawns: u64,
+}
+
+#[derive(Default)]
+struct Running {
+    table: Mutex<Table>,
+    spawned: Condvar,
+}
 
 impl Running {
-    fn signal(&self, tag: u64, signal: i32) {
-        let running = self
-            .0
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let (Some(leader), Some(sig)) = (running.get(&tag), Signal::from_named_raw(signal)) {
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn signal(&self, tag: u64, signal: i32) {
+        let table = self.lock();
+        if let (Some(leader), Some(sig)) = (table.by_tag.get(&tag), Signal::from_named_raw(signal))
+        {
             leader.kill(sig);
         }
     }
 
     fn kill_all(&self) {
-        let running = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for leader in running.values() {
+        for leader in self.lock().by_tag.values() {
             leader.kill(Signal::KILL);
         }
     }
@@ -112,6 +137,14 @@ pub fn run(sock: OwnedFd, helper: Vec<String>) -> ExitCode {
     }
     let sock = Arc::new(sock);
     let running = Arc::new(Running::default());
+    let (sock2, running2) = (sock.clone(), running.clone());
+    if let Err(e) = thread::Builder::new()
+        .name("reaper".into())
+        .spawn(move || reap(&sock2, &running2))
+    {
+        eprintln!("sandbox init: no thread to reap its children: {e}");
+        return ExitCode::from(125);
+    }
     loop {
         match wire::recv::<ToInit>(sock.as_fd()) {
             Ok(Some((ToInit::Spawn { tag, pty, stdin }, fds))) => {
@@ -160,15 +193,13 @@ fn spawn(
     // A second handle on stderr, to say why the command could not be started.
     let mut err_note = stdio.2.try_clone().ok().map(std::fs::File::from);
     let mut cmd = command(helper, &spec, asked.pty, stdio);
-    // Held while spawning, so the waiter cannot look the pid up before it is recorded.
-    let mut map = running
-        .0
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Held while spawning: the reaper reaps nothing meanwhile (std reaps a child that
+    // failed to exec itself, and panics if another did), and finds the pid recorded.
+    let mut table = running.lock();
     let child = match cmd.spawn() {
         Ok(child) => child,
         Err(e) => {
-            drop(map);
+            drop(table);
             if let Some(f) = err_note.as_mut() {
                 let _ = writeln!(f, "forkyard: {program}: {e}");
             }
@@ -179,19 +210,22 @@ fn spawn(
         }
     };
     drop(cmd);
+    // The reaper reaps it: std's handle is never waited on.
     let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
-    let leader = Leader {
-        pid,
-        session: asked.pty,
-    };
-    map.insert(tag, leader);
-    drop(map);
-    if let Err(e) = watch(sock, running, tag, leader, child) {
-        if let Some(f) = err_note.as_mut() {
-            let _ = writeln!(f, "forkyard: {program}: no thread to watch it: {e}");
-        }
-        reply(FromInit::Failed { tag, code: 125 });
-    }
+    drop(child);
+    table.by_tag.insert(
+        tag,
+        Leader {
+            pid,
+            session: asked.pty,
+        },
+    );
+    table.by_pid.insert(pid, tag);
+    table.spawns += 1;
+    // Before the lock goes: its end, which the reaper reports under it, comes after.
+    reply(FromInit::Started { tag, pid });
+    drop(table);
+    running.spawned.notify_one();
 }
 
 /// The command's spec and its stdin, stdout and stderr, out of the descriptors passed
@@ -270,77 +304,53 @@ fn on_path(program: &str, env: &[(String, String)]) -> Option<std::path::PathBuf
     })
 }
 
-/// A thread that waits for the command and reports its end; `Started` is reported once
-/// it runs. A thread may be refused (the sandbox at its pids limit): then the command is
-/// killed and reaped rather than left unwatched.
-fn watch(
-    sock: &Arc<OwnedFd>,
-    running: &Arc<Running>,
-    tag: u64,
-    leader: Leader,
-    mut child: std::process::Child,
-) -> io::Result<()> {
-    let (sock2, running2) = (sock.clone(), running.clone());
-    let (tx, rx) = std::sync::mpsc::channel();
-    let waiter = thread::Builder::new().spawn(move || {
-        if let Ok(child) = rx.recv() {
-            wait(&sock2, &running2, tag, leader, child);
+/// Reap every child as it ends: for a command's leader, kill what is left of its group
+/// (or session) and report its end; anything else (what a command left, reparented to
+/// pid 1) is only reaped.
+fn reap(sock: &OwnedFd, running: &Running) {
+    loop {
+        let spawns = running.lock().spawns;
+        // Waits for a child to end without reaping it: reaping waits for the table.
+        match rustix::process::waitid(WaitId::All, WaitIdOptions::EXITED | WaitIdOptions::NOWAIT) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::CHILD) => {
+                let mut table = running.lock();
+                while table.spawns == spawns {
+                    table = running
+                        .spawned
+                        .wait(table)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+                continue;
+            }
+            Err(_) => continue,
         }
-    });
-    match waiter {
-        Ok(_) => {
-            let _ = wire::send(
-                sock.as_fd(),
-                &FromInit::Started {
-                    tag,
-                    pid: leader.pid,
-                },
-                &[],
-            );
-            let _ = tx.send(child);
-            Ok(())
+        let mut ended = Vec::new();
+        {
+            let mut table = running.lock();
+            while let Ok(Some((pid, status))) = rustix::process::wait(WaitOptions::NOHANG) {
+                let Some(tag) = table.by_pid.remove(&pid.as_raw_nonzero().get()) else {
+                    continue;
+                };
+                if let Some(leader) = table.by_tag.remove(&tag) {
+                    ended.push((tag, leader, status));
+                }
+            }
         }
-        Err(e) => {
-            leader.kill(Signal::KILL);
-            let _ = child.wait();
-            running
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(&tag);
-            Err(e)
+        for (tag, leader, status) in ended {
+            leader.kill_rest(Signal::KILL);
+            let code = wait_code(status);
+            let _ = wire::send(sock.as_fd(), &FromInit::Exited { tag, code }, &[]);
         }
     }
 }
 
-/// Wait for the command's leader to exit, kill what is left of its group (or session),
-/// then reap it.
-fn wait(
-    sock: &OwnedFd,
-    running: &Running,
-    tag: u64,
-    leader: Leader,
-    mut child: std::process::Child,
-) {
-    if let Some(pid) = Pid::from_raw(leader.pid) {
-        // Left unreaped (NOWAIT): its pid, and so its group id, cannot be reused meanwhile.
-        while let Err(e) = rustix::process::waitid(
-            WaitId::Pid(pid),
-            WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
-        ) {
-            if e != rustix::io::Errno::INTR {
-                break;
-            }
-        }
-    }
-    running
-        .0
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .remove(&tag);
-    leader.kill(Signal::KILL);
-    let code = child.wait().map_or(125, code_of);
-    let _ = wire::send(sock.as_fd(), &FromInit::Exited { tag, code }, &[]);
+/// [`code_of`] for a status from `wait`.
+fn wait_code(status: WaitStatus) -> i32 {
+    status
+        .exit_status()
+        .or_else(|| status.terminating_signal().map(|s| 128 + s))
+        .unwrap_or(125)
 }
 
 /// The exit code, or 128 + the signal, as a shell (and bubblewrap) reports it.
