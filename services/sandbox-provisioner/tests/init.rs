@@ -248,6 +248,22 @@ async fn a_bare_name_is_found_on_the_commands_own_path_as_the_shell_finds_it() {
     // The program sees the name it was called by, not where it was found.
     let out = f.sh(&sbx.id, "echo $0").await;
     assert_eq!(out.stdout, "sh\n", "{out:?}");
+    // As `execvp` again: a file without `#!` is run by /bin/sh; a script whose
+    // interpreter is missing is passed over for the next of the name.
+    let setup = "mkdir -p e f && printf 'echo plain \"$@\"\\n' > e/plain && chmod +x e/plain \
+        && printf '#!/no/such/interpreter\\n' > e/tool2 && chmod +x e/tool2 \
+        && printf '#!/bin/sh\\necho f\\n' > f/tool2 && chmod +x f/tool2";
+    let out = f.sh(&sbx.id, setup).await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    for (argv, want) in [(&["plain", "z"][..], "plain z\n"), (&["tool2"][..], "f\n")] {
+        let mut req = exec_req(&sbx.id, argv);
+        req.env.insert(
+            "PATH".into(),
+            "/workspace/e:/workspace/f:/usr/bin:/bin".into(),
+        );
+        let out = f.core.exec(req).await.unwrap();
+        assert_eq!((out.exit_code, out.stdout.as_str()), (0, want), "{out:?}");
+    }
 }
 
 #[tokio::test]

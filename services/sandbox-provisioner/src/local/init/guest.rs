@@ -48,8 +48,9 @@ impl Leader {
         self.kill_rest(sig);
     }
 
-    /// What is left of a command whose leader is reaped: its group (or session), whose
-    /// id stays allocated while a process of it lives.
+    /// What is left of a command whose leader has ended: its group (or session), killed
+    /// before the leader's zombie is reaped (its pid, the group's id, is not reused
+    /// while it is there).
     fn kill_rest(self, sig: Signal) {
         let Some(pid) = Pid::from_raw(self.pid) else {
             return;
@@ -86,7 +87,8 @@ fn kill_session(sid: Pid, sig: Signal) {
 }
 
 /// Running commands: by tag, and their tags by leader pid. A leader leaves the table
-/// when it is reaped (under its lock), then what is left of its group is killed.
+/// when it has ended: what is left of its group is killed, then it is reaped (under the
+/// table's lock).
 #[derive(Default)]
 struct Table {
     by_tag: HashMap<u64, Leader>,
@@ -184,19 +186,34 @@ fn spawn(
     let reply = |msg: FromInit| {
         let _ = wire::send(sock.as_fd(), &msg, &[]);
     };
-    let Some((spec, stdio)) = received(asked, fds) else {
+    let Some((spec, fds)) = received(asked, fds) else {
         return reply(FromInit::Failed { tag, code: 125 });
     };
     let Some(program) = spec.argv.first() else {
         return reply(FromInit::Failed { tag, code: 125 });
     };
     // A second handle on stderr, to say why the command could not be started.
-    let mut err_note = stdio.2.try_clone().ok().map(std::fs::File::from);
-    let mut cmd = command(helper, &spec, asked.pty, stdio);
+    let mut err_note = fds.stderr.try_clone().ok().map(std::fs::File::from);
+    let found = if asked.pty {
+        None
+    } else {
+        on_path(program, &spec.env)
+    };
     // Held while spawning: the reaper reaps nothing meanwhile (std reaps a child that
     // failed to exec itself, and panics if another did), and finds the pid recorded.
     let mut table = running.lock();
-    let child = match cmd.spawn() {
+    let mut started =
+        command(helper, &spec, asked.pty, &fds, found.as_deref()).and_then(|mut c| c.spawn());
+    // What `execvp` does past the first file it finds (a file without `#!` run by
+    // /bin/sh, a script whose interpreter is missing passed over) std's own lookup does:
+    // nothing ran, so the command is started again that way.
+    if let Err(e) = &started
+        && found.is_some()
+        && matches!(e.raw_os_error(), Some(libc::ENOEXEC | libc::ENOENT))
+    {
+        started = command(helper, &spec, asked.pty, &fds, None).and_then(|mut c| c.spawn());
+    }
+    let child = match started {
         Ok(child) => child,
         Err(e) => {
             drop(table);
@@ -209,7 +226,6 @@ fn spawn(
             });
         }
     };
-    drop(cmd);
     // The reaper reaps it: std's handle is never waited on.
     let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
     drop(child);
@@ -228,44 +244,56 @@ fn spawn(
     running.spawned.notify_one();
 }
 
+/// A command's stdin (none: /dev/null), stdout and stderr.
+struct Fds {
+    stdin: Option<OwnedFd>,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
 /// The command's spec and its stdin, stdout and stderr, out of the descriptors passed
 /// with a [`ToInit::Spawn`]: the spec, then the terminal (a pty command) or stdin (when
 /// asked), stdout and stderr.
-fn received(asked: Asked, fds: Vec<OwnedFd>) -> Option<(wire::Spec, (Stdio, Stdio, OwnedFd))> {
+fn received(asked: Asked, fds: Vec<OwnedFd>) -> Option<(wire::Spec, Fds)> {
     let mut fds = fds.into_iter();
     let spec = fds
         .next()
         .and_then(|fd| wire::read_spec(fd, SPEC_LIMIT).ok())?;
-    let stdio = if asked.pty {
+    let fds = if asked.pty {
         let tty = fds.next()?;
-        let (a, b) = (tty.try_clone().ok()?, tty.try_clone().ok()?);
-        (Stdio::from(a), Stdio::from(b), tty)
+        Fds {
+            stdin: Some(tty.try_clone().ok()?),
+            stdout: tty.try_clone().ok()?,
+            stderr: tty,
+        }
     } else {
-        let input = if asked.stdin {
-            Stdio::from(fds.next()?)
-        } else {
-            Stdio::null()
-        };
-        (input, Stdio::from(fds.next()?), fds.next()?)
+        let stdin = if asked.stdin { Some(fds.next()?) } else { None };
+        Fds {
+            stdin,
+            stdout: fds.next()?,
+            stderr: fds.next()?,
+        }
     };
-    Some((spec, stdio))
+    Some((spec, fds))
 }
 
 /// The command to start: its own process group, or on a pty under `helper --ctty`, which
-/// makes it a session with the terminal its controlling one.
+/// makes it a session with the terminal its controlling one. `found`: where its program
+/// is, looked up already.
 fn command(
     helper: &[String],
     spec: &wire::Spec,
     pty: bool,
-    (stdin, stdout, stderr): (Stdio, Stdio, OwnedFd),
-) -> Command {
+    fds: &Fds,
+    found: Option<&std::path::Path>,
+) -> io::Result<Command> {
     let mut cmd = if pty {
         let mut c = Command::new(&helper[0]);
         c.args(&helper[1..]).args(["--ctty", "--"]).args(&spec.argv);
         c
     } else {
         let program = &spec.argv[0];
-        let mut c = match on_path(program, &spec.env) {
+        let mut c = match found {
             Some(path) => {
                 let mut c = Command::new(path);
                 c.arg0(program);
@@ -276,12 +304,16 @@ fn command(
         c.args(&spec.argv[1..]).process_group(0);
         c
     };
+    let stdin = match &fds.stdin {
+        Some(fd) => Stdio::from(fd.try_clone()?),
+        None => Stdio::null(),
+    };
     cmd.env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(stdin)
-        .stdout(stdout)
-        .stderr(Stdio::from(stderr));
-    cmd
+        .stdout(Stdio::from(fds.stdout.try_clone()?))
+        .stderr(Stdio::from(fds.stderr.try_clone()?));
+    Ok(cmd)
 }
 
 /// Where a bare command name is found on the command's own `PATH`, as `execvp` would
@@ -328,18 +360,28 @@ fn reap(sock: &OwnedFd, running: &Running) {
         let mut ended = Vec::new();
         {
             let mut table = running.lock();
-            while let Ok(Some((pid, status))) = rustix::process::wait(WaitOptions::NOHANG) {
-                let Some(tag) = table.by_pid.remove(&pid.as_raw_nonzero().get()) else {
+            while let Ok(Some(pid)) = super::ended::ended_child() {
+                let leader = table
+                    .by_pid
+                    .remove(&pid)
+                    .and_then(|tag| Some((tag, table.by_tag.remove(&tag)?)));
+                // What is left of its group (or session), while its zombie holds its id.
+                if let Some((_, leader)) = leader {
+                    leader.kill_rest(Signal::KILL);
+                }
+                let Some(pid) = Pid::from_raw(pid) else {
                     continue;
                 };
-                if let Some(leader) = table.by_tag.remove(&tag) {
-                    ended.push((tag, leader, status));
+                let status = match rustix::process::waitpid(Some(pid), WaitOptions::empty()) {
+                    Ok(Some((_, status))) => Some(status),
+                    _ => None,
+                };
+                if let Some((tag, _)) = leader {
+                    ended.push((tag, status.map_or(125, wait_code)));
                 }
             }
         }
-        for (tag, leader, status) in ended {
-            leader.kill_rest(Signal::KILL);
-            let code = wait_code(status);
+        for (tag, code) in ended {
             let _ = wire::send(sock.as_fd(), &FromInit::Exited { tag, code }, &[]);
         }
     }
