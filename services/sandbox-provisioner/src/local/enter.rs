@@ -4,8 +4,9 @@
 //! a shell writing `cgroup.procs` and then `setpriv`: two process start-ups, about 2 ms of
 //! loader work, each time a sandbox started.)
 //!
-//! One of the crate's two `unsafe` places (the other: `crate::local::vfork`, the same
-//! steps for a sandbox's init): a `pre_exec` hook. It runs in the forked child, where
+//! One of the crate's three `unsafe` places (the others: `crate::local::vfork`, the
+//! same steps for a sandbox's init, and `init/ended.rs`, waitid's pid): a `pre_exec`
+//! hook. It runs in the forked child, where
 //! only async-signal-safe calls are allowed; it makes raw system calls (rustix's Linux
 //! backend: `write`, `setgroups`, `setresgid`, `setresuid`) on descriptors opened before
 //! the fork, and allocates nothing.

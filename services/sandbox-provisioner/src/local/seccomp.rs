@@ -106,7 +106,7 @@ fn audit_arch() -> Result<u32, String> {
 }
 
 /// What the filter does with a call.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Verdict {
     Allow,
     Refuse,
@@ -131,16 +131,27 @@ fn special() -> Vec<(u32, Verdict)> {
     calls
 }
 
+/// A place in the program: a node of the search, or the code of a verdict.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Label {
+    Node(usize),
+    Verdict(Verdict),
+}
+
 /// A jump's target: the next instruction, or a label.
 #[derive(Clone, Copy)]
 enum To {
     Next,
-    Verdict(Verdict),
-    Label(usize),
+    At(Label),
+}
+
+/// Jumps to a verdict's code.
+fn to(verdict: Verdict) -> To {
+    To::At(Label::Verdict(verdict))
 }
 
 enum Op {
-    Mark(usize),
+    Mark(Label),
     Load(u32),
     Jump(u16, u32, To, To),
     Return(u32),
@@ -152,18 +163,18 @@ fn search(calls: &[(u32, Verdict)], ops: &mut Vec<Op>, labels: &mut usize) {
     if calls.len() <= 4 {
         for (i, &(nr, verdict)) in calls.iter().enumerate() {
             let miss = if i + 1 == calls.len() {
-                To::Verdict(Verdict::Allow)
+                to(Verdict::Allow)
             } else {
                 To::Next
             };
-            ops.push(Op::Jump(JEQ, nr, To::Verdict(verdict), miss));
+            ops.push(Op::Jump(JEQ, nr, to(verdict), miss));
         }
         return;
     }
     let (low, high) = calls.split_at(calls.len() / 2);
     *labels += 1;
-    let upper = *labels;
-    ops.push(Op::Jump(JGE, high[0].0, To::Label(upper), To::Next));
+    let upper = Label::Node(*labels);
+    ops.push(Op::Jump(JGE, high[0].0, To::At(upper), To::Next));
     search(low, ops, labels);
     ops.push(Op::Mark(upper));
     search(high, ops, labels);
@@ -173,85 +184,72 @@ fn search(calls: &[(u32, Verdict)], ops: &mut Vec<Op>, labels: &mut usize) {
 fn program(arch: u32) -> Vec<Op> {
     let mut ops = vec![
         Op::Load(ARCH),
-        Op::Jump(JEQ, arch, To::Next, To::Verdict(Verdict::Kill)),
+        Op::Jump(JEQ, arch, To::Next, to(Verdict::Kill)),
         Op::Load(NR),
     ];
-    // Label 0 is the x32 block; the search's own labels follow.
+    // Node 0 is the x32 block; the search's own nodes follow.
     let mut labels = 0;
     #[cfg(target_arch = "x86_64")]
-    ops.push(Op::Jump(JGE, X32_SYSCALL_BIT, To::Label(0), To::Next));
+    ops.push(Op::Jump(
+        JGE,
+        X32_SYSCALL_BIT,
+        To::At(Label::Node(0)),
+        To::Next,
+    ));
     search(&special(), &mut ops, &mut labels);
     #[cfg(target_arch = "x86_64")]
     // -1 is no call at all (a tracer skipping one): left to the kernel, as allowed.
     ops.extend([
-        Op::Mark(0),
-        Op::Jump(
-            JEQ,
-            u32::MAX,
-            To::Verdict(Verdict::Allow),
-            To::Verdict(Verdict::NoSys),
-        ),
+        Op::Mark(Label::Node(0)),
+        Op::Jump(JEQ, u32::MAX, to(Verdict::Allow), to(Verdict::NoSys)),
     ]);
     ops.extend([
-        Op::Mark(usize::MAX),
+        Op::Mark(Label::Verdict(Verdict::CloneFlags)),
         Op::Load(ARG0_LOW),
         Op::Jump(
             JSET,
             // Within the low word: the kernel reads only it of a `clone`'s flags.
             u32::try_from(CLONE_NEWUSER).expect("a low-word flag"),
-            To::Verdict(Verdict::Refuse),
-            To::Verdict(Verdict::Allow),
+            to(Verdict::Refuse),
+            to(Verdict::Allow),
         ),
     ]);
-    ops
-}
-
-/// Where each verdict's code starts: the clone check is at the `usize::MAX` mark, each
-/// other verdict a `ret` appended after the program.
-fn assemble(mut ops: Vec<Op>) -> Result<Vec<u8>, String> {
-    let verdicts = [
+    for (verdict, ret) in [
         (Verdict::Allow, RET_ALLOW),
         (Verdict::Refuse, RET_ERRNO | EPERM),
         (Verdict::NoSys, RET_ERRNO | ENOSYS),
         (Verdict::Kill, RET_KILL_PROCESS),
-    ];
-    for (i, (_, ret)) in verdicts.iter().enumerate() {
-        ops.push(Op::Mark(usize::MAX - 1 - i));
-        ops.push(Op::Return(*ret));
+    ] {
+        ops.extend([Op::Mark(Label::Verdict(verdict)), Op::Return(ret)]);
     }
-    let label_of = |to: To| match to {
-        To::Label(l) => Some(l),
-        To::Verdict(Verdict::CloneFlags) => Some(usize::MAX),
-        To::Verdict(v) => verdicts
-            .iter()
-            .position(|(w, _)| *w == v)
-            .map(|i| usize::MAX - 1 - i),
-        To::Next => None,
-    };
+    ops
+}
+
+/// The program's bytes, each jump resolved to the offset of its label.
+fn assemble(ops: &[Op]) -> Result<Vec<u8>, String> {
     let mut at = std::collections::HashMap::new();
     let mut n = 0usize;
-    for op in &ops {
+    for op in ops {
         match op {
-            Op::Mark(l) => {
-                at.insert(*l, n);
+            Op::Mark(label) => {
+                at.insert(*label, n);
             }
             _ => n += 1,
         }
     }
     let mut out = Vec::with_capacity(n * 8);
     let mut pc = 0usize;
-    for op in &ops {
+    for op in ops {
         let (code, jt, jf, k) = match *op {
             Op::Mark(_) => continue,
             Op::Load(k) => (LD_W_ABS, 0, 0, k),
             Op::Return(k) => (RET, 0, 0, k),
             Op::Jump(code, k, t, f) => {
                 let offset = |to: To| -> Result<u8, String> {
-                    let Some(label) = label_of(to) else {
+                    let To::At(label) = to else {
                         return Ok(0);
                     };
-                    let target = at[&label];
-                    u8::try_from(target - pc - 1)
+                    u8::try_from(at[&label] - pc - 1)
                         .map_err(|_| "seccomp: a jump past 255 instructions".to_owned())
                 };
                 (code, offset(t)?, offset(f)?, k)
@@ -268,7 +266,7 @@ fn assemble(mut ops: Vec<Op>) -> Result<Vec<u8>, String> {
 /// The filter, compiled: a `struct sock_filter` array as bwrap reads it (one; a list,
 /// as bwrap takes any number).
 pub fn filters() -> Result<Vec<Vec<u8>>, String> {
-    Ok(vec![assemble(program(audit_arch()?))?])
+    Ok(vec![assemble(&program(audit_arch()?))?])
 }
 
 #[cfg(test)]

@@ -192,8 +192,6 @@ fn spawn(
     let Some(program) = spec.argv.first() else {
         return reply(FromInit::Failed { tag, code: 125 });
     };
-    // A second handle on stderr, to say why the command could not be started.
-    let mut err_note = fds.stderr.try_clone().ok().map(std::fs::File::from);
     let found = if asked.pty {
         None
     } else {
@@ -217,9 +215,8 @@ fn spawn(
         Ok(child) => child,
         Err(e) => {
             drop(table);
-            if let Some(f) = err_note.as_mut() {
-                let _ = writeln!(f, "forkyard: {program}: {e}");
-            }
+            // Why the command could not be started, on its own stderr.
+            let _ = writeln!(std::fs::File::from(fds.stderr), "forkyard: {program}: {e}");
             return reply(FromInit::Failed {
                 tag,
                 code: not_started(&e),
