@@ -101,6 +101,10 @@ pub fn sandbox_env() -> Vec<(String, String)> {
         ("safe.directory", "*"),
         ("core.hooksPath", "/dev/null"),
         ("core.fsmonitor", "false"),
+        // A workspace is a copy of its template: only what a copy keeps (whole-second
+        // mtime, size, mode) tells git a file is unchanged (local/template/settle.rs).
+        ("core.checkStat", "minimal"),
+        ("core.trustctime", "false"),
         ("diff.noprefix", "false"),
         ("diff.mnemonicPrefix", "false"),
         ("diff.relative", "false"),

@@ -141,6 +141,19 @@ pub async fn clone_detached(repo: &str, commit: &str, ws: &Path, timeout: Durati
     trim_template(&ws.join(".git")).map_err(|e| ProvisionerError::internal("prepare template", e))
 }
 
+/// Record the worktree's stat data in the index (after [`crate::local::template`] set
+/// its files' mtimes), so no copy's git has to hash a file to know it is unchanged.
+pub async fn refresh_index(ws: &Path) -> Result<()> {
+    let mut cmd = host_git();
+    cmd.arg("-C")
+        .arg(ws)
+        .args(["update-index", "-q", "--refresh"]);
+    run(cmd, Duration::from_secs(600))
+        .await?
+        .map(drop)
+        .map_err(|e| ProvisionerError::Internal(format!("refresh the template's index: {e}")))
+}
+
 /// Every sandbox's workspace is a copy of the template, so each file and directory in
 /// it is made (and later removed) once per fork: the clone's reflogs (its "clone: from
 /// <host path>" entries) and its empty `refs/tags` and `objects/info` go; git makes them

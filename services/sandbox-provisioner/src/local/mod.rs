@@ -21,6 +21,7 @@ mod exec;
 mod files;
 mod forwarder_kit;
 mod git;
+mod git_index;
 mod health;
 pub mod image;
 pub mod init;

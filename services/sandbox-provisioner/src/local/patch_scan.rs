@@ -1,5 +1,7 @@
 //! What the provisioner reads of a workspace before its patch is collected, on the
-//! host: a stale index lock to clear, and the files too large to stage. Done here
+//! host: a stale index lock to clear, the files too large to stage, and whether any
+//! file is untracked (when none is, one `git diff` of the worktree is the patch and no
+//! `git add` is needed). Done here
 //! rather than by a shell and `find` in the sandbox: two process starts a fork saved
 //! (each a millisecond or more of CPU), for a walk of metadata only.
 //!
@@ -9,6 +11,7 @@
 //! leaves the workspace and never opens anything but directories. A race can only
 //! change which paths are named (what git then stages, inside the sandbox).
 
+use crate::local::git_index;
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use std::{
     os::fd::OwnedFd,
@@ -23,10 +26,12 @@ const STALE_LOCK: Duration = Duration::from_secs(5);
 const MAX_DEPTH: usize = 64;
 
 /// What the walk found: the files larger than the limit (paths relative to the
-/// workspace, as the file system spells them).
+/// workspace, as the file system spells them), and whether every file and link of the
+/// worktree is in the git index (read by [`git_index`]: false when it could not be).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Scan {
     pub(crate) too_large: Vec<Vec<u8>>,
+    pub(crate) only_tracked: bool,
 }
 
 impl Scan {
@@ -62,9 +67,19 @@ pub(crate) fn scan(workspace: &Path, max_bytes: u64) -> Option<Scan> {
     if FileType::from_raw_mode(git.st_mode) != FileType::Directory {
         return None;
     }
-    clear_stale_lock(&subdir(&root, b".git")?);
-    let mut scan = Scan::default();
-    walk(root, &mut Vec::new(), max_bytes, 0, &mut scan).then_some(scan)
+    let git = subdir(&root, b".git")?;
+    clear_stale_lock(&git);
+    let tracked = git_index::tracked_paths(&git);
+    let mut scan = Scan {
+        only_tracked: tracked.is_some(),
+        ..Scan::default()
+    };
+    let mut walk = Walk {
+        max: max_bytes,
+        tracked: tracked.as_deref().unwrap_or_default(),
+        scan: &mut scan,
+    };
+    walk.dir(root, &mut Vec::new(), 0).then_some(scan)
 }
 
 /// A directory entry opened as a directory, never through a symlink.
@@ -90,59 +105,85 @@ fn clear_stale_lock(git: &OwnedFd) {
     }
 }
 
-/// Walk `dir` (at `prefix` in the workspace), adding its too-large files to `scan`.
-/// False when the walk gave up (too deep, unreadable).
-fn walk(dir: OwnedFd, prefix: &mut Vec<u8>, max: u64, depth: usize, scan: &mut Scan) -> bool {
-    if depth > MAX_DEPTH {
-        return false;
-    }
-    let Ok(mut entries) = Dir::read_from(&dir) else {
-        return false;
-    };
-    while let Some(entry) = entries.read() {
-        let Ok(entry) = entry else {
+struct Walk<'a> {
+    max: u64,
+    /// The index's paths, sorted.
+    tracked: &'a [Vec<u8>],
+    scan: &'a mut Scan,
+}
+
+impl Walk<'_> {
+    /// Walk `dir` (at `prefix` in the workspace), adding its too-large files to the
+    /// scan and noting an untracked one. False when the walk gave up (too deep,
+    /// unreadable).
+    fn dir(&mut self, dir: OwnedFd, prefix: &mut Vec<u8>, depth: usize) -> bool {
+        if depth > MAX_DEPTH {
+            return false;
+        }
+        let Ok(mut entries) = Dir::read_from(&dir) else {
             return false;
         };
-        let name = entry.file_name().to_bytes();
-        if name == b"." || name == b".." || (depth == 0 && name == b".git") {
-            continue;
-        }
-        let kind = match entry.file_type() {
-            FileType::Unknown => match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => FileType::from_raw_mode(st.st_mode),
-                // Gone meanwhile: nothing to leave out.
-                Err(_) => continue,
-            },
-            kind => kind,
-        };
-        let len = prefix.len();
-        if !prefix.is_empty() {
-            prefix.push(b'/');
-        }
-        prefix.extend_from_slice(name);
-        let ok = match kind {
-            FileType::RegularFile => {
-                if rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
-                    FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
-                        && u64::try_from(st.st_size).unwrap_or(0) > max
-                }) {
-                    scan.too_large.push(prefix.clone());
-                }
-                true
+        while let Some(entry) = entries.read() {
+            let Ok(entry) = entry else {
+                return false;
+            };
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." || (depth == 0 && name == b".git") {
+                continue;
             }
-            // Replaced by something else meanwhile: not a directory of this tree.
-            FileType::Directory => match subdir(&dir, name) {
-                Some(sub) => walk(sub, prefix, max, depth + 1, scan),
-                None => true,
-            },
-            _ => true,
-        };
-        prefix.truncate(len);
-        if !ok {
-            return false;
+            let kind = match entry.file_type() {
+                FileType::Unknown => {
+                    match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                        Ok(st) => FileType::from_raw_mode(st.st_mode),
+                        // Gone meanwhile: nothing to leave out.
+                        Err(_) => continue,
+                    }
+                }
+                kind => kind,
+            };
+            let len = prefix.len();
+            if !prefix.is_empty() {
+                prefix.push(b'/');
+            }
+            prefix.extend_from_slice(name);
+            let ok = match kind {
+                // Replaced by something else meanwhile: not a directory of this tree.
+                FileType::Directory => match subdir(&dir, name) {
+                    Some(sub) => self.dir(sub, prefix, depth + 1),
+                    None => true,
+                },
+                kind => {
+                    self.file(&dir, name, kind, prefix);
+                    true
+                }
+            };
+            prefix.truncate(len);
+            if !ok {
+                return false;
+            }
         }
+        true
     }
-    true
+
+    /// A file, link or special file `name` of `dir`, at `path` in the workspace.
+    fn file(&mut self, dir: &OwnedFd, name: &[u8], kind: FileType, path: &[u8]) {
+        let max = self.max;
+        if kind == FileType::RegularFile
+            && rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
+                FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                    && u64::try_from(st.st_size).unwrap_or(0) > max
+            })
+        {
+            self.scan.too_large.push(path.to_vec());
+        }
+        // git tracks files and links only: anything else is news to the index.
+        let tracked = matches!(kind, FileType::RegularFile | FileType::Symlink)
+            && self
+                .tracked
+                .binary_search_by(|p| p.as_slice().cmp(path))
+                .is_ok();
+        self.scan.only_tracked &= tracked;
+    }
 }
 
 #[cfg(test)]
@@ -233,9 +274,49 @@ mod tests {
     }
 
     #[test]
+    fn knows_when_every_file_and_link_is_tracked() {
+        let t = tempfile::tempdir().unwrap();
+        let w = t.path();
+        let git = |args: &[&str]| {
+            let ok = std::process::Command::new("git")
+                .current_dir(w)
+                .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+                .args(args)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "git {args:?}");
+        };
+        git(&["init", "-q"]);
+        std::fs::create_dir(w.join("d")).unwrap();
+        std::fs::write(w.join("d/a"), b"a").unwrap();
+        symlink("d/a", w.join("link")).unwrap();
+        git(&["add", "-A"]);
+        assert!(scan(w, 100).unwrap().only_tracked);
+        std::fs::create_dir(w.join("empty")).unwrap();
+        assert!(scan(w, 100).unwrap().only_tracked, "git has no directories");
+        std::fs::write(w.join("d/b"), b"b").unwrap();
+        assert!(!scan(w, 100).unwrap().only_tracked, "an untracked file");
+        std::fs::remove_file(w.join("d/b")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            w.join("fifo"),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        assert!(!scan(w, 100).unwrap().only_tracked, "a fifo");
+        std::fs::remove_file(w.join("fifo")).unwrap();
+        std::fs::write(w.join(".git/index"), b"DIRC garbage").unwrap();
+        assert!(!scan(w, 100).unwrap().only_tracked, "an index not read");
+    }
+
+    #[test]
     fn pathspecs_exclude_each_left_out_file_literally() {
         let s = Scan {
             too_large: vec![b"a b*".to_vec(), b"dir/x".to_vec()],
+            only_tracked: false,
         };
         assert_eq!(
             s.pathspecs(),

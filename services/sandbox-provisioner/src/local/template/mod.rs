@@ -26,6 +26,7 @@ use std::{
 };
 
 mod evict;
+mod settle;
 
 pub(crate) const READY: &str = "ready";
 /// The file holding a template's size in bytes, written when it is built.
@@ -62,7 +63,8 @@ fn key(repo: &str, commit: &str) -> String {
     format!("{h:016x}-{commit}")
 }
 
-/// Copy a directory tree: files (with their mode), directories and symlinks as links.
+/// Copy a directory tree: files (with their mode), directories and symlinks as links;
+/// files and links keep their mtime (see [`settle`]).
 pub(crate) fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
     let mode = std::fs::symlink_metadata(from)?.permissions().mode();
     std::fs::DirBuilder::new().mode(mode & 0o7777).create(to)?;
@@ -74,8 +76,10 @@ pub(crate) fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
             copy_tree(&src, &dst)?;
         } else if kind.is_symlink() {
             std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+            settle::preserve_times(&dst, &entry.metadata()?)?;
         } else if kind.is_file() {
             std::fs::copy(&src, &dst)?;
+            settle::preserve_times(&dst, &entry.metadata()?)?;
         }
     }
     Ok(())
@@ -149,7 +153,17 @@ impl Templates {
             .mode(0o700)
             .create(&tmp)
             .map_err(|e| ProvisionerError::internal("create template", e))?;
-        let built = git::clone_detached(repo, commit, &tmp.join("workspace"), timeout).await;
+        let ws = tmp.join("workspace");
+        let built = match git::clone_detached(repo, commit, &ws, timeout).await {
+            Ok(()) => {
+                settle::worktree(&ws).map_err(|e| ProvisionerError::internal("prepare template", e))
+            }
+            Err(e) => Err(e),
+        };
+        let built = match built {
+            Ok(()) => git::refresh_index(&ws).await,
+            Err(e) => Err(e),
+        };
         if let Err(e) = built {
             let _ = crate::local::store::remove_all(&tmp);
             return Err(e);

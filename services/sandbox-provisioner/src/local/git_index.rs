@@ -1,0 +1,178 @@
+//! The paths a workspace's git index tracks, read on the host (no process) so that
+//! patch collection can tell whether anything in the workspace is untracked.
+//!
+//! The index is the agent's file: it is read through the `.git` directory's descriptor
+//! without following a link, bounded in size, and parsed without trusting a length.
+//! Anything this reader does not know for certain (another hash, a split or sparse
+//! index, an unmerged or flagged entry, an unknown extension) is `None`, and the caller
+//! then does what it did without it.
+
+use rustix::fs::{FileType, Mode, OFlags};
+use std::{io::Read, os::fd::OwnedFd};
+
+/// A larger index (some millions of paths) is left to git.
+const MAX_INDEX_BYTES: u64 = 256 << 20;
+/// A larger config is not the one `git clone` wrote: left to git.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// SHA-1: a repository of another object format says so in its config.
+const HASH: usize = 20;
+/// ctime, mtime, dev, ino, mode, uid, gid, size: ten 32-bit fields.
+const STAT: usize = 40;
+
+/// The tracked paths, sorted, of the index in `git` (a `.git` directory's descriptor).
+pub(crate) fn tracked_paths(git: &OwnedFd) -> Option<Vec<Vec<u8>>> {
+    let config = read_file(git, "config", MAX_CONFIG_BYTES)?;
+    if plain_config(&config) {
+        parse(&read_file(git, "index", MAX_INDEX_BYTES)?)
+    } else {
+        None
+    }
+}
+
+/// No config of another object format, worktree or index shape, and no included file:
+/// git then finds the workspace and its index as this reader does. Only section names
+/// and keys are looked at (a remote's URL may say anything).
+fn plain_config(config: &[u8]) -> bool {
+    config.split(|&c| c == b'\n').all(|line| {
+        let line = line.trim_ascii().to_ascii_lowercase();
+        let (name, markers): (&[u8], &[&str]) = if line.starts_with(b"[") {
+            (&line, &["include"])
+        } else {
+            let key = line.split(|&c| c == b'=').next().unwrap_or_default();
+            (key, &["objectformat", "worktree", "sparse", "splitindex"])
+        };
+        !markers
+            .iter()
+            .any(|m| name.windows(m.len()).any(|w| w == m.as_bytes()))
+    })
+}
+
+/// A regular file under `dir`, read whole if it is at most `max` bytes.
+fn read_file(dir: &OwnedFd, name: &str, max: u64) -> Option<Vec<u8>> {
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(dir, name, flags, Mode::empty()).ok()?;
+    let st = rustix::fs::fstat(&fd).ok()?;
+    let len = u64::try_from(st.st_size).ok()?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || len > max {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(len).ok()?);
+    std::fs::File::from(fd)
+        .take(max + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    (bytes.len() as u64 <= max).then_some(bytes)
+}
+
+/// The paths of an index (versions 2 to 4, its checksum right) whose every entry is a plain, merged file,
+/// link or submodule; `None` for anything else.
+fn parse(b: &[u8]) -> Option<Vec<Vec<u8>>> {
+    use sha1::Digest;
+    let body = b.len().checked_sub(HASH)?;
+    if sha1::Sha1::digest(&b[..body]).as_slice() != &b[body..] {
+        return None;
+    }
+    let mut r = Reader { b, at: 0 };
+    if r.take(4)? != b"DIRC" {
+        return None;
+    }
+    let version = r.u32()?;
+    if !(2..=4).contains(&version) {
+        return None;
+    }
+    let count = usize::try_from(r.u32()?).ok()?;
+    // Every entry takes more than 62 bytes: a count the file cannot hold is not trusted
+    // with an allocation.
+    let mut paths: Vec<Vec<u8>> = Vec::with_capacity(count.min(b.len() / 62));
+    let mut last: Vec<u8> = Vec::new();
+    for _ in 0..count {
+        let start = r.at;
+        let stat = r.take(STAT)?;
+        let mode = u32::from_be_bytes(stat[24..28].try_into().ok()?);
+        if !matches!(mode, 0o100644 | 0o100755 | 0o120000 | 0o160000) {
+            return None;
+        }
+        r.take(HASH)?;
+        let flags = r.u16()?;
+        // assume-valid, extended (skip-worktree, intent-to-add), or a stage: git would
+        // not answer from the files alone.
+        if flags & 0xf000 != 0 {
+            return None;
+        }
+        let path = if version == 4 {
+            let strip = usize::try_from(r.varint()?).ok()?;
+            let keep = last.len().checked_sub(strip)?;
+            let mut p = last[..keep].to_vec();
+            p.extend_from_slice(r.until_nul()?);
+            p
+        } else {
+            let p = r.until_nul()?.to_vec();
+            // Padded with one to eight NULs (the one read included) to a multiple of 8.
+            let used = r.at - start;
+            r.take((8 - used % 8) % 8)?;
+            p
+        };
+        if path.is_empty() {
+            return None;
+        }
+        last.clone_from(&path);
+        paths.push(path);
+    }
+    // Extensions, then the checksum.
+    while b.len() - r.at > HASH {
+        let sig = r.take(4)?;
+        let len = usize::try_from(r.u32()?).ok()?;
+        if !matches!(
+            sig,
+            b"TREE" | b"REUC" | b"UNTR" | b"EOIE" | b"IEOT" | b"FSMN"
+        ) {
+            return None;
+        }
+        r.take(len)?;
+    }
+    if b.len() - r.at != HASH {
+        return None;
+    }
+    paths.sort_unstable();
+    Some(paths)
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_be_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_be_bytes(self.take(2)?.try_into().ok()?))
+    }
+    /// The bytes up to a NUL, which is consumed too.
+    fn until_nul(&mut self) -> Option<&'a [u8]> {
+        let rest = self.b.get(self.at..)?;
+        let n = rest.iter().position(|&c| c == 0)?;
+        self.at += n + 1;
+        Some(&rest[..n])
+    }
+    /// git's offset varint (varint.c): each continuation adds one before shifting.
+    fn varint(&mut self) -> Option<u64> {
+        let mut c = self.take(1)?[0];
+        let mut v = u64::from(c & 0x7f);
+        while c & 0x80 != 0 {
+            c = self.take(1)?[0];
+            v = v.checked_add(1)?.checked_mul(128)? | u64::from(c & 0x7f);
+        }
+        Some(v)
+    }
+}
+
+#[cfg(test)]
+#[path = "git_index_tests.rs"]
+mod tests;
