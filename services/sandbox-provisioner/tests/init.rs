@@ -267,6 +267,44 @@ async fn a_bare_name_is_found_on_the_commands_own_path_as_the_shell_finds_it() {
 }
 
 #[tokio::test]
+async fn sh_dash_c_of_one_plain_command_runs_as_the_shell_would_run_it() {
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let setup = "cat > show <<'E'\n#!/bin/sh\nprintf '%s|' \"$#\" \"$@\" \"$V\"\nexit 3\nE\n\
+        chmod +x show && echo x > data";
+    let out = f.sh(&sbx.id, setup).await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let sh = |script: &str| {
+        let mut req = exec_req(&sbx.id, &["sh", "-c", script]);
+        req.env.insert("V".into(), "v".into());
+        f.core.exec(req)
+    };
+    // Started without the shell (the init's own start): words, environment, exit code.
+    let out = sh("./show  --task=a,b\t@x").await.unwrap();
+    assert_eq!(
+        (out.exit_code, out.stdout.as_str()),
+        (3, "2|--task=a,b|@x|v|"),
+        "{out:?}"
+    );
+    // Not found, not executable: the codes a shell gives.
+    let out = sh("no-such-agent --flag").await.unwrap();
+    assert_eq!(out.exit_code, 127, "{out:?}");
+    // The init's message, not a shell's: no shell was started.
+    assert!(
+        out.stderr.starts_with("forkyard: no-such-agent:"),
+        "{}",
+        out.stderr
+    );
+    let out = sh("./data").await.unwrap();
+    assert_eq!(out.exit_code, 126, "{out:?}");
+    // With any shell syntax, the shell.
+    let out = sh("./show \"$V w\" > out; cat out").await.unwrap();
+    assert_eq!(out.stdout, "1|v w|v|", "{out:?}");
+    let out = sh("cd / && pwd").await.unwrap();
+    assert_eq!(out.stdout, "/\n", "{out:?}");
+}
+
+#[tokio::test]
 async fn with_the_init_off_each_command_gets_a_bubblewrap_of_its_own() {
     let f = fixture_with(|_, c| c.sandbox_init = false).await;
     let sbx = f.create().await;

@@ -368,8 +368,11 @@ async fn collect_patch_keeps_gits_warnings_out_of_the_diffstat_and_names_a_faile
     assert_eq!((d.files_changed, d.insertions, d.deletions), (2, 3, 0));
     assert!(p.patch.contains("+++ b/lf1.txt"), "{}", p.patch);
 
-    // A stale index lock makes `git add` fail: the error says which step and why.
-    let out = f.sh(&sbx.id, "touch .git/index.lock").await;
+    // A fresh index lock makes `git add` fail (with a new file to stage: with every
+    // file tracked, the patch needs no add): the error says which step and why.
+    let out = f
+        .sh(&sbx.id, "touch .git/index.lock && echo d > lf3.txt")
+        .await;
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
     let status = tonic::Status::from(f.core.collect_patch(req()).await.unwrap_err());
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);

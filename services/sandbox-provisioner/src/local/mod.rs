@@ -33,6 +33,7 @@ mod lru;
 mod open;
 mod patch;
 mod patch_scan;
+mod plain_command;
 mod prepare;
 mod process;
 pub mod provisioner;

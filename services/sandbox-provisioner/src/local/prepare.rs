@@ -168,7 +168,7 @@ impl Provisioner {
         env.retain(|(k, _)| k != "PWD");
         env.push(("PWD".into(), crate::local::bwrap::WORKSPACE.into()));
         let spec = Spec {
-            argv: argv.to_vec(),
+            argv: crate::local::plain_command::unwrapped(argv).unwrap_or_else(|| argv.to_vec()),
             env,
         };
         let init = self.init_of(entry, record)?;
