@@ -431,3 +431,49 @@ async fn codex_turns_and_a_final_json_result_are_charged_too() {
         .expect("unreserved");
     assert_eq!(out.cost_micros, 42_100);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_command_runs_as_a_shell_would_run_it() {
+    let mut f = fixture("http://127.0.0.1:1").await;
+    put(
+        &mut f,
+        "show-args",
+        "#!/bin/sh\nprintf '%s|' \"$#\" \"$@\" \"$FORKYARD_FORK\" >&2\nexit 3\n",
+    )
+    .await;
+    let run = |command: &'static str| {
+        let (runner, req) = (f.runner.clone(), request(&f, "run-plain", command, ""));
+        async move {
+            runner
+                .run(&req, &Beats::default(), std::future::pending(), None, 1)
+                .await
+                .expect(command)
+        }
+    };
+    // One plain command (which a sandbox's init starts without the shell): the words as
+    // given, the environment, the exit code.
+    let out = run("./show-args  --task=a,b\t@x").await;
+    assert_eq!(out.exit_code, 3, "{}", out.output_tail);
+    assert!(
+        out.output_tail.contains("2|--task=a,b|@x|1|"),
+        "{}",
+        out.output_tail
+    );
+    // What a shell reports for a program it cannot find, or cannot run.
+    let out = run("no-such-agent --flag").await;
+    assert_eq!(out.exit_code, 127, "{}", out.output_tail);
+    assert!(
+        out.output_tail.contains("no-such-agent"),
+        "{}",
+        out.output_tail
+    );
+    let out = run("./README.md").await;
+    assert_eq!(out.exit_code, 126, "{}", out.output_tail);
+    // With shell syntax, the shell.
+    let out = run("./show-args \"$FORKYARD_FORK two\"").await;
+    assert!(
+        out.output_tail.contains("1|1 two|1|"),
+        "{}",
+        out.output_tail
+    );
+}
