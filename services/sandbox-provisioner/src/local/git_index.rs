@@ -10,8 +10,10 @@
 use rustix::fs::{FileType, Mode, OFlags};
 use std::{io::Read, os::fd::OwnedFd};
 
-/// A larger index (some millions of paths) is left to git.
-const MAX_INDEX_BYTES: u64 = 256 << 20;
+/// A larger index (more than about 150,000 paths) is left to git. The index is the
+/// agent's file, read into the provisioner's memory: at most this much, by at most
+/// [`crate::local::patch`]'s few scans at once.
+const MAX_INDEX_BYTES: u64 = 16 << 20;
 /// A larger config is not the one `git clone` wrote: left to git.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// SHA-1: a repository of another object format says so in its config.

@@ -38,6 +38,7 @@ impl Provisioner {
         };
         let scan = if self.runs_under_init(&record, Tools::Provisioner) {
             let ws = self.store.workspace(id);
+            let _turn = SCANS.acquire().await;
             tokio::task::spawn_blocking(move || patch_scan::scan(&ws, SKIP_FILE_BYTES))
                 .await
                 .ok()
@@ -156,6 +157,10 @@ impl Provisioner {
         Ok(out)
     }
 }
+
+/// Scans at once: each may hold a workspace's git index (the agent's file, up to 16 MiB)
+/// in the provisioner's memory.
+static SCANS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
 
 /// The options of every patch's diff (after `--numstat --patch --binary`): of the index
 /// (the first, left out for a diff of the worktree), plain, with no program of the
