@@ -15,14 +15,17 @@ fn plain(c: char) -> bool {
         || matches!(c, '_' | '-' | '.' | '/' | ',' | ':' | '@' | '%' | '+' | '=')
 }
 
-/// Words a shell treats as its own (keywords and builtins that act on the shell, or that
-/// have no program of the same name), after GNU make's `unix_sh_cmds`.
+/// Words a shell treats as its own: keywords, builtins that act on the shell (GNU
+/// make's `unix_sh_cmds`), and dash's other builtins (`echo`, `true`, ...). A builtin
+/// costs the shell no second process, and an image may have the shell without a program
+/// of that name, so those stay with the shell.
 const SHELL_WORDS: &[&str] = &[
-    ".", ":", "alias", "bg", "break", "case", "cd", "command", "continue", "do", "done", "elif",
-    "else", "esac", "eval", "exec", "exit", "export", "fc", "fg", "fi", "for", "function",
-    "getopts", "hash", "if", "in", "jobs", "local", "login", "logout", "read", "readonly",
-    "return", "select", "set", "shift", "source", "test", "then", "time", "times", "trap", "type",
-    "typeset", "ulimit", "umask", "unalias", "unset", "until", "wait", "while",
+    ".", ":", "alias", "bg", "break", "case", "cd", "chdir", "command", "continue", "do", "done",
+    "echo", "elif", "else", "esac", "eval", "exec", "exit", "export", "false", "fc", "fg", "fi",
+    "for", "function", "getopts", "hash", "if", "in", "jobs", "kill", "local", "login", "logout",
+    "printf", "pwd", "read", "readonly", "return", "select", "set", "shift", "source", "test",
+    "then", "time", "times", "trap", "true", "type", "typeset", "ulimit", "umask", "unalias",
+    "unset", "until", "wait", "while",
 ];
 
 /// The words of `argv` when it is `sh -c <one plain command>`.
@@ -57,7 +60,7 @@ mod tests {
 
     #[test]
     fn one_plain_command_runs_as_its_words() {
-        assert_eq!(words("true").unwrap(), ["true"]);
+        assert_eq!(words("cargo").unwrap(), ["cargo"]);
         assert_eq!(
             words("  python3\tagent.py --task=fix-1 a,b @x 50%  ").unwrap(),
             ["python3", "agent.py", "--task=fix-1", "a,b", "@x", "50%"]
@@ -73,14 +76,15 @@ mod tests {
             Some(v(&["cargo", "test"]))
         );
         assert_eq!(
-            unwrapped(&v(&["/bin/sh", "-c", "true"])),
-            Some(v(&["true"]))
+            unwrapped(&v(&["/bin/sh", "-c", "python3 a.py"])),
+            Some(v(&["python3", "a.py"]))
         );
         assert_eq!(unwrapped(&v(&["sh", "-c", "a && b"])), None);
-        assert_eq!(unwrapped(&v(&["bash", "-c", "true"])), None);
-        assert_eq!(unwrapped(&v(&["sh", "-c", "true", "name"])), None);
-        assert_eq!(unwrapped(&v(&["sh", "-e", "true"])), None);
-        assert_eq!(unwrapped(&v(&["true"])), None);
+        assert_eq!(unwrapped(&v(&["sh", "-c", "true"])), None, "a builtin");
+        assert_eq!(unwrapped(&v(&["bash", "-c", "cargo"])), None);
+        assert_eq!(unwrapped(&v(&["sh", "-c", "cargo", "name"])), None);
+        assert_eq!(unwrapped(&v(&["sh", "-e", "cargo"])), None);
+        assert_eq!(unwrapped(&v(&["cargo"])), None);
     }
 
     #[test]
@@ -115,6 +119,9 @@ mod tests {
             ". ./env",
             "if",
             "test -f x",
+            "true",
+            "echo hi",
+            "printf x",
             "echo é",
         ] {
             assert!(by_shell(s), "{s:?}");
