@@ -277,10 +277,12 @@ async fn sh_dash_c_of_one_plain_command_runs_as_the_shell_would_run_it() {
     let sh = |script: &str| {
         let mut req = exec_req(&sbx.id, &["sh", "-c", script]);
         req.env.insert("V".into(), "v".into());
+        req.env
+            .insert("PATH".into(), "/workspace:/usr/bin:/bin".into());
         f.core.exec(req)
     };
     // Started without the shell (the init's own start): words, environment, exit code.
-    let out = sh("./show  --task=a,b\t@x").await.unwrap();
+    let out = sh("show  --task=a,b\t@x").await.unwrap();
     assert_eq!(
         (out.exit_code, out.stdout.as_str()),
         (3, "2|--task=a,b|@x|v|"),
@@ -297,6 +299,17 @@ async fn sh_dash_c_of_one_plain_command_runs_as_the_shell_would_run_it() {
     );
     let out = sh("./data").await.unwrap();
     assert_eq!(out.exit_code, 126, "{out:?}");
+    // A path stays with the shell: a file without `#!` is a script to it.
+    let out = sh("echo 'echo plain $V' > plain && chmod +x plain")
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    let out = sh("./plain").await.unwrap();
+    assert_eq!(
+        (out.exit_code, out.stdout.as_str()),
+        (0, "plain v\n"),
+        "{out:?}"
+    );
     // With any shell syntax, the shell.
     let out = sh("./show \"$V w\" > out; cat out").await.unwrap();
     assert_eq!(out.stdout, "1|v w|v|", "{out:?}");

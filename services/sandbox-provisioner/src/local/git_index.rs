@@ -16,6 +16,10 @@ use std::{io::Read, os::fd::OwnedFd};
 const MAX_INDEX_BYTES: u64 = 16 << 20;
 /// A larger config is not the one `git clone` wrote: left to git.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// The longest path git's index may name here (Linux's `PATH_MAX`), and all paths
+/// together (a version 4 index compresses them: a bound on what it may expand to).
+const MAX_PATH: usize = 4096;
+const MAX_PATH_BYTES: usize = 32 << 20;
 /// SHA-1: a repository of another object format says so in its config.
 const HASH: usize = 20;
 /// ctime, mtime, dev, ino, mode, uid, gid, size: ten 32-bit fields.
@@ -35,17 +39,28 @@ pub(crate) fn tracked_paths(git: &OwnedFd) -> Option<Vec<Vec<u8>>> {
 /// git then finds the workspace and its index as this reader does. Only section names
 /// and keys are looked at (a remote's URL may say anything).
 fn plain_config(config: &[u8]) -> bool {
-    config.split(|&c| c == b'\n').all(|line| {
-        let line = line.trim_ascii().to_ascii_lowercase();
-        let (name, markers): (&[u8], &[&str]) = if line.starts_with(b"[") {
-            (&line, &["include"])
-        } else {
-            let key = line.split(|&c| c == b'=').next().unwrap_or_default();
-            (key, &["objectformat", "worktree", "sparse", "splitindex"])
-        };
-        !markers
+    const SECTIONS: &[&str] = &["include"];
+    const KEYS: &[&str] = &["objectformat", "worktree", "sparse", "splitindex"];
+    let has = |name: &[u8], markers: &[&str]| {
+        markers
             .iter()
             .any(|m| name.windows(m.len()).any(|w| w == m.as_bytes()))
+    };
+    let key_of = |line: &[u8]| -> Vec<u8> {
+        let key = line.split(|&c| c == b'=').next().unwrap_or_default();
+        key.to_vec()
+    };
+    config.split(|&c| c == b'\n').all(|line| {
+        let line = line.trim_ascii().to_ascii_lowercase();
+        match line.strip_prefix(b"[") {
+            // `[core] worktree = x` is a section and a key on one line.
+            Some(rest) => {
+                let end = rest.iter().position(|&c| c == b']').unwrap_or(rest.len());
+                let after = rest.get(end + 1..).unwrap_or_default();
+                !has(&rest[..end], SECTIONS) && !has(&key_of(after), KEYS)
+            }
+            None => !has(&key_of(&line), KEYS),
+        }
     })
 }
 
@@ -87,6 +102,7 @@ fn parse(b: &[u8]) -> Option<Vec<Vec<u8>>> {
     // with an allocation.
     let mut paths: Vec<Vec<u8>> = Vec::with_capacity(count.min(b.len() / 62));
     let mut last: Vec<u8> = Vec::new();
+    let mut path_bytes = 0usize;
     for _ in 0..count {
         let start = r.at;
         let stat = r.take(STAT)?;
@@ -106,6 +122,12 @@ fn parse(b: &[u8]) -> Option<Vec<Vec<u8>>> {
             let keep = last.len().checked_sub(strip)?;
             let mut p = last[..keep].to_vec();
             p.extend_from_slice(r.until_nul()?);
+            // Each path may repeat the one before it whole: without these bounds a small
+            // index could make the host build paths of quadratic size.
+            path_bytes += p.len();
+            if p.len() > MAX_PATH || path_bytes > MAX_PATH_BYTES {
+                return None;
+            }
             p
         } else {
             let p = r.until_nul()?.to_vec();

@@ -134,6 +134,8 @@ fn keys_decide_not_values() {
         b"[core]\n\tbare = false\n[remote \"origin\"]\n\turl = /srv/sparse-worktree.git\n"
     ));
     assert!(!plain_config(b"[core]\n\tworktree = /elsewhere\n"));
+    assert!(!plain_config(b"[core] worktree = /elsewhere\n"));
+    assert!(plain_config(b"[core] bare = false\n"));
     assert!(!plain_config(b"[extensions]\n\tobjectFormat = sha256\n"));
     assert!(!plain_config(b"[index]\n\tsparse = true\n"));
     assert!(!plain_config(b"[include]\n\tpath = other\n"));
@@ -169,4 +171,40 @@ fn an_index_that_is_not_a_file_is_not_read() {
     std::fs::rename(&index, t.path().join(".git/real-index")).unwrap();
     std::os::unix::fs::symlink("real-index", &index).unwrap();
     assert_eq!(tracked_paths(&git_dir(t.path())), None);
+}
+
+/// A version 4 index whose first path is `first` bytes long and whose every later path
+/// repeats the one before it but the last `strip` bytes, and adds `add`.
+fn growing_v4(entries: usize, first: usize, strip: u8, add: usize) -> Vec<u8> {
+    use sha1::Digest;
+    let mut b = b"DIRC".to_vec();
+    b.extend_from_slice(&4u32.to_be_bytes());
+    b.extend_from_slice(&(entries as u32).to_be_bytes());
+    for i in 0..entries {
+        let mut stat = [0u8; STAT];
+        stat[24..28].copy_from_slice(&0o100644u32.to_be_bytes());
+        b.extend_from_slice(&stat);
+        b.extend_from_slice(&[0u8; HASH]);
+        b.extend_from_slice(&0u16.to_be_bytes());
+        let (strip, add) = if i == 0 { (0, first) } else { (strip, add) };
+        b.push(strip);
+        b.extend(std::iter::repeat_n(b'a' + (i % 20) as u8, add));
+        b.push(0);
+    }
+    let sum = sha1::Sha1::digest(&b);
+    b.extend_from_slice(&sum);
+    b
+}
+
+#[test]
+fn a_small_index_cannot_expand_to_huge_paths() {
+    // 64 bytes more each time: a 1 MiB index would expand to about 2 GB of paths.
+    assert_eq!(parse(&growing_v4(10, 1, 0, 64)).map(|p| p.len()), Some(10));
+    assert_eq!(parse(&growing_v4(12_000, 1, 0, 64)), None);
+    // Paths of 4,000 bytes from 67 bytes of index each: 10,000 of them would be 40 MB.
+    assert_eq!(
+        parse(&growing_v4(100, 4000, 1, 1)).map(|p| p.len()),
+        Some(100)
+    );
+    assert_eq!(parse(&growing_v4(10_000, 4000, 1, 1)), None);
 }

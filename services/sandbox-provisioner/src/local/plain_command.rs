@@ -20,12 +20,86 @@ fn plain(c: char) -> bool {
 /// costs the shell no second process, and an image may have the shell without a program
 /// of that name, so those stay with the shell.
 const SHELL_WORDS: &[&str] = &[
-    ".", ":", "alias", "bg", "break", "case", "cd", "chdir", "command", "continue", "do", "done",
-    "echo", "elif", "else", "esac", "eval", "exec", "exit", "export", "false", "fc", "fg", "fi",
-    "for", "function", "getopts", "hash", "if", "in", "jobs", "kill", "local", "login", "logout",
-    "printf", "pwd", "read", "readonly", "return", "select", "set", "shift", "source", "test",
-    "then", "time", "times", "trap", "true", "type", "typeset", "ulimit", "umask", "unalias",
-    "unset", "until", "wait", "while",
+    ".",
+    ":",
+    "alias",
+    "bg",
+    "break",
+    "case",
+    "cd",
+    "chdir",
+    "command",
+    "continue",
+    "do",
+    "done",
+    "echo",
+    "elif",
+    "else",
+    "esac",
+    "eval",
+    "exec",
+    "exit",
+    "export",
+    "false",
+    "fc",
+    "fg",
+    "fi",
+    "for",
+    "function",
+    "getopts",
+    "hash",
+    "if",
+    "in",
+    "jobs",
+    "kill",
+    "local",
+    "login",
+    "logout",
+    "printf",
+    "pwd",
+    "read",
+    "readonly",
+    "return",
+    "select",
+    "set",
+    "shift",
+    "source",
+    "test",
+    "then",
+    "time",
+    "times",
+    "trap",
+    "true",
+    "type",
+    "typeset",
+    "ulimit",
+    "umask",
+    "unalias",
+    "unset",
+    "until",
+    "wait",
+    "while",
+    // bash's own, where /bin/sh is bash.
+    "bind",
+    "builtin",
+    "caller",
+    "compgen",
+    "complete",
+    "compopt",
+    "coproc",
+    "declare",
+    "dirs",
+    "disown",
+    "enable",
+    "help",
+    "history",
+    "let",
+    "mapfile",
+    "popd",
+    "pushd",
+    "readarray",
+    "shopt",
+    "suspend",
 ];
 
 /// The words of `argv` when it is `sh -c <one plain command>`.
@@ -43,8 +117,10 @@ fn words(script: &str) -> Option<Vec<String>> {
         .filter(|w| !w.is_empty())
         .collect();
     let first = words.first()?;
-    // `NAME=value cmd` sets a variable: the shell's.
+    // `NAME=value cmd` sets a variable: the shell's. A path is left to the shell too: a
+    // file without `#!` is a script to it, and not something the init can start.
     let plain = !first.contains('=')
+        && !first.contains('/')
         && !SHELL_WORDS.contains(first)
         && script.chars().all(|c| c == ' ' || c == '\t' || plain(c));
     plain.then(|| words.into_iter().map(str::to_owned).collect())
@@ -65,7 +141,7 @@ mod tests {
             words("  python3\tagent.py --task=fix-1 a,b @x 50%  ").unwrap(),
             ["python3", "agent.py", "--task=fix-1", "a,b", "@x", "50%"]
         );
-        assert_eq!(words("./bin/agent -p").unwrap(), ["./bin/agent", "-p"]);
+        assert_eq!(words("npx agent ./x").unwrap(), ["npx", "agent", "./x"]);
     }
 
     #[test]
@@ -122,6 +198,9 @@ mod tests {
             "true",
             "echo hi",
             "printf x",
+            "declare -x A",
+            "./agent.sh",
+            "/usr/bin/env python3",
             "echo é",
         ] {
             assert!(by_shell(s), "{s:?}");

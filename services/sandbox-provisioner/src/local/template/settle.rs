@@ -3,12 +3,14 @@
 //! A workspace is a file copy of its template, so every file has a new inode and ctime;
 //! with git's default checks each copy's first `git add` (patch collection) would hash
 //! the whole repository again and rewrite the index: 0.8 s a fork for a repository of
-//! 10,000 files. Instead the template's files get one whole-second mtime two seconds
-//! in the past, the template's index records it, copies keep it ([`preserve_times`]),
-//! and git in the sandbox checks only what a copy keeps (`core.checkStat=minimal`, no
-//! ctime: [`crate::git::sandbox_env`]). Whatever an agent writes later has a newer
-//! mtime than every template file, and the index is newer than all of them, so no
-//! entry is racily clean and no change goes unseen.
+//! 10,000 files. Instead each of the template's files gets a whole-second mtime of its
+//! own in the past (two seconds ago, three, four, ...), the template's index records
+//! them, copies keep them ([`preserve_times`]), and git in the sandbox checks only what
+//! a copy keeps (`core.checkStat=minimal`, no ctime: [`crate::git::sandbox_env`]).
+//! Whatever an agent writes later has a newer mtime than every template file, and the
+//! index is newer than all of them, so no entry is racily clean. And no two template
+//! files share an mtime, so one moved or copied (`mv`, `cp -p`) over another of the
+//! same size still differs from its entry.
 
 use std::{
     io,
@@ -16,21 +18,18 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-/// Set the mtime of every file and symlink of the worktree at `ws` (its `.git` aside)
-/// to one whole second, two seconds ago.
+/// Give every file and symlink of the worktree at `ws` (its `.git` aside) a whole-second
+/// mtime of its own: two seconds ago for the first, one second less for each next.
 pub(crate) fn worktree(ws: &Path) -> io::Result<()> {
     let ago = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .saturating_sub(Duration::from_secs(2));
-    let at = rustix::fs::Timespec {
-        tv_sec: i64::try_from(ago.as_secs()).unwrap_or(i64::MAX),
-        tv_nsec: 0,
-    };
-    walk(ws, at, true)
+    let mut next = i64::try_from(ago.as_secs()).unwrap_or(i64::MAX);
+    walk(ws, &mut next, true)
 }
 
-fn walk(dir: &Path, at: rustix::fs::Timespec, top: bool) -> io::Result<()> {
+fn walk(dir: &Path, next: &mut i64, top: bool) -> io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let kind = entry.file_type()?;
@@ -38,9 +37,14 @@ fn walk(dir: &Path, at: rustix::fs::Timespec, top: bool) -> io::Result<()> {
             continue;
         }
         if kind.is_dir() {
-            walk(&entry.path(), at, false)?;
+            walk(&entry.path(), next, false)?;
         } else {
+            let at = rustix::fs::Timespec {
+                tv_sec: *next,
+                tv_nsec: 0,
+            };
             set_mtime(&entry.path(), at)?;
+            *next -= 1;
         }
     }
     Ok(())

@@ -182,3 +182,39 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// Every template file has an mtime of its own: one moved or copied with its times over
+/// another of the same size still differs from the index entry it lands on, under the
+/// sandbox's git settings (which compare only mtime seconds, size and mode).
+#[tokio::test]
+async fn a_file_moved_over_another_of_its_size_is_still_a_change() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = repo(tmp.path());
+    std::fs::write(r.join("a.txt"), "aaa\n").unwrap();
+    std::fs::write(r.join("b.txt"), "bbb\n").unwrap();
+    git(&r, &["add", "-A"]);
+    git(&r, &["commit", "-q", "-m", "two"]);
+    let path = r.to_str().unwrap();
+    let t = Templates::open(tmp.path().join("templates"), 0).unwrap();
+    let commit = local_commit(path, "").unwrap();
+    let ws = tmp.path().join("ws");
+    t.workspace(path, &commit, "fork-1", &ws, Duration::from_secs(60))
+        .await
+        .unwrap();
+    std::fs::rename(ws.join("b.txt"), ws.join("a.txt")).unwrap();
+    let sandbox_git = |args: &[&str]| {
+        let out = Command::new("git")
+            .current_dir(&ws)
+            .envs(crate::git::sandbox_env())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    sandbox_git(&["add", "-A"]);
+    assert_eq!(
+        sandbox_git(&["diff", "--cached", "--name-status", &commit]),
+        "M\ta.txt\nD\tb.txt\n"
+    );
+}
