@@ -29,6 +29,9 @@ mod evict;
 mod settle;
 
 pub(crate) const READY: &str = "ready";
+/// Present when the template's files have their own mtimes, recorded in its index
+/// ([`settle`]); a template built before that is settled at its next use.
+const SETTLED: &str = "settled";
 /// The file holding a template's size in bytes, written when it is built.
 pub(crate) const BYTES: &str = "bytes";
 
@@ -139,11 +142,20 @@ impl Templates {
         let key = key(repo, commit);
         let dir = self.root.join(&key);
         self.touch(&key);
-        if dir.join(READY).is_file() {
+        let usable = || dir.join(READY).is_file() && dir.join(SETTLED).is_file();
+        if usable() {
             return Ok(dir);
         }
         let _held = self.building.lock(key.clone()).await;
+        if usable() {
+            return Ok(dir);
+        }
         if dir.join(READY).is_file() {
+            let ws = dir.join("workspace");
+            settle::worktree(&ws).map_err(|e| ProvisionerError::internal("settle template", e))?;
+            git::refresh_index(&ws).await?;
+            std::fs::write(dir.join(SETTLED), "")
+                .map_err(|e| ProvisionerError::internal("settle template", e))?;
             return Ok(dir);
         }
         let tmp = self
@@ -170,6 +182,7 @@ impl Templates {
         }
         let bytes = crate::local::store::disk_usage(&tmp);
         let done = std::fs::write(tmp.join(BYTES), bytes.to_string())
+            .and_then(|()| std::fs::write(tmp.join(SETTLED), ""))
             .and_then(|()| std::fs::write(tmp.join(READY), commit))
             .and_then(|()| std::fs::rename(&tmp, &dir));
         if let Err(e) = done {

@@ -201,10 +201,39 @@ async fn a_file_moved_over_another_of_its_size_is_still_a_change() {
     t.workspace(path, &commit, "fork-1", &ws, Duration::from_secs(60))
         .await
         .unwrap();
+    moved_over_is_a_change(&ws, &commit);
+
+    // A template an older provisioner built (every file checked out in one second, no
+    // marker) is settled at its next use.
+    let dir = t
+        .ensure(path, &commit, Duration::from_secs(60))
+        .await
+        .unwrap();
+    std::fs::remove_file(dir.join(SETTLED)).unwrap();
+    let second = std::time::SystemTime::now() - Duration::from_secs(60);
+    for f in ["a.txt", "b.txt"] {
+        std::fs::File::options()
+            .write(true)
+            .open(dir.join("workspace").join(f))
+            .unwrap()
+            .set_modified(second)
+            .unwrap();
+    }
+    git(&dir.join("workspace"), &["update-index", "--refresh"]);
+    let ws = tmp.path().join("ws2");
+    t.workspace(path, &commit, "fork-2", &ws, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(dir.join(SETTLED).is_file());
+    moved_over_is_a_change(&ws, &commit);
+}
+
+/// `b.txt` moved over `a.txt` (same size) in `ws`, as the sandbox's git sees it.
+fn moved_over_is_a_change(ws: &Path, commit: &str) {
     std::fs::rename(ws.join("b.txt"), ws.join("a.txt")).unwrap();
     let sandbox_git = |args: &[&str]| {
         let out = Command::new("git")
-            .current_dir(&ws)
+            .current_dir(ws)
             .envs(crate::git::sandbox_env())
             .args(args)
             .output()
@@ -214,7 +243,7 @@ async fn a_file_moved_over_another_of_its_size_is_still_a_change() {
     };
     sandbox_git(&["add", "-A"]);
     assert_eq!(
-        sandbox_git(&["diff", "--cached", "--name-status", &commit]),
+        sandbox_git(&["diff", "--cached", "--name-status", commit]),
         "M\ta.txt\nD\tb.txt\n"
     );
 }
