@@ -46,10 +46,9 @@ fn plain_config(config: &[u8]) -> bool {
             .iter()
             .any(|m| name.windows(m.len()).any(|w| w == m.as_bytes()))
     };
-    let key_of = |line: &[u8]| -> Vec<u8> {
-        let key = line.split(|&c| c == b'=').next().unwrap_or_default();
-        key.to_vec()
-    };
+    fn key_of(line: &[u8]) -> &[u8] {
+        line.split(|&c| c == b'=').next().unwrap_or_default()
+    }
     config.split(|&c| c == b'\n').all(|line| {
         let line = line.trim_ascii().to_ascii_lowercase();
         match line.strip_prefix(b"[") {
@@ -57,9 +56,9 @@ fn plain_config(config: &[u8]) -> bool {
             Some(rest) => {
                 let end = rest.iter().position(|&c| c == b']').unwrap_or(rest.len());
                 let after = rest.get(end + 1..).unwrap_or_default();
-                !has(&rest[..end], SECTIONS) && !has(&key_of(after), KEYS)
+                !has(&rest[..end], SECTIONS) && !has(key_of(after), KEYS)
             }
-            None => !has(&key_of(&line), KEYS),
+            None => !has(key_of(&line), KEYS),
         }
     })
 }
@@ -81,8 +80,8 @@ fn read_file(dir: &OwnedFd, name: &str, max: u64) -> Option<Vec<u8>> {
     (bytes.len() as u64 <= max).then_some(bytes)
 }
 
-/// The paths of an index (versions 2 to 4, its checksum right) whose every entry is a plain, merged file,
-/// link or submodule; `None` for anything else.
+/// The paths of an index (versions 2 to 4, its checksum right) whose every entry is a
+/// plain, merged file, link or submodule; `None` for anything else.
 fn parse(b: &[u8]) -> Option<Vec<Vec<u8>>> {
     use sha1::Digest;
     let body = b.len().checked_sub(HASH)?;

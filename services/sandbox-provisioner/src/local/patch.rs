@@ -86,16 +86,18 @@ impl Provisioner {
     ) -> Result<Finished> {
         let env = git::sandbox_env();
         let timeout = self.config.exec_timeout;
-        let diff_of = |options: &[&str]| -> Vec<String> {
+        // Of the index (`--cached`), or of the worktree.
+        let diff_of = |what: &[&str]| -> Vec<String> {
             ["git", "diff", "--numstat", "--patch", "--binary"]
                 .iter()
-                .chain(options)
+                .chain(what)
+                .chain(DIFF_OPTIONS)
                 .chain(&[base, "--"])
                 .map(|s| (*s).to_owned())
                 .collect()
         };
         if scan.only_tracked && scan.too_large.is_empty() {
-            let worktree = diff_of(&DIFF_OPTIONS[1..]);
+            let worktree = diff_of(&[]);
             let out = self
                 .run_in(id, &worktree, &env, None, timeout, caps)
                 .await?;
@@ -122,7 +124,7 @@ impl Provisioner {
         let added = self.run_in(id, &add, &env, input, timeout, small).await?;
         checked_step("git add", &added)?;
         let out = self
-            .run_in(id, &diff_of(DIFF_OPTIONS), &env, None, timeout, caps)
+            .run_in(id, &diff_of(&["--cached"]), &env, None, timeout, caps)
             .await?;
         checked_step("git diff", &out)?;
         Ok(out)
@@ -133,6 +135,7 @@ impl Provisioner {
         let skip_over = SKIP_FILE_BYTES.to_string();
         let argv: Vec<String> = ["sh", "-c", PATCH_SCRIPT, "forkyard-patch", &skip_over]
             .iter()
+            .chain(&["--cached"])
             .chain(DIFF_OPTIONS)
             .chain(&[base, "--"])
             .map(|s| (*s).to_owned())
@@ -162,10 +165,10 @@ impl Provisioner {
 /// in the provisioner's memory.
 static SCANS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
 
-/// The options of every patch's diff (after `--numstat --patch --binary`): of the index
-/// (the first, left out for a diff of the worktree), plain, with no program of the
-/// repository's configuration run.
-const DIFF_OPTIONS: &[&str] = &["--cached", "--no-color", "--no-ext-diff", "--no-textconv"];
+/// The options of every patch's diff (after `--numstat --patch --binary` and, for a
+/// diff of the index, `--cached`): plain, with no program of the repository's
+/// configuration run.
+const DIFF_OPTIONS: &[&str] = &["--no-color", "--no-ext-diff", "--no-textconv"];
 
 /// A step that did not exit 0 is the collection's error, saying which step and why.
 fn checked_step(what: &str, out: &Finished) -> Result<()> {

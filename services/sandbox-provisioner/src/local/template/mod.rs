@@ -88,6 +88,13 @@ pub(crate) fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Give the template worktree `ws` its files' own mtimes and record them in its index
+/// ([`settle`]).
+async fn settle(ws: &Path) -> Result<()> {
+    settle::worktree(ws).map_err(|e| ProvisionerError::internal("settle template", e))?;
+    git::refresh_index(ws).await
+}
+
 /// Start `branch` at `commit` in a copied workspace: what `git checkout -b` writes
 /// (the reflog aside).
 fn start_branch(ws: &Path, branch: &str, commit: &str) -> Result<()> {
@@ -142,18 +149,17 @@ impl Templates {
         let key = key(repo, commit);
         let dir = self.root.join(&key);
         self.touch(&key);
-        let usable = || dir.join(READY).is_file() && dir.join(SETTLED).is_file();
-        if usable() {
+        // A built template is settled before it is renamed into place (or after, once,
+        // when an older provisioner built it): the marker alone says it is usable.
+        if dir.join(SETTLED).is_file() {
             return Ok(dir);
         }
         let _held = self.building.lock(key.clone()).await;
-        if usable() {
+        if dir.join(SETTLED).is_file() {
             return Ok(dir);
         }
         if dir.join(READY).is_file() {
-            let ws = dir.join("workspace");
-            settle::worktree(&ws).map_err(|e| ProvisionerError::internal("settle template", e))?;
-            git::refresh_index(&ws).await?;
+            settle(&dir.join("workspace")).await?;
             std::fs::write(dir.join(SETTLED), "")
                 .map_err(|e| ProvisionerError::internal("settle template", e))?;
             return Ok(dir);
@@ -167,13 +173,7 @@ impl Templates {
             .map_err(|e| ProvisionerError::internal("create template", e))?;
         let ws = tmp.join("workspace");
         let built = match git::clone_detached(repo, commit, &ws, timeout).await {
-            Ok(()) => {
-                settle::worktree(&ws).map_err(|e| ProvisionerError::internal("prepare template", e))
-            }
-            Err(e) => Err(e),
-        };
-        let built = match built {
-            Ok(()) => git::refresh_index(&ws).await,
+            Ok(()) => settle(&ws).await,
             Err(e) => Err(e),
         };
         if let Err(e) = built {
