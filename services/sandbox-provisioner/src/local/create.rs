@@ -165,6 +165,7 @@ impl Provisioner {
             // Given at register (`crate::local::uids`).
             uid: 0,
             image,
+            made_index: String::new(),
         }
     }
 
@@ -263,13 +264,13 @@ impl Provisioner {
         self.make_sandbox_dir(&dir, &req).await?;
         // Removes the directory unless the create completes (also if the caller hangs up).
         let mut cleanup = DirCleanup(Some(dir));
-        let base_commit = self
-            .make_workspace(&req, source, &self.store.workspace(&id))
-            .await
-            .inspect_err(
-                |e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"),
-            )?;
-        let record = self.new_record(&id, &req, base_commit, image);
+        let ws = self.store.workspace(&id);
+        let base_commit = self.make_workspace(&req, source, &ws).await.inspect_err(
+            |e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"),
+        )?;
+        let mut record = self.new_record(&id, &req, base_commit, image);
+        // A template's copy or a clone: either way the index is a checkout of the base.
+        record.made_index = crate::local::git_index::checksum_of(&ws).unwrap_or_default();
         let sandbox = self.register(record).await?;
         cleanup.0 = None;
         Ok(sandbox)

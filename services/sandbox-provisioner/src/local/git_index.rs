@@ -1,5 +1,6 @@
-//! The paths a workspace's git index tracks, read on the host (no process) so that
-//! patch collection can tell whether anything in the workspace is untracked.
+//! A workspace's git index read on the host (no process): the paths it tracks and what
+//! git recorded of each file, so that patch collection can tell whether anything in
+//! the workspace is untracked, or whether nothing changed at all.
 //!
 //! The index is the agent's file: it is read through the `.git` directory's descriptor
 //! without following a link, bounded in size, and parsed without trusting a length.
@@ -25,14 +26,65 @@ const HASH: usize = 20;
 /// ctime, mtime, dev, ino, mode, uid, gid, size: ten 32-bit fields.
 const STAT: usize = 40;
 
-/// The tracked paths, sorted, of the index in `git` (a `.git` directory's descriptor).
-pub(crate) fn tracked_paths(git: &OwnedFd) -> Option<Vec<Vec<u8>>> {
-    let config = read_file(git, "config", MAX_CONFIG_BYTES)?;
-    if plain_config(&config) {
-        parse(&read_file(git, "index", MAX_INDEX_BYTES)?)
-    } else {
-        None
+/// An index as this reader understands it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Index {
+    /// Sorted by path.
+    pub(crate) entries: Vec<Entry>,
+    /// The file's trailing SHA-1 (verified): equal checksums, equal indexes.
+    pub(crate) checksum: [u8; HASH],
+    /// The index file's own mtime, whole seconds; 0 from [`parse`].
+    pub(crate) mtime: i64,
+}
+
+/// What git recorded of one tracked path when it last looked at the file (the stat
+/// fields `core.checkStat=minimal` compares, and more).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) path: Vec<u8>,
+    pub(crate) mode: u32,
+    /// Seconds and nanoseconds, as git stores them (32 bits each).
+    pub(crate) mtime: (u32, u32),
+    /// The size's low 32 bits, as git stores it.
+    pub(crate) size: u32,
+}
+
+impl Index {
+    /// The entry of `path`, if tracked.
+    pub(crate) fn find(&self, path: &[u8]) -> Option<&Entry> {
+        self.entries
+            .binary_search_by(|e| e.path.as_slice().cmp(path))
+            .ok()
+            .map(|i| &self.entries[i])
     }
+}
+
+/// The index in `git` (a `.git` directory's descriptor), if its config is plain and the
+/// index is of a shape this reader knows.
+pub(crate) fn read(git: &OwnedFd) -> Option<Index> {
+    let config = read_file(git, "config", MAX_CONFIG_BYTES)?.0;
+    if !plain_config(&config) {
+        return None;
+    }
+    let (bytes, mtime) = read_file(git, "index", MAX_INDEX_BYTES)?;
+    let mut index = parse(&bytes)?;
+    index.mtime = mtime;
+    Some(index)
+}
+
+/// The trailing checksum (hex) of the index of the workspace `ws`, as written there.
+pub(crate) fn checksum_of(ws: &std::path::Path) -> Option<String> {
+    use std::{io::Seek, os::unix::fs::FileExt};
+    let mut file = std::fs::File::open(ws.join(".git/index")).ok()?;
+    let len = file.seek(std::io::SeekFrom::End(0)).ok()?;
+    let mut sum = [0u8; HASH];
+    file.read_exact_at(&mut sum, len.checked_sub(HASH as u64)?)
+        .ok()?;
+    Some(hex(&sum))
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// No config of another object format, worktree or index shape, and no included file:
@@ -63,8 +115,8 @@ fn plain_config(config: &[u8]) -> bool {
     })
 }
 
-/// A regular file under `dir`, read whole if it is at most `max` bytes.
-fn read_file(dir: &OwnedFd, name: &str, max: u64) -> Option<Vec<u8>> {
+/// A regular file under `dir`, read whole if it is at most `max` bytes, and its mtime.
+fn read_file(dir: &OwnedFd, name: &str, max: u64) -> Option<(Vec<u8>, i64)> {
     let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
     let fd = rustix::fs::openat(dir, name, flags, Mode::empty()).ok()?;
     let st = rustix::fs::fstat(&fd).ok()?;
@@ -77,12 +129,12 @@ fn read_file(dir: &OwnedFd, name: &str, max: u64) -> Option<Vec<u8>> {
         .take(max + 1)
         .read_to_end(&mut bytes)
         .ok()?;
-    (bytes.len() as u64 <= max).then_some(bytes)
+    (bytes.len() as u64 <= max).then_some((bytes, st.st_mtime))
 }
 
-/// The paths of an index (versions 2 to 4, its checksum right) whose every entry is a
-/// plain, merged file, link or submodule; `None` for anything else.
-fn parse(b: &[u8]) -> Option<Vec<Vec<u8>>> {
+/// An index (versions 2 to 4, its checksum right) whose every entry is a plain, merged
+/// file, link or submodule; `None` for anything else.
+fn parse(b: &[u8]) -> Option<Index> {
     use sha1::Digest;
     let body = b.len().checked_sub(HASH)?;
     if sha1::Sha1::digest(&b[..body]).as_slice() != &b[body..] {
@@ -99,13 +151,19 @@ fn parse(b: &[u8]) -> Option<Vec<Vec<u8>>> {
     let count = usize::try_from(r.u32()?).ok()?;
     // Every entry takes more than 62 bytes: a count the file cannot hold is not trusted
     // with an allocation.
-    let mut paths: Vec<Vec<u8>> = Vec::with_capacity(count.min(b.len() / 62));
+    let mut entries: Vec<Entry> = Vec::with_capacity(count.min(b.len() / 62));
     let mut last: Vec<u8> = Vec::new();
     let mut path_bytes = 0usize;
     for _ in 0..count {
         let start = r.at;
         let stat = r.take(STAT)?;
-        let mode = u32::from_be_bytes(stat[24..28].try_into().ok()?);
+        let field = |i: usize| {
+            stat[i * 4..i * 4 + 4]
+                .try_into()
+                .ok()
+                .map(u32::from_be_bytes)
+        };
+        let mode = field(6)?;
         if !matches!(mode, 0o100644 | 0o100755 | 0o120000 | 0o160000) {
             return None;
         }
@@ -139,7 +197,12 @@ fn parse(b: &[u8]) -> Option<Vec<Vec<u8>>> {
             return None;
         }
         last.clone_from(&path);
-        paths.push(path);
+        entries.push(Entry {
+            path,
+            mode,
+            mtime: (field(2)?, field(3)?),
+            size: field(9)?,
+        });
     }
     // Extensions, then the checksum.
     while b.len() - r.at > HASH {
@@ -156,8 +219,12 @@ fn parse(b: &[u8]) -> Option<Vec<Vec<u8>>> {
     if b.len() - r.at != HASH {
         return None;
     }
-    paths.sort_unstable();
-    Some(paths)
+    entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+    Some(Index {
+        entries,
+        checksum: b[body..].try_into().ok()?,
+        mtime: 0,
+    })
 }
 
 struct Reader<'a> {

@@ -1,6 +1,12 @@
 use super::*;
 use std::{path::Path, process::Command};
 
+impl Index {
+    fn paths(&self) -> Vec<Vec<u8>> {
+        self.entries.iter().map(|e| e.path.clone()).collect()
+    }
+}
+
 fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
     let out = Command::new("git")
         .current_dir(dir)
@@ -67,7 +73,7 @@ fn reads_the_paths_git_lists_in_every_index_version() {
     let t = repo();
     for version in ["2", "3", "4"] {
         git(t.path(), &["update-index", "--index-version", version]);
-        let paths = tracked_paths(&git_dir(t.path())).expect(version);
+        let paths = read(&git_dir(t.path())).expect(version).paths();
         assert_eq!(paths, ls_files(t.path()), "index version {version}");
         assert_eq!(paths.len(), 7);
     }
@@ -79,17 +85,17 @@ fn what_git_would_not_answer_from_the_files_alone_is_not_read() {
     let w = t.path();
     std::fs::write(w.join("new"), "n\n").unwrap();
     git(w, &["add", "-N", "new"]);
-    assert_eq!(tracked_paths(&git_dir(w)), None, "intent to add");
+    assert_eq!(read(&git_dir(w)), None, "intent to add");
     git(w, &["rm", "-q", "--cached", "new"]);
-    assert!(tracked_paths(&git_dir(w)).is_some());
+    assert!(read(&git_dir(w)).is_some());
     git(w, &["update-index", "--skip-worktree", "README.md"]);
-    assert_eq!(tracked_paths(&git_dir(w)), None, "skip-worktree");
+    assert_eq!(read(&git_dir(w)), None, "skip-worktree");
     git(w, &["update-index", "--no-skip-worktree", "README.md"]);
     git(w, &["update-index", "--assume-unchanged", "README.md"]);
-    assert_eq!(tracked_paths(&git_dir(w)), None, "assume-unchanged");
+    assert_eq!(read(&git_dir(w)), None, "assume-unchanged");
     git(w, &["update-index", "--no-assume-unchanged", "README.md"]);
     git(w, &["config", "core.splitIndex", "true"]);
-    assert_eq!(tracked_paths(&git_dir(w)), None, "split index");
+    assert_eq!(read(&git_dir(w)), None, "split index");
 }
 
 #[test]
@@ -116,7 +122,7 @@ fn an_unmerged_index_is_not_read() {
         .output()
         .unwrap();
     assert!(!merge.status.success(), "a conflict was wanted");
-    assert_eq!(tracked_paths(&git_dir(w)), None);
+    assert_eq!(read(&git_dir(w)), None);
 }
 
 #[test]
@@ -125,7 +131,7 @@ fn another_object_format_is_not_read() {
     git(t.path(), &["init", "-q", "--object-format=sha256"]);
     std::fs::write(t.path().join("a"), "a\n").unwrap();
     git(t.path(), &["add", "a"]);
-    assert_eq!(tracked_paths(&git_dir(t.path())), None);
+    assert_eq!(read(&git_dir(t.path())), None);
 }
 
 #[test]
@@ -170,7 +176,7 @@ fn an_index_that_is_not_a_file_is_not_read() {
     let index = t.path().join(".git/index");
     std::fs::rename(&index, t.path().join(".git/real-index")).unwrap();
     std::os::unix::fs::symlink("real-index", &index).unwrap();
-    assert_eq!(tracked_paths(&git_dir(t.path())), None);
+    assert_eq!(read(&git_dir(t.path())), None);
 }
 
 /// A version 4 index whose first path is `first` bytes long and whose every later path
@@ -199,11 +205,14 @@ fn growing_v4(entries: usize, first: usize, strip: u8, add: usize) -> Vec<u8> {
 #[test]
 fn a_small_index_cannot_expand_to_huge_paths() {
     // 64 bytes more each time: a 1 MiB index would expand to about 2 GB of paths.
-    assert_eq!(parse(&growing_v4(10, 1, 0, 64)).map(|p| p.len()), Some(10));
+    assert_eq!(
+        parse(&growing_v4(10, 1, 0, 64)).map(|p| p.entries.len()),
+        Some(10)
+    );
     assert_eq!(parse(&growing_v4(12_000, 1, 0, 64)), None);
     // Paths of 4,000 bytes from 67 bytes of index each: 10,000 of them would be 40 MB.
     assert_eq!(
-        parse(&growing_v4(100, 4000, 1, 1)).map(|p| p.len()),
+        parse(&growing_v4(100, 4000, 1, 1)).map(|p| p.entries.len()),
         Some(100)
     );
     assert_eq!(parse(&growing_v4(10_000, 4000, 1, 1)), None);

@@ -7,7 +7,7 @@ use crate::{
     local::{
         patch_scan,
         prepare::Tools,
-        process::{Caps, Finished, Outcome},
+        process::{Caps, Captured, Finished, Outcome},
         provisioner::Provisioner,
     },
 };
@@ -21,7 +21,7 @@ impl Provisioner {
     /// otherwise (a bubblewrap per command, or a workspace of unusual shape) one sandbox
     /// process runs [`PATCH_SCRIPT`]. Process starts cost more than the git work here,
     /// and this runs once per fork.
-    #[tracing::instrument(name = "git.patch", skip_all, fields(sandbox_id = %req.sandbox_id, patch_bytes = tracing::field::Empty))]
+    #[tracing::instrument(name = "git.patch", skip_all, fields(sandbox_id = %req.sandbox_id, patch_bytes = tracing::field::Empty, unchanged = tracing::field::Empty))]
     pub async fn collect_patch(&self, req: CollectPatchRequest) -> Result<CollectPatchResponse> {
         let id = &req.sandbox_id;
         let record = self.entry(id)?.record();
@@ -38,11 +38,18 @@ impl Provisioner {
         };
         let scan = if self.runs_under_init(&record, Tools::Provisioner) {
             let ws = self.store.workspace(id);
+            let made = record.made_index.clone();
             let _turn = SCANS.acquire().await;
-            tokio::task::spawn_blocking(move || patch_scan::scan(&ws, SKIP_FILE_BYTES))
-                .await
-                .ok()
-                .flatten()
+            tokio::task::spawn_blocking(move || {
+                patch_scan::scan(
+                    &ws,
+                    SKIP_FILE_BYTES,
+                    Some(made.as_str()).filter(|m| !m.is_empty()),
+                )
+            })
+            .await
+            .ok()
+            .flatten()
         } else {
             None
         };
@@ -76,7 +83,9 @@ impl Provisioner {
     /// of the worktree is tracked and none is too large, staging would change nothing
     /// `git diff` of the worktree does not see: that one command is the patch (the
     /// common case of an agent that edits files; each git process is a millisecond or
-    /// two of CPU here).
+    /// two of CPU here). When the workspace is still as it was made (an agent that
+    /// changed nothing: it gave up, failed, or found nothing to do), there is no patch
+    /// and no git to run.
     async fn patch_in_steps(
         &self,
         id: &str,
@@ -84,6 +93,16 @@ impl Provisioner {
         scan: &patch_scan::Scan,
         caps: Caps,
     ) -> Result<Finished> {
+        if scan.unchanged {
+            // git would look at no file's content and print nothing.
+            tracing::Span::current().record("unchanged", true);
+            return Ok(Finished {
+                outcome: Outcome::Exited { code: 0 },
+                stdout: Captured::default(),
+                stderr: Captured::default(),
+                duration: std::time::Duration::ZERO,
+            });
+        }
         let env = git::sandbox_env();
         let timeout = self.config.exec_timeout;
         // Of the index (`--cached`), or of the worktree.

@@ -1,7 +1,8 @@
 //! What the provisioner reads of a workspace before its patch is collected, on the
-//! host: a stale index lock to clear, the files too large to stage, and whether any
+//! host: a stale index lock to clear, the files too large to stage, whether any
 //! file is untracked (when none is, one `git diff` of the worktree is the patch and no
-//! `git add` is needed). Done here
+//! `git add` is needed), and whether nothing changed at all (then there is no patch and
+//! no git to run: see [`Scan::unchanged`]). Done here
 //! rather than by a shell and `find` in the sandbox: two process starts a fork saved
 //! (each a millisecond or more of CPU), for a walk of metadata only.
 //!
@@ -32,6 +33,13 @@ const MAX_DEPTH: usize = 64;
 pub(crate) struct Scan {
     pub(crate) too_large: Vec<Vec<u8>>,
     pub(crate) only_tracked: bool,
+    /// The workspace is as it was made, by the checks git itself makes before it looks
+    /// at a file's content: its index is byte for byte the one the workspace was made
+    /// with (a checkout of the base commit), every tracked path is there, every file and
+    /// link is tracked, and each has the mode, size and mtime (to the nanosecond) the
+    /// index holds for it, older than the index itself (so git would not re-read it as
+    /// racily clean). `git diff <base>` would print nothing: the patch is empty.
+    pub(crate) unchanged: bool,
 }
 
 impl Scan {
@@ -59,8 +67,9 @@ impl Scan {
 /// Clear a stale index lock and list the files larger than `max_bytes`. `None` when the
 /// workspace is not the usual shape (its `.git` not a plain directory, a tree deeper
 /// than [`MAX_DEPTH`], a directory that cannot be read): the caller then lets the
-/// in-sandbox script do it all.
-pub(crate) fn scan(workspace: &Path, max_bytes: u64) -> Option<Scan> {
+/// in-sandbox script do it all. `made_with`: the checksum of the index the workspace
+/// was made with, when that index is a checkout of the base commit.
+pub(crate) fn scan(workspace: &Path, max_bytes: u64, made_with: Option<&str>) -> Option<Scan> {
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
     let root = rustix::fs::open(workspace, flags | OFlags::NOFOLLOW, Mode::empty()).ok()?;
     let git = rustix::fs::statat(&root, ".git", AtFlags::SYMLINK_NOFOLLOW).ok()?;
@@ -69,17 +78,28 @@ pub(crate) fn scan(workspace: &Path, max_bytes: u64) -> Option<Scan> {
     }
     let git = subdir(&root, b".git")?;
     clear_stale_lock(&git);
-    let tracked = git_index::tracked_paths(&git);
+    let index = git_index::read(&git);
+    let as_made = index
+        .as_ref()
+        .is_some_and(|i| made_with.is_some_and(|m| m == git_index::hex(&i.checksum)));
     let mut scan = Scan {
-        only_tracked: tracked.is_some(),
+        only_tracked: index.is_some(),
+        unchanged: as_made,
         ..Scan::default()
     };
     let mut walk = Walk {
         max: max_bytes,
-        tracked: tracked.as_deref().unwrap_or_default(),
+        index: index.as_ref(),
+        seen: 0,
         scan: &mut scan,
     };
-    walk.dir(root, &mut Vec::new(), 0).then_some(scan)
+    if !walk.dir(root, &mut Vec::new(), 0) {
+        return None;
+    }
+    // A tracked path the walk never met was deleted (or replaced by a directory).
+    let all_there = index.as_ref().is_some_and(|i| walk.seen == i.entries.len());
+    scan.unchanged &= all_there && scan.only_tracked && scan.too_large.is_empty();
+    Some(scan)
 }
 
 /// A directory entry opened as a directory, never through a symlink.
@@ -107,8 +127,10 @@ fn clear_stale_lock(git: &OwnedFd) {
 
 struct Walk<'a> {
     max: u64,
-    /// The index's paths, sorted.
-    tracked: &'a [Vec<u8>],
+    /// The workspace's index, if read.
+    index: Option<&'a git_index::Index>,
+    /// Tracked files and links met.
+    seen: usize,
     scan: &'a mut Scan,
 }
 
@@ -167,23 +189,52 @@ impl Walk<'_> {
 
     /// A file, link or special file `name` of `dir`, at `path` in the workspace.
     fn file(&mut self, dir: &OwnedFd, name: &[u8], kind: FileType, path: &[u8]) {
-        let max = self.max;
+        // git tracks files and links only: anything else is news to the index.
+        if !matches!(kind, FileType::RegularFile | FileType::Symlink) {
+            self.scan.only_tracked = false;
+            return;
+        }
+        let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok();
         if kind == FileType::RegularFile
-            && rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
+            && st.as_ref().is_some_and(|st| {
                 FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
-                    && u64::try_from(st.st_size).unwrap_or(0) > max
+                    && u64::try_from(st.st_size).unwrap_or(0) > self.max
             })
         {
             self.scan.too_large.push(path.to_vec());
         }
-        // git tracks files and links only: anything else is news to the index.
-        let tracked = matches!(kind, FileType::RegularFile | FileType::Symlink)
-            && self
-                .tracked
-                .binary_search_by(|p| p.as_slice().cmp(path))
-                .is_ok();
-        self.scan.only_tracked &= tracked;
+        let Some(index) = self.index else { return };
+        let Some(entry) = index.find(path) else {
+            self.scan.only_tracked = false;
+            return;
+        };
+        self.seen += 1;
+        self.scan.unchanged &= st.is_some_and(|st| as_recorded(&st, entry, index.mtime));
     }
+}
+
+/// Whether git, comparing what it recorded of the file with `st` (with `core.checkStat=
+/// minimal` or stricter), would take the file as unchanged without reading it. Stricter
+/// than git where that is cheaper than being exact: nanoseconds are compared too, and a
+/// file from the index's own second or later counts as changed (git would read it).
+fn as_recorded(st: &rustix::fs::Stat, entry: &git_index::Entry, index_mtime: i64) -> bool {
+    let mode = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile if st.st_mode & 0o100 != 0 => 0o100_755,
+        FileType::RegularFile => 0o100_644,
+        FileType::Symlink => 0o120_000,
+        _ => return false,
+    };
+    // git keeps the low 32 bits of each.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let (sec, nsec, size) = (
+        st.st_mtime as u32,
+        st.st_mtime_nsec as u32,
+        st.st_size as u32,
+    );
+    mode == entry.mode
+        && (sec, nsec) == entry.mtime
+        && size == entry.size
+        && i64::from(entry.mtime.0) < index_mtime
 }
 
 #[cfg(test)]
@@ -191,7 +242,10 @@ mod tests {
     use super::*;
     use std::{
         ffi::OsString,
-        os::unix::{ffi::OsStringExt, fs::symlink},
+        os::unix::{
+            ffi::OsStringExt,
+            fs::{PermissionsExt as _, symlink},
+        },
     };
 
     fn as_path(p: &[u8]) -> OsString {
@@ -216,7 +270,7 @@ mod tests {
     #[test]
     fn names_files_over_the_limit_but_not_the_workspaces_own_git() {
         let t = tree();
-        let mut found: Vec<_> = scan(t.path(), 100)
+        let mut found: Vec<_> = scan(t.path(), 100, None)
             .unwrap()
             .too_large
             .iter()
@@ -235,7 +289,7 @@ mod tests {
         std::fs::write(outside.path().join("huge"), vec![0u8; 1000]).unwrap();
         symlink(outside.path(), t.path().join("escape")).unwrap();
         symlink(outside.path().join("huge"), t.path().join("link-to-huge")).unwrap();
-        let found = scan(t.path(), 100).unwrap().too_large;
+        let found = scan(t.path(), 100, None).unwrap().too_large;
         assert!(
             !found
                 .iter()
@@ -249,10 +303,10 @@ mod tests {
         let t = tree();
         std::fs::rename(t.path().join(".git"), t.path().join("real-git")).unwrap();
         symlink("real-git", t.path().join(".git")).unwrap();
-        assert_eq!(scan(t.path(), 100), None);
+        assert_eq!(scan(t.path(), 100, None), None);
         std::fs::remove_file(t.path().join(".git")).unwrap();
         std::fs::write(t.path().join(".git"), b"gitdir: real-git\n").unwrap();
-        assert_eq!(scan(t.path(), 100), None);
+        assert_eq!(scan(t.path(), 100, None), None);
     }
 
     #[test]
@@ -260,7 +314,7 @@ mod tests {
         let t = tree();
         let lock = t.path().join(".git/index.lock");
         std::fs::write(&lock, b"").unwrap();
-        scan(t.path(), 100).unwrap();
+        scan(t.path(), 100, None).unwrap();
         assert!(lock.exists(), "a fresh lock may be a running git's");
         let minute_ago = SystemTime::now() - Duration::from_secs(60);
         std::fs::File::options()
@@ -269,7 +323,7 @@ mod tests {
             .unwrap()
             .set_modified(minute_ago)
             .unwrap();
-        scan(t.path(), 100).unwrap();
+        scan(t.path(), 100, None).unwrap();
         assert!(!lock.exists());
     }
 
@@ -292,11 +346,17 @@ mod tests {
         std::fs::write(w.join("d/a"), b"a").unwrap();
         symlink("d/a", w.join("link")).unwrap();
         git(&["add", "-A"]);
-        assert!(scan(w, 100).unwrap().only_tracked);
+        assert!(scan(w, 100, None).unwrap().only_tracked);
         std::fs::create_dir(w.join("empty")).unwrap();
-        assert!(scan(w, 100).unwrap().only_tracked, "git has no directories");
+        assert!(
+            scan(w, 100, None).unwrap().only_tracked,
+            "git has no directories"
+        );
         std::fs::write(w.join("d/b"), b"b").unwrap();
-        assert!(!scan(w, 100).unwrap().only_tracked, "an untracked file");
+        assert!(
+            !scan(w, 100, None).unwrap().only_tracked,
+            "an untracked file"
+        );
         std::fs::remove_file(w.join("d/b")).unwrap();
         rustix::fs::mknodat(
             rustix::fs::CWD,
@@ -306,17 +366,138 @@ mod tests {
             0,
         )
         .unwrap();
-        assert!(!scan(w, 100).unwrap().only_tracked, "a fifo");
+        assert!(!scan(w, 100, None).unwrap().only_tracked, "a fifo");
         std::fs::remove_file(w.join("fifo")).unwrap();
         std::fs::write(w.join(".git/index"), b"DIRC garbage").unwrap();
-        assert!(!scan(w, 100).unwrap().only_tracked, "an index not read");
+        assert!(
+            !scan(w, 100, None).unwrap().only_tracked,
+            "an index not read"
+        );
+    }
+
+    /// A workspace made from a template, as a create makes it, and its index's checksum.
+    async fn template_workspace(tmp: &Path) -> (std::path::PathBuf, String) {
+        let src = tmp.join("src");
+        std::fs::create_dir_all(src.join("d")).unwrap();
+        let git = |dir: &Path, args: &[&str]| {
+            let ok = std::process::Command::new("git")
+                .current_dir(dir)
+                .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+                .args(args)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "git {args:?}");
+        };
+        git(&src, &["init", "-q", "-b", "main"]);
+        std::fs::write(src.join("a.txt"), b"hello\n").unwrap();
+        std::fs::write(src.join("d/b.sh"), b"echo b\n").unwrap();
+        std::fs::set_permissions(src.join("d/b.sh"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        symlink("a.txt", src.join("link")).unwrap();
+        git(&src, &["add", "-A"]);
+        git(&src, &["commit", "-q", "-m", "one"]);
+        let repo = src.to_str().unwrap();
+        let commit = forkyard_common::git_refs::local_commit(repo, "").unwrap();
+        let t = crate::local::template::Templates::open(tmp.join("templates"), 0).unwrap();
+        let ws = tmp.join("ws");
+        t.workspace(repo, &commit, "fork-1", &ws, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let made = git_index::checksum_of(&ws).unwrap();
+        (ws, made)
+    }
+
+    /// What an agent did to a workspace.
+    type Change = fn(&Path);
+
+    #[tokio::test]
+    async fn a_workspace_as_made_is_unchanged_and_any_change_is_seen() {
+        let unchanged = |ws: &Path, made: &str| scan(ws, 1 << 20, Some(made)).unwrap().unchanged;
+        // Each change on a workspace of its own; "d/b.sh" is executable, "link" a link.
+        let changes: &[(&str, Change)] = &[
+            ("a same-size edit", |w| {
+                std::fs::write(w.join("a.txt"), b"HELLO\n").unwrap()
+            }),
+            ("a deletion", |w| {
+                std::fs::remove_file(w.join("a.txt")).unwrap()
+            }),
+            ("a file replaced by a directory", |w| {
+                std::fs::remove_file(w.join("a.txt")).unwrap();
+                std::fs::create_dir(w.join("a.txt")).unwrap();
+            }),
+            ("a mode change", |w| {
+                std::fs::set_permissions(w.join("d/b.sh"), std::fs::Permissions::from_mode(0o644))
+                    .unwrap();
+            }),
+            ("a link retargeted", |w| {
+                std::fs::remove_file(w.join("link")).unwrap();
+                symlink("d/b.sh", w.join("link")).unwrap();
+            }),
+            ("a file made a link", |w| {
+                std::fs::remove_file(w.join("a.txt")).unwrap();
+                symlink("link", w.join("a.txt")).unwrap();
+            }),
+            ("an untracked file", |w| {
+                std::fs::write(w.join("new"), b"").unwrap()
+            }),
+            ("an untracked empty directory's file", |w| {
+                std::fs::create_dir(w.join("e")).unwrap();
+                std::fs::write(w.join("e/x"), b"").unwrap();
+            }),
+            ("an mtime moved by a nanosecond", |w| {
+                let f = std::fs::File::options()
+                    .write(true)
+                    .open(w.join("a.txt"))
+                    .unwrap();
+                let m = f.metadata().unwrap().modified().unwrap();
+                f.set_modified(m + Duration::from_nanos(1)).unwrap();
+            }),
+            ("the index rewritten (a chmod staged only)", |w| {
+                let ok = std::process::Command::new("git")
+                    .current_dir(w)
+                    .args(["update-index", "--chmod=+x", "a.txt"])
+                    .status()
+                    .unwrap()
+                    .success();
+                assert!(ok);
+            }),
+            ("the index older than a file (racily clean to git)", |w| {
+                let index = std::fs::File::options()
+                    .write(true)
+                    .open(w.join(".git/index"))
+                    .unwrap();
+                index
+                    .set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1))
+                    .unwrap();
+            }),
+        ];
+        let tmp = tempfile::tempdir().unwrap();
+        let (ws, made) = template_workspace(tmp.path()).await;
+        assert!(unchanged(&ws, &made), "a new workspace is as made");
+        assert!(
+            !scan(&ws, 1 << 20, None).unwrap().unchanged,
+            "no index to compare with"
+        );
+        assert!(!unchanged(&ws, &"0".repeat(40)), "another index");
+        assert!(
+            !scan(&ws, 1, Some(&made)).unwrap().unchanged,
+            "files left out"
+        );
+        for (i, (what, change)) in changes.iter().enumerate() {
+            let tmp = tempfile::tempdir().unwrap();
+            let (ws, made) = template_workspace(tmp.path()).await;
+            assert!(unchanged(&ws, &made), "{i}: before {what}");
+            change(&ws);
+            assert!(!unchanged(&ws, &made), "{what}");
+        }
     }
 
     #[test]
     fn pathspecs_exclude_each_left_out_file_literally() {
         let s = Scan {
             too_large: vec![b"a b*".to_vec(), b"dir/x".to_vec()],
-            only_tracked: false,
+            ..Scan::default()
         };
         assert_eq!(
             s.pathspecs(),

@@ -58,6 +58,11 @@ pub struct Record {
     /// The image the sandbox runs on; `None`: the host's /usr.
     #[serde(default)]
     pub image: Option<SandboxImage>,
+    /// The checksum (hex) of the git index the workspace was made with, when that index
+    /// is a checkout of `base_commit` (a template's copy); empty otherwise. A workspace
+    /// still as made has no patch to collect (`crate::local::patch_scan`).
+    #[serde(default)]
+    pub made_index: String,
 }
 
 /// A sandbox's image, as resolved at create (`crate::local::image`).
