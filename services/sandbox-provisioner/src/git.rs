@@ -118,6 +118,9 @@ pub fn sandbox_env() -> Vec<(String, String)> {
     for (k, v) in [
         ("GIT_CONFIG_NOSYSTEM", "1"),
         ("GIT_TERMINAL_PROMPT", "0"),
+        // The base is the commit itself: a `git replace` of the agent's cannot stand in
+        // for it (or make an untouched worktree differ from it).
+        ("GIT_NO_REPLACE_OBJECTS", "1"),
         ("GIT_AUTHOR_NAME", "forkyard"),
         ("GIT_AUTHOR_EMAIL", "forkyard@localhost"),
         ("GIT_COMMITTER_NAME", "forkyard"),

@@ -50,12 +50,11 @@ pub(crate) struct Entry {
 }
 
 impl Index {
-    /// The entry of `path`, if tracked.
-    pub(crate) fn find(&self, path: &[u8]) -> Option<&Entry> {
+    /// Where in `entries` the entry of `path` is, if tracked.
+    pub(crate) fn find(&self, path: &[u8]) -> Option<usize> {
         self.entries
             .binary_search_by(|e| e.path.as_slice().cmp(path))
             .ok()
-            .map(|i| &self.entries[i])
     }
 }
 

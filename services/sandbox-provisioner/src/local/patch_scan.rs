@@ -90,14 +90,15 @@ pub(crate) fn scan(workspace: &Path, max_bytes: u64, made_with: Option<&str>) ->
     let mut walk = Walk {
         max: max_bytes,
         index: index.as_ref(),
-        seen: 0,
+        seen: vec![false; index.as_ref().map_or(0, |i| i.entries.len())],
         scan: &mut scan,
     };
     if !walk.dir(root, &mut Vec::new(), 0) {
         return None;
     }
-    // A tracked path the walk never met was deleted (or replaced by a directory).
-    let all_there = index.as_ref().is_some_and(|i| walk.seen == i.entries.len());
+    // A tracked path the walk never met was deleted (or replaced by a directory). Marked,
+    // not counted: a directory read while something renames in it may name a file twice.
+    let all_there = index.is_some() && walk.seen.iter().all(|&s| s);
     scan.unchanged &= all_there && scan.only_tracked && scan.too_large.is_empty();
     Some(scan)
 }
@@ -129,8 +130,8 @@ struct Walk<'a> {
     max: u64,
     /// The workspace's index, if read.
     index: Option<&'a git_index::Index>,
-    /// Tracked files and links met.
-    seen: usize,
+    /// Which of the index's entries the walk met as a file or link.
+    seen: Vec<bool>,
     scan: &'a mut Scan,
 }
 
@@ -204,11 +205,12 @@ impl Walk<'_> {
             self.scan.too_large.push(path.to_vec());
         }
         let Some(index) = self.index else { return };
-        let Some(entry) = index.find(path) else {
+        let Some(at) = index.find(path) else {
             self.scan.only_tracked = false;
             return;
         };
-        self.seen += 1;
+        self.seen[at] = true;
+        let entry = &index.entries[at];
         self.scan.unchanged &= st.is_some_and(|st| as_recorded(&st, entry, index.mtime));
     }
 }

@@ -58,9 +58,11 @@ pub struct Record {
     /// The image the sandbox runs on; `None`: the host's /usr.
     #[serde(default)]
     pub image: Option<SandboxImage>,
-    /// The checksum (hex) of the git index the workspace was made with, when that index
-    /// is a checkout of `base_commit` (a template's copy); empty otherwise. A workspace
-    /// still as made has no patch to collect (`crate::local::patch_scan`).
+    /// The checksum (hex) of the git index the workspace was made with, a checkout of
+    /// `base_commit` (a template's copy, or a clone); empty for a sandbox made from a
+    /// snapshot. An index with this checksum holds the base's tree whatever happened to
+    /// the workspace since (a hydrate keeps it), so a workspace whose files are all as
+    /// that index records them has no patch to collect (`crate::local::patch_scan`).
     #[serde(default)]
     pub made_index: String,
 }
