@@ -329,25 +329,26 @@ mod tests {
         assert!(!lock.exists());
     }
 
+    fn git(dir: &Path, args: &[&str]) {
+        let ok = std::process::Command::new("git")
+            .current_dir(dir)
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    }
+
     #[test]
     fn knows_when_every_file_and_link_is_tracked() {
         let t = tempfile::tempdir().unwrap();
         let w = t.path();
-        let git = |args: &[&str]| {
-            let ok = std::process::Command::new("git")
-                .current_dir(w)
-                .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-                .args(args)
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "git {args:?}");
-        };
-        git(&["init", "-q"]);
+        git(w, &["init", "-q"]);
         std::fs::create_dir(w.join("d")).unwrap();
         std::fs::write(w.join("d/a"), b"a").unwrap();
         symlink("d/a", w.join("link")).unwrap();
-        git(&["add", "-A"]);
+        git(w, &["add", "-A"]);
         assert!(scan(w, 100, None).unwrap().only_tracked);
         std::fs::create_dir(w.join("empty")).unwrap();
         assert!(
@@ -381,16 +382,6 @@ mod tests {
     async fn template_workspace(tmp: &Path) -> (std::path::PathBuf, String) {
         let src = tmp.join("src");
         std::fs::create_dir_all(src.join("d")).unwrap();
-        let git = |dir: &Path, args: &[&str]| {
-            let ok = std::process::Command::new("git")
-                .current_dir(dir)
-                .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-                .args(args)
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "git {args:?}");
-        };
         git(&src, &["init", "-q", "-b", "main"]);
         std::fs::write(src.join("a.txt"), b"hello\n").unwrap();
         std::fs::write(src.join("d/b.sh"), b"echo b\n").unwrap();
@@ -456,13 +447,7 @@ mod tests {
                 f.set_modified(m + Duration::from_nanos(1)).unwrap();
             }),
             ("the index rewritten (a chmod staged only)", |w| {
-                let ok = std::process::Command::new("git")
-                    .current_dir(w)
-                    .args(["update-index", "--chmod=+x", "a.txt"])
-                    .status()
-                    .unwrap()
-                    .success();
-                assert!(ok);
+                git(w, &["update-index", "--chmod=+x", "a.txt"]);
             }),
             ("the index older than a file (racily clean to git)", |w| {
                 let index = std::fs::File::options()
