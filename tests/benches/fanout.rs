@@ -5,7 +5,8 @@
 //! ready, the run's workflow history length, and each service's peak resident memory.
 //! `make bench-fanout` builds the release binaries first. Sizes:
 //! `FORKYARD_BENCH_SIZES=10,100` (default 10,100,1000); in-flight cap:
-//! `FORKYARD_BENCH_CONCURRENCY` (default 100).
+//! `FORKYARD_BENCH_CONCURRENCY` (default 100). `FORKYARD_BENCH_LOGS=<dir>`: the services'
+//! logs are copied there at the end (the mesh's state directory goes with the run).
 
 use forkyard_proto::gateway::v1::{LaunchRunRequest, RunState};
 use forkyard_tests::{
@@ -214,6 +215,13 @@ async fn main() -> anyhow::Result<()> {
             "{} of {n} forks succeeded",
             run.forks_succeeded
         );
+    }
+    if let Some(dir) = std::env::var_os("FORKYARD_BENCH_LOGS") {
+        std::fs::create_dir_all(&dir)?;
+        for log in std::fs::read_dir(mesh.state_dir().join("logs"))? {
+            let log = log?;
+            std::fs::copy(log.path(), std::path::Path::new(&dir).join(log.file_name()))?;
+        }
     }
     println!("peak resident memory (VmHWM):");
     for (name, pid) in mesh.pids() {
