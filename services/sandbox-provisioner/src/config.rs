@@ -125,6 +125,14 @@ pub struct Args {
     /// local repository); least recently used ones are removed past it. 0: no bound.
     #[arg(long, env = "FORKYARD_TEMPLATE_CACHE_MAX_BYTES", default_value_t = 10 << 30)]
     pub template_cache_max_bytes: u64,
+    /// Warm copies of a template's workspace kept ready for creates, at most this many a
+    /// template: as many as its creates in the last minute, dropped ten minutes after
+    /// its last. 0: none (every create copies its template). Off with a hard disk quota.
+    #[arg(long, env = "FORKYARD_WARM_COPIES", default_value_t = 64)]
+    pub warm_copies: usize,
+    /// The warm copies' bound in bytes, over all templates.
+    #[arg(long, env = "FORKYARD_WARM_COPIES_MAX_BYTES", default_value_t = 1 << 30)]
+    pub warm_copies_max_bytes: u64,
     /// Registry credentials for image pulls: a Docker `config.json` (`docker login`'s, or
     /// a Kubernetes image pull secret's `.dockerconfigjson`).
     #[arg(long, env = "FORKYARD_REGISTRY_AUTH_FILE")]
@@ -282,6 +290,10 @@ impl Args {
         config.image_archive_dir.clone_from(&self.image_archive_dir);
         config.image_cache_max_bytes = self.image_cache_max_bytes;
         config.template_cache_max_bytes = self.template_cache_max_bytes;
+        config.warm = crate::local::WarmBounds {
+            copies: self.warm_copies,
+            bytes: self.warm_copies_max_bytes,
+        };
         config.registry = crate::local::image::registry::RegistryConfig {
             auth_file: self.registry_auth_file.clone(),
             insecure: self.registry_insecure.clone(),

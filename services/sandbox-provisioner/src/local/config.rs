@@ -64,6 +64,9 @@ pub struct Config {
     pub image_cache_max_bytes: u64,
     /// The workspace templates' size bound in bytes (0: none).
     pub template_cache_max_bytes: u64,
+    /// Warm copies of the templates' workspaces (`crate::local::template`'s `warm`);
+    /// off by default here, on by default for the service (`--warm-copies`).
+    pub warm: crate::local::WarmBounds,
     /// What sandboxes' CPU, memory and wall time cost.
     pub prices: Prices,
     /// Sandboxed commands run under the seccomp filters of `crate::local::seccomp`.
@@ -84,6 +87,7 @@ impl Config {
             registry: RegistryConfig::default(),
             image_cache_max_bytes: 20 << 30,
             template_cache_max_bytes: 10 << 30,
+            warm: crate::local::WarmBounds::OFF,
             state_dir,
             bwrap_path: "bwrap".into(),
             advertise_endpoint: advertise_endpoint.into(),

@@ -178,12 +178,16 @@ impl Provisioner {
     /// goes with the create's cleanup).
     pub(crate) async fn register(&self, mut record: Record) -> Result<Sandbox> {
         let id = record.id.clone();
-        if let Some(uids) = &self.uids {
+        // A warm copy's workspace comes with its uid, given to it already.
+        let given = record.uid != 0;
+        if let Some(uids) = &self.uids
+            && !given
+        {
             record.uid = uids.claim()?;
         }
         let (store, saved) = (self.store.clone(), record.clone());
         let made = tokio::task::spawn_blocking(move || {
-            if saved.uid != 0 {
+            if saved.uid != 0 && !given {
                 crate::local::uids::give_workspace(&store.workspace(&saved.id), saved.uid)
                     .map_err(|e| ProvisionerError::internal("give the workspace to its uid", e))?;
             }
@@ -265,12 +269,12 @@ impl Provisioner {
         // Removes the directory unless the create completes (also if the caller hangs up).
         let mut cleanup = DirCleanup(Some(dir));
         let ws = self.store.workspace(&id);
-        let base_commit = self.make_workspace(&req, source, &ws).await.inspect_err(
+        let made = self.make_workspace(&req, source, &ws).await.inspect_err(
             |e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"),
         )?;
-        let mut record = self.new_record(&id, &req, base_commit, image);
-        // A template's copy or a clone: either way the index is a checkout of the base.
-        record.made_index = crate::local::git_index::checksum_of(&ws).unwrap_or_default();
+        let mut record = self.new_record(&id, &req, made.base_commit, image);
+        record.made_index = made.index;
+        record.uid = made.uid;
         let sandbox = self.register(record).await?;
         cleanup.0 = None;
         Ok(sandbox)

@@ -57,3 +57,4 @@ mod workspace;
 
 pub use config::Config;
 pub use provisioner::Provisioner;
+pub use template::WarmBounds;

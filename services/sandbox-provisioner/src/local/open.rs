@@ -40,7 +40,8 @@ impl Provisioner {
         })?;
         let store = Store::open(&config.state_dir).map_err(|e| state_dir_error(&config, e))?;
         let disk_quota = DiskQuota::detect(config.disk_quota, store.root(), &config.btrfs_path)?;
-        let uids = SandboxUids::new(config.sandbox_uid_base, config.sandbox_uid_count);
+        let uids =
+            SandboxUids::new(config.sandbox_uid_base, config.sandbox_uid_count).map(Arc::new);
         let features = probe_bwrap(&config, &bwrap, &store, uids.is_some()).await?;
         let cgroups = detect_cgroups(&config)?;
         let forwarder = forwarder_kit(&config)?;
@@ -54,7 +55,15 @@ impl Provisioner {
             config.state_dir.join("templates"),
             config.template_cache_max_bytes,
         )
-        .map_err(|e| state_dir_error(&config, e))?;
+        .map_err(|e| state_dir_error(&config, e))?
+        // A sandbox with a hard quota is a subvolume of its own: nothing renames into it.
+        .with_warm(
+            match disk_quota {
+                Some(_) => crate::local::WarmBounds::OFF,
+                None => config.warm,
+            },
+            uids.clone(),
+        );
         let images = ImageCache::open(&config.image_cache_dir)
             .map(Arc::new)
             .map_err(|e| {

@@ -52,7 +52,7 @@ pub struct Provisioner {
     /// Commands running on a pseudo-terminal, by pty id.
     pub(crate) ptys: Ptys,
     /// Host uids of sandboxes, when the provisioner runs as root (`crate::local::uids`).
-    pub(crate) uids: Option<SandboxUids>,
+    pub(crate) uids: Option<Arc<SandboxUids>>,
     /// Hard disk quotas, where the state directory's filesystem offers them.
     pub(crate) disk_quota: Option<DiskQuota>,
     /// One lock per idempotency key with a create in flight.

@@ -37,16 +37,22 @@ impl Provisioner {
         }
     }
 
-    /// The new sandbox's workspace at `ws` from `source`. Returns the base commit.
+    /// The new sandbox's workspace at `ws` from `source`.
     pub(crate) async fn make_workspace(
         &self,
         req: &CreateSandboxRequest,
         source: Source,
         ws: &Path,
-    ) -> Result<String> {
+    ) -> Result<Made> {
         if let Source::Template(dir, commit) = source {
             match self.templates.copy(dir, ws, &req.branch, &commit).await {
-                Ok(()) => return Ok(commit),
+                Ok(copied) => {
+                    return Ok(Made {
+                        base_commit: commit,
+                        index: copied.index,
+                        uid: copied.uid,
+                    });
+                }
                 Err(e @ ProvisionerError::FailedPrecondition(_)) => return Err(e),
                 Err(e) => {
                     tracing::warn!(repo = %req.repo, error = %e, "workspace template copy failed; cloning instead");
@@ -54,13 +60,29 @@ impl Provisioner {
                 }
             }
         }
-        git::clone(
+        let base_commit = git::clone(
             &req.repo,
             &req.base_ref,
             &req.branch,
             ws,
             self.config.clone_timeout,
         )
-        .await
+        .await?;
+        let index = crate::local::git_index::checksum_of(ws).unwrap_or_default();
+        Ok(Made {
+            base_commit,
+            index,
+            uid: 0,
+        })
     }
+}
+
+/// A new workspace: its base commit, and the checksum of the index it was made with (a
+/// template's copy or a clone: either way a checkout of the base; see
+/// `store::Record::made_index`).
+pub(crate) struct Made {
+    pub(crate) base_commit: String,
+    pub(crate) index: String,
+    /// The sandbox uid its files were given already (a warm copy's); 0: none yet.
+    pub(crate) uid: u32,
 }

@@ -53,9 +53,12 @@ fn entries(root: &Path, used: &Used) -> Vec<Entry> {
             if key.contains(".tmp-") || !home.join(READY).is_file() {
                 return None;
             }
+            // Its warm copies (`warm`) are as large as its workspace, and go with it.
+            let copies = std::fs::read_dir(home.join(super::warm::DIR)).map_or(0, Iterator::count);
             let bytes = std::fs::read_to_string(home.join(BYTES))
                 .ok()
-                .and_then(|b| b.trim().parse().ok())
+                .and_then(|b| b.trim().parse::<u64>().ok())
+                .map(|b| b * (1 + copies as u64))
                 .unwrap_or_else(|| crate::local::store::disk_usage(&home));
             let used = used.get(&key).copied().unwrap_or_else(|| {
                 std::fs::metadata(home.join(READY))

@@ -27,6 +27,9 @@ use std::{
 
 mod evict;
 mod settle;
+mod warm;
+
+pub use warm::WarmBounds;
 
 pub(crate) const READY: &str = "ready";
 /// Present when the template's files have their own mtimes, recorded in its index
@@ -55,6 +58,8 @@ pub(crate) struct Templates {
     pub(crate) max_bytes: u64,
     /// One eviction at a time.
     pub(crate) evicting: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Copies of the templates' workspaces made ahead of creates (`warm`).
+    warm: Arc<warm::Warm>,
 }
 
 /// `<hash of the repository>-<commit>`: the templates of one repository share a prefix.
@@ -111,9 +116,33 @@ fn start_branch(ws: &Path, branch: &str, commit: &str) -> Result<()> {
             std::fs::create_dir_all(parent)?;
         }
         std::fs::write(&file, format!("{commit}\n"))?;
-        std::fs::write(git.join("HEAD"), format!("ref: refs/heads/{branch}\n"))
+        rewrite(
+            &git.join("HEAD"),
+            format!("ref: refs/heads/{branch}\n").as_bytes(),
+        )
     };
     write().map_err(|e| ProvisionerError::internal("start branch", e))
+}
+
+/// A template's copy in a new workspace.
+pub(crate) struct Copied {
+    /// The checksum of its index (`store::Record::made_index`).
+    pub(crate) index: String,
+    /// The sandbox uid it was given already (a warm copy's), now the sandbox's; 0: none.
+    pub(crate) uid: u32,
+}
+
+/// Overwrite `path` with `content` without truncating it to nothing first: ext4 writes a
+/// file truncated to zero out to the disk when it is closed (`auto_da_alloc`), a device
+/// round trip in every create. Cut to the new length once written instead.
+fn rewrite(path: &Path, content: &[u8]) -> io::Result<()> {
+    use std::io::Write as _;
+    let mut f = match std::fs::OpenOptions::new().write(true).open(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return std::fs::write(path, content),
+        f => f?,
+    };
+    f.write_all(content)?;
+    f.set_len(content.len() as u64)
 }
 
 impl Templates {
@@ -122,10 +151,12 @@ impl Templates {
             .recursive(true)
             .mode(0o700)
             .create(&root)?;
-        // Builds interrupted by a crash.
+        // Builds interrupted by a crash, and the last run's warm copies.
         for e in std::fs::read_dir(&root)?.flatten() {
             if e.file_name().to_string_lossy().contains(".tmp-") {
                 let _ = crate::local::store::remove_all(&e.path());
+            } else {
+                warm::sweep(&e.path());
             }
         }
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
@@ -136,7 +167,20 @@ impl Templates {
             used: Used::default(),
             max_bytes,
             evicting: std::sync::Arc::default(),
+            warm: Arc::new(warm::Warm::start(WarmBounds::OFF, None)),
         })
+    }
+
+    /// Keep warm copies of the templates' workspaces within `bounds` (`warm`), each
+    /// given to a uid of `uids` ahead of time when the replica hands uids out.
+    #[must_use]
+    pub(crate) fn with_warm(
+        mut self,
+        bounds: WarmBounds,
+        uids: Option<Arc<crate::local::uids::SandboxUids>>,
+    ) -> Self {
+        self.warm = Arc::new(warm::Warm::start(bounds, uids));
+        self
     }
 
     /// The ready template of `repo` at `commit`, built now if needed.
@@ -198,6 +242,7 @@ impl Templates {
         {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with(prefix) && name != key && !name.contains(".tmp-") {
+                self.warm.forget(&e.path());
                 let _ = crate::local::store::remove_all(&e.path());
             }
         }
@@ -216,19 +261,41 @@ impl Templates {
     }
 
     /// Make `ws` a copy of template `dir` (from [`Self::ensure`]) on new branch `branch`
-    /// at `commit`. The caller holds a [`Self::turn`].
+    /// at `commit`: a warm copy renamed into place when one is ready, else a copy made
+    /// now. The caller holds a [`Self::turn`].
     pub(crate) async fn copy(
         &self,
         dir: PathBuf,
         ws: &Path,
         branch: &str,
         commit: &str,
-    ) -> Result<()> {
+    ) -> Result<Copied> {
+        let warm = self.warm.take(&dir);
         let (ws, branch, commit) = (ws.to_path_buf(), branch.to_owned(), commit.to_owned());
+        let warmth = self.warm.clone();
         tokio::task::spawn_blocking(move || {
-            copy_tree(&dir.join("workspace"), &ws)
-                .map_err(|e| ProvisionerError::internal("copy template", e))?;
-            start_branch(&ws, &branch, &commit)
+            let warm = match warm.map(|w| (std::fs::rename(&w.path, &ws), w)) {
+                Some((Ok(()), w)) => Some(w),
+                taken => {
+                    if let Some((Err(e), w)) = taken {
+                        warmth.unusable(&w, &e);
+                    }
+                    copy_tree(&dir.join("workspace"), &ws)
+                        .map_err(|e| ProvisionerError::internal("copy template", e))?;
+                    None
+                }
+            };
+            start_branch(&ws, &branch, &commit)?;
+            Ok(match warm {
+                Some(w) => {
+                    let (index, uid) = w.keep_uid();
+                    Copied { index, uid }
+                }
+                None => Copied {
+                    index: crate::local::git_index::checksum_of(&ws).unwrap_or_default(),
+                    uid: 0,
+                },
+            })
         })
         .await
         .map_err(|e| ProvisionerError::internal("copy template", e))?
@@ -246,9 +313,12 @@ impl Templates {
     ) -> Result<()> {
         let dir = self.ensure(repo, commit, timeout).await?;
         let _turn = self.turn().await?;
-        self.copy(dir, ws, branch, commit).await
+        self.copy(dir, ws, branch, commit).await.map(drop)
     }
 }
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod warm_tests;

@@ -4,7 +4,7 @@ use super::*;
 use forkyard_common::git_refs::local_commit;
 use std::process::Command;
 
-fn git(dir: &Path, args: &[&str]) -> String {
+pub(super) fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .arg("-C")
         .arg(dir)
@@ -19,7 +19,7 @@ fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
-fn repo(dir: &Path) -> PathBuf {
+pub(super) fn repo(dir: &Path) -> PathBuf {
     let r = dir.join("src");
     std::fs::create_dir_all(r.join("bin")).unwrap();
     git(&r, &["init", "-q", "-b", "main"]);
@@ -170,7 +170,7 @@ async fn workspaces_are_independent_copies_on_their_branch() {
     assert!(names[0].ends_with(&newer), "{names:?}");
 }
 
-fn walk(dir: &Path) -> Vec<PathBuf> {
+pub(super) fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = e.path();

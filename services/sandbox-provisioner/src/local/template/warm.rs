@@ -1,0 +1,328 @@
+//! Warm copies of a template's workspace, made ahead of the creates that take them.
+//!
+//! A create from a template copies its workspace: a mkdir per directory, an open, a copy
+//! and a close per file. That was most of the replica's CPU in a wave of a hundred
+//! creates, and so most of the time from LaunchRun to a ready sandbox
+//! (docs/performance.md). A warm copy is made the same way, ahead of time, by one
+//! background thread at the lowest CPU priority (it uses what the machine leaves idle,
+//! never a wave's time: it waits until creates have been quiet for [`QUIET`]), and a
+//! create takes it with one rename.
+//!
+//! How many: as many as the template had creates in the last [`DEMAND_WINDOW`] (the
+//! size of the waves it serves), at most [`WarmBounds::copies`] for a template and
+//! [`WarmBounds::bytes`] of copies in all. A template's copies are dropped [`IDLE`]
+//! after its last create, with the template (they live in its directory, `warm/`, and
+//! count towards its size when templates are evicted) and at start-up.
+//!
+//! A copy is handed out once (taken under the lock, then renamed away), only for the
+//! template it was made from (a template is one commit of one repository), and never
+//! after a sandbox used it (copies are made from the template and never given back).
+
+use super::copy_tree;
+use crate::local::uids::SandboxUids;
+use std::{
+    collections::{HashMap, VecDeque},
+    os::unix::fs::DirBuilderExt as _,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, mpsc},
+    time::{Duration, Instant},
+};
+
+/// A template's creates within this window set how many copies it keeps.
+const DEMAND_WINDOW: Duration = Duration::from_secs(60);
+/// A template's copies are dropped this long after its last create.
+const IDLE: Duration = Duration::from_secs(600);
+/// Copies are made only once no create came for this long: a wave's creates are not
+/// slowed by the copies that replace the ones they take (measured: a thread at the
+/// lowest priority still took a fifth of the replica's CPU in a wave).
+const QUIET: Duration = Duration::from_millis(200);
+/// Where a template's copies are, inside its directory.
+pub(crate) const DIR: &str = "warm";
+
+/// How many warm copies a replica keeps. `copies` 0: none (every create copies).
+#[derive(Debug, Clone, Copy)]
+pub struct WarmBounds {
+    /// At most this many copies of one template.
+    pub copies: usize,
+    /// At most this many bytes of copies in all.
+    pub bytes: u64,
+}
+
+impl WarmBounds {
+    pub const OFF: Self = Self {
+        copies: 0,
+        bytes: 0,
+    };
+}
+
+/// A workspace copy ready to be renamed into a sandbox; with its sandbox uid when the
+/// replica hands uids out (claimed, and the copy given to it, ahead of time too: a
+/// `chown` per file was a tenth of a create). Dropped, it gives its uid back.
+#[derive(Debug)]
+pub(crate) struct WarmCopy {
+    pub(crate) path: PathBuf,
+    /// The checksum of its `.git/index` (the sandbox record's `made_index`).
+    pub(crate) index: String,
+    uid: u32,
+    uids: Option<Arc<SandboxUids>>,
+}
+
+impl WarmCopy {
+    /// Its sandbox uid (0: none), now the sandbox's to give back.
+    pub(crate) fn keep_uid(mut self) -> (String, u32) {
+        self.uids = None;
+        (std::mem::take(&mut self.index), self.uid)
+    }
+}
+
+impl Drop for WarmCopy {
+    fn drop(&mut self) {
+        if let Some(uids) = &self.uids
+            && self.uid != 0
+        {
+            uids.release(self.uid);
+        }
+    }
+}
+
+pub(crate) struct Warm {
+    shared: Arc<Shared>,
+    /// Wakes the filler thread; `None` when warm copies are off.
+    wake: Option<Mutex<mpsc::Sender<()>>>,
+    /// Cleared when a copy cannot be renamed into a sandbox's directory (another
+    /// filesystem): every create copies from then on.
+    usable: std::sync::atomic::AtomicBool,
+}
+
+struct Shared {
+    pools: Mutex<HashMap<PathBuf, Pool>>,
+    bounds: WarmBounds,
+    uids: Option<Arc<SandboxUids>>,
+}
+
+/// One template's copies, by the template's directory.
+#[derive(Default)]
+struct Pool {
+    copies: Vec<WarmCopy>,
+    /// Its creates within the last [`DEMAND_WINDOW`].
+    creates: VecDeque<Instant>,
+    last_create: Option<Instant>,
+    /// The size of one copy (the template's), once known.
+    bytes: u64,
+}
+
+enum Job {
+    Make(PathBuf),
+    Drop(Vec<WarmCopy>),
+    /// Copies are wanted, once creates have been quiet this much longer.
+    Wait(Duration),
+}
+
+impl Warm {
+    /// Warm copies within `bounds`, made by a thread of their own (none when off).
+    pub(crate) fn start(bounds: WarmBounds, uids: Option<Arc<SandboxUids>>) -> Self {
+        let shared = Arc::new(Shared {
+            pools: Mutex::default(),
+            bounds,
+            uids,
+        });
+        let usable = std::sync::atomic::AtomicBool::new(true);
+        if bounds.copies == 0 || bounds.bytes == 0 {
+            return Self {
+                shared,
+                wake: None,
+                usable,
+            };
+        }
+        let (tx, rx) = mpsc::channel();
+        let filler = shared.clone();
+        let started = std::thread::Builder::new()
+            .name("warm-copies".into())
+            .spawn(move || filler.fill(&rx))
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot start the warm copy thread; every create copies its template"))
+            .ok();
+        Self {
+            shared,
+            wake: started.map(|_| Mutex::new(tx)),
+            usable,
+        }
+    }
+
+    /// A copy of the template at `template` (its directory), if one is ready; counts
+    /// the create either way, and has the thread make more.
+    pub(crate) fn take(&self, template: &Path) -> Option<WarmCopy> {
+        let wake = self.wake.as_ref()?;
+        if !self.usable.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let copy = {
+            let mut pools = self.shared.pools.lock().expect("warm lock");
+            let pool = pools.entry(template.to_path_buf()).or_default();
+            let now = Instant::now();
+            pool.creates.push_back(now);
+            pool.last_create = Some(now);
+            trim(&mut pool.creates, now);
+            pool.copies.pop()
+        };
+        let _ = wake.lock().expect("warm wake lock").send(());
+        copy
+    }
+
+    /// A copy could not be renamed into a sandbox (`error`): it is removed, and when the
+    /// sandboxes are on another filesystem than the templates, no more copies are made.
+    pub(crate) fn unusable(&self, copy: &WarmCopy, error: &std::io::Error) {
+        let _ = crate::local::store::remove_all(&copy.path);
+        if error.kind() == std::io::ErrorKind::CrossesDevices {
+            tracing::warn!(error = %error, "warm copies cannot be renamed into sandboxes (another filesystem); every create copies its template");
+            self.usable
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            self.shared.pools.lock().expect("warm lock").clear();
+        } else {
+            tracing::debug!(copy = %copy.path.display(), error = %error, "warm copy not usable; copying the template");
+        }
+    }
+
+    /// The template at `template` is going away: its copies go with its directory.
+    pub(crate) fn forget(&self, template: &Path) {
+        self.shared
+            .pools
+            .lock()
+            .expect("warm lock")
+            .remove(template);
+    }
+
+    /// How many copies are ready, over all templates.
+    #[cfg(test)]
+    pub(crate) fn ready(&self) -> usize {
+        let pools = self.shared.pools.lock().expect("warm lock");
+        pools.values().map(|p| p.copies.len()).sum()
+    }
+}
+
+fn trim(creates: &mut VecDeque<Instant>, now: Instant) {
+    while creates
+        .front()
+        .is_some_and(|t| now.duration_since(*t) > DEMAND_WINDOW)
+    {
+        creates.pop_front();
+    }
+}
+
+impl Shared {
+    fn fill(&self, wake: &mpsc::Receiver<()>) {
+        // This thread alone: copies are made with what the machine leaves idle.
+        let _ = rustix::process::setpriority_process(None, 19);
+        loop {
+            match wake.recv_timeout(Duration::from_secs(60)) {
+                Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+            while wake.try_recv().is_ok() {}
+            while let Some(job) = self.next_job(Instant::now()) {
+                match job {
+                    Job::Make(template) => self.make(&template),
+                    Job::Wait(quiet) => std::thread::sleep(quiet),
+                    Job::Drop(copies) => {
+                        for c in copies {
+                            let _ = crate::local::store::remove_all(&c.path);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Idle templates' copies to drop first, then a copy some template lacks.
+    fn next_job(&self, now: Instant) -> Option<Job> {
+        let mut pools = self.pools.lock().expect("warm lock");
+        let idle = pools
+            .iter()
+            .find(|(_, p)| p.last_create.is_none_or(|t| now.duration_since(t) > IDLE))
+            .map(|(k, _)| k.clone());
+        if let Some(key) = idle {
+            let pool = pools.remove(&key).expect("found above");
+            return Some(Job::Drop(pool.copies));
+        }
+        let in_all: u64 = pools
+            .values()
+            .map(|p| p.bytes * p.copies.len() as u64)
+            .sum();
+        let last_create = pools.values().filter_map(|p| p.last_create).max();
+        for (key, pool) in pools.iter_mut() {
+            trim(&mut pool.creates, now);
+            let wanted = pool.creates.len().min(self.bounds.copies);
+            if pool.copies.len() < wanted && in_all + pool.bytes <= self.bounds.bytes {
+                let quiet = last_create.map_or(QUIET, |t| now.duration_since(t));
+                return Some(match QUIET.checked_sub(quiet) {
+                    Some(wait) if !wait.is_zero() => Job::Wait(wait),
+                    _ => Job::Make(key.clone()),
+                });
+            }
+        }
+        None
+    }
+
+    /// One more copy of `template`; a template that cannot be copied (evicted, or
+    /// replaced by a newer commit's) is forgotten.
+    fn make(&self, template: &Path) {
+        match make_copy(template, self.uids.as_ref()) {
+            Ok((copy, bytes)) => {
+                let mut pools = self.pools.lock().expect("warm lock");
+                match pools.get_mut(template) {
+                    Some(pool) => {
+                        pool.bytes = bytes;
+                        pool.copies.push(copy);
+                    }
+                    // Forgotten meanwhile: its directory is going away.
+                    None => drop(crate::local::store::remove_all(&copy.path)),
+                }
+            }
+            Err(e) => {
+                tracing::debug!(template = %template.display(), error = %e, "no warm copy of the template");
+                self.pools.lock().expect("warm lock").remove(template);
+            }
+        }
+    }
+}
+
+/// Copy `template`'s workspace into its `warm/` directory: under a `.tmp` name first, so
+/// a half-made copy is never taken (and is swept at start-up with the rest).
+fn make_copy(template: &Path, uids: Option<&Arc<SandboxUids>>) -> std::io::Result<(WarmCopy, u64)> {
+    let bytes = std::fs::read_to_string(template.join(super::BYTES))?
+        .trim()
+        .parse()
+        .map_err(std::io::Error::other)?;
+    let dir = template.join(DIR);
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let name = uuid::Uuid::new_v4().simple().to_string();
+    let (tmp, path) = (dir.join(format!("{name}.tmp")), dir.join(&name));
+    let mut copy = WarmCopy {
+        path: tmp.clone(),
+        index: String::new(),
+        uid: 0,
+        uids: uids.cloned(),
+    };
+    let made = copy_tree(&template.join("workspace"), &tmp).and_then(|()| {
+        copy.index = crate::local::git_index::checksum_of(&tmp)
+            .ok_or_else(|| std::io::Error::other("the copy has no readable index"))?;
+        if let Some(uids) = uids {
+            copy.uid = uids.claim().map_err(std::io::Error::other)?;
+            crate::local::uids::give_workspace(&tmp, copy.uid)?;
+        }
+        std::fs::rename(&tmp, &path)
+    });
+    if let Err(e) = made {
+        let _ = crate::local::store::remove_all(&tmp);
+        return Err(e);
+    }
+    copy.path = path;
+    Ok((copy, bytes))
+}
+
+/// Copies a previous run of the replica made: nothing knows of them any more.
+pub(crate) fn sweep(template: &Path) {
+    let _ = crate::local::store::remove_all(&template.join(DIR));
+}

@@ -1,0 +1,210 @@
+//! Warm copies against a real git repository in a temp dir.
+
+use super::{
+    tests::{git, repo, walk},
+    *,
+};
+use crate::local::git_index;
+use forkyard_common::git_refs::local_commit;
+use std::os::unix::fs::MetadataExt as _;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn warm_names(template: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(template.join(warm::DIR))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Until `done` holds, for at most 20 s (the copies are made by a thread of their own).
+fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Everything of `ws` but its branch: each path, its kind, mode, size, mtime (to the
+/// nanosecond) and content.
+fn contents(ws: &Path) -> Vec<(PathBuf, u32, u64, i64, i64, Vec<u8>)> {
+    let mut all: Vec<_> = walk(ws)
+        .into_iter()
+        .filter(|p| !p.ends_with(".git/HEAD") && !p.starts_with(ws.join(".git/refs/heads")))
+        .map(|p| {
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let body = if m.file_type().is_symlink() {
+                std::fs::read_link(&p)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else {
+                std::fs::read(&p).unwrap()
+            };
+            let rel = p.strip_prefix(ws).unwrap().to_path_buf();
+            (rel, m.mode(), m.size(), m.mtime(), m.mtime_nsec(), body)
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+#[tokio::test]
+async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = repo(tmp.path());
+    let path = r.to_str().unwrap();
+    let commit = local_commit(path, "").unwrap();
+    let root = tmp.path().join("templates");
+    // Run as root (as here), copies are given to sandbox uids ahead of time too.
+    let uids = crate::local::uids::SandboxUids::new(2_000_000_000, 100).map(Arc::new);
+    let t = Templates::open(root.clone(), 0).unwrap().with_warm(
+        WarmBounds {
+            copies: 3,
+            bytes: 1 << 30,
+        },
+        uids.clone(),
+    );
+    let dir = t.ensure(path, &commit, TIMEOUT).await.unwrap();
+
+    // The first create copies the template; it asks for one copy ahead.
+    let fresh = tmp.path().join("fresh");
+    let turn = t.turn().await.unwrap();
+    let copied = t
+        .copy(dir.clone(), &fresh, "fork-1", &commit)
+        .await
+        .unwrap();
+    drop(turn);
+    assert_eq!(Some(copied.index), git_index::checksum_of(&fresh));
+    assert_eq!(copied.uid, 0, "given its uid at register, as before");
+    eventually("one warm copy", || t.warm.ready() == 1);
+    let first = warm_names(&dir);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(!first[0].ends_with(".tmp"), "{first:?}");
+
+    // The second takes it: the same files as a copy, to the nanosecond, on its branch.
+    let b = tmp.path().join("b");
+    let turn = t.turn().await.unwrap();
+    let copied = t.copy(dir.clone(), &b, "fork-2", &commit).await.unwrap();
+    drop(turn);
+    assert!(
+        !warm_names(&dir).contains(&first[0]),
+        "the copy was renamed away"
+    );
+    assert_eq!(contents(&b), contents(&fresh));
+    assert_eq!(Some(copied.index), git_index::checksum_of(&b));
+    if uids.is_some() {
+        assert_ne!(copied.uid, 0);
+        for f in [b.clone(), b.join("README.md"), b.join(".git/index")] {
+            let owner = std::fs::symlink_metadata(&f).unwrap().uid();
+            assert_eq!(owner, copied.uid, "{f:?}");
+        }
+    }
+    // Owned by its sandbox uid: git run as root here is told that is fine.
+    let in_b = |args: &[&str]| git(&b, &[&["-c", "safe.directory=*"], args].concat());
+    assert_eq!(in_b(&["rev-parse", "--abbrev-ref", "HEAD"]), "fork-2");
+    assert_eq!(in_b(&["rev-parse", "HEAD"]), commit);
+    assert_eq!(in_b(&["status", "--porcelain"]), "");
+    in_b(&["fsck", "--no-progress"]);
+
+    // As many copies as creates in the last minute, at most the bound: 2, then 3.
+    eventually("two warm copies", || t.warm.ready() == 2);
+    for n in 3..8 {
+        let ws = tmp.path().join(format!("w{n}"));
+        t.workspace(path, &commit, &format!("fork-{n}"), &ws, TIMEOUT)
+            .await
+            .unwrap();
+    }
+    eventually("three warm copies", || t.warm.ready() == 3);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(warm_names(&dir).len(), 3, "{:?}", warm_names(&dir));
+
+    // Creates at once each take a copy of their own.
+    let names: Vec<PathBuf> = (0..3).map(|n| tmp.path().join(format!("c{n}"))).collect();
+    let made = futures::future::join_all(names.iter().enumerate().map(|(n, ws)| {
+        let (t, commit, dir) = (&t, &commit, dir.clone());
+        async move {
+            let _turn = t.turn().await.unwrap();
+            t.copy(dir, ws, &format!("c-{n}"), commit).await.unwrap()
+        }
+    }))
+    .await;
+    let mut given: Vec<u32> = made.iter().map(|c| c.uid).collect();
+    for (ws, copied) in names.iter().zip(made) {
+        assert_eq!(contents(ws), contents(&fresh));
+        assert_eq!(Some(copied.index), git_index::checksum_of(ws));
+    }
+    given.sort_unstable();
+    given.dedup();
+    assert_eq!(
+        given.len(),
+        if uids.is_some() { 3 } else { 1 },
+        "a uid each"
+    );
+    std::fs::write(names[0].join("README.md"), "mine\n").unwrap();
+    assert_eq!(
+        std::fs::read_to_string(names[1].join("README.md")).unwrap(),
+        "hello\n"
+    );
+
+    // A newer commit's template replaces this one, its copies with it.
+    eventually("copies made again", || t.warm.ready() == 3);
+    let pooled: Vec<u32> = warm_names(&dir)
+        .iter()
+        .map(|n| {
+            std::fs::metadata(dir.join(warm::DIR).join(n))
+                .unwrap()
+                .uid()
+        })
+        .collect();
+    std::fs::write(r.join("README.md"), "two\n").unwrap();
+    git(&r, &["commit", "-qam", "two"]);
+    let newer = local_commit(path, "main").unwrap();
+    let e = tmp.path().join("e");
+    t.workspace(path, &newer, "fork-e", &e, TIMEOUT)
+        .await
+        .unwrap();
+    assert!(!dir.exists(), "the older template and its copies are gone");
+    if let Some(uids) = &uids {
+        // Their uids are free again (no copy is made within the quiet time after a create).
+        for uid in pooled {
+            assert!(uids.hold(uid), "uid {uid} given back");
+            uids.release(uid);
+        }
+    }
+    let newer_dir = t.ensure(path, &newer, TIMEOUT).await.unwrap();
+    eventually("a copy of the newer template", || {
+        warm_names(&newer_dir).len() == 1 && t.warm.ready() == 1
+    });
+
+    // A restarted replica knows none of the last run's copies: they are removed.
+    drop(t);
+    let again = Templates::open(root, 0).unwrap();
+    assert!(warm_names(&newer_dir).is_empty());
+    assert_eq!(again.warm.ready(), 0);
+}
+
+#[tokio::test]
+async fn with_warm_copies_off_every_create_copies_and_nothing_is_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = repo(tmp.path());
+    let path = r.to_str().unwrap();
+    let commit = local_commit(path, "").unwrap();
+    let t = Templates::open(tmp.path().join("templates"), 0)
+        .unwrap()
+        .with_warm(WarmBounds::OFF, None);
+    for n in 0..3 {
+        let ws = tmp.path().join(format!("w{n}"));
+        t.workspace(path, &commit, &format!("fork-{n}"), &ws, TIMEOUT)
+            .await
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let dir = t.ensure(path, &commit, TIMEOUT).await.unwrap();
+    assert!(warm_names(&dir).is_empty());
+}
