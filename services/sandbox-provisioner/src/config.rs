@@ -128,7 +128,7 @@ pub struct Args {
     /// Warm copies of a template's workspace kept ready for creates, at most this many a
     /// template: as many as its creates in the last minute, dropped ten minutes after
     /// its last. 0: none (every create copies its template). Off with a hard disk quota.
-    #[arg(long, env = "FORKYARD_WARM_COPIES", default_value_t = 64)]
+    #[arg(long, env = "FORKYARD_WARM_COPIES", default_value_t = 128)]
     pub warm_copies: usize,
     /// The warm copies' bound in bytes, over all templates.
     #[arg(long, env = "FORKYARD_WARM_COPIES_MAX_BYTES", default_value_t = 1 << 30)]

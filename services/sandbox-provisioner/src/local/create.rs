@@ -191,7 +191,7 @@ impl Provisioner {
                 crate::local::uids::give_workspace(&store.workspace(&saved.id), saved.uid)
                     .map_err(|e| ProvisionerError::internal("give the workspace to its uid", e))?;
             }
-            store.save(&saved)
+            store.save_new(&saved)
         })
         .await
         .map_err(|e| ProvisionerError::internal("register sandbox", e))
@@ -265,13 +265,25 @@ impl Provisioner {
             crate::local::workspace::Source::Template(..) => Some(self.templates.turn().await?),
             crate::local::workspace::Source::Clone => None,
         };
-        self.make_sandbox_dir(&dir, &req).await?;
+        // The sandbox's directory made ahead, with its workspace (`template::warm`).
+        let placed = match &source {
+            crate::local::workspace::Source::Template(template, _) => {
+                self.templates.take(template, &dir).await
+            }
+            crate::local::workspace::Source::Clone => None,
+        };
+        if placed.is_none() {
+            self.make_sandbox_dir(&dir, &req).await?;
+        }
         // Removes the directory unless the create completes (also if the caller hangs up).
         let mut cleanup = DirCleanup(Some(dir));
         let ws = self.store.workspace(&id);
-        let made = self.make_workspace(&req, source, &ws).await.inspect_err(
-            |e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"),
-        )?;
+        let made = self
+            .make_workspace(&req, source, &ws, placed)
+            .await
+            .inspect_err(
+                |e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"),
+            )?;
         let mut record = self.new_record(&id, &req, made.base_commit, image);
         record.made_index = made.index;
         record.uid = made.uid;

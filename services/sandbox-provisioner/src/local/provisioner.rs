@@ -124,7 +124,7 @@ impl Provisioner {
     /// others may pass through (the sandbox's bubblewrap opens the workspace as the
     /// sandbox's uid, and what the agent made is that uid's, not root's).
     pub(crate) fn sandbox_dir_mode(&self) -> u32 {
-        if self.uids.is_some() { 0o711 } else { 0o700 }
+        sandbox_dir_mode(self.uids.is_some())
     }
 
     pub(crate) fn release_uid(&self, uid: u32) {
@@ -270,4 +270,10 @@ impl Drop for DirCleanup {
             }
         }
     }
+}
+
+/// A sandbox directory's mode ([`Provisioner::sandbox_dir_mode`]): others may pass
+/// through only when sandboxes have uids of their own.
+pub(crate) fn sandbox_dir_mode(own_uids: bool) -> u32 {
+    if own_uids { 0o711 } else { 0o700 }
 }

@@ -12,8 +12,8 @@ use std::{
     sync::{OnceLock, mpsc::Sender},
 };
 
-const RECORD: &str = "sandbox.json";
-const WORKSPACE: &str = "workspace";
+pub(crate) const RECORD: &str = "sandbox.json";
+pub(crate) const WORKSPACE: &str = "workspace";
 
 /// Everything the provisioner remembers about one sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -192,6 +192,22 @@ impl Store {
     }
 
     /// Write the record atomically (temp file + rename).
+    /// Save a new sandbox's record: into the empty record file a warm copy comes with
+    /// (no new file, see `template::warm`), else as [`Self::save`]. A crash mid-write
+    /// leaves a record that does not parse, discarded at start-up with its directory, as
+    /// a create that never finished.
+    pub fn save_new(&self, record: &Record) -> Result<()> {
+        let path = self.dir(&record.id).join(RECORD);
+        let Ok(mut file) = std::fs::OpenOptions::new().write(true).open(&path) else {
+            return self.save(record);
+        };
+        let json = serde_json::to_vec_pretty(record)
+            .map_err(|e| ProvisionerError::internal("encode record", e))?;
+        std::io::Write::write_all(&mut file, &json)
+            .and_then(|()| file.set_len(json.len() as u64))
+            .map_err(|e| ProvisionerError::internal(&format!("write record {}", path.display()), e))
+    }
+
     pub fn save(&self, record: &Record) -> Result<()> {
         let dir = self.dir(&record.id);
         let json = serde_json::to_vec_pretty(record)

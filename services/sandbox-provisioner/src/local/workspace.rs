@@ -37,15 +37,21 @@ impl Provisioner {
         }
     }
 
-    /// The new sandbox's workspace at `ws` from `source`.
+    /// The new sandbox's workspace at `ws` from `source`; `placed`: a warm copy of the
+    /// template already renamed into place as the sandbox's directory.
     pub(crate) async fn make_workspace(
         &self,
         req: &CreateSandboxRequest,
         source: Source,
         ws: &Path,
+        placed: Option<crate::local::template::WarmCopy>,
     ) -> Result<Made> {
         if let Source::Template(dir, commit) = source {
-            match self.templates.copy(dir, ws, &req.branch, &commit).await {
+            match self
+                .templates
+                .copy(dir, ws, &req.branch, &commit, placed)
+                .await
+            {
                 Ok(copied) => {
                     return Ok(Made {
                         base_commit: commit,

@@ -30,6 +30,7 @@ mod settle;
 mod warm;
 
 pub use warm::WarmBounds;
+pub(crate) use warm::WarmCopy;
 
 pub(crate) const READY: &str = "ready";
 /// Present when the template's files have their own mtimes, recorded in its index
@@ -115,7 +116,18 @@ fn start_branch(ws: &Path, branch: &str, commit: &str) -> Result<()> {
         if let Some(parent) = file.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        std::fs::write(&file, format!("{commit}\n"))?;
+        // A warm copy's empty ref file, made ahead, becomes the branch's.
+        let made_ahead = refs.join(warm::BRANCH_FILE);
+        match std::fs::OpenOptions::new().write(true).open(&made_ahead) {
+            Ok(mut f) => {
+                io::Write::write_all(&mut f, format!("{commit}\n").as_bytes())?;
+                std::fs::rename(&made_ahead, &file)?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                std::fs::write(&file, format!("{commit}\n"))?;
+            }
+            Err(e) => return Err(e),
+        }
         rewrite(
             &git.join("HEAD"),
             format!("ref: refs/heads/{branch}\n").as_bytes(),
@@ -260,33 +272,43 @@ impl Templates {
             .map_err(|e| ProvisionerError::internal("wait for a create turn", e))
     }
 
-    /// Make `ws` a copy of template `dir` (from [`Self::ensure`]) on new branch `branch`
-    /// at `commit`: a warm copy renamed into place when one is ready, else a copy made
-    /// now. The caller holds a [`Self::turn`].
+    /// A warm copy of template `dir` renamed into place as the new sandbox's directory
+    /// `sandbox_dir` (which must not exist), if one is ready; `None` otherwise (the
+    /// caller makes the directory). Counts the create either way.
+    pub(crate) async fn take(&self, dir: &Path, sandbox_dir: &Path) -> Option<WarmCopy> {
+        let copy = self.warm.take(dir)?;
+        let (warm, to) = (self.warm.clone(), sandbox_dir.to_path_buf());
+        tokio::task::spawn_blocking(move || match std::fs::rename(&copy.path, &to) {
+            Ok(()) => Some(copy),
+            Err(e) => {
+                warm.unusable(&copy, &e);
+                None
+            }
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    /// Make `ws` the workspace of template `dir` (from [`Self::ensure`]) on new branch
+    /// `branch` at `commit`: `placed`'s (from [`Self::take`]; its workspace is `ws`
+    /// already), else a copy made now. The caller holds a [`Self::turn`].
     pub(crate) async fn copy(
         &self,
         dir: PathBuf,
         ws: &Path,
         branch: &str,
         commit: &str,
+        placed: Option<WarmCopy>,
     ) -> Result<Copied> {
-        let warm = self.warm.take(&dir);
         let (ws, branch, commit) = (ws.to_path_buf(), branch.to_owned(), commit.to_owned());
-        let warmth = self.warm.clone();
         tokio::task::spawn_blocking(move || {
-            let warm = match warm.map(|w| (std::fs::rename(&w.path, &ws), w)) {
-                Some((Ok(()), w)) => Some(w),
-                taken => {
-                    if let Some((Err(e), w)) = taken {
-                        warmth.unusable(&w, &e);
-                    }
-                    copy_tree(&dir.join("workspace"), &ws)
-                        .map_err(|e| ProvisionerError::internal("copy template", e))?;
-                    None
-                }
-            };
+            if placed.is_none() {
+                copy_tree(&dir.join("workspace"), &ws)
+                    .map_err(|e| ProvisionerError::internal("copy template", e))?;
+            }
             start_branch(&ws, &branch, &commit)?;
-            Ok(match warm {
+            Ok(match placed {
                 Some(w) => {
                     let (index, uid) = w.keep_uid();
                     Copied { index, uid }
@@ -313,7 +335,7 @@ impl Templates {
     ) -> Result<()> {
         let dir = self.ensure(repo, commit, timeout).await?;
         let _turn = self.turn().await?;
-        self.copy(dir, ws, branch, commit).await.map(drop)
+        self.copy(dir, ws, branch, commit, None).await.map(drop)
     }
 }
 

@@ -55,7 +55,7 @@ impl WarmBounds {
     };
 }
 
-/// A workspace copy ready to be renamed into a sandbox; with its sandbox uid when the
+/// A sandbox directory made ahead ([`skeleton`]), ready to be renamed into place; with its sandbox uid when the
 /// replica hands uids out (claimed, and the copy given to it, ahead of time too: a
 /// `chown` per file was a tenth of a create). Dropped, it gives its uid back.
 #[derive(Debug)]
@@ -99,6 +99,10 @@ struct Shared {
     bounds: WarmBounds,
     uids: Option<Arc<SandboxUids>>,
 }
+
+/// In a copy's `.git/refs/heads/`: the file a create renames to its branch's ref (a
+/// name no branch can have: a ref's parts never start with a dot).
+pub(crate) const BRANCH_FILE: &str = ".forkyard-branch";
 
 /// One template's copies, by the template's directory.
 #[derive(Default)]
@@ -305,21 +309,35 @@ fn make_copy(template: &Path, uids: Option<&Arc<SandboxUids>>) -> std::io::Resul
         uid: 0,
         uids: uids.cloned(),
     };
-    let made = copy_tree(&template.join("workspace"), &tmp).and_then(|()| {
-        copy.index = crate::local::git_index::checksum_of(&tmp)
-            .ok_or_else(|| std::io::Error::other("the copy has no readable index"))?;
-        if let Some(uids) = uids {
-            copy.uid = uids.claim().map_err(std::io::Error::other)?;
-            crate::local::uids::give_workspace(&tmp, copy.uid)?;
-        }
-        std::fs::rename(&tmp, &path)
-    });
+    let made = skeleton(template, &tmp, &mut copy).and_then(|()| std::fs::rename(&tmp, &path));
     if let Err(e) = made {
         let _ = crate::local::store::remove_all(&tmp);
         return Err(e);
     }
     copy.path = path;
     Ok((copy, bytes))
+}
+
+/// A sandbox's directory as a create makes it, at `dir`: the template's workspace, and
+/// every file the create would make new, empty (its record, its branch's ref): a new
+/// inode is the dearest part of a file on ext4 without a journal (each steps over the
+/// inodes freed in the last minutes), and a wave's creates then make none.
+fn skeleton(template: &Path, dir: &Path, copy: &mut WarmCopy) -> std::io::Result<()> {
+    let own_uids = copy.uids.is_some();
+    std::fs::DirBuilder::new()
+        .mode(crate::local::provisioner::sandbox_dir_mode(own_uids))
+        .create(dir)?;
+    let ws = dir.join(crate::local::store::WORKSPACE);
+    copy_tree(&template.join("workspace"), &ws)?;
+    copy.index = crate::local::git_index::checksum_of(&ws)
+        .ok_or_else(|| std::io::Error::other("the copy has no readable index"))?;
+    std::fs::File::create_new(ws.join(".git/refs/heads").join(BRANCH_FILE))?;
+    std::fs::File::create_new(dir.join(crate::local::store::RECORD))?;
+    if let Some(uids) = &copy.uids {
+        copy.uid = uids.claim().map_err(std::io::Error::other)?;
+        crate::local::uids::give_workspace(&ws, copy.uid)?;
+    }
+    Ok(())
 }
 
 /// Copies a previous run of the replica made: nothing knows of them any more.

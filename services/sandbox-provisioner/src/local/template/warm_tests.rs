@@ -4,7 +4,7 @@ use super::{
     tests::{git, repo, walk},
     *,
 };
-use crate::local::git_index;
+use crate::local::{git_index, store};
 use forkyard_common::git_refs::local_commit;
 use std::os::unix::fs::MetadataExt as _;
 
@@ -54,6 +54,28 @@ fn contents(ws: &Path) -> Vec<(PathBuf, u32, u64, i64, i64, Vec<u8>)> {
     all
 }
 
+/// What a create does: a warm copy placed as the sandbox's directory `sbx`, else the
+/// directory made and the template copied. The new workspace, and how it was made.
+async fn create(
+    t: &Templates,
+    dir: &Path,
+    sbx: &Path,
+    branch: &str,
+    commit: &str,
+) -> (PathBuf, Copied) {
+    let _turn = t.turn().await.unwrap();
+    let placed = t.take(dir, sbx).await;
+    if placed.is_none() {
+        std::fs::create_dir(sbx).unwrap();
+    }
+    let ws = sbx.join("workspace");
+    let copied = t
+        .copy(dir.to_path_buf(), &ws, branch, commit, placed)
+        .await
+        .unwrap();
+    (ws, copied)
+}
+
 #[tokio::test]
 async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds() {
     let tmp = tempfile::tempdir().unwrap();
@@ -73,13 +95,8 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
     let dir = t.ensure(path, &commit, TIMEOUT).await.unwrap();
 
     // The first create copies the template; it asks for one copy ahead.
-    let fresh = tmp.path().join("fresh");
-    let turn = t.turn().await.unwrap();
-    let copied = t
-        .copy(dir.clone(), &fresh, "fork-1", &commit)
-        .await
-        .unwrap();
-    drop(turn);
+    let (fresh, copied) = create(&t, &dir, &tmp.path().join("fresh"), "fork-1", &commit).await;
+    assert!(!fresh.parent().unwrap().join(store::RECORD).exists());
     assert_eq!(Some(copied.index), git_index::checksum_of(&fresh));
     assert_eq!(copied.uid, 0, "given its uid at register, as before");
     eventually("one warm copy", || t.warm.ready() == 1);
@@ -88,10 +105,15 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
     assert!(!first[0].ends_with(".tmp"), "{first:?}");
 
     // The second takes it: the same files as a copy, to the nanosecond, on its branch.
-    let b = tmp.path().join("b");
-    let turn = t.turn().await.unwrap();
-    let copied = t.copy(dir.clone(), &b, "fork-2", &commit).await.unwrap();
-    drop(turn);
+    let (b, copied) = create(&t, &dir, &tmp.path().join("b"), "fork-2", &commit).await;
+    // With its record file, empty, made ahead too (`Store::save_new` writes it).
+    let record = std::fs::metadata(b.parent().unwrap().join(store::RECORD)).unwrap();
+    assert_eq!(record.len(), 0);
+    let refs = b.join(".git/refs/heads");
+    assert!(
+        !refs.join(warm::BRANCH_FILE).exists(),
+        "the ref made ahead is the branch's"
+    );
     assert!(
         !warm_names(&dir).contains(&first[0]),
         "the copy was renamed away"
@@ -115,27 +137,23 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
     // As many copies as creates in the last minute, at most the bound: 2, then 3.
     eventually("two warm copies", || t.warm.ready() == 2);
     for n in 3..8 {
-        let ws = tmp.path().join(format!("w{n}"));
-        t.workspace(path, &commit, &format!("fork-{n}"), &ws, TIMEOUT)
-            .await
-            .unwrap();
+        let sbx = tmp.path().join(format!("w{n}"));
+        create(&t, &dir, &sbx, &format!("fork-{n}"), &commit).await;
     }
     eventually("three warm copies", || t.warm.ready() == 3);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(warm_names(&dir).len(), 3, "{:?}", warm_names(&dir));
 
     // Creates at once each take a copy of their own.
-    let names: Vec<PathBuf> = (0..3).map(|n| tmp.path().join(format!("c{n}"))).collect();
-    let made = futures::future::join_all(names.iter().enumerate().map(|(n, ws)| {
-        let (t, commit, dir) = (&t, &commit, dir.clone());
-        async move {
-            let _turn = t.turn().await.unwrap();
-            t.copy(dir, ws, &format!("c-{n}"), commit).await.unwrap()
-        }
+    let sandboxes: Vec<PathBuf> = (0..3).map(|n| tmp.path().join(format!("c{n}"))).collect();
+    let made = futures::future::join_all(sandboxes.iter().enumerate().map(|(n, sbx)| {
+        let (t, commit, dir) = (&t, &commit, &dir);
+        async move { create(t, dir, sbx, &format!("c-{n}"), commit).await }
     }))
     .await;
-    let mut given: Vec<u32> = made.iter().map(|c| c.uid).collect();
-    for (ws, copied) in names.iter().zip(made) {
+    let mut given: Vec<u32> = made.iter().map(|(_, c)| c.uid).collect();
+    let names: Vec<PathBuf> = made.iter().map(|(ws, _)| ws.clone()).collect();
+    for (ws, (_, copied)) in names.iter().zip(made) {
         assert_eq!(contents(ws), contents(&fresh));
         assert_eq!(Some(copied.index), git_index::checksum_of(ws));
     }
@@ -157,7 +175,7 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
     let pooled: Vec<u32> = warm_names(&dir)
         .iter()
         .map(|n| {
-            std::fs::metadata(dir.join(warm::DIR).join(n))
+            std::fs::metadata(dir.join(warm::DIR).join(n).join("workspace"))
                 .unwrap()
                 .uid()
         })
@@ -165,10 +183,7 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
     std::fs::write(r.join("README.md"), "two\n").unwrap();
     git(&r, &["commit", "-qam", "two"]);
     let newer = local_commit(path, "main").unwrap();
-    let e = tmp.path().join("e");
-    t.workspace(path, &newer, "fork-e", &e, TIMEOUT)
-        .await
-        .unwrap();
+    let newer_dir = t.ensure(path, &newer, TIMEOUT).await.unwrap();
     assert!(!dir.exists(), "the older template and its copies are gone");
     if let Some(uids) = &uids {
         // Their uids are free again (no copy is made within the quiet time after a create).
@@ -177,7 +192,7 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
             uids.release(uid);
         }
     }
-    let newer_dir = t.ensure(path, &newer, TIMEOUT).await.unwrap();
+    create(&t, &newer_dir, &tmp.path().join("e"), "fork-e", &newer).await;
     eventually("a copy of the newer template", || {
         warm_names(&newer_dir).len() == 1 && t.warm.ready() == 1
     });
