@@ -135,10 +135,12 @@ impl ForkPrepared {
 }
 
 impl WaveLocal {
-    /// The fork's reserve and create go out together, then its health check. A reserve
-    /// is refused only when the run's budget is spent (or the ledger is away), and
-    /// waiting for the ledger's commit before the create put a whole ledger round trip
-    /// (one fsync per group; docs/performance.md) in front of every sandbox. A sandbox
+    /// The fork's reserve and create go out together, its health check right after its
+    /// create. A reserve is refused only when the run's budget is spent (or the ledger
+    /// is away), and waiting for the ledger's commit before the create put a whole
+    /// ledger round trip (one fsync per group; docs/performance.md) in front of every
+    /// sandbox; so did waiting for it before the health check, once creates were fast
+    /// (a wave's hundred reserves answer together, after the account's open). A sandbox
     /// made for a fork the ledger refused is destroyed here before anything runs in it.
     async fn prepare_fork(&self, item: WaveItem, opened: Opened) -> ForkPrepared {
         let mut out = ForkPrepared {
@@ -146,23 +148,41 @@ impl WaveLocal {
             ..ForkPrepared::default()
         };
         let reserve = self.reserve(out.reservation_id.is_empty(), item.reserve, opened);
-        let mut creates = self.sandboxes.creates();
-        let (reserved, created) = futures::join!(reserve, creates.create_sandbox(item.create));
-        let created = created.map(tonic::Response::into_inner);
+        let made = async {
+            let sandbox = self
+                .sandboxes
+                .creates()
+                .create_sandbox(item.create)
+                .await?
+                .into_inner();
+            let health = self.health_check(&sandbox).await;
+            Ok::<_, tonic::Status>((sandbox, health))
+        };
+        let (reserved, made) = futures::join!(reserve, made);
         match reserved {
-            Some(Err(refusal)) => return self.refused(out, refusal, created).await,
+            Some(Err(refusal)) => {
+                return self.refused(out, refusal, made.map(|(s, _)| s)).await;
+            }
             Some(Ok(r)) => out.reservation_id = r.reservation_id,
             None => {}
         }
-        let sandbox = match created {
-            Ok(sandbox) => sandbox,
+        let (sandbox, health) = match made {
+            Ok(made) => made,
             Err(status) => {
                 let (ty, retryable) = sandboxes::error_type(&status);
                 let msg = status.message().to_owned();
                 return out.stop(step::CREATE, ty, msg, retryable);
             }
         };
-        self.health_check(out, sandbox).await
+        out.sandbox = Some(sandbox);
+        match health {
+            Health::Ready(at) => {
+                out.ready_unix_ms = at;
+                out
+            }
+            // Health is tried once (the seed's table).
+            Health::Not { error_type, detail } => out.stop(step::HEALTH, error_type, detail, false),
+        }
     }
 
     /// The fork's reserve, unless it holds a reservation from an earlier round.
@@ -216,31 +236,34 @@ impl WaveLocal {
     }
 
     /// The new sandbox's health check, asked of the replica that holds it.
-    async fn health_check(&self, mut out: ForkPrepared, sandbox: Sandbox) -> ForkPrepared {
+    async fn health_check(&self, sandbox: &Sandbox) -> Health {
         Context::current()
             .span()
             .set_attribute(KeyValue::new("forkyard.sandbox_id", sandbox.id.clone()));
         let check = HealthCheckRequest {
             sandbox_id: sandbox.id.clone(),
         };
-        let owner = self.sandboxes.owner_of(&sandbox.owner_endpoint);
-        out.sandbox = Some(sandbox);
-        let answer = match owner {
+        let answer = match self.sandboxes.owner_of(&sandbox.owner_endpoint) {
             Ok(mut client) => client.health_check(check).await,
-            Err(e) => return out.stop(step::HEALTH, errors::INVALID_INPUT, e, false),
+            Err(detail) => {
+                return Health::Not {
+                    error_type: errors::INVALID_INPUT,
+                    detail,
+                };
+            }
         };
         match answer {
             Ok(h) if h.get_ref().healthy => {
-                out.ready_unix_ms = forkyard_common::clock::unix_ms(Some(SystemTime::now()));
-                out
+                Health::Ready(forkyard_common::clock::unix_ms(Some(SystemTime::now())))
             }
-            Ok(h) => out.stop(step::HEALTH, "", h.into_inner().detail, false),
-            Err(status) => {
-                let (ty, _) = sandboxes::error_type(&status);
-                let msg = status.message().to_owned();
-                // Health is tried once (the seed's table).
-                out.stop(step::HEALTH, ty, msg, false)
-            }
+            Ok(h) => Health::Not {
+                error_type: "",
+                detail: h.into_inner().detail,
+            },
+            Err(status) => Health::Not {
+                error_type: sandboxes::error_type(&status).0,
+                detail: status.message().to_owned(),
+            },
         }
     }
 
@@ -265,6 +288,16 @@ impl WaveLocal {
 /// Whether the run's account is open, shared by the wave's forks (at once `Ok` when the
 /// wave does not open it).
 type Opened = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), String>>>;
+
+/// How a new sandbox's health check answered: healthy (when, the fork's
+/// `sandbox_ready_unix_ms`; the workflow's time would be the start of its task), or why not.
+enum Health {
+    Ready(i64),
+    Not {
+        error_type: &'static str,
+        detail: String,
+    },
+}
 
 /// What stopped a fork's reserve: the account not opened, or the reserve refused.
 enum Refusal {
