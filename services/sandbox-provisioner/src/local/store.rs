@@ -268,7 +268,7 @@ impl Store {
 /// that scan (100 creates: created p50 300–500 ms, 60–90 ms with the flag). Spread
 /// groups also mean parallel copies take different group locks. Filesystems without
 /// the flag (tmpfs, XFS) just say so; nothing else changes.
-fn spread_subdirectories(dir: &Path) {
+pub(crate) fn spread_subdirectories(dir: &Path) {
     use rustix::fs::{IFlags, ioctl_getflags, ioctl_setflags};
     let set = std::fs::File::open(dir).and_then(|f| {
         let flags = ioctl_getflags(&f)?;

@@ -298,8 +298,12 @@ fn make_copy(template: &Path, uids: Option<&Arc<SandboxUids>>) -> std::io::Resul
         .map_err(std::io::Error::other)?;
     let dir = template.join(DIR);
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        // Spread as the sandboxes' directories are (`store::spread_subdirectories`):
+        // a copy is made where the inodes of the sandboxes destroyed before it were
+        // freed, and packed into one group each new inode stepped over all of them.
+        Ok(()) => crate::local::store::spread_subdirectories(&dir),
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
-        _ => {}
+        Err(_) => {}
     }
     let name = uuid::Uuid::new_v4().simple().to_string();
     let (tmp, path) = (dir.join(format!("{name}.tmp")), dir.join(&name));
