@@ -255,7 +255,16 @@ impl Templates {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with(prefix) && name != key && !name.contains(".tmp-") {
                 self.warm.forget(&e.path());
-                let _ = crate::local::store::remove_all(&e.path());
+                // Out of the templates' names first, at once (a `.tmp-` name, swept at
+                // start-up): the warm copy thread may still be writing a copy into it,
+                // and a removal that failed midway left a template without its marker
+                // that nothing would ever remove.
+                let gone = self
+                    .root
+                    .join(format!("{name}.tmp-old-{}", uuid::Uuid::new_v4().simple()));
+                if std::fs::rename(e.path(), &gone).is_ok() {
+                    let _ = crate::local::store::remove_all(&gone);
+                }
             }
         }
         self.evict_in_the_background();
