@@ -198,22 +198,18 @@ impl Store {
     /// a create that never finished.
     pub fn save_new(&self, record: &Record) -> Result<()> {
         let path = self.dir(&record.id).join(RECORD);
-        let Ok(mut file) = std::fs::OpenOptions::new().write(true).open(&path) else {
-            return self.save(record);
-        };
-        let json = serde_json::to_vec_pretty(record)
-            .map_err(|e| ProvisionerError::internal("encode record", e))?;
-        std::io::Write::write_all(&mut file, &json)
-            .and_then(|()| file.set_len(json.len() as u64))
-            .map_err(|e| ProvisionerError::internal(&format!("write record {}", path.display()), e))
+        match write_in_place(&path, &encode(record)?) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.save(record),
+            done => done.map_err(|e| {
+                ProvisionerError::internal(&format!("write record {}", path.display()), e)
+            }),
+        }
     }
 
     pub fn save(&self, record: &Record) -> Result<()> {
         let dir = self.dir(&record.id);
-        let json = serde_json::to_vec_pretty(record)
-            .map_err(|e| ProvisionerError::internal("encode record", e))?;
         let tmp = dir.join(format!("{RECORD}.tmp"));
-        std::fs::write(&tmp, json)
+        std::fs::write(&tmp, encode(record)?)
             .and_then(|()| std::fs::rename(&tmp, dir.join(RECORD)))
             .map_err(|e| ProvisionerError::internal(&format!("write record {}", tmp.display()), e))
     }
@@ -257,6 +253,20 @@ impl Store {
             tracing::error!(sandbox_id = %id, error = %e, "cannot remove incomplete sandbox");
         }
     }
+}
+
+fn encode(record: &Record) -> Result<Vec<u8>> {
+    serde_json::to_vec_pretty(record).map_err(|e| ProvisionerError::internal("encode record", e))
+}
+
+/// Overwrite the existing file `path` with `content` without truncating it to nothing
+/// first (`NotFound` when there is none): ext4 writes a file truncated to zero out to
+/// the disk when it is closed (`auto_da_alloc`), a device round trip in every create.
+/// Cut to the new length once written instead.
+pub(crate) fn write_in_place(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
+    std::io::Write::write_all(&mut file, content)?;
+    file.set_len(content.len() as u64)
 }
 
 /// Mark `dir` as a top of directory hierarchies (`chattr +T`), so ext4 places each new

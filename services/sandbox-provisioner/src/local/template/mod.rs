@@ -144,17 +144,12 @@ pub(crate) struct Copied {
     pub(crate) uid: u32,
 }
 
-/// Overwrite `path` with `content` without truncating it to nothing first: ext4 writes a
-/// file truncated to zero out to the disk when it is closed (`auto_da_alloc`), a device
-/// round trip in every create. Cut to the new length once written instead.
+/// Overwrite `path` with `content` in place (`store::write_in_place`), or make it.
 fn rewrite(path: &Path, content: &[u8]) -> io::Result<()> {
-    use std::io::Write as _;
-    let mut f = match std::fs::OpenOptions::new().write(true).open(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return std::fs::write(path, content),
-        f => f?,
-    };
-    f.write_all(content)?;
-    f.set_len(content.len() as u64)
+    match crate::local::store::write_in_place(path, content) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => std::fs::write(path, content),
+        done => done,
+    }
 }
 
 impl Templates {

@@ -88,7 +88,7 @@ impl Drop for WarmCopy {
 pub(crate) struct Warm {
     shared: Arc<Shared>,
     /// Wakes the filler thread; `None` when warm copies are off.
-    wake: Option<Mutex<mpsc::Sender<()>>>,
+    wake: Option<mpsc::Sender<()>>,
     /// Cleared when a copy cannot be renamed into a sandbox's directory (another
     /// filesystem): every create copies from then on.
     usable: std::sync::atomic::AtomicBool,
@@ -147,7 +147,7 @@ impl Warm {
             .ok();
         Self {
             shared,
-            wake: started.map(|_| Mutex::new(tx)),
+            wake: started.map(|_| tx),
             usable,
         }
     }
@@ -168,7 +168,7 @@ impl Warm {
             trim(&mut pool.creates, now);
             pool.copies.pop()
         };
-        let _ = wake.lock().expect("warm wake lock").send(());
+        let _ = wake.send(());
         copy
     }
 
