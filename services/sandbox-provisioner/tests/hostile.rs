@@ -562,3 +562,69 @@ async fn a_sandbox_is_a_host_uid_of_its_own_and_never_root() {
     let c = f.create().await;
     assert_eq!(host_uids(&f, &c.id).await[0], ua);
 }
+
+/// Sandboxes of one repository share its git object files (linked from the template,
+/// read-only, the provisioner's): neither a sandbox nor a write on its behalf can change
+/// one, and the other sandboxes' repositories stay whole whatever one does to its own.
+#[tokio::test]
+async fn a_git_object_file_shared_between_sandboxes_cannot_be_changed_by_either() {
+    let f = fixture().await;
+    let a = f.create().await;
+    let b = f
+        .core
+        .create(f.request("team/x-fork-2"))
+        .await
+        .expect("create sandbox");
+    let out = f.sh(&a.id, "ls .git/objects/pack/*.pack").await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let pack = out.stdout.trim().to_owned();
+    let (ino_a, ino_b) = (
+        f.sh(&a.id, &format!("stat -c %i {pack}")).await.stdout,
+        f.sh(&b.id, &format!("stat -c %i {pack}")).await.stdout,
+    );
+    if ino_a != ino_b {
+        eprintln!("not root: sandboxes have no uids of their own, and nothing is shared");
+        return;
+    }
+    for script in [
+        format!("printf x >> {pack}"),
+        format!("chmod u+w {pack}"),
+        format!("truncate -s 0 {pack}"),
+    ] {
+        let out = f.sh(&a.id, &script).await;
+        assert_ne!(out.exit_code, 0, "{script} changed a shared object file");
+    }
+    let err = f
+        .core
+        .write_file(forkyard_proto::sandbox::v1::WriteFileRequest {
+            sandbox_id: a.id.clone(),
+            path: pack.clone(),
+            content: b"garbage".to_vec(),
+            mode: 0o644,
+        })
+        .await
+        .expect_err("a write on the sandbox's behalf");
+    let status = tonic::Status::from(err);
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    // Its own repository is the sandbox's to rewrite: a commit on its branch (under
+    // `team/`, a directory the create made), a repack that drops its link.
+    let out = f
+        .sh(
+            &b.id,
+            "echo mine > README.md && git -c user.name=a -c user.email=a@b commit -qam mine \
+             && git gc -q --prune=now && git fsck --no-progress",
+        )
+        .await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let out = f
+        .sh(&a.id, "git fsck --no-progress && git status --porcelain")
+        .await;
+    assert_eq!(
+        (out.exit_code, out.stdout.as_str()),
+        (0, ""),
+        "{}",
+        out.stderr
+    );
+    let out = f.sh(&a.id, &format!("stat -c %i {pack}")).await;
+    assert_eq!(out.stdout, ino_a, "sandbox a's object file is as it was");
+}

@@ -103,6 +103,14 @@ impl Provisioner {
             if !meta.is_file() {
                 return Err(ProvisionerError::invalid("path", "is not a regular file"));
             }
+            // A git object file shared read-only with the template's other copies
+            // (`template::copy`): the sandbox itself could not write it either.
+            if uid.is_some() && crate::local::template::is_shared(&meta) {
+                return Err(ProvisionerError::FailedPrecondition(format!(
+                    "cannot write {}: a git object file shared read-only between the sandboxes of this repository",
+                    req.path
+                )));
+            }
             // A file this call made is the sandbox's, as if its own command had written it.
             if let Some(uid) = uid {
                 rustix::fs::fchown(

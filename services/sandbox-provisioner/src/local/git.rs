@@ -138,6 +138,14 @@ pub async fn clone_detached(repo: &str, commit: &str, ws: &Path, timeout: Durati
     run(cmd, Duration::from_secs(60)).await?.map_err(|e| {
         ProvisionerError::RepoUnavailable(format!("{repo} has no commit {commit}: {e}"))
     })?;
+    // The default branch's loose ref into `packed-refs`: one file fewer in every copy.
+    let mut cmd = host_git();
+    cmd.arg("-C")
+        .arg(ws)
+        .args(["pack-refs", "--all", "--prune"]);
+    run(cmd, Duration::from_secs(60))
+        .await?
+        .map_err(|e| ProvisionerError::Internal(format!("pack the template's refs: {e}")))?;
     trim_template(&ws.join(".git")).map_err(|e| ProvisionerError::internal("prepare template", e))
 }
 

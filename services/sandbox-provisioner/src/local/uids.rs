@@ -87,8 +87,14 @@ pub fn chown_tree(root: &Path, uid: u32) -> std::io::Result<()> {
         for entry in std::fs::read_dir(&dir)? {
             let entry = entry?;
             let path = entry.path();
+            let kind = entry.file_type()?;
+            // A git object file shared with the template's other copies stays the
+            // provisioner's (`template::copy`): given to one uid, it could change all.
+            if kind.is_file() && crate::local::template::is_shared(&entry.metadata()?) {
+                continue;
+            }
             chown(&path, uid)?;
-            if entry.file_type()?.is_dir() {
+            if kind.is_dir() {
                 dirs.push(path);
             }
         }
@@ -100,6 +106,11 @@ pub fn chown_tree(root: &Path, uid: u32) -> std::io::Result<()> {
 /// uids through).
 pub fn give_workspace(ws: &Path, uid: u32) -> std::io::Result<()> {
     chown_tree(ws, uid)?;
+    owner_only(ws)
+}
+
+/// A workspace given to its uid is readable by it alone.
+pub fn owner_only(ws: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(ws, std::fs::Permissions::from_mode(0o700))
 }
 

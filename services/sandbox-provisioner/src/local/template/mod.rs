@@ -1,9 +1,10 @@
 //! Workspace templates: the fast path of create. Cloning costs git processes per
 //! sandbox (measured: docs/performance.md); instead, one clone per (repository, commit)
 //! is made once under `<state>/templates/` and each new workspace is a plain file copy
-//! of it with the new branch written into `.git` (refs and HEAD are files). The copy is
-//! a full copy (no hard links, no alternates): a sandbox can change every file of its
-//! workspace, `.git/objects` included, without touching the template or another sandbox.
+//! of it with the new branch written into `.git` (refs and HEAD are files). A sandbox can
+//! change every file of its workspace without touching the template or another sandbox:
+//! all are copies but git's object files, which with a uid per sandbox are shared
+//! read-only ([`copy`]; git never changes one, it writes new ones).
 //!
 //! Only local repositories whose `base_ref` can be read from their ref files without
 //! running anything (HEAD, a branch, a full commit id) take this path; URLs and
@@ -19,15 +20,19 @@ use forkyard_common::git_refs::read_ref;
 use std::{
     collections::HashMap,
     io,
-    os::unix::fs::{DirBuilderExt, PermissionsExt},
+    os::unix::fs::DirBuilderExt,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
 
+mod copy;
 mod evict;
 mod settle;
 mod warm;
+
+use copy::copy_tree;
+pub(crate) use copy::is_shared;
 
 pub use warm::WarmBounds;
 pub(crate) use warm::WarmCopy;
@@ -72,28 +77,6 @@ fn key(repo: &str, commit: &str) -> String {
     format!("{h:016x}-{commit}")
 }
 
-/// Copy a directory tree: files (with their mode), directories and symlinks as links;
-/// files and links keep their mtime (see [`settle`]).
-pub(crate) fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
-    let mode = std::fs::symlink_metadata(from)?.permissions().mode();
-    std::fs::DirBuilder::new().mode(mode & 0o7777).create(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let (src, dst) = (entry.path(), to.join(entry.file_name()));
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            copy_tree(&src, &dst)?;
-        } else if kind.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
-            settle::preserve_times(&dst, &entry.metadata()?)?;
-        } else if kind.is_file() {
-            std::fs::copy(&src, &dst)?;
-            settle::preserve_times(&dst, &entry.metadata()?)?;
-        }
-    }
-    Ok(())
-}
-
 /// Give the template worktree `ws` its files' own mtimes and record them in its index
 /// ([`settle`]).
 async fn settle(ws: &Path) -> Result<()> {
@@ -102,8 +85,9 @@ async fn settle(ws: &Path) -> Result<()> {
 }
 
 /// Start `branch` at `commit` in a copied workspace: what `git checkout -b` writes
-/// (the reflog aside).
-fn start_branch(ws: &Path, branch: &str, commit: &str) -> Result<()> {
+/// (the reflog aside). What it makes (the ref, directories of a branch like `team/x`)
+/// is given to `uid`, or git in the sandbox could not update its own branch.
+fn start_branch(ws: &Path, branch: &str, commit: &str, uid: Option<u32>) -> Result<()> {
     let git = ws.join(".git");
     let refs = git.join("refs/heads");
     if read_ref(&git, &format!("refs/heads/{branch}"), 0).is_some() {
@@ -113,8 +97,18 @@ fn start_branch(ws: &Path, branch: &str, commit: &str) -> Result<()> {
     }
     let file = refs.join(branch);
     let write = || -> io::Result<()> {
-        if let Some(parent) = file.parent() {
-            std::fs::create_dir_all(parent)?;
+        let mut dir = refs.clone();
+        for part in Path::new(branch)
+            .parent()
+            .into_iter()
+            .flat_map(Path::components)
+        {
+            dir.push(part);
+            match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
+                Ok(()) => give(&dir, uid)?,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
         }
         // A warm copy's empty ref file, made ahead, becomes the branch's.
         let made_ahead = refs.join(warm::BRANCH_FILE);
@@ -125,6 +119,7 @@ fn start_branch(ws: &Path, branch: &str, commit: &str) -> Result<()> {
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 std::fs::write(&file, format!("{commit}\n"))?;
+                give(&file, uid)?;
             }
             Err(e) => return Err(e),
         }
@@ -134,6 +129,10 @@ fn start_branch(ws: &Path, branch: &str, commit: &str) -> Result<()> {
         )
     };
     write().map_err(|e| ProvisionerError::internal("start branch", e))
+}
+
+fn give(path: &Path, uid: Option<u32>) -> io::Result<()> {
+    uid.map_or(Ok(()), |uid| crate::local::uids::chown(path, uid))
 }
 
 /// A template's copy in a new workspace.
@@ -306,21 +305,32 @@ impl Templates {
         placed: Option<WarmCopy>,
     ) -> Result<Copied> {
         let (ws, branch, commit) = (ws.to_path_buf(), branch.to_owned(), commit.to_owned());
+        // The sandbox's uid, claimed before its files are made: each is given to it as
+        // it is made, not in a second walk of the copy.
+        let made_ahead = placed.is_some();
+        let held = match placed {
+            Some(w) => w,
+            None => WarmCopy::holding_uid(ws.clone(), self.warm.uids())?,
+        };
         tokio::task::spawn_blocking(move || {
-            if placed.is_none() {
-                copy_tree(&dir.join("workspace"), &ws)
+            let uid = held.uid();
+            if !made_ahead {
+                copy_tree(&dir.join("workspace"), &ws, uid)
+                    .and_then(|()| match uid {
+                        Some(_) => crate::local::uids::owner_only(&ws),
+                        None => Ok(()),
+                    })
                     .map_err(|e| ProvisionerError::internal("copy template", e))?;
             }
-            start_branch(&ws, &branch, &commit)?;
-            Ok(match placed {
-                Some(w) => {
-                    let (index, uid) = w.keep_uid();
-                    Copied { index, uid }
-                }
-                None => Copied {
-                    index: crate::local::git_index::checksum_of(&ws).unwrap_or_default(),
-                    uid: 0,
+            start_branch(&ws, &branch, &commit, uid)?;
+            let (index, uid) = held.keep_uid();
+            Ok(Copied {
+                index: if made_ahead {
+                    index
+                } else {
+                    crate::local::git_index::checksum_of(&ws).unwrap_or_default()
                 },
+                uid,
             })
         })
         .await
@@ -348,3 +358,6 @@ mod tests;
 
 #[cfg(test)]
 mod warm_tests;
+
+#[cfg(test)]
+mod copy_tests;

@@ -2,7 +2,7 @@
 
 use super::*;
 use forkyard_common::git_refs::local_commit;
-use std::process::Command;
+use std::{os::unix::fs::PermissionsExt, process::Command};
 
 pub(super) fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")

@@ -68,6 +68,29 @@ pub(crate) struct WarmCopy {
 }
 
 impl WarmCopy {
+    /// No copy made ahead: a sandbox uid claimed now (when the replica hands uids out)
+    /// for the copy about to be made at `path`, given back if it is dropped.
+    pub(crate) fn holding_uid(
+        path: PathBuf,
+        uids: Option<&Arc<SandboxUids>>,
+    ) -> crate::error::Result<Self> {
+        let uid = match uids {
+            Some(u) => u.claim()?,
+            None => 0,
+        };
+        Ok(Self {
+            path,
+            index: String::new(),
+            uid,
+            uids: uids.cloned(),
+        })
+    }
+
+    /// The sandbox uid its files are given to, if any.
+    pub(crate) fn uid(&self) -> Option<u32> {
+        (self.uid != 0).then_some(self.uid)
+    }
+
     /// Its sandbox uid (0: none), now the sandbox's to give back.
     pub(crate) fn keep_uid(mut self) -> (String, u32) {
         self.uids = None;
@@ -123,6 +146,11 @@ enum Job {
 }
 
 impl Warm {
+    /// The replica's sandbox uids, when it hands them out.
+    pub(crate) fn uids(&self) -> Option<&Arc<SandboxUids>> {
+        self.shared.uids.as_ref()
+    }
+
     /// Warm copies within `bounds`, made by a thread of their own (none when off).
     pub(crate) fn start(bounds: WarmBounds, uids: Option<Arc<SandboxUids>>) -> Self {
         let shared = Arc::new(Shared {
@@ -290,9 +318,10 @@ impl Shared {
 }
 
 /// Copy `template`'s workspace into its `warm/` directory: under a `.tmp` name first, so
-/// a half-made copy is never taken (and is swept at start-up with the rest).
+/// a half-made copy is never taken (and is swept at start-up with the rest). With the
+/// bytes it takes on the disk.
 fn make_copy(template: &Path, uids: Option<&Arc<SandboxUids>>) -> std::io::Result<(WarmCopy, u64)> {
-    let bytes = std::fs::read_to_string(template.join(super::BYTES))?
+    let bytes: u64 = std::fs::read_to_string(template.join(super::BYTES))?
         .trim()
         .parse()
         .map_err(std::io::Error::other)?;
@@ -318,8 +347,10 @@ fn make_copy(template: &Path, uids: Option<&Arc<SandboxUids>>) -> std::io::Resul
         let _ = crate::local::store::remove_all(&tmp);
         return Err(e);
     }
+    // What the copy shares with its template takes no disk of its own.
+    let shared = super::copy::shared_bytes(&path.join(crate::local::store::WORKSPACE));
     copy.path = path;
-    Ok((copy, bytes))
+    Ok((copy, bytes.saturating_sub(shared)))
 }
 
 /// A sandbox's directory as a create makes it, at `dir`: the template's workspace, and
@@ -332,14 +363,22 @@ fn skeleton(template: &Path, dir: &Path, copy: &mut WarmCopy) -> std::io::Result
         .mode(crate::local::provisioner::sandbox_dir_mode(own_uids))
         .create(dir)?;
     let ws = dir.join(crate::local::store::WORKSPACE);
-    copy_tree(&template.join("workspace"), &ws)?;
-    copy.index = crate::local::git_index::checksum_of(&ws)
-        .ok_or_else(|| std::io::Error::other("the copy has no readable index"))?;
-    std::fs::File::create_new(ws.join(".git/refs/heads").join(BRANCH_FILE))?;
-    std::fs::File::create_new(dir.join(crate::local::store::RECORD))?;
     if let Some(uids) = &copy.uids {
         copy.uid = uids.claim().map_err(std::io::Error::other)?;
-        crate::local::uids::give_workspace(&ws, copy.uid)?;
+    }
+    let uid = copy.uid();
+    copy_tree(&template.join("workspace"), &ws, uid)?;
+    copy.index = crate::local::git_index::checksum_of(&ws)
+        .ok_or_else(|| std::io::Error::other("the copy has no readable index"))?;
+    let branch = std::fs::File::create_new(ws.join(".git/refs/heads").join(BRANCH_FILE))?;
+    std::fs::File::create_new(dir.join(crate::local::store::RECORD))?;
+    if let Some(uid) = uid {
+        rustix::fs::fchown(
+            &branch,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(uid)),
+        )?;
+        crate::local::uids::owner_only(&ws)?;
     }
     Ok(())
 }
