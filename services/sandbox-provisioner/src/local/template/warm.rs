@@ -119,6 +119,8 @@ pub(crate) struct Warm {
 
 struct Shared {
     pools: Mutex<HashMap<PathBuf, Pool>>,
+    /// Copies no template has any more, whose files are still to be removed.
+    dropped: Mutex<Vec<WarmCopy>>,
     bounds: WarmBounds,
     uids: Option<Arc<SandboxUids>>,
 }
@@ -155,6 +157,7 @@ impl Warm {
     pub(crate) fn start(bounds: WarmBounds, uids: Option<Arc<SandboxUids>>) -> Self {
         let shared = Arc::new(Shared {
             pools: Mutex::default(),
+            dropped: Mutex::default(),
             bounds,
             uids,
         });
@@ -208,7 +211,19 @@ impl Warm {
             tracing::warn!(error = %error, "warm copies cannot be renamed into sandboxes (another filesystem); every create copies its template");
             self.usable
                 .store(false, std::sync::atomic::Ordering::Relaxed);
-            self.shared.pools.lock().expect("warm lock").clear();
+            // Their files too, by the copying thread (a create waits on this one).
+            let copies: Vec<WarmCopy> = {
+                let mut pools = self.shared.pools.lock().expect("warm lock");
+                pools.drain().flat_map(|(_, p)| p.copies).collect()
+            };
+            self.shared
+                .dropped
+                .lock()
+                .expect("warm lock")
+                .extend(copies);
+            if let Some(wake) = &self.wake {
+                let _ = wake.send(());
+            }
         } else {
             tracing::debug!(copy = %copy.path.display(), error = %error, "warm copy not usable; copying the template");
         }
@@ -266,6 +281,10 @@ impl Shared {
 
     /// Idle templates' copies to drop first, then a copy some template lacks.
     fn next_job(&self, now: Instant) -> Option<Job> {
+        let dropped = std::mem::take(&mut *self.dropped.lock().expect("warm lock"));
+        if !dropped.is_empty() {
+            return Some(Job::Drop(dropped));
+        }
         let mut pools = self.pools.lock().expect("warm lock");
         let idle = pools
             .iter()

@@ -227,3 +227,54 @@ async fn with_warm_copies_off_every_create_copies_and_nothing_is_kept() {
     let dir = t.ensure(path, &commit, TIMEOUT).await.unwrap();
     assert!(warm_names(&dir).is_empty());
 }
+
+/// Sandboxes on another filesystem than the templates (here tmpfs): a copy cannot be
+/// renamed into one, so copies stop, and those already made are removed from the disk.
+#[tokio::test]
+async fn copies_that_cannot_be_renamed_into_sandboxes_go_and_no_more_are_made() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Ok(other) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("no /dev/shm here: no second filesystem to test with");
+        return;
+    };
+    let dev = |p: &Path| std::fs::metadata(p).unwrap().dev();
+    if dev(other.path()) == dev(tmp.path()) {
+        eprintln!("/dev/shm is on the temp dir's filesystem: no second filesystem to test with");
+        return;
+    }
+    let r = repo(tmp.path());
+    let path = r.to_str().unwrap();
+    let commit = local_commit(path, "").unwrap();
+    let t = Templates::open(tmp.path().join("templates"), 0)
+        .unwrap()
+        .with_warm(
+            WarmBounds {
+                copies: 3,
+                bytes: 1 << 30,
+            },
+            None,
+        );
+    let dir = t.ensure(path, &commit, TIMEOUT).await.unwrap();
+    for n in 0..3 {
+        create(
+            &t,
+            &dir,
+            &tmp.path().join(format!("s{n}")),
+            &format!("fork-{n}"),
+            &commit,
+        )
+        .await;
+    }
+    eventually("three warm copies", || warm_names(&dir).len() == 3);
+
+    let (ws, _) = create(&t, &dir, &other.path().join("s"), "fork-x", &commit).await;
+    assert_eq!(git(&ws, &["rev-parse", "--abbrev-ref", "HEAD"]), "fork-x");
+    eventually("the copies removed", || warm_names(&dir).is_empty());
+    assert_eq!(t.warm.ready(), 0);
+    for n in 0..3 {
+        let sbx = other.path().join(format!("o{n}"));
+        create(&t, &dir, &sbx, &format!("fork-o{n}"), &commit).await;
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(warm_names(&dir).is_empty(), "{:?}", warm_names(&dir));
+}
