@@ -117,6 +117,8 @@ pub async fn run_to_end(
 
 /// Processes still running inside a sandbox of this mesh: every sandboxed command has
 /// `FORKYARD_SANDBOX_ID` in its environment, and bwrap itself names the sandboxes dir.
+/// Any sandbox's process on the host counts (a leak is a leak), so each is named with
+/// what tells whose it is: its sandbox, its cgroup, how long it has run.
 pub fn sandbox_processes(state: &Path) -> Vec<String> {
     let dir = state.join("sandboxes").to_string_lossy().into_owned();
     let mut found = Vec::new();
@@ -124,11 +126,38 @@ pub fn sandbox_processes(state: &Path) -> Vec<String> {
         let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains(&dir) || String::from_utf8_lossy(&env).contains("FORKYARD_SANDBOX_ID=") {
-            found.push(format!("{}: {cmd}", entry.file_name().to_string_lossy()));
+        let sandbox = env
+            .split(|b| *b == 0)
+            .find_map(|v| v.strip_prefix(b"FORKYARD_SANDBOX_ID="))
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        if cmd.contains(&dir) || sandbox.is_some() {
+            let cgroup = std::fs::read_to_string(entry.path().join("cgroup")).unwrap_or_default();
+            found.push(format!(
+                "{}: {cmd} (sandbox {}, cgroup {}, running {})",
+                entry.file_name().to_string_lossy(),
+                sandbox.as_deref().unwrap_or("?"),
+                cgroup.trim(),
+                age(&entry.path()).map_or("?".into(), |s| format!("{s:.1} s")),
+            ));
         }
     }
     found
+}
+
+/// How long the process at `/proc/<pid>` has run, in seconds.
+fn age(proc_dir: &Path) -> Option<f64> {
+    // Field 22 of `stat`, after the command's parenthesised name: the start time in clock
+    // ticks since boot (100 a second on Linux).
+    let stat = std::fs::read_to_string(proc_dir.join("stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    let start: f64 = after_name.split(' ').nth(19)?.parse().ok()?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()?;
+    Some(uptime - start / 100.0)
 }
 
 /// What `left` still finds, once it finds nothing or after 10 s: destroys remove their
