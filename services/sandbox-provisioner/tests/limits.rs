@@ -169,11 +169,13 @@ async fn a_sandbox_counts_its_cpu_and_memory_time_and_prices_them() {
         (before.cpu_ms, before.memory_mib_seconds, before.cost_micros),
         (0, 0, 0)
     );
-    // About two seconds of one core, holding a few MiB.
+    // Two seconds of the shell's own CPU (user + system ticks from its `stat`, read with
+    // builtins only), holding a few MiB: CPU time, not wall time, so a loaded machine
+    // only makes it take longer.
     let out = f
         .sh(
             &sbx.id,
-            "x=$(head -c 8000000 /dev/zero | tr '\\0' a); end=$(($(date +%s)+3)); while [ $(date +%s) -lt $end ]; do :; done; echo ${#x}",
+            "x=$(head -c 8000000 /dev/zero | tr '\\0' a); while read -r s < /proc/$$/stat; set -- $s; [ $((${14} + ${15})) -lt 200 ]; do :; done; echo ${#x}",
         )
         .await;
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
