@@ -59,7 +59,13 @@ impl Provisioner {
                         uid: copied.uid,
                     });
                 }
-                Err(e @ ProvisionerError::FailedPrecondition(_)) => return Err(e),
+                // A refused branch, or no sandbox uid free: a clone would end the same.
+                Err(
+                    e
+                    @ (ProvisionerError::FailedPrecondition(_) | ProvisionerError::Unavailable(_)),
+                ) => {
+                    return Err(e);
+                }
                 Err(e) => {
                     tracing::warn!(repo = %req.repo, error = %e, "workspace template copy failed; cloning instead");
                     let _ = store::remove_all(ws);

@@ -122,7 +122,8 @@ fn copy_file(from: &Path, to: &Path, meta: &fs::Metadata, uid: Option<u32>) -> i
             Some(rustix::fs::Gid::from_raw(uid)),
         )?;
     }
-    // After the chown, which clears set-id bits.
-    dst.set_permissions(fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+    // After the chown (which would clear them anyway): no set-id bit on a file of the
+    // sandbox's (git checks out 0644 and 0755 only).
+    dst.set_permissions(fs::Permissions::from_mode(meta.mode() & 0o1777))?;
     dst.set_modified(meta.modified()?)
 }

@@ -140,14 +140,27 @@ async fn workspaces_are_independent_copies_on_their_branch() {
         .unwrap();
     git(&c, &["fsck", "--no-progress"]);
 
-    // A branch that exists already is refused, as `git checkout -b` would.
-    let err = t
-        .workspace(path, &commit, "main", &tmp.path().join("d"), timeout)
-        .await;
-    assert!(
-        matches!(err, Err(ProvisionerError::FailedPrecondition(_))),
-        "{err:?}"
-    );
+    // A branch that exists already is refused, as `git checkout -b` would; so is one
+    // under an existing branch (packed in the template), and one over existing branches.
+    for (n, taken) in ["main", "main/x", "origin"].into_iter().enumerate() {
+        let ws = tmp.path().join(format!("d{n}"));
+        if taken == "origin" {
+            t.workspace(path, &commit, "origin/a", &ws, timeout)
+                .await
+                .unwrap();
+            let err = start_branch(&ws, "origin", &commit, None);
+            assert!(
+                matches!(&err, Err(ProvisionerError::FailedPrecondition(m)) if m.contains("refs/heads/origin/")),
+                "{err:?}"
+            );
+            continue;
+        }
+        let err = t.workspace(path, &commit, taken, &ws, timeout).await;
+        assert!(
+            matches!(&err, Err(ProvisionerError::FailedPrecondition(m)) if m.contains("'main") || m.contains("'refs/heads/main'")),
+            "{taken}: {err:?}"
+        );
+    }
 
     // A new commit makes a new template; the old one goes.
     std::fs::write(r.join("README.md"), "two\n").unwrap();
