@@ -113,12 +113,7 @@ impl Provisioner {
             }
             // A file this call made is the sandbox's, as if its own command had written it.
             if let Some(uid) = uid {
-                rustix::fs::fchown(
-                    &file,
-                    Some(rustix::fs::Uid::from_raw(uid)),
-                    Some(rustix::fs::Gid::from_raw(uid)),
-                )
-                .map_err(|e| ProvisionerError::internal("give the file to the sandbox", e))?;
+                crate::local::uids::give_file(&file, uid).map_err(|e| ProvisionerError::internal("give the file to the sandbox", e))?;
             }
             file.set_len(0)
                 .map_err(|e| ProvisionerError::internal("truncate", e))?;

@@ -114,6 +114,16 @@ pub fn owner_only(ws: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(ws, std::fs::Permissions::from_mode(0o700))
 }
 
+/// Give the open file `file` to `uid` (one made for the sandbox, never another by path).
+pub fn give_file(file: &impl std::os::fd::AsFd, uid: u32) -> std::io::Result<()> {
+    rustix::fs::fchown(
+        file,
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(uid)),
+    )?;
+    Ok(())
+}
+
 /// Give one file (a socket, a file written for a caller) to `uid`; a symlink itself,
 /// never what it points at.
 pub fn chown(path: &Path, uid: u32) -> std::io::Result<()> {

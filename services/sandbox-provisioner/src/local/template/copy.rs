@@ -24,8 +24,18 @@ use std::{
 /// symlinks as links; files and links keep their mtime (see [`super::settle`]). With
 /// `uid`, everything made is given to it at once and git's read-only object files are
 /// shared (see the module).
-pub(crate) fn copy_tree(from: &Path, to: &Path, uid: Option<u32>) -> io::Result<()> {
+fn copy_tree(from: &Path, to: &Path, uid: Option<u32>) -> io::Result<()> {
     copy_dir(from, to, uid, Part::Worktree)
+}
+
+/// A template's workspace `from` copied as a sandbox's workspace `to` ([`copy_tree`]);
+/// given to `uid`, readable by it alone.
+pub(crate) fn copy_workspace(from: &Path, to: &Path, uid: Option<u32>) -> io::Result<()> {
+    copy_tree(from, to, uid)?;
+    match uid {
+        Some(_) => crate::local::uids::owner_only(to),
+        None => Ok(()),
+    }
 }
 
 /// Where in a workspace a directory is: only `.git/objects` holds files that are shared.
@@ -116,11 +126,7 @@ fn copy_file(from: &Path, to: &Path, meta: &fs::Metadata, uid: Option<u32>) -> i
         .open(to)?;
     io::copy(&mut src, &mut dst)?;
     if let Some(uid) = uid {
-        rustix::fs::fchown(
-            &dst,
-            Some(rustix::fs::Uid::from_raw(uid)),
-            Some(rustix::fs::Gid::from_raw(uid)),
-        )?;
+        crate::local::uids::give_file(&dst, uid)?;
     }
     // After the chown (which would clear them anyway): no set-id bit on a file of the
     // sandbox's (git checks out 0644 and 0755 only).

@@ -31,7 +31,7 @@ mod evict;
 mod settle;
 mod warm;
 
-use copy::copy_tree;
+use copy::copy_workspace;
 pub(crate) use copy::is_shared;
 
 pub use warm::WarmBounds;
@@ -333,11 +333,7 @@ impl Templates {
         tokio::task::spawn_blocking(move || {
             let uid = held.uid();
             if !made_ahead {
-                copy_tree(&dir.join("workspace"), &ws, uid)
-                    .and_then(|()| match uid {
-                        Some(_) => crate::local::uids::owner_only(&ws),
-                        None => Ok(()),
-                    })
+                copy_workspace(&dir.join("workspace"), &ws, uid)
                     .map_err(|e| ProvisionerError::internal("copy template", e))?;
             }
             start_branch(&ws, &branch, &commit, uid)?;

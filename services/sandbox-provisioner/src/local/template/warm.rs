@@ -18,7 +18,7 @@
 //! template it was made from (a template is one commit of one repository), and never
 //! after a sandbox used it (copies are made from the template and never given back).
 
-use super::copy_tree;
+use super::copy::copy_workspace;
 use crate::local::uids::SandboxUids;
 use std::{
     collections::{HashMap, VecDeque},
@@ -386,18 +386,13 @@ fn skeleton(template: &Path, dir: &Path, copy: &mut WarmCopy) -> std::io::Result
         copy.uid = uids.claim().map_err(std::io::Error::other)?;
     }
     let uid = copy.uid();
-    copy_tree(&template.join("workspace"), &ws, uid)?;
+    copy_workspace(&template.join("workspace"), &ws, uid)?;
     copy.index = crate::local::git_index::checksum_of(&ws)
         .ok_or_else(|| std::io::Error::other("the copy has no readable index"))?;
     let branch = std::fs::File::create_new(ws.join(".git/refs/heads").join(BRANCH_FILE))?;
     std::fs::File::create_new(dir.join(crate::local::store::RECORD))?;
     if let Some(uid) = uid {
-        rustix::fs::fchown(
-            &branch,
-            Some(rustix::fs::Uid::from_raw(uid)),
-            Some(rustix::fs::Gid::from_raw(uid)),
-        )?;
-        crate::local::uids::owner_only(&ws)?;
+        crate::local::uids::give_file(&branch, uid)?;
     }
     Ok(())
 }
