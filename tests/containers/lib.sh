@@ -42,26 +42,29 @@ wait_serving() {
     port=$(echo "$PORTS" | tr ' ' '\n' | sed -n "s/^$svc=//p")
     until n=$(containers "$svc" | wc -l); [ "$n" -ge "$want" ]; do
       [ $SECONDS -lt $deadline ] || { fail "$svc: $n of $want replicas running"; show_service "$svc"; return 1; }
-      start_left_created "$svc"
+      start_left_created
       sleep 1
     done
     for c in $(containers "$svc"); do
       until grpc "$(ip_of "$c"):$port" grpc.health.v1.Health/Check 2>/dev/null | grep -q '"SERVING"'; do
         [ $SECONDS -lt $deadline ] || { fail "$c never SERVING"; show_service "$svc"; return 1; }
+        start_left_created
         sleep 1
       done
     done
   done
 }
 
-# Compose once exited 0 from `up -d` with both gateway replicas created and never
-# started (CI, compose 2.40; the dependency, Temporal, was healthy by then). A container
-# still only created 20 s after compose was done is started here, saying so; if the
-# engine refuses, its error is printed and the replica count check fails as before.
+# Compose has exited 0 from `up -d` with replicas created and never started (CI, compose
+# 2.40; their dependency, Temporal, was healthy by then): once both gateways, once every
+# service, so a gateway waited on could never see its peers. Any container of the stack
+# still only created 20 s after compose was done is started here, whichever service is
+# being waited on, saying so; if the engine refuses, its error is printed and the checks
+# fail as before.
 start_left_created() {
   local c
   [ $((SECONDS - ${stack_up_at:-0})) -ge 20 ] || return 0
-  for c in $("${C[@]}" ps -a -q --status created "$1" 2>/dev/null); do
+  for c in $("${C[@]}" ps -a -q --status created 2>/dev/null); do
     echo "note: $(docker inspect -f '{{.Name}}' "$c" | sed 's#^/##') was left created, not started, by compose; starting it"
     docker start "$c" >/dev/null || true
   done
