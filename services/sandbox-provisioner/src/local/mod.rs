@@ -18,6 +18,7 @@ pub mod egress;
 mod enter;
 mod entry;
 mod exec;
+mod fd_walk;
 mod files;
 mod forwarder_kit;
 mod git;

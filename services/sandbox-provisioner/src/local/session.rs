@@ -79,7 +79,13 @@ impl Provisioner {
         }
         // The sandbox's bubblewrap holds the old workspace's directory, not its path:
         // what is left in the sandbox goes with it, the next command starts a new one.
+        // Everything it left running is killed and waited for before the old workspace
+        // is removed: a live process could swap its directories under the removal.
         entry.end_init();
+        if let Some(cg) = self.cgroups.clone() {
+            let id = req.sandbox_id.clone();
+            let _ = tokio::task::spawn_blocking(move || cg.kill_all(&id)).await;
+        }
         let dir = self.store.dir(&req.sandbox_id);
         let snaps = self.snapshots.clone();
         let id = req.snapshot_id.clone();

@@ -383,17 +383,21 @@ pub fn disk_usage_over(path: &Path, limit: u64) -> Option<u64> {
     None
 }
 
+/// Every directory under `dir` owner-writable and searchable, by descriptor: a sandbox
+/// process still alive can swap a directory for a symlink mid-walk, and a path-based
+/// `chmod` would follow it to whatever it names (as root: anything on the host, or a git
+/// object file shared with other sandboxes). Best effort: the removal's retry says what
+/// is left.
 fn make_writable(dir: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        // file_type() does not follow symlinks: never chmod outside the tree.
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            make_writable(&entry.path());
+    let walked = super::fd_walk::walk(dir, |entry| {
+        if !entry.is_dir() {
+            return Ok(false);
         }
+        let _ = entry.chmod(0o700);
+        Ok(true)
+    });
+    if let Err(e) = walked {
+        tracing::debug!(dir = %dir.display(), error = %e, "cannot make every directory writable");
     }
 }
 
@@ -412,6 +416,30 @@ mod tests {
         remove_all(&tmp.path().join("a")).unwrap();
         assert!(!tmp.path().join("a").exists());
         remove_all(&tmp.path().join("a")).unwrap();
+    }
+
+    /// The state a live sandbox process can make mid-walk: a directory the walk is about
+    /// to make writable swapped for a symlink to a directory it must never change.
+    #[test]
+    fn making_a_tree_writable_never_changes_what_a_swapped_in_symlink_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(outside.join("inner")).unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let swapped = tmp.path().join("tree/a");
+        std::fs::create_dir_all(tmp.path().join("tree")).unwrap();
+        std::os::unix::fs::symlink(&outside, &swapped).unwrap();
+        let locked = tmp.path().join("tree/b");
+        std::fs::create_dir(&locked).unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+
+        make_writable(&swapped);
+        make_writable(&tmp.path().join("tree"));
+
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&outside), 0o555);
+        assert_eq!(mode(&outside.join("inner")), 0o755);
+        assert_eq!(mode(&locked), 0o700);
     }
 
     /// Where the filesystem keeps inode flags (ext2/3/4, this machine's disk), the

@@ -81,25 +81,17 @@ impl SandboxUids {
 /// Give `root` and everything under it to `uid` (symlinks themselves, never what they
 /// point at).
 pub fn chown_tree(root: &Path, uid: u32) -> std::io::Result<()> {
-    chown(root, uid)?;
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir)? {
-            let entry = entry?;
-            let path = entry.path();
-            let kind = entry.file_type()?;
-            // A git object file shared with the template's other copies stays the
-            // provisioner's (`template::copy`): given to one uid, it could change all.
-            if kind.is_file() && crate::local::template::is_shared(&entry.metadata()?) {
-                continue;
-            }
-            chown(&path, uid)?;
-            if kind.is_dir() {
-                dirs.push(path);
-            }
+    // By descriptor (`fd_walk`): what is checked as shared is what is left alone, and a
+    // directory swapped for a symlink is given (the link itself), never walked through.
+    super::fd_walk::walk(root, |entry| {
+        // A git object file shared with the template's other copies stays the
+        // provisioner's (`template::copy`): given to one uid, it could change all.
+        if entry.is_file() && crate::local::template::is_shared_stat(entry.stat) {
+            return Ok(false);
         }
-    }
-    Ok(())
+        entry.chown(uid)?;
+        Ok(true)
+    })
 }
 
 /// Give a workspace to `uid`, readable by it alone (its directory's parents let other

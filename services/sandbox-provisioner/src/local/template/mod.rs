@@ -32,7 +32,7 @@ mod settle;
 mod warm;
 
 use copy::copy_workspace;
-pub(crate) use copy::is_shared;
+pub(crate) use copy::{is_shared, is_shared_stat};
 
 pub use warm::WarmBounds;
 pub(crate) use warm::WarmCopy;

@@ -1,0 +1,191 @@
+//! Walking a tree a sandbox had, by descriptor: what is checked is what is changed.
+//!
+//! A sandbox's processes may still run while the host changes its workspace (a destroy
+//! that goes on after its wait, a hydrate), and a path checked as a directory can be a
+//! symlink to anywhere by the time it is used. So every entry is pinned first (`O_PATH`
+//! with `O_NOFOLLOW`: a symlink pins the symlink itself), examined and changed through
+//! that descriptor, and only a pinned directory is descended into, opened from its own
+//! descriptor. No path below the root is ever resolved again.
+
+use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, Stat, fstat, openat};
+use std::{
+    io,
+    os::fd::{AsFd, AsRawFd, OwnedFd},
+    path::Path,
+};
+
+/// Deeper trees are refused: one descriptor is open a level, and a hostile sandbox can
+/// nest directories far beyond any repository's.
+pub(crate) const MAX_DEPTH: usize = 512;
+
+/// One entry of the tree (the root included), pinned.
+pub(crate) struct Pinned<'a> {
+    /// An `O_PATH` descriptor of the entry itself (never a symlink's target).
+    pub fd: &'a OwnedFd,
+    pub stat: &'a Stat,
+}
+
+impl Pinned<'_> {
+    pub fn is_dir(&self) -> bool {
+        FileType::from_raw_mode(self.stat.st_mode) == FileType::Directory
+    }
+
+    pub fn is_file(&self) -> bool {
+        FileType::from_raw_mode(self.stat.st_mode) == FileType::RegularFile
+    }
+
+    /// `chmod` the pinned inode. `fchmod` does not take an `O_PATH` descriptor, and
+    /// `fchmodat` cannot refuse a symlink on Linux; the descriptor's `/proc` link
+    /// reaches the pinned inode whatever was renamed or swapped in since.
+    pub fn chmod(&self, mode: u32) -> io::Result<()> {
+        let link = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
+        rustix::fs::chmod(link.as_str(), Mode::from_raw_mode(mode))?;
+        Ok(())
+    }
+
+    /// `chown` the pinned inode (a symlink itself, when it is one).
+    pub fn chown(&self, uid: u32) -> io::Result<()> {
+        rustix::fs::chownat(
+            self.fd,
+            c"",
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(uid)),
+            AtFlags::EMPTY_PATH,
+        )?;
+        Ok(())
+    }
+}
+
+/// Visit `root` and everything under it, depth first, a directory before its entries.
+/// `visit` returns whether to descend into a directory (it may make it readable first).
+/// Stops at the first error, a tree deeper than [`MAX_DEPTH`] included.
+pub(crate) fn walk(
+    root: &Path,
+    mut visit: impl FnMut(&Pinned<'_>) -> io::Result<bool>,
+) -> io::Result<()> {
+    let top = pin(CWD, root)?;
+    let mut stack: Vec<Dir> = Vec::new();
+    if let Some(dir) = enter(top, &mut visit)? {
+        stack.push(dir);
+    }
+    while let Some(dir) = stack.last_mut() {
+        let entry = match dir.read() {
+            None => {
+                stack.pop();
+                continue;
+            }
+            Some(entry) => entry?,
+        };
+        let name = entry.file_name();
+        if name == c"." || name == c".." {
+            continue;
+        }
+        let pinned = pin(dir.fd()?, name)?;
+        if let Some(sub) = enter(pinned, &mut visit)? {
+            if stack.len() >= MAX_DEPTH {
+                return Err(io::Error::other(format!(
+                    "directory tree deeper than {MAX_DEPTH} levels"
+                )));
+            }
+            stack.push(sub);
+        }
+    }
+    Ok(())
+}
+
+/// Visit one pinned entry; a directory to descend into, opened for reading.
+fn enter(
+    fd: OwnedFd,
+    visit: &mut impl FnMut(&Pinned<'_>) -> io::Result<bool>,
+) -> io::Result<Option<Dir>> {
+    let stat = fstat(&fd)?;
+    let pinned = Pinned {
+        fd: &fd,
+        stat: &stat,
+    };
+    if !visit(&pinned)? || !pinned.is_dir() {
+        return Ok(None);
+    }
+    let readable = openat(
+        &fd,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(Some(Dir::new(readable)?))
+}
+
+fn pin<P: rustix::path::Arg>(dir: impl AsFd, name: P) -> io::Result<OwnedFd> {
+    Ok(openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn a_symlink_is_visited_as_itself_and_never_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(outside.join("deep")).unwrap();
+        let tree = tmp.path().join("tree");
+        std::fs::create_dir_all(tree.join("a/b")).unwrap();
+        std::fs::write(tree.join("a/b/f"), "x").unwrap();
+        symlink(&outside, tree.join("a/link")).unwrap();
+
+        let mut seen = Vec::new();
+        walk(&tree, |p| {
+            seen.push((p.is_dir(), p.is_file()));
+            p.chmod(0o700).ok();
+            Ok(true)
+        })
+        .unwrap();
+        // tree, a, b, f and the link itself: nothing of `outside`
+        assert_eq!(seen.len(), 5, "{seen:?}");
+        assert_eq!(seen.iter().filter(|(d, _)| *d).count(), 3);
+        assert_eq!(mode(&outside), 0o755);
+        assert_eq!(mode(&outside.join("deep")), 0o755);
+        assert_eq!(mode(&tree.join("a/b/f")), 0o700);
+    }
+
+    #[test]
+    fn a_root_that_is_a_symlink_is_not_walked_into() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("f"), "x").unwrap();
+        let root = tmp.path().join("root");
+        symlink(&outside, &root).unwrap();
+        let mut visited = 0;
+        walk(&root, |p| {
+            visited += 1;
+            assert!(!p.is_dir());
+            Ok(true)
+        })
+        .unwrap();
+        assert_eq!(visited, 1);
+    }
+
+    #[test]
+    fn a_tree_deeper_than_the_bound_is_refused_not_overflowed() {
+        let tmp = tempfile::tempdir().unwrap();
+        // Built by descriptor: the path would be longer than PATH_MAX.
+        let mut fd = rustix::fs::open(tmp.path(), OFlags::DIRECTORY, Mode::empty()).unwrap();
+        for _ in 0..MAX_DEPTH + 2 {
+            rustix::fs::mkdirat(&fd, "dddddddddd", Mode::from_raw_mode(0o755)).unwrap();
+            fd = openat(&fd, "dddddddddd", OFlags::DIRECTORY, Mode::empty()).unwrap();
+        }
+        let err = walk(tmp.path(), |_| Ok(true)).unwrap_err();
+        assert!(err.to_string().contains("deeper than"), "{err}");
+    }
+}
