@@ -484,5 +484,18 @@ impl Drop for Mesh {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // A provisioner killed before its drain ended (or on purpose) leaves its groups,
+        // and no later start reconciles a temp dir: each one left makes every CPU-limit
+        // write on the host dearer (the kernel walks all task groups).
+        let state = self.state.path();
+        let dirs = std::fs::read_dir(state)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .chain([state.to_path_buf()]);
+        for dir in dirs.filter(|d| d.join("sandboxes").is_dir()) {
+            forkyard_sandbox_provisioner::local::cgroup::remove_instance("forkyard", &dir);
+        }
     }
 }

@@ -62,6 +62,7 @@ async fn main() -> anyhow::Result<()> {
     let drain: service::Drain = Box::pin(async move {
         core.start_draining();
         core.drained(drain_timeout).await;
+        let _ = tokio::task::spawn_blocking(move || core.release_cgroups()).await;
     });
     service::run_with_workers_draining(
         service::Service {

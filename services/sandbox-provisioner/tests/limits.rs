@@ -196,3 +196,43 @@ async fn a_sandbox_counts_its_cpu_and_memory_time_and_prices_them() {
         .unwrap();
     assert!(patch.usage.unwrap_or_default().cost_micros >= u.cost_micros);
 }
+
+/// Where `parent` is in each cgroup hierarchy of this host (v1: one per controller).
+fn group_dirs(parent: &str) -> Vec<std::path::PathBuf> {
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join(parent))
+        .chain([root.join(parent)])
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+/// A provisioner that goes (its last handle dropped, as when its process ends after the
+/// drain) leaves no cgroup on the host, even with a process still running in a sandbox:
+/// no one else ever removes its groups (their parent is named for its state directory),
+/// and every group left makes each CPU-limit write on the host dearer.
+#[tokio::test]
+async fn a_provisioner_that_goes_leaves_no_cgroup_behind() {
+    if !cgroups_writable() {
+        return;
+    }
+    let f = fixture().await;
+    let sbx = f.core.create(f.request("forkyard-fork-1")).await.unwrap();
+    let out = f
+        .sh(&sbx.id, "sleep 300 >/dev/null 2>&1 & echo started")
+        .await;
+    assert_eq!(out.stdout.trim(), "started", "{out:?}");
+    let parent = forkyard_sandbox_provisioner::local::cgroup::instance_parent("forkyard", &f.state);
+    let before = group_dirs(&parent);
+    assert!(
+        before.iter().any(|d| d.join(&sbx.id).is_dir()),
+        "the sandbox's group under {parent}: {before:?}"
+    );
+    let common::Fixture { core, tmp, .. } = f;
+    drop(core);
+    assert_eq!(group_dirs(&parent), Vec::<std::path::PathBuf>::new());
+    drop(tmp);
+}

@@ -46,6 +46,18 @@ pub fn instance_parent(parent: &str, state_dir: &Path) -> String {
     format!("{parent}/{h:016x}")
 }
 
+/// Kill everything in, and remove, the groups of the provisioner whose state directory
+/// is `state_dir`: for whoever killed it and will never start one on that directory
+/// again (a test harness), since only a start on the same directory reconciles them.
+pub fn remove_instance(parent: &str, state_dir: &Path) {
+    if let Ok(cg) = Cgroups::detect(&instance_parent(parent, state_dir)) {
+        for id in cg.list() {
+            cg.remove(&id);
+        }
+        cg.remove_parent();
+    }
+}
+
 /// The host's cgroup hierarchy as the provisioner uses it.
 #[derive(Debug, Clone)]
 pub struct Cgroups {
@@ -346,6 +358,17 @@ impl Cgroups {
                 && e.kind() != io::ErrorKind::NotFound
             {
                 tracing::warn!(cgroup = %d.display(), error = %e, "cannot remove cgroup");
+            }
+        }
+    }
+
+    /// Remove this provisioner's parent groups, if nothing is left in them.
+    pub fn remove_parent(&self) {
+        for d in self.parents.iter().chain(&self.cpuacct) {
+            match std::fs::remove_dir(d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => tracing::debug!(cgroup = %d.display(), error = %e, "cgroup parent kept"),
             }
         }
     }

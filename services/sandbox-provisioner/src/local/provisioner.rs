@@ -101,6 +101,29 @@ impl Provisioner {
         Ok(())
     }
 
+    /// At the end of this provisioner's life (after the drain, and when dropped): every
+    /// sandbox's processes killed and its groups removed, then this provisioner's parent
+    /// group. Its sandboxes stay on disk; the next start adopts them and makes their groups
+    /// again at their first command. Why: a group left behind is never removed by anyone
+    /// else (its parent is named for this state directory), and the kernel walks every
+    /// task group on each CPU-limit write: a host that had collected 5,000 of them spent
+    /// 0.7 ms of CPU on each sandbox's limit.
+    pub fn release_cgroups(&self) {
+        let Some(cg) = &self.cgroups else {
+            return;
+        };
+        let entries: Vec<_> = {
+            let map = self.sandboxes.lock().expect("sandboxes lock");
+            map.iter().map(|(id, e)| (id.clone(), e.clone())).collect()
+        };
+        for (id, entry) in entries {
+            entry.end_init();
+            cg.remove(&id);
+            entry.set_cgroups_unmade();
+        }
+        cg.remove_parent();
+    }
+
     /// The host uid a sandbox's commands run as: its own when this replica hands uids
     /// out, else the provisioner's.
     pub(crate) fn uid_of(&self, record: &Record) -> Option<u32> {
@@ -250,6 +273,12 @@ fn state_name(state: i32) -> &'static str {
         Ok(SandboxState::Stopped) => "stopped",
         Ok(SandboxState::Destroying) => "destroying",
         _ => "unspecified",
+    }
+}
+
+impl Drop for Provisioner {
+    fn drop(&mut self) {
+        self.release_cgroups();
     }
 }
 
