@@ -271,7 +271,7 @@ impl Provisioner {
             .as_ref()
             .is_some_and(|cg| cg.oom_kills(&id) > p.oom_before);
         let ws = self.store.workspace(&id);
-        let bytes = tokio::task::spawn_blocking(move || store::disk_usage(&ws))
+        let bytes = tokio::task::spawn_blocking(move || store::workspace_usage(&ws))
             .await
             .unwrap_or(0);
         let over = {

@@ -360,19 +360,46 @@ pub fn disk_usage(path: &Path) -> u64 {
     total
 }
 
-/// `Some(bytes counted)` as soon as the tree occupies more than `limit` bytes (the walk
-/// stops there), `None` when it fits.
+/// `Some(bytes counted)` as soon as a sandbox's workspace occupies more than `limit`
+/// bytes (the walk stops there), `None` when it fits. Counted as [`workspace_usage`].
 pub fn disk_usage_over(path: &Path, limit: u64) -> Option<u64> {
+    let total = workspace_walk(path, limit);
+    (total > limit).then_some(total)
+}
+
+/// Bytes a sandbox's workspace occupies on disk, as its disk limit sees them: a file with
+/// several links once, and without the git object files it shares with its template's
+/// other copies (`template::copy`), which are not its bytes. Shared files are skipped only
+/// when the workspace is another uid's: then the provisioner's own multi-linked files in
+/// it can only be those. Where a sandbox runs as the provisioner's uid nothing is shared,
+/// and skipping its own linked files would let it hide bytes from its limit.
+pub fn workspace_usage(path: &Path) -> u64 {
+    workspace_walk(path, u64::MAX)
+}
+
+fn workspace_walk(path: &Path, limit: u64) -> u64 {
     use std::os::unix::fs::MetadataExt;
+    let Ok(root) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
+    let skip_shared = root.uid() != rustix::process::geteuid().as_raw();
+    let mut linked = std::collections::HashSet::new();
     let mut total = 0u64;
     let mut todo = vec![path.to_path_buf()];
     while let Some(p) = todo.pop() {
         let Ok(meta) = std::fs::symlink_metadata(&p) else {
             continue;
         };
+        if meta.is_file()
+            && meta.nlink() > 1
+            && ((skip_shared && crate::local::template::is_shared(&meta))
+                || !linked.insert((meta.dev(), meta.ino())))
+        {
+            continue;
+        }
         total = total.saturating_add(meta.blocks() * 512);
         if total > limit {
-            return Some(total);
+            return total;
         }
         if meta.is_dir()
             && let Ok(entries) = std::fs::read_dir(&p)
@@ -380,7 +407,7 @@ pub fn disk_usage_over(path: &Path, limit: u64) -> Option<u64> {
             todo.extend(entries.flatten().map(|e| e.path()));
         }
     }
-    None
+    total
 }
 
 /// Every directory under `dir` owner-writable and searchable, by descriptor: a sandbox
@@ -416,6 +443,43 @@ mod tests {
         remove_all(&tmp.path().join("a")).unwrap();
         assert!(!tmp.path().join("a").exists());
         remove_all(&tmp.path().join("a")).unwrap();
+    }
+
+    /// What a sandbox's disk limit counts: not the git objects it shares with other
+    /// copies (root's, linked), and a file it linked twice once. Where the workspace is
+    /// the provisioner's own (no sandbox uids), linked files of the provisioner count.
+    #[test]
+    fn a_workspace_counts_its_own_bytes_not_the_objects_it_shares() {
+        use std::os::unix::fs::MetadataExt;
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root to give the workspace to a sandbox uid");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let template_pack = tmp.path().join("pack");
+        std::fs::write(&template_pack, vec![7u8; 4 << 20]).unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        std::fs::hard_link(&template_pack, ws.join("shared.pack")).unwrap();
+        std::fs::write(ws.join("own"), vec![1u8; 256 << 10]).unwrap();
+        std::fs::hard_link(ws.join("own"), ws.join("own-again")).unwrap();
+        crate::local::uids::chown(&ws, 2_000_123).unwrap();
+        crate::local::uids::chown(&ws.join("own"), 2_000_123).unwrap();
+
+        let usage = workspace_usage(&ws);
+        assert!(
+            (256 << 10..1 << 20).contains(&usage),
+            "{usage} bytes: the linked file once, the shared pack not at all"
+        );
+        assert_eq!(disk_usage_over(&ws, 1 << 20), None);
+        assert!(disk_usage_over(&ws, 128 << 10).is_some());
+
+        crate::local::uids::chown(&ws, 0).unwrap();
+        assert_eq!(std::fs::metadata(&ws).unwrap().uid(), 0);
+        assert!(
+            workspace_usage(&ws) > 4 << 20,
+            "without uids nothing is shared"
+        );
     }
 
     /// The state a live sandbox process can make mid-walk: a directory the walk is about
