@@ -28,6 +28,7 @@ async fn main() -> anyhow::Result<()> {
     let core = Provisioner::open(config)
         .await
         .unwrap_or_else(|e| exit_config_error(e));
+    core.keep_cgroups_at_exit();
     let backends = Backends::open(core.clone(), e2b).unwrap_or_else(|e| exit_config_error(e));
 
     let (routes, health) =
@@ -62,7 +63,6 @@ async fn main() -> anyhow::Result<()> {
     let drain: service::Drain = Box::pin(async move {
         core.start_draining();
         core.drained(drain_timeout).await;
-        let _ = tokio::task::spawn_blocking(move || core.release_cgroups()).await;
     });
     service::run_with_workers_draining(
         service::Service {

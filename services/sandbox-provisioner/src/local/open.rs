@@ -94,6 +94,7 @@ impl Provisioner {
             uids,
             disk_quota,
             draining: AtomicBool::new(false),
+            release_cgroups_on_drop: AtomicBool::new(true),
             runtime_probe: RuntimeProbe::default(),
         });
         core.reconcile(records).await;

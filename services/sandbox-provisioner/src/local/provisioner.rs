@@ -65,6 +65,9 @@ pub struct Provisioner {
     /// Shutting down: new sandboxes are refused (UNAVAILABLE, so callers retry on
     /// another replica) while the ones held are used to the end.
     pub(crate) draining: std::sync::atomic::AtomicBool,
+    /// Dropped, remove every group of this instance ([`Self::release_cgroups`]); off in
+    /// the service binary ([`Self::keep_cgroups_at_exit`]).
+    pub(crate) release_cgroups_on_drop: std::sync::atomic::AtomicBool,
 }
 
 impl Provisioner {
@@ -101,13 +104,21 @@ impl Provisioner {
         Ok(())
     }
 
-    /// At the end of this provisioner's life (after the drain, and when dropped): every
+    /// The service binary: its groups outlive it (see [`Self::release_cgroups`]).
+    pub fn keep_cgroups_at_exit(&self) {
+        self.release_cgroups_on_drop
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// When an in-process provisioner is dropped (tests, benches, embedders): every
     /// sandbox's processes killed and its groups removed, then this provisioner's parent
-    /// group. Its sandboxes stay on disk; the next start adopts them and makes their groups
+    /// group. Its sandboxes stay on disk; a later start adopts them and makes their groups
     /// again at their first command. Why: a group left behind is never removed by anyone
-    /// else (its parent is named for this state directory), and the kernel walks every
-    /// task group on each CPU-limit write: a host that had collected 5,000 of them spent
-    /// 0.7 ms of CPU on each sandbox's limit.
+    /// else (its parent is named for the state directory, and a test's is a temp one),
+    /// and the kernel walks every task group on each CPU-limit write: a host that had
+    /// collected 5,000 of them spent ~0.8 ms more of the provisioner's CPU a fork.
+    /// The service keeps its groups at exit: its next start on the same state directory
+    /// reconciles them, and a surviving sandbox's CPU counter goes on from where it was.
     pub fn release_cgroups(&self) {
         let Some(cg) = &self.cgroups else {
             return;
@@ -278,7 +289,12 @@ fn state_name(state: i32) -> &'static str {
 
 impl Drop for Provisioner {
     fn drop(&mut self) {
-        self.release_cgroups();
+        if self
+            .release_cgroups_on_drop
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            self.release_cgroups();
+        }
     }
 }
 
