@@ -51,10 +51,7 @@ pub fn instance_parent(parent: &str, state_dir: &Path) -> String {
 /// again (a test harness), since only a start on the same directory reconciles them.
 pub fn remove_instance(parent: &str, state_dir: &Path) {
     if let Ok(cg) = Cgroups::detect(&instance_parent(parent, state_dir)) {
-        for id in cg.list() {
-            cg.remove(&id);
-        }
-        cg.remove_parent();
+        cg.remove_all();
     }
 }
 
@@ -362,8 +359,12 @@ impl Cgroups {
         }
     }
 
-    /// Remove this provisioner's parent groups, if nothing is left in them.
-    pub fn remove_parent(&self) {
+    /// Kill everything in every sandbox group under the parent and remove them, then the
+    /// parent groups themselves.
+    pub fn remove_all(&self) {
+        for id in self.list() {
+            self.remove(&id);
+        }
         for d in self.parents.iter().chain(&self.cpuacct) {
             match std::fs::remove_dir(d) {
                 Ok(()) => {}

@@ -73,11 +73,6 @@ impl Entry {
         self.cgroups_made.store(true, Ordering::Release);
     }
 
-    /// Its cgroups are gone (released at shutdown): a later command makes them again.
-    pub(crate) fn set_cgroups_unmade(&self) {
-        self.cgroups_made.store(false, Ordering::Release);
-    }
-
     /// The token a new exec watches: stop or destroy kill it.
     pub(crate) fn exec_cancel(&self) -> CancellationToken {
         self.stop.lock().expect("stop lock").clone()

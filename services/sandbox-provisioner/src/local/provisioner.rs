@@ -65,7 +65,7 @@ pub struct Provisioner {
     /// Shutting down: new sandboxes are refused (UNAVAILABLE, so callers retry on
     /// another replica) while the ones held are used to the end.
     pub(crate) draining: std::sync::atomic::AtomicBool,
-    /// Dropped, remove every group of this instance ([`Self::release_cgroups`]); off in
+    /// Dropped, remove every group of this instance (`Drop`); off in
     /// the service binary ([`Self::keep_cgroups_at_exit`]).
     pub(crate) release_cgroups_on_drop: std::sync::atomic::AtomicBool,
 }
@@ -104,35 +104,10 @@ impl Provisioner {
         Ok(())
     }
 
-    /// The service binary: its groups outlive it (see [`Self::release_cgroups`]).
+    /// The service binary: its groups outlive it (see `Drop`).
     pub fn keep_cgroups_at_exit(&self) {
         self.release_cgroups_on_drop
             .store(false, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// When an in-process provisioner is dropped (tests, benches, embedders): every
-    /// sandbox's processes killed and its groups removed, then this provisioner's parent
-    /// group. Its sandboxes stay on disk; a later start adopts them and makes their groups
-    /// again at their first command. Why: a group left behind is never removed by anyone
-    /// else (its parent is named for the state directory, and a test's is a temp one),
-    /// and the kernel walks every task group on each CPU-limit write: a host that had
-    /// collected 5,000 of them spent ~0.8 ms more of the provisioner's CPU a fork.
-    /// The service keeps its groups at exit: its next start on the same state directory
-    /// reconciles them, and a surviving sandbox's CPU counter goes on from where it was.
-    pub fn release_cgroups(&self) {
-        let Some(cg) = &self.cgroups else {
-            return;
-        };
-        let entries: Vec<_> = {
-            let map = self.sandboxes.lock().expect("sandboxes lock");
-            map.iter().map(|(id, e)| (id.clone(), e.clone())).collect()
-        };
-        for (id, entry) in entries {
-            entry.end_init();
-            cg.remove(&id);
-            entry.set_cgroups_unmade();
-        }
-        cg.remove_parent();
     }
 
     /// The host uid a sandbox's commands run as: its own when this replica hands uids
@@ -287,13 +262,23 @@ fn state_name(state: i32) -> &'static str {
     }
 }
 
+/// An in-process provisioner dropped (tests, benches, embedders): every group of its
+/// sandboxes killed and removed, then its parent group. Its sandboxes stay on disk; a later
+/// start adopts them and makes their groups again at their first command. Why: a group
+/// left behind is never removed by anyone else (its parent is named for the state
+/// directory, and a test's is a temp one), and the kernel walks every task group on each
+/// CPU-limit write: a host that had collected 5,000 of them spent ~0.8 ms more of the
+/// provisioner's CPU a fork. The service keeps its groups at exit
+/// ([`Provisioner::keep_cgroups_at_exit`]): its next start on the same state directory
+/// reconciles them, and a surviving sandbox's CPU counter goes on from where it was.
 impl Drop for Provisioner {
     fn drop(&mut self) {
-        if self
-            .release_cgroups_on_drop
-            .load(std::sync::atomic::Ordering::SeqCst)
+        if let Some(cg) = &self.cgroups
+            && self
+                .release_cgroups_on_drop
+                .load(std::sync::atomic::Ordering::SeqCst)
         {
-            self.release_cgroups();
+            cg.remove_all();
         }
     }
 }
