@@ -172,4 +172,29 @@ async fn persist_fork_and_hydrate_through_the_snapshot_store() {
         tonic::Status::from(f.core.hydrate(bad).await.unwrap_err()).code(),
         tonic::Code::InvalidArgument
     );
+
+    // A snapshot that is not there is refused before the sandbox loses anything: what
+    // it has running goes on.
+    f.sh(
+        &sbx.id,
+        "setsid sh -c 'while :; do date +%s%N > .beat; sleep 0.05; done' >/dev/null 2>&1 & sleep 0.3",
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let missing = HydrateWorkspaceRequest {
+        sandbox_id: sbx.id.clone(),
+        snapshot_id: "snap-0000".into(),
+    };
+    assert_eq!(
+        tonic::Status::from(f.core.hydrate(missing).await.unwrap_err()).code(),
+        tonic::Code::NotFound
+    );
+    let before = f.sh(&sbx.id, "cat .beat").await.stdout;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let after = f.sh(&sbx.id, "cat .beat").await.stdout;
+    assert!(
+        !before.is_empty() && before != after,
+        "the sandbox's process stopped: {before:?} {after:?}"
+    );
+    assert_eq!(f.sh(&sbx.id, "cat state.txt").await.stdout, "v1\n");
 }

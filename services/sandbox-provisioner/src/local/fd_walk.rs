@@ -11,7 +11,7 @@ use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, Stat, fstat, openat}
 use std::{
     io,
     os::fd::{AsFd, AsRawFd, OwnedFd},
-    path::Path,
+    path::{Path, PathBuf},
 };
 
 /// Deeper trees are refused: one descriptor is open a level, and a hostile sandbox can
@@ -23,6 +23,9 @@ pub(crate) struct Pinned<'a> {
     /// An `O_PATH` descriptor of the entry itself (never a symlink's target).
     pub fd: &'a OwnedFd,
     pub stat: &'a Stat,
+    /// Where the entry is, relative to the root (empty for the root). For naming only:
+    /// never resolved again.
+    pub rel: &'a Path,
 }
 
 impl Pinned<'_> {
@@ -32,6 +35,32 @@ impl Pinned<'_> {
 
     pub fn is_file(&self) -> bool {
         FileType::from_raw_mode(self.stat.st_mode) == FileType::RegularFile
+    }
+
+    pub fn is_symlink(&self) -> bool {
+        FileType::from_raw_mode(self.stat.st_mode) == FileType::Symlink
+    }
+
+    /// The pinned regular file opened for reading, through its descriptor's `/proc` link:
+    /// the same inode whatever was renamed or swapped in at its path since.
+    pub fn open_file(&self) -> io::Result<std::fs::File> {
+        if !self.is_file() {
+            return Err(io::Error::other("not a regular file"));
+        }
+        let link = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
+        let fd = rustix::fs::open(
+            link.as_str(),
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
+            Mode::empty(),
+        )?;
+        Ok(std::fs::File::from(fd))
+    }
+
+    /// The target of the pinned symlink.
+    pub fn read_link(&self) -> io::Result<std::ffi::OsString> {
+        use std::os::unix::ffi::OsStringExt;
+        let target = rustix::fs::readlinkat(self.fd, c"", Vec::new())?;
+        Ok(std::ffi::OsString::from_vec(target.into_bytes()))
     }
 
     /// `chmod` the pinned inode. `fchmod` does not take an `O_PATH` descriptor, and
@@ -63,12 +92,13 @@ pub(crate) fn walk(
     root: &Path,
     mut visit: impl FnMut(&Pinned<'_>) -> io::Result<bool>,
 ) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
     let top = pin(CWD, root)?;
-    let mut stack: Vec<Dir> = Vec::new();
-    if let Some(dir) = enter(top, &mut visit)? {
-        stack.push(dir);
+    let mut stack: Vec<(Dir, PathBuf)> = Vec::new();
+    if let Some(dir) = enter(top, Path::new(""), &mut visit)? {
+        stack.push((dir, PathBuf::new()));
     }
-    while let Some(dir) = stack.last_mut() {
+    while let Some((dir, dir_rel)) = stack.last_mut() {
         let entry = match dir.read() {
             None => {
                 stack.pop();
@@ -80,14 +110,19 @@ pub(crate) fn walk(
         if name == c"." || name == c".." {
             continue;
         }
-        let pinned = pin(dir.fd()?, name)?;
-        if let Some(sub) = enter(pinned, &mut visit)? {
+        let pinned = match pin(dir.fd()?, name) {
+            // Removed since it was listed: there is nothing left to visit.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            other => other?,
+        };
+        let rel = dir_rel.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+        if let Some(sub) = enter(pinned, &rel, &mut visit)? {
             if stack.len() >= MAX_DEPTH {
                 return Err(io::Error::other(format!(
                     "directory tree deeper than {MAX_DEPTH} levels"
                 )));
             }
-            stack.push(sub);
+            stack.push((sub, rel));
         }
     }
     Ok(())
@@ -96,12 +131,14 @@ pub(crate) fn walk(
 /// Visit one pinned entry; a directory to descend into, opened for reading.
 fn enter(
     fd: OwnedFd,
+    rel: &Path,
     visit: &mut impl FnMut(&Pinned<'_>) -> io::Result<bool>,
 ) -> io::Result<Option<Dir>> {
     let stat = fstat(&fd)?;
     let pinned = Pinned {
         fd: &fd,
         stat: &stat,
+        rel,
     };
     if !visit(&pinned)? || !pinned.is_dir() {
         return Ok(None);

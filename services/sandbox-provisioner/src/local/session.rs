@@ -77,6 +77,8 @@ impl Provisioner {
                 "commands are running in the sandbox; stop it first".into(),
             ));
         }
+        // A snapshot that is not there is refused before anything of the sandbox goes.
+        self.snapshots.meta(&req.snapshot_id)?;
         // The sandbox's bubblewrap holds the old workspace's directory, not its path:
         // what is left in the sandbox goes with it, the next command starts a new one.
         // Everything it left running is killed and waited for before the old workspace
@@ -95,9 +97,14 @@ impl Provisioner {
             let old = dir.join("workspace.old");
             let _ = store::remove_all(&fresh);
             snaps.unpack(&id, &fresh)?;
-            if let Some(uid) = uid {
-                crate::local::uids::give_workspace(&fresh, uid)
-                    .map_err(|e| ProvisionerError::internal("give the workspace to its uid", e))?;
+            if let Some(uid) = uid
+                && let Err(e) = crate::local::uids::give_workspace(&fresh, uid)
+            {
+                let _ = store::remove_all(&fresh);
+                return Err(ProvisionerError::internal(
+                    "give the workspace to its uid",
+                    e,
+                ));
             }
             let ws = dir.join("workspace");
             std::fs::rename(&ws, &old)

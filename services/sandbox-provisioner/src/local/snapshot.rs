@@ -60,8 +60,7 @@ impl Snapshots {
             let file = std::fs::File::create(&tmp)?;
             let gz = flate2::write::GzEncoder::new(file, flate2::Compression::fast());
             let mut tar = tar::Builder::new(gz);
-            tar.follow_symlinks(false);
-            tar.append_dir_all(".", workspace)?;
+            archive(&mut tar, workspace)?;
             tar.into_inner()?.finish()?.sync_all()
         };
         if let Err(e) = write() {
@@ -107,5 +106,163 @@ impl Snapshots {
             let _ = store::remove_all(dest);
             ProvisionerError::internal("unpack snapshot", e)
         })
+    }
+}
+
+/// Append `workspace` to `tar` by descriptor. The sandbox may still run while it is
+/// saved, and this runs as root: a path read twice (listed as a directory, then opened)
+/// could by then be a symlink to `/etc`, and its files would be restored to the sandbox's
+/// uid later. So each entry is pinned with `O_NOFOLLOW` and read through that pin:
+/// symlinks are stored as links, a file's bytes are the pinned inode's. A file that grows
+/// or shrinks while it is read is cut or zero-padded to its size when pinned, so the
+/// archive stays well formed. Sockets and device nodes are left out (they cannot be
+/// restored into a sandbox); set-id bits are dropped.
+fn archive<W: std::io::Write>(tar: &mut tar::Builder<W>, workspace: &Path) -> std::io::Result<()> {
+    use std::io::Read;
+    use tar::{EntryType, Header};
+    super::fd_walk::walk(workspace, |entry| {
+        let name = if entry.rel.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            Path::new(".").join(entry.rel)
+        };
+        let st = entry.stat;
+        let mut header = Header::new_gnu();
+        header.set_mode(st.st_mode & 0o1777);
+        header.set_uid(u64::from(st.st_uid));
+        header.set_gid(u64::from(st.st_gid));
+        header.set_mtime(u64::try_from(st.st_mtime).unwrap_or(0));
+        header.set_size(0);
+        if entry.is_dir() {
+            header.set_entry_type(EntryType::Directory);
+            tar.append_data(&mut header, &name, std::io::empty())?;
+            return Ok(true);
+        }
+        if entry.is_symlink() {
+            header.set_entry_type(EntryType::Symlink);
+            tar.append_link(&mut header, &name, entry.read_link()?)?;
+        } else if entry.is_file() {
+            let size = u64::try_from(st.st_size).unwrap_or(0);
+            header.set_entry_type(EntryType::Regular);
+            header.set_size(size);
+            let data = entry
+                .open_file()?
+                .take(size)
+                .chain(std::io::repeat(0))
+                .take(size);
+            tar.append_data(&mut header, &name, data)?;
+        } else if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo {
+            header.set_entry_type(EntryType::Fifo);
+            tar.append_data(&mut header, &name, std::io::empty())?;
+        }
+        Ok(false)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::{
+        io::Read,
+        os::unix::fs::symlink,
+        sync::{
+            Arc,
+            atomic::{AtomicBool, Ordering},
+        },
+    };
+
+    /// Every regular file's contents in an archive of `ws`, and its symlinks' targets.
+    fn archived(ws: &Path) -> Listing {
+        try_archived(ws).unwrap()
+    }
+
+    type Listing = (Vec<(PathBuf, String)>, Vec<(PathBuf, PathBuf)>);
+
+    fn try_archived(ws: &Path) -> std::io::Result<Listing> {
+        let mut tar = tar::Builder::new(Vec::new());
+        archive(&mut tar, ws)?;
+        let bytes = tar.into_inner().unwrap();
+        let mut files = Vec::new();
+        let mut links = Vec::new();
+        let mut reader = tar::Archive::new(bytes.as_slice());
+        for entry in reader.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let path = entry.path().unwrap().into_owned();
+            match entry.header().entry_type() {
+                tar::EntryType::Regular => {
+                    let mut s = String::new();
+                    entry.read_to_string(&mut s).unwrap();
+                    files.push((path, s));
+                }
+                tar::EntryType::Symlink => {
+                    links.push((path, entry.link_name().unwrap().unwrap().into_owned()));
+                }
+                _ => {}
+            }
+        }
+        Ok((files, links))
+    }
+
+    #[test]
+    fn a_workspace_is_archived_with_its_links_as_links() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "host").unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir_all(ws.join("src")).unwrap();
+        std::fs::write(ws.join("src/main.rs"), "fn main() {}").unwrap();
+        symlink(&outside, ws.join("escape")).unwrap();
+        let (files, links) = archived(&ws);
+        assert_eq!(
+            files,
+            vec![(PathBuf::from("src/main.rs"), "fn main() {}".to_owned())]
+        );
+        assert_eq!(links, vec![(PathBuf::from("escape"), outside)]);
+    }
+
+    /// A sandbox still running while it is saved swaps a directory it owns for a symlink
+    /// to the host, over and over: no archive may ever hold the host file's bytes.
+    #[test]
+    fn a_directory_swapped_for_a_symlink_mid_save_never_archives_what_it_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("f"), "host secret").unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir_all(ws.join("d")).unwrap();
+        std::fs::write(ws.join("d/f"), "sandbox's own").unwrap();
+        symlink(&outside, ws.join("x")).unwrap();
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let swapper = {
+            let (stop, ws) = (stop.clone(), ws.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    rustix::fs::renameat_with(
+                        rustix::fs::CWD,
+                        ws.join("d"),
+                        rustix::fs::CWD,
+                        ws.join("x"),
+                        rustix::fs::RenameFlags::EXCHANGE,
+                    )
+                    .unwrap();
+                }
+            })
+        };
+        let (mut leaked, mut failed) = (0, 0);
+        for _ in 0..2_000 {
+            match try_archived(&ws) {
+                Ok((files, _)) => {
+                    leaked += files.iter().filter(|(_, s)| s.contains("host")).count();
+                }
+                Err(_) => failed += 1,
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        assert_eq!(leaked, 0, "host bytes archived {leaked} times");
+        // Nothing it pinned can change under it: a save never fails for the race either.
+        assert_eq!(failed, 0, "{failed} saves failed");
     }
 }

@@ -377,35 +377,36 @@ pub fn workspace_usage(path: &Path) -> u64 {
     workspace_walk(path, u64::MAX)
 }
 
+/// By descriptor ([`super::fd_walk`]): the sandbox may be writing while it is counted, and
+/// a directory swapped for a symlink to `/` must not make root walk the host's files.
 fn workspace_walk(path: &Path, limit: u64) -> u64 {
-    use std::os::unix::fs::MetadataExt;
     let Ok(root) = std::fs::symlink_metadata(path) else {
         return 0;
     };
-    let skip_shared = root.uid() != rustix::process::geteuid().as_raw();
+    let skip_shared =
+        std::os::unix::fs::MetadataExt::uid(&root) != rustix::process::geteuid().as_raw();
     let mut linked = std::collections::HashSet::new();
     let mut total = 0u64;
-    let mut todo = vec![path.to_path_buf()];
-    while let Some(p) = todo.pop() {
-        let Ok(meta) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        if meta.is_file()
-            && meta.nlink() > 1
-            && ((skip_shared && crate::local::template::is_shared(&meta))
-                || !linked.insert((meta.dev(), meta.ino())))
+    let walked = super::fd_walk::walk(path, |entry| {
+        let st = entry.stat;
+        if entry.is_file()
+            && st.st_nlink > 1
+            && ((skip_shared && crate::local::template::is_shared_stat(st))
+                || !linked.insert((st.st_dev, st.st_ino)))
         {
-            continue;
+            return Ok(false);
         }
-        total = total.saturating_add(meta.blocks() * 512);
+        total = total.saturating_add(u64::try_from(st.st_blocks).unwrap_or(0) * 512);
         if total > limit {
-            return total;
+            // Over: the count so far is the answer, the rest need not be read.
+            return Err(std::io::Error::other("over the limit"));
         }
-        if meta.is_dir()
-            && let Ok(entries) = std::fs::read_dir(&p)
-        {
-            todo.extend(entries.flatten().map(|e| e.path()));
-        }
+        Ok(true)
+    });
+    if let Err(e) = walked
+        && total <= limit
+    {
+        tracing::debug!(dir = %path.display(), error = %e, "cannot count all of a workspace");
     }
     total
 }
