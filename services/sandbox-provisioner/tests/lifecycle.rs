@@ -153,7 +153,23 @@ async fn a_restarted_provisioner_finds_its_sandboxes_and_drops_broken_ones() {
     let broken = f.state.join("sandboxes").join("sbx-broken");
     std::fs::create_dir_all(broken.join("workspace")).unwrap();
 
-    let restarted = open(&f.state).await;
+    // One provisioner per state directory: the restart waits for this one to go.
+    let common::Fixture {
+        tmp: _tmp,
+        state,
+        core,
+        ..
+    } = f;
+    let restarted = {
+        let opening = tokio::spawn(async move { open(&state).await });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(
+            !opening.is_finished(),
+            "a second provisioner opened the same state dir"
+        );
+        drop(core);
+        opening.await.unwrap()
+    };
     let found = restarted.get(&sbx.id).unwrap();
     assert_eq!(found.base_commit, sbx.base_commit);
     assert_eq!(found.labels, sbx.labels);

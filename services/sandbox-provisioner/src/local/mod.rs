@@ -47,6 +47,7 @@ mod sandbox_init;
 mod seccomp;
 mod session;
 mod snapshot;
+mod state_lock;
 pub mod store;
 mod stream;
 mod template;

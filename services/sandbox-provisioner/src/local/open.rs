@@ -15,6 +15,7 @@ use crate::local::{
     runtime_probe::RuntimeProbe,
     seccomp,
     snapshot::Snapshots,
+    state_lock::StateLock,
     store::Store,
     template::Templates,
     terminal::Ptys,
@@ -28,6 +29,9 @@ use std::{
 };
 use tracing::{info, warn};
 
+/// How long a start waits for the previous provisioner on its state directory to go.
+const STATE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Provisioner {
     /// Check bubblewrap and cgroups work, then take over the sandboxes a previous run
     /// left (see `local::reaper`). Errors are configuration errors naming the setting.
@@ -39,6 +43,9 @@ impl Provisioner {
             )
         })?;
         let store = Store::open(&config.state_dir).map_err(|e| state_dir_error(&config, e))?;
+        let state_lock = StateLock::acquire(&config.state_dir, STATE_LOCK_WAIT)
+            .await
+            .map_err(|e| state_dir_error(&config, e))?;
         let disk_quota = DiskQuota::detect(config.disk_quota, store.root(), &config.btrfs_path)?;
         let uids =
             SandboxUids::new(config.sandbox_uid_base, config.sandbox_uid_count).map(Arc::new);
@@ -77,6 +84,7 @@ impl Provisioner {
         let records = store.load_all().map_err(|e| state_dir_error(&config, e))?;
         let seccomp = seccomp_filters(&config)?;
         let core = Arc::new(Self {
+            _state_lock: state_lock,
             seccomp,
             ptys: Ptys::default(),
             config,

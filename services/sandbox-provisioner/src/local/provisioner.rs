@@ -18,6 +18,7 @@ use crate::{
         keyed_lock::KeyedLock,
         runtime_probe::RuntimeProbe,
         snapshot::Snapshots,
+        state_lock::StateLock,
         store::{self, Record, Store},
         template::Templates,
         terminal::Ptys,
@@ -68,6 +69,9 @@ pub struct Provisioner {
     /// Dropped, remove every group of this instance (`Drop`); off in
     /// the service binary ([`Self::keep_cgroups_at_exit`]).
     pub(crate) release_cgroups_on_drop: std::sync::atomic::AtomicBool,
+    /// This instance alone uses the state directory (and so the cgroup parent named for
+    /// it) while it lives.
+    pub(crate) _state_lock: StateLock,
 }
 
 impl Provisioner {
