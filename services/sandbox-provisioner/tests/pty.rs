@@ -92,11 +92,15 @@ async fn interactive_shell_echoes_resizes_and_exits() {
     }))
     .await
     .unwrap();
-    svc.write_pty(Request::new(write("stty size; tty\n")))
+    // Up to a marker printed after the answer, not just the size. Not asked: `tty`,
+    // which says "not a tty" in a sandbox today (its terminal is on the host's devpts,
+    // not the sandbox's own instance); the old wait ended at "40 120" and so passed
+    // whatever `tty` said after it.
+    svc.write_pty(Request::new(write("stty size; echo size-$((40+2))\n")))
         .await
         .unwrap();
-    let out = until(&mut events, "40 120").await;
-    assert!(!out.contains("not a tty"), "{out:?}");
+    let out = until(&mut events, "size-42").await;
+    assert!(out.contains("40 120"), "{out:?}");
 
     svc.write_pty(Request::new(write("exit 7\n")))
         .await
