@@ -497,3 +497,16 @@ async fn a_destroy_whose_caller_hangs_up_midway_still_finishes() {
         f.core.get(&sbx.id)
     );
 }
+
+/// A replica started under systemd's soft limit of open files (1,024) raises it to the
+/// hard limit: hundreds of sandboxes' commands and walks over deep trees need more.
+#[tokio::test]
+async fn a_provisioner_raises_its_open_files_soft_limit_to_the_hard_one() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    let hard = limit.maximum;
+    limit.current = Some(256);
+    setrlimit(Resource::Nofile, limit).unwrap();
+    let _f = fixture().await;
+    assert_eq!(getrlimit(Resource::Nofile).current, hard);
+}
