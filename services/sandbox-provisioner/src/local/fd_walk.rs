@@ -42,7 +42,9 @@ impl Pinned<'_> {
     }
 
     /// The pinned regular file opened for reading, through its descriptor's `/proc` link:
-    /// the same inode whatever was renamed or swapped in at its path since.
+    /// the same inode whatever was renamed or swapped in at its path since. Non-blocking:
+    /// an open that would wait for a sandbox process's write lease to be given up fails
+    /// at once with `WouldBlock` (each wait is `lease-break-time`, 45 s by default).
     pub fn open_file(&self) -> io::Result<std::fs::File> {
         if !self.is_file() {
             return Err(io::Error::other("not a regular file"));
@@ -50,7 +52,7 @@ impl Pinned<'_> {
         let link = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
         let fd = rustix::fs::open(
             link.as_str(),
-            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
             Mode::empty(),
         )?;
         Ok(std::fs::File::from(fd))
@@ -90,7 +92,33 @@ impl Pinned<'_> {
 /// Stops at the first error, a tree deeper than [`MAX_DEPTH`] included.
 pub(crate) fn walk(
     root: &Path,
+    visit: impl FnMut(&Pinned<'_>) -> io::Result<bool>,
+) -> io::Result<()> {
+    walk_with(root, visit, |_, skip| {
+        Err(match skip {
+            Skip::TooDeep => {
+                io::Error::other(format!("directory tree deeper than {MAX_DEPTH} levels"))
+            }
+            Skip::Failed(e) => e,
+        })
+    })
+}
+
+/// Why an entry below the root could not be walked.
+#[derive(Debug)]
+pub(crate) enum Skip {
+    /// A directory at [`MAX_DEPTH`]: what is under it was not visited.
+    TooDeep,
+    /// It could not be pinned, examined or opened.
+    Failed(io::Error),
+}
+
+/// [`walk`] where `skip` decides about an entry below the root that cannot be walked:
+/// `Ok` leaves it (and what is under it) out and goes on, `Err` stops the walk.
+pub(crate) fn walk_with(
+    root: &Path,
     mut visit: impl FnMut(&Pinned<'_>) -> io::Result<bool>,
+    mut skip: impl FnMut(&Path, Skip) -> io::Result<()>,
 ) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let top = pin(CWD, root)?;
@@ -104,25 +132,31 @@ pub(crate) fn walk(
                 stack.pop();
                 continue;
             }
-            Some(entry) => entry?,
+            Some(Ok(entry)) => entry,
+            Some(Err(e)) => {
+                let rel = dir_rel.clone();
+                stack.pop();
+                skip(&rel, Skip::Failed(e.into()))?;
+                continue;
+            }
         };
         let name = entry.file_name();
         if name == c"." || name == c".." {
             continue;
         }
-        let pinned = match pin(dir.fd()?, name) {
-            // Removed since it was listed: there is nothing left to visit.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            other => other?,
-        };
         let rel = dir_rel.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
-        if let Some(sub) = enter(pinned, &rel, &mut visit)? {
-            if stack.len() >= MAX_DEPTH {
-                return Err(io::Error::other(format!(
-                    "directory tree deeper than {MAX_DEPTH} levels"
-                )));
-            }
-            stack.push((sub, rel));
+        let entered = dir
+            .fd()
+            .map_err(io::Error::from)
+            .and_then(|fd| pin(fd, name))
+            .and_then(|pinned| enter(pinned, &rel, &mut visit));
+        match entered {
+            Ok(None) => {}
+            Ok(Some(_)) if stack.len() >= MAX_DEPTH => skip(&rel, Skip::TooDeep)?,
+            Ok(Some(sub)) => stack.push((sub, rel)),
+            // Removed since it was listed: there is nothing left to visit.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => skip(&rel, Skip::Failed(e))?,
         }
     }
     Ok(())

@@ -43,10 +43,12 @@ impl Provisioner {
             )
         })?;
         raise_open_files_limit();
-        let store = Store::open(&config.state_dir).map_err(|e| state_dir_error(&config, e))?;
+        // The lock first: a start that is to be refused must not touch the directory.
+        std::fs::create_dir_all(&config.state_dir).map_err(|e| state_dir_error(&config, e))?;
         let state_lock = StateLock::acquire(&config.state_dir, STATE_LOCK_WAIT)
             .await
             .map_err(|e| state_dir_error(&config, e))?;
+        let store = Store::open(&config.state_dir).map_err(|e| state_dir_error(&config, e))?;
         let disk_quota = DiskQuota::detect(config.disk_quota, store.root(), &config.btrfs_path)?;
         let uids =
             SandboxUids::new(config.sandbox_uid_base, config.sandbox_uid_count).map(Arc::new);

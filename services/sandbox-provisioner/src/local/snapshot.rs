@@ -60,11 +60,21 @@ impl Snapshots {
             let file = std::fs::File::create(&tmp)?;
             let gz = flate2::write::GzEncoder::new(file, flate2::Compression::fast());
             let mut tar = tar::Builder::new(gz);
-            archive(&mut tar, workspace)?;
+            archive(&mut tar, workspace, record.disk_bytes)?;
             tar.into_inner()?.finish()?.sync_all()
         };
         if let Err(e) = write() {
             let _ = std::fs::remove_file(&tmp);
+            if let Some(TooBig(limit)) = e.get_ref().and_then(|e| e.downcast_ref::<TooBig>()) {
+                return Err(ProvisionerError::FailedPrecondition(format!(
+                    "the workspace holds more than its disk limit of {limit} bytes of file data (a sparse file counts its full size); it cannot be saved"
+                )));
+            }
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                return Err(ProvisionerError::FailedPrecondition(
+                    "a file of the workspace is leased by a process of the sandbox; stop the sandbox and persist again".into(),
+                ));
+            }
             return Err(ProvisionerError::internal("write snapshot", e));
         }
         let bytes = std::fs::metadata(&tmp).map(|m| m.len()).unwrap_or(0);
@@ -109,17 +119,37 @@ impl Snapshots {
     }
 }
 
+/// File data over a sandbox's disk limit: a snapshot would be bigger than the sandbox
+/// could ever hold (a sparse file's holes are read, saved and restored as zeros).
+#[derive(Debug)]
+struct TooBig(u64);
+
+impl std::fmt::Display for TooBig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "more than {} bytes of file data", self.0)
+    }
+}
+
+impl std::error::Error for TooBig {}
+
 /// Append `workspace` to `tar` by descriptor. The sandbox may still run while it is
 /// saved, and this runs as root: a path read twice (listed as a directory, then opened)
 /// could by then be a symlink to `/etc`, and its files would be restored to the sandbox's
 /// uid later. So each entry is pinned with `O_NOFOLLOW` and read through that pin:
 /// symlinks are stored as links, a file's bytes are the pinned inode's. A file that grows
 /// or shrinks while it is read is cut or zero-padded to its size when pinned, so the
-/// archive stays well formed. Sockets and device nodes are left out (they cannot be
-/// restored into a sandbox); set-id bits are dropped.
-fn archive<W: std::io::Write>(tar: &mut tar::Builder<W>, workspace: &Path) -> std::io::Result<()> {
+/// archive stays well formed. Only directories, regular files and symlinks are saved
+/// (a FIFO would come back as a regular file, sockets and devices cannot be restored
+/// into a sandbox); set-id bits are dropped. With `max_bytes` (the sandbox's disk
+/// limit; 0: none), more file data than that is refused ([`TooBig`]).
+fn archive<W: std::io::Write>(
+    tar: &mut tar::Builder<W>,
+    workspace: &Path,
+    max_bytes: u64,
+) -> std::io::Result<()> {
     use std::io::Read;
     use tar::{EntryType, Header};
+    let mut data_bytes = 0u64;
     super::fd_walk::walk(workspace, |entry| {
         let name = if entry.rel.as_os_str().is_empty() {
             PathBuf::from(".")
@@ -143,6 +173,10 @@ fn archive<W: std::io::Write>(tar: &mut tar::Builder<W>, workspace: &Path) -> st
             tar.append_link(&mut header, &name, entry.read_link()?)?;
         } else if entry.is_file() {
             let size = u64::try_from(st.st_size).unwrap_or(0);
+            data_bytes = data_bytes.saturating_add(size);
+            if max_bytes != 0 && data_bytes > max_bytes {
+                return Err(std::io::Error::other(TooBig(max_bytes)));
+            }
             header.set_entry_type(EntryType::Regular);
             header.set_size(size);
             let data = entry
@@ -151,9 +185,6 @@ fn archive<W: std::io::Write>(tar: &mut tar::Builder<W>, workspace: &Path) -> st
                 .chain(std::io::repeat(0))
                 .take(size);
             tar.append_data(&mut header, &name, data)?;
-        } else if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo {
-            header.set_entry_type(EntryType::Fifo);
-            tar.append_data(&mut header, &name, std::io::empty())?;
         }
         Ok(false)
     })
@@ -180,7 +211,7 @@ mod tests {
 
     fn try_archived(ws: &Path) -> std::io::Result<Listing> {
         let mut tar = tar::Builder::new(Vec::new());
-        archive(&mut tar, ws)?;
+        archive(&mut tar, ws, 0)?;
         let bytes = tar.into_inner().unwrap();
         let mut files = Vec::new();
         let mut links = Vec::new();
@@ -219,6 +250,28 @@ mod tests {
             vec![(PathBuf::from("src/main.rs"), "fn main() {}".to_owned())]
         );
         assert_eq!(links, vec![(PathBuf::from("escape"), outside)]);
+    }
+
+    /// A sparse file's holes would be saved, and restored, as zeros: file data over the
+    /// sandbox's disk limit is refused, whatever blocks it takes.
+    #[test]
+    fn a_save_refuses_more_file_data_than_the_disk_limit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        std::fs::File::create(ws.join("sparse"))
+            .unwrap()
+            .set_len(1 << 40)
+            .unwrap();
+        let mut tar = tar::Builder::new(std::io::sink());
+        let err = archive(&mut tar, &ws, 64 << 20).unwrap_err();
+        assert!(err.get_ref().is_some_and(|e| e.is::<TooBig>()), "{err}");
+        std::fs::File::create(ws.join("sparse"))
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let mut tar = tar::Builder::new(std::io::sink());
+        archive(&mut tar, &ws, 64 << 20).unwrap();
     }
 
     /// A sandbox still running while it is saved swaps a directory it owns for a symlink

@@ -379,7 +379,11 @@ pub fn workspace_usage(path: &Path) -> u64 {
 
 /// By descriptor ([`super::fd_walk`]): the sandbox may be writing while it is counted, and
 /// a directory swapped for a symlink to `/` must not make root walk the host's files.
+/// What cannot be read is left out and the count goes on (an error must not end it
+/// early: the sandbox could hide its bytes behind one), except a tree deeper than the
+/// walk goes, which is over any limit: what is under it is never counted.
 fn workspace_walk(path: &Path, limit: u64) -> u64 {
+    use super::fd_walk::{Skip, walk_with};
     let Ok(root) = std::fs::symlink_metadata(path) else {
         return 0;
     };
@@ -387,28 +391,49 @@ fn workspace_walk(path: &Path, limit: u64) -> u64 {
         std::os::unix::fs::MetadataExt::uid(&root) != rustix::process::geteuid().as_raw();
     let mut linked = std::collections::HashSet::new();
     let mut total = 0u64;
-    let walked = super::fd_walk::walk(path, |entry| {
-        let st = entry.stat;
-        if entry.is_file()
-            && st.st_nlink > 1
-            && ((skip_shared && crate::local::template::is_shared_stat(st))
-                || !linked.insert((st.st_dev, st.st_ino)))
-        {
-            return Ok(false);
-        }
-        total = total.saturating_add(u64::try_from(st.st_blocks).unwrap_or(0) * 512);
-        if total > limit {
+    // Set when the walk is stopped on purpose: over the limit, or too deep to count.
+    let over = std::cell::Cell::new(false);
+    let walked = walk_with(
+        path,
+        |entry| {
+            let st = entry.stat;
+            if entry.is_file()
+                && st.st_nlink > 1
+                && ((skip_shared && crate::local::template::is_shared_stat(st))
+                    || !linked.insert((st.st_dev, st.st_ino)))
+            {
+                return Ok(false);
+            }
+            total = total.saturating_add(u64::try_from(st.st_blocks).unwrap_or(0) * 512);
             // Over: the count so far is the answer, the rest need not be read.
-            return Err(std::io::Error::other("over the limit"));
+            over.set(total > limit);
+            if over.get() {
+                Err(std::io::Error::other("over the limit"))
+            } else {
+                Ok(true)
+            }
+        },
+        |rel, skip| match skip {
+            Skip::TooDeep => {
+                over.set(true);
+                Err(std::io::Error::other("too deep to count"))
+            }
+            Skip::Failed(e) if over.get() => Err(e),
+            Skip::Failed(e) => {
+                tracing::debug!(dir = %path.display(), entry = %rel.display(), error = %e, "cannot count an entry of a workspace");
+                Ok(())
+            }
+        },
+    );
+    match walked {
+        // Too deep to count all of it: over whatever the limit.
+        Err(_) if over.get() && total <= limit && limit != u64::MAX => limit + 1,
+        Err(e) if !over.get() => {
+            tracing::debug!(dir = %path.display(), error = %e, "cannot count a workspace");
+            total
         }
-        Ok(true)
-    });
-    if let Err(e) = walked
-        && total <= limit
-    {
-        tracing::debug!(dir = %path.display(), error = %e, "cannot count all of a workspace");
+        _ => total,
     }
-    total
 }
 
 /// Every directory under `dir` owner-writable and searchable, by descriptor: a sandbox
@@ -444,6 +469,33 @@ mod tests {
         remove_all(&tmp.path().join("a")).unwrap();
         assert!(!tmp.path().join("a").exists());
         remove_all(&tmp.path().join("a")).unwrap();
+    }
+
+    /// A sandbox cannot hide bytes from its limit below a chain of directories deeper
+    /// than the count walks: too deep to count is over.
+    #[test]
+    fn a_tree_too_deep_to_count_is_over_its_limit() {
+        use rustix::fs::{Mode, OFlags, mkdirat, openat};
+        use std::io::Write as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        let mut fd = rustix::fs::open(&ws, OFlags::DIRECTORY, Mode::empty()).unwrap();
+        for _ in 0..crate::local::fd_walk::MAX_DEPTH + 2 {
+            mkdirat(&fd, "d", Mode::from_raw_mode(0o755)).unwrap();
+            fd = openat(&fd, "d", OFlags::DIRECTORY, Mode::empty()).unwrap();
+        }
+        let big = openat(
+            &fd,
+            "big",
+            OFlags::WRONLY | OFlags::CREATE,
+            Mode::from_raw_mode(0o644),
+        )
+        .unwrap();
+        std::fs::File::from(big)
+            .write_all(&vec![7u8; 4 << 20])
+            .unwrap();
+        assert!(disk_usage_over(&ws, 1 << 30).is_some());
     }
 
     /// What a sandbox's disk limit counts: not the git objects it shares with other
