@@ -92,15 +92,16 @@ async fn interactive_shell_echoes_resizes_and_exits() {
     }))
     .await
     .unwrap();
-    // Up to a marker printed after the answer, not just the size. Not asked: `tty`,
-    // which says "not a tty" in a sandbox today (its terminal is on the host's devpts,
-    // not the sandbox's own instance); the old wait ended at "40 120" and so passed
-    // whatever `tty` said after it.
-    svc.write_pty(Request::new(write("stty size; echo size-$((40+2))\n")))
+    // Up to a marker printed after both answers (a wait that ended at "40 120" passed
+    // whatever `tty` said after it). The terminal is the sandbox's own: `tty` finds its
+    // name in the sandbox's /dev/pts.
+    svc.write_pty(Request::new(write("stty size; tty; echo tty-$((40+2))\n")))
         .await
         .unwrap();
-    let out = until(&mut events, "size-42").await;
+    let out = until(&mut events, "tty-42").await;
     assert!(out.contains("40 120"), "{out:?}");
+    assert!(!out.contains("not a tty"), "{out:?}");
+    assert!(out.contains("/dev/pts/"), "{out:?}");
 
     svc.write_pty(Request::new(write("exit 7\n")))
         .await

@@ -30,6 +30,8 @@ pub(crate) struct Running {
     /// `None` on a pty (the output is read from the master).
     pub(crate) stdout: Option<Output>,
     pub(crate) stderr: Option<Output>,
+    /// The master of a terminal the sandbox's init opened ([`Stdio3::OwnPty`]).
+    pub(crate) pty_master: Option<std::os::fd::OwnedFd>,
     proc: Proc,
 }
 
@@ -45,10 +47,21 @@ enum Proc {
 }
 
 impl Launch {
+    /// Whether it runs under the sandbox's init (which can open a terminal of the
+    /// sandbox's own: [`Stdio3::OwnPty`]).
+    pub(crate) fn is_init(&self) -> bool {
+        matches!(self, Self::Init { .. })
+    }
+
     pub(crate) async fn spawn(self, stdio: Stdio3) -> std::io::Result<Running> {
         match self {
             Self::Process(mut cmd) => {
                 match stdio {
+                    Stdio3::OwnPty { .. } => {
+                        return Err(std::io::Error::other(
+                            "a terminal of the sandbox's own needs the sandbox's init",
+                        ));
+                    }
                     Stdio3::Piped => {
                         cmd.stdin(Stdio::null())
                             .stdout(Stdio::piped())
@@ -77,16 +90,24 @@ impl Launch {
                 Ok(Running {
                     stdout,
                     stderr,
+                    pty_master: None,
                     proc: Proc::Process { child, tree },
                 })
             }
             Self::Init { init, spec } => {
+                let own_pty = matches!(stdio, Stdio3::OwnPty { .. });
                 let mut child = init.spawn(&spec, stdio).await?;
                 let stdout = child.stdout.take().map(|s| Box::new(s) as Output);
                 let stderr = child.stderr.take().map(|s| Box::new(s) as Output);
+                // Dropped on an error, the child is killed.
+                let pty_master = match own_pty {
+                    true => Some(child.master().await?),
+                    false => None,
+                };
                 Ok(Running {
                     stdout,
                     stderr,
+                    pty_master,
                     proc: Proc::Init { child, _init: init },
                 })
             }

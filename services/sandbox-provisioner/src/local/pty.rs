@@ -1,11 +1,15 @@
-//! Commands on a pseudo-terminal in a `local` sandbox. The provisioner opens the pty pair
-//! (rustix: openpt/grantpt/unlockpt/ptsname — no unsafe), hands the slave to the
-//! sandbox's init (`crate::local::init`; or to a bubblewrap of the command's own) as
-//! stdin/stdout/stderr and keeps the master: output is streamed, `WritePty` writes to it,
-//! `ResizePty` sets its window size (TIOCSWINSZ). The command runs in a session of its
-//! own whose controlling terminal is the pty (the init's `--ctty` helper; without an init,
-//! util-linux `setsid --wait --ctty` from the host's /usr), so ^C becomes SIGINT and a
-//! resize SIGWINCH for its foreground process group, as on any terminal. (Only the
+//! Commands on a pseudo-terminal in a `local` sandbox. Under the sandbox's init
+//! (`crate::local::init`) the init opens the pair in the sandbox's own devpts, sized as
+//! asked, runs the command on the slave and sends the master back (checked to be a pty
+//! master: the init is the sandbox's), so the command's `ttyname` finds its terminal in
+//! the sandbox's /dev/pts. Without an init (`--sandbox-init false`) the provisioner opens
+//! the pair (rustix: openpt/grantpt/unlockpt/ptsname — no unsafe) on the host's devpts
+//! and hands the slave to a bubblewrap of the command's own; `tty` then says "not a tty".
+//! Either way the provisioner keeps the master: output is streamed, `WritePty` writes to
+//! it, `ResizePty` sets its window size (TIOCSWINSZ). The command runs in a session of
+//! its own whose controlling terminal is the pty (the init's `--ctty` helper; without an
+//! init, util-linux `setsid --wait --ctty` from the host's /usr), so ^C becomes SIGINT and
+//! a resize SIGWINCH for its foreground process group, as on any terminal. (Only the
 //! sandbox reads that terminal, so TIOCSTI on it reaches nothing outside.) A command
 //! killed by signal N exits 128+N. Without an init and without `/usr/bin/setsid` on the
 //! host the command runs without a controlling terminal (no ^C, no SIGWINCH).
@@ -47,17 +51,27 @@ impl Provisioner {
             .or_insert_with(|| "xterm-256color".into());
         let (env, timeout) = self.exec_params(&req.argv, &env_map, req.timeout_secs)?;
         let mut p = self.prepare(&req.sandbox_id, &req.argv, &env, "", Tools::Sandbox, true)?;
-        let (master, slave) = open_pair(winsize(req.rows, req.cols))
-            .map_err(|e| ProvisionerError::internal("open a pty", e))?;
-        // The slave goes with the launch: no copy of it stays here, so reads of the
-        // master see EIO once the command is gone.
-        let running = p
-            .launch
-            .take()
-            .expect("prepared once")
-            .spawn(Stdio3::Pty(slave))
-            .await
-            .map_err(|e| ProvisionerError::internal("cannot start the command", e))?;
+        let size = winsize(req.rows, req.cols);
+        let launch = p.launch.take().expect("prepared once");
+        let started = |e| ProvisionerError::internal("cannot start the command", e);
+        let (master, running) = if launch.is_init() {
+            // Opened by the init in the sandbox's own devpts: `tty` and anything else
+            // that looks its terminal up by name finds it there.
+            let stdio = Stdio3::OwnPty {
+                rows: size.ws_row,
+                cols: size.ws_col,
+            };
+            let mut running = launch.spawn(stdio).await.map_err(started)?;
+            let master = running.pty_master.take().expect("a master with OwnPty");
+            (master, running)
+        } else {
+            let (master, slave) =
+                open_pair(size).map_err(|e| ProvisionerError::internal("open a pty", e))?;
+            // The slave goes with the launch: no copy of it stays here, so reads of the
+            // master see EIO once the command is gone.
+            let running = launch.spawn(Stdio3::Pty(slave)).await.map_err(started)?;
+            (master, running)
+        };
         let master = std::fs::File::from(master);
         let reader = master
             .try_clone()

@@ -149,8 +149,25 @@ pub fn run(sock: OwnedFd, helper: Vec<String>) -> ExitCode {
     }
     loop {
         match wire::recv::<ToInit>(sock.as_fd()) {
-            Ok(Some((ToInit::Spawn { tag, pty, stdin }, fds))) => {
-                spawn(&sock, &running, &helper, Asked { tag, pty, stdin }, fds);
+            Ok(Some((
+                ToInit::Spawn {
+                    tag,
+                    pty,
+                    stdin,
+                    own_pty,
+                    rows,
+                    cols,
+                },
+                fds,
+            ))) => {
+                let asked = Asked {
+                    tag,
+                    pty,
+                    stdin,
+                    own_pty: pty && own_pty,
+                    size: (rows, cols),
+                };
+                spawn(&sock, &running, &helper, asked, fds);
             }
             Ok(Some((ToInit::Kill { tag, signal }, _))) => running.signal(tag, signal),
             Ok(None) => break,
@@ -173,6 +190,9 @@ struct Asked {
     pty: bool,
     /// The descriptor after the spec is the command's stdin.
     stdin: bool,
+    /// A terminal of the sandbox's own devpts, opened here (rows, cols).
+    own_pty: bool,
+    size: (u16, u16),
 }
 
 fn spawn(
@@ -186,6 +206,21 @@ fn spawn(
     let reply = |msg: FromInit| {
         let _ = wire::send(sock.as_fd(), &msg, &[]);
     };
+    let mut fds = fds;
+    if asked.own_pty {
+        match open_pty(asked.size) {
+            Ok((master, slave)) => {
+                let _ = wire::send(sock.as_fd(), &FromInit::Pty { tag }, &[master.as_fd()]);
+                // Received as a terminal passed in: after the spec.
+                fds.truncate(1);
+                fds.push(slave);
+            }
+            Err(e) => {
+                eprintln!("sandbox init: cannot open a terminal: {e}");
+                return reply(FromInit::Failed { tag, code: 125 });
+            }
+        }
+    }
     let Some((spec, fds)) = received(asked, fds) else {
         return reply(FromInit::Failed { tag, code: 125 });
     };
@@ -239,6 +274,27 @@ fn spawn(
     reply(FromInit::Started { tag, pid });
     drop(table);
     running.spawned.notify_one();
+}
+
+/// A pty pair of the sandbox's own devpts (its `/dev/ptmx`), the window `rows` × `cols`:
+/// (master, slave). The slave is opened from the master (`TIOCGPTPEER`), not by name.
+fn open_pty((rows, cols): (u16, u16)) -> io::Result<(OwnedFd, OwnedFd)> {
+    use rustix::pty::OpenptFlags;
+    let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
+    let master = rustix::pty::openpt(flags)?;
+    rustix::pty::grantpt(&master)?;
+    rustix::pty::unlockpt(&master)?;
+    rustix::termios::tcsetwinsize(
+        &master,
+        rustix::termios::Winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        },
+    )?;
+    let slave = rustix::pty::ioctl_tiocgptpeer(&master, flags)?;
+    Ok((master, slave))
 }
 
 /// A command's stdin (none: /dev/null), stdout and stderr.

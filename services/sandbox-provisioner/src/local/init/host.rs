@@ -24,12 +24,16 @@ const SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// What of the init's stderr is logged (it says why it could not start); the rest is
 /// read and dropped.
 const STDERR_LINES: usize = 20;
+/// How long the init may take to open a command's terminal.
+const MASTER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the provisioner's end of the socket pair and the reader share.
 struct Shared {
     sock: AsyncFd<OwnedFd>,
     /// Commands not yet exited, by tag: where their exit code goes.
     pending: Mutex<HashMap<u64, oneshot::Sender<i32>>>,
+    /// Commands on a terminal the init opens, by tag: where its master goes.
+    masters: Mutex<HashMap<u64, oneshot::Sender<OwnedFd>>>,
     /// Fired when the init is gone (its end closed, or it said something malformed).
     gone: CancellationToken,
     /// The sandbox's bubblewrap: killed, with everything in the sandbox, when the init
@@ -40,6 +44,12 @@ struct Shared {
 impl Shared {
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<i32>>> {
         self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn masters(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<OwnedFd>>> {
+        self.masters
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -73,6 +83,7 @@ impl Shared {
         bwrap.0.start_kill();
         drop(bwrap);
         self.pending().clear();
+        self.masters().clear();
     }
 
     /// Whether the init is gone: its reader said so, or its bubblewrap has exited.
@@ -131,6 +142,9 @@ pub(crate) enum Stdio3 {
     Input(OwnedFd),
     /// A terminal (the pty's slave) as stdin, stdout, stderr and controlling terminal.
     Pty(OwnedFd),
+    /// As [`Self::Pty`], on a terminal the sandbox's init opens in the sandbox's own
+    /// devpts, `rows` × `cols`; its master comes back ([`InitChild::master`]).
+    OwnPty { rows: u16, cols: u16 },
 }
 
 /// A command started by an init.
@@ -138,6 +152,7 @@ pub(crate) struct InitChild {
     shared: Arc<Shared>,
     tag: u64,
     exit: Option<oneshot::Receiver<i32>>,
+    master: Option<oneshot::Receiver<OwnedFd>>,
     pub(crate) stdout: Option<tokio::net::unix::pipe::Receiver>,
     pub(crate) stderr: Option<tokio::net::unix::pipe::Receiver>,
 }
@@ -155,6 +170,22 @@ impl InitChild {
         code
     }
 
+    /// The master of the terminal the init opened for it ([`Stdio3::OwnPty`]).
+    pub(crate) async fn master(&mut self) -> io::Result<OwnedFd> {
+        let Some(rx) = self.master.take() else {
+            return Err(io::Error::other("no terminal of the sandbox's own"));
+        };
+        match tokio::time::timeout(MASTER_WAIT, rx).await {
+            Ok(Ok(master)) => Ok(master),
+            Ok(Err(_)) => Err(io::Error::other(
+                "the sandbox's init opened no terminal for the command",
+            )),
+            Err(_) => Err(io::Error::other(
+                "the sandbox's init sent no terminal in time",
+            )),
+        }
+    }
+
     /// SIGKILL its process group (what is left of the command is killed with it).
     pub(crate) fn kill(&self) {
         self.shared.send_now(&ToInit::Kill {
@@ -169,6 +200,7 @@ impl Drop for InitChild {
         if self.exit.is_some() {
             self.kill();
             self.shared.pending().remove(&self.tag);
+            self.shared.masters().remove(&self.tag);
         }
     }
 }
@@ -189,6 +221,7 @@ impl Init {
             #[allow(deprecated)]
             sock: AsyncFd::new(ours)?,
             pending: Mutex::default(),
+            masters: Mutex::default(),
             gone: CancellationToken::new(),
             bwrap: Mutex::new((child, tree)),
         });
@@ -214,10 +247,12 @@ impl Init {
             shared: self.shared.clone(),
             tag,
             exit: Some(rx),
+            master: None,
             stdout: None,
             stderr: None,
         };
         self.shared.pending().insert(tag, tx);
+        let mut own_size = None;
         let (pty, input, theirs) = match stdio {
             Stdio3::Piped | Stdio3::Input(_) => {
                 let (out_r, out_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
@@ -230,15 +265,26 @@ impl Init {
                 }
             }
             Stdio3::Pty(slave) => (true, false, vec![memfd, slave]),
+            Stdio3::OwnPty { rows, cols } => {
+                let (tx, rx) = oneshot::channel();
+                self.shared.masters().insert(tag, tx);
+                child.master = Some(rx);
+                own_size = Some((rows, cols));
+                (true, false, vec![memfd])
+            }
         };
         let fds: Vec<_> = theirs.iter().map(AsFd::as_fd).collect();
         if self.shared.is_gone() {
             return Err(io::Error::other("the sandbox's init is gone"));
         }
+        let (rows, cols) = own_size.unwrap_or_default();
         let msg = ToInit::Spawn {
             tag,
             pty,
             stdin: input,
+            own_pty: own_size.is_some(),
+            rows,
+            cols,
         };
         self.shared.send(&msg, &fds).await?;
         // Our copies of the write ends close here: the pipes end when the command's do.
@@ -259,9 +305,19 @@ async fn read(shared: Arc<Shared>, sandbox_id: String) {
             Err(_would_block) => continue,
         };
         match got {
-            Ok(Some((msg, _fds))) => match msg {
+            Ok(Some((msg, fds))) => match msg {
                 FromInit::Started { .. } => {}
+                FromInit::Pty { tag } => {
+                    let tx = shared.masters().remove(&tag);
+                    // What the init sends is the sandbox's: used only if it is a pty master.
+                    if let (Some(tx), Some(master)) = (tx, fds.into_iter().next())
+                        && is_pty_master(&master)
+                    {
+                        let _ = tx.send(master);
+                    }
+                }
                 FromInit::Failed { tag, code } | FromInit::Exited { tag, code } => {
+                    shared.masters().remove(&tag);
                     if let Some(tx) = shared.pending().remove(&tag) {
                         let _ = tx.send(code);
                     }
@@ -276,6 +332,15 @@ async fn read(shared: Arc<Shared>, sandbox_id: String) {
         }
     }
     shared.end();
+}
+
+/// Whether `fd` is a pty master: a clone of a devpts `ptmx` (character device 5:2).
+fn is_pty_master(fd: &OwnedFd) -> bool {
+    rustix::fs::fstat(fd).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::CharacterDevice
+            && rustix::fs::major(st.st_rdev) == 5
+            && rustix::fs::minor(st.st_rdev) == 2
+    })
 }
 
 /// Log the first lines the init writes on its stderr (a few hundred bytes each), and
@@ -298,5 +363,31 @@ async fn log_stderr(mut stderr: tokio::net::unix::pipe::Receiver, sandbox_id: St
                 tracing::warn!(%sandbox_id, line = %line.chars().take(500).collect::<String>(), "sandbox init said");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The master the init sends back is the sandbox's to choose: only a pty master is
+    /// taken as one.
+    #[test]
+    fn only_a_pty_master_is_taken_for_one() {
+        let flags = rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY;
+        let master = rustix::pty::openpt(flags).unwrap();
+        rustix::pty::unlockpt(&master).unwrap();
+        let slave = rustix::pty::ioctl_tiocgptpeer(&master, flags).unwrap();
+        assert!(is_pty_master(&master));
+        assert!(!is_pty_master(&slave));
+        let (r, _w) = rustix::pipe::pipe().unwrap();
+        assert!(!is_pty_master(&r));
+        let null = rustix::fs::open(
+            "/dev/null",
+            rustix::fs::OFlags::RDWR,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        assert!(!is_pty_master(&null));
     }
 }

@@ -38,6 +38,15 @@ pub enum ToInit {
         pty: bool,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         stdin: bool,
+        /// With `pty`: no terminal is passed. The init opens one in the sandbox's own
+        /// devpts (so the command's `ttyname` finds it there), sized `rows` × `cols`,
+        /// and sends its master back ([`FromInit::Pty`]) before it starts the command.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        own_pty: bool,
+        #[serde(default)]
+        rows: u16,
+        #[serde(default)]
+        cols: u16,
     },
     /// Send `signal` to the command's process group.
     Kill { tag: u64, signal: i32 },
@@ -54,6 +63,9 @@ pub struct Spec {
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "ev", rename_all = "snake_case")]
 pub enum FromInit {
+    /// The master of the terminal the init opened for command `tag` (the descriptor
+    /// passed with it), sent before the command starts.
+    Pty { tag: u64 },
     /// The command runs, as `pid` of the sandbox's pid namespace.
     Started { tag: u64, pid: i32 },
     /// It could not be started (the init wrote why on its stderr): 127 not found, 126
