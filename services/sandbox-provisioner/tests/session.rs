@@ -174,13 +174,14 @@ async fn persist_fork_and_hydrate_through_the_snapshot_store() {
     );
 
     // A snapshot that is not there is refused before the sandbox loses anything: what
-    // it has running goes on.
+    // it has running goes on. The beat is waited for: once it is written, `setsid` has
+    // taken the loop out of the command's process group (killed when the command ends).
     f.sh(
         &sbx.id,
-        "setsid sh -c 'while :; do date +%s%N > .beat; sleep 0.05; done' >/dev/null 2>&1 & sleep 0.3",
+        "setsid sh -c 'while :; do date +%s%N > .beat; sleep 0.05; done' >/dev/null 2>&1 &
+         for i in $(seq 2000); do [ -s .beat ] && break; sleep 0.01; done",
     )
     .await;
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let missing = HydrateWorkspaceRequest {
         sandbox_id: sbx.id.clone(),
         snapshot_id: "snap-0000".into(),
@@ -189,12 +190,15 @@ async fn persist_fork_and_hydrate_through_the_snapshot_store() {
         tonic::Status::from(f.core.hydrate(missing).await.unwrap_err()).code(),
         tonic::Code::NotFound
     );
-    let before = f.sh(&sbx.id, "cat .beat").await.stdout;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let after = f.sh(&sbx.id, "cat .beat").await.stdout;
-    assert!(
-        !before.is_empty() && before != after,
-        "the sandbox's process stopped: {before:?} {after:?}"
-    );
+    let beat = f
+        .sh(
+            &sbx.id,
+            r#"b=$(cat .beat); [ -n "$b" ] || { echo never; exit; }
+               for i in $(seq 2000); do [ "$(cat .beat)" != "$b" ] && { echo beats; exit; }; sleep 0.01; done
+               echo stopped"#,
+        )
+        .await
+        .stdout;
+    assert_eq!(beat, "beats\n", "the sandbox's process does not run on");
     assert_eq!(f.sh(&sbx.id, "cat state.txt").await.stdout, "v1\n");
 }
