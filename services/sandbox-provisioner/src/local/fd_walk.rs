@@ -49,9 +49,8 @@ impl Pinned<'_> {
         if !self.is_file() {
             return Err(io::Error::other("not a regular file"));
         }
-        let link = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
         let fd = rustix::fs::open(
-            link.as_str(),
+            self.proc_link().as_str(),
             OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
             Mode::empty(),
         )?;
@@ -69,9 +68,13 @@ impl Pinned<'_> {
     /// `fchmodat` cannot refuse a symlink on Linux; the descriptor's `/proc` link
     /// reaches the pinned inode whatever was renamed or swapped in since.
     pub fn chmod(&self, mode: u32) -> io::Result<()> {
-        let link = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
-        rustix::fs::chmod(link.as_str(), Mode::from_raw_mode(mode))?;
+        rustix::fs::chmod(self.proc_link().as_str(), Mode::from_raw_mode(mode))?;
         Ok(())
+    }
+
+    /// The descriptor's `/proc` link: opened or changed by it, the pinned inode is.
+    fn proc_link(&self) -> String {
+        format!("/proc/self/fd/{}", self.fd.as_raw_fd())
     }
 
     /// `chown` the pinned inode (a symlink itself, when it is one).
@@ -113,18 +116,20 @@ pub(crate) enum Skip {
     Failed(io::Error),
 }
 
-/// [`walk`] where `skip` decides about an entry below the root that cannot be walked:
-/// `Ok` leaves it (and what is under it) out and goes on, `Err` stops the walk.
+/// [`walk`] where `skip` decides about an entry below the root that cannot be walked
+/// (pinned, examined, listed, or deeper than [`MAX_DEPTH`]): `Ok` leaves it (and what is
+/// under it) out and goes on, `Err` stops the walk. An error of `visit` always stops it.
 pub(crate) fn walk_with(
     root: &Path,
     mut visit: impl FnMut(&Pinned<'_>) -> io::Result<bool>,
     mut skip: impl FnMut(&Path, Skip) -> io::Result<()>,
 ) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    let top = pin(CWD, root)?;
     let mut stack: Vec<(Dir, PathBuf)> = Vec::new();
-    if let Some(dir) = enter(top, Path::new(""), &mut visit)? {
-        stack.push((dir, PathBuf::new()));
+    match enter(pin(CWD, root), Path::new(""), &mut visit)? {
+        Entered::Dir(dir) => stack.push((dir, PathBuf::new())),
+        Entered::Leaf => {}
+        Entered::Unwalkable(e) => return Err(e),
     }
     while let Some((dir, dir_rel)) = stack.last_mut() {
         let entry = match dir.read() {
@@ -145,45 +150,59 @@ pub(crate) fn walk_with(
             continue;
         }
         let rel = dir_rel.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
-        let entered = dir
+        let pinned = dir
             .fd()
             .map_err(io::Error::from)
-            .and_then(|fd| pin(fd, name))
-            .and_then(|pinned| enter(pinned, &rel, &mut visit));
-        match entered {
-            Ok(None) => {}
-            Ok(Some(_)) if stack.len() >= MAX_DEPTH => skip(&rel, Skip::TooDeep)?,
-            Ok(Some(sub)) => stack.push((sub, rel)),
+            .and_then(|fd| pin(fd, name));
+        match enter(pinned, &rel, &mut visit)? {
+            Entered::Leaf => {}
+            Entered::Dir(_) if stack.len() >= MAX_DEPTH => skip(&rel, Skip::TooDeep)?,
+            Entered::Dir(sub) => stack.push((sub, rel)),
             // Removed since it was listed: there is nothing left to visit.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => skip(&rel, Skip::Failed(e))?,
+            Entered::Unwalkable(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Entered::Unwalkable(e) => skip(&rel, Skip::Failed(e))?,
         }
     }
     Ok(())
 }
 
-/// Visit one pinned entry; a directory to descend into, opened for reading.
+/// What became of one entry.
+enum Entered {
+    /// Visited, not to be descended into.
+    Leaf,
+    /// A directory to descend into, opened for reading.
+    Dir(Dir),
+    /// It could not be pinned, examined or opened (not visited, or not descended into).
+    Unwalkable(io::Error),
+}
+
+/// Visit one entry, pinned (or not: why). An error of `visit` is this function's.
 fn enter(
-    fd: OwnedFd,
+    pinned: io::Result<OwnedFd>,
     rel: &Path,
     visit: &mut impl FnMut(&Pinned<'_>) -> io::Result<bool>,
-) -> io::Result<Option<Dir>> {
-    let stat = fstat(&fd)?;
+) -> io::Result<Entered> {
+    let (fd, stat) = match pinned.and_then(|fd| Ok((fstat(&fd)?, fd))) {
+        Ok((stat, fd)) => (fd, stat),
+        Err(e) => return Ok(Entered::Unwalkable(e)),
+    };
     let pinned = Pinned {
         fd: &fd,
         stat: &stat,
         rel,
     };
     if !visit(&pinned)? || !pinned.is_dir() {
-        return Ok(None);
+        return Ok(Entered::Leaf);
     }
     let readable = openat(
         &fd,
         c".",
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
-    )?;
-    Ok(Some(Dir::new(readable)?))
+    )
+    .map_err(io::Error::from)
+    .and_then(|d| Ok(Dir::new(d)?));
+    Ok(readable.map_or_else(Entered::Unwalkable, Entered::Dir))
 }
 
 fn pin<P: rustix::path::Arg>(dir: impl AsFd, name: P) -> io::Result<OwnedFd> {

@@ -100,9 +100,10 @@ impl Launch {
                 let stdout = child.stdout.take().map(|s| Box::new(s) as Output);
                 let stderr = child.stderr.take().map(|s| Box::new(s) as Output);
                 // Dropped on an error, the child is killed.
-                let pty_master = match own_pty {
-                    true => Some(child.master().await?),
-                    false => None,
+                let pty_master = if own_pty {
+                    Some(child.master().await?)
+                } else {
+                    None
                 };
                 Ok(Running {
                     stdout,

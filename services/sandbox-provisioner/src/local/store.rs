@@ -391,8 +391,7 @@ fn workspace_walk(path: &Path, limit: u64) -> u64 {
         std::os::unix::fs::MetadataExt::uid(&root) != rustix::process::geteuid().as_raw();
     let mut linked = std::collections::HashSet::new();
     let mut total = 0u64;
-    // Set when the walk is stopped on purpose: over the limit, or too deep to count.
-    let over = std::cell::Cell::new(false);
+    let mut too_deep = false;
     let walked = walk_with(
         path,
         |entry| {
@@ -406,19 +405,16 @@ fn workspace_walk(path: &Path, limit: u64) -> u64 {
             }
             total = total.saturating_add(u64::try_from(st.st_blocks).unwrap_or(0) * 512);
             // Over: the count so far is the answer, the rest need not be read.
-            over.set(total > limit);
-            if over.get() {
-                Err(std::io::Error::other("over the limit"))
-            } else {
-                Ok(true)
+            if total > limit {
+                return Err(std::io::Error::other("over the limit"));
             }
+            Ok(true)
         },
         |rel, skip| match skip {
             Skip::TooDeep => {
-                over.set(true);
+                too_deep = true;
                 Err(std::io::Error::other("too deep to count"))
             }
-            Skip::Failed(e) if over.get() => Err(e),
             Skip::Failed(e) => {
                 tracing::debug!(dir = %path.display(), entry = %rel.display(), error = %e, "cannot count an entry of a workspace");
                 Ok(())
@@ -427,8 +423,8 @@ fn workspace_walk(path: &Path, limit: u64) -> u64 {
     );
     match walked {
         // Too deep to count all of it: over whatever the limit.
-        Err(_) if over.get() && total <= limit && limit != u64::MAX => limit + 1,
-        Err(e) if !over.get() => {
+        Err(_) if too_deep && limit != u64::MAX => total.max(limit + 1),
+        Err(e) if total <= limit && !too_deep => {
             tracing::debug!(dir = %path.display(), error = %e, "cannot count a workspace");
             total
         }
