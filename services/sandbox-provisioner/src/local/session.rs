@@ -92,11 +92,12 @@ impl Provisioner {
         let snaps = self.snapshots.clone();
         let id = req.snapshot_id.clone();
         let uid = self.uid_of(&entry.record());
+        let disk_bytes = entry.record().disk_bytes;
         tokio::task::spawn_blocking(move || -> Result<()> {
             let fresh = dir.join("workspace.hydrating");
             let old = dir.join("workspace.old");
             let _ = store::remove_all(&fresh);
-            snaps.unpack(&id, &fresh)?;
+            snaps.unpack(&id, &fresh, disk_bytes)?;
             if let Some(uid) = uid
                 && let Err(e) = crate::local::uids::give_workspace(&fresh, uid)
             {
@@ -140,7 +141,8 @@ impl Provisioner {
         let snaps = self.snapshots.clone();
         let ws = self.store.workspace(&id);
         let snap = req.snapshot_id.clone();
-        tokio::task::spawn_blocking(move || snaps.unpack(&snap, &ws))
+        let disk_bytes = self.disk_bytes_for(&req);
+        tokio::task::spawn_blocking(move || snaps.unpack(&snap, &ws, disk_bytes))
             .await
             .map_err(|e| ProvisionerError::internal("unpack", e))??;
         let record = self.new_record(&id, &req, meta.base_commit, image);

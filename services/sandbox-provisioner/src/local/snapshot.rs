@@ -60,14 +60,18 @@ impl Snapshots {
             let file = std::fs::File::create(&tmp)?;
             let gz = flate2::write::GzEncoder::new(file, flate2::Compression::fast());
             let mut tar = tar::Builder::new(gz);
-            archive(&mut tar, workspace, record.disk_bytes)?;
+            archive(
+                &mut tar,
+                workspace,
+                save_bound(workspace, record.disk_bytes)?,
+            )?;
             tar.into_inner()?.finish()?.sync_all()
         };
         if let Err(e) = write() {
             let _ = std::fs::remove_file(&tmp);
-            if let Some(TooBig(limit)) = e.get_ref().and_then(|e| e.downcast_ref::<TooBig>()) {
+            if let Some(too_big) = e.get_ref().and_then(|e| e.downcast_ref::<TooBig>()) {
                 return Err(ProvisionerError::FailedPrecondition(format!(
-                    "the workspace holds more than its disk limit of {limit} bytes of file data (a sparse file counts its full size); it cannot be saved"
+                    "the workspace holds {too_big} (a sparse file counts its full size); it cannot be saved"
                 )));
             }
             if e.kind() == std::io::ErrorKind::WouldBlock {
@@ -103,8 +107,12 @@ impl Snapshots {
             .map_err(|e| ProvisionerError::internal("read snapshot meta", e))
     }
 
-    /// Unpack snapshot `id` into `dest` (which must not exist yet; blocking).
-    pub fn unpack(&self, id: &str, dest: &Path) -> Result<()> {
+    /// Unpack snapshot `id` into `dest` (which must not exist yet; blocking), for a
+    /// sandbox whose disk limit is `disk_bytes` (0: none). More file data than that, or
+    /// than the free space of `dest`'s filesystem, is refused and nothing is left: a
+    /// snapshot saved without a limit (or before saves had one) could hold a sparse file
+    /// of a terabyte, written back as zeros.
+    pub fn unpack(&self, id: &str, dest: &Path, disk_bytes: u64) -> Result<()> {
         self.meta(id)?;
         let file = std::fs::File::open(self.tarball(id))
             .map_err(|_| ProvisionerError::NotFound(format!("snapshot {id}")))?;
@@ -112,21 +120,107 @@ impl Snapshots {
         tar.set_preserve_permissions(true);
         tar.set_unpack_xattrs(false);
         std::fs::create_dir(dest).map_err(|e| ProvisionerError::internal("create workspace", e))?;
-        tar.unpack(dest).map_err(|e| {
+        let bound = restore_bound(dest, disk_bytes);
+        unpack_within(&mut tar, dest, bound).map_err(|e| {
             let _ = store::remove_all(dest);
-            ProvisionerError::internal("unpack snapshot", e)
+            match e.get_ref().and_then(|e| e.downcast_ref::<TooBig>()) {
+                Some(too_big) => ProvisionerError::FailedPrecondition(format!(
+                    "snapshot {id} holds {too_big}; it cannot be restored"
+                )),
+                None => ProvisionerError::internal("unpack snapshot", e),
+            }
         })
     }
 }
 
-/// File data over a sandbox's disk limit: a snapshot would be bigger than the sandbox
-/// could ever hold (a sparse file's holes are read, saved and restored as zeros).
+/// At most this much file data is saved: the sandbox's disk limit, or without one the
+/// size of the workspace's filesystem (no sandbox holds more; a sparse file can claim
+/// any size).
+fn save_bound(workspace: &Path, disk_bytes: u64) -> std::io::Result<Bound> {
+    if disk_bytes != 0 {
+        return Ok(Bound::DiskLimit(disk_bytes));
+    }
+    let fs = rustix::fs::statvfs(workspace)?;
+    Ok(Bound::Filesystem(fs.f_blocks.saturating_mul(fs.f_frsize)))
+}
+
+/// At most this much file data is restored at `dest`: the sandbox's disk limit and the
+/// free space of its filesystem, whichever is less.
+fn restore_bound(dest: &Path, disk_bytes: u64) -> Bound {
+    let free = rustix::fs::statvfs(dest)
+        .map(|fs| fs.f_bavail.saturating_mul(fs.f_frsize))
+        .unwrap_or(u64::MAX);
+    if disk_bytes != 0 && disk_bytes <= free {
+        Bound::DiskLimit(disk_bytes)
+    } else {
+        Bound::FreeSpace(free)
+    }
+}
+
+/// `tar::Archive::unpack`, file data counted as it goes ([`TooBig`] past `bound`):
+/// directories last, deepest first, so a read-only one never blocks what it holds.
+fn unpack_within<R: std::io::Read>(
+    tar: &mut tar::Archive<R>,
+    dest: &Path,
+    bound: Bound,
+) -> std::io::Result<()> {
+    let dest = &dest.canonicalize()?;
+    let mut data_bytes = 0u64;
+    let mut directories = Vec::new();
+    for entry in tar.entries()? {
+        let mut entry = entry?;
+        data_bytes = data_bytes.saturating_add(entry.header().entry_size()?);
+        if data_bytes > bound.bytes() {
+            return Err(std::io::Error::other(TooBig(bound)));
+        }
+        if entry.header().entry_type() == tar::EntryType::Directory {
+            directories.push(entry);
+        } else {
+            entry.unpack_in(dest)?;
+        }
+    }
+    directories.sort_by(|a, b| b.path_bytes().cmp(&a.path_bytes()));
+    for mut dir in directories {
+        dir.unpack_in(dest)?;
+    }
+    Ok(())
+}
+
+/// How much file data a snapshot may hold, and why.
+#[derive(Debug, Clone, Copy)]
+enum Bound {
+    DiskLimit(u64),
+    Filesystem(u64),
+    FreeSpace(u64),
+}
+
+impl Bound {
+    fn bytes(self) -> u64 {
+        match self {
+            Self::DiskLimit(b) | Self::Filesystem(b) | Self::FreeSpace(b) => b,
+        }
+    }
+}
+
+/// File data past a [`Bound`]: a snapshot bigger than the sandbox could ever hold (a
+/// sparse file's holes are read, saved and restored as zeros).
 #[derive(Debug)]
-struct TooBig(u64);
+struct TooBig(Bound);
 
 impl std::fmt::Display for TooBig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "more than {} bytes of file data", self.0)
+        match self.0 {
+            Bound::DiskLimit(b) => write!(f, "more file data than its disk limit of {b} bytes"),
+            Bound::Filesystem(b) => {
+                write!(f, "more file data than the {b} bytes its filesystem holds")
+            }
+            Bound::FreeSpace(b) => {
+                write!(
+                    f,
+                    "more file data than the {b} bytes free on the provisioner's disk"
+                )
+            }
+        }
     }
 }
 
@@ -140,22 +234,29 @@ impl std::error::Error for TooBig {}
 /// or shrinks while it is read is cut or zero-padded to its size when pinned, so the
 /// archive stays well formed. Only directories, regular files and symlinks are saved
 /// (a FIFO would come back as a regular file, sockets and devices cannot be restored
-/// into a sandbox); set-id bits are dropped. With `max_bytes` (the sandbox's disk
-/// limit; 0: none), more file data than that is refused ([`TooBig`]).
+/// into a sandbox); set-id bits are dropped. More file data than `bound` is refused
+/// ([`TooBig`]).
 fn archive<W: std::io::Write>(
     tar: &mut tar::Builder<W>,
     workspace: &Path,
-    max_bytes: u64,
+    bound: Bound,
 ) -> std::io::Result<()> {
     use std::io::Read;
     use tar::{EntryType, Header};
     let mut data_bytes = 0u64;
+    // A directory read can list an entry twice when it is renamed meanwhile (XFS; not
+    // ext4): archived twice, as a link and then as a directory, the path would make the
+    // snapshot one that unpack refuses. The first one stands.
+    let mut archived = std::collections::HashSet::new();
     super::fd_walk::walk(workspace, |entry| {
         let name = if entry.rel.as_os_str().is_empty() {
             PathBuf::from(".")
         } else {
             Path::new(".").join(entry.rel)
         };
+        if !archived.insert(name.clone()) {
+            return Ok(false);
+        }
         let st = entry.stat;
         let mut header = Header::new_gnu();
         header.set_mode(st.st_mode & 0o1777);
@@ -174,8 +275,8 @@ fn archive<W: std::io::Write>(
         } else if entry.is_file() {
             let size = u64::try_from(st.st_size).unwrap_or(0);
             data_bytes = data_bytes.saturating_add(size);
-            if max_bytes != 0 && data_bytes > max_bytes {
-                return Err(std::io::Error::other(TooBig(max_bytes)));
+            if data_bytes > bound.bytes() {
+                return Err(std::io::Error::other(TooBig(bound)));
             }
             header.set_entry_type(EntryType::Regular);
             header.set_size(size);
@@ -211,7 +312,7 @@ mod tests {
 
     fn try_archived(ws: &Path) -> std::io::Result<Listing> {
         let mut tar = tar::Builder::new(Vec::new());
-        archive(&mut tar, ws, 0)?;
+        archive(&mut tar, ws, Bound::FreeSpace(u64::MAX))?;
         let bytes = tar.into_inner().unwrap();
         let mut files = Vec::new();
         let mut links = Vec::new();
@@ -264,14 +365,99 @@ mod tests {
             .set_len(1 << 40)
             .unwrap();
         let mut tar = tar::Builder::new(std::io::sink());
-        let err = archive(&mut tar, &ws, 64 << 20).unwrap_err();
+        let err = archive(&mut tar, &ws, Bound::DiskLimit(64 << 20)).unwrap_err();
         assert!(err.get_ref().is_some_and(|e| e.is::<TooBig>()), "{err}");
         std::fs::File::create(ws.join("sparse"))
             .unwrap()
             .set_len(1 << 20)
             .unwrap();
         let mut tar = tar::Builder::new(std::io::sink());
-        archive(&mut tar, &ws, 64 << 20).unwrap();
+        archive(&mut tar, &ws, Bound::DiskLimit(64 << 20)).unwrap();
+    }
+
+    /// Without a disk limit a save is still bounded: no sandbox holds more file data
+    /// than its filesystem, and a sparse file larger than that would be read for hours
+    /// and restored as zeros until the disk is full.
+    #[test]
+    fn a_save_without_a_disk_limit_refuses_a_file_larger_than_its_filesystem() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        let bound = save_bound(&ws, 0).unwrap();
+        assert!(matches!(bound, Bound::Filesystem(_)), "{bound:?}");
+        std::fs::File::create(ws.join("sparse"))
+            .unwrap()
+            .set_len(bound.bytes() + (1 << 20))
+            .unwrap();
+        let mut tar = tar::Builder::new(std::io::sink());
+        let err = archive(&mut tar, &ws, bound).unwrap_err();
+        let too_big = err.get_ref().and_then(|e| e.downcast_ref::<TooBig>());
+        assert!(
+            too_big.is_some_and(|t| t.to_string().contains("its filesystem holds")),
+            "{err}"
+        );
+    }
+
+    /// Snapshot `id` of `ws` in `snaps`, saved without any bound (as one saved before
+    /// saves had one).
+    fn store_unbounded(snaps: &Snapshots, id: &str, ws: &Path) {
+        let file = std::fs::File::create(snaps.tarball(id)).unwrap();
+        let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(
+            file,
+            flate2::Compression::fast(),
+        ));
+        archive(&mut tar, ws, Bound::FreeSpace(u64::MAX)).unwrap();
+        tar.into_inner().unwrap().finish().unwrap();
+        let meta = Meta {
+            id: id.into(),
+            source_sandbox: "sbx-test".into(),
+            repo: String::new(),
+            branch: String::new(),
+            base_commit: String::new(),
+            created_unix_ms: 0,
+            bytes: 0,
+        };
+        std::fs::write(
+            snaps.dir.join(format!("{id}.json")),
+            serde_json::to_vec(&meta).unwrap(),
+        )
+        .unwrap();
+    }
+
+    /// A snapshot holding more file data than the sandbox it is restored into may hold is
+    /// refused, naming the limit, and leaves no half-restored workspace; within the
+    /// limit it restores as saved.
+    #[test]
+    fn a_restore_refuses_more_file_data_than_the_disk_limit_and_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let snaps = Snapshots::open(&tmp.path().join("snaps")).unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir_all(ws.join("src")).unwrap();
+        std::fs::write(ws.join("src/a.txt"), "kept\n").unwrap();
+        std::fs::File::create(ws.join("sparse"))
+            .unwrap()
+            .set_len(8 << 20)
+            .unwrap();
+        store_unbounded(&snaps, "snap-big", &ws);
+
+        let dest = tmp.path().join("restored");
+        let err = snaps.unpack("snap-big", &dest, 4 << 20).unwrap_err();
+        assert!(
+            matches!(&err, ProvisionerError::FailedPrecondition(m)
+                if m.contains("snap-big") && m.contains("disk limit of 4194304 bytes")),
+            "{err:?}"
+        );
+        assert!(!dest.exists(), "a half-restored workspace was left");
+
+        snaps.unpack("snap-big", &dest, 16 << 20).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dest.join("src/a.txt")).unwrap(),
+            "kept\n"
+        );
+        assert_eq!(
+            std::fs::metadata(dest.join("sparse")).unwrap().len(),
+            8 << 20
+        );
     }
 
     /// A sandbox still running while it is saved swaps a directory it owns for a symlink
