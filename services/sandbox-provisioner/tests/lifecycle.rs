@@ -510,3 +510,28 @@ async fn a_provisioner_raises_its_open_files_soft_limit_to_the_hard_one() {
     let _f = fixture().await;
     assert_eq!(getrlimit(Resource::Nofile).current, hard);
 }
+
+/// The raised limit is the replica's own: a sandbox's commands get the soft limit the
+/// replica was started with (programs size tables by it, some close every descriptor
+/// up to it), with the sandbox's init (the default) and without one.
+#[tokio::test]
+async fn a_sandbox_gets_the_open_files_limit_its_replica_was_started_with() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    let hard = limit.maximum;
+    limit.current = Some(256);
+    setrlimit(Resource::Nofile, limit).unwrap();
+    let f = fixture().await;
+    assert_eq!(getrlimit(Resource::Nofile).current, hard);
+    let sbx = f.create().await;
+    let out = f.sh(&sbx.id, "ulimit -n; ulimit -Hn").await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let hard_text = hard.map_or("unlimited".to_owned(), |h| h.to_string());
+    assert_eq!(out.stdout, format!("256\n{hard_text}\n"));
+
+    let f = common::fixture_with(|_, c| c.sandbox_init = false).await;
+    let sbx = f.create().await;
+    let out = f.sh(&sbx.id, "ulimit -n").await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, "256\n");
+}

@@ -354,6 +354,7 @@ impl Invocation<'_> {
             fds,
             procs: crate::local::enter::open_procs(self.cgroup_procs)?,
             ids: self.uid.map(|u| (u, u)),
+            nofile: crate::local::open_files::for_sandbox(),
         })
     }
 }

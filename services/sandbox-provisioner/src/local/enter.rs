@@ -8,7 +8,7 @@
 //! same steps for a sandbox's init, and `init/ended.rs`, waitid's pid): a `pre_exec`
 //! hook. It runs in the forked child, where
 //! only async-signal-safe calls are allowed; it makes raw system calls (rustix's Linux
-//! backend: `write`, `setgroups`, `setresgid`, `setresuid`) on descriptors opened before
+//! backend: `write`, `prlimit64`, `setgroups`, `setresgid`, `setresuid`) on descriptors opened before
 //! the fork, and allocates nothing.
 #![allow(unsafe_code)]
 
@@ -38,7 +38,8 @@ pub fn open_procs(cgroup_procs: &[PathBuf]) -> std::io::Result<Vec<OwnedFd>> {
 /// The files are opened here, in the provisioner: a missing cgroup fails now, with its
 /// path. A write the kernel refuses fails the spawn with its error.
 pub fn set(cmd: &mut Command, cgroup_procs: &[PathBuf], uid: Option<u32>) -> std::io::Result<()> {
-    if cgroup_procs.is_empty() && uid.is_none() {
+    let nofile = crate::local::open_files::for_sandbox();
+    if cgroup_procs.is_empty() && uid.is_none() && nofile.is_none() {
         return Ok(());
     }
     let procs = open_procs(cgroup_procs)?;
@@ -52,6 +53,9 @@ pub fn set(cmd: &mut Command, cgroup_procs: &[PathBuf], uid: Option<u32>) -> std
             // opener's rights: the provisioner's.
             for fd in &procs {
                 rustix::io::write(fd, b"0")?;
+            }
+            if let Some(limit) = &nofile {
+                crate::local::open_files::restore(limit)?;
             }
             if let Some((uid, gid)) = ids {
                 rustix::thread::set_thread_groups(&[])?;

@@ -32,6 +32,7 @@ mod launch;
 mod llm_relay;
 mod lru;
 mod open;
+mod open_files;
 mod patch;
 mod patch_scan;
 mod plain_command;

@@ -42,7 +42,7 @@ impl Provisioner {
                 config.bwrap_path.display()
             )
         })?;
-        raise_open_files_limit();
+        crate::local::open_files::raise();
         // The lock first: a start that is to be refused must not touch the directory.
         std::fs::create_dir_all(&config.state_dir).map_err(|e| state_dir_error(&config, e))?;
         let state_lock = StateLock::acquire(&config.state_dir, STATE_LOCK_WAIT)
@@ -119,24 +119,6 @@ impl Provisioner {
         reaper::spawn(&core);
         usage::spawn_sampler(&core);
         Ok(core)
-    }
-}
-
-/// Open-file soft limit up to the hard one: every command holds a few descriptors
-/// (pipes, its pidfd, cgroup files), and a walk over a sandbox's tree holds one a
-/// level, up to `fd_walk::MAX_DEPTH`. systemd's default soft limit (1,024) is below
-/// what a replica with hundreds of sandboxes needs; the hard limit is the operator's.
-fn raise_open_files_limit() {
-    use rustix::process::{Resource, getrlimit, setrlimit};
-    let mut limit = getrlimit(Resource::Nofile);
-    if limit.current >= limit.maximum {
-        return;
-    }
-    let from = limit.current;
-    limit.current = limit.maximum;
-    match setrlimit(Resource::Nofile, limit) {
-        Ok(()) => info!(from = ?from, to = ?limit.maximum, "raised the open-files soft limit"),
-        Err(e) => warn!(error = %e, "cannot raise the open-files soft limit"),
     }
 }
 

@@ -42,6 +42,8 @@ pub(crate) struct Plan {
     pub procs: Vec<OwnedFd>,
     /// The uid and gid the child becomes (no supplementary groups).
     pub ids: Option<(u32, u32)>,
+    /// The open-files limit the child sets (`crate::local::open_files`).
+    pub nofile: Option<rustix::process::Rlimit>,
 }
 
 /// What the child reads: raw values only, all made before the clone.
@@ -55,6 +57,7 @@ struct Ctx<'a> {
     floor: c_int,
     procs: &'a [c_int],
     ids: Option<(u32, u32)>,
+    nofile: Option<&'a rustix::process::Rlimit>,
     /// The errno of the step that failed, set by the child before it exits.
     error: AtomicI32,
 }
@@ -134,6 +137,7 @@ pub(crate) fn spawn(plan: Plan) -> io::Result<Process> {
         floor,
         procs: &procs,
         ids: plan.ids,
+        nofile: plan.nofile.as_ref(),
         error: AtomicI32::new(0),
     };
     let mut stack = vec![0u8; STACK_BYTES];
@@ -203,6 +207,7 @@ const STEPS: &[&str] = &[
     "reset signal handlers",
     "join the sandbox's cgroup",
     "drop to the sandbox's uid",
+    "set the open-files limit",
     "map descriptors",
     "unblock signals",
     "exec",
@@ -256,30 +261,35 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
                 return fail(3, e.raw_os_error());
             }
         }
+        if let Some(limit) = ctx.nofile
+            && let Err(e) = crate::local::open_files::restore(limit)
+        {
+            return fail(4, e.raw_os_error());
+        }
         // Park each descriptor above every target (close-on-exec), then put it in place:
         // a target that is another's source is not clobbered before it is read.
         let mut parked = [0 as c_int; 16];
         if ctx.fds.len() > parked.len() {
-            return fail(4, libc::E2BIG);
+            return fail(5, libc::E2BIG);
         }
         for (slot, &(fd, _)) in parked.iter_mut().zip(ctx.fds) {
             *slot = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, ctx.floor);
             if *slot < 0 {
-                return fail(4, errno());
+                return fail(5, errno());
             }
         }
         for (&from, &(_, to)) in parked.iter().zip(ctx.fds) {
             if libc::dup2(from, to) < 0 {
-                return fail(4, errno());
+                return fail(5, errno());
             }
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
-            return fail(5, errno());
+            return fail(6, errno());
         }
         libc::execve(ctx.program, ctx.argv, ctx.envp);
-        fail(6, errno())
+        fail(7, errno())
     }
 }
 
@@ -304,6 +314,7 @@ mod tests {
             fds,
             procs: Vec::new(),
             ids: None,
+            nofile: None,
         }
     }
 
