@@ -36,11 +36,11 @@ pub(crate) fn raise() {
 
 /// What a sandbox's first process sets back before it execs, if the limit was raised.
 pub(crate) fn for_sandbox() -> Option<Rlimit> {
-    STARTED_WITH.get().cloned()
+    STARTED_WITH.get().copied()
 }
 
 /// Set `limit` as this process's open-files limit: a raw system call (`prlimit64`),
 /// nothing allocated, so a child between fork (or vfork) and exec may make it.
 pub(crate) fn restore(limit: &Rlimit) -> rustix::io::Result<()> {
-    setrlimit(Resource::Nofile, limit.clone())
+    setrlimit(Resource::Nofile, *limit)
 }
