@@ -14,7 +14,10 @@
 // upper and a work directory, and an overlay of the template mounted (new mount API)
 // in a private mount namespace; MODE 2: as 1 with the lower layer idmapped (a user
 // namespace mapping the template's owner 1000 to the sandbox's uid), so the sandbox
-// owns what it sees and copy-up gives its writes to it.
+// owns what it sees and copy-up gives its writes to it; MODE 3: one such mount, then
+// bubblewrap started as the sandbox's uid (as the provisioner starts it: its own user
+// namespace, everything unshared) with the merged view bound at /workspace, writing
+// through it; prints what the sandbox saw and what landed in the upper directory.
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +32,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <linux/mount.h>
+#include <grp.h>
 
 static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec*1e3+t.tv_nsec/1e6;}
 static double cpu(void){struct timespec t;clock_gettime(CLOCK_PROCESS_CPUTIME_ID,&t);return t.tv_sec*1e3+t.tv_nsec/1e6;}
@@ -75,7 +79,17 @@ int main(int argc,char**argv){
   CK(unshare(CLONE_NEWNS)); CK(mount(0,"/",0,MS_REC|MS_PRIVATE,0));
   CK(mount("tmpfs","/tmp/spike/mnts","tmpfs",0,0));
   for(int i=0;i<n;i++){snprintf(mnt,256,"/tmp/spike/mnts/%d",i);mkdir(mnt,0755);}
-  int uns = mode==2 ? userns_fd(100500) : -1;
+  int uns = mode>=2 ? userns_fd(100500) : -1;
+  if(mode==3){
+    overlay("/tmp/spike/sb/bw",100500,uns,"/tmp/spike/mnts/0");
+    pid_t c=fork(); if(c==0){ if(setgroups(0,0)||setresgid(100500,100500,100500)||setresuid(100500,100500,100500)){perror("drop");_exit(1);}
+      execlp("bwrap","bwrap","--unshare-all","--unshare-user","--die-with-parent","--cap-drop","ALL","--ro-bind","/usr","/usr","--symlink","usr/bin","/bin","--symlink","usr/lib","/lib","--symlink","usr/lib64","/lib64",
+        "--proc","/proc","--dev","/dev","--bind","/tmp/spike/mnts/0","/workspace","--chdir","/workspace","--",
+        "sh","-c","id -u; ls -ln /workspace /workspace/src; echo more >> README.md && chmod 755 src/lib.txt && mkdir -p src/new && echo wrote; cat /proc/self/mountinfo | grep workspace",(char*)0);
+      perror("exec"); _exit(1);}
+    int st; waitpid(c,&st,0); printf("bwrap exit %d\n",WEXITSTATUS(st)); fflush(stdout);
+    if(system("echo '-- upper:'; ls -lnR /tmp/spike/sb/bw/upper; echo '-- template:'; cat /tmp/spike/tplws/README.md; ls -ln /tmp/spike/tplws/src")) {}
+    umount2("/tmp/spike/mnts/0",MNT_DETACH); if(system("rm -rf /tmp/spike/sb/bw")){} return 0; }
   for(int round=0;round<3;round++){
     double t0=now(),c0=cpu();
     for(int i=0;i<n;i++){snprintf(b,256,"/tmp/spike/sb/r%d-%d",round,i);snprintf(mnt,256,"/tmp/spike/mnts/%d",i);
@@ -85,6 +99,6 @@ int main(int argc,char**argv){
     if(mode) for(int i=0;i<n;i++){snprintf(mnt,256,"/tmp/spike/mnts/%d",i); CK(umount2(mnt,MNT_DETACH));}
     char cmd[300]; snprintf(cmd,300,"rm -rf /tmp/spike/sb/r%d-*",round); if(system(cmd)) return 1;
   }
-  if(mode==2){ /* semantics: file owned 1000 on disk is seen as host 100500 */ }
+
   return 0;
 }
