@@ -133,6 +133,12 @@ pub struct Args {
     /// The warm copies' bound in bytes, over all templates.
     #[arg(long, env = "FORKYARD_WARM_COPIES_MAX_BYTES", default_value_t = 1 << 30)]
     pub warm_copies_max_bytes: u64,
+    /// At least this many warm copies of each template a create used in the last ten
+    /// minutes, whatever its demand (within --warm-copies and --warm-copies-max-bytes):
+    /// the largest fan-out expected, so a run larger than the last minute's finds its
+    /// workspaces made too. 0: as many as the last minute's creates.
+    #[arg(long, env = "FORKYARD_WARM_COPIES_MIN", default_value_t = 0)]
+    pub warm_copies_min: usize,
     /// Registry credentials for image pulls: a Docker `config.json` (`docker login`'s, or
     /// a Kubernetes image pull secret's `.dockerconfigjson`).
     #[arg(long, env = "FORKYARD_REGISTRY_AUTH_FILE")]
@@ -293,6 +299,7 @@ impl Args {
         config.warm = crate::local::WarmBounds {
             copies: self.warm_copies,
             bytes: self.warm_copies_max_bytes,
+            min: self.warm_copies_min,
         };
         config.registry = crate::local::image::registry::RegistryConfig {
             auth_file: self.registry_auth_file.clone(),

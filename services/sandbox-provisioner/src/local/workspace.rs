@@ -47,12 +47,17 @@ impl Provisioner {
         placed: Option<crate::local::template::WarmCopy>,
     ) -> Result<Made> {
         if let Source::Template(dir, commit) = source {
+            let how = match placed {
+                Some(_) => crate::metrics::Workspace::WarmCopy,
+                None => crate::metrics::Workspace::TemplateCopy,
+            };
             match self
                 .templates
                 .copy(dir, ws, &req.branch, &commit, placed)
                 .await
             {
                 Ok(copied) => {
+                    crate::metrics::workspace_made(how);
                     return Ok(Made {
                         base_commit: commit,
                         index: copied.index,
@@ -81,6 +86,7 @@ impl Provisioner {
         )
         .await?;
         let index = crate::local::git_index::checksum_of(ws).unwrap_or_default();
+        crate::metrics::workspace_made(crate::metrics::Workspace::Clone);
         Ok(Made {
             base_commit,
             index,

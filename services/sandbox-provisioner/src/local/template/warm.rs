@@ -9,8 +9,9 @@
 //! create takes it with one rename.
 //!
 //! How many: as many as the template had creates in the last [`DEMAND_WINDOW`] (the
-//! size of the waves it serves), at most [`WarmBounds::copies`] for a template and
-//! [`WarmBounds::bytes`] of copies in all. A template's copies are dropped [`IDLE`]
+//! size of the waves it serves), at least [`WarmBounds::min`] (the operator's floor: a
+//! first wave larger than the last minute's finds copies too), at most
+//! [`WarmBounds::copies`] for a template and [`WarmBounds::bytes`] of copies in all. A template's copies are dropped [`IDLE`]
 //! after its last create, with the template (they live in its directory, `warm/`, and
 //! count towards its size when templates are evicted) and at start-up.
 //!
@@ -46,12 +47,16 @@ pub struct WarmBounds {
     pub copies: usize,
     /// At most this many bytes of copies in all.
     pub bytes: u64,
+    /// At least this many copies (within the bounds) of each template a create used in
+    /// the last [`IDLE`], whatever its demand; 0: as many as its demand.
+    pub min: usize,
 }
 
 impl WarmBounds {
     pub const OFF: Self = Self {
         copies: 0,
         bytes: 0,
+        min: 0,
     };
 }
 
@@ -197,7 +202,9 @@ impl Warm {
             pool.creates.push_back(now);
             pool.last_create = Some(now);
             trim(&mut pool.creates, now);
-            pool.copies.pop()
+            let copy = pool.copies.pop();
+            publish(&pools);
+            copy
         };
         let _ = wake.send(());
         copy
@@ -214,7 +221,9 @@ impl Warm {
             // Their files too, by the copying thread (a create waits on this one).
             let copies: Vec<WarmCopy> = {
                 let mut pools = self.shared.pools.lock().expect("warm lock");
-                pools.drain().flat_map(|(_, p)| p.copies).collect()
+                let copies = pools.drain().flat_map(|(_, p)| p.copies).collect();
+                publish(&pools);
+                copies
             };
             self.shared
                 .dropped
@@ -231,11 +240,9 @@ impl Warm {
 
     /// The template at `template` is going away: its copies go with its directory.
     pub(crate) fn forget(&self, template: &Path) {
-        self.shared
-            .pools
-            .lock()
-            .expect("warm lock")
-            .remove(template);
+        let mut pools = self.shared.pools.lock().expect("warm lock");
+        pools.remove(template);
+        publish(&pools);
     }
 
     /// How many copies are ready, over all templates.
@@ -244,6 +251,12 @@ impl Warm {
         let pools = self.shared.pools.lock().expect("warm lock");
         pools.values().map(|p| p.copies.len()).sum()
     }
+}
+
+/// The copies ready over all templates, for `/metrics` (`sandbox_warm_copies`).
+fn publish(pools: &HashMap<PathBuf, Pool>) {
+    let ready: usize = pools.values().map(|p| p.copies.len()).sum();
+    crate::metrics::warm_copies_ready(ready);
 }
 
 fn trim(creates: &mut VecDeque<Instant>, now: Instant) {
@@ -292,6 +305,7 @@ impl Shared {
             .map(|(k, _)| k.clone());
         if let Some(key) = idle {
             let pool = pools.remove(&key).expect("found above");
+            publish(&pools);
             return Some(Job::Drop(pool.copies));
         }
         let in_all: u64 = pools
@@ -301,7 +315,11 @@ impl Shared {
         let last_create = pools.values().filter_map(|p| p.last_create).max();
         for (key, pool) in pools.iter_mut() {
             trim(&mut pool.creates, now);
-            let wanted = pool.creates.len().min(self.bounds.copies);
+            let wanted = pool
+                .creates
+                .len()
+                .max(self.bounds.min)
+                .min(self.bounds.copies);
             if pool.copies.len() < wanted && in_all + pool.bytes <= self.bounds.bytes {
                 let quiet = last_create.map_or(QUIET, |t| now.duration_since(t));
                 return Some(match QUIET.checked_sub(quiet) {
@@ -323,6 +341,7 @@ impl Shared {
                     Some(pool) => {
                         pool.bytes = bytes;
                         pool.copies.push(copy);
+                        publish(&pools);
                     }
                     // Forgotten meanwhile: its directory is going away.
                     None => drop(crate::local::store::remove_all(&copy.path)),
@@ -330,7 +349,9 @@ impl Shared {
             }
             Err(e) => {
                 tracing::debug!(template = %template.display(), error = %e, "no warm copy of the template");
-                self.pools.lock().expect("warm lock").remove(template);
+                let mut pools = self.pools.lock().expect("warm lock");
+                pools.remove(template);
+                publish(&pools);
             }
         }
     }

@@ -89,6 +89,7 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
         WarmBounds {
             copies: 3,
             bytes: 1 << 30,
+            min: 0,
         },
         uids.clone(),
     );
@@ -251,6 +252,7 @@ async fn copies_that_cannot_be_renamed_into_sandboxes_go_and_no_more_are_made() 
             WarmBounds {
                 copies: 3,
                 bytes: 1 << 30,
+                min: 0,
             },
             None,
         );
