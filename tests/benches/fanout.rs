@@ -7,6 +7,8 @@
 //! `FORKYARD_BENCH_SIZES=10,100` (default 10,100,1000); in-flight cap:
 //! `FORKYARD_BENCH_CONCURRENCY` (default 100). `FORKYARD_BENCH_LOGS=<dir>`: the services'
 //! logs are copied there at the end (the mesh's state directory goes with the run).
+//! `FORKYARD_MESH_ENV='K=V …'`: settings given to every service (e.g.
+//! `FORKYARD_WARM_COPIES_MIN=100`).
 
 use forkyard_proto::gateway::v1::{LaunchRunRequest, RunState};
 use forkyard_tests::{

@@ -272,6 +272,15 @@ impl Mesh {
         // Test repositories are made in the temp dir; with API keys on, local paths
         // need a listed root (the state dir is inside it, and is refused regardless).
         cmd.env("FORKYARD_LOCAL_REPO_ROOTS", std::env::temp_dir());
+        // Settings a benchmark run gives every service (`K=V`, blank-separated; e.g.
+        // `FORKYARD_MESH_ENV='FORKYARD_WARM_COPIES_MIN=100' make bench-fanout`).
+        for (k, v) in std::env::var("FORKYARD_MESH_ENV")
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+        {
+            cmd.env(k, v);
+        }
         let child = cmd
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
