@@ -305,6 +305,9 @@ impl Invocation<'_> {
             .collect();
         cmd.fd_mappings(fds)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
+        // After the descriptor mapping's own hook (hooks run in the order they were
+        // added): mapping needs free numbers above the others.
+        crate::local::enter::set_open_files_limit(&mut cmd);
         Ok(cmd)
     }
 

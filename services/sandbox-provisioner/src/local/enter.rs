@@ -8,7 +8,7 @@
 //! same steps for a sandbox's init, and `init/ended.rs`, waitid's pid): a `pre_exec`
 //! hook. It runs in the forked child, where
 //! only async-signal-safe calls are allowed; it makes raw system calls (rustix's Linux
-//! backend: `write`, `prlimit64`, `setgroups`, `setresgid`, `setresuid`) on descriptors opened before
+//! backend: `write`, `setgroups`, `setresgid`, `setresuid`, and `prlimit64`) on descriptors opened before
 //! the fork, and allocates nothing.
 #![allow(unsafe_code)]
 
@@ -38,8 +38,7 @@ pub fn open_procs(cgroup_procs: &[PathBuf]) -> std::io::Result<Vec<OwnedFd>> {
 /// The files are opened here, in the provisioner: a missing cgroup fails now, with its
 /// path. A write the kernel refuses fails the spawn with its error.
 pub fn set(cmd: &mut Command, cgroup_procs: &[PathBuf], uid: Option<u32>) -> std::io::Result<()> {
-    let nofile = crate::local::open_files::for_sandbox();
-    if cgroup_procs.is_empty() && uid.is_none() && nofile.is_none() {
+    if cgroup_procs.is_empty() && uid.is_none() {
         return Ok(());
     }
     let procs = open_procs(cgroup_procs)?;
@@ -54,9 +53,6 @@ pub fn set(cmd: &mut Command, cgroup_procs: &[PathBuf], uid: Option<u32>) -> std
             for fd in &procs {
                 rustix::io::write(fd, b"0")?;
             }
-            if let Some(limit) = &nofile {
-                crate::local::open_files::restore(limit)?;
-            }
             if let Some((uid, gid)) = ids {
                 rustix::thread::set_thread_groups(&[])?;
                 rustix::thread::set_thread_res_gid(gid, gid, gid)?;
@@ -66,4 +62,17 @@ pub fn set(cmd: &mut Command, cgroup_procs: &[PathBuf], uid: Option<u32>) -> std
         });
     }
     Ok(())
+}
+
+/// Give `cmd`'s process the open-files limit the replica was started with
+/// (`crate::local::open_files`), if it was raised. Add it after every hook that needs
+/// free descriptor numbers (the descriptor mapping's): it runs after them.
+pub fn set_open_files_limit(cmd: &mut Command) {
+    let Some(limit) = crate::local::open_files::for_sandbox() else {
+        return;
+    };
+    // SAFETY: one raw system call (`prlimit64`) on a value the hook owns, as above.
+    unsafe {
+        cmd.pre_exec(move || Ok(crate::local::open_files::restore(&limit)?));
+    }
 }

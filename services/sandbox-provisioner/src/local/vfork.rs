@@ -207,8 +207,8 @@ const STEPS: &[&str] = &[
     "reset signal handlers",
     "join the sandbox's cgroup",
     "drop to the sandbox's uid",
-    "set the open-files limit",
     "map descriptors",
+    "set the open-files limit",
     "unblock signals",
     "exec",
 ];
@@ -261,27 +261,29 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
                 return fail(3, e.raw_os_error());
             }
         }
-        if let Some(limit) = ctx.nofile
-            && let Err(e) = crate::local::open_files::restore(limit)
-        {
-            return fail(4, e.raw_os_error());
-        }
         // Park each descriptor above every target (close-on-exec), then put it in place:
         // a target that is another's source is not clobbered before it is read.
         let mut parked = [0 as c_int; 16];
         if ctx.fds.len() > parked.len() {
-            return fail(5, libc::E2BIG);
+            return fail(4, libc::E2BIG);
         }
         for (slot, &(fd, _)) in parked.iter_mut().zip(ctx.fds) {
             *slot = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, ctx.floor);
             if *slot < 0 {
-                return fail(5, errno());
+                return fail(4, errno());
             }
         }
         for (&from, &(_, to)) in parked.iter().zip(ctx.fds) {
             if libc::dup2(from, to) < 0 {
-                return fail(5, errno());
+                return fail(4, errno());
             }
+        }
+        // After the descriptors are in place: parking them needs free numbers above the
+        // others, which a lowered limit could leave none of.
+        if let Some(limit) = ctx.nofile
+            && let Err(e) = crate::local::open_files::restore(limit)
+        {
+            return fail(5, e.raw_os_error());
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
