@@ -289,6 +289,7 @@ impl Provisioner {
         record.uid = made.uid;
         let sandbox = self.register(record).await?;
         cleanup.0 = None;
+        crate::metrics::workspace_made(made.how);
         Ok(sandbox)
     }
 }

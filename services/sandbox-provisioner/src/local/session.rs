@@ -145,10 +145,10 @@ impl Provisioner {
         tokio::task::spawn_blocking(move || snaps.unpack(&snap, &ws, disk_bytes))
             .await
             .map_err(|e| ProvisionerError::internal("unpack", e))??;
-        crate::metrics::workspace_made(crate::metrics::Workspace::Snapshot);
         let record = self.new_record(&id, &req, meta.base_commit, image);
         let sandbox = self.register(record).await?;
         cleanup.0 = None;
+        crate::metrics::workspace_made(crate::metrics::Workspace::Snapshot);
         Ok(sandbox)
     }
 

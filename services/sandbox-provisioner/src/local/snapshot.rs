@@ -169,7 +169,8 @@ fn unpack_within<R: std::io::Read>(
     let mut directories = Vec::new();
     for entry in tar.entries()? {
         let mut entry = entry?;
-        data_bytes = data_bytes.saturating_add(entry.header().entry_size()?);
+        // The size tar unpacks (a PAX header's over the entry's own).
+        data_bytes = data_bytes.saturating_add(entry.size());
         if data_bytes > bound.bytes() {
             return Err(std::io::Error::other(TooBig(bound)));
         }

@@ -57,11 +57,11 @@ impl Provisioner {
                 .await
             {
                 Ok(copied) => {
-                    crate::metrics::workspace_made(how);
                     return Ok(Made {
                         base_commit: commit,
                         index: copied.index,
                         uid: copied.uid,
+                        how,
                     });
                 }
                 // A refused branch, or no sandbox uid free: a clone would end the same.
@@ -86,11 +86,11 @@ impl Provisioner {
         )
         .await?;
         let index = crate::local::git_index::checksum_of(ws).unwrap_or_default();
-        crate::metrics::workspace_made(crate::metrics::Workspace::Clone);
         Ok(Made {
             base_commit,
             index,
             uid: 0,
+            how: crate::metrics::Workspace::Clone,
         })
     }
 }
@@ -103,4 +103,6 @@ pub(crate) struct Made {
     pub(crate) index: String,
     /// The sandbox uid its files were given already (a warm copy's); 0: none yet.
     pub(crate) uid: u32,
+    /// How it was made (counted once the sandbox is registered).
+    pub(crate) how: crate::metrics::Workspace,
 }
