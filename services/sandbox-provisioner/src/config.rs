@@ -193,6 +193,12 @@ pub struct Args {
     /// egress forwarder, which is that init; off: a bubblewrap per command, as before.
     #[arg(long, env = "FORKYARD_SANDBOX_INIT", default_value_t = true, action = clap::ArgAction::Set)]
     pub sandbox_init: bool,
+    /// Give a template's sandbox an overlay of the template's workspace instead of a
+    /// copy: a create makes a few inodes whatever the worktree's size. Needs a uid per
+    /// sandbox (root) and Linux 6.15 or later; where it cannot work, templates are copied
+    /// and the start-up log says why.
+    #[arg(long, env = "FORKYARD_WORKSPACE_OVERLAY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub workspace_overlay: bool,
     /// USD per second of an E2B sandbox's life.
     #[arg(long, env = "FORKYARD_E2B_SECOND_USD", default_value_t = 0.00003025)]
     pub e2b_second_usd: f64,
@@ -247,6 +253,7 @@ impl Args {
         config.prices = self.prices()?;
         config.seccomp = self.sandbox_seccomp;
         config.sandbox_init = self.sandbox_init;
+        config.workspace_overlay = self.workspace_overlay;
         config.egress_private_allowed = self.egress_private_allowed()?;
         Ok(config)
     }

@@ -45,6 +45,8 @@ pub(crate) enum Workspace {
     Clone,
     /// A snapshot unpacked.
     Snapshot,
+    /// An overlay of the template mounted (`crate::local::overlay`).
+    Overlay,
 }
 
 impl Workspace {
@@ -54,6 +56,7 @@ impl Workspace {
             Self::TemplateCopy => "template_copy",
             Self::Clone => "clone",
             Self::Snapshot => "snapshot",
+            Self::Overlay => "overlay",
         }
     }
 }

@@ -340,8 +340,15 @@ int main(void) {
 async fn refused_system_calls_are_refused_and_real_tools_still_work() {
     let f = fixture().await;
     let sbx = f.create().await;
-    let ws = f.state.join("sandboxes").join(&sbx.id).join("workspace");
-    std::fs::write(ws.join("probe.c"), SYSCALL_PROBE).unwrap();
+    f.core
+        .write_file(forkyard_proto::sandbox::v1::WriteFileRequest {
+            sandbox_id: sbx.id.clone(),
+            path: "probe.c".into(),
+            content: SYSCALL_PROBE.as_bytes().to_vec(),
+            mode: 0o644,
+        })
+        .await
+        .unwrap();
     // Compiled inside the sandbox: the host's compiler works under the filter.
     let out = f.sh(&sbx.id, "gcc -O0 -o probe probe.c && ./probe").await;
     assert_eq!(out.exit_code, 0, "{}{}", out.stdout, out.stderr);
@@ -501,7 +508,7 @@ async fn a_sandbox_is_a_host_uid_of_its_own_and_never_root() {
     // What the agent writes is its uid's on the host, and the workspace is its alone.
     let out = f.sh(&a.id, "echo x > made-by-agent && id -u").await;
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
-    let ws = f.state.join("sandboxes").join(&a.id).join("workspace");
+    let ws = common::own_files(&f.state, &a.id);
     let made = std::fs::metadata(ws.join("made-by-agent")).unwrap();
     assert_eq!((made.uid(), made.gid()), (ua, ua));
     let meta = std::fs::metadata(&ws).unwrap();
@@ -535,7 +542,7 @@ async fn a_sandbox_is_a_host_uid_of_its_own_and_never_root() {
 
     // As a host uid that owns nothing else, root's files and the other sandbox's
     // workspace are out of reach even through a host path.
-    let other = f.state.join("sandboxes").join(&b.id).join("workspace");
+    let other = common::own_files(&f.state, &b.id);
     let probe = Command::new("/usr/bin/setpriv")
         .args([format!("--reuid={ua}"), format!("--regid={ua}"), "--clear-groups".into()])
         .args(["sh", "-c"])
@@ -563,9 +570,11 @@ async fn a_sandbox_is_a_host_uid_of_its_own_and_never_root() {
     assert_eq!(host_uids(&f, &c.id).await[0], ua);
 }
 
-/// Sandboxes of one repository share its git object files (linked from the template,
-/// read-only, the provisioner's): neither a sandbox nor a write on its behalf can change
-/// one, and the other sandboxes' repositories stay whole whatever one does to its own.
+/// Sandboxes of one repository share its git object files: linked from the template,
+/// read-only and the provisioner's (a copied workspace), or the template's own under an
+/// overlay (`local::overlay`). Whatever one sandbox, or a write on its behalf, does to
+/// its object files, the other sandboxes' repositories stay whole: with links nothing
+/// can change one; under an overlay a change is a copy in the sandbox's own layer.
 #[tokio::test]
 async fn a_git_object_file_shared_between_sandboxes_cannot_be_changed_by_either() {
     let f = fixture().await;
@@ -575,6 +584,12 @@ async fn a_git_object_file_shared_between_sandboxes_cannot_be_changed_by_either(
         .create(f.request("team/x-fork-2"))
         .await
         .expect("create sandbox");
+    let c = f
+        .core
+        .create(f.request("forkyard-fork-3"))
+        .await
+        .expect("create sandbox");
+    let overlay = f.state.join("sandboxes").join(&a.id).join("upper").is_dir();
     let out = f.sh(&a.id, "ls .git/objects/pack/*.pack").await;
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
     let pack = out.stdout.trim().to_owned();
@@ -586,15 +601,19 @@ async fn a_git_object_file_shared_between_sandboxes_cannot_be_changed_by_either(
         eprintln!("not root: sandboxes have no uids of their own, and nothing is shared");
         return;
     }
+    let sum = format!("sha256sum {pack}");
+    let before = f.sh(&c.id, &sum).await.stdout;
     for script in [
         format!("printf x >> {pack}"),
         format!("chmod u+w {pack}"),
         format!("truncate -s 0 {pack}"),
     ] {
         let out = f.sh(&a.id, &script).await;
-        assert_ne!(out.exit_code, 0, "{script} changed a shared object file");
+        if !overlay {
+            assert_ne!(out.exit_code, 0, "{script} changed a shared object file");
+        }
     }
-    let err = f
+    let written = f
         .core
         .write_file(forkyard_proto::sandbox::v1::WriteFileRequest {
             sandbox_id: a.id.clone(),
@@ -602,10 +621,19 @@ async fn a_git_object_file_shared_between_sandboxes_cannot_be_changed_by_either(
             content: b"garbage".to_vec(),
             mode: 0o644,
         })
-        .await
-        .expect_err("a write on the sandbox's behalf");
-    let status = tonic::Status::from(err);
-    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        .await;
+    if overlay {
+        written.expect("the sandbox's own copy of the file");
+        assert_eq!(f.sh(&a.id, &format!("cat {pack}")).await.stdout, "garbage");
+    } else {
+        let status = tonic::Status::from(written.expect_err("a write on the sandbox's behalf"));
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    }
+    assert_eq!(
+        f.sh(&c.id, &sum).await.stdout,
+        before,
+        "another sandbox's object file changed"
+    );
     // Its own repository is the sandbox's to rewrite: a commit on its branch (under
     // `team/`, a directory the create made), a repack that drops its link.
     let out = f
@@ -617,7 +645,7 @@ async fn a_git_object_file_shared_between_sandboxes_cannot_be_changed_by_either(
         .await;
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
     let out = f
-        .sh(&a.id, "git fsck --no-progress && git status --porcelain")
+        .sh(&c.id, "git fsck --no-progress && git status --porcelain")
         .await;
     assert_eq!(
         (out.exit_code, out.stdout.as_str()),
@@ -625,6 +653,6 @@ async fn a_git_object_file_shared_between_sandboxes_cannot_be_changed_by_either(
         "{}",
         out.stderr
     );
-    let out = f.sh(&a.id, &format!("stat -c %i {pack}")).await;
-    assert_eq!(out.stdout, ino_a, "sandbox a's object file is as it was");
+    let out = f.sh(&c.id, &format!("stat -c %i {pack}")).await;
+    assert_eq!(out.stdout, ino_a, "sandbox c's object file is as it was");
 }

@@ -197,7 +197,7 @@ async fn destroy_kills_running_commands_and_removes_the_workspace() {
     assert_eq!(f.core.get(&sbx.id).unwrap().running_execs, 1);
 
     let dir = f.state.join("sandboxes").join(&sbx.id);
-    assert!(dir.join("workspace/.git").is_dir());
+    assert!(common::own_files(&f.state, &sbx.id).join(".git").is_dir());
     let res = f
         .core
         .destroy(DestroySandboxRequest {

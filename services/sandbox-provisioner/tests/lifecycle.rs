@@ -358,7 +358,8 @@ async fn collect_patch_does_not_run_the_agents_hooks_or_config() {
         "{}",
         p.patch
     );
-    let ws = f.state.join("sandboxes").join(&sbx.id).join("workspace");
+    let ws = common::own_files(&f.state, &sbx.id);
+    assert!(ws.join(".git").is_dir(), "{}", ws.display());
     assert!(!ws.join("EXT_RAN").exists());
     assert!(!ws.join("HOOK_RAN").exists());
 }
@@ -427,7 +428,7 @@ async fn workspaces_are_private_and_the_state_dir_is_not_a_repo_source() {
         assert_eq!(mode & 0o766, 0o700, "{} is {mode:o}", dir.display());
     }
     if rustix::process::geteuid().is_root() {
-        let ws = f.state.join("sandboxes").join(&sbx.id).join("workspace");
+        let ws = common::own_files(&f.state, &sbx.id);
         let mode = std::fs::metadata(&ws).unwrap().permissions().mode() & 0o777;
         assert_eq!(
             mode, 0o700,

@@ -92,7 +92,11 @@ pub struct ImageRoot<'a> {
 pub struct Invocation<'a> {
     pub bwrap: &'a Path,
     pub features: Features,
+    /// Bound at `/workspace`: the sandbox's workspace directory.
     pub workspace: &'a Path,
+    /// An overlay workspace's mount (`crate::local::overlay`), put on `workspace` in the
+    /// launching child's own mount namespace before bubblewrap binds it.
+    pub overlay: Option<std::os::fd::BorrowedFd<'a>>,
     pub sandbox_id: &'a str,
     /// `None`: no network at all. The sandbox always has its own network namespace.
     pub relays: Option<Relays<'a>>,
@@ -293,7 +297,7 @@ impl Invocation<'_> {
         // provisioner's rights) and before bubblewrap, so its user namespace maps the
         // sandbox to the dropped uid.
         let mut cmd = Command::new(self.bwrap);
-        crate::local::enter::set(&mut cmd, self.cgroup_procs, self.uid)?;
+        crate::local::enter::set(&mut cmd, self.cgroup_procs, self.attach()?, self.uid)?;
         cmd.env_clear().args(self.args());
         let fds = self
             .bwrap_fds()?
@@ -309,6 +313,19 @@ impl Invocation<'_> {
         // added): mapping needs free numbers above the others.
         crate::local::enter::set_open_files_limit(&mut cmd);
         Ok(cmd)
+    }
+
+    /// The overlay to attach in the child (`crate::local::overlay::attach`): a descriptor
+    /// of the mount of its own (close-on-exec) and the mount point.
+    fn attach(&self) -> std::io::Result<Option<(std::os::fd::OwnedFd, std::ffi::CString)>> {
+        let Some(mount) = self.overlay else {
+            return Ok(None);
+        };
+        let target = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(
+            self.workspace.as_os_str(),
+        ))
+        .map_err(|_| std::io::Error::other("the workspace's path holds a NUL byte"))?;
+        Ok(Some((mount.try_clone_to_owned()?, target)))
     }
 
     /// What bubblewrap reads besides its command line, and the descriptor numbers its
@@ -356,6 +373,7 @@ impl Invocation<'_> {
             env: Vec::new(),
             fds,
             procs: crate::local::enter::open_procs(self.cgroup_procs)?,
+            attach: self.attach()?,
             ids: self.uid.map(|u| (u, u)),
             nofile: crate::local::open_files::for_sandbox(),
         })
@@ -417,6 +435,7 @@ pub async fn probe(bwrap: &Path, scratch: &Path, uid: Option<u32>) -> Result<Fea
             bwrap,
             features,
             workspace: scratch,
+            overlay: None,
             sandbox_id: "probe",
             relays: None,
             cgroup_procs: &[],
@@ -482,6 +501,7 @@ mod tests {
             bwrap: Path::new("bwrap"),
             features: Features { userns: true },
             workspace: Path::new("/state/ws"),
+            overlay: None,
             sandbox_id: "sbx-1",
             relays: egress.then_some(Relays {
                 forwarder: &kit,
@@ -546,6 +566,7 @@ mod tests {
             bwrap: Path::new("/usr/bin/bwrap"),
             features: Features { userns: true },
             workspace: Path::new("/state/ws"),
+            overlay: None,
             sandbox_id: "sbx-1",
             relays: None,
             cgroup_procs: &procs,

@@ -51,6 +51,9 @@ pub struct Config {
     /// Each sandbox's commands run under one long-lived bubblewrap (`crate::local::init`), when
     /// there is a forwarder (the init is that binary).
     pub sandbox_init: bool,
+    /// A template's sandbox gets an overlay of its workspace, not a copy, where the
+    /// kernel allows (`crate::local::overlay`).
+    pub workspace_overlay: bool,
     /// Compressed workspace snapshots (`<state>/snapshots` by default).
     pub snapshot_dir: PathBuf,
     /// Image archives a create may name as `archive:<name>`; `None`: none offered.
@@ -111,6 +114,7 @@ impl Config {
             reap_interval: Duration::from_secs(30),
             forwarder_path: None,
             sandbox_init: true,
+            workspace_overlay: true,
             prices: Prices::default(),
             egress_private_allowed: Vec::new(),
             seccomp: true,

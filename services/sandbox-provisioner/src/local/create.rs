@@ -166,6 +166,7 @@ impl Provisioner {
             uid: 0,
             image,
             made_index: String::new(),
+            overlay: None,
         }
     }
 
@@ -284,12 +285,27 @@ impl Provisioner {
             .inspect_err(
                 |e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"),
             )?;
+        // An overlay's mount goes with the directory unless the create completes.
+        let mut unmount = Unmount(made.overlay.is_some().then_some((&self.store, id.as_str())));
         let mut record = self.new_record(&id, &req, made.base_commit, image);
         record.made_index = made.index;
         record.uid = made.uid;
+        record.overlay = made.overlay;
         let sandbox = self.register(record).await?;
+        unmount.0 = None;
         cleanup.0 = None;
         crate::metrics::workspace_made(made.how);
         Ok(sandbox)
+    }
+}
+
+/// Lets an overlay workspace's mount go (`crate::local::overlay`) when dropped.
+struct Unmount<'a>(Option<(&'a crate::local::store::Store, &'a str)>);
+
+impl Drop for Unmount<'_> {
+    fn drop(&mut self) {
+        if let Some((store, id)) = self.0 {
+            store.overlays().remove(id);
+        }
     }
 }

@@ -8,7 +8,8 @@
 //! same steps for a sandbox's init, and `init/ended.rs`, waitid's pid): a `pre_exec`
 //! hook. It runs in the forked child, where
 //! only async-signal-safe calls are allowed; it makes raw system calls (rustix's Linux
-//! backend: `write`, `setgroups`, `setresgid`, `setresuid`, and `prlimit64`) on descriptors opened before
+//! backend: `write`, `setgroups`, `setresgid`, `setresuid`, `prlimit64`, and an overlay's
+//! `unshare`, `mount`, `open_tree` and `move_mount`) on descriptors opened before
 //! the fork, and allocates nothing.
 #![allow(unsafe_code)]
 
@@ -37,8 +38,15 @@ pub fn open_procs(cgroup_procs: &[PathBuf]) -> std::io::Result<Vec<OwnedFd>> {
 ///
 /// The files are opened here, in the provisioner: a missing cgroup fails now, with its
 /// path. A write the kernel refuses fails the spawn with its error.
-pub fn set(cmd: &mut Command, cgroup_procs: &[PathBuf], uid: Option<u32>) -> std::io::Result<()> {
-    if cgroup_procs.is_empty() && uid.is_none() {
+/// With `attach`, an overlay workspace's mount is put on its mount point in a mount
+/// namespace of the process's own first (`crate::local::overlay::attach`).
+pub fn set(
+    cmd: &mut Command,
+    cgroup_procs: &[PathBuf],
+    attach: Option<(OwnedFd, std::ffi::CString)>,
+    uid: Option<u32>,
+) -> std::io::Result<()> {
+    if cgroup_procs.is_empty() && uid.is_none() && attach.is_none() {
         return Ok(());
     }
     let procs = open_procs(cgroup_procs)?;
@@ -52,6 +60,9 @@ pub fn set(cmd: &mut Command, cgroup_procs: &[PathBuf], uid: Option<u32>) -> std
             // opener's rights: the provisioner's.
             for fd in &procs {
                 rustix::io::write(fd, b"0")?;
+            }
+            if let Some((mount, target)) = &attach {
+                crate::local::overlay::attach(rustix::fd::AsFd::as_fd(mount), target)?;
             }
             if let Some((uid, gid)) = ids {
                 rustix::thread::set_thread_groups(&[])?;

@@ -33,6 +33,7 @@ mod llm_relay;
 mod lru;
 mod open;
 mod open_files;
+mod overlay;
 mod patch;
 mod patch_scan;
 mod plain_command;

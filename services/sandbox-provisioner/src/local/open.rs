@@ -73,7 +73,9 @@ impl Provisioner {
                 None => config.warm,
             },
             uids.clone(),
-        );
+        )
+        .with_overlays(store.overlays().clone());
+        let overlay_workspaces = probe_overlay(&config, uids.as_deref());
         let images = ImageCache::open(&config.image_cache_dir)
             .map(Arc::new)
             .map_err(|e| {
@@ -104,6 +106,7 @@ impl Provisioner {
             creating: KeyedLock::default(),
             uids,
             disk_quota,
+            overlay_workspaces,
             draining: AtomicBool::new(false),
             release_cgroups_on_drop: AtomicBool::new(true),
             runtime_probe: RuntimeProbe::default(),
@@ -114,6 +117,7 @@ impl Provisioner {
             ?features,
             cgroups = ?core.cgroups.as_ref().map(|c| c.version),
             disk_quota = core.disk_quota.is_some(),
+            overlay_workspaces = core.overlay_workspaces,
             "sandbox provisioner ready"
         );
         reaper::spawn(&core);
@@ -127,6 +131,33 @@ fn state_dir_error(config: &Config, e: impl std::fmt::Display) -> String {
         "--state-dir (FORKYARD_STATE_DIR) {}: {e}",
         config.state_dir.display()
     )
+}
+
+/// Whether new workspaces are overlays of their templates (`crate::local::overlay`):
+/// asked for, with a uid per sandbox, and working on this kernel (tried with one of the
+/// replica's uids). Otherwise templates are copied, as before, and the log says why.
+fn probe_overlay(config: &Config, uids: Option<&SandboxUids>) -> bool {
+    if !config.workspace_overlay {
+        return false;
+    }
+    let Some(uids) = uids else {
+        info!(
+            "workspace overlays need a uid per sandbox (the provisioner run as root); templates are copied"
+        );
+        return false;
+    };
+    let Ok(uid) = uids.claim() else {
+        return false;
+    };
+    let tried = crate::local::overlay::probe(&config.state_dir.join("overlay-probe"), uid);
+    uids.release(uid);
+    match tried {
+        Ok(()) => true,
+        Err(reason) => {
+            warn!(%reason, "workspace overlays do not work here (they need Linux 6.15 or later); templates are copied");
+            false
+        }
+    }
 }
 
 /// What bubblewrap can do here, tried as the sandboxes will run it (as their own uid

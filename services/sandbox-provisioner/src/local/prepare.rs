@@ -140,7 +140,8 @@ impl Provisioner {
         image: Option<ImageRoot<'_>>,
     ) -> Result<(Launch, Option<LlmHold>)> {
         let id = record.id.as_str();
-        let workspace = self.store.workspace(id);
+        let workspace = self.store.mountpoint(id);
+        let overlay = self.store.overlays().mount_of(id);
         let socket = self.store.egress_socket(id);
         let egress = !record.egress_allow.is_empty();
         let lease = llm_gateway.map(|g| entry.llm.lease(g, id)).transpose()?;
@@ -149,6 +150,7 @@ impl Provisioner {
             bwrap: &self.bwrap,
             features: self.features,
             workspace: &workspace,
+            overlay: overlay.as_deref().map(std::os::fd::AsFd::as_fd),
             sandbox_id: id,
             relays: self.forwarder.as_ref().map(|forwarder| Relays {
                 forwarder,
@@ -189,7 +191,8 @@ impl Provisioner {
         pty: bool,
     ) -> Result<(Launch, Option<LlmHold>)> {
         let id = record.id.as_str();
-        let workspace = self.store.workspace(id);
+        let workspace = self.store.mountpoint(id);
+        let overlay = self.store.overlays().mount_of(id);
         let socket = self.store.egress_socket(id);
         let egress = !record.egress_allow.is_empty();
         let llm_socket = llm_gateway.is_some().then(|| {
@@ -224,6 +227,7 @@ impl Provisioner {
             bwrap: &self.bwrap,
             features: self.features,
             workspace: &workspace,
+            overlay: overlay.as_deref().map(std::os::fd::AsFd::as_fd),
             sandbox_id: id,
             relays,
             cgroup_procs: &procs,
@@ -270,7 +274,7 @@ impl Provisioner {
             .cgroups
             .as_ref()
             .is_some_and(|cg| cg.oom_kills(&id) > p.oom_before);
-        let ws = self.store.workspace(&id);
+        let ws = self.store.own_files(&p.entry.record());
         let bytes = tokio::task::spawn_blocking(move || store::workspace_usage(&ws))
             .await
             .unwrap_or(0);

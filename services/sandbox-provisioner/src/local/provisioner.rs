@@ -56,6 +56,8 @@ pub struct Provisioner {
     pub(crate) uids: Option<Arc<SandboxUids>>,
     /// Hard disk quotas, where the state directory's filesystem offers them.
     pub(crate) disk_quota: Option<DiskQuota>,
+    /// New template workspaces are overlays (`crate::local::overlay`), not copies.
+    pub(crate) overlay_workspaces: bool,
     /// One lock per idempotency key with a create in flight.
     pub(crate) creating: KeyedLock<String>,
     /// The replica-wide probe of the sandbox runtime behind health checks (`health.rs`).

@@ -104,10 +104,8 @@ impl Provisioner {
         timeout: Duration,
     ) {
         let record = p.entry.record();
-        let over_disk = crate::local::disk_watch::over_limit(
-            self.store.workspace(&record.id),
-            record.disk_bytes,
-        );
+        let over_disk =
+            crate::local::disk_watch::over_limit(self.store.own_files(&record), record.disk_bytes);
         let started = std::time::Instant::now();
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline, over_disk);

@@ -41,6 +41,17 @@ impl Provisioner {
                 self.remove_leftover(&id);
                 continue;
             }
+            // An overlay's mount went with the last run: mounted again, as its uid's.
+            if let Some(lower) = &record.overlay
+                && let Err(e) =
+                    self.store
+                        .overlays()
+                        .mount(&id, lower, &self.store.dir(&id), record.uid)
+            {
+                warn!(sandbox_id = %id, error = %e, "cannot mount the sandbox's overlay workspace; destroying it");
+                self.remove_leftover(&id);
+                continue;
+            }
             let entry = Entry::new(record);
             match self.activate(&entry) {
                 Ok(()) => {
@@ -80,7 +91,7 @@ impl Provisioner {
             return Ok(());
         }
         let uid = uids.claim()?;
-        let given = crate::local::uids::give_workspace(&self.store.workspace(&record.id), uid)
+        let given = crate::local::uids::give_workspace(&self.store.own_files(record), uid)
             .map_err(|e| crate::ProvisionerError::internal("give the workspace to its uid", e));
         if let Err(e) = given {
             uids.release(uid);
@@ -91,6 +102,7 @@ impl Provisioner {
     }
 
     fn remove_leftover(&self, id: &str) {
+        self.store.overlays().remove(id);
         if let Some(cg) = &self.cgroups {
             cg.remove(id);
         }

@@ -58,7 +58,8 @@ impl Provisioner {
         let id = record.id.as_str();
         let llm_socket = self.store.dir(id).join("llm.sock");
         let relay = self.shared_llm_relay(entry, record, &llm_socket)?;
-        let workspace = self.store.workspace(id);
+        let workspace = self.store.mountpoint(id);
+        let overlay = self.store.overlays().mount_of(id);
         let egress = self.store.egress_socket(id);
         let procs = self
             .cgroups
@@ -70,6 +71,7 @@ impl Provisioner {
             bwrap: &self.bwrap,
             features: self.features,
             workspace: &workspace,
+            overlay: overlay.as_deref().map(std::os::fd::AsFd::as_fd),
             sandbox_id: id,
             relays: Some(Relays {
                 forwarder,

@@ -88,12 +88,18 @@ impl Provisioner {
             let id = req.sandbox_id.clone();
             let _ = tokio::task::spawn_blocking(move || cg.kill_all(&id)).await;
         }
+        // An overlay's mount goes (its processes are gone): the snapshot's workspace is
+        // a plain directory, and the layers are removed once it is in place.
+        let overlay = entry.record().overlay.is_some();
+        if overlay {
+            self.store.overlays().remove(&req.sandbox_id);
+        }
         let dir = self.store.dir(&req.sandbox_id);
         let snaps = self.snapshots.clone();
         let id = req.snapshot_id.clone();
         let uid = self.uid_of(&entry.record());
         let disk_bytes = entry.record().disk_bytes;
-        tokio::task::spawn_blocking(move || -> Result<()> {
+        let hydrated = tokio::task::spawn_blocking(move || -> Result<()> {
             let fresh = dir.join("workspace.hydrating");
             let old = dir.join("workspace.old");
             let _ = store::remove_all(&fresh);
@@ -115,10 +121,47 @@ impl Provisioner {
             Ok(())
         })
         .await
-        .map_err(|e| ProvisionerError::internal("hydrate", e))??;
+        .map_err(|e| ProvisionerError::internal("hydrate", e))?;
+        if overlay {
+            self.after_overlay(&entry, hydrated.is_ok()).await?;
+        }
+        hydrated?;
         // An init a command started meanwhile holds the old workspace: it goes too.
         entry.end_init();
         Ok(self.snapshot(&entry))
+    }
+
+    /// After a hydrate of an overlay workspace (its mount let go): with the snapshot in
+    /// place (`replaced`), the record says the workspace is a plain directory and the
+    /// layers go; without, the overlay is mounted again as it was.
+    async fn after_overlay(
+        &self,
+        entry: &std::sync::Arc<crate::local::entry::Entry>,
+        replaced: bool,
+    ) -> Result<()> {
+        let mut record = entry.record();
+        let (store, dir) = (self.store.clone(), self.store.dir(&record.id));
+        if !replaced {
+            let Some(lower) = record.overlay.clone() else {
+                return Ok(());
+            };
+            return tokio::task::spawn_blocking(move || {
+                store.overlays().mount(&record.id, &lower, &dir, record.uid)
+            })
+            .await
+            .map_err(|e| ProvisionerError::internal("mount the overlay again", e))?
+            .map_err(|e| ProvisionerError::internal("mount the overlay again", e));
+        }
+        record.overlay = None;
+        entry.record.lock().expect("record lock").overlay = None;
+        self.store.save(&record)?;
+        let _ = tokio::task::spawn_blocking(move || {
+            for layer in [crate::local::overlay::UPPER, crate::local::overlay::WORK] {
+                let _ = store::remove_all(&dir.join(layer));
+            }
+        })
+        .await;
+        Ok(())
     }
 
     /// A new sandbox whose workspace is snapshot `req.snapshot_id` (called by create).

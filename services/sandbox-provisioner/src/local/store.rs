@@ -65,6 +65,10 @@ pub struct Record {
     /// that index records them has no patch to collect (`crate::local::patch_scan`).
     #[serde(default)]
     pub made_index: String,
+    /// The workspace is an overlay of this template workspace (`crate::local::overlay`),
+    /// the sandbox's own files in `upper/`; `None`: a plain directory at `workspace/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay: Option<PathBuf>,
 }
 
 /// A sandbox's image, as resolved at create (`crate::local::image`).
@@ -130,11 +134,21 @@ impl Record {
 }
 
 /// Where sandboxes live on disk.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Store {
     root: PathBuf,
     /// `<state>/trash`: destroyed sandboxes' directories, removed in the background.
     trash: PathBuf,
+    /// The live overlay workspaces' mounts.
+    overlays: std::sync::Arc<crate::local::overlay::Overlays>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Store {
@@ -153,13 +167,18 @@ impl Store {
         for e in std::fs::read_dir(&trash)?.flatten() {
             remove_in_background(e.path());
         }
-        Ok(Self { root, trash })
+        Ok(Self {
+            root,
+            trash,
+            overlays: std::sync::Arc::default(),
+        })
     }
 
     /// Take sandbox `id`'s directory away at once and delete it in the background: its
     /// processes are gone, and deleting thousands of files can take long (on hosts
     /// with online discard, ~3 ms a file). Removed in place if it cannot be moved.
     pub fn remove_later(&self, id: &str) -> std::io::Result<()> {
+        self.overlays.remove(id);
         let dir = self.dir(id);
         let to = self
             .trash
@@ -182,8 +201,31 @@ impl Store {
         self.root.join(id)
     }
 
+    /// Where the host reads and writes sandbox `id`'s workspace: its directory, or the
+    /// root of its overlay's mount (`crate::local::overlay`).
     pub fn workspace(&self, id: &str) -> PathBuf {
+        self.overlays
+            .path(id)
+            .unwrap_or_else(|| self.mountpoint(id))
+    }
+
+    /// The workspace's directory: what bubblewrap binds at `/workspace` (an overlay is
+    /// mounted on it in the sandbox's own mount namespace, never in the host's).
+    pub fn mountpoint(&self, id: &str) -> PathBuf {
         self.dir(id).join(WORKSPACE)
+    }
+
+    /// What sandbox `record` wrote itself, as its disk bound counts it: its overlay's
+    /// upper layer, or its whole workspace.
+    pub fn own_files(&self, record: &Record) -> PathBuf {
+        match record.overlay {
+            Some(_) => self.dir(&record.id).join(crate::local::overlay::UPPER),
+            None => self.workspace(&record.id),
+        }
+    }
+
+    pub(crate) fn overlays(&self) -> &std::sync::Arc<crate::local::overlay::Overlays> {
+        &self.overlays
     }
 
     /// The egress proxy's socket (outside the workspace: the agent cannot replace it).
@@ -241,8 +283,22 @@ impl Store {
             std::fs::read(dir.join(RECORD)).map_err(|e| format!("no readable record: {e}"))?;
         let record: Record =
             serde_json::from_slice(&raw).map_err(|e| format!("corrupt record: {e}"))?;
-        if !dir.join(WORKSPACE).join(".git").is_dir() {
-            return Err("workspace missing".into());
+        match &record.overlay {
+            Some(lower) => {
+                if !dir.join(crate::local::overlay::UPPER).is_dir() {
+                    return Err("overlay workspace's upper directory missing".into());
+                }
+                if !lower.join(".git").is_dir() {
+                    return Err(format!(
+                        "overlay workspace's template {} missing",
+                        lower.display()
+                    ));
+                }
+            }
+            None if !dir.join(WORKSPACE).join(".git").is_dir() => {
+                return Err("workspace missing".into());
+            }
+            None => {}
         }
         Ok(record)
     }

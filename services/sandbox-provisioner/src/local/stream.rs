@@ -103,7 +103,7 @@ async fn relay_output(
 ) -> (Option<i32>, bool) {
     let record = p.entry.record();
     let over_disk =
-        crate::local::disk_watch::over_limit(core.store.workspace(&record.id), record.disk_bytes);
+        crate::local::disk_watch::over_limit(core.store.own_files(&record), record.disk_bytes);
     let mut out = running.stdout.take().expect("piped");
     let mut err = running.stderr.take().expect("piped");
     let (mut ob, mut eb) = (ReadBuf::new(32 * 1024), ReadBuf::new(32 * 1024));

@@ -40,6 +40,8 @@ pub(crate) struct Plan {
     pub fds: Vec<(OwnedFd, i32)>,
     /// `cgroup.procs` files (opened by the provisioner) the child writes itself into.
     pub procs: Vec<OwnedFd>,
+    /// An overlay workspace's mount and its mount point (`crate::local::overlay::attach`).
+    pub attach: Option<(OwnedFd, CString)>,
     /// The uid and gid the child becomes (no supplementary groups).
     pub ids: Option<(u32, u32)>,
     /// The open-files limit the child sets (`crate::local::open_files`).
@@ -56,6 +58,7 @@ struct Ctx<'a> {
     /// Above every number of `fds`: where descriptors are parked before their `dup2`.
     floor: c_int,
     procs: &'a [c_int],
+    attach: Option<(rustix::fd::BorrowedFd<'a>, &'a std::ffi::CStr)>,
     ids: Option<(u32, u32)>,
     nofile: Option<&'a rustix::process::Rlimit>,
     /// The errno of the step that failed, set by the child before it exits.
@@ -136,6 +139,10 @@ pub(crate) fn spawn(plan: Plan) -> io::Result<Process> {
         fds: &fds,
         floor,
         procs: &procs,
+        attach: plan
+            .attach
+            .as_ref()
+            .map(|(fd, target)| (fd.as_fd(), target.as_c_str())),
         ids: plan.ids,
         nofile: plan.nofile.as_ref(),
         error: AtomicI32::new(0),
@@ -211,6 +218,7 @@ const STEPS: &[&str] = &[
     "set the open-files limit",
     "unblock signals",
     "exec",
+    "attach the overlay workspace",
 ];
 
 /// The child: raw system calls on `Ctx`'s values, then exec. Never returns.
@@ -250,6 +258,12 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
             if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
                 return fail(2, errno());
             }
+        }
+        // As root, before the uid drop: a mount namespace of its own, the workspace in it.
+        if let Some((mount, target)) = ctx.attach
+            && let Err(e) = crate::local::overlay::attach(mount, target)
+        {
+            return fail(8, e.raw_os_error());
         }
         if let Some((uid, gid)) = ctx.ids {
             // rustix's raw system calls: this thread only.
@@ -315,6 +329,7 @@ mod tests {
             env: vec![c("PATH=/usr/bin:/bin")],
             fds,
             procs: Vec::new(),
+            attach: None,
             ids: None,
             nofile: None,
         }

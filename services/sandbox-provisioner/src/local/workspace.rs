@@ -46,6 +46,24 @@ impl Provisioner {
         ws: &Path,
         placed: Option<crate::local::template::WarmCopy>,
     ) -> Result<Made> {
+        if let Source::Template(dir, commit) = &source
+            && placed.is_none()
+            && self.overlay_workspaces
+        {
+            match self.overlay_workspace(req, dir, commit, ws).await {
+                Ok(made) => return Ok(made),
+                Err(
+                    e
+                    @ (ProvisionerError::FailedPrecondition(_) | ProvisionerError::Unavailable(_)),
+                ) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(repo = %req.repo, error = %e, "overlay workspace failed; copying the template instead");
+                    if let Some(sandbox) = ws.parent() {
+                        crate::local::overlay::remove_layers(sandbox);
+                    }
+                }
+            }
+        }
         if let Source::Template(dir, commit) = source {
             let how = match placed {
                 Some(_) => crate::metrics::Workspace::WarmCopy,
@@ -62,6 +80,7 @@ impl Provisioner {
                         index: copied.index,
                         uid: copied.uid,
                         how,
+                        overlay: None,
                     });
                 }
                 // A refused branch, or no sandbox uid free: a clone would end the same.
@@ -91,7 +110,68 @@ impl Provisioner {
             index,
             uid: 0,
             how: crate::metrics::Workspace::Clone,
+            overlay: None,
         })
+    }
+}
+
+impl Provisioner {
+    /// The new sandbox's workspace an overlay of template `dir` (`crate::local::overlay`)
+    /// on new branch `req.branch`; `ws` is the sandbox's `workspace` directory (the mount
+    /// point its processes get it on). Registered with the store as the sandbox's.
+    async fn overlay_workspace(
+        &self,
+        req: &CreateSandboxRequest,
+        dir: &Path,
+        commit: &str,
+        ws: &Path,
+    ) -> Result<Made> {
+        let sandbox = ws
+            .parent()
+            .ok_or_else(|| ProvisionerError::internal("overlay workspace", "no sandbox directory"))?
+            .to_path_buf();
+        let id = sandbox
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| ProvisionerError::internal("overlay workspace", "no sandbox id"))?
+            .to_owned();
+        let held =
+            crate::local::template::WarmCopy::holding_uid(sandbox.clone(), self.templates.uids())?;
+        let (store, lower) = (self.store.clone(), dir.join(store::WORKSPACE));
+        let (branch, commit) = (req.branch.clone(), commit.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let Some(uid) = held.uid() else {
+                return Err(ProvisionerError::internal(
+                    "overlay workspace",
+                    "no sandbox uid",
+                ));
+            };
+            crate::local::overlay::make_layers(&sandbox, uid)
+                .and_then(|()| store.overlays().mount(&id, &lower, &sandbox, uid))
+                .map_err(|e| ProvisionerError::internal("mount the overlay workspace", e))?;
+            // The branch is written through the mount, as root: what it makes lands in the
+            // upper layer and is given to the sandbox's uid.
+            if let Err(e) = crate::local::template::start_branch(
+                &store.workspace(&id),
+                &branch,
+                &commit,
+                Some(uid),
+            ) {
+                store.overlays().remove(&id);
+                return Err(e);
+            }
+            let index = crate::local::git_index::checksum_of(&lower).unwrap_or_default();
+            let (_, uid) = held.keep_uid();
+            Ok(Made {
+                base_commit: commit,
+                index,
+                uid,
+                how: crate::metrics::Workspace::Overlay,
+                overlay: Some(lower),
+            })
+        })
+        .await
+        .map_err(|e| ProvisionerError::internal("overlay workspace", e))?
     }
 }
 
@@ -105,4 +185,6 @@ pub(crate) struct Made {
     pub(crate) uid: u32,
     /// How it was made (counted once the sandbox is registered).
     pub(crate) how: crate::metrics::Workspace,
+    /// An overlay's lower layer (`store::Record::overlay`).
+    pub(crate) overlay: Option<PathBuf>,
 }

@@ -29,8 +29,16 @@ impl Templates {
         }
         let (root, max) = (self.root.clone(), self.max_bytes);
         let (used, evicting) = (self.used.clone(), self.evicting.clone());
+        let overlays = self.overlays.clone();
         tokio::task::spawn_blocking(move || {
-            let removed = evict(&root, entries(&root, &used), max, GRACE);
+            let mut found = entries(&root, &used);
+            // A live overlay's lower layer counts as used now.
+            for e in &mut found {
+                if overlays.uses(&e.home) {
+                    e.used = SystemTime::now();
+                }
+            }
+            let removed = evict(&root, found, max, GRACE);
             let mut memo = used.lock().expect("templates lock");
             for key in removed {
                 memo.remove(&key);

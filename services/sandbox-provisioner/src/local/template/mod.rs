@@ -66,6 +66,8 @@ pub(crate) struct Templates {
     pub(crate) evicting: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Copies of the templates' workspaces made ahead of creates (`warm`).
     warm: Arc<warm::Warm>,
+    /// Live overlay workspaces: a template that is one's lower layer is never evicted.
+    pub(crate) overlays: Arc<crate::local::overlay::Overlays>,
 }
 
 /// `<hash of the repository>-<commit>`: the templates of one repository share a prefix.
@@ -87,7 +89,7 @@ async fn settle(ws: &Path) -> Result<()> {
 /// Start `branch` at `commit` in a copied workspace: what `git checkout -b` writes
 /// (the reflog aside). What it makes (the ref, directories of a branch like `team/x`)
 /// is given to `uid`, or git in the sandbox could not update its own branch.
-fn start_branch(ws: &Path, branch: &str, commit: &str, uid: Option<u32>) -> Result<()> {
+pub(crate) fn start_branch(ws: &Path, branch: &str, commit: &str, uid: Option<u32>) -> Result<()> {
     let git = ws.join(".git");
     let refs = git.join("refs/heads");
     if read_ref(&git, &format!("refs/heads/{branch}"), 0).is_some() {
@@ -192,7 +194,15 @@ impl Templates {
             max_bytes,
             evicting: std::sync::Arc::default(),
             warm: Arc::new(warm::Warm::start(WarmBounds::OFF, None)),
+            overlays: Arc::default(),
         })
+    }
+
+    /// The live overlay workspaces whose templates eviction spares.
+    #[must_use]
+    pub(crate) fn with_overlays(mut self, overlays: Arc<crate::local::overlay::Overlays>) -> Self {
+        self.overlays = overlays;
+        self
     }
 
     /// Keep warm copies of the templates' workspaces within `bounds` (`warm`), each
@@ -291,6 +301,11 @@ impl Templates {
             .acquire()
             .await
             .map_err(|e| ProvisionerError::internal("wait for a create turn", e))
+    }
+
+    /// The replica's sandbox uids, if it hands them out.
+    pub(crate) fn uids(&self) -> Option<&std::sync::Arc<crate::local::uids::SandboxUids>> {
+        self.warm.uids()
     }
 
     /// A warm copy of template `dir` renamed into place as the new sandbox's directory

@@ -1,0 +1,194 @@
+//! A template's sandbox gets an overlay of the template's workspace (`local::overlay`):
+//! what the sandbox sees and may change is its own, what it writes lands in its own
+//! layer, the template and the other sandboxes are untouched, and the mount is in no
+//! namespace of the host's. Needs root (a uid per sandbox) and Linux 6.15 or later;
+//! elsewhere templates are copied and these tests say so and stop.
+
+mod common;
+
+use common::{exec_req, fixture, fixture_with, git};
+use forkyard_proto::sandbox::v1::{CollectPatchRequest, DestroySandboxRequest, ReadFileRequest};
+use std::path::Path;
+
+/// Whether this host gives overlay workspaces: as root, on Linux 6.15 or later.
+fn overlays_expected() -> bool {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("not root: no uid per sandbox, so templates are copied");
+        return false;
+    }
+    let release = rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let (major, minor) = (
+        parts
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+            .unwrap_or(0),
+        parts
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+            .unwrap_or(0),
+    );
+    if (major, minor) < (6, 15) {
+        eprintln!("Linux {release}: no clone of a detached mount, so templates are copied");
+        return false;
+    }
+    true
+}
+
+/// Lines of this process's mount table naming `path`.
+fn host_mounts_under(path: &Path) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let path = path.display().to_string();
+    table
+        .lines()
+        .filter(|l| l.contains(&path))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn template_files(state: &Path, name: &str) -> Vec<String> {
+    std::fs::read_dir(state.join("templates"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("workspace").join(name)).ok())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_sandboxs_overlay_is_its_own_and_leaves_the_template_and_the_others_alone() {
+    if !overlays_expected() {
+        return;
+    }
+    let f = fixture().await;
+    // A directory in the template, to rename inside a sandbox.
+    std::fs::create_dir_all(f.repo.join("src")).unwrap();
+    std::fs::write(f.repo.join("src/lib.txt"), "lib\n").unwrap();
+    git(&f.repo, &["add", "."]);
+    git(&f.repo, &["commit", "-q", "-m", "src"]);
+    let a = f.create().await;
+    let b = f.core.create(f.request("forkyard-fork-2")).await.unwrap();
+    for s in [&a, &b] {
+        let dir = f.state.join("sandboxes").join(&s.id);
+        assert!(dir.join("upper").is_dir(), "{}: not an overlay", s.id);
+        assert_eq!(std::fs::read_dir(dir.join("workspace")).unwrap().count(), 0);
+    }
+    assert_eq!(host_mounts_under(&f.state), Vec::<String>::new());
+
+    // The template's files are the sandbox's, and it changes them as its own: a write,
+    // a new directory, a renamed directory of the template.
+    let uid = f.sh(&a.id, "id -u").await.stdout;
+    let out = f
+        .sh(
+            &a.id,
+            "stat -c %u README.md src/lib.txt .git/HEAD . && echo more >> README.md \
+             && mkdir -p new/dir && echo n > new/dir/f && mv src lib && git branch --show-current",
+        )
+        .await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    assert_eq!(
+        out.stdout,
+        format!("{0}{0}{0}{0}forkyard-fork-1\n", uid),
+        "{out:?}"
+    );
+    let read = f
+        .core
+        .read_file(ReadFileRequest {
+            sandbox_id: a.id.clone(),
+            path: "README.md".into(),
+            max_bytes: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(read.content, b"hello\nworld\nmore\n");
+    let patch = f
+        .core
+        .collect_patch(CollectPatchRequest {
+            sandbox_id: a.id.clone(),
+            max_bytes: 0,
+        })
+        .await
+        .unwrap();
+    for part in ["+more", "lib/lib.txt", "new/dir/f"] {
+        assert!(patch.patch.contains(part), "{part}: {}", patch.patch);
+    }
+    // What it wrote is in its own layer, its uid's on the host.
+    let upper = common::own_files(&f.state, &a.id);
+    let meta = std::fs::metadata(upper.join("README.md")).unwrap();
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&meta).to_string(),
+        uid.trim()
+    );
+
+    // The other sandbox and the template are as they were.
+    let out = f
+        .sh(
+            &b.id,
+            "cat README.md src/lib.txt && git status --porcelain && git branch --show-current",
+        )
+        .await;
+    assert_eq!(
+        out.stdout, "hello\nworld\nlib\nforkyard-fork-2\n",
+        "{out:?}"
+    );
+    let empty = f
+        .core
+        .collect_patch(CollectPatchRequest {
+            sandbox_id: b.id.clone(),
+            max_bytes: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(empty.patch, "");
+    assert_eq!(template_files(&f.state, "README.md"), ["hello\nworld\n"]);
+}
+
+#[tokio::test]
+async fn an_overlay_is_mounted_again_after_a_restart_and_goes_with_its_sandbox() {
+    if !overlays_expected() {
+        return;
+    }
+    let f = fixture().await;
+    let sbx = f.create().await;
+    let out = f
+        .sh(&sbx.id, "echo kept > kept.txt && echo x >> README.md")
+        .await;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let common::Fixture {
+        tmp: _tmp,
+        state,
+        core,
+        ..
+    } = f;
+    drop(core);
+    let core = common::open(&state).await;
+    let out = core
+        .exec(exec_req(&sbx.id, &["sh", "-c", "cat kept.txt README.md"]))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, "kept\nhello\nworld\nx\n", "{out:?}");
+    core.destroy(DestroySandboxRequest {
+        sandbox_id: sbx.id.clone(),
+        reason: "test".into(),
+    })
+    .await
+    .unwrap();
+    assert!(!state.join("sandboxes").join(&sbx.id).exists());
+    assert_eq!(host_mounts_under(&state), Vec::<String>::new());
+    assert_eq!(template_files(&state, "README.md"), ["hello\nworld\n"]);
+}
+
+#[tokio::test]
+async fn with_overlays_off_a_template_is_copied() {
+    let f = fixture_with(|_, c| c.workspace_overlay = false).await;
+    let sbx = f.create().await;
+    let dir = f.state.join("sandboxes").join(&sbx.id);
+    assert!(!dir.join("upper").exists());
+    assert!(dir.join("workspace/.git").is_dir());
+    assert_eq!(
+        f.sh(&sbx.id, "cat README.md").await.stdout,
+        "hello\nworld\n"
+    );
+}
