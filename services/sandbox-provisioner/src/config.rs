@@ -136,9 +136,11 @@ pub struct Args {
     /// At least this many warm copies of each template a create used in the last ten
     /// minutes, whatever its demand (within --warm-copies and --warm-copies-max-bytes):
     /// the largest fan-out expected, so a run larger than the last minute's finds its
-    /// workspaces made too. 0: as many as the last minute's creates.
-    #[arg(long, env = "FORKYARD_WARM_COPIES_MIN", default_value_t = 0)]
-    pub warm_copies_min: usize,
+    /// workspaces made too. 0: as many as the last minute's creates. Unset: all of
+    /// --warm-copies where workspaces are overlays (a warm overlay is a few inodes and
+    /// a mount, none of the worktree's bytes), 0 where they are copies.
+    #[arg(long, env = "FORKYARD_WARM_COPIES_MIN")]
+    pub warm_copies_min: Option<usize>,
     /// Registry credentials for image pulls: a Docker `config.json` (`docker login`'s, or
     /// a Kubernetes image pull secret's `.dockerconfigjson`).
     #[arg(long, env = "FORKYARD_REGISTRY_AUTH_FILE")]
@@ -306,7 +308,9 @@ impl Args {
         config.warm = crate::local::WarmBounds {
             copies: self.warm_copies,
             bytes: self.warm_copies_max_bytes,
-            min: self.warm_copies_min,
+            min: self
+                .warm_copies_min
+                .unwrap_or(crate::local::WarmBounds::MIN_AUTO),
         };
         config.registry = crate::local::image::registry::RegistryConfig {
             auth_file: self.registry_auth_file.clone(),

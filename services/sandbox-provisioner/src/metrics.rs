@@ -47,6 +47,8 @@ pub(crate) enum Workspace {
     Snapshot,
     /// An overlay of the template mounted (`crate::local::overlay`).
     Overlay,
+    /// A warm overlay taken (one rename; its mount made ahead).
+    WarmOverlay,
 }
 
 impl Workspace {
@@ -57,6 +59,7 @@ impl Workspace {
             Self::Clone => "clone",
             Self::Snapshot => "snapshot",
             Self::Overlay => "overlay",
+            Self::WarmOverlay => "warm_overlay",
         }
     }
 }

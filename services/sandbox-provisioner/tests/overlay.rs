@@ -7,7 +7,10 @@
 mod common;
 
 use common::{exec_req, fixture, fixture_with, git};
-use forkyard_proto::sandbox::v1::{CollectPatchRequest, DestroySandboxRequest, ReadFileRequest};
+use forkyard_proto::sandbox::v1::{
+    CollectPatchRequest, DestroySandboxRequest, HydrateWorkspaceRequest, PersistWorkspaceRequest,
+    ReadFileRequest,
+};
 use std::path::Path;
 
 /// Whether this host gives overlay workspaces: as root, on Linux 6.15 or later.
@@ -191,4 +194,96 @@ async fn with_overlays_off_a_template_is_copied() {
         f.sh(&sbx.id, "cat README.md").await.stdout,
         "hello\nworld\n"
     );
+}
+
+/// A repository's new commit makes a new template, and its older one goes unless a live
+/// sandbox's overlay stands on it: that sandbox's repository stays whole.
+#[tokio::test]
+async fn a_template_a_sandbox_stands_on_stays_when_its_repository_moves_on() {
+    if !overlays_expected() {
+        return;
+    }
+    let f = fixture().await;
+    let a = f.create().await;
+    std::fs::write(f.repo.join("README.md"), "next\n").unwrap();
+    git(&f.repo, &["commit", "-q", "-am", "next"]);
+    let b = f.core.create(f.request("forkyard-fork-2")).await.unwrap();
+    assert_ne!(a.base_commit, b.base_commit);
+    let templates = std::fs::read_dir(f.state.join("templates"))
+        .unwrap()
+        .flatten()
+        .filter(|t| !t.file_name().to_string_lossy().contains(".tmp-"))
+        .count();
+    assert_eq!(
+        templates, 2,
+        "the older template went while a sandbox used it"
+    );
+    let out = f
+        .sh(
+            &a.id,
+            "git fsck --no-progress && cat README.md && git status --porcelain",
+        )
+        .await;
+    assert_eq!(
+        (out.exit_code, out.stdout.as_str()),
+        (0, "hello\nworld\n"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(f.sh(&b.id, "cat README.md").await.stdout, "next\n");
+}
+
+/// A hydrate puts the snapshot in place of the overlay: the workspace is a plain
+/// directory from then on, the overlay's layers are gone, and the disk bound counts it.
+#[tokio::test]
+async fn a_hydrate_replaces_an_overlay_with_the_snapshot() {
+    if !overlays_expected() {
+        return;
+    }
+    let f = fixture().await;
+    let sbx = f.create().await;
+    f.sh(&sbx.id, "echo v1 > state.txt").await;
+    let snap = f
+        .core
+        .persist(PersistWorkspaceRequest {
+            sandbox_id: sbx.id.clone(),
+        })
+        .await
+        .unwrap();
+    f.sh(&sbx.id, "echo v2 > state.txt && echo gone > other.txt")
+        .await;
+    f.core
+        .hydrate(HydrateWorkspaceRequest {
+            sandbox_id: sbx.id.clone(),
+            snapshot_id: snap.snapshot_id,
+        })
+        .await
+        .unwrap();
+    let dir = f.state.join("sandboxes").join(&sbx.id);
+    assert!(!dir.join("upper").exists(), "the overlay's layer is left");
+    assert!(dir.join("workspace/.git").is_dir());
+    let out = f
+        .sh(
+            &sbx.id,
+            "cat state.txt README.md; ls other.txt 2>&1; git branch --show-current",
+        )
+        .await;
+    assert_eq!(
+        out.stdout,
+        "v1\nhello\nworld\nls: cannot access 'other.txt': No such file or directory\nforkyard-fork-1\n"
+    );
+    // The restart after it finds a plain workspace, as the record now says.
+    let common::Fixture {
+        tmp: _tmp,
+        state,
+        core,
+        ..
+    } = f;
+    drop(core);
+    let core = common::open(&state).await;
+    let out = core
+        .exec(exec_req(&sbx.id, &["cat", "state.txt"]))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, "v1\n");
 }

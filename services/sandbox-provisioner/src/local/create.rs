@@ -278,34 +278,27 @@ impl Provisioner {
         }
         // Removes the directory unless the create completes (also if the caller hangs up).
         let mut cleanup = DirCleanup(Some(dir));
-        let ws = self.store.workspace(&id);
+        // Its directory: an overlay is registered only once made.
+        let ws = self.store.mountpoint(&id);
         let made = self
             .make_workspace(&req, source, &ws, placed)
             .await
             .inspect_err(
                 |e| warn!(sandbox_id = %id, repo = %req.repo, error = %e, "create failed"),
             )?;
-        // An overlay's mount goes with the directory unless the create completes.
-        let mut unmount = Unmount(made.overlay.is_some().then_some((&self.store, id.as_str())));
         let mut record = self.new_record(&id, &req, made.base_commit, image);
         record.made_index = made.index;
         record.uid = made.uid;
         record.overlay = made.overlay;
+        // An overlay's mount goes with the directory unless the register completes; its
+        // uid is the register's to give back from here.
+        let hold = made.hold.map(crate::local::overlay::Hold::uid_registered);
         let sandbox = self.register(record).await?;
-        unmount.0 = None;
+        if let Some(hold) = hold {
+            hold.kept();
+        }
         cleanup.0 = None;
         crate::metrics::workspace_made(made.how);
         Ok(sandbox)
-    }
-}
-
-/// Lets an overlay workspace's mount go (`crate::local::overlay`) when dropped.
-struct Unmount<'a>(Option<(&'a crate::local::store::Store, &'a str)>);
-
-impl Drop for Unmount<'_> {
-    fn drop(&mut self) {
-        if let Some((store, id)) = self.0 {
-            store.overlays().remove(id);
-        }
     }
 }

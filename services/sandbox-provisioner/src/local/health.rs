@@ -52,8 +52,11 @@ impl Provisioner {
         if entry.record.lock().expect("record lock").destroying {
             return unhealthy("sandbox is being destroyed".into());
         }
-        let git_dir = self.store.workspace(&req.sandbox_id).join(".git");
-        if !tokio::fs::try_exists(&git_dir).await.unwrap_or(false) {
+        let ws = self.store.workspace(&req.sandbox_id);
+        if !tokio::fs::try_exists(ws.join(".git"))
+            .await
+            .unwrap_or(false)
+        {
             return unhealthy("workspace has no .git on the host".into());
         }
         let probe = &self.runtime_probe;

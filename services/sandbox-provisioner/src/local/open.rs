@@ -61,6 +61,8 @@ impl Provisioner {
                 config.snapshot_dir.display()
             )
         })?;
+        let overlay_workspaces = probe_overlay(&config, uids.as_deref());
+        let warm = config.warm.resolved(overlay_workspaces);
         let templates = Templates::open(
             config.state_dir.join("templates"),
             config.template_cache_max_bytes,
@@ -70,12 +72,11 @@ impl Provisioner {
         .with_warm(
             match disk_quota {
                 Some(_) => crate::local::WarmBounds::OFF,
-                None => config.warm,
+                None => warm,
             },
             uids.clone(),
         )
-        .with_overlays(store.overlays().clone());
-        let overlay_workspaces = probe_overlay(&config, uids.as_deref());
+        .with_overlays(store.overlays().clone(), overlay_workspaces);
         let images = ImageCache::open(&config.image_cache_dir)
             .map(Arc::new)
             .map_err(|e| {

@@ -65,13 +65,13 @@ impl Overlays {
     /// root through the provisioner's descriptor (the trailing `.` lets a walk open it
     /// with `O_NOFOLLOW`, as it opens a plain workspace). Valid for the provisioner's
     /// children too, while the mount is registered.
-    pub(crate) fn path(&self, id: &str) -> Option<PathBuf> {
+    /// The path holds the descriptor's number: it is valid while the returned mount is
+    /// held (a number closed meanwhile could be another's, another sandbox's mount).
+    pub(crate) fn path(&self, id: &str) -> Option<(PathBuf, Arc<OwnedFd>)> {
         let mounts = self.mounts.lock().expect("overlays lock");
-        let fd = mounts.get(id)?.mount.as_raw_fd();
-        Some(PathBuf::from(format!(
-            "/proc/{}/fd/{fd}/.",
-            std::process::id()
-        )))
+        let mount = mounts.get(id)?.mount.clone();
+        let path = format!("/proc/{}/fd/{}/.", std::process::id(), mount.as_raw_fd());
+        Some((PathBuf::from(path), mount))
     }
 
     /// The mount to give sandbox `id`'s processes, if its workspace is an overlay.
@@ -107,15 +107,21 @@ impl Overlays {
     /// upper and work directories, the lower layer seen as `uid`'s; registered as
     /// sandbox `id`'s.
     pub(crate) fn mount(&self, id: &str, lower: &Path, sandbox: &Path, uid: u32) -> io::Result<()> {
+        let mount = self.detached(lower, sandbox, uid)?;
+        self.insert(id, mount, lower.to_path_buf());
+        Ok(())
+    }
+
+    /// [`Self::mount`] not registered yet (a warm overlay, `crate::local::template`'s
+    /// `warm`): registered by the create that takes it.
+    pub(crate) fn detached(&self, lower: &Path, sandbox: &Path, uid: u32) -> io::Result<OwnedFd> {
         let userns = self.userns(uid)?;
-        let mount = mount(
+        mount(
             lower,
             &sandbox.join(UPPER),
             &sandbox.join(WORK),
             userns.as_fd(),
-        )?;
-        self.insert(id, mount, lower.to_path_buf());
-        Ok(())
+        )
     }
 
     /// A user namespace mapping the provisioner's uid and gid to `uid` (the idmap of a
@@ -131,6 +137,48 @@ impl Overlays {
         }
         cache.insert(uid, ns.clone());
         Ok(ns)
+    }
+}
+
+/// A new sandbox's overlay until the sandbox is registered: dropped before (a create
+/// that failed, or whose caller went), it lets the mount go and gives the uid back.
+pub(crate) struct Hold {
+    store: crate::local::store::Store,
+    id: String,
+    uid: Option<(u32, Arc<crate::local::uids::SandboxUids>)>,
+}
+
+impl Hold {
+    pub(crate) fn new(
+        store: crate::local::store::Store,
+        id: String,
+        uid: Option<(u32, Arc<crate::local::uids::SandboxUids>)>,
+    ) -> Self {
+        Self { store, id, uid }
+    }
+
+    /// The uid is the register's now (it gives it back if it fails).
+    #[must_use]
+    pub(crate) fn uid_registered(mut self) -> Self {
+        self.uid = None;
+        self
+    }
+
+    /// The sandbox is registered: its mount stays.
+    pub(crate) fn kept(mut self) {
+        self.uid = None;
+        self.id.clear();
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if !self.id.is_empty() {
+            self.store.overlays().remove(&self.id);
+        }
+        if let Some((uid, uids)) = self.uid.take() {
+            uids.release(uid);
+        }
     }
 }
 
@@ -191,7 +239,9 @@ pub(crate) fn mount(
     set("workdir", work)?;
     set("redirect_dir", Path::new("on"))?;
     rustix::mount::fsconfig_create(&fs).map_err(|e| named("create the overlay", e))?;
-    rustix::mount::fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())
+    // No set-id program nor device node of the sandbox's means anything on it.
+    let attrs = MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV;
+    rustix::mount::fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, attrs)
         .map_err(|e| named("mount the overlay", e))
 }
 
@@ -237,51 +287,91 @@ fn idmap(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> io::Result<()> {
 }
 
 /// A new user namespace whose uid and gid of the provisioner are `uid` on the host.
-/// A user namespace needs a process to be made in: a fork that makes one and waits
-/// while its maps are written and it is opened, then is killed (not told to exit by a
-/// closed pipe: a fork made meanwhile by another thread would hold the pipe open).
+/// A user namespace needs a process to be made in: a child cloned into a new one that
+/// shares the provisioner's memory (`CLONE_VM`, no copy of its page tables: a fork of the
+/// provisioner per uid cost a first wave of 100 creates about 100 ms), runs on a stack of
+/// its own, and waits while its maps are written and its namespace is opened.
 fn userns_mapping_to(uid: u32) -> io::Result<OwnedFd> {
-    let (ready_r, ready_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-    // SAFETY: the child makes raw system calls only (unshare, write, pause, _exit) on
-    // descriptors made before the fork, as a forked child of a threaded process may.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(io::Error::last_os_error());
+    /// What the child reads: two pipe ends, as raw numbers.
+    struct Ctx {
+        ready: c_int,
+        go: c_int,
     }
-    if pid == 0 {
-        // SAFETY: as above; the child never returns.
+    extern "C" fn child(arg: *mut c_void) -> c_int {
+        // SAFETY: `arg` is the `Ctx` the parent keeps alive until it has reaped this
+        // child. rustix's raw system calls write no errno (the memory, the C library's
+        // thread state among it, is the parent's).
         unsafe {
-            let ok = libc::unshare(libc::CLONE_NEWUSER) == 0;
-            let byte = [u8::from(ok)];
-            libc::write(ready_w.as_raw_fd(), byte.as_ptr().cast(), 1);
-            loop {
-                libc::pause();
-            }
+            let ctx = &*arg.cast::<Ctx>();
+            let _ = rustix::io::write(BorrowedFd::borrow_raw(ctx.ready), &[1]);
+            let mut b = [0u8; 1];
+            let _ = rustix::io::read(BorrowedFd::borrow_raw(ctx.go), &mut b);
+            libc::syscall(libc::SYS_exit, 0);
         }
+        0
     }
+    use std::ffi::{c_int, c_void};
+    const STACK_BYTES: usize = 16 * 1024;
+    let (ready_r, ready_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let (go_r, go_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let ctx = Ctx {
+        ready: ready_w.as_raw_fd(),
+        go: go_r.as_raw_fd(),
+    };
+    let mut stack = vec![0u8; STACK_BYTES];
+    let top = (stack.as_mut_ptr() as usize + STACK_BYTES) & !15;
+    // SAFETY: the child runs `child` on `stack` with `ctx`, both alive until it is reaped
+    // below; every signal is blocked from before the clone (the child starts with them
+    // blocked, so no handler of the provisioner runs on its stack) and the caller's mask
+    // is put back after.
+    let pid = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let pid = libc::clone(
+            child,
+            top as *mut c_void,
+            libc::CLONE_VM | libc::CLONE_NEWUSER | libc::SIGCHLD,
+            std::ptr::from_ref(&ctx).cast_mut().cast(),
+        );
+        let error = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        if pid == -1 {
+            return Err(io::Error::new(
+                error.kind(),
+                format!("the idmap's user namespace: {error}"),
+            ));
+        }
+        pid
+    };
     drop(ready_w);
     let made = (|| -> io::Result<OwnedFd> {
         let mut byte = [0u8; 1];
-        if rustix::io::read(&ready_r, &mut byte)? != 1 || byte[0] != 1 {
-            return Err(io::Error::other("cannot make a user namespace"));
+        if rustix::io::read(&ready_r, &mut byte)? != 1 {
+            return Err(io::Error::other("the child ended early"));
         }
         let euid = rustix::process::geteuid().as_raw();
         let egid = rustix::process::getegid().as_raw();
         std::fs::write(format!("/proc/{pid}/uid_map"), format!("{euid} {uid} 1\n"))?;
         std::fs::write(format!("/proc/{pid}/gid_map"), format!("{egid} {uid} 1\n"))?;
-        let ns = rustix::fs::open(
+        Ok(rustix::fs::open(
             format!("/proc/{pid}/ns/user"),
             rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
-        )?;
-        Ok(ns)
+        )?)
     })();
+    // A byte, not a close: the child holds its own copy of this end.
+    let _ = rustix::io::write(&go_w, &[1]);
     let mut status = 0;
-    // SAFETY: kills and waits for our own child.
+    // SAFETY: waits for our own child (it exits once told to, or is killed).
     unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, &mut status, 0);
+        if made.is_err() {
+            libc::kill(pid, libc::SIGKILL);
+        }
+        libc::waitpid(pid, &mut status, libc::__WALL);
     }
+    drop((stack, ctx, go_r, go_w));
     made.map_err(|e| io::Error::new(e.kind(), format!("the idmap's user namespace: {e}")))
 }
 
@@ -327,7 +417,7 @@ pub(crate) fn probe(scratch: &Path, uid: u32) -> Result<(), String> {
         make_layers(scratch, uid)?;
         let overlays = Overlays::default();
         overlays.mount("probe", &lower, scratch, uid)?;
-        let root = overlays.path("probe").expect("just mounted");
+        let (root, _held) = overlays.path("probe").expect("just mounted");
         let meta = std::fs::metadata(root.join("file"))?;
         if std::os::unix::fs::MetadataExt::uid(&meta) != uid {
             return Err(io::Error::other(
@@ -372,5 +462,38 @@ fn attached_in_a_child(mount: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
                 io::Error::from_raw_os_error(errno)
             ),
         )),
+    }
+}
+
+#[cfg(test)]
+mod timing_tmp {
+    #[test]
+    fn timing() {
+        if !rustix::process::geteuid().is_root() {
+            return;
+        }
+        let t = std::time::Instant::now();
+        for uid in 200_000..200_100u32 {
+            let _ns = super::userns_mapping_to(uid).unwrap();
+        }
+        eprintln!("userns: {:?} each", t.elapsed() / 100);
+        let tmp = tempfile::tempdir().unwrap();
+        let lower = tmp.path().join("lower");
+        std::fs::create_dir_all(lower.join("d")).unwrap();
+        std::fs::write(lower.join("f"), "x").unwrap();
+        let o = super::Overlays::default();
+        let t = std::time::Instant::now();
+        for i in 0..100u32 {
+            let sb = tmp.path().join(format!("s{i}"));
+            std::fs::create_dir(&sb).unwrap();
+            super::make_layers(&sb, 300_000).unwrap();
+        }
+        eprintln!("layers: {:?} each", t.elapsed() / 100);
+        let t = std::time::Instant::now();
+        for i in 0..100u32 {
+            let sb = tmp.path().join(format!("s{i}"));
+            o.mount(&format!("s{i}"), &lower, &sb, 300_000).unwrap();
+        }
+        eprintln!("mount (cached userns): {:?} each", t.elapsed() / 100);
     }
 }

@@ -48,8 +48,9 @@ impl Provisioner {
                         .overlays()
                         .mount(&id, lower, &self.store.dir(&id), record.uid)
             {
-                warn!(sandbox_id = %id, error = %e, "cannot mount the sandbox's overlay workspace; destroying it");
+                tracing::error!(sandbox_id = %id, error = %e, "cannot mount the sandbox's overlay workspace; destroying it");
                 self.remove_leftover(&id);
+                self.release_uid(record.uid);
                 continue;
             }
             let entry = Entry::new(record);

@@ -90,78 +90,47 @@ impl Provisioner {
         }
         // An overlay's mount goes (its processes are gone): the snapshot's workspace is
         // a plain directory, and the layers are removed once it is in place.
-        let overlay = entry.record().overlay.is_some();
-        if overlay {
-            self.store.overlays().remove(&req.sandbox_id);
-        }
         let dir = self.store.dir(&req.sandbox_id);
         let snaps = self.snapshots.clone();
         let id = req.snapshot_id.clone();
         let uid = self.uid_of(&entry.record());
         let disk_bytes = entry.record().disk_bytes;
-        let hydrated = tokio::task::spawn_blocking(move || -> Result<()> {
-            let fresh = dir.join("workspace.hydrating");
-            let old = dir.join("workspace.old");
-            let _ = store::remove_all(&fresh);
-            snaps.unpack(&id, &fresh, disk_bytes)?;
-            if let Some(uid) = uid
-                && let Err(e) = crate::local::uids::give_workspace(&fresh, uid)
-            {
-                let _ = store::remove_all(&fresh);
-                return Err(ProvisionerError::internal(
-                    "give the workspace to its uid",
-                    e,
-                ));
+        let (store, held) = (self.store.clone(), entry.clone());
+        // On a blocking thread to the end, whether or not the caller waits: an overlay's
+        // mount and record change with the workspace, never one without the other.
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let overlay = held.record().overlay;
+            if overlay.is_some() {
+                store.overlays().remove(&held.record().id);
             }
-            let ws = dir.join("workspace");
-            std::fs::rename(&ws, &old)
-                .and_then(|()| std::fs::rename(&fresh, &ws))
-                .map_err(|e| ProvisionerError::internal("swap workspace", e))?;
-            let _ = store::remove_all(&old);
-            Ok(())
+            let swapped = swap_in_snapshot(&dir, &snaps, &id, uid, disk_bytes);
+            match (&overlay, &swapped) {
+                (None, _) => {}
+                (Some(lower), Err(_)) => {
+                    let record = held.record();
+                    if let Err(e) = store.overlays().mount(&record.id, lower, &dir, record.uid) {
+                        tracing::error!(sandbox_id = %record.id, error = %e, "cannot mount the overlay workspace again after a failed hydrate");
+                    }
+                }
+                (Some(_), Ok(())) => {
+                    let record = {
+                        let mut r = held.record.lock().expect("record lock");
+                        r.overlay = None;
+                        r.clone()
+                    };
+                    store.save(&record)?;
+                    for layer in [crate::local::overlay::UPPER, crate::local::overlay::WORK] {
+                        let _ = store::remove_all(&dir.join(layer));
+                    }
+                }
+            }
+            swapped
         })
         .await
-        .map_err(|e| ProvisionerError::internal("hydrate", e))?;
-        if overlay {
-            self.after_overlay(&entry, hydrated.is_ok()).await?;
-        }
-        hydrated?;
+        .map_err(|e| ProvisionerError::internal("hydrate", e))??;
         // An init a command started meanwhile holds the old workspace: it goes too.
         entry.end_init();
         Ok(self.snapshot(&entry))
-    }
-
-    /// After a hydrate of an overlay workspace (its mount let go): with the snapshot in
-    /// place (`replaced`), the record says the workspace is a plain directory and the
-    /// layers go; without, the overlay is mounted again as it was.
-    async fn after_overlay(
-        &self,
-        entry: &std::sync::Arc<crate::local::entry::Entry>,
-        replaced: bool,
-    ) -> Result<()> {
-        let mut record = entry.record();
-        let (store, dir) = (self.store.clone(), self.store.dir(&record.id));
-        if !replaced {
-            let Some(lower) = record.overlay.clone() else {
-                return Ok(());
-            };
-            return tokio::task::spawn_blocking(move || {
-                store.overlays().mount(&record.id, &lower, &dir, record.uid)
-            })
-            .await
-            .map_err(|e| ProvisionerError::internal("mount the overlay again", e))?
-            .map_err(|e| ProvisionerError::internal("mount the overlay again", e));
-        }
-        record.overlay = None;
-        entry.record.lock().expect("record lock").overlay = None;
-        self.store.save(&record)?;
-        let _ = tokio::task::spawn_blocking(move || {
-            for layer in [crate::local::overlay::UPPER, crate::local::overlay::WORK] {
-                let _ = store::remove_all(&dir.join(layer));
-            }
-        })
-        .await;
-        Ok(())
     }
 
     /// A new sandbox whose workspace is snapshot `req.snapshot_id` (called by create).
@@ -236,4 +205,33 @@ impl Provisioner {
             sandboxes,
         })
     }
+}
+
+/// Snapshot `id` unpacked beside `dir`'s workspace, given to `uid`, and swapped in.
+fn swap_in_snapshot(
+    dir: &std::path::Path,
+    snaps: &crate::local::snapshot::Snapshots,
+    id: &str,
+    uid: Option<u32>,
+    disk_bytes: u64,
+) -> Result<()> {
+    let fresh = dir.join("workspace.hydrating");
+    let old = dir.join("workspace.old");
+    let _ = store::remove_all(&fresh);
+    snaps.unpack(id, &fresh, disk_bytes)?;
+    if let Some(uid) = uid
+        && let Err(e) = crate::local::uids::give_workspace(&fresh, uid)
+    {
+        let _ = store::remove_all(&fresh);
+        return Err(ProvisionerError::internal(
+            "give the workspace to its uid",
+            e,
+        ));
+    }
+    let ws = dir.join("workspace");
+    std::fs::rename(&ws, &old)
+        .and_then(|()| std::fs::rename(&fresh, &ws))
+        .map_err(|e| ProvisionerError::internal("swap workspace", e))?;
+    let _ = store::remove_all(&old);
+    Ok(())
 }

@@ -133,6 +133,28 @@ impl Record {
     }
 }
 
+/// Where the host reaches a sandbox's workspace ([`Store::workspace`]). An overlay's is
+/// a path through the provisioner's descriptor of its mount, held here: while this is
+/// alive the number cannot be closed and reused (by another sandbox's mount).
+#[derive(Debug, Clone)]
+pub struct WorkspacePath {
+    path: PathBuf,
+    _mount: Option<std::sync::Arc<rustix::fd::OwnedFd>>,
+}
+
+impl std::ops::Deref for WorkspacePath {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for WorkspacePath {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
 /// Where sandboxes live on disk.
 #[derive(Clone)]
 pub struct Store {
@@ -203,10 +225,17 @@ impl Store {
 
     /// Where the host reads and writes sandbox `id`'s workspace: its directory, or the
     /// root of its overlay's mount (`crate::local::overlay`).
-    pub fn workspace(&self, id: &str) -> PathBuf {
-        self.overlays
-            .path(id)
-            .unwrap_or_else(|| self.mountpoint(id))
+    pub fn workspace(&self, id: &str) -> WorkspacePath {
+        match self.overlays.path(id) {
+            Some((path, mount)) => WorkspacePath {
+                path,
+                _mount: Some(mount),
+            },
+            None => WorkspacePath {
+                path: self.mountpoint(id),
+                _mount: None,
+            },
+        }
     }
 
     /// The workspace's directory: what bubblewrap binds at `/workspace` (an overlay is
@@ -220,7 +249,7 @@ impl Store {
     pub fn own_files(&self, record: &Record) -> PathBuf {
         match record.overlay {
             Some(_) => self.dir(&record.id).join(crate::local::overlay::UPPER),
-            None => self.workspace(&record.id),
+            None => self.mountpoint(&record.id),
         }
     }
 

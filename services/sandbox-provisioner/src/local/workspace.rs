@@ -65,22 +65,49 @@ impl Provisioner {
             }
         }
         if let Source::Template(dir, commit) = source {
-            let how = match placed {
+            let mut placed = placed;
+            let mut how = match placed {
                 Some(_) => crate::metrics::Workspace::WarmCopy,
                 None => crate::metrics::Workspace::TemplateCopy,
             };
-            match self
+            // A warm overlay's mount is the sandbox's now: its branch is written through it.
+            let warm_overlay = match placed.as_mut().and_then(|w| w.mount.take()) {
+                Some((mount, lower)) => {
+                    let id = sandbox_id(ws)?;
+                    self.store.overlays().insert(&id, mount, lower.clone());
+                    how = crate::metrics::Workspace::WarmOverlay;
+                    Some((id, lower))
+                }
+                None => None,
+            };
+            // Held across the copy: the path names the mount's descriptor.
+            let held = warm_overlay
+                .as_ref()
+                .map(|(id, _)| self.store.workspace(id));
+            let at = held.as_deref().unwrap_or(ws);
+            let copied = self
                 .templates
-                .copy(dir, ws, &req.branch, &commit, placed)
-                .await
+                .copy(dir, at, &req.branch, &commit, placed)
+                .await;
+            if copied.is_err()
+                && let Some((id, _)) = &warm_overlay
             {
+                self.store.overlays().remove(id);
+                if let Some(sandbox) = ws.parent() {
+                    crate::local::overlay::remove_layers(sandbox);
+                }
+            }
+            match copied {
                 Ok(copied) => {
                     return Ok(Made {
                         base_commit: commit,
                         index: copied.index,
                         uid: copied.uid,
                         how,
-                        overlay: None,
+                        hold: warm_overlay.as_ref().map(|(id, _)| {
+                            crate::local::overlay::Hold::new(self.store.clone(), id.clone(), None)
+                        }),
+                        overlay: warm_overlay.map(|(_, lower)| lower),
                     });
                 }
                 // A refused branch, or no sandbox uid free: a clone would end the same.
@@ -111,6 +138,7 @@ impl Provisioner {
             uid: 0,
             how: crate::metrics::Workspace::Clone,
             overlay: None,
+            hold: None,
         })
     }
 }
@@ -126,18 +154,12 @@ impl Provisioner {
         commit: &str,
         ws: &Path,
     ) -> Result<Made> {
-        let sandbox = ws
-            .parent()
-            .ok_or_else(|| ProvisionerError::internal("overlay workspace", "no sandbox directory"))?
-            .to_path_buf();
-        let id = sandbox
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| ProvisionerError::internal("overlay workspace", "no sandbox id"))?
-            .to_owned();
+        let id = sandbox_id(ws)?;
+        let sandbox = ws.parent().unwrap_or(ws).to_path_buf();
         let held =
             crate::local::template::WarmCopy::holding_uid(sandbox.clone(), self.templates.uids())?;
         let (store, lower) = (self.store.clone(), dir.join(store::WORKSPACE));
+        let uids = self.templates.uids().cloned();
         let (branch, commit) = (req.branch.clone(), commit.to_owned());
         tokio::task::spawn_blocking(move || {
             let Some(uid) = held.uid() else {
@@ -162,17 +184,29 @@ impl Provisioner {
             }
             let index = crate::local::git_index::checksum_of(&lower).unwrap_or_default();
             let (_, uid) = held.keep_uid();
+            // Made: a create that was given up meanwhile lets the mount and the uid go.
+            let hold = crate::local::overlay::Hold::new(store.clone(), id, uids.map(|u| (uid, u)));
             Ok(Made {
                 base_commit: commit,
                 index,
                 uid,
                 how: crate::metrics::Workspace::Overlay,
                 overlay: Some(lower),
+                hold: Some(hold),
             })
         })
         .await
         .map_err(|e| ProvisionerError::internal("overlay workspace", e))?
     }
+}
+
+/// The id of the sandbox whose workspace directory is `ws` (`<sandboxes>/<id>/workspace`).
+fn sandbox_id(ws: &Path) -> Result<String> {
+    ws.parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .map(str::to_owned)
+        .ok_or_else(|| ProvisionerError::internal("overlay workspace", "no sandbox id"))
 }
 
 /// A new workspace: its base commit, and the checksum of the index it was made with (a
@@ -187,4 +221,6 @@ pub(crate) struct Made {
     pub(crate) how: crate::metrics::Workspace,
     /// An overlay's lower layer (`store::Record::overlay`).
     pub(crate) overlay: Option<PathBuf>,
+    /// An overlay's mount (and uid), let go unless the sandbox is registered.
+    pub(crate) hold: Option<crate::local::overlay::Hold>,
 }

@@ -198,9 +198,17 @@ impl Templates {
         })
     }
 
-    /// The live overlay workspaces whose templates eviction spares.
+    /// The live overlay workspaces, whose templates eviction spares; with `make`, warm
+    /// copies are overlays too.
     #[must_use]
-    pub(crate) fn with_overlays(mut self, overlays: Arc<crate::local::overlay::Overlays>) -> Self {
+    pub(crate) fn with_overlays(
+        mut self,
+        overlays: Arc<crate::local::overlay::Overlays>,
+        make: bool,
+    ) -> Self {
+        if make {
+            self.warm.make_overlays(overlays.clone());
+        }
         self.overlays = overlays;
         self
     }
@@ -267,7 +275,8 @@ impl Templates {
             let _ = crate::local::store::remove_all(&tmp);
             return Err(ProvisionerError::internal("store template", e));
         }
-        // Older commits of the same repository are not needed any more.
+        // Older commits of the same repository are not needed any more, unless a live
+        // sandbox's overlay has one as its lower layer (eviction takes it later).
         let prefix = &key[..17];
         for e in std::fs::read_dir(&self.root)
             .into_iter()
@@ -275,7 +284,11 @@ impl Templates {
             .flatten()
         {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(prefix) && name != key && !name.contains(".tmp-") {
+            if name.starts_with(prefix)
+                && name != key
+                && !name.contains(".tmp-")
+                && !self.overlays.uses(&e.path())
+            {
                 self.warm.forget(&e.path());
                 // Out of the templates' names first, at once (a `.tmp-` name, swept at
                 // start-up): the warm copy thread may still be writing a copy into it,

@@ -53,6 +53,22 @@ pub struct WarmBounds {
 }
 
 impl WarmBounds {
+    /// `min` chosen by the replica: the whole of `copies` where copies are overlays
+    /// (`crate::local::overlay`: a few inodes and a mount each, none of the worktree's
+    /// bytes), none where they are copies of the worktree.
+    pub const MIN_AUTO: usize = usize::MAX;
+
+    /// `min` as it applies, with or without overlays.
+    #[must_use]
+    pub fn resolved(self, overlays: bool) -> Self {
+        let min = match self.min {
+            Self::MIN_AUTO if overlays => self.copies,
+            Self::MIN_AUTO => 0,
+            n => n,
+        };
+        Self { min, ..self }
+    }
+
     pub const OFF: Self = Self {
         copies: 0,
         bytes: 0,
@@ -70,6 +86,9 @@ pub(crate) struct WarmCopy {
     pub(crate) index: String,
     uid: u32,
     uids: Option<Arc<SandboxUids>>,
+    /// A warm overlay's mount, and its lower layer (`crate::local::overlay`); `None`: a
+    /// copy of the worktree.
+    pub(crate) mount: Option<(rustix::fd::OwnedFd, PathBuf)>,
 }
 
 impl WarmCopy {
@@ -88,6 +107,7 @@ impl WarmCopy {
             index: String::new(),
             uid,
             uids: uids.cloned(),
+            mount: None,
         })
     }
 
@@ -128,7 +148,13 @@ struct Shared {
     dropped: Mutex<Vec<WarmCopy>>,
     bounds: WarmBounds,
     uids: Option<Arc<SandboxUids>>,
+    /// Set when the replica's workspaces are overlays: the copies made are too.
+    overlays: std::sync::OnceLock<Arc<crate::local::overlay::Overlays>>,
 }
+
+/// What a warm overlay takes on the disk (its directories and empty files), counted
+/// against the copies' bytes bound in place of a worktree's.
+const OVERLAY_BYTES: u64 = 32 << 10;
 
 /// In a copy's `.git/refs/heads/`: the file a create renames to its branch's ref (a
 /// name no branch can have: a ref's parts never start with a dot).
@@ -165,6 +191,7 @@ impl Warm {
             dropped: Mutex::default(),
             bounds,
             uids,
+            overlays: std::sync::OnceLock::new(),
         });
         let usable = std::sync::atomic::AtomicBool::new(true);
         if bounds.copies == 0 || bounds.bytes == 0 {
@@ -186,6 +213,11 @@ impl Warm {
             wake: started.map(|_| tx),
             usable,
         }
+    }
+
+    /// Make overlays (`crate::local::overlay`) instead of copies from now on.
+    pub(crate) fn make_overlays(&self, overlays: Arc<crate::local::overlay::Overlays>) {
+        let _ = self.shared.overlays.set(overlays);
     }
 
     /// A copy of the template at `template` (its directory), if one is ready; counts
@@ -334,7 +366,7 @@ impl Shared {
     /// One more copy of `template`; a template that cannot be copied (evicted, or
     /// replaced by a newer commit's) is forgotten.
     fn make(&self, template: &Path) {
-        match make_copy(template, self.uids.as_ref()) {
+        match make_copy(template, self.uids.as_ref(), self.overlays.get()) {
             Ok((copy, bytes)) => {
                 let mut pools = self.pools.lock().expect("warm lock");
                 match pools.get_mut(template) {
@@ -360,7 +392,11 @@ impl Shared {
 /// Copy `template`'s workspace into its `warm/` directory: under a `.tmp` name first, so
 /// a half-made copy is never taken (and is swept at start-up with the rest). With the
 /// bytes it takes on the disk.
-fn make_copy(template: &Path, uids: Option<&Arc<SandboxUids>>) -> std::io::Result<(WarmCopy, u64)> {
+fn make_copy(
+    template: &Path,
+    uids: Option<&Arc<SandboxUids>>,
+    overlays: Option<&Arc<crate::local::overlay::Overlays>>,
+) -> std::io::Result<(WarmCopy, u64)> {
     let bytes: u64 = std::fs::read_to_string(template.join(super::BYTES))?
         .trim()
         .parse()
@@ -381,11 +417,21 @@ fn make_copy(template: &Path, uids: Option<&Arc<SandboxUids>>) -> std::io::Resul
         index: String::new(),
         uid: 0,
         uids: uids.cloned(),
+        mount: None,
     };
-    let made = skeleton(template, &tmp, &mut copy).and_then(|()| std::fs::rename(&tmp, &path));
+    let made = match overlays {
+        Some(o) => overlay_skeleton(template, &tmp, &mut copy, o),
+        None => skeleton(template, &tmp, &mut copy),
+    }
+    .and_then(|()| std::fs::rename(&tmp, &path));
     if let Err(e) = made {
+        drop(copy.mount.take());
         let _ = crate::local::store::remove_all(&tmp);
         return Err(e);
+    }
+    if copy.mount.is_some() {
+        copy.path = path;
+        return Ok((copy, OVERLAY_BYTES));
     }
     // What the copy shares with its template takes no disk of its own.
     let shared = super::copy::shared_bytes(&path.join(crate::local::store::WORKSPACE));
@@ -415,6 +461,52 @@ fn skeleton(template: &Path, dir: &Path, copy: &mut WarmCopy) -> std::io::Result
     if let Some(uid) = uid {
         crate::local::uids::give_file(&branch, uid)?;
     }
+    Ok(())
+}
+
+/// A sandbox's directory as an overlay create makes it, at `dir`, mounted: its layers,
+/// and in its own layer what a create writes (git's directories down to the branch's
+/// ref, the ref's placeholder, `HEAD` to be overwritten in place), with its empty
+/// record. A create then makes no inode and copies nothing up.
+fn overlay_skeleton(
+    template: &Path,
+    dir: &Path,
+    copy: &mut WarmCopy,
+    overlays: &crate::local::overlay::Overlays,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .mode(crate::local::provisioner::sandbox_dir_mode(true))
+        .create(dir)?;
+    let uids = copy
+        .uids
+        .as_ref()
+        .ok_or_else(|| std::io::Error::other("overlays need a uid per sandbox"))?;
+    copy.uid = uids.claim().map_err(std::io::Error::other)?;
+    let uid = copy.uid;
+    let lower = template.join(crate::local::store::WORKSPACE);
+    crate::local::overlay::make_layers(dir, uid)?;
+    let upper = dir.join(crate::local::overlay::UPPER);
+    for part in [".git", ".git/refs", ".git/refs/heads"] {
+        let mode = std::fs::metadata(lower.join(part)).map_or(0o755, |m| m.mode() & 0o7777);
+        std::fs::DirBuilder::new()
+            .mode(mode)
+            .create(upper.join(part))?;
+        crate::local::uids::chown(&upper.join(part), uid)?;
+    }
+    let branch = std::fs::File::create_new(upper.join(".git/refs/heads").join(BRANCH_FILE))?;
+    crate::local::uids::give_file(&branch, uid)?;
+    let head = lower.join(".git/HEAD");
+    let mut to = std::fs::File::create_new(upper.join(".git/HEAD"))?;
+    std::io::copy(&mut std::fs::File::open(&head)?, &mut to)?;
+    crate::local::uids::give_file(&to, uid)?;
+    to.set_permissions(std::fs::Permissions::from_mode(
+        std::fs::metadata(&head)?.mode() & 0o777,
+    ))?;
+    std::fs::File::create_new(dir.join(crate::local::store::RECORD))?;
+    copy.index = crate::local::git_index::checksum_of(&lower)
+        .ok_or_else(|| std::io::Error::other("the template has no readable index"))?;
+    copy.mount = Some((overlays.detached(&lower, dir, uid)?, lower));
     Ok(())
 }
 
