@@ -464,36 +464,3 @@ fn attached_in_a_child(mount: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
         )),
     }
 }
-
-#[cfg(test)]
-mod timing_tmp {
-    #[test]
-    fn timing() {
-        if !rustix::process::geteuid().is_root() {
-            return;
-        }
-        let t = std::time::Instant::now();
-        for uid in 200_000..200_100u32 {
-            let _ns = super::userns_mapping_to(uid).unwrap();
-        }
-        eprintln!("userns: {:?} each", t.elapsed() / 100);
-        let tmp = tempfile::tempdir().unwrap();
-        let lower = tmp.path().join("lower");
-        std::fs::create_dir_all(lower.join("d")).unwrap();
-        std::fs::write(lower.join("f"), "x").unwrap();
-        let o = super::Overlays::default();
-        let t = std::time::Instant::now();
-        for i in 0..100u32 {
-            let sb = tmp.path().join(format!("s{i}"));
-            std::fs::create_dir(&sb).unwrap();
-            super::make_layers(&sb, 300_000).unwrap();
-        }
-        eprintln!("layers: {:?} each", t.elapsed() / 100);
-        let t = std::time::Instant::now();
-        for i in 0..100u32 {
-            let sb = tmp.path().join(format!("s{i}"));
-            o.mount(&format!("s{i}"), &lower, &sb, 300_000).unwrap();
-        }
-        eprintln!("mount (cached userns): {:?} each", t.elapsed() / 100);
-    }
-}
