@@ -217,18 +217,19 @@ async fn launch_sleepers(gw: &mut Gateway, prov: &mut Provisioner, src: &Path) -
     (launched.run_id, live)
 }
 
-/// A live sandbox's workspace is nobody's repository: not by path, not as file://.
+/// A live sandbox's workspace is nobody's repository: not by path, not as file://, nor
+/// its overlay's own layer (where the sandbox's `.git` changes land).
 async fn assert_live_workspace_is_no_repo(gw: &mut Gateway, mesh: &Mesh, src: &Path, live: &str) {
-    let ws = mesh
-        .state_dir()
-        .join("sandboxes")
-        .join(live)
-        .join("workspace");
-    assert!(ws.join(".git").is_dir(), "{}", ws.display());
+    let dir = mesh.state_dir().join("sandboxes").join(live);
+    let (ws, upper) = (dir.join("workspace"), dir.join("upper"));
+    // An overlay's workspace directory is its mount point, empty on the host.
+    let own = if upper.is_dir() { &upper } else { &ws };
+    assert!(own.join(".git").is_dir(), "{}", own.display());
     for (i, repo) in [
         format!("file://{}", ws.display()),
         format!("file://localhost{}/.", ws.display()),
         ws.display().to_string(),
+        upper.display().to_string(),
     ]
     .into_iter()
     .enumerate()
