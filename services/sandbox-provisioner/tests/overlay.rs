@@ -52,6 +52,24 @@ fn host_mounts_under(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// `f`'s provisioner gone and another opened on its state directory: a restart.
+async fn restarted(f: common::Fixture) -> common::Fixture {
+    let common::Fixture {
+        tmp,
+        repo,
+        state,
+        core,
+    } = f;
+    drop(core);
+    let core = common::open(&state).await;
+    common::Fixture {
+        tmp,
+        repo,
+        state,
+        core,
+    }
+}
+
 fn template_files(state: &Path, name: &str) -> Vec<String> {
     std::fs::read_dir(state.join("templates"))
         .unwrap()
@@ -159,14 +177,8 @@ async fn an_overlay_is_mounted_again_after_a_restart_and_goes_with_its_sandbox()
         .sh(&sbx.id, "echo kept > kept.txt && echo x >> README.md")
         .await;
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
-    let common::Fixture {
-        tmp: _tmp,
-        state,
-        core,
-        ..
-    } = f;
-    drop(core);
-    let core = common::open(&state).await;
+    let f = restarted(f).await;
+    let (core, state) = (&f.core, &f.state);
     let out = core
         .exec(exec_req(&sbx.id, &["sh", "-c", "cat kept.txt README.md"]))
         .await
@@ -179,8 +191,8 @@ async fn an_overlay_is_mounted_again_after_a_restart_and_goes_with_its_sandbox()
     .await
     .unwrap();
     assert!(!state.join("sandboxes").join(&sbx.id).exists());
-    assert_eq!(host_mounts_under(&state), Vec::<String>::new());
-    assert_eq!(template_files(&state, "README.md"), ["hello\nworld\n"]);
+    assert_eq!(host_mounts_under(state), Vec::<String>::new());
+    assert_eq!(template_files(state, "README.md"), ["hello\nworld\n"]);
 }
 
 #[tokio::test]
@@ -273,15 +285,9 @@ async fn a_hydrate_replaces_an_overlay_with_the_snapshot() {
         "v1\nhello\nworld\nls: cannot access 'other.txt': No such file or directory\nforkyard-fork-1\n"
     );
     // The restart after it finds a plain workspace, as the record now says.
-    let common::Fixture {
-        tmp: _tmp,
-        state,
-        core,
-        ..
-    } = f;
-    drop(core);
-    let core = common::open(&state).await;
-    let out = core
+    let f = restarted(f).await;
+    let out = f
+        .core
         .exec(exec_req(&sbx.id, &["cat", "state.txt"]))
         .await
         .unwrap();

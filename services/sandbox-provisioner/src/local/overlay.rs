@@ -319,32 +319,17 @@ fn userns_mapping_to(uid: u32) -> io::Result<OwnedFd> {
         go: go_r.as_raw_fd(),
     };
     let mut stack = vec![0u8; STACK_BYTES];
-    let top = (stack.as_mut_ptr() as usize + STACK_BYTES) & !15;
     // SAFETY: the child runs `child` on `stack` with `ctx`, both alive until it is reaped
-    // below; every signal is blocked from before the clone (the child starts with them
-    // blocked, so no handler of the provisioner runs on its stack) and the caller's mask
-    // is put back after.
+    // below, and makes raw system calls only.
     let pid = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let pid = libc::clone(
+        crate::local::vfork::clone_blocked(
             child,
-            top as *mut c_void,
+            &mut stack,
             libc::CLONE_VM | libc::CLONE_NEWUSER | libc::SIGCHLD,
             std::ptr::from_ref(&ctx).cast_mut().cast(),
-        );
-        let error = io::Error::last_os_error();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        if pid == -1 {
-            return Err(io::Error::new(
-                error.kind(),
-                format!("the idmap's user namespace: {error}"),
-            ));
-        }
-        pid
-    };
+        )
+    }
+    .map_err(|e| io::Error::new(e.kind(), format!("the idmap's user namespace: {e}")))?;
     drop(ready_w);
     let made = (|| -> io::Result<OwnedFd> {
         let mut byte = [0u8; 1];

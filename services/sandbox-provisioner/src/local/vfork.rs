@@ -148,29 +148,16 @@ pub(crate) fn spawn(plan: Plan) -> io::Result<Process> {
         error: AtomicI32::new(0),
     };
     let mut stack = vec![0u8; STACK_BYTES];
-    // The top, 16-byte aligned as the ABI wants at a call.
-    let top = (stack.as_mut_ptr() as usize + STACK_BYTES) & !15;
-    // SAFETY: `sigfillset`/`pthread_sigmask` on local sets; `clone` runs `child` on
-    // `stack` (ours, alive until it returns: CLONE_VFORK returns once the child has
-    // exec'd or exited) with `ctx`, which outlives the child's use of it for the same
-    // reason. The child keeps to what `child` documents.
+    // SAFETY: `stack` is ours and alive until `clone_blocked` returns, and so is `ctx`:
+    // CLONE_VFORK returns once the child has exec'd or exited. The child keeps to what
+    // `child` documents.
     let pid = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let pid = libc::clone(
+        clone_blocked(
             child,
-            top as *mut c_void,
+            &mut stack,
             libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
             std::ptr::from_ref(&ctx).cast_mut().cast(),
-        );
-        let clone_error = io::Error::last_os_error();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        if pid == -1 {
-            return Err(clone_error);
-        }
-        pid
+        )?
     };
     drop(stack);
     let pid_u32 = u32::try_from(pid).map_err(|_| io::Error::other("clone gave no pid"))?;
@@ -197,6 +184,38 @@ pub(crate) fn spawn(plan: Plan) -> io::Result<Process> {
         pid: pid_u32,
         pidfd: Some(pidfd),
     })
+}
+
+/// `clone(flags)` of a child that runs `child(arg)` on `stack`, with every signal
+/// blocked from before the clone to after it (the child starts with them blocked, so no
+/// handler of the provisioner runs on its stack); the caller's mask is put back. The
+/// child's pid.
+///
+/// # Safety
+/// `stack` and what `arg` points to must outlive the child's use of them, and `child`
+/// may only make raw system calls (with `CLONE_VM` it shares the caller's memory).
+pub(crate) unsafe fn clone_blocked(
+    child: extern "C" fn(*mut c_void) -> c_int,
+    stack: &mut [u8],
+    flags: c_int,
+    arg: *mut c_void,
+) -> io::Result<c_int> {
+    // The top, 16-byte aligned as the ABI wants at a call.
+    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+    // SAFETY: `sigfillset`/`pthread_sigmask` on local sets; `clone` as the caller vouches.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let pid = libc::clone(child, top as *mut c_void, flags, arg);
+        let clone_error = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        if pid == -1 {
+            return Err(clone_error);
+        }
+        Ok(pid)
+    }
 }
 
 /// `strings` as execve takes them: pointers, then a null one.
