@@ -85,7 +85,7 @@ images: deps deps-docker base-image
 # replicas spread, transcripts, sweeps, drains; then chaos (docker kill of a replica of
 # each service with a run in flight).
 test-containers: build deps-docker deps-deploy base-image
-	@df -h --output=avail,target . | tail -1 | awk '{print "test-containers: " $$1 " free on " $$2}'
+	@scripts/disk-guard.sh test-containers
 	@PROFILE=debug scripts/images.sh
 	@scripts/check-alerts.sh
 	@tests/containers/replicas.sh
@@ -97,6 +97,7 @@ test-containers: build deps-docker deps-deploy base-image
 # dependencies' crates compiled again in target/at-<commit>).
 UPGRADE_FROM ?= c36764a
 test-upgrade: build deps-docker deps-deploy base-image
+	@UPGRADE_FROM=$(UPGRADE_FROM) scripts/disk-guard.sh test-upgrade
 	@scripts/images-at.sh $(UPGRADE_FROM) upgrade-from
 	@PROFILE=debug scripts/images.sh
 	@FROM_TAG=upgrade-from tests/containers/upgrade.sh
@@ -179,9 +180,11 @@ deps-deploy: deps-pip
 	fi
 
 # The ledger's tests once more against a throwaway PostgreSQL server (Debian `postgresql`).
+# Chosen by a filter over the workspace, not `-p`: the workspace's features, so the test
+# build of `make test` is reused (with `-p` the ledger's dependencies were built again).
 test-ledger-postgres: deps-apt
 	@if command -v cargo-nextest >/dev/null; then \
-	  scripts/test-postgres.sh cargo nextest run -p forkyard-budget-ledger --no-fail-fast; \
+	  scripts/test-postgres.sh cargo nextest run --workspace -E 'package(forkyard-budget-ledger)' --no-fail-fast; \
 	else \
 	  scripts/test-postgres.sh cargo test -p forkyard-budget-ledger --no-fail-fast; \
 	fi

@@ -125,6 +125,11 @@ impl Batch<'_> {
         }
     }
 
+    /// Every fork of the batch at once, each on to its next step as its own call answers.
+    pub(crate) async fn all(&self, forks: Vec<FinishItem>) -> Vec<Finished> {
+        futures::future::join_all(forks.into_iter().enumerate().map(|(i, f)| self.fork(i, f))).await
+    }
+
     /// The `i`th fork of the batch, under a span of its own: what an earlier attempt
     /// reached for it, or finished now and kept for the heartbeat.
     pub(crate) fn fork(&self, i: usize, item: FinishItem) -> impl Future<Output = Finished> {
@@ -158,6 +163,28 @@ impl Batch<'_> {
             }
             span.end();
             out
+        }
+    }
+}
+
+impl crate::wave::WaveLocal {
+    /// A finish batch that goes on from `earlier`, what an earlier attempt reached (its
+    /// last heartbeat's details).
+    pub(crate) fn finishing(&self, earlier: FinishProgress, patch_max_bytes: u64) -> Batch<'_> {
+        Batch {
+            ledger: &self.ledger,
+            sandboxes: &self.sandboxes,
+            patch_max_bytes,
+            done: Mutex::new(earlier.done),
+        }
+    }
+
+    /// The finish activity's work without its heartbeat: the batch's forks, those
+    /// `earlier` holds as an earlier attempt left them, the others finished now.
+    pub async fn finish_after(&self, earlier: FinishProgress, batch: Finish) -> FinishDone {
+        let finishing = self.finishing(earlier, batch.patch_max_bytes);
+        FinishDone {
+            forks: finishing.all(batch.forks).await,
         }
     }
 }

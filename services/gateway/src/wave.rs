@@ -38,10 +38,7 @@ use forkyard_proto::{
     sandbox::v1::{CreateSandboxRequest, HealthCheckRequest, Sandbox},
 };
 use serde::{Deserialize, Serialize};
-use std::{
-    sync::{Arc, Mutex},
-    time::SystemTime,
-};
+use std::{sync::Arc, time::SystemTime};
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
@@ -356,21 +353,8 @@ impl WaveLocal {
         ctx: ActivityContext,
         batch: crate::finish::Finish,
     ) -> Result<crate::finish::FinishDone, ActivityError> {
-        let finishing = crate::finish::Batch {
-            ledger: &self.ledger,
-            sandboxes: &self.sandboxes,
-            patch_max_bytes: batch.patch_max_bytes,
-            done: Mutex::new(crate::finish::earlier(&ctx).done),
-        };
-        let forks = batch
-            .forks
-            .into_iter()
-            .enumerate()
-            .map(|(i, item)| finishing.fork(i, item));
-        let forks = heartbeating(&ctx, futures::future::join_all(forks), || {
-            finishing.progress()
-        })
-        .await;
+        let finishing = self.finishing(crate::finish::earlier(&ctx), batch.patch_max_bytes);
+        let forks = heartbeating(&ctx, finishing.all(batch.forks), || finishing.progress()).await;
         Ok(crate::finish::FinishDone { forks })
     }
 

@@ -1,5 +1,6 @@
 //! A finish attempt retried after the gateway running it died: the forks the first
-//! attempt finished (their heartbeat) come back as that attempt left them, without
+//! attempt finished (its last heartbeat's details, which the activity reads as
+//! `finish::earlier` and hands to `finish_after`) come back as that attempt left them, without
 //! asking a provisioner or the ledger again (their sandboxes are destroyed by then);
 //! the others are finished afresh. Peers here are unreachable addresses, so any fork
 //! finished again shows their errors.
@@ -11,7 +12,6 @@ use forkyard_gateway::{
     wave::WaveLocal,
 };
 use forkyard_proto::{budget::v1::Reservation, sandbox::v1::CollectPatchResponse};
-use temporalio_sdk::testing::{ActivityEnvironment, TestActivityInfoOptions};
 
 const NOWHERE: &str = "http://127.0.0.1:9";
 
@@ -57,22 +57,15 @@ async fn a_retried_finish_returns_what_the_first_attempt_finished_and_finishes_t
     let heartbeat = FinishProgress {
         done: [(0, first.clone())].into(),
     };
-    let env = ActivityEnvironment::builder_with_default()
-        .register_activities(wave)
-        .heartbeat_details(heartbeat)
-        .unwrap()
-        .info(TestActivityInfoOptions::builder().attempt(2).build())
-        .build();
-    let out = env
-        .run(
-            WaveLocal::finish,
+    let out = wave
+        .finish_after(
+            heartbeat,
             Finish {
                 forks: vec![item(1), item(2)],
                 patch_max_bytes: 16 * 1024,
             },
         )
-        .await
-        .expect("finish never fails as a whole");
+        .await;
     assert_eq!(out.forks.len(), 2);
     let again = &out.forks[0];
     assert_eq!(

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Before a step that writes gigabytes (images, an earlier commit's build): say how much
+# of the disk is free and, when it is under FORKYARD_DISK_LOW_GB (default 20), remove
+# what the next build makes again: the compiler's incremental data, earlier commits'
+# upgrade builds, and Docker's unused images and build cache. A CI machine once had
+# 0.9 GB left when `make test` reached its images.
+#
+#   scripts/disk-guard.sh <step>
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step=${1:?usage: disk-guard.sh <step>}
+low=${FORKYARD_DISK_LOW_GB:-20}
+target_dir=${CARGO_TARGET_DIR:-target}
+
+free_gb() { df -BG --output=avail . | tail -1 | tr -dc 0-9; }
+
+before=$(free_gb)
+echo "$step: ${before}G free on $(df --output=target . | tail -1)"
+[ "$before" -lt "$low" ] || exit 0
+
+echo "$step: under ${low}G free; removing what a build makes again"
+rm -rf "$target_dir"/*/incremental
+keep=${UPGRADE_FROM:-}
+for d in "$target_dir"/at-*; do
+  [ -d "$d" ] && [ "$d" != "$target_dir/at-$keep" ] && rm -rf "$d"
+done
+if docker info >/dev/null 2>&1; then
+  docker image prune -f >/dev/null || true
+  docker builder prune -af >/dev/null 2>&1 || true
+fi
+echo "$step: ${before}G free before, $(free_gb)G now"
