@@ -11,7 +11,10 @@
 //! How many: as many as the template had creates in the last [`DEMAND_WINDOW`] (the
 //! size of the waves it serves), at least [`WarmBounds::min`] (the operator's floor: a
 //! first wave larger than the last minute's finds copies too), at most
-//! [`WarmBounds::copies`] for a template and [`WarmBounds::bytes`] of copies in all. A template's copies are dropped [`IDLE`]
+//! [`WarmBounds::copies`] for a template and [`WarmBounds::bytes`] of copies in all, and
+//! never more than creates can spare of what a copy holds ahead of time (`Shared::room`:
+//! half the sandbox uids; with overlays, a quarter of the open-files limit). A template's
+//! copies are dropped [`IDLE`]
 //! after its last create, with the template (they live in its directory, `warm/`, and
 //! count towards its size when templates are evicted) and at start-up.
 //!
@@ -291,6 +294,13 @@ fn publish(pools: &HashMap<PathBuf, Pool>) {
     crate::metrics::warm_copies_ready(ready);
 }
 
+/// How many descriptors warm overlays may hold: a quarter of the open-files limit (the
+/// provisioner's, raised to its hard limit at start-up).
+fn descriptors_for_overlays() -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    limit.map_or(usize::MAX, |n| usize::try_from(n / 4).unwrap_or(usize::MAX))
+}
+
 fn trim(creates: &mut VecDeque<Instant>, now: Instant) {
     while creates
         .front()
@@ -344,6 +354,10 @@ impl Shared {
             .values()
             .map(|p| p.bytes * p.copies.len() as u64)
             .sum();
+        let copies: usize = pools.values().map(|p| p.copies.len()).sum();
+        if !self.room(copies) {
+            return None;
+        }
         let last_create = pools.values().filter_map(|p| p.last_create).max();
         for (key, pool) in pools.iter_mut() {
             trim(&mut pool.creates, now);
@@ -361,6 +375,19 @@ impl Shared {
             }
         }
         None
+    }
+
+    /// Whether one more copy leaves creates what copies hold too: a copy claims its
+    /// sandbox uid ahead of time, so copies stop at half the replica's uids; and an
+    /// overlay holds a descriptor (its mount), so overlays stop at a quarter of the
+    /// open-files limit. Without these a replica serving many repositories at once
+    /// (a floor of `copies` each) had its creates refused for want of a uid, or of a
+    /// descriptor.
+    fn room(&self, copies: usize) -> bool {
+        if self.uids.as_ref().is_some_and(|u| u.half_used()) {
+            return false;
+        }
+        self.overlays.get().is_none() || copies < descriptors_for_overlays()
     }
 
     /// One more copy of `template`; a template that cannot be copied (evicted, or

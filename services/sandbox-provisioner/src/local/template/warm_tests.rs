@@ -209,6 +209,48 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
     assert_eq!(again.warm.ready(), 0);
 }
 
+/// A floor of copies larger than the replica's uids: copies claim at most half of them
+/// ahead of time, and creates get every uid of the range.
+#[tokio::test]
+async fn warm_copies_leave_creates_half_the_sandbox_uids() {
+    let Some(uids) = crate::local::uids::SandboxUids::new(2_000_000_000, 8).map(Arc::new) else {
+        eprintln!("not root: no sandbox uids to share");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let r = repo(tmp.path());
+    let path = r.to_str().unwrap();
+    let commit = local_commit(path, "").unwrap();
+    let t = Templates::open(tmp.path().join("templates"), 0)
+        .unwrap()
+        .with_warm(
+            WarmBounds {
+                copies: 128,
+                bytes: 1 << 30,
+                min: 128,
+            },
+            Some(uids.clone()),
+        );
+    let dir = t.ensure(path, &commit, TIMEOUT).await.unwrap();
+    create(&t, &dir, &tmp.path().join("s0"), "fork-0", &commit).await;
+    // One sandbox and three copies: half the eight uids.
+    eventually("three warm copies", || t.warm.ready() == 3);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(t.warm.ready(), 3, "copies went past half the uids");
+    let mut taken = Vec::new();
+    for n in 1..8 {
+        let sbx = tmp.path().join(format!("s{n}"));
+        let (_, copied) = create(&t, &dir, &sbx, &format!("fork-{n}"), &commit).await;
+        assert_ne!(copied.uid, 0, "create {n} got no uid");
+        taken.push(copied.uid);
+    }
+    taken.sort_unstable();
+    taken.dedup();
+    assert_eq!(taken.len(), 7, "every create its own uid");
+    assert!(uids.claim().is_err(), "all eight in use by the sandboxes");
+    assert_eq!(t.warm.ready(), 0);
+}
+
 #[tokio::test]
 async fn with_warm_copies_off_every_create_copies_and_nothing_is_kept() {
     let tmp = tempfile::tempdir().unwrap();
