@@ -13,7 +13,9 @@ use forkyard_proto::sandbox::v1::{
 };
 use std::path::Path;
 
-/// Whether this host gives overlay workspaces: as root, on Linux 6.15 or later.
+/// Whether this host gives overlay workspaces: as root, on Linux 6.15 or later, with the
+/// state directory not on overlayfs. Not the provisioner's own probe, so that a probe
+/// that broke shows here as a failure, not as every test skipped.
 fn overlays_expected() -> bool {
     if !rustix::process::geteuid().is_root() {
         eprintln!("not root: no uid per sandbox, so templates are copied");
@@ -36,6 +38,14 @@ fn overlays_expected() -> bool {
     );
     if (major, minor) < (6, 15) {
         eprintln!("Linux {release}: no clone of a detached mount, so templates are copied");
+        return false;
+    }
+    // An overlay's upper layer cannot be on overlayfs (the state directory of a
+    // provisioner in a container whose /tmp is its image's).
+    const OVERLAYFS_MAGIC: i64 = 0x794c_7630;
+    let tmp = std::env::temp_dir();
+    if rustix::fs::statfs(&tmp).is_ok_and(|s| s.f_type == OVERLAYFS_MAGIC) {
+        eprintln!("{} is on overlayfs, so templates are copied", tmp.display());
         return false;
     }
     true
