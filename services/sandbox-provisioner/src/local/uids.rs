@@ -73,8 +73,8 @@ impl SandboxUids {
             && self.used.lock().expect("uids lock").insert(uid)
     }
 
-    /// Whether more than half the range is in use: what warm copies may claim ahead
-    /// of time stops there, so creates always find uids (`template::warm`).
+    /// Whether half the range or more is in use: what warm copies may claim ahead of
+    /// time stops there, so creates always find uids (`template::warm`).
     pub fn half_used(&self) -> bool {
         let used = self.used.lock().expect("uids lock").len();
         u64::try_from(used).unwrap_or(u64::MAX) * 2 >= u64::from(self.count)

@@ -54,6 +54,26 @@ fn contents(ws: &Path) -> Vec<(PathBuf, u32, u64, i64, i64, Vec<u8>)> {
     all
 }
 
+/// Templates under `tmp` keeping up to `copies` warm copies each (at least `min`),
+/// within 1 GiB, given to `uids` when the replica hands uids out.
+fn with_copies(
+    tmp: &Path,
+    copies: usize,
+    min: usize,
+    uids: Option<Arc<crate::local::uids::SandboxUids>>,
+) -> Templates {
+    Templates::open(tmp.join("templates"), 0)
+        .unwrap()
+        .with_warm(
+            WarmBounds {
+                copies,
+                bytes: 1 << 30,
+                min,
+            },
+            uids,
+        )
+}
+
 /// What a create does: a warm copy placed as the sandbox's directory `sbx`, else the
 /// directory made and the template copied. The new workspace, and how it was made.
 async fn create(
@@ -85,14 +105,7 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
     let root = tmp.path().join("templates");
     // Run as root (as here), copies are given to sandbox uids ahead of time too.
     let uids = crate::local::uids::SandboxUids::new(2_000_000_000, 100).map(Arc::new);
-    let t = Templates::open(root.clone(), 0).unwrap().with_warm(
-        WarmBounds {
-            copies: 3,
-            bytes: 1 << 30,
-            min: 0,
-        },
-        uids.clone(),
-    );
+    let t = with_copies(tmp.path(), 3, 0, uids.clone());
     let dir = t.ensure(path, &commit, TIMEOUT).await.unwrap();
 
     // The first create copies the template; it asks for one copy ahead.
@@ -221,16 +234,7 @@ async fn warm_copies_leave_creates_half_the_sandbox_uids() {
     let r = repo(tmp.path());
     let path = r.to_str().unwrap();
     let commit = local_commit(path, "").unwrap();
-    let t = Templates::open(tmp.path().join("templates"), 0)
-        .unwrap()
-        .with_warm(
-            WarmBounds {
-                copies: 128,
-                bytes: 1 << 30,
-                min: 128,
-            },
-            Some(uids.clone()),
-        );
+    let t = with_copies(tmp.path(), 128, 128, Some(uids.clone()));
     let dir = t.ensure(path, &commit, TIMEOUT).await.unwrap();
     create(&t, &dir, &tmp.path().join("s0"), "fork-0", &commit).await;
     // One sandbox and three copies: half the eight uids.
@@ -288,16 +292,7 @@ async fn copies_that_cannot_be_renamed_into_sandboxes_go_and_no_more_are_made() 
     let r = repo(tmp.path());
     let path = r.to_str().unwrap();
     let commit = local_commit(path, "").unwrap();
-    let t = Templates::open(tmp.path().join("templates"), 0)
-        .unwrap()
-        .with_warm(
-            WarmBounds {
-                copies: 3,
-                bytes: 1 << 30,
-                min: 0,
-            },
-            None,
-        );
+    let t = with_copies(tmp.path(), 3, 0, None);
     let dir = t.ensure(path, &commit, TIMEOUT).await.unwrap();
     for n in 0..3 {
         create(
