@@ -2,7 +2,7 @@
 # Before a step that writes gigabytes (images, an earlier commit's build): say how much
 # of the disk is free and, when it is under FORKYARD_DISK_LOW_GB (default 20), remove
 # what the next build makes again: the compiler's incremental data, earlier commits'
-# upgrade builds, and Docker's unused images and build cache. A CI machine once had
+# upgrade builds, and Forkyard's unused images and Docker's build cache. A CI machine once had
 # 0.9 GB left when `make test` reached its images.
 #
 #   scripts/disk-guard.sh <step>
@@ -24,8 +24,10 @@ keep=${UPGRADE_FROM:-}
 for d in "$target_dir"/at-*; do
   [ -d "$d" ] && [ "$d" != "$target_dir/at-$keep" ] && rm -rf "$d"
 done
+# Docker's: only Forkyard's untagged images, and the build cache beyond what the next
+# image build reuses (scripts/images.sh keeps 3 GB), never other projects' images.
 if docker info >/dev/null 2>&1; then
-  docker image prune -f >/dev/null || true
-  docker builder prune -af >/dev/null 2>&1 || true
+  docker image prune -f --filter label=dev.forkyard.image=true >/dev/null || true
+  docker builder prune -f --keep-storage 1gb >/dev/null 2>&1 || true
 fi
 echo "$step: ${before}G free before, $(free_gb)G now"
