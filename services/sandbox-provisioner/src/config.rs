@@ -121,6 +121,13 @@ pub struct Args {
     /// runs on are removed past it. 0: no bound.
     #[arg(long, env = "FORKYARD_IMAGE_CACHE_MAX_BYTES", default_value_t = 20 << 30)]
     pub image_cache_max_bytes: u64,
+    /// What one image may unpack to, in bytes (its layers' uncompressed tars, counted as
+    /// they are read: a small gzip that inflates past it is stopped there). 0: no bound.
+    #[arg(long, env = "FORKYARD_IMAGE_MAX_BYTES", default_value_t = 8 << 30)]
+    pub image_max_bytes: u64,
+    /// What one image may unpack to, in entries (files, directories, links). 0: no bound.
+    #[arg(long, env = "FORKYARD_IMAGE_MAX_ENTRIES", default_value_t = 1_000_000)]
+    pub image_max_entries: u64,
     /// The workspace templates' size bound in bytes (`<state>/templates`, a clone per
     /// local repository); least recently used ones are removed past it. 0: no bound.
     #[arg(long, env = "FORKYARD_TEMPLATE_CACHE_MAX_BYTES", default_value_t = 10 << 30)]
@@ -304,6 +311,12 @@ impl Args {
         }
         config.image_archive_dir.clone_from(&self.image_archive_dir);
         config.image_cache_max_bytes = self.image_cache_max_bytes;
+        // 0 is no bound, as for the other sizes here.
+        let unbounded = |n: u64| if n == 0 { u64::MAX } else { n };
+        config.image_limits = crate::local::image::UnpackLimits {
+            bytes: unbounded(self.image_max_bytes),
+            entries: unbounded(self.image_max_entries),
+        };
         config.template_cache_max_bytes = self.template_cache_max_bytes;
         config.warm = crate::local::WarmBounds {
             copies: self.warm_copies,

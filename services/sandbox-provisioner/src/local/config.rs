@@ -65,6 +65,8 @@ pub struct Config {
     /// The image cache's size bound in bytes (0: none): least recently used images
     /// that no sandbox runs on are removed past it.
     pub image_cache_max_bytes: u64,
+    /// What one image may unpack to (bytes and entries); past it the image is refused.
+    pub image_limits: crate::local::image::UnpackLimits,
     /// The workspace templates' size bound in bytes (0: none).
     pub template_cache_max_bytes: u64,
     /// Warm copies of the templates' workspaces (`crate::local::template`'s `warm`);
@@ -89,6 +91,7 @@ impl Config {
             image_cache_dir: state_dir.join("images"),
             registry: RegistryConfig::default(),
             image_cache_max_bytes: 20 << 30,
+            image_limits: crate::local::image::UnpackLimits::DEFAULT,
             template_cache_max_bytes: 10 << 30,
             warm: crate::local::WarmBounds::OFF,
             state_dir,

@@ -78,7 +78,7 @@ impl Provisioner {
         )
         .with_overlays(store.overlays().clone(), overlay_workspaces);
         let images = ImageCache::open(&config.image_cache_dir)
-            .map(Arc::new)
+            .map(|c| Arc::new(c.with_limits(config.image_limits)))
             .map_err(|e| {
                 format!(
                     "--image-cache-dir (FORKYARD_IMAGE_CACHE_DIR) {}: {e}",

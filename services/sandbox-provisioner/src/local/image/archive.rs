@@ -2,10 +2,18 @@
 //! digests: an OCI image layout (`oci-layout`, `index.json`, `blobs/sha256/…`, as
 //! `skopeo copy … oci-archive:` and Docker 25+ `docker save` write) or the older
 //! `docker save` format (`manifest.json`, a config named by its digest, `<id>/layer.tar`).
+//!
+//! Every file is opened beneath the archive's directory with its links resolved as if
+//! that directory were the root ([`confined::open_in_root`]): a `docker save` layer
+//! may be a link to another's, and no link leads to a host file.
 
-use super::error::ImageError;
+use super::{
+    confined::{self, Tree},
+    error::ImageError,
+    layer::{self, Layer, UnpackLimits},
+};
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
+use std::{io::Read as _, path::Path};
 
 /// An image's parts, every one verified but the layers' contents (checked against
 /// `diff_ids` while they are applied: `super::layer`).
@@ -16,7 +24,7 @@ pub struct Parts {
     pub digest: String,
     pub config: ImageConfig,
     /// Layer files, lowest first, each with the digest of its uncompressed tar.
-    pub layers: Vec<(PathBuf, String)>,
+    pub layers: Vec<Layer>,
 }
 
 /// The parts of an image's config a sandbox uses.
@@ -75,9 +83,9 @@ struct SavedImage {
 
 /// Read the image in the unpacked archive `dir`.
 pub fn read(dir: &Path) -> Result<Parts, ImageError> {
-    if dir.join("index.json").is_file() {
+    if confined::open_in_root(dir, "index.json").is_ok() {
         read_oci(dir)
-    } else if dir.join("manifest.json").is_file() {
+    } else if confined::open_in_root(dir, "manifest.json").is_ok() {
         read_docker_save(dir)
     } else {
         Err(ImageError::NotAnImage(
@@ -87,47 +95,63 @@ pub fn read(dir: &Path) -> Result<Parts, ImageError> {
     }
 }
 
-fn json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ImageError> {
-    let raw = std::fs::read(path)
-        .map_err(|e| ImageError::NotAnImage(format!("cannot read {}: {e}", name(path))))?;
-    serde_json::from_slice(&raw).map_err(|e| {
-        ImageError::NotAnImage(format!("{} is not what it should be: {e}", name(path)))
-    })
+/// The largest JSON document (index, manifest, config) read from an archive.
+const MAX_JSON_BYTES: u64 = 16 << 20;
+
+/// The file `rel` of the archive, parsed.
+fn json<T: serde::de::DeserializeOwned>(dir: &Path, rel: &str) -> Result<T, ImageError> {
+    parse(rel, open(dir, rel)?)
 }
 
-fn name(path: &Path) -> String {
-    path.file_name().map_or_else(
-        || path.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    )
+fn parse<T: serde::de::DeserializeOwned>(rel: &str, file: std::fs::File) -> Result<T, ImageError> {
+    let mut raw = Vec::new();
+    file.take(MAX_JSON_BYTES)
+        .read_to_end(&mut raw)
+        .map_err(|e| ImageError::NotAnImage(format!("cannot read {rel}: {e}")))?;
+    serde_json::from_slice(&raw)
+        .map_err(|e| ImageError::NotAnImage(format!("{rel} is not what it should be: {e}")))
+}
+
+fn open(dir: &Path, rel: &str) -> Result<std::fs::File, ImageError> {
+    confined::open_in_root(dir, rel)
+        .map_err(|e| ImageError::NotAnImage(format!("missing {rel}: {e}")))
+}
+
+/// `sha256:<64 hex>`, the only digest a blob may be named by (a name made of anything
+/// else would be a path).
+pub fn hex(digest: &str) -> Result<&str, ImageError> {
+    digest
+        .strip_prefix("sha256:")
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        .ok_or_else(|| ImageError::NotAnImage(format!("unsupported digest {digest:.80}")))
 }
 
 /// A blob of an OCI layout, checked to be what its digest says.
-fn blob(dir: &Path, digest: &str) -> Result<PathBuf, ImageError> {
-    let hex = digest
-        .strip_prefix("sha256:")
-        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-        .ok_or_else(|| ImageError::NotAnImage(format!("unsupported digest {digest}")))?;
-    let path = dir.join("blobs/sha256").join(hex);
-    verify(&path, digest)?;
-    Ok(path)
+fn blob(dir: &Path, digest: &str) -> Result<std::fs::File, ImageError> {
+    let rel = format!("blobs/sha256/{}", hex(digest)?);
+    verified(dir, &rel, digest)
 }
 
-fn verify(path: &Path, digest: &str) -> Result<(), ImageError> {
-    let got = sha256_file(path)
-        .map_err(|e| ImageError::NotAnImage(format!("missing {}: {e}", name(path))))?;
+/// The file `rel`, checked to hash to `digest`, read from its start.
+fn verified(dir: &Path, rel: &str, digest: &str) -> Result<std::fs::File, ImageError> {
+    use std::io::Seek as _;
+    let mut file = open(dir, rel)?;
+    let got =
+        sha256(&mut file).map_err(|e| ImageError::NotAnImage(format!("cannot read {rel}: {e}")))?;
     if got != digest {
         return Err(ImageError::DigestMismatch {
-            what: name(path),
+            what: rel.rsplit('/').next().unwrap_or(rel).to_owned(),
             expected: digest.to_owned(),
             got,
         });
     }
-    Ok(())
+    file.rewind()
+        .map_err(|e| ImageError::Io(format!("read {rel}: {e}")))?;
+    Ok(file)
 }
 
 fn read_oci(dir: &Path) -> Result<Parts, ImageError> {
-    let index: Index = json(&dir.join("index.json"))?;
+    let index: Index = json(dir, "index.json")?;
     // One image per archive; a multi-platform index inside picks this host's platform.
     let first = index
         .manifests
@@ -135,7 +159,7 @@ fn read_oci(dir: &Path) -> Result<Parts, ImageError> {
         .ok_or_else(|| ImageError::NotAnImage("index.json lists no image".into()))?;
     let mut desc_digest = first.digest.clone();
     if first.media_type.contains("index") {
-        let inner: Index = json(&blob(dir, &first.digest)?)?;
+        let inner: Index = parse("the image index", blob(dir, &first.digest)?)?;
         desc_digest = inner
             .manifests
             .first()
@@ -143,8 +167,8 @@ fn read_oci(dir: &Path) -> Result<Parts, ImageError> {
             .digest
             .clone();
     }
-    let manifest: Manifest = json(&blob(dir, &desc_digest)?)?;
-    let config_file: ConfigFile = json(&blob(dir, &manifest.config.digest)?)?;
+    let manifest: Manifest = parse("the manifest", blob(dir, &desc_digest)?)?;
+    let config_file: ConfigFile = parse("the config", blob(dir, &manifest.config.digest)?)?;
     let layers = manifest
         .layers
         .iter()
@@ -157,7 +181,7 @@ fn read_oci(dir: &Path) -> Result<Parts, ImageError> {
 fn assemble(
     digest: String,
     config_file: ConfigFile,
-    layers: Vec<PathBuf>,
+    layers: Vec<std::fs::File>,
     listed_in: &str,
 ) -> Result<Parts, ImageError> {
     let diff_ids = config_file.rootfs.diff_ids;
@@ -171,52 +195,84 @@ fn assemble(
     Ok(Parts {
         digest,
         config: config_file.config.unwrap_or_default(),
-        layers: layers.into_iter().zip(diff_ids).collect(),
+        layers: layers
+            .into_iter()
+            .zip(diff_ids)
+            .map(|(file, diff_id)| Layer { file, diff_id })
+            .collect(),
     })
 }
 
 fn read_docker_save(dir: &Path) -> Result<Parts, ImageError> {
-    let saved: Vec<SavedImage> = json(&dir.join("manifest.json"))?;
+    let saved: Vec<SavedImage> = json(dir, "manifest.json")?;
     let image = saved
         .into_iter()
         .next()
         .ok_or_else(|| ImageError::NotAnImage("manifest.json lists no image".into()))?;
-    let config_path = inside(dir, &image.config)?;
+    inside(&image.config)?;
     // The config is named by its digest (`<hex>.json` or `blobs/sha256/<hex>`).
-    let hex = image
+    let named = image
         .config
         .rsplit('/')
         .next()
         .unwrap_or_default()
         .trim_end_matches(".json");
-    let digest = format!("sha256:{hex}");
-    verify(&config_path, &digest)?;
-    let config_file: ConfigFile = json(&config_path)?;
+    let digest = format!("sha256:{named}");
+    hex(&digest)?;
+    let config_file: ConfigFile = parse("the config", verified(dir, &image.config, &digest)?)?;
     let layers = image
         .layers
         .iter()
-        .map(|l| inside(dir, l))
+        .map(|l| inside(l).and_then(|()| open(dir, l)))
         .collect::<Result<_, _>>()?;
     assemble(digest, config_file, layers, "manifest.json")
 }
 
-/// A path an archive's manifest names, which must stay inside the archive.
-fn inside(dir: &Path, rel: &str) -> Result<PathBuf, ImageError> {
+/// A path an archive's manifest names, which must be a plain one inside the archive.
+fn inside(rel: &str) -> Result<(), ImageError> {
     let p = Path::new(rel);
-    if p.components()
-        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    if rel.is_empty()
+        || p.components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
     {
         return Err(ImageError::NotAnImage(format!(
             "manifest.json names {rel}, outside the archive"
         )));
     }
-    Ok(dir.join(p))
+    Ok(())
 }
 
 /// `sha256:<hex>` of a file's bytes.
-fn sha256_file(path: &Path) -> std::io::Result<String> {
+fn sha256(file: &mut std::fs::File) -> std::io::Result<String> {
     use sha2::Digest as _;
     let mut hash = sha2::Sha256::new();
-    std::io::copy(&mut std::fs::File::open(path)?, &mut hash)?;
+    std::io::copy(file, &mut hash)?;
     Ok(format!("sha256:{:x}", hash.finalize()))
+}
+
+/// Unpack the archive file `src` (a plain tar) into `dest` by descriptor, as a layer
+/// is ([`layer::write_entry`]), within `limits`: its paths stay beneath `dest`, its
+/// links are kept as links (read through [`confined::open_in_root`]).
+pub fn unpack(
+    src: &mut std::fs::File,
+    dest: &Path,
+    limits: UnpackLimits,
+) -> Result<(), ImageError> {
+    let mut tree = Tree::open(dest, false)
+        .map_err(|e| ImageError::Io(format!("open the staging directory: {e}")))?;
+    let not_tar = |e: std::io::Error| ImageError::NotAnImage(format!("not a tar archive: {e}"));
+    let mut tar = tar::Archive::new(std::io::BufReader::new(src));
+    let mut left = limits.entries;
+    for entry in tar.entries().map_err(not_tar)? {
+        let mut entry = entry.map_err(not_tar)?;
+        left = left.checked_sub(1).ok_or_else(|| {
+            ImageError::TooLarge(format!(
+                "the archive has more than {} entries (FORKYARD_IMAGE_MAX_ENTRIES)",
+                limits.entries
+            ))
+        })?;
+        layer::write_entry(&mut tree, &mut entry, "the archive")?;
+    }
+    tree.finish()
+        .map_err(|e| ImageError::NotAnImage(format!("the archive: {e}")))
 }

@@ -16,6 +16,10 @@ pub enum ImageError {
     /// The registry is down, refuses us, or has no such image.
     #[error("registry: {0}")]
     Registry(String),
+    /// Built to reach outside the image (an entry through a link, a whiteout of `..`),
+    /// or otherwise against the provisioner's policy.
+    #[error("refused: {0}")]
+    Refused(String),
     /// Larger than this provisioner keeps.
     #[error("too large: {0}")]
     TooLarge(String),

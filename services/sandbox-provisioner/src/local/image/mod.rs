@@ -8,16 +8,23 @@
 //! Sources: an image archive in the provisioner's image directory (`docker save`, or
 //! an OCI layout as a directory or tar), or an OCI registry (`registry`). The cache
 //! has a size bound (`evict`).
+//!
+//! Whoever names an image may have made it to attack the host: its archive and layers
+//! are written by descriptor beneath the staging directory (`confined`), on a thread
+//! jailed there (`jail`), within bounds of bytes and entries (`layer::UnpackLimits`).
 
 mod archive;
+mod confined;
 mod error;
 pub(crate) mod evict;
+mod jail;
 mod layer;
 pub mod registry;
 mod rootfs;
 
 pub use archive::ImageConfig;
 pub use error::ImageError;
+pub use layer::UnpackLimits;
 pub use rootfs::has_shell;
 use std::{
     collections::HashMap,
@@ -66,6 +73,17 @@ pub struct ImageCache {
     /// An image was unpacked since [`Self::take_grown`] last asked: only then can the
     /// cache have gone past its bound.
     grown: std::sync::atomic::AtomicBool,
+    /// What one image may unpack to.
+    limits: UnpackLimits,
+}
+
+impl UnpackLimits {
+    /// 8 GiB and a million entries: more than any toolchain image, and a bound on what
+    /// a gzip bomb can fill.
+    pub const DEFAULT: Self = Self {
+        bytes: 8 << 30,
+        entries: 1_000_000,
+    };
 }
 
 impl ImageCache {
@@ -91,7 +109,15 @@ impl ImageCache {
             evicting: std::sync::atomic::AtomicBool::new(false),
             // An earlier run may have left the cache past a bound lowered since.
             grown: std::sync::atomic::AtomicBool::new(true),
+            limits: UnpackLimits::DEFAULT,
         })
+    }
+
+    /// The cache with `limits` on what one image may unpack to.
+    #[must_use]
+    pub fn with_limits(mut self, limits: UnpackLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The image `reference` names in its registry, pulled and unpacked unless the
@@ -130,9 +156,9 @@ impl ImageCache {
                 .ok_or_else(|| ImageError::Io(format!("{digest} left the cache"))),
             Ok((_, false)) => {
                 self.grew();
-                let (root, staging) = (root.clone(), staging.clone());
+                let (root, staging, limits) = (root.clone(), staging.clone(), self.limits);
                 tokio::task::spawn_blocking(move || {
-                    load_in(&root, &staging.join("layout"), &staging)
+                    load_in(&root, &staging.join("layout"), &staging, limits)
                 })
                 .await
                 .map_err(|e| ImageError::Io(format!("load task: {e}")))
@@ -165,8 +191,8 @@ impl ImageCache {
             return Ok(img);
         }
         self.grew();
-        let (root, src) = (self.root.clone(), path.to_path_buf());
-        let img = tokio::task::spawn_blocking(move || load(&root, &src))
+        let (root, src, limits) = (self.root.clone(), path.to_path_buf(), self.limits);
+        let img = tokio::task::spawn_blocking(move || load(&root, &src, limits))
             .await
             .map_err(|e| ImageError::Io(format!("load task: {e}")))??;
         self.loaded
@@ -183,25 +209,29 @@ fn io(context: &str) -> impl Fn(std::io::Error) -> ImageError + '_ {
 }
 
 /// Blocking: read the archive, and unpack its image unless the cache has that digest.
-fn load(root: &Path, src: &Path) -> Result<Image, ImageError> {
+fn load(root: &Path, src: &Path, limits: UnpackLimits) -> Result<Image, ImageError> {
     let staging = root.join(format!(".tmp-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir(&staging).map_err(io("make a staging directory"))?;
-    let loaded = load_in(root, src, &staging);
+    let loaded = load_in(root, src, &staging, limits);
     let _ = crate::local::store::remove_all(&staging);
     loaded
 }
 
-fn load_in(root: &Path, src: &Path, staging: &Path) -> Result<Image, ImageError> {
+fn load_in(
+    root: &Path,
+    src: &Path,
+    staging: &Path,
+    limits: UnpackLimits,
+) -> Result<Image, ImageError> {
     let dir = if src.is_dir() {
         src.to_path_buf()
     } else {
         let dir = staging.join("archive");
         std::fs::create_dir(&dir).map_err(io("make a staging directory"))?;
-        let file = std::fs::File::open(src)
+        let mut file = std::fs::File::open(src)
             .map_err(|e| ImageError::NotAnImage(format!("{}: {e}", src.display())))?;
-        tar::Archive::new(file).unpack(&dir).map_err(|e| {
-            ImageError::NotAnImage(format!("{} is not a tar archive: {e}", src.display()))
-        })?;
+        jail::run(&dir, |inside| archive::unpack(&mut file, inside, limits))
+            .map_err(io("start the unpack thread"))??;
         dir
     };
     let parts = archive::read(&dir)?;
@@ -211,10 +241,13 @@ fn load_in(root: &Path, src: &Path, staging: &Path) -> Result<Image, ImageError>
         let unpacked = staging.join("image");
         let rootfs = unpacked.join("rootfs");
         std::fs::create_dir_all(&rootfs).map_err(io("make a root filesystem"))?;
-        for (file, diff_id) in &parts.layers {
-            layer::apply(file, diff_id, &rootfs)?;
-        }
-        rootfs::make_mount_points(&rootfs).map_err(io("make the sandbox's mount points"))?;
+        let owners = rustix::process::geteuid().is_root();
+        let layers = &parts.layers;
+        jail::run(&rootfs, |inside| {
+            layer::apply_all(layers, inside, limits, owners)?;
+            rootfs::make_mount_points(inside).map_err(io("make the sandbox's mount points"))
+        })
+        .map_err(io("start the unpack thread"))??;
         let saved = Saved {
             digest: parts.digest.clone(),
             config: parts.config.clone(),

@@ -299,7 +299,7 @@ async fn a_layer_entry_that_climbs_out_is_refused() {
     oci_layout(&layout, &[tar_with_raw_path("../../escaped")]);
     let err = cache(tmp.path()).load_archive(&layout).await.unwrap_err();
     assert!(
-        matches!(&err, ImageError::NotAnImage(m) if m.contains("climbs out")),
+        matches!(&err, ImageError::Refused(m) if m.contains("climbs out")),
         "{err}"
     );
     assert!(!tmp.path().join("escaped").exists());

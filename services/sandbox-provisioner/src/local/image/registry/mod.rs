@@ -148,18 +148,22 @@ impl Registries {
         if cached(&digest) {
             return Ok((digest, true));
         }
-        let blobs = layout.join("blobs/sha256");
-        tokio::fs::create_dir_all(&blobs).await.map_err(io)?;
-        tokio::fs::write(blobs.join(hex(&digest)), &bytes)
-            .await
-            .map_err(io)?;
         let manifest: Manifest = serde_json::from_slice(&bytes)
             .map_err(|e| ImageError::NotAnImage(format!("the manifest: {e}")))?;
-        self.check_size(&manifest)?;
+        // Every digest is a file name below: one that is not 64 hex digits is refused
+        // before anything is written (`sha256:/etc/passwd` would be a path).
         for d in std::iter::once(&manifest.config).chain(&manifest.layers) {
-            session
-                .blob(&d.digest, d.size, &blobs.join(hex(&d.digest)))
-                .await?;
+            super::archive::hex(&d.digest)?;
+        }
+        self.check_size(&manifest)?;
+        let blobs = layout.join("blobs/sha256");
+        tokio::fs::create_dir_all(&blobs).await.map_err(io)?;
+        tokio::fs::write(blobs.join(super::archive::hex(&digest)?), &bytes)
+            .await
+            .map_err(io)?;
+        for d in std::iter::once(&manifest.config).chain(&manifest.layers) {
+            let file = blobs.join(super::archive::hex(&d.digest)?);
+            session.blob(&d.digest, d.size, &file).await?;
         }
         write_index(layout, &media_type, &digest, bytes.len()).await?;
         Ok((digest, false))
@@ -271,16 +275,18 @@ impl Session<'_> {
     /// digest says is not kept, and one longer than its descriptor's `size` (when
     /// given) is cut off there rather than filling the disk.
     async fn blob(&mut self, digest: &str, size: u64, path: &Path) -> Result<(), ImageError> {
-        if !digest.starts_with("sha256:") {
-            return Err(ImageError::NotAnImage(format!(
-                "unsupported digest {digest}"
-            )));
-        }
+        super::archive::hex(digest)?;
         let url = format!("{}/v2/{}/blobs/{digest}", self.base, self.target.repository);
         let mut resp = self.get(&url, None).await?;
         let mut file = tokio::fs::File::create(path).await.map_err(io)?;
         let mut hash = sha2::Sha256::new();
         let mut seen: u64 = 0;
+        // A descriptor without a size is held to the image's bound instead.
+        let size = if size > 0 {
+            size
+        } else {
+            self.reg.max_image_bytes
+        };
         while let Some(chunk) = resp.chunk().await.map_err(unavailable)? {
             seen = seen.saturating_add(chunk.len() as u64);
             if size > 0 && seen > size {
@@ -375,10 +381,6 @@ impl Session<'_> {
 
 fn sha256(bytes: &[u8]) -> String {
     format!("sha256:{:x}", sha2::Sha256::digest(bytes))
-}
-
-fn hex(digest: &str) -> &str {
-    digest.trim_start_matches("sha256:")
 }
 
 fn io(e: std::io::Error) -> ImageError {
