@@ -113,3 +113,95 @@ pub fn push_as(registry: &Registry, archive: &Path, name: &str, creds: Option<&s
     );
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
+
+/// One layer as stored in the registry (gzip or plain tar bytes) and the `diff_id` its
+/// image's config gives it.
+pub struct RawLayer {
+    pub stored: Vec<u8>,
+    pub diff_id: String,
+}
+
+impl RawLayer {
+    /// A plain tar, its `diff_id` its own digest.
+    pub fn tar(bytes: Vec<u8>) -> Self {
+        Self {
+            diff_id: digest(&bytes),
+            stored: bytes,
+        }
+    }
+}
+
+/// `sha256:<hex>` of `bytes`.
+pub fn digest(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    format!("sha256:{:x}", sha2::Sha256::digest(bytes))
+}
+
+/// Push an OCI image of `layers` as `<registry>/<name>:<tag>` through the distribution
+/// API itself (skopeo would recompress what a hostile test needs byte for byte): blob
+/// uploads, then the manifest. Its manifest digest.
+pub async fn push_raw(registry: &Registry, name: &str, tag: &str, layers: &[RawLayer]) -> String {
+    let http = reqwest::Client::new();
+    let base = format!("http://{}", registry.addr);
+    let config = serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": layers.iter().map(|l| l.diff_id.clone()).collect::<Vec<_>>()},
+    })
+    .to_string()
+    .into_bytes();
+    let mut descs = Vec::new();
+    for l in layers {
+        upload(&http, &base, name, &l.stored).await;
+        let gz = l.stored.starts_with(&[0x1f, 0x8b]);
+        descs.push(serde_json::json!({
+            "mediaType": if gz { "application/vnd.oci.image.layer.v1.tar+gzip" } else { "application/vnd.oci.image.layer.v1.tar" },
+            "digest": digest(&l.stored), "size": l.stored.len(),
+        }));
+    }
+    upload(&http, &base, name, &config).await;
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": digest(&config), "size": config.len()},
+        "layers": descs,
+    })
+    .to_string();
+    let resp = http
+        .put(format!("{base}/v2/{name}/manifests/{tag}"))
+        .header("content-type", "application/vnd.oci.image.manifest.v1+json")
+        .body(manifest.clone())
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        resp.status().is_success(),
+        "put manifest: {}",
+        resp.text().await.unwrap()
+    );
+    digest(manifest.as_bytes())
+}
+
+async fn upload(http: &reqwest::Client, base: &str, name: &str, bytes: &[u8]) {
+    let resp = http
+        .post(format!("{base}/v2/{name}/blobs/uploads/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202, "start an upload");
+    let location = resp.headers()["location"].to_str().unwrap().to_owned();
+    let location = if location.starts_with("http") {
+        location
+    } else {
+        format!("{base}{location}")
+    };
+    let sep = if location.contains('?') { '&' } else { '?' };
+    let resp = http
+        .put(format!("{location}{sep}digest={}", digest(bytes)))
+        .header("content-type", "application/octet-stream")
+        .body(bytes.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "put blob: {}", resp.status());
+}

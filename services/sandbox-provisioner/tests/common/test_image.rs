@@ -32,6 +32,13 @@ fn shell_layer(b: &mut tar::Builder<Vec<u8>>) {
     }
 }
 
+/// A layer of only the host's `dash` as `/bin/sh` and its libraries, as a tar.
+pub fn shell_layer_tar() -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    shell_layer(&mut b);
+    b.into_inner().unwrap()
+}
+
 fn append_file(b: &mut tar::Builder<Vec<u8>>, path: &str, data: &[u8], mode: u32) {
     let mut h = tar::Header::new_gnu();
     h.set_size(data.len() as u64);
