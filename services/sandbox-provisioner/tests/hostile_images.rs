@@ -422,3 +422,82 @@ async fn a_gzip_bomb_and_an_entry_bomb_stop_at_the_bound_and_leave_nothing() {
     )
     .await;
 }
+
+/// A registry that answers every manifest with `manifest` and every blob with
+/// `pwned`, recording the paths asked for.
+async fn lying_registry(
+    manifest: String,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use axum::{http::Uri, response::IntoResponse};
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = asked.clone();
+    let app = axum::Router::new().fallback(move |uri: Uri| {
+        let (seen, manifest) = (seen.clone(), manifest.clone());
+        async move {
+            seen.lock().unwrap().push(uri.path().to_owned());
+            if uri.path().contains("/manifests/") {
+                (
+                    [("content-type", "application/vnd.oci.image.manifest.v1+json")],
+                    manifest,
+                )
+                    .into_response()
+            } else {
+                "pwned".into_response()
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, asked)
+}
+
+#[tokio::test]
+async fn a_registry_naming_a_path_for_a_digest_gets_nothing_written_or_fetched() {
+    let k = corpus(ROOMY).await;
+    let keep = format!("{}/keep", k.c());
+    for (n, evil) in [
+        format!("sha256:{keep}"),
+        format!("sha256:../../../../../../../..{keep}"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let config = format!("sha256:{}", "0".repeat(64));
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config, "size": 5},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": evil, "size": 5}],
+        })
+        .to_string();
+        let (addr, asked) = lying_registry(manifest).await;
+        let image = format!("{addr}/evil/paths:{n}");
+        let made =
+            k.f.core
+                .create(CreateSandboxRequest {
+                    image: image.clone(),
+                    ..k.f.request("digest-path")
+                })
+                .await;
+        match made {
+            Err(ProvisionerError::FailedPrecondition(m)) => {
+                assert!(
+                    m.contains(&image) && m.contains("unsupported digest"),
+                    "{m}"
+                );
+            }
+            other => panic!("{evil}: {other:?}"),
+        }
+        let blobs: Vec<_> = asked
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| p.contains("/blobs/"))
+            .cloned()
+            .collect();
+        assert!(blobs.is_empty(), "fetched {blobs:?}");
+        k.canary_intact(&evil);
+        assert!(k.images().is_empty());
+    }
+}

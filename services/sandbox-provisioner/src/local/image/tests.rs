@@ -416,3 +416,47 @@ async fn past_its_bound_the_cache_drops_the_least_recently_used_image_no_sandbox
         vec![b.digest.trim_start_matches("sha256:").to_owned()]
     );
 }
+
+#[tokio::test]
+async fn a_docker_save_layer_that_links_to_a_host_file_is_read_inside_the_archive() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A valid layer on the host, outside the archive: a link to it must not be read.
+    let host_layer = tar_of(&[
+        E::Dir("bin/"),
+        E::File("bin/hello", b"from the host", 0o755),
+    ]);
+    let host_file = tmp.path().join("host-layer.tar");
+    std::fs::write(&host_file, &host_layer).unwrap();
+    let dir = tmp.path().join("saved");
+    std::fs::create_dir_all(dir.join("l1")).unwrap();
+    std::os::unix::fs::symlink(&host_file, dir.join("l1/layer.tar")).unwrap();
+    let config = serde_json::json!({
+        "rootfs": {"type": "layers", "diff_ids": [digest(&host_layer)]},
+    })
+    .to_string();
+    let name = format!(
+        "{}.json",
+        digest(config.as_bytes()).trim_start_matches("sha256:")
+    );
+    std::fs::write(dir.join(&name), &config).unwrap();
+    std::fs::write(
+        dir.join("manifest.json"),
+        serde_json::json!([{"Config": name, "Layers": ["l1/layer.tar"]}]).to_string(),
+    )
+    .unwrap();
+    // As a directory, and as a tar that keeps the link a link.
+    let archive = dir.with_extension("tar");
+    let mut b = tar::Builder::new(std::fs::File::create(&archive).unwrap());
+    b.follow_symlinks(false);
+    b.append_dir_all(".", &dir).unwrap();
+    b.finish().unwrap();
+    for source in [dir.clone(), archive] {
+        let err = cache(tmp.path()).load_archive(&source).await.unwrap_err();
+        assert!(
+            matches!(&err, ImageError::NotAnImage(m) if m.contains("l1/layer.tar")),
+            "{}: {err}",
+            source.display()
+        );
+        assert_cache_empty(tmp.path());
+    }
+}
