@@ -10,6 +10,7 @@ pub mod bwrap;
 pub mod cgroup;
 pub mod cgroup_detect;
 pub mod config;
+mod confined;
 mod create;
 mod destroy;
 pub mod disk_quota;

@@ -117,8 +117,6 @@ impl Snapshots {
         let file = std::fs::File::open(self.tarball(id))
             .map_err(|_| ProvisionerError::NotFound(format!("snapshot {id}")))?;
         let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
-        tar.set_preserve_permissions(true);
-        tar.set_unpack_xattrs(false);
         std::fs::create_dir(dest).map_err(|e| ProvisionerError::internal("create workspace", e))?;
         let bound = restore_bound(dest, disk_bytes);
         unpack_within(&mut tar, dest, bound).map_err(|e| {
@@ -157,16 +155,18 @@ fn restore_bound(dest: &Path, disk_bytes: u64) -> Bound {
     }
 }
 
-/// `tar::Archive::unpack`, file data counted as it goes ([`TooBig`] past `bound`):
-/// directories last, deepest first, so a read-only one never blocks what it holds.
+/// The snapshot's entries written beneath `dest` by descriptor
+/// (`crate::local::confined`: a sandbox made them, and a link it left never leads a
+/// restore out), zeros as holes, file data counted as it goes ([`TooBig`] past
+/// `bound`); directories' modes set last, deepest first, so a read-only one never
+/// blocks what it holds.
 fn unpack_within<R: std::io::Read>(
     tar: &mut tar::Archive<R>,
     dest: &Path,
     bound: Bound,
 ) -> std::io::Result<()> {
-    let dest = &dest.canonicalize()?;
+    let mut tree = crate::local::confined::Tree::open(dest, false)?;
     let mut data_bytes = 0u64;
-    let mut directories = Vec::new();
     for entry in tar.entries()? {
         let mut entry = entry?;
         // The size tar unpacks (a PAX header's over the entry's own).
@@ -174,17 +174,9 @@ fn unpack_within<R: std::io::Read>(
         if data_bytes > bound.bytes() {
             return Err(std::io::Error::other(TooBig(bound)));
         }
-        if entry.header().entry_type() == tar::EntryType::Directory {
-            directories.push(entry);
-        } else {
-            entry.unpack_in(dest)?;
-        }
+        tree.entry(&mut entry).map_err(std::io::Error::other)?;
     }
-    directories.sort_by(|a, b| b.path_bytes().cmp(&a.path_bytes()));
-    for mut dir in directories {
-        dir.unpack_in(dest)?;
-    }
-    Ok(())
+    tree.finish().map_err(std::io::Error::other)
 }
 
 /// How much file data a snapshot may hold, and why.
@@ -455,10 +447,50 @@ mod tests {
             std::fs::read_to_string(dest.join("src/a.txt")).unwrap(),
             "kept\n"
         );
-        assert_eq!(
-            std::fs::metadata(dest.join("sparse")).unwrap().len(),
-            8 << 20
+        let sparse = std::fs::metadata(dest.join("sparse")).unwrap();
+        assert_eq!(sparse.len(), 8 << 20);
+        // Restored as a hole, as it was saved from one: no block of zeros written.
+        assert!(
+            std::os::unix::fs::MetadataExt::blocks(&sparse) * 512 < 1 << 20,
+            "{} bytes allocated",
+            std::os::unix::fs::MetadataExt::blocks(&sparse) * 512
         );
+    }
+
+    /// A snapshot is a sandbox's work: one whose tar holds a link and then writes
+    /// through it (as a hostile sandbox could craft in its own snapshot store) is
+    /// refused, and the link's target is untouched.
+    #[test]
+    fn a_restore_never_writes_through_a_link_the_snapshot_holds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let snaps = Snapshots::open(&tmp.path().join("snaps")).unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("f"), "host file").unwrap();
+        let file = std::fs::File::create(snaps.tarball("snap-evil")).unwrap();
+        let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(
+            file,
+            flate2::Compression::fast(),
+        ));
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        tar.append_link(&mut h, "x", &outside).unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_size(5);
+        h.set_mode(0o644);
+        tar.append_data(&mut h, "x/f", &b"pwned"[..]).unwrap();
+        tar.into_inner().unwrap().finish().unwrap();
+        let meta = serde_json::json!({"id": "snap-evil", "source_sandbox": "s", "repo": "", "branch": "",
+            "base_commit": "", "created_unix_ms": 0, "bytes": 0});
+        std::fs::write(snaps.dir.join("snap-evil.json"), meta.to_string()).unwrap();
+        let dest = tmp.path().join("restored");
+        assert!(snaps.unpack("snap-evil", &dest, 0).is_err());
+        assert_eq!(
+            std::fs::read_to_string(outside.join("f")).unwrap(),
+            "host file"
+        );
+        assert!(!dest.exists());
     }
 
     /// A sandbox still running while it is saved swaps a directory it owns for a symlink

@@ -8,10 +8,10 @@
 //! may be a link to another's, and no link leads to a host file.
 
 use super::{
-    confined::{self, Tree},
     error::ImageError,
     layer::{self, Layer, UnpackLimits},
 };
+use crate::local::confined::{self, Tree};
 use serde::Deserialize;
 use std::{io::Read as _, path::Path};
 

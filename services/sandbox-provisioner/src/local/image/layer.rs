@@ -4,7 +4,7 @@
 //! uncompressed tar must hash to its layer's `diff_id`.
 //!
 //! An image is input from whoever names it. Every change lands beneath the root by
-//! descriptor ([`super::confined`]): an entry or whiteout whose path runs through a
+//! descriptor ([`crate::local::confined`]): an entry or whiteout whose path runs through a
 //! link a lower layer made is refused, never applied to what the link names; hard
 //! links name entries beneath the root. Device nodes and fifos are skipped (bubblewrap
 //! gives a sandbox its own `/dev`); setuid and setgid bits are dropped. What a layer
@@ -16,15 +16,13 @@
 //! raw headers; the second lists its whiteouts, which apply before anything of the
 //! layer is written (they touch lower layers only); the third writes.
 
-use super::{
-    confined::{ConfineError, Meta, Tree},
-    error::ImageError,
-};
+use super::error::ImageError;
+use crate::local::confined::{ConfineError, Tree};
 use sha2::{Digest as _, Sha256};
 use std::{
     fs::File,
     io::{BufReader, Read, Seek},
-    path::{Component, Path, PathBuf},
+    path::{Path, PathBuf},
 };
 
 const WHITEOUT: &str = ".wh.";
@@ -166,49 +164,13 @@ fn write(layer: &Layer, name: &str, tree: &mut Tree) -> Result<(), ImageError> {
     Ok(())
 }
 
-/// One entry of a tar written into `tree` (of the layer or archive `name`): files,
-/// directories, symbolic and hard links; device nodes, fifos and types no image needs
-/// skipped.
+/// One entry of a tar written into `tree` (of the layer or archive `name`).
 pub fn write_entry<R: Read>(
     tree: &mut Tree,
     entry: &mut tar::Entry<'_, R>,
     name: &str,
 ) -> Result<(), ImageError> {
-    let path = relative(name, &entry.path().map_err(|e| bad(name, e))?)?;
-    if path.as_os_str().is_empty() {
-        return Ok(());
-    }
-    let h = entry.header();
-    // Numeric fields some archivers leave blank (a link's mode, say): defaults.
-    let meta = Meta {
-        mode: h.mode().unwrap_or(if h.entry_type().is_dir() { 0o755 } else { 0o644 }),
-        uid: h.uid().ok().and_then(|u| u32::try_from(u).ok()).unwrap_or(0),
-        gid: h.gid().ok().and_then(|g| u32::try_from(g).ok()).unwrap_or(0),
-        mtime: h.mtime().ok().and_then(|t| i64::try_from(t).ok()).unwrap_or(0),
-    };
-    let kind = h.entry_type();
-    let done = if kind.is_dir() {
-        tree.mkdir(&path, meta)
-    } else if kind.is_symlink() {
-        let target = link_name(entry, name)?;
-        tree.symlink(&path, &target, meta)
-    } else if kind.is_hard_link() {
-        let target = relative(name, &link_name(entry, name)?)?;
-        tree.hardlink(&path, &target)
-    } else if kind.is_file() || kind.is_contiguous() || kind.is_gnu_sparse() {
-        tree.file(&path, entry, meta).map(|_| ())
-    } else {
-        Ok(())
-    };
-    done.map_err(|e| refused(name, e))
-}
-
-fn link_name<R: Read>(entry: &tar::Entry<'_, R>, name: &str) -> Result<PathBuf, ImageError> {
-    entry
-        .link_name()
-        .map_err(|e| bad(name, e))?
-        .map(|p| p.into_owned())
-        .ok_or_else(|| ImageError::NotAnImage(format!("{name}: a link entry names no target")))
+    tree.entry(entry).map_err(|e| refused(name, e))
 }
 
 enum Deletion {
@@ -234,22 +196,9 @@ fn whiteout(layer: &str, path: &Path) -> Result<Option<Deletion>, ImageError> {
     }
 }
 
-/// A layer path made relative (`./usr/bin` → `usr/bin`); one that climbs out is refused.
+/// A layer path made plain; one that climbs out is refused.
 fn relative(layer: &str, path: &Path) -> Result<PathBuf, ImageError> {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::Normal(n) => out.push(n),
-            Component::CurDir | Component::RootDir => {}
-            Component::ParentDir | Component::Prefix(_) => {
-                return Err(ImageError::Refused(format!(
-                    "{layer}: the entry {} climbs out of the image",
-                    path.display()
-                )));
-            }
-        }
-    }
-    Ok(out)
+    crate::local::confined::plain(path).map_err(|e| refused(layer, e))
 }
 
 fn refused(layer: &str, e: ConfineError) -> ImageError {
@@ -258,7 +207,7 @@ fn refused(layer: &str, e: ConfineError) -> ImageError {
             ImageError::Io(format!("{layer}: {e}"))
         }
         ConfineError::ThroughLink(_) | ConfineError::BadPath(..) => {
-            ImageError::Refused(format!("{layer}: the entry {e}"))
+            ImageError::Refused(format!("{layer}: the entry {e} of the image"))
         }
         ConfineError::Io(..) => ImageError::NotAnImage(format!("{layer}: {e}")),
     }

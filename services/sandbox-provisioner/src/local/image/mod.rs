@@ -10,11 +10,10 @@
 //! has a size bound (`evict`).
 //!
 //! Whoever names an image may have made it to attack the host: its archive and layers
-//! are written by descriptor beneath the staging directory (`confined`), on a thread
+//! are written by descriptor beneath the staging directory (`crate::local::confined`), on a thread
 //! jailed there (`jail`), within bounds of bytes and entries (`layer::UnpackLimits`).
 
 mod archive;
-mod confined;
 mod error;
 pub(crate) mod evict;
 mod jail;

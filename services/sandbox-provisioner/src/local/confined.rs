@@ -6,8 +6,9 @@
 //! resolved by path, so what is changed is confined by construction, not by checks.
 //!
 //! Used for what an image's layers and archives write into the cache
-//! ([`super::layer`], [`super::archive`]), inside the unpack thread's jail
-//! ([`super::jail`]).
+//! (`crate::local::image`, inside its unpack thread's jail) and for the snapshots a
+//! sandbox's workspace is restored from (`crate::local::snapshot`): both are archives
+//! someone else made.
 
 use rustix::{
     fs::{AtFlags, Dir, FileType, Mode, OFlags, Timespec, Timestamps},
@@ -160,7 +161,7 @@ impl Tree {
         )
         .map_err(|e| at(e.into()))?;
         let mut file = std::fs::File::from(fd);
-        let written = io::copy(data, &mut file).map_err(at)?;
+        let written = copy_sparse(data, &mut file).map_err(at)?;
         set_meta(file.as_fd(), meta, owners).map_err(at)?;
         self.forget(rel);
         Ok(written)
@@ -227,6 +228,66 @@ impl Tree {
         rustix::fs::linkat(&tdir, tname, dir, name, AtFlags::empty()).map_err(|e| at(e.into()))?;
         self.forget(rel);
         Ok(())
+    }
+
+    /// One entry of a tar: files, directories, symbolic and hard links (a hard link's
+    /// target beneath the root too); device nodes, fifos and types no tree here needs
+    /// are skipped. Numeric fields some archivers leave blank (a link's mode) take
+    /// defaults.
+    pub fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), ConfineError> {
+        let raw = entry
+            .path()
+            .map_err(|e| ConfineError::Io(PathBuf::new(), e))?;
+        let path = plain(&raw)?;
+        if path.as_os_str().is_empty() {
+            return Ok(());
+        }
+        let h = entry.header();
+        let kind = h.entry_type();
+        let meta = Meta {
+            mode: h
+                .mode()
+                .unwrap_or(if kind.is_dir() { 0o755 } else { 0o644 }),
+            uid: h
+                .uid()
+                .ok()
+                .and_then(|u| u32::try_from(u).ok())
+                .unwrap_or(0),
+            gid: h
+                .gid()
+                .ok()
+                .and_then(|g| u32::try_from(g).ok())
+                .unwrap_or(0),
+            mtime: h
+                .mtime()
+                .ok()
+                .and_then(|t| i64::try_from(t).ok())
+                .unwrap_or(0),
+        };
+        let link = || -> Result<PathBuf, ConfineError> {
+            let named = entry
+                .link_name()
+                .map_err(|e| ConfineError::Io(path.clone(), e))?;
+            named
+                .map(std::borrow::Cow::into_owned)
+                .ok_or(ConfineError::BadPath(
+                    path.clone(),
+                    "a link that names no target",
+                ))
+        };
+        if kind.is_dir() {
+            self.mkdir(&path, meta)
+        } else if kind.is_symlink() {
+            let target = link()?;
+            self.symlink(&path, &target, meta)
+        } else if kind.is_hard_link() {
+            let target = plain(&link()?)?;
+            self.hardlink(&path, &target)
+        } else if kind.is_file() || kind.is_contiguous() || kind.is_gnu_sparse() {
+            self.file(&path, entry, meta).map(|_| ())
+        } else {
+            Ok(())
+        }
     }
 
     /// Set the directories' modes, owners and times, deepest first (a directory
@@ -311,6 +372,22 @@ fn walk(root: &OwnedFd, rel: &Path, create: bool) -> Result<Option<OwnedFd>, Con
     Ok(Some(cur))
 }
 
+/// An archive's path made plain (`./usr/bin`, `/usr/bin` → `usr/bin`); one that climbs
+/// (`..`) is refused.
+pub fn plain(path: &Path) -> Result<PathBuf, ConfineError> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::CurDir | Component::RootDir => {}
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(ConfineError::BadPath(path.to_path_buf(), "climbs out"));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// `rel`'s parent and last name; `rel` must be plain, relative, not empty and within
 /// [`MAX_DEPTH`].
 fn split(rel: &Path) -> Result<(&Path, &OsStr), ConfineError> {
@@ -375,6 +452,43 @@ fn clear(dir: &OwnedFd, depth: usize) -> io::Result<()> {
         }
     }
     names.iter().try_for_each(|n| remove_at(dir, n, depth))
+}
+
+/// Copy `data` into `file`, leaving holes where whole blocks are zero: a sparse file
+/// that an archive holds as its zeros (a terabyte `truncate` in a snapshot, an image's
+/// sparse database) takes no disk where it had none. The bytes copied.
+fn copy_sparse(data: &mut dyn Read, file: &mut std::fs::File) -> io::Result<u64> {
+    use std::io::{Seek as _, SeekFrom, Write as _};
+    const BLOCK: usize = 64 << 10;
+    let mut buf = vec![0u8; BLOCK];
+    let mut total = 0u64;
+    let mut hole = false;
+    loop {
+        let mut n = 0;
+        while n < BLOCK {
+            match data.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        hole = buf[..n].iter().all(|&b| b == 0);
+        if hole {
+            file.seek(SeekFrom::Current(n as i64))?;
+        } else {
+            file.write_all(&buf[..n])?;
+        }
+    }
+    if hole {
+        // A trailing hole: the file is as long as its data says.
+        file.set_len(total)?;
+    }
+    Ok(total)
 }
 
 fn set_meta(fd: std::os::fd::BorrowedFd<'_>, meta: Meta, owners: bool) -> io::Result<()> {

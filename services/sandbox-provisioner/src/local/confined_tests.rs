@@ -205,3 +205,26 @@ fn an_archive_file_is_read_with_its_links_resolved_inside_it() {
     );
     assert!(read("dir").is_err(), "a directory is not a file");
 }
+
+#[test]
+fn zeros_are_written_as_holes() {
+    use std::io::Read as _;
+    let (_tmp, root, _host) = setup();
+    let mut t = Tree::open(&root, false).unwrap();
+    let gib = 1u64 << 30;
+    let mut zeros = std::io::repeat(0).take(gib);
+    assert_eq!(t.file(Path::new("sparse"), &mut zeros, META).unwrap(), gib);
+    let mut data = b"head".to_vec();
+    data.resize(1 << 20, 0);
+    data.extend_from_slice(b"tail");
+    t.file(Path::new("mixed"), &mut data.as_slice(), META)
+        .unwrap();
+    let m = std::fs::metadata(root.join("sparse")).unwrap();
+    assert_eq!(m.len(), gib);
+    assert!(
+        m.blocks() * 512 < 1 << 20,
+        "allocated {} bytes",
+        m.blocks() * 512
+    );
+    assert_eq!(std::fs::read(root.join("mixed")).unwrap(), data);
+}
