@@ -92,6 +92,50 @@ async fn forks_verify_with_a_tool_only_their_image_has() {
     }
     let left = left_after_settling(|| workspaces_left(mesh.state_dir())).await;
     assert!(left.is_empty(), "{left:?}");
+
+    // Hostile: a lower layer's link to a host directory, then a whiteout through it.
+    // Every fork fails naming the image and the entry; the directory is untouched.
+    let canary = images.path().join("canary");
+    std::fs::create_dir(&canary).unwrap();
+    std::fs::write(canary.join("keep"), "the host's\n").unwrap();
+    let link = {
+        let mut shell = test_image::shell_layer_tar();
+        shell.truncate(shell.len() - 1024); // its end-of-archive blocks: more entries follow
+        let mut b = tar::Builder::new(shell);
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, "evil", &canary).unwrap();
+        b.into_inner().unwrap()
+    };
+    let whiteout = {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(0);
+        h.set_mode(0o644);
+        b.append_data(&mut h, "evil/.wh.keep", std::io::empty())
+            .unwrap();
+        b.into_inner().unwrap()
+    };
+    test_image::save_layers(images.path(), "hostile.tar", &[link, whiteout]);
+    let mut req = on_image(src.path(), "archive:hostile.tar");
+    req.request_id = "hostile".into();
+    let run = launch_and_wait(&mut gw, req).await;
+    assert_eq!(run.0.state, RunState::Failed as i32, "{:#?}", run.0);
+    for f in &run.0.forks {
+        assert!(
+            f.error.contains("archive:hostile.tar")
+                && f.error.contains("evil")
+                && f.error.contains("symbolic link"),
+            "{f:#?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(canary.join("keep")).unwrap(),
+        "the host's\n"
+    );
+    let left = left_after_settling(|| workspaces_left(mesh.state_dir())).await;
+    assert!(left.is_empty(), "{left:?}");
 }
 
 async fn launch_and_wait(

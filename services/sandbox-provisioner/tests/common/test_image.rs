@@ -148,6 +148,47 @@ fn shell_layer_into(b: &mut tar::Builder<std::fs::File>) {
     }
 }
 
+/// A `docker save` archive (`<dir>/<name>`) of `layers` (plain tars, lowest first).
+pub fn save_layers(dir: &Path, name: &str, layers: &[Vec<u8>]) {
+    let diff_ids: Vec<String> = layers.iter().map(|l| digest(l)).collect();
+    let config = serde_json::json!({
+        "config": { "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"] },
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    })
+    .to_string();
+    let config_name = format!(
+        "{}.json",
+        digest(config.as_bytes()).trim_start_matches("sha256:")
+    );
+    let names: Vec<String> = (1..=layers.len())
+        .map(|i| format!("l{i}/layer.tar"))
+        .collect();
+    let manifest =
+        serde_json::json!([{"Config": config_name, "RepoTags": ["test:1"], "Layers": names}])
+            .to_string();
+    let mut out = tar::Builder::new(std::fs::File::create(dir.join(name)).unwrap());
+    let files = [
+        ("manifest.json".to_owned(), manifest.into_bytes()),
+        (config_name, config.into_bytes()),
+    ];
+    for (path, data) in files.iter().chain(
+        names
+            .iter()
+            .cloned()
+            .zip(layers.iter().cloned())
+            .collect::<Vec<_>>()
+            .iter(),
+    ) {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(0);
+        h.set_cksum();
+        out.append_data(&mut h, path, data.as_slice()).unwrap();
+    }
+    out.finish().unwrap();
+}
+
 /// The `docker save` archive of the layer at `layer_path` (removed afterwards).
 fn write_archive(dir: &Path, name: &str, layer_path: &Path, env: &[&str]) {
     let mut hash = sha2::Sha256::new();
