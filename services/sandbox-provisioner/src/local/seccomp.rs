@@ -9,9 +9,24 @@
 //! `CLONE_NEWUSER`), mounts (`mount`, `umount2`, `pivot_root`, the new mount API), kernel
 //! modules, kexec and reboot, clocks (`settimeofday`, `clock_settime`, `clock_adjtime`,
 //! `adjtimex`), swap, accounting, quotas, `syslog`, file handles (`open_by_handle_at`),
-//! port I/O. `clone3` answers ENOSYS: its flags are in memory a filter cannot read, and
-//! on ENOSYS the C library falls back to `clone`, which the filter can. `ptrace` stays:
-//! the sandbox's own pid namespace bounds it to the sandbox's processes. On x86_64 the
+//! port I/O, `io_uring` (see below). `clone3` answers ENOSYS: its flags are in memory a
+//! filter cannot read, and on ENOSYS the C library falls back to `clone`, which the
+//! filter can. `ptrace` stays: the sandbox's own pid namespace bounds it to the sandbox's
+//! processes.
+//!
+//! Sockets: `socket` and `socketpair` of a family other than `AF_UNIX`, `AF_INET`,
+//! `AF_INET6` and `AF_NETLINK` answer EAFNOSUPPORT, as a kernel without the family
+//! does, and a netlink socket other than `NETLINK_ROUTE` (what `getifaddrs` and the C
+//! library's `getaddrinfo` read) EPROTONOSUPPORT. The network namespace covers only
+//! those families: `AF_VSOCK` reaches the hypervisor and every VM on its transport
+//! whatever the namespace, and the others (`AF_PACKET`, `AF_ALG`, `AF_KEY`,
+//! `AF_BLUETOOTH`, `AF_XDP`, ... and the netlink protocols of netfilter, audit, uevents)
+//! are kernel code no coding tool needs, often loaded as a module at the first socket.
+//! An allowlist, so a family added to the kernel later is refused too. `io_uring` is
+//! refused (EPERM, what `kernel.io_uring_disabled` answers) because its `SOCKET` opcode
+//! makes a socket of any family without a `socket` call for the filter to see; programs
+//! fall back to plain calls, as in Docker's default profile, which refuses it too. On
+//! x86_64 the
 //! x32 ABI's calls (numbers with bit 30 set, the same audit arch) answer ENOSYS, as on a
 //! kernel built without it: a filter that only matched the 64-bit numbers would let
 //! `keyctl` through as x32's on a kernel that has it. Another architecture's calls
@@ -26,7 +41,21 @@
 
 const EPERM: u32 = 1;
 const ENOSYS: u32 = 38;
+const EAFNOSUPPORT: u32 = 97;
+const EPROTONOSUPPORT: u32 = 93;
 const CLONE_NEWUSER: u64 = 0x1000_0000;
+
+/// The socket families a sandboxed command may open (`socket`'s and `socketpair`'s
+/// first argument); netlink only as [`NETLINK_PROTOCOLS`].
+const FAMILIES: [u32; 4] = [
+    libc::AF_UNIX as u32,
+    libc::AF_INET as u32,
+    libc::AF_INET6 as u32,
+    libc::AF_NETLINK as u32,
+];
+/// The netlink protocols allowed (`socket`'s third argument): the routing tables and
+/// addresses, which `getifaddrs` reads.
+const NETLINK_PROTOCOLS: [u32; 1] = [libc::NETLINK_ROUTE as u32];
 
 /// The refused calls; each is refused whatever its arguments.
 fn refused() -> Vec<i64> {
@@ -66,6 +95,9 @@ fn refused() -> Vec<i64> {
         libc::SYS_syslog,
         libc::SYS_open_by_handle_at,
         libc::SYS_name_to_handle_at,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
         #[cfg(target_arch = "x86_64")]
         libc::SYS_iopl,
         #[cfg(target_arch = "x86_64")]
@@ -77,14 +109,15 @@ fn refused() -> Vec<i64> {
 const RET_ALLOW: u32 = 0x7fff_0000;
 const RET_ERRNO: u32 = 0x0005_0000;
 const RET_KILL_PROCESS: u32 = 0x8000_0000;
-/// `struct seccomp_data`: the call's number, its audit arch, its first argument's low
-/// word.
+/// `struct seccomp_data`: the call's number, its audit arch, the low words of its first
+/// and third arguments (the kernel reads an `int` argument from the low word only).
 const NR: u32 = 0;
 const ARCH: u32 = 4;
 #[cfg(target_endian = "little")]
 const ARG0_LOW: u32 = 16;
 #[cfg(target_endian = "big")]
 const ARG0_LOW: u32 = 20;
+const ARG2_LOW: u32 = ARG0_LOW + 16;
 #[cfg(target_arch = "x86_64")]
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
@@ -113,6 +146,10 @@ enum Verdict {
     NoSys,
     /// `clone`: refused when its flags ask for a new user namespace.
     CloneFlags,
+    /// `socket`, `socketpair`: allowed for [`FAMILIES`] only.
+    Socket,
+    NoFamily,
+    NoProtocol,
     Kill,
 }
 
@@ -124,6 +161,8 @@ fn special() -> Vec<(u32, Verdict)> {
         .chain([
             (libc::SYS_clone, Verdict::CloneFlags),
             (libc::SYS_clone3, Verdict::NoSys),
+            (libc::SYS_socket, Verdict::Socket),
+            (libc::SYS_socketpair, Verdict::Socket),
         ])
         .map(|(nr, v)| (u32::try_from(nr).expect("a call's number"), v))
         .collect();
@@ -214,13 +253,43 @@ fn program(arch: u32) -> Vec<Op> {
             to(Verdict::Allow),
         ),
     ]);
+    ops.extend(socket_checks());
     for (verdict, ret) in [
         (Verdict::Allow, RET_ALLOW),
         (Verdict::Refuse, RET_ERRNO | EPERM),
         (Verdict::NoSys, RET_ERRNO | ENOSYS),
+        (Verdict::NoFamily, RET_ERRNO | EAFNOSUPPORT),
+        (Verdict::NoProtocol, RET_ERRNO | EPROTONOSUPPORT),
         (Verdict::Kill, RET_KILL_PROCESS),
     ] {
         ops.extend([Op::Mark(Label::Verdict(verdict)), Op::Return(ret)]);
+    }
+    ops
+}
+
+/// A `socket` or `socketpair` call: its family one of [`FAMILIES`], a netlink one's
+/// protocol one of [`NETLINK_PROTOCOLS`].
+fn socket_checks() -> Vec<Op> {
+    let mut ops = vec![
+        Op::Mark(Label::Verdict(Verdict::Socket)),
+        Op::Load(ARG0_LOW),
+    ];
+    let netlink = libc::AF_NETLINK as u32;
+    for family in FAMILIES.into_iter().filter(|f| *f != netlink) {
+        ops.push(Op::Jump(JEQ, family, to(Verdict::Allow), To::Next));
+    }
+    ops.extend([
+        Op::Jump(JEQ, netlink, To::Next, to(Verdict::NoFamily)),
+        Op::Load(ARG2_LOW),
+    ]);
+    let last = NETLINK_PROTOCOLS.len() - 1;
+    for (i, protocol) in NETLINK_PROTOCOLS.into_iter().enumerate() {
+        let miss = if i == last {
+            to(Verdict::NoProtocol)
+        } else {
+            To::Next
+        };
+        ops.push(Op::Jump(JEQ, protocol, to(Verdict::Allow), miss));
     }
     ops
 }
