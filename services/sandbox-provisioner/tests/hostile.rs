@@ -175,12 +175,66 @@ async fn another_sandboxs_workspace_is_not_a_repository_by_path_or_file_url() {
         let status = tonic::Status::from(err);
         assert_eq!(status.code(), Code::InvalidArgument, "{repo}: {status:?}");
     }
+    // A path of its own whose git directory is another's: a `.git` file naming the
+    // victim's template repository, and a bare repository borrowing its objects.
+    let template_git = std::fs::read_dir(f.state.join("templates"))
+        .unwrap()
+        .flatten()
+        .flat_map(|e| walkdir_git(&e.path()))
+        .next()
+        .expect("a template repository");
+    let pointer = f.tmp.path().join("pointer");
+    std::fs::create_dir(&pointer).unwrap();
+    std::fs::write(
+        pointer.join(".git"),
+        format!("gitdir: {}\n", template_git.display()),
+    )
+    .unwrap();
+    let borrower = f.tmp.path().join("borrower.git");
+    common::git(
+        f.tmp.path(),
+        &["init", "-q", "--bare", borrower.to_str().unwrap()],
+    );
+    std::fs::write(
+        borrower.join("objects/info/alternates"),
+        format!("{}/objects\n", template_git.display()),
+    )
+    .unwrap();
+    for repo in [
+        pointer.display().to_string(),
+        format!("file://{}", borrower.display()),
+    ] {
+        let mut req = f.request("forkyard-fork-4");
+        req.repo = repo.clone();
+        let status = tonic::Status::from(f.core.create(req).await.expect_err(&repo));
+        assert_eq!(status.code(), Code::InvalidArgument, "{repo}: {status:?}");
+        assert!(status.message().contains("leads git into"), "{status:?}");
+    }
     // A file:// URL of an ordinary repository still works, resolved like a path.
     let mut req = f.request("forkyard-fork-3");
     req.repo = format!("file://{}", f.repo.display());
     let sbx = f.core.create(req).await.expect("file:// of a plain repo");
     let out = f.sh(&sbx.id, "cat README.md").await;
     assert_eq!(out.stdout, "hello\nworld\n");
+}
+
+/// The first `.git` directory at or under `dir` (a template's repository).
+fn walkdir_git(dir: &Path) -> Option<std::path::PathBuf> {
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        if d.file_name().is_some_and(|n| n == ".git") && d.join("HEAD").is_file() {
+            return Some(d);
+        }
+        if let Ok(entries) = std::fs::read_dir(&d) {
+            todo.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+    }
+    None
 }
 
 #[tokio::test]

@@ -243,6 +243,18 @@ impl Provisioner {
                 "is inside the provisioner's state directory (sandboxes, templates, snapshots)",
             ));
         }
+        // What git would read through the path: a `.git` file, a worktree's common
+        // directory, alternates (`crate::local::git_dirs`).
+        let reads = crate::local::git_dirs::read_by_clone(&path);
+        if reads
+            .iter()
+            .any(|g| protected.iter().any(|d| repo_location::is_within(g, d)))
+        {
+            return Err(ProvisionerError::invalid(
+                "repo",
+                "leads git into the provisioner's state directory (a .git file, worktree or alternates naming sandboxes' or templates' repositories)",
+            ));
+        }
         path.into_os_string()
             .into_string()
             .map_err(|_| ProvisionerError::invalid("repo", "resolves to a path that is not UTF-8"))

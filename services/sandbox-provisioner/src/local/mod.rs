@@ -23,6 +23,7 @@ mod fd_walk;
 mod files;
 mod forwarder_kit;
 mod git;
+mod git_dirs;
 mod git_index;
 mod health;
 pub mod image;
