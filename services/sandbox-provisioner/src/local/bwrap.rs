@@ -299,7 +299,7 @@ impl Invocation<'_> {
         let mut cmd = Command::new(self.bwrap);
         crate::local::enter::set(&mut cmd, self.cgroup_procs, self.attach()?, self.uid)?;
         cmd.env_clear().args(self.args());
-        let fds = self
+        let fds: Vec<FdMapping> = self
             .bwrap_fds()?
             .into_iter()
             .map(|(parent_fd, child_fd)| FdMapping {
@@ -307,8 +307,11 @@ impl Invocation<'_> {
                 child_fd,
             })
             .collect();
+        let mapped: Vec<i32> = fds.iter().map(|m| m.child_fd).collect();
         cmd.fd_mappings(fds)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
+        // After the mapping's hook: the mapped numbers and stdio are what bubblewrap keeps.
+        crate::local::enter::keep_only_mapped(&mut cmd, &mapped);
         // After the descriptor mapping's own hook (hooks run in the order they were
         // added): mapping needs free numbers above the others.
         crate::local::enter::set_open_files_limit(&mut cmd);

@@ -9,8 +9,8 @@
 //! hook. It runs in the forked child, where
 //! only async-signal-safe calls are allowed; it makes raw system calls (rustix's Linux
 //! backend: `write`, `setgroups`, `setresgid`, `setresuid`, `prlimit64`, and an overlay's
-//! `unshare`, `mount`, `open_tree` and `move_mount`) on descriptors opened before
-//! the fork, and allocates nothing.
+//! `unshare`, `mount`, `open_tree` and `move_mount`; `close_range`) on descriptors opened
+//! before the fork, and allocates nothing.
 #![allow(unsafe_code)]
 
 use rustix::{
@@ -73,6 +73,67 @@ pub fn set(
         });
     }
     Ok(())
+}
+
+/// Mark every descriptor of the calling process close-on-exec but those numbered in
+/// `keep` (sorted): what the provisioner inherited from whoever started it (a
+/// supervisor's pipe, a log file) and did not open close-on-exec itself never reaches
+/// bubblewrap, nor so the sandbox. Close-on-exec rather than closed: a `std` child
+/// reports a failed exec on a close-on-exec pipe of its own. Raw system calls only:
+/// safe in a forked or `CLONE_VFORK` child.
+pub(crate) fn only_keep(keep: &[i32]) -> std::io::Result<()> {
+    let mut first = 0u32;
+    for &fd in keep {
+        let Ok(fd) = u32::try_from(fd) else { continue };
+        if fd > first {
+            cloexec_range(first, fd - 1)?;
+        }
+        first = first.max(fd.saturating_add(1));
+    }
+    cloexec_range(first, u32::MAX)
+}
+
+/// `close_range(first, last, CLOSE_RANGE_CLOEXEC)`, or each number up to the open-files
+/// limit on a kernel older than 5.11, which lacks it.
+fn cloexec_range(first: u32, last: u32) -> std::io::Result<()> {
+    // SAFETY: a system call on numbers only; it changes no memory of ours.
+    let done = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            last,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if done == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if !matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EINVAL)) {
+        return Err(e);
+    }
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(1 << 20);
+    let end = u64::from(last).min(limit.saturating_sub(1));
+    for fd in u64::from(first)..=end {
+        let Ok(fd) = i32::try_from(fd) else { break };
+        // SAFETY: as above; a number not open answers EBADF, which is what we want.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    Ok(())
+}
+
+/// Let `cmd`'s process keep only its stdin, stdout, stderr and the descriptors mapped to
+/// `mapped` across its exec ([`only_keep`]). Add it after the descriptor mapping's hook.
+pub fn keep_only_mapped(cmd: &mut Command, mapped: &[i32]) {
+    let mut keep: Vec<i32> = [0, 1, 2].iter().chain(mapped).copied().collect();
+    keep.sort_unstable();
+    keep.dedup();
+    // SAFETY: raw system calls on numbers the hook owns, as above.
+    unsafe {
+        cmd.pre_exec(move || only_keep(&keep));
+    }
 }
 
 /// Give `cmd`'s process the open-files limit the replica was started with
