@@ -100,6 +100,8 @@ pub struct Args {
     /// Default sandbox lifetime; the provisioner destroys it afterwards (0 = no TTL).
     #[arg(long, env = "FORKYARD_SANDBOX_TTL_SECS", default_value_t = 14400)]
     pub sandbox_ttl_secs: u64,
+    #[command(flatten)]
+    pub maxima: crate::maxima::MaximaArgs,
     /// How often expired sandboxes are looked for.
     #[arg(long, env = "FORKYARD_REAP_INTERVAL_SECS", default_value_t = 30)]
     pub reap_interval_secs: u64,
@@ -288,6 +290,7 @@ impl Args {
         config.btrfs_path.clone_from(&self.btrfs_path);
         config.default_ttl = Duration::from_secs(self.sandbox_ttl_secs);
         config.reap_interval = Duration::from_secs(self.reap_interval_secs);
+        config.maxima = self.maxima.maxima(config)?;
         Ok(())
     }
 

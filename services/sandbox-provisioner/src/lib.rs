@@ -22,6 +22,7 @@ mod git;
 pub mod grpc;
 pub mod limits;
 pub mod local;
+pub mod maxima;
 mod metrics;
 pub mod router;
 pub mod usage;

@@ -236,3 +236,65 @@ async fn a_provisioner_that_goes_leaves_no_cgroup_behind() {
     assert_eq!(group_dirs(&parent), Vec::<std::path::PathBuf>::new());
     drop(tmp);
 }
+
+/// What the caller asked for: 1 TiB of memory and of disk, a million processes,
+/// a lifetime ending in 2163. Each is over the operator's maximum, refused naming its
+/// field before anything is made; at the maximum a sandbox is made.
+#[tokio::test]
+async fn a_create_past_the_operators_maxima_is_refused_naming_the_field() {
+    let f = fixture().await;
+    let tib = 1u64 << 40;
+    for (field, limits, ttl_secs) in [
+        (
+            "limits.memory_bytes",
+            SandboxLimits {
+                memory_bytes: tib,
+                ..Default::default()
+            },
+            0,
+        ),
+        (
+            "limits.disk_bytes",
+            SandboxLimits {
+                disk_bytes: tib,
+                ..Default::default()
+            },
+            0,
+        ),
+        (
+            "limits.pids",
+            SandboxLimits {
+                pids: 1_000_000,
+                ..Default::default()
+            },
+            0,
+        ),
+        ("ttl_secs", SandboxLimits::default(), u32::MAX),
+    ] {
+        let mut req = f.request("forkyard-fork-1");
+        req.limits = Some(limits);
+        req.ttl_secs = ttl_secs;
+        let status = tonic::Status::from(f.core.create(req).await.unwrap_err());
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{field}");
+        assert!(
+            status.message().contains(field),
+            "{field}: {}",
+            status.message()
+        );
+    }
+    assert!(
+        std::fs::read_dir(f.state.join("sandboxes"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "a refused create left a sandbox"
+    );
+    let max = forkyard_sandbox_provisioner::maxima::Maxima::DEFAULT;
+    let mut req = f.request("forkyard-fork-1");
+    req.limits = Some(SandboxLimits {
+        pids: max.pids,
+        ..Default::default()
+    });
+    req.ttl_secs = max.ttl_secs;
+    f.core.create(req).await.expect("a create at the maxima");
+}

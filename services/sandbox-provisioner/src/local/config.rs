@@ -44,6 +44,8 @@ pub struct Config {
     pub btrfs_path: PathBuf,
     /// Lifetime of a sandbox whose request gives none (`ZERO` = no TTL).
     pub default_ttl: Duration,
+    /// The most memory, disk, processes and lifetime a create may ask for.
+    pub maxima: crate::maxima::Maxima,
     /// How often expired sandboxes are looked for.
     pub reap_interval: Duration,
     /// The `sandbox-egress-forwarder` binary; `None` = egress cannot be offered.
@@ -114,6 +116,7 @@ impl Config {
             disk_quota: QuotaMode::Auto,
             btrfs_path: "btrfs".into(),
             default_ttl: Duration::from_secs(4 * 3600),
+            maxima: crate::maxima::Maxima::DEFAULT,
             reap_interval: Duration::from_secs(30),
             forwarder_path: None,
             sandbox_init: true,

@@ -58,6 +58,7 @@ impl Provisioner {
         if let Some(l) = &req.limits {
             crate::validate::limits(l)?;
         }
+        self.config.maxima.check(&req)?;
         if req.snapshot_id.is_empty() {
             if req.repo.trim().is_empty() {
                 return Err(ProvisionerError::invalid("repo", "must not be empty"));
