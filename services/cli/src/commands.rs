@@ -1,6 +1,7 @@
 //! What each subcommand does against the gateway: `run` connects and hands each
 //! subcommand to its function.
 
+use crate::output::{out, outln};
 use crate::{
     cli::{BudgetCommand, Cli, Command, Output},
     client::{Client, connect, status_error},
@@ -65,7 +66,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn completion(shell: clap_complete::Shell) -> ExitCode {
     let mut cmd = <Cli as clap::CommandFactory>::command();
-    clap_complete::generate(shell, &mut cmd, "forkyard", &mut std::io::stdout());
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "forkyard", &mut script);
+    out!("{}", String::from_utf8_lossy(&script));
     ExitCode::SUCCESS
 }
 
@@ -136,7 +139,7 @@ async fn list(
     match output {
         Output::Json => print_json(&resp, "forkyard.gateway.v1.ListRunsResponse")?,
         Output::Yaml => print_yaml(&resp, "forkyard.gateway.v1.ListRunsResponse")?,
-        Output::Table => print!("{}", table::runs(&resp.runs)),
+        Output::Table => out!("{}", table::runs(&resp.runs)),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -212,7 +215,7 @@ async fn raise_budget(
     match output {
         Output::Json => print_json(&resp, "forkyard.gateway.v1.RaiseBudgetResponse")?,
         Output::Yaml => print_yaml(&resp, "forkyard.gateway.v1.RaiseBudgetResponse")?,
-        Output::Table => println!(
+        Output::Table => outln!(
             "{run_id}: budget {} ({} available)",
             table::usd(resp.budget_micros),
             table::usd(resp.available_micros)
@@ -246,7 +249,7 @@ async fn fork_result(
         match output {
             Output::Json => print_json(&f, "forkyard.common.v1.ForkResult")?,
             Output::Yaml => print_yaml(&f, "forkyard.common.v1.ForkResult")?,
-            Output::Table => print!("{}", table::fork(&f)),
+            Output::Table => out!("{}", table::fork(&f)),
         }
     }
     Ok(ExitCode::SUCCESS)

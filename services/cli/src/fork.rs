@@ -1,5 +1,6 @@
 //! `forkyard fork`: launch a run, and with `--wait` follow it to its end.
 
+use crate::output::outln;
 use crate::{
     cli::{ForkArgs, Output},
     client::{Client, status_error},
@@ -20,7 +21,7 @@ pub async fn launch(client: &mut Client, a: ForkArgs, output: Output) -> anyhow:
         match output {
             Output::Json => print_json(&launched, "forkyard.gateway.v1.LaunchRunResponse")?,
             Output::Yaml => print_yaml(&launched, "forkyard.gateway.v1.LaunchRunResponse")?,
-            Output::Table => println!("{}", launched.run_id),
+            Output::Table => outln!("{}", launched.run_id),
         }
         return Ok(ExitCode::SUCCESS);
     }

@@ -2,6 +2,7 @@
 //! other commands send.
 
 use crate::cli::{KeysArgs, KeysCommand, Output};
+use crate::output::{out, outln};
 use forkyard_keys::{KeyInfo, KeyStore};
 use std::process::ExitCode;
 use tonic::{metadata::MetadataValue, service::Interceptor};
@@ -62,32 +63,35 @@ pub async fn run(args: KeysArgs, output: Output) -> anyhow::Result<ExitCode> {
             let k = store.create(&tenant, &name).await?;
             let made = serde_json::json!({"id": k.info.id, "tenant": k.info.tenant, "name": k.info.name, "key": k.key});
             match output {
-                Output::Json => println!("{made}"),
-                Output::Yaml => print!("{}", crate::json::value_to_yaml(&made)),
+                Output::Json => outln!("{made}"),
+                Output::Yaml => out!("{}", crate::json::value_to_yaml(&made)),
                 Output::Table => {
                     eprintln!(
                         "key {} for tenant {} (shown once; the gateway keeps only its digest):",
                         k.info.id, k.info.tenant
                     );
-                    println!("{}", k.key);
+                    outln!("{}", k.key);
                 }
             }
         }
         KeysCommand::List => {
             let keys = store.list().await?;
             match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&keys)?),
-                Output::Yaml => print!(
+                Output::Json => outln!("{}", serde_json::to_string_pretty(&keys)?),
+                Output::Yaml => out!(
                     "{}",
                     crate::json::value_to_yaml(&serde_json::to_value(&keys)?)
                 ),
                 Output::Table => {
-                    println!(
+                    outln!(
                         "{:<16}  {:<20}  {:<20}  {:<20}  NAME",
-                        "ID", "TENANT", "CREATED", "REVOKED"
+                        "ID",
+                        "TENANT",
+                        "CREATED",
+                        "REVOKED"
                     );
                     for k in &keys {
-                        println!("{}", row(k));
+                        outln!("{}", row(k));
                     }
                 }
             }
@@ -95,11 +99,11 @@ pub async fn run(args: KeysArgs, output: Output) -> anyhow::Result<ExitCode> {
         KeysCommand::Revoke { id } => {
             let k = store.revoke(&id).await?;
             match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&k)?),
+                Output::Json => outln!("{}", serde_json::to_string_pretty(&k)?),
                 Output::Yaml => {
-                    print!("{}", crate::json::value_to_yaml(&serde_json::to_value(&k)?))
+                    out!("{}", crate::json::value_to_yaml(&serde_json::to_value(&k)?))
                 }
-                Output::Table => println!("revoked key {} of tenant {}", k.id, k.tenant),
+                Output::Table => outln!("revoked key {} of tenant {}", k.id, k.tenant),
             }
         }
     }

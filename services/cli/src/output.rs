@@ -4,6 +4,33 @@ use crate::{cli::Output, table};
 use forkyard_proto::gateway::v1::{Run, RunState};
 use std::process::ExitCode;
 
+/// `print!` to standard output; a closed standard output (`forkyard list | head`) ends
+/// the CLI quietly with status 0, as `gh` and `kubectl` do, where `print!` panics.
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::output::write_out(format_args!($($arg)*)) };
+}
+
+/// `println!` as [`out!`] does it.
+macro_rules! outln {
+    ($($arg:tt)*) => { $crate::output::write_out(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+pub(crate) use {out, outln};
+
+/// Write `args` to standard output and flush: the reader that went away ends the
+/// process with status 0; any other failure to write is an error (status 1).
+pub fn write_out(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
 /// The exit code a finished run maps to (see the crate docs).
 pub fn exit_for(run: &Run) -> ExitCode {
     match RunState::try_from(run.state).unwrap_or_default() {
@@ -16,12 +43,12 @@ pub fn exit_for(run: &Run) -> ExitCode {
 }
 
 pub fn print_json<M: prost::Message>(message: &M, full_name: &str) -> anyhow::Result<()> {
-    println!("{}", crate::json::to_string(message, full_name)?);
+    outln!("{}", crate::json::to_string(message, full_name)?);
     Ok(())
 }
 
 pub fn print_yaml<M: prost::Message>(message: &M, full_name: &str) -> anyhow::Result<()> {
-    print!("{}", crate::json::to_yaml(message, full_name)?);
+    out!("{}", crate::json::to_yaml(message, full_name)?);
     Ok(())
 }
 
@@ -30,7 +57,7 @@ pub fn print_run(run: &Run, output: Output) -> anyhow::Result<()> {
         Output::Json => print_json(run, "forkyard.gateway.v1.Run"),
         Output::Yaml => print_yaml(run, "forkyard.gateway.v1.Run"),
         Output::Table => {
-            print!("{}", table::run(run));
+            out!("{}", table::run(run));
             Ok(())
         }
     }

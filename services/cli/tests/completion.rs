@@ -50,3 +50,23 @@ fn an_unknown_shell_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("tcsh"));
 }
+
+/// `forkyard … | head`: the reader goes away before the CLI writes. The CLI ends quietly
+/// with status 0, as gh and kubectl do, instead of panicking on the broken pipe.
+#[test]
+fn a_closed_standard_output_ends_the_cli_quietly_with_status_0() {
+    for shell in ["bash", "zsh", "fish"] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_forkyard"))
+            .args(["completion", shell])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The read end is closed before the CLI has even parsed its arguments.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{shell}: {:?} {stderr}", out.status);
+        assert!(stderr.is_empty(), "{shell}: {stderr}");
+    }
+}
