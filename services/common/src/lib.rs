@@ -5,6 +5,7 @@
 pub mod activity;
 pub mod activity_telemetry;
 pub mod advertise;
+pub mod allowed_hosts;
 pub mod balance;
 pub mod clock;
 pub mod config;

@@ -1,23 +1,54 @@
 //! `LaunchRun`'s repository check: the repository answers, and its base ref names a
 //! commit (asked of git only where its ref files cannot tell).
+//!
+//! A remote repository is read only from a host `FORKYARD_ALLOWED_GIT_HOSTS` admits, at
+//! addresses checked to be public (unless the operator listed the host), and whatever
+//! keeps it from being read gives the caller one message: git's own errors (connection
+//! refused, not a git server, a timeout) would tell a caller which ports of which hosts
+//! answer. The detail goes to the log.
 
 use crate::error::GatewayError;
+use forkyard_common::{
+    allowed_hosts::{AllowedHosts, Refusal},
+    repo_location::{self, PROXY_VARS, Remote, RepoLocation},
+};
 use std::time::Duration;
 
+/// How long git may take to answer.
+const GIT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The repository must exist and answer `git ls-remote`; a local path that does not
-/// exist is bad input, a repository that cannot be reached is a failed precondition.
-pub async fn check_repo(repo: &str, base_ref: &str) -> Result<(), GatewayError> {
-    check_head(repo).await?;
+/// exist is bad input, a repository that cannot be read is a failed precondition.
+pub async fn check_repo(
+    repo: &str,
+    base_ref: &str,
+    hosts: &AllowedHosts,
+) -> Result<(), GatewayError> {
+    match repo_location::locate(repo) {
+        Err(why) => Err(GatewayError::field("repo", why)),
+        Ok(RepoLocation::Remote(remote)) => check_remote(repo, &remote, base_ref, hosts).await,
+        Ok(RepoLocation::Local(path)) => {
+            let path = path
+                .to_str()
+                .ok_or_else(|| GatewayError::field("repo", "is not a UTF-8 path"))?;
+            check_local(path, base_ref).await
+        }
+    }
+}
+
+async fn check_local(repo: &str, base_ref: &str) -> Result<(), GatewayError> {
+    check_local_head(repo).await?;
     if base_ref.is_empty() || base_ref == "HEAD" {
         return Ok(());
     }
-    if !looks_remote(repo) {
-        if forkyard_common::git_refs::local_commit(repo, base_ref).is_some() {
-            return Ok(());
-        }
-        // A tag, an abbreviated id or an expression (HEAD~2): only git can tell.
-        let spec = format!("{base_ref}^{{commit}}");
-        let out = git(&[
+    if forkyard_common::git_refs::local_commit(repo, base_ref).is_some() {
+        return Ok(());
+    }
+    // A tag, an abbreviated id or an expression (HEAD~2): only git can tell.
+    let spec = format!("{base_ref}^{{commit}}");
+    let out = git(
+        &[],
+        &[
             "-C",
             repo,
             "-c",
@@ -27,58 +58,22 @@ pub async fn check_repo(repo: &str, base_ref: &str) -> Result<(), GatewayError> 
             "--quiet",
             "--end-of-options",
             &spec,
-        ])
-        .await?;
-        return if out.status.success() {
-            Ok(())
-        } else {
-            Err(GatewayError::field(
-                "base_ref",
-                format!("{base_ref:?} names no commit in {repo}"),
-            ))
-        };
-    }
-    // A remote is asked for branches and tags of that name; a commit id cannot be
-    // checked short of cloning, and is taken as given.
-    if base_ref.len() >= 7 && base_ref.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Ok(());
-    }
-    let out = git(&["ls-remote", "--quiet", "--exit-code", "--", repo, base_ref]).await?;
+        ],
+    )
+    .await
+    .map_err(|why| GatewayError::FailedPrecondition(format!("repo: {why}")))?;
     if out.status.success() {
         Ok(())
     } else {
         Err(GatewayError::field(
             "base_ref",
-            format!("{base_ref:?} is no branch or tag of {repo}"),
+            format!("{base_ref:?} names no commit in {repo}"),
         ))
     }
 }
 
-/// Host git with the caller-chosen repository: no prompts, no user or system config.
-async fn git(args: &[&str]) -> Result<std::process::Output, GatewayError> {
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::process::Command::new("git")
-            .args(args)
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_ALLOW_PROTOCOL", "file:git:http:https:ssh")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| GatewayError::FailedPrecondition("repo: git did not answer within 30 s".into()))?
-    .map_err(|e| GatewayError::Internal(format!("cannot run git: {e}")))
-}
-
-fn looks_remote(repo: &str) -> bool {
-    repo.contains("://") || repo.starts_with("git@")
-}
-
-async fn check_head(repo: &str) -> Result<(), GatewayError> {
-    let looks_remote = looks_remote(repo);
-    if !looks_remote && !std::path::Path::new(repo).exists() {
+async fn check_local_head(repo: &str) -> Result<(), GatewayError> {
+    if !std::path::Path::new(repo).exists() {
         return Err(GatewayError::field(
             "repo",
             format!("{repo:?} does not exist (not a URL and no such path)"),
@@ -86,11 +81,16 @@ async fn check_head(repo: &str) -> Result<(), GatewayError> {
     }
     // A local repository whose HEAD resolves from its ref files answers as `git
     // ls-remote` would, without two git processes (about 6 ms on every LaunchRun's
-    // way); anything else (a URL, a repository only git can read) asks git.
-    if !looks_remote && forkyard_common::git_refs::local_commit(repo, "HEAD").is_some() {
+    // way); anything else (a repository only git can read) asks git.
+    if forkyard_common::git_refs::local_commit(repo, "HEAD").is_some() {
         return Ok(());
     }
-    let out = git(&["ls-remote", "--quiet", "--exit-code", "--", repo, "HEAD"]).await?;
+    let out = git(
+        &[],
+        &["ls-remote", "--quiet", "--exit-code", "--", repo, "HEAD"],
+    )
+    .await
+    .map_err(|why| GatewayError::FailedPrecondition(format!("repo: {why}")))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let reason = stderr
@@ -105,63 +105,100 @@ async fn check_head(repo: &str) -> Result<(), GatewayError> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tonic::Code;
-
-    #[tokio::test]
-    async fn missing_local_repo_is_invalid_argument() {
-        let err = check_repo("/nonexistent/forkyard/repo", "")
-            .await
-            .unwrap_err();
-        let status = tonic::Status::from(err);
-        assert_eq!(status.code(), Code::InvalidArgument);
-        assert!(status.message().starts_with("repo"));
+/// A remote repository: its host admitted and its addresses checked, then `git
+/// ls-remote` held to those addresses.
+async fn check_remote(
+    repo: &str,
+    remote: &Remote,
+    base_ref: &str,
+    hosts: &AllowedHosts,
+) -> Result<(), GatewayError> {
+    let shown = repo_location::shown(repo);
+    let addrs = hosts.resolve(&remote.host, remote.port).await.map_err(
+        |refusal| match refusal {
+            Refusal::NotListed { .. } => GatewayError::field(
+                "repo",
+                format!(
+                    "{} is not a git host runs may read from here (the operator lists them in {})",
+                    remote.host,
+                    hosts.setting()
+                ),
+            ),
+            other => unreadable(&shown, other),
+        },
+    )?;
+    let pin = repo_location::git_pin_config(remote, &addrs);
+    let out = ls_remote(&pin, repo, "HEAD")
+        .await
+        .map_err(|why| unreadable(&shown, why))?;
+    if !out.status.success() {
+        return Err(unreadable(&shown, stderr_line(&out)));
     }
-
-    #[tokio::test]
-    async fn a_directory_that_is_not_a_repo_is_failed_precondition() {
-        let dir = tempfile::tempdir().unwrap();
-        let status = tonic::Status::from(
-            check_repo(dir.path().to_str().unwrap(), "")
-                .await
-                .unwrap_err(),
-        );
-        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    // A remote is asked for branches and tags of that name; a commit id cannot be
+    // checked short of cloning, and is taken as given.
+    if base_ref.is_empty()
+        || base_ref == "HEAD"
+        || (base_ref.len() >= 7 && base_ref.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        return Ok(());
     }
-
-    #[tokio::test]
-    async fn base_refs_must_name_a_commit_of_the_repository() {
-        let dir = tempfile::tempdir().unwrap();
-        let repo = dir.path().to_str().unwrap();
-        let git = |args: &[&str]| {
-            let ok = std::process::Command::new("git")
-                .args(["-C", repo])
-                .args(args)
-                .env("GIT_AUTHOR_NAME", "t")
-                .env("GIT_AUTHOR_EMAIL", "t@t")
-                .env("GIT_COMMITTER_NAME", "t")
-                .env("GIT_COMMITTER_EMAIL", "t@t")
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "git {args:?}");
-        };
-        git(&["init", "-q", "-b", "main"]);
-        git(&["commit", "-q", "--allow-empty", "-m", "one"]);
-        git(&["commit", "-q", "--allow-empty", "-m", "two"]);
-        git(&["tag", "v1"]);
-        for good in ["", "HEAD", "main", "v1", "HEAD~1", "main^"] {
-            assert!(check_repo(repo, good).await.is_ok(), "{good}");
-        }
-        for bad in ["nope", "HEAD~5", "v2"] {
-            let e = tonic::Status::from(check_repo(repo, bad).await.unwrap_err());
-            assert_eq!(e.code(), Code::InvalidArgument, "{bad}");
-            assert!(e.message().starts_with("base_ref"), "{e:?}");
-        }
-        for bad in ["-x", "--upload-pack=x", "a b", "a\nb"] {
-            assert!(crate::validate::check_base_ref(bad).is_err(), "{bad:?}");
-        }
+    let out = ls_remote(&pin, repo, base_ref)
+        .await
+        .map_err(|why| unreadable(&shown, why))?;
+    match out.status.code() {
+        Some(0) => Ok(()),
+        // `--exit-code`: the repository answered, and has no such ref.
+        Some(2) => Err(GatewayError::field(
+            "base_ref",
+            format!("{base_ref:?} is no branch or tag of {shown}"),
+        )),
+        _ => Err(unreadable(&shown, stderr_line(&out))),
     }
 }
+
+async fn ls_remote(pin: &[String], repo: &str, r: &str) -> Result<std::process::Output, String> {
+    git(pin, &["ls-remote", "--quiet", "--exit-code", "--", repo, r]).await
+}
+
+/// The one answer for a remote repository that cannot be read, whatever the reason
+/// (logged).
+fn unreadable(shown: &str, why: impl std::fmt::Display) -> GatewayError {
+    tracing::warn!(repo = %shown, reason = %why, "repository cannot be read");
+    GatewayError::FailedPrecondition(format!("repo: repository {shown} cannot be read"))
+}
+
+fn stderr_line(out: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr.lines().find(|l| !l.trim().is_empty());
+    line.unwrap_or("no HEAD (empty repository?)")
+        .trim()
+        .to_owned()
+}
+
+/// Host git with the caller-chosen repository: no prompts, no user or system config,
+/// no proxy (a proxy would resolve the host again), `config` (`-c` pairs) first.
+async fn git(
+    config: &[String],
+    args: &[impl AsRef<std::ffi::OsStr>],
+) -> Result<std::process::Output, String> {
+    let mut cmd = tokio::process::Command::new("git");
+    cmd.args(config)
+        .args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_ALLOW_PROTOCOL", "file:git:http:https:ssh")
+        .env("GIT_SSH_COMMAND", "ssh -oBatchMode=yes")
+        .kill_on_drop(true);
+    for var in PROXY_VARS {
+        cmd.env_remove(var);
+    }
+    tokio::time::timeout(GIT_TIMEOUT, cmd.output())
+        .await
+        .map_err(|_| format!("git did not answer within {} s", GIT_TIMEOUT.as_secs()))?
+        .map_err(|e| format!("cannot run git: {e}"))
+}
+
+#[cfg(test)]
+#[path = "repo_check_tests.rs"]
+mod tests;

@@ -2,13 +2,20 @@
 //! on the gateway's and the provisioner's hosts, so with tenants it is a way to read any
 //! repository there: local paths are off unless the operator lists the roots they may
 //! come from (`FORKYARD_LOCAL_REPO_ROOTS`), and never inside the sandboxes' own storage.
+//! A remote one only from the git hosts the operator allows (`FORKYARD_ALLOWED_GIT_HOSTS`,
+//! by name here; its addresses are checked where it is read, `crate::repo_check`).
 
 use crate::error::GatewayError;
-use forkyard_common::repo_location::{self, RepoLocation};
+use forkyard_common::{
+    allowed_hosts::AllowedHosts,
+    repo_location::{self, RepoLocation},
+};
 use std::path::{Path, PathBuf};
 
 /// The setting, as named in errors and logs.
 pub const SETTING: &str = "--local-repo-roots (FORKYARD_LOCAL_REPO_ROOTS)";
+/// The git hosts' setting.
+pub const GIT_HOSTS_SETTING: &str = "--allowed-git-hosts (FORKYARD_ALLOWED_GIT_HOSTS)";
 
 #[derive(Debug, Clone)]
 pub enum LocalRepos {
@@ -23,6 +30,8 @@ pub struct RepoPolicy {
     pub local: LocalRepos,
     /// Sandboxes' workspaces, templates, trash and snapshots: never a repository.
     protected: Vec<PathBuf>,
+    /// The hosts remote repositories may be read from.
+    pub git_hosts: AllowedHosts,
 }
 
 impl Default for RepoPolicy {
@@ -30,6 +39,7 @@ impl Default for RepoPolicy {
         Self {
             local: LocalRepos::Any,
             protected: Vec::new(),
+            git_hosts: AllowedHosts::any_public(GIT_HOSTS_SETTING),
         }
     }
 }
@@ -58,14 +68,32 @@ impl RepoPolicy {
         Ok(Self {
             local,
             protected: repo_location::sandbox_data_dirs(state_dir),
+            git_hosts: AllowedHosts::any_public(GIT_HOSTS_SETTING),
         })
+    }
+
+    /// With the git hosts of `--allowed-git-hosts` (empty: any host with public addresses).
+    pub fn with_git_hosts(mut self, list: &[String]) -> Result<Self, String> {
+        self.git_hosts = AllowedHosts::parse(GIT_HOSTS_SETTING, list)?;
+        Ok(self)
     }
 
     /// The repository string the run will use: a URL as given, a local path resolved
     /// (so what was checked is what is cloned, whatever a symlink does later).
     pub fn check(&self, repo: &str) -> Result<String, GatewayError> {
         let path = match repo_location::locate(repo) {
-            Ok(RepoLocation::Remote) => return Ok(repo.to_owned()),
+            Ok(RepoLocation::Remote(r)) => {
+                if !self.git_hosts.admits(&r.host, r.port) {
+                    return Err(GatewayError::field(
+                        "repo",
+                        format!(
+                            "{} is not a git host runs may read from here (the operator lists them in {GIT_HOSTS_SETTING})",
+                            r.host
+                        ),
+                    ));
+                }
+                return Ok(repo.to_owned());
+            }
             Ok(RepoLocation::Local(path)) => path,
             Err(why) => return Err(GatewayError::field("repo", why)),
         };

@@ -64,7 +64,7 @@ impl GatewayService {
     ) -> Result<(), GatewayError> {
         spec.repo = self.tenancy.repos.check(&spec.repo)?;
         spec.egress = self.tenancy.egress.check(&tenant.name, egress)?;
-        validate::check_repo(&spec.repo, &spec.base_ref).await?;
+        validate::check_repo(&spec.repo, &spec.base_ref, &self.tenancy.repos.git_hosts).await?;
         spec.tenant.clone_from(&tenant.name);
         self.check_fork_slots(tenant, spec.max_concurrent.min(spec.forks))
             .await?;

@@ -52,6 +52,12 @@ pub struct SecurityArgs {
     /// with API keys (a tenant could otherwise read any repository on the host).
     #[arg(long, env = "FORKYARD_LOCAL_REPO_ROOTS")]
     pub local_repo_roots: Option<String>,
+    /// Git hosts runs may name remote repositories on (comma-separated `host`,
+    /// `host:port`, `*.domain`, `*.domain:port`). Empty: any host whose addresses are all
+    /// public; loopback, private, link-local (metadata) and other special addresses only
+    /// for a host listed here exactly.
+    #[arg(long, env = "FORKYARD_ALLOWED_GIT_HOSTS", value_delimiter = ',')]
+    pub allowed_git_hosts: Vec<String>,
     /// Named host sets runs may ask for in `egress`, added to the built-in npm, pypi,
     /// crates, debian and github: `name=host,*.domain;name2=host:port`.
     #[arg(long, env = "FORKYARD_EGRESS_SETS")]
@@ -121,7 +127,8 @@ impl SecurityArgs {
             self.local_repo_roots.as_deref(),
             authenticated,
             state_dir,
-        )?;
+        )?
+        .with_git_hosts(&self.allowed_git_hosts)?;
         crate::egress_policy::EgressPolicy::from_settings(
             self.egress_sets.as_deref(),
             self.tenant_egress.as_deref(),
@@ -148,7 +155,8 @@ impl SecurityArgs {
                 self.local_repo_roots.as_deref(),
                 matches!(self.auth, AuthMode::ApiKey),
                 state_dir,
-            )?,
+            )?
+            .with_git_hosts(&self.allowed_git_hosts)?,
             egress: crate::egress_policy::EgressPolicy::from_settings(
                 self.egress_sets.as_deref(),
                 self.tenant_egress.as_deref(),

@@ -227,7 +227,7 @@ impl Provisioner {
     fn check_repo_location(&self, repo: &str) -> Result<String> {
         use forkyard_common::repo_location::{self, RepoLocation};
         let path = match repo_location::locate(repo.trim()) {
-            Ok(RepoLocation::Remote) => return Ok(repo.to_owned()),
+            Ok(RepoLocation::Remote(_)) => return Ok(repo.to_owned()),
             Ok(RepoLocation::Local(path)) => path,
             Err(why) => return Err(ProvisionerError::invalid("repo", why)),
         };
