@@ -13,6 +13,7 @@ pub mod discovery;
 pub mod git_refs;
 pub mod grpc_telemetry;
 pub mod hosts;
+pub mod http_limits;
 pub mod image_reference;
 pub mod metrics;
 mod metrics_registry;

@@ -6,11 +6,13 @@
 //! request metrics of [`crate::grpc_telemetry`], and the Temporal SDK's worker metrics,
 //! which the SDK keeps in a registry of its own and which are appended to the page.
 
+use crate::http_limits::Limits;
 pub use crate::metrics_registry::{register, registry};
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
 use std::{
     net::SocketAddr,
     sync::{LazyLock, OnceLock},
+    time::Duration,
 };
 
 /// What a run does, by the seed's names.
@@ -145,12 +147,14 @@ pub async fn render(registry: &Registry) -> Result<String, prometheus::Error> {
     Ok(body)
 }
 
-/// Serve `registry` at `GET /metrics` on `listener` until `shutdown` resolves.
+/// Serve `registry` at `GET /metrics` on `listener`, within `limits`
+/// ([`crate::http_limits`]), until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    limits: Limits,
     registry: Registry,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) {
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
@@ -163,9 +167,7 @@ pub async fn serve(
             }
         }),
     );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    crate::http_limits::serve(listener, limits, app, shutdown).await;
 }
 
 /// Bind the metrics listener, naming the setting when the port is taken.
@@ -175,13 +177,45 @@ pub async fn bind(flag: &str, addr: SocketAddr) -> Result<tokio::net::TcpListene
         .map_err(|e| format!("{flag}: cannot listen on {addr}: {e}"))
 }
 
-/// `--metrics-listen` for the services that flatten it into their flags.
+/// `--metrics-*` for the services that flatten them into their flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MetricsArgs {
     /// Address of the Prometheus `/metrics` endpoint (default: 127.0.0.1:945x, the
     /// service's port from the design's table).
     #[arg(long = "metrics-listen", env = "FORKYARD_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// Connections the endpoint holds at once; past them new ones wait in the kernel's
+    /// backlog, so no number of scrapers or idle clients takes the service's descriptors.
+    #[arg(
+        long = "metrics-max-connections",
+        env = "FORKYARD_METRICS_MAX_CONNECTIONS",
+        default_value_t = 64,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub metrics_max_connections: u32,
+    /// How long a request's head may take, from the accept or from the previous response
+    /// on a kept-alive connection (so also how long one may wait between requests).
+    #[arg(
+        long = "metrics-header-timeout-secs",
+        env = "FORKYARD_METRICS_HEADER_TIMEOUT_SECS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub metrics_header_timeout_secs: u64,
+    /// How long a connection may move no byte either way before it is closed.
+    #[arg(
+        long = "metrics-idle-timeout-secs",
+        env = "FORKYARD_METRICS_IDLE_TIMEOUT_SECS",
+        default_value_t = 60,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub metrics_idle_timeout_secs: u64,
+}
+
+/// The metrics endpoint, bound, and the bounds it serves within.
+pub struct MetricsListener {
+    pub listener: tokio::net::TcpListener,
+    pub limits: Limits,
 }
 
 /// The design's default metrics port of each service.
@@ -202,8 +236,17 @@ impl MetricsArgs {
         serve_registry(self.bind(service).await);
     }
 
+    /// What the endpoint's connections are held to.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_connections: usize::try_from(self.metrics_max_connections).unwrap_or(usize::MAX),
+            header_timeout: Duration::from_secs(self.metrics_header_timeout_secs),
+            idle_timeout: Duration::from_secs(self.metrics_idle_timeout_secs),
+        }
+    }
+
     /// Bind the endpoint; a bad or taken address exits 64 naming the flag.
-    pub async fn bind(&self, service: &str) -> tokio::net::TcpListener {
+    pub async fn bind(&self, service: &str) -> MetricsListener {
         const FLAG: &str = "--metrics-listen (FORKYARD_METRICS_LISTEN)";
         let raw = self
             .metrics_listen
@@ -211,22 +254,27 @@ impl MetricsArgs {
             .unwrap_or_else(|| default_listen(service));
         let addr =
             crate::config::parse_listen(FLAG, raw).unwrap_or_else(|e| crate::exit_config_error(e));
-        bind(FLAG, addr)
+        let listener = bind(FLAG, addr)
             .await
-            .unwrap_or_else(|e| crate::exit_config_error(e))
+            .unwrap_or_else(|e| crate::exit_config_error(e));
+        MetricsListener {
+            listener,
+            limits: self.limits(),
+        }
     }
 }
 
-/// Serve the process registry on `listener` for the life of the process.
-pub fn serve_registry(listener: tokio::net::TcpListener) {
+/// Serve the process registry on `metrics` for the life of the process.
+pub fn serve_registry(metrics: MetricsListener) {
     // Touch the metric families so every service's page lists them from the start.
     let _ = run();
     crate::grpc_telemetry::register_metrics();
-    tokio::spawn(async move {
-        if let Err(e) = serve(listener, registry().clone(), std::future::pending()).await {
-            tracing::warn!(error = %e, "metrics endpoint stopped");
-        }
-    });
+    tokio::spawn(serve(
+        metrics.listener,
+        metrics.limits,
+        registry().clone(),
+        std::future::pending(),
+    ));
 }
 
 /// Label value of a fork status (`FORK_STATUS_SUCCEEDED` → `succeeded`).
