@@ -43,6 +43,19 @@ pub struct Args {
     /// `http://<llm-listen>`, with the host name when listening on 0.0.0.0 or ::.
     #[arg(long, env = "FORKYARD_LLM_ADVERTISE_ADDR")]
     pub llm_advertise_addr: Option<String>,
+    /// Connections the LLM gateway holds at once; past them new ones wait in the kernel's
+    /// backlog. Default: a quarter of the open-files limit, at most 1,024.
+    #[arg(long, env = "FORKYARD_LLM_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub llm_max_connections: Option<u32>,
+    /// How long a request's head may take at the LLM gateway, from the connection's
+    /// sandbox header or the previous response (so also how long an agent's kept-alive
+    /// connection may wait between requests).
+    #[arg(long, env = "FORKYARD_LLM_HEADER_TIMEOUT_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub llm_header_timeout_secs: u64,
+    /// How long an LLM gateway connection may move no byte either way before it is closed
+    /// (above a model's longest silence before its answer starts).
+    #[arg(long, env = "FORKYARD_LLM_IDLE_TIMEOUT_SECS", default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..))]
+    pub llm_idle_timeout_secs: u64,
     /// The sandbox provisioner used when a sandbox names no owner replica.
     #[arg(
         long,
@@ -96,8 +109,10 @@ pub struct Config {
     heartbeat: Duration,
 }
 
-/// The LLM gateway's bound port, as given (`listen`) and as provisioners reach it.
+/// The LLM gateway's bound port, as given (`listen`) and as provisioners reach it, and
+/// the bounds on its connections.
 struct LlmListener {
+    limits: forkyard_common::http_limits::Limits,
     listener: TcpListener,
     listen: String,
     advertise: String,
@@ -160,7 +175,16 @@ impl Args {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|e| format!("{setting}: {e}"))?;
+        let max_connections = self.llm_max_connections.map_or_else(
+            || forkyard_common::http_limits::quarter_of_open_files(1024),
+            |n| usize::try_from(n).unwrap_or(usize::MAX),
+        );
         Ok(Some(LlmListener {
+            limits: forkyard_common::http_limits::Limits {
+                max_connections,
+                header_timeout: Duration::from_secs(self.llm_header_timeout_secs),
+                idle_timeout: Duration::from_secs(self.llm_idle_timeout_secs),
+            },
             listener,
             listen: self.llm_listen.clone(),
             advertise,
@@ -213,10 +237,11 @@ fn serve_llm_gateway(l: LlmListener, drivers: &Drivers) -> Result<Arc<LlmGateway
                 .map_err(|e| format!("--tls-cert (FORKYARD_TLS_CERT): {e}"))
         })
         .transpose()?;
-    tokio::spawn(llm_gateway::serve(
+    tokio::spawn(llm_gateway::serve_within(
         gw.clone(),
         l.listener,
         tls,
+        l.limits,
         CancellationToken::new(),
     ));
     Ok(gw)

@@ -168,6 +168,19 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Idle<S> {
     }
 }
 
+/// A quarter of this process's open-files limit (the soft one, from `/proc/self/limits`),
+/// at most `max`: a listener's cap that leaves the other three quarters to gRPC and the
+/// process's own work whatever limit it was started with (1,024 in many containers).
+/// `max` where the limit cannot be read or is unlimited.
+pub fn quarter_of_open_files(max: usize) -> usize {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<usize>().ok())
+        .map_or(max, |soft| (soft / 4).clamp(1, max))
+}
+
 /// hyper's HTTP/1 server with `limits`' header timeout.
 pub fn http1(limits: &Limits) -> hyper::server::conn::http1::Builder {
     let mut builder = hyper::server::conn::http1::Builder::new();

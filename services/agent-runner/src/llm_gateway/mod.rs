@@ -26,4 +26,4 @@ mod reply;
 mod tap;
 
 pub use gateway::LlmGateway;
-pub use proxy::serve;
+pub use proxy::{DEFAULT_LIMITS, serve, serve_within};

@@ -9,6 +9,7 @@ use super::{
     metrics,
     reply::{Body, Provider, error, refuse},
 };
+use forkyard_common::http_limits::{Idle, Limits, Slots};
 use hyper::{Method, Request, Response, StatusCode, body::Incoming};
 use std::{convert::Infallible, sync::Arc, time::Duration};
 use tokio::net::TcpListener;
@@ -18,40 +19,78 @@ use tracing::Instrument as _;
 /// How long a relayed connection may take to announce its sandbox.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Serve relayed connections on `listener` until `stop` fires; with `tls` (mesh TLS),
-/// only over TLS from a mesh client (a provisioner).
+/// The gateway's connection bounds unless configured (`--llm-max-connections`,
+/// `--llm-header-timeout-secs`, `--llm-idle-timeout-secs`). The header timeout is also
+/// how long an agent's kept-alive connection may wait between its requests; the idle
+/// timeout outlasts a model's silence before its first byte (streamed responses send
+/// something every few seconds).
+pub const DEFAULT_LIMITS: Limits = Limits {
+    max_connections: 1024,
+    header_timeout: Duration::from_secs(60),
+    idle_timeout: Duration::from_secs(900),
+};
+
+/// [`serve_within`] the [`DEFAULT_LIMITS`].
 pub async fn serve(
     gw: Arc<LlmGateway>,
     listener: TcpListener,
     tls: Option<forkyard_common::tls::tokio_rustls::TlsAcceptor>,
     stop: CancellationToken,
 ) {
+    serve_within(gw, listener, tls, DEFAULT_LIMITS, stop).await;
+}
+
+/// Serve relayed connections on `listener` until `stop` fires, within `limits`
+/// (`forkyard_common::http_limits`); with `tls` (mesh TLS), only over TLS from a mesh
+/// client (a provisioner).
+pub async fn serve_within(
+    gw: Arc<LlmGateway>,
+    listener: TcpListener,
+    tls: Option<forkyard_common::tls::tokio_rustls::TlsAcceptor>,
+    limits: Limits,
+    stop: CancellationToken,
+) {
+    let slots = Slots::new(limits.max_connections);
     loop {
+        let slot = tokio::select! {
+            () = stop.cancelled() => return,
+            slot = slots.take() => slot,
+        };
         let conn = tokio::select! {
             () = stop.cancelled() => return,
             conn = listener.accept() => conn,
         };
-        let Ok((conn, _)) = conn else { continue };
+        let conn = match conn {
+            Ok((conn, _)) => conn,
+            Err(e) => {
+                // Out of descriptors (or the like): a pause rather than a busy loop.
+                tracing::debug!(error = %e, "llm gateway accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let _ = conn.set_nodelay(true);
+        let conn = Idle::new(conn, limits.idle_timeout);
         let (gw, tls) = (gw.clone(), tls.clone());
         tokio::spawn(async move {
             match tls {
                 Some(tls) => match tokio::time::timeout(HEADER_TIMEOUT, tls.accept(conn)).await {
-                    Ok(Ok(conn)) => serve_connection(gw, conn).await,
+                    Ok(Ok(conn)) => serve_connection(gw, conn, &limits).await,
                     Ok(Err(e)) => {
                         metrics::get().refused.with_label_values(&["tls"]).inc();
                         tracing::warn!(error = %e, "llm gateway tls handshake refused");
                     }
                     Err(_) => {}
                 },
-                None => serve_connection(gw, conn).await,
+                None => serve_connection(gw, conn, &limits).await,
             }
+            drop(slot);
         });
     }
 }
 
 /// One relayed connection: the sandbox it comes from, then its HTTP requests.
-async fn serve_connection<S>(gw: Arc<LlmGateway>, mut conn: S)
+async fn serve_connection<S>(gw: Arc<LlmGateway>, mut conn: S, limits: &Limits)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -76,7 +115,7 @@ where
         let (gw, sandbox) = (gw.clone(), sandbox.clone());
         async move { Ok::<_, Infallible>(handle(&gw, &sandbox, req).await) }
     });
-    let _ = hyper::server::conn::http1::Builder::new()
+    let _ = forkyard_common::http_limits::http1(limits)
         .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
         .await;
 }
