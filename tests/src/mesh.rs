@@ -244,6 +244,39 @@ impl Mesh {
         self.options.env.push((key.to_owned(), value.to_owned()));
     }
 
+    /// Set (`Some`) or remove (`None`) one variable of one service's own environment,
+    /// for its next start (e.g. a fault point armed for one start only).
+    pub fn set_service_env(&mut self, service: &str, key: &str, value: Option<&str>) {
+        self.options
+            .service_env
+            .retain(|(s, k, _)| !(s == service && k == key));
+        if let Some(v) = value {
+            self.options
+                .service_env
+                .push((service.to_owned(), key.to_owned(), v.to_owned()));
+        }
+    }
+
+    /// Wait up to `timeout` for `service` to exit on its own (a fault point, a crash):
+    /// its exit status, or `None` while it still runs.
+    pub fn wait_exit(
+        &mut self,
+        service: &str,
+        timeout: Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let (_, child) = self.children.iter_mut().find(|(n, _)| n == service)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Start (or restart) one service binary with the mesh's wiring.
     pub fn start_service(&mut self, service: &str) -> anyhow::Result<()> {
         let bin = bin_dir().join(service);

@@ -138,3 +138,51 @@ async fn a_create_gives_up_once_the_provisioner_stays_away_for_minutes() {
     assert_eq!(account.reserved_micros, 0, "{account:#?}");
     assert_eq!(account.spent_micros, 0, "{account:#?}");
 }
+
+/// A cancel while the only provisioner is down: the run's destroys are tried until it
+/// is back (for up to five minutes), so its sandboxes go without the janitor. They used
+/// to be given up after about 6 s and stay, with their cgroups, until a sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_while_the_provisioner_is_away_orphans_nothing() {
+    use forkyard_proto::gateway::v1::CancelRunRequest;
+    let mut mesh = Mesh::start().await.expect("mesh starts");
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    let run_id = gw
+        .launch_run(LaunchRunRequest {
+            request_id: "cancel-in-outage".into(),
+            ..launch(src.path(), 3, 3, "sleep 300")
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    let all_made = wait_until(&mut gw, &run_id, Duration::from_secs(120), |r| {
+        r.forks.iter().filter(|f| f.phase == "running agent").count() == 3
+    })
+    .await;
+    assert_eq!(all_made.forks.len(), 3, "{all_made:#?}");
+    assert_eq!(workspaces_left(mesh.state_dir()).len(), 3);
+
+    mesh.kill9("sandbox-provisioner");
+    gw.cancel_run(CancelRunRequest {
+        run_id: run_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // Away for 30 s, well past the three tries the destroys used to get.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    mesh.start_service("sandbox-provisioner").unwrap();
+    mesh.wait_serving("sandbox-provisioner", Duration::from_secs(60))
+        .await
+        .unwrap();
+
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(240)).await;
+    assert_eq!(run.state, RunState::Cancelled as i32, "{run:#?}");
+    // No janitor sweep: the run's own cleanup removed them.
+    let left = left_after_settling(|| workspaces_left(mesh.state_dir())).await;
+    assert!(left.is_empty(), "sandboxes left to the janitor: {left:?}");
+    assert!(sandbox_processes(mesh.state_dir()).is_empty());
+}

@@ -10,11 +10,24 @@ pub struct AgentActivities {
     pub runner: Runner,
 }
 
-struct Heartbeats<'a>(&'a ActivityContext);
+/// Attempts an agent may end in a failure of its own (the seed's table: 2). An attempt
+/// whose runner was lost (killed, its heartbeats stopped) spends none of them: the
+/// gateway gives the activity more attempts for that (`workflows::options::agent`), and
+/// the count of the agent's own failures travels in the heartbeat
+/// (`AgentProgress.failed_attempts`), which the SDK hands to the next attempt also when
+/// the attempt failed right after recording it.
+pub const OWN_ATTEMPTS: u32 = 2;
+
+/// The attempt's heartbeats, the last one kept (a failure's heartbeat builds on it).
+struct Heartbeats<'a> {
+    ctx: &'a ActivityContext,
+    last: std::sync::Mutex<Option<AgentProgress>>,
+}
 
 impl ProgressSink for Heartbeats<'_> {
     async fn report(&self, progress: AgentProgress) {
-        if let Err(e) = self.0.record_heartbeat(progress).await {
+        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(progress.clone());
+        if let Err(e) = self.ctx.record_heartbeat(progress).await {
             tracing::warn!(error = %e, "heartbeat not recorded");
         }
     }
@@ -41,19 +54,44 @@ impl AgentActivities {
         } else {
             None
         };
-        let sink = Heartbeats(&ctx);
-        let out = self
+        let failed_before = resume.as_ref().map_or(0, |p| p.failed_attempts);
+        let sink = Heartbeats {
+            ctx: &ctx,
+            last: std::sync::Mutex::new(resume.clone()),
+        };
+        let ran = self
             .runner
             .run(&req, &sink, ctx.cancelled(), resume, attempt)
-            .await
-            .map_err(|e| {
+            .await;
+        let out = match ran {
+            Ok(out) => out,
+            Err(e) => {
                 tracing::warn!(run_id = %req.run_id, fork = req.fork, error = %e, "agent failed");
-                e.into_activity_from(&self.runner.advertise)
-            })?;
+                let spent = e.retryable() && own_failure(&sink, failed_before).await;
+                return Err(e.into_activity_with(&self.runner.advertise, spent));
+            }
+        };
         tracing::info!(
             run_id = %req.run_id, fork = req.fork, exit_code = out.exit_code, turns = out.turns,
             cost_micros = out.cost_micros, duration_ms = out.duration_ms, "agent finished"
         );
         Ok(out)
     }
+}
+
+/// Count a failure of the agent's own in the attempt's last heartbeat (the next attempt
+/// reads it); whether that spent the agent's [`OWN_ATTEMPTS`].
+async fn own_failure(sink: &Heartbeats<'_>, failed_before: u32) -> bool {
+    let failed = failed_before + 1;
+    let mut progress = sink
+        .last
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+        .unwrap_or_default();
+    progress.failed_attempts = failed;
+    if let Err(e) = sink.ctx.record_heartbeat(progress).await {
+        tracing::warn!(error = %e, "heartbeat not recorded");
+    }
+    failed >= OWN_ATTEMPTS
 }

@@ -62,6 +62,22 @@ impl AgentError {
     /// [`Self::into_activity`], naming the replica (`advertise`) that holds the attempt's
     /// transcript in the failure's details ([`AgentFailureDetails`]).
     pub fn into_activity_from(self, advertise: &str) -> ActivityError {
+        self.into_activity_with(advertise, false)
+    }
+
+    /// Whether another attempt may succeed (an unreachable model, provisioner or
+    /// ledger): the errors [`Self::into_activity_from`] leaves retryable.
+    pub fn retryable(&self) -> bool {
+        match self {
+            AgentError::Unavailable { .. } | AgentError::Ledger { retry: true, .. } => true,
+            AgentError::Model(e) => !matches!(e, LlmError::Rejected { .. }),
+            _ => false,
+        }
+    }
+
+    /// [`Self::into_activity_from`], final whatever the error when `spent` (the agent
+    /// has used its attempts).
+    pub fn into_activity_with(self, advertise: &str, spent: bool) -> ActivityError {
         let (type_name, final_) = match &self {
             AgentError::Cancelled => return ActivityError::cancelled(),
             AgentError::InvalidArgument(_) | AgentError::MissingKey { .. } => {
@@ -77,7 +93,7 @@ impl AgentError {
         };
         let failure = ApplicationFailure::builder(self.to_string())
             .type_name(type_name.to_owned())
-            .non_retryable(final_);
+            .non_retryable(final_ || spent);
         ActivityError::application(if advertise.is_empty() {
             failure.build()
         } else {

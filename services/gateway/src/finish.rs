@@ -21,7 +21,7 @@
 
 use crate::{
     ledger,
-    retry::retried,
+    retry::{retried, retried_within},
     sandboxes::{self, AtOwner, SandboxLocal},
 };
 use forkyard_common::telemetry::otel::{
@@ -234,7 +234,8 @@ pub(crate) async fn finish_fork(
     if item.collect_patch
         && let Some(owner) = &owner
     {
-        match collect_patch(owner, &item.sandbox.sandbox_id, patch_max_bytes).await {
+        let key = patch_key(&item);
+        match collect_patch(owner, &item.sandbox.sandbox_id, patch_max_bytes, key).await {
             Ok(p) => {
                 if p.truncated {
                     out.handoff = true;
@@ -245,20 +246,47 @@ pub(crate) async fn finish_fork(
             Err(s) => out.patch_error = sandboxes::patch_failure_message(&s),
         }
     }
+    forkyard_common::fault::point("finish.after-patch");
     settle(ledger, &item, &mut out).await;
+    forkyard_common::fault::point("finish.after-commit");
     if let Some(owner) = owner {
-        let destroyed = retried(
-            3,
+        // Tried until the cleanup deadline, not three times: a provisioner away for a
+        // minute (a restart, an outage) must not leave the sandbox to the janitor.
+        let destroyed = retried_within(
+            CLEANUP_DEADLINE,
             Duration::from_secs(2),
+            Duration::from_secs(30),
             |s| s.code() == Code::InvalidArgument,
             || sandboxes::destroy_with(owner.clone(), item.sandbox.clone()),
         )
         .await;
         if let Err(s) = destroyed {
-            out.destroy_error = format!("destroy sandbox: {}", s.message());
+            out.destroy_error = format!(
+                "destroy sandbox: {} (tried for {} s; left to the janitor's sweep)",
+                s.message(),
+                CLEANUP_DEADLINE.as_secs()
+            );
         }
     }
+    forkyard_common::fault::point("finish.after-destroy");
     out
+}
+
+/// How long a fork's sandbox destroy is tried (its owner replica down or restarting)
+/// before the sandbox is left to the janitor: within the finish activity's
+/// start-to-close (`workflows::options::finish`, 720 s), which heartbeats meanwhile.
+pub(crate) const CLEANUP_DEADLINE: Duration = Duration::from_secs(300);
+
+/// The patch's idempotency key, the fork attempt's as its commit's
+/// (`<run>/fork-<n>/a<attempt>/commit` → `…/patch`): a retry of the finish gets the
+/// first attempt's patch back, byte for byte, also from a sandbox destroyed since, so
+/// it settles the same amount (`sandbox_provisioner::patch_records`).
+fn patch_key(item: &FinishItem) -> String {
+    match item.commit_key.strip_suffix("/commit") {
+        Some(attempt) => format!("{attempt}/patch"),
+        None if item.commit_key.is_empty() => String::new(),
+        None => format!("{}/patch", item.commit_key),
+    }
 }
 
 /// The fork's patch, at most `max_bytes` of it (a larger one comes back truncated).
@@ -266,10 +294,12 @@ async fn collect_patch(
     owner: &sandboxes::Client,
     sandbox_id: &str,
     max_bytes: u64,
+    idempotency_key: String,
 ) -> Result<CollectPatchResponse, Status> {
     let req = CollectPatchRequest {
         sandbox_id: sandbox_id.to_owned(),
         max_bytes,
+        idempotency_key,
     };
     retried(3, Duration::from_secs(2), sandbox_final, || {
         let (mut c, req) = (owner.clone(), req.clone());

@@ -197,6 +197,7 @@ impl SandboxLocal {
         let req = CollectPatchRequest {
             sandbox_id: at.sandbox_id,
             max_bytes: 0,
+            ..Default::default()
         };
         self.owner(&at.endpoint)?
             .collect_patch(req)

@@ -17,11 +17,15 @@ use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
 pub struct SandboxActivities {
     core: Arc<Provisioner>,
+    backends: Backends,
 }
 
 impl SandboxActivities {
-    pub fn new(core: Arc<Provisioner>) -> Self {
-        Self { core }
+    pub fn new(backends: &Backends) -> Self {
+        Self {
+            core: backends.local().clone(),
+            backends: backends.clone(),
+        }
     }
 }
 
@@ -67,7 +71,8 @@ impl SandboxActivities {
         _ctx: ActivityContext,
         req: CollectPatchRequest,
     ) -> Result<CollectPatchResponse, ActivityError> {
-        self.core
+        // Through the router: an idempotency key is honoured as over gRPC.
+        self.backends
             .collect_patch(req)
             .await
             .map_err(|e| e.into_activity_error())
@@ -236,12 +241,14 @@ mod tests {
 /// over the same [`crate::SandboxBackend`] the gRPC service routes `e2b-` ids to.
 pub struct E2bActivities {
     backend: Arc<dyn crate::SandboxBackend>,
+    backends: Backends,
 }
 
 impl E2bActivities {
     pub fn new(backends: &Backends) -> Self {
         Self {
             backend: backends.e2b().clone(),
+            backends: backends.clone(),
         }
     }
 }
@@ -304,7 +311,8 @@ impl E2bActivities {
         _ctx: ActivityContext,
         req: CollectPatchRequest,
     ) -> Result<CollectPatchResponse, ActivityError> {
-        self.backend
+        // Through the router: an idempotency key is honoured as over gRPC.
+        self.backends
             .collect_patch(req)
             .await
             .map_err(|e| e.into_activity_error())

@@ -86,7 +86,7 @@ impl SandboxProvisioner for SandboxService {
     ) -> Result<Response<CollectPatchResponse>, Status> {
         Ok(Response::new({
             let r = req.into_inner();
-            self.core.for_id(&r.sandbox_id).collect_patch(r).await?
+            self.core.collect_patch(r).await?
         }))
     }
 

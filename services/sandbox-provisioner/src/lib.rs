@@ -24,6 +24,7 @@ pub mod limits;
 pub mod local;
 pub mod maxima;
 mod metrics;
+pub mod patch_records;
 pub mod router;
 pub mod usage;
 mod validate;

@@ -54,7 +54,7 @@ async fn main() -> anyhow::Result<()> {
         .map(|queue| {
             temporalio_sdk::WorkerOptions::new(queue)
                 .register_activities(E2bActivities::new(&backends))
-                .register_activities(SandboxActivities::new(core.clone()))
+                .register_activities(SandboxActivities::new(&backends))
                 .build()
         })
         .collect();

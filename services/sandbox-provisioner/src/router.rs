@@ -2,13 +2,16 @@
 //! request to one: `CreateSandboxRequest.backend` on create, the id's prefix (`sbx-`
 //! local, `e2b-` E2B, …) afterwards. Callers (gRPC, activities) only see [`Backends`].
 
+use crate::patch_records::PatchRecords;
 use crate::{
     backend::SandboxBackend,
     e2b::{self, E2bBackend, E2bConfig},
     error::{ProvisionerError, Result},
     local::{backend::LocalBackend, provisioner::Provisioner},
 };
-use forkyard_proto::sandbox::v1::{CreateSandboxRequest, Sandbox};
+use forkyard_proto::sandbox::v1::{
+    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, Sandbox,
+};
 use std::{collections::HashMap, sync::Arc};
 use tracing::info;
 
@@ -18,6 +21,8 @@ use tracing::info;
 pub struct Backends {
     local: Arc<Provisioner>,
     all: Vec<Arc<dyn SandboxBackend>>,
+    /// Patches collected under an idempotency key, whatever the backend.
+    records: Arc<PatchRecords>,
 }
 
 impl Backends {
@@ -33,7 +38,15 @@ impl Backends {
             info!("e2b backend disabled (no E2B_API_KEY)");
         }
         let all: Vec<Arc<dyn SandboxBackend>> = vec![Arc::new(LocalBackend(local.clone())), e2b];
-        Ok(Self { local, all })
+        let dir = local.config.state_dir.join("patch-records");
+        let records = PatchRecords::open(&dir)
+            .map(Arc::new)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(Self {
+            local,
+            all,
+            records,
+        })
     }
 
     /// `local`, and `e2b` disabled (no API key): what a caller that serves local
@@ -84,6 +97,37 @@ impl Backends {
 
     pub async fn create(&self, req: CreateSandboxRequest) -> Result<Sandbox> {
         self.by_name(&req.backend)?.create(req).await
+    }
+
+    /// The sandbox's patch, from the backend that holds it; under an idempotency key,
+    /// the first answer again (`crate::patch_records`), also once the sandbox is gone.
+    pub async fn collect_patch(&self, req: CollectPatchRequest) -> Result<CollectPatchResponse> {
+        let key = req.idempotency_key.clone();
+        if key.is_empty() {
+            return self.for_id(&req.sandbox_id).collect_patch(req).await;
+        }
+        if key.len() > 512 {
+            return Err(ProvisionerError::invalid(
+                "idempotency_key",
+                "is over 512 bytes",
+            ));
+        }
+        let (records, id) = (self.records.clone(), req.sandbox_id.clone());
+        let recorded = tokio::task::spawn_blocking(move || records.get(&key, &id))
+            .await
+            .map_err(|e| ProvisionerError::internal("read a patch record", e))?
+            .map_err(|why| ProvisionerError::invalid("idempotency_key", why))?;
+        if let Some(answer) = recorded {
+            return Ok(answer);
+        }
+        let (key, id) = (req.idempotency_key.clone(), req.sandbox_id.clone());
+        let answer = self.for_id(&req.sandbox_id).collect_patch(req).await?;
+        let (records, kept) = (self.records.clone(), answer.clone());
+        tokio::task::spawn_blocking(move || records.put(&key, &id, &kept))
+            .await
+            .map_err(|e| ProvisionerError::internal("record a patch", e))?
+            .map_err(|e| ProvisionerError::internal("record a patch", e))?;
+        Ok(answer)
     }
 
     /// Sandboxes of every backend; a backend that is disabled contributes none.

@@ -250,6 +250,7 @@ async fn assert_health_patch_get_list(svc: &SandboxService, sbx: &Sandbox) {
         .collect_patch(Request::new(CollectPatchRequest {
             sandbox_id: sbx.id.clone(),
             max_bytes: 0,
+            ..Default::default()
         }))
         .await
         .unwrap()

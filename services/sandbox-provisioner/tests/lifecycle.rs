@@ -272,6 +272,7 @@ async fn collect_patch_returns_the_changes_with_their_diffstat() {
         .collect_patch(CollectPatchRequest {
             sandbox_id: sbx.id.clone(),
             max_bytes: 0,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -315,6 +316,7 @@ async fn collect_patch_returns_the_changes_with_their_diffstat() {
         .collect_patch(CollectPatchRequest {
             sandbox_id: sbx.id.clone(),
             max_bytes: 40,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -350,6 +352,7 @@ async fn collect_patch_does_not_run_the_agents_hooks_or_config() {
         .collect_patch(CollectPatchRequest {
             sandbox_id: sbx.id.clone(),
             max_bytes: 0,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -379,6 +382,7 @@ async fn collect_patch_keeps_gits_warnings_out_of_the_diffstat_and_names_a_faile
     let req = || CollectPatchRequest {
         sandbox_id: sbx.id.clone(),
         max_bytes: 0,
+        ..Default::default()
     };
     let p = f.core.collect_patch(req()).await.unwrap();
     let d = p.diffstat.unwrap();
@@ -467,6 +471,7 @@ async fn collect_patch_never_runs_fsmonitor_or_filters_on_the_host() {
         .collect_patch(forkyard_proto::sandbox::v1::CollectPatchRequest {
             sandbox_id: sbx.id.clone(),
             max_bytes: 0,
+            ..Default::default()
         })
         .await;
     assert!(

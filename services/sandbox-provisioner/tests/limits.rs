@@ -191,6 +191,7 @@ async fn a_sandbox_counts_its_cpu_and_memory_time_and_prices_them() {
         .collect_patch(forkyard_proto::sandbox::v1::CollectPatchRequest {
             sandbox_id: sbx.id.clone(),
             max_bytes: 0,
+            ..Default::default()
         })
         .await
         .unwrap();

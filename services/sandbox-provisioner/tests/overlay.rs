@@ -139,6 +139,7 @@ async fn a_sandboxs_overlay_is_its_own_and_leaves_the_template_and_the_others_al
         .collect_patch(CollectPatchRequest {
             sandbox_id: a.id.clone(),
             max_bytes: 0,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -169,6 +170,7 @@ async fn a_sandboxs_overlay_is_its_own_and_leaves_the_template_and_the_others_al
         .collect_patch(CollectPatchRequest {
             sandbox_id: b.id.clone(),
             max_bytes: 0,
+            ..Default::default()
         })
         .await
         .unwrap();

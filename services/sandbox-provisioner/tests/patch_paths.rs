@@ -21,6 +21,7 @@ async fn patch_of(f: &Fixture, setup: &str) -> CollectPatchResponse {
         .collect_patch(CollectPatchRequest {
             sandbox_id: sbx.id.clone(),
             max_bytes: 0,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -51,6 +51,7 @@ async fn every_kind_of_change_gives_the_patch_of_everything_staged() {
             .collect_patch(CollectPatchRequest {
                 sandbox_id: sbx.id.clone(),
                 max_bytes: 0,
+                ..Default::default()
             })
             .await
             .unwrap();

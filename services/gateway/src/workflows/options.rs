@@ -134,33 +134,64 @@ pub(super) fn collect_patch_local() -> LocalActivityOptions {
         .build()
 }
 
-/// A destroy that still fails after the retries (its owner replica gone) leaves the
-/// sandbox to the janitor, whose sweep reaps it once its workflow has closed.
+/// A destroy is tried for five minutes (`crate::finish::CLEANUP_DEADLINE`, as an inline
+/// fork's), from 2 s doubling to 30 s apart: a provisioner restarting or away for a
+/// minute must not leave the sandbox behind. One that still fails (its owner replica
+/// gone for good) is left to the janitor, whose sweep reaps it once its workflow has
+/// closed.
 pub(super) fn destroy_local() -> LocalActivityOptions {
     LocalActivityOptions::builder()
-        .retry_policy(retry(3, 2, &[errors::INVALID_INPUT]))
+        .retry_policy(
+            RetryPolicy::builder()
+                .maximum_attempts(0)
+                .initial_interval(Duration::from_secs(2))
+                .backoff_coefficient(2.0)
+                .maximum_interval(Duration::from_secs(30))
+                .non_retryable_error_types([errors::INVALID_INPUT.to_owned()])
+                .build(),
+        )
         .start_to_close_timeout(Duration::from_secs(120))
+        .schedule_to_close_timeout(crate::finish::CLEANUP_DEADLINE)
         .cancellation_token(WorkflowCancellationToken::new())
         .build()
 }
 
+/// Attempts of an agent lost with its runner (killed, its heartbeats stopped: the
+/// heartbeat timeout), on top of the agent's own two (the seed's table), which the runner
+/// counts and ends itself (agent-runner's `OWN_ATTEMPTS`): a lost worker is not the
+/// agent's failure. Each loss costs the heartbeat timeout and a backoff.
+pub const WORKER_LOSSES: u32 = 4;
+
 /// The agent may run for the fork's whole timeout; heartbeats prove it is alive and are
-/// how cancellation reaches it.
+/// how cancellation reaches it. Retried for its own failures twice and for lost workers
+/// [`WORKER_LOSSES`] times more, all within the fork's deadline: at most three times the
+/// fork's timeout from its first start (an attempt started after a loss starts the agent
+/// over: see docs/run-workflow.md).
 pub(super) fn agent(fork_timeout_secs: u32) -> ActivityOptions {
-    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(
-        u64::from(fork_timeout_secs) + 60,
-    ))
+    let attempt = Duration::from_secs(u64::from(fork_timeout_secs) + 60);
+    ActivityOptions::with_close_timeouts(ActivityCloseTimeouts::ScheduleAndStartToClose {
+        schedule_to_close: attempt * 3,
+        start_to_close: attempt,
+    })
     .task_queue(queues::AGENT_RUNNER.to_owned())
     .heartbeat_timeout(Duration::from_secs(20))
-    .retry_policy(retry(
-        2,
-        10,
-        &[
-            errors::AGENT_TIMEOUT,
-            errors::BUDGET_EXCEEDED,
-            errors::INVALID_INPUT,
-        ],
-    ))
+    .retry_policy(
+        RetryPolicy::builder()
+            .maximum_attempts(2 + WORKER_LOSSES)
+            .initial_interval(Duration::from_secs(10))
+            .backoff_coefficient(2.0)
+            .maximum_interval(Duration::from_secs(30))
+            .non_retryable_error_types(
+                [
+                    errors::AGENT_TIMEOUT,
+                    errors::BUDGET_EXCEEDED,
+                    errors::INVALID_INPUT,
+                ]
+                .iter()
+                .map(|s| (*s).to_owned()),
+            )
+            .build(),
+    )
     .build()
 }
 
