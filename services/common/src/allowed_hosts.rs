@@ -152,6 +152,11 @@ impl AllowedHosts {
         })
     }
 
+    /// No entries: any host whose addresses are all public.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// The setting's name, for messages.
     pub fn setting(&self) -> &'static str {
         self.setting

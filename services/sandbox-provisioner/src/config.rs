@@ -7,6 +7,7 @@ use crate::{
 };
 use forkyard_common::{
     advertise::hostname,
+    allowed_hosts::AllowedHosts,
     config::{StateDirArg, TemporalArgs, parse_listen},
 };
 use std::{
@@ -14,6 +15,10 @@ use std::{
     path::PathBuf,
     time::Duration,
 };
+
+/// The settings of the hosts a create may make this replica reach, as errors name them.
+pub const REGISTRIES_SETTING: &str = "--allowed-registries (FORKYARD_ALLOWED_REGISTRIES)";
+pub const GIT_HOSTS_SETTING: &str = "--allowed-git-hosts (FORKYARD_ALLOWED_GIT_HOSTS)";
 
 #[derive(Debug, clap::Parser)]
 #[command(
@@ -158,6 +163,15 @@ pub struct Args {
     /// registries always are.
     #[arg(long, env = "FORKYARD_REGISTRY_INSECURE", value_delimiter = ',')]
     pub registry_insecure: Vec<String>,
+    /// Registries a create's image may be pulled from (comma-separated `host`,
+    /// `host:port`, `*.domain`, `*.domain:port`). Empty: any registry whose addresses
+    /// are all public; loopback, private, link-local (metadata) and other special
+    /// addresses only for a registry listed here exactly.
+    #[arg(long, env = "FORKYARD_ALLOWED_REGISTRIES", value_delimiter = ',')]
+    pub allowed_registries: Vec<String>,
+    /// Git hosts a create's repository may be cloned from, as --allowed-registries.
+    #[arg(long, env = "FORKYARD_ALLOWED_GIT_HOSTS", value_delimiter = ',')]
+    pub allowed_git_hosts: Vec<String>,
     /// E2B control-plane API (the key comes only from `E2B_API_KEY`).
     #[arg(
         long,
@@ -260,12 +274,13 @@ impl Args {
         config.allow_no_userns = self.allow_no_userns;
         self.sandbox_bounds(&mut config)?;
         config.forwarder_path = self.forwarder();
-        self.storage(&mut config);
+        self.storage(&mut config)?;
         config.prices = self.prices()?;
         config.seccomp = self.sandbox_seccomp;
         config.sandbox_init = self.sandbox_init;
         config.workspace_overlay = self.workspace_overlay;
         config.egress_private_allowed = self.egress_private_allowed()?;
+        config.git_hosts = AllowedHosts::parse(GIT_HOSTS_SETTING, &self.allowed_git_hosts)?;
         Ok(config)
     }
 
@@ -308,7 +323,7 @@ impl Args {
     }
 
     /// Where snapshots, images and templates are kept, and how images are pulled.
-    fn storage(&self, config: &mut Config) {
+    fn storage(&self, config: &mut Config) -> Result<(), String> {
         if let Some(dir) = &self.snapshot_dir {
             config.snapshot_dir.clone_from(dir);
         }
@@ -331,10 +346,12 @@ impl Args {
         config.registry = crate::local::image::registry::RegistryConfig {
             auth_file: self.registry_auth_file.clone(),
             insecure: self.registry_insecure.clone(),
+            allowed: AllowedHosts::parse(REGISTRIES_SETTING, &self.allowed_registries)?,
         };
         if let Some(dir) = &self.image_cache_dir {
             config.image_cache_dir.clone_from(dir);
         }
+        Ok(())
     }
 
     fn prices(&self) -> Result<Prices, String> {
@@ -481,5 +498,29 @@ mod tests {
                 .unwrap_err()
                 .contains("FORKYARD_EXEC_TIMEOUT_SECS")
         );
+    }
+
+    #[test]
+    fn the_hosts_a_create_may_reach_are_checked_naming_the_setting() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().to_str().unwrap();
+        for (flag, env) in [
+            ("--allowed-registries", "FORKYARD_ALLOWED_REGISTRIES"),
+            ("--allowed-git-hosts", "FORKYARD_ALLOWED_GIT_HOSTS"),
+        ] {
+            let args = |v: &str| {
+                Args::try_parse_from(["sandbox-provisioner", "--state-dir", state, flag, v])
+                    .unwrap()
+            };
+            assert!(
+                args("ghcr.io,*.corp.example:5000,10.0.0.7")
+                    .resolve()
+                    .is_ok()
+            );
+            for bad in ["*", "host:0", "a b"] {
+                let e = args(bad).resolve().unwrap_err();
+                assert!(e.contains(env), "{flag} {bad:?}: {e}");
+            }
+        }
     }
 }

@@ -3,6 +3,10 @@
 //! clones on the host are `local::git`.)
 
 use crate::error::{ProvisionerError, Result};
+use forkyard_common::{
+    allowed_hosts::{AllowedHosts, Refusal},
+    repo_location::{self, PROXY_VARS, Remote, RepoLocation},
+};
 use forkyard_proto::common::v1::DiffStat;
 use std::{process::Stdio, time::Duration};
 use tokio::process::Command;
@@ -11,7 +15,8 @@ use tokio::process::Command;
 const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A host git command with a predictable environment: no prompts, no user or system
-/// configuration, no `ext::` transport.
+/// configuration, only the transports a repository may name (no `ext::` or `fd::`), no
+/// proxy (it would resolve a checked host's name again).
 pub(crate) fn host_git() -> Command {
     let mut cmd = Command::new("git");
     cmd.env("GIT_TERMINAL_PROMPT", "0")
@@ -19,6 +24,7 @@ pub(crate) fn host_git() -> Command {
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_ASKPASS", "/bin/false")
         .env("GIT_SSH_COMMAND", "ssh -oBatchMode=yes")
+        .env("GIT_ALLOW_PROTOCOL", "file:git:http:https:ssh")
         .env_remove("GIT_DIR")
         .env_remove("GIT_WORK_TREE")
         .args([
@@ -27,7 +33,48 @@ pub(crate) fn host_git() -> Command {
             "-c",
             "core.hooksPath=/dev/null",
         ]);
+    for var in PROXY_VARS {
+        cmd.env_remove(var);
+    }
     cmd
+}
+
+/// A remote repository's host by name: one the operator allows (`--allowed-git-hosts`).
+pub(crate) fn check_repo_host(hosts: &AllowedHosts, remote: &Remote) -> Result<()> {
+    if hosts.admits(&remote.host, remote.port) {
+        return Ok(());
+    }
+    Err(ProvisionerError::invalid(
+        "repo",
+        format!(
+            "{} is not a git host sandboxes may clone from here (the operator lists them in {})",
+            remote.host,
+            hosts.setting()
+        ),
+    ))
+}
+
+/// The `git -c` settings a clone of `repo` runs with: for a remote repository, its
+/// host's addresses checked (public, or the host listed) and the clone held to them;
+/// `None` for a local path.
+pub(crate) async fn reach(hosts: &AllowedHosts, repo: &str) -> Result<Option<Vec<String>>> {
+    let Ok(RepoLocation::Remote(remote)) = repo_location::locate(repo) else {
+        return Ok(None);
+    };
+    let addrs = match hosts.resolve(&remote.host, remote.port).await {
+        Ok(addrs) => addrs,
+        Err(Refusal::NotListed { .. }) => return Err(check_repo_host(hosts, &remote).unwrap_err()),
+        Err(other) => return Err(unreadable(repo, other)),
+    };
+    Ok(Some(repo_location::git_pin_config(&remote, &addrs)))
+}
+
+/// The one answer for a remote repository that cannot be read, whatever the reason
+/// (logged): git's own errors would tell a caller which ports of which hosts answer.
+pub(crate) fn unreadable(repo: &str, why: impl std::fmt::Display) -> ProvisionerError {
+    let shown = repo_location::shown(repo);
+    tracing::warn!(repo = %shown, reason = %why, "repository cannot be read");
+    ProvisionerError::RepoUnavailable(format!("{shown} cannot be read"))
 }
 
 /// Names git's ref rules surely accept, checked without starting git: letters, digits

@@ -4,7 +4,14 @@
 mod common;
 
 use common::fixture;
-use std::time::Duration;
+use forkyard_sandbox_provisioner::error::ProvisionerError;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A tiny HTTP server on 127.0.0.1 answering every request with `body`.
@@ -111,4 +118,101 @@ async fn sandboxes_without_egress_have_no_proxy() {
         .await;
     assert!(out.stdout.starts_with("0\n"), "{out:?}");
     let _ = Duration::ZERO;
+}
+
+/// Entries that are no host and port a sandbox could mean, and addresses in the blocks
+/// that are not public which the egress checks used to miss: refused at create, naming
+/// the field (an operator's FORKYARD_EGRESS_PRIVATE_ALLOWED lists the exceptions).
+#[tokio::test]
+async fn egress_entries_that_name_no_public_host_are_refused() {
+    let f = fixture().await;
+    let long = format!("{}.example", "a".repeat(250));
+    for bad in [
+        "*",
+        "host:0",
+        "host:65536",
+        long.as_str(),
+        "100.64.0.1:80",
+        "100.100.100.200",
+        "198.18.0.1:80",
+        "224.0.0.1:80",
+        "240.0.0.1",
+        "0.0.0.1",
+        "[64:ff9b::a9fe:a9fe]:80",
+        "[2002:a00:1::1]:80",
+        "[::ffff:10.0.0.1]:80",
+        "[fec0::1]:80",
+        "[2001:db8::1]:80",
+        "[ff02::1]:80",
+    ] {
+        let mut req = f.request("forkyard-fork-1");
+        req.egress_allow = vec![bad.to_owned()];
+        match f.core.create(req).await {
+            Err(ProvisionerError::InvalidArgument { field, .. }) => {
+                assert_eq!(field, "egress_allow", "{bad}");
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    assert!(f.sandbox_dirs().is_empty());
+}
+
+/// This machine's own name: a host name (no IP literal, no `localhost`) that resolves to
+/// the host itself; `None` where it resolves to a public address.
+async fn own_name() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    let name = name.trim().to_owned();
+    let addrs: Vec<_> = tokio::net::lookup_host((name.as_str(), 80))
+        .await
+        .ok()?
+        .collect();
+    let internal = !addrs.is_empty()
+        && addrs
+            .iter()
+            .all(|a| forkyard_common::hosts::internal(a.ip()));
+    internal.then_some(name)
+}
+
+/// A listed host name that resolves to the provisioner's own host (DNS rebinding onto
+/// its services) is refused by the proxy when it resolves, and the server there is
+/// never reached.
+#[tokio::test]
+async fn a_listed_name_resolving_to_the_host_itself_is_refused() {
+    if !has_curl() {
+        return;
+    }
+    let Some(name) = own_name().await else {
+        eprintln!("SKIPPED: this machine's name does not resolve to an internal address");
+        return;
+    };
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port = counting_server(hits.clone()).await;
+    let f = fixture().await;
+    let mut req = f.request("forkyard-fork-1");
+    req.egress_allow = vec![format!("{name}:{port}")];
+    let sbx = f.core.create(req).await.unwrap();
+    for how in ["", "-p -x http://127.0.0.1:3128"] {
+        let cmd = format!(
+            "NO_PROXY= no_proxy= curl -s -w ' %{{http_code}} %{{http_connect}}' {how} --max-time 10 http://{name}:{port}/"
+        );
+        let out = f.sh(&sbx.id, &cmd).await;
+        assert!(out.stdout.contains("403"), "{how}: {out:?}");
+        assert!(!out.stdout.contains("reached"), "{how}: {out:?}");
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "the server was reached");
+}
+
+/// A server on 127.0.0.1 that counts its connections and answers `reached`.
+async fn counting_server(hits: Arc<AtomicUsize>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            hits.fetch_add(1, Ordering::SeqCst);
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nreached")
+                .await;
+        }
+    });
+    port
 }

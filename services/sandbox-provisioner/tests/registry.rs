@@ -10,8 +10,9 @@ use common::{
     registry::{free_port, push, start_registry},
     test_image::save_image,
 };
+use forkyard_common::allowed_hosts::AllowedHosts;
 use forkyard_proto::sandbox::v1::CreateSandboxRequest;
-use forkyard_sandbox_provisioner::error::ProvisionerError;
+use forkyard_sandbox_provisioner::{config::REGISTRIES_SETTING, error::ProvisionerError};
 
 fn on_image(f: &Fixture, image: &str, branch: &str) -> CreateSandboxRequest {
     CreateSandboxRequest {
@@ -127,4 +128,65 @@ async fn an_image_larger_than_the_cache_is_refused_before_its_layers_are_fetched
         .count();
     assert_eq!(blobs, 0, "{log}");
     assert!(f.sandbox_dirs().is_empty());
+}
+
+/// A create names the image, so the registry: one on the provisioner's own loopback (or
+/// any other internal address) is refused unless the operator lists it, whether named by
+/// its address or by a name that resolves there, with nothing asked of it and the same
+/// answer as a registry that is down; a registry the list does not name is refused by
+/// name.
+#[tokio::test]
+async fn registries_on_internal_addresses_are_refused_unless_listed() {
+    let reg_dir = tempfile::tempdir().unwrap();
+    let registry = start_registry(reg_dir.path());
+    save_image(reg_dir.path(), "tool.tar", true);
+    push(
+        &registry,
+        &reg_dir.path().join("tool.tar"),
+        "forkyard/tool:1",
+    );
+    let port = registry.addr.rsplit_once(':').unwrap().1;
+    let by_address = format!("{}/forkyard/tool:1", registry.addr);
+    let by_name = format!("localhost:{port}/forkyard/tool:1");
+    let allowing = |list: &[&str]| {
+        let list: Vec<String> = list.iter().map(|s| (*s).to_owned()).collect();
+        AllowedHosts::parse(REGISTRIES_SETTING, &list).unwrap()
+    };
+    let refused_alike = |result: Result<_, ProvisionerError>, image: &str| match result {
+        Err(ProvisionerError::FailedPrecondition(m)) => {
+            let host = image.split('/').next().unwrap();
+            assert_eq!(
+                m,
+                format!("image {image}: registry: {host} cannot be reached")
+            );
+        }
+        other => panic!("{image}: {other:?}"),
+    };
+
+    // The default: any registry whose addresses are public.
+    let f = common::fixture_with(|_, c| c.registry.allowed = allowing(&[])).await;
+    for image in [&by_address, &by_name] {
+        refused_alike(f.core.create(on_image(&f, image, "x")).await, image);
+    }
+    let log = std::fs::read_to_string(&registry.log).unwrap();
+    assert!(
+        !log.lines()
+            .any(|l| l.ends_with("\"forkyard-sandbox-provisioner\"")),
+        "the provisioner asked a registry it may not reach: {log}"
+    );
+
+    // Listed by address: pulled. A name that resolves to it is not listed, and is
+    // refused by name, saying where the operator lists registries.
+    let f = common::fixture_with(|_, c| c.registry.allowed = allowing(&[&registry.addr])).await;
+    f.core
+        .create(on_image(&f, &by_address, "listed"))
+        .await
+        .unwrap();
+    match f.core.create(on_image(&f, &by_name, "x")).await {
+        Err(ProvisionerError::FailedPrecondition(m)) => {
+            assert!(m.contains("FORKYARD_ALLOWED_REGISTRIES"), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(f.sandbox_dirs().len(), 1);
 }

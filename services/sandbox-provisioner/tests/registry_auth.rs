@@ -17,10 +17,9 @@ use common::{
     registry::{Registry, push, push_as, start_registry, start_registry_with},
     test_image::save_image,
 };
+use forkyard_common::allowed_hosts::AllowedHosts;
 use forkyard_proto::sandbox::v1::CreateSandboxRequest;
-use forkyard_sandbox_provisioner::{
-    error::ProvisionerError, local::image::registry::RegistryConfig,
-};
+use forkyard_sandbox_provisioner::error::ProvisionerError;
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
@@ -40,11 +39,20 @@ fn auth_file(dir: &Path, host: &str, user_password: &str) -> PathBuf {
 }
 
 async fn create_on(auth: Option<PathBuf>, image: &str) -> Result<String, ProvisionerError> {
+    create_listing(auth, None, image).await
+}
+
+/// With `allowed`: the registries the operator lists (instead of the tests' loopback).
+async fn create_listing(
+    auth: Option<PathBuf>,
+    allowed: Option<&[String]>,
+    image: &str,
+) -> Result<String, ProvisionerError> {
     let f = common::fixture_with(|_, c| {
-        c.registry = RegistryConfig {
-            auth_file: auth,
-            insecure: vec![],
-        };
+        c.registry.auth_file = auth;
+        if let Some(list) = allowed {
+            c.registry.allowed = AllowedHosts::parse("FORKYARD_ALLOWED_REGISTRIES", list).unwrap();
+        }
     })
     .await;
     let sbx = f
@@ -165,11 +173,16 @@ async fn v2(State(f): State<Arc<Front>>, headers: HeaderMap, uri: Uri) -> Respon
 }
 
 async fn start_front(backend: &Registry) -> (String, Arc<Front>) {
+    start_front_with(backend, None).await
+}
+
+/// With `realm`: its challenge names that auth service instead of its own `/token`.
+async fn start_front_with(backend: &Registry, realm: Option<String>) -> (String, Arc<Front>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let front = Arc::new(Front {
         backend: backend.addr.clone(),
-        realm: format!("http://{addr}/token"),
+        realm: realm.unwrap_or_else(|| format!("http://{addr}/token")),
         basic: format!(
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode("robot:t0ken-pass")
@@ -208,4 +221,43 @@ async fn a_bearer_challenge_is_answered_with_a_token_from_the_auth_service() {
     }
     let bad = auth_file(dir.path(), &addr, "robot:nope");
     refused_with(create_on(Some(bad), &image).await, "answered 401");
+}
+
+/// A registry's challenge may send the provisioner, with the operator's credentials for
+/// that registry, to any URL it names: here another port of the same address, a canary
+/// auth service that must not be asked. It is asked once the operator lists it.
+#[tokio::test]
+async fn a_bearer_realm_on_another_port_is_not_asked_unless_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = start_registry(dir.path());
+    save_image(dir.path(), "tool.tar", true);
+    push(&backend, &dir.path().join("tool.tar"), "forkyard/tool:1");
+    let (canary_addr, canary) = start_front(&backend).await;
+    let realm = format!("http://{canary_addr}/token");
+    let (addr, front) = start_front_with(&backend, Some(realm)).await;
+    let image = format!("{addr}/forkyard/tool:1");
+    let creds = auth_file(dir.path(), &addr, "robot:t0ken-pass");
+
+    let only_registry = [addr.clone()];
+    match create_listing(Some(creds.clone()), Some(&only_registry), &image).await {
+        Err(ProvisionerError::FailedPrecondition(m)) => {
+            assert!(m.contains(&image) && m.contains("auth service"), "{m}");
+            assert!(m.contains("FORKYARD_ALLOWED_REGISTRIES"), "{m}");
+        }
+        other => panic!("the realm on another port was followed: {other:?}"),
+    }
+    assert!(
+        canary.asked.lock().unwrap().is_empty(),
+        "the canary was asked"
+    );
+    assert!(front.asked.lock().unwrap().is_empty());
+
+    let both = [addr.clone(), canary_addr];
+    assert_eq!(
+        create_listing(Some(creds), Some(&both), &image)
+            .await
+            .unwrap(),
+        "image tool from the image\n"
+    );
+    assert_eq!(canary.asked.lock().unwrap().len(), 1);
 }

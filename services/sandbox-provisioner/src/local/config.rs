@@ -4,6 +4,7 @@ use crate::{
     local::{cgroup::Limits, disk_quota::QuotaMode, image::registry::RegistryConfig, uids},
     usage::Prices,
 };
+use forkyard_common::allowed_hosts::AllowedHosts;
 use std::{path::PathBuf, time::Duration};
 
 /// Settings of the core (the binary fills them from flags; tests build them directly).
@@ -82,6 +83,8 @@ pub struct Config {
     /// operator's choice); any other is refused, so no sandbox reaches the host's or the
     /// mesh's own services.
     pub egress_private_allowed: Vec<std::net::IpAddr>,
+    /// The git hosts a create's repository may be cloned from (`crate::git::reach`).
+    pub git_hosts: AllowedHosts,
 }
 
 impl Config {
@@ -123,6 +126,7 @@ impl Config {
             workspace_overlay: true,
             prices: Prices::default(),
             egress_private_allowed: Vec::new(),
+            git_hosts: AllowedHosts::any_public(crate::config::GIT_HOSTS_SETTING),
             seccomp: true,
         }
     }

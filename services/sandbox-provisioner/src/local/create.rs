@@ -65,6 +65,9 @@ impl Provisioner {
             }
             req.repo = self.check_repo_location(&req.repo)?;
             git::check_branch(&req.branch).await?;
+            // A remote host that cannot be reached is refused before anything is made;
+            // the clone checks again, held to the addresses it then finds.
+            git::reach(&self.config.git_hosts, &req.repo).await?;
         }
         if req.idempotency_key.is_empty() {
             let out = self.create_new(req).await;
@@ -227,7 +230,10 @@ impl Provisioner {
     fn check_repo_location(&self, repo: &str) -> Result<String> {
         use forkyard_common::repo_location::{self, RepoLocation};
         let path = match repo_location::locate(repo.trim()) {
-            Ok(RepoLocation::Remote(_)) => return Ok(repo.to_owned()),
+            Ok(RepoLocation::Remote(remote)) => {
+                crate::git::check_repo_host(&self.config.git_hosts, &remote)?;
+                return Ok(repo.to_owned());
+            }
             Ok(RepoLocation::Local(path)) => path,
             Err(why) => return Err(ProvisionerError::invalid("repo", why)),
         };

@@ -6,7 +6,10 @@
 //! link-local address is refused too (DNS rebinding onto the host's own services); an IP
 //! literal on the list is taken as meant.
 
-use forkyard_common::hosts;
+#[path = "egress_http.rs"]
+mod http;
+
+use forkyard_common::{allowed_hosts, hosts};
 use std::{net::IpAddr, path::Path, sync::Arc};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
@@ -16,33 +19,53 @@ use tokio_util::sync::CancellationToken;
 
 const MAX_HEAD: usize = 16 * 1024;
 
-/// Allowed destinations: `host` (any port), `host:port`, or `*.domain` (any subdomain).
+/// Allowed destinations: `host` (any port), `host:port`, or `*.domain` (any subdomain),
+/// as the request gave them (lowercased) and as parsed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Allowlist(Vec<String>);
+pub struct Allowlist(Vec<(String, Entry)>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Normalised (`allowed_hosts::normal_host`); for `*.domain`, the domain.
+    host: String,
+    wildcard: bool,
+    port: Option<u16>,
+}
 
 impl Allowlist {
+    /// The entries, or why one cannot be one: `*` alone (every host is not an egress
+    /// allowlist), a port outside 1 to 65535, a host longer than DNS allows.
     pub fn parse(entries: &[String]) -> Result<Self, String> {
         let mut out = Vec::new();
         for e in entries {
             let e = e.trim().to_ascii_lowercase();
-            let ok = !e.is_empty()
-                && e.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || ".-:*_[]".contains(c))
-                && !e[1..].contains('*');
-            if !ok {
-                return Err(format!("{e:?} is not a host, host:port or *.domain"));
-            }
-            out.push(e);
+            let entry = Self::entry(&e)
+                .ok_or_else(|| format!("{e:?} is not a host, host:port or *.domain"))?;
+            out.push((e, entry));
         }
         Ok(Self(out))
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+    fn entry(e: &str) -> Option<Entry> {
+        if e.len() > allowed_hosts::MAX_HOST_LEN + ":65535".len() {
+            return None;
+        }
+        let (host, port) = allowed_hosts::split_host_port(e).ok()?;
+        let (host, wildcard) = match host.strip_prefix("*.") {
+            Some(domain) => (domain, true),
+            None => (host, false),
+        };
+        let host = allowed_hosts::normal_host(host);
+        let ok = allowed_hosts::valid_host(&host) && !(wildcard && host.parse::<IpAddr>().is_ok());
+        ok.then_some(Entry {
+            host,
+            wildcard,
+            port,
+        })
     }
 
-    pub fn entries(&self) -> &[String] {
-        &self.0
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     /// Entries naming the host itself, the mesh or a private network: loopback,
@@ -51,34 +74,27 @@ impl Allowlist {
     pub fn private_entries(&self) -> Vec<(String, Option<IpAddr>)> {
         self.0
             .iter()
-            .filter_map(|e| {
-                let host = hosts::host_part(e);
-                if hosts::is_localhost(host) {
+            .filter_map(|(e, entry)| {
+                if hosts::is_localhost(&entry.host) {
                     return Some((e.clone(), None));
                 }
-                let ip: IpAddr = host.parse().ok()?;
+                let ip: IpAddr = entry.host.parse().ok()?;
                 hosts::internal(ip).then(|| (e.clone(), Some(ip)))
             })
             .collect()
     }
 
-    /// Whether `host:port` may be reached, and whether `host` was listed literally as an IP.
+    /// Whether `host:port` may be reached.
     pub fn allows(&self, host: &str, port: u16) -> bool {
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_ascii_lowercase();
-        self.0.iter().any(|e| {
-            let (h, p) = match e.rsplit_once(':') {
-                Some((h, p)) if !h.contains(':') || h.ends_with(']') => (h, p.parse().ok()),
-                _ => (e.as_str(), None),
+        let host = allowed_hosts::normal_host(host);
+        self.0.iter().any(|(_, e)| {
+            let host_ok = if e.wildcard {
+                host.strip_suffix(e.host.as_str())
+                    .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.'))
+            } else {
+                host == e.host
             };
-            let h = h.trim_start_matches('[').trim_end_matches(']');
-            let host_ok = match h.strip_prefix("*.") {
-                Some(domain) => host.ends_with(&format!(".{domain}")),
-                None => host == h,
-            };
-            host_ok && p.is_none_or(|p: u16| p == port)
+            host_ok && e.port.is_none_or(|p| p == port)
         })
     }
 }
@@ -122,7 +138,11 @@ async fn serve(conn: UnixStream, allow: &Allowlist) -> std::io::Result<()> {
         return Ok(());
     };
     let text = String::from_utf8_lossy(&head).into_owned();
-    let request_line = text.split("\r\n").next().unwrap_or_default();
+    let request_line = text
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches('\r');
     let (host, port, rest) = match destination(request_line) {
         Ok(d) => d,
         Err(why) => return respond(conn.get_mut(), 400, why).await,
@@ -136,26 +156,24 @@ async fn serve(conn: UnixStream, allow: &Allowlist) -> std::io::Result<()> {
         )
         .await;
     }
+    // A plain-HTTP request goes out as one request to the checked host (`http`).
+    let plain = match rest.map(|line| http::upstream_head(&text, &host, port, &line)) {
+        None => None,
+        Some(Ok(head)) => Some(head),
+        Some(Err((code, why))) => return respond(conn.get_mut(), code, why).await,
+    };
     let mut upstream = match connect(&host, port).await {
         Ok(s) => s,
-        Err(e) => return respond(conn.get_mut(), 502, &e).await,
+        Err((code, why)) => return respond(conn.get_mut(), code, &why).await,
     };
-    match rest {
-        None => {
-            conn.get_mut()
-                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                .await?;
-        }
-        Some(line) => {
-            // Origin-form request line, the original headers, then whatever follows.
-            let headers = &text[request_line.len() + 2..];
-            upstream.write_all(line.as_bytes()).await?;
-            upstream.write_all(headers.as_bytes()).await?;
-        }
-    }
     let buffered = conn.buffer().to_vec();
-    upstream.write_all(&buffered).await?;
     let mut conn = conn.into_inner();
+    if let Some((head, length)) = plain {
+        return http::forward(conn, &buffered, upstream, &head, length).await;
+    }
+    conn.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await?;
+    upstream.write_all(&buffered).await?;
     tokio::io::copy_bidirectional(&mut conn, &mut upstream).await?;
     Ok(())
 }
@@ -215,30 +233,34 @@ fn split_host_port(authority: &str, default: u16) -> Option<(String, u16)> {
     }
 }
 
-/// Connect to an allowed host. Names must not resolve to the host's own or private
-/// networks; IP literals were listed explicitly and are used as given.
-async fn connect(host: &str, port: u16) -> Result<TcpStream, String> {
+/// Connect to an allowed host, or the status and reason to answer with. Names must not
+/// resolve to an address that is not public (the host's own services, the mesh's, a
+/// metadata service: DNS rebinding onto them), and the connection goes to the addresses
+/// checked; IP literals were listed explicitly and are used as given.
+async fn connect(host: &str, port: u16) -> Result<TcpStream, (u16, String)> {
+    let unreachable = |e: std::io::Error| (502, e.to_string());
     if let Ok(ip) = host.parse::<IpAddr>() {
-        return TcpStream::connect((ip, port))
-            .await
-            .map_err(|e| e.to_string());
+        return TcpStream::connect((ip, port)).await.map_err(unreachable);
     }
     let addrs: Vec<_> = tokio::net::lookup_host((host, port))
         .await
-        .map_err(|e| format!("cannot resolve {host}: {e}"))?
+        .map_err(|e| (502, format!("cannot resolve {host}: {e}")))?
         .collect();
-    if addrs.iter().any(|a| hosts::internal(a.ip())) {
-        return Err(format!("{host} resolves to an internal address"));
+    if let Some((addr, block)) = addrs
+        .iter()
+        .find_map(|a| Some((a.ip(), hosts::special_block(a.ip())?)))
+    {
+        tracing::info!(%host, port, %addr, block, "egress refused: the name resolves to an internal address");
+        return Err((403, format!("{host} resolves to an internal address")));
     }
-    TcpStream::connect(&addrs[..])
-        .await
-        .map_err(|e| e.to_string())
+    TcpStream::connect(&addrs[..]).await.map_err(unreachable)
 }
 
 async fn respond(conn: &mut UnixStream, code: u16, msg: &str) -> std::io::Result<()> {
     let reason = match code {
         400 => "Bad Request",
         403 => "Forbidden",
+        411 => "Length Required",
         _ => "Bad Gateway",
     };
     let body = format!("{msg}\n");
@@ -251,29 +273,5 @@ async fn respond(conn: &mut UnixStream, code: u16, msg: &str) -> std::io::Result
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn allowlist_matching() {
-        let a = Allowlist::parse(&[
-            "example.com".into(),
-            "*.github.com".into(),
-            "127.0.0.1:8080".into(),
-        ])
-        .unwrap();
-        assert!(a.allows("example.com", 443));
-        assert!(a.allows("EXAMPLE.com", 80));
-        assert!(!a.allows("evil-example.com", 443));
-        assert!(a.allows("api.github.com", 443));
-        assert!(!a.allows("github.com", 443));
-        assert!(a.allows("127.0.0.1", 8080));
-        assert!(!a.allows("127.0.0.1", 8081));
-        assert!(Allowlist::parse(&["a b".into()]).is_err());
-        assert!(Allowlist::parse(&["a.*.com".into()]).is_err());
-        assert!(
-            hosts::internal("10.1.2.3".parse().unwrap())
-                && !hosts::internal("1.1.1.1".parse().unwrap())
-        );
-    }
-}
+#[path = "egress_tests.rs"]
+mod tests;

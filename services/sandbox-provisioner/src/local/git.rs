@@ -77,25 +77,32 @@ fn summarise(stderr: &str, code: i32) -> String {
 }
 
 /// Clone `repo` into `ws`, start `branch` at `base_ref` (or HEAD) and return the base
-/// commit.
+/// commit. `pin`: a remote repository's settings from `crate::git::reach` (its checked
+/// addresses); its errors then say only that it cannot be read.
 pub async fn clone(
     repo: &str,
     base_ref: &str,
     branch: &str,
     ws: &Path,
     timeout: Duration,
+    pin: Option<&[String]>,
 ) -> Result<String> {
     let mut cmd = host_git();
+    cmd.args(pin.unwrap_or_default());
     // --no-local: a local path goes through git's transport, not a file copy that would
     // follow symlinks planted in the source's .git.
     cmd.args(["clone", "--quiet", "--no-local", "--", repo])
         .arg(ws);
     run(cmd, timeout).await?.map_err(|e| {
-        if e.starts_with("git timed out") {
+        let timed_out = e.starts_with("git timed out");
+        match (timed_out, pin.is_some()) {
             // Slow network or a big repo: worth another attempt.
-            ProvisionerError::internal(&format!("cloning {repo}"), e)
-        } else {
-            ProvisionerError::RepoUnavailable(format!("cannot clone {repo}: {e}"))
+            (true, true) => ProvisionerError::Internal(crate::git::unreadable(repo, e).to_string()),
+            (true, false) => ProvisionerError::internal(&format!("cloning {repo}"), e),
+            (false, true) => crate::git::unreadable(repo, e),
+            (false, false) => {
+                ProvisionerError::RepoUnavailable(format!("cannot clone {repo}: {e}"))
+            }
         }
     })?;
 

@@ -123,12 +123,14 @@ impl Provisioner {
                 }
             }
         }
+        let pin = crate::git::reach(&self.config.git_hosts, &req.repo).await?;
         let base_commit = git::clone(
             &req.repo,
             &req.base_ref,
             &req.branch,
             ws,
             self.config.clone_timeout,
+            pin.as_deref(),
         )
         .await?;
         let index = crate::local::git_index::checksum_of(ws).unwrap_or_default();

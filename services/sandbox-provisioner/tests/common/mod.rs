@@ -83,6 +83,13 @@ pub async fn open_with(state: &Path, configure: impl FnOnce(&mut Config)) -> Arc
     config.forwarder_path = Some(env!("CARGO_BIN_EXE_sandbox-egress-forwarder").into());
     // The egress tests' servers run on this host's loopback.
     config.egress_private_allowed = vec!["127.0.0.1".parse().unwrap()];
+    // So do the image tests' registries (`docker-registry` on a free port): listed, as an
+    // operator would list a private registry (any other loopback name is refused).
+    config.registry.allowed = forkyard_common::allowed_hosts::AllowedHosts::parse(
+        forkyard_sandbox_provisioner::config::REGISTRIES_SETTING,
+        &["127.0.0.1".to_owned()],
+    )
+    .unwrap();
     configure(&mut config);
     Provisioner::open(config).await.expect("open provisioner")
 }

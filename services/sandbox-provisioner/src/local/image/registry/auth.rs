@@ -30,91 +30,102 @@ pub(super) fn credentials(path: &Path) -> Result<HashMap<String, String>, String
         .collect())
 }
 
-/// The `Authorization` value that answers `challenge` (a 401's `WWW-Authenticate`) on a
-/// pull of `repository` from `host`: basic auth with the operator's credentials for the
-/// host, or a bearer token from the auth service the registry names.
-pub(super) async fn authorize(
-    http: &reqwest::Client,
-    basic: Option<&String>,
-    host: &str,
-    repository: &str,
-    challenge: &str,
-) -> Result<String, ImageError> {
-    let (scheme, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
-    if scheme.eq_ignore_ascii_case("basic") {
-        return basic.map(|b| format!("Basic {b}")).ok_or_else(|| {
-            unavailable(format!(
-                "{} asks for credentials and FORKYARD_REGISTRY_AUTH_FILE has none for it",
-                host
-            ))
-        });
-    }
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(unavailable(format!("{} asks for {scheme} auth", host)));
-    }
-    bearer_token(http, basic, host, repository, &challenge_params(params))
-        .await
-        .map(|token| format!("Bearer {token}"))
+/// A registry's 401 on a pull of `repository` from `host`, to be answered.
+pub(super) struct Challenge<'a> {
+    pub host: &'a str,
+    pub repository: &'a str,
+    /// The operator's credentials for `host`.
+    pub basic: Option<&'a String>,
+    /// The URL a bearer challenge's realm may be asked at, or why not (`super::reach`).
+    pub realm: &'a (dyn Fn(&str) -> Result<reqwest::Url, ImageError> + Sync),
 }
 
-/// A token from the auth service a bearer challenge (its `params`) names, for a pull of
-/// `repository`; the operator's credentials for `host` go with the request.
-async fn bearer_token(
-    http: &reqwest::Client,
-    basic: Option<&String>,
-    host: &str,
-    repository: &str,
-    params: &HashMap<String, String>,
-) -> Result<String, ImageError> {
-    #[derive(serde::Deserialize)]
-    struct Token {
-        #[serde(default)]
-        token: String,
-        #[serde(default)]
-        access_token: String,
+impl Challenge<'_> {
+    /// The `Authorization` value that answers `challenge` (the 401's `WWW-Authenticate`):
+    /// basic auth with the operator's credentials, or a bearer token from the auth
+    /// service the registry names.
+    pub(super) async fn authorize(
+        &self,
+        http: &reqwest::Client,
+        challenge: &str,
+    ) -> Result<String, ImageError> {
+        let host = self.host;
+        let (scheme, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
+        if scheme.eq_ignore_ascii_case("basic") {
+            return self.basic.map(|b| format!("Basic {b}")).ok_or_else(|| {
+                unavailable(format!(
+                    "{host} asks for credentials and FORKYARD_REGISTRY_AUTH_FILE has none for it"
+                ))
+            });
+        }
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return Err(unavailable(format!("{host} asks for {scheme} auth")));
+        }
+        self.bearer_token(http, &challenge_params(params))
+            .await
+            .map(|token| format!("Bearer {token}"))
     }
-    let realm = params
-        .get("realm")
-        .ok_or_else(|| unavailable(format!("{host} gave a bearer challenge without a realm")))?;
-    let mut query = Vec::new();
-    if let Some(s) = params.get("service") {
-        query.push(("service", s.clone()));
+
+    /// A token from the auth service a bearer challenge (its `params`) names; the
+    /// operator's credentials for the registry go with the request.
+    async fn bearer_token(
+        &self,
+        http: &reqwest::Client,
+        params: &HashMap<String, String>,
+    ) -> Result<String, ImageError> {
+        #[derive(serde::Deserialize)]
+        struct Token {
+            #[serde(default)]
+            token: String,
+            #[serde(default)]
+            access_token: String,
+        }
+        let host = self.host;
+        let realm = params.get("realm").ok_or_else(|| {
+            unavailable(format!("{host} gave a bearer challenge without a realm"))
+        })?;
+        let realm = (self.realm)(realm)?;
+        let mut query = Vec::new();
+        if let Some(s) = params.get("service") {
+            query.push(("service", s.clone()));
+        }
+        query.push((
+            "scope",
+            params
+                .get("scope")
+                .cloned()
+                .unwrap_or_else(|| format!("repository:{}:pull", self.repository)),
+        ));
+        let mut req = http.get(realm).query(&query);
+        if let Some(b) = self.basic {
+            req = req.header(reqwest::header::AUTHORIZATION, format!("Basic {b}"));
+        }
+        let resp = req.send().await.map_err(|e| {
+            tracing::warn!(registry = host, error = %error_chain(&e), "registry's auth service cannot be reached");
+            unavailable(format!("the auth service of {host} cannot be reached"))
+        })?;
+        if !resp.status().is_success() {
+            return Err(unavailable(format!(
+                "the auth service of {host} answered {}",
+                resp.status()
+            )));
+        }
+        let t: Token = resp.json().await.map_err(|e| {
+            tracing::warn!(registry = host, error = %e, "registry's auth service gave no token");
+            unavailable(format!("the auth service of {host} gave no token"))
+        })?;
+        let token = if t.token.is_empty() {
+            t.access_token
+        } else {
+            t.token
+        };
+        if token.is_empty() {
+            return Err(unavailable(format!(
+                "the auth service of {host} gave no token"
+            )));
+        }
+        Ok(token)
     }
-    query.push((
-        "scope",
-        params
-            .get("scope")
-            .cloned()
-            .unwrap_or_else(|| format!("repository:{repository}:pull")),
-    ));
-    let mut req = http.get(realm.as_str()).query(&query);
-    if let Some(b) = basic {
-        req = req.header(reqwest::header::AUTHORIZATION, format!("Basic {b}"));
-    }
-    let resp = req.send().await.map_err(|e| {
-        unavailable(format!(
-            "the auth service of {host} cannot be reached: {}",
-            error_chain(&e)
-        ))
-    })?;
-    if !resp.status().is_success() {
-        return Err(unavailable(format!(
-            "the auth service of {host} answered {}",
-            resp.status()
-        )));
-    }
-    let t: Token = resp.json().await.map_err(unavailable)?;
-    let token = if t.token.is_empty() {
-        t.access_token
-    } else {
-        t.token
-    };
-    if token.is_empty() {
-        return Err(unavailable(format!(
-            "the auth service of {host} gave no token"
-        )));
-    }
-    Ok(token)
 }
 
 /// `realm="…",service="…",scope="…"` (values quoted, commas inside quotes kept).

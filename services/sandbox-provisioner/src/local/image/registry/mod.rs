@@ -5,28 +5,41 @@
 
 mod auth;
 mod manifest;
+mod reach;
 
 use super::error::ImageError;
 use auth::{error_chain, unavailable};
+use forkyard_common::allowed_hosts::AllowedHosts;
 use manifest::{Manifest, platform_manifest};
 use sha2::Digest as _;
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    time::Duration,
 };
 use tokio::io::AsyncWriteExt as _;
 
 const MANIFEST_TYPES: &str = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docker.distribution.manifest.v2+json";
 
 /// Where and how to reach registries.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RegistryConfig {
     /// A Docker `config.json` (`{"auths": {"<host>": {"auth": "<base64 user:pass>"}}}`, as
     /// `docker login` and Kubernetes image pull secrets write it).
     pub auth_file: Option<PathBuf>,
     /// Registries reached over plain HTTP (`host[:port]`); loopback ones always are.
     pub insecure: Vec<String>,
+    /// The registries (and auth services) pulls may reach (`reach`).
+    pub allowed: AllowedHosts,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self {
+            auth_file: None,
+            insecure: Vec::new(),
+            allowed: AllowedHosts::any_public(crate::config::REGISTRIES_SETTING),
+        }
+    }
 }
 
 /// The registry client of one provisioner.
@@ -35,6 +48,7 @@ pub struct Registries {
     /// `host` → base64 `user:password`. Never logged.
     auths: HashMap<String, String>,
     insecure: Vec<String>,
+    allowed: AllowedHosts,
     /// An image whose blobs add up to more is refused before any is fetched (the
     /// cache's bound: it could never be kept); 0: none.
     max_image_bytes: u64,
@@ -45,6 +59,7 @@ impl std::fmt::Debug for Registries {
         f.debug_struct("Registries")
             .field("credentials_for", &self.auths.keys().collect::<Vec<_>>())
             .field("insecure", &self.insecure)
+            .field("allowed", &self.allowed)
             .finish()
     }
 }
@@ -104,16 +119,11 @@ impl Registries {
             None => HashMap::new(),
             Some(path) => auth::credentials(path)?,
         };
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(60))
-            .user_agent("forkyard-sandbox-provisioner")
-            .build()
-            .map_err(|e| e.to_string())?;
         Ok(Self {
-            http,
+            http: reach::client(&config.allowed)?,
             auths,
             insecure: config.insecure.clone(),
+            allowed: config.allowed.clone(),
             max_image_bytes,
         })
     }
@@ -138,10 +148,12 @@ impl Registries {
         layout: &Path,
         cached: impl Fn(&str) -> bool,
     ) -> Result<(String, bool), ImageError> {
+        let base = self.base(&t.host);
+        reach::check_registry(&self.allowed, &t.host, &base)?;
         let mut session = Session {
             reg: self,
             target: t,
-            base: self.base(&t.host),
+            base,
             token: None,
         };
         let (bytes, media_type, digest) = session.platform_manifest().await?;
@@ -329,12 +341,13 @@ impl Session<'_> {
             if let Some(t) = &self.token {
                 req = req.header(reqwest::header::AUTHORIZATION, t);
             }
+            // Why is logged, not told: the caller learns that the registry cannot be
+            // reached, not what answers where (or that a name resolves to an address
+            // it may not reach).
             let resp = req.send().await.map_err(|e| {
-                unavailable(format!(
-                    "{} cannot be reached: {}",
-                    self.target.host,
-                    error_chain(&e)
-                ))
+                let registry = &self.target.host;
+                tracing::warn!(registry, error = %error_chain(&e), "registry cannot be reached");
+                reach::unreachable_registry(registry)
             })?;
             match resp.status() {
                 s if s.is_success() => return Ok(resp),
@@ -347,10 +360,16 @@ impl Session<'_> {
                         .to_owned();
                     let basic = self.reg.auths.get(&self.target.host);
                     let (host, repository) = (&self.target.host, &self.target.repository);
-                    self.token = Some(
-                        auth::authorize(&self.reg.http, basic, host, repository, &challenge)
-                            .await?,
-                    );
+                    let realm = |realm: &str| {
+                        reach::check_realm(&self.reg.allowed, host, &self.base, realm)
+                    };
+                    let answer = auth::Challenge {
+                        host,
+                        repository,
+                        basic,
+                        realm: &realm,
+                    };
+                    self.token = Some(answer.authorize(&self.reg.http, &challenge).await?);
                 }
                 reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN => {
                     return Err(unavailable(format!(
@@ -422,7 +441,7 @@ mod tests {
         let r = Registries::new(
             &RegistryConfig {
                 auth_file: Some(file),
-                insecure: vec![],
+                ..RegistryConfig::default()
             },
             0,
         )
