@@ -107,6 +107,8 @@ pub struct Args {
     pub sandbox_ttl_secs: u64,
     #[command(flatten)]
     pub maxima: crate::maxima::MaximaArgs,
+    #[command(flatten)]
+    pub llm_relay: crate::local::RelayLimitsArgs,
     /// How often expired sandboxes are looked for.
     #[arg(long, env = "FORKYARD_REAP_INTERVAL_SECS", default_value_t = 30)]
     pub reap_interval_secs: u64,
@@ -306,6 +308,7 @@ impl Args {
         config.default_ttl = Duration::from_secs(self.sandbox_ttl_secs);
         config.reap_interval = Duration::from_secs(self.reap_interval_secs);
         config.maxima = self.maxima.maxima(config)?;
+        config.llm_relay = self.llm_relay.limits();
         Ok(())
     }
 

@@ -47,6 +47,8 @@ pub struct Config {
     pub default_ttl: Duration,
     /// The most memory, disk, processes and lifetime a create may ask for.
     pub maxima: crate::maxima::Maxima,
+    /// What each sandbox's LLM relay holds its connections to.
+    pub llm_relay: crate::local::RelayLimits,
     /// How often expired sandboxes are looked for.
     pub reap_interval: Duration,
     /// The `sandbox-egress-forwarder` binary; `None` = egress cannot be offered.
@@ -120,6 +122,7 @@ impl Config {
             btrfs_path: "btrfs".into(),
             default_ttl: Duration::from_secs(4 * 3600),
             maxima: crate::maxima::Maxima::DEFAULT,
+            llm_relay: crate::local::RelayLimits::DEFAULT,
             reap_interval: Duration::from_secs(30),
             forwarder_path: None,
             sandbox_init: true,

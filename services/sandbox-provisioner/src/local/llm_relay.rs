@@ -9,6 +9,13 @@
 //! A sandbox run by its init has one relay for its whole life (its socket is bound once,
 //! when its bubblewrap starts): it relays to the gateway of the sandbox's running LLM
 //! commands ([`LlmSlot`]), and closes every connection while none runs.
+//!
+//! Every connection holds two of the provisioner's descriptors (the sandbox's and the
+//! gateway's), so a relay holds at most [`RelayLimits::max_connections`] at once
+//! (accepting none past them: the sandbox's connections wait in the socket's backlog)
+//! and closes one on which no byte has moved for its idle timeout: a sandbox opening
+//! connections by the thousand takes neither the provisioner's descriptors nor its
+//! gRPC port's.
 
 use crate::error::{ProvisionerError, Result};
 use std::{
@@ -20,6 +27,45 @@ use tokio::{
     net::{TcpStream, UnixListener},
 };
 use tokio_util::sync::CancellationToken;
+
+/// What one relay's connections are held to (`--llm-relay-*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayLimits {
+    /// Connections relayed at once.
+    pub max_connections: usize,
+    /// How long a relayed connection may move no byte either way (above the gateway's
+    /// own, which outlasts a model's silence before its answer).
+    pub idle_timeout: std::time::Duration,
+}
+
+impl RelayLimits {
+    /// 64 connections (an agent CLI opens a handful), 15 minutes.
+    pub const DEFAULT: Self = Self {
+        max_connections: 64,
+        idle_timeout: std::time::Duration::from_secs(900),
+    };
+}
+
+/// `--llm-relay-*`: the bounds on each sandbox's LLM relay.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RelayLimitsArgs {
+    /// Connections one sandbox's LLM relay holds at once (each two of the provisioner's
+    /// descriptors); past them the sandbox's new connections wait.
+    #[arg(long, env = "FORKYARD_LLM_RELAY_MAX_CONNECTIONS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub llm_relay_max_connections: u32,
+    /// How long a relayed connection may move no byte either way before it is closed.
+    #[arg(long, env = "FORKYARD_LLM_RELAY_IDLE_TIMEOUT_SECS", default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..))]
+    pub llm_relay_idle_timeout_secs: u64,
+}
+
+impl RelayLimitsArgs {
+    pub fn limits(&self) -> RelayLimits {
+        RelayLimits {
+            max_connections: usize::try_from(self.llm_relay_max_connections).unwrap_or(usize::MAX),
+            idle_timeout: std::time::Duration::from_secs(self.llm_relay_idle_timeout_secs),
+        }
+    }
+}
 
 /// `host:port` of an `http://host:port` gateway URL.
 pub fn authority(url: &str) -> Result<String> {
@@ -129,11 +175,12 @@ impl Drop for LlmLease {
 }
 
 /// Serve `socket` until the returned [`Relay`] is dropped or `stop` fires (the sandbox is
-/// destroyed), relaying to `gateway` for `sandbox_id`.
+/// destroyed), relaying to `gateway` for `sandbox_id` within `limits`.
 pub fn spawn(
     socket: &Path,
     gateway: Gateway,
     sandbox_id: &str,
+    limits: RelayLimits,
     stop: CancellationToken,
 ) -> std::io::Result<Relay> {
     let _ = std::fs::remove_file(socket);
@@ -145,12 +192,18 @@ pub fn spawn(
     };
     let header: Arc<[u8]> = forkyard_common::proxy_header::encode(sandbox_id).into();
     let sandbox_id = sandbox_id.to_owned();
+    let slots = forkyard_common::http_limits::Slots::new(limits.max_connections);
     tokio::spawn(async move {
         loop {
+            let slot = tokio::select! {
+                () = stop.cancelled() => break,
+                slot = slots.take() => slot,
+            };
             tokio::select! {
                 () = stop.cancelled() => break,
                 conn = listener.accept() => match conn {
-                    Ok((mut conn, _)) => {
+                    Ok((conn, _)) => {
+                        let mut conn = forkyard_common::http_limits::Idle::new(conn, limits.idle_timeout);
                         let Some(gateway) = gateway() else {
                             drop(conn);
                             continue;
@@ -184,6 +237,7 @@ pub fn spawn(
                                     tracing::debug!(sandbox_id = %sandbox_id, gateway = %gateway, error = %e, "llm relay connection ended");
                                 },
                             }
+                            drop(slot);
                         });
                     }
                     Err(e) => {

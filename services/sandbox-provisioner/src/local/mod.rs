@@ -62,5 +62,6 @@ mod vfork;
 mod workspace;
 
 pub use config::Config;
+pub use llm_relay::{RelayLimits, RelayLimitsArgs};
 pub use provisioner::Provisioner;
 pub use template::WarmBounds;

@@ -258,6 +258,7 @@ impl Provisioner {
             path,
             Arc::new(move || Some(gateway.clone())),
             &record.id,
+            self.config.llm_relay,
             stop,
         )
         .and_then(|relay| {

@@ -105,6 +105,7 @@ impl Provisioner {
             socket,
             Arc::new(move || slot.current()),
             &record.id,
+            self.config.llm_relay,
             entry.cancel.child_token(),
         )
         .and_then(|relay| {
