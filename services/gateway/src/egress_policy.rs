@@ -295,6 +295,18 @@ mod tests {
             "[fe80::1]",
             "0.0.0.0",
             "192.168.1.1",
+            // Blocks hosts::internal missed before (issue 41): CGNAT (one cloud's
+            // metadata service), this network, benchmarking, multicast, reserved,
+            // NAT64 and 6to4 of private addresses, site-local, IPv4-mapped.
+            "100.100.100.200",
+            "0.0.0.1:80",
+            "198.18.0.1",
+            "224.0.0.251",
+            "240.0.0.1",
+            "[64:ff9b::a9fe:a9fe]",
+            "[2002:c0a8:101::1]:80",
+            "[fec0::1]",
+            "[::ffff:1.1.1.1]",
         ] {
             assert_eq!(
                 code(p.check("default", &asked(&[bad]))),
