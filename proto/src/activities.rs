@@ -252,6 +252,11 @@ pub mod errors {
     pub const AGENT_TIMEOUT: &str = "AgentTimeout";
     pub const INVALID_INPUT: &str = "InvalidInput";
     pub const NOT_FOUND: &str = "NotFound";
+    /// A create refused by a provisioner replica that is shutting down: not the fork's
+    /// failure; a replica that takes creates will make it.
+    pub const SANDBOX_DRAINING: &str = "SandboxDraining";
+    /// The gRPC metadata key a draining replica's refusal carries (`UNAVAILABLE`).
+    pub const DRAINING_METADATA: &str = "forkyard-draining";
 }
 
 /// The marker types of every definition, public for `#[activity(definition = ...)]` in the

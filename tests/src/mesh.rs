@@ -136,7 +136,13 @@ impl Mesh {
     pub(crate) fn log_file(&self, name: &str) -> std::fs::File {
         let dir = self.state.path().join("logs");
         std::fs::create_dir_all(&dir).expect("log dir");
-        std::fs::File::create(dir.join(format!("{name}.log"))).expect("log file")
+        // Appended to: a restarted service keeps its earlier log (what it made before a
+        // kill is named there, and `support::sandbox_processes` reads the ids).
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("{name}.log")))
+            .expect("log file")
     }
 
     /// Start the Temporal dev server and the five services; wait until all serve.

@@ -117,10 +117,13 @@ pub async fn run_to_end(
 
 /// Processes still running inside a sandbox of this mesh: every sandboxed command has
 /// `FORKYARD_SANDBOX_ID` in its environment, and bwrap itself names the sandboxes dir.
-/// Any sandbox's process on the host counts (a leak is a leak), so each is named with
-/// what tells whose it is: its sandbox, its cgroup, how long it has run.
+/// A sandbox is this mesh's when its provisioner's log names it: the live sandboxes of
+/// other tests running meanwhile (an agent sleeping through an outage) are theirs to
+/// check. Each is named with what tells whose it is: its sandbox, its cgroup, how long it
+/// has run.
 pub fn sandbox_processes(state: &Path) -> Vec<String> {
     let dir = state.join("sandboxes").to_string_lossy().into_owned();
+    let ours = sandbox_ids_in_logs(state);
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
@@ -130,7 +133,7 @@ pub fn sandbox_processes(state: &Path) -> Vec<String> {
             .split(|b| *b == 0)
             .find_map(|v| v.strip_prefix(b"FORKYARD_SANDBOX_ID="))
             .map(|v| String::from_utf8_lossy(v).into_owned());
-        if cmd.contains(&dir) || sandbox.is_some() {
+        if cmd.contains(&dir) || sandbox.as_ref().is_some_and(|id| ours.contains(id)) {
             let cgroup = std::fs::read_to_string(entry.path().join("cgroup")).unwrap_or_default();
             found.push(format!(
                 "{}: {cmd} (sandbox {}, cgroup {}, running {})",
@@ -142,6 +145,23 @@ pub fn sandbox_processes(state: &Path) -> Vec<String> {
         }
     }
     found
+}
+
+/// Every `sbx-<32 hex>` id the mesh's logs (`<state>/logs`) name.
+fn sandbox_ids_in_logs(state: &Path) -> std::collections::HashSet<String> {
+    let mut ids = std::collections::HashSet::new();
+    for entry in std::fs::read_dir(state.join("logs")).into_iter().flatten().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("sbx-") {
+            let id: String = rest[at..].chars().take(4 + 32).collect();
+            if id.len() == 36 && id[4..].bytes().all(|b| b.is_ascii_hexdigit()) {
+                ids.insert(id);
+            }
+            rest = &rest[at + 4..];
+        }
+    }
+    ids
 }
 
 /// How long the process at `/proc/<pid>` has run, in seconds.

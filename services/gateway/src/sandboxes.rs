@@ -142,6 +142,9 @@ pub(crate) async fn destroy_with(
 /// sandbox-provisioner's error mapping), and whether trying again may help, so the retry
 /// table applies unchanged.
 pub(crate) fn error_type(status: &Status) -> (&'static str, bool) {
+    if status.metadata().get(errors::DRAINING_METADATA).is_some() {
+        return (errors::SANDBOX_DRAINING, true);
+    }
     match status.code() {
         Code::InvalidArgument => (errors::INVALID_INPUT, false),
         Code::NotFound => (errors::NOT_FOUND, false),

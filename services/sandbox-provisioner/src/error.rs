@@ -11,6 +11,9 @@ pub const REPO_UNAVAILABLE: &str = "RepoUnavailable";
 pub const SANDBOX_UNAVAILABLE: &str = "SandboxUnavailable";
 /// Activity failure type for a remote backend that is down or slow (retried).
 pub const UNAVAILABLE: &str = "SandboxBackendUnavailable";
+/// Activity failure type for a create refused by a replica that is shutting down: a
+/// replica that takes creates (this one restarted, or another) will make it.
+pub const DRAINING: &str = forkyard_proto::activities::errors::SANDBOX_DRAINING;
 /// Activity failure type for everything else (retried per the activity's policy).
 pub const INTERNAL: &str = "SandboxInternal";
 
@@ -35,7 +38,15 @@ pub enum ProvisionerError {
     /// A remote backend is unreachable, overloaded or timed out (retried).
     #[error("{0}")]
     Unavailable(String),
+    /// This replica is shutting down and makes no new sandbox (retried elsewhere, or
+    /// here after its restart). Marked on the wire ([`DRAINING_METADATA`]) so callers
+    /// tell it from an outage without reading the message.
+    #[error("{0}")]
+    Draining(String),
 }
+
+/// The metadata key a [`ProvisionerError::Draining`] status carries.
+pub const DRAINING_METADATA: &str = forkyard_proto::activities::errors::DRAINING_METADATA;
 
 impl ProvisionerError {
     pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
@@ -60,6 +71,7 @@ impl ProvisionerError {
             Self::Internal(_) => retryable(INTERNAL, &self),
             Self::Auth(_) => non_retryable(errors::SANDBOX_AUTH, &self),
             Self::Unavailable(_) => retryable(UNAVAILABLE, &self),
+            Self::Draining(_) => retryable(DRAINING, &self),
         }
     }
 }
@@ -76,6 +88,12 @@ impl From<ProvisionerError> for tonic::Status {
             ProvisionerError::Internal(_) => tonic::Status::internal(msg),
             ProvisionerError::Auth(_) => tonic::Status::permission_denied(msg),
             ProvisionerError::Unavailable(_) => tonic::Status::unavailable(msg),
+            ProvisionerError::Draining(_) => {
+                let mut s = tonic::Status::unavailable(msg);
+                s.metadata_mut()
+                    .insert(DRAINING_METADATA, tonic::metadata::MetadataValue::from_static("1"));
+                s
+            }
         }
     }
 }

@@ -30,6 +30,7 @@ const GENERATIONS: &[&str] = &[
     "patches-decided-at-start",
     "account-opened-with-first-wave",
     "later-waves-are-activities",
+    "finishes-beside-waves",
 ];
 
 /// Changes introduced by earlier builds, each with the patch those builds recorded.
@@ -53,6 +54,12 @@ pub enum Change {
     /// while it ran the other forks' completions piled up behind it; past 100 buffered
     /// events Temporal force-fails the task (the worker then replays the whole history).
     LaterWavesAreActivities,
+    /// A wave's preparation runs beside the forks in flight: a fork that finished is
+    /// finished while a wave waits for a provisioner (it used to wait behind the wave's
+    /// retries, and a draining provisioner waited for that fork: each for the other).
+    /// And a create a draining replica refused is tried again, 60 s apart, for as long as
+    /// the fork's timeout, not only within the wave's retry rounds.
+    FinishesBesideWaves,
 }
 
 impl Change {
@@ -66,6 +73,7 @@ impl Change {
             | Self::RunOutcomeAttribute => 1,
             Self::AccountOpenedWithFirstWave => 2,
             Self::LaterWavesAreActivities => 3,
+            Self::FinishesBesideWaves => 4,
         }
     }
 
@@ -80,6 +88,7 @@ impl Change {
             // Never asked for by a build before generations (it has generation 2).
             Self::AccountOpenedWithFirstWave => GENERATIONS[1],
             Self::LaterWavesAreActivities => GENERATIONS[2],
+            Self::FinishesBesideWaves => GENERATIONS[3],
         }
     }
 }

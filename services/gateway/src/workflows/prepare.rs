@@ -110,6 +110,9 @@ pub(super) struct WavePlan {
     pub as_activity: bool,
     /// The longer retry rounds ([`PATIENT_ROUNDS`]).
     pub outlasts_an_outage: bool,
+    /// Creates a draining replica refused go on past the rounds, for as long as the
+    /// fork's timeout (`Change::FinishesBesideWaves`).
+    pub waits_out_drains: bool,
 }
 
 impl WavePlan {
@@ -168,7 +171,9 @@ pub(super) async fn prepare_wave<W: OpensAccount>(
         })
         .collect();
     let rounds = plan.rounds();
-    for round in 0..rounds {
+    let started = ctx.workflow_time();
+    let mut round = 0;
+    loop {
         if round > 0 && steps.iter().any(|s| matches!(s, Step::Todo { .. })) {
             // Cancelled with the run: the forks then stop as cancelled below.
             let _ = ctx.timer(backoff(round)).await;
@@ -184,7 +189,10 @@ pub(super) async fn prepare_wave<W: OpensAccount>(
                 .map(|_| Err(StepFailure::Failed(String::new())))
                 .collect();
         };
-        let last = round + 1 == rounds;
+        let last = round + 1 >= rounds;
+        // Past the rounds, only a create a draining replica refused goes on: the
+        // replica's restart (or another) will take it, within the fork's timeout.
+        let waits = plan.waits_out_drains && within_fork_timeout(ctx, started, wave);
         for (i, outcome) in todo.into_iter().zip(outcomes) {
             let (f, step) = (&wave[i], &mut steps[i]);
             let Step::Todo { reservation_id } = step else {
@@ -197,9 +205,14 @@ pub(super) async fn prepare_wave<W: OpensAccount>(
                     sandbox: None,
                     why,
                 },
-                Ok(p) => next_step(f, p, last),
+                Ok(p) => {
+                    let draining =
+                        p.error_type == forkyard_proto::activities::errors::SANDBOX_DRAINING;
+                    next_step(f, p, last && !(waits && draining))
+                }
             };
         }
+        round += 1;
     }
     give_back(ctx, wave, &steps).await;
     steps
@@ -339,6 +352,23 @@ async fn give_back<W>(ctx: &WorkflowContext<W>, wave: &[WaveFork], steps: &[Step
         }
     });
     join_all(releases).await;
+}
+
+/// Whether the wave has been preparing for less than its forks' timeout.
+fn within_fork_timeout<W>(
+    ctx: &WorkflowContext<W>,
+    started: Option<std::time::SystemTime>,
+    wave: &[WaveFork],
+) -> bool {
+    let limit = wave
+        .first()
+        .map_or(0, |f| u64::from(f.input.spec.fork_timeout_secs));
+    match (started, ctx.workflow_time()) {
+        (Some(a), Some(b)) => b
+            .duration_since(a)
+            .is_ok_and(|waited| waited < Duration::from_secs(limit)),
+        _ => false,
+    }
 }
 
 /// A reservation id as a fork holds it: empty is none.

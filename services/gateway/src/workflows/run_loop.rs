@@ -132,6 +132,36 @@ struct Flight<'a> {
     tokens: BTreeMap<u32, WorkflowCancellationToken>,
     /// The run state last published as a search attribute.
     published: String,
+    /// The wave being prepared beside the forks in flight
+    /// ([`Change::FinishesBesideWaves`]).
+    preparing: Option<Preparing<'a>>,
+    /// The run takes [`Change::FinishesBesideWaves`].
+    beside: bool,
+}
+
+/// A wave's preparation, owning its forks: they come back with their outcomes.
+type Preparing<'a> = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = (
+                    Vec<WaveFork>,
+                    Vec<Result<prepare::Prepared, super::failure::StepFailure>>,
+                ),
+            > + 'a,
+    >,
+>;
+
+/// What the run loop woke up for.
+enum Event {
+    /// Forks finished (see [`Flight::next_event`]).
+    Finished(Vec<(u32, ChildOutcome)>),
+    /// The wave being prepared is ready (or stopped).
+    Prepared(
+        Vec<WaveFork>,
+        Vec<Result<prepare::Prepared, super::failure::StepFailure>>,
+    ),
+    /// A signal or an update changed the run's state.
+    Changed,
 }
 
 impl<'a> Flight<'a> {
@@ -144,6 +174,10 @@ impl<'a> Flight<'a> {
             in_flight: Vec::new(),
             tokens: BTreeMap::new(),
             published: String::new(),
+            preparing: None,
+            beside: ctx
+                .state(|s| s.patches)
+                .takes(ctx, Change::FinishesBesideWaves),
         }
     }
 
@@ -151,21 +185,31 @@ impl<'a> Flight<'a> {
     async fn fly(&mut self, cancel: &WorkflowCancellationToken) -> Result<(), WorkflowTermination> {
         loop {
             self.publish_state();
-            // Start what may start: prepare them as one wave, then start their steps.
-            let wave = self.next_wave(cancel);
-            if !wave.is_empty() {
-                self.start_wave(wave).await?;
-                continue;
+            // Start what may start: prepare them as one wave, then start their steps;
+            // beside the forks in flight where the run takes that change.
+            if self.preparing.is_none() {
+                let wave = self.next_wave(cancel);
+                if !wave.is_empty() && self.beside {
+                    self.begin_wave(wave);
+                } else if !wave.is_empty() {
+                    self.start_wave(wave).await?;
+                    continue;
+                }
             }
             self.pass_on_cancels();
-            if self.in_flight.is_empty() {
+            if self.in_flight.is_empty() && self.preparing.is_none() {
                 if !self.wait_while_held(cancel).await {
                     return Ok(());
                 }
                 continue;
             }
-            if let Some(finished) = self.next_finished().await {
-                self.take_finished(finished).await;
+            match self.next_event().await {
+                Event::Finished(finished) => self.take_finished(finished).await,
+                Event::Prepared(wave, outcomes) => {
+                    self.preparing = None;
+                    self.start_prepared(wave, outcomes)?;
+                }
+                Event::Changed => {}
             }
         }
     }
@@ -198,16 +242,45 @@ impl<'a> Flight<'a> {
         wave
     }
 
-    /// Prepare a wave, then start the steps of its forks that are ready.
+    /// Prepare a wave, then start the steps of its forks that are ready (runs before
+    /// [`Change::FinishesBesideWaves`]: nothing else goes on meanwhile).
     async fn start_wave(&mut self, wave: Vec<WaveFork>) -> Result<(), WorkflowTermination> {
+        let ctx = self.ctx;
+        let plan = self.wave_begins(&wave);
+        let outcomes = prepare_wave(ctx, &wave, plan).await;
+        self.start_prepared(wave, outcomes)
+    }
+
+    /// Begin preparing a wave; the run loop goes on with the forks in flight and starts
+    /// the wave's forks when it is ready ([`Event::Prepared`]).
+    fn begin_wave(&mut self, wave: Vec<WaveFork>) {
+        let ctx = self.ctx;
+        let plan = self.wave_begins(&wave);
+        self.preparing = Some(Box::pin(async move {
+            let outcomes = prepare_wave(ctx, &wave, plan).await;
+            (wave, outcomes)
+        }));
+    }
+
+    /// The wave's forks are creating; how it is prepared.
+    fn wave_begins(&self, wave: &[WaveFork]) -> WavePlan {
         let ctx = self.ctx;
         let plan = wave_plan(ctx);
         ctx.state_mut(|s| {
-            for f in &wave {
+            for f in wave {
                 s.set_fork_phase(f.input.fork, phase::CREATING);
             }
         });
-        let outcomes = prepare_wave(ctx, &wave, plan).await;
+        plan
+    }
+
+    /// Start the steps of a prepared wave's ready forks; record why the others did not.
+    fn start_prepared(
+        &mut self,
+        wave: Vec<WaveFork>,
+        outcomes: Vec<Result<prepare::Prepared, super::failure::StepFailure>>,
+    ) -> Result<(), WorkflowTermination> {
+        let ctx = self.ctx;
         if let Some(e) = ctx.state(|s| s.account.error.clone()) {
             // Its forks' sandboxes are destroyed; nothing was reserved.
             return Err(fail_unopened(ctx, e));
@@ -251,10 +324,10 @@ impl<'a> Flight<'a> {
         true
     }
 
-    /// The forks that finished, the first to complete first, then every other one
-    /// already done (in vector order), so the next wave prepares their successors
-    /// together; `None` when a signal or an update came first.
-    async fn next_finished(&mut self) -> Option<Vec<(u32, ChildOutcome)>> {
+    /// What comes first: forks that finished (the first to complete, then every other
+    /// one already done, in vector order, so the next wave prepares their successors
+    /// together), the wave being prepared, or a signal or an update.
+    async fn next_event(&mut self) -> Event {
         let ctx = self.ctx;
         let seen = ctx.state(|s| s.generation);
         // Not tied to the run's cancellation: once cancelled, the forks (which inherit
@@ -262,17 +335,38 @@ impl<'a> Flight<'a> {
         let detached = WaitConditionOptions::builder()
             .cancellation_token(WorkflowCancellationToken::new())
             .build();
-        let changed = ctx
-            .wait_condition_with_options(move |s| s.generation != seen, detached)
+        let done = {
+            let changed = ctx
+                .wait_condition_with_options(move |s| s.generation != seen, detached)
+                .fuse();
+            let in_flight = &mut self.in_flight;
+            let next = async {
+                if in_flight.is_empty() {
+                    std::future::pending::<()>().await;
+                }
+                let (out, index, _) = select_all(in_flight.iter_mut()).await;
+                (out, index)
+            }
             .fuse();
-        let next = select_all(self.in_flight.iter_mut()).fuse();
-        futures::pin_mut!(changed, next);
-        // Completions first, so a replay sees the same order.
-        let done = futures::select_biased! {
-            (out, index, _) = next => Some((out, index)),
-            _ = changed => None,
+            let preparing = &mut self.preparing;
+            let prepared = async {
+                match preparing.as_mut() {
+                    Some(p) => p.await,
+                    None => std::future::pending().await,
+                }
+            }
+            .fuse();
+            futures::pin_mut!(changed, next, prepared);
+            // Completions first, then the wave, so a replay sees the same order.
+            futures::select_biased! {
+                done = next => Some(done),
+                (wave, outcomes) = prepared => return Event::Prepared(wave, outcomes),
+                _ = changed => None,
+            }
         };
-        let (first, index) = done?;
+        let Some((first, index)) = done else {
+            return Event::Changed;
+        };
         drop(self.in_flight.remove(index));
         let mut finished = vec![first];
         // Polled with this task's own waker: the SDK refuses foreign wakers.
@@ -292,7 +386,7 @@ impl<'a> Flight<'a> {
         })
         .await;
         finished.extend(ready);
-        Some(finished)
+        Event::Finished(finished)
     }
 
     /// Record the forks that finished; inline forks whose agent ended in this activation
@@ -386,5 +480,6 @@ fn wave_plan(ctx: &Ctx) -> WavePlan {
     WavePlan {
         as_activity,
         outlasts_an_outage: patches.takes(ctx, Change::PrepareOutlastsAnOutage),
+        waits_out_drains: patches.takes(ctx, Change::FinishesBesideWaves),
     }
 }

@@ -182,7 +182,7 @@ impl Provisioner {
         let retry_of_a_create =
             !req.idempotency_key.is_empty() && self.by_key(&req.idempotency_key).is_some();
         if self.draining.load(std::sync::atomic::Ordering::SeqCst) && !retry_of_a_create {
-            return Err(ProvisionerError::Unavailable(
+            return Err(ProvisionerError::Draining(
                 "this replica is shutting down: create the sandbox on another replica".into(),
             ));
         }
