@@ -93,6 +93,9 @@ mod tests {
         assert!(n >= 8, "{n} tries");
         // An answer that cannot change ends it at once.
         let bad = Status::invalid_argument("bad id");
-        assert_eq!(tries_until(|s| s.code() == tonic::Code::InvalidArgument, bad).await, 1);
+        assert_eq!(
+            tries_until(|s| s.code() == tonic::Code::InvalidArgument, bad).await,
+            1
+        );
     }
 }
