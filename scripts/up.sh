@@ -4,7 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
+# The state directory holds the mesh's databases (Temporal's, the ledger's, the API
+# keys'), transcripts and logs: its owner's only. What this script and the services it
+# starts create is 0600 / 0700 (the services inherit the umask); what an earlier run left
+# readable is narrowed. The directory itself keeps the search bit a provisioner run as
+# root gives it, for its sandboxes' uids to reach their workspaces.
+umask 077
 mkdir -p "$PID_DIR" "$LOG_DIR"
+chmod go-rw "$STATE_DIR"
+chmod -R go-rwx "$PID_DIR" "$LOG_DIR"
+[ ! -d "$STATE_DIR/artifacts" ] || chmod -R go-rwx "$STATE_DIR/artifacts"
+find "$STATE_DIR" -maxdepth 1 -type f -exec chmod go-rwx {} +
 # The local stack runs without API keys unless told otherwise (the gateway's own default
 # is FORKYARD_AUTH=api-key): `FORKYARD_AUTH=api-key make up`, then `forkyard keys create`.
 export FORKYARD_AUTH="${FORKYARD_AUTH:-none}"
@@ -34,10 +44,14 @@ for s in "${SERVICES[@]}"; do
   if [ "$s" != agent-runner ]; then
     for k in "${MODEL_KEYS[@]}"; do unset_keys+=(-u "$k"); done
   fi
-  env "${unset_keys[@]}" \
-  FORKYARD_LISTEN="127.0.0.1:${PORT[$s]}" \
-  FORKYARD_PROVISIONER_ADDR="http://127.0.0.1:${PORT[sandbox-provisioner]}" \
-    nohup "$BIN_DIR/$s" >"$LOG_DIR/$s.log" 2>&1 &
+  # The provisioner sets the modes of what its sandboxes reach (their uids are others
+  # to its files) from the usual umask; its own files it makes private itself.
+  mask=077
+  [ "$s" != sandbox-provisioner ] || mask=022
+  (umask "$mask"; exec env "${unset_keys[@]}" \
+    FORKYARD_LISTEN="127.0.0.1:${PORT[$s]}" \
+    FORKYARD_PROVISIONER_ADDR="http://127.0.0.1:${PORT[sandbox-provisioner]}" \
+    nohup "$BIN_DIR/$s") >"$LOG_DIR/$s.log" 2>&1 &
   echo $! >"$PID_DIR/$s.pid"
 done
 

@@ -3,7 +3,10 @@
 
 use crate::error::LedgerError;
 use sqlx::{AnyPool, Executor, any::AnyPoolOptions, migrate::Migrator};
-use std::{path::Path, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 /// The schema, embedded from `services/budget-ledger/migrations/` (portable SQL).
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -86,6 +89,15 @@ impl Backend {
 pub async fn connect(url: &str) -> Result<(AnyPool, Backend), LedgerError> {
     sqlx::any::install_default_drivers();
     let backend = Backend::from_url(url)?;
+    // Every fork's spending: its owner's only, the -wal and -shm files with it.
+    if let Some(file) = sqlite_file(url) {
+        forkyard_common::private_files::private_sqlite_file(&file).map_err(|e| {
+            sqlx::Error::Io(std::io::Error::new(
+                e.kind(),
+                format!("{}: {e}", file.display()),
+            ))
+        })?;
+    }
     let url = match backend {
         Backend::Sqlite if !url.contains("mode=") => {
             let sep = if url.contains('?') { '&' } else { '?' };
@@ -120,6 +132,15 @@ pub async fn connect(url: &str) -> Result<(AnyPool, Backend), LedgerError> {
     let pool = opts.connect(&url).await?;
     MIGRATOR.run(&pool).await?;
     Ok((pool, backend))
+}
+
+/// The file a `sqlite:` URL names (none for an in-memory database).
+fn sqlite_file(url: &str) -> Option<PathBuf> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next()?;
+    (!path.is_empty() && !path.starts_with(":memory:")).then(|| PathBuf::from(path))
 }
 
 /// The `sqlite://` URL of a file.

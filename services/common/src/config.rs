@@ -178,9 +178,10 @@ pub struct StateDirArg {
 }
 
 impl StateDirArg {
-    /// The state directory, created if missing, as an absolute path.
+    /// The state directory, created if missing (its owner's only:
+    /// [`crate::private_files`]), as an absolute path.
     pub fn ensure(&self) -> Result<PathBuf, String> {
-        std::fs::create_dir_all(&self.state_dir).map_err(|e| {
+        crate::private_files::create_private_dir(&self.state_dir).map_err(|e| {
             format!(
                 "--state-dir (FORKYARD_STATE_DIR) {}: cannot create: {e}",
                 self.state_dir.display()

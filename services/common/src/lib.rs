@@ -18,6 +18,7 @@ pub mod image_reference;
 pub mod metrics;
 mod metrics_registry;
 pub mod pool;
+pub mod private_files;
 pub mod proxy_header;
 pub mod repo_location;
 pub mod server;

@@ -128,6 +128,32 @@ fn info(row: &sqlx::sqlite::SqliteRow) -> Result<KeyInfo, sqlx::Error> {
     })
 }
 
+/// Only the owner reads the keys' hashes and tenants (no secret, but no need to share):
+/// the file is created 0600 before SQLite opens it, so the `-wal` and `-shm` files
+/// SQLite makes beside it (with the database's mode) are too, and files an earlier
+/// version left readable (it narrowed the database alone, after its WAL was made) are
+/// narrowed.
+fn own_only(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(path)?;
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut name = path.as_os_str().to_owned();
+            name.push(suffix);
+            match std::fs::set_permissions(&name, std::fs::Permissions::from_mode(0o600)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 impl KeyStore {
     /// Open (creating if missing) the key file at `path`.
     pub async fn open(path: &Path) -> Result<Self, KeyError> {
@@ -138,6 +164,11 @@ impl KeyStore {
                 ))
             })?;
         }
+        own_only(path).map_err(|e| {
+            KeyError::Store(sqlx::Error::Configuration(
+                format!("{}: {e}", path.display()).into(),
+            ))
+        })?;
         let opts = SqliteConnectOptions::from_str("sqlite:")?
             .filename(path)
             .create_if_missing(true)
@@ -159,12 +190,6 @@ impl KeyStore {
         )
         .execute(&pool)
         .await?;
-        // Only the owner reads the hashes (the file holds no secret, but no need to share).
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
-        }
         Ok(Self { pool })
     }
 
@@ -287,6 +312,21 @@ mod tests {
             store.revoke("nope").await,
             Err(KeyError::NotFound(_))
         ));
+    }
+
+    /// The database and the `-wal` and `-shm` files beside it (where new keys land
+    /// first) are their owner's only, under the usual umask of 022 too.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn the_key_file_and_its_wal_are_their_owners_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = KeyStore::open(&dir.path().join("keys.db")).await.unwrap();
+        store.create("team-a", "ci").await.unwrap();
+        for name in ["keys.db", "keys.db-wal", "keys.db-shm"] {
+            let meta = std::fs::metadata(dir.path().join(name)).unwrap();
+            assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{name}");
+        }
     }
 
     #[tokio::test]
