@@ -150,7 +150,11 @@ pub fn sandbox_processes(state: &Path) -> Vec<String> {
 /// Every `sbx-<32 hex>` id the mesh's logs (`<state>/logs`) name.
 fn sandbox_ids_in_logs(state: &Path) -> std::collections::HashSet<String> {
     let mut ids = std::collections::HashSet::new();
-    for entry in std::fs::read_dir(state.join("logs")).into_iter().flatten().flatten() {
+    for entry in std::fs::read_dir(state.join("logs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
         let mut rest = text.as_str();
         while let Some(at) = rest.find("sbx-") {

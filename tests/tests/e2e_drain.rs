@@ -36,7 +36,11 @@ async fn a_draining_provisioner_never_blocks_a_run_nor_fails_a_fork() {
         .into_inner()
         .run_id;
     wait_until(&mut gw, &run_id, Duration::from_secs(120), |r| {
-        r.forks.iter().filter(|f| f.phase == "running agent").count() == 2
+        r.forks
+            .iter()
+            .filter(|f| f.phase == "running agent")
+            .count()
+            == 2
     })
     .await;
 
@@ -46,7 +50,10 @@ async fn a_draining_provisioner_never_blocks_a_run_nor_fails_a_fork() {
     });
     // Within its grace period (`terminationGracePeriodSeconds` 330, drain timeout 300);
     // the old wait of each for the other took 197 s.
-    assert!(exited.is_some_and(|s| s.success()), "the drain did not end in 120 s: {exited:?}");
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "the drain did not end in 120 s: {exited:?}"
+    );
     eprintln!("provisioner drained and exited in {:?}", sigterm.elapsed());
     mesh.start_service("sandbox-provisioner").unwrap();
     mesh.wait_serving("sandbox-provisioner", Duration::from_secs(60))

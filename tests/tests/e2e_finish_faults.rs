@@ -47,7 +47,10 @@ async fn killed_at(point: &str) {
     let run_id = gw.launch_run(req).await.unwrap().into_inner().run_id;
 
     let died = tokio::task::block_in_place(|| mesh.wait_exit("gateway", Duration::from_secs(120)));
-    assert!(died.is_some_and(|s| !s.success()), "{point}: the gateway did not die there: {died:?}");
+    assert!(
+        died.is_some_and(|s| !s.success()),
+        "{point}: the gateway did not die there: {died:?}"
+    );
     assert!(
         mesh.log_tail("gateway").contains(point),
         "{point}: {}",
@@ -55,7 +58,9 @@ async fn killed_at(point: &str) {
     );
     mesh.set_service_env("gateway", "FORKYARD_FAULTS", None);
     mesh.start_service("gateway").unwrap();
-    mesh.wait_serving("gateway", Duration::from_secs(60)).await.unwrap();
+    mesh.wait_serving("gateway", Duration::from_secs(60))
+        .await
+        .unwrap();
 
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
     let run = wait_finished(&mut gw, &run_id, Duration::from_secs(240)).await;
@@ -64,14 +69,28 @@ async fn killed_at(point: &str) {
     for fork in 1..=FORKS {
         let f = fork_result(&mut gw, &run_id, fork).await;
         assert_eq!(f.status, ForkStatus::Succeeded as i32, "{point}: {f:#?}");
-        assert!(f.patch.contains(&format!("+fork {fork}")), "{point}: {}", f.patch);
-        assert_eq!(f.model_cost_micros, 10_000, "{point}: the agent ran once: {f:#?}");
-        assert_eq!(f.cost_micros, f.model_cost_micros + f.sandbox_cost_micros, "{f:#?}");
+        assert!(
+            f.patch.contains(&format!("+fork {fork}")),
+            "{point}: {}",
+            f.patch
+        );
+        assert_eq!(
+            f.model_cost_micros, 10_000,
+            "{point}: the agent ran once: {f:#?}"
+        );
+        assert_eq!(
+            f.cost_micros,
+            f.model_cost_micros + f.sandbox_cost_micros,
+            "{f:#?}"
+        );
         costs += f.cost_micros;
     }
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
     let account = run_account(&mut ledger, &run_id).await;
-    assert_eq!(account.spent_micros, costs, "{point}: the ledger holds what the forks say");
+    assert_eq!(
+        account.spent_micros, costs,
+        "{point}: the ledger holds what the forks say"
+    );
     assert_eq!(account.reserved_micros, 0, "{point}: {account:#?}");
     assert!(account.spent_micros >= i64::from(FORKS) * 10_000);
 }

@@ -159,7 +159,11 @@ async fn a_cancel_while_the_provisioner_is_away_orphans_nothing() {
         .into_inner()
         .run_id;
     let all_made = wait_until(&mut gw, &run_id, Duration::from_secs(120), |r| {
-        r.forks.iter().filter(|f| f.phase == "running agent").count() == 3
+        r.forks
+            .iter()
+            .filter(|f| f.phase == "running agent")
+            .count()
+            == 3
     })
     .await;
     assert_eq!(all_made.forks.len(), 3, "{all_made:#?}");

@@ -11,7 +11,9 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh, repo,
-    support::{Gateway, assert_nothing_left_on_host, fork_result, launch, run_account, wait_finished},
+    support::{
+        Gateway, assert_nothing_left_on_host, fork_result, launch, run_account, wait_finished,
+    },
 };
 use std::time::{Duration, Instant};
 
@@ -19,10 +21,16 @@ use std::time::{Duration, Instant};
 async fn agent_running(marker: &str, not: &[u32], limit: Duration) -> u32 {
     let start = Instant::now();
     loop {
-        if let Some(pid) = host_pids_with(marker).into_iter().find(|p| !not.contains(p)) {
+        if let Some(pid) = host_pids_with(marker)
+            .into_iter()
+            .find(|p| !not.contains(p))
+        {
             return pid;
         }
-        assert!(start.elapsed() < limit, "no agent process {marker} within {limit:?}");
+        assert!(
+            start.elapsed() < limit,
+            "no agent process {marker} within {limit:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -53,13 +61,17 @@ async fn two_runner_crashes_during_one_agent_do_not_fail_the_fork() {
         seen.push(pid);
         mesh.kill9("agent-runner");
         mesh.start_service("agent-runner").unwrap();
-        mesh.wait_serving("agent-runner", Duration::from_secs(60)).await.unwrap();
+        mesh.wait_serving("agent-runner", Duration::from_secs(60))
+            .await
+            .unwrap();
         eprintln!("kill {kill}: agent-runner killed while agent process {pid} ran");
     }
     // The third attempt's agent starts after the second loss is noticed; speed it up by
     // ending its sleep: the test is about the attempts, not the agent's length.
     let third = agent_running(&sleep, &seen, Duration::from_secs(180)).await;
-    let _ = std::process::Command::new("kill").arg(third.to_string()).status();
+    let _ = std::process::Command::new("kill")
+        .arg(third.to_string())
+        .status();
 
     let run = wait_finished(&mut gw, &run_id, Duration::from_secs(300)).await;
     let f = fork_result(&mut gw, &run_id, 1).await;
@@ -69,7 +81,10 @@ async fn two_runner_crashes_during_one_agent_do_not_fail_the_fork() {
     // Started over, charged once: the agent's report is its cost.
     assert_eq!(f.model_cost_micros, 10_000, "{f:#?}");
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    assert_eq!(run_account(&mut ledger, &run_id).await.spent_micros, f.cost_micros);
+    assert_eq!(
+        run_account(&mut ledger, &run_id).await.spent_micros,
+        f.cost_micros
+    );
     forkyard_tests::support::left_after_settling(|| {
         forkyard_tests::support::workspaces_left(mesh.state_dir())
     })

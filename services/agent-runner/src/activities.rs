@@ -26,7 +26,10 @@ struct Heartbeats<'a> {
 
 impl ProgressSink for Heartbeats<'_> {
     async fn report(&self, progress: AgentProgress) {
-        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(progress.clone());
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(progress.clone());
         if let Err(e) = self.ctx.record_heartbeat(progress).await {
             tracing::warn!(error = %e, "heartbeat not recorded");
         }

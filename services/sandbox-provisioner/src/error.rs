@@ -90,8 +90,10 @@ impl From<ProvisionerError> for tonic::Status {
             ProvisionerError::Unavailable(_) => tonic::Status::unavailable(msg),
             ProvisionerError::Draining(_) => {
                 let mut s = tonic::Status::unavailable(msg);
-                s.metadata_mut()
-                    .insert(DRAINING_METADATA, tonic::metadata::MetadataValue::from_static("1"));
+                s.metadata_mut().insert(
+                    DRAINING_METADATA,
+                    tonic::metadata::MetadataValue::from_static("1"),
+                );
                 s
             }
         }
