@@ -34,7 +34,10 @@ pub(super) fn check_agent(agent: Option<&AgentSpec>) -> Result<AgentSpec, Gatewa
     }
     command_size("agent.command", &agent.command)?;
     no_nul("agent.command", &agent.command)?;
-    no_nul("agent.model", &agent.model)?;
+    // Empty: the driver's default model.
+    if !agent.model.is_empty() {
+        model_name("agent.model", &agent.model)?;
+    }
     check_allowed_models(&agent.allowed_models)?;
     Ok(AgentSpec {
         driver: driver.to_owned(),
@@ -50,15 +53,21 @@ fn check_allowed_models(models: &[String]) -> Result<(), GatewayError> {
         ));
     }
     for m in models {
-        let ok = !m.trim().is_empty()
-            && m.len() <= 200
-            && !m.chars().any(|c| c.is_control() || c.is_whitespace());
-        if !ok {
-            return Err(field(
-                "agent.allowed_models",
-                format!("{m:?} is not a model name"),
-            ));
-        }
+        model_name("agent.allowed_models", m)?;
     }
     Ok(())
+}
+
+/// A model's name or alias: at most 200 characters, none of them whitespace or control.
+/// It reaches an agent CLI's command line and environment, the LLM gateway's checks and
+/// the logs, where a newline would start a line of its own choosing.
+fn model_name(name: &str, model: &str) -> Result<(), GatewayError> {
+    let ok = !model.is_empty()
+        && model.len() <= 200
+        && !model.chars().any(|c| c.is_control() || c.is_whitespace());
+    if ok {
+        Ok(())
+    } else {
+        Err(field(name, format!("{model:?} is not a model name")))
+    }
 }

@@ -116,3 +116,37 @@ fn request_ids_map_to_stable_run_ids() {
     assert!(run_id_for("has space").is_err());
     assert!(run_id_for("").is_err());
 }
+
+#[test]
+fn a_model_name_with_a_newline_or_a_space_is_refused() {
+    let with_model = |model: &str| LaunchRunRequest {
+        agent: Some(AgentSpec {
+            driver: "claude-code".into(),
+            model: model.into(),
+            ..Default::default()
+        }),
+        ..ok_req()
+    };
+    for bad in [
+        "sonnet\nFORKYARD_INJECTED=1",
+        "sonnet\r",
+        "son net",
+        "\t",
+        "a\0b",
+        &"m".repeat(201),
+    ] {
+        refused(with_model(bad), "agent.model");
+    }
+    for good in [
+        "",
+        "sonnet",
+        "claude-sonnet-4-5",
+        "gpt-5",
+        "openai/gpt-oss:20b",
+    ] {
+        assert!(
+            launch_spec(&with_model(good), &Limits::default()).is_ok(),
+            "{good:?}"
+        );
+    }
+}
