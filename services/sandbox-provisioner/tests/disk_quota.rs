@@ -108,10 +108,15 @@ async fn a_sandbox_on_btrfs_cannot_write_past_its_quota_and_others_are_untouched
     assert!(show.contains(&small.id), "{show}");
     let sh = |id: &str, script: &str| core.exec(common::exec_req(id, &["sh", "-c", script]));
 
-    // More than the quota in one allocation: refused whole, nothing lands on disk.
+    // More than the quota in one allocation: refused whole (by the file-size limit every
+    // sandbox has, before the quota sees it), nothing lands on disk.
     let out = sh(&small.id, "fallocate -l 1G big").await.unwrap();
     assert_ne!(out.exit_code, 0);
-    assert!(out.stderr.contains("quota"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("quota") || out.stderr.contains("File size limit exceeded"),
+        "{}",
+        out.stderr
+    );
     assert!(store::disk_usage(&dir) < 8 << 20);
 
     // Written as fast as it goes: stopped at the wall (the bound and its margin), the
@@ -130,6 +135,19 @@ async fn a_sandbox_on_btrfs_cannot_write_past_its_quota_and_others_are_untouched
         used > 64 << 20 && used <= wall + (1 << 20),
         "{used} of {wall}"
     );
+
+    // Many files, each within the file-size limit: the quota bounds their sum.
+    let out = sh(
+        &small.id,
+        "rm -f big; for i in 1 2 3 4; do dd if=/dev/zero of=f$i bs=1M count=40 conv=fsync || exit 1; done",
+    )
+    .await
+    .unwrap();
+    assert_ne!(
+        out.exit_code, 0,
+        "four files of 40 MiB fit a 64 MiB quota: {out:?}"
+    );
+    assert!(store::disk_usage(&dir) <= wall + (1 << 20));
 
     // The quota is the sandbox's own: its neighbour (the 10 GiB default) writes on.
     let out = sh(

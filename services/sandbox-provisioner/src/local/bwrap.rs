@@ -114,6 +114,9 @@ pub struct Invocation<'a> {
     /// The sandbox's init (`crate::local::init`): the forwarder in `--init` mode, `argv` the
     /// way to start it again; `relays` holds its kit.
     pub init: bool,
+    /// The largest file any of the sandbox's processes may write (`RLIMIT_FSIZE`; see
+    /// `crate::local::disk_quota::file_size_limit`); `None`: no bound.
+    pub file_size: Option<u64>,
 }
 
 impl Invocation<'_> {
@@ -315,6 +318,7 @@ impl Invocation<'_> {
         // After the descriptor mapping's own hook (hooks run in the order they were
         // added): mapping needs free numbers above the others.
         crate::local::enter::set_open_files_limit(&mut cmd);
+        crate::local::enter::set_file_size_limit(&mut cmd, self.file_size);
         Ok(cmd)
     }
 
@@ -379,6 +383,7 @@ impl Invocation<'_> {
             attach: self.attach()?,
             ids: self.uid.map(|u| (u, u)),
             nofile: crate::local::open_files::for_sandbox(),
+            fsize: self.file_size,
         })
     }
 }
@@ -448,6 +453,7 @@ pub async fn probe(bwrap: &Path, scratch: &Path, uid: Option<u32>) -> Result<Fea
             uid,
             image: None,
             init: false,
+            file_size: None,
         };
         let mut cmd = inv
             .command()
@@ -518,6 +524,7 @@ mod tests {
             uid: None,
             image: None,
             init: false,
+            file_size: None,
         };
         let args = inv
             .args()
@@ -579,6 +586,7 @@ mod tests {
             uid: Some(1_000_000_007),
             image: None,
             init: false,
+            file_size: None,
         };
         let cmd = inv.command().unwrap();
         assert_eq!(

@@ -47,6 +47,15 @@ pub fn hard_limit(disk_bytes: u64) -> u64 {
     disk_bytes.saturating_add((disk_bytes / 32).max(32 << 20))
 }
 
+/// The largest file a sandbox bound to `disk_bytes` may write (`RLIMIT_FSIZE` on each
+/// of its processes): the quota's wall ([`hard_limit`]), so a single write or
+/// `fallocate` past the bound fails inside the sandbox on every filesystem, where only
+/// btrfs has a quota on the total (`fallocate -l 3G` in a sandbox bound to 100 MiB used
+/// to succeed and hold the disk until the watch killed the command). `None` unbounded.
+pub fn file_size_limit(disk_bytes: u64) -> Option<u64> {
+    (disk_bytes > 0).then(|| hard_limit(disk_bytes))
+}
+
 impl DiskQuota {
     /// The quota to use for sandboxes under `sandboxes`, or why there is none. `Ok(None)`
     /// in mode `Auto` when the filesystem offers none (logged by the caller with the

@@ -148,3 +148,26 @@ pub fn set_open_files_limit(cmd: &mut Command) {
         cmd.pre_exec(move || Ok(crate::local::open_files::restore(&limit)?));
     }
 }
+
+/// Give `cmd`'s process (and everything it starts) `RLIMIT_FSIZE` = `bytes`, if any: a
+/// write or `fallocate` that would make a file larger fails inside the sandbox (with
+/// `SIGXFSZ`, or `EFBIG` where it is handled).
+pub fn set_file_size_limit(cmd: &mut Command, bytes: Option<u64>) {
+    let Some(bytes) = bytes else {
+        return;
+    };
+    // SAFETY: one raw system call (`prlimit64`) on a value the hook owns, as above.
+    unsafe {
+        cmd.pre_exec(move || Ok(restrict_file_size(bytes)?));
+    }
+}
+
+/// Set this process's `RLIMIT_FSIZE` (soft and hard) to `bytes`: a raw system call,
+/// nothing allocated, so a child between fork (or vfork) and exec may make it.
+pub fn restrict_file_size(bytes: u64) -> rustix::io::Result<()> {
+    let limit = rustix::process::Rlimit {
+        current: Some(bytes),
+        maximum: Some(bytes),
+    };
+    rustix::process::setrlimit(rustix::process::Resource::Fsize, limit)
+}

@@ -164,6 +164,7 @@ impl Provisioner {
             uid: self.uid_of(record),
             image,
             init: false,
+            file_size: crate::local::disk_quota::file_size_limit(record.disk_bytes),
         };
         let mut env = inv.env();
         // What bubblewrap's `--chdir` sets (over a caller's) for a command it starts.
@@ -237,6 +238,7 @@ impl Provisioner {
             uid: self.uid_of(record),
             image,
             init: false,
+            file_size: crate::local::disk_quota::file_size_limit(record.disk_bytes),
         };
         let command = inv
             .command()

@@ -88,6 +88,7 @@ impl Provisioner {
                 env: &i.env,
             }),
             init: true,
+            file_size: crate::local::disk_quota::file_size_limit(record.disk_bytes),
         };
         let init = Init::start(&inv, id)
             .map(Arc::new)

@@ -46,6 +46,8 @@ pub(crate) struct Plan {
     pub ids: Option<(u32, u32)>,
     /// The open-files limit the child sets (`crate::local::open_files`).
     pub nofile: Option<rustix::process::Rlimit>,
+    /// The largest file the child and what it starts may write (`RLIMIT_FSIZE`).
+    pub fsize: Option<u64>,
 }
 
 /// What the child reads: raw values only, all made before the clone.
@@ -64,6 +66,7 @@ struct Ctx<'a> {
     attach: Option<(rustix::fd::BorrowedFd<'a>, &'a std::ffi::CStr)>,
     ids: Option<(u32, u32)>,
     nofile: Option<&'a rustix::process::Rlimit>,
+    fsize: Option<u64>,
     /// The errno of the step that failed, set by the child before it exits.
     error: AtomicI32,
 }
@@ -152,6 +155,7 @@ pub(crate) fn spawn(plan: Plan) -> io::Result<Process> {
             .map(|(fd, target)| (fd.as_fd(), target.as_c_str())),
         ids: plan.ids,
         nofile: plan.nofile.as_ref(),
+        fsize: plan.fsize,
         error: AtomicI32::new(0),
     };
     let mut stack = vec![0u8; STACK_BYTES];
@@ -330,6 +334,11 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
         {
             return fail(5, e.raw_os_error());
         }
+        if let Some(bytes) = ctx.fsize
+            && let Err(e) = crate::local::enter::restrict_file_size(bytes)
+        {
+            return fail(10, e.raw_os_error());
+        }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
@@ -363,6 +372,7 @@ mod tests {
             attach: None,
             ids: None,
             nofile: None,
+            fsize: None,
         }
     }
 
