@@ -28,15 +28,22 @@ pub async fn assert_no_secret_leaked(mesh: &Mesh, run_id: &str, forks: &[ForkRes
 }
 
 fn assert_no_secret_in_logs_or_forks(mesh: &Mesh, forks: &[ForkResult]) {
-    for entry in std::fs::read_dir(mesh.state_dir()).unwrap().flatten() {
-        let path = entry.path();
-        if path.extension().is_some_and(|e| e == "log") {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            for secret in [ANTHROPIC_KEY, OPENAI_KEY, TOKEN_PREFIX] {
-                assert!(!text.contains(secret), "{secret} in {}", path.display());
-            }
+    let logs = log_files(mesh.state_dir());
+    // The services' own logs (`<state>/logs/`) were read, the agent runner's among them:
+    // a check that reads nothing cannot fail.
+    assert!(
+        logs.iter().any(|p| p.ends_with("logs/agent-runner.log")),
+        "the agent runner's log was not read (read: {logs:?})"
+    );
+    let mut bytes = 0;
+    for path in &logs {
+        let text = String::from_utf8_lossy(&std::fs::read(path).unwrap()).into_owned();
+        bytes += text.len();
+        for secret in [ANTHROPIC_KEY, OPENAI_KEY, TOKEN_PREFIX] {
+            assert!(!text.contains(secret), "{secret} in {}", path.display());
         }
     }
+    assert!(bytes > 0, "every log read was empty: {logs:?}");
     for f in forks {
         for secret in [ANTHROPIC_KEY, OPENAI_KEY, TOKEN_PREFIX] {
             assert!(
@@ -51,6 +58,25 @@ fn assert_no_secret_in_logs_or_forks(mesh: &Mesh, forks: &[ForkResult]) {
             );
         }
     }
+}
+
+/// Every `*.log` file under `dir`, however deep (links not followed).
+fn log_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let (path, kind) = (entry.path(), entry.file_type());
+            if kind.as_ref().is_ok_and(std::fs::FileType::is_dir) {
+                dirs.push(path);
+            } else if kind.is_ok_and(|k| k.is_file())
+                && path.extension().is_some_and(|e| e == "log")
+            {
+                found.push(path);
+            }
+        }
+    }
+    found
 }
 
 /// Every payload of the run's history read, decoded, and the history as it is.
