@@ -466,14 +466,18 @@ async fn collect_patch_never_runs_fsmonitor_or_filters_on_the_host() {
     );
     let out = f.sh(&sbx.id, &script).await;
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
-    let _ = f
+    // The collection itself must work: a test that passed because it failed would
+    // prove nothing about where git ran.
+    let patch = f
         .core
         .collect_patch(forkyard_proto::sandbox::v1::CollectPatchRequest {
             sandbox_id: sbx.id.clone(),
             max_bytes: 0,
             ..Default::default()
         })
-        .await;
+        .await
+        .expect("the patch is collected");
+    assert!(patch.patch.contains("+change"), "{}", patch.patch);
     assert!(
         !marker.exists(),
         "an agent-configured git command ran on the host"
