@@ -285,7 +285,20 @@ async fn tenants_see_and_steer_only_their_own_runs() -> anyhow::Result<()> {
     assert!(b_launch.created, "B's request id is B's own");
     assert_ne!(a.run_id, b_launch.run_id);
 
+    let before = get(&mut gw, &team.a, &a.run_id).await?;
     assert_invisible(&mut gw, &team.b, &a.run_id).await;
+    // And B's pause, resume, cancels and raise did nothing to A's run: NOT_FOUND must not
+    // be an answer given after acting.
+    let after = get(&mut gw, &team.a, &a.run_id).await?;
+    assert_eq!(after.state, RunState::Running as i32, "{after:#?}");
+    assert_eq!(after.budget_micros, before.budget_micros, "{after:#?}");
+    assert!(
+        after
+            .forks
+            .iter()
+            .all(|f| f.status != forkyard_proto::common::v1::ForkStatus::Cancelled as i32),
+        "{after:#?}"
+    );
     assert_watches_capped(&mut gw, &team.a, &a.run_id).await?;
     assert_lists_are_per_tenant(&mut gw, &team, &a.run_id, &b_launch.run_id).await;
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await?);
