@@ -131,9 +131,16 @@ pub(super) fn check_realm(
         return Err(bad("that is not an http(s) URL"));
     }
     let same = own.as_ref() == Some(&(host.clone(), port));
-    let sibling = https && own.as_ref().is_some_and(|(own, _)| same_domain(own, &host));
+    // Another port of the registry's own host is another service, not its domain's.
+    let sibling = https
+        && own
+            .as_ref()
+            .is_some_and(|(own, _)| *own != host && same_domain(own, &host));
     let listed = !allowed.is_empty() && allowed.admits(&host, port);
-    if !(same || sibling || listed) {
+    // A host listed exactly for other ports only: the resolver would let its (private)
+    // addresses through on this one.
+    let other_port = allowed.lists(&host, None) && !allowed.lists(&host, Some(port));
+    if !(same || sibling || listed) || other_port {
         tracing::warn!(registry, realm = %url, "bearer realm on another host refused");
         return Err(bad(&format!("on another host ({host}:{port})")));
     }
@@ -198,6 +205,20 @@ mod tests {
             "http://127.0.0.1:5001/token"
         ));
         assert!(!ok("r.example", "https://r.example", "file:///etc/passwd"));
+        assert!(!ok(
+            "r.corp.example",
+            "https://r.corp.example",
+            "https://r.corp.example:22/"
+        ));
+        // A sibling is no way onto another port of a host listed for one port only.
+        let listed = AllowedHosts::parse(
+            "FORKYARD_ALLOWED_REGISTRIES",
+            &["r.corp.example".into(), "auth.corp.example:443".into()],
+        )
+        .unwrap();
+        let realm = |r: &str| check_realm(&listed, "r.corp.example", "https://r.corp.example", r);
+        assert!(realm("https://auth.corp.example/token").is_ok());
+        assert!(realm("https://auth.corp.example:8443/token").is_err());
     }
 
     #[test]
