@@ -109,6 +109,10 @@ pub struct Args {
     pub maxima: crate::maxima::MaximaArgs,
     #[command(flatten)]
     pub llm_relay: crate::local::RelayLimitsArgs,
+    /// Connections one sandbox's egress proxy holds at once (each two of the
+    /// provisioner's descriptors); past them the sandbox's new connections wait.
+    #[arg(long, env = "FORKYARD_EGRESS_MAX_CONNECTIONS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub egress_max_connections: u32,
     /// How often expired sandboxes are looked for.
     #[arg(long, env = "FORKYARD_REAP_INTERVAL_SECS", default_value_t = 30)]
     pub reap_interval_secs: u64,
@@ -309,6 +313,8 @@ impl Args {
         config.reap_interval = Duration::from_secs(self.reap_interval_secs);
         config.maxima = self.maxima.maxima(config)?;
         config.llm_relay = self.llm_relay.limits();
+        config.egress_max_connections =
+            usize::try_from(self.egress_max_connections).unwrap_or(usize::MAX);
         Ok(())
     }
 

@@ -49,6 +49,8 @@ pub struct Config {
     pub maxima: crate::maxima::Maxima,
     /// What each sandbox's LLM relay holds its connections to.
     pub llm_relay: crate::local::RelayLimits,
+    /// Connections each sandbox's egress proxy holds at once.
+    pub egress_max_connections: usize,
     /// How often expired sandboxes are looked for.
     pub reap_interval: Duration,
     /// The `sandbox-egress-forwarder` binary; `None` = egress cannot be offered.
@@ -123,6 +125,7 @@ impl Config {
             default_ttl: Duration::from_secs(4 * 3600),
             maxima: crate::maxima::Maxima::DEFAULT,
             llm_relay: crate::local::RelayLimits::DEFAULT,
+            egress_max_connections: 256,
             reap_interval: Duration::from_secs(30),
             forwarder_path: None,
             sandbox_init: true,

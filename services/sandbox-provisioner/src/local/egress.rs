@@ -99,14 +99,27 @@ impl Allowlist {
     }
 }
 
-/// Serve the proxy on `socket` until `stop` fires.
-pub fn spawn(socket: &Path, allow: Allowlist, stop: CancellationToken) -> std::io::Result<()> {
+/// Serve the proxy on `socket` until `stop` fires, holding at most `max_connections`
+/// at once: each is two of the provisioner's descriptors (the sandbox's and the
+/// upstream's), so past them the sandbox's new connections wait in the socket's backlog
+/// rather than take the descriptors the provisioner's gRPC port needs.
+pub fn spawn(
+    socket: &Path,
+    allow: Allowlist,
+    max_connections: usize,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket)?;
     let allow = Arc::new(allow);
     let socket = socket.to_owned();
+    let slots = forkyard_common::http_limits::Slots::new(max_connections);
     tokio::spawn(async move {
         loop {
+            let slot = tokio::select! {
+                () = stop.cancelled() => break,
+                slot = slots.take() => slot,
+            };
             tokio::select! {
                 () = stop.cancelled() => break,
                 conn = listener.accept() => match conn {
@@ -118,6 +131,7 @@ pub fn spawn(socket: &Path, allow: Allowlist, stop: CancellationToken) -> std::i
                                 () = stop.cancelled() => {}
                                 _ = serve(conn, &allow) => {}
                             }
+                            drop(slot);
                         });
                     }
                     Err(e) => {

@@ -47,7 +47,13 @@ async fn proxy(entries: &[String]) -> (tempfile::TempDir, std::path::PathBuf, Ca
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("egress.sock");
     let stop = CancellationToken::new();
-    spawn(&socket, Allowlist::parse(entries).unwrap(), stop.clone()).unwrap();
+    spawn(
+        &socket,
+        Allowlist::parse(entries).unwrap(),
+        64,
+        stop.clone(),
+    )
+    .unwrap();
     (dir, socket, stop)
 }
 
