@@ -10,6 +10,7 @@ pub mod balance;
 pub mod clock;
 pub mod config;
 pub mod discovery;
+pub mod fault;
 pub mod git_refs;
 pub mod grpc_telemetry;
 pub mod hosts;
