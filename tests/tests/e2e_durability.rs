@@ -217,6 +217,8 @@ async fn a_gateway_killed_during_a_cancel_still_cleans_up_every_fork() {
     let account = run_account(&mut ledger, &run_id).await;
     assert_eq!(account.reserved_micros, 0, "{account:#?}");
     assert_eq!(account.spent_micros, run.cost_micros, "{account:#?}");
+    // `sleep 60` reports nothing: cancelled mid-agent, no fork spent anything.
+    assert_eq!(account.spent_micros, 0, "{account:#?}");
     let left = left_after_settling(|| workspaces_left(mesh.state_dir())).await;
     assert!(left.is_empty(), "{left:?}");
     assert!(
@@ -232,7 +234,18 @@ async fn a_gateway_killed_during_a_cancel_still_cleans_up_every_fork() {
 /// run completes with the ledger exact and nothing left behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_killed_while_a_wave_is_prepared_makes_each_sandbox_once() {
-    let mut mesh = Mesh::start().await.expect("mesh starts");
+    // The gateway dies as the wave's first create answers (a fault point, debug
+    // builds): its other creates under way, nothing of the wave recorded.
+    let mut mesh = Mesh::start_with(forkyard_tests::mesh::MeshOptions {
+        service_env: vec![(
+            "gateway".into(),
+            "FORKYARD_FAULTS".into(),
+            "wave.after-create".into(),
+        )],
+        ..Default::default()
+    })
+    .await
+    .expect("mesh starts");
     let src = tempfile::tempdir().unwrap();
     repo::create(src.path()).unwrap();
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
@@ -248,19 +261,11 @@ async fn a_gateway_killed_while_a_wave_is_prepared_makes_each_sandbox_once() {
         .unwrap()
         .into_inner()
         .run_id;
-    // The first sandbox of the wave exists: its other creates are under way.
-    for _ in 0..200 {
-        let made = prov
-            .list_sandboxes(ListSandboxesRequest::default())
-            .await
-            .map(|r| r.into_inner().sandboxes.len())
-            .unwrap_or(0);
-        if made > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    mesh.kill9("gateway");
+    let died = tokio::task::block_in_place(|| mesh.wait_exit("gateway", Duration::from_secs(120)));
+    assert!(
+        died.is_some_and(|s| !s.success()),
+        "the gateway did not die mid-wave: {died:?}"
+    );
     let made_before = prov
         .list_sandboxes(ListSandboxesRequest::default())
         .await
@@ -268,7 +273,9 @@ async fn a_gateway_killed_while_a_wave_is_prepared_makes_each_sandbox_once() {
         .into_inner()
         .sandboxes
         .len();
+    assert!(made_before >= 1, "killed before any create answered");
     eprintln!("{made_before} of {forks} sandboxes made when the gateway was killed");
+    mesh.set_service_env("gateway", "FORKYARD_FAULTS", None);
     mesh.start_service("gateway").unwrap();
     mesh.wait_serving("gateway", Duration::from_secs(60))
         .await
@@ -299,6 +306,14 @@ async fn a_gateway_killed_while_a_wave_is_prepared_makes_each_sandbox_once() {
     let account = run_account(&mut ledger, &run_id).await;
     assert_eq!(account.spent_micros, run.cost_micros, "{account:#?}");
     assert_eq!(account.reserved_micros, 0, "{account:#?}");
+    // Known without the run's word: fork n reported $0.00<n>1 (its AGENT), once.
+    let expected: i64 = (1..=forks)
+        .map(|n| {
+            let usd: f64 = format!("0.00{n}1").parse().unwrap();
+            (usd * 1e6).round() as i64
+        })
+        .sum();
+    assert_eq!(account.spent_micros, expected, "{account:#?}");
     // Every sandbox made before the kill was a fork's, and is gone with its fork.
     let left = left_after_settling(|| workspaces_left(mesh.state_dir())).await;
     assert!(

@@ -72,6 +72,9 @@ async fn a_provisioner_away_for_a_minute_delays_forks_and_loses_none() {
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
     let account = run_account(&mut ledger, &run_id).await;
     assert_eq!(account.spent_micros, run.cost_micros, "{account:#?}");
+    // Known without the run's word: four agents at $0.001, each reported once at its end
+    // (the attempts lost with the provisioner had not reached it).
+    assert_eq!(account.spent_micros, 4 * 1_000, "{account:#?}");
     assert_eq!(account.reserved_micros, 0, "{account:#?}");
 
     // The sandboxes the outage took with it are the janitor's: one sweep, nothing left.

@@ -12,7 +12,10 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh, repo,
-    support::{Gateway, fork_result, launch, sandbox_processes, wait_finished, workspaces_left},
+    support::{
+        Gateway, fork_result, launch, left_after_settling, sandbox_processes, wait_finished,
+        workspaces_left,
+    },
 };
 use std::{
     collections::{BTreeMap, HashMap},
@@ -333,7 +336,7 @@ async fn forks_land_on_two_replicas_and_each_owner_runs_and_destroys_its_sandbox
 /// cost, which is what the ledger holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forks_whose_provisioner_is_killed_start_again_on_a_new_sandbox() {
-    let (mut mesh, _, b_endpoint, _) = two_provisioner_replicas().await;
+    let (mut mesh, _, b_endpoint, b_state) = two_provisioner_replicas().await;
     let b = SandboxProvisionerClient::new(
         tonic::transport::Endpoint::from_shared(b_endpoint)
             .unwrap()
@@ -410,6 +413,28 @@ printf '{"type":"result","total_cost_usd":0.001,"usage":{"input_tokens":10,"outp
         let account = forkyard_tests::support::run_account(&mut ledger, &run_id).await;
         assert_eq!(account.spent_micros, run.cost_micros, "{account:#?}");
         assert_eq!(account.reserved_micros, 0, "{account:#?}");
+        // What is known without the run's word: each agent reported $0.001 once, at its
+        // end, which the lost attempts never reached (a double charge would show here).
+        let mut model = 0;
+        for fork in 1..=6 {
+            model += fork_result(&mut gw, &run_id, fork).await.model_cost_micros;
+        }
+        // (The lost attempts' sandbox time, a few micro-dollars, is counted in with the
+        // model's share of a re-started fork; a second charge of a report is 1,000.)
+        assert!(
+            (6 * 1_000..7 * 1_000).contains(&model),
+            "the agents' own spend, each once: {model}"
+        );
+        // Nothing of the run is left on the replica that lived, and no process of the
+        // killed replica's sandboxes outlived it (bubblewrap dies with its parent).
+        let left = left_after_settling(|| workspaces_left(mesh.state_dir())).await;
+        assert!(left.is_empty(), "{left:?}");
+        assert!(sandbox_processes(mesh.state_dir()).is_empty());
+        assert!(
+            sandbox_processes(&b_state).is_empty(),
+            "{:?}",
+            sandbox_processes(&b_state)
+        );
         return;
     }
     panic!("in 3 runs no fork landed on replica b");

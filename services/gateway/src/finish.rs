@@ -66,6 +66,9 @@ pub struct FinishItem {
     pub sandbox_charged_micros: i64,
     pub commit_key: String,
     pub release_key: String,
+    /// The agent lost the sandbox (its replica went away): its destroy is tried briefly,
+    /// since the fork starts again elsewhere and must not wait for a replica that is gone.
+    pub sandbox_lost: bool,
 }
 
 /// One fork's outcome; a step's error is empty when it went well (or did not run).
@@ -251,20 +254,29 @@ pub(crate) async fn finish_fork(
     forkyard_common::fault::point("finish.after-commit");
     if let Some(owner) = owner {
         // Tried until the cleanup deadline, not three times: a provisioner away for a
-        // minute (a restart, an outage) must not leave the sandbox to the janitor.
-        let destroyed = retried_within(
-            CLEANUP_DEADLINE,
-            Duration::from_secs(2),
-            Duration::from_secs(30),
-            |s| s.code() == Code::InvalidArgument,
-            || sandboxes::destroy_with(owner.clone(), item.sandbox.clone()),
-        )
-        .await;
+        // minute (a restart, an outage) must not leave the sandbox to the janitor. But a
+        // sandbox already lost (the fork starts again elsewhere) is tried briefly: the
+        // run must not wait minutes for a replica that is gone.
+        let lost = item.sandbox_lost || out.patch_error.contains(crate::workflows::SANDBOX_LOST);
+        let final_error = |s: &Status| s.code() == Code::InvalidArgument;
+        let destroy = || sandboxes::destroy_with(owner.clone(), item.sandbox.clone());
+        let destroyed = if lost {
+            retried(3, Duration::from_secs(2), final_error, destroy).await
+        } else {
+            retried_within(
+                CLEANUP_DEADLINE,
+                Duration::from_secs(2),
+                Duration::from_secs(30),
+                final_error,
+                destroy,
+            )
+            .await
+        };
         if let Err(s) = destroyed {
+            let tried = if lost { 6 } else { CLEANUP_DEADLINE.as_secs() };
             out.destroy_error = format!(
-                "destroy sandbox: {} (tried for {} s; left to the janitor's sweep)",
-                s.message(),
-                CLEANUP_DEADLINE.as_secs()
+                "destroy sandbox: {} (tried for {tried} s; left to the janitor's sweep)",
+                s.message()
             );
         }
     }

@@ -152,6 +152,8 @@ impl WaveLocal {
                 .create_sandbox(item.create)
                 .await?
                 .into_inner();
+            // A test's kill with a wave's creates under way (debug builds).
+            forkyard_common::fault::point("wave.after-create");
             let health = self.health_check(&sandbox).await;
             Ok::<_, tonic::Status>((sandbox, health))
         };

@@ -31,6 +31,7 @@ fn item(fork: u32) -> FinishItem {
         sandbox_charged_micros: 0,
         commit_key: format!("run-r/fork-{fork}/a1/commit"),
         release_key: format!("run-r/fork-{fork}/a1/release"),
+        sandbox_lost: false,
     }
 }
 

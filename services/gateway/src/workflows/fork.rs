@@ -78,8 +78,9 @@ impl ForkWorkflow {
         let key = |step: &str| step_key(&wf_id, input.attempt, step);
         settle::settle(ctx, &key, &progress, patches, &mut result).await;
 
+        let lost = result.error.contains(super::SANDBOX_LOST);
         if !sandbox.id.is_empty()
-            && let Err(e) = settle::destroy(ctx, &sandbox, "fork finished").await
+            && let Err(e) = settle::destroy(ctx, &sandbox, "fork finished", lost).await
         {
             // Its owning workflow closes next: the janitor's sweep reaps it.
             let msg = failure_message(classify("destroy sandbox", &e));

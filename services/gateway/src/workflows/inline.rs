@@ -134,6 +134,10 @@ fn item(d: &AgentDone) -> FinishItem {
         sandbox_charged_micros: d.ran.progress.sandbox_charged_micros,
         commit_key: key("commit"),
         release_key: key("release"),
+        sandbox_lost: matches!(
+            d.ran.agent,
+            Err(super::failure::StepFailure::SandboxLost(_))
+        ),
     }
 }
 

@@ -134,6 +134,18 @@ pub(super) fn collect_patch_local() -> LocalActivityOptions {
         .build()
 }
 
+/// The destroy of a sandbox already lost (its replica did not answer, or no longer has
+/// it; the fork starts again elsewhere): three tries, 2 s apart and doubling, as before
+/// cleanup outlasted outages. The run must not wait five minutes for a replica that is
+/// gone; the janitor reaps what is left once the replica is back.
+pub(super) fn destroy_lost_local() -> LocalActivityOptions {
+    LocalActivityOptions::builder()
+        .retry_policy(retry(3, 2, &[errors::INVALID_INPUT]))
+        .start_to_close_timeout(Duration::from_secs(120))
+        .cancellation_token(WorkflowCancellationToken::new())
+        .build()
+}
+
 /// A destroy is tried for five minutes (`crate::finish::CLEANUP_DEADLINE`, as an inline
 /// fork's), from 2 s doubling to 30 s apart: a provisioner restarting or away for a
 /// minute must not leave the sandbox behind. One that still fails (its owner replica

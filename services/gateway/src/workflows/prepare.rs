@@ -337,7 +337,7 @@ async fn give_back<W>(ctx: &WorkflowContext<W>, wave: &[WaveFork], steps: &[Step
             sandbox: Some(sb), ..
         } = step
         {
-            let _ = settle::destroy(ctx, sb, "fork did not start").await;
+            let _ = settle::destroy(ctx, sb, "fork did not start", false).await;
         }
     });
     join_all(destroys).await;

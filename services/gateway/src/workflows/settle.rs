@@ -26,18 +26,21 @@ fn at(sandbox: &Sandbox, reason: &str) -> AtOwner {
     }
 }
 
-/// Destroy a sandbox at its owner replica, whatever the workflow's cancellation.
+/// Destroy a sandbox at its owner replica, whatever the workflow's cancellation; tried
+/// for minutes (an outage of its replica), or briefly when it is known `lost`.
 pub(super) async fn destroy<W>(
     ctx: &WorkflowContext<W>,
     sandbox: &Sandbox,
     reason: &str,
+    lost: bool,
 ) -> Result<DestroySandboxResponse, ActivityExecutionError> {
-    ctx.execute_local_activity(
-        SandboxLocal::destroy,
-        at(sandbox, reason),
-        options::destroy_local(),
-    )
-    .await
+    let options = if lost {
+        options::destroy_lost_local()
+    } else {
+        options::destroy_local()
+    };
+    ctx.execute_local_activity(SandboxLocal::destroy, at(sandbox, reason), options)
+        .await
 }
 
 /// Give back a reservation nothing was charged to (best effort: the janitor releases

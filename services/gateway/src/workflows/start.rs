@@ -43,7 +43,7 @@ pub(super) async fn give_back(
     ctx: &Ctx,
     (f, prepared, why): (WaveFork, Prepared, StepFailure),
 ) -> ForkResult {
-    let _ = settle::destroy(ctx, &prepared.sandbox, "fork child did not start").await;
+    let _ = settle::destroy(ctx, &prepared.sandbox, "fork child did not start", false).await;
     let key = step_key(&f.child_id, f.input.attempt, "release");
     settle::release(ctx, &key, &prepared.reservation_id).await;
     not_started(ctx, &f.input, why)
