@@ -11,6 +11,7 @@ pub mod clock;
 pub mod config;
 pub mod discovery;
 pub mod fault;
+pub mod git_credentials;
 pub mod git_refs;
 pub mod grpc_telemetry;
 pub mod hosts;
