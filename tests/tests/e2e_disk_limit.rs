@@ -10,7 +10,10 @@ use forkyard_tests::{
     Mesh,
     mesh::MeshOptions,
     repo,
-    support::{fork_result, launch, sandbox_processes, wait_finished, workspaces_left},
+    support::{
+        fork_result, launch, left_after_settling, sandbox_processes, wait_finished,
+        workspaces_left,
+    },
 };
 use std::time::Duration;
 
@@ -29,10 +32,12 @@ async fn an_agent_writing_past_the_disk_limit_is_stopped_and_its_fork_fails_sayi
     repo::create(dir.path()).unwrap();
     let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
 
-    // 96 MiB against a 48 MiB limit, then a minute of waiting it must not get; a small
-    // change beside it, which the patch keeps.
+    // 70 MiB against a 48 MiB limit: under the largest file a sandbox may write
+    // (RLIMIT_FSIZE, the quota's wall: 80 MiB here; a file past it fails inside the
+    // sandbox, `tests/disk_writes.rs`) and over the largest a patch stages (64 MiB). Then
+    // a minute of waiting it must not get; a small change beside it, which the patch keeps.
     let over = r#"echo kept >> README.md
-fallocate -l 96M big.bin
+fallocate -l 70M big.bin
 sleep 60
 echo never >> README.md"#;
     let req = LaunchRunRequest {
@@ -68,10 +73,8 @@ echo never >> README.md"#;
     assert!(fork.patch_skipped_files.is_empty(), "{fork:#?}");
     assert!(fork.patch.contains("small.bin"), "{}", fork.patch);
 
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(
-        workspaces_left(mesh.state_dir()).is_empty(),
-        "sandboxes destroyed"
-    );
-    assert!(sandbox_processes(mesh.state_dir()).is_empty());
+    let workspaces = left_after_settling(|| workspaces_left(mesh.state_dir())).await;
+    assert!(workspaces.is_empty(), "sandboxes not destroyed: {workspaces:?}");
+    let processes = left_after_settling(|| sandbox_processes(mesh.state_dir())).await;
+    assert!(processes.is_empty(), "{processes:?}");
 }
