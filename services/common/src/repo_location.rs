@@ -145,6 +145,17 @@ fn remote_helper(repo: &str) -> Option<&str> {
     .then_some(helper)
 }
 
+/// Whether `repo` carries credentials: a password in any URL, or a user name in an
+/// `http(s)://` one (where it is a token's place; an `ssh://git@` or `git@host:` user is
+/// the SSH login, no secret).
+pub fn carries_credentials(repo: &str) -> bool {
+    let Ok(url) = url::Url::parse(repo) else {
+        return false;
+    };
+    url.password().is_some()
+        || (matches!(url.scheme(), "http" | "https") && !url.username().is_empty())
+}
+
 /// A repository URL as it may be shown (in messages and logs): without the user name
 /// and password a URL may carry (a token often is one of them).
 pub fn shown(repo: &str) -> String {

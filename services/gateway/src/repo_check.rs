@@ -10,6 +10,7 @@
 use crate::error::GatewayError;
 use forkyard_common::{
     allowed_hosts::{AllowedHosts, Refusal},
+    git_credentials::GitCredentials,
     repo_location::{self, PROXY_VARS, Remote, RepoLocation},
 };
 use std::time::Duration;
@@ -17,16 +18,27 @@ use std::time::Duration;
 /// How long git may take to answer.
 const GIT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Who reads a remote repository: the run's tenant, with the credentials the mesh holds
+/// for it (`forkyard_common::git_credentials`).
+#[derive(Clone, Copy)]
+pub struct Reader<'a> {
+    pub tenant: &'a str,
+    pub credentials: &'a GitCredentials,
+}
+
 /// The repository must exist and answer `git ls-remote`; a local path that does not
 /// exist is bad input, a repository that cannot be read is a failed precondition.
 pub async fn check_repo(
     repo: &str,
     base_ref: &str,
     hosts: &AllowedHosts,
+    reader: Reader<'_>,
 ) -> Result<(), GatewayError> {
     match repo_location::locate(repo) {
         Err(why) => Err(GatewayError::field("repo", why)),
-        Ok(RepoLocation::Remote(remote)) => check_remote(repo, &remote, base_ref, hosts).await,
+        Ok(RepoLocation::Remote(remote)) => {
+            check_remote(repo, &remote, base_ref, hosts, reader).await
+        }
         Ok(RepoLocation::Local(path)) => {
             let path = path
                 .to_str()
@@ -112,6 +124,7 @@ async fn check_remote(
     remote: &Remote,
     base_ref: &str,
     hosts: &AllowedHosts,
+    reader: Reader<'_>,
 ) -> Result<(), GatewayError> {
     let shown = repo_location::shown(repo);
     let addrs = hosts.resolve(&remote.host, remote.port).await.map_err(
@@ -128,11 +141,23 @@ async fn check_remote(
         },
     )?;
     let pin = repo_location::git_pin_config(remote, &addrs);
-    let out = ls_remote(&pin, repo, "HEAD")
+    let credential = reader
+        .credentials
+        .for_remote(reader.tenant, remote)
+        .map_err(|why| unreadable(&shown, why))?;
+    let env = credential
+        .as_ref()
+        .map(|c| c.git_env(remote))
+        .unwrap_or_default();
+    let out = ls_remote(&pin, &env, repo, "HEAD")
         .await
         .map_err(|why| unreadable(&shown, why))?;
     if !out.status.success() {
-        return Err(unreadable(&shown, stderr_line(&out)));
+        let line = stderr_line(&out);
+        if forkyard_common::git_credentials::asks_for_credentials(&line) {
+            return Err(refused(&remote.host, reader.tenant, credential.is_some(), &line));
+        }
+        return Err(unreadable(&shown, line));
     }
     // A remote is asked for branches and tags of that name; a commit id cannot be
     // checked short of cloning, and is taken as given.
@@ -142,7 +167,7 @@ async fn check_remote(
     {
         return Ok(());
     }
-    let out = ls_remote(&pin, repo, base_ref)
+    let out = ls_remote(&pin, &env, repo, base_ref)
         .await
         .map_err(|why| unreadable(&shown, why))?;
     match out.status.code() {
@@ -156,8 +181,29 @@ async fn check_remote(
     }
 }
 
-async fn ls_remote(pin: &[String], repo: &str, r: &str) -> Result<std::process::Output, String> {
-    git(pin, &["ls-remote", "--quiet", "--exit-code", "--", repo, r]).await
+async fn ls_remote(
+    pin: &[String],
+    env: &[(String, String)],
+    repo: &str,
+    r: &str,
+) -> Result<std::process::Output, String> {
+    git_with(
+        pin,
+        env,
+        &["ls-remote", "--quiet", "--exit-code", "--", repo, r],
+    )
+    .await
+}
+
+/// A host that wants credentials the tenant has not, or refused the tenant's: the
+/// caller learns which, and what to ask the operator for (git's answer is logged).
+fn refused(host: &str, tenant: &str, had: bool, why: &str) -> GatewayError {
+    tracing::warn!(host, tenant, reason = %why, had_credentials = had, "repository refused the tenant's access");
+    GatewayError::FailedPrecondition(if had {
+        format!("repo: {host} refused tenant {tenant}'s git credentials (the operator's FORKYARD_GIT_CREDENTIALS)")
+    } else {
+        format!("repo: {host} wants git credentials and tenant {tenant} has none for it (the operator gives them in FORKYARD_GIT_CREDENTIALS)")
+    })
 }
 
 /// The one answer for a remote repository that cannot be read, whatever the reason
@@ -181,6 +227,15 @@ async fn git(
     config: &[String],
     args: &[impl AsRef<std::ffi::OsStr>],
 ) -> Result<std::process::Output, String> {
+    git_with(config, &[], args).await
+}
+
+/// [`git`] with `env` (a credential's) over the defaults.
+async fn git_with(
+    config: &[String],
+    env: &[(String, String)],
+    args: &[impl AsRef<std::ffi::OsStr>],
+) -> Result<std::process::Output, String> {
     let mut cmd = tokio::process::Command::new("git");
     cmd.args(config)
         .args(args)
@@ -189,6 +244,8 @@ async fn git(
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_ALLOW_PROTOCOL", "file:git:http:https:ssh")
         .env("GIT_SSH_COMMAND", "ssh -oBatchMode=yes")
+        .env("GIT_ASKPASS", "/bin/false")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .kill_on_drop(true);
     for var in PROXY_VARS {
         cmd.env_remove(var);

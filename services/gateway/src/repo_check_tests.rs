@@ -1,4 +1,13 @@
 use super::*;
+
+/// The default tenant, with no git credentials.
+fn nobody() -> Reader<'static> {
+    static NONE: std::sync::LazyLock<GitCredentials> = std::sync::LazyLock::new(GitCredentials::none);
+    Reader {
+        tenant: "default",
+        credentials: &NONE,
+    }
+}
 use std::{
     net::TcpListener,
     path::Path,
@@ -13,7 +22,7 @@ fn any() -> AllowedHosts {
 
 #[tokio::test]
 async fn missing_local_repo_is_invalid_argument() {
-    let err = check_repo("/nonexistent/forkyard/repo", "", &any())
+    let err = check_repo("/nonexistent/forkyard/repo", "", &any(), nobody())
         .await
         .unwrap_err();
     let status = tonic::Status::from(err);
@@ -25,7 +34,7 @@ async fn missing_local_repo_is_invalid_argument() {
 async fn a_directory_that_is_not_a_repo_is_failed_precondition() {
     let dir = tempfile::tempdir().unwrap();
     let status = tonic::Status::from(
-        check_repo(dir.path().to_str().unwrap(), "", &any())
+        check_repo(dir.path().to_str().unwrap(), "", &any(), nobody())
             .await
             .unwrap_err(),
     );
@@ -54,10 +63,10 @@ async fn base_refs_must_name_a_commit_of_the_repository() {
     git(&["commit", "-q", "--allow-empty", "-m", "two"]);
     git(&["tag", "v1"]);
     for good in ["", "HEAD", "main", "v1", "HEAD~1", "main^"] {
-        assert!(check_repo(repo, good, &any()).await.is_ok(), "{good}");
+        assert!(check_repo(repo, good, &any(), nobody()).await.is_ok(), "{good}");
     }
     for bad in ["nope", "HEAD~5", "v2"] {
-        let e = tonic::Status::from(check_repo(repo, bad, &any()).await.unwrap_err());
+        let e = tonic::Status::from(check_repo(repo, bad, &any(), nobody()).await.unwrap_err());
         assert_eq!(e.code(), Code::InvalidArgument, "{bad}");
         assert!(e.message().starts_with("base_ref"), "{e:?}");
     }
@@ -156,7 +165,7 @@ async fn loopback_repositories_are_refused_alike_and_read_once_listed() {
         "git://[::1]:9418/r.git".to_owned(),
     ];
     for repo in &probes {
-        let e = tonic::Status::from(check_repo(repo, "", &any()).await.unwrap_err());
+        let e = tonic::Status::from(check_repo(repo, "", &any(), nobody()).await.unwrap_err());
         assert_eq!(e.code(), Code::FailedPrecondition, "{repo}: {e:?}");
         assert_eq!(
             e.message(),
@@ -173,19 +182,19 @@ async fn loopback_repositories_are_refused_alike_and_read_once_listed() {
         format!("127.0.0.1:{}", daemon.1),
         format!("127.0.0.1:{closed}"),
     ]);
-    check_repo(&served, "main", &ours).await.unwrap();
-    let e = tonic::Status::from(check_repo(&served, "nope", &ours).await.unwrap_err());
+    check_repo(&served, "main", &ours, nobody()).await.unwrap();
+    let e = tonic::Status::from(check_repo(&served, "nope", &ours, nobody()).await.unwrap_err());
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(e.message().starts_with("base_ref"), "{e:?}");
     // Listed, but nothing there: the same one message.
     let down = format!("git://127.0.0.1:{closed}/r.git");
-    let e = tonic::Status::from(check_repo(&down, "", &ours).await.unwrap_err());
+    let e = tonic::Status::from(check_repo(&down, "", &ours, nobody()).await.unwrap_err());
     assert_eq!(
         e.message(),
         format!("repo: repository {down} cannot be read")
     );
     // A host the list does not name is refused by name, before any connection.
-    let e = tonic::Status::from(check_repo(&probes[2], "", &ours).await.unwrap_err());
+    let e = tonic::Status::from(check_repo(&probes[2], "", &ours, nobody()).await.unwrap_err());
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(e.message().contains("FORKYARD_ALLOWED_GIT_HOSTS"), "{e:?}");
     drop(web);
@@ -200,7 +209,7 @@ async fn gits_program_running_transports_are_refused_as_bad_input() {
         "rsync://h/r",
         "ftp://h/r",
     ] {
-        let e = tonic::Status::from(check_repo(repo, "", &any()).await.unwrap_err());
+        let e = tonic::Status::from(check_repo(repo, "", &any(), nobody()).await.unwrap_err());
         assert_eq!(e.code(), Code::InvalidArgument, "{repo}: {e:?}");
         assert!(e.message().starts_with("repo: "), "{repo}: {e:?}");
     }

@@ -8,9 +8,13 @@
 use crate::error::GatewayError;
 use forkyard_common::{
     allowed_hosts::AllowedHosts,
+    git_credentials::GitCredentials,
     repo_location::{self, RepoLocation},
 };
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 /// The setting, as named in errors and logs.
 pub const SETTING: &str = "--local-repo-roots (FORKYARD_LOCAL_REPO_ROOTS)";
@@ -32,6 +36,8 @@ pub struct RepoPolicy {
     protected: Vec<PathBuf>,
     /// The hosts remote repositories may be read from.
     pub git_hosts: AllowedHosts,
+    /// The git credentials the mesh holds per tenant and host.
+    pub credentials: Arc<GitCredentials>,
 }
 
 impl Default for RepoPolicy {
@@ -40,6 +46,7 @@ impl Default for RepoPolicy {
             local: LocalRepos::Any,
             protected: Vec::new(),
             git_hosts: AllowedHosts::any_public(GIT_HOSTS_SETTING),
+            credentials: Arc::new(GitCredentials::none()),
         }
     }
 }
@@ -69,7 +76,15 @@ impl RepoPolicy {
             local,
             protected: repo_location::sandbox_data_dirs(state_dir),
             git_hosts: AllowedHosts::any_public(GIT_HOSTS_SETTING),
+            credentials: Arc::new(GitCredentials::none()),
         })
+    }
+
+    /// With the mesh's git credentials.
+    #[must_use]
+    pub fn with_credentials(mut self, credentials: Arc<GitCredentials>) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     /// With the git hosts of `--allowed-git-hosts` (empty: any host with public addresses).
@@ -81,6 +96,13 @@ impl RepoPolicy {
     /// The repository string the run will use: a URL as given, a local path resolved
     /// (so what was checked is what is cloned, whatever a symlink does later).
     pub fn check(&self, repo: &str) -> Result<String, GatewayError> {
+        if repo_location::carries_credentials(repo) {
+            // Not echoed: the part a caller put there is often a token.
+            return Err(GatewayError::field(
+                "repo",
+                "must not carry credentials (a user name or token in the URL): the operator gives the mesh each host's credentials (FORKYARD_GIT_CREDENTIALS, or GITHUB_TOKEN)",
+            ));
+        }
         let path = match repo_location::locate(repo) {
             Ok(RepoLocation::Remote(r)) => {
                 if !self.git_hosts.admits(&r.host, r.port) {

@@ -178,6 +178,15 @@ pub struct Args {
     /// Git hosts a create's repository may be cloned from, as --allowed-registries.
     #[arg(long, env = "FORKYARD_ALLOWED_GIT_HOSTS", value_delimiter = ',')]
     pub allowed_git_hosts: Vec<String>,
+    /// The git credentials the mesh holds per tenant and host (a TOML file, read again
+    /// when it changes; docs/security.md, Repositories): the host's git clones with
+    /// them, and no sandbox ever holds one.
+    #[arg(long, env = "FORKYARD_GIT_CREDENTIALS")]
+    pub git_credentials: Option<PathBuf>,
+    /// A token for github.com every tenant may use (the simplest form, for the local
+    /// stack); a tenant's own entry in `--git-credentials` wins.
+    #[arg(long, env = "GITHUB_TOKEN", hide_env_values = true)]
+    pub github_token: Option<String>,
     /// E2B control-plane API (the key comes only from `E2B_API_KEY`).
     #[arg(
         long,
@@ -287,6 +296,13 @@ impl Args {
         config.workspace_overlay = self.workspace_overlay;
         config.egress_private_allowed = self.egress_private_allowed()?;
         config.git_hosts = AllowedHosts::parse(GIT_HOSTS_SETTING, &self.allowed_git_hosts)?;
+        config.git_credentials = std::sync::Arc::new(
+            forkyard_common::git_credentials::GitCredentials::open(
+                self.git_credentials.clone(),
+                self.github_token.clone(),
+            )
+            .map_err(|e| format!("--git-credentials: {e}"))?,
+        );
         Ok(config)
     }
 

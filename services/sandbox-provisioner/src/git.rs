@@ -54,19 +54,41 @@ pub(crate) fn check_repo_host(hosts: &AllowedHosts, remote: &Remote) -> Result<(
     ))
 }
 
-/// The `git -c` settings a clone of `repo` runs with: for a remote repository, its
-/// host's addresses checked (public, or the host listed) and the clone held to them;
-/// `None` for a local path.
-pub(crate) async fn reach(hosts: &AllowedHosts, repo: &str) -> Result<Option<Vec<String>>> {
+/// How host git reaches a remote repository: `-c` settings that hold it to the
+/// host's checked addresses, and the environment of the tenant's credential.
+#[derive(Default)]
+pub(crate) struct Reach {
+    pub pin: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+/// How a clone of `repo` for `tenant` reaches it: its host's addresses checked (public,
+/// or the host listed) and the clone held to them, with the git credential the mesh
+/// holds for the tenant and that host, if any; `None` for a local path.
+pub(crate) async fn reach(
+    hosts: &AllowedHosts,
+    credentials: &forkyard_common::git_credentials::GitCredentials,
+    tenant: &str,
+    repo: &str,
+) -> Result<Option<Reach>> {
     let Ok(RepoLocation::Remote(remote)) = repo_location::locate(repo) else {
         return Ok(None);
     };
+    let credential = credentials
+        .for_remote(tenant, &remote)
+        .map_err(|why| unreadable(repo, why))?;
+    let env = credential.map(|c| c.git_env(&remote)).unwrap_or_default();
+    Ok(pin(hosts, repo, &remote).await?.map(|pin| Reach { pin, env }))
+}
+
+/// The `git -c` settings that hold a clone of `remote` to its checked addresses.
+async fn pin(hosts: &AllowedHosts, repo: &str, remote: &Remote) -> Result<Option<Vec<String>>> {
     let addrs = match hosts.resolve(&remote.host, remote.port).await {
         Ok(addrs) => addrs,
-        Err(Refusal::NotListed { .. }) => return Err(check_repo_host(hosts, &remote).unwrap_err()),
+        Err(Refusal::NotListed { .. }) => return Err(check_repo_host(hosts, remote).unwrap_err()),
         Err(other) => return Err(unreadable(repo, other)),
     };
-    Ok(Some(repo_location::git_pin_config(&remote, &addrs)))
+    Ok(Some(repo_location::git_pin_config(remote, &addrs)))
 }
 
 /// The one answer for a remote repository that cannot be read, whatever the reason

@@ -64,7 +64,12 @@ impl GatewayService {
     ) -> Result<(), GatewayError> {
         spec.repo = self.tenancy.repos.check(&spec.repo)?;
         spec.egress = self.tenancy.egress.check(&tenant.name, egress)?;
-        validate::check_repo(&spec.repo, &spec.base_ref, &self.tenancy.repos.git_hosts).await?;
+        let reader = crate::repo_check::Reader {
+            tenant: &tenant.name,
+            credentials: &self.tenancy.repos.credentials,
+        };
+        let repos = &self.tenancy.repos;
+        validate::check_repo(&spec.repo, &spec.base_ref, &repos.git_hosts, reader).await?;
         spec.tenant.clone_from(&tenant.name);
         self.check_fork_slots(tenant, spec.max_concurrent.min(spec.forks))
             .await?;

@@ -58,6 +58,14 @@ pub struct SecurityArgs {
     /// for a host listed here exactly.
     #[arg(long, env = "FORKYARD_ALLOWED_GIT_HOSTS", value_delimiter = ',')]
     pub allowed_git_hosts: Vec<String>,
+    /// The git credentials the mesh holds per tenant and host (a TOML file, read again
+    /// when it changes; docs/security.md, Repositories): tokens and SSH deploy keys.
+    #[arg(long, env = "FORKYARD_GIT_CREDENTIALS")]
+    pub git_credentials: Option<std::path::PathBuf>,
+    /// A token for github.com every tenant may use (the simplest form, for the local
+    /// stack); a tenant's own entry in `--git-credentials` wins.
+    #[arg(long, env = "GITHUB_TOKEN", hide_env_values = true)]
+    pub github_token: Option<String>,
     /// Named host sets runs may ask for in `egress`, added to the built-in npm, pypi,
     /// crates, debian and github: `name=host,*.domain;name2=host:port`.
     #[arg(long, env = "FORKYARD_EGRESS_SETS")]
@@ -119,6 +127,15 @@ impl SecurityArgs {
         })
     }
 
+    /// The mesh's git credentials (`--git-credentials`, `GITHUB_TOKEN`).
+    fn credentials(&self) -> Result<forkyard_common::git_credentials::GitCredentials, String> {
+        forkyard_common::git_credentials::GitCredentials::open(
+            self.git_credentials.clone(),
+            self.github_token.clone(),
+        )
+        .map_err(|e| format!("--git-credentials: {e}"))
+    }
+
     /// Check the repository and egress policies' settings (before anything starts, so a
     /// bad one is the first line the gateway prints).
     pub fn check_policies(&self, state_dir: &std::path::Path) -> Result<(), String> {
@@ -129,6 +146,7 @@ impl SecurityArgs {
             state_dir,
         )?
         .with_git_hosts(&self.allowed_git_hosts)?;
+        self.credentials()?;
         crate::egress_policy::EgressPolicy::from_settings(
             self.egress_sets.as_deref(),
             self.tenant_egress.as_deref(),
@@ -156,7 +174,8 @@ impl SecurityArgs {
                 matches!(self.auth, AuthMode::ApiKey),
                 state_dir,
             )?
-            .with_git_hosts(&self.allowed_git_hosts)?,
+            .with_git_hosts(&self.allowed_git_hosts)?
+            .with_credentials(std::sync::Arc::new(self.credentials()?)),
             egress: crate::egress_policy::EgressPolicy::from_settings(
                 self.egress_sets.as_deref(),
                 self.tenant_egress.as_deref(),

@@ -430,6 +430,9 @@ fn create_request(f: &WaveFork, idempotency_key: String) -> CreateSandboxRequest
         network: !spec.egress.is_empty(),
         egress_allow: spec.egress.clone(),
         image: spec.image.clone(),
+        // Whose git credentials the provisioner clones with (the run's tenant's own,
+        // else the shared ones; FORKYARD_GIT_CREDENTIALS).
+        tenant: spec.tenant.clone(),
         ..Default::default()
     }
 }

@@ -89,6 +89,9 @@ pub struct Config {
     pub egress_private_allowed: Vec<std::net::IpAddr>,
     /// The git hosts a create's repository may be cloned from (`crate::git::reach`).
     pub git_hosts: AllowedHosts,
+    /// The git credentials the mesh holds per tenant and host: used by the host's git
+    /// for a clone, never given to a sandbox.
+    pub git_credentials: std::sync::Arc<forkyard_common::git_credentials::GitCredentials>,
 }
 
 impl Config {
@@ -133,6 +136,9 @@ impl Config {
             prices: Prices::default(),
             egress_private_allowed: Vec::new(),
             git_hosts: AllowedHosts::any_public(crate::config::GIT_HOSTS_SETTING),
+            git_credentials: std::sync::Arc::new(
+                forkyard_common::git_credentials::GitCredentials::none(),
+            ),
             seccomp: true,
         }
     }

@@ -63,11 +63,19 @@ impl Provisioner {
             if req.repo.trim().is_empty() {
                 return Err(ProvisionerError::invalid("repo", "must not be empty"));
             }
+            if forkyard_common::repo_location::carries_credentials(&req.repo) {
+                // Not echoed: the part a caller put there is often a token.
+                return Err(ProvisionerError::invalid(
+                    "repo",
+                    "must not carry credentials (a user name or token in the URL): the mesh holds each host's (FORKYARD_GIT_CREDENTIALS)",
+                ));
+            }
             req.repo = self.check_repo_location(&req.repo)?;
             git::check_branch(&req.branch).await?;
             // A remote host that cannot be reached is refused before anything is made;
             // the clone checks again, held to the addresses it then finds.
-            git::reach(&self.config.git_hosts, &req.repo).await?;
+            let creds = &self.config.git_credentials;
+            git::reach(&self.config.git_hosts, creds, &req.tenant, &req.repo).await?;
         }
         if req.idempotency_key.is_empty() {
             let out = self.create_new(req).await;

@@ -77,18 +77,24 @@ fn summarise(stderr: &str, code: i32) -> String {
 }
 
 /// Clone `repo` into `ws`, start `branch` at `base_ref` (or HEAD) and return the base
-/// commit. `pin`: a remote repository's settings from `crate::git::reach` (its checked
-/// addresses); its errors then say only that it cannot be read.
+/// commit. `reach`: how a remote repository is reached (`crate::git::reach`: its checked
+/// addresses, the tenant's credential); its errors then say only that it cannot be read.
+/// A credential is in the clone's environment only: the workspace's `.git/config`
+/// names the repository's URL, which never carries one.
 pub async fn clone(
     repo: &str,
     base_ref: &str,
     branch: &str,
     ws: &Path,
     timeout: Duration,
-    pin: Option<&[String]>,
+    reach: Option<&crate::git::Reach>,
 ) -> Result<String> {
+    let pin = reach.map(|r| r.pin.as_slice());
     let mut cmd = host_git();
     cmd.args(pin.unwrap_or_default());
+    if let Some(r) = reach {
+        cmd.envs(r.env.iter().map(|(k, v)| (k, v)));
+    }
     // --no-local: a local path goes through git's transport, not a file copy that would
     // follow symlinks planted in the source's .git.
     cmd.args(["clone", "--quiet", "--no-local", "--", repo])

@@ -123,14 +123,15 @@ impl Provisioner {
                 }
             }
         }
-        let pin = crate::git::reach(&self.config.git_hosts, &req.repo).await?;
+        let creds = &self.config.git_credentials;
+        let reach = crate::git::reach(&self.config.git_hosts, creds, &req.tenant, &req.repo).await?;
         let base_commit = git::clone(
             &req.repo,
             &req.base_ref,
             &req.branch,
             ws,
             self.config.clone_timeout,
-            pin.as_deref(),
+            reach.as_ref(),
         )
         .await?;
         let index = crate::local::git_index::checksum_of(ws).unwrap_or_default();
