@@ -6,6 +6,8 @@
 #![forbid(unsafe_code)]
 
 pub mod fixture;
+pub mod git_server;
+pub mod leaks;
 pub mod mesh;
 pub mod otlp;
 pub mod replicas;

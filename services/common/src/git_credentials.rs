@@ -367,7 +367,7 @@ impl GitCredentials {
 #[path = "git_credentials_tests.rs"]
 mod tests;
 
-/// Whether git's answer (a line of its stderr) says the host wants credentials or
+/// Whether git's answer (its stderr) says the host wants credentials or
 /// refused the ones given: HTTP 401/403, a prompt it could not show, an SSH key refused.
 pub fn asks_for_credentials(git_stderr: &str) -> bool {
     const SAYS: &[&str] = &[

@@ -154,8 +154,14 @@ async fn check_remote(
         .map_err(|why| unreadable(&shown, why))?;
     if !out.status.success() {
         let line = stderr_line(&out);
-        if forkyard_common::git_credentials::asks_for_credentials(&line) {
-            return Err(refused(&remote.host, reader.tenant, credential.is_some(), &line));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if forkyard_common::git_credentials::asks_for_credentials(&stderr) {
+            return Err(refused(
+                &remote.host,
+                reader.tenant,
+                credential.is_some(),
+                &line,
+            ));
         }
         return Err(unreadable(&shown, line));
     }
@@ -200,9 +206,13 @@ async fn ls_remote(
 fn refused(host: &str, tenant: &str, had: bool, why: &str) -> GatewayError {
     tracing::warn!(host, tenant, reason = %why, had_credentials = had, "repository refused the tenant's access");
     GatewayError::FailedPrecondition(if had {
-        format!("repo: {host} refused tenant {tenant}'s git credentials (the operator's FORKYARD_GIT_CREDENTIALS)")
+        format!(
+            "repo: {host} refused tenant {tenant}'s git credentials (the operator's FORKYARD_GIT_CREDENTIALS)"
+        )
     } else {
-        format!("repo: {host} wants git credentials and tenant {tenant} has none for it (the operator gives them in FORKYARD_GIT_CREDENTIALS)")
+        format!(
+            "repo: {host} wants git credentials and tenant {tenant} has none for it (the operator gives them in FORKYARD_GIT_CREDENTIALS)"
+        )
     })
 }
 
@@ -213,9 +223,15 @@ fn unreadable(shown: &str, why: impl std::fmt::Display) -> GatewayError {
     GatewayError::FailedPrecondition(format!("repo: repository {shown} cannot be read"))
 }
 
+/// The line of git's stderr that says why: its `fatal:` line (an `error:` before it,
+/// such as the askpass that was refused, is a symptom), else the first.
 fn stderr_line(out: &std::process::Output) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let line = stderr.lines().find(|l| !l.trim().is_empty());
+    let mut lines = stderr.lines().filter(|l| !l.trim().is_empty());
+    let line = lines
+        .clone()
+        .find(|l| l.starts_with("fatal:"))
+        .or_else(|| lines.next());
     line.unwrap_or("no HEAD (empty repository?)")
         .trim()
         .to_owned()

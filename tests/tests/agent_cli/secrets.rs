@@ -4,7 +4,10 @@
 
 use super::model_mesh::{ANTHROPIC_KEY, OPENAI_KEY, TOKEN_PREFIX};
 use forkyard_proto::common::v1::ForkResult;
-use forkyard_tests::{Mesh, mesh::temporal_cli};
+use forkyard_tests::{
+    Mesh,
+    leaks::{History, history, log_files},
+};
 
 /// What the scripted tool call runs inside the sandbox: the edit, then evidence of what
 /// the sandbox holds (its environment, and every file and process that mentions the real
@@ -60,59 +63,13 @@ fn assert_no_secret_in_logs_or_forks(mesh: &Mesh, forks: &[ForkResult]) {
     }
 }
 
-/// Every `*.log` file under `dir`, however deep (links not followed).
-fn log_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    let mut dirs = vec![dir.to_owned()];
-    while let Some(d) = dirs.pop() {
-        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let (path, kind) = (entry.path(), entry.file_type());
-            if kind.as_ref().is_ok_and(std::fs::FileType::is_dir) {
-                dirs.push(path);
-            } else if kind.is_ok_and(|k| k.is_file())
-                && path.extension().is_some_and(|e| e == "log")
-            {
-                found.push(path);
-            }
-        }
-    }
-    found
-}
-
 /// Every payload of the run's history read, decoded, and the history as it is.
 fn assert_no_secret_in_history(mesh: &Mesh, run_id: &str) {
-    let history = std::process::Command::new(temporal_cli())
-        .args([
-            "workflow",
-            "show",
-            "--output",
-            "json",
-            "--workflow-id",
-            run_id,
-        ])
-        .args([
-            "--address",
-            &mesh.temporal_address(),
-            "--namespace",
-            "default",
-        ])
-        .output()
-        .expect("temporal workflow show");
-    assert!(
-        history.status.success(),
-        "{}",
-        String::from_utf8_lossy(&history.stderr)
-    );
-    let history: serde_json::Value =
-        serde_json::from_slice(&history.stdout).expect("history as JSON");
-    // Payloads are base64 (`data`): read them decoded, every one.
-    let mut decoded = String::new();
-    payload_texts(&history, &mut decoded);
+    let History { raw, decoded } = history(mesh, run_id);
     assert!(
         decoded.contains("Add a line to notes.txt") && decoded.contains("llm_gateway"),
         "the run's payloads were not read"
     );
-    let raw = history.to_string();
     for secret in [ANTHROPIC_KEY, OPENAI_KEY, TOKEN_PREFIX] {
         assert!(
             !decoded.contains(secret),
@@ -122,27 +79,6 @@ fn assert_no_secret_in_history(mesh: &Mesh, run_id: &str) {
             !raw.contains(secret),
             "{secret} in the Temporal history of {run_id}"
         );
-    }
-}
-
-/// Every `data` string under `v`, base64-decoded, appended to `out`.
-fn payload_texts(v: &serde_json::Value, out: &mut String) {
-    use base64::Engine;
-    match v {
-        serde_json::Value::Object(m) => {
-            for (k, v) in m {
-                if k == "data"
-                    && let Some(text) = v.as_str()
-                    && let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(text)
-                {
-                    out.push_str(&String::from_utf8_lossy(&bytes));
-                    out.push('\n');
-                }
-                payload_texts(v, out);
-            }
-        }
-        serde_json::Value::Array(a) => a.iter().for_each(|v| payload_texts(v, out)),
-        _ => {}
     }
 }
 

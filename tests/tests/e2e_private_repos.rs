@@ -1,0 +1,261 @@
+//! End to end: private repositories. The operator gives the mesh git credentials per
+//! tenant and host (`FORKYARD_GIT_CREDENTIALS`, the gateway's and the provisioner's
+//! alone); a tenant's run on a private repository then reads it and every fork clones
+//! it, over HTTPS-style basic auth (git's own `http-backend` behind lighttpd) and over
+//! SSH with a deploy key and a required host key (sshd). A tenant without a credential
+//! for the host, or with one the host refuses, is told so at launch; a URL carrying a
+//! token is refused without being echoed; a rotated token is used at the next run with
+//! no restart. And the secret is nowhere a tenant, an agent or an operator's tooling
+//! could read it: not in the sandbox (its environment, its git config, its files), the
+//! patch, the API's answers, the services' logs or Temporal's history.
+
+// Shared with e2e_tenancy, which uses all of it.
+#[allow(dead_code)]
+mod tenant_calls;
+
+use base64::Engine as _;
+use forkyard_proto::{
+    common::v1::{ForkResult, ForkStatus},
+    gateway::v1::{GetForkResultRequest, LaunchRunRequest, Run, RunState},
+};
+use forkyard_tests::{
+    Mesh,
+    git_server::{GitHttp, GitSsh},
+    leaks::{History, history, log_files},
+    mesh::MeshOptions,
+    repo,
+    support::{sandbox_processes, workspaces_left},
+};
+use std::{path::Path, time::Duration};
+use tenant_calls::{Gw, launch_req, new_key, wait_closed, with_key};
+use tonic::Code;
+
+/// What an agent could find of a credential: its environment, the workspace's git
+/// configuration, and every file of its home and workspace that names the host. All of
+/// it goes into the patch, where the test looks for the secret.
+const SNOOP: &str = r#"{ env; git config --list --show-origin; cat .git/config;
+  grep -rs "" "$HOME" 2>/dev/null | head -c 200000; } > seen.txt 2>&1
+echo "fork $FORKYARD_FORK" > done.txt
+printf '{"total_cost_usd": 0.001}\n'"#;
+
+fn credentials_file(dir: &Path, http: &GitHttp, ssh: &GitSsh, token: &Path) -> std::path::PathBuf {
+    let file = dir.join("git-credentials.toml");
+    let text = format!(
+        r#"[[credential]]
+host = "127.0.0.1:{http}"
+tenants = ["team-a"]
+username = "forkyard"
+token_file = "{token}"
+
+[[credential]]
+host = "127.0.0.1:{http}"
+tenants = ["team-c"]
+username = "forkyard"
+token = "not-the-token"
+
+[[credential]]
+host = "127.0.0.1:{ssh}"
+tenants = ["team-a"]
+ssh_key_file = "{key}"
+known_hosts_file = "{known}"
+"#,
+        http = http.port,
+        ssh = ssh.port,
+        token = token.display(),
+        key = ssh.key().display(),
+        known = ssh.known_hosts().display(),
+    );
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+async fn mesh(hosts: &str, credentials: &Path) -> Mesh {
+    let mut service_env = Vec::new();
+    for service in ["gateway", "sandbox-provisioner"] {
+        let s = service.to_owned();
+        service_env.push((s.clone(), "FORKYARD_ALLOWED_GIT_HOSTS".into(), hosts.into()));
+        let creds = credentials.display().to_string();
+        service_env.push((s, "FORKYARD_GIT_CREDENTIALS".into(), creds));
+    }
+    Mesh::start_with(MeshOptions {
+        api_keys: true,
+        service_env,
+        ..Default::default()
+    })
+    .await
+    .expect("mesh starts")
+}
+
+fn on(repo_url: &str, request_id: &str, forks: u32) -> LaunchRunRequest {
+    let mut req = launch_req(Path::new("/unused"), request_id, SNOOP);
+    req.repo = repo_url.to_owned();
+    req.forks = forks;
+    req.max_concurrent = forks;
+    req
+}
+
+/// A run launched as `key`'s tenant, to its end, with each fork's whole result.
+async fn run(gw: &mut Gw, key: &str, req: LaunchRunRequest) -> (Run, Vec<ForkResult>) {
+    let id = gw
+        .launch_run(with_key(key, req))
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    let run = wait_closed(gw, key, &id, Duration::from_secs(180)).await;
+    let mut forks = Vec::new();
+    for fork in 1..=u32::try_from(run.forks.len()).unwrap() {
+        let asked = with_key(
+            key,
+            GetForkResultRequest {
+                run_id: id.clone(),
+                fork,
+            },
+        );
+        forks.push(
+            gw.get_fork_result(asked)
+                .await
+                .expect("fork result")
+                .into_inner(),
+        );
+    }
+    (run, forks)
+}
+
+async fn launch_error(gw: &mut Gw, key: &str, req: LaunchRunRequest) -> tonic::Status {
+    gw.launch_run(with_key(key, req))
+        .await
+        .expect_err("refused")
+}
+
+/// A token no earlier run could have seen: `ghp_` and 32 random hex digits.
+fn fresh_token() -> String {
+    use std::hash::{BuildHasher as _, RandomState};
+    let r = || RandomState::new().hash_one(0u8);
+    format!("ghp_{:016x}{:016x}", r(), r())
+}
+
+/// Every way the secret could be spelled on the wire or in a file.
+fn spellings(token: &str) -> Vec<String> {
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("forkyard:{token}"));
+    vec![token.to_owned(), basic]
+}
+
+fn assert_absent(what: &str, text: &str, secrets: &[String]) {
+    for s in secrets {
+        assert!(!text.contains(s.as_str()), "{what} holds the secret {s:?}");
+    }
+}
+
+fn assert_completed((run, results): &(Run, Vec<ForkResult>), forks: usize) {
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    assert_eq!(results.len(), forks, "{run:#?}");
+    for f in results {
+        assert_eq!(f.status, ForkStatus::Succeeded as i32, "{f:#?}");
+        assert!(f.patch.contains("done.txt"), "{}", f.patch);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_repositories_are_cloned_with_the_tenants_credentials_which_never_leave_the_mesh() {
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let secrets_dir = tempfile::tempdir().unwrap();
+    let token = fresh_token();
+    let http = GitHttp::serve(src.path(), "forkyard", &token);
+    let ssh = GitSsh::serve(src.path());
+    let token_file = secrets_dir.path().join("team-a-token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let creds = credentials_file(secrets_dir.path(), &http, &ssh, &token_file);
+    let ssh_key = std::fs::read_to_string(ssh.key()).unwrap();
+    let key_body = ssh_key.lines().nth(1).unwrap().to_owned();
+
+    let hosts = format!("127.0.0.1:{},127.0.0.1:{}", http.port, ssh.port);
+    let mesh = mesh(&hosts, &creds).await;
+    let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
+    let (_, a) = new_key(&mesh, "team-a");
+    let (_, b) = new_key(&mesh, "team-b");
+    let (_, c) = new_key(&mesh, "team-c");
+
+    // Team A's own token over HTTP, its deploy key over SSH: every fork clones.
+    let over_http = run(&mut gw, &a, on(&http.url(), "a-http", 2)).await;
+    assert_completed(&over_http, 2);
+    let over_ssh = run(&mut gw, &a, on(&ssh.url(), "a-ssh", 1)).await;
+    assert_completed(&over_ssh, 1);
+
+    // B has no credential for the host, C one the host refuses: each told which.
+    let err = launch_error(&mut gw, &b, on(&http.url(), "b-http", 1)).await;
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("tenant team-b has none"),
+        "{}",
+        err.message()
+    );
+    let err = launch_error(&mut gw, &c, on(&http.url(), "c-http", 1)).await;
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message()
+            .contains("refused tenant team-c's git credentials"),
+        "{}",
+        err.message()
+    );
+    // B cannot borrow A's deploy key either: SSH without a key of its own is refused.
+    let err = launch_error(&mut gw, &b, on(&ssh.url(), "b-ssh", 1)).await;
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+
+    // A token in the URL: refused, naming the field, never repeating it.
+    let with_token = http
+        .url()
+        .replace("http://", &format!("http://forkyard:{token}@"));
+    let err = launch_error(&mut gw, &a, on(&with_token, "a-in-url", 1)).await;
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().starts_with("repo:"), "{}", err.message());
+    assert_absent("the refusal", err.message(), &spellings(&token));
+
+    // Rotation: the server takes a new token only; the file is rewritten; the next run
+    // uses it with no restart.
+    let rotated = fresh_token();
+    http.set_password(&rotated);
+    std::fs::write(&token_file, format!("{rotated}\n")).unwrap();
+    let after = run(&mut gw, &a, on(&http.url(), "a-rotated", 1)).await;
+    assert_completed(&after, 1);
+
+    let mut secrets = spellings(&token);
+    secrets.extend(spellings(&rotated));
+    secrets.push(key_body);
+    for r in [&over_http, &over_ssh, &after] {
+        assert_absent(
+            "the run's answer (patches included)",
+            &format!("{r:?}"),
+            &secrets,
+        );
+        let f = &r.1[0];
+        assert!(f.patch.contains("seen.txt"), "the snoop ran: {}", f.patch);
+        assert!(f.patch.contains("FORKYARD_FORK"), "it saw its environment");
+    }
+    let logs = log_files(mesh.state_dir());
+    let read = ["gateway", "sandbox-provisioner", "temporal"];
+    for service in read {
+        let wanted = format!("logs/{service}.log");
+        assert!(
+            logs.iter().any(|p| p.ends_with(&wanted)),
+            "{service}: {logs:?}"
+        );
+    }
+    for path in &logs {
+        let text = String::from_utf8_lossy(&std::fs::read(path).unwrap()).into_owned();
+        assert_absent(&path.display().to_string(), &text, &secrets);
+    }
+    for (r, url) in [
+        (&over_http, http.url()),
+        (&over_ssh, ssh.url()),
+        (&after, http.url()),
+    ] {
+        let History { raw, decoded } = history(&mesh, &r.0.run_id);
+        assert!(decoded.contains(&url), "the run's payloads were read");
+        assert_absent("a Temporal payload", &decoded, &secrets);
+        assert_absent("Temporal's history", &raw, &secrets);
+    }
+    assert!(workspaces_left(mesh.state_dir()).is_empty());
+    assert!(sandbox_processes(mesh.state_dir()).is_empty());
+}
