@@ -13,6 +13,7 @@ pub mod discovery;
 pub mod fault;
 pub mod git_credentials;
 pub mod git_refs;
+pub mod host_git;
 pub mod grpc_telemetry;
 pub mod hosts;
 pub mod http_limits;

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod deliver;
 pub mod egress_policy;
 pub mod error;
 pub mod finish;

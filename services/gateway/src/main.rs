@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use forkyard_common::{exit_config_error, server, service, startup::Startup, tls::ClientAuth};
-use forkyard_gateway::{api::GatewayService, config::Args, search, worker};
+use forkyard_gateway::{api::GatewayService, config::Args, deliver::DeliverLocal, search, worker};
 use forkyard_proto::gateway::v1::gateway_server::GatewayServer;
 use tonic::server::NamedService;
 
@@ -39,12 +39,18 @@ async fn main() -> anyhow::Result<()> {
     if let Err(e) = search::ensure_registered(&client, &args.temporal.namespace).await {
         exit_config_error(e);
     }
+    let deliver = DeliverLocal::new(client.clone(), tenancy.repos.clone());
     let api = args.api(client.clone(), links.agent_runner, tenancy);
     let (routes, health) =
         server::base_routes(<GatewayServer<GatewayService> as NamedService>::NAME)?;
     // The gate wraps the API only: health and reflection stay open for probes.
     let routes = routes.add_service(tower::Layer::layer(&gate, GatewayServer::new(api)));
-    let options = worker::options(links.ledger, links.sandboxes, args.workflow_task_pollers)?;
+    let options = worker::options(
+        links.ledger,
+        links.sandboxes,
+        deliver,
+        args.workflow_task_pollers,
+    )?;
     service::run_with_worker(
         service::Service {
             name: "gateway",

@@ -3,6 +3,7 @@
 //! provisioners' calls) on the orchestration queue.
 
 use crate::{
+    deliver::DeliverLocal,
     ledger::LedgerLocal,
     sandboxes::SandboxLocal,
     wave::WaveLocal,
@@ -15,6 +16,7 @@ use temporalio_sdk::{WorkerOptions, runtime::PollerBehavior};
 pub fn options(
     ledger: LedgerLocal,
     sandboxes: SandboxLocal,
+    deliver: DeliverLocal,
     workflow_task_pollers: Option<usize>,
 ) -> anyhow::Result<WorkerOptions> {
     Ok(WorkerOptions::new(queues::ORCHESTRATION)
@@ -23,6 +25,7 @@ pub fn options(
         .register_workflow::<ScheduledCleanupWorkflow>()?
         .worker_plugin(crate::fork_telemetry::plugin())
         .register_activities(WaveLocal::new(&ledger, &sandboxes))
+        .register_activities(deliver)
         .register_activities(ledger)
         .register_activities(sandboxes)
         .maybe_workflow_task_poller_behavior(

@@ -116,6 +116,7 @@ fn request() -> impl Strategy<Value = LaunchRunRequest> {
                 fork_budget_usd: budget_usd,
                 egress: Vec::new(),
                 image,
+                delivery: None,
             },
         )
 }

@@ -73,7 +73,11 @@ impl GatewayService {
                 .map_err(|e| GatewayError::from_query(run_id, e));
         }
         match child.get_result(WorkflowGetResultOptions::default()).await {
-            Ok(full) => Ok(full),
+            // Where the run delivered it came after the child ended: the run has it.
+            Ok(full) => Ok(ForkResult {
+                delivered: full.delivered.or(slot.delivered),
+                ..full
+            }),
             Err(WorkflowGetResultError::NotFound(_)) => Ok(slot),
             // Terminated or failed children have no result: the run's copy says why.
             Err(_) => Ok(slot),

@@ -1,6 +1,7 @@
 //! `LaunchRun` input checks. Every refusal names the field; nothing starts on refusal.
 
 mod agent;
+mod delivery;
 mod fields;
 #[cfg(test)]
 mod tests;
@@ -116,6 +117,7 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         // policy (api::egress).
         egress: Vec::new(),
         image: req.image.clone(),
+        delivery: delivery::check_delivery(req)?,
     })
 }
 

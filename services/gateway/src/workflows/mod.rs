@@ -5,6 +5,7 @@
 //! Workflow code is deterministic: time comes from `ctx.workflow_time()`, never a clock.
 
 pub mod cleanup;
+mod deliver;
 mod failure;
 pub mod fork;
 mod fork_result;

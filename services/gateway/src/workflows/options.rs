@@ -114,6 +114,11 @@ pub(super) fn finish() -> ActivityOptions {
     on_gateway_queue(Duration::from_secs(720))
 }
 
+/// The run's delivery (`workflows::deliver`): one fetch, one push, the pull requests.
+pub(super) fn deliver() -> ActivityOptions {
+    on_gateway_queue(Duration::from_secs(900))
+}
+
 /// A heartbeating activity of the gateway's own (`WaveLocal`) on its queue: a gateway that
 /// died mid-way is noticed in 30 s, not at `start_to_close`; retried for an attempt that
 /// timed out or a worker that went away; on a fresh cancellation token.

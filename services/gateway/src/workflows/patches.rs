@@ -31,6 +31,7 @@ const GENERATIONS: &[&str] = &[
     "account-opened-with-first-wave",
     "later-waves-are-activities",
     "finishes-beside-waves",
+    "delivers-results",
 ];
 
 /// Changes introduced by earlier builds, each with the patch those builds recorded.
@@ -60,6 +61,9 @@ pub enum Change {
     /// And a create a draining replica refused is tried again, 60 s apart, for as long as
     /// the fork's timeout, not only within the wave's retry rounds.
     FinishesBesideWaves,
+    /// Once its forks are done, a run that asks for it pushes the chosen forks' branches
+    /// and opens their pull requests (`LaunchRunRequest.delivery`), by one activity.
+    DeliversResults,
 }
 
 impl Change {
@@ -74,6 +78,7 @@ impl Change {
             Self::AccountOpenedWithFirstWave => 2,
             Self::LaterWavesAreActivities => 3,
             Self::FinishesBesideWaves => 4,
+            Self::DeliversResults => 5,
         }
     }
 
@@ -89,6 +94,7 @@ impl Change {
             Self::AccountOpenedWithFirstWave => GENERATIONS[1],
             Self::LaterWavesAreActivities => GENERATIONS[2],
             Self::FinishesBesideWaves => GENERATIONS[3],
+            Self::DeliversResults => GENERATIONS[4],
         }
     }
 }

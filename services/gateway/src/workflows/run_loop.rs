@@ -56,6 +56,9 @@ pub(super) async fn run(ctx: &mut Ctx) -> WorkflowResult<Run> {
     let mut flight = Flight::new(ctx, run_id, spec);
     flight.fly(&cancel).await?;
     drop(flight);
+    if !cancel.is_cancelled() && patches.takes(ctx, Change::DeliversResults) {
+        super::deliver::deliver(ctx).await;
+    }
     end(ctx, patches, &cancel)
 }
 

@@ -10,7 +10,7 @@ use super::{
     prepare::{AccountOpening, OpensAccount},
 };
 use forkyard_proto::{
-    common::v1::{ForkResult, ForkStatus, VerifyStatus},
+    common::v1::{Delivered, ForkResult, ForkStatus, VerifyStatus},
     gateway::v1::{Run, RunSpec, RunState},
 };
 use std::collections::{BTreeMap, BTreeSet};
@@ -247,6 +247,17 @@ impl SandboxOrchestrationWorkflow {
             RunState::Paused
         } else {
             RunState::Running
+        }
+    }
+
+    /// Where the run's delivery put `fork` (`workflows::deliver`): on the run's copy,
+    /// and on the full result it keeps of an inline fork.
+    pub(super) fn record_delivered(&mut self, fork: u32, d: Delivered) {
+        if let Some(full) = self.full.get_mut(&fork) {
+            full.delivered = Some(d.clone());
+        }
+        if let Some(f) = self.forks.get_mut((fork as usize).wrapping_sub(1)) {
+            f.delivered = Some(d);
         }
     }
 

@@ -1,0 +1,281 @@
+//! Results out (`LaunchRunRequest.delivery`): once a run's forks are done, the chosen
+//! forks' changes pushed as branches of the run's repository and pull (merge) requests
+//! opened for them, by one activity of the gateway's own queue.
+//!
+//! From the mesh's side: the tenant's git credentials (`FORKYARD_GIT_CREDENTIALS`) are
+//! used by the gateway's host git and forge client, never by a sandbox, and appear in
+//! no input, result or log. The patches are read by the activity itself (the run's
+//! query for an inline fork, the child's result otherwise), so no patch goes into the
+//! run's history as the activity's input.
+//!
+//! Exactly once, whenever it is killed: the commits are deterministic and each branch is
+//! leased to be new (see [`push`]), and a pull request that exists is found, not opened
+//! again (`forkyard_common::forge`). A fork's failure is its own (`Delivered.error`);
+//! the activity fails as a whole only for what a retry may mend (the run's patches not
+//! readable), and after its retries the run reports that on every fork it chose.
+
+pub mod push;
+pub mod text;
+
+use crate::{
+    heartbeat::heartbeating,
+    repo_policy::RepoPolicy,
+    workflows::{ForkWorkflow, SandboxOrchestrationWorkflow},
+};
+use forkyard_common::repo_location::{self, RepoLocation};
+use forkyard_proto::common::v1::{Delivered, ForkResult};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use temporalio_client::{WorkflowGetResultOptions, WorkflowQueryOptions};
+use temporalio_macros::activities;
+use temporalio_sdk::activities::{ActivityContext, ActivityError};
+
+/// The activity's host: the Temporal client (to read the forks' patches) and the
+/// repository policy (allowed hosts, the tenants' credentials).
+pub struct DeliverLocal {
+    client: temporalio_client::Client,
+    repos: RepoPolicy,
+}
+
+impl DeliverLocal {
+    pub fn new(client: temporalio_client::Client, repos: RepoPolicy) -> Self {
+        Self { client, repos }
+    }
+}
+
+/// What to deliver: the run's repository and tenant, the forks chosen, how to write
+/// their commits and pull requests.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeliverInput {
+    pub tenant: String,
+    pub repo: String,
+    /// The branch pull requests go against; empty: the remote's default branch.
+    pub base_branch: String,
+    pub facts: text::RunFacts,
+    pub forks: Vec<DeliverFork>,
+    pub draft: bool,
+    /// The commit message; empty: [`text::commit_message`].
+    pub commit_message: String,
+    pub author_name: String,
+    pub author_email: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeliverFork {
+    pub fork: u32,
+    pub branch: String,
+    pub pull_request: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeliverDone {
+    pub forks: Vec<(u32, Delivered)>,
+}
+
+#[activities]
+impl DeliverLocal {
+    /// Push the chosen forks' branches (one push) and open their pull requests.
+    #[activity(name = "DeliverLocal.deliver")]
+    pub async fn deliver(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        input: DeliverInput,
+    ) -> Result<DeliverDone, ActivityError> {
+        let run_id = input.facts.run_id.clone();
+        let work = self.deliver_all(&input);
+        let forks = heartbeating(&ctx, work, || ()).await.map_err(|e| {
+            tracing::warn!(run_id = %run_id, error = %e, "delivery not done; retried");
+            ActivityError::from(anyhow::anyhow!(e))
+        })?;
+        Ok(DeliverDone { forks })
+    }
+}
+
+impl DeliverLocal {
+    async fn deliver_all(&self, input: &DeliverInput) -> Result<Vec<(u32, Delivered)>, String> {
+        let url = input.repo.clone();
+        let mut out: Vec<(u32, Delivered)> = Vec::new();
+        let mut changes = Vec::new();
+        for f in &input.forks {
+            let full = self.fork_result(&input.facts.run_id, f.fork).await?;
+            let delivered = Delivered {
+                remote: url.clone(),
+                branch: f.branch.clone(),
+                ..Default::default()
+            };
+            match change(input, f, &full) {
+                Ok(c) => changes.push(c),
+                Err(why) => out.push((
+                    f.fork,
+                    Delivered {
+                        error: why,
+                        ..delivered
+                    },
+                )),
+            }
+        }
+        let access = match self.access(&input.tenant, &input.repo).await {
+            Ok(a) => a,
+            Err(why) => {
+                out.extend(
+                    changes
+                        .iter()
+                        .map(|c| (c.fork, failed(&url, &c.branch, &why))),
+                );
+                return Ok(out);
+            }
+        };
+        let branches: Vec<(u32, String)> =
+            changes.iter().map(|c| (c.fork, c.branch.clone())).collect();
+        for (fork, pushed) in push::push(&access, changes).await {
+            let branch = branches
+                .iter()
+                .find(|(f, _)| *f == fork)
+                .map(|(_, b)| b.clone())
+                .unwrap_or_default();
+            let d = match pushed {
+                Ok(commit) => Delivered {
+                    remote: url.clone(),
+                    branch,
+                    commit,
+                    ..Default::default()
+                },
+                Err(why) => failed(&url, &branch, &why),
+            };
+            out.push((fork, d));
+        }
+        // A test's kill between the push and the pull requests (debug builds).
+        forkyard_common::fault::point("deliver.after-push");
+        self.open_pull_requests(input, &mut out).await;
+        out.sort_by_key(|(fork, _)| *fork);
+        Ok(out)
+    }
+
+    /// A fork's whole result: the run keeps an inline fork's, a child its own.
+    async fn fork_result(&self, run_id: &str, fork: u32) -> Result<ForkResult, String> {
+        let run = self
+            .client
+            .get_workflow_handle::<SandboxOrchestrationWorkflow>(run_id);
+        let inline = run
+            .query(
+                SandboxOrchestrationWorkflow::fork_result,
+                fork,
+                WorkflowQueryOptions::default(),
+            )
+            .await
+            .map_err(|e| format!("fork {fork}'s result: {e}"))?;
+        if let Some(full) = inline {
+            return Ok(full);
+        }
+        self.client
+            .get_workflow_handle::<ForkWorkflow>(format!("{run_id}/fork-{fork}"))
+            .get_result(WorkflowGetResultOptions::default())
+            .await
+            .map_err(|e| format!("fork {fork}'s result: {e}"))
+    }
+
+    /// How host git reaches the repository for `tenant`: its host admitted and its
+    /// addresses checked now, the tenant's credential.
+    async fn access(&self, tenant: &str, repo: &str) -> Result<push::Access, String> {
+        let Ok(RepoLocation::Remote(remote)) = repo_location::locate(repo) else {
+            return Err("only a remote repository is pushed to".into());
+        };
+        let addrs = self
+            .repos
+            .git_hosts
+            .resolve(&remote.host, remote.port)
+            .await
+            .map_err(|e| format!("{} cannot be reached: {e}", remote.host))?;
+        let credential = self.repos.credentials.for_remote(tenant, &remote)?;
+        Ok(push::Access {
+            url: repo.to_owned(),
+            pin: repo_location::git_pin_config(&remote, &addrs),
+            env: credential.map(|c| c.git_env(&remote)).unwrap_or_default(),
+        })
+    }
+
+    async fn open_pull_requests(&self, input: &DeliverInput, out: &mut [(u32, Delivered)]) {
+        for (fork, d) in out.iter_mut() {
+            let wanted = input
+                .forks
+                .iter()
+                .any(|f| f.fork == *fork && f.pull_request);
+            if wanted && d.error.is_empty() && !d.commit.is_empty() {
+                match self.pull_request(input, *fork, d).await {
+                    Ok(url) => d.pull_request_url = url,
+                    Err(why) => d.error = format!("pull request: {why}"),
+                }
+            }
+        }
+    }
+
+    async fn pull_request(
+        &self,
+        _input: &DeliverInput,
+        _fork: u32,
+        _d: &Delivered,
+    ) -> Result<String, String> {
+        Err("no forge is configured for this host".into())
+    }
+}
+
+fn failed(url: &str, branch: &str, why: &str) -> Delivered {
+    Delivered {
+        remote: url.to_owned(),
+        branch: branch.to_owned(),
+        error: why.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// The fork's commit to make, or why it has none.
+fn change(
+    input: &DeliverInput,
+    f: &DeliverFork,
+    full: &ForkResult,
+) -> Result<push::Change, String> {
+    if full.patch_truncated {
+        return Err(format!(
+            "not pushed: the fork's patch was cut at {} bytes",
+            full.patch.len()
+        ));
+    }
+    if full.patch.trim().is_empty() {
+        return Err("not pushed: the fork changed nothing".into());
+    }
+    if !is_commit_id(&full.base_commit) {
+        return Err("not pushed: the fork has no base commit".into());
+    }
+    let message = if input.commit_message.trim().is_empty() {
+        text::commit_message(&input.facts, f.fork)
+    } else {
+        input.commit_message.clone()
+    };
+    let or = |s: &str, d: &str| {
+        if s.is_empty() {
+            d.to_owned()
+        } else {
+            s.to_owned()
+        }
+    };
+    Ok(push::Change {
+        fork: f.fork,
+        branch: f.branch.clone(),
+        base_commit: full.base_commit.clone(),
+        patch: full.patch.clone(),
+        message,
+        author: push::Signature {
+            name: or(&input.author_name, "forkyard"),
+            email: or(&input.author_email, "forkyard@localhost"),
+            // The fork's end: the same on every retry, so the commit id is too.
+            unix_secs: full.finished_unix_ms.max(0) / 1000,
+        },
+    })
+}
+
+fn is_commit_id(s: &str) -> bool {
+    matches!(s.len(), 40 | 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}

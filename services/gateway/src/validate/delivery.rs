@@ -1,0 +1,87 @@
+//! `LaunchRunRequest.delivery`: options that make sense together, texts git and a
+//! forge take, each refusal naming its field.
+
+use super::fields::{check_branch, field};
+use crate::error::GatewayError;
+use forkyard_common::repo_location::{self, RepoLocation};
+use forkyard_proto::gateway::v1::{
+    Delivery, LaunchRunRequest,
+    delivery::{PullRequests, Push},
+};
+
+const MAX_MESSAGE_BYTES: usize = 64 << 10;
+const MAX_NAME_BYTES: usize = 256;
+
+/// The delivery as the run keeps it: `None` when nothing is to leave the mesh.
+pub(super) fn check_delivery(req: &LaunchRunRequest) -> Result<Option<Delivery>, GatewayError> {
+    let Some(d) = req.delivery.clone() else {
+        return Ok(None);
+    };
+    let push = Push::try_from(d.push)
+        .map_err(|_| field("delivery.push", format!("{} is not a push mode", d.push)))?;
+    let prs = PullRequests::try_from(d.pull_requests).map_err(|_| {
+        field(
+            "delivery.pull_requests",
+            format!("{} is not a pull-request mode", d.pull_requests),
+        )
+    })?;
+    let pushes = !matches!(push, Push::Unspecified | Push::None);
+    let opens = !matches!(prs, PullRequests::Unspecified | PullRequests::None);
+    if opens && !pushes {
+        return Err(field(
+            "delivery.pull_requests",
+            "a pull request needs a pushed branch: set delivery.push",
+        ));
+    }
+    if !pushes {
+        return Ok(None);
+    }
+    if push == Push::Verified && req.verify_command.trim().is_empty() {
+        return Err(field(
+            "delivery.push",
+            "VERIFIED pushes the forks whose verify command passed: set verify_command",
+        ));
+    }
+    if !matches!(
+        repo_location::locate(req.repo.trim()),
+        Ok(RepoLocation::Remote(_))
+    ) {
+        return Err(field(
+            "delivery.push",
+            "only a remote repository's forks are pushed (this run's repo is a local path)",
+        ));
+    }
+    if !d.branch_prefix.is_empty() {
+        check_branch(&d.branch_prefix).map_err(|_| {
+            field(
+                "delivery.branch_prefix",
+                format!("{:?} is not a valid git branch name", d.branch_prefix),
+            )
+        })?;
+    }
+    if d.commit_message.len() > MAX_MESSAGE_BYTES || d.commit_message.contains('\0') {
+        return Err(field(
+            "delivery.commit_message",
+            format!("must be at most {MAX_MESSAGE_BYTES} bytes, without NUL"),
+        ));
+    }
+    identity("delivery.author_name", &d.author_name)?;
+    identity("delivery.author_email", &d.author_email)?;
+    Ok(Some(d))
+}
+
+/// git refuses (or mangles) names with these, and an email that a forge would show as
+/// someone else's must at least be one line.
+fn identity(name: &str, value: &str) -> Result<(), GatewayError> {
+    let bad = value.len() > MAX_NAME_BYTES
+        || value
+            .chars()
+            .any(|c| c.is_control() || matches!(c, '<' | '>'));
+    if bad {
+        return Err(field(
+            name,
+            format!("must be one line of at most {MAX_NAME_BYTES} bytes, without < or >"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,256 @@
+//! End to end: results out. A tenant's run on a private repository (git's
+//! `http-backend` behind lighttpd, basic auth) delivers its forks as branches of that
+//! repository: each a commit of the fork's change on its base, authored as the run
+//! said, all pushed at the run's end from the mesh's side with the tenant's token; the
+//! fork results say which branch and commit. A second run whose branches already
+//! exist never forces over them: those forks say so and the run completes. Options
+//! that make no sense are refused naming the field.
+
+// Shared with e2e_tenancy, which uses all of it.
+#[allow(dead_code)]
+mod tenant_calls;
+
+use forkyard_proto::{
+    common::v1::{ForkResult, ForkStatus},
+    gateway::v1::{
+        Delivery, GetForkResultRequest, LaunchRunRequest, Run, RunState,
+        delivery::{PullRequests, Push},
+    },
+};
+use forkyard_tests::{Mesh, git_server::GitHttp, mesh::MeshOptions, repo};
+use std::{path::Path, process::Command, time::Duration};
+use tenant_calls::{Gw, launch_req, new_key, wait_closed, with_key};
+use tonic::Code;
+
+const AGENT: &str = r#"echo "fork $FORKYARD_FORK was here" > "fork-$FORKYARD_FORK.txt"
+printf '{"total_cost_usd": 0.001}\n'"#;
+const TOKEN: &str = "glpat-delivery-test-token";
+
+async fn mesh(http: &GitHttp, dir: &Path) -> Mesh {
+    let creds = dir.join("git-credentials.toml");
+    let text = format!(
+        "[[credential]]\nhost = \"127.0.0.1:{}\"\ntenants = [\"team-a\"]\nusername = \"forkyard\"\ntoken = \"{TOKEN}\"\n",
+        http.port
+    );
+    std::fs::write(&creds, text).unwrap();
+    let hosts = format!("127.0.0.1:{}", http.port);
+    let mut service_env = Vec::new();
+    for s in ["gateway", "sandbox-provisioner"] {
+        service_env.push((s.into(), "FORKYARD_ALLOWED_GIT_HOSTS".into(), hosts.clone()));
+        let file = creds.display().to_string();
+        service_env.push((s.into(), "FORKYARD_GIT_CREDENTIALS".into(), file));
+    }
+    Mesh::start_with(MeshOptions {
+        api_keys: true,
+        service_env,
+        ..Default::default()
+    })
+    .await
+    .expect("mesh starts")
+}
+
+fn delivering(url: &str, id: &str, forks: u32, delivery: Delivery) -> LaunchRunRequest {
+    let mut req = launch_req(Path::new("/unused"), id, AGENT);
+    req.repo = url.to_owned();
+    req.forks = forks;
+    req.max_concurrent = forks;
+    req.delivery = Some(delivery);
+    req
+}
+
+async fn run(gw: &mut Gw, key: &str, req: LaunchRunRequest) -> (Run, Vec<ForkResult>) {
+    let id = gw
+        .launch_run(with_key(key, req))
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    let run = wait_closed(gw, key, &id, Duration::from_secs(180)).await;
+    let mut forks = Vec::new();
+    for fork in 1..=u32::try_from(run.forks.len()).unwrap() {
+        let asked = with_key(
+            key,
+            GetForkResultRequest {
+                run_id: id.clone(),
+                fork,
+            },
+        );
+        forks.push(gw.get_fork_result(asked).await.expect("fork").into_inner());
+    }
+    (run, forks)
+}
+
+/// `git <args>` in the server's bare repository.
+fn served(http: &GitHttp, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("--git-dir")
+        .arg(http.repo())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let http = GitHttp::serve(src.path(), "forkyard", TOKEN);
+    let base = served(&http, &["rev-parse", "HEAD"]);
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = mesh(&http, dir.path()).await;
+    let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
+    let (_, key) = new_key(&mesh, "team-a");
+
+    let push_all = Delivery {
+        push: Push::Succeeded as i32,
+        author_name: "Robo Author".into(),
+        author_email: "robo@example.com".into(),
+        ..Default::default()
+    };
+    let (run1, forks) = run(
+        &mut gw,
+        &key,
+        delivering(&http.url(), "push-1", 3, push_all.clone()),
+    )
+    .await;
+    assert_eq!(run1.state, RunState::Completed as i32, "{run1:#?}");
+    for f in &forks {
+        assert_eq!(f.status, ForkStatus::Succeeded as i32, "{f:#?}");
+        let d = f
+            .delivered
+            .as_ref()
+            .unwrap_or_else(|| panic!("fork {} not delivered: {f:#?}", f.fork));
+        assert_eq!(d.error, "", "{d:#?}");
+        let branch = format!("forkyard-fork-{}", f.fork);
+        assert_eq!(d.branch, branch);
+        assert_eq!(d.remote, http.url());
+        // On the server: the branch at the commit the result names, whose parent is
+        // the base, whose change is the fork's, authored as the run said.
+        assert_eq!(
+            served(&http, &["rev-parse", &format!("refs/heads/{branch}")]),
+            d.commit
+        );
+        assert_eq!(
+            served(&http, &["rev-parse", &format!("{}^", d.commit)]),
+            base
+        );
+        let file = format!("fork-{}.txt", f.fork);
+        let shown = served(&http, &["show", &format!("{}:{file}", d.commit)]);
+        assert_eq!(shown, format!("fork {} was here", f.fork));
+        let who = served(
+            &http,
+            &["log", "-1", "--format=%an <%ae>|%cn|%s|%b", &d.commit],
+        );
+        assert!(
+            who.starts_with("Robo Author <robo@example.com>|Robo Author|make it better|"),
+            "{who}"
+        );
+        assert!(
+            who.contains(&format!("Forkyard-Run: {}", run1.run_id)),
+            "{who}"
+        );
+    }
+    // The run's own view says the same.
+    assert!(
+        run1.forks
+            .iter()
+            .all(|f| f.delivered.as_ref().is_some_and(|d| !d.commit.is_empty()))
+    );
+
+    // Again, onto the same branches: someone's work (the first run's) is never forced
+    // over; the forks say so, the run completes, the branches stay where they were.
+    let before = served(
+        &http,
+        &["for-each-ref", "--format=%(refname) %(objectname)"],
+    );
+    let (run2, forks) = run(
+        &mut gw,
+        &key,
+        delivering(&http.url(), "push-2", 2, push_all),
+    )
+    .await;
+    assert_eq!(run2.state, RunState::Completed as i32, "{run2:#?}");
+    for f in &forks {
+        let d = f.delivered.as_ref().expect("delivered");
+        assert!(d.error.contains("not forced over"), "{d:#?}");
+        assert_eq!(d.commit, "");
+    }
+    assert_eq!(
+        served(
+            &http,
+            &["for-each-ref", "--format=%(refname) %(objectname)"]
+        ),
+        before
+    );
+
+    // Nonsense is refused, naming the field, before anything starts.
+    let cases = [
+        (
+            Delivery {
+                pull_requests: PullRequests::Winner as i32,
+                ..Default::default()
+            },
+            "delivery.pull_requests",
+        ),
+        (
+            Delivery {
+                push: Push::Verified as i32,
+                ..Default::default()
+            },
+            "delivery.push",
+        ),
+        (
+            Delivery {
+                push: Push::Winner as i32,
+                author_email: "a>\nb".into(),
+                ..Default::default()
+            },
+            "delivery.author_email",
+        ),
+        (
+            Delivery {
+                push: 99,
+                ..Default::default()
+            },
+            "delivery.push",
+        ),
+    ];
+    for (i, (d, named)) in cases.into_iter().enumerate() {
+        let req = delivering(&http.url(), &format!("bad-{i}"), 1, d);
+        let err = gw
+            .launch_run(with_key(&key, req))
+            .await
+            .expect_err("refused");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert!(
+            err.message().starts_with(named),
+            "{named}: {}",
+            err.message()
+        );
+    }
+    let mut local = delivering(
+        &http.url(),
+        "bad-local",
+        1,
+        Delivery {
+            push: Push::Winner as i32,
+            ..Default::default()
+        },
+    );
+    local.repo = src.path().display().to_string();
+    let err = gw
+        .launch_run(with_key(&key, local))
+        .await
+        .expect_err("refused");
+    assert!(
+        err.message().starts_with("delivery.push"),
+        "{}",
+        err.message()
+    );
+}
