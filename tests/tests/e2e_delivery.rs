@@ -189,6 +189,48 @@ async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
         before
     );
 
+    // The CLI: `--push winner --wait` shows where the winner went.
+    let out = Command::new(forkyard_tests::mesh::bin_dir().join("forkyard"))
+        .env("FORKYARD_GATEWAY", mesh.endpoint("gateway"))
+        .env("FORKYARD_API_KEY", &key)
+        .args([
+            "fork",
+            &http.url(),
+            "-p",
+            "add a file",
+            "-f",
+            "2",
+            "--branch",
+            "cli",
+        ])
+        .args([
+            "--agent-command",
+            AGENT,
+            "--push",
+            "winner",
+            "--author",
+            "Cli User <cli@example.com>",
+        ])
+        .args(["--request-id", "cli-push", "--wait"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let winner = served(&http, &["rev-parse", "--short=12", "refs/heads/cli-fork-1"]);
+    assert!(
+        stdout.contains(&format!("pushed cli-fork-1 @ {winner}")),
+        "{stdout}"
+    );
+    let pushed = served(
+        &http,
+        &["for-each-ref", "--format=%(refname)", "refs/heads/cli-*"],
+    );
+    assert_eq!(pushed, "refs/heads/cli-fork-1", "the winner alone");
+
     // Nonsense is refused, naming the field, before anything starts.
     let cases = [
         (

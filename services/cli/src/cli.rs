@@ -235,6 +235,20 @@ pub struct ForkArgs {
     /// Stop the other forks as soon as one verifies.
     #[arg(long, requires = "verify")]
     pub stop_on_first_verified: bool,
+    /// Push forks as branches of the repository's remote when the run ends (with the
+    /// git credentials the operator gave the mesh): the winner, every succeeded fork, or
+    /// every verified one. Branches are <branch>-fork-<n>, never forced over.
+    #[arg(long, value_enum)]
+    pub push: Option<PushMode>,
+    /// Open a pull (merge) request for the winner; `--pr each`: for every pushed fork.
+    #[arg(long, requires = "push", num_args = 0..=1, default_missing_value = "winner", value_enum)]
+    pub pr: Option<PrMode>,
+    /// Open pull requests as drafts.
+    #[arg(long, requires = "pr")]
+    pub draft: bool,
+    /// Author (and committer) of the pushed commits: "Name <email>".
+    #[arg(long, requires = "push", value_parser = parse_author)]
+    pub author: Option<(String, String)>,
     /// Idempotency key: launching again with the same id returns the same run.
     #[arg(long, default_value = "")]
     pub request_id: String,
@@ -247,6 +261,31 @@ pub struct ForkArgs {
     /// Print the run id and return at once (the default).
     #[arg(long, overrides_with = "wait")]
     pub no_wait: bool,
+}
+
+/// Which forks `--push` delivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PushMode {
+    Winner,
+    Succeeded,
+    Verified,
+}
+
+/// Which pushed forks get a pull request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrMode {
+    Winner,
+    Each,
+}
+
+fn parse_author(s: &str) -> Result<(String, String), String> {
+    let (name, rest) = s
+        .split_once('<')
+        .ok_or_else(|| format!("{s:?} is not \"Name <email>\""))?;
+    let email = rest
+        .strip_suffix('>')
+        .ok_or_else(|| format!("{s:?} is not \"Name <email>\""))?;
+    Ok((name.trim().to_owned(), email.trim().to_owned()))
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {

@@ -2,12 +2,18 @@
 
 use crate::output::outln;
 use crate::{
-    cli::{ForkArgs, Output},
+    cli::{ForkArgs, Output, PrMode, PushMode},
     client::{Client, status_error},
     output::{exit_for, print_json, print_run, print_yaml},
     watch,
 };
-use forkyard_proto::{common::v1::AgentSpec, gateway::v1::LaunchRunRequest};
+use forkyard_proto::{
+    common::v1::AgentSpec,
+    gateway::v1::{
+        Delivery, LaunchRunRequest,
+        delivery::{PullRequests, Push},
+    },
+};
 use std::process::ExitCode;
 
 pub async fn launch(client: &mut Client, a: ForkArgs, output: Output) -> anyhow::Result<ExitCode> {
@@ -70,6 +76,34 @@ fn launch_request(a: ForkArgs) -> LaunchRunRequest {
         verify_command: a.verify.unwrap_or_default(),
         stop_on_first_verified: a.stop_on_first_verified,
         labels: a.labels.into_iter().collect(),
+        delivery: delivery(a.push, a.pr, a.draft, a.author),
         ..Default::default()
     }
+}
+
+fn delivery(
+    push: Option<PushMode>,
+    pr: Option<PrMode>,
+    draft: bool,
+    author: Option<(String, String)>,
+) -> Option<Delivery> {
+    let push = match push? {
+        PushMode::Winner => Push::Winner,
+        PushMode::Succeeded => Push::Succeeded,
+        PushMode::Verified => Push::Verified,
+    };
+    let pull_requests = match pr {
+        None => PullRequests::None,
+        Some(PrMode::Winner) => PullRequests::Winner,
+        Some(PrMode::Each) => PullRequests::Each,
+    };
+    let (author_name, author_email) = author.unwrap_or_default();
+    Some(Delivery {
+        push: push as i32,
+        pull_requests: pull_requests as i32,
+        draft,
+        author_name,
+        author_email,
+        ..Default::default()
+    })
 }

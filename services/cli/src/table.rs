@@ -96,10 +96,10 @@ pub fn run(run: &Run) -> String {
         } else {
             0
         };
-        let note = if f.error.is_empty() {
-            f.branch.clone()
-        } else {
-            f.error.lines().next().unwrap_or("").to_owned()
+        let note = match (&f.error, &f.delivered) {
+            (e, _) if !e.is_empty() => e.lines().next().unwrap_or("").to_owned(),
+            (_, Some(d)) => delivered(d),
+            (_, None) => f.branch.clone(),
         };
         let mark = if run.winner == f.fork { "*" } else { " " };
         let _ = writeln!(
@@ -165,6 +165,9 @@ pub fn fork(f: &ForkResult) -> String {
     if !f.error.is_empty() {
         let _ = writeln!(out, "error: {}", f.error);
     }
+    if let Some(d) = &f.delivered {
+        let _ = writeln!(out, "delivered: {} ({})", delivered(d), d.remote);
+    }
     let _ = writeln!(
         out,
         "--- agent output (tail) ---\n{}",
@@ -190,6 +193,17 @@ pub fn fork(f: &ForkResult) -> String {
         f.patch.trim_end()
     );
     out
+}
+
+/// Where a fork went: its pushed branch and commit and its pull request, or why not.
+fn delivered(d: &forkyard_proto::common::v1::Delivered) -> String {
+    let short = d.commit.get(..12).unwrap_or(&d.commit);
+    match (d.commit.is_empty(), d.error.is_empty()) {
+        (true, _) => format!("{}: not pushed: {}", d.branch, d.error),
+        (false, true) if d.pull_request_url.is_empty() => format!("pushed {} @ {short}", d.branch),
+        (false, true) => format!("pushed {} @ {short}, {}", d.branch, d.pull_request_url),
+        (false, false) => format!("pushed {} @ {short}; {}", d.branch, d.error),
+    }
 }
 
 /// One line per event, for logs and pipes.
