@@ -13,7 +13,7 @@ mod tenant_calls;
 use forkyard_proto::{
     common::v1::{ForkResult, ForkStatus},
     gateway::v1::{
-        Delivery, GetForkResultRequest, LaunchRunRequest, Run, RunState,
+        Delivery, GetForkResultRequest, LaunchRunRequest, PublishForkRequest, Run, RunState,
         delivery::{PullRequests, Push},
     },
 };
@@ -230,6 +230,68 @@ async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
         &["for-each-ref", "--format=%(refname)", "refs/heads/cli-*"],
     );
     assert_eq!(pushed, "refs/heads/cli-fork-1", "the winner alone");
+
+    // Delivered later: a run that pushed nothing, then a person picks fork 2.
+    let (quiet, _) = run(&mut gw, &key, {
+        let mut req = delivering(&http.url(), "later", 2, Delivery::default());
+        req.delivery = None;
+        req.branch = "later".into();
+        req
+    })
+    .await;
+    assert_eq!(quiet.state, RunState::Completed as i32);
+    assert_eq!(
+        served(&http, &["for-each-ref", "refs/heads/later-*"]),
+        "",
+        "nothing pushed yet"
+    );
+    let publish = |fork| PublishForkRequest {
+        run_id: quiet.run_id.clone(),
+        fork,
+        ..Default::default()
+    };
+    let first = gw
+        .publish_fork(with_key(&key, publish(2)))
+        .await
+        .expect("publish")
+        .into_inner();
+    let d = first.delivered.clone().expect("delivered");
+    assert_eq!(
+        (d.branch.as_str(), d.error.as_str()),
+        ("later-fork-2", ""),
+        "{d:#?}"
+    );
+    assert_eq!(
+        served(&http, &["rev-parse", "refs/heads/later-fork-2"]),
+        d.commit
+    );
+    // Once: asked again, the same answer, nothing new on the server.
+    let again = gw
+        .publish_fork(with_key(&key, publish(2)))
+        .await
+        .expect("again")
+        .into_inner();
+    assert_eq!(again.delivered, first.delivered);
+    let refs = served(
+        &http,
+        &["for-each-ref", "--format=%(refname)", "refs/heads/later-*"],
+    );
+    assert_eq!(refs, "refs/heads/later-fork-2");
+    // GetForkResult shows where it went.
+    let asked = with_key(
+        &key,
+        GetForkResultRequest {
+            run_id: quiet.run_id.clone(),
+            fork: 2,
+        },
+    );
+    let shown = gw.get_fork_result(asked).await.unwrap().into_inner();
+    assert_eq!(shown.delivered, first.delivered);
+    let err = gw
+        .publish_fork(with_key(&key, publish(3)))
+        .await
+        .expect_err("no fork 3");
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
 
     // Nonsense is refused, naming the field, before anything starts.
     let cases = [

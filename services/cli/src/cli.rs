@@ -99,6 +99,27 @@ pub enum Command {
         #[command(subcommand)]
         command: BudgetCommand,
     },
+    /// Deliver one fork of a finished run: push its branch (<branch>-fork-<n>) to the
+    /// run's repository and, with --pr, open a pull request. Once per fork: asked again,
+    /// it prints what the first time did.
+    Publish {
+        /// The fork's run.
+        run_id: String,
+        /// The fork (one that succeeded).
+        fork: u32,
+        /// Open a pull (merge) request for it.
+        #[arg(long)]
+        pr: bool,
+        /// Open it as a draft.
+        #[arg(long, requires = "pr")]
+        draft: bool,
+        /// Branch prefix (default: the run's branch).
+        #[arg(long, default_value = "")]
+        branch: String,
+        /// Author (and committer) of the commit: "Name <email>".
+        #[arg(long, value_parser = parse_author)]
+        author: Option<(String, String)>,
+    },
     /// One fork in full: its patch (printed, or saved with --save), output, verification.
     Result {
         /// The fork's run.

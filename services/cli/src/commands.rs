@@ -10,8 +10,8 @@ use crate::{
 };
 use forkyard_proto::gateway::v1::{
     CancelForkRequest, CancelRunRequest, GetForkResultRequest, GetRunRequest, ListRunsRequest,
-    ListRunsResponse, PauseRunRequest, RaiseBudgetRequest, ResumeRunRequest, Run, RunState,
-    StartCleanupRequest, StopCleanupRequest,
+    ListRunsResponse, PauseRunRequest, PublishForkRequest, RaiseBudgetRequest, ResumeRunRequest,
+    Run, RunState, StartCleanupRequest, StopCleanupRequest,
 };
 use std::{path::PathBuf, process::ExitCode};
 
@@ -56,6 +56,27 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => raise_budget(client, run_id, amount, output).await,
         Command::Result { run_id, fork, save } => {
             fork_result(client, GetForkResultRequest { run_id, fork }, save, output).await
+        }
+        Command::Publish {
+            run_id,
+            fork,
+            pr,
+            draft,
+            branch,
+            author,
+        } => {
+            let (author_name, author_email) = author.unwrap_or_default();
+            let req = PublishForkRequest {
+                run_id,
+                fork,
+                pull_request: pr,
+                draft,
+                branch_prefix: branch,
+                author_name,
+                author_email,
+                ..Default::default()
+            };
+            publish(client, req, output).await
         }
         Command::Cleanup { interval, max_age } => cleanup(client, interval, max_age).await,
         Command::StopCleanup => stop_cleanup(client).await,
@@ -253,6 +274,30 @@ async fn fork_result(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The fork delivered; exit 1 when it was not pushed (or its pull request not opened).
+async fn publish(
+    client: &mut Client,
+    req: PublishForkRequest,
+    output: Output,
+) -> anyhow::Result<ExitCode> {
+    let f = client
+        .publish_fork(req)
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    match output {
+        Output::Json => print_json(&f, "forkyard.common.v1.ForkResult")?,
+        Output::Yaml => print_yaml(&f, "forkyard.common.v1.ForkResult")?,
+        Output::Table => outln!("{}", table::delivered_line(&f)),
+    }
+    let done = f.delivered.as_ref().is_some_and(|d| d.error.is_empty());
+    Ok(if done {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 async fn cleanup(client: &mut Client, interval: u32, max_age: u32) -> anyhow::Result<ExitCode> {

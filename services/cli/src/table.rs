@@ -195,6 +195,14 @@ pub fn fork(f: &ForkResult) -> String {
     out
 }
 
+/// `fork <n>: <where it went>` for `forkyard publish`.
+pub fn delivered_line(f: &ForkResult) -> String {
+    match &f.delivered {
+        Some(d) => format!("fork {}: {} ({})", f.fork, delivered(d), d.remote),
+        None => format!("fork {}: not delivered", f.fork),
+    }
+}
+
 /// Where a fork went: its pushed branch and commit and its pull request, or why not.
 fn delivered(d: &forkyard_proto::common::v1::Delivered) -> String {
     let short = d.commit.get(..12).unwrap_or(&d.commit);

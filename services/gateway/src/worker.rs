@@ -7,7 +7,10 @@ use crate::{
     ledger::LedgerLocal,
     sandboxes::SandboxLocal,
     wave::WaveLocal,
-    workflows::{ForkWorkflow, SandboxOrchestrationWorkflow, cleanup::ScheduledCleanupWorkflow},
+    workflows::{
+        ForkWorkflow, PublishWorkflow, SandboxOrchestrationWorkflow,
+        cleanup::ScheduledCleanupWorkflow,
+    },
 };
 use forkyard_proto::queues;
 use temporalio_sdk::{WorkerOptions, runtime::PollerBehavior};
@@ -22,6 +25,7 @@ pub fn options(
     Ok(WorkerOptions::new(queues::ORCHESTRATION)
         .register_workflow::<SandboxOrchestrationWorkflow>()?
         .register_workflow::<ForkWorkflow>()?
+        .register_workflow::<PublishWorkflow>()?
         .register_workflow::<ScheduledCleanupWorkflow>()?
         .worker_plugin(crate::fork_telemetry::plugin())
         .register_activities(WaveLocal::new(&ledger, &sandboxes))

@@ -10,6 +10,7 @@ mod cleanup;
 mod forks;
 mod launch;
 mod list;
+mod publish;
 mod run_reads;
 mod run_state;
 mod runs;
@@ -19,13 +20,14 @@ mod watch;
 
 use crate::{auth::Tenant, error::GatewayError, validate::Limits};
 use forkyard_proto::{
-    common::v1::ForkResult,
+    common::v1::{ForkResult, ForkStatus},
     gateway::v1::{
         CancelForkRequest, CancelForkResponse, CancelRunRequest, CancelRunResponse,
         GetForkResultRequest, GetRunRequest, LaunchRunRequest, LaunchRunResponse, ListRunsRequest,
-        ListRunsResponse, PauseRunRequest, RaiseBudgetRequest, RaiseBudgetResponse,
-        ResumeRunRequest, Run, RunEvent, StartCleanupRequest, StartCleanupResponse,
-        StopCleanupRequest, StopCleanupResponse, WatchRunRequest, gateway_server::Gateway,
+        ListRunsResponse, PauseRunRequest, PublishForkRequest, RaiseBudgetRequest,
+        RaiseBudgetResponse, ResumeRunRequest, Run, RunEvent, StartCleanupRequest,
+        StartCleanupResponse, StopCleanupRequest, StopCleanupResponse, WatchRunRequest,
+        gateway_server::Gateway,
     },
 };
 use std::{pin::Pin, time::Duration};
@@ -190,7 +192,18 @@ impl Gateway for GatewayService {
             .bounded(self.fork_result(&t, &req.run_id, req.fork))
             .await)?;
         self.attach_transcript(&req.run_id, out.get_mut()).await;
+        let f = out.get_mut();
+        if f.delivered.is_none() && f.status == ForkStatus::Succeeded as i32 {
+            f.delivered = self.published(&req.run_id, req.fork).await;
+        }
         Ok(out)
+    }
+
+    async fn publish_fork(&self, req: Request<PublishForkRequest>) -> Result<ForkResult> {
+        let t = tenant(&req)?;
+        let req = req.into_inner();
+        // Not bounded by the read deadline: a push and a pull request take their time.
+        ok(self.publish(&t, req).await)
     }
 
     async fn start_cleanup(

@@ -5,7 +5,7 @@ use super::fields::{check_branch, field};
 use crate::error::GatewayError;
 use forkyard_common::repo_location::{self, RepoLocation};
 use forkyard_proto::gateway::v1::{
-    Delivery, LaunchRunRequest,
+    Delivery, LaunchRunRequest, PublishForkRequest,
     delivery::{PullRequests, Push},
 };
 
@@ -13,7 +13,7 @@ const MAX_MESSAGE_BYTES: usize = 64 << 10;
 const MAX_NAME_BYTES: usize = 256;
 
 /// The delivery as the run keeps it: `None` when nothing is to leave the mesh.
-pub(super) fn check_delivery(req: &LaunchRunRequest) -> Result<Option<Delivery>, GatewayError> {
+pub(crate) fn check_delivery(req: &LaunchRunRequest) -> Result<Option<Delivery>, GatewayError> {
     let Some(d) = req.delivery.clone() else {
         return Ok(None);
     };
@@ -51,6 +51,34 @@ pub(super) fn check_delivery(req: &LaunchRunRequest) -> Result<Option<Delivery>,
             "only a remote repository's forks are pushed (this run's repo is a local path)",
         ));
     }
+    check_texts(&d)?;
+    Ok(Some(d))
+}
+
+/// `PublishFork`'s options, as a delivery of one fork (the run is checked by the caller).
+pub fn publish_delivery(req: &PublishForkRequest) -> Result<Delivery, GatewayError> {
+    let d = Delivery {
+        push: Push::Winner as i32,
+        pull_requests: if req.pull_request {
+            PullRequests::Winner
+        } else {
+            PullRequests::None
+        } as i32,
+        draft: req.draft,
+        commit_message: req.commit_message.clone(),
+        author_name: req.author_name.clone(),
+        author_email: req.author_email.clone(),
+        branch_prefix: req.branch_prefix.clone(),
+    };
+    if d.draft && !req.pull_request {
+        return Err(field("draft", "drafts are pull requests: set pull_request"));
+    }
+    check_texts(&d)?;
+    Ok(d)
+}
+
+/// The texts git and a forge take.
+fn check_texts(d: &Delivery) -> Result<(), GatewayError> {
     if !d.branch_prefix.is_empty() {
         check_branch(&d.branch_prefix).map_err(|_| {
             field(
@@ -66,8 +94,7 @@ pub(super) fn check_delivery(req: &LaunchRunRequest) -> Result<Option<Delivery>,
         ));
     }
     identity("delivery.author_name", &d.author_name)?;
-    identity("delivery.author_email", &d.author_email)?;
-    Ok(Some(d))
+    identity("delivery.author_email", &d.author_email)
 }
 
 /// git refuses (or mangles) names with these, and an email that a forge would show as

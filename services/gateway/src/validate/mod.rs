@@ -11,6 +11,7 @@ use fields::{check_branch, check_image, check_labels, command_size, field, no_nu
 use forkyard_proto::gateway::v1::{LaunchRunRequest, RunSpec};
 
 pub use agent::DRIVERS;
+pub use delivery::publish_delivery;
 pub(crate) use fields::check_base_ref;
 
 pub const DEFAULT_BRANCH: &str = "forkyard";

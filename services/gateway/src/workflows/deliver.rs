@@ -5,15 +5,16 @@
 //! not happen says why in `ForkResult.delivered.error`.
 
 use super::{options, run_state::SandboxOrchestrationWorkflow};
-use crate::deliver::{DeliverFork, DeliverInput, DeliverLocal, text::RunFacts};
+use crate::deliver::{DeliverDone, DeliverFork, DeliverInput, DeliverLocal, text::RunFacts};
 use forkyard_proto::{
-    common::v1::{Delivered, ForkStatus, VerifyStatus},
+    common::v1::{Delivered, ForkResult, ForkStatus, VerifyStatus},
     gateway::v1::{
-        Run,
+        Delivery, Run,
         delivery::{PullRequests, Push},
     },
 };
-use temporalio_workflow::WorkflowContext;
+use temporalio_macros::{workflow, workflow_methods};
+use temporalio_workflow::{WorkflowContext, WorkflowResult};
 
 type Ctx = WorkflowContext<SandboxOrchestrationWorkflow>;
 
@@ -62,38 +63,51 @@ pub(super) async fn deliver(ctx: &Ctx) {
 fn input(run: &Run, tenant: String) -> Option<DeliverInput> {
     let spec = run.spec.as_ref()?;
     let d = spec.delivery.as_ref()?;
-    let wanted = |f: &forkyard_proto::common::v1::ForkResult| match d.push() {
-        Push::Winner => f.fork == run.winner,
-        Push::Succeeded => f.status == ForkStatus::Succeeded as i32,
-        Push::Verified => {
-            f.status == ForkStatus::Succeeded as i32 && f.verify == VerifyStatus::Passed as i32
-        }
-        Push::Unspecified | Push::None => false,
+    let chosen = |f: &ForkResult| {
+        let pushed = match d.push() {
+            Push::Winner => f.fork == run.winner,
+            Push::Succeeded => f.status == ForkStatus::Succeeded as i32,
+            Push::Verified => {
+                f.status == ForkStatus::Succeeded as i32 && f.verify == VerifyStatus::Passed as i32
+            }
+            Push::Unspecified | Push::None => false,
+        };
+        pushed.then(|| match d.pull_requests() {
+            PullRequests::Winner => f.fork == run.winner,
+            PullRequests::Each => true,
+            PullRequests::Unspecified | PullRequests::None => false,
+        })
     };
+    let input = delivery_input(run, tenant, d, chosen);
+    (!input.forks.is_empty()).then_some(input)
+}
+
+/// What delivers `d` for `run`: the forks `chosen` says (`Some(pull request wanted)`).
+pub(crate) fn delivery_input(
+    run: &Run,
+    tenant: String,
+    d: &Delivery,
+    chosen: impl Fn(&ForkResult) -> Option<bool>,
+) -> DeliverInput {
+    let spec = run.spec.clone().unwrap_or_default();
     let prefix = if d.branch_prefix.is_empty() {
         &spec.branch
     } else {
         &d.branch_prefix
     };
-    let forks: Vec<DeliverFork> = run
+    let forks = run
         .forks
         .iter()
-        .filter(|f| wanted(f))
-        .map(|f| DeliverFork {
-            fork: f.fork,
-            branch: format!("{prefix}-fork-{}", f.fork),
-            pull_request: match d.pull_requests() {
-                PullRequests::Winner => f.fork == run.winner,
-                PullRequests::Each => true,
-                PullRequests::Unspecified | PullRequests::None => false,
-            },
+        .filter_map(|f| {
+            chosen(f).map(|pull_request| DeliverFork {
+                fork: f.fork,
+                branch: format!("{prefix}-fork-{}", f.fork),
+                pull_request,
+            })
         })
         .collect();
-    if forks.is_empty() {
-        return None;
-    }
     let agent = spec.agent.clone().unwrap_or_default();
-    Some(DeliverInput {
+    DeliverInput {
         tenant,
         repo: spec.repo.clone(),
         base_branch: base_branch(&spec.base_ref),
@@ -113,7 +127,7 @@ fn input(run: &Run, tenant: String) -> Option<DeliverInput> {
         commit_message: d.commit_message.clone(),
         author_name: d.author_name.clone(),
         author_email: d.author_email.clone(),
-    })
+    }
 }
 
 /// The base ref when it names a branch; empty (the remote's default) for a commit id,
@@ -125,5 +139,24 @@ fn base_branch(base_ref: &str) -> String {
         String::new()
     } else {
         r.to_owned()
+    }
+}
+
+/// A fork delivered after its run ended (`PublishFork`): one activity, in a workflow of
+/// its own whose id (`<run id>/publish-<fork>`) makes it happen once.
+#[workflow]
+#[derive(Default)]
+pub struct PublishWorkflow;
+
+#[workflow_methods]
+impl PublishWorkflow {
+    #[run(name = "PublishWorkflow")]
+    pub async fn run(
+        ctx: &mut WorkflowContext<Self>,
+        input: DeliverInput,
+    ) -> WorkflowResult<DeliverDone> {
+        Ok(ctx
+            .execute_activity(DeliverLocal::deliver, input, options::deliver())
+            .await?)
     }
 }

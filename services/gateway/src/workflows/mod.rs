@@ -5,7 +5,7 @@
 //! Workflow code is deterministic: time comes from `ctx.workflow_time()`, never a clock.
 
 pub mod cleanup;
-mod deliver;
+pub(crate) mod deliver;
 mod failure;
 pub mod fork;
 mod fork_result;
@@ -23,6 +23,7 @@ mod settle;
 mod start;
 mod steps;
 
+pub use deliver::PublishWorkflow;
 pub(crate) use failure::SANDBOX_LOST;
 pub use fork::ForkWorkflow;
 pub use input::{AgentEnd, ForkInput, Handoff};
