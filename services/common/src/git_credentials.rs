@@ -1,10 +1,12 @@
 //! Git credentials the mesh holds per tenant and host, for the host-side git of the
-//! gateway (its repository check) and the provisioner (its clones): never a sandbox's.
+//! gateway (its repository check) and the provisioner (its clones), and for the forges'
+//! APIs (pull and merge requests, `crate::forge`): never a sandbox's.
 //!
 //! The operator gives them in one TOML file (`FORKYARD_GIT_CREDENTIALS`), typically a
 //! Kubernetes Secret mounted as a file; it is read again when it changes (its mtime or
 //! size), so a rotated token or a new tenant needs no restart. Secrets themselves may
-//! live in files of their own (`token_file`, `ssh_key_file`), read at each use:
+//! live in files of their own (`token_file`, `ssh_key_file`, `app_key_file`), read at
+//! each use:
 //!
 //! ```toml
 //! [[credential]]
@@ -18,18 +20,37 @@
 //! tenants = ["team-b"]
 //! ssh_key_file = "/secrets/team-b-deploy-key"
 //! known_hosts_file = "/secrets/known_hosts"   # required: no trust on first use
+//! forge = "gitlab"                            # its API, for merge requests:
+//! api = "https://git.internal/api/v4"
+//! api_token_file = "/secrets/team-b-gitlab"   # an ssh key calls no API
+//!
+//! [[credential]]
+//! host = "github.com"
+//! tenants = ["team-c"]
+//! app_id = 123456                              # a GitHub App: installation tokens
+//! app_key_file = "/secrets/app.pem"            # minted when needed (crate::github_app)
+//! installation_id = 7890123
 //! ```
 //!
 //! `GITHUB_TOKEN`, when set, is one more entry: github.com, every tenant.
 //!
 //! A tenant's run gets the most specific entry for its repository's host among its own
 //! and the shared ones (its own first; `host:port` before `host` before `*.domain`).
+//! A host's forge is what its entry says (`forge`, `api`), else github.com's and
+//! gitlab.com's own; any other host has none unless its entry names one.
 //! A token reaches git only through the environment of the one git process that uses
 //! it (`http.<url>.extraHeader` by `GIT_CONFIG_*`), never a command line, a file of the
 //! repository, a URL or a log: `Debug` and `Display` never print it.
 
-use crate::repo_location::{Remote, Transport};
+mod entry;
+
+use crate::{
+    forge::{ForgeAccess, ForgeError},
+    github_app::InstallationTokens,
+    repo_location::{Remote, Transport},
+};
 use base64::Engine as _;
+use entry::Entry;
 use serde::Deserialize;
 use std::{
     path::{Path, PathBuf},
@@ -44,7 +65,22 @@ pub const SETTING: &str = "FORKYARD_GIT_CREDENTIALS";
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
+impl<'de> Deserialize<'de> for Secret {
+    /// Any TOML value is taken first, so that a mistyped one (a number) is refused
+    /// without the parser's message quoting it.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match toml::Value::deserialize(d)? {
+            toml::Value::String(s) => Ok(Secret(s)),
+            _ => Err(serde::de::Error::custom("a secret must be a string")),
+        }
+    }
+}
+
 impl Secret {
+    pub fn new(text: impl Into<String>) -> Self {
+        Self(text.into())
+    }
+
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -135,114 +171,6 @@ struct FileShape {
     credential: Vec<Entry>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Entry {
-    host: String,
-    tenants: Vec<String>,
-    #[serde(default)]
-    username: Option<String>,
-    #[serde(default)]
-    token: Option<String>,
-    #[serde(default)]
-    token_file: Option<PathBuf>,
-    #[serde(default)]
-    ssh_key_file: Option<PathBuf>,
-    #[serde(default)]
-    known_hosts_file: Option<PathBuf>,
-}
-
-impl Entry {
-    fn check(&self) -> Result<(), String> {
-        let http = self.token.is_some() || self.token_file.is_some();
-        let ssh = self.ssh_key_file.is_some();
-        if http == ssh {
-            return Err(format!(
-                "credential for {}: give a token (token or token_file) or an ssh_key_file, one of them",
-                self.host
-            ));
-        }
-        if ssh && self.known_hosts_file.is_none() {
-            return Err(format!(
-                "credential for {}: an ssh_key_file needs a known_hosts_file (the host's key: no trust on first use)",
-                self.host
-            ));
-        }
-        if self.tenants.is_empty() {
-            return Err(format!(
-                "credential for {}: tenants is empty (name them, or [\"*\"] for every tenant)",
-                self.host
-            ));
-        }
-        if self.host.is_empty() || self.host.contains('/') || self.host.contains('@') {
-            return Err(format!(
-                "credential host {:?} is not a host name",
-                self.host
-            ));
-        }
-        Ok(())
-    }
-
-    /// How well the entry's host names `host:port` (0: not at all).
-    fn host_match(&self, host: &str, port: u16) -> u8 {
-        let pattern = self.host.to_ascii_lowercase();
-        if let Some(domain) = pattern.strip_prefix("*.") {
-            return u8::from(host.ends_with(&format!(".{domain}")));
-        }
-        match pattern.rsplit_once(':') {
-            Some((h, p)) if p.parse::<u16>().is_ok() => {
-                if h == host && p.parse::<u16>() == Ok(port) {
-                    3
-                } else {
-                    0
-                }
-            }
-            _ => 2 * u8::from(pattern == host),
-        }
-    }
-
-    fn tenant_match(&self, tenant: &str) -> u8 {
-        if self.tenants.iter().any(|t| t == tenant) {
-            2
-        } else {
-            u8::from(self.tenants.iter().any(|t| t == "*"))
-        }
-    }
-
-    fn for_transport(&self, transport: Transport) -> bool {
-        match transport {
-            Transport::Ssh => self.ssh_key_file.is_some(),
-            Transport::Https | Transport::Http => self.ssh_key_file.is_none(),
-            Transport::Git => false,
-        }
-    }
-
-    /// The credential, its secret read now (a rotated file applies at once).
-    fn credential(&self) -> Result<Credential, String> {
-        if let (Some(key_file), Some(known_hosts)) = (&self.ssh_key_file, &self.known_hosts_file) {
-            return Ok(Credential::SshKey {
-                key_file: key_file.clone(),
-                known_hosts: known_hosts.clone(),
-            });
-        }
-        let token = match (&self.token, &self.token_file) {
-            (Some(t), _) => t.clone(),
-            (None, Some(file)) => std::fs::read_to_string(file)
-                .map_err(|e| format!("credential for {}: {}: {e}", self.host, file.display()))?
-                .trim()
-                .to_owned(),
-            (None, None) => unreachable!("checked when loaded"),
-        };
-        Ok(Credential::Token {
-            username: self
-                .username
-                .clone()
-                .unwrap_or_else(|| "x-access-token".into()),
-            token: Secret(token),
-        })
-    }
-}
-
 /// The file as last read.
 #[derive(Default)]
 struct Loaded {
@@ -256,6 +184,8 @@ pub struct GitCredentials {
     file: Option<PathBuf>,
     github_token: Option<Entry>,
     loaded: Mutex<Loaded>,
+    /// GitHub App installation tokens minted so far.
+    apps: InstallationTokens,
 }
 
 impl std::fmt::Debug for GitCredentials {
@@ -263,6 +193,7 @@ impl std::fmt::Debug for GitCredentials {
         f.debug_struct("GitCredentials")
             .field("file", &self.file)
             .field("github_token", &self.github_token.is_some())
+            .field("apps", &self.apps)
             .finish()
     }
 }
@@ -274,6 +205,7 @@ impl GitCredentials {
             file: None,
             github_token: None,
             loaded: Mutex::default(),
+            apps: InstallationTokens::default(),
         }
     }
 
@@ -286,16 +218,14 @@ impl GitCredentials {
             .map(|token| Entry {
                 host: "github.com".into(),
                 tenants: vec!["*".into()],
-                username: None,
-                token: Some(token),
-                token_file: None,
-                ssh_key_file: None,
-                known_hosts_file: None,
+                token: Some(Secret(token)),
+                ..Entry::default()
             });
         let creds = Self {
             file,
             github_token,
             loaded: Mutex::default(),
+            apps: InstallationTokens::default(),
         };
         creds.reload()?;
         Ok(creds)
@@ -335,9 +265,15 @@ impl GitCredentials {
         Ok(())
     }
 
-    /// The credential `tenant` may use for `remote`, if any: its own most specific one,
-    /// else the operator's shared one. `Err`: its secret could not be read.
-    pub fn for_remote(&self, tenant: &str, remote: &Remote) -> Result<Option<Credential>, String> {
+    /// The entry `tenant` may use for `remote` among those `usable` keeps: its own most
+    /// specific one, else the operator's shared one; of two as specific, one for the
+    /// remote's transport. A copy: no lock is held while its token is minted.
+    fn best(
+        &self,
+        tenant: &str,
+        remote: &Remote,
+        usable: impl Fn(&Entry) -> bool,
+    ) -> Option<Entry> {
         if let Err(e) = self.reload() {
             tracing::warn!(error = %e, "git credentials not reloaded; the last ones read stay");
         }
@@ -345,21 +281,85 @@ impl GitCredentials {
             .loaded
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let best = loaded
+        loaded
             .entries
             .iter()
             .chain(self.github_token.iter())
-            .filter(|e| e.for_transport(remote.transport))
+            .filter(|e| usable(e))
             .map(|e| {
-                (
+                let rank = (
                     e.tenant_match(tenant),
                     e.host_match(&remote.host, remote.port),
-                    e,
-                )
+                    u8::from(e.for_transport(remote.transport)),
+                );
+                (rank, e)
             })
-            .filter(|(t, h, _)| *t > 0 && *h > 0)
-            .max_by_key(|(t, h, _)| (*t, *h));
-        best.map(|(_, _, e)| e.credential()).transpose()
+            .filter(|((t, h, _), _)| *t > 0 && *h > 0)
+            .max_by_key(|(rank, _)| *rank)
+            .map(|(_, e)| e.clone())
+    }
+
+    /// The credential `tenant` may use for `remote`, if any, without network I/O: a
+    /// GitHub App's entry is an `Err` here ([`Self::resolve`] mints its token). `Err`:
+    /// its secret could not be read.
+    pub fn for_remote(&self, tenant: &str, remote: &Remote) -> Result<Option<Credential>, String> {
+        self.best(tenant, remote, |e| e.for_transport(remote.transport))
+            .map(|e| e.credential())
+            .transpose()
+    }
+
+    /// The credential `tenant` may use for `remote`, if any: its own most specific one,
+    /// else the operator's shared one; for a GitHub App, an installation token (minted
+    /// if none cached has five minutes left) as `x-access-token`. `Err` names the
+    /// entry's host: its secret could not be read, or no token could be minted.
+    pub async fn resolve(
+        &self,
+        tenant: &str,
+        remote: &Remote,
+    ) -> Result<Option<Credential>, String> {
+        let Some(entry) = self.best(tenant, remote, |e| e.for_transport(remote.transport)) else {
+            return Ok(None);
+        };
+        let Some(app) = entry.app(remote) else {
+            return entry.credential().map(Some);
+        };
+        let token = self
+            .apps
+            .token(&app)
+            .await
+            .map_err(|e| format!("credential for {}: {e}", entry.host))?;
+        Ok(Some(Credential::Token {
+            username: "x-access-token".into(),
+            token,
+        }))
+    }
+
+    /// How `tenant` calls the API of `remote`'s forge, if its host has one (the entry's
+    /// `forge` and `api`, else github.com's and gitlab.com's own) and the tenant an entry
+    /// that can call it: a token entry's `api_token` or token, an SSH entry's
+    /// `api_token`, a GitHub App's installation token. `Err` names the entry's host and
+    /// says whether trying again may help (a mint the API failed).
+    pub async fn forge_for(
+        &self,
+        tenant: &str,
+        remote: &Remote,
+    ) -> Result<Option<ForgeAccess>, ForgeError> {
+        let usable = |e: &Entry| e.has_api_access() && e.forge(remote).is_some();
+        let Some(entry) = self.best(tenant, remote, usable) else {
+            return Ok(None);
+        };
+        let Some((forge, api)) = entry.forge(remote) else {
+            return Ok(None);
+        };
+        let token = match entry.app(remote) {
+            Some(app) => self
+                .apps
+                .token(&app)
+                .await
+                .map_err(|e| e.context(&format!("credential for {}", entry.host)))?,
+            None => entry.api_token().map_err(ForgeError::Setup)?,
+        };
+        Ok(Some(ForgeAccess { forge, api, token }))
     }
 }
 

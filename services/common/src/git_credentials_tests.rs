@@ -150,3 +150,229 @@ fn a_token_reaches_git_only_as_an_extra_header_of_its_host() {
     assert_eq!(env[1].1, "http.https://github.com/.extraHeader");
     assert!(!format!("{c:?}").contains("tok\""), "{c:?}");
 }
+
+/// The forge access `tenant` gets for `url`: its forge, API and token.
+async fn forge(
+    creds: &GitCredentials,
+    tenant: &str,
+    url: &str,
+) -> Option<(String, String, String)> {
+    let access = creds.forge_for(tenant, &remote(url)).await.unwrap()?;
+    Some((
+        access.forge.to_string(),
+        access.api.to_string(),
+        access.token.expose().to_owned(),
+    ))
+}
+
+fn owned(forge: &str, api: &str, token: &str) -> Option<(String, String, String)> {
+    Some((forge.into(), api.into(), token.into()))
+}
+
+#[tokio::test]
+async fn a_hosts_forge_is_its_entrys_else_github_and_gitlab_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let api_token = dir.path().join("gl-api");
+    std::fs::write(&api_token, "glpat-api\n").unwrap();
+    let text = format!(
+        r#"
+[[credential]]
+host = "gitlab.com"
+tenants = ["t"]
+token = "glpat-git"
+username = "oauth2"
+
+[[credential]]
+host = "git.corp"
+tenants = ["t"]
+token = "corp-git"
+forge = "gitlab"
+
+[[credential]]
+host = "ghe.corp"
+tenants = ["t"]
+token = "ghe-git"
+forge = "github"
+api = "https://ghe-api.corp/api/v3"
+
+[[credential]]
+host = "plain.corp"
+tenants = ["t"]
+token = "plain"
+
+[[credential]]
+host = "ssh.corp"
+tenants = ["t"]
+ssh_key_file = "/k"
+known_hosts_file = "/kh"
+forge = "gitlab"
+api_token_file = "{}"
+
+[[credential]]
+host = "github.com"
+tenants = ["t"]
+ssh_key_file = "/k"
+known_hosts_file = "/kh"
+"#,
+        api_token.display()
+    );
+    let creds =
+        GitCredentials::open(Some(file(dir.path(), &text)), Some("gh-shared".into())).unwrap();
+    let f = |url: &'static str| forge(&creds, "t", url);
+    assert_eq!(
+        f("https://github.com/o/r.git").await,
+        owned("github", "https://api.github.com/", "gh-shared")
+    );
+    assert_eq!(
+        f("https://gitlab.com/g/r.git").await,
+        owned("gitlab", "https://gitlab.com/api/v4", "glpat-git")
+    );
+    assert_eq!(
+        f("https://git.corp:8443/g/r.git").await,
+        owned("gitlab", "https://git.corp:8443/api/v4", "corp-git")
+    );
+    assert_eq!(
+        f("https://ghe.corp/o/r.git").await,
+        owned("github", "https://ghe-api.corp/api/v3", "ghe-git")
+    );
+    assert_eq!(f("https://plain.corp/o/r.git").await, None);
+    // An ssh entry calls the API with its api_token, on the host's https port.
+    assert_eq!(
+        f("ssh://git@ssh.corp:2222/g/r.git").await,
+        owned("gitlab", "https://ssh.corp/api/v4", "glpat-api")
+    );
+    // The tenant's github.com deploy key calls no API: the operator's shared token does.
+    assert_eq!(
+        f("git@github.com:o/r.git").await,
+        owned("github", "https://api.github.com/", "gh-shared")
+    );
+    assert_eq!(
+        forge(&creds, "other", "https://gitlab.com/g/r.git").await,
+        None
+    );
+}
+
+#[test]
+fn bad_forge_and_app_entries_are_refused_without_their_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = "[[credential]]\nhost = \"h\"\ntenants = [\"t\"]\n";
+    for (rest, says) in [
+        (
+            "token = \"s3cret\"\napi = \"https://h/api/v4\"\n",
+            "api needs forge",
+        ),
+        (
+            "token = \"s3cret\"\nforge = \"gitlab\"\napi = \"https://u:s3cret@h/api\"\n",
+            "must not carry credentials",
+        ),
+        (
+            "token = \"s3cret\"\nforge = \"gitlab\"\napi = \"ftp://h/\"\n",
+            "not an http(s) url",
+        ),
+        (
+            "token = \"s3cret\"\nforge = \"bitbucket\"\n",
+            "unknown variant",
+        ),
+        ("token = 12345\n", "a secret must be a string"),
+        (
+            "app_id = 1\napp_key_file = \"/k\"\n",
+            "needs app_id, app_key_file and installation_id",
+        ),
+        (
+            "app_id = 1\napp_key_file = \"/k\"\ninstallation_id = 2\ntoken = \"s3cret\"\n",
+            "one of them",
+        ),
+        (
+            "app_id = 1\napp_key_file = \"/k\"\ninstallation_id = 2\nforge = \"gitlab\"\n",
+            "is for forge = \"github\"",
+        ),
+        (
+            "app_id = 1\napp_key_file = \"/k\"\ninstallation_id = 2\napi_token = \"s3cret\"\n",
+            "no username, api_token",
+        ),
+        (
+            "ssh_key_file = \"/k\"\nknown_hosts_file = \"/h\"\napi_token = \"s3cret\"\napi_token_file = \"/f\"\n",
+            "not both",
+        ),
+    ] {
+        let text = format!("{base}{rest}");
+        let err = GitCredentials::open(Some(file(dir.path(), &text)), None).unwrap_err();
+        assert!(err.contains(SETTING) && err.contains(says), "{rest}: {err}");
+        assert!(!err.contains("s3cret") && !err.contains("12345"), "{err}");
+    }
+}
+
+mod app {
+    use super::*;
+    use crate::{
+        fake_forge::{FakeForge, generate_app_key},
+        forge::{PullRequest, open_pull_request},
+    };
+
+    /// A tenant's GitHub App entry on the fake's API, and the fake serving the app.
+    async fn app_setup(dir: &Path) -> (GitCredentials, FakeForge) {
+        let key = generate_app_key(dir, "app", true);
+        let fake = FakeForge::start("not-the-apps").await;
+        fake.add_app("31337", &key.public_pem, 9);
+        let text = format!(
+            "[[credential]]\nhost = \"github.com\"\ntenants = [\"t\"]\napp_id = 31337\napp_key_file = \"{}\"\ninstallation_id = 9\napi = \"{}\"\n",
+            key.key_file.display(),
+            fake.url()
+        );
+        let creds = GitCredentials::open(Some(file(dir, &text)), None).unwrap();
+        (creds, fake)
+    }
+
+    #[tokio::test]
+    async fn an_apps_installation_token_serves_git_and_the_api_minted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (creds, fake) = app_setup(dir.path()).await;
+        let repo = remote("https://github.com/org/app.git");
+        let got = token(creds.resolve("t", &repo).await.unwrap()).unwrap();
+        assert_eq!(got.0, "x-access-token");
+        assert_eq!(got.1, fake.minted()[0].token);
+        // The sync path cannot mint, and says so.
+        let e = creds.for_remote("t", &repo).unwrap_err();
+        assert!(e.contains("github.com") && e.contains("resolve"), "{e}");
+        // The API gets the same token (one mint), and opens a pull request with it.
+        let access = creds.forge_for("t", &repo).await.unwrap().unwrap();
+        assert_eq!(access.token.expose(), got.1);
+        assert_eq!(fake.minted().len(), 1);
+        let pr = PullRequest {
+            head: "run-x-fork-1".into(),
+            base: "main".into(),
+            title: "t".into(),
+            body: String::new(),
+            draft: false,
+        };
+        let opened = open_pull_request(&access, "org/app", &pr).await.unwrap();
+        assert_eq!(opened.number, 1);
+        assert!(fake.seen().last().unwrap().authorized);
+        // Another tenant has nothing; ssh is not the app's.
+        assert_eq!(creds.resolve("other", &repo).await.unwrap(), None);
+        let ssh = remote("git@github.com:org/app.git");
+        assert_eq!(creds.resolve("t", &ssh).await.unwrap(), None);
+        assert!(!format!("{creds:?}").contains(&got.1));
+    }
+
+    #[tokio::test]
+    async fn a_mint_that_fails_names_the_host_and_quotes_no_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let (creds, fake) = app_setup(dir.path()).await;
+        let repo = remote("https://github.com/org/app.git");
+        fake.fail_next(1);
+        let e = creds.forge_for("t", &repo).await.unwrap_err();
+        assert!(e.is_retryable(), "{e}");
+        assert!(e.to_string().contains("(credential for github.com)"), "{e}");
+        fake.fail_next(1);
+        let e = creds.resolve("t", &repo).await.unwrap_err();
+        assert!(
+            e.starts_with("credential for github.com: github installation token"),
+            "{e}"
+        );
+        assert!(
+            e.contains("http 502") && !e.contains("eyJ") && !e.contains("PRIVATE"),
+            "{e}"
+        );
+    }
+}

@@ -10,11 +10,15 @@ pub mod balance;
 pub mod clock;
 pub mod config;
 pub mod discovery;
+#[cfg(any(test, feature = "test-support"))]
+pub mod fake_forge;
 pub mod fault;
+pub mod forge;
 pub mod git_credentials;
 pub mod git_refs;
-pub mod host_git;
+pub mod github_app;
 pub mod grpc_telemetry;
+pub mod host_git;
 pub mod hosts;
 pub mod http_limits;
 pub mod image_reference;
