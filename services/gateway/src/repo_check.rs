@@ -143,7 +143,8 @@ async fn check_remote(
     let pin = repo_location::git_pin_config(remote, &addrs);
     let credential = reader
         .credentials
-        .for_remote(reader.tenant, remote)
+        .resolve(reader.tenant, remote)
+        .await
         .map_err(|why| unreadable(&shown, why))?;
     let env = credential
         .as_ref()

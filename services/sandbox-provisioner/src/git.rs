@@ -74,11 +74,17 @@ pub(crate) async fn reach(
     let Ok(RepoLocation::Remote(remote)) = repo_location::locate(repo) else {
         return Ok(None);
     };
+    // The host first: a GitHub App's token is minted over the network, never for a
+    // repository that is refused anyway.
+    let Some(pin) = pin(hosts, repo, &remote).await? else {
+        return Ok(None);
+    };
     let credential = credentials
-        .for_remote(tenant, &remote)
+        .resolve(tenant, &remote)
+        .await
         .map_err(|why| unreadable(repo, why))?;
     let env = credential.map(|c| c.git_env(&remote)).unwrap_or_default();
-    Ok(pin(hosts, repo, &remote).await?.map(|pin| Reach { pin, env }))
+    Ok(Some(Reach { pin, env }))
 }
 
 /// The `git -c` settings that hold a clone of `remote` to its checked addresses.
