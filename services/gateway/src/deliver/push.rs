@@ -242,6 +242,28 @@ async fn push_all(access: &Access, dir: &Path, made: &[(u32, String, String)]) -
         .collect()
 }
 
+/// The remote's default branch (what its HEAD names), for pull requests of a run whose
+/// base was no branch.
+pub async fn default_branch(access: &Access) -> Result<String, String> {
+    let mut cmd = host_git::command(&access.pin, &access.env);
+    cmd.args(["ls-remote", "--symref", "--", &access.url, "HEAD"]);
+    let out = host_git::output(cmd, None, NETWORK_TIMEOUT).await?;
+    if !out.status.success() {
+        return Err(format!(
+            "the remote's default branch: {}",
+            host_git::reason(&out)
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("ref: refs/heads/")?
+                .split_once('\t')
+                .map(|(b, _)| b.to_owned())
+        })
+        .ok_or_else(|| "the remote's HEAD names no branch: give the run a base_ref".to_owned())
+}
+
 /// The porcelain line of `refs/heads/<branch>`: `<flag>\t<from>:<to>\t<summary>`.
 fn porcelain_line<'a>(report: &'a str, branch: &str) -> Option<&'a str> {
     let to = format!(":refs/heads/{branch}\t");
