@@ -36,13 +36,19 @@ done
 
 # Model API keys go to the agent runner alone (its LLM gateway injects them); every other
 # service starts without them.
+# Git credentials (a GitHub token, the credentials file) to the gateway and the
+# provisioners alone: they check, clone and push; nothing else needs them.
 MODEL_KEYS=(ANTHROPIC_API_KEY OPENAI_API_KEY)
+GIT_KEYS=(GITHUB_TOKEN FORKYARD_GIT_CREDENTIALS)
 for s in "${SERVICES[@]}"; do
   alive "$s" && continue
   echo "starting $s on 127.0.0.1:${PORT[$s]}"
   unset_keys=()
   if [ "$s" != agent-runner ]; then
     for k in "${MODEL_KEYS[@]}"; do unset_keys+=(-u "$k"); done
+  fi
+  if [ "$s" != gateway ] && [ "$s" != sandbox-provisioner ]; then
+    for k in "${GIT_KEYS[@]}"; do unset_keys+=(-u "$k"); done
   fi
   # The provisioner sets the modes of what its sandboxes reach (their uids are others
   # to its files) from the usual umask; its own files it makes private itself.
