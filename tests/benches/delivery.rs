@@ -79,7 +79,7 @@ async fn main() {
     for round in 0..rounds {
         let before = http.requests().len();
         let started = Instant::now();
-        let pushed = push::push(&access, changes(forks, round, &base)).await;
+        let pushed = push::push(&access, &access, changes(forks, round, &base)).await;
         times.push(started.elapsed());
         requests = http.requests().len() - before;
         let failed: Vec<_> = pushed.iter().filter(|(_, r)| r.is_err()).collect();

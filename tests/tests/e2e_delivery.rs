@@ -27,16 +27,30 @@ printf '{"total_cost_usd": 0.001}\n'"#;
 const TOKEN: &str = "glpat-delivery-test-token";
 
 async fn mesh(http: &GitHttp, dir: &Path) -> Mesh {
+    mesh_with(dir, &[http.port], &[http.port]).await
+}
+
+/// A mesh whose git hosts are `127.0.0.1:<allowed>`, team A holding a token for each
+/// of `credentials`.
+async fn mesh_with(dir: &Path, credentials: &[u16], allowed: &[u16]) -> Mesh {
     let creds = dir.join("git-credentials.toml");
-    let text = format!(
-        "[[credential]]\nhost = \"127.0.0.1:{}\"\ntenants = [\"team-a\"]\nusername = \"forkyard\"\ntoken = \"{TOKEN}\"\n",
-        http.port
-    );
+    let text: String = credentials
+        .iter()
+        .map(|port| {
+            format!(
+                "[[credential]]\nhost = \"127.0.0.1:{port}\"\ntenants = [\"team-a\"]\nusername = \"forkyard\"\ntoken = \"{TOKEN}\"\n"
+            )
+        })
+        .collect();
     std::fs::write(&creds, text).unwrap();
-    let hosts = format!("127.0.0.1:{}", http.port);
+    let hosts: Vec<String> = allowed.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let mut service_env = Vec::new();
     for s in ["gateway", "sandbox-provisioner"] {
-        service_env.push((s.into(), "FORKYARD_ALLOWED_GIT_HOSTS".into(), hosts.clone()));
+        service_env.push((
+            s.into(),
+            "FORKYARD_ALLOWED_GIT_HOSTS".into(),
+            hosts.join(","),
+        ));
         let file = creds.display().to_string();
         service_env.push((s.into(), "FORKYARD_GIT_CREDENTIALS".into(), file));
     }
@@ -357,4 +371,98 @@ async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
         "{}",
         err.message()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn branches_go_to_another_allowed_remote_and_deliveries_that_cannot_be_made_are_refused() {
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let http = GitHttp::serve(src.path(), "forkyard", TOKEN);
+    let mirror = GitHttp::serve(src.path(), "forkyard", TOKEN);
+    let (no_creds, unlisted) = (9, 7);
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = mesh_with(
+        dir.path(),
+        &[http.port, mirror.port],
+        &[http.port, mirror.port, no_creds],
+    )
+    .await;
+    let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
+    let (_, key) = new_key(&mesh, "team-a");
+
+    let to = |remote: String, prs: PullRequests| Delivery {
+        push: Push::Succeeded as i32,
+        pull_requests: prs as i32,
+        remote,
+        ..Default::default()
+    };
+    let req = delivering(
+        &http.url(),
+        "mirrored",
+        2,
+        to(mirror.url(), PullRequests::None),
+    );
+    let (done, forks) = run(&mut gw, &key, req).await;
+    assert_eq!(done.state, RunState::Completed as i32, "{done:#?}");
+    for f in &forks {
+        let d = f.delivered.clone().expect("delivered");
+        assert_eq!(
+            (d.remote.as_str(), d.error.as_str()),
+            (mirror.url().as_str(), ""),
+            "{d:#?}"
+        );
+        let on_mirror = served(
+            &mirror,
+            &["rev-parse", &format!("refs/heads/forkyard-fork-{}", f.fork)],
+        );
+        assert_eq!(on_mirror, d.commit);
+    }
+    assert_eq!(
+        served(&http, &["for-each-ref", "refs/heads/forkyard-*"]),
+        "",
+        "the source untouched"
+    );
+
+    // Refused at launch, nothing started.
+    let elsewhere = |port: u16| format!("http://127.0.0.1:{port}/git/r.git");
+    let cases = [
+        (
+            to(elsewhere(unlisted), PullRequests::None),
+            Code::InvalidArgument,
+            "delivery.remote: 127.0.0.1 is not a git host",
+        ),
+        (
+            to(elsewhere(no_creds), PullRequests::None),
+            Code::FailedPrecondition,
+            "delivery.push: tenant team-a has no git credentials for 127.0.0.1",
+        ),
+        (
+            to(
+                mirror.url().replace("http://", "http://u:secret@"),
+                PullRequests::None,
+            ),
+            Code::InvalidArgument,
+            "delivery.remote: must not carry credentials",
+        ),
+        (
+            to(mirror.url(), PullRequests::Winner),
+            Code::InvalidArgument,
+            "delivery.pull_requests: pull requests are opened on the run's own repository",
+        ),
+        (
+            to(String::new(), PullRequests::Winner),
+            Code::FailedPrecondition,
+            "delivery.pull_requests: no forge api for 127.0.0.1",
+        ),
+    ];
+    for (i, (d, code, says)) in cases.into_iter().enumerate() {
+        let req = delivering(&http.url(), &format!("refused-{i}"), 1, d);
+        let err = gw
+            .launch_run(with_key(&key, req))
+            .await
+            .expect_err("refused");
+        assert_eq!(err.code(), code, "{err:?}");
+        assert!(err.message().starts_with(says), "{says}: {}", err.message());
+        assert!(!err.message().contains("secret"), "{}", err.message());
+    }
 }

@@ -4,8 +4,9 @@ use super::GatewayService;
 use crate::{
     auth::Tenant, error::GatewayError, search, validate, workflows::SandboxOrchestrationWorkflow,
 };
+use forkyard_common::repo_location::{self, RepoLocation};
 use forkyard_proto::{
-    gateway::v1::{LaunchRunRequest, LaunchRunResponse, RunSpec},
+    gateway::v1::{Delivery, LaunchRunRequest, LaunchRunResponse, RunSpec, delivery::PullRequests},
     queues,
 };
 use temporalio_client::{WorkflowIdReusePolicy, WorkflowStartOptions, errors::WorkflowStartError};
@@ -70,6 +71,9 @@ impl GatewayService {
         };
         let repos = &self.tenancy.repos;
         validate::check_repo(&spec.repo, &spec.base_ref, &repos.git_hosts, reader).await?;
+        if let Some(d) = &spec.delivery {
+            check_delivery_access(repos, &tenant.name, &spec.repo, d).await?;
+        }
         spec.tenant.clone_from(&tenant.name);
         self.check_fork_slots(tenant, spec.max_concurrent.min(spec.forks))
             .await?;
@@ -96,6 +100,70 @@ impl GatewayService {
             created: false,
         })
     }
+}
+
+/// A delivery the tenant could never make is refused at launch, nothing started: the
+/// remote's host not allowed, no git credential of the tenant's for it (nothing could be
+/// pushed), or no forge API for its pull requests.
+async fn check_delivery_access(
+    repos: &crate::repo_policy::RepoPolicy,
+    tenant: &str,
+    repo: &str,
+    d: &Delivery,
+) -> Result<(), GatewayError> {
+    let target = if d.remote.is_empty() { repo } else { &d.remote };
+    let Ok(RepoLocation::Remote(remote)) = repo_location::locate(target) else {
+        return Err(GatewayError::field(
+            "delivery.remote",
+            "is not a remote repository",
+        ));
+    };
+    if !repos.git_hosts.admits(&remote.host, remote.port) {
+        return Err(GatewayError::field(
+            "delivery.remote",
+            format!(
+                "{} is not a git host runs may push to here (the operator lists them in {})",
+                remote.host,
+                repos.git_hosts.setting()
+            ),
+        ));
+    }
+    let none = |what: &str| {
+        GatewayError::FailedPrecondition(format!(
+            "delivery.{what}: tenant {tenant} has no git credentials for {} (the operator gives them in FORKYARD_GIT_CREDENTIALS)",
+            remote.host
+        ))
+    };
+    match repos.credentials.resolve(tenant, &remote).await {
+        Ok(Some(_)) => {}
+        Ok(None) => return Err(none("push")),
+        Err(why) => {
+            return Err(GatewayError::FailedPrecondition(format!(
+                "delivery.push: {why}"
+            )));
+        }
+    }
+    let opens = !matches!(
+        d.pull_requests(),
+        PullRequests::Unspecified | PullRequests::None
+    );
+    if opens {
+        match repos.credentials.forge_for(tenant, &remote).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Err(GatewayError::FailedPrecondition(format!(
+                    "delivery.pull_requests: no forge api for {} with tenant {tenant}'s credentials (an entry's forge and api in FORKYARD_GIT_CREDENTIALS; github.com and gitlab.com have theirs)",
+                    remote.host
+                )));
+            }
+            Err(e) => {
+                return Err(GatewayError::FailedPrecondition(format!(
+                    "delivery.pull_requests: {e}"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A new run id, or the one the request id names (for this tenant).

@@ -53,6 +53,8 @@ impl DeliverLocal {
 pub struct DeliverInput {
     pub tenant: String,
     pub repo: String,
+    /// Where the branches go; empty: `repo` itself (`Delivery.remote`).
+    pub remote: String,
     /// The branch pull requests go against; empty: the remote's default branch.
     pub base_branch: String,
     pub facts: text::RunFacts,
@@ -99,56 +101,14 @@ impl DeliverLocal {
 
 impl DeliverLocal {
     async fn deliver_all(&self, input: &DeliverInput) -> Result<Vec<(u32, Delivered)>, String> {
-        let url = input.repo.clone();
-        let mut out: Vec<(u32, Delivered)> = Vec::new();
-        let mut changes = Vec::new();
-        for f in &input.forks {
-            let full = self.fork_result(&input.facts.run_id, f.fork).await?;
-            let delivered = Delivered {
-                remote: url.clone(),
-                branch: f.branch.clone(),
-                ..Default::default()
-            };
-            match change(input, f, &full) {
-                Ok(c) => changes.push(c),
-                Err(why) => out.push((
-                    f.fork,
-                    Delivered {
-                        error: why,
-                        ..delivered
-                    },
-                )),
-            }
-        }
-        let access = match self.access(&input.tenant, &input.repo).await {
-            Ok(a) => a,
-            Err(why) => {
-                out.extend(
-                    changes
-                        .iter()
-                        .map(|c| (c.fork, failed(&url, &c.branch, &why))),
-                );
-                return Ok(out);
-            }
+        let url = if input.remote.is_empty() {
+            &input.repo
+        } else {
+            &input.remote
         };
-        let branches: Vec<(u32, String)> =
-            changes.iter().map(|c| (c.fork, c.branch.clone())).collect();
-        for (fork, pushed) in push::push(&access, changes).await {
-            let branch = branches
-                .iter()
-                .find(|(f, _)| *f == fork)
-                .map(|(_, b)| b.clone())
-                .unwrap_or_default();
-            let d = match pushed {
-                Ok(commit) => Delivered {
-                    remote: url.clone(),
-                    branch,
-                    commit,
-                    ..Default::default()
-                },
-                Err(why) => failed(&url, &branch, &why),
-            };
-            out.push((fork, d));
+        let (changes, mut out) = self.changes(input, url).await?;
+        if !changes.is_empty() {
+            out.extend(self.push_changes(input, url, changes).await);
         }
         // A test's kill between the push and the pull requests (debug builds).
         forkyard_common::fault::point("deliver.after-push");
@@ -157,6 +117,74 @@ impl DeliverLocal {
         forkyard_common::fault::point("deliver.after-pr");
         out.sort_by_key(|(fork, _)| *fork);
         Ok(out)
+    }
+
+    /// Each chosen fork's commit to make, or (beside) why it has none. `Err`: a fork's
+    /// result could not be read (worth a retry of the whole activity).
+    async fn changes(
+        &self,
+        input: &DeliverInput,
+        url: &str,
+    ) -> Result<(Vec<push::Change>, Vec<(u32, Delivered)>), String> {
+        let (mut changes, mut refused) = (Vec::new(), Vec::new());
+        for f in &input.forks {
+            let full = self.fork_result(&input.facts.run_id, f.fork).await?;
+            match change(input, f, &full) {
+                Ok(c) => changes.push(c),
+                Err(why) => refused.push((f.fork, failed(url, &f.branch, &why))),
+            }
+        }
+        Ok((changes, refused))
+    }
+
+    /// The commits made and pushed to `url`, the base commits fetched from the run's
+    /// repository: each fork's outcome.
+    async fn push_changes(
+        &self,
+        input: &DeliverInput,
+        url: &str,
+        changes: Vec<push::Change>,
+    ) -> Vec<(u32, Delivered)> {
+        let branches: Vec<(u32, String)> =
+            changes.iter().map(|c| (c.fork, c.branch.clone())).collect();
+        let branch_of = |fork: u32| {
+            let found = branches.iter().find(|(f, _)| *f == fork);
+            found.map(|(_, b)| b.clone()).unwrap_or_default()
+        };
+        let accesses = async {
+            let from = self.access(&input.tenant, &input.repo).await?;
+            let to = if url == input.repo {
+                None
+            } else {
+                Some(self.access(&input.tenant, url).await?)
+            };
+            Ok::<_, String>((from, to))
+        };
+        let (from, to) = match accesses.await {
+            Ok(a) => a,
+            Err(why) => {
+                return branches
+                    .iter()
+                    .map(|(f, b)| (*f, failed(url, b, &why)))
+                    .collect();
+            }
+        };
+        let pushed = push::push(&from, to.as_ref().unwrap_or(&from), changes).await;
+        pushed
+            .into_iter()
+            .map(|(fork, pushed)| {
+                let d = match pushed {
+                    Ok(commit) => Delivered {
+                        remote: url.to_owned(),
+                        branch: branch_of(fork),
+                        commit,
+                        ..Default::default()
+                    },
+                    Err(why) => failed(url, &branch_of(fork), &why),
+                };
+                (fork, d)
+            })
+            .collect()
     }
 
     /// A fork's whole result: the run keeps an inline fork's, a child its own.

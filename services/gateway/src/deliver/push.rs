@@ -49,14 +49,15 @@ pub struct Signature {
 /// Each fork's pushed commit, or why it was not pushed.
 pub type Pushed = Vec<(u32, Result<String, String>)>;
 
-/// Make every change's commit in a scratch repository and push them all at once.
-pub async fn push(access: &Access, changes: Vec<Change>) -> Pushed {
+/// Make every change's commit in a scratch repository (the base commits fetched by
+/// `from`) and push them all at once to `to`.
+pub async fn push(from: &Access, to: &Access, changes: Vec<Change>) -> Pushed {
     let scratch = match tempfile::tempdir() {
         Ok(d) => d,
         Err(e) => return all_failed(&changes, &format!("no scratch directory: {e}")),
     };
     let dir = scratch.path();
-    if let Err(why) = fetch_bases(access, dir, &changes).await {
+    if let Err(why) = fetch_bases(from, dir, &changes).await {
         return all_failed(&changes, &why);
     }
     let mut made = Vec::new();
@@ -68,7 +69,7 @@ pub async fn push(access: &Access, changes: Vec<Change>) -> Pushed {
         }
     }
     if !made.is_empty() {
-        out.extend(push_all(access, dir, &made).await);
+        out.extend(push_all(to, dir, &made).await);
     }
     out.sort_by_key(|(fork, _)| *fork);
     out

@@ -42,7 +42,15 @@ pub(crate) fn check_delivery(req: &LaunchRunRequest) -> Result<Option<Delivery>,
             "VERIFIED pushes the forks whose verify command passed: set verify_command",
         ));
     }
-    if !matches!(
+    if !d.remote.is_empty() {
+        check_remote(&d)?;
+        if opens {
+            return Err(field(
+                "delivery.pull_requests",
+                "pull requests are opened on the run's own repository: not with delivery.remote",
+            ));
+        }
+    } else if !matches!(
         repo_location::locate(req.repo.trim()),
         Ok(RepoLocation::Remote(_))
     ) {
@@ -69,12 +77,32 @@ pub fn publish_delivery(req: &PublishForkRequest) -> Result<Delivery, GatewayErr
         author_name: req.author_name.clone(),
         author_email: req.author_email.clone(),
         branch_prefix: req.branch_prefix.clone(),
+        remote: String::new(),
     };
     if d.draft && !req.pull_request {
         return Err(field("draft", "drafts are pull requests: set pull_request"));
     }
     check_texts(&d)?;
     Ok(d)
+}
+
+/// Another remote to push to: a URL (never a path on the gateway's host), without
+/// credentials in it (not echoed).
+fn check_remote(d: &Delivery) -> Result<(), GatewayError> {
+    if repo_location::carries_credentials(&d.remote) {
+        return Err(field(
+            "delivery.remote",
+            "must not carry credentials (a user name or token in the URL): the mesh holds each host's (FORKYARD_GIT_CREDENTIALS)",
+        ));
+    }
+    match repo_location::locate(d.remote.trim()) {
+        Ok(RepoLocation::Remote(_)) => Ok(()),
+        Ok(RepoLocation::Local(_)) => Err(field(
+            "delivery.remote",
+            "must be a remote repository's URL, not a path",
+        )),
+        Err(why) => Err(field("delivery.remote", why)),
+    }
 }
 
 /// The texts git and a forge take.

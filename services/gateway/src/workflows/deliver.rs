@@ -110,6 +110,7 @@ pub(crate) fn delivery_input(
     DeliverInput {
         tenant,
         repo: spec.repo.clone(),
+        remote: d.remote.clone(),
         base_branch: base_branch(&spec.base_ref),
         facts: RunFacts {
             run_id: run.run_id.clone(),
