@@ -70,11 +70,11 @@ async fn open(state: &Path, mode: QuotaMode) -> Result<std::sync::Arc<Provisione
 }
 
 fn root() -> bool {
-    let root = rustix::process::geteuid().is_root();
-    if !root {
-        eprintln!("skipped: quotas (and mounting a btrfs) need root");
-    }
-    root
+    forkyard_common::testing::requires(
+        forkyard_common::testing::Need::Root,
+        rustix::process::geteuid().is_root(),
+        "btrfs quotas (and mounting a btrfs)",
+    )
 }
 
 #[tokio::test]

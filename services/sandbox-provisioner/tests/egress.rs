@@ -38,11 +38,11 @@ async fn http_server(body: &'static str) -> u16 {
 }
 
 fn has_curl() -> bool {
-    let ok = std::path::Path::new("/usr/bin/curl").exists();
-    if !ok {
-        eprintln!("SKIPPED: /usr/bin/curl not installed");
-    }
-    ok
+    forkyard_common::testing::requires(
+        forkyard_common::testing::Need::Installed("/usr/bin/curl"),
+        std::path::Path::new("/usr/bin/curl").exists(),
+        "curl in the sandbox through the proxy",
+    )
 }
 
 #[tokio::test]
@@ -182,7 +182,9 @@ async fn a_listed_name_resolving_to_the_host_itself_is_refused() {
         return;
     }
     let Some(name) = own_name().await else {
-        eprintln!("SKIPPED: this machine's name does not resolve to an internal address");
+        forkyard_common::testing::skip(
+            "this machine's name does not resolve to an internal address",
+        );
         return;
     };
     let hits = Arc::new(AtomicUsize::new(0));

@@ -541,8 +541,11 @@ async fn host_uids(f: &common::Fixture, id: &str) -> Vec<u32> {
 #[tokio::test]
 async fn a_sandbox_is_a_host_uid_of_its_own_and_never_root() {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: the provisioner runs sandboxes as its own uid when it is not root");
+    if !forkyard_common::testing::requires(
+        forkyard_common::testing::Need::Root,
+        rustix::process::geteuid().is_root(),
+        "a uid per sandbox (not root, the provisioner runs sandboxes as its own uid)",
+    ) {
         return;
     }
     let f = fixture().await;
@@ -651,10 +654,17 @@ async fn a_git_object_file_shared_between_sandboxes_cannot_be_changed_by_either(
         f.sh(&a.id, &format!("stat -c %i {pack}")).await.stdout,
         f.sh(&b.id, &format!("stat -c %i {pack}")).await.stdout,
     );
-    if ino_a != ino_b {
-        eprintln!("not root: sandboxes have no uids of their own, and nothing is shared");
+    if !forkyard_common::testing::requires(
+        forkyard_common::testing::Need::Root,
+        rustix::process::geteuid().is_root(),
+        "git objects shared between sandboxes (not root, each has its own copy)",
+    ) {
         return;
     }
+    assert_eq!(
+        ino_a, ino_b,
+        "as root, sandboxes share the template's object files"
+    );
     let sum = format!("sha256sum {pack}");
     let before = f.sh(&c.id, &sum).await.stdout;
     for script in [

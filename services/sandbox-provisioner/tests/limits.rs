@@ -1,19 +1,18 @@
 //! Cgroup limits: processes, memory, and destroy by cgroup. This host runs cgroup v1
-//! (root); on a host without writable cgroups these tests are skipped with a message.
+//! (root); on a host without writable cgroups these tests fail under
+//! FORKYARD_TEST_STRICT (`make test` on CI) and are skipped and listed otherwise.
 
 mod common;
 
 use common::{eventually, exec_req, fixture};
+use forkyard_common::testing::Need;
 use forkyard_proto::sandbox::v1::{DestroySandboxRequest, SandboxLimits};
 use std::time::Duration;
 
 fn cgroups_writable() -> bool {
     let ok =
         forkyard_sandbox_provisioner::local::cgroup::Cgroups::detect("forkyard-test-probe").is_ok();
-    if !ok {
-        eprintln!("SKIPPED: cgroups not writable on this host");
-    }
-    ok
+    forkyard_common::testing::requires(Need::Cgroups, ok, "a sandbox's cgroup limits")
 }
 
 #[tokio::test]

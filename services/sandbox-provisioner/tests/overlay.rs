@@ -2,7 +2,8 @@
 //! what the sandbox sees and may change is its own, what it writes lands in its own
 //! layer, the template and the other sandboxes are untouched, and the mount is in no
 //! namespace of the host's. Needs root (a uid per sandbox) and Linux 6.15 or later;
-//! elsewhere templates are copied and these tests say so and stop.
+//! elsewhere templates are copied and these tests fail under FORKYARD_TEST_STRICT
+//! (`make test` on CI), or are skipped and listed.
 
 mod common;
 
@@ -17,8 +18,12 @@ use std::path::Path;
 /// state directory not on overlayfs. Not the provisioner's own probe, so that a probe
 /// that broke shows here as a failure, not as every test skipped.
 fn overlays_expected() -> bool {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("not root: no uid per sandbox, so templates are copied");
+    use forkyard_common::testing::{Need, requires};
+    if !requires(
+        Need::Overlay,
+        rustix::process::geteuid().is_root(),
+        "not root: no uid per sandbox, so templates are copied",
+    ) {
         return false;
     }
     let release = rustix::system::uname()
@@ -36,19 +41,22 @@ fn overlays_expected() -> bool {
             .and_then(|p| p.parse::<u32>().ok())
             .unwrap_or(0),
     );
-    if (major, minor) < (6, 15) {
-        eprintln!("Linux {release}: no clone of a detached mount, so templates are copied");
+    if !requires(
+        Need::Overlay,
+        (major, minor) >= (6, 15),
+        &format!("Linux {release}: no clone of a detached mount, so templates are copied"),
+    ) {
         return false;
     }
     // An overlay's upper layer cannot be on overlayfs (the state directory of a
     // provisioner in a container whose /tmp is its image's).
     const OVERLAYFS_MAGIC: i64 = 0x794c_7630;
     let tmp = std::env::temp_dir();
-    if rustix::fs::statfs(&tmp).is_ok_and(|s| s.f_type == OVERLAYFS_MAGIC) {
-        eprintln!("{} is on overlayfs, so templates are copied", tmp.display());
-        return false;
-    }
-    true
+    requires(
+        Need::Overlay,
+        !rustix::fs::statfs(&tmp).is_ok_and(|s| s.f_type == OVERLAYFS_MAGIC),
+        &format!("{} is on overlayfs, so templates are copied", tmp.display()),
+    )
 }
 
 /// Lines of this process's mount table naming `path`.

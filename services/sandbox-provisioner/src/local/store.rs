@@ -585,8 +585,11 @@ mod tests {
     #[test]
     fn a_workspace_counts_its_own_bytes_not_the_objects_it_shares() {
         use std::os::unix::fs::MetadataExt;
-        if !rustix::process::geteuid().is_root() {
-            eprintln!("SKIPPED: needs root to give the workspace to a sandbox uid");
+        if !forkyard_common::testing::requires(
+            forkyard_common::testing::Need::Root,
+            rustix::process::geteuid().is_root(),
+            "a workspace given to a sandbox uid",
+        ) {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();

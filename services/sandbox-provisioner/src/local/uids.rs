@@ -221,8 +221,11 @@ mod tests {
 
     #[test]
     fn a_tree_is_given_away_without_following_links() {
-        if !rustix::process::geteuid().is_root() {
-            eprintln!("skipped: needs root to chown");
+        if !forkyard_common::testing::requires(
+            forkyard_common::testing::Need::Root,
+            rustix::process::geteuid().is_root(),
+            "chown",
+        ) {
             return;
         }
         use std::os::unix::fs::MetadataExt as _;

@@ -51,7 +51,11 @@ fn packs(ws: &Path) -> Vec<PathBuf> {
 #[tokio::test]
 async fn a_copy_given_to_a_uid_shares_gits_objects_read_only_and_owns_the_rest() {
     let Some(uids) = crate::local::uids::SandboxUids::new(2_000_000_000, 100).map(Arc::new) else {
-        eprintln!("not root: sandboxes have no uids of their own, and nothing is shared");
+        forkyard_common::testing::requires(
+            forkyard_common::testing::Need::Root,
+            false,
+            "sandboxes with uids of their own, sharing git's objects",
+        );
         return;
     };
     let tmp = tempfile::tempdir().unwrap();

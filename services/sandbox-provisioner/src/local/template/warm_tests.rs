@@ -227,7 +227,11 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
 #[tokio::test]
 async fn warm_copies_leave_creates_half_the_sandbox_uids() {
     let Some(uids) = crate::local::uids::SandboxUids::new(2_000_000_000, 8).map(Arc::new) else {
-        eprintln!("not root: no sandbox uids to share");
+        forkyard_common::testing::requires(
+            forkyard_common::testing::Need::Root,
+            false,
+            "sandbox uids shared by warm copies and creates",
+        );
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -281,12 +285,14 @@ async fn with_warm_copies_off_every_create_copies_and_nothing_is_kept() {
 async fn copies_that_cannot_be_renamed_into_sandboxes_go_and_no_more_are_made() {
     let tmp = tempfile::tempdir().unwrap();
     let Ok(other) = tempfile::tempdir_in("/dev/shm") else {
-        eprintln!("no /dev/shm here: no second filesystem to test with");
+        forkyard_common::testing::skip("no /dev/shm here: no second filesystem to test with");
         return;
     };
     let dev = |p: &Path| std::fs::metadata(p).unwrap().dev();
     if dev(other.path()) == dev(tmp.path()) {
-        eprintln!("/dev/shm is on the temp dir's filesystem: no second filesystem to test with");
+        forkyard_common::testing::skip(
+            "/dev/shm is on the temp dir's filesystem: no second filesystem to test with",
+        );
         return;
     }
     let r = repo(tmp.path());
