@@ -30,31 +30,71 @@ async fn watch_reconnects_after_the_gateway_restarts_and_ends_with_the_run() {
     })
     .await;
 
-    let watch = std::process::Command::new(bin_dir().join("forkyard"))
+    let mut watch = std::process::Command::new(bin_dir().join("forkyard"))
         .args(["--gateway", &mesh.endpoint("gateway"), "watch", &run_id])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // What the watch says on stderr (one line per event, and its reconnects), as it says it.
+    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let said = said.clone();
+        let stderr = watch.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let mut s = said.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        })
+    };
+    let said_so = |what: &'static str| {
+        let said = said.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !what_said(&said.lock().unwrap(), what) {
+                assert!(
+                    Instant::now() < deadline,
+                    "the watch never said {what:?}: {}",
+                    said.lock().unwrap()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    // The watch's stream is open (it has told an event: the agents' progress comes
+    // every heartbeat) when the gateway is killed, and it has noticed before the
+    // gateway is back.
+    said_so("an event").await;
     mesh.kill9("gateway");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    said_so("reconnecting").await;
     mesh.start_service("gateway").unwrap();
 
-    let started = Instant::now();
     let out = tokio::task::spawn_blocking(move || watch.wait_with_output())
         .await
         .unwrap()
         .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
+    reader.join().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = said.lock().unwrap().clone();
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     assert!(stderr.contains("reconnecting"), "{stderr}");
     assert!(
         stdout.contains("succeeded") && stdout.contains(&run_id),
         "{stdout}"
     );
-    assert!(started.elapsed() < Duration::from_secs(120));
+}
+
+/// Whether the watch's stderr so far has `what`: "an event" is any line that is not a
+/// reconnect.
+fn what_said(said: &str, what: &str) -> bool {
+    match what {
+        "an event" => said.lines().any(|l| !l.starts_with("watch: ")),
+        _ => said.contains(what),
+    }
 }

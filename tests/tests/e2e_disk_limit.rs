@@ -11,8 +11,7 @@ use forkyard_tests::{
     mesh::MeshOptions,
     repo,
     support::{
-        fork_result, launch, left_after_settling, sandbox_processes, wait_finished,
-        workspaces_left,
+        fork_result, launch, left_after_settling, sandbox_processes, wait_finished, workspaces_left,
     },
 };
 use std::time::Duration;
@@ -74,7 +73,10 @@ echo never >> README.md"#;
     assert!(fork.patch.contains("small.bin"), "{}", fork.patch);
 
     let workspaces = left_after_settling(|| workspaces_left(mesh.state_dir())).await;
-    assert!(workspaces.is_empty(), "sandboxes not destroyed: {workspaces:?}");
+    assert!(
+        workspaces.is_empty(),
+        "sandboxes not destroyed: {workspaces:?}"
+    );
     let processes = left_after_settling(|| sandbox_processes(mesh.state_dir())).await;
     assert!(processes.is_empty(), "{processes:?}");
 }

@@ -12,7 +12,7 @@ use forkyard_tests::{
     Mesh, repo,
     support::{
         Gateway, launch, left_after_settling, run_account, sandbox_processes, wait_finished,
-        workspaces_left,
+        wait_until, workspaces_left,
     },
 };
 use std::time::Duration;
@@ -37,7 +37,12 @@ async fn a_ledger_back_within_the_opens_retries_delays_the_run_and_loses_nothing
         .unwrap()
         .into_inner()
         .run_id;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The first wave is under way (its open of the account fails: nothing listens)
+    // before the ledger is back.
+    wait_until(&mut gw, &run_id, Duration::from_secs(60), |r| {
+        r.forks.iter().any(|f| f.phase == "creating sandbox")
+    })
+    .await;
     mesh.start_service("budget-ledger").unwrap();
     mesh.wait_serving("budget-ledger", Duration::from_secs(30))
         .await

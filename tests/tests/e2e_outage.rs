@@ -40,11 +40,15 @@ async fn a_provisioner_away_for_a_minute_delays_forks_and_loses_none() {
         .unwrap()
         .into_inner()
         .run_id;
+    // Both agents running in their sandboxes when the provisioner goes.
     wait_until(&mut gw, &run_id, Duration::from_secs(60), |r| {
-        r.forks_running == 2
+        r.forks
+            .iter()
+            .filter(|f| f.phase == "running agent")
+            .count()
+            == 2
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
 
     mesh.kill9("sandbox-provisioner");
     tokio::time::sleep(Duration::from_secs(60)).await;
@@ -80,12 +84,8 @@ async fn a_provisioner_away_for_a_minute_delays_forks_and_loses_none() {
     // The sandboxes the outage took with it are the janitor's: one sweep, nothing left.
     let mut janitor = JanitorClient::new(mesh.channel("janitor").await.unwrap());
     janitor.sweep_now(SweepRequest::default()).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(
-        workspaces_left(mesh.state_dir()).is_empty(),
-        "{:?}",
-        workspaces_left(mesh.state_dir())
-    );
+    let workspaces = left_after_settling(|| workspaces_left(mesh.state_dir())).await;
+    assert!(workspaces.is_empty(), "{workspaces:?}");
     let left = left_after_settling(|| sandbox_processes(mesh.state_dir())).await;
     assert!(left.is_empty(), "{left:#?}");
 }
@@ -107,7 +107,12 @@ async fn creates_are_retried_while_the_provisioner_is_away() {
         .unwrap()
         .into_inner()
         .run_id;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The wave is creating its sandboxes (and failing: nothing listens) before the
+    // provisioner is back.
+    wait_until(&mut gw, &back, Duration::from_secs(60), |r| {
+        r.forks.iter().any(|f| f.phase == "creating sandbox")
+    })
+    .await;
     mesh.start_service(provisioner).unwrap();
     mesh.wait_serving(provisioner, Duration::from_secs(60))
         .await

@@ -181,13 +181,25 @@ async fn an_unreachable_or_malformed_collector_never_stops_a_service() {
     let run = wait_finished(&mut gw, &launched.run_id, Duration::from_secs(120)).await;
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
     eprintln!("run with the collector down took {:?}", started.elapsed());
-    // Give the exporters a few failed batches, then: one warning per service whose spans
-    // were dropped, not one per batch (the janitor takes no part in a run: no spans).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Once every service that took part in the run has failed an export (and said so):
+    // one warning per service whose spans were dropped, not one per batch (the janitor
+    // takes no part in a run: no spans).
     let logs = mesh.state_dir().join("logs");
     let full_log = |service: &str| {
         std::fs::read_to_string(logs.join(format!("{service}.log"))).unwrap_or_default()
     };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while forkyard_tests::mesh::SERVICES
+        .iter()
+        .filter(|s| **s != "janitor")
+        .any(|s| !full_log(s).contains("spans are dropped"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "not every service warned of its dropped spans"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     for service in forkyard_tests::mesh::SERVICES {
         let log = full_log(service);
         let warnings = log.matches("spans are dropped").count();

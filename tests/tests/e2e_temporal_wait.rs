@@ -31,13 +31,39 @@ async fn health_of(mesh: &Mesh, service: &str, name: &str) -> Option<i32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn services_started_without_temporal_wait_not_serving_and_serve_once_it_is_up() {
     let mut mesh = Mesh::start().await.expect("mesh");
+    // The logs are appended to across restarts: only the retries after this count.
+    let retries = |mesh: &Mesh, service: &str| {
+        let log = mesh.state_dir().join("logs").join(format!("{service}.log"));
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .matches("temporal not reachable: not serving yet, retrying")
+            .count()
+    };
+    let before: Vec<usize> = ["gateway", "sandbox-provisioner"]
+        .iter()
+        .map(|s| retries(&mesh, s))
+        .collect();
     mesh.kill9("temporal");
     for service in ["gateway", "sandbox-provisioner"] {
         mesh.kill9(service);
         mesh.start_service(service).unwrap();
     }
-    // Well past a crash loop's first restart: up, answering, not serving.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Each has tried Temporal three times, backing off between (0.5 s, then 1 s): up
+    // through its retries, not a crash loop; then answering, not serving.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while ["gateway", "sandbox-provisioner"]
+        .iter()
+        .zip(&before)
+        .any(|(s, before)| retries(&mesh, s) < before + 3)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no third try at Temporal: gateway {}, provisioner {}",
+            mesh.log_tail("gateway"),
+            mesh.log_tail("sandbox-provisioner")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     for service in ["gateway", "sandbox-provisioner"] {
         assert_eq!(
             health(&mesh, service).await,
@@ -97,20 +123,9 @@ async fn a_peer_name_that_does_not_resolve_keeps_the_service_not_serving_but_ali
     mesh.set_env("FORKYARD_DISCOVERY_REFRESH_SECS", "1");
     mesh.terminate("gateway", Duration::from_secs(30));
     mesh.start_service("gateway").unwrap();
-    // Temporal is up: only the peer keeps it from serving.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(
-        health(&mesh, "gateway").await,
-        Some(ServingStatus::NotServing as i32),
-        "{}",
-        mesh.log_tail("gateway")
-    );
-    assert_eq!(
-        health_of(&mesh, "gateway", "forkyard.liveness").await,
-        Some(ServingStatus::Serving as i32)
-    );
-    // The name is in the log once its first lookup has failed: the resolver may take its
-    // time to say so.
+    // Temporal is up: only the peer keeps it from serving. The name is in the log once
+    // its first lookup has failed (the resolver may take its time to say so); from then
+    // on the gateway is up, alive and not serving.
     let names_both = |log: &str| {
         log.contains("FORKYARD_PROVISIONER_ADDR") && log.contains("no-such-provisioner.invalid")
     };
@@ -124,8 +139,12 @@ async fn a_peer_name_that_does_not_resolve_keeps_the_service_not_serving_but_ali
         "the log does not name the setting and the name: {log}"
     );
     assert_eq!(
+        health_of(&mesh, "gateway", "forkyard.liveness").await,
+        Some(ServingStatus::Serving as i32)
+    );
+    assert_eq!(
         health(&mesh, "gateway").await,
         Some(ServingStatus::NotServing as i32),
-        "still not serving: {log}"
+        "not serving: {log}"
     );
 }

@@ -398,7 +398,6 @@ async fn a_flooding_tenant_is_refused_while_another_tenants_run_completes() -> a
         !codes.contains(&Some(Code::DeadlineExceeded)) && !codes.contains(&Some(Code::Cancelled)),
         "some calls hung: {codes:?}"
     );
-    assert!(took < Duration::from_secs(20), "the flood took {took:?}");
     println!(
         "flood: {} calls, {exhausted} RESOURCE_EXHAUSTED, in {took:?}",
         codes.len()
