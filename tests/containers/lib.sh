@@ -6,7 +6,8 @@ repos=$(mktemp -d "/var/tmp/$project-repos.XXXXXX")
 export FORKYARD_REPOS=$repos
 # Host ports: any free ones (the test reaches every replica by its container address).
 export FORKYARD_GATEWAY_PORTS="127.0.0.1:"
-C=(docker-compose -f deploy/compose.replicas.yml -p "$project")
+# The deploy file and the tests' settings over it (tests/containers/compose.test.yml).
+C=(docker-compose -f deploy/compose.replicas.yml -f tests/containers/compose.test.yml -p "$project")
 failures=0
 
 cleanup() {
@@ -22,6 +23,16 @@ trap cleanup EXIT
 pass() { echo "ok   $*"; }
 fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+# Polls a command until it succeeds. On the deadline the wait is a failed check naming
+# what never happened (a test never carries on as if it had), and returns 1.
+wait_until() { # seconds, what, command...
+  local secs=$1 what=$2 deadline=$((SECONDS + $1))
+  shift 2
+  until "$@"; do
+    [ $SECONDS -lt $deadline ] || { fail "not within ${secs}s: $what"; return 1; }
+    sleep 0.5
+  done
+}
 
 ip_of() { docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$1"; }
 containers() { "${C[@]}" ps -q "$1" | xargs -r docker inspect -f '{{.Name}}' | sed 's#^/##' | sort; }
@@ -46,7 +57,7 @@ wait_serving() {
       sleep 1
     done
     for c in $(containers "$svc"); do
-      until grpc "$(ip_of "$c"):$port" grpc.health.v1.Health/Check 2>/dev/null | grep -q '"SERVING"'; do
+      until grpc "$(ip_of "$c"):$port" grpc.health.v1.Health/Check 2>/dev/null | grep '"SERVING"' >/dev/null; do
         [ $SECONDS -lt $deadline ] || { fail "$c never SERVING"; show_service "$svc"; return 1; }
         start_left_created
         sleep 1
@@ -101,12 +112,50 @@ wait_terminal() {
   done
 }
 
-launch() { # forks, max_concurrent, agent command
-  gw forkyard.gateway.v1.Gateway/LaunchRun "$(python3 -c '
+launch() { # forks, max_concurrent, agent command[, JSON of more LaunchRunRequest fields]
+  gw forkyard.gateway.v1.Gateway/LaunchRun "$(launch_request "$@")" | json 'd["runId"]'
+}
+launch_request() {
+  python3 -c '
 import json, sys
-print(json.dumps({"repo": "/repos/demo", "prompt": "p", "forks": int(sys.argv[1]),
-                  "max_concurrent": int(sys.argv[2]), "budget_usd": "5",
-                  "agent": {"command": sys.argv[3]}}))' "$@")" | json 'd["runId"]'
+req = {"repo": "/repos/demo", "prompt": "p", "forks": int(sys.argv[1]),
+       "max_concurrent": int(sys.argv[2]), "budget_usd": "5", "agent": {"command": sys.argv[3]}}
+req.update(json.loads(sys.argv[4]) if len(sys.argv) > 4 else {})
+print(json.dumps(req))' "$@"
+}
+
+get_run() { gw forkyard.gateway.v1.Gateway/GetRun "{\"run_id\":\"$1\"}"; }
+# How many of a run's forks are in a phase ("running agent", ...).
+forks_in_phase() { get_run "$1" | json "sum(1 for f in d.get('forks',[]) if f.get('phase')=='$2')"; }
+forks_in_phase_are() { [ "$(forks_in_phase "$1" "$2")" = "$3" ]; }
+ledger() { grpc "$(ip_of "$(containers budget-ledger | head -1)"):50054" "$@"; }
+
+# Every agent.sh run reports $0.01 once, at its end: 10,000 µ$.
+AGENT_REPORT_MICROS=10000
+
+# Each of the run's forks SUCCEEDED: all `forks` of them listed, and the run's count agrees.
+check_forks_succeeded() { # what, run, forks
+  local what=$1 run=$2 want=$3 got
+  got=$(get_run "$run" | json '"%d listed, %d succeeded, not succeeded: %s" % (len(d.get("forks",[])), d.get("forksSucceeded",0),
+    ",".join("%s %s %s" % (f.get("fork"), f.get("status"), f.get("error","")[:120]) for f in d.get("forks",[]) if f.get("status")!="FORK_STATUS_SUCCEEDED") or "none")')
+  check "$what: every fork succeeded ($got)" test "$got" = "$want listed, $want succeeded, not succeeded: none"
+}
+
+# The ledger holds exactly `micros` for the run, a sum known without the run's word (what
+# its agents reported): the account's spend, its reservations' commits and the run's own
+# cost all equal it, nothing is reserved and no reservation is still held. A double
+# charge, or a charge lost, fails here even when the run reports it too.
+check_ledger_exact() { # what, run, micros
+  local what=$1 run=$2 want=$3 account reservations spent reserved committed held cost
+  account=$(ledger forkyard.budget.v1.BudgetLedger/GetAccount "{\"account_id\":\"$run\"}")
+  spent=$(echo "$account" | json 'd.get("spentMicros","0")')
+  reserved=$(echo "$account" | json 'd.get("reservedMicros","0")')
+  reservations=$(ledger forkyard.budget.v1.BudgetLedger/ListReservations "{\"account_id\":\"$run\"}")
+  held=$(echo "$reservations" | json 'sum(1 for r in d.get("reservations",[]) if r.get("state")=="RESERVATION_STATE_HELD")')
+  committed=$(echo "$reservations" | json 'sum(int(r.get("committedMicros","0")) for r in d.get("reservations",[]))')
+  cost=$(get_run "$run" | json 'd.get("costMicros","0")')
+  check "$what: ledger exact ($want µ\$ expected; spent $spent, committed $committed, the run's cost $cost, reserved $reserved, $held held)" \
+    test "$spent" = "$want" -a "$committed" = "$want" -a "$cost" = "$want" -a "$reserved" = 0 -a "$held" = 0
 }
 
 # The stack from scratch, with a repository at /repos/demo holding agent.sh.
