@@ -124,7 +124,8 @@ impl Provisioner {
             }
         }
         let creds = &self.config.git_credentials;
-        let reach = crate::git::reach(&self.config.git_hosts, creds, &req.tenant, &req.repo).await?;
+        let reach =
+            crate::git::reach(&self.config.git_hosts, creds, &req.tenant, &req.repo).await?;
         let base_commit = git::clone(
             &req.repo,
             &req.base_ref,
