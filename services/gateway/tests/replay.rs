@@ -7,7 +7,8 @@
 //! `tests/histories/`.
 
 use forkyard_gateway::workflows::{
-    ForkWorkflow, SandboxOrchestrationWorkflow, cleanup::ScheduledCleanupWorkflow,
+    ForkWorkflow, PublishWorkflow, SandboxOrchestrationWorkflow,
+    cleanup::ScheduledCleanupWorkflow,
 };
 use std::path::PathBuf;
 use temporalio_client::WorkflowHistory;
@@ -41,6 +42,8 @@ async fn histories_of_earlier_builds_replay_on_this_build() {
         .register_workflow::<ForkWorkflow>()
         .unwrap()
         .register_workflow::<ScheduledCleanupWorkflow>()
+        .unwrap()
+        .register_workflow::<PublishWorkflow>()
         .unwrap()
         .build();
     let replayer = WorkflowReplayer::new(options).expect("replayer");

@@ -1,0 +1,101 @@
+//! End to end, the main job: the real `claude` CLI (Claude Code) in every fork of
+//! a run on a private repository (git's `http-backend` behind lighttpd, basic auth),
+//! against the scripted model server through the metering LLM gateway; the winner comes
+//! back as a branch of that repository with its commit. The git token is in no sandbox:
+//! not in the agent's environment (which the model's tool call writes into the patch),
+//! not in the workspace's git configuration, not in the branch's commit.
+
+mod agent_cli;
+
+use agent_cli::{
+    model_mesh::{assert_cli_installed, launch, options},
+    secrets::edit_and_scan,
+};
+use forkyard_proto::{
+    common::v1::ForkStatus,
+    gateway::v1::{
+        Delivery, LaunchRunRequest, RunState,
+        delivery::{PullRequests, Push},
+    },
+};
+use forkyard_tests::{
+    Mesh,
+    git_server::GitHttp,
+    repo,
+    scripted_model::{Script, ScriptedModel},
+    support::{Gateway, fork_result, run_to_end},
+};
+use std::{process::Command, time::Duration};
+
+const TOKEN: &str = "ghp_privateClaudeE2eToken0042";
+
+fn served(http: &GitHttp, args: &[&str]) -> String {
+    let out = Command::new("git").arg("--git-dir").arg(http.repo()).args(args).output().unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_forks_a_private_repository_and_its_winner_is_pushed() {
+    assert_cli_installed("claude");
+    let line = "edited by claude on a private repository";
+    let model = ScriptedModel::start(Script::edit(&edit_and_scan(line))).await;
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    std::fs::write(src.path().join("notes.txt"), "notes\n").unwrap();
+    repo::commit_all(src.path(), "notes").unwrap();
+    let http = GitHttp::serve(src.path(), "forkyard", TOKEN);
+    let dir = tempfile::tempdir().unwrap();
+    let creds = dir.path().join("git-credentials.toml");
+    let entry = format!(
+        "[[credential]]\nhost = \"127.0.0.1:{}\"\ntenants = [\"*\"]\nusername = \"forkyard\"\ntoken = \"{TOKEN}\"\n",
+        http.port
+    );
+    std::fs::write(&creds, entry).unwrap();
+    let mut opts = options(&model);
+    for s in ["gateway", "sandbox-provisioner"] {
+        let hosts = format!("127.0.0.1:{}", http.port);
+        opts.service_env.push((s.into(), "FORKYARD_ALLOWED_GIT_HOSTS".into(), hosts));
+        let file = creds.display().to_string();
+        opts.service_env.push((s.into(), "FORKYARD_GIT_CREDENTIALS".into(), file));
+    }
+    let mesh = Mesh::start_with(opts).await.expect("mesh");
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+
+    let mut req = LaunchRunRequest {
+        request_id: "claude-private".into(),
+        verify_command: format!("grep -qx '{line}' notes.txt"),
+        delivery: Some(Delivery {
+            push: Push::Winner as i32,
+            pull_requests: PullRequests::None as i32,
+            ..Default::default()
+        }),
+        ..launch(src.path(), "claude-code", "sonnet", 2, "1")
+    };
+    req.repo = http.url();
+    let (run_id, run) = run_to_end(&mut gw, req, Duration::from_secs(240)).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    assert!(run.winner > 0, "{run:#?}");
+
+    for n in 1..=2 {
+        let fork = fork_result(&mut gw, &run_id, n).await;
+        assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?}");
+        assert!(fork.patch.contains(&format!("+{line}")), "{}", fork.patch);
+        // What the sandbox held, as the model's tool call wrote it into the patch.
+        assert!(fork.patch.contains(".sandbox-env.txt"), "{}", fork.patch);
+        assert!(!fork.patch.contains(TOKEN), "the git token reached fork {n}'s sandbox");
+        let delivered = fork.delivered.clone();
+        if n == run.winner {
+            let d = delivered.expect("the winner delivered");
+            assert_eq!(d.error, "", "{d:#?}");
+            let branch = format!("refs/heads/forkyard-fork-{n}");
+            assert_eq!(served(&http, &["rev-parse", &branch]), d.commit);
+            let notes = served(&http, &["show", &format!("{}:notes.txt", d.commit)]);
+            assert!(notes.ends_with(line), "{notes}");
+            let pushed = served(&http, &["log", "-1", "-p", "--format=%B", &d.commit]);
+            assert!(!pushed.contains(TOKEN), "the pushed commit holds the token");
+        } else {
+            assert!(delivered.is_none(), "only the winner: {delivered:?}");
+        }
+    }
+}
