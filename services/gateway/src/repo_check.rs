@@ -11,7 +11,8 @@ use crate::error::GatewayError;
 use forkyard_common::{
     allowed_hosts::{AllowedHosts, Refusal},
     git_credentials::GitCredentials,
-    repo_location::{self, PROXY_VARS, Remote, RepoLocation},
+    host_git,
+    repo_location::{self, Remote, RepoLocation},
 };
 use std::time::Duration;
 
@@ -224,22 +225,17 @@ fn unreadable(shown: &str, why: impl std::fmt::Display) -> GatewayError {
     GatewayError::FailedPrecondition(format!("repo: repository {shown} cannot be read"))
 }
 
-/// The line of git's stderr that says why: its `fatal:` line (an `error:` before it,
-/// such as the askpass that was refused, is a symptom), else the first.
+/// The line of git's stderr that says why (`host_git::reason`); nothing said, for
+/// `ls-remote --exit-code`, means no HEAD.
 fn stderr_line(out: &std::process::Output) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let mut lines = stderr.lines().filter(|l| !l.trim().is_empty());
-    let line = lines
-        .clone()
-        .find(|l| l.starts_with("fatal:"))
-        .or_else(|| lines.next());
-    line.unwrap_or("no HEAD (empty repository?)")
-        .trim()
-        .to_owned()
+    if out.stderr.iter().all(u8::is_ascii_whitespace) {
+        return "no HEAD (empty repository?)".to_owned();
+    }
+    host_git::reason(out)
 }
 
-/// Host git with the caller-chosen repository: no prompts, no user or system config,
-/// no proxy (a proxy would resolve the host again), `config` (`-c` pairs) first.
+/// Host git with the caller-chosen repository (`host_git`: no prompts, no user or
+/// system config, no proxy), `config` (`-c` pairs) first.
 async fn git(
     config: &[String],
     args: &[impl AsRef<std::ffi::OsStr>],
@@ -253,24 +249,9 @@ async fn git_with(
     env: &[(String, String)],
     args: &[impl AsRef<std::ffi::OsStr>],
 ) -> Result<std::process::Output, String> {
-    let mut cmd = tokio::process::Command::new("git");
-    cmd.args(config)
-        .args(args)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_ALLOW_PROTOCOL", "file:git:http:https:ssh")
-        .env("GIT_SSH_COMMAND", "ssh -oBatchMode=yes")
-        .env("GIT_ASKPASS", "/bin/false")
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .kill_on_drop(true);
-    for var in PROXY_VARS {
-        cmd.env_remove(var);
-    }
-    tokio::time::timeout(GIT_TIMEOUT, cmd.output())
-        .await
-        .map_err(|_| format!("git did not answer within {} s", GIT_TIMEOUT.as_secs()))?
-        .map_err(|e| format!("cannot run git: {e}"))
+    let mut cmd = host_git::command(config, env);
+    cmd.args(args);
+    host_git::output(cmd, None, GIT_TIMEOUT).await
 }
 
 #[cfg(test)]
