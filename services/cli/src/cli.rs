@@ -1,6 +1,9 @@
 //! The command line: what each subcommand takes.
 
+pub use crate::fork_args::ForkArgs;
+use crate::fork_args::{parse_author, parse_label};
 use clap::{Parser, Subcommand, ValueEnum};
+use clap_complete::engine::ArgValueCompleter;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -8,43 +11,59 @@ use clap::{Parser, Subcommand, ValueEnum};
     version,
     about = "Run one prompt on one repo as N parallel agent forks",
     after_help = "Examples:
-  forkyard fork ./repo -p 'fix the flaky test' -f 5 --max-concurrent 3 --budget 10 --verify 'cargo test' --wait
+  forkyard fork ./repo -p @task.md -f 5 --max-concurrent 3 --budget 10 --verify 'cargo test' --wait
   forkyard list --state running
   forkyard watch run-3f2a…
-  forkyard result run-3f2a… 2 --save fork-2.patch
-  forkyard -o json status run-3f2a… | jq .forks
+  forkyard result run-3f2a… --winner --save winner.patch
+  forkyard apply run-3f2a…
+  forkyard status run-3f2a… --jq '.forks[] | select(.status == \"FORK_STATUS_SUCCEEDED\") | .fork'
+  forkyard config set-context prod --gateway https://forkyard.example:443 --api-key-command 'pass forkyard'
   forkyard completion bash > /etc/bash_completion.d/forkyard
 
-The gateway is FORKYARD_GATEWAY (default http://127.0.0.1:50051), its key FORKYARD_API_KEY."
+Each setting is taken from its flag, else its environment variable, else the context
+(~/.config/forkyard/config.toml, `forkyard config`), else its default: the gateway
+FORKYARD_GATEWAY (http://127.0.0.1:50051), its key FORKYARD_API_KEY, its CA
+FORKYARD_GATEWAY_CA, the output FORKYARD_OUTPUT (table)."
 )]
 pub struct Cli {
-    /// Gateway gRPC endpoint (`https://` for TLS).
-    #[arg(
-        long,
-        global = true,
-        env = "FORKYARD_GATEWAY",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    pub gateway: String,
+    /// Gateway gRPC endpoint (`https://` for TLS); default: the context's, else
+    /// http://127.0.0.1:50051.
+    #[arg(long, global = true, env = "FORKYARD_GATEWAY")]
+    pub gateway: Option<String>,
     /// API key for the gateway (`forkyard keys create` makes one); sent as a bearer token.
     #[arg(long, global = true, env = "FORKYARD_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// PEM CA to verify a TLS gateway (`https://` endpoints) with; default: system roots.
-    #[arg(long, global = true, env = "FORKYARD_GATEWAY_CA")]
+    /// PEM CA to verify a TLS gateway (`https://` endpoints) with; default: the context's,
+    /// else the system roots.
+    #[arg(long, visible_alias = "ca", global = true, env = "FORKYARD_GATEWAY_CA")]
     pub gateway_ca: Option<std::path::PathBuf>,
+    /// The context to use (`forkyard config get-contexts`); default: the current one.
+    #[arg(long, global = true, env = "FORKYARD_CONTEXT", add = ArgValueCompleter::new(crate::complete::context_names))]
+    pub context: Option<String>,
     /// Output of read commands: a table for people; JSON (the standard protobuf mapping,
-    /// as grpcurl prints) or YAML for scripts.
-    #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
-    pub output: Output,
+    /// as grpcurl prints) or YAML (as kubectl prints) for scripts. Default: the
+    /// context's, else table.
+    #[arg(long, short = 'o', global = true, value_enum, env = "FORKYARD_OUTPUT")]
+    pub output: Option<Output>,
+    /// Filter the JSON output with a jq expression, as gh's --jq: one result a line,
+    /// strings printed raw.
+    #[arg(long, short = 'q', global = true, value_name = "EXPR", value_parser = crate::jq::check)]
+    pub jq: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Output {
     Table,
     Json,
     Yaml,
+}
+
+/// A run id argument, completed from the gateway's runs.
+fn run_ids() -> ArgValueCompleter {
+    ArgValueCompleter::new(crate::complete::run_ids)
 }
 
 #[derive(Debug, Subcommand)]
@@ -54,11 +73,13 @@ pub enum Command {
     /// Show a run and its forks.
     Status {
         /// The run (as `fork` printed it, or `list` shows).
+        #[arg(add = run_ids())]
         run_id: String,
     },
     /// Follow a run live until it finishes.
     Watch {
         /// The run to follow.
+        #[arg(add = run_ids())]
         run_id: String,
     },
     /// List runs, newest first.
@@ -76,6 +97,7 @@ pub enum Command {
     /// Cancel a run: its forks stop and their sandboxes are destroyed.
     Cancel {
         /// The run to cancel.
+        #[arg(add = run_ids())]
         run_id: String,
         /// Cancel only this fork.
         #[arg(long)]
@@ -87,11 +109,13 @@ pub enum Command {
     /// Pause a run: no new fork starts; running forks go on.
     Pause {
         /// The run to pause.
+        #[arg(add = run_ids())]
         run_id: String,
     },
     /// Resume a paused run.
     Resume {
         /// The run to resume.
+        #[arg(add = run_ids())]
         run_id: String,
     },
     /// The run's budget.
@@ -104,6 +128,7 @@ pub enum Command {
     /// it prints what the first time did.
     Publish {
         /// The fork's run.
+        #[arg(add = run_ids())]
         run_id: String,
         /// The fork (one that succeeded).
         fork: u32,
@@ -121,14 +146,33 @@ pub enum Command {
         author: Option<(String, String)>,
     },
     /// One fork in full: its patch (printed, or saved with --save), output, verification.
+    #[command(group = clap::ArgGroup::new("which").args(["fork", "winner"]).required(true))]
     Result {
         /// The fork's run.
+        #[arg(add = run_ids())]
         run_id: String,
         /// The fork's number (1 to the run's forks).
-        fork: u32,
+        fork: Option<u32>,
+        /// The run's winner (its best fork: verified first, then cheaper, then smaller).
+        #[arg(long)]
+        winner: bool,
         /// Write the patch to this file instead of printing the fork.
         #[arg(long)]
         save: Option<std::path::PathBuf>,
+    },
+    /// Apply a fork's patch (default: the run's winner) to the git checkout here, to its
+    /// files and its index, as `git apply --index`. Refused on a checkout with changes
+    /// (unless --force) and for a patch the run cut short.
+    Apply {
+        /// The fork's run.
+        #[arg(add = run_ids())]
+        run_id: String,
+        /// The fork's number; default: the run's winner.
+        fork: Option<u32>,
+        /// Apply on a checkout with uncommitted changes too (a file both changed here and
+        /// by the patch still stops it).
+        #[arg(long)]
+        force: bool,
     },
     /// Schedule the janitor's sweep (creates or updates the schedule).
     Cleanup {
@@ -143,11 +187,63 @@ pub enum Command {
     StopCleanup,
     /// API keys of the gateway (works on its key file, so run it where the gateway runs).
     Keys(KeysArgs),
-    /// Print a shell completion script: `forkyard completion bash > /etc/bash_completion.d/forkyard`.
+    /// Contexts: named gateways with their CA, key and output, in
+    /// ~/.config/forkyard/config.toml ($XDG_CONFIG_HOME, or FORKYARD_CONFIG), as kubectl's.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Print a shell completion script (run ids completed from the gateway):
+    /// `forkyard completion bash > /etc/bash_completion.d/forkyard`, or
+    /// `source <(COMPLETE=bash forkyard)`.
     Completion {
         /// The shell to complete in.
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Every context; `*` marks the current one. Keys are never shown, only whether set.
+    GetContexts,
+    /// The current context's name.
+    CurrentContext,
+    /// Make NAME the current context.
+    UseContext {
+        /// The context.
+        #[arg(add = ArgValueCompleter::new(crate::complete::context_names))]
+        name: String,
+    },
+    /// Create or change a context: --gateway, --ca (--gateway-ca), --api-key and
+    /// --api-key-command as given; what is not given stays.
+    SetContext(SetContextArgs),
+    /// Remove a context.
+    DeleteContext {
+        /// The context.
+        #[arg(add = ArgValueCompleter::new(crate::complete::context_names))]
+        name: String,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:
+  forkyard config set-context local --gateway http://127.0.0.1:50051
+  forkyard config set-context prod --gateway https://forkyard.example:443 --ca ca.pem --api-key-command 'pass show forkyard/prod'
+  forkyard config use-context prod")]
+pub struct SetContextArgs {
+    /// The context.
+    #[arg(add = ArgValueCompleter::new(crate::complete::context_names))]
+    pub name: String,
+    /// A command whose output is the API key (a password manager, a secret store); run
+    /// by `sh -c` each time the key is needed. Replaces a stored --api-key.
+    #[arg(long, conflicts_with = "api_key")]
+    pub api_key_command: Option<String>,
+    /// The output this context defaults to.
+    #[arg(long, value_enum)]
+    pub default_output: Option<Output>,
+    /// Make it the current context too.
+    #[arg(long)]
+    pub current: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -187,133 +283,11 @@ pub enum BudgetCommand {
     /// Add to a run's budget (USD); a run awaiting budget goes on.
     Raise {
         /// The run whose budget to raise.
+        #[arg(add = run_ids())]
         run_id: String,
         /// US dollars to add, e.g. 5 or 2.50.
         amount: String,
     },
-}
-
-#[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:
-  forkyard fork ./repo -p 'make the tests pass' -f 5 --max-concurrent 3 --budget 10 --verify 'cargo test' --wait
-  forkyard fork https://github.com/org/repo -p \"$(cat task.md)\" --driver codex -m gpt-5 --egress crates,github
-  forkyard fork ./repo -p 'try it' --agent-command './agent.sh' --label team=infra --request-id nightly-42")]
-pub struct ForkArgs {
-    /// Git URL or local path of the repository.
-    pub repo: String,
-    /// The task every fork's agent is given.
-    #[arg(short, long)]
-    pub prompt: String,
-    /// How many forks (agents, each in its own sandbox).
-    #[arg(short = 'f', long, default_value_t = 3)]
-    pub forks: u32,
-    /// Most forks running at once; the rest wait for a slot.
-    #[arg(long, default_value_t = 3)]
-    pub max_concurrent: u32,
-    /// Total budget in US dollars, e.g. 10 or 2.50.
-    #[arg(long, default_value = "10")]
-    pub budget: String,
-    /// What one fork may spend (USD); default: budget / forks.
-    #[arg(long)]
-    pub fork_budget: Option<String>,
-    /// The agent: `claude-code` (the claude CLI), `codex` (the codex CLI), `command` (your
-    /// --agent-command), or the runner's own loops `anthropic` / `openai`. Default:
-    /// `command` with --agent-command, else `claude-code`.
-    #[arg(long, value_parser = ["command", "claude-code", "codex", "anthropic", "openai"])]
-    pub driver: Option<String>,
-    /// Shell command each fork runs in its sandbox (the `command` driver); the prompt is in
-    /// $FORKYARD_PROMPT, and the LLM gateway in ANTHROPIC_BASE_URL / OPENAI_BASE_URL with
-    /// the fork's token as ANTHROPIC_API_KEY / OPENAI_API_KEY.
-    #[arg(long)]
-    pub agent_command: Option<String>,
-    /// Model id or alias (sonnet, opus, haiku, gpt-5, …) the agent uses.
-    #[arg(short = 'm', long, default_value = "")]
-    pub model: String,
-    /// Most model turns per fork (claude-code and the runner's loops); 0: the runner's default.
-    #[arg(long, default_value_t = 0)]
-    pub max_turns: u32,
-    /// Another model the fork's agent may ask for (repeatable); default: only --model.
-    #[arg(long = "allow-model")]
-    pub allowed_models: Vec<String>,
-    /// What each fork's sandbox may reach besides the LLM gateway (repeatable or
-    /// comma-separated): hosts, host:port, *.domain, or sets such as npm, pypi, crates,
-    /// debian, github. Default: nothing.
-    #[arg(long, value_delimiter = ',')]
-    pub egress: Vec<String>,
-    /// The image each fork's sandbox runs on (its toolchains): archive:<file> in the
-    /// provisioners' image directory. Default: the provisioners' own /usr.
-    #[arg(long, default_value = "")]
-    pub image: String,
-    /// Branch prefix: fork n works on <branch>-fork-<n>.
-    #[arg(short, long, default_value = "forkyard")]
-    pub branch: String,
-    /// Per-fork agent timeout in seconds.
-    #[arg(short, long, default_value_t = 600)]
-    pub timeout: u32,
-    /// Command run in each fork's sandbox after its agent; exit 0 means verified.
-    #[arg(long)]
-    pub verify: Option<String>,
-    /// Stop the other forks as soon as one verifies.
-    #[arg(long, requires = "verify")]
-    pub stop_on_first_verified: bool,
-    /// Push forks as branches of the repository's remote when the run ends (with the
-    /// git credentials the operator gave the mesh): the winner, every succeeded fork, or
-    /// every verified one. Branches are <branch>-fork-<n>, never forced over.
-    #[arg(long, value_enum)]
-    pub push: Option<PushMode>,
-    /// Open a pull (merge) request for the winner; `--pr each`: for every pushed fork.
-    #[arg(long, requires = "push", num_args = 0..=1, default_missing_value = "winner", value_enum)]
-    pub pr: Option<PrMode>,
-    /// Open pull requests as drafts.
-    #[arg(long, requires = "pr")]
-    pub draft: bool,
-    /// Author (and committer) of the pushed commits: "Name <email>".
-    #[arg(long, requires = "push", value_parser = parse_author)]
-    pub author: Option<(String, String)>,
-    /// Idempotency key: launching again with the same id returns the same run.
-    #[arg(long, default_value = "")]
-    pub request_id: String,
-    /// Label the run (repeatable): key=value.
-    #[arg(long = "label", value_parser = parse_label)]
-    pub labels: Vec<(String, String)>,
-    /// Wait for the run to finish, showing progress, and print its forks.
-    #[arg(long, overrides_with = "no_wait")]
-    pub wait: bool,
-    /// Print the run id and return at once (the default).
-    #[arg(long, overrides_with = "wait")]
-    pub no_wait: bool,
-}
-
-/// Which forks `--push` delivers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PushMode {
-    Winner,
-    Succeeded,
-    Verified,
-}
-
-/// Which pushed forks get a pull request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PrMode {
-    Winner,
-    Each,
-}
-
-fn parse_author(s: &str) -> Result<(String, String), String> {
-    let (name, rest) = s
-        .split_once('<')
-        .ok_or_else(|| format!("{s:?} is not \"Name <email>\""))?;
-    let email = rest
-        .strip_suffix('>')
-        .ok_or_else(|| format!("{s:?} is not \"Name <email>\""))?;
-    Ok((name.trim().to_owned(), email.trim().to_owned()))
-}
-
-fn parse_label(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .filter(|(k, _)| !k.is_empty())
-        .ok_or_else(|| format!("{s:?} is not key=value"))
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@ use crate::output::{out, outln};
 use crate::{
     cli::{BudgetCommand, Cli, Command, Output},
     client::{Client, connect, status_error},
+    config::{self, Settings},
+    config_cmd::{self, Typed},
     output::{exit_for, print_json, print_run, print_yaml},
     table, watch,
 };
@@ -15,21 +17,38 @@ use forkyard_proto::gateway::v1::{
 };
 use std::{path::PathBuf, process::ExitCode};
 
-pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let command = match cli.command {
+pub async fn run(mut cli: Cli, typed: Typed) -> anyhow::Result<ExitCode> {
+    if let Some(code) = &cli.jq {
+        crate::output::set_jq(code.clone());
+    }
+    // What needs no gateway prints as typed, without the context (which may be the
+    // broken thing `config` is mending).
+    let local_output = if cli.jq.is_some() {
+        Output::Json
+    } else {
+        cli.output.unwrap_or(Output::Table)
+    };
+    let command = match std::mem::replace(&mut cli.command, Command::StopCleanup) {
         // Keys live in the gateway's key file, not behind its API.
-        Command::Keys(k) => return crate::keys::run(k, cli.output).await,
-        // Needs no gateway either.
-        Command::Completion { shell } => return Ok(completion(shell)),
+        Command::Keys(k) => return crate::keys::run(k, local_output).await,
+        Command::Completion { shell } => return completion(shell),
+        Command::Config { command } => return config_cmd::run(command, typed, local_output),
+        // A prompt file that is not there costs no call.
+        Command::Fork(mut a) => {
+            a.prompt = crate::fork::read_prompt(&a.prompt)?;
+            Command::Fork(a)
+        }
         other => other,
     };
+    let settings = Settings::resolve(&cli, config::selected(cli.context.as_deref())?);
+    let key = settings.key.get(true)?;
     let mut client = connect(
-        &cli.gateway,
-        cli.api_key.as_deref(),
-        cli.gateway_ca.as_deref(),
+        &settings.gateway,
+        key.as_deref(),
+        settings.gateway_ca.as_deref(),
     )
     .await?;
-    let (client, output) = (&mut client, cli.output);
+    let (client, output) = (&mut client, settings.output);
     match command {
         Command::Fork(a) => crate::fork::launch(client, *a, output).await,
         Command::Status { run_id } => status(client, &run_id, output).await,
@@ -54,9 +73,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Budget {
             command: BudgetCommand::Raise { run_id, amount },
         } => raise_budget(client, run_id, amount, output).await,
-        Command::Result { run_id, fork, save } => {
+        Command::Result {
+            run_id,
+            fork,
+            winner: _,
+            save,
+        } => {
+            let fork = match fork {
+                Some(f) => f,
+                None => crate::apply::winner(client, &run_id).await?,
+            };
             fork_result(client, GetForkResultRequest { run_id, fork }, save, output).await
         }
+        Command::Apply {
+            run_id,
+            fork,
+            force,
+        } => crate::apply::apply(client, run_id, fork, force).await,
         Command::Publish {
             run_id,
             fork,
@@ -80,17 +113,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Cleanup { interval, max_age } => cleanup(client, interval, max_age).await,
         Command::StopCleanup => stop_cleanup(client).await,
-        Command::Keys(k) => crate::keys::run(k, output).await,
-        Command::Completion { .. } => unreachable!("answered before connecting"),
+        Command::Keys(_) | Command::Completion { .. } | Command::Config { .. } => {
+            unreachable!("answered before connecting")
+        }
     }
 }
 
-fn completion(shell: clap_complete::Shell) -> ExitCode {
-    let mut cmd = <Cli as clap::CommandFactory>::command();
-    let mut script = Vec::new();
-    clap_complete::generate(shell, &mut cmd, "forkyard", &mut script);
-    out!("{}", String::from_utf8_lossy(&script));
-    ExitCode::SUCCESS
+/// The dynamic completion's registration script (see `complete`).
+fn completion(shell: clap_complete::Shell) -> anyhow::Result<ExitCode> {
+    out!("{}", crate::complete::registration(shell)?);
+    Ok(ExitCode::SUCCESS)
 }
 
 fn parse_state(s: &str) -> anyhow::Result<RunState> {

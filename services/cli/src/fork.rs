@@ -2,8 +2,9 @@
 
 use crate::output::outln;
 use crate::{
-    cli::{ForkArgs, Output, PrMode, PushMode},
+    cli::{ForkArgs, Output},
     client::{Client, status_error},
+    fork_args::{PrMode, PushMode},
     output::{exit_for, print_json, print_run, print_yaml},
     watch,
 };
@@ -40,6 +41,32 @@ pub async fn launch(client: &mut Client, a: ForkArgs, output: Output) -> anyhow:
     let run = watch::follow(client, &launched.run_id, output == Output::Table).await?;
     print_run(&run, output)?;
     Ok(exit_for(&run))
+}
+
+/// The prompt as `-p` gives it: `@FILE` read from the file, `-` from standard input,
+/// `@@…` the text `@…`, anything else itself. Read before the gateway is called, so a
+/// missing file costs no launch.
+pub fn read_prompt(p: &str) -> anyhow::Result<String> {
+    let text = if p == "-" {
+        use std::io::{IsTerminal as _, Read as _};
+        let mut stdin = std::io::stdin();
+        if stdin.is_terminal() {
+            eprintln!("reading the prompt from standard input (end it with Ctrl-D)");
+        }
+        let mut text = String::new();
+        stdin
+            .read_to_string(&mut text)
+            .map_err(|e| anyhow::anyhow!("-p -: standard input: {e}"))?;
+        text
+    } else if let Some(literal) = p.strip_prefix("@@") {
+        format!("@{literal}")
+    } else if let Some(file) = p.strip_prefix('@') {
+        std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("-p @{file}: {e}"))?
+    } else {
+        p.to_owned()
+    };
+    anyhow::ensure!(!text.trim().is_empty(), "-p {p}: the prompt is empty");
+    Ok(text)
 }
 
 fn launch_request(a: ForkArgs) -> LaunchRunRequest {
@@ -106,4 +133,27 @@ fn delivery(
         author_email,
         ..Default::default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_prompt;
+
+    #[test]
+    fn a_prompt_comes_from_a_file_or_is_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let task = dir.path().join("task.md");
+        std::fs::write(&task, "# Fix it\n\nthe flaky test\n").unwrap();
+        let at = format!("@{}", task.display());
+        assert_eq!(read_prompt(&at).unwrap(), "# Fix it\n\nthe flaky test\n");
+        assert_eq!(read_prompt("fix it").unwrap(), "fix it");
+        assert_eq!(read_prompt("@@team fix it").unwrap(), "@team fix it");
+        let e = read_prompt("@/nonexistent/task.md")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("-p @/nonexistent/task.md: "), "{e}");
+        std::fs::write(&task, "\n  \n").unwrap();
+        let e = read_prompt(&at).unwrap_err().to_string();
+        assert!(e.ends_with("the prompt is empty"), "{e}");
+    }
 }

@@ -15,14 +15,22 @@ fn pool() -> &'static DescriptorPool {
 
 /// `message` (of the protobuf type `full_name`, e.g. `forkyard.gateway.v1.Run`) as JSON.
 pub fn to_string<M: prost::Message>(message: &M, full_name: &str) -> anyhow::Result<String> {
-    let descriptor = pool()
-        .get_message_by_name(full_name)
-        .ok_or_else(|| anyhow::anyhow!("no protobuf message {full_name} in the descriptors"))?;
-    let dynamic = DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice())?;
+    let dynamic = dynamic(message, full_name)?;
     let mut out = Vec::new();
     let mut ser = serde_json::Serializer::pretty(&mut out);
     dynamic.serialize_with_options(&mut ser, &prost_reflect::SerializeOptions::new())?;
     Ok(String::from_utf8(out)?)
+}
+
+/// `message` read again through its descriptor, which knows the JSON names.
+fn dynamic<M: prost::Message>(message: &M, full_name: &str) -> anyhow::Result<DynamicMessage> {
+    let descriptor = pool()
+        .get_message_by_name(full_name)
+        .ok_or_else(|| anyhow::anyhow!("no protobuf message {full_name} in the descriptors"))?;
+    Ok(DynamicMessage::decode(
+        descriptor,
+        message.encode_to_vec().as_slice(),
+    )?)
 }
 
 #[cfg(test)]
@@ -63,56 +71,21 @@ mod tests {
     }
 }
 
-/// `message` as YAML: the same mapping as [`to_string`], in block style. Strings are
-/// written as YAML's double-quoted scalars (JSON's escapes are YAML's), so no value can be
-/// read as another type or break the layout.
+/// `message` as YAML, as kubectl prints an object: the same mapping as [`to_string`]
+/// (field order kept), written by a YAML library in block style, keys unquoted, a
+/// string quoted only where YAML would read it as another type, multi-line strings
+/// (patches, output tails) as literal blocks.
 pub fn to_yaml<M: prost::Message>(message: &M, full_name: &str) -> anyhow::Result<String> {
-    let value: serde_json::Value = serde_json::from_str(&to_string(message, full_name)?)?;
-    Ok(value_to_yaml(&value))
+    let dynamic = dynamic(message, full_name)?;
+    let mut out = Vec::new();
+    let mut ser = serde_norway::Serializer::new(&mut out);
+    dynamic.serialize_with_options(&mut ser, &prost_reflect::SerializeOptions::new())?;
+    Ok(String::from_utf8(out)?)
 }
 
-/// Any JSON value as block YAML (see [`to_yaml`]).
-pub fn value_to_yaml(value: &serde_json::Value) -> String {
-    let mut out = String::new();
-    yaml(value, 0, &mut out);
-    out
-}
-
-fn yaml(v: &serde_json::Value, indent: usize, out: &mut String) {
-    use serde_json::Value;
-    let pad = " ".repeat(indent);
-    match v {
-        Value::Object(map) if !map.is_empty() => {
-            for (k, item) in map {
-                out.push_str(&format!("{pad}{}:", Value::String(k.clone())));
-                nested(item, indent, out);
-            }
-        }
-        Value::Array(items) if !items.is_empty() => {
-            for item in items {
-                out.push_str(&format!("{pad}-"));
-                nested(item, indent, out);
-            }
-        }
-        scalar => out.push_str(&format!("{pad}{scalar}\n")),
-    }
-}
-
-/// After `key:` or `-`: a scalar (or an empty map or list) on the same line, anything
-/// else on the lines below, indented.
-fn nested(v: &serde_json::Value, indent: usize, out: &mut String) {
-    use serde_json::Value;
-    match v {
-        Value::Object(m) if !m.is_empty() => {
-            out.push('\n');
-            yaml(v, indent + 2, out);
-        }
-        Value::Array(a) if !a.is_empty() => {
-            out.push('\n');
-            yaml(v, indent + 2, out);
-        }
-        scalar => out.push_str(&format!(" {scalar}\n")),
-    }
+/// Anything serde serializes (keys, contexts) as YAML, written as [`to_yaml`] writes.
+pub fn value_to_yaml<T: serde::Serialize + ?Sized>(value: &T) -> anyhow::Result<String> {
+    Ok(serde_norway::to_string(value)?)
 }
 
 #[cfg(test)]
@@ -122,11 +95,14 @@ mod yaml_tests {
         gateway::v1::{Run, RunState},
     };
 
+    /// As kubectl prints: keys bare, plain strings bare, a list's items at its key's
+    /// indentation, a string that reads as a number quoted, several lines as a block.
     #[test]
-    fn runs_print_as_block_yaml() {
+    fn runs_print_as_kubectl_prints_yaml() {
         let run = Run {
             run_id: "run-1".into(),
             state: RunState::Completed as i32,
+            cost_micros: 120_000,
             error: "a: \"quoted\"\nsecond line".into(),
             forks: vec![ForkResult {
                 fork: 2,
@@ -136,21 +112,24 @@ mod yaml_tests {
             ..Default::default()
         };
         let text = super::to_yaml(&run, "forkyard.gateway.v1.Run").unwrap();
-        assert!(text.contains("\"runId\": \"run-1\"\n"), "{text}");
         assert!(
-            text.contains("\"state\": \"RUN_STATE_COMPLETED\"\n"),
+            text.starts_with("runId: run-1\nstate: RUN_STATE_COMPLETED\n"),
             "{text}"
         );
         assert!(
-            text.contains(
-                "\"forks\":\n  -\n    \"fork\": 2\n    \"status\": \"FORK_STATUS_SUCCEEDED\"\n"
-            ),
+            text.contains("forks:\n- fork: 2\n  status: FORK_STATUS_SUCCEEDED\n"),
             "{text}"
         );
-        // A value with a colon, quotes and a newline stays one quoted scalar.
+        assert!(text.contains("costMicros: '120000'\n"), "{text}");
         assert!(
-            text.contains(r#""error": "a: \"quoted\"\nsecond line""#),
+            text.contains("error: |-\n  a: \"quoted\"\n  second line\n"),
             "{text}"
         );
+        // And it reads back as the JSON mapping's values.
+        let back: serde_json::Value = serde_norway::from_str(&text).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&super::to_string(&run, "forkyard.gateway.v1.Run").unwrap())
+                .unwrap();
+        assert_eq!(back, json);
     }
 }

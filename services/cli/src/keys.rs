@@ -2,7 +2,7 @@
 //! other commands send.
 
 use crate::cli::{KeysArgs, KeysCommand, Output};
-use crate::output::{out, outln};
+use crate::output::{outln, print_value};
 use forkyard_keys::{KeyInfo, KeyStore};
 use std::process::ExitCode;
 use tonic::{metadata::MetadataValue, service::Interceptor};
@@ -63,8 +63,7 @@ pub async fn run(args: KeysArgs, output: Output) -> anyhow::Result<ExitCode> {
             let k = store.create(&tenant, &name).await?;
             let made = serde_json::json!({"id": k.info.id, "tenant": k.info.tenant, "name": k.info.name, "key": k.key});
             match output {
-                Output::Json => outln!("{made}"),
-                Output::Yaml => out!("{}", crate::json::value_to_yaml(&made)),
+                Output::Json | Output::Yaml => print_value(&made, output)?,
                 Output::Table => {
                     eprintln!(
                         "key {} for tenant {} (shown once; the gateway keeps only its digest):",
@@ -77,11 +76,7 @@ pub async fn run(args: KeysArgs, output: Output) -> anyhow::Result<ExitCode> {
         KeysCommand::List => {
             let keys = store.list().await?;
             match output {
-                Output::Json => outln!("{}", serde_json::to_string_pretty(&keys)?),
-                Output::Yaml => out!(
-                    "{}",
-                    crate::json::value_to_yaml(&serde_json::to_value(&keys)?)
-                ),
+                Output::Json | Output::Yaml => print_value(&keys, output)?,
                 Output::Table => {
                     outln!(
                         "{:<16}  {:<20}  {:<20}  {:<20}  NAME",
@@ -99,10 +94,7 @@ pub async fn run(args: KeysArgs, output: Output) -> anyhow::Result<ExitCode> {
         KeysCommand::Revoke { id } => {
             let k = store.revoke(&id).await?;
             match output {
-                Output::Json => outln!("{}", serde_json::to_string_pretty(&k)?),
-                Output::Yaml => {
-                    out!("{}", crate::json::value_to_yaml(&serde_json::to_value(&k)?))
-                }
+                Output::Json | Output::Yaml => print_value(&k, output)?,
                 Output::Table => outln!("revoked key {} of tenant {}", k.id, k.tenant),
             }
         }

@@ -42,13 +42,39 @@ pub fn exit_for(run: &Run) -> ExitCode {
     }
 }
 
-pub fn print_json<M: prost::Message>(message: &M, full_name: &str) -> anyhow::Result<()> {
-    outln!("{}", crate::json::to_string(message, full_name)?);
+/// The `--jq` expression every JSON answer goes through, once the command line said it.
+/// Set once in `main`: every command prints JSON through [`print_json_text`], so the
+/// filter is not threaded through each of them.
+static JQ: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+pub fn set_jq(code: String) {
+    let _ = JQ.set(code);
+}
+
+/// A JSON document printed, or the `--jq` filter's results of it.
+fn print_json_text(json: &str) -> anyhow::Result<()> {
+    match JQ.get() {
+        Some(code) => out!("{}", crate::jq::apply(code, json)?),
+        None => outln!("{json}"),
+    }
     Ok(())
+}
+
+pub fn print_json<M: prost::Message>(message: &M, full_name: &str) -> anyhow::Result<()> {
+    print_json_text(&crate::json::to_string(message, full_name)?)
 }
 
 pub fn print_yaml<M: prost::Message>(message: &M, full_name: &str) -> anyhow::Result<()> {
     out!("{}", crate::json::to_yaml(message, full_name)?);
+    Ok(())
+}
+
+/// A value that is not a protobuf message (keys, contexts) as JSON or YAML.
+pub fn print_value<T: serde::Serialize>(value: &T, output: Output) -> anyhow::Result<()> {
+    match output {
+        Output::Yaml => out!("{}", crate::json::value_to_yaml(value)?),
+        Output::Json | Output::Table => print_json_text(&serde_json::to_string_pretty(value)?)?,
+    }
     Ok(())
 }
 
