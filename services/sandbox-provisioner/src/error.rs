@@ -17,7 +17,7 @@ pub const DRAINING: &str = forkyard_proto::activities::errors::SANDBOX_DRAINING;
 /// Activity failure type for everything else (retried per the activity's policy).
 pub const INTERNAL: &str = "SandboxInternal";
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ProvisionerError {
     /// The request is wrong; `field` names the offending request field.
     #[error("invalid {field}: {reason}")]

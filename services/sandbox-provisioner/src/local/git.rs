@@ -21,7 +21,7 @@ const STDERR_SUMMARY: usize = 600;
 /// Run host git; `Ok(stdout)` on success, `Err(summary of stderr)` on a git failure.
 /// Traced as a `git` span naming the step (`clone`, `rev-parse`, ...) and its exit.
 #[tracing::instrument(name = "git", skip_all, fields(step = step(&cmd), exit_code = tracing::field::Empty))]
-async fn run(cmd: Command, timeout: Duration) -> Result<Result<String, String>> {
+pub(crate) async fn run(cmd: Command, timeout: Duration) -> Result<Result<String, String>> {
     let f = process::run(
         crate::local::launch::Launch::Process(cmd),
         None,
@@ -76,6 +76,25 @@ fn summarise(stderr: &str, code: i32) -> String {
     text
 }
 
+/// A clone of `repo` that failed with git's `e`; `remote`: reached by
+/// [`crate::git::reach`], so the caller learns only that it cannot be read.
+pub(crate) fn clone_failed(repo: &str, e: String, remote: bool) -> ProvisionerError {
+    let timed_out = e.starts_with("git timed out");
+    match (timed_out, remote) {
+        // Slow network or a big repo: worth another attempt.
+        (true, true) => ProvisionerError::Internal(crate::git::unreadable(repo, e).to_string()),
+        (true, false) => ProvisionerError::internal(&format!("cloning {repo}"), e),
+        (false, true) => crate::git::unreadable(repo, e),
+        (false, false) => ProvisionerError::RepoUnavailable(format!("cannot clone {repo}: {e}")),
+    }
+}
+
+/// A full commit id (SHA-1 or SHA-256, lower case): safe in a path, and what git
+/// prints.
+pub(crate) fn is_commit_id(s: &str) -> bool {
+    matches!(s.len(), 40 | 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// Clone `repo` into `ws`, start `branch` at `base_ref` (or HEAD) and return the base
 /// commit. `reach`: how a remote repository is reached (`crate::git::reach`: its checked
 /// addresses, the tenant's credential); its errors then say only that it cannot be read.
@@ -99,18 +118,9 @@ pub async fn clone(
     // follow symlinks planted in the source's .git.
     cmd.args(["clone", "--quiet", "--no-local", "--", repo])
         .arg(ws);
-    run(cmd, timeout).await?.map_err(|e| {
-        let timed_out = e.starts_with("git timed out");
-        match (timed_out, pin.is_some()) {
-            // Slow network or a big repo: worth another attempt.
-            (true, true) => ProvisionerError::Internal(crate::git::unreadable(repo, e).to_string()),
-            (true, false) => ProvisionerError::internal(&format!("cloning {repo}"), e),
-            (false, true) => crate::git::unreadable(repo, e),
-            (false, false) => {
-                ProvisionerError::RepoUnavailable(format!("cannot clone {repo}: {e}"))
-            }
-        }
-    })?;
+    run(cmd, timeout)
+        .await?
+        .map_err(|e| clone_failed(repo, e, pin.is_some()))?;
 
     let start = if base_ref.is_empty() {
         "HEAD".to_owned()
@@ -137,19 +147,30 @@ pub async fn clone(
 
 /// Clone `repo` into `ws` with HEAD detached at `commit`, without git's template files
 /// (hook samples, description): the source of [`crate::local::template`] copies.
-pub async fn clone_detached(repo: &str, commit: &str, ws: &Path, timeout: Duration) -> Result<()> {
+/// `reach`: as for [`clone`].
+pub async fn clone_detached(
+    repo: &str,
+    commit: &str,
+    ws: &Path,
+    timeout: Duration,
+    reach: Option<&crate::git::Reach>,
+) -> Result<()> {
     let mut cmd = host_git();
+    if let Some(r) = reach {
+        cmd.args(&r.pin).envs(r.env.iter().map(|(k, v)| (k, v)));
+    }
     cmd.args(["clone", "--quiet", "--no-local", "--template=", "--", repo])
         .arg(ws);
     run(cmd, timeout)
         .await?
-        .map_err(|e| ProvisionerError::RepoUnavailable(format!("cannot clone {repo}: {e}")))?;
+        .map_err(|e| clone_failed(repo, e, reach.is_some()))?;
     let mut cmd = host_git();
     cmd.arg("-C")
         .arg(ws)
         .args(["checkout", "-q", "--detach", commit, "--"]);
     run(cmd, Duration::from_secs(60)).await?.map_err(|e| {
-        ProvisionerError::RepoUnavailable(format!("{repo} has no commit {commit}: {e}"))
+        tracing::warn!(repo = %forkyard_common::repo_location::shown(repo), commit, reason = %e, "template checkout failed");
+        ProvisionerError::invalid("base_ref", format!("{commit:?} is not a commit in the repository"))
     })?;
     // The default branch's loose ref into `packed-refs`: one file fewer in every copy.
     let mut cmd = host_git();

@@ -9,28 +9,34 @@
 //! Only local repositories whose `base_ref` can be read from their ref files without
 //! running anything (HEAD, a branch, a full commit id) take this path; URLs and
 //! expressions like `HEAD~1` are cloned as before. Templates are never shown to a
-//! sandbox, and a template of an older commit is dropped when a newer one is built.
+//! sandbox, and a template of an older commit is dropped when a newer one of the same
+//! owner is built ([`build`]).
 //! Past their size bound, least recently used templates are removed (`evict`).
 
 use crate::{
     error::{ProvisionerError, Result},
     local::git,
 };
-use forkyard_common::git_refs::read_ref;
 use std::{
     collections::HashMap,
     io,
     os::unix::fs::DirBuilderExt,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
-    time::{Duration, SystemTime},
+    time::SystemTime,
 };
 
+#[cfg(test)]
+use std::time::Duration;
+
+mod branch;
+mod build;
 mod copy;
 mod evict;
 mod settle;
 mod warm;
 
+pub(crate) use branch::start_branch;
 use copy::copy_workspace;
 pub(crate) use copy::{is_shared, is_shared_stat};
 
@@ -68,91 +74,20 @@ pub(crate) struct Templates {
     warm: Arc<warm::Warm>,
     /// Live overlay workspaces: a template that is one's lower layer is never evicted.
     pub(crate) overlays: Arc<crate::local::overlay::Overlays>,
-}
-
-/// `<hash of the repository>-<commit>`: the templates of one repository share a prefix.
-fn key(repo: &str, commit: &str) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in repo.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}-{commit}")
+    /// Builds that failed lately (`build`).
+    failures: build::Failures,
 }
 
 /// Give the template worktree `ws` its files' own mtimes and record them in its index
-/// ([`settle`]).
-async fn settle(ws: &Path) -> Result<()> {
+/// ([`settle`]), and in the indexes of the repositories at `nested` (its submodules',
+/// relative to `ws`).
+pub(crate) async fn settle(ws: &Path, nested: &[String]) -> Result<()> {
     settle::worktree(ws).map_err(|e| ProvisionerError::internal("settle template", e))?;
-    git::refresh_index(ws).await
-}
-
-/// Start `branch` at `commit` in a copied workspace: what `git checkout -b` writes
-/// (the reflog aside). What it makes (the ref, directories of a branch like `team/x`)
-/// is given to `uid`, or git in the sandbox could not update its own branch.
-pub(crate) fn start_branch(ws: &Path, branch: &str, commit: &str, uid: Option<u32>) -> Result<()> {
-    let git = ws.join(".git");
-    let refs = git.join("refs/heads");
-    if read_ref(&git, &format!("refs/heads/{branch}"), 0).is_some() {
-        return Err(ProvisionerError::FailedPrecondition(format!(
-            "cannot create branch {branch}: a branch named '{branch}' already exists"
-        )));
+    git::refresh_index(ws).await?;
+    for path in nested {
+        git::refresh_index(&ws.join(path)).await?;
     }
-    // A ref cannot also be a directory of refs: `main/x` beside `main` (packed or not),
-    // or `x` beside `x/y`, as `git checkout -b` refuses (git would fail later, at gc).
-    let clash = branch
-        .match_indices('/')
-        .map(|(i, _)| &branch[..i])
-        .find(|prefix| read_ref(&git, &format!("refs/heads/{prefix}"), 0).is_some())
-        .map(|prefix| format!("refs/heads/{prefix}"))
-        .or_else(|| {
-            let under = format!(" refs/heads/{branch}/");
-            let packed = std::fs::read_to_string(git.join("packed-refs")).unwrap_or_default();
-            (refs.join(branch).is_dir() || packed.lines().any(|l| l.contains(&under)))
-                .then(|| format!("refs/heads/{branch}/..."))
-        });
-    if let Some(existing) = clash {
-        return Err(ProvisionerError::FailedPrecondition(format!(
-            "cannot create branch {branch}: '{existing}' exists"
-        )));
-    }
-    let file = refs.join(branch);
-    let write = || -> io::Result<()> {
-        let mut dir = refs.clone();
-        for part in Path::new(branch)
-            .parent()
-            .into_iter()
-            .flat_map(Path::components)
-        {
-            dir.push(part);
-            match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
-                Ok(()) => give(&dir, uid)?,
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
-            }
-        }
-        // A warm copy's empty ref file, made ahead, becomes the branch's.
-        let made_ahead = refs.join(warm::BRANCH_FILE);
-        match std::fs::OpenOptions::new().write(true).open(&made_ahead) {
-            Ok(mut f) => {
-                io::Write::write_all(&mut f, format!("{commit}\n").as_bytes())?;
-                std::fs::rename(&made_ahead, &file)?;
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                std::fs::write(&file, format!("{commit}\n"))?;
-                give(&file, uid)?;
-            }
-            Err(e) => return Err(e),
-        }
-        rewrite(
-            &git.join("HEAD"),
-            format!("ref: refs/heads/{branch}\n").as_bytes(),
-        )
-    };
-    write().map_err(|e| ProvisionerError::internal("start branch", e))
-}
-
-fn give(path: &Path, uid: Option<u32>) -> io::Result<()> {
-    uid.map_or(Ok(()), |uid| crate::local::uids::chown(path, uid))
+    Ok(())
 }
 
 /// A template's copy in a new workspace.
@@ -161,14 +96,6 @@ pub(crate) struct Copied {
     pub(crate) index: String,
     /// The sandbox uid it was given already (a warm copy's), now the sandbox's; 0: none.
     pub(crate) uid: u32,
-}
-
-/// Overwrite `path` with `content` in place (`store::write_in_place`), or make it.
-fn rewrite(path: &Path, content: &[u8]) -> io::Result<()> {
-    match crate::local::store::write_in_place(path, content) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => std::fs::write(path, content),
-        done => done,
-    }
 }
 
 impl Templates {
@@ -195,6 +122,7 @@ impl Templates {
             evicting: std::sync::Arc::default(),
             warm: Arc::new(warm::Warm::start(WarmBounds::OFF, None)),
             overlays: Arc::default(),
+            failures: build::Failures::default(),
         })
     }
 
@@ -223,87 +151,6 @@ impl Templates {
     ) -> Self {
         self.warm = Arc::new(warm::Warm::start(bounds, uids));
         self
-    }
-
-    /// The ready template of `repo` at `commit`, built now if needed.
-    pub(crate) async fn ensure(
-        &self,
-        repo: &str,
-        commit: &str,
-        timeout: Duration,
-    ) -> Result<PathBuf> {
-        let key = key(repo, commit);
-        let dir = self.root.join(&key);
-        self.touch(&key);
-        // A built template is settled before it is renamed into place (or after, once,
-        // when an older provisioner built it): the marker alone says it is usable.
-        if dir.join(SETTLED).is_file() {
-            return Ok(dir);
-        }
-        let _held = self.building.lock(key.clone()).await;
-        if dir.join(SETTLED).is_file() {
-            return Ok(dir);
-        }
-        if dir.join(READY).is_file() {
-            settle(&dir.join("workspace")).await?;
-            std::fs::write(dir.join(SETTLED), "")
-                .map_err(|e| ProvisionerError::internal("settle template", e))?;
-            return Ok(dir);
-        }
-        let tmp = self
-            .root
-            .join(format!("{key}.tmp-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&tmp)
-            .map_err(|e| ProvisionerError::internal("create template", e))?;
-        let ws = tmp.join("workspace");
-        let built = match git::clone_detached(repo, commit, &ws, timeout).await {
-            Ok(()) => settle(&ws).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = built {
-            let _ = crate::local::store::remove_all(&tmp);
-            return Err(e);
-        }
-        let bytes = crate::local::store::disk_usage(&tmp);
-        let done = std::fs::write(tmp.join(BYTES), bytes.to_string())
-            .and_then(|()| std::fs::write(tmp.join(SETTLED), ""))
-            .and_then(|()| std::fs::write(tmp.join(READY), commit))
-            .and_then(|()| std::fs::rename(&tmp, &dir));
-        if let Err(e) = done {
-            let _ = crate::local::store::remove_all(&tmp);
-            return Err(ProvisionerError::internal("store template", e));
-        }
-        // Older commits of the same repository are not needed any more, unless a live
-        // sandbox's overlay has one as its lower layer (eviction takes it later).
-        let prefix = &key[..17];
-        for e in std::fs::read_dir(&self.root)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(prefix)
-                && name != key
-                && !name.contains(".tmp-")
-                && !self.overlays.uses(&e.path())
-            {
-                self.warm.forget(&e.path());
-                // Out of the templates' names first, at once (a `.tmp-` name, swept at
-                // start-up): the warm copy thread may still be writing a copy into it,
-                // and a removal that failed midway left a template without its marker
-                // that nothing would ever remove.
-                let gone = self
-                    .root
-                    .join(format!("{name}.tmp-old-{}", uuid::Uuid::new_v4().simple()));
-                if std::fs::rename(e.path(), &gone).is_ok() {
-                    let _ = crate::local::store::remove_all(&gone);
-                }
-            }
-        }
-        self.evict_in_the_background();
-        Ok(dir)
     }
 
     /// One turn of the replica's file work for a sandbox (see [`Self::turns`]); the

@@ -18,7 +18,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-/// Give every file and symlink of the worktree at `ws` (its `.git` aside) a whole-second
+/// Give every file and symlink of the worktree at `ws` (its `.git`s aside) a whole-second
 /// mtime of its own: two seconds ago for the first, one second less for each next.
 pub(crate) fn worktree(ws: &Path) -> io::Result<()> {
     let ago = SystemTime::now()
@@ -26,18 +26,20 @@ pub(crate) fn worktree(ws: &Path) -> io::Result<()> {
         .unwrap_or(Duration::ZERO)
         .saturating_sub(Duration::from_secs(2));
     let mut next = i64::try_from(ago.as_secs()).unwrap_or(i64::MAX);
-    walk(ws, &mut next, true)
+    walk(ws, &mut next)
 }
 
-fn walk(dir: &Path, next: &mut i64, top: bool) -> io::Result<()> {
+fn walk(dir: &Path, next: &mut i64) -> io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let kind = entry.file_type()?;
-        if top && entry.file_name() == ".git" {
+        // The workspace's repository, and a submodule's below it (git tracks no path
+        // named `.git`, so one deeper is a nested repository's): not worktree files.
+        if entry.file_name() == ".git" {
             continue;
         }
         if kind.is_dir() {
-            walk(&entry.path(), next, false)?;
+            walk(&entry.path(), next)?;
         } else {
             let at = rustix::fs::Timespec {
                 tv_sec: *next,
