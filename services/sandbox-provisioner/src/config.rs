@@ -142,7 +142,8 @@ pub struct Args {
     #[arg(long, env = "FORKYARD_IMAGE_MAX_ENTRIES", default_value_t = 1_000_000)]
     pub image_max_entries: u64,
     /// The workspace templates' size bound in bytes (`<state>/templates`, a clone per
-    /// local repository); least recently used ones are removed past it. 0: no bound.
+    /// local repository, and per tenant and remote repository); least recently used
+    /// ones are removed past it. 0: no bound.
     #[arg(long, env = "FORKYARD_TEMPLATE_CACHE_MAX_BYTES", default_value_t = 10 << 30)]
     pub template_cache_max_bytes: u64,
     /// Warm copies of a template's workspace kept ready for creates, at most this many a

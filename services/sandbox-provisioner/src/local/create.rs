@@ -283,7 +283,7 @@ impl Provisioner {
         }
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
         let dir = self.store.dir(&id);
-        let source = self.workspace_source(&req).await;
+        let source = self.workspace_source(&req).await?;
         // A template's sandbox makes all of its files (directory, workspace, record,
         // cgroups) in one turn, so a wave's creates finish one after the other in arrival
         // order, and the replica runs a bounded number of blocking threads: with every

@@ -5,7 +5,10 @@ use crate::{
     error::{ProvisionerError, Result},
     local::{git, provisioner::Provisioner, store},
 };
-use forkyard_common::git_refs::local_commit;
+use forkyard_common::{
+    git_refs::local_commit,
+    repo_location::{self, RepoLocation},
+};
 use forkyard_proto::sandbox::v1::CreateSandboxRequest;
 use std::path::{Path, PathBuf};
 
@@ -18,21 +21,25 @@ pub(crate) enum Source {
 
 impl Provisioner {
     /// Where the workspace of `req` comes from: the template when the repository allows
-    /// (built now if needed), else a clone. A template that cannot be built is logged
-    /// and cloned instead.
-    pub(crate) async fn workspace_source(&self, req: &CreateSandboxRequest) -> Source {
+    /// (built now if needed), else a clone. A local repository's template that cannot
+    /// be built is logged and cloned instead; a remote repository's is first read with
+    /// the tenant's credential (`crate::local::remote`), whose refusal is the create's.
+    pub(crate) async fn workspace_source(&self, req: &CreateSandboxRequest) -> Result<Source> {
+        if let Ok(RepoLocation::Remote(_)) = repo_location::locate(&req.repo) {
+            return self.remote_source(req).await;
+        }
         let Some(commit) = local_commit(&req.repo, &req.base_ref) else {
-            return Source::Clone;
+            return Ok(Source::Clone);
         };
         match self
             .templates
             .ensure(&req.repo, &commit, self.config.clone_timeout)
             .await
         {
-            Ok(dir) => Source::Template(dir, commit),
+            Ok(dir) => Ok(Source::Template(dir, commit)),
             Err(e) => {
                 tracing::warn!(repo = %req.repo, error = %e, "workspace template cannot be built; cloning instead");
-                Source::Clone
+                Ok(Source::Clone)
             }
         }
     }
@@ -123,9 +130,9 @@ impl Provisioner {
                 }
             }
         }
-        let creds = &self.config.git_credentials;
-        let reach =
-            crate::git::reach(&self.config.git_hosts, creds, &req.tenant, &req.repo).await?;
+        let reader = self.reader(&req.tenant);
+        let reach = reader.reach(&req.repo).await?;
+        let deadline = std::time::Instant::now() + self.config.clone_timeout;
         let base_commit = git::clone(
             &req.repo,
             &req.base_ref,
@@ -135,6 +142,9 @@ impl Provisioner {
             reach.as_ref(),
         )
         .await?;
+        if reach.is_some() {
+            crate::local::submodules::check_out(ws, &req.repo, reader, deadline).await?;
+        }
         let index = crate::local::git_index::checksum_of(ws).unwrap_or_default();
         Ok(Made {
             base_commit,

@@ -6,11 +6,13 @@
 //! all are copies but git's object files, which with a uid per sandbox are shared
 //! read-only ([`copy`]; git never changes one, it writes new ones).
 //!
-//! Only local repositories whose `base_ref` can be read from their ref files without
-//! running anything (HEAD, a branch, a full commit id) take this path; URLs and
-//! expressions like `HEAD~1` are cloned as before. Templates are never shown to a
-//! sandbox, and a template of an older commit is dropped when a newer one of the same
-//! owner is built ([`build`]).
+//! Local repositories whose `base_ref` can be read from their ref files without
+//! running anything (HEAD, a branch, a full commit id) take this path, and remote ones
+//! whose `base_ref` the remote names (`crate::local::remote`, which says how a template
+//! of a private repository is kept to its tenant); expressions like `HEAD~1` are cloned
+//! as before. Templates are never shown to a sandbox, and a template of an older
+//! commit is dropped when a newer one of the same owner is built (a remote one's once
+//! unused for a while: [`build`]).
 //! Past their size bound, least recently used templates are removed (`evict`).
 
 use crate::{
@@ -49,6 +51,10 @@ pub(crate) const READY: &str = "ready";
 const SETTLED: &str = "settled";
 /// The file holding a template's size in bytes, written when it is built.
 pub(crate) const BYTES: &str = "bytes";
+
+/// How long a remote repository's template of an older commit is kept after its last
+/// use when a newer one is built (`crate::local::remote`): as long as eviction spares it.
+pub(crate) const SPARE: std::time::Duration = evict::GRACE;
 
 /// When each template was last used, by key (this replica's run).
 pub(crate) type Used = Arc<Mutex<HashMap<String, SystemTime>>>;
