@@ -25,10 +25,10 @@ fn free_port() -> u16 {
     crate::mesh::free_port()
 }
 
-/// Wait until something accepts on `port`, or panic naming `what`.
-fn wait_listening(port: u16, what: &str, log: &Path) {
+/// Wait until something accepts on `port` of `addr`, or panic naming `what`.
+fn wait_listening(addr: &str, port: u16, what: &str, log: &Path) {
     for _ in 0..400 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        if std::net::TcpStream::connect((addr, port)).is_ok() {
             return;
         }
         std::thread::sleep(Duration::from_millis(25));
@@ -39,7 +39,12 @@ fn wait_listening(port: u16, what: &str, log: &Path) {
 
 /// A bare copy of `src` at `<dir>/r.git`.
 fn bare_copy(src: &Path, dir: &Path) -> PathBuf {
-    let bare = dir.join("r.git");
+    bare_copy_as(src, dir, "r")
+}
+
+/// A bare copy of `src` at `<dir>/<name>.git`.
+fn bare_copy_as(src: &Path, dir: &Path, name: &str) -> PathBuf {
+    let bare = dir.join(format!("{name}.git"));
     let ok = Command::new("git")
         .args(["clone", "-q", "--bare"])
         .arg(src)
@@ -52,24 +57,48 @@ fn bare_copy(src: &Path, dir: &Path) -> PathBuf {
 }
 
 /// `git http-backend` behind lighttpd at `http://127.0.0.1:<port>/git/r.git`, which
-/// answers only `user` with `password` (HTTP basic authentication, lighttpd's `plain`
-/// backend: the password file is read at each request, so [`GitHttp::set_password`]
-/// rotates it at once). An authenticated user may push (`REMOTE_USER` set).
+/// answers only its users, each with their password (HTTP basic authentication,
+/// lighttpd's `plain` backend: the password file is read at each request, so
+/// [`GitHttp::set_password`] rotates it at once). An authenticated user may push
+/// (`REMOTE_USER` set).
 pub struct GitHttp {
     _server: Server,
     dir: tempfile::TempDir,
     pub port: u16,
-    user: String,
+    /// (user, password), the first the one [`GitHttp::set_password`] changes.
+    users: std::sync::Mutex<Vec<(String, String)>>,
+}
+
+/// Which versions of git's wire protocol a [`GitHttp`] speaks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// What the client asks for (version 2 for git's own client).
+    Any,
+    /// Version 0 only: an `ls-remote` is one GET of `info/refs`, so each POST to
+    /// `git-upload-pack` is a fetch (with version 2 an `ls-remote` POSTs too).
+    V0,
 }
 
 impl GitHttp {
     pub fn serve(src: &Path, user: &str, password: &str) -> GitHttp {
+        GitHttp::serve_many(&[("r", src)], user, password, Protocol::Any)
+    }
+
+    /// Bare copies of each `(name, src)` served as `/git/<name>.git`.
+    pub fn serve_many(
+        repos: &[(&str, &Path)],
+        user: &str,
+        password: &str,
+        protocol: Protocol,
+    ) -> GitHttp {
         let dir = tempfile::tempdir().expect("tempdir");
-        bare_copy(src, dir.path());
+        for (name, src) in repos {
+            bare_copy_as(src, dir.path(), name);
+        }
         let port = free_port();
         let conf = dir.path().join("lighttpd.conf");
         let log = dir.path().join("error.log");
-        std::fs::write(&conf, lighttpd_conf(dir.path(), port)).expect("lighttpd.conf");
+        std::fs::write(&conf, lighttpd_conf(dir.path(), port, protocol)).expect("lighttpd.conf");
         let http = GitHttp {
             _server: Server(
                 Command::new("lighttpd")
@@ -83,50 +112,102 @@ impl GitHttp {
             ),
             dir,
             port,
-            user: user.to_owned(),
+            users: std::sync::Mutex::new(vec![(user.to_owned(), password.to_owned())]),
         };
-        http.set_password(password);
-        wait_listening(port, "lighttpd", &log);
+        http.write_users();
+        wait_listening("127.0.0.1", port, "lighttpd", &log);
         http
     }
 
     /// The repository's URL (no credentials in it).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/git/r.git", self.port)
+        self.url_of("r")
+    }
+
+    /// The URL of repository `name` (no credentials in it).
+    pub fn url_of(&self, name: &str) -> String {
+        format!("http://127.0.0.1:{}/git/{name}.git", self.port)
     }
 
     /// The bare repository served.
     pub fn repo(&self) -> PathBuf {
-        self.dir.path().join("r.git")
+        self.repo_of("r")
+    }
+
+    /// The bare repository served as `name`.
+    pub fn repo_of(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.git"))
     }
 
     /// The requests the server answered so far, one line each (lighttpd's access log:
-    /// `"GET /git/r.git/info/refs?service=git-receive-pack HTTP/1.1" 200 …`).
+    /// `"GET /git/r.git/info/refs?service=git-receive-pack HTTP/1.1" 200 …`). Written
+    /// through a pipe: lighttpd writes a log file only every second or so, a pipe at
+    /// once.
     pub fn requests(&self) -> Vec<String> {
         let log = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
         log.lines().map(str::to_owned).collect()
     }
 
-    /// From now on the server answers `password` only.
+    /// The upload-pack POSTs of repository `name` answered so far: with
+    /// [`Protocol::V0`], its fetches (clones included).
+    pub fn fetches(&self, name: &str) -> usize {
+        let post = format!("\"POST /git/{name}.git/git-upload-pack ");
+        self.requests()
+            .iter()
+            .filter(|l| l.contains(&post) && l.contains("\" 200 "))
+            .count()
+    }
+
+    /// From now on the server answers the first user with `password` only.
     pub fn set_password(&self, password: &str) {
+        self.users.lock().unwrap()[0].1 = password.to_owned();
+        self.write_users();
+    }
+
+    /// From now on the server answers `user` too, with `password`.
+    pub fn add_user(&self, user: &str, password: &str) {
+        let mut users = self.users.lock().unwrap();
+        users.retain(|(u, _)| u != user);
+        users.push((user.to_owned(), password.to_owned()));
+        drop(users);
+        self.write_users();
+    }
+
+    fn write_users(&self) {
+        let text: String = self
+            .users
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(u, p)| format!("{u}:{p}\n"))
+            .collect();
+        // Whole at once: lighttpd reads the file at each request.
         let file = self.dir.path().join("users");
-        std::fs::write(file, format!("{}:{password}\n", self.user)).expect("users");
+        let tmp = self.dir.path().join("users.tmp");
+        std::fs::write(&tmp, text).expect("users");
+        std::fs::rename(tmp, file).expect("users");
     }
 }
 
-fn lighttpd_conf(dir: &Path, port: u16) -> String {
+fn lighttpd_conf(dir: &Path, port: u16, protocol: Protocol) -> String {
     let d = dir.display();
+    // http-backend takes the client's `Git-Protocol` header only when its environment
+    // names no version.
+    let v0 = match protocol {
+        Protocol::Any => "",
+        Protocol::V0 => r#", "GIT_PROTOCOL" => "version=0""#,
+    };
     format!(
         r#"server.document-root = "{d}"
 server.bind = "127.0.0.1"
 server.port = {port}
 server.errorlog = "{d}/error.log"
 server.modules = ("mod_auth", "mod_authn_file", "mod_alias", "mod_cgi", "mod_setenv", "mod_accesslog")
-accesslog.filename = "{d}/access.log"
+accesslog.filename = "|exec cat >> {d}/access.log"
 alias.url = ("/git/" => "/usr/lib/git-core/git-http-backend/")
 $HTTP["url"] =~ "^/git/" {{
   cgi.assign = ("" => "")
-  setenv.add-environment = ("GIT_PROJECT_ROOT" => "{d}", "GIT_HTTP_EXPORT_ALL" => "")
+  setenv.add-environment = ("GIT_PROJECT_ROOT" => "{d}", "GIT_HTTP_EXPORT_ALL" => ""{v0})
 }}
 auth.backend = "plain"
 auth.backend.plain.userfile = "{d}/users"
@@ -135,17 +216,30 @@ auth.require = ("/git/" => ("method" => "basic", "realm" => "git", "require" => 
     )
 }
 
-/// sshd at `ssh://root@127.0.0.1:<port>/<dir>/r.git`, which takes one key only (the
+/// sshd at `ssh://root@<addr>:<port>/<dir>/r.git`, which takes one key only (the
 /// deploy key at [`GitSsh::key`], no password) and presents its own host key
 /// ([`GitSsh::known_hosts`] holds it, as an operator's known_hosts file would).
 pub struct GitSsh {
     _server: Server,
     dir: tempfile::TempDir,
+    pub addr: String,
     pub port: u16,
 }
 
 impl GitSsh {
+    /// On a free port of 127.0.0.1.
     pub fn serve(src: &Path) -> GitSsh {
+        GitSsh::serve_on(src, "127.0.0.1", free_port())
+    }
+
+    /// On `port` of loopback address `addr`: port 22 for git's scp-like form
+    /// (`root@<addr>:<path>`), which has no place for a port.
+    pub fn serve_on(src: &Path, addr: &str, port: u16) -> GitSsh {
+        // Else the wait below would find the other server, with another host key.
+        assert!(
+            std::net::TcpStream::connect((addr, port)).is_err(),
+            "{addr}:{port} is taken (an sshd of the host's on port 22?)"
+        );
         let dir = tempfile::tempdir().expect("tempdir");
         bare_copy(src, dir.path());
         let d = dir.path();
@@ -155,9 +249,8 @@ impl GitSsh {
         // sshd's privilege separation directory (made by the package's service unit,
         // which nothing here starts).
         std::fs::create_dir_all("/run/sshd").expect("/run/sshd");
-        let port = free_port();
         let conf = d.join("sshd_config");
-        std::fs::write(&conf, sshd_conf(d, port)).expect("sshd_config");
+        std::fs::write(&conf, sshd_conf(d, addr, port)).expect("sshd_config");
         let log = d.join("sshd.log");
         let server = Server(
             Command::new("/usr/sbin/sshd")
@@ -169,26 +262,36 @@ impl GitSsh {
                 .spawn()
                 .expect("sshd (make deps installs openssh-server)"),
         );
-        wait_listening(port, "sshd", &log);
+        wait_listening(addr, port, "sshd", &log);
         let host = std::fs::read_to_string(d.join("host_key.pub")).expect("host key");
-        std::fs::write(
-            d.join("known_hosts"),
-            format!("[127.0.0.1]:{port} {}", host.trim()),
-        )
-        .expect("known_hosts");
+        // ssh names a host on its default port without brackets.
+        let name = if port == 22 {
+            addr.to_owned()
+        } else {
+            format!("[{addr}]:{port}")
+        };
+        std::fs::write(d.join("known_hosts"), format!("{name} {}", host.trim()))
+            .expect("known_hosts");
         GitSsh {
             _server: server,
             dir,
+            addr: addr.to_owned(),
             port,
         }
     }
 
     pub fn url(&self) -> String {
         format!(
-            "ssh://root@127.0.0.1:{}{}",
+            "ssh://root@{}:{}{}",
+            self.addr,
             self.port,
             self.repo().display()
         )
+    }
+
+    /// git's scp-like form, `root@<addr>:<path>`: ssh's default port (22) only.
+    pub fn scp_url(&self) -> String {
+        format!("root@{}:{}", self.addr, self.repo().display())
     }
 
     pub fn repo(&self) -> PathBuf {
@@ -216,11 +319,11 @@ fn keygen(path: &Path) {
     assert!(ok, "ssh-keygen {}", path.display());
 }
 
-fn sshd_conf(dir: &Path, port: u16) -> String {
+fn sshd_conf(dir: &Path, addr: &str, port: u16) -> String {
     let d = dir.display();
     format!(
         "Port {port}
-ListenAddress 127.0.0.1
+ListenAddress {addr}
 HostKey {d}/host_key
 PidFile {d}/sshd.pid
 AuthorizedKeysFile {d}/authorized_keys

@@ -1,13 +1,15 @@
 //! End to end: private repositories. The operator gives the mesh git credentials per
 //! tenant and host (`FORKYARD_GIT_CREDENTIALS`, the gateway's and the provisioner's
-//! alone); a tenant's run on a private repository then reads it and every fork clones
-//! it, over HTTPS-style basic auth (git's own `http-backend` behind lighttpd) and over
-//! SSH with a deploy key and a required host key (sshd). A tenant without a credential
-//! for the host, or with one the host refuses, is told so at launch; a URL carrying a
-//! token is refused without being echoed; a rotated token is used at the next run with
-//! no restart. And the secret is nowhere a tenant, an agent or an operator's tooling
-//! could read it: not in the sandbox (its environment, its git config, its files), the
-//! patch, the API's answers, the services' logs or Temporal's history.
+//! alone); a tenant's run on a private repository then reads it and every fork gets a
+//! clone of it, over HTTPS-style basic auth (git's own `http-backend` behind lighttpd)
+//! and over SSH with a deploy key and a required host key (sshd; `ssh://` with a port,
+//! and git's scp-like `root@host:path`, which has none: that sshd listens on port 22 of
+//! a loopback address of the test's own). A tenant without a credential for the host,
+//! or with one the host refuses, is told so at launch; a URL carrying a token is
+//! refused without being echoed; a rotated token is used at the next run with no
+//! restart. And the secret is nowhere a tenant, an agent or an operator's tooling could
+//! read it: not in the sandbox (its environment, its git config, its files), the patch,
+//! the API's answers, the services' logs or Temporal's history.
 
 // Shared with e2e_tenancy, which uses all of it.
 #[allow(dead_code)]
@@ -38,7 +40,21 @@ const SNOOP: &str = r#"{ env; git config --list --show-origin; cat .git/config;
 echo "fork $FORKYARD_FORK" > done.txt
 printf '{"total_cost_usd": 0.001}\n'"#;
 
-fn credentials_file(dir: &Path, http: &GitHttp, ssh: &GitSsh, token: &Path) -> std::path::PathBuf {
+/// A loopback address of this test's own (127.x.y.z): git's scp-like form has no port,
+/// so its sshd listens on port 22, which another test's may hold on 127.0.0.1.
+fn own_loopback() -> String {
+    use std::hash::{BuildHasher as _, RandomState};
+    let r = RandomState::new()
+        .hash_one(std::process::id())
+        .to_le_bytes();
+    format!("127.{}.{}.{}", 1 + r[0] % 250, r[1], 1 + r[2] % 250)
+}
+
+fn credentials_file(
+    dir: &Path,
+    (http, ssh, scp): (&GitHttp, &GitSsh, &GitSsh),
+    token: &Path,
+) -> std::path::PathBuf {
     let file = dir.join("git-credentials.toml");
     let text = format!(
         r#"[[credential]]
@@ -58,12 +74,21 @@ host = "127.0.0.1:{ssh}"
 tenants = ["team-a"]
 ssh_key_file = "{key}"
 known_hosts_file = "{known}"
+
+[[credential]]
+host = "{scp_host}"
+tenants = ["team-a"]
+ssh_key_file = "{scp_key}"
+known_hosts_file = "{scp_known}"
 "#,
         http = http.port,
         ssh = ssh.port,
         token = token.display(),
         key = ssh.key().display(),
         known = ssh.known_hosts().display(),
+        scp_host = scp.addr,
+        scp_key = scp.key().display(),
+        scp_known = scp.known_hosts().display(),
     );
     std::fs::write(&file, text).unwrap();
     file
@@ -164,13 +189,19 @@ async fn private_repositories_are_cloned_with_the_tenants_credentials_which_neve
     let token = fresh_token();
     let http = GitHttp::serve(src.path(), "forkyard", &token);
     let ssh = GitSsh::serve(src.path());
+    let scp = GitSsh::serve_on(src.path(), &own_loopback(), 22);
     let token_file = secrets_dir.path().join("team-a-token");
     std::fs::write(&token_file, format!("{token}\n")).unwrap();
-    let creds = credentials_file(secrets_dir.path(), &http, &ssh, &token_file);
+    let creds = credentials_file(secrets_dir.path(), (&http, &ssh, &scp), &token_file);
     let ssh_key = std::fs::read_to_string(ssh.key()).unwrap();
     let key_body = ssh_key.lines().nth(1).unwrap().to_owned();
+    let scp_key = std::fs::read_to_string(scp.key()).unwrap();
+    let scp_key_body = scp_key.lines().nth(1).unwrap().to_owned();
 
-    let hosts = format!("127.0.0.1:{},127.0.0.1:{}", http.port, ssh.port);
+    let hosts = format!(
+        "127.0.0.1:{},127.0.0.1:{},{}",
+        http.port, ssh.port, scp.addr
+    );
     let mesh = mesh(&hosts, &creds).await;
     let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
     let (_, a) = new_key(&mesh, "team-a");
@@ -182,6 +213,9 @@ async fn private_repositories_are_cloned_with_the_tenants_credentials_which_neve
     assert_completed(&over_http, 2);
     let over_ssh = run(&mut gw, &a, on(&ssh.url(), "a-ssh", 1)).await;
     assert_completed(&over_ssh, 1);
+    // git's scp-like form, `root@host:path`, over SSH with the deploy key (port 22).
+    let over_scp = run(&mut gw, &a, on(&scp.scp_url(), "a-scp", 1)).await;
+    assert_completed(&over_scp, 1);
 
     // B has no credential for the host, C one the host refuses: each told which.
     let err = launch_error(&mut gw, &b, on(&http.url(), "b-http", 1)).await;
@@ -223,7 +257,8 @@ async fn private_repositories_are_cloned_with_the_tenants_credentials_which_neve
     let mut secrets = spellings(&token);
     secrets.extend(spellings(&rotated));
     secrets.push(key_body);
-    for r in [&over_http, &over_ssh, &after] {
+    secrets.push(scp_key_body);
+    for r in [&over_http, &over_ssh, &over_scp, &after] {
         assert_absent(
             "the run's answer (patches included)",
             &format!("{r:?}"),

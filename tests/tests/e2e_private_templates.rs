@@ -1,0 +1,187 @@
+//! End to end: a run on a private repository clones it once, not once per fork, and
+//! the clone it keeps (the provisioner's workspace template) is served only to a
+//! tenant whose own credential reads the repository now. Against git's `http-backend`
+//! behind lighttpd with basic auth, speaking git's protocol v0 so that the server's
+//! access log counts fetches (each `git-upload-pack` POST is one; an `ls-remote` is a
+//! GET of `info/refs`). The provisioner is also asked directly, as a tenant, for a
+//! sandbox of the repository whose template exists: a tenant the server refuses, and
+//! the run's own tenant once the server stopped taking its token, are both refused.
+
+// Shared with e2e_tenancy, which uses all of it.
+#[allow(dead_code)]
+mod tenant_calls;
+
+use forkyard_proto::{
+    common::v1::{ForkResult, ForkStatus},
+    gateway::v1::{GetForkResultRequest, LaunchRunRequest, Run, RunState},
+    sandbox::v1::{
+        CreateSandboxRequest, DestroySandboxRequest,
+        sandbox_provisioner_client::SandboxProvisionerClient,
+    },
+};
+use forkyard_tests::{
+    Mesh,
+    git_server::{GitHttp, Protocol},
+    mesh::MeshOptions,
+    repo,
+    support::{sandbox_processes, workspaces_left},
+};
+use std::{path::Path, time::Duration};
+use tenant_calls::{Gw, launch_req, new_key, wait_closed, with_key};
+use tonic::Code;
+
+const AGENT: &str = r#"cat README.md > seen.txt
+echo "fork $FORKYARD_FORK" > done.txt
+printf '{"total_cost_usd": 0.001}\n'"#;
+
+fn credentials_file(dir: &Path, port: u16) -> std::path::PathBuf {
+    let file = dir.join("git-credentials.toml");
+    let text = format!(
+        r#"[[credential]]
+host = "127.0.0.1:{port}"
+tenants = ["team-a"]
+username = "forkyard"
+token = "team-a-token"
+
+[[credential]]
+host = "127.0.0.1:{port}"
+tenants = ["team-c"]
+username = "forkyard"
+token = "not-the-token"
+
+[[credential]]
+host = "127.0.0.1:{port}"
+tenants = ["team-e"]
+username = "team-e"
+token = "team-e-token"
+"#
+    );
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+async fn mesh(hosts: &str, credentials: &Path) -> Mesh {
+    let mut service_env = Vec::new();
+    for service in ["gateway", "sandbox-provisioner"] {
+        let s = service.to_owned();
+        service_env.push((s.clone(), "FORKYARD_ALLOWED_GIT_HOSTS".into(), hosts.into()));
+        let creds = credentials.display().to_string();
+        service_env.push((s, "FORKYARD_GIT_CREDENTIALS".into(), creds));
+    }
+    Mesh::start_with(MeshOptions {
+        api_keys: true,
+        service_env,
+        ..Default::default()
+    })
+    .await
+    .expect("mesh starts")
+}
+
+/// A run launched as `key`'s tenant, to its end, with each fork's result.
+async fn run(gw: &mut Gw, key: &str, req: LaunchRunRequest) -> (Run, Vec<ForkResult>) {
+    let id = gw
+        .launch_run(with_key(key, req))
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    let run = wait_closed(gw, key, &id, Duration::from_secs(240)).await;
+    let mut forks = Vec::new();
+    for fork in 1..=u32::try_from(run.forks.len()).unwrap() {
+        let asked = with_key(
+            key,
+            GetForkResultRequest {
+                run_id: id.clone(),
+                fork,
+            },
+        );
+        forks.push(gw.get_fork_result(asked).await.expect("fork").into_inner());
+    }
+    (run, forks)
+}
+
+/// CreateSandbox asked of the provisioner itself, as `tenant` (what the gateway's run
+/// workflow asks for each fork); the sandbox is destroyed again when it is made.
+async fn create_as(mesh: &Mesh, tenant: &str, repo: &str) -> Result<(), tonic::Status> {
+    let channel = mesh.channel("sandbox-provisioner").await.unwrap();
+    let mut prov = SandboxProvisionerClient::new(channel);
+    let made = prov
+        .create_sandbox(CreateSandboxRequest {
+            repo: repo.into(),
+            branch: format!("direct-{tenant}"),
+            tenant: tenant.into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    prov.destroy_sandbox(DestroySandboxRequest {
+        sandbox_id: made.id,
+        reason: "test".into(),
+    })
+    .await
+    .expect("destroy");
+    Ok(())
+}
+
+fn assert_unreadable(status: &tonic::Status, url: &str) {
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert_eq!(
+        status.message(),
+        format!("repository unavailable: {url} cannot be read")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_repository_is_cloned_once_a_run_and_its_clone_served_only_to_readers_now() {
+    let src = tempfile::tempdir().unwrap();
+    repo::create(src.path()).unwrap();
+    let http = GitHttp::serve_many(
+        &[("r", src.path())],
+        "forkyard",
+        "team-a-token",
+        Protocol::V0,
+    );
+    http.add_user("team-e", "team-e-token");
+    let secrets = tempfile::tempdir().unwrap();
+    let creds = credentials_file(secrets.path(), http.port);
+    let mesh = mesh(&format!("127.0.0.1:{}", http.port), &creds).await;
+    let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
+    let (_, a) = new_key(&mesh, "team-a");
+    let url = http.url();
+
+    // Six forks, six creates at once: one fetch.
+    let mut req = launch_req(Path::new("/unused"), "a-six", AGENT);
+    (req.repo, req.forks, req.max_concurrent) = (url.clone(), 6, 6);
+    let (run, forks) = run(&mut gw, &a, req).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    assert_eq!(forks.len(), 6);
+    for f in &forks {
+        assert_eq!(f.status, ForkStatus::Succeeded as i32, "{f:#?}");
+        assert!(f.patch.contains("+# demo"), "{}", f.patch);
+    }
+    let fetched = http.fetches("r");
+    assert_eq!(fetched, 1, "{:#?}", http.requests());
+
+    // Team C's credential is refused by the server: refused at the create, as a clone
+    // would be, without a fetch.
+    let refused = create_as(&mesh, "team-c", &url).await.unwrap_err();
+    assert_unreadable(&refused, &url);
+    // Team E reads it with its own credential, and gets a clone of its own: templates
+    // are the tenant's.
+    create_as(&mesh, "team-e", &url).await.expect("team-e");
+    assert_eq!(http.fetches("r"), 2);
+    create_as(&mesh, "team-e", &url)
+        .await
+        .expect("team-e again");
+    assert_eq!(http.fetches("r"), 2);
+
+    // The server stops taking team A's token: its template is still there, and still
+    // not served.
+    http.set_password("rotated-elsewhere");
+    let revoked = create_as(&mesh, "team-a", &url).await.unwrap_err();
+    assert_unreadable(&revoked, &url);
+    assert_eq!(http.fetches("r"), 2, "{:#?}", http.requests());
+
+    assert!(workspaces_left(mesh.state_dir()).is_empty());
+    assert!(sandbox_processes(mesh.state_dir()).is_empty());
+}
