@@ -49,7 +49,11 @@ fn script(script: &str, state: &Path, env: &[(&str, &str)]) -> String {
 
 fn pid(state: &Path, service: &str) -> u32 {
     let file = state.join("pids").join(format!("{service}.pid"));
-    std::fs::read_to_string(&file).unwrap().trim().parse().unwrap()
+    std::fs::read_to_string(&file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 fn environ(pid: u32) -> String {
@@ -71,7 +75,10 @@ impl Drop for Down<'_> {
 async fn make_up_again_with_a_model_key_restarts_the_runner_with_it_and_nothing_else() {
     for port in PORTS {
         let taken = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-        assert!(!taken, "port {port} is in use (a local stack of your own? make down first)");
+        assert!(
+            !taken,
+            "port {port} is in use (a local stack of your own? make down first)"
+        );
     }
     let state = tempfile::tempdir().unwrap();
     let _down = Down(state.path());
@@ -80,10 +87,16 @@ async fn make_up_again_with_a_model_key_restarts_the_runner_with_it_and_nothing_
 
     let first = script("up.sh", state.path(), &[]);
     assert!(first.contains("starting agent-runner"), "{first}");
-    let (gateway, runner) = (pid(state.path(), "gateway"), pid(state.path(), "agent-runner"));
+    let (gateway, runner) = (
+        pid(state.path(), "gateway"),
+        pid(state.path(), "agent-runner"),
+    );
     assert!(!environ(runner).contains("ANTHROPIC_API_KEY="));
 
-    let with_key = [("ANTHROPIC_API_KEY", KEY), ("ANTHROPIC_BASE_URL", url.as_str())];
+    let with_key = [
+        ("ANTHROPIC_API_KEY", KEY),
+        ("ANTHROPIC_BASE_URL", url.as_str()),
+    ];
     let second = script("up.sh", state.path(), &with_key);
     assert!(
         second.contains("restarting agent-runner: started with other settings (ANTHROPIC_API_KEY ANTHROPIC_BASE_URL )"),
@@ -95,9 +108,16 @@ async fn make_up_again_with_a_model_key_restarts_the_runner_with_it_and_nothing_
     assert_ne!(runner_now, runner, "the runner was restarted");
     assert_eq!(pid(state.path(), "gateway"), gateway, "the gateway was not");
     assert!(environ(runner_now).contains(&format!("ANTHROPIC_API_KEY={KEY}")));
-    assert!(!environ(gateway).contains(KEY), "the model key goes to the runner alone");
-    let settings = std::fs::read_to_string(state.path().join("pids/agent-runner.settings")).unwrap();
-    assert!(settings.contains("ANTHROPIC_API_KEY ") && !settings.contains(KEY), "{settings}");
+    assert!(
+        !environ(gateway).contains(KEY),
+        "the model key goes to the runner alone"
+    );
+    let settings =
+        std::fs::read_to_string(state.path().join("pids/agent-runner.settings")).unwrap();
+    assert!(
+        settings.contains("ANTHROPIC_API_KEY ") && !settings.contains(KEY),
+        "{settings}"
+    );
 
     // The same settings again: nothing restarts.
     let third = script("up.sh", state.path(), &with_key);
@@ -107,7 +127,9 @@ async fn make_up_again_with_a_model_key_restarts_the_runner_with_it_and_nothing_
     // And a Claude Code fork runs.
     let dir = tempfile::tempdir().unwrap();
     repo::create(dir.path()).unwrap();
-    let mut gw = GatewayClient::connect("http://127.0.0.1:50051").await.unwrap();
+    let mut gw = GatewayClient::connect("http://127.0.0.1:50051")
+        .await
+        .unwrap();
     let req = LaunchRunRequest {
         repo: dir.path().display().to_string(),
         prompt: "add a line to notes.txt".into(),

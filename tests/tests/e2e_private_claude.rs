@@ -30,8 +30,17 @@ use std::{process::Command, time::Duration};
 const TOKEN: &str = "ghp_privateClaudeE2eToken0042";
 
 fn served(http: &GitHttp, args: &[&str]) -> String {
-    let out = Command::new("git").arg("--git-dir").arg(http.repo()).args(args).output().unwrap();
-    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("git")
+        .arg("--git-dir")
+        .arg(http.repo())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
@@ -55,9 +64,11 @@ async fn claude_code_forks_a_private_repository_and_its_winner_is_pushed() {
     let mut opts = options(&model);
     for s in ["gateway", "sandbox-provisioner"] {
         let hosts = format!("127.0.0.1:{}", http.port);
-        opts.service_env.push((s.into(), "FORKYARD_ALLOWED_GIT_HOSTS".into(), hosts));
+        opts.service_env
+            .push((s.into(), "FORKYARD_ALLOWED_GIT_HOSTS".into(), hosts));
         let file = creds.display().to_string();
-        opts.service_env.push((s.into(), "FORKYARD_GIT_CREDENTIALS".into(), file));
+        opts.service_env
+            .push((s.into(), "FORKYARD_GIT_CREDENTIALS".into(), file));
     }
     let mesh = Mesh::start_with(opts).await.expect("mesh");
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
@@ -83,7 +94,10 @@ async fn claude_code_forks_a_private_repository_and_its_winner_is_pushed() {
         assert!(fork.patch.contains(&format!("+{line}")), "{}", fork.patch);
         // What the sandbox held, as the model's tool call wrote it into the patch.
         assert!(fork.patch.contains(".sandbox-env.txt"), "{}", fork.patch);
-        assert!(!fork.patch.contains(TOKEN), "the git token reached fork {n}'s sandbox");
+        assert!(
+            !fork.patch.contains(TOKEN),
+            "the git token reached fork {n}'s sandbox"
+        );
         let delivered = fork.delivered.clone();
         if n == run.winner {
             let d = delivered.expect("the winner delivered");

@@ -83,7 +83,10 @@ fn every_make_target_the_readme_names_exists() {
     assert!(rules.contains(&"demo"), "{rules:?}");
     for cmd in commands().into_iter().filter(|c| c[0] == "make") {
         for target in cmd[1..].iter().filter(|w| !w.starts_with('-')) {
-            assert!(rules.contains(&target.as_str()), "{cmd:?}: no rule {target} in the Makefile");
+            assert!(
+                rules.contains(&target.as_str()),
+                "{cmd:?}: no rule {target} in the Makefile"
+            );
         }
     }
 }

@@ -7,8 +7,7 @@
 //! `tests/histories/`.
 
 use forkyard_gateway::workflows::{
-    ForkWorkflow, PublishWorkflow, SandboxOrchestrationWorkflow,
-    cleanup::ScheduledCleanupWorkflow,
+    ForkWorkflow, PublishWorkflow, SandboxOrchestrationWorkflow, cleanup::ScheduledCleanupWorkflow,
 };
 use std::path::PathBuf;
 use temporalio_client::WorkflowHistory;
