@@ -37,7 +37,6 @@ const TRIES: usize = 3;
 const WITHIN_MS: i64 = 150;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "until the gateway's WatchRun sends the final event on the run's close (#48 item 6): its look every 500 ms at a view up to 2 s old ends the watch about 950 ms after the run"]
 async fn fork_wait_and_watch_end_with_the_runs_final_event() {
     let (mesh, src, _gw) = setup().await;
     let gateway = mesh.endpoint("gateway");

@@ -160,6 +160,13 @@ impl GatewayService {
             return Ok(());
         }
         let mut run = first;
+        // Temporal says when the run closes (a long poll on its history's close event),
+        // so the final event goes out then, not at the next look: a look every
+        // `watch_interval` at a view up to a few `live_ttl` old ended a watch about a
+        // second after its run.
+        let close = self.run_closes(run_id);
+        tokio::pin!(close);
+        let mut closing = !closed(run.state);
         loop {
             if self.tell_forks(&mut watcher, &run).await.is_err() {
                 return Ok(());
@@ -176,8 +183,26 @@ impl GatewayService {
             tokio::select! {
                 () = tokio::time::sleep(self.watch_interval) => {}
                 () = tx.closed() => return Ok(()),
+                () = &mut close, if closing => {
+                    // The view kept of the running run is stale now: read it afresh.
+                    closing = false;
+                    self.reads.forget(run_id);
+                }
             }
             run = self.run(tenant, run_id).await.map_err(Status::from)?;
+        }
+    }
+
+    /// Returns when the run's workflow has closed, however it ended (or is not there). A
+    /// Temporal that does not answer is asked again after a pause, never in a spin.
+    async fn run_closes(&self, run_id: &str) {
+        use temporalio_client::{WorkflowGetResultOptions, errors::WorkflowGetResultError as E};
+        while let Err(E::Rpc(_) | E::Other(_)) = self
+            .handle(run_id)
+            .get_result(WorkflowGetResultOptions::default())
+            .await
+        {
+            tokio::time::sleep(self.watch_interval * 4).await;
         }
     }
 
