@@ -1,7 +1,8 @@
 //! End to end, the main job: the real `claude` CLI (Claude Code) in every fork of
-//! a run on a private repository (git's `http-backend` behind lighttpd, basic auth),
-//! against the scripted model server through the metering LLM gateway; the winner comes
-//! back as a branch of that repository with its commit. The git token is in no sandbox:
+//! a run on a private repository, over HTTPS-style basic auth (git's `http-backend`
+//! behind lighttpd) and over SSH with a deploy key (sshd), against the scripted model
+//! server through the metering LLM gateway; the winner comes back as a branch of that
+//! repository (pushed over the same transport) with its commit. The git token is in no sandbox:
 //! not in the agent's environment (which the model's tool call writes into the patch),
 //! not in the workspace's git configuration, not in the branch's commit.
 
@@ -20,7 +21,7 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh,
-    git_server::GitHttp,
+    git_server::{GitHttp, GitSsh},
     repo,
     scripted_model::{Script, ScriptedModel},
     support::{Gateway, fork_result, run_to_end},
@@ -29,10 +30,10 @@ use std::{process::Command, time::Duration};
 
 const TOKEN: &str = "ghp_privateClaudeE2eToken0042";
 
-fn served(http: &GitHttp, args: &[&str]) -> String {
+fn served(repo: &std::path::Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .arg("--git-dir")
-        .arg(http.repo())
+        .arg(repo)
         .args(args)
         .output()
         .unwrap();
@@ -54,16 +55,20 @@ async fn claude_code_forks_a_private_repository_and_its_winner_is_pushed() {
     std::fs::write(src.path().join("notes.txt"), "notes\n").unwrap();
     repo::commit_all(src.path(), "notes").unwrap();
     let http = GitHttp::serve(src.path(), "forkyard", TOKEN);
+    let ssh = GitSsh::serve(src.path());
     let dir = tempfile::tempdir().unwrap();
     let creds = dir.path().join("git-credentials.toml");
     let entry = format!(
-        "[[credential]]\nhost = \"127.0.0.1:{}\"\ntenants = [\"*\"]\nusername = \"forkyard\"\ntoken = \"{TOKEN}\"\n",
-        http.port
+        "[[credential]]\nhost = \"127.0.0.1:{}\"\ntenants = [\"*\"]\nusername = \"forkyard\"\ntoken = \"{TOKEN}\"\n\n[[credential]]\nhost = \"127.0.0.1:{}\"\ntenants = [\"*\"]\nssh_key_file = \"{}\"\nknown_hosts_file = \"{}\"\n",
+        http.port,
+        ssh.port,
+        ssh.key().display(),
+        ssh.known_hosts().display()
     );
     std::fs::write(&creds, entry).unwrap();
     let mut opts = options(&model);
     for s in ["gateway", "sandbox-provisioner"] {
-        let hosts = format!("127.0.0.1:{}", http.port);
+        let hosts = format!("127.0.0.1:{},127.0.0.1:{}", http.port, ssh.port);
         opts.service_env
             .push((s.into(), "FORKYARD_ALLOWED_GIT_HOSTS".into(), hosts));
         let file = creds.display().to_string();
@@ -73,23 +78,30 @@ async fn claude_code_forks_a_private_repository_and_its_winner_is_pushed() {
     let mesh = Mesh::start_with(opts).await.expect("mesh");
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
 
+    claude_run(&mut gw, &http.url(), &http.repo(), "claude-private", line).await;
+    claude_run(&mut gw, &ssh.url(), &ssh.repo(), "claude-private-ssh", line).await;
+}
+
+/// Two Claude Code forks on `url` (served from the bare `repo_dir`), the winner pushed.
+async fn claude_run(gw: &mut Gateway, url: &str, repo_dir: &std::path::Path, id: &str, line: &str) {
+    let dir = tempfile::tempdir().unwrap();
     let mut req = LaunchRunRequest {
-        request_id: "claude-private".into(),
+        request_id: id.into(),
         verify_command: format!("grep -qx '{line}' notes.txt"),
         delivery: Some(Delivery {
             push: Push::Winner as i32,
             pull_requests: PullRequests::None as i32,
             ..Default::default()
         }),
-        ..launch(src.path(), "claude-code", "sonnet", 2, "1")
+        ..launch(dir.path(), "claude-code", "sonnet", 2, "1")
     };
-    req.repo = http.url();
-    let (run_id, run) = run_to_end(&mut gw, req, Duration::from_secs(240)).await;
+    req.repo = url.to_owned();
+    let (run_id, run) = run_to_end(gw, req, Duration::from_secs(240)).await;
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
     assert!(run.winner > 0, "{run:#?}");
 
     for n in 1..=2 {
-        let fork = fork_result(&mut gw, &run_id, n).await;
+        let fork = fork_result(gw, &run_id, n).await;
         assert_eq!(fork.status, ForkStatus::Succeeded as i32, "{fork:#?}");
         assert!(fork.patch.contains(&format!("+{line}")), "{}", fork.patch);
         // What the sandbox held, as the model's tool call wrote it into the patch.
@@ -103,10 +115,10 @@ async fn claude_code_forks_a_private_repository_and_its_winner_is_pushed() {
             let d = delivered.expect("the winner delivered");
             assert_eq!(d.error, "", "{d:#?}");
             let branch = format!("refs/heads/forkyard-fork-{n}");
-            assert_eq!(served(&http, &["rev-parse", &branch]), d.commit);
-            let notes = served(&http, &["show", &format!("{}:notes.txt", d.commit)]);
+            assert_eq!(served(repo_dir, &["rev-parse", &branch]), d.commit);
+            let notes = served(repo_dir, &["show", &format!("{}:notes.txt", d.commit)]);
             assert!(notes.ends_with(line), "{notes}");
-            let pushed = served(&http, &["log", "-1", "-p", "--format=%B", &d.commit]);
+            let pushed = served(repo_dir, &["log", "-1", "-p", "--format=%B", &d.commit]);
             assert!(!pushed.contains(TOKEN), "the pushed commit holds the token");
         } else {
             assert!(delivered.is_none(), "only the winner: {delivered:?}");
