@@ -336,3 +336,45 @@ UsePAM no
 "
     )
 }
+
+/// What a mesh's gateway and provisioners get to read (and push to) the git hosts `hosts`
+/// (`host:port`, comma-separated) with the credentials file `credentials`: theirs alone,
+/// as in production (`MeshOptions::service_env`).
+pub fn git_env(hosts: &str, credentials: &Path) -> Vec<(String, String, String)> {
+    let file = credentials.display().to_string();
+    ["gateway", "sandbox-provisioner"]
+        .into_iter()
+        .flat_map(|s| {
+            [
+                (
+                    s.to_owned(),
+                    "FORKYARD_ALLOWED_GIT_HOSTS".to_owned(),
+                    hosts.to_owned(),
+                ),
+                (
+                    s.to_owned(),
+                    "FORKYARD_GIT_CREDENTIALS".to_owned(),
+                    file.clone(),
+                ),
+            ]
+        })
+        .collect()
+}
+
+/// A mesh with API keys on (tenants from `forkyard keys`) reading `hosts` with
+/// `credentials` ([`git_env`]), with `more` environment for its services.
+pub async fn git_mesh(
+    hosts: &str,
+    credentials: &Path,
+    more: Vec<(String, String, String)>,
+) -> crate::Mesh {
+    let mut service_env = git_env(hosts, credentials);
+    service_env.extend(more);
+    crate::Mesh::start_with(crate::mesh::MeshOptions {
+        api_keys: true,
+        service_env,
+        ..Default::default()
+    })
+    .await
+    .expect("mesh starts")
+}

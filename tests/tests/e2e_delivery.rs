@@ -17,7 +17,11 @@ use forkyard_proto::{
         delivery::{PullRequests, Push},
     },
 };
-use forkyard_tests::{Mesh, git_server::GitHttp, mesh::MeshOptions, repo};
+use forkyard_tests::{
+    Mesh,
+    git_server::{GitHttp, git_mesh},
+    repo,
+};
 use std::{path::Path, process::Command, time::Duration};
 use tenant_calls::{Gw, launch_req, new_key, wait_closed, with_key};
 use tonic::Code;
@@ -44,23 +48,7 @@ async fn mesh_with(dir: &Path, credentials: &[u16], allowed: &[u16]) -> Mesh {
         .collect();
     std::fs::write(&creds, text).unwrap();
     let hosts: Vec<String> = allowed.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let mut service_env = Vec::new();
-    for s in ["gateway", "sandbox-provisioner"] {
-        service_env.push((
-            s.into(),
-            "FORKYARD_ALLOWED_GIT_HOSTS".into(),
-            hosts.join(","),
-        ));
-        let file = creds.display().to_string();
-        service_env.push((s.into(), "FORKYARD_GIT_CREDENTIALS".into(), file));
-    }
-    Mesh::start_with(MeshOptions {
-        api_keys: true,
-        service_env,
-        ..Default::default()
-    })
-    .await
-    .expect("mesh starts")
+    git_mesh(&hosts.join(","), &creds, Vec::new()).await
 }
 
 fn delivering(url: &str, id: &str, forks: u32, delivery: Delivery) -> LaunchRunRequest {

@@ -17,7 +17,11 @@ use forkyard_proto::{
         delivery::{PullRequests, Push},
     },
 };
-use forkyard_tests::{Mesh, git_server::GitHttp, mesh::MeshOptions, repo};
+use forkyard_tests::{
+    Mesh,
+    git_server::{GitHttp, git_mesh},
+    repo,
+};
 use std::{path::Path, process::Command, time::Duration};
 use tenant_calls::{Gw, launch_req, new_key, wait_closed, with_key};
 
@@ -34,22 +38,8 @@ async fn mesh(http: &GitHttp, forge: &FakeForge, dir: &Path, faults: Option<&str
     );
     std::fs::write(&creds, text).unwrap();
     let hosts = format!("127.0.0.1:{}", http.port);
-    let mut service_env = Vec::new();
-    for s in ["gateway", "sandbox-provisioner"] {
-        service_env.push((s.into(), "FORKYARD_ALLOWED_GIT_HOSTS".into(), hosts.clone()));
-        let file = creds.display().to_string();
-        service_env.push((s.into(), "FORKYARD_GIT_CREDENTIALS".into(), file));
-    }
-    if let Some(point) = faults {
-        service_env.push(("gateway".into(), "FORKYARD_FAULTS".into(), point.into()));
-    }
-    Mesh::start_with(MeshOptions {
-        api_keys: true,
-        service_env,
-        ..Default::default()
-    })
-    .await
-    .expect("mesh starts")
+    let faults = faults.map(|point| ("gateway".into(), "FORKYARD_FAULTS".into(), point.into()));
+    git_mesh(&hosts, &creds, faults.into_iter().collect()).await
 }
 
 fn served(http: &GitHttp, args: &[&str]) -> String {

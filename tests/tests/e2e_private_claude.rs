@@ -21,7 +21,7 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh,
-    git_server::{GitHttp, GitSsh},
+    git_server::{GitHttp, GitSsh, git_env},
     repo,
     scripted_model::{Script, ScriptedModel},
     support::{Gateway, fork_result, run_to_end},
@@ -67,14 +67,8 @@ async fn claude_code_forks_a_private_repository_and_its_winner_is_pushed() {
     );
     std::fs::write(&creds, entry).unwrap();
     let mut opts = options(&model);
-    for s in ["gateway", "sandbox-provisioner"] {
-        let hosts = format!("127.0.0.1:{},127.0.0.1:{}", http.port, ssh.port);
-        opts.service_env
-            .push((s.into(), "FORKYARD_ALLOWED_GIT_HOSTS".into(), hosts));
-        let file = creds.display().to_string();
-        opts.service_env
-            .push((s.into(), "FORKYARD_GIT_CREDENTIALS".into(), file));
-    }
+    let hosts = format!("127.0.0.1:{},127.0.0.1:{}", http.port, ssh.port);
+    opts.service_env.extend(git_env(&hosts, &creds));
     let mesh = Mesh::start_with(opts).await.expect("mesh");
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
 

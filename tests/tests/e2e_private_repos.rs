@@ -22,9 +22,8 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh,
-    git_server::{GitHttp, GitSsh},
+    git_server::{GitHttp, GitSsh, git_mesh},
     leaks::{History, history, log_files},
-    mesh::MeshOptions,
     repo,
     support::{sandbox_processes, workspaces_left},
 };
@@ -95,20 +94,7 @@ known_hosts_file = "{scp_known}"
 }
 
 async fn mesh(hosts: &str, credentials: &Path) -> Mesh {
-    let mut service_env = Vec::new();
-    for service in ["gateway", "sandbox-provisioner"] {
-        let s = service.to_owned();
-        service_env.push((s.clone(), "FORKYARD_ALLOWED_GIT_HOSTS".into(), hosts.into()));
-        let creds = credentials.display().to_string();
-        service_env.push((s, "FORKYARD_GIT_CREDENTIALS".into(), creds));
-    }
-    Mesh::start_with(MeshOptions {
-        api_keys: true,
-        service_env,
-        ..Default::default()
-    })
-    .await
-    .expect("mesh starts")
+    git_mesh(hosts, credentials, Vec::new()).await
 }
 
 fn on(repo_url: &str, request_id: &str, forks: u32) -> LaunchRunRequest {

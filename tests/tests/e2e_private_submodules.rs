@@ -18,8 +18,7 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh,
-    git_server::{GitHttp, Protocol},
-    mesh::MeshOptions,
+    git_server::{GitHttp, Protocol, git_mesh},
     repo,
     support::{sandbox_processes, workspaces_left},
 };
@@ -87,20 +86,7 @@ token = "second-token"
 }
 
 async fn mesh(hosts: &str, credentials: &Path) -> Mesh {
-    let mut service_env = Vec::new();
-    for service in ["gateway", "sandbox-provisioner"] {
-        let s = service.to_owned();
-        service_env.push((s.clone(), "FORKYARD_ALLOWED_GIT_HOSTS".into(), hosts.into()));
-        let creds = credentials.display().to_string();
-        service_env.push((s, "FORKYARD_GIT_CREDENTIALS".into(), creds));
-    }
-    Mesh::start_with(MeshOptions {
-        api_keys: true,
-        service_env,
-        ..Default::default()
-    })
-    .await
-    .expect("mesh starts")
+    git_mesh(hosts, credentials, Vec::new()).await
 }
 
 async fn run(gw: &mut Gw, key: &str, req: LaunchRunRequest) -> (Run, Vec<ForkResult>) {

@@ -21,8 +21,7 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh,
-    git_server::{GitHttp, Protocol},
-    mesh::MeshOptions,
+    git_server::{GitHttp, Protocol, git_mesh},
     repo,
     support::{sandbox_processes, workspaces_left},
 };
@@ -61,20 +60,7 @@ token = "team-e-token"
 }
 
 async fn mesh(hosts: &str, credentials: &Path) -> Mesh {
-    let mut service_env = Vec::new();
-    for service in ["gateway", "sandbox-provisioner"] {
-        let s = service.to_owned();
-        service_env.push((s.clone(), "FORKYARD_ALLOWED_GIT_HOSTS".into(), hosts.into()));
-        let creds = credentials.display().to_string();
-        service_env.push((s, "FORKYARD_GIT_CREDENTIALS".into(), creds));
-    }
-    Mesh::start_with(MeshOptions {
-        api_keys: true,
-        service_env,
-        ..Default::default()
-    })
-    .await
-    .expect("mesh starts")
+    git_mesh(hosts, credentials, Vec::new()).await
 }
 
 /// A run launched as `key`'s tenant, to its end, with each fork's result.
