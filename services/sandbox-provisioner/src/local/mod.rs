@@ -14,6 +14,7 @@ mod confined;
 mod create;
 mod destroy;
 pub mod disk_quota;
+pub mod disk_usage;
 mod disk_watch;
 pub mod egress;
 mod enter;

@@ -22,11 +22,13 @@
 //! template it was made from (a template is one commit of one repository), and never
 //! after a sandbox used it (copies are made from the template and never given back).
 
-use super::copy::copy_workspace;
+#[path = "warm_make.rs"]
+mod make;
+
 use crate::local::uids::SandboxUids;
+use make::make_copy;
 use std::{
     collections::{HashMap, VecDeque},
-    os::unix::fs::DirBuilderExt as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
@@ -414,127 +416,6 @@ impl Shared {
             }
         }
     }
-}
-
-/// Copy `template`'s workspace into its `warm/` directory: under a `.tmp` name first, so
-/// a half-made copy is never taken (and is swept at start-up with the rest). With the
-/// bytes it takes on the disk.
-fn make_copy(
-    template: &Path,
-    uids: Option<&Arc<SandboxUids>>,
-    overlays: Option<&Arc<crate::local::overlay::Overlays>>,
-) -> std::io::Result<(WarmCopy, u64)> {
-    let bytes: u64 = std::fs::read_to_string(template.join(super::BYTES))?
-        .trim()
-        .parse()
-        .map_err(std::io::Error::other)?;
-    let dir = template.join(DIR);
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        // Spread as the sandboxes' directories are (`store::spread_subdirectories`):
-        // a copy is made where the inodes of the sandboxes destroyed before it were
-        // freed, and packed into one group each new inode stepped over all of them.
-        Ok(()) => crate::local::store::spread_subdirectories(&dir),
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
-        Err(_) => {}
-    }
-    let name = uuid::Uuid::new_v4().simple().to_string();
-    let (tmp, path) = (dir.join(format!("{name}.tmp")), dir.join(&name));
-    let mut copy = WarmCopy {
-        path: tmp.clone(),
-        index: String::new(),
-        uid: 0,
-        uids: uids.cloned(),
-        mount: None,
-    };
-    let made = match overlays {
-        Some(o) => overlay_skeleton(template, &tmp, &mut copy, o),
-        None => skeleton(template, &tmp, &mut copy),
-    }
-    .and_then(|()| std::fs::rename(&tmp, &path));
-    if let Err(e) = made {
-        drop(copy.mount.take());
-        let _ = crate::local::store::remove_all(&tmp);
-        return Err(e);
-    }
-    if copy.mount.is_some() {
-        copy.path = path;
-        return Ok((copy, OVERLAY_BYTES));
-    }
-    // What the copy shares with its template takes no disk of its own.
-    let shared = super::copy::shared_bytes(&path.join(crate::local::store::WORKSPACE));
-    copy.path = path;
-    Ok((copy, bytes.saturating_sub(shared)))
-}
-
-/// A sandbox's directory as a create makes it, at `dir`: the template's workspace, and
-/// every file the create would make new, empty (its record, its branch's ref): a new
-/// inode is the dearest part of a file on ext4 without a journal (each steps over the
-/// inodes freed in the last minutes), and a wave's creates then make none.
-fn skeleton(template: &Path, dir: &Path, copy: &mut WarmCopy) -> std::io::Result<()> {
-    let own_uids = copy.uids.is_some();
-    std::fs::DirBuilder::new()
-        .mode(crate::local::provisioner::sandbox_dir_mode(own_uids))
-        .create(dir)?;
-    let ws = dir.join(crate::local::store::WORKSPACE);
-    if let Some(uids) = &copy.uids {
-        copy.uid = uids.claim().map_err(std::io::Error::other)?;
-    }
-    let uid = copy.uid();
-    copy_workspace(&template.join("workspace"), &ws, uid)?;
-    copy.index = crate::local::git_index::checksum_of(&ws)
-        .ok_or_else(|| std::io::Error::other("the copy has no readable index"))?;
-    let branch = std::fs::File::create_new(ws.join(".git/refs/heads").join(BRANCH_FILE))?;
-    std::fs::File::create_new(dir.join(crate::local::store::RECORD))?;
-    if let Some(uid) = uid {
-        crate::local::uids::give_file(&branch, uid)?;
-    }
-    Ok(())
-}
-
-/// A sandbox's directory as an overlay create makes it, at `dir`, mounted: its layers,
-/// and in its own layer what a create writes (git's directories down to the branch's
-/// ref, the ref's placeholder, `HEAD` to be overwritten in place), with its empty
-/// record. A create then makes no inode and copies nothing up.
-fn overlay_skeleton(
-    template: &Path,
-    dir: &Path,
-    copy: &mut WarmCopy,
-    overlays: &crate::local::overlay::Overlays,
-) -> std::io::Result<()> {
-    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-    std::fs::DirBuilder::new()
-        .mode(crate::local::provisioner::sandbox_dir_mode(true))
-        .create(dir)?;
-    let uids = copy
-        .uids
-        .as_ref()
-        .ok_or_else(|| std::io::Error::other("overlays need a uid per sandbox"))?;
-    copy.uid = uids.claim().map_err(std::io::Error::other)?;
-    let uid = copy.uid;
-    let lower = template.join(crate::local::store::WORKSPACE);
-    crate::local::overlay::make_layers(dir, uid)?;
-    let upper = dir.join(crate::local::overlay::UPPER);
-    for part in [".git", ".git/refs", ".git/refs/heads"] {
-        let mode = std::fs::metadata(lower.join(part)).map_or(0o755, |m| m.mode() & 0o7777);
-        std::fs::DirBuilder::new()
-            .mode(mode)
-            .create(upper.join(part))?;
-        crate::local::uids::chown(&upper.join(part), uid)?;
-    }
-    let branch = std::fs::File::create_new(upper.join(".git/refs/heads").join(BRANCH_FILE))?;
-    crate::local::uids::give_file(&branch, uid)?;
-    let head = lower.join(".git/HEAD");
-    let mut to = std::fs::File::create_new(upper.join(".git/HEAD"))?;
-    std::io::copy(&mut std::fs::File::open(&head)?, &mut to)?;
-    crate::local::uids::give_file(&to, uid)?;
-    to.set_permissions(std::fs::Permissions::from_mode(
-        std::fs::metadata(&head)?.mode() & 0o777,
-    ))?;
-    std::fs::File::create_new(dir.join(crate::local::store::RECORD))?;
-    copy.index = crate::local::git_index::checksum_of(&lower)
-        .ok_or_else(|| std::io::Error::other("the template has no readable index"))?;
-    copy.mount = Some((overlays.detached(&lower, dir, uid)?, lower));
-    Ok(())
 }
 
 /// Copies a previous run of the replica made: nothing knows of them any more.
