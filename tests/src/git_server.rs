@@ -378,3 +378,20 @@ pub async fn git_mesh(
     .await
     .expect("mesh starts")
 }
+
+/// `git --git-dir <repo> <args>` (a served bare repository), which must succeed: its
+/// trimmed output.
+pub fn git_in(repo: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("--git-dir")
+        .arg(repo)
+        .args(args)
+        .output()
+        .expect("git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}

@@ -6,24 +6,24 @@
 //! exist never forces over them: those forks say so and the run completes. Options
 //! that make no sense are refused naming the field.
 
-// Shared with e2e_tenancy, which uses all of it.
+// Shared by the suites that call as tenants; each uses part of it.
 #[allow(dead_code)]
 mod tenant_calls;
 
 use forkyard_proto::{
-    common::v1::{ForkResult, ForkStatus},
+    common::v1::ForkStatus,
     gateway::v1::{
-        Delivery, GetForkResultRequest, LaunchRunRequest, PublishForkRequest, Run, RunState,
+        Delivery, GetForkResultRequest, LaunchRunRequest, PublishForkRequest, RunState,
         delivery::{PullRequests, Push},
     },
 };
 use forkyard_tests::{
     Mesh,
-    git_server::{GitHttp, git_mesh},
+    git_server::{GitHttp, git_in, git_mesh},
     repo,
 };
-use std::{path::Path, process::Command, time::Duration};
-use tenant_calls::{Gw, launch_req, new_key, wait_closed, with_key};
+use std::{path::Path, process::Command};
+use tenant_calls::{Gw, launch_req, new_key, run_as, with_key};
 use tonic::Code;
 
 const AGENT: &str = r#"echo "fork $FORKYARD_FORK was here" > "fork-$FORKYARD_FORK.txt"
@@ -60,50 +60,12 @@ fn delivering(url: &str, id: &str, forks: u32, delivery: Delivery) -> LaunchRunR
     req
 }
 
-async fn run(gw: &mut Gw, key: &str, req: LaunchRunRequest) -> (Run, Vec<ForkResult>) {
-    let id = gw
-        .launch_run(with_key(key, req))
-        .await
-        .expect("launch")
-        .into_inner()
-        .run_id;
-    let run = wait_closed(gw, key, &id, Duration::from_secs(180)).await;
-    let mut forks = Vec::new();
-    for fork in 1..=u32::try_from(run.forks.len()).unwrap() {
-        let asked = with_key(
-            key,
-            GetForkResultRequest {
-                run_id: id.clone(),
-                fork,
-            },
-        );
-        forks.push(gw.get_fork_result(asked).await.expect("fork").into_inner());
-    }
-    (run, forks)
-}
-
-/// `git <args>` in the server's bare repository.
-fn served(http: &GitHttp, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("--git-dir")
-        .arg(http.repo())
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
     let src = tempfile::tempdir().unwrap();
     repo::create(src.path()).unwrap();
     let http = GitHttp::serve(src.path(), "forkyard", TOKEN);
-    let base = served(&http, &["rev-parse", "HEAD"]);
+    let base = git_in(&http.repo(), &["rev-parse", "HEAD"]);
     let dir = tempfile::tempdir().unwrap();
     let mesh = mesh(&http, dir.path()).await;
     let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
@@ -115,7 +77,7 @@ async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
         author_email: "robo@example.com".into(),
         ..Default::default()
     };
-    let (run1, forks) = run(
+    let (run1, forks) = run_as(
         &mut gw,
         &key,
         delivering(&http.url(), "push-1", 3, push_all.clone()),
@@ -135,18 +97,21 @@ async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
         // On the server: the branch at the commit the result names, whose parent is
         // the base, whose change is the fork's, authored as the run said.
         assert_eq!(
-            served(&http, &["rev-parse", &format!("refs/heads/{branch}")]),
+            git_in(
+                &http.repo(),
+                &["rev-parse", &format!("refs/heads/{branch}")]
+            ),
             d.commit
         );
         assert_eq!(
-            served(&http, &["rev-parse", &format!("{}^", d.commit)]),
+            git_in(&http.repo(), &["rev-parse", &format!("{}^", d.commit)]),
             base
         );
         let file = format!("fork-{}.txt", f.fork);
-        let shown = served(&http, &["show", &format!("{}:{file}", d.commit)]);
+        let shown = git_in(&http.repo(), &["show", &format!("{}:{file}", d.commit)]);
         assert_eq!(shown, format!("fork {} was here", f.fork));
-        let who = served(
-            &http,
+        let who = git_in(
+            &http.repo(),
             &["log", "-1", "--format=%an <%ae>|%cn|%s|%b", &d.commit],
         );
         assert!(
@@ -167,11 +132,11 @@ async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
 
     // Again, onto the same branches: someone's work (the first run's) is never forced
     // over; the forks say so, the run completes, the branches stay where they were.
-    let before = served(
-        &http,
+    let before = git_in(
+        &http.repo(),
         &["for-each-ref", "--format=%(refname) %(objectname)"],
     );
-    let (run2, forks) = run(
+    let (run2, forks) = run_as(
         &mut gw,
         &key,
         delivering(&http.url(), "push-2", 2, push_all),
@@ -184,8 +149,8 @@ async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
         assert_eq!(d.commit, "");
     }
     assert_eq!(
-        served(
-            &http,
+        git_in(
+            &http.repo(),
             &["for-each-ref", "--format=%(refname) %(objectname)"]
         ),
         before
@@ -222,19 +187,22 @@ async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let winner = served(&http, &["rev-parse", "--short=12", "refs/heads/cli-fork-1"]);
+    let winner = git_in(
+        &http.repo(),
+        &["rev-parse", "--short=12", "refs/heads/cli-fork-1"],
+    );
     assert!(
         stdout.contains(&format!("pushed cli-fork-1 @ {winner}")),
         "{stdout}"
     );
-    let pushed = served(
-        &http,
+    let pushed = git_in(
+        &http.repo(),
         &["for-each-ref", "--format=%(refname)", "refs/heads/cli-*"],
     );
     assert_eq!(pushed, "refs/heads/cli-fork-1", "the winner alone");
 
     // Delivered later: a run that pushed nothing, then a person picks fork 2.
-    let (quiet, _) = run(&mut gw, &key, {
+    let (quiet, _) = run_as(&mut gw, &key, {
         let mut req = delivering(&http.url(), "later", 2, Delivery::default());
         req.delivery = None;
         req.branch = "later".into();
@@ -243,7 +211,7 @@ async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
     .await;
     assert_eq!(quiet.state, RunState::Completed as i32);
     assert_eq!(
-        served(&http, &["for-each-ref", "refs/heads/later-*"]),
+        git_in(&http.repo(), &["for-each-ref", "refs/heads/later-*"]),
         "",
         "nothing pushed yet"
     );
@@ -264,7 +232,7 @@ async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
         "{d:#?}"
     );
     assert_eq!(
-        served(&http, &["rev-parse", "refs/heads/later-fork-2"]),
+        git_in(&http.repo(), &["rev-parse", "refs/heads/later-fork-2"]),
         d.commit
     );
     // Once: asked again, the same answer, nothing new on the server.
@@ -274,8 +242,8 @@ async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
         .expect("again")
         .into_inner();
     assert_eq!(again.delivered, first.delivered);
-    let refs = served(
-        &http,
+    let refs = git_in(
+        &http.repo(),
         &["for-each-ref", "--format=%(refname)", "refs/heads/later-*"],
     );
     assert_eq!(refs, "refs/heads/later-fork-2");
@@ -390,7 +358,7 @@ async fn branches_go_to_another_allowed_remote_and_deliveries_that_cannot_be_mad
         2,
         to(mirror.url(), PullRequests::None),
     );
-    let (done, forks) = run(&mut gw, &key, req).await;
+    let (done, forks) = run_as(&mut gw, &key, req).await;
     assert_eq!(done.state, RunState::Completed as i32, "{done:#?}");
     for f in &forks {
         let d = f.delivered.clone().expect("delivered");
@@ -399,14 +367,14 @@ async fn branches_go_to_another_allowed_remote_and_deliveries_that_cannot_be_mad
             (mirror.url().as_str(), ""),
             "{d:#?}"
         );
-        let on_mirror = served(
-            &mirror,
+        let on_mirror = git_in(
+            &mirror.repo(),
             &["rev-parse", &format!("refs/heads/forkyard-fork-{}", f.fork)],
         );
         assert_eq!(on_mirror, d.commit);
     }
     assert_eq!(
-        served(&http, &["for-each-ref", "refs/heads/forkyard-*"]),
+        git_in(&http.repo(), &["for-each-ref", "refs/heads/forkyard-*"]),
         "",
         "the source untouched"
     );

@@ -5,7 +5,7 @@
 //! forge, and the forks' results name them. A forge that keeps failing is reported on
 //! the forks; the run completes with its branches pushed.
 
-// Shared with e2e_tenancy, which uses all of it.
+// Shared by the suites that call as tenants; each uses part of it.
 #[allow(dead_code)]
 mod tenant_calls;
 
@@ -19,10 +19,10 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh,
-    git_server::{GitHttp, git_mesh},
+    git_server::{GitHttp, git_in, git_mesh},
     repo,
 };
-use std::{path::Path, process::Command, time::Duration};
+use std::{path::Path, time::Duration};
 use tenant_calls::{Gw, launch_req, new_key, wait_closed, with_key};
 
 const AGENT: &str = r#"echo "fork $FORKYARD_FORK" > "fork-$FORKYARD_FORK.txt"
@@ -40,16 +40,6 @@ async fn mesh(http: &GitHttp, forge: &FakeForge, dir: &Path, faults: Option<&str
     let hosts = format!("127.0.0.1:{}", http.port);
     let faults = faults.map(|point| ("gateway".into(), "FORKYARD_FAULTS".into(), point.into()));
     git_mesh(&hosts, &creds, faults.into_iter().collect()).await
-}
-
-fn served(http: &GitHttp, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("--git-dir")
-        .arg(http.repo())
-        .args(args)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 async fn forks(gw: &mut Gw, key: &str, run_id: &str, n: u32) -> Vec<ForkResult> {
@@ -113,7 +103,7 @@ async fn killed_at(point: &str) {
     let run = wait_closed(&mut gw, &key, &run_id, Duration::from_secs(240)).await;
     assert_eq!(run.state, RunState::Completed as i32, "{point}: {run:#?}");
 
-    let default = served(&http, &["symbolic-ref", "--short", "HEAD"]);
+    let default = git_in(&http.repo(), &["symbolic-ref", "--short", "HEAD"]);
     let pulls = forge.pulls();
     assert_eq!(
         pulls.len(),
@@ -125,7 +115,10 @@ async fn killed_at(point: &str) {
         assert_eq!(d.error, "", "{point}: {d:#?}");
         let branch = format!("forkyard-fork-{}", f.fork);
         assert_eq!(
-            served(&http, &["rev-parse", &format!("refs/heads/{branch}")]),
+            git_in(
+                &http.repo(),
+                &["rev-parse", &format!("refs/heads/{branch}")]
+            ),
             d.commit
         );
         let pr = pulls
@@ -149,8 +142,8 @@ async fn killed_at(point: &str) {
         );
         assert!(pr.body.contains("| rank | fork |"), "{}", pr.body);
     }
-    let refs = served(
-        &http,
+    let refs = git_in(
+        &http.repo(),
         &[
             "for-each-ref",
             "--format=%(refname)",

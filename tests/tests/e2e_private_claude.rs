@@ -21,29 +21,14 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh,
-    git_server::{GitHttp, GitSsh, git_env},
+    git_server::{GitHttp, GitSsh, git_env, git_in},
     repo,
     scripted_model::{Script, ScriptedModel},
     support::{Gateway, fork_result, run_to_end},
 };
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 const TOKEN: &str = "ghp_privateClaudeE2eToken0042";
-
-fn served(repo: &std::path::Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("--git-dir")
-        .arg(repo)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_forks_a_private_repository_and_its_winner_is_pushed() {
@@ -109,10 +94,10 @@ async fn claude_run(gw: &mut Gateway, url: &str, repo_dir: &std::path::Path, id:
             let d = delivered.expect("the winner delivered");
             assert_eq!(d.error, "", "{d:#?}");
             let branch = format!("refs/heads/forkyard-fork-{n}");
-            assert_eq!(served(repo_dir, &["rev-parse", &branch]), d.commit);
-            let notes = served(repo_dir, &["show", &format!("{}:notes.txt", d.commit)]);
+            assert_eq!(git_in(repo_dir, &["rev-parse", &branch]), d.commit);
+            let notes = git_in(repo_dir, &["show", &format!("{}:notes.txt", d.commit)]);
             assert!(notes.ends_with(line), "{notes}");
-            let pushed = served(repo_dir, &["log", "-1", "-p", "--format=%B", &d.commit]);
+            let pushed = git_in(repo_dir, &["log", "-1", "-p", "--format=%B", &d.commit]);
             assert!(!pushed.contains(TOKEN), "the pushed commit holds the token");
         } else {
             assert!(delivered.is_none(), "only the winner: {delivered:?}");

@@ -11,14 +11,14 @@
 //! read it: not in the sandbox (its environment, its git config, its files), the patch,
 //! the API's answers, the services' logs or Temporal's history.
 
-// Shared with e2e_tenancy, which uses all of it.
+// Shared by the suites that call as tenants; each uses part of it.
 #[allow(dead_code)]
 mod tenant_calls;
 
 use base64::Engine as _;
 use forkyard_proto::{
     common::v1::{ForkResult, ForkStatus},
-    gateway::v1::{GetForkResultRequest, LaunchRunRequest, Run, RunState},
+    gateway::v1::{LaunchRunRequest, Run, RunState},
 };
 use forkyard_tests::{
     Mesh,
@@ -27,8 +27,8 @@ use forkyard_tests::{
     repo,
     support::{sandbox_processes, workspaces_left},
 };
-use std::{path::Path, time::Duration};
-use tenant_calls::{Gw, launch_req, new_key, wait_closed, with_key};
+use std::path::Path;
+use tenant_calls::{Gw, launch_req, new_key, run_as, with_key};
 use tonic::Code;
 
 /// What an agent could find of a credential: its environment, the workspace's git
@@ -105,34 +105,6 @@ fn on(repo_url: &str, request_id: &str, forks: u32) -> LaunchRunRequest {
     req
 }
 
-/// A run launched as `key`'s tenant, to its end, with each fork's whole result.
-async fn run(gw: &mut Gw, key: &str, req: LaunchRunRequest) -> (Run, Vec<ForkResult>) {
-    let id = gw
-        .launch_run(with_key(key, req))
-        .await
-        .expect("launch")
-        .into_inner()
-        .run_id;
-    let run = wait_closed(gw, key, &id, Duration::from_secs(180)).await;
-    let mut forks = Vec::new();
-    for fork in 1..=u32::try_from(run.forks.len()).unwrap() {
-        let asked = with_key(
-            key,
-            GetForkResultRequest {
-                run_id: id.clone(),
-                fork,
-            },
-        );
-        forks.push(
-            gw.get_fork_result(asked)
-                .await
-                .expect("fork result")
-                .into_inner(),
-        );
-    }
-    (run, forks)
-}
-
 async fn launch_error(gw: &mut Gw, key: &str, req: LaunchRunRequest) -> tonic::Status {
     gw.launch_run(with_key(key, req))
         .await
@@ -195,12 +167,12 @@ async fn private_repositories_are_cloned_with_the_tenants_credentials_which_neve
     let (_, c) = new_key(&mesh, "team-c");
 
     // Team A's own token over HTTP, its deploy key over SSH: every fork clones.
-    let over_http = run(&mut gw, &a, on(&http.url(), "a-http", 2)).await;
+    let over_http = run_as(&mut gw, &a, on(&http.url(), "a-http", 2)).await;
     assert_completed(&over_http, 2);
-    let over_ssh = run(&mut gw, &a, on(&ssh.url(), "a-ssh", 1)).await;
+    let over_ssh = run_as(&mut gw, &a, on(&ssh.url(), "a-ssh", 1)).await;
     assert_completed(&over_ssh, 1);
     // git's scp-like form, `root@host:path`, over SSH with the deploy key (port 22).
-    let over_scp = run(&mut gw, &a, on(&scp.scp_url(), "a-scp", 1)).await;
+    let over_scp = run_as(&mut gw, &a, on(&scp.scp_url(), "a-scp", 1)).await;
     assert_completed(&over_scp, 1);
 
     // B has no credential for the host, C one the host refuses: each told which.
@@ -237,7 +209,7 @@ async fn private_repositories_are_cloned_with_the_tenants_credentials_which_neve
     let rotated = fresh_token();
     http.set_password(&rotated);
     std::fs::write(&token_file, format!("{rotated}\n")).unwrap();
-    let after = run(&mut gw, &a, on(&http.url(), "a-rotated", 1)).await;
+    let after = run_as(&mut gw, &a, on(&http.url(), "a-rotated", 1)).await;
     assert_completed(&after, 1);
 
     let mut secrets = spellings(&token);

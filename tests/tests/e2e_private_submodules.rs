@@ -7,13 +7,13 @@
 //! that reads the superproject but has no credential for the second server gets forks
 //! that fail naming the submodule, and so does a direct create.
 
-// Shared with e2e_tenancy, which uses all of it.
+// Shared by the suites that call as tenants; each uses part of it.
 #[allow(dead_code)]
 mod tenant_calls;
 
 use forkyard_proto::{
-    common::v1::{ForkResult, ForkStatus},
-    gateway::v1::{GetForkResultRequest, LaunchRunRequest, Run, RunState},
+    common::v1::ForkStatus,
+    gateway::v1::{LaunchRunRequest, RunState},
     sandbox::v1::{CreateSandboxRequest, sandbox_provisioner_client::SandboxProvisionerClient},
 };
 use forkyard_tests::{
@@ -22,8 +22,8 @@ use forkyard_tests::{
     repo,
     support::{sandbox_processes, workspaces_left},
 };
-use std::{path::Path, process::Command, time::Duration};
-use tenant_calls::{Gw, launch_req, new_key, wait_closed, with_key};
+use std::{path::Path, process::Command};
+use tenant_calls::{Gw, launch_req, new_key, run_as, with_key};
 use tonic::Code;
 
 const AGENT: &str = r#"cat libs/same/lib.txt libs/other/other.txt > seen.txt
@@ -89,28 +89,6 @@ async fn mesh(hosts: &str, credentials: &Path) -> Mesh {
     git_mesh(hosts, credentials, Vec::new()).await
 }
 
-async fn run(gw: &mut Gw, key: &str, req: LaunchRunRequest) -> (Run, Vec<ForkResult>) {
-    let id = gw
-        .launch_run(with_key(key, req))
-        .await
-        .expect("launch")
-        .into_inner()
-        .run_id;
-    let run = wait_closed(gw, key, &id, Duration::from_secs(180)).await;
-    let mut forks = Vec::new();
-    for fork in 1..=u32::try_from(run.forks.len()).unwrap() {
-        let asked = with_key(
-            key,
-            GetForkResultRequest {
-                run_id: id.clone(),
-                fork,
-            },
-        );
-        forks.push(gw.get_fork_result(asked).await.expect("fork").into_inner());
-    }
-    (run, forks)
-}
-
 fn on(url: &str, request_id: &str, forks: u32) -> LaunchRunRequest {
     let mut req = launch_req(Path::new("/unused"), request_id, AGENT);
     (req.repo, req.forks, req.max_concurrent) = (url.to_owned(), forks, forks);
@@ -162,7 +140,7 @@ async fn private_submodules_are_checked_out_with_each_hosts_credential() {
     let url = first.url_of("app");
 
     // Team A: both submodules' files, in every fork.
-    let (done, forks) = run(&mut gw, &a, on(&url, "a-subs", 2)).await;
+    let (done, forks) = run_as(&mut gw, &a, on(&url, "a-subs", 2)).await;
     assert_eq!(done.state, RunState::Completed as i32, "{done:#?}");
     for f in &forks {
         assert_eq!(f.status, ForkStatus::Succeeded as i32, "{f:#?}");
@@ -185,7 +163,7 @@ async fn private_submodules_are_checked_out_with_each_hosts_credential() {
 
     // Team D reads the superproject but not the second server: its fork fails naming
     // the submodule, and so does a create asked of the provisioner directly.
-    let (_, forks) = run(&mut gw, &d, on(&url, "d-subs", 1)).await;
+    let (_, forks) = run_as(&mut gw, &d, on(&url, "d-subs", 1)).await;
     assert_eq!(
         forks[0].status,
         ForkStatus::Failed as i32,

@@ -7,13 +7,13 @@
 //! sandbox of the repository whose template exists: a tenant the server refuses, and
 //! the run's own tenant once the server stopped taking its token, are both refused.
 
-// Shared with e2e_tenancy, which uses all of it.
+// Shared by the suites that call as tenants; each uses part of it.
 #[allow(dead_code)]
 mod tenant_calls;
 
 use forkyard_proto::{
-    common::v1::{ForkResult, ForkStatus},
-    gateway::v1::{GetForkResultRequest, LaunchRunRequest, Run, RunState},
+    common::v1::ForkStatus,
+    gateway::v1::RunState,
     sandbox::v1::{
         CreateSandboxRequest, DestroySandboxRequest,
         sandbox_provisioner_client::SandboxProvisionerClient,
@@ -25,8 +25,8 @@ use forkyard_tests::{
     repo,
     support::{sandbox_processes, workspaces_left},
 };
-use std::{path::Path, time::Duration};
-use tenant_calls::{Gw, launch_req, new_key, wait_closed, with_key};
+use std::path::Path;
+use tenant_calls::{Gw, launch_req, new_key, run_as};
 use tonic::Code;
 
 const AGENT: &str = r#"cat README.md > seen.txt
@@ -61,29 +61,6 @@ token = "team-e-token"
 
 async fn mesh(hosts: &str, credentials: &Path) -> Mesh {
     git_mesh(hosts, credentials, Vec::new()).await
-}
-
-/// A run launched as `key`'s tenant, to its end, with each fork's result.
-async fn run(gw: &mut Gw, key: &str, req: LaunchRunRequest) -> (Run, Vec<ForkResult>) {
-    let id = gw
-        .launch_run(with_key(key, req))
-        .await
-        .expect("launch")
-        .into_inner()
-        .run_id;
-    let run = wait_closed(gw, key, &id, Duration::from_secs(240)).await;
-    let mut forks = Vec::new();
-    for fork in 1..=u32::try_from(run.forks.len()).unwrap() {
-        let asked = with_key(
-            key,
-            GetForkResultRequest {
-                run_id: id.clone(),
-                fork,
-            },
-        );
-        forks.push(gw.get_fork_result(asked).await.expect("fork").into_inner());
-    }
-    (run, forks)
 }
 
 /// CreateSandbox asked of the provisioner itself, as `tenant` (what the gateway's run
@@ -138,7 +115,7 @@ async fn a_private_repository_is_cloned_once_a_run_and_its_clone_served_only_to_
     // Six forks, six creates at once: one fetch.
     let mut req = launch_req(Path::new("/unused"), "a-six", AGENT);
     (req.repo, req.forks, req.max_concurrent) = (url.clone(), 6, 6);
-    let (run, forks) = run(&mut gw, &a, req).await;
+    let (run, forks) = run_as(&mut gw, &a, req).await;
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
     assert_eq!(forks.len(), 6);
     for f in &forks {

@@ -1,6 +1,7 @@
 //! Calls as a tenant: keys made with the `forkyard keys` CLI, requests carrying a key,
 //! and the run RPCs as another tenant sees them.
 
+use forkyard_proto::common::v1::ForkResult;
 use forkyard_proto::gateway::v1::{
     CancelForkRequest, CancelRunRequest, GetForkResultRequest, GetRunRequest, LaunchRunRequest,
     ListRunsRequest, PauseRunRequest, RaiseBudgetRequest, ResumeRunRequest, Run, RunState,
@@ -75,6 +76,35 @@ pub async fn wait_closed(gw: &mut Gw, key: &str, run_id: &str, timeout: Duration
         assert!(Instant::now() < deadline, "run never finished: {run:#?}");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// A run launched as `key`'s tenant, to its end (within 180 s), with each fork's whole
+/// result (`GetForkResult`: patch, delivery).
+pub async fn run_as(gw: &mut Gw, key: &str, req: LaunchRunRequest) -> (Run, Vec<ForkResult>) {
+    let id = gw
+        .launch_run(with_key(key, req))
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    let run = wait_closed(gw, key, &id, Duration::from_secs(180)).await;
+    let mut forks = Vec::new();
+    for fork in 1..=u32::try_from(run.forks.len()).unwrap() {
+        let asked = with_key(
+            key,
+            GetForkResultRequest {
+                run_id: id.clone(),
+                fork,
+            },
+        );
+        forks.push(
+            gw.get_fork_result(asked)
+                .await
+                .expect("fork result")
+                .into_inner(),
+        );
+    }
+    (run, forks)
 }
 
 pub fn launch_req(repo: &Path, request_id: &str, command: &str) -> LaunchRunRequest {
