@@ -4,7 +4,11 @@
 # start on it (two waves each, so their workflows keep going on the new build), then
 # every service is replaced by the current images (TO_TAG), one service after another:
 # gateway (the workflow code), agent-runner, sandbox-provisioner, budget-ledger,
-# janitor; each replaced replica drains on SIGTERM. Runs started on the earlier build
+# janitor. Each service rolls the way the Kubernetes Deployments do (k8s/README.md,
+# maxSurge 1, maxUnavailable 0): one replica of the new build is added and SERVING
+# before one of the earlier build gets SIGTERM, drains and is removed, until none of
+# the earlier build is left. (`docker-compose up` would replace every replica at once,
+# leaving no provisioner that takes creates while all of them drain.) Runs started on the earlier build
 # must still be in flight when each service is replaced and after it (so their
 # workflows, agents, sandboxes and ledger calls go on across each replacement), and
 # every run must finish with every fork succeeded and the ledger exactly what its
@@ -28,9 +32,28 @@ progress() { # runs → "run: state, running/pending/done forks" for each
   done | tr '\n' ';'
 }
 
+# The containers of a service that do not run the image of `tag`.
+not_on() { local s=$1 tag=$2 c; for c in $(containers "$s"); do
+  [ "$(docker inspect -f '{{.Config.Image}}' "$c")" = "forkyard/$s:$tag" ] || echo "$c"; done; }
+
+# Replace every replica of a service by one of TO_TAG, one at a time: surge one (compose
+# keeps the others, --no-recreate, and makes the new one from the new image), wait until
+# every replica is SERVING, then stop one of the earlier build (SIGTERM: NOT_SERVING,
+# drain; within the provisioner's 330 s grace) and remove it.
+roll() {
+  local s=$1 n old
+  n=$(containers "$s" | wc -l)
+  while old=$(not_on "$s" "$TO_TAG" | head -1); [ -n "$old" ]; do
+    FORKYARD_IMAGE_TAG=$TO_TAG "${C[@]}" up -d --no-deps --no-recreate --scale "$s=$((n + 1))" "$s" >/dev/null 2>&1
+    wait_serving || return 1
+    docker stop -t 330 "$old" >/dev/null && docker rm "$old" >/dev/null
+  done
+}
+
 # Forks of each run as launched: [forks, at once, agent seconds]. The first runs one
-# 20 s fork after another at most two at a time, so it lasts past every replacement.
-specs=("10 2 20" "6 3 8")
+# 30 s fork after another at most two at a time, so it lasts past every replacement
+# (the provisioner's replicas each drain the forks on their sandboxes first).
+specs=("14 2 30" "6 3 8")
 runs=()
 for spec in "${specs[@]}"; do
   read -r forks at_once secs <<<"$spec"
@@ -40,8 +63,7 @@ sleep 5
 for s in gateway agent-runner sandbox-provisioner budget-ledger janitor; do
   check "runs in flight when $s is replaced ($(progress "${runs[@]}"))" some_in_flight "${runs[@]}"
   started=$SECONDS
-  FORKYARD_IMAGE_TAG=$TO_TAG "${C[@]}" up -d --no-deps "$s" >/dev/null 2>&1
-  wait_serving
+  roll "$s" || fail "$s: rolling replacement"
   images=$(for c in $(containers "$s"); do docker inspect -f '{{.Config.Image}}' "$c"; done | sort -u | tr '\n' ' ')
   check "$s replaced in $((SECONDS - started))s: $images" test "$images" = "forkyard/$s:$TO_TAG "
   check "runs still in flight once $s is replaced ($(progress "${runs[@]}"))" some_in_flight "${runs[@]}"
