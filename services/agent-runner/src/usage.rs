@@ -93,6 +93,17 @@ pub(crate) fn claude_usage(u: &Value) -> Usage {
     }
 }
 
+/// OpenAI counts cached prompt tokens inside the prompt; the price table keeps them apart.
+pub(crate) fn openai_usage(u: &Value, input: &str, output: &str, details: &str) -> Usage {
+    let cached = u.get(details).map_or(0, |d| u64_field(d, "cached_tokens"));
+    Usage {
+        input_tokens: u64_field(u, input).saturating_sub(cached),
+        output_tokens: u64_field(u, output),
+        cache_read_tokens: cached,
+        cache_write_tokens: 0,
+    }
+}
+
 /// The result object: the last one-line JSON object, else a pretty-printed object that
 /// ends stdout (starting at the last line that is just `{`).
 fn result_object(stdout: &str) -> Option<Value> {

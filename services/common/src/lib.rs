@@ -24,6 +24,7 @@ pub mod http_limits;
 pub mod image_reference;
 pub mod metrics;
 mod metrics_registry;
+mod otlp_export;
 pub mod pool;
 pub mod private_files;
 pub mod proxy_header;

@@ -9,8 +9,9 @@
 //! Temporal SDK's OpenTelemetry plugin ([`crate::temporal`]). A tracer provider is always
 //! installed, so trace context flows across the mesh (and into logs) even with nothing
 //! exporting; with `OTEL_EXPORTER_OTLP_ENDPOINT` set the spans also go to that collector
-//! over OTLP/gRPC. A collector that is down or an endpoint that is malformed never stops
-//! the service: spans are dropped and one warning says so.
+//! over OTLP, gRPC or HTTP/protobuf, with headers and TLS as every OpenTelemetry SDK reads
+//! them ([`crate::otlp_export`]). A collector that is down or settings that are malformed
+//! never stop the service: spans are dropped and one warning says so.
 
 use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry_sdk::{
@@ -35,9 +36,6 @@ use tracing_subscriber::{
     registry::LookupSpan,
     util::SubscriberInitExt as _,
 };
-
-/// The environment variable naming the OTLP collector (gRPC, e.g. `http://localhost:4317`).
-pub const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 
@@ -73,7 +71,7 @@ pub fn init(service: &'static str) {
         Some(Err((endpoint, e))) => tracing::warn!(
             endpoint,
             error = %e,
-            "OTEL_EXPORTER_OTLP_ENDPOINT unusable, spans are dropped"
+            "otlp exporter settings unusable, spans are dropped"
         ),
         None => {}
     }
@@ -114,8 +112,9 @@ fn json_format()
     )
 }
 
-/// What became of `OTEL_EXPORTER_OTLP_ENDPOINT`: `None` unset, else the endpoint, and
-/// why it cannot be used (said once logging runs).
+/// What became of the `OTEL_EXPORTER_OTLP_*` settings ([`crate::otlp_export`]): `None`
+/// nothing to export, else the endpoint, and why it cannot be used (said once logging
+/// runs).
 type Exporting = Option<Result<String, (String, String)>>;
 
 /// Install the global propagator and tracer provider (once per process).
@@ -132,44 +131,29 @@ fn init_traces(service: &'static str) -> (SdkTracerProvider, Exporting) {
     let mut builder = SdkTracerProvider::builder()
         .with_id_generator(WorkflowIdGenerator::default())
         .with_resource(Resource::builder().with_service_name(service).build());
-    let endpoint = std::env::var(OTLP_ENDPOINT_ENV).unwrap_or_default();
-    let endpoint = endpoint.trim();
-    let mut exporting = None;
-    if !endpoint.is_empty() {
-        exporting = Some(match exporter(endpoint) {
+    let exporting = match crate::otlp_export::settings(&|k| std::env::var(k).ok()) {
+        Ok(None) => None,
+        Ok(Some(settings)) => Some(match exporter(&settings) {
             Ok(exporter) => {
                 let batch = BatchSpanProcessor::builder(exporter).build();
                 builder = builder.with_span_processor(WorkflowSpanProcessor::new(batch));
-                Ok(endpoint.to_owned())
+                Ok(settings.endpoint)
             }
-            Err(e) => Err((endpoint.to_owned(), e)),
-        });
-    }
+            Err(e) => Err((settings.endpoint, e)),
+        }),
+        Err(e) => Some(Err((String::new(), e))),
+    };
     let provider = builder.build();
     opentelemetry::global::set_tracer_provider(provider.clone());
     let provider = PROVIDER.get_or_init(|| provider).clone();
     (provider, exporting)
 }
 
-/// The OTLP/gRPC exporter for `endpoint`, checked up front so a typo is one clear warning.
-fn exporter(endpoint: &str) -> Result<WarnOnce, String> {
-    let url = url::Url::parse(endpoint).map_err(|e| format!("not a URL: {e}"))?;
-    // Plain OTLP/gRPC: the collector is a local sidecar or agent (TLS to a remote
-    // backend is the collector's job).
-    if url.scheme() != "http" || url.host_str().is_none() {
-        return Err("needs http://host:port".into());
-    }
-    use opentelemetry_otlp::WithExportConfig as _;
-    let builder = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint)
-        // An unreachable collector costs one short wait per batch on the exporter's own
-        // thread, never a request's time.
-        .with_timeout(Duration::from_secs(3));
-    let inner = builder.build().map_err(|e| e.to_string())?;
+/// The exporter the environment asks for, wrapped to warn once when it cannot deliver.
+fn exporter(settings: &crate::otlp_export::Settings) -> Result<WarnOnce, String> {
     Ok(WarnOnce {
-        inner,
-        endpoint: endpoint.to_owned(),
+        inner: crate::otlp_export::build(settings)?,
+        endpoint: settings.endpoint.clone(),
         warned: AtomicBool::new(false),
     })
 }
@@ -230,6 +214,15 @@ impl SpanExporter for WarnOnce {
 pub fn set_parent(span: &tracing::Span, parent: opentelemetry::Context) {
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
     let _ = span.set_parent(parent);
+}
+
+/// Give `span` its OpenTelemetry name once what names it is known (a model request's
+/// model, read from its body). Recording `otel.name` would not do: the layer applies it
+/// only to a span not yet started, and a span is started as soon as it has a parent.
+pub fn rename(span: &tracing::Span, name: String) {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    span.context().span().update_name(name);
 }
 
 /// The current trace and span ids, when inside a traced operation.

@@ -1,12 +1,17 @@
 //! The model requests of an agent-CLI run, as its trace shows them.
 
 use super::model_mesh::{ANTHROPIC_KEY, OPENAI_KEY, TOKEN_PREFIX};
-use forkyard_tests::otlp::{SpanRecord, TraceSink};
+use forkyard_tests::{
+    otlp::{SpanRecord, TraceSink},
+    scripted_model::{CACHED_TOKENS, INPUT_TOKENS, OUTPUT_TOKENS},
+};
 use std::{collections::HashMap, time::Duration};
 
-/// Every model request the CLIs made through the gateway is an `llm.request` span in the
-/// run's trace, under its fork's agent activity, with its charge to the ledger under it;
-/// and no span anywhere carries a key or a fork's token.
+/// Every model request the CLIs made through the gateway is a span in the run's trace
+/// named and described by OpenTelemetry's GenAI conventions (`chat {model}`, the provider,
+/// the model, the tokens the scripted server reported), under its fork's agent activity,
+/// with its charge to the ledger under it; and no span anywhere carries a key or a fork's
+/// token.
 pub async fn assert_model_requests_traced(sink: &TraceSink, run_id: &str, calls: usize) {
     let spans = exported_spans(sink, calls).await;
     let by_id: HashMap<&str, &SpanRecord> = spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
@@ -21,11 +26,12 @@ pub async fn assert_model_requests_traced(sink: &TraceSink, run_id: &str, calls:
     };
     let requests: Vec<&SpanRecord> = spans
         .iter()
-        .filter(|s| s.name == "llm.request" && s.attr_str("run_id").as_deref() == Some(run_id))
+        .filter(|s| is_chat(s) && s.attr_str("run_id").as_deref() == Some(run_id))
         .collect();
-    assert_eq!(requests.len(), calls, "an llm.request span per model call");
+    assert_eq!(requests.len(), calls, "a chat span per model call");
     for r in &requests {
         assert_eq!(r.service, "agent-runner");
+        assert_genai_attributes(r);
         assert_eq!(
             r.attr_str("http.response.status_code").as_deref(),
             Some("200")
@@ -63,7 +69,7 @@ async fn exported_spans(sink: &TraceSink, calls: usize) -> Vec<SpanRecord> {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let spans = sink.spans();
-        let requests = spans.iter().filter(|s| s.name == "llm.request").count();
+        let requests = spans.iter().filter(|s| is_chat(s)).count();
         let charges = spans
             .iter()
             .filter(|s| {
@@ -75,6 +81,38 @@ async fn exported_spans(sink: &TraceSink, calls: usize) -> Vec<SpanRecord> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+fn is_chat(s: &SpanRecord) -> bool {
+    s.attr_str("gen_ai.operation.name").as_deref() == Some("chat")
+}
+
+/// The conventions' attributes, with the counts the scripted server reports for every
+/// call: the whole prompt as input tokens, its cached part also on its own.
+fn assert_genai_attributes(r: &SpanRecord) {
+    let attr = |k: &str| r.attr_str(k).unwrap_or_else(|| panic!("no {k} on {r:?}"));
+    let model = attr("gen_ai.request.model");
+    assert_eq!(r.name, format!("chat {model}"));
+    assert_eq!(attr("gen_ai.response.model"), model, "{r:?}");
+    assert!(
+        ["anthropic", "openai"].contains(&attr("gen_ai.provider.name").as_str()),
+        "{r:?}"
+    );
+    assert_eq!(
+        attr("gen_ai.usage.input_tokens"),
+        INPUT_TOKENS.to_string(),
+        "{r:?}"
+    );
+    assert_eq!(
+        attr("gen_ai.usage.output_tokens"),
+        OUTPUT_TOKENS.to_string(),
+        "{r:?}"
+    );
+    assert_eq!(
+        attr("gen_ai.usage.cache_read.input_tokens"),
+        CACHED_TOKENS.to_string(),
+        "{r:?}"
+    );
 }
 
 fn assert_no_secret_in_spans(spans: &[SpanRecord]) {

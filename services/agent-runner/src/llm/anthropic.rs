@@ -1,7 +1,8 @@
 //! The Anthropic Messages API (`POST /v1/messages`) with tool use.
 
 use super::{
-    Endpoint, LlmError, SYSTEM_PROMPT, ToolCall, ToolOutput, ToolSpec, Turn, http::post_json,
+    Endpoint, LlmError, SYSTEM_PROMPT, ToolCall, ToolOutput, ToolSpec, Turn,
+    http::{Chat, post_json},
 };
 use forkyard_proto::common::v1::Usage;
 use reqwest::header::{HeaderMap, HeaderValue};
@@ -79,6 +80,11 @@ impl Anthropic {
             &body,
             self.endpoint.retry,
             self.endpoint.key.as_ref(),
+            Chat {
+                provider: "anthropic",
+                model: &self.model,
+                usage: |v| crate::usage::claude_usage(&v["usage"]),
+            },
         )
         .await?;
         let content = resp

@@ -9,9 +9,11 @@
 
 use super::{LlmError, Secret};
 use backon::{BackoffBuilder, ExponentialBuilder};
+use forkyard_proto::common::v1::Usage;
 use reqwest::{StatusCode, header::HeaderMap};
 use serde_json::Value;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 #[derive(Debug, Clone, Copy)]
 pub struct RetryPolicy {
@@ -86,20 +88,45 @@ fn path_of(url: &str) -> String {
         .unwrap_or_default()
 }
 
+/// The model call a request is, for its span (`crate::genai`): the provider's name in
+/// the conventions, the model asked for, and how the response states its usage.
+#[derive(Clone, Copy)]
+pub struct Chat<'a> {
+    pub provider: &'static str,
+    pub model: &'a str,
+    pub usage: fn(&Value) -> Usage,
+}
+
 /// POST `body` to `url` with `headers`, retrying per `policy`. `key` only scrubs texts.
-/// Traced as an `llm.request` span over every attempt: the server and path (never the
-/// query, headers or body), the attempts made and the last status.
-#[tracing::instrument(
-    name = "llm.request",
-    skip_all,
-    fields(
+/// Traced as one `chat {model}` span over every attempt (`crate::genai`): the server and
+/// path (never the query, headers or body), the attempts made, the last status and the
+/// tokens used.
+pub async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    headers: HeaderMap,
+    body: &Value,
+    policy: RetryPolicy,
+    key: Option<&Secret>,
+    chat: Chat<'_>,
+) -> Result<Value, LlmError> {
+    let span = crate::chat_span!(
         server.address = %server_of(url),
         url.path = %path_of(url),
         attempts = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
-    )
-)]
-pub async fn post_json(
+    );
+    crate::genai::record_request(&span, chat.provider, chat.model);
+    let resp = attempts(client, url, headers, body, policy, key)
+        .instrument(span.clone())
+        .await?;
+    let model = resp.get("model").and_then(Value::as_str);
+    crate::genai::record_usage(&span, model, &(chat.usage)(&resp));
+    Ok(resp)
+}
+
+/// [`post_json`]'s tries, inside its span.
+async fn attempts(
     client: &reqwest::Client,
     url: &str,
     headers: HeaderMap,

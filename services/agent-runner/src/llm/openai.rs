@@ -2,7 +2,8 @@
 //! OpenAI itself, vLLM, Ollama and other servers speaking the same protocol.
 
 use super::{
-    Endpoint, LlmError, SYSTEM_PROMPT, ToolCall, ToolOutput, ToolSpec, Turn, http::post_json,
+    Endpoint, LlmError, SYSTEM_PROMPT, ToolCall, ToolOutput, ToolSpec, Turn,
+    http::{Chat, post_json},
 };
 use forkyard_proto::common::v1::Usage;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
@@ -89,6 +90,18 @@ impl OpenAi {
             &body,
             self.endpoint.retry,
             self.endpoint.key.as_ref(),
+            Chat {
+                provider: "openai",
+                model: &self.model,
+                usage: |v| {
+                    crate::usage::openai_usage(
+                        &v["usage"],
+                        "prompt_tokens",
+                        "completion_tokens",
+                        "prompt_tokens_details",
+                    )
+                },
+            },
         )
         .await
     }

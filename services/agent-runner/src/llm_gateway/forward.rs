@@ -47,6 +47,9 @@ pub(super) async fn forward(
         Ok(ok) => ok,
         Err(refusal) => return refuse(provider, refusal),
     };
+    if call.api.is_some() {
+        crate::genai::record_request(&span, provider.genai_name(), &model);
+    }
     let endpoint = match provider {
         Provider::Anthropic => &gw.anthropic,
         Provider::OpenAi => &gw.openai,

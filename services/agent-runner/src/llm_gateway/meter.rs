@@ -2,7 +2,7 @@
 //! Completions and OpenAI Responses, each as one JSON body or as a server-sent event
 //! stream. The bytes are only looked at, never changed or held back.
 
-use crate::usage::{claude_usage, u64_field};
+use crate::usage::{claude_usage, openai_usage};
 use forkyard_proto::common::v1::Usage;
 use serde_json::Value;
 
@@ -30,17 +30,6 @@ pub struct Meter {
     pub usage: Usage,
     /// The model the response names (else the request's is used).
     pub model: Option<String>,
-}
-
-/// OpenAI counts cached prompt tokens inside the prompt; the price table keeps them apart.
-fn openai_usage(u: &Value, input: &str, output: &str, details: &str) -> Usage {
-    let cached = u.get(details).map_or(0, |d| u64_field(d, "cached_tokens"));
-    Usage {
-        input_tokens: u64_field(u, input).saturating_sub(cached),
-        output_tokens: u64_field(u, output),
-        cache_read_tokens: cached,
-        cache_write_tokens: 0,
-    }
 }
 
 /// Each count the larger of the two: streamed counts are cumulative.

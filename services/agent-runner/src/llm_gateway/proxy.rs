@@ -133,8 +133,7 @@ async fn handle(gw: &Arc<LlmGateway>, sandbox: &str, req: Request<Incoming>) -> 
     };
     // Under the fork's agent activity, which minted the grant: the request, its upstream
     // call and its charge join the run's trace.
-    let span = tracing::info_span!(
-        "llm.request",
+    let span = crate::chat_span!(
         run_id = %grant.run_id,
         fork = grant.fork,
         url.path = %path,

@@ -16,6 +16,16 @@ pub(super) enum Provider {
     OpenAi,
 }
 
+impl Provider {
+    /// The provider's name in OpenTelemetry's GenAI conventions (`crate::genai`).
+    pub(super) fn genai_name(self) -> &'static str {
+        match self {
+            Self::Anthropic => "anthropic",
+            Self::OpenAi => "openai",
+        }
+    }
+}
+
 /// A request refused: the metric's reason, then the answer's status, error type and
 /// message.
 pub(super) type Refusal = (&'static str, StatusCode, &'static str, String);

@@ -27,6 +27,7 @@ impl Drop for Tap {
             _ => self.model.clone(),
         };
         let usage = self.meter.usage;
+        crate::genai::record_usage(&self.span, self.meter.model.as_deref(), &usage);
         let cost = self.gw.models.price(&model).cost_micros(&usage);
         let (grant, seq) = (self.grant.clone(), self.seq);
         grant.delivered();
