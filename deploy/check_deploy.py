@@ -7,6 +7,18 @@
 - every kustomize overlay renders (`kubectl kustomize`) and validates against the
   Kubernetes schemas (`kubernetes-validate --strict`), with a Deployment, Service,
   HorizontalPodAutoscaler and PodDisruptionBudget per service;
+- the namespaces: the sandbox provisioner (Deployment, Service, HPA, PDB, its network
+  rules) alone in `forkyard-sandboxes`, labelled Pod Security `privileged`; the other four
+  in `forkyard`, `restricted` enforced, and every pod there meets `restricted` (checked
+  here, rule by rule, as the admission controller would); every ConfigMap and Secret a
+  pod uses exists in (or is documented for) its own namespace;
+- every address a pod is given that names a Service of these manifests (across the two
+  namespaces) resolves to a rendered Service and port, and the NetworkPolicies of both
+  namespaces let exactly the flows through that need to pass (and refuse others);
+- every HorizontalPodAutoscaler scales on Resource metrics only (no metrics adapter
+  ships), the agent-runner's on CPU;
+- k8s/monitoring: the ServiceMonitor covers both namespaces, every alert has a
+  `runbook_url` whose page exists in k8s/runbooks/ and a promtool unit test;
 - every setting a service *requires* is wired in both the Compose file and every
   overlay. A setting is required when the binary's `--help` lists it without a default
   in its usage line (clap's required flags), or when the service's image sets its
@@ -36,6 +48,15 @@ COMPOSE = ROOT / "deploy" / "docker-compose.yml"
 COMPOSE_REPLICAS = ROOT / "deploy" / "compose.replicas.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 OVERLAYS = ["dev", "production"]
+# Where each service runs: the provisioner needs Pod Security "privileged" (bubblewrap),
+# so it has a namespace of its own; the rest run at "restricted".
+MAIN_NS = "forkyard"
+SANDBOX_NS = "forkyard-sandboxes"
+NAMESPACE_OF = {s: (SANDBOX_NS if s == "sandbox-provisioner" else MAIN_NS) for s in
+                ["gateway", "sandbox-provisioner", "agent-runner", "budget-ledger", "janitor"]}
+CLUSTER_DOMAIN = "svc.cluster.local"
+RUNBOOKS = ROOT / "k8s" / "runbooks"
+K8S_README = ROOT / "k8s" / "README.md"
 SERVICES = {
     # service: (gRPC port, metrics port)
     "gateway": (50051, 9451),
@@ -141,8 +162,9 @@ def kustomize(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
-def find(docs: list[dict], kind: str, name: str) -> dict | None:
-    return next((d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name), None)
+def find(docs: list[dict], kind: str, name: str, namespace: str | None = None) -> dict | None:
+    return next((d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name
+                 and (namespace is None or d["metadata"].get("namespace") == namespace)), None)
 
 
 def k8s_env(docs: list[dict], service: str) -> dict[str, str]:
@@ -155,7 +177,7 @@ def k8s_env(docs: list[dict], service: str) -> dict[str, str]:
     env: dict[str, str] = {}
     for src in c.get("envFrom", []):
         if "configMapRef" in src:
-            cm = find(docs, "ConfigMap", src["configMapRef"]["name"])
+            cm = find(docs, "ConfigMap", src["configMapRef"]["name"], dep["metadata"].get("namespace"))
             if cm is None:
                 raise AssertionError(f"{service}: ConfigMap {src['configMapRef']['name']} is not rendered")
             env.update({k: str(v) for k, v in (cm.get("data") or {}).items()})
@@ -322,8 +344,12 @@ def make_overlay_check(overlay: str):
                         assert c["image"].startswith("forkyard/") and c["image"].endswith(":local"), \
                             f"dev: {d['metadata']['name']} runs {c['image']}"
         policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
-        deny = next((p for p in policies if p["spec"]["podSelector"] == {}), None)
-        assert deny and not deny["spec"].get("ingress"), f"{overlay}: no default-deny NetworkPolicy"
+        for ns in (MAIN_NS, SANDBOX_NS):
+            deny = next((p for p in policies if p["spec"]["podSelector"] == {}
+                         and p["metadata"].get("namespace") == ns), None)
+            assert deny and not deny["spec"].get("ingress") and not deny["spec"].get("egress") \
+                and set(deny["spec"]["policyTypes"]) == {"Ingress", "Egress"}, \
+                f"{overlay}: no default-deny NetworkPolicy in {ns}"
         # Ingress from anywhere (no `from`) only to the gateway (and dev-only helpers).
         for p in policies:
             for rule in p["spec"].get("ingress", []):
@@ -336,6 +362,435 @@ def make_overlay_check(overlay: str):
 
 for _o in OVERLAYS:
     check(make_overlay_check(_o))
+
+
+# ---- namespaces and Pod Security -----------------------------------------------------
+
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                  "PriorityClass", "StorageClass"}
+# Pod Security "restricted" (https://kubernetes.io/docs/concepts/security/pod-security-standards/)
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                      "persistentVolumeClaim", "projected", "secret"}
+SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range",
+                "net.ipv4.ip_unprivileged_port_start", "net.ipv4.tcp_syncookies",
+                "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+                "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout",
+                "net.ipv4.tcp_keepalive_intvl", "net.ipv4.tcp_keepalive_probes"}
+
+
+def restricted_violations(pod: dict) -> list[str]:
+    """What in a pod spec the Pod Security level "restricted" refuses (baseline's rules
+    included), as the admission controller checks them; [] when it is admitted."""
+    bad = []
+    psc = pod.get("securityContext") or {}
+    for f in ["hostNetwork", "hostPID", "hostIPC"]:
+        if pod.get(f):
+            bad.append(f)
+    for v in pod.get("volumes") or []:
+        kinds = set(v) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            bad.append(f"volume {v['name']}: {sorted(kinds - RESTRICTED_VOLUMES)}")
+    for sc in [s for s in psc.get("sysctls") or [] if s["name"] not in SAFE_SYSCTLS]:
+        bad.append(f"sysctl {sc['name']}")
+    containers = [c for k in ["initContainers", "containers", "ephemeralContainers"]
+                  for c in pod.get(k) or []]
+    for c in containers:
+        sc = c.get("securityContext") or {}
+        who = c["name"]
+        if sc.get("privileged"):
+            bad.append(f"{who}: privileged")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            bad.append(f"{who}: capabilities do not drop ALL")
+        if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            bad.append(f"{who}: adds capabilities {caps['add']}")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            bad.append(f"{who}: allowPrivilegeEscalation is not false")
+        if sc.get("procMount", "Default") != "Default":
+            bad.append(f"{who}: procMount {sc['procMount']}")
+        if any(p.get("hostPort") for p in c.get("ports") or []):
+            bad.append(f"{who}: hostPort")
+        non_root = sc.get("runAsNonRoot", psc.get("runAsNonRoot"))
+        if non_root is not True:
+            bad.append(f"{who}: runAsNonRoot is not true")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            bad.append(f"{who}: runAsUser 0")
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            bad.append(f"{who}: seccompProfile {seccomp}")
+        apparmor = (sc.get("appArmorProfile") or psc.get("appArmorProfile") or {}).get("type")
+        if apparmor == "Unconfined":
+            bad.append(f"{who}: appArmorProfile Unconfined")
+        se = sc.get("seLinuxOptions") or psc.get("seLinuxOptions") or {}
+        if se.get("user") or se.get("role") or se.get("type", "") not in (
+                "", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"):
+            bad.append(f"{who}: seLinuxOptions {se}")
+    return bad
+
+
+def workloads(docs: list[dict]) -> list[dict]:
+    return [d for d in docs if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job")]
+
+
+def make_namespace_check(overlay: str):
+    def namespaces_split_by_pod_security():
+        docs = kustomize(ROOT / "k8s" / "overlays" / overlay)
+        nss = {d["metadata"]["name"]: d["metadata"].get("labels", {}) for d in docs if d["kind"] == "Namespace"}
+        assert set(nss) == {MAIN_NS, SANDBOX_NS}, f"{overlay}: namespaces {sorted(nss)}"
+        for level in ["enforce", "warn", "audit"]:
+            assert nss[MAIN_NS].get(f"pod-security.kubernetes.io/{level}") == "restricted", \
+                f"{overlay}: {MAIN_NS} {level} is {nss[MAIN_NS].get(f'pod-security.kubernetes.io/{level}')!r}"
+        assert nss[SANDBOX_NS].get("pod-security.kubernetes.io/enforce") == "privileged", nss[SANDBOX_NS]
+        # Everything namespaced names one of the two (no "default" by accident).
+        for d in docs:
+            if d["kind"] not in CLUSTER_SCOPED:
+                ns = d["metadata"].get("namespace")
+                assert ns in nss, f"{overlay}: {d['kind']} {d['metadata']['name']} in namespace {ns!r}"
+        # The provisioner alone in the privileged namespace; each service's objects in its own.
+        for s, ns in NAMESPACE_OF.items():
+            for kind in ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"]:
+                assert find(docs, kind, s, ns), f"{overlay}: {kind} {s} is not in {ns}"
+                assert sum(1 for d in docs if d["kind"] == kind and d["metadata"]["name"] == s) == 1, \
+                    f"{overlay}: more than one {kind} {s}"
+            dep = find(docs, "Deployment", s, ns)
+            labels = dep["spec"]["template"]["metadata"]["labels"]
+            hpa = find(docs, "HorizontalPodAutoscaler", s, ns)
+            assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": s}, hpa
+            pdb = find(docs, "PodDisruptionBudget", s, ns)
+            assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items(), f"{overlay}: PDB {s}"
+            svc = find(docs, "Service", s, ns)
+            assert svc["spec"]["selector"].items() <= labels.items(), f"{overlay}: Service {s}"
+        in_sandbox_ns = sorted(d["metadata"]["name"] for d in workloads(docs)
+                               if d["metadata"]["namespace"] == SANDBOX_NS)
+        assert in_sandbox_ns == ["sandbox-provisioner"], f"{overlay}: pods in {SANDBOX_NS}: {in_sandbox_ns}"
+        # Every pod of the restricted namespace is admitted at "restricted" ...
+        for d in workloads(docs):
+            if d["metadata"]["namespace"] == MAIN_NS:
+                bad = restricted_violations(d["spec"]["template"]["spec"])
+                assert not bad, f"{overlay}: {d['metadata']['name']} breaks Pod Security restricted: {bad}"
+        # ... and the provisioner would not be (so it does need its own namespace, and the
+        # checker can tell): exactly bubblewrap's three exceptions.
+        prov = restricted_violations(find(docs, "Deployment", "sandbox-provisioner")["spec"]["template"]["spec"])
+        assert sorted(prov) == sorted([
+            "sandbox-provisioner: procMount Unmasked",
+            "sandbox-provisioner: seccompProfile Unconfined",
+            "sandbox-provisioner: appArmorProfile Unconfined"]), f"{overlay}: provisioner {prov}"
+    namespaces_split_by_pod_security.__name__ = f"k8s_{overlay}_provisioner_alone_privileged_rest_restricted"
+    return namespaces_split_by_pod_security
+
+
+def documented_secret_namespaces() -> dict[str, set[str]]:
+    """k8s/README.md's Secrets table: name → the namespaces it must be created in."""
+    out = {}
+    for line in K8S_README.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 5 and cells[0].startswith("`forkyard-"):
+            out[cells[0].strip("`")] = set(re.findall(r"`(forkyard(?:-sandboxes)?)`", cells[1]))
+    return out
+
+
+def make_refs_check(overlay: str):
+    def configmaps_and_secrets_in_the_pods_namespace():
+        docs = kustomize(ROOT / "k8s" / "overlays" / overlay)
+        documented = documented_secret_namespaces()
+        assert documented, "k8s/README.md: no Secrets table (| `forkyard-…` | namespaces | keys | …)"
+        for d in workloads(docs):
+            ns, name = d["metadata"]["namespace"], d["metadata"]["name"]
+            pod = d["spec"]["template"]["spec"]
+            refs = []  # (kind, name, optional)
+            for c in pod.get("initContainers", []) + pod["containers"]:
+                for src in c.get("envFrom", []):
+                    for kind, key in [("ConfigMap", "configMapRef"), ("Secret", "secretRef")]:
+                        if key in src:
+                            refs.append((kind, src[key]["name"], src[key].get("optional", False)))
+                for e in c.get("env", []):
+                    vf = e.get("valueFrom", {})
+                    for kind, key in [("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")]:
+                        if key in vf:
+                            refs.append((kind, vf[key]["name"], vf[key].get("optional", False)))
+            for v in pod.get("volumes", []):
+                if "secret" in v:
+                    refs.append(("Secret", v["secret"]["secretName"], v["secret"].get("optional", False)))
+                if "configMap" in v:
+                    refs.append(("ConfigMap", v["configMap"]["name"], v["configMap"].get("optional", False)))
+            for kind, ref, optional in refs:
+                if find(docs, kind, ref, ns):
+                    continue
+                assert kind == "Secret", f"{overlay}: {name} ({ns}) uses ConfigMap {ref}, not rendered in {ns}"
+                # Secrets made by hand: k8s/README.md must say to create it in this namespace.
+                assert ns in documented.get(ref, set()), \
+                    f"{overlay}: {name} ({ns}) uses Secret {ref}{' (optional)' if optional else ''}, " \
+                    f"neither rendered in {ns} nor documented there in k8s/README.md (documented: {sorted(documented.get(ref, []))})"
+        # The two copies of the shared settings are one.
+        cms = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("forkyard-config")]
+        assert {c["metadata"]["namespace"] for c in cms} == {MAIN_NS, SANDBOX_NS}, cms
+        assert all(c["data"] == cms[0]["data"] for c in cms), f"{overlay}: forkyard-config differs between namespaces"
+    configmaps_and_secrets_in_the_pods_namespace.__name__ = f"k8s_{overlay}_configmaps_and_secrets_in_the_pods_namespace"
+    return configmaps_and_secrets_in_the_pods_namespace
+
+
+# ---- addresses across namespaces and the network rules between them ------------------
+
+def resolve_service(docs: list[dict], host: str, own_ns: str) -> tuple[dict | None, str | None]:
+    """The rendered Service a host name means to a pod in `own_ns` (cluster DNS: `name`,
+    `name.ns`, `name.ns.svc`, `name.ns.svc.cluster.local`), with its namespace; (None,
+    namespace) when it names a Service of a namespace these manifests do not render
+    (Temporal's, the collector's), (None, None) for what is not a cluster name."""
+    parts = host.split(".")
+    if host.endswith("." + CLUSTER_DOMAIN):
+        parts = parts[: -len(CLUSTER_DOMAIN.split("."))]
+    elif parts[-1] == "svc":
+        parts = parts[:-1]
+    if len(parts) == 1:
+        name, ns = parts[0], own_ns
+    elif len(parts) == 2:
+        name, ns = parts
+    else:
+        return None, None
+    if ns not in NAMESPACE_OF.values():
+        return None, ns
+    return find(docs, "Service", name, ns), ns
+
+
+def addresses(docs: list[dict], s: str) -> dict[str, tuple[str, int]]:
+    """The settings of a service that are network addresses: name → (host, port)."""
+    out = {}
+    for name, value in k8s_env(docs, s).items():
+        if value.startswith("<") or "$(" in value:
+            continue
+        m = re.fullmatch(r"(?:[a-z+]+://)?([A-Za-z0-9.-]+):(\d+)/?", value)
+        if m and (name.endswith("_ADDR") or name.endswith("_ADDRESS") or name.endswith("_ENDPOINT")):
+            out[name] = (m.group(1), int(m.group(2)))
+    return out
+
+
+def labels_match(selector: dict, labels: dict) -> bool:
+    if selector.get("matchLabels", {}).items() - labels.items():
+        return False
+    for e in selector.get("matchExpressions", []):
+        v = labels.get(e["key"])
+        if e["operator"] == "In" and v not in e["values"]:
+            return False
+        if e["operator"] == "NotIn" and v in e["values"]:
+            return False
+        if e["operator"] == "Exists" and v is None:
+            return False
+        if e["operator"] == "DoesNotExist" and v is not None:
+            return False
+    return True
+
+
+def port_allowed(ports: list[dict] | None, port: int) -> bool:
+    if not ports:
+        return True
+    return any(p.get("port") is None or p["port"] <= port <= p.get("endPort", p["port"]) for p in ports)
+
+
+def peer_matches(peer: dict, policy_ns: str, ns: str, ns_labels: dict, labels: dict | None) -> bool:
+    """One `from`/`to` entry against a pod (labels None: a pod we know only by namespace).
+    ipBlock entries are taken not to match pods (the API leaves that to the plugin)."""
+    if "ipBlock" in peer:
+        return False
+    if "namespaceSelector" in peer:
+        if not labels_match(peer["namespaceSelector"], ns_labels):
+            return False
+    elif ns != policy_ns:
+        return False
+    if "podSelector" in peer:
+        return labels is not None and labels_match(peer["podSelector"], labels)
+    return True
+
+
+def netpol_allows(docs: list[dict], src: tuple[str, dict | None], dst: tuple[str, dict], port: int) -> bool:
+    """Whether the NetworkPolicies let a connection from pod `src` to pod `dst` on `port`
+    through: egress of the source's namespace and ingress of the destination's (a pod no
+    policy of a direction selects is open in that direction)."""
+    def ns_labels(ns):
+        d = find(docs, "Namespace", ns)
+        return {**((d or {}).get("metadata", {}).get("labels") or {}), "kubernetes.io/metadata.name": ns}
+
+    def side(direction, pod, peer):
+        pod_ns, pod_labels = pod
+        if pod_labels is None:  # outside these manifests: no policies of ours apply
+            return True
+        key, peers_key = ("egress", "to") if direction == "Egress" else ("ingress", "from")
+        selecting = [p for p in docs if p["kind"] == "NetworkPolicy"
+                     and p["metadata"]["namespace"] == pod_ns
+                     and direction in p["spec"].get("policyTypes", ["Ingress"])
+                     and labels_match(p["spec"]["podSelector"], pod_labels)]
+        if not selecting:
+            return True
+        for p in selecting:
+            for rule in p["spec"].get(key, []):
+                peers = rule.get(peers_key)
+                if port_allowed(rule.get("ports"), port) and (
+                        peers is None or any(peer_matches(x, pod_ns, peer[0], ns_labels(peer[0]), peer[1]) for x in peers)):
+                    return True
+        return False
+    return side("Egress", src, dst) and side("Ingress", dst, src)
+
+
+def pod_of(docs: list[dict], s: str) -> tuple[str, dict]:
+    d = next(d for d in workloads(docs) if d["metadata"]["name"] == s)
+    return d["metadata"]["namespace"], d["spec"]["template"]["metadata"]["labels"]
+
+
+def make_flow_check(overlay: str):
+    def addresses_resolve_and_flows_pass():
+        docs = kustomize(ROOT / "k8s" / "overlays" / overlay)
+        flows = set()  # (source workload, destination workload, port) the mesh needs
+        for d in workloads(docs):
+            s, own_ns = d["metadata"]["name"], d["metadata"]["namespace"]
+            if s not in SERVICES:
+                continue
+            # Only the settings the binary reads (the shared ConfigMap gives every service
+            # every address; the ledger, say, dials no provisioner).
+            reads = accepted_env(s)
+            for name, (host, port) in addresses(docs, s).items():
+                if name not in reads:
+                    continue
+                svc, ns = resolve_service(docs, host, own_ns)
+                if ns is None or (svc is None and ns not in NAMESPACE_OF.values()):
+                    continue  # outside the cluster, or a namespace these manifests do not own
+                assert svc, f"{overlay}: {s} {name}={host}:{port}: no Service {host.split('.')[0]} in {ns}"
+                sp = next((p for p in svc["spec"]["ports"] if p["port"] == port), None)
+                assert sp, f"{overlay}: {s} {name}: Service {ns}/{svc['metadata']['name']} has no port {port}"
+                target = next((w for w in workloads(docs) if w["metadata"]["namespace"] == ns and
+                               labels_match({"matchLabels": svc["spec"]["selector"]},
+                                            w["spec"]["template"]["metadata"]["labels"])), None)
+                assert target, f"{overlay}: {s} {name}: Service {ns}/{svc['metadata']['name']} selects no pods"
+                cport = sp["targetPort"]
+                if isinstance(cport, str):
+                    cport = next(p["containerPort"] for c in target["spec"]["template"]["spec"]["containers"]
+                                 for p in c.get("ports", []) if p.get("name") == cport)
+                flows.add((s, target["metadata"]["name"], cport))
+        # The janitor (and the gateway, the agent-runner) find every provisioner pod through
+        # its Service's name: headless, in the provisioner's namespace.
+        for s in ["gateway", "agent-runner", "janitor"]:
+            host, port = addresses(docs, s)["FORKYARD_PROVISIONER_ADDR"]
+            svc, ns = resolve_service(docs, host, NAMESPACE_OF[s])
+            assert svc and ns == SANDBOX_NS and svc["spec"].get("clusterIP") == "None", \
+                f"{overlay}: {s} FORKYARD_PROVISIONER_ADDR={host}: not the headless Service in {SANDBOX_NS}"
+            assert (s, "sandbox-provisioner", 50052) in flows, (s, flows)
+        # Flows no setting names: the provisioner relays sandboxes' model calls to the
+        # agent-runner pod that runs the fork (its advertised pod IP, :50056); Prometheus
+        # (namespace "monitoring") scrapes every pod.
+        flows.add(("sandbox-provisioner", "agent-runner", 50056))
+        monitoring = ("monitoring", None)
+        problems = []
+        for src, dst, port in sorted(flows):
+            if not netpol_allows(docs, pod_of(docs, src), pod_of(docs, dst), port):
+                problems.append(f"{src} -> {dst}:{port} is blocked")
+        for s, (_, metrics) in SERVICES.items():
+            if not netpol_allows(docs, monitoring, pod_of(docs, s), metrics):
+                problems.append(f"monitoring -> {s}:{metrics} is blocked")
+        # What must stay shut: the provisioner's gRPC port to anything but its three
+        # callers, and to every pod of another namespace.
+        prov = pod_of(docs, "sandbox-provisioner")
+        for other in ["budget-ledger"]:
+            if netpol_allows(docs, pod_of(docs, other), prov, 50052):
+                problems.append(f"{other} -> sandbox-provisioner:50052 is open")
+        for stranger in [("default", None), ("monitoring", None)]:
+            if netpol_allows(docs, stranger, prov, 50052):
+                problems.append(f"{stranger[0]} -> sandbox-provisioner:50052 is open")
+        if netpol_allows(docs, ("default", None), pod_of(docs, "agent-runner"), 50056):
+            problems.append("default -> agent-runner:50056 is open")
+        assert not problems, f"{overlay}:\n  " + "\n  ".join(problems)
+        # The evaluator can fail: without the namespaceSelector on the provisioner's
+        # ingress, the gateway in another namespace is shut out.
+        broken = copy.deepcopy(docs)
+        for p in broken:
+            if p["kind"] == "NetworkPolicy" and p["metadata"]["namespace"] == SANDBOX_NS:
+                for rule in p["spec"].get("ingress", []):
+                    for peer in rule.get("from", []):
+                        peer.pop("namespaceSelector", None)
+        assert not netpol_allows(broken, pod_of(broken, "gateway"), prov, 50052), "flow evaluator cannot fail"
+    addresses_resolve_and_flows_pass.__name__ = f"k8s_{overlay}_cross_namespace_addresses_and_flows"
+    return addresses_resolve_and_flows_pass
+
+
+def make_hpa_check(overlay: str):
+    def autoscalers_use_resource_metrics():
+        docs = kustomize(ROOT / "k8s" / "overlays" / overlay)
+        for h in [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]:
+            types = [m["type"] for m in h["spec"].get("metrics", [])]
+            assert types and set(types) == {"Resource"}, \
+                f"{overlay}: HPA {h['metadata']['name']} scales on {types}: no metrics adapter ships with these manifests"
+        ar = find(docs, "HorizontalPodAutoscaler", "agent-runner", MAIN_NS)
+        assert any(m["resource"]["name"] == "cpu" for m in ar["spec"]["metrics"]), ar["spec"]["metrics"]
+    autoscalers_use_resource_metrics.__name__ = f"k8s_{overlay}_autoscalers_use_resource_metrics"
+    return autoscalers_use_resource_metrics
+
+
+for _o in OVERLAYS:
+    check(make_namespace_check(_o))
+    check(make_refs_check(_o))
+    check(make_flow_check(_o))
+    check(make_hpa_check(_o))
+
+
+@check
+def monitoring_covers_both_namespaces_and_alerts_have_runbooks():
+    docs = kustomize(ROOT / "k8s" / "monitoring")
+    sm = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    watched = set(sm["spec"]["namespaceSelector"]["matchNames"])
+    rendered = kustomize(ROOT / "k8s" / "overlays" / "production")
+    for s in SERVICES:
+        svc = next(d for d in rendered if d["kind"] == "Service" and d["metadata"]["name"] == s)
+        assert svc["metadata"]["namespace"] in watched, f"ServiceMonitor does not watch {svc['metadata']['namespace']} ({s})"
+        assert labels_match(sm["spec"]["selector"], svc["metadata"]["labels"]), f"ServiceMonitor does not select {s}"
+        assert any(p["name"] == "metrics" for p in svc["spec"]["ports"]), s
+    rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    tests = (ROOT / "k8s" / "monitoring" / "tests" / "alerts_test.yml").read_text()
+    tested = set(re.findall(r"alertname:\s*(\w+)", tests))
+    problems = []
+    for a in alerts:
+        name = a["alert"]
+        url = (a.get("annotations") or {}).get("runbook_url", "")
+        if not url.endswith(f"/k8s/runbooks/{name}.md"):
+            problems.append(f"{name}: runbook_url {url!r} is not k8s/runbooks/{name}.md")
+            continue
+        page = RUNBOOKS / f"{name}.md"
+        if not page.exists():
+            problems.append(f"{name}: {page.relative_to(ROOT)} is missing")
+        elif not page.read_text().startswith(f"# {name}\n"):
+            problems.append(f"{name}: {page.relative_to(ROOT)} is not the page of {name}")
+        if name not in tested:
+            problems.append(f"{name}: no promtool test in k8s/monitoring/tests/alerts_test.yml")
+    names = {a["alert"] for a in alerts}
+    for want in ["ForkyardTargetDown", "ForkyardGrpcServerErrors"]:
+        if want not in names:
+            problems.append(f"no alert {want}")
+    # A runbook page without an alert is a leftover.
+    for page in RUNBOOKS.glob("*.md"):
+        if page.stem != "README" and page.stem not in names:
+            problems.append(f"{page.relative_to(ROOT)}: no alert {page.stem}")
+    assert not problems, "\n  ".join(problems)
+
+
+@check
+def pod_security_checker_refuses_what_restricted_refuses():
+    ok = {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+          "containers": [{"name": "c", "securityContext": {
+              "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}],
+          "volumes": [{"name": "v", "emptyDir": {}}]}
+    assert restricted_violations(ok) == [], restricted_violations(ok)
+    for path, value in [(("containers", 0, "securityContext", "privileged"), True),
+                        (("containers", 0, "securityContext", "allowPrivilegeEscalation"), True),
+                        (("securityContext", "runAsNonRoot"), False),
+                        (("securityContext", "seccompProfile", "type"), "Unconfined"),
+                        (("containers", 0, "securityContext", "procMount"), "Unmasked"),
+                        (("hostNetwork",), True)]:
+        pod = copy.deepcopy(ok)
+        node = pod
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+        assert restricted_violations(pod), f"{path}={value} passes"
+    pod = copy.deepcopy(ok)
+    pod["volumes"].append({"name": "h", "hostPath": {"path": "/"}})
+    assert restricted_violations(pod), "hostPath passes"
 
 
 def wiring_problems(config: dict, overlays: dict[str, list[dict]]) -> list[str]:
