@@ -84,6 +84,103 @@ async fn tls_terminator(certs: &Path, upstream: u16) -> anyhow::Result<(u16, Arc
     Ok((port, handshakes))
 }
 
+/// A TLS front on a free port (no client certificate asked) that lets through to
+/// `upstream` only the gRPC calls carrying `authorization: Bearer {key}`, answering the
+/// others UNAUTHENTICATED; its port and the count of calls refused.
+async fn api_key_front(
+    certs: &Path,
+    upstream: u16,
+    key: &'static str,
+) -> anyhow::Result<(u16, Arc<AtomicUsize>)> {
+    let chain = CertificateDer::pem_file_iter(certs.join("temporal.pem"))?
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(
+        chain,
+        PrivateKeyDer::from_pem_file(certs.join("temporal.key"))?,
+    )?;
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = TlsAcceptor::from(Arc::new(cfg));
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let counted = refused.clone();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let (acceptor, counted) = (acceptor.clone(), counted.clone());
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(sock).await {
+                    let _ = serve_checked(tls, upstream, key, counted).await;
+                }
+            });
+        }
+    });
+    Ok((port, refused))
+}
+
+/// One client connection: each call checked, then sent on over a connection of its own
+/// to the dev server (bodies and trailers streamed through).
+async fn serve_checked(
+    tls: tokio_rustls::server::TlsStream<TcpStream>,
+    upstream: u16,
+    key: &'static str,
+    refused: Arc<AtomicUsize>,
+) -> anyhow::Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let up = TcpStream::connect(("127.0.0.1", upstream)).await?;
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(up)).await?;
+    tokio::spawn(conn);
+    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let (mut sender, refused) = (sender.clone(), refused.clone());
+        async move {
+            let authorized = req
+                .headers()
+                .get("authorization")
+                .is_some_and(|v| v.as_bytes() == format!("Bearer {key}").as_bytes());
+            if !authorized {
+                refused.fetch_add(1, Ordering::SeqCst);
+                return Ok::<_, hyper::Error>(unauthenticated());
+            }
+            let (mut parts, body) = req.into_parts();
+            let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            parts.uri = format!("http://127.0.0.1:{upstream}{path}")
+                .parse()
+                .unwrap();
+            let resp = sender
+                .send_request(hyper::Request::from_parts(parts, body))
+                .await?;
+            Ok(resp.map(http_body_util::BodyExt::boxed))
+        }
+    });
+    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(tls), service)
+        .await?;
+    Ok(())
+}
+
+type Boxed = http_body_util::combinators::BoxBody<bytes::Bytes, hyper::Error>;
+
+/// A trailers-only gRPC answer: UNAUTHENTICATED, as Temporal Cloud gives a call without
+/// its key.
+fn unauthenticated() -> hyper::Response<Boxed> {
+    use http_body_util::BodyExt as _;
+    hyper::Response::builder()
+        .header("content-type", "application/grpc")
+        .header("grpc-status", "16")
+        .header("grpc-message", "missing%20or%20wrong%20API%20key")
+        .body(
+            http_body_util::Empty::new()
+                .map_err(|never| match never {})
+                .boxed(),
+        )
+        .unwrap()
+}
+
 fn make_certs(dir: &Path) -> anyhow::Result<()> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/certs.sh");
     let out = Command::new("bash").arg(script).arg(dir).output()?;
@@ -224,5 +321,59 @@ async fn the_gateway_reaches_temporal_over_mtls_and_not_without_a_certificate() 
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("TEMPORAL_TLS_KEY"), "{err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_gateway_reaches_temporal_with_an_api_key_over_tls_and_never_logs_it()
+-> anyhow::Result<()> {
+    const KEY: &str = "tmprl-test-api-key-7f3a";
+    let state = tempfile::Builder::new()
+        .prefix("forkyard-tkey-")
+        .tempdir()?;
+    let certs = state.path().join("certs");
+    make_certs(&certs)?;
+    let temporal_port = free_port();
+    let _temporal = Killed(
+        Command::new(temporal_cli())
+            .args(["server", "start-dev", "--headless", "--log-level", "warn"])
+            .args(["--ip", "127.0.0.1", "--port", &temporal_port.to_string()])
+            .args(["--ui-port", &free_port().to_string()])
+            .arg("--db-filename")
+            .arg(state.path().join("temporal.db"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let (front, refused) = api_key_front(&certs, temporal_port, KEY).await?;
+    let address = format!("127.0.0.1:{front}");
+    // TEMPORAL_TLS_CA only because the front's certificate is the test CA's: the key
+    // alone turns TLS on (Temporal Cloud's certificates are in the system roots).
+    let ca = ("TEMPORAL_TLS_CA", certs.join("ca.pem"));
+
+    // Without the key: refused, never serving.
+    let (mut without, port) = gateway(state.path(), &address, std::slice::from_ref(&ca))?;
+    assert!(!serves(&mut without, port).await, "served without the key");
+    assert!(refused.load(Ordering::SeqCst) > 0);
+    drop(without);
+
+    // With it: every call authorized, the gateway serves; the key is in no log line.
+    let before = refused.load(Ordering::SeqCst);
+    let key_env = ("TEMPORAL_API_KEY", PathBuf::from(KEY));
+    let (mut with, port) = gateway(state.path(), &address, &[ca, key_env])?;
+    assert!(serves(&mut with, port).await, "did not serve with the key");
+    assert_eq!(
+        refused.load(Ordering::SeqCst),
+        before,
+        "a call without the key"
+    );
+    drop(with);
+    for log in std::fs::read_dir(state.path())? {
+        let log = log?.path();
+        if log.extension().is_some_and(|e| e == "log") {
+            let text = std::fs::read_to_string(&log)?;
+            assert!(!text.contains(KEY), "the key in {}", log.display());
+        }
+    }
     Ok(())
 }

@@ -49,6 +49,43 @@ pub struct TemporalArgs {
     pub compression: Compression,
     #[command(flatten)]
     pub tls: TemporalTlsArgs,
+    /// A Temporal Cloud API key, sent as `authorization: Bearer …` on every call; implies
+    /// TLS (the system roots, unless TEMPORAL_TLS_CA names a CA). Give it in the
+    /// environment (from a Secret), not on the command line.
+    #[arg(
+        long = "temporal-api-key",
+        env = "TEMPORAL_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<ApiKey>,
+}
+
+/// A secret that authenticates this service: never printed (`Debug` shows its length
+/// only), handed to the client that sends it and nowhere else.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ApiKey(<{} bytes, redacted>)", self.0.len())
+    }
+}
+
+impl std::str::FromStr for ApiKey {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s.is_empty() || s.contains(['\r', '\n']) {
+            return Err("an API key is one non-empty line".into());
+        }
+        Ok(Self(s.to_owned()))
+    }
 }
 
 /// Transport compression of the calls to Temporal.
@@ -214,7 +251,24 @@ mod tests {
             connect_timeout_secs: 1,
             compression: Compression::None,
             tls: Default::default(),
+            api_key: None,
         }
+    }
+
+    #[test]
+    fn an_api_key_is_never_printed() {
+        let key: ApiKey = " tmprl-secret-key \n".trim_end().parse().unwrap();
+        assert_eq!(key.expose(), "tmprl-secret-key");
+        let shown = format!(
+            "{:?}",
+            TemporalArgs {
+                api_key: Some(key),
+                ..args("x:1")
+            }
+        );
+        assert!(!shown.contains("tmprl-secret-key"), "{shown}");
+        assert!("a\nb".parse::<ApiKey>().is_err());
+        assert!("  ".parse::<ApiKey>().is_err());
     }
 
     #[test]

@@ -12,6 +12,12 @@ use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 pub async fn connect_once(args: &TemporalArgs, identity: &str) -> anyhow::Result<Client> {
     let mut url = args.url().map_err(anyhow::Error::msg)?;
     let tls = args.tls.options().map_err(anyhow::Error::msg)?;
+    // An API key is only ever sent over TLS (Temporal Cloud's own rule too).
+    let tls = tls.or_else(|| {
+        args.api_key
+            .as_ref()
+            .map(|_| temporalio_client::TlsOptions::default())
+    });
     if tls.is_some() && url.scheme() == "http" {
         // tonic only speaks TLS to an https URI.
         let _ = url.set_scheme("https");
@@ -19,6 +25,7 @@ pub async fn connect_once(args: &TemporalArgs, identity: &str) -> anyhow::Result
     let opts = ConnectionOptions::new(url.clone())
         .identity(identity.to_owned())
         .maybe_tls_options(tls)
+        .maybe_api_key(args.api_key.as_ref().map(|k| k.expose().to_owned()))
         .grpc_compression(match args.compression {
             Compression::None => GrpcCompression::None,
             Compression::Gzip => GrpcCompression::Gzip,

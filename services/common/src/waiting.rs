@@ -30,28 +30,40 @@ pub async fn connect_while_not_serving(
     if let Ok(client) = temporal::connect_once(args, identity).await {
         return Ok((listener, client));
     }
-    let stop = CancellationToken::new();
-    let (acceptor, conns) = accept_until(listener, stop.clone());
-    let placeholder = serve_not_serving(service, conns, stop.clone()).await?;
-
     let started = Instant::now();
-    let client = match keep_trying(service, args, identity, started).await {
-        Ok(client) => client,
-        Err(e) => {
-            stop.cancel();
-            let _ = placeholder.await;
-            return Err(e);
-        }
-    };
+    let waited = not_serving_while(
+        listener,
+        service,
+        "temporal is not reachable",
+        keep_trying(service, args, identity, started),
+    )
+    .await?;
+    let (listener, client) = (waited.0, waited.1?);
     tracing::info!(
         service,
         waited_secs = started.elapsed().as_secs(),
         "temporal reachable"
     );
+    Ok((listener, client))
+}
+
+/// Serve NOT_SERVING health on `listener` (and UNAVAILABLE, saying `why`, to calls of the
+/// service itself) while `work` runs: for what a service needs before it can serve (its
+/// Temporal, the gateway's search attributes). The listener back, and what `work` gave.
+pub async fn not_serving_while<T>(
+    listener: TcpListener,
+    service: &'static str,
+    why: &'static str,
+    work: impl std::future::Future<Output = T>,
+) -> anyhow::Result<(TcpListener, T)> {
+    let stop = CancellationToken::new();
+    let (acceptor, conns) = accept_until(listener, stop.clone());
+    let placeholder = serve_not_serving(service, why, conns, stop.clone()).await?;
+    let out = work.await;
     stop.cancel();
     let listener = acceptor.await?;
     let _ = placeholder.await;
-    Ok((listener, client))
+    Ok((listener, out))
 }
 
 /// Connections accepted on `listener`, passed on until `stop`; the listener back then.
@@ -82,6 +94,7 @@ fn accept_until(
 /// Health alone on `conns` until `stop`: NOT_SERVING for the service, alive.
 async fn serve_not_serving(
     service: &'static str,
+    why: &'static str,
     conns: Receiver<std::io::Result<TcpStream>>,
     stop: CancellationToken,
 ) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>> {
@@ -89,19 +102,18 @@ async fn serve_not_serving(
     health.not_serving().await;
     health.alive().await;
     // Calls to the service itself meanwhile: UNAVAILABLE (retry), not UNIMPLEMENTED.
-    let routes = tonic::service::Routes::from(routes.into_axum_router().fallback(|| async {
-        (
-            [
-                ("content-type", "application/grpc"),
-                ("grpc-status", "14"),
-                (
-                    "grpc-message",
-                    "not%20serving%20yet%3A%20temporal%20is%20not%20reachable",
-                ),
-            ],
-            "",
-        )
-    }));
+    let message = percent_encoded(&format!("not serving yet: {why}"));
+    let routes =
+        tonic::service::Routes::from(routes.into_axum_router().fallback(move || async move {
+            (
+                [
+                    ("content-type", "application/grpc".to_owned()),
+                    ("grpc-status", "14".to_owned()),
+                    ("grpc-message", message),
+                ],
+                "",
+            )
+        }));
     let mut builder = Server::builder();
     if let Some(tls) = crate::tls::mesh() {
         builder = builder.tls_config(tls.server_config())?;
@@ -112,6 +124,18 @@ async fn serve_not_serving(
             .add_routes(routes)
             .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
     ))
+}
+
+/// A grpc-message value: everything but unreserved ASCII percent-encoded.
+fn percent_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// Temporal asked again with backoff (from 0.5 s, doubling up to 30 s) until it answers,

@@ -51,6 +51,16 @@ pub struct Args {
     /// SDK's default (5, or poller autoscaling where the server offers it).
     #[arg(long, env = "FORKYARD_WORKFLOW_TASK_POLLERS")]
     pub workflow_task_pollers: Option<usize>,
+    /// Add the search attributes runs need when the namespace lacks them (the operator
+    /// API). `false` where that is not allowed (Temporal Cloud): the gateway then waits,
+    /// NOT_SERVING, for them to be created, naming them and the command.
+    #[arg(
+        long,
+        env = "FORKYARD_REGISTER_SEARCH_ATTRIBUTES",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub register_search_attributes: bool,
     /// The agent runner asked at launch whether it can run an LLM agent spec (model
     /// alias, API key) and for fork transcripts.
     #[arg(

@@ -18,6 +18,7 @@ pub mod repo_policy;
 pub mod retry;
 pub mod sandboxes;
 pub mod search;
+pub mod search_attributes;
 pub mod tenant_policy;
 pub mod validate;
 pub mod wave;

@@ -2,7 +2,9 @@
 
 use clap::Parser;
 use forkyard_common::{exit_config_error, server, service, startup::Startup, tls::ClientAuth};
-use forkyard_gateway::{api::GatewayService, config::Args, deliver::DeliverLocal, search, worker};
+use forkyard_gateway::{
+    api::GatewayService, config::Args, deliver::DeliverLocal, search_attributes, worker,
+};
 use forkyard_proto::gateway::v1::gateway_server::GatewayServer;
 use tonic::server::NamedService;
 
@@ -36,9 +38,17 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     // The run workflow upserts these; without them its tasks would fail.
-    if let Err(e) = search::ensure_registered(&client, &args.temporal.namespace).await {
-        exit_config_error(e);
-    }
+    let (listener, ()) = forkyard_common::waiting::not_serving_while(
+        listener,
+        <GatewayServer<GatewayService> as NamedService>::NAME,
+        "the namespace lacks the search attributes runs need",
+        search_attributes::wait_registered(
+            &client,
+            &args.temporal.namespace,
+            args.register_search_attributes,
+        ),
+    )
+    .await?;
     let deliver = DeliverLocal::new(client.clone(), tenancy.repos.clone());
     let api = args.api(client.clone(), links.agent_runner, tenancy);
     let (routes, health) =

@@ -1,4 +1,5 @@
-//! The search attributes runs are listed by, and the visibility queries over them.
+//! The search attributes runs are listed by, and the visibility queries over them (that
+//! they exist before the gateway serves: `crate::search_attributes`).
 
 use crate::{
     error::GatewayError,
@@ -6,11 +7,6 @@ use crate::{
 };
 use forkyard_proto::gateway::v1::RunState;
 use std::collections::HashMap;
-use temporalio_client::Client;
-use temporalio_common::protos::temporal::api::{
-    enums::v1::IndexedValueType,
-    operatorservice::v1::{AddSearchAttributesRequest, ListSearchAttributesRequest},
-};
 use temporalio_common::search_attributes::SearchAttributeKey;
 
 /// The tenant that launched the run (set at start; never changes).
@@ -18,94 +14,6 @@ pub const TENANT_ATTR: SearchAttributeKey<String> = SearchAttributeKey::keyword(
 /// The run's `max_concurrent` (its most forks in flight), summed per tenant at launch to
 /// hold the tenant's concurrent-forks limit.
 pub const FORK_SLOTS_ATTR: SearchAttributeKey<i64> = SearchAttributeKey::int("ForkyardForkSlots");
-
-/// Make sure the custom search attributes exist in the namespace (the run workflow
-/// upserts them; an unknown attribute would fail its workflow tasks). On Temporal
-/// Cloud, where the operator API is closed, create them beforehand and this only checks.
-///
-/// Gateway replicas start together and race to add them, and a Temporal that has just
-/// come up can fail a call it answers a moment later: such a failure is retried with
-/// backoff (each retry looks again first), for as long as it takes, as a connection is.
-/// Only a refusal that no retry can change (the operator API closed or denied) ends it.
-pub async fn ensure_registered(client: &Client, namespace: &str) -> Result<(), String> {
-    let mut delay = std::time::Duration::from_millis(200);
-    let mut attempt = 0u32;
-    loop {
-        attempt += 1;
-        match register_missing(client, namespace).await {
-            Ok(()) => return Ok(()),
-            Err((code, e)) if is_permanent(code) => return Err(e),
-            Err((_, e)) => {
-                tracing::warn!(attempt, error = %e, "search attributes not registered yet; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(5));
-            }
-        }
-    }
-}
-
-fn is_permanent(code: tonic::Code) -> bool {
-    matches!(
-        code,
-        tonic::Code::PermissionDenied
-            | tonic::Code::Unauthenticated
-            | tonic::Code::Unimplemented
-            | tonic::Code::InvalidArgument
-    )
-}
-
-async fn register_missing(client: &Client, namespace: &str) -> Result<(), (tonic::Code, String)> {
-    let wanted = [
-        (RUN_STATE_ATTR.name(), IndexedValueType::Keyword),
-        (LABELS_ATTR.name(), IndexedValueType::KeywordList),
-        (TENANT_ATTR.name(), IndexedValueType::Keyword),
-        (FORK_SLOTS_ATTR.name(), IndexedValueType::Int),
-    ];
-    let mut ops = client.connection().operator_service();
-    let existing = ops
-        .list_search_attributes(tonic::Request::new(ListSearchAttributesRequest {
-            namespace: namespace.to_owned(),
-        }))
-        .await
-        .map_err(|s| {
-            let e = format!(
-                "cannot list search attributes of namespace {namespace:?}: {}",
-                s.message()
-            );
-            (s.code(), e)
-        })?
-        .into_inner();
-    let missing: HashMap<String, i32> = wanted
-        .iter()
-        .filter(|(name, _)| !existing.custom_attributes.contains_key(*name))
-        .map(|(name, ty)| ((*name).to_owned(), *ty as i32))
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    let names: Vec<String> = missing.keys().cloned().collect();
-    match ops
-        .add_search_attributes(tonic::Request::new(AddSearchAttributesRequest {
-            search_attributes: missing,
-            namespace: namespace.to_owned(),
-        }))
-        .await
-    {
-        Ok(_) => {
-            tracing::info!(?names, namespace, "registered search attributes");
-            Ok(())
-        }
-        Err(s) if s.code() == tonic::Code::AlreadyExists => Ok(()),
-        Err(s) => Err((
-            s.code(),
-            format!(
-                "search attributes {names:?} are missing in namespace {namespace:?} and cannot be added ({}); create them \
-             (ForkyardRunState: Keyword, ForkyardLabels: KeywordList, ForkyardTenant: Keyword, ForkyardForkSlots: Int) and restart",
-                s.message()
-            ),
-        )),
-    }
-}
 
 /// The visibility query for ListRuns' filters.
 pub fn list_query(
