@@ -348,6 +348,9 @@ impl Mesh {
             // Sandbox time is free unless a test prices it: ledger figures stay exact.
             .env("FORKYARD_SANDBOX_CPU_SECOND_USD", "0")
             .env("FORKYARD_SANDBOX_GIB_SECOND_USD", "0")
+            // No sweep on a schedule nobody asked for in the middle of a test (the
+            // default schedule has its own test, which turns it on).
+            .env("FORKYARD_CLEANUP_INTERVAL_MINUTES", "0")
             .stdout(Stdio::null())
             .stderr(log)
             // Last, so a test's settings win over the defaults above.

@@ -338,12 +338,16 @@ async fn relaunching_with_another_request_and_the_cleanup_schedule() {
             .created,
         "second start updates"
     );
+    // Stopping pauses the schedule (kept, so no gateway start makes it anew): stopping
+    // again is no error, and a start resumes it.
     gw.stop_cleanup(StopCleanupRequest {}).await.unwrap();
-    assert_eq!(
-        gw.stop_cleanup(StopCleanupRequest {})
+    gw.stop_cleanup(StopCleanupRequest {}).await.unwrap();
+    assert!(
+        !gw.start_cleanup(start(15, 180))
             .await
-            .unwrap_err()
-            .code(),
-        Code::NotFound
+            .unwrap()
+            .into_inner()
+            .created,
+        "a start after a stop resumes the one schedule"
     );
 }

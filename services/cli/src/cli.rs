@@ -174,7 +174,8 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// Schedule the janitor's sweep (creates or updates the schedule).
+    /// Schedule the janitor's sweep (creates or updates the schedule, resuming it when
+    /// stopped; each gateway creates one at start when there is none).
     Cleanup {
         /// Minutes between sweeps.
         #[arg(long, default_value_t = 15)]
@@ -183,7 +184,8 @@ pub enum Command {
         #[arg(long, default_value_t = 180)]
         max_age: u32,
     },
-    /// Remove the janitor's schedule.
+    /// Stop the janitor's schedule (paused, so no gateway start makes it anew;
+    /// `forkyard cleanup` resumes it).
     StopCleanup,
     /// API keys of the gateway (works on its key file, so run it where the gateway runs).
     Keys(KeysArgs),

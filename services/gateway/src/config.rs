@@ -61,6 +61,14 @@ pub struct Args {
         action = clap::ArgAction::Set
     )]
     pub register_search_attributes: bool,
+    /// Minutes between the janitor's sweeps on the schedule each gateway creates at start
+    /// when there is none (an existing one, paused by `forkyard stop-cleanup` or changed
+    /// by `forkyard cleanup`, is left as it is); 0: no schedule unless asked for.
+    #[arg(long, env = "FORKYARD_CLEANUP_INTERVAL_MINUTES", default_value_t = 15)]
+    pub cleanup_interval_minutes: u32,
+    /// On that schedule, sandboxes older than this are destroyed whatever their owner.
+    #[arg(long, env = "FORKYARD_CLEANUP_MAX_AGE_MINUTES", default_value_t = 180)]
+    pub cleanup_max_age_minutes: u32,
     /// The agent runner asked at launch whether it can run an LLM agent spec (model
     /// alias, API key) and for fork transcripts.
     #[arg(
@@ -117,6 +125,17 @@ impl Args {
             return Err(
                 "--run-view-fetches (FORKYARD_RUN_VIEW_FETCHES) must be at least 1".to_owned(),
             );
+        }
+        use crate::api::cleanup::{MAX_AGE_MINUTES, MAX_INTERVAL_MINUTES};
+        if self.cleanup_interval_minutes > MAX_INTERVAL_MINUTES {
+            return Err(format!(
+                "--cleanup-interval-minutes (FORKYARD_CLEANUP_INTERVAL_MINUTES) must be 0..={MAX_INTERVAL_MINUTES}"
+            ));
+        }
+        if !(1..=MAX_AGE_MINUTES).contains(&self.cleanup_max_age_minutes) {
+            return Err(format!(
+                "--cleanup-max-age-minutes (FORKYARD_CLEANUP_MAX_AGE_MINUTES) must be 1..={MAX_AGE_MINUTES}"
+            ));
         }
         if self.workflow_task_pollers.is_some_and(|n| n < 2) {
             return Err(

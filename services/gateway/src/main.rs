@@ -3,7 +3,10 @@
 use clap::Parser;
 use forkyard_common::{exit_config_error, server, service, startup::Startup, tls::ClientAuth};
 use forkyard_gateway::{
-    api::GatewayService, config::Args, deliver::DeliverLocal, search_attributes, worker,
+    api::{self, GatewayService},
+    config::Args,
+    deliver::DeliverLocal,
+    search_attributes, worker,
 };
 use forkyard_proto::gateway::v1::gateway_server::GatewayServer;
 use tonic::server::NamedService;
@@ -49,6 +52,13 @@ async fn main() -> anyhow::Result<()> {
         ),
     )
     .await?;
+    // A fresh deployment sweeps orphans without anyone asking.
+    api::cleanup::ensure_default(
+        &client,
+        args.cleanup_interval_minutes,
+        args.cleanup_max_age_minutes,
+    )
+    .await;
     let deliver = DeliverLocal::new(client.clone(), tenancy.repos.clone());
     let api = args.api(client.clone(), links.agent_runner, tenancy);
     let (routes, health) =

@@ -1,5 +1,10 @@
 //! StartCleanup / StopCleanup: the janitor's Temporal Schedule. Each tick runs
 //! `ScheduledCleanupWorkflow`, whose sweep activity runs on the janitor's queue.
+//!
+//! A fresh deployment sweeps without anyone asking: each gateway creates the schedule at
+//! start when it does not exist ([`ensure_default`], `--cleanup-interval-minutes`), and
+//! leaves one that does exist as it is. So StopCleanup pauses the schedule rather than
+//! deleting it: a deleted one would come back at the next gateway start.
 
 use super::GatewayService;
 use crate::{error::GatewayError, workflows::cleanup::ScheduledCleanupWorkflow};
@@ -10,13 +15,12 @@ use forkyard_proto::{
 };
 use std::time::Duration;
 use temporalio_client::schedules::{
-    CreateScheduleOptions, DeleteScheduleOptions, ScheduleAction, ScheduleError,
-    ScheduleOverlapPolicy, ScheduleSpec,
+    CreateScheduleOptions, ScheduleAction, ScheduleError, ScheduleOverlapPolicy, ScheduleSpec,
 };
 
 pub const SCHEDULE_ID: &str = "forkyard-cleanup";
-const MAX_INTERVAL_MINUTES: u32 = 24 * 60;
-const MAX_AGE_MINUTES: u32 = 7 * 24 * 60;
+pub const MAX_INTERVAL_MINUTES: u32 = 24 * 60;
+pub const MAX_AGE_MINUTES: u32 = 7 * 24 * 60;
 
 fn action(max_age_minutes: u32) -> ScheduleAction {
     let sweep = SweepRequest {
@@ -79,6 +83,9 @@ impl GatewayService {
                         move |u| {
                             u.set_spec(spec);
                             u.set_action(action(max_age));
+                            // Started again after a StopCleanup.
+                            u.set_paused(false);
+                            u.set_note("");
                         },
                         Default::default(),
                     )
@@ -93,11 +100,52 @@ impl GatewayService {
         }
     }
 
+    /// Pause the schedule (kept, so no gateway start makes it anew); stopping a stopped
+    /// one is not an error.
     pub(super) async fn unschedule_cleanup(&self) -> Result<(), GatewayError> {
         self.client
             .get_schedule_handle(SCHEDULE_ID)
-            .delete(DeleteScheduleOptions::default())
+            .pause(Some(STOPPED_NOTE), Default::default())
             .await
             .map_err(schedule_error)
+    }
+}
+
+/// The note a stopped schedule carries.
+pub const STOPPED_NOTE: &str =
+    "stopped with StopCleanup (forkyard stop-cleanup); StartCleanup resumes it";
+
+/// The schedule a fresh deployment sweeps on: created when there is none (every gateway
+/// tries at start; the first wins), never changed when there is one, paused or not. A
+/// failure is logged, never fatal: sweeps are a safety net, and `forkyard cleanup` can
+/// still make the schedule.
+pub async fn ensure_default(
+    client: &temporalio_client::Client,
+    interval_minutes: u32,
+    max_age_minutes: u32,
+) {
+    if interval_minutes == 0 {
+        return;
+    }
+    let opts = CreateScheduleOptions::builder()
+        .action(action(max_age_minutes))
+        .spec(ScheduleSpec::from_interval(Duration::from_secs(
+            u64::from(interval_minutes) * 60,
+        )))
+        .overlap_policy(ScheduleOverlapPolicy::Skip)
+        .build();
+    match client.create_schedule(SCHEDULE_ID, opts).await {
+        Ok(_) => tracing::info!(
+            schedule_id = SCHEDULE_ID,
+            interval_minutes,
+            max_age_minutes,
+            "cleanup schedule created"
+        ),
+        Err(ScheduleError::Rpc(s)) if s.code() == tonic::Code::AlreadyExists => {}
+        Err(e) => tracing::warn!(
+            schedule_id = SCHEDULE_ID,
+            error = %e,
+            "cannot create the default cleanup schedule; `forkyard cleanup` makes it"
+        ),
     }
 }

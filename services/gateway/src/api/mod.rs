@@ -6,7 +6,7 @@
 //! run's state once it closed.
 
 mod agent_runner;
-mod cleanup;
+pub mod cleanup;
 mod forks;
 mod launch;
 mod list;
