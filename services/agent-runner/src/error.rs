@@ -32,21 +32,30 @@ pub enum AgentError {
     Model(#[from] LlmError),
 }
 
+/// The `ErrorInfo` domain of the runner's errors (`forkyard_common::status`).
+pub const DOMAIN: &str = "agent-runner.forkyard";
+
 impl From<AgentError> for tonic::Status {
+    /// The code and a stable reason for each error, with the standard details (the field
+    /// of bad input, whose message starts with it; when to retry an outage).
     fn from(e: AgentError) -> Self {
+        use forkyard_common::status::{invalid_message, with_reason};
+        use tonic::Code;
         let msg = e.to_string();
-        match e {
-            AgentError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
-            AgentError::MissingKey { .. }
-            | AgentError::Sandbox { .. }
-            | AgentError::BudgetExceeded(_) => tonic::Status::failed_precondition(msg),
-            AgentError::Unavailable { .. } | AgentError::Ledger { .. } => {
-                tonic::Status::unavailable(msg)
+        let (code, reason) = match e {
+            AgentError::InvalidArgument(_) => return invalid_message(msg, DOMAIN),
+            AgentError::MissingKey { .. } => (Code::FailedPrecondition, "MODEL_KEY_MISSING"),
+            AgentError::Sandbox { .. } => (Code::FailedPrecondition, "SANDBOX_UNAVAILABLE"),
+            AgentError::BudgetExceeded(_) => (Code::FailedPrecondition, "BUDGET_EXCEEDED"),
+            AgentError::Unavailable { .. } => (Code::Unavailable, "PROVISIONER_UNAVAILABLE"),
+            AgentError::Ledger { .. } => (Code::Unavailable, "LEDGER_UNAVAILABLE"),
+            AgentError::Cancelled => (Code::Cancelled, "CANCELLED"),
+            AgentError::Model(LlmError::Rejected { .. }) => {
+                (Code::FailedPrecondition, "MODEL_REJECTED")
             }
-            AgentError::Cancelled => tonic::Status::cancelled(msg),
-            AgentError::Model(LlmError::Rejected { .. }) => tonic::Status::failed_precondition(msg),
-            AgentError::Model(_) => tonic::Status::unavailable(msg),
-        }
+            AgentError::Model(_) => (Code::Unavailable, "MODEL_UNAVAILABLE"),
+        };
+        with_reason(code, msg, DOMAIN, reason)
     }
 }
 

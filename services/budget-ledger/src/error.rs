@@ -62,25 +62,40 @@ impl LedgerError {
     }
 }
 
+/// The `ErrorInfo` domain of the ledger's errors (`forkyard_common::status`).
+pub const DOMAIN: &str = "budget-ledger.forkyard";
+
 impl From<LedgerError> for tonic::Status {
+    /// The code and a stable reason for each error, with the standard details (the field
+    /// of bad input, when to retry a busy database).
     fn from(e: LedgerError) -> Self {
+        use forkyard_common::status::{invalid_field, with_reason};
+        use tonic::Code;
         let msg = e.to_string();
-        match e {
-            LedgerError::InvalidArgument { .. } | LedgerError::KeyReused { .. } => {
-                tonic::Status::invalid_argument(msg)
+        let (code, reason) = match &e {
+            LedgerError::InvalidArgument { field, reason } => {
+                return invalid_field(field, reason, msg, DOMAIN);
             }
-            LedgerError::NotFound(_) => tonic::Status::not_found(msg),
-            LedgerError::AlreadyExists(_) => tonic::Status::already_exists(msg),
-            LedgerError::BudgetExceeded(_) | LedgerError::FailedPrecondition(_) => {
-                tonic::Status::failed_precondition(msg)
+            LedgerError::KeyReused { .. } => {
+                return invalid_field(
+                    "idempotency_key",
+                    "reused with different parameters",
+                    msg,
+                    DOMAIN,
+                );
             }
-            LedgerError::Database(ref db) if is_busy(db) => tonic::Status::unavailable(msg),
-            LedgerError::Unavailable(_) => tonic::Status::unavailable(msg),
+            LedgerError::NotFound(_) => (Code::NotFound, "NOT_FOUND"),
+            LedgerError::AlreadyExists(_) => (Code::AlreadyExists, "ALREADY_EXISTS"),
+            LedgerError::BudgetExceeded(_) => (Code::FailedPrecondition, "BUDGET_EXCEEDED"),
+            LedgerError::FailedPrecondition(_) => (Code::FailedPrecondition, "FAILED_PRECONDITION"),
+            LedgerError::Database(db) if is_busy(db) => (Code::Unavailable, "DATABASE_BUSY"),
+            LedgerError::Unavailable(_) => (Code::Unavailable, "DATABASE_UNAVAILABLE"),
             LedgerError::Database(_) | LedgerError::Migrate(_) | LedgerError::Corrupt(_) => {
                 tracing::error!(error = %msg, "ledger internal error");
-                tonic::Status::internal(msg)
+                (Code::Internal, "INTERNAL")
             }
-        }
+        };
+        with_reason(code, msg, DOMAIN, reason)
     }
 }
 

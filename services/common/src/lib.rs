@@ -33,6 +33,7 @@ pub mod server;
 pub mod service;
 pub mod shutdown;
 pub mod startup;
+pub mod status;
 pub mod telemetry;
 pub mod temporal;
 #[cfg(feature = "test-support")]

@@ -58,6 +58,9 @@ pub fn base_routes(
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(forkyard_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            // The error details every error carries (crate::status): grpcurl decodes
+            // them through reflection.
+            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
             .with_service_name(service_name)
             .with_service_name("grpc.health.v1.Health")
     };

@@ -37,23 +37,32 @@ impl GatewayError {
     }
 }
 
+/// The `ErrorInfo` domain of the gateway's errors (`forkyard_common::status`).
+pub const DOMAIN: &str = "gateway.forkyard";
+
 impl From<GatewayError> for tonic::Status {
+    /// The code and a stable reason for each error, with the standard details: the field
+    /// of bad input (its message starts with it), when to retry an outage or a limit.
     fn from(e: GatewayError) -> Self {
+        use forkyard_common::status::{invalid_message, with_reason};
+        use tonic::Code;
         let msg = e.to_string();
-        match e {
-            GatewayError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
-            GatewayError::Unavailable(_) => tonic::Status::unavailable(msg),
-            GatewayError::FailedPrecondition(_) => tonic::Status::failed_precondition(msg),
-            GatewayError::RunNotFound(_) | GatewayError::NotFound(_) => {
-                tonic::Status::not_found(msg)
+        let (code, reason) = match e {
+            GatewayError::InvalidArgument(_) => return invalid_message(msg, DOMAIN),
+            GatewayError::Unavailable(_) => (Code::Unavailable, "DEPENDENCY_UNAVAILABLE"),
+            GatewayError::FailedPrecondition(_) => {
+                (Code::FailedPrecondition, "FAILED_PRECONDITION")
             }
-            GatewayError::AlreadyExists(_) => tonic::Status::already_exists(msg),
-            GatewayError::Temporal(_) => tonic::Status::unavailable(msg),
-            GatewayError::Internal(_) => tonic::Status::internal(msg),
-            GatewayError::ResourceExhausted(_) => tonic::Status::resource_exhausted(msg),
-            GatewayError::PermissionDenied(_) => tonic::Status::permission_denied(msg),
-            GatewayError::DeadlineExceeded(_) => tonic::Status::deadline_exceeded(msg),
-        }
+            GatewayError::RunNotFound(_) => (Code::NotFound, "RUN_NOT_FOUND"),
+            GatewayError::NotFound(_) => (Code::NotFound, "NOT_FOUND"),
+            GatewayError::AlreadyExists(_) => (Code::AlreadyExists, "ALREADY_EXISTS"),
+            GatewayError::Temporal(_) => (Code::Unavailable, "TEMPORAL_UNAVAILABLE"),
+            GatewayError::Internal(_) => (Code::Internal, "INTERNAL"),
+            GatewayError::ResourceExhausted(_) => (Code::ResourceExhausted, "LIMIT_REACHED"),
+            GatewayError::PermissionDenied(_) => (Code::PermissionDenied, "PERMISSION_DENIED"),
+            GatewayError::DeadlineExceeded(_) => (Code::DeadlineExceeded, "DEADLINE_EXCEEDED"),
+        };
+        with_reason(code, msg, DOMAIN, reason)
     }
 }
 

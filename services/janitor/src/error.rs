@@ -47,15 +47,27 @@ impl JanitorError {
     }
 }
 
+/// The `ErrorInfo` domain of the janitor's errors (`forkyard_common::status`).
+pub const DOMAIN: &str = "janitor.forkyard";
+
 impl From<JanitorError> for tonic::Status {
+    /// The code and a stable reason for each error, with the standard details (the field
+    /// of bad input, when to retry an outage).
     fn from(e: JanitorError) -> Self {
+        use forkyard_common::status::{invalid_field, with_reason};
+        use tonic::Code;
         let msg = e.to_string();
-        match e {
-            JanitorError::ProvisionerUnavailable(_)
-            | JanitorError::Temporal(_)
-            | JanitorError::Ledger(_) => tonic::Status::unavailable(msg),
-            JanitorError::Provisioner(status) => tonic::Status::new(status.code(), msg),
-            JanitorError::InvalidArgument { .. } => tonic::Status::invalid_argument(msg),
-        }
+        let (code, reason) = match &e {
+            JanitorError::InvalidArgument { field, reason } => {
+                return invalid_field(field, reason, msg, DOMAIN);
+            }
+            JanitorError::ProvisionerUnavailable(_) => {
+                (Code::Unavailable, "PROVISIONER_UNAVAILABLE")
+            }
+            JanitorError::Temporal(_) => (Code::Unavailable, "TEMPORAL_UNAVAILABLE"),
+            JanitorError::Ledger(_) => (Code::Unavailable, "LEDGER_UNAVAILABLE"),
+            JanitorError::Provisioner(status) => (status.code(), "PROVISIONER_ERROR"),
+        };
+        with_reason(code, msg, DOMAIN, reason)
     }
 }

@@ -76,27 +76,38 @@ impl ProvisionerError {
     }
 }
 
+/// The `ErrorInfo` domain of the provisioner's errors (`forkyard_common::status`).
+pub const DOMAIN: &str = "sandbox-provisioner.forkyard";
+
 impl From<ProvisionerError> for tonic::Status {
+    /// The code and a stable reason for each error, with the standard details (the field
+    /// of bad input, when to retry an outage).
     fn from(err: ProvisionerError) -> Self {
+        use forkyard_common::status::{invalid_field, with_reason};
+        use tonic::Code;
         let msg = err.to_string();
-        match err {
-            ProvisionerError::InvalidArgument { .. } => tonic::Status::invalid_argument(msg),
-            ProvisionerError::NotFound(_) => tonic::Status::not_found(msg),
-            ProvisionerError::RepoUnavailable(_) | ProvisionerError::FailedPrecondition(_) => {
-                tonic::Status::failed_precondition(msg)
+        let (code, reason) = match &err {
+            ProvisionerError::InvalidArgument { field, reason } => {
+                return invalid_field(field, reason, msg, DOMAIN);
             }
-            ProvisionerError::Internal(_) => tonic::Status::internal(msg),
-            ProvisionerError::Auth(_) => tonic::Status::permission_denied(msg),
-            ProvisionerError::Unavailable(_) => tonic::Status::unavailable(msg),
-            ProvisionerError::Draining(_) => {
-                let mut s = tonic::Status::unavailable(msg);
-                s.metadata_mut().insert(
-                    DRAINING_METADATA,
-                    tonic::metadata::MetadataValue::from_static("1"),
-                );
-                s
+            ProvisionerError::NotFound(_) => (Code::NotFound, "SANDBOX_NOT_FOUND"),
+            ProvisionerError::RepoUnavailable(_) => (Code::FailedPrecondition, "REPO_UNAVAILABLE"),
+            ProvisionerError::FailedPrecondition(_) => {
+                (Code::FailedPrecondition, "SANDBOX_UNAVAILABLE")
             }
+            ProvisionerError::Internal(_) => (Code::Internal, "INTERNAL"),
+            ProvisionerError::Auth(_) => (Code::PermissionDenied, "BACKEND_AUTH"),
+            ProvisionerError::Unavailable(_) => (Code::Unavailable, "BACKEND_UNAVAILABLE"),
+            ProvisionerError::Draining(_) => (Code::Unavailable, "DRAINING"),
+        };
+        let mut s = with_reason(code, msg, DOMAIN, reason);
+        if matches!(err, ProvisionerError::Draining(_)) {
+            s.metadata_mut().insert(
+                DRAINING_METADATA,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
         }
+        s
     }
 }
 
