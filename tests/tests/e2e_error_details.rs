@@ -44,7 +44,6 @@ async fn errors_carry_their_field_reason_and_retry_advice() {
     let missing = gw
         .get_run(GetRunRequest {
             run_id: "run-00000000000000000000000000000000".into(),
-            ..Default::default()
         })
         .await
         .unwrap_err();
