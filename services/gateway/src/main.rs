@@ -2,7 +2,9 @@
 
 use clap::Parser;
 use forkyard_common::{exit_config_error, server, service, startup::Startup, tls::ClientAuth};
-use forkyard_gateway::{api::GatewayService, config::Args, deliver::DeliverLocal, search, worker};
+use forkyard_gateway::{
+    activities::deliver::DeliverLocal, api::GatewayService, config::Args, search, worker, workflows,
+};
 use forkyard_proto::gateway::v1::gateway_server::GatewayServer;
 use tonic::server::NamedService;
 
@@ -39,7 +41,10 @@ async fn main() -> anyhow::Result<()> {
     if let Err(e) = search::ensure_registered(&client, &args.temporal.namespace).await {
         exit_config_error(e);
     }
-    let deliver = DeliverLocal::new(client.clone(), tenancy.repos.clone());
+    let deliver = DeliverLocal::new(
+        workflows::fork_results(client.clone()),
+        tenancy.repos.clone(),
+    );
     let api = args.api(client.clone(), links.agent_runner, tenancy);
     let (routes, health) =
         server::base_routes(<GatewayServer<GatewayService> as NamedService>::NAME)?;

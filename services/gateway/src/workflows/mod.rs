@@ -23,12 +23,10 @@ mod settle;
 mod start;
 mod steps;
 
-pub use deliver::PublishWorkflow;
-pub(crate) use failure::SANDBOX_LOST;
+pub use deliver::{PublishWorkflow, fork_results};
 pub use fork::ForkWorkflow;
 pub use input::{AgentEnd, ForkInput, Handoff};
 pub use run_state::{SandboxOrchestrationWorkflow, outcome};
-pub use settle::commit_amount;
 
 /// Where a fork is, as `ForkResult::phase`.
 pub mod phase {

@@ -2,7 +2,7 @@
 //!
 //! The run workflow prepares its forks itself before it starts their children:
 //! reserve budget → create sandbox → health check, a wave of forks at a time in one local
-//! activity (see `crate::wave` and [`prepare_wave`]). So the way from `LaunchRun` to a
+//! activity (see `crate::activities::wave` and [`prepare_wave`]). So the way from `LaunchRun` to a
 //! ready sandbox holds no child-workflow start and no matched activity task, and the
 //! child's history starts at the agent. What prepare made is never lost: the wave's
 //! activity runs on a detached cancellation token and answers for every fork what it
@@ -18,7 +18,10 @@ use super::{
     join::join_all,
     options, settle,
 };
-use crate::wave::{AccountOpen, ForkPrepared, Wave, WaveItem, WaveLocal};
+use crate::activities::{
+    host::WaveLocal,
+    wave::{AccountOpen, ForkPrepared, Wave, WaveItem},
+};
 use forkyard_proto::{
     activities::Ledger,
     budget::v1::ReserveRequest,
@@ -143,11 +146,11 @@ pub(super) async fn open_account<W>(
     };
     opened
         .map(drop)
-        .map_err(|e| format!("{}: {e}", crate::wave::step::OPEN))
+        .map_err(|e| format!("{}: {e}", crate::activities::wave::step::OPEN))
 }
 
 /// Reserve, create and check the sandboxes of a wave of forks (the forks the run starts
-/// at one time) in one local activity (`crate::wave`), then give back what the forks
+/// at one time) in one local activity (`crate::activities::wave`), then give back what the forks
 /// that stopped hold (destroy, then release).
 ///
 /// Why a whole wave in one local activity and one stage at a time: the Rust SDK replays

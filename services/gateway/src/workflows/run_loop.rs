@@ -13,7 +13,7 @@ use super::{
     start::{ChildOutcome, InFlight, child_id, give_back, not_started, run_child, start_fork},
     unix_ms,
 };
-use crate::wave::AccountOpen;
+use crate::activities::wave::AccountOpen;
 use forkyard_proto::{
     budget::v1::{AccountKind, CreateAccountRequest, OpenAccountRequest},
     gateway::v1::{Run, RunSpec},
@@ -431,7 +431,7 @@ impl<'a> Flight<'a> {
                     // As the fork workflows' interceptor does for theirs.
                     if !ctx.is_replaying() {
                         let model = self.spec.agent.as_ref().map_or("", |a| a.model.as_str());
-                        crate::fork_telemetry::record(&result, model);
+                        crate::fork_metrics::record(&result, model);
                     }
                     ctx.state_mut(|s| {
                         s.full.insert(fork, (*result).clone());

@@ -4,11 +4,11 @@
 //! `orchestration` (its handlers) and `run_loop` (its run).
 
 use super::{
-    failure::SANDBOX_LOST,
     patches::Patches,
     phase,
     prepare::{AccountOpening, OpensAccount},
 };
+use crate::lifecycle::SANDBOX_LOST;
 use forkyard_proto::{
     common::v1::{Delivered, ForkResult, ForkStatus, VerifyStatus},
     gateway::v1::{Run, RunSpec, RunState},
