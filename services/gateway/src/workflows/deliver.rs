@@ -4,9 +4,9 @@
 //! says where it went. It never fails the run: a fork whose push or pull request did
 //! not happen says why in `ForkResult.delivered.error`.
 
-use super::{fork::ForkWorkflow, options, run_state::SandboxOrchestrationWorkflow};
+use super::{options, run_state::SandboxOrchestrationWorkflow};
 use crate::activities::deliver::{
-    DeliverDone, DeliverFork, DeliverInput, DeliverLocal, ForkResults, text::RunFacts,
+    DeliverDone, DeliverFork, DeliverInput, DeliverLocal, text::RunFacts,
 };
 use forkyard_proto::{
     common::v1::{Delivered, ForkResult, ForkStatus, VerifyStatus},
@@ -15,8 +15,6 @@ use forkyard_proto::{
         delivery::{PullRequests, Push},
     },
 };
-use std::sync::Arc;
-use temporalio_client::{WorkflowGetResultOptions, WorkflowQueryOptions};
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_workflow::{WorkflowContext, WorkflowResult};
 
@@ -164,38 +162,4 @@ impl PublishWorkflow {
             .execute_activity(DeliverLocal::deliver, input, options::deliver())
             .await?)
     }
-}
-
-/// How the delivery activity reads a fork's whole result, through `client`: the run's
-/// query for an inline fork, the child's result otherwise.
-pub fn fork_results(client: temporalio_client::Client) -> ForkResults {
-    Arc::new(move |run_id, fork| {
-        let client = client.clone();
-        Box::pin(async move { fork_result(&client, &run_id, fork).await })
-    })
-}
-
-/// A fork's whole result: the run keeps an inline fork's, a child its own.
-async fn fork_result(
-    client: &temporalio_client::Client,
-    run_id: &str,
-    fork: u32,
-) -> Result<ForkResult, String> {
-    let run = client.get_workflow_handle::<SandboxOrchestrationWorkflow>(run_id);
-    let inline = run
-        .query(
-            SandboxOrchestrationWorkflow::fork_result,
-            fork,
-            WorkflowQueryOptions::default(),
-        )
-        .await
-        .map_err(|e| format!("fork {fork}'s result: {e}"))?;
-    if let Some(full) = inline {
-        return Ok(full);
-    }
-    client
-        .get_workflow_handle::<ForkWorkflow>(format!("{run_id}/fork-{fork}"))
-        .get_result(WorkflowGetResultOptions::default())
-        .await
-        .map_err(|e| format!("fork {fork}'s result: {e}"))
 }

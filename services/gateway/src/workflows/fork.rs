@@ -16,7 +16,6 @@ use super::{
     patches::Patches,
     phase, settle,
     steps::{AgentRan, ForkSteps, agent_and_verify, finish_item},
-    unix_ms,
 };
 use crate::{
     activities::sandboxes::SandboxLocal,
@@ -27,6 +26,7 @@ use crate::{
         item::FinishItem,
     },
 };
+use forkyard_common::clock::unix_ms;
 use forkyard_proto::{
     budget::v1::Reservation, common::v1::ForkResult, sandbox::v1::CollectPatchResponse,
 };

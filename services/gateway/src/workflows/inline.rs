@@ -42,7 +42,6 @@ use super::{
     prepare::{Prepared, WaveFork},
     settle::settle_durably,
     steps::{AgentRan, ForkSteps, agent_and_verify, finish_item},
-    unix_ms,
 };
 use crate::{
     activities::{
@@ -51,6 +50,7 @@ use crate::{
     },
     lifecycle::{charge::Settlement, finish::Ended, item::FinishItem},
 };
+use forkyard_common::clock::unix_ms;
 use forkyard_proto::common::v1::ForkResult;
 use temporalio_workflow::WorkflowContext;
 

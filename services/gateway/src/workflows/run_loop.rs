@@ -11,9 +11,9 @@ use super::{
     prepare::{self, WaveFork, WavePlan, prepare_wave},
     run_state::{SandboxOrchestrationWorkflow, outcome},
     start::{ChildOutcome, InFlight, child_id, give_back, not_started, run_child, start_fork},
-    unix_ms,
 };
 use crate::activities::wave::AccountOpen;
+use forkyard_common::clock::unix_ms;
 use forkyard_proto::{
     budget::v1::{AccountKind, CreateAccountRequest, OpenAccountRequest},
     gateway::v1::{Run, RunSpec},
