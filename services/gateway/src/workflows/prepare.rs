@@ -197,23 +197,7 @@ pub(super) async fn prepare_wave<W: OpensAccount>(
         // replica's restart (or another) will take it, within the fork's timeout.
         let waits = plan.waits_out_drains && within_fork_timeout(ctx, started, wave);
         for (i, outcome) in todo.into_iter().zip(outcomes) {
-            let (f, step) = (&wave[i], &mut steps[i]);
-            let Step::Todo { reservation_id } = step else {
-                continue;
-            };
-            let holds = held(std::mem::take(reservation_id));
-            *step = match outcome {
-                Err(why) => Step::Failed {
-                    reservation_id: holds,
-                    sandbox: None,
-                    why,
-                },
-                Ok(p) => {
-                    let draining =
-                        p.error_type == forkyard_proto::activities::errors::SANDBOX_DRAINING;
-                    next_step(f, p, last && !(waits && draining))
-                }
-            };
+            advance(&wave[i], &mut steps[i], outcome, last, waits);
         }
         round += 1;
     }
@@ -229,6 +213,32 @@ pub(super) async fn prepare_wave<W: OpensAccount>(
             )),
         })
         .collect()
+}
+
+/// A fork's step after a round's `outcome`: ready, failed, or to try again (not in the
+/// `last` round, unless a draining replica refused it and the run `waits` out drains).
+fn advance(
+    f: &WaveFork,
+    step: &mut Step,
+    outcome: Result<ForkPrepared, StepFailure>,
+    last: bool,
+    waits: bool,
+) {
+    let Step::Todo { reservation_id } = step else {
+        return;
+    };
+    let holds = held(std::mem::take(reservation_id));
+    *step = match outcome {
+        Err(why) => Step::Failed {
+            reservation_id: holds,
+            sandbox: None,
+            why,
+        },
+        Ok(p) => {
+            let draining = p.error_type == forkyard_proto::activities::errors::SANDBOX_DRAINING;
+            next_step(f, p, last && !(waits && draining))
+        }
+    };
 }
 
 /// The forks a round prepares (their indexes in the wave, and what to ask for each);

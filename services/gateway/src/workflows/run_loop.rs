@@ -142,6 +142,25 @@ struct Flight<'a> {
     beside: bool,
 }
 
+/// The forks in flight that are done already, taken out in vector order; polled once,
+/// with this task's own waker (the SDK refuses foreign wakers).
+async fn done_already(in_flight: &mut Vec<InFlight<'_>>) -> Vec<(u32, ChildOutcome)> {
+    std::future::poll_fn(|cx| {
+        let mut ready = Vec::new();
+        let mut i = 0;
+        while i < in_flight.len() {
+            if let std::task::Poll::Ready(out) = in_flight[i].as_mut().poll(cx) {
+                drop(in_flight.remove(i));
+                ready.push(out);
+            } else {
+                i += 1;
+            }
+        }
+        std::task::Poll::Ready(ready)
+    })
+    .await
+}
+
 /// A wave's preparation, owning its forks: they come back with their outcomes.
 type Preparing<'a> = std::pin::Pin<
     Box<
@@ -372,23 +391,7 @@ impl<'a> Flight<'a> {
         };
         drop(self.in_flight.remove(index));
         let mut finished = vec![first];
-        // Polled with this task's own waker: the SDK refuses foreign wakers.
-        let in_flight = &mut self.in_flight;
-        let ready = std::future::poll_fn(|cx| {
-            let mut ready = Vec::new();
-            let mut i = 0;
-            while i < in_flight.len() {
-                if let std::task::Poll::Ready(out) = in_flight[i].as_mut().poll(cx) {
-                    drop(in_flight.remove(i));
-                    ready.push(out);
-                } else {
-                    i += 1;
-                }
-            }
-            std::task::Poll::Ready(ready)
-        })
-        .await;
-        finished.extend(ready);
+        finished.extend(done_already(&mut self.in_flight).await);
         Event::Finished(finished)
     }
 
