@@ -33,17 +33,22 @@ impl Settlement {
         let (amount, sandbox) =
             commit_amount(fork.cost_micros, fork.sandbox_charged_micros, sandbox_cost);
         let commit = amount > 0 || (fork.succeeds_with_patch && patched);
-        let settlement = Self {
+        (Self::made(fork, commit, amount), sandbox)
+    }
+
+    /// The fork's settlement that commits `amount_micros`, or releases, under the key of
+    /// that step (so a settlement posted again is posted once).
+    pub fn made(fork: &FinishItem, commit: bool, amount_micros: i64) -> Self {
+        Self {
             commit,
             reservation_id: fork.reservation_id.clone(),
-            amount_micros: amount,
+            amount_micros,
             key: if commit {
                 fork.commit_key.clone()
             } else {
                 fork.release_key.clone()
             },
-        };
-        (settlement, sandbox)
+        }
     }
 
     /// The step's name in a fork's error.
@@ -68,5 +73,41 @@ impl Settlement {
             reservation_id: self.reservation_id.clone(),
             idempotency_key: self.key.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fork(cost: i64, sandbox_charged: i64, succeeds: bool) -> FinishItem {
+        FinishItem {
+            reservation_id: "res-1".into(),
+            cost_micros: cost,
+            sandbox_charged_micros: sandbox_charged,
+            succeeds_with_patch: succeeds,
+            commit_key: "run/fork-1/a1/commit".into(),
+            release_key: "run/fork-1/a1/release".into(),
+            ..FinishItem::default()
+        }
+    }
+
+    #[test]
+    fn the_sandbox_s_whole_cost_replaces_what_was_charged_for_it_never_less() {
+        assert_eq!(commit_amount(100, 30, Some(50)), (120, 50));
+        assert_eq!(commit_amount(100, 30, Some(10)), (100, 30));
+        assert_eq!(commit_amount(100, 30, None), (100, 30));
+    }
+
+    #[test]
+    fn a_fork_commits_what_it_spent_or_succeeding_nothing_and_releases_otherwise() {
+        let (s, _) = Settlement::of(&fork(0, 0, true), None, true);
+        assert!(s.commit && s.amount_micros == 0 && s.key.ends_with("/commit"));
+        // Its patch not in: it does not succeed.
+        let (s, _) = Settlement::of(&fork(0, 0, true), None, false);
+        assert!(!s.commit && s.key.ends_with("/release"));
+        let (s, sandbox) = Settlement::of(&fork(10, 0, false), Some(5), true);
+        assert!(s.commit && s.amount_micros == 15 && sandbox == 5);
+        assert_eq!(s.commit_request().idempotency_key, "run/fork-1/a1/commit");
     }
 }

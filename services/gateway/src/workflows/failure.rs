@@ -5,6 +5,7 @@ use forkyard_proto::activities::errors;
 use temporalio_common::protos::temporal::api::failure::v1::{Failure, failure::FailureInfo};
 use temporalio_workflow::common::error::ActivityExecutionError;
 
+#[derive(Clone)]
 pub(super) enum StepFailure {
     Cancelled,
     BudgetExceeded(String),

@@ -10,7 +10,7 @@
 
 use super::{
     failure::{StepFailure, classify},
-    fork_result::{apply_ended, starting},
+    fork_result::{apply_ended, apply_failure, starting},
     input::{ForkInput, Progress},
     options,
     patches::Patches,
@@ -68,10 +68,13 @@ impl ForkWorkflow {
         let AgentRan {
             mut result, agent, ..
         } = ran;
-        result.phase = if agent.is_ok() {
-            phase::PATCH
-        } else {
-            phase::CLEANUP
+        // Shown while the fork is finished: how its agent failed, or that its patch is next.
+        result.phase = match &agent {
+            Ok(_) => phase::PATCH,
+            Err(f) => {
+                apply_failure(&mut result, f.clone());
+                phase::CLEANUP
+            }
         }
         .into();
         sync(ctx, &result);

@@ -195,16 +195,7 @@ async fn settle_durably_where_the_ledger_was_away<W>(
         let Ok(out) = &answers[i] else {
             unreachable!("only answered forks are pending")
         };
-        let s = Settlement {
-            commit: out.committed,
-            reservation_id: item.reservation_id.clone(),
-            amount_micros: out.amount_micros,
-            key: if out.committed {
-                item.commit_key.clone()
-            } else {
-                item.release_key.clone()
-            },
-        };
+        let s = Settlement::made(item, out.committed, out.amount_micros);
         async move { settle_durably(ctx, &s).await }
     });
     let settled = join_all(runs).await;
