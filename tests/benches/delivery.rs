@@ -1,4 +1,4 @@
-//! Delivery's push (`forkyard_gateway::deliver::push`): the branches of a 100-fork run
+//! Delivery's push (`forkyard_gateway::activities::deliver::push`): the branches of a 100-fork run
 //! pushed to a local git server (git's `http-backend` behind lighttpd, basic auth), each
 //! fork's commit made from its patch on the gateway's side. Prints p50 and the slowest
 //! of several rounds, and how many HTTP requests one delivery made of the server: one
@@ -7,7 +7,7 @@
 //! `cargo bench -p forkyard-tests --bench delivery [-- --forks N --rounds N]`
 
 use base64::Engine as _;
-use forkyard_gateway::deliver::push::{self, Access, Change, Signature};
+use forkyard_gateway::activities::deliver::push::{self, Access, Change, Signature};
 use forkyard_tests::{git_server::GitHttp, repo};
 use std::time::{Duration, Instant};
 

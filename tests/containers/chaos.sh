@@ -217,7 +217,7 @@ replica_trial() { # action, service, moment
 test_run_field() { [ "$(get_run "$1" | json "$2")" = True ]; }
 
 # fault:<point>: the gateway dies at a fault point of a fork's finish (after its patch,
-# its commit or its destroy: services/gateway/src/finish.rs), deterministically: the
+# its commit or its destroy: services/gateway/src/activities/finish.rs), deterministically: the
 # gateway replicas are stopped and one gateway runs with FORKYARD_FAULTS=<point>, so the
 # first fork it finishes kills it there; then the replicas take the finish over (the
 # activity's heartbeat timeout, 30 s, and a backoff). Every fork must succeed with its

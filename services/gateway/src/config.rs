@@ -2,10 +2,9 @@
 //! checks, and the clients and limits made from them.
 
 use crate::{
+    activities::{ledger::LedgerLocal, sandboxes::SandboxLocal},
     api::{AgentRunnerLink, GatewayService, ReadLimits},
     auth::config::SecurityArgs,
-    ledger::LedgerLocal,
-    sandboxes::SandboxLocal,
     validate::{Limits, MAX_INLINE_FORK_LIMIT},
 };
 use clap::Parser;

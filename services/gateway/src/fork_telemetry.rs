@@ -15,15 +15,12 @@
 //! cache eviction does not count twice), and span writes during replay go to the
 //! plugin's non-recording replay span.
 
-use crate::workflows::ForkInput;
-use forkyard_common::{
-    metrics,
-    telemetry::otel::{
-        Context, KeyValue,
-        trace::{Status, TraceContextExt as _},
-    },
+use crate::{fork_metrics::record, workflows::ForkInput};
+use forkyard_common::telemetry::otel::{
+    Context, KeyValue,
+    trace::{Status, TraceContextExt as _},
 };
-use forkyard_proto::common::v1::{ForkResult, ForkStatus};
+use forkyard_proto::common::v1::ForkResult;
 use temporalio_sdk::{
     SimplePlugin,
     workflow_interceptors::{
@@ -45,34 +42,6 @@ pub fn plugin() -> SimplePlugin {
 }
 
 struct ForkTelemetry;
-
-/// Record a finished fork's metrics (and return its span attributes). The run workflow
-/// calls it for its inline forks, outside replay.
-pub(crate) fn record(result: &ForkResult, model: &str) -> (String, Vec<KeyValue>) {
-    let status = ForkStatus::try_from(result.status)
-        .map(|s| metrics::status_label(s.as_str_name()))
-        .unwrap_or_else(|_| "unknown".to_owned());
-    let model = if model.is_empty() { "none" } else { model };
-    let cost = result.cost_micros as f64 / forkyard_proto::MICROS_PER_USD as f64;
-    let secs = (result.finished_unix_ms - result.started_unix_ms).max(0) as f64 / 1000.0;
-    let run = metrics::run();
-    run.fork_completed
-        .with_label_values(&[status.as_str(), model])
-        .inc();
-    run.fork_duration
-        .with_label_values(&[status.as_str()])
-        .observe(secs);
-    run.fork_cost.with_label_values(&[model]).observe(cost);
-    let usage = result.usage.unwrap_or_default();
-    let attrs = vec![
-        KeyValue::new("forkyard.status", status.clone()),
-        KeyValue::new("forkyard.sandbox_id", result.sandbox_id.clone()),
-        KeyValue::new("forkyard.cost_usd", cost),
-        KeyValue::new("forkyard.input_tokens", usage.input_tokens as i64),
-        KeyValue::new("forkyard.output_tokens", usage.output_tokens as i64),
-    ];
-    (status, attrs)
-}
 
 impl WorkflowInterceptor for ForkTelemetry {
     fn execute<'a>(

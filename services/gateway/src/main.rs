@@ -3,10 +3,10 @@
 use clap::Parser;
 use forkyard_common::{exit_config_error, server, service, startup::Startup, tls::ClientAuth};
 use forkyard_gateway::{
+    activities::deliver::DeliverLocal,
     api::{self, GatewayService},
     config::Args,
-    deliver::DeliverLocal,
-    search_attributes, worker,
+    search_attributes, worker, workflows,
 };
 use forkyard_proto::gateway::v1::gateway_server::GatewayServer;
 use tonic::server::NamedService;
@@ -59,7 +59,10 @@ async fn main() -> anyhow::Result<()> {
         args.cleanup_max_age_minutes,
     )
     .await;
-    let deliver = DeliverLocal::new(client.clone(), tenancy.repos.clone());
+    let deliver = DeliverLocal::new(
+        workflows::fork_results(client.clone()),
+        tenancy.repos.clone(),
+    );
     let api = args.api(client.clone(), links.agent_runner, tenancy);
     let (routes, health) =
         server::base_routes(<GatewayServer<GatewayService> as NamedService>::NAME)?;

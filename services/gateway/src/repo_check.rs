@@ -118,16 +118,13 @@ async fn check_local_head(repo: &str) -> Result<(), GatewayError> {
     Ok(())
 }
 
-/// A remote repository: its host admitted and its addresses checked, then `git
-/// ls-remote` held to those addresses.
-async fn check_remote(
-    repo: &str,
+/// The git config that holds a remote's reads to the addresses of its host, once the
+/// host is admitted and its addresses checked.
+async fn admitted(
+    shown: &str,
     remote: &Remote,
-    base_ref: &str,
     hosts: &AllowedHosts,
-    reader: Reader<'_>,
-) -> Result<(), GatewayError> {
-    let shown = repo_location::shown(repo);
+) -> Result<Vec<String>, GatewayError> {
     let addrs = hosts.resolve(&remote.host, remote.port).await.map_err(
         |refusal| match refusal {
             Refusal::NotListed { .. } => GatewayError::field(
@@ -138,10 +135,23 @@ async fn check_remote(
                     hosts.setting()
                 ),
             ),
-            other => unreadable(&shown, other),
+            other => unreadable(shown, other),
         },
     )?;
-    let pin = repo_location::git_pin_config(remote, &addrs);
+    Ok(repo_location::git_pin_config(remote, &addrs))
+}
+
+/// A remote repository: its host admitted and its addresses checked, then `git
+/// ls-remote` held to those addresses.
+async fn check_remote(
+    repo: &str,
+    remote: &Remote,
+    base_ref: &str,
+    hosts: &AllowedHosts,
+    reader: Reader<'_>,
+) -> Result<(), GatewayError> {
+    let shown = repo_location::shown(repo);
+    let pin = admitted(&shown, remote, hosts).await?;
     let credential = reader
         .credentials
         .resolve(reader.tenant, remote)

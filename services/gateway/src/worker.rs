@@ -3,10 +3,9 @@
 //! provisioners' calls) on the orchestration queue.
 
 use crate::{
-    deliver::DeliverLocal,
-    ledger::LedgerLocal,
-    sandboxes::SandboxLocal,
-    wave::WaveLocal,
+    activities::{
+        deliver::DeliverLocal, host::WaveLocal, ledger::LedgerLocal, sandboxes::SandboxLocal,
+    },
     workflows::{
         ForkWorkflow, PublishWorkflow, SandboxOrchestrationWorkflow,
         cleanup::ScheduledCleanupWorkflow,

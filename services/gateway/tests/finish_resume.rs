@@ -1,15 +1,18 @@
 //! A finish attempt retried after the gateway running it died: the forks the first
 //! attempt finished (its last heartbeat's details, which the activity reads as
-//! `finish::earlier` and hands to `finish_after`) come back as that attempt left them, without
+//! `activities::finish::earlier` and hands to `finish_after`) come back as that attempt left them, without
 //! asking a provisioner or the ledger again (their sandboxes are destroyed by then);
 //! the others are finished afresh. Peers here are unreachable addresses, so any fork
 //! finished again shows their errors.
 
 use forkyard_gateway::{
-    finish::{Finish, FinishItem, FinishProgress, Finished},
-    ledger::LedgerLocal,
-    sandboxes::{AtOwner, SandboxLocal},
-    wave::WaveLocal,
+    activities::{
+        finish::{Finish, FinishProgress, Finished},
+        host::WaveLocal,
+        ledger::LedgerLocal,
+        sandboxes::SandboxLocal,
+    },
+    lifecycle::{AtOwner, item::FinishItem},
 };
 use forkyard_proto::{budget::v1::Reservation, sandbox::v1::CollectPatchResponse};
 

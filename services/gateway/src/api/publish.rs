@@ -12,7 +12,7 @@ use crate::{
 use forkyard_common::repo_location::{self, RepoLocation};
 use forkyard_proto::{
     common::v1::{ForkResult, ForkStatus},
-    gateway::v1::{PublishForkRequest, RunState},
+    gateway::v1::{PublishForkRequest, Run, RunState},
     queues,
 };
 use temporalio_client::{
@@ -32,35 +32,8 @@ impl GatewayService {
         req: PublishForkRequest,
     ) -> Result<ForkResult, GatewayError> {
         let delivery = validate::publish_delivery(&req)?;
-        let (state, ..) = self.describe(tenant, &req.run_id).await?;
-        if matches!(
-            state,
-            RunState::Running | RunState::Paused | RunState::AwaitingBudget
-        ) {
-            return Err(GatewayError::FailedPrecondition(format!(
-                "run {} is still running: a fork is published once its run has ended",
-                req.run_id
-            )));
-        }
-        let mut run = self.progress(&req.run_id).await?;
-        run.run_id.clone_from(&req.run_id);
-        let slot = Self::fork_slot(&run, req.fork)?;
-        if slot.status != ForkStatus::Succeeded as i32 {
-            return Err(GatewayError::FailedPrecondition(format!(
-                "fork {} did not succeed: only a succeeded fork is published",
-                req.fork
-            )));
-        }
+        let run = self.publishable(tenant, &req).await?;
         let spec = run.spec.clone().unwrap_or_default();
-        if !matches!(
-            repo_location::locate(&spec.repo),
-            Ok(RepoLocation::Remote(_))
-        ) {
-            return Err(GatewayError::FailedPrecondition(
-                "the run's repository is a local path: only a remote repository's forks are pushed"
-                    .into(),
-            ));
-        }
         let fork = req.fork;
         let input = delivery_input(&run, spec.tenant.clone(), &delivery, |f| {
             (f.fork == fork).then_some(req.pull_request)
@@ -93,6 +66,46 @@ impl GatewayService {
             .find(|(f, _)| *f == fork)
             .map(|(_, d)| d);
         Ok(result)
+    }
+
+    /// The run of a fork that may be published: ended, the fork succeeded, the
+    /// repository remote.
+    async fn publishable(
+        &self,
+        tenant: &Tenant,
+        req: &PublishForkRequest,
+    ) -> Result<Run, GatewayError> {
+        let (state, ..) = self.describe(tenant, &req.run_id).await?;
+        if matches!(
+            state,
+            RunState::Running | RunState::Paused | RunState::AwaitingBudget
+        ) {
+            return Err(GatewayError::FailedPrecondition(format!(
+                "run {} is still running: a fork is published once its run has ended",
+                req.run_id
+            )));
+        }
+        let mut run = self.progress(&req.run_id).await?;
+        run.run_id.clone_from(&req.run_id);
+        let slot = Self::fork_slot(&run, req.fork)?;
+        if slot.status != ForkStatus::Succeeded as i32 {
+            return Err(GatewayError::FailedPrecondition(format!(
+                "fork {} did not succeed: only a succeeded fork is published",
+                req.fork
+            )));
+        }
+        let repo = run
+            .spec
+            .as_ref()
+            .map(|s| s.repo.as_str())
+            .unwrap_or_default();
+        if !matches!(repo_location::locate(repo), Ok(RepoLocation::Remote(_))) {
+            return Err(GatewayError::FailedPrecondition(
+                "the run's repository is a local path: only a remote repository's forks are pushed"
+                    .into(),
+            ));
+        }
+        Ok(run)
     }
 
     /// A fork published after its run ended: where it went (`None`: never published).

@@ -46,68 +46,30 @@ fn accepts_a_good_request_with_defaults() {
 
 #[test]
 fn bad_input_names_the_field() {
-    refused(
-        LaunchRunRequest {
-            forks: 0,
-            ..ok_req()
-        },
-        "forks",
-    );
-    refused(
-        LaunchRunRequest {
-            forks: 5000,
-            ..ok_req()
-        },
-        "forks",
-    );
-    refused(
-        LaunchRunRequest {
-            prompt: " ".into(),
-            ..ok_req()
-        },
-        "prompt",
-    );
-    refused(
-        LaunchRunRequest {
-            max_concurrent: 0,
-            ..ok_req()
-        },
-        "max_concurrent",
-    );
-    refused(
-        LaunchRunRequest {
-            budget_usd: "-5".into(),
-            ..ok_req()
-        },
-        "budget_usd",
-    );
-    refused(
-        LaunchRunRequest {
-            budget_usd: String::new(),
-            ..ok_req()
-        },
-        "budget_usd",
-    );
-    refused(
-        LaunchRunRequest {
-            repo: String::new(),
-            ..ok_req()
-        },
-        "repo",
-    );
-    refused(
-        LaunchRunRequest {
-            branch: "a..b".into(),
-            ..ok_req()
-        },
-        "branch",
-    );
-    let mut r = ok_req();
-    r.agent.as_mut().unwrap().driver = "gpt-pilot".into();
-    refused(r, "agent.driver");
-    let mut r = ok_req();
-    r.agent.as_mut().unwrap().command = String::new();
-    refused(r, "agent.command");
+    type Edit = fn(&mut LaunchRunRequest);
+    let cases: [(Edit, &str); 10] = [
+        (|r| r.forks = 0, "forks"),
+        (|r| r.forks = 5000, "forks"),
+        (|r| r.prompt = " ".into(), "prompt"),
+        (|r| r.max_concurrent = 0, "max_concurrent"),
+        (|r| r.budget_usd = "-5".into(), "budget_usd"),
+        (|r| r.budget_usd = String::new(), "budget_usd"),
+        (|r| r.repo = String::new(), "repo"),
+        (|r| r.branch = "a..b".into(), "branch"),
+        (
+            |r| r.agent.as_mut().unwrap().driver = "gpt-pilot".into(),
+            "agent.driver",
+        ),
+        (
+            |r| r.agent.as_mut().unwrap().command = String::new(),
+            "agent.command",
+        ),
+    ];
+    for (edit, field) in cases {
+        let mut r = ok_req();
+        edit(&mut r);
+        refused(r, field);
+    }
 }
 
 #[test]

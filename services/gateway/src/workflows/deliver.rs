@@ -1,11 +1,13 @@
-//! The run's delivery step (`LaunchRunRequest.delivery`, `crate::deliver`): once its
+//! The run's delivery step (`LaunchRunRequest.delivery`, `crate::activities::deliver`): once its
 //! forks are done and ranked, the forks the delivery names are pushed (and their pull
 //! requests opened) by one activity on the gateway's queue, and each fork's result
 //! says where it went. It never fails the run: a fork whose push or pull request did
 //! not happen says why in `ForkResult.delivered.error`.
 
 use super::{options, run_state::SandboxOrchestrationWorkflow};
-use crate::deliver::{DeliverDone, DeliverFork, DeliverInput, DeliverLocal, text::RunFacts};
+use crate::activities::deliver::{
+    DeliverDone, DeliverFork, DeliverInput, DeliverLocal, text::RunFacts,
+};
 use forkyard_proto::{
     common::v1::{Delivered, ForkResult, ForkStatus, VerifyStatus},
     gateway::v1::{

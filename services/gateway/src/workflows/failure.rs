@@ -1,9 +1,11 @@
 //! Reading activity failures: which application error type, and a readable message.
 
+use crate::lifecycle::SANDBOX_LOST;
 use forkyard_proto::activities::errors;
 use temporalio_common::protos::temporal::api::failure::v1::{Failure, failure::FailureInfo};
 use temporalio_workflow::common::error::ActivityExecutionError;
 
+#[derive(Clone)]
 pub(super) enum StepFailure {
     Cancelled,
     BudgetExceeded(String),
@@ -13,9 +15,17 @@ pub(super) enum StepFailure {
     Failed(String),
 }
 
-/// What the error of a fork whose sandbox was lost says (after the step's name); the
-/// run recognises such forks by it.
-pub(crate) const SANDBOX_LOST: &str = "sandbox lost";
+impl StepFailure {
+    /// Whether it says the fork's sandbox is gone ([`SANDBOX_LOST`]).
+    pub(super) fn names_lost(&self) -> bool {
+        match self {
+            Self::Cancelled => false,
+            Self::BudgetExceeded(m) | Self::SandboxLost(m) | Self::Failed(m) => {
+                m.contains(SANDBOX_LOST)
+            }
+        }
+    }
+}
 
 /// Error types of an agent step that mean its sandbox is gone: the runner's NotFound
 /// (the replica answered without it) and ProvisionerUnavailable (its replica did not

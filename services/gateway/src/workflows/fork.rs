@@ -9,17 +9,27 @@
 //! sandbox destroyed and the reservation settled.
 
 use super::{
-    failure::{StepFailure, classify, failure_message},
-    fork_result::{apply_agent_end, apply_failure, apply_patch, starting},
-    input::{ForkInput, Progress, step_key},
+    failure::{StepFailure, classify},
+    fork_result::{apply_ended, apply_failure, starting},
+    input::{ForkInput, Progress},
     options,
     patches::Patches,
     phase, settle,
-    steps::{AgentRan, ForkSteps, agent_and_verify},
-    unix_ms,
+    steps::{AgentRan, ForkSteps, agent_and_verify, finish_item},
 };
-use crate::sandboxes::{AtOwner, SandboxLocal};
-use forkyard_proto::{common::v1::ForkResult, sandbox::v1::Sandbox};
+use crate::{
+    activities::sandboxes::SandboxLocal,
+    lifecycle::{
+        AtOwner,
+        charge::Settlement,
+        finish::{FinishSteps, finish_fork},
+        item::FinishItem,
+    },
+};
+use forkyard_common::clock::unix_ms;
+use forkyard_proto::{
+    budget::v1::Reservation, common::v1::ForkResult, sandbox::v1::CollectPatchResponse,
+};
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_workflow::{WorkflowContext, WorkflowContextView, WorkflowResult};
 
@@ -53,43 +63,26 @@ impl ForkWorkflow {
             cancel: ctx.cancellation_token(),
             activity_ids: None,
         };
+        let ran = agent_ran(ctx, &steps).await;
+        let fork = finish_item(&input, &sandbox, &wf_id, &ran);
         let AgentRan {
-            mut result,
-            mut progress,
-            agent,
-        } = agent_ran(ctx, &steps).await;
-        let outcome = match agent {
-            Ok(end) => {
-                result.phase = phase::PATCH.into();
-                sync(ctx, &result);
-                patch(ctx, &sandbox).await.map(|(patch, sandbox_cost)| {
-                    progress.sandbox_cost_micros = sandbox_cost;
-                    apply_patch(&mut result, patch);
-                    apply_agent_end(&mut result, end, input.spec.fork_timeout_secs);
-                })
+            mut result, agent, ..
+        } = ran;
+        // Shown while the fork is finished: how its agent failed, or that its patch is next.
+        result.phase = match &agent {
+            Ok(_) => phase::PATCH,
+            Err(f) => {
+                apply_failure(&mut result, f.clone());
+                phase::CLEANUP
             }
-            Err(f) => Err(f),
-        };
-        if let Err(f) = outcome {
-            apply_failure(&mut result, f);
         }
-        result.phase = phase::CLEANUP.into();
+        .into();
         sync(ctx, &result);
-        let key = |step: &str| step_key(&wf_id, input.attempt, step);
-        settle::settle(ctx, &key, &progress, patches, &mut result).await;
-
-        let lost = result.error.contains(super::SANDBOX_LOST);
-        if !sandbox.id.is_empty()
-            && let Err(e) = settle::destroy(ctx, &sandbox, "fork finished", lost).await
-        {
-            // Its owning workflow closes next: the janitor's sweep reaps it.
-            let msg = failure_message(classify("destroy sandbox", &e));
-            if result.error.is_empty() {
-                result.error = msg;
-            }
-        }
-        result.phase = phase::DONE.into();
-        result.finished_unix_ms = unix_ms(ctx.workflow_time());
+        let Some(ended) = finish_fork(&ChildSteps { ctx, patches }, &fork).await else {
+            unreachable!("a child keeps every patch")
+        };
+        let now = unix_ms(ctx.workflow_time());
+        apply_ended(&mut result, agent, ended, input.spec.fork_timeout_secs, now);
         sync(ctx, &result);
         Ok(result)
     }
@@ -112,7 +105,6 @@ async fn agent_ran(ctx: &WorkflowContext<ForkWorkflow>, steps: &ForkSteps<'_>) -
                 reservation_id: input.reservation_id.clone(),
                 cost_micros: h.cost_micros,
                 sandbox_charged_micros: h.sandbox_charged_micros,
-                sandbox_cost_micros: None,
             },
             agent: Ok(h.agent),
         };
@@ -134,30 +126,49 @@ async fn agent_ran(ctx: &WorkflowContext<ForkWorkflow>, steps: &ForkSteps<'_>) -
     agent_and_verify(ctx, steps, result, |r| sync(ctx, r)).await
 }
 
-/// The child's patch step: the whole patch (up to the provisioner's cap), even from a
-/// failed agent (it shows what it did), and the sandbox's whole cost read with it.
-async fn patch(
-    ctx: &WorkflowContext<ForkWorkflow>,
-    sandbox: &Sandbox,
-) -> Result<
-    (
-        forkyard_proto::sandbox::v1::CollectPatchResponse,
-        Option<i64>,
-    ),
-    StepFailure,
-> {
-    let patch = ctx
-        .execute_local_activity(
-            SandboxLocal::collect_patch,
-            AtOwner {
-                endpoint: sandbox.owner_endpoint.clone(),
-                sandbox_id: sandbox.id.clone(),
-                reason: String::new(),
-            },
-            options::collect_patch_local(),
-        )
-        .await
-        .map_err(|e| classify("collect patch", &e))?;
-    let sandbox_cost = patch.usage.map(|u| u.cost_micros);
-    Ok((patch, sandbox_cost))
+/// The child's last steps: each a local activity of its own, in its history, retried
+/// by Temporal as the one table says (`options`).
+struct ChildSteps<'a> {
+    ctx: &'a WorkflowContext<ForkWorkflow>,
+    patches: Patches,
+}
+
+impl FinishSteps for ChildSteps<'_> {
+    type Failure = StepFailure;
+
+    /// The whole patch (up to the provisioner's cap), even from a failed agent (it shows
+    /// what it did), and the sandbox's whole cost read with it.
+    async fn collect_patch(&self, fork: &FinishItem) -> Result<CollectPatchResponse, StepFailure> {
+        let at = AtOwner {
+            reason: String::new(),
+            ..fork.sandbox.clone()
+        };
+        let options = options::collect_patch_local();
+        self.ctx
+            .execute_local_activity(SandboxLocal::collect_patch, at, options)
+            .await
+            .map_err(|e| classify("collect patch", &e))
+    }
+
+    /// The child keeps every patch: it has a history of its own.
+    fn hands_off(&self, _patch: &CollectPatchResponse) -> bool {
+        false
+    }
+
+    fn names_lost(&self, failure: &StepFailure) -> bool {
+        failure.names_lost()
+    }
+
+    async fn settle(&self, s: &Settlement) -> Result<Reservation, StepFailure> {
+        self.ctx
+            .state_mut(|w| w.result.phase = phase::CLEANUP.into());
+        settle::settle(self.ctx, self.patches, s).await
+    }
+
+    async fn destroy(&self, sandbox: &AtOwner, lost: bool) -> Result<(), StepFailure> {
+        settle::destroy_at(self.ctx, sandbox.clone(), lost)
+            .await
+            .map(drop)
+            .map_err(|e| classify("destroy sandbox", &e))
+    }
 }

@@ -1,12 +1,13 @@
 //! How a fork's steps fill in its `ForkResult`: its start, each step's outcome, its
-//! settlement. Functions of what happened, shared by the run's inline forks and the
-//! fork workflow.
+//! settlement, how its last steps ended. Functions of what happened, shared by the run's
+//! inline forks and the fork workflow.
 
 use super::{
     failure::{StepFailure, failure_message},
     input::{AgentEnd, ForkInput},
     phase,
 };
+use crate::lifecycle::finish::Ended;
 use forkyard_proto::{
     budget::v1::Reservation,
     common::v1::{ForkResult, ForkStatus, VerifyStatus},
@@ -97,4 +98,35 @@ pub(super) fn apply_settlement(
     // The sandbox's part is set before settling (0 until sandbox time is priced): the
     // rest of what the ledger took is the model's.
     result.model_cost_micros = (result.cost_micros - result.sandbox_cost_micros).max(0);
+}
+
+/// The fork's result once its last steps ended (`crate::lifecycle::finish`), at `now`:
+/// how its agent ended with its patch (or why either failed), what its settlement
+/// took, and why its sandbox stayed (the janitor's sweep reaps it once the fork's
+/// workflow has closed).
+pub(super) fn apply_ended(
+    result: &mut ForkResult,
+    agent: Result<AgentEnd, StepFailure>,
+    ended: Ended<StepFailure>,
+    timeout_secs: u32,
+    now: i64,
+) {
+    match (agent, ended.patch) {
+        (Err(why), _) | (Ok(_), Some(Err(why))) => apply_failure(result, why),
+        (Ok(end), Some(Ok(patch))) => {
+            apply_patch(result, patch);
+            apply_agent_end(result, end, timeout_secs);
+        }
+        (Ok(_), None) => apply_failure(result, StepFailure::Failed("no patch collected".into())),
+    }
+    result.sandbox_cost_micros = ended.sandbox_cost_micros;
+    let s = ended.settlement;
+    apply_settlement(result, s.amount_micros, s.commit, ended.settled);
+    if let Err(why) = ended.destroyed
+        && result.error.is_empty()
+    {
+        result.error = failure_message(why);
+    }
+    result.phase = phase::DONE.into();
+    result.finished_unix_ms = now;
 }

@@ -14,7 +14,7 @@
 //!   `fork-<n>/a<attempt>/<step>` so the gateway and the janitor can tell them apart;
 //! - the run loop gathers the forks whose agent ended in the same activation and
 //!   finishes them together in one activity on the gateway's own queue
-//!   (`crate::finish`): patch, settle, destroy, chunked so a result
+//!   (`crate::activities::finish`): patch, settle, destroy, chunked so a result
 //!   stays far below Temporal's payload limit. Not a local activity: that held the run's
 //!   workflow task open while other agents completed, and Temporal force-fails a task
 //!   with more than 100 events buffered behind it;
@@ -32,23 +32,25 @@
 
 use super::{
     failure::{StepFailure, failure_message},
-    fork_result::{apply_agent_end, apply_failure, apply_patch, apply_settlement, starting},
+    fork_result::{apply_ended, apply_failure, starting},
     history::{PATCH_MAX_BYTES, history_caps},
-    input::{ForkInput, Handoff, step_key},
+    input::{ForkInput, Handoff},
     join::join_all,
     options,
     patches::{Change, Patches},
     phase,
     prepare::{Prepared, WaveFork},
-    settle::{Settlement, settle_durably},
-    steps::{AgentRan, ForkSteps, agent_and_verify},
-    unix_ms,
+    settle::settle_durably,
+    steps::{AgentRan, ForkSteps, agent_and_verify, finish_item},
 };
 use crate::{
-    finish::{Finish, FinishItem, Finished},
-    sandboxes::AtOwner,
-    wave::WaveLocal,
+    activities::{
+        finish::{Finish, Finished},
+        host::WaveLocal,
+    },
+    lifecycle::{charge::Settlement, finish::Ended, item::FinishItem},
 };
+use forkyard_common::clock::unix_ms;
 use forkyard_proto::common::v1::ForkResult;
 use temporalio_workflow::WorkflowContext;
 
@@ -118,27 +120,7 @@ pub(super) async fn agent<W>(
 }
 
 fn item(d: &AgentDone) -> FinishItem {
-    let key = |step: &str| step_key(&d.f.child_id, d.input.attempt, step);
-    FinishItem {
-        run_id: d.input.run_id.clone(),
-        fork: d.input.fork,
-        sandbox: AtOwner {
-            endpoint: d.prepared.sandbox.owner_endpoint.clone(),
-            sandbox_id: d.prepared.sandbox.id.clone(),
-            reason: "fork finished".into(),
-        },
-        collect_patch: d.ran.agent.is_ok(),
-        succeeds_with_patch: matches!(d.ran.agent, Ok(end) if !end.timed_out && end.exit_code == 0),
-        reservation_id: d.ran.progress.reservation_id.clone(),
-        cost_micros: d.ran.progress.cost_micros,
-        sandbox_charged_micros: d.ran.progress.sandbox_charged_micros,
-        commit_key: key("commit"),
-        release_key: key("release"),
-        sandbox_lost: matches!(
-            d.ran.agent,
-            Err(super::failure::StepFailure::SandboxLost(_))
-        ),
-    }
+    finish_item(&d.input, &d.prepared.sandbox, &d.f.child_id, &d.ran)
 }
 
 /// Finish a batch of forks (in the order given): patch, settle, destroy.
@@ -213,16 +195,7 @@ async fn settle_durably_where_the_ledger_was_away<W>(
         let Ok(out) = &answers[i] else {
             unreachable!("only answered forks are pending")
         };
-        let s = Settlement {
-            commit: out.committed,
-            reservation_id: item.reservation_id.clone(),
-            amount_micros: out.amount_micros,
-            key: if out.committed {
-                item.commit_key.clone()
-            } else {
-                item.release_key.clone()
-            },
-        };
+        let s = Settlement::made(item, out.committed, out.amount_micros);
         async move { settle_durably(ctx, &s).await }
     });
     let settled = join_all(runs).await;
@@ -272,35 +245,45 @@ fn outcome(d: AgentDone, answer: Result<Finished, String>, now: i64) -> Outcome 
         });
         return Outcome::HandOff(Box::new((f, prepared, input)));
     }
-    match (agent, out.patch) {
-        (Err(why), _) => apply_failure(&mut result, why),
-        (Ok(end), Some(patch)) => {
-            apply_patch(&mut result, patch);
-            apply_agent_end(&mut result, end, input.spec.fork_timeout_secs);
-        }
-        (Ok(_), None) => apply_failure(&mut result, StepFailure::Failed(out.patch_error)),
-    }
-    let step = if out.committed {
-        "commit spend"
-    } else {
-        "release reservation"
+    let ended = ended(out, agent.is_ok(), progress.cost_micros);
+    let timeout_secs = input.spec.fork_timeout_secs;
+    apply_ended(&mut result, agent, ended, timeout_secs, now);
+    Outcome::Done(f.input.fork, Box::new(result))
+}
+
+/// How the finish activity's steps ended for one fork (`patched`: its patch was asked
+/// for), as the child's own steps would say it.
+fn ended(out: Finished, patched: bool, agent_cost_micros: i64) -> Ended<StepFailure> {
+    let patch = match out.patch {
+        Some(p) => Some(Ok(p)),
+        None if patched => Some(Err(StepFailure::Failed(out.patch_error))),
+        None => None,
     };
+    let settlement = Settlement {
+        commit: out.committed,
+        // Results of a finish from before sandbox costs carry no amount: the agent's spend.
+        amount_micros: if out.amount_micros > 0 {
+            out.amount_micros
+        } else {
+            agent_cost_micros
+        },
+        ..Settlement::default()
+    };
+    let step = settlement.step();
     let settled = out
         .reservation
         .ok_or_else(|| StepFailure::Failed(format!("{step}: {}", out.settle_error)));
-    result.sandbox_cost_micros = out.sandbox_cost_micros;
-    // Results of a finish from before sandbox costs carry no amount: the agent's spend.
-    let amount = if out.amount_micros > 0 {
-        out.amount_micros
+    let destroyed = if out.destroy_error.is_empty() {
+        Ok(())
     } else {
-        progress.cost_micros
-    };
-    apply_settlement(&mut result, amount, out.committed, settled);
-    if !out.destroy_error.is_empty() && result.error.is_empty() {
         // The run closes after its forks: the janitor's sweep reaps the sandbox then.
-        result.error = out.destroy_error;
+        Err(StepFailure::Failed(out.destroy_error))
+    };
+    Ended {
+        patch,
+        settlement,
+        sandbox_cost_micros: out.sandbox_cost_micros,
+        settled,
+        destroyed,
     }
-    result.phase = phase::DONE.into();
-    result.finished_unix_ms = now;
-    Outcome::Done(f.input.fork, Box::new(result))
 }

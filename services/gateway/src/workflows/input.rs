@@ -50,6 +50,14 @@ pub struct AgentEnd {
     pub over_disk_limit: bool,
 }
 
+impl AgentEnd {
+    /// The agent did its work: it exited 0 in time, within the sandbox's disk limit (the
+    /// fork then succeeds once its patch is in).
+    pub fn succeeded(&self) -> bool {
+        !self.timed_out && !self.over_disk_limit && self.exit_code == 0
+    }
+}
+
 /// What the work steps produced before they stopped.
 #[derive(Default)]
 pub(super) struct Progress {
@@ -57,8 +65,6 @@ pub(super) struct Progress {
     pub(super) cost_micros: i64,
     /// Of `cost_micros`, the sandbox's part charged while the agent ran.
     pub(super) sandbox_charged_micros: i64,
-    /// The sandbox's whole cost, read when the patch was collected (its last command).
-    pub(super) sandbox_cost_micros: Option<i64>,
     /// The agent charges its model turns to this reservation as it goes.
     pub(super) reservation_id: String,
 }

@@ -9,6 +9,7 @@ pub(crate) mod deliver;
 mod failure;
 pub mod fork;
 mod fork_result;
+mod fork_results;
 mod history;
 mod inline;
 mod input;
@@ -16,6 +17,7 @@ mod join;
 mod options;
 pub mod orchestration;
 mod patches;
+pub mod phase;
 mod prepare;
 mod run_loop;
 mod run_state;
@@ -24,26 +26,10 @@ mod start;
 mod steps;
 
 pub use deliver::PublishWorkflow;
-pub(crate) use failure::SANDBOX_LOST;
 pub use fork::ForkWorkflow;
+pub use fork_results::fork_results;
 pub use input::{AgentEnd, ForkInput, Handoff};
 pub use run_state::{SandboxOrchestrationWorkflow, outcome};
-pub use settle::commit_amount;
-
-/// Where a fork is, as `ForkResult::phase`.
-pub mod phase {
-    pub const PENDING: &str = "pending";
-    pub const RESERVING: &str = "reserving budget";
-    /// Budget reserved, sandbox made and health-checked (one step for the run).
-    pub const CREATING: &str = "creating sandbox";
-    pub const AGENT: &str = "running agent";
-    pub const VERIFYING: &str = "verifying";
-    pub const PATCH: &str = "collecting patch";
-    pub const CLEANUP: &str = "cleaning up";
-    pub const DONE: &str = "done";
-    /// The run's budget could not cover this fork's reservation: it waits for RaiseBudget.
-    pub const AWAITING_BUDGET: &str = "awaiting budget";
-}
 
 use temporalio_common::search_attributes::SearchAttributeKey;
 
@@ -58,5 +44,3 @@ pub const LABELS_ATTR: SearchAttributeKey<Vec<String>> =
 pub const ORCHESTRATION_WORKFLOW: &str = "SandboxOrchestrationWorkflow";
 pub const FORK_WORKFLOW: &str = "ForkWorkflow";
 pub const CLEANUP_WORKFLOW: &str = "ScheduledCleanupWorkflow";
-
-pub(crate) use forkyard_common::clock::unix_ms;

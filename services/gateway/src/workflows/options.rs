@@ -1,9 +1,12 @@
-//! Activity options per step: task queue, timeouts and the retry table from the seed
-//! (create 3×/5 s/×2, agent 2×/10 s/×2, cleanup 3×/2 s/×2, health 1×; a wave's reserve,
-//! create and health check take their retries from `prepare`'s rounds). The sandbox
-//! control calls and the ledger calls are local activities of the gateway's worker;
-//! the agent and the verify command are activities on their services' queues.
+//! Activity options per step: task queue, timeouts and retries (the seed's table:
+//! create 3×/5 s/×2, agent 2×/10 s/×2, health 1×; a wave's reserve, create and health
+//! check take their retries from `prepare`'s rounds). A fork's last steps (patch, ledger,
+//! destroy) take theirs from the one table the gateway's finish activity also retries
+//! by (`crate::lifecycle::tries`). The sandbox control calls and the ledger calls are
+//! local activities of the gateway's worker; the agent and the verify command are
+//! activities on their services' queues.
 
+use crate::lifecycle::tries::{self, Tries};
 use forkyard_proto::{activities::errors, queues};
 use std::time::Duration;
 use temporalio_common::RetryPolicy;
@@ -20,18 +23,22 @@ fn retry(attempts: u32, initial_secs: u64, non_retryable: &[&str]) -> RetryPolic
         .build()
 }
 
-const FINAL: &[&str] = &[
-    errors::INVALID_INPUT,
-    errors::NOT_FOUND,
-    errors::SANDBOX_AUTH,
-    errors::BUDGET_EXCEEDED,
-];
+/// A step's Temporal retry policy from its row of the one table.
+fn policy(t: Tries) -> RetryPolicy {
+    RetryPolicy::builder()
+        .maximum_attempts(t.attempts)
+        .initial_interval(t.first)
+        .backoff_coefficient(2.0)
+        .maybe_maximum_interval(t.longest)
+        .non_retryable_error_types(t.never.iter().map(|s| (*s).to_owned()))
+        .build()
+}
 
-/// Ledger calls run as local activities of the gateway's worker (see `crate::ledger`):
-/// retried up to 5× from 1 s, never for budget exhaustion or bad input.
+/// Ledger calls run as local activities of the gateway's worker (see `crate::activities::ledger`):
+/// retried as [`tries::LEDGER`] says, never for budget exhaustion or bad input.
 pub(super) fn ledger() -> LocalActivityOptions {
     LocalActivityOptions::builder()
-        .retry_policy(retry(5, 1, FINAL))
+        .retry_policy(policy(tries::LEDGER))
         .start_to_close_timeout(Duration::from_secs(15))
         .schedule_to_close_timeout(Duration::from_secs(120))
         .build()
@@ -41,7 +48,7 @@ pub(super) fn ledger() -> LocalActivityOptions {
 /// made must be seen (to be settled), and settlement after a cancel must happen.
 pub(super) fn ledger_detached() -> LocalActivityOptions {
     LocalActivityOptions::builder()
-        .retry_policy(retry(5, 1, FINAL))
+        .retry_policy(policy(tries::LEDGER))
         .start_to_close_timeout(Duration::from_secs(15))
         .schedule_to_close_timeout(Duration::from_secs(120))
         .cancellation_token(WorkflowCancellationToken::new())
@@ -49,25 +56,18 @@ pub(super) fn ledger_detached() -> LocalActivityOptions {
 }
 
 /// A settlement the ledger did not take in time (it was down or slow): posted again as a
-/// regular activity on the ledger's queue, retried at most a minute apart for up to a
-/// week and whatever the run's cancellation, since spend that happened must be posted.
+/// regular activity on the ledger's queue, as [`tries::SETTLE_DURABLY`] says, and
+/// whatever the run's cancellation, since spend that happened must be posted.
 /// The idempotency key is the first attempt's: it is posted once.
 pub(super) fn ledger_durable() -> ActivityOptions {
+    let t = tries::SETTLE_DURABLY;
     ActivityOptions::with_close_timeouts(ActivityCloseTimeouts::ScheduleAndStartToClose {
-        schedule_to_close: Duration::from_secs(7 * 24 * 3600),
+        schedule_to_close: t.within.unwrap_or_default(),
         start_to_close: Duration::from_secs(60),
     })
     .task_queue(queues::BUDGET_LEDGER.to_owned())
     .cancellation_token(WorkflowCancellationToken::new())
-    .retry_policy(
-        RetryPolicy::builder()
-            .maximum_attempts(0)
-            .initial_interval(Duration::from_secs(1))
-            .backoff_coefficient(2.0)
-            .maximum_interval(Duration::from_secs(60))
-            .non_retryable_error_types(FINAL.iter().map(|s| (*s).to_owned()))
-            .build(),
-    )
+    .retry_policy(policy(t))
     .build()
 }
 
@@ -82,7 +82,7 @@ pub(super) fn sandbox_queue(owner_task_queue: &str) -> &str {
     }
 }
 
-/// A wave's preparation (`crate::wave`): it answers for every fork and never fails as a
+/// A wave's preparation (`crate::activities::wave`): it answers for every fork and never fails as a
 /// whole, so a retry here is only for an attempt that timed out or a worker that went
 /// away (it sends every fork again under the same idempotency keys). Longer than the
 /// slowest fork's three calls (see their deadlines), and on a fresh cancellation token: a
@@ -104,7 +104,7 @@ pub(super) fn wave() -> ActivityOptions {
     on_gateway_queue(Duration::from_secs(420))
 }
 
-/// A batch of inline forks' last steps (`crate::finish`), a regular activity on the
+/// A batch of inline forks' last steps (`crate::activities::finish`), a regular activity on the
 /// gateway's own queue: as a local activity it held the run's workflow task open while
 /// the other forks' agent completions piled up, and past 100 buffered events Temporal
 /// force-fails that task. Each step retries inside (the child's table), so a retry here is only for an
@@ -132,43 +132,29 @@ fn on_gateway_queue(start_to_close: Duration) -> ActivityOptions {
     opts
 }
 
+/// The child's patch step, retried as [`tries::PATCH`] says.
 pub(super) fn collect_patch_local() -> LocalActivityOptions {
     LocalActivityOptions::builder()
-        .retry_policy(retry(3, 2, FINAL))
+        .retry_policy(policy(tries::PATCH))
         .start_to_close_timeout(Duration::from_secs(600))
         .build()
 }
 
-/// The destroy of a sandbox already lost (its replica did not answer, or no longer has
-/// it; the fork starts again elsewhere): three tries, 2 s apart and doubling, as before
-/// cleanup outlasted outages. The run must not wait five minutes for a replica that is
-/// gone; the janitor reaps what is left once the replica is back.
-pub(super) fn destroy_lost_local() -> LocalActivityOptions {
+/// A sandbox's destroy, whatever the workflow's cancellation: for minutes
+/// ([`tries::DESTROY`]: a provisioner restarting or away for a minute must not leave the
+/// sandbox behind), or briefly when it is known lost ([`tries::DESTROY_LOST`]: the run
+/// must not wait for a replica that is gone). One that still fails is left to the
+/// janitor, whose sweep reaps it once its workflow has closed.
+pub(super) fn destroy_local(lost: bool) -> LocalActivityOptions {
+    let t = if lost {
+        tries::DESTROY_LOST
+    } else {
+        tries::DESTROY
+    };
     LocalActivityOptions::builder()
-        .retry_policy(retry(3, 2, &[errors::INVALID_INPUT]))
+        .retry_policy(policy(t))
         .start_to_close_timeout(Duration::from_secs(120))
-        .cancellation_token(WorkflowCancellationToken::new())
-        .build()
-}
-
-/// A destroy is tried for five minutes (`crate::finish::CLEANUP_DEADLINE`, as an inline
-/// fork's), from 2 s doubling to 30 s apart: a provisioner restarting or away for a
-/// minute must not leave the sandbox behind. One that still fails (its owner replica
-/// gone for good) is left to the janitor, whose sweep reaps it once its workflow has
-/// closed.
-pub(super) fn destroy_local() -> LocalActivityOptions {
-    LocalActivityOptions::builder()
-        .retry_policy(
-            RetryPolicy::builder()
-                .maximum_attempts(0)
-                .initial_interval(Duration::from_secs(2))
-                .backoff_coefficient(2.0)
-                .maximum_interval(Duration::from_secs(30))
-                .non_retryable_error_types([errors::INVALID_INPUT.to_owned()])
-                .build(),
-        )
-        .start_to_close_timeout(Duration::from_secs(120))
-        .schedule_to_close_timeout(crate::finish::CLEANUP_DEADLINE)
+        .maybe_schedule_to_close_timeout(t.within)
         .cancellation_token(WorkflowCancellationToken::new())
         .build()
 }

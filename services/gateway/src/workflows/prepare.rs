@@ -2,7 +2,7 @@
 //!
 //! The run workflow prepares its forks itself before it starts their children:
 //! reserve budget → create sandbox → health check, a wave of forks at a time in one local
-//! activity (see `crate::wave` and [`prepare_wave`]). So the way from `LaunchRun` to a
+//! activity (see `crate::activities::wave` and [`prepare_wave`]). So the way from `LaunchRun` to a
 //! ready sandbox holds no child-workflow start and no matched activity task, and the
 //! child's history starts at the agent. What prepare made is never lost: the wave's
 //! activity runs on a detached cancellation token and answers for every fork what it
@@ -18,7 +18,10 @@ use super::{
     join::join_all,
     options, settle,
 };
-use crate::wave::{AccountOpen, ForkPrepared, Wave, WaveItem, WaveLocal};
+use crate::activities::{
+    host::WaveLocal,
+    wave::{AccountOpen, ForkPrepared, Wave, WaveItem},
+};
 use forkyard_proto::{
     activities::Ledger,
     budget::v1::ReserveRequest,
@@ -143,11 +146,11 @@ pub(super) async fn open_account<W>(
     };
     opened
         .map(drop)
-        .map_err(|e| format!("{}: {e}", crate::wave::step::OPEN))
+        .map_err(|e| format!("{}: {e}", crate::activities::wave::step::OPEN))
 }
 
 /// Reserve, create and check the sandboxes of a wave of forks (the forks the run starts
-/// at one time) in one local activity (`crate::wave`), then give back what the forks
+/// at one time) in one local activity (`crate::activities::wave`), then give back what the forks
 /// that stopped hold (destroy, then release).
 ///
 /// Why a whole wave in one local activity and one stage at a time: the Rust SDK replays
@@ -194,23 +197,7 @@ pub(super) async fn prepare_wave<W: OpensAccount>(
         // replica's restart (or another) will take it, within the fork's timeout.
         let waits = plan.waits_out_drains && within_fork_timeout(ctx, started, wave);
         for (i, outcome) in todo.into_iter().zip(outcomes) {
-            let (f, step) = (&wave[i], &mut steps[i]);
-            let Step::Todo { reservation_id } = step else {
-                continue;
-            };
-            let holds = held(std::mem::take(reservation_id));
-            *step = match outcome {
-                Err(why) => Step::Failed {
-                    reservation_id: holds,
-                    sandbox: None,
-                    why,
-                },
-                Ok(p) => {
-                    let draining =
-                        p.error_type == forkyard_proto::activities::errors::SANDBOX_DRAINING;
-                    next_step(f, p, last && !(waits && draining))
-                }
-            };
+            advance(&wave[i], &mut steps[i], outcome, last, waits);
         }
         round += 1;
     }
@@ -226,6 +213,32 @@ pub(super) async fn prepare_wave<W: OpensAccount>(
             )),
         })
         .collect()
+}
+
+/// A fork's step after a round's `outcome`: ready, failed, or to try again (not in the
+/// `last` round, unless a draining replica refused it and the run `waits` out drains).
+fn advance(
+    f: &WaveFork,
+    step: &mut Step,
+    outcome: Result<ForkPrepared, StepFailure>,
+    last: bool,
+    waits: bool,
+) {
+    let Step::Todo { reservation_id } = step else {
+        return;
+    };
+    let holds = held(std::mem::take(reservation_id));
+    *step = match outcome {
+        Err(why) => Step::Failed {
+            reservation_id: holds,
+            sandbox: None,
+            why,
+        },
+        Ok(p) => {
+            let draining = p.error_type == forkyard_proto::activities::errors::SANDBOX_DRAINING;
+            next_step(f, p, last && !(waits && draining))
+        }
+    };
 }
 
 /// The forks a round prepares (their indexes in the wave, and what to ask for each);

@@ -11,9 +11,9 @@ use super::{
     prepare::{self, WaveFork, WavePlan, prepare_wave},
     run_state::{SandboxOrchestrationWorkflow, outcome},
     start::{ChildOutcome, InFlight, child_id, give_back, not_started, run_child, start_fork},
-    unix_ms,
 };
-use crate::wave::AccountOpen;
+use crate::activities::wave::AccountOpen;
+use forkyard_common::clock::unix_ms;
 use forkyard_proto::{
     budget::v1::{AccountKind, CreateAccountRequest, OpenAccountRequest},
     gateway::v1::{Run, RunSpec},
@@ -140,6 +140,25 @@ struct Flight<'a> {
     preparing: Option<Preparing<'a>>,
     /// The run takes [`Change::FinishesBesideWaves`].
     beside: bool,
+}
+
+/// The forks in flight that are done already, taken out in vector order; polled once,
+/// with this task's own waker (the SDK refuses foreign wakers).
+async fn done_already(in_flight: &mut Vec<InFlight<'_>>) -> Vec<(u32, ChildOutcome)> {
+    std::future::poll_fn(|cx| {
+        let mut ready = Vec::new();
+        let mut i = 0;
+        while i < in_flight.len() {
+            if let std::task::Poll::Ready(out) = in_flight[i].as_mut().poll(cx) {
+                drop(in_flight.remove(i));
+                ready.push(out);
+            } else {
+                i += 1;
+            }
+        }
+        std::task::Poll::Ready(ready)
+    })
+    .await
 }
 
 /// A wave's preparation, owning its forks: they come back with their outcomes.
@@ -372,23 +391,7 @@ impl<'a> Flight<'a> {
         };
         drop(self.in_flight.remove(index));
         let mut finished = vec![first];
-        // Polled with this task's own waker: the SDK refuses foreign wakers.
-        let in_flight = &mut self.in_flight;
-        let ready = std::future::poll_fn(|cx| {
-            let mut ready = Vec::new();
-            let mut i = 0;
-            while i < in_flight.len() {
-                if let std::task::Poll::Ready(out) = in_flight[i].as_mut().poll(cx) {
-                    drop(in_flight.remove(i));
-                    ready.push(out);
-                } else {
-                    i += 1;
-                }
-            }
-            std::task::Poll::Ready(ready)
-        })
-        .await;
-        finished.extend(ready);
+        finished.extend(done_already(&mut self.in_flight).await);
         Event::Finished(finished)
     }
 
@@ -431,7 +434,7 @@ impl<'a> Flight<'a> {
                     // As the fork workflows' interceptor does for theirs.
                     if !ctx.is_replaying() {
                         let model = self.spec.agent.as_ref().map_or("", |a| a.model.as_str());
-                        crate::fork_telemetry::record(&result, model);
+                        crate::fork_metrics::record(&result, model);
                     }
                     ctx.state_mut(|s| {
                         s.full.insert(fork, (*result).clone());

@@ -4,11 +4,11 @@
 //! `orchestration` (its handlers) and `run_loop` (its run).
 
 use super::{
-    failure::SANDBOX_LOST,
     patches::Patches,
     phase,
     prepare::{AccountOpening, OpensAccount},
 };
+use crate::lifecycle::SANDBOX_LOST;
 use forkyard_proto::{
     common::v1::{Delivered, ForkResult, ForkStatus, VerifyStatus},
     gateway::v1::{Run, RunSpec, RunState},
@@ -185,16 +185,7 @@ impl SandboxOrchestrationWorkflow {
             && self.lost[i] < MAX_LOST_SANDBOX_STARTS;
         let mut slot = compact(result);
         slot.fork = fork;
-        if let Some((total, model, sandbox)) = self.earlier_cost.remove(&fork) {
-            slot.cost_micros += total;
-            slot.model_cost_micros += model;
-            slot.sandbox_cost_micros += sandbox;
-            if let Some(full) = self.full.get_mut(&fork) {
-                full.cost_micros += total;
-                full.model_cost_micros += model;
-                full.sandbox_cost_micros += sandbox;
-            }
-        }
+        self.add_earlier_cost(&mut slot);
         if slot.branch.is_empty() {
             slot.branch = branch;
         }
@@ -227,15 +218,35 @@ impl SandboxOrchestrationWorkflow {
         let verified = slot.verify == VerifyStatus::Passed as i32;
         self.forks[i] = slot;
         if verified && self.spec.stop_on_first_verified {
-            // Best-of-N early stop: the others are not needed any more.
-            for f in &mut self.forks {
-                if f.status == ForkStatus::Pending as i32 {
-                    f.status = ForkStatus::Cancelled as i32;
-                    f.phase = phase::DONE.into();
-                    f.error = format!("fork {fork} verified first");
-                } else if is_running(f) {
-                    self.cancel_requests.insert(f.fork);
-                }
+            self.stop_others(fork);
+        }
+    }
+
+    /// What the fork's earlier starts (each on a sandbox since lost) spent, added to what
+    /// this one did (and to its full result).
+    fn add_earlier_cost(&mut self, slot: &mut ForkResult) {
+        let fork = slot.fork;
+        if let Some((total, model, sandbox)) = self.earlier_cost.remove(&fork) {
+            slot.cost_micros += total;
+            slot.model_cost_micros += model;
+            slot.sandbox_cost_micros += sandbox;
+            if let Some(full) = self.full.get_mut(&fork) {
+                full.cost_micros += total;
+                full.model_cost_micros += model;
+                full.sandbox_cost_micros += sandbox;
+            }
+        }
+    }
+
+    /// Best-of-N early stop, `fork` verified first: the others are not needed any more.
+    fn stop_others(&mut self, fork: u32) {
+        for f in &mut self.forks {
+            if f.status == ForkStatus::Pending as i32 {
+                f.status = ForkStatus::Cancelled as i32;
+                f.phase = phase::DONE.into();
+                f.error = format!("fork {fork} verified first");
+            } else if is_running(f) {
+                self.cancel_requests.insert(f.fork);
             }
         }
     }

@@ -1,19 +1,20 @@
-//! A fork's last steps as local activities of whichever workflow runs them: settle its
-//! reservation (commit what it spent, or release it) and destroy its sandbox; and the
-//! run's own give-backs for a fork that never got that far.
+//! Settling and destroying as steps of whichever workflow runs them: a sandbox's destroy
+//! and a settlement posted durably (a child's fork, an inline fork whose ledger was
+//! away), and the run's own give-backs for a fork that never got that far. What is
+//! settled is the fork's rule (`crate::lifecycle::charge`).
 
 use super::{
     failure::{StepFailure, classify, retryable},
-    fork_result::apply_settlement,
-    input::Progress,
     options,
     patches::{Change, Patches},
 };
-use crate::sandboxes::{AtOwner, SandboxLocal};
+use crate::{
+    activities::sandboxes::SandboxLocal,
+    lifecycle::{AtOwner, charge::Settlement},
+};
 use forkyard_proto::{
     activities::Ledger,
-    budget::v1::{CommitRequest, ReleaseRequest, Reservation},
-    common::v1::{ForkResult, ForkStatus},
+    budget::v1::{ReleaseRequest, Reservation},
     sandbox::v1::{DestroySandboxResponse, Sandbox},
 };
 use temporalio_workflow::{WorkflowContext, common::error::ActivityExecutionError};
@@ -34,12 +35,17 @@ pub(super) async fn destroy<W>(
     reason: &str,
     lost: bool,
 ) -> Result<DestroySandboxResponse, ActivityExecutionError> {
-    let options = if lost {
-        options::destroy_lost_local()
-    } else {
-        options::destroy_local()
-    };
-    ctx.execute_local_activity(SandboxLocal::destroy, at(sandbox, reason), options)
+    destroy_at(ctx, at(sandbox, reason), lost).await
+}
+
+/// Destroy the sandbox `at` names, as [`destroy`] does.
+pub(super) async fn destroy_at<W>(
+    ctx: &WorkflowContext<W>,
+    at: AtOwner,
+    lost: bool,
+) -> Result<DestroySandboxResponse, ActivityExecutionError> {
+    let options = options::destroy_local(lost);
+    ctx.execute_local_activity(SandboxLocal::destroy, at, options)
         .await
 }
 
@@ -55,80 +61,28 @@ pub(super) async fn release<W>(ctx: &WorkflowContext<W>, key: &str, reservation_
         .await;
 }
 
-/// Commit what the agent spent, or release the reservation if it spent nothing. A
-/// settlement the ledger did not take in time is posted again until it does
-/// ([`Change::DurableSettle`]: runs from earlier builds reported such forks FAILED and
-/// lost the spend).
+/// Post a settlement as a local activity. One the ledger did not take in time is posted
+/// again until it does ([`Change::DurableSettle`]: runs from earlier builds reported such
+/// forks FAILED and lost the spend).
 pub(super) async fn settle<W>(
     ctx: &WorkflowContext<W>,
-    key: &impl Fn(&str) -> String,
-    progress: &Progress,
     patches: Patches,
-    result: &mut ForkResult,
-) {
-    let reservation_id = progress.reservation_id.clone();
-    let (amount, sandbox) = commit_amount(
-        progress.cost_micros,
-        progress.sandbox_charged_micros,
-        progress.sandbox_cost_micros,
-    );
-    result.sandbox_cost_micros = sandbox;
-    let commit = amount > 0 || result.status == ForkStatus::Succeeded as i32;
-    let settlement = Settlement {
-        commit,
-        reservation_id,
-        amount_micros: amount,
-        key: key(if commit { "commit" } else { "release" }),
-    };
-    let answer = if commit {
-        let req = settlement.commit_request();
+    s: &Settlement,
+) -> Result<Reservation, StepFailure> {
+    let answer = if s.commit {
+        let req = s.commit_request();
         ctx.execute_local_activity(Ledger::commit, req, options::ledger_detached())
             .await
     } else {
-        let req = settlement.release_request();
+        let req = s.release_request();
         ctx.execute_local_activity(Ledger::release, req, options::ledger_detached())
             .await
     };
-    let answer = match answer {
+    match answer {
         Err(e) if retryable(&e) && patches.takes(ctx, Change::DurableSettle) => {
-            settle_durably(ctx, &settlement).await
+            settle_durably(ctx, s).await
         }
-        a => a.map_err(|e| classify(settlement.step(), &e)),
-    };
-    apply_settlement(result, amount, commit, answer);
-}
-
-/// One fork's settlement: commit what it spent, or release the reservation.
-pub(super) struct Settlement {
-    pub commit: bool,
-    pub reservation_id: String,
-    pub amount_micros: i64,
-    /// The idempotency key of the first try, so a durable retry posts it once.
-    pub key: String,
-}
-
-impl Settlement {
-    fn step(&self) -> &'static str {
-        if self.commit {
-            "commit spend"
-        } else {
-            "release reservation"
-        }
-    }
-
-    fn commit_request(&self) -> CommitRequest {
-        CommitRequest {
-            reservation_id: self.reservation_id.clone(),
-            amount_micros: self.amount_micros,
-            idempotency_key: self.key.clone(),
-        }
-    }
-
-    fn release_request(&self) -> ReleaseRequest {
-        ReleaseRequest {
-            reservation_id: self.reservation_id.clone(),
-            idempotency_key: self.key.clone(),
-        }
+        a => a.map_err(|e| classify(s.step(), &e)),
     }
 }
 
@@ -154,13 +108,4 @@ pub(super) async fn settle_durably<W>(
         .await
     };
     answer.map_err(|e| classify(s.step(), &e))
-}
-
-/// What a fork's commit posts, and the sandbox's part of it: the agent's spend (`cost`,
-/// of which `sandbox_charged` was sandbox time charged while it ran) with the sandbox's
-/// whole cost in place of that part, when it is known (read at patch collection, never
-/// less than what was charged for it).
-pub fn commit_amount(cost: i64, sandbox_charged: i64, sandbox_cost: Option<i64>) -> (i64, i64) {
-    let sandbox = sandbox_cost.unwrap_or(0).max(sandbox_charged);
-    (cost - sandbox_charged + sandbox, sandbox)
 }

@@ -10,8 +10,9 @@ use super::{
     phase,
     prepare::{Prepared, WaveFork},
     run_state::SandboxOrchestrationWorkflow,
-    settle, unix_ms,
+    settle,
 };
+use forkyard_common::clock::unix_ms;
 use forkyard_proto::common::v1::ForkResult;
 use futures::future::LocalBoxFuture;
 use temporalio_workflow::{

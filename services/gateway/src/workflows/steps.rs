@@ -8,6 +8,7 @@ use super::{
     input::{AgentEnd, ForkInput, Progress, step_key},
     options, phase,
 };
+use crate::lifecycle::{AtOwner, item::FinishItem};
 use forkyard_proto::{
     activities::{Agent, AgentFailureDetails, LocalSandbox},
     agent::v1::{RunAgentRequest, RunAgentResponse},
@@ -198,4 +199,33 @@ fn apply_verify(result: &mut ForkResult, out: &ExecResponse) {
 
 fn tail(s: &str) -> String {
     forkyard_common::text::tail(s, OUTPUT_TAIL_BYTES).to_owned()
+}
+
+/// What is left to do for a fork whose agent (and verify) ended, as the one finish
+/// (`crate::lifecycle::finish`) takes it, whichever workflow runs it: `key_owner` as in
+/// [`ForkSteps`].
+pub(super) fn finish_item(
+    input: &ForkInput,
+    sandbox: &Sandbox,
+    key_owner: &str,
+    ran: &AgentRan,
+) -> FinishItem {
+    let key = |step: &str| step_key(key_owner, input.attempt, step);
+    FinishItem {
+        run_id: input.run_id.clone(),
+        fork: input.fork,
+        sandbox: AtOwner {
+            endpoint: sandbox.owner_endpoint.clone(),
+            sandbox_id: sandbox.id.clone(),
+            reason: "fork finished".into(),
+        },
+        collect_patch: ran.agent.is_ok(),
+        succeeds_with_patch: matches!(&ran.agent, Ok(end) if end.succeeded()),
+        reservation_id: ran.progress.reservation_id.clone(),
+        cost_micros: ran.progress.cost_micros,
+        sandbox_charged_micros: ran.progress.sandbox_charged_micros,
+        commit_key: key("commit"),
+        release_key: key("release"),
+        sandbox_lost: matches!(&ran.agent, Err(f) if f.names_lost()),
+    }
 }

@@ -9,7 +9,7 @@
 //! Every mutating request carries an idempotency key (`<workflow id>/a<attempt>/<step>`),
 //! so a local activity that runs again after a gateway crash does not apply twice.
 //!
-//! A wave of forks reserves its budget in the wave's one local activity (`crate::wave`),
+//! A wave of forks reserves its budget in the wave's one local activity (`super::wave`),
 //! through [`LedgerLocal::client`]; its reserves go to the ledger at once, whose writer
 //! commits them in one or a few transactions.
 //!

@@ -1,5 +1,5 @@
 //! The fork's sandbox control calls (collect patch, destroy; create and health check
-//! are a wave's, see `crate::wave`), run as local activities of the gateway's worker that
+//! are a wave's, see `super::wave`), run as local activities of the gateway's worker that
 //! call sandbox-provisioner over gRPC.
 //!
 //! Why local: these calls take milliseconds, and as regular activities each one cost a
@@ -18,6 +18,7 @@
 //! workflow task is retried. Create carries an idempotency key (the provisioner returns
 //! the sandbox the first call made), and health, patch and destroy are idempotent.
 
+use crate::lifecycle::{AtOwner, SANDBOX_LOST};
 use forkyard_common::{
     activity::{non_retryable, retryable},
     grpc_telemetry::{TracedChannel, traced_channel},
@@ -30,7 +31,6 @@ use forkyard_proto::{
         sandbox_provisioner_client::SandboxProvisionerClient,
     },
 };
-use serde::{Deserialize, Serialize};
 use std::{sync::Arc, time::Duration};
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
@@ -48,17 +48,6 @@ pub(crate) type Client = SandboxProvisionerClient<TracedChannel>;
 pub struct SandboxLocal {
     creates: Client,
     owners: ChannelPool,
-}
-
-/// A call about an existing sandbox, addressed to the replica that owns it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct AtOwner {
-    /// The sandbox's `owner_endpoint`; empty = the create address.
-    pub endpoint: String,
-    pub sandbox_id: String,
-    /// Destroy: why (kept in the provisioner's log).
-    pub reason: String,
 }
 
 fn endpoint(addr: &str, deadline: Duration) -> Result<tonic::transport::Endpoint, String> {
@@ -158,7 +147,7 @@ pub(crate) fn error_type(status: &Status) -> (&'static str, bool) {
 /// Whether a sandbox call's final failure means the sandbox is gone: its replica
 /// answered without it, or did not answer through the call's retries (a killed
 /// provisioner takes its sandboxes' processes with it). The run starts such a fork
-/// again on a new sandbox (`workflows::SANDBOX_LOST` in its error), as it does one
+/// again on a new sandbox ([`SANDBOX_LOST`] in its error), as it does one
 /// whose agent lost its sandbox, instead of failing a fork whose agent did its work.
 pub(crate) fn lost(status: &Status) -> bool {
     status.code() == Code::NotFound || error_type(status).1
@@ -167,11 +156,7 @@ pub(crate) fn lost(status: &Status) -> bool {
 /// A collect-patch failure's message: naming a lost sandbox so (see [`lost`]).
 pub(crate) fn patch_failure_message(status: &Status) -> String {
     if lost(status) {
-        format!(
-            "collect patch: {}: {}",
-            crate::workflows::SANDBOX_LOST,
-            status.message()
-        )
+        format!("collect patch: {}: {}", SANDBOX_LOST, status.message())
     } else {
         format!("collect patch: {}", status.message())
     }
@@ -248,11 +233,7 @@ mod tests {
             Status::permission_denied("not yours"),
         ] {
             let msg = patch_failure_message(&status);
-            assert!(
-                !msg.contains(crate::workflows::SANDBOX_LOST),
-                "{:?}: {msg}",
-                status.code()
-            );
+            assert!(!msg.contains(SANDBOX_LOST), "{:?}: {msg}", status.code());
         }
     }
 }

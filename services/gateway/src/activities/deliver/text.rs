@@ -91,7 +91,14 @@ pub fn pr_body(facts: &RunFacts, fork: u32) -> String {
         },
         format_usd(facts.cost_micros),
     ));
-    out.push_str("| rank | fork | status | verify | cost | changes |\n|---|---|---|---|---|---|\n");
+    out.push_str(&forks_table(facts, fork));
+    out
+}
+
+/// Every fork of the run in ranking order (the rest after), `this` one marked.
+fn forks_table(facts: &RunFacts, this: u32) -> String {
+    let mut out = "| rank | fork | status | verify | cost | changes |\n|---|---|---|---|---|---|\n"
+        .to_owned();
     let mut order: Vec<u32> = facts.ranking.clone();
     order.extend(
         facts
@@ -109,7 +116,7 @@ pub fn pr_body(facts: &RunFacts, fork: u32) -> String {
             .iter()
             .position(|r| *r == n)
             .map_or("–".to_owned(), |i| (i + 1).to_string());
-        let name = if n == fork {
+        let name = if n == this {
             format!("**{n}** (this)")
         } else {
             n.to_string()

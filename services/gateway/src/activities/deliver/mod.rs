@@ -17,11 +17,8 @@
 pub mod push;
 pub mod text;
 
-use crate::{
-    heartbeat::heartbeating,
-    repo_policy::RepoPolicy,
-    workflows::{ForkWorkflow, SandboxOrchestrationWorkflow},
-};
+use super::heartbeat::heartbeating;
+use crate::repo_policy::RepoPolicy;
 use forkyard_common::{
     forge::{self, ForgeAccess, PullRequest},
     repo_location::{self, RepoLocation},
@@ -29,20 +26,28 @@ use forkyard_common::{
 use forkyard_proto::common::v1::{Delivered, ForkResult};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use temporalio_client::{WorkflowGetResultOptions, WorkflowQueryOptions};
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
-/// The activity's host: the Temporal client (to read the forks' patches) and the
-/// repository policy (allowed hosts, the tenants' credentials).
+/// How the activity reads a fork's whole result (its patch): the run keeps an inline
+/// fork's, a child its own. Given by the gateway (`workflows::fork_results`), which
+/// knows those workflows; the error says why it could not be read.
+pub type ForkResults = Arc<
+    dyn Fn(String, u32) -> futures::future::BoxFuture<'static, Result<ForkResult, String>>
+        + Send
+        + Sync,
+>;
+
+/// The activity's host: how to read the forks' patches, and the repository policy
+/// (allowed hosts, the tenants' credentials).
 pub struct DeliverLocal {
-    client: temporalio_client::Client,
+    results: ForkResults,
     repos: RepoPolicy,
 }
 
 impl DeliverLocal {
-    pub fn new(client: temporalio_client::Client, repos: RepoPolicy) -> Self {
-        Self { client, repos }
+    pub fn new(results: ForkResults, repos: RepoPolicy) -> Self {
+        Self { results, repos }
     }
 }
 
@@ -128,7 +133,7 @@ impl DeliverLocal {
     ) -> Result<(Vec<push::Change>, Vec<(u32, Delivered)>), String> {
         let (mut changes, mut refused) = (Vec::new(), Vec::new());
         for f in &input.forks {
-            let full = self.fork_result(&input.facts.run_id, f.fork).await?;
+            let full = (self.results)(input.facts.run_id.clone(), f.fork).await?;
             match change(input, f, &full) {
                 Ok(c) => changes.push(c),
                 Err(why) => refused.push((f.fork, failed(url, &f.branch, &why))),
@@ -185,29 +190,6 @@ impl DeliverLocal {
                 (fork, d)
             })
             .collect()
-    }
-
-    /// A fork's whole result: the run keeps an inline fork's, a child its own.
-    async fn fork_result(&self, run_id: &str, fork: u32) -> Result<ForkResult, String> {
-        let run = self
-            .client
-            .get_workflow_handle::<SandboxOrchestrationWorkflow>(run_id);
-        let inline = run
-            .query(
-                SandboxOrchestrationWorkflow::fork_result,
-                fork,
-                WorkflowQueryOptions::default(),
-            )
-            .await
-            .map_err(|e| format!("fork {fork}'s result: {e}"))?;
-        if let Some(full) = inline {
-            return Ok(full);
-        }
-        self.client
-            .get_workflow_handle::<ForkWorkflow>(format!("{run_id}/fork-{fork}"))
-            .get_result(WorkflowGetResultOptions::default())
-            .await
-            .map_err(|e| format!("fork {fork}'s result: {e}"))
     }
 
     /// How host git reaches the repository for `tenant`: its host admitted and its

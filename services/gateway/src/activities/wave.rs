@@ -22,11 +22,12 @@
 //! Tracing: each fork's calls hang under a `PrepareFork` span of its own (run id, fork,
 //! sandbox id), under the activity's span in the run's trace.
 
-use crate::{
-    heartbeat::heartbeating,
-    ledger::{self, LedgerLocal},
-    sandboxes::{self, AtOwner, SandboxLocal},
+use super::{
+    ledger,
+    retry::retried,
+    sandboxes::{self, SandboxLocal},
 };
+use crate::lifecycle::{AtOwner, tries};
 use forkyard_common::telemetry::otel::{
     Context, KeyValue,
     trace::{FutureExt as _, Status as SpanStatus, TraceContextExt as _},
@@ -38,23 +39,12 @@ use forkyard_proto::{
     sandbox::v1::{CreateSandboxRequest, HealthCheckRequest, Sandbox},
 };
 use serde::{Deserialize, Serialize};
-use std::{sync::Arc, time::SystemTime};
-use temporalio_macros::activities;
-use temporalio_sdk::activities::{ActivityContext, ActivityError};
+use std::time::SystemTime;
 
-/// The activity's host: the ledger's and the provisioners' clients.
-pub struct WaveLocal {
-    pub(crate) ledger: ledger::Client,
-    pub(crate) sandboxes: SandboxLocal,
-}
-
-impl WaveLocal {
-    pub fn new(ledger: &LedgerLocal, sandboxes: &SandboxLocal) -> Self {
-        Self {
-            ledger: ledger.client(),
-            sandboxes: sandboxes.clone(),
-        }
-    }
+/// A wave's calls: the ledger's and the provisioners' clients.
+pub(crate) struct Preparer<'a> {
+    pub ledger: &'a ledger::Client,
+    pub sandboxes: &'a SandboxLocal,
 }
 
 /// The forks of a wave still to prepare.
@@ -131,7 +121,7 @@ impl ForkPrepared {
     }
 }
 
-impl WaveLocal {
+impl Preparer<'_> {
     /// The fork's reserve and create go out together, its health check right after its
     /// create. A reserve is refused only when the run's budget is spent (or the ledger
     /// is away), and waiting for the ledger's commit before the create put a whole
@@ -304,7 +294,7 @@ enum Refusal {
     Reserve(tonic::Status),
 }
 
-impl WaveLocal {
+impl Preparer<'_> {
     /// Open the run's account, retried as the run's own open was (5 tries, from 1 s,
     /// doubling); the error says why it stayed shut.
     fn open(&self, open: Option<AccountOpen>) -> Opened {
@@ -312,17 +302,16 @@ impl WaveLocal {
         let opening = async move {
             let Some(open) = open else { return Ok(()) };
             let final_error = |s: &tonic::Status| !ledger::error_type(s).1;
-            let opened =
-                crate::retry::retried(5, std::time::Duration::from_secs(1), final_error, || {
-                    let (mut c, open) = (ledger.clone(), open.clone());
-                    async move {
-                        match open {
-                            AccountOpen::Open(req) => c.open_account(req).await.map(drop),
-                            AccountOpen::Create(req) => c.create_account(req).await.map(drop),
-                        }
+            let opened = retried(tries::LEDGER, final_error, || {
+                let (mut c, open) = (ledger.clone(), open.clone());
+                async move {
+                    match open {
+                        AccountOpen::Open(req) => c.open_account(req).await.map(drop),
+                        AccountOpen::Create(req) => c.create_account(req).await.map(drop),
                     }
-                })
-                .await;
+                }
+            })
+            .await;
             opened.map_err(|s| format!("{}: {}", step::OPEN, ledger::message(&s)))
         };
         futures::FutureExt::shared(futures::FutureExt::boxed(opening))
@@ -331,7 +320,7 @@ impl WaveLocal {
 
 /// A span of its own for one fork's calls, under the activity's.
 fn fork_span(create: &CreateSandboxRequest) -> Context {
-    crate::fork_span::span(
+    super::fork_span::span(
         "PrepareFork",
         create.labels.get(labels::RUN_ID).cloned(),
         create
@@ -341,39 +330,16 @@ fn fork_span(create: &CreateSandboxRequest) -> Context {
     )
 }
 
-#[activities]
-impl WaveLocal {
-    /// Finish every fork of the batch at once (`crate::finish`); never fails as a whole.
-    ///
-    /// Heartbeats every few seconds with the forks finished so far, so a gateway that
-    /// dies mid-way is noticed within the heartbeat timeout, and the retry returns what
-    /// the first attempt reached for those forks (their patch collected, spend posted,
-    /// sandbox destroyed) instead of doing them again against sandboxes that are gone.
-    #[activity(name = "WaveLocal.finish")]
-    pub async fn finish(
-        self: Arc<Self>,
-        ctx: ActivityContext,
-        batch: crate::finish::Finish,
-    ) -> Result<crate::finish::FinishDone, ActivityError> {
-        let finishing = self.finishing(crate::finish::earlier(&ctx), batch.patch_max_bytes);
-        let forks = heartbeating(&ctx, finishing.all(batch.forks), || finishing.progress()).await;
-        Ok(crate::finish::FinishDone { forks })
-    }
-
+impl Preparer<'_> {
     /// Prepare every fork of the wave at once; never fails as a whole.
-    #[activity(name = "WaveLocal.prepare")]
-    pub async fn prepare(
-        self: Arc<Self>,
-        ctx: ActivityContext,
-        wave: Wave,
-    ) -> Result<WaveDone, ActivityError> {
+    pub(crate) async fn all(&self, wave: Wave) -> WaveDone {
         let opened = self.open(wave.open);
         let forks = wave.forks.into_iter().map(|item| {
             let opened = opened.clone();
             let cx = fork_span(&item.create);
             let run_id = item.create.labels.get(labels::RUN_ID).cloned();
             let fork = item.create.labels.get(labels::FORK).cloned();
-            let this = &self;
+            let this = self;
             async move {
                 let out = this
                     .prepare_fork(item, opened)
@@ -395,12 +361,9 @@ impl WaveLocal {
                 out
             }
         });
-        // Run as a regular activity (a later wave), it heartbeats: a gateway that died
-        // mid-way is noticed within the heartbeat timeout. A no-op as a local activity.
-        let forks = heartbeating(&ctx, futures::future::join_all(forks), || ()).await;
-        Ok(WaveDone {
-            forks,
+        WaveDone {
+            forks: futures::future::join_all(forks).await,
             open_error: opened.await.err().unwrap_or_default(),
-        })
+        }
     }
 }
