@@ -1,7 +1,7 @@
 //! The Temporal front door: `local.*` activities on queue `sandbox-provisioner`, over the
 //! same [`Provisioner`] as the gRPC service.
 
-use crate::{local::provisioner::Provisioner, router::Backends};
+use crate::{local::core::provisioner::Provisioner, router::Backends};
 use forkyard_proto::activities::markers;
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,

@@ -7,7 +7,7 @@ use crate::{
     backend::SandboxBackend,
     e2b::{self, E2bBackend, E2bConfig},
     error::{ProvisionerError, Result},
-    local::{backend::LocalBackend, provisioner::Provisioner},
+    local::{api::backend::LocalBackend, core::provisioner::Provisioner},
 };
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, Sandbox,

@@ -5,11 +5,11 @@
 //!
 //! `sandbox-egress-forwarder [ADDR=SOCKET...] --init -- SELF...`: the same listeners,
 //! and the sandbox's init on the control socket it has as stdin
-//! (`forkyard_sandbox_provisioner::local::init`); SELF starts this binary again (a pty command
+//! (`forkyard_sandbox_provisioner::local::isolation::init`); SELF starts this binary again (a pty command
 //! runs under `SELF --ctty -- COMMAND...`, which makes the terminal its controlling one).
 #![forbid(unsafe_code)]
 
-use forkyard_sandbox_provisioner::local::init;
+use forkyard_sandbox_provisioner::local::isolation::init;
 use std::{
     io,
     net::{TcpListener, TcpStream},

@@ -1,0 +1,252 @@
+//! A new sandbox's workspace: a copy of its repository's template (`crate::local::storage::template`)
+//! where there can be one, else a clone.
+
+use crate::{
+    error::{ProvisionerError, Result},
+    local::{core::provisioner::Provisioner, storage::repo::git, storage::store},
+};
+use forkyard_common::{
+    git_refs::local_commit,
+    repo_location::{self, RepoLocation},
+};
+use forkyard_proto::sandbox::v1::CreateSandboxRequest;
+use std::path::{Path, PathBuf};
+
+/// How a new sandbox's workspace is made: from a ready template, or by a clone.
+pub(crate) enum Source {
+    /// The template's directory and the commit it holds.
+    Template(PathBuf, String),
+    Clone,
+}
+
+impl Provisioner {
+    /// Where the workspace of `req` comes from: the template when the repository allows
+    /// (built now if needed), else a clone. A local repository's template that cannot
+    /// be built is logged and cloned instead; a remote repository's is first read with
+    /// the tenant's credential (`crate::local::storage::repo::remote`), whose refusal is the create's.
+    pub(crate) async fn workspace_source(&self, req: &CreateSandboxRequest) -> Result<Source> {
+        if let Ok(RepoLocation::Remote(_)) = repo_location::locate(&req.repo) {
+            return self.remote_source(req).await;
+        }
+        let Some(commit) = local_commit(&req.repo, &req.base_ref) else {
+            return Ok(Source::Clone);
+        };
+        match self
+            .templates
+            .ensure(&req.repo, &commit, self.config.clone_timeout)
+            .await
+        {
+            Ok(dir) => Ok(Source::Template(dir, commit)),
+            Err(e) => {
+                tracing::warn!(repo = %req.repo, error = %e, "workspace template cannot be built; cloning instead");
+                Ok(Source::Clone)
+            }
+        }
+    }
+
+    /// The new sandbox's workspace at `ws` from `source`; `placed`: a warm copy of the
+    /// template already renamed into place as the sandbox's directory.
+    pub(crate) async fn make_workspace(
+        &self,
+        req: &CreateSandboxRequest,
+        source: Source,
+        ws: &Path,
+        placed: Option<crate::local::storage::template::WarmCopy>,
+    ) -> Result<Made> {
+        if let Source::Template(dir, commit) = &source
+            && placed.is_none()
+            && self.overlay_workspaces
+        {
+            match self.overlay_workspace(req, dir, commit, ws).await {
+                Ok(made) => return Ok(made),
+                Err(
+                    e
+                    @ (ProvisionerError::FailedPrecondition(_) | ProvisionerError::Unavailable(_)),
+                ) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(repo = %req.repo, error = %e, "overlay workspace failed; copying the template instead");
+                    if let Some(sandbox) = ws.parent() {
+                        crate::local::storage::overlay::remove_layers(sandbox);
+                    }
+                }
+            }
+        }
+        if let Source::Template(dir, commit) = source {
+            let mut placed = placed;
+            let mut how = match placed {
+                Some(_) => crate::metrics::Workspace::WarmCopy,
+                None => crate::metrics::Workspace::TemplateCopy,
+            };
+            // A warm overlay's mount is the sandbox's now: its branch is written through it.
+            let warm_overlay = match placed.as_mut().and_then(|w| w.mount.take()) {
+                Some((mount, lower)) => {
+                    let id = sandbox_id(ws)?;
+                    self.store.overlays().insert(&id, mount, lower.clone());
+                    how = crate::metrics::Workspace::WarmOverlay;
+                    Some((id, lower))
+                }
+                None => None,
+            };
+            // Held across the copy: the path names the mount's descriptor.
+            let held = warm_overlay
+                .as_ref()
+                .map(|(id, _)| self.store.workspace(id));
+            let at = held.as_deref().unwrap_or(ws);
+            let copied = self
+                .templates
+                .copy(dir, at, &req.branch, &commit, placed)
+                .await;
+            if copied.is_err()
+                && let Some((id, _)) = &warm_overlay
+            {
+                self.store.overlays().remove(id);
+                if let Some(sandbox) = ws.parent() {
+                    crate::local::storage::overlay::remove_layers(sandbox);
+                }
+            }
+            match copied {
+                Ok(copied) => {
+                    return Ok(Made {
+                        base_commit: commit,
+                        index: copied.index,
+                        uid: copied.uid,
+                        how,
+                        hold: warm_overlay.as_ref().map(|(id, _)| {
+                            crate::local::storage::overlay::Hold::new(
+                                self.store.clone(),
+                                id.clone(),
+                                None,
+                            )
+                        }),
+                        overlay: warm_overlay.map(|(_, lower)| lower),
+                    });
+                }
+                // A refused branch, or no sandbox uid free: a clone would end the same.
+                Err(
+                    e
+                    @ (ProvisionerError::FailedPrecondition(_) | ProvisionerError::Unavailable(_)),
+                ) => {
+                    return Err(e);
+                }
+                Err(e) => {
+                    tracing::warn!(repo = %req.repo, error = %e, "workspace template copy failed; cloning instead");
+                    let _ = store::remove_all(ws);
+                }
+            }
+        }
+        let reader = self.reader(&req.tenant);
+        let reach = reader.reach(&req.repo).await?;
+        let deadline = std::time::Instant::now() + self.config.clone_timeout;
+        let base_commit = git::clone(
+            &req.repo,
+            &req.base_ref,
+            &req.branch,
+            ws,
+            self.config.clone_timeout,
+            reach.as_ref(),
+        )
+        .await?;
+        if reach.is_some() {
+            crate::local::storage::repo::submodules::check_out(ws, &req.repo, reader, deadline)
+                .await?;
+        }
+        let index = crate::local::storage::repo::git_index::checksum_of(ws).unwrap_or_default();
+        Ok(Made {
+            base_commit,
+            index,
+            uid: 0,
+            how: crate::metrics::Workspace::Clone,
+            overlay: None,
+            hold: None,
+        })
+    }
+}
+
+impl Provisioner {
+    /// The new sandbox's workspace an overlay of template `dir` (`crate::local::storage::overlay`)
+    /// on new branch `req.branch`; `ws` is the sandbox's `workspace` directory (the mount
+    /// point its processes get it on). Registered with the store as the sandbox's.
+    async fn overlay_workspace(
+        &self,
+        req: &CreateSandboxRequest,
+        dir: &Path,
+        commit: &str,
+        ws: &Path,
+    ) -> Result<Made> {
+        let id = sandbox_id(ws)?;
+        let sandbox = ws.parent().unwrap_or(ws).to_path_buf();
+        let held = crate::local::storage::template::WarmCopy::holding_uid(
+            sandbox.clone(),
+            self.templates.uids(),
+        )?;
+        let (store, lower) = (self.store.clone(), dir.join(store::WORKSPACE));
+        let uids = self.templates.uids().cloned();
+        let (branch, commit) = (req.branch.clone(), commit.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let Some(uid) = held.uid() else {
+                return Err(ProvisionerError::internal(
+                    "overlay workspace",
+                    "no sandbox uid",
+                ));
+            };
+            crate::local::storage::overlay::make_layers(&sandbox, uid)
+                .and_then(|()| store.overlays().mount(&id, &lower, &sandbox, uid))
+                .map_err(|e| ProvisionerError::internal("mount the overlay workspace", e))?;
+            // The branch is written through the mount, as root: what it makes lands in the
+            // upper layer and is given to the sandbox's uid.
+            if let Err(e) = crate::local::storage::template::start_branch(
+                &store.workspace(&id),
+                &branch,
+                &commit,
+                Some(uid),
+            ) {
+                store.overlays().remove(&id);
+                return Err(e);
+            }
+            let index =
+                crate::local::storage::repo::git_index::checksum_of(&lower).unwrap_or_default();
+            let (_, uid) = held.keep_uid();
+            // Made: a create that was given up meanwhile lets the mount and the uid go.
+            let hold = crate::local::storage::overlay::Hold::new(
+                store.clone(),
+                id,
+                uids.map(|u| (uid, u)),
+            );
+            Ok(Made {
+                base_commit: commit,
+                index,
+                uid,
+                how: crate::metrics::Workspace::Overlay,
+                overlay: Some(lower),
+                hold: Some(hold),
+            })
+        })
+        .await
+        .map_err(|e| ProvisionerError::internal("overlay workspace", e))?
+    }
+}
+
+/// The id of the sandbox whose workspace directory is `ws` (`<sandboxes>/<id>/workspace`).
+fn sandbox_id(ws: &Path) -> Result<String> {
+    ws.parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .map(str::to_owned)
+        .ok_or_else(|| ProvisionerError::internal("overlay workspace", "no sandbox id"))
+}
+
+/// A new workspace: its base commit, and the checksum of the index it was made with (a
+/// template's copy or a clone: either way a checkout of the base; see
+/// `store::Record::made_index`).
+pub(crate) struct Made {
+    pub(crate) base_commit: String,
+    pub(crate) index: String,
+    /// The sandbox uid its files were given already (a warm copy's); 0: none yet.
+    pub(crate) uid: u32,
+    /// How it was made (counted once the sandbox is registered).
+    pub(crate) how: crate::metrics::Workspace,
+    /// An overlay's lower layer (`store::Record::overlay`).
+    pub(crate) overlay: Option<PathBuf>,
+    /// An overlay's mount (and uid), let go unless the sandbox is registered.
+    pub(crate) hold: Option<crate::local::storage::overlay::Hold>,
+}

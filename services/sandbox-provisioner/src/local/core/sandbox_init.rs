@@ -1,0 +1,118 @@
+//! A sandbox's init as the provisioner keeps it: started at the sandbox's first command
+//! (again after a stop, a provisioner restart, or an init that went away), with the one
+//! LLM relay the sandbox's commands share while it runs.
+
+use crate::{
+    error::{ProvisionerError, Result},
+    local::{
+        core::entry::{Entry, InitSession},
+        core::provisioner::Provisioner,
+        isolation::bubblewrap::bwrap::{ImageRoot, Invocation, Relays},
+        isolation::init::host::Init,
+        isolation::network::llm_relay::Relay,
+        storage::store::Record,
+    },
+};
+use std::{path::Path, sync::Arc};
+
+impl Provisioner {
+    /// Whether a command with these tools runs under the sandbox's init: the init is the
+    /// forwarder, and runs on the sandbox's root, where the provisioner's own steps on an
+    /// image (which need the host's /usr) cannot run.
+    pub(crate) fn runs_under_init(
+        &self,
+        record: &Record,
+        tools: crate::local::core::prepare::Tools,
+    ) -> bool {
+        self.config.sandbox_init
+            && self.forwarder.is_some()
+            && (tools == crate::local::core::prepare::Tools::Sandbox || record.image.is_none())
+    }
+
+    /// The sandbox's running init, started now when it has none.
+    pub(crate) fn init_of(&self, entry: &Arc<Entry>, record: &Record) -> Result<Arc<Init>> {
+        let mut session = entry.init.lock().expect("init lock");
+        // Checked under the lock stop and destroy take to end the init: an init is never
+        // started for a sandbox being stopped or destroyed.
+        if entry.execs.borrow().destroying || entry.record().stopped {
+            return Err(ProvisionerError::FailedPrecondition(format!(
+                "sandbox {} is stopped or being destroyed",
+                record.id
+            )));
+        }
+        if let Some(s) = session.as_ref()
+            && !s.init.is_gone()
+        {
+            return Ok(s.init.clone());
+        }
+        // The old session's relay removes its socket as it goes: before the new one binds.
+        if let Some(old) = session.take() {
+            old.init.shutdown();
+        }
+        let Some(forwarder) = self.forwarder.as_ref() else {
+            return Err(ProvisionerError::internal(
+                "start the sandbox's init",
+                "no forwarder",
+            ));
+        };
+        let id = record.id.as_str();
+        let llm_socket = self.store.dir(id).join("llm.sock");
+        let relay = self.shared_llm_relay(entry, record, &llm_socket)?;
+        let workspace = self.store.mountpoint(id);
+        let overlay = self.store.overlays().mount_of(id);
+        let egress = self.store.egress_socket(id);
+        let procs = self
+            .cgroups
+            .as_ref()
+            .map(|cg| cg.procs_files(id))
+            .unwrap_or_default();
+        let argv = forwarder.argv();
+        let inv = Invocation {
+            bwrap: &self.bwrap,
+            features: self.features,
+            workspace: &workspace,
+            overlay: overlay.as_deref().map(std::os::fd::AsFd::as_fd),
+            sandbox_id: id,
+            relays: Some(Relays {
+                forwarder,
+                egress: (!record.egress_allow.is_empty()).then_some(egress.as_path()),
+                llm: Some(&llm_socket),
+            }),
+            cgroup_procs: &procs,
+            argv: &argv,
+            env: &[],
+            seccomp: &self.seccomp,
+            uid: self.uid_of(record),
+            image: record.image.as_ref().map(|i| ImageRoot {
+                rootfs: &i.rootfs,
+                env: &i.env,
+            }),
+            init: true,
+            file_size: crate::local::storage::disk_quota::file_size_limit(record.disk_bytes),
+        };
+        let init = Init::start(&inv, id)
+            .map(Arc::new)
+            .map_err(|e| ProvisionerError::internal("start the sandbox's init", e))?;
+        tracing::debug!(sandbox_id = %id, "sandbox init started");
+        *session = Some(InitSession::new(init.clone(), relay));
+        Ok(init)
+    }
+
+    /// The sandbox's one LLM relay at `socket`: it relays to the gateway of whichever of
+    /// the sandbox's LLM commands runs (`entry.llm`), and dies with the sandbox.
+    fn shared_llm_relay(&self, entry: &Entry, record: &Record, socket: &Path) -> Result<Relay> {
+        let slot = entry.llm.clone();
+        crate::local::isolation::network::llm_relay::spawn(
+            socket,
+            Arc::new(move || slot.current()),
+            &record.id,
+            self.config.llm_relay,
+            entry.cancel.child_token(),
+        )
+        .and_then(|relay| {
+            self.give_to_sandbox(record, socket)?;
+            Ok(relay)
+        })
+        .map_err(|e| ProvisionerError::internal("start the llm relay", e))
+    }
+}

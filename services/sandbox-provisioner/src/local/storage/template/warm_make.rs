@@ -1,0 +1,132 @@
+//! How one warm copy is made ([`super`] decides how many and when): the template's
+//! workspace copied, or a sandbox directory with an overlay of it mounted ahead, under a
+//! `.tmp` name until it is whole.
+
+use super::{BRANCH_FILE, DIR, OVERLAY_BYTES, WarmCopy};
+use crate::local::isolation::uids::SandboxUids;
+use crate::local::storage::template::copy::copy_workspace;
+use std::{os::unix::fs::DirBuilderExt as _, path::Path, sync::Arc};
+
+/// Copy `template`'s workspace into its `warm/` directory: under a `.tmp` name first, so
+/// a half-made copy is never taken (and is swept at start-up with the rest). With the
+/// bytes it takes on the disk.
+pub(super) fn make_copy(
+    template: &Path,
+    uids: Option<&Arc<SandboxUids>>,
+    overlays: Option<&Arc<crate::local::storage::overlay::Overlays>>,
+) -> std::io::Result<(WarmCopy, u64)> {
+    let bytes: u64 =
+        std::fs::read_to_string(template.join(crate::local::storage::template::BYTES))?
+            .trim()
+            .parse()
+            .map_err(std::io::Error::other)?;
+    let dir = template.join(DIR);
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        // Spread as the sandboxes' directories are (`store::spread_subdirectories`):
+        // a copy is made where the inodes of the sandboxes destroyed before it were
+        // freed, and packed into one group each new inode stepped over all of them.
+        Ok(()) => crate::local::storage::store::spread_subdirectories(&dir),
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        Err(_) => {}
+    }
+    let name = uuid::Uuid::new_v4().simple().to_string();
+    let (tmp, path) = (dir.join(format!("{name}.tmp")), dir.join(&name));
+    let mut copy = WarmCopy {
+        path: tmp.clone(),
+        index: String::new(),
+        uid: 0,
+        uids: uids.cloned(),
+        mount: None,
+    };
+    let made = match overlays {
+        Some(o) => overlay_skeleton(template, &tmp, &mut copy, o),
+        None => skeleton(template, &tmp, &mut copy),
+    }
+    .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = made {
+        drop(copy.mount.take());
+        let _ = crate::local::storage::store::remove_all(&tmp);
+        return Err(e);
+    }
+    if copy.mount.is_some() {
+        copy.path = path;
+        return Ok((copy, OVERLAY_BYTES));
+    }
+    // What the copy shares with its template takes no disk of its own.
+    let shared = crate::local::storage::template::copy::shared_bytes(
+        &path.join(crate::local::storage::store::WORKSPACE),
+    );
+    copy.path = path;
+    Ok((copy, bytes.saturating_sub(shared)))
+}
+
+/// A sandbox's directory as a create makes it, at `dir`: the template's workspace, and
+/// every file the create would make new, empty (its record, its branch's ref): a new
+/// inode is the dearest part of a file on ext4 without a journal (each steps over the
+/// inodes freed in the last minutes), and a wave's creates then make none.
+fn skeleton(template: &Path, dir: &Path, copy: &mut WarmCopy) -> std::io::Result<()> {
+    let own_uids = copy.uids.is_some();
+    std::fs::DirBuilder::new()
+        .mode(crate::local::core::provisioner::sandbox_dir_mode(own_uids))
+        .create(dir)?;
+    let ws = dir.join(crate::local::storage::store::WORKSPACE);
+    if let Some(uids) = &copy.uids {
+        copy.uid = uids.claim().map_err(std::io::Error::other)?;
+    }
+    let uid = copy.uid();
+    copy_workspace(&template.join("workspace"), &ws, uid)?;
+    copy.index = crate::local::storage::repo::git_index::checksum_of(&ws)
+        .ok_or_else(|| std::io::Error::other("the copy has no readable index"))?;
+    let branch = std::fs::File::create_new(ws.join(".git/refs/heads").join(BRANCH_FILE))?;
+    std::fs::File::create_new(dir.join(crate::local::storage::store::RECORD))?;
+    if let Some(uid) = uid {
+        crate::local::isolation::uids::give_file(&branch, uid)?;
+    }
+    Ok(())
+}
+
+/// A sandbox's directory as an overlay create makes it, at `dir`, mounted: its layers,
+/// and in its own layer what a create writes (git's directories down to the branch's
+/// ref, the ref's placeholder, `HEAD` to be overwritten in place), with its empty
+/// record. A create then makes no inode and copies nothing up.
+fn overlay_skeleton(
+    template: &Path,
+    dir: &Path,
+    copy: &mut WarmCopy,
+    overlays: &crate::local::storage::overlay::Overlays,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .mode(crate::local::core::provisioner::sandbox_dir_mode(true))
+        .create(dir)?;
+    let uids = copy
+        .uids
+        .as_ref()
+        .ok_or_else(|| std::io::Error::other("overlays need a uid per sandbox"))?;
+    copy.uid = uids.claim().map_err(std::io::Error::other)?;
+    let uid = copy.uid;
+    let lower = template.join(crate::local::storage::store::WORKSPACE);
+    crate::local::storage::overlay::make_layers(dir, uid)?;
+    let upper = dir.join(crate::local::storage::overlay::UPPER);
+    for part in [".git", ".git/refs", ".git/refs/heads"] {
+        let mode = std::fs::metadata(lower.join(part)).map_or(0o755, |m| m.mode() & 0o7777);
+        std::fs::DirBuilder::new()
+            .mode(mode)
+            .create(upper.join(part))?;
+        crate::local::isolation::uids::chown(&upper.join(part), uid)?;
+    }
+    let branch = std::fs::File::create_new(upper.join(".git/refs/heads").join(BRANCH_FILE))?;
+    crate::local::isolation::uids::give_file(&branch, uid)?;
+    let head = lower.join(".git/HEAD");
+    let mut to = std::fs::File::create_new(upper.join(".git/HEAD"))?;
+    std::io::copy(&mut std::fs::File::open(&head)?, &mut to)?;
+    crate::local::isolation::uids::give_file(&to, uid)?;
+    to.set_permissions(std::fs::Permissions::from_mode(
+        std::fs::metadata(&head)?.mode() & 0o777,
+    ))?;
+    std::fs::File::create_new(dir.join(crate::local::storage::store::RECORD))?;
+    copy.index = crate::local::storage::repo::git_index::checksum_of(&lower)
+        .ok_or_else(|| std::io::Error::other("the template has no readable index"))?;
+    copy.mount = Some((overlays.detached(&lower, dir, uid)?, lower));
+    Ok(())
+}
