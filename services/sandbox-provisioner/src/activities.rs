@@ -240,7 +240,7 @@ mod tests {
 /// The Temporal front door for the `e2b` backend: `e2b.*` activities on the same queue,
 /// over the same [`crate::SandboxBackend`] the gRPC service routes `e2b-` ids to.
 pub struct E2bActivities {
-    backend: Arc<dyn crate::SandboxBackend>,
+    backend: Arc<dyn crate::backend::SandboxBackend>,
     backends: Backends,
 }
 
@@ -270,7 +270,7 @@ impl E2bActivities {
     ) -> Result<Sandbox, ActivityError> {
         let req = force_backend(req);
         if req.backend != crate::e2b::BACKEND {
-            return Err(crate::ProvisionerError::invalid(
+            return Err(crate::error::ProvisionerError::invalid(
                 "backend",
                 format!("e2b.create cannot create a {:?} sandbox", req.backend),
             )

@@ -16,9 +16,11 @@ use std::{
     time::Duration,
 };
 
-/// The settings of the hosts a create may make this replica reach, as errors name them.
-pub const REGISTRIES_SETTING: &str = "--allowed-registries (FORKYARD_ALLOWED_REGISTRIES)";
-pub const GIT_HOSTS_SETTING: &str = "--allowed-git-hosts (FORKYARD_ALLOWED_GIT_HOSTS)";
+/// The settings of the hosts a create may make this replica reach, as errors name them
+/// (defined where the local backend's defaults name them too).
+pub use crate::local::{
+    core::config::GIT_HOSTS_SETTING, storage::image::registry::REGISTRIES_SETTING,
+};
 
 #[derive(Debug, clap::Parser)]
 #[command(
@@ -331,7 +333,11 @@ impl Args {
         config.btrfs_path.clone_from(&self.btrfs_path);
         config.default_ttl = Duration::from_secs(self.sandbox_ttl_secs);
         config.reap_interval = Duration::from_secs(self.reap_interval_secs);
-        config.maxima = self.maxima.maxima(config)?;
+        config.maxima = self.maxima.maxima(
+            config.default_limits,
+            config.default_disk_bytes,
+            config.default_ttl,
+        )?;
         config.llm_relay = self.llm_relay.limits();
         config.egress_max_connections =
             usize::try_from(self.egress_max_connections).unwrap_or(usize::MAX);

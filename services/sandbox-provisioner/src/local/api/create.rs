@@ -1,6 +1,7 @@
 //! Creating a sandbox on the `local` backend: admission, its directory and workspace
 //! (template copy, clone or snapshot), its record, registration.
 
+use crate::local::base::fs::remove_all;
 use crate::{
     error::{ProvisionerError, Result},
     git,
@@ -10,11 +11,11 @@ use crate::{
         core::provisioner::{BACKEND, DirCleanup, Provisioner},
         isolation::cgroup::Limits,
         isolation::network::egress::Allowlist,
-        storage::store::{self, Record},
+        storage::store::Record,
     },
 };
 use forkyard_proto::sandbox::v1::{CreateSandboxRequest, DestroySandboxRequest, Sandbox};
-use std::{sync::Arc, time::Duration};
+use std::{path::Path, sync::Arc, time::Duration};
 use tracing::{info, warn};
 
 impl Provisioner {
@@ -223,7 +224,7 @@ impl Provisioner {
             if let Some(cg) = &self.cgroups {
                 cg.remove(&id);
             }
-            let _ = store::remove_all(&self.store.dir(&id));
+            let _ = remove_all(&self.store.dir(&id));
             return Err(e);
         }
         let sandbox = entry.snapshot();
@@ -334,5 +335,39 @@ impl Provisioner {
         cleanup.0 = None;
         crate::metrics::workspace_made(made.how);
         Ok(sandbox)
+    }
+
+    /// A request's disk bound: its own, or the replica's default (0 = unbounded).
+    pub(crate) fn disk_bytes_for(&self, req: &CreateSandboxRequest) -> u64 {
+        match req.limits.map(|l| l.disk_bytes) {
+            Some(n) if n > 0 => n,
+            _ => self.config.default_disk_bytes,
+        }
+    }
+
+    /// A new sandbox's directory `<state>/sandboxes/<id>`: a subvolume with its quota
+    /// where there are quotas, a plain directory otherwise.
+    pub(crate) async fn make_sandbox_dir(
+        &self,
+        dir: &Path,
+        req: &CreateSandboxRequest,
+    ) -> Result<()> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let (dir, mode, quota) = (
+            dir.to_path_buf(),
+            self.sandbox_dir_mode(),
+            self.disk_quota.clone(),
+        );
+        let disk_bytes = self.disk_bytes_for(req);
+        tokio::task::spawn_blocking(move || match quota {
+            Some(q) => q.make_dir(&dir, disk_bytes, mode),
+            None => std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(mode)
+                .create(&dir),
+        })
+        .await
+        .map_err(|e| ProvisionerError::internal("create sandbox directory", e))?
+        .map_err(|e| ProvisionerError::internal("create sandbox directory", e))
     }
 }

@@ -2,6 +2,7 @@
 //! the kernel *inside* the workspace (`openat2` with `RESOLVE_IN_ROOT`), so a symlink or
 //! `..` the agent planted can never reach a host file.
 
+use crate::local::base::shared::is_shared;
 use crate::{
     error::{ProvisionerError, Result},
     local::core::provisioner::Provisioner,
@@ -105,7 +106,7 @@ impl Provisioner {
             }
             // A git object file shared read-only with the template's other copies
             // (`template::copy`): the sandbox itself could not write it either.
-            if uid.is_some() && crate::local::storage::template::is_shared(&meta) {
+            if uid.is_some() && is_shared(&meta) {
                 return Err(ProvisionerError::FailedPrecondition(format!(
                     "cannot write {}: a git object file shared read-only between the sandboxes of this repository",
                     req.path

@@ -14,5 +14,4 @@ pub(crate) mod pty;
 pub(crate) mod sandbox_image;
 pub(crate) mod session;
 pub(crate) mod stream;
-pub(crate) mod usage;
 pub(crate) mod workspace;

@@ -1,13 +1,13 @@
 //! The rest of the session API: stop/start, persist a workspace to the snapshot store,
 //! hydrate a sandbox from a snapshot, and fork N sandboxes from one.
 
+use crate::local::base::fs::remove_all;
+use crate::local::storage::layout::UPPER;
+use crate::local::storage::layout::WORK;
 use crate::{
     error::{ProvisionerError, Result},
     limits::now_ms,
-    local::{
-        core::provisioner::{DirCleanup, Provisioner},
-        storage::store,
-    },
+    local::core::provisioner::{DirCleanup, Provisioner},
 };
 use forkyard_proto::sandbox::v1::{
     CreateSandboxRequest, ForkSandboxRequest, ForkSandboxResponse, HydrateWorkspaceRequest,
@@ -119,8 +119,8 @@ impl Provisioner {
                         r.clone()
                     };
                     store.save(&record)?;
-                    for layer in [crate::local::storage::overlay::UPPER, crate::local::storage::overlay::WORK] {
-                        let _ = store::remove_all(&dir.join(layer));
+                    for layer in [UPPER, WORK] {
+                        let _ = remove_all(&dir.join(layer));
                     }
                 }
             }
@@ -217,12 +217,12 @@ fn swap_in_snapshot(
 ) -> Result<()> {
     let fresh = dir.join("workspace.hydrating");
     let old = dir.join("workspace.old");
-    let _ = store::remove_all(&fresh);
+    let _ = remove_all(&fresh);
     snaps.unpack(id, &fresh, disk_bytes)?;
     if let Some(uid) = uid
         && let Err(e) = crate::local::isolation::uids::give_workspace(&fresh, uid)
     {
-        let _ = store::remove_all(&fresh);
+        let _ = remove_all(&fresh);
         return Err(ProvisionerError::internal(
             "give the workspace to its uid",
             e,
@@ -232,6 +232,6 @@ fn swap_in_snapshot(
     std::fs::rename(&ws, &old)
         .and_then(|()| std::fs::rename(&fresh, &ws))
         .map_err(|e| ProvisionerError::internal("swap workspace", e))?;
-    let _ = store::remove_all(&old);
+    let _ = remove_all(&old);
     Ok(())
 }

@@ -1,9 +1,12 @@
 //! A new sandbox's workspace: a copy of its repository's template (`crate::local::storage::template`)
 //! where there can be one, else a clone.
 
+use crate::local::base::fs::remove_all;
+use crate::local::storage::layout::WORKSPACE;
+use crate::local::storage::template::remote;
 use crate::{
     error::{ProvisionerError, Result},
-    local::{core::provisioner::Provisioner, storage::repo::git, storage::store},
+    local::{core::provisioner::Provisioner, storage::repo::git},
 };
 use forkyard_common::{
     git_refs::local_commit,
@@ -23,7 +26,7 @@ impl Provisioner {
     /// Where the workspace of `req` comes from: the template when the repository allows
     /// (built now if needed), else a clone. A local repository's template that cannot
     /// be built is logged and cloned instead; a remote repository's is first read with
-    /// the tenant's credential (`crate::local::storage::repo::remote`), whose refusal is the create's.
+    /// the tenant's credential (`crate::local::storage::template::remote`), whose refusal is the create's.
     pub(crate) async fn workspace_source(&self, req: &CreateSandboxRequest) -> Result<Source> {
         if let Ok(RepoLocation::Remote(_)) = repo_location::locate(&req.repo) {
             return self.remote_source(req).await;
@@ -42,6 +45,22 @@ impl Provisioner {
                 Ok(Source::Clone)
             }
         }
+    }
+
+    /// Where the workspace of `req`, a remote repository's, comes from: its template
+    /// at the commit the remote names for `base_ref` (built now if needed) once the
+    /// tenant was shown to read it now, else a clone (`crate::local::storage::template::remote`).
+    /// `Err`: the tenant cannot read it, or a template cannot be built for a reason a
+    /// clone would share.
+    async fn remote_source(&self, req: &CreateSandboxRequest) -> Result<Source> {
+        let reader = self.reader(&req.tenant);
+        let timeout = self.config.clone_timeout;
+        Ok(
+            match remote::template_of(&self.templates, reader, req, timeout).await? {
+                Some((dir, commit)) => Source::Template(dir, commit),
+                None => Source::Clone,
+            },
+        )
     }
 
     /// The new sandbox's workspace at `ws` from `source`; `placed`: a warm copy of the
@@ -113,7 +132,7 @@ impl Provisioner {
                         how,
                         hold: warm_overlay.as_ref().map(|(id, _)| {
                             crate::local::storage::overlay::Hold::new(
-                                self.store.clone(),
+                                self.store.overlays().clone(),
                                 id.clone(),
                                 None,
                             )
@@ -130,7 +149,7 @@ impl Provisioner {
                 }
                 Err(e) => {
                     tracing::warn!(repo = %req.repo, error = %e, "workspace template copy failed; cloning instead");
-                    let _ = store::remove_all(ws);
+                    let _ = remove_all(ws);
                 }
             }
         }
@@ -179,7 +198,7 @@ impl Provisioner {
             sandbox.clone(),
             self.templates.uids(),
         )?;
-        let (store, lower) = (self.store.clone(), dir.join(store::WORKSPACE));
+        let (store, lower) = (self.store.clone(), dir.join(WORKSPACE));
         let uids = self.templates.uids().cloned();
         let (branch, commit) = (req.branch.clone(), commit.to_owned());
         tokio::task::spawn_blocking(move || {
@@ -208,7 +227,7 @@ impl Provisioner {
             let (_, uid) = held.keep_uid();
             // Made: a create that was given up meanwhile lets the mount and the uid go.
             let hold = crate::local::storage::overlay::Hold::new(
-                store.clone(),
+                store.overlays().clone(),
                 id,
                 uids.map(|u| (uid, u)),
             );

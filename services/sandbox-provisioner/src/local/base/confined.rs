@@ -40,19 +40,6 @@ pub enum ConfineError {
     Io(PathBuf, io::Error),
 }
 
-/// An entry's mode, owner and modification time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Meta {
-    pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub mtime: i64,
-}
-
-/// Setuid and setgid bits never land on the host: the cache is where any uid that can
-/// reach it could run such a file.
-const MODE_MASK: u32 = 0o1777;
-
 /// A tree being written, from the descriptor of its root.
 pub struct Tree {
     root: OwnedFd,
@@ -436,6 +423,7 @@ pub fn open_in_root(dir: &Path, rel: &str) -> io::Result<std::fs::File> {
 
 #[path = "confined_fs.rs"]
 mod fs;
+pub use fs::Meta;
 #[cfg(test)]
 #[path = "confined_tests.rs"]
 mod tests;

@@ -1,7 +1,7 @@
 //! The leaves of [`super`]'s writes: one call each, on a descriptor already confined
 //! (a directory opened beneath the root), never a path resolved from the root.
 
-use super::{MAX_DEPTH, MODE_MASK, Meta};
+use crate::local::base::fd_walk::MAX_DEPTH;
 use rustix::{
     fs::{AtFlags, Dir, Mode, OFlags, Timespec, Timestamps},
     io::Errno,
@@ -127,3 +127,16 @@ pub(super) fn times(mtime: i64) -> Timestamps {
         last_modification: t,
     }
 }
+
+/// An entry's mode, owner and modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Meta {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: i64,
+}
+
+/// Setuid and setgid bits never land on the host: the cache is where any uid that can
+/// reach it could run such a file.
+const MODE_MASK: u32 = 0o1777;

@@ -2,6 +2,7 @@
 //! templates share. An entry is renamed out of its namespace before it is removed, so
 //! nothing finds it half removed.
 
+use crate::local::base::fs::remove_all;
 use std::{
     path::PathBuf,
     time::{Duration, SystemTime},
@@ -56,7 +57,7 @@ pub(crate) fn evict(
         if std::fs::rename(&e.home, &gone).is_err() {
             continue;
         }
-        let _ = crate::local::storage::store::remove_all(&gone);
+        let _ = remove_all(&gone);
         total = total.saturating_sub(e.bytes);
         removed.push(e);
     }

@@ -4,7 +4,9 @@
 
 pub(crate) mod confined;
 pub(crate) mod fd_walk;
+pub(crate) mod fs;
 pub(crate) mod keyed_lock;
 pub(crate) mod lru;
 pub(crate) mod read_buf;
+pub(crate) mod shared;
 pub(crate) mod state_lock;

@@ -1,5 +1,7 @@
 //! The local backend's settings.
 
+use crate::local::isolation::network::llm_relay::RelayLimits;
+use crate::local::storage::template::WarmBounds;
 use crate::{
     local::{
         isolation::cgroup::Limits, isolation::uids, storage::disk_quota::QuotaMode,
@@ -9,6 +11,9 @@ use crate::{
 };
 use forkyard_common::allowed_hosts::AllowedHosts;
 use std::{path::PathBuf, time::Duration};
+
+/// The setting of the git hosts a create may make this replica reach, as errors name it.
+pub const GIT_HOSTS_SETTING: &str = "--allowed-git-hosts (FORKYARD_ALLOWED_GIT_HOSTS)";
 
 /// Settings of the core (the binary fills them from flags; tests build them directly).
 #[derive(Debug, Clone)]
@@ -51,7 +56,7 @@ pub struct Config {
     /// The most memory, disk, processes and lifetime a create may ask for.
     pub maxima: crate::maxima::Maxima,
     /// What each sandbox's LLM relay holds its connections to.
-    pub llm_relay: crate::local::RelayLimits,
+    pub llm_relay: RelayLimits,
     /// Connections each sandbox's egress proxy holds at once.
     pub egress_max_connections: usize,
     /// How often expired sandboxes are looked for.
@@ -81,7 +86,7 @@ pub struct Config {
     pub template_cache_max_bytes: u64,
     /// Warm copies of the templates' workspaces (`crate::local::storage::template`'s `warm`);
     /// off by default here, on by default for the service (`--warm-copies`).
-    pub warm: crate::local::WarmBounds,
+    pub warm: WarmBounds,
     /// What sandboxes' CPU, memory and wall time cost.
     pub prices: Prices,
     /// Sandboxed commands run under the seccomp filters of `crate::local::isolation::bubblewrap::seccomp`.
@@ -108,7 +113,7 @@ impl Config {
             image_cache_max_bytes: 20 << 30,
             image_limits: crate::local::storage::image::UnpackLimits::DEFAULT,
             template_cache_max_bytes: 10 << 30,
-            warm: crate::local::WarmBounds::OFF,
+            warm: WarmBounds::OFF,
             state_dir,
             bwrap_path: "bwrap".into(),
             advertise_endpoint: advertise_endpoint.into(),
@@ -130,7 +135,7 @@ impl Config {
             btrfs_path: "btrfs".into(),
             default_ttl: Duration::from_secs(4 * 3600),
             maxima: crate::maxima::Maxima::DEFAULT,
-            llm_relay: crate::local::RelayLimits::DEFAULT,
+            llm_relay: RelayLimits::DEFAULT,
             egress_max_connections: 256,
             reap_interval: Duration::from_secs(30),
             forwarder_path: None,
@@ -138,7 +143,7 @@ impl Config {
             workspace_overlay: true,
             prices: Prices::default(),
             egress_private_allowed: Vec::new(),
-            git_hosts: AllowedHosts::any_public(crate::config::GIT_HOSTS_SETTING),
+            git_hosts: AllowedHosts::any_public(GIT_HOSTS_SETTING),
             git_credentials: std::sync::Arc::new(
                 forkyard_common::git_credentials::GitCredentials::none(),
             ),

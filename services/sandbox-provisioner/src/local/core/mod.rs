@@ -10,3 +10,4 @@ pub(crate) mod prepare;
 pub mod provisioner;
 pub(crate) mod reaper;
 pub(crate) mod sandbox_init;
+pub(crate) mod usage;

@@ -2,13 +2,14 @@
 //! user namespaces, cgroups, the forwarder, the stores), then the sandboxes a previous
 //! run left taken over, and the reaper and the usage sampler started.
 
+use crate::local::storage::template::WarmBounds;
 use crate::local::{
-    api::usage,
     base::keyed_lock::KeyedLock,
     base::state_lock::StateLock,
     core::config::Config,
     core::provisioner::Provisioner,
     core::reaper,
+    core::usage,
     isolation::bubblewrap::bwrap::{self, Features},
     isolation::bubblewrap::seccomp,
     isolation::cgroup::{self, Cgroups},
@@ -71,7 +72,7 @@ impl Provisioner {
         // A sandbox with a hard quota is a subvolume of its own: nothing renames into it.
         .with_warm(
             match disk_quota {
-                Some(_) => crate::local::WarmBounds::OFF,
+                Some(_) => WarmBounds::OFF,
                 None => warm,
             },
             uids.clone(),

@@ -3,6 +3,9 @@
 //! Start-up is `open`; each call of the session API is an `impl Provisioner` in a file
 //! of its own (`create`, `destroy`, `exec`, `pty`, `session`, ...), over this one.
 
+use crate::local::base::fs::remove_all;
+use crate::local::storage::layout::sandbox_dir_mode;
+use crate::local::storage::repo::submodules::Reader;
 use crate::{
     error::{ProvisionerError, Result},
     limits::{STATE_SELECTOR, wanted_states},
@@ -21,7 +24,7 @@ use crate::{
         storage::disk_quota::DiskQuota,
         storage::image::{ImageCache, registry::Registries},
         storage::snapshot::Snapshots,
-        storage::store::{self, Record, Store},
+        storage::store::{Record, Store},
         storage::template::Templates,
     },
 };
@@ -141,6 +144,15 @@ impl Provisioner {
     /// sandbox's uid, and what the agent made is that uid's, not root's).
     pub(crate) fn sandbox_dir_mode(&self) -> u32 {
         sandbox_dir_mode(self.uids.is_some())
+    }
+
+    /// How host git reads remote repositories for `tenant`.
+    pub(crate) fn reader<'a>(&'a self, tenant: &'a str) -> Reader<'a> {
+        Reader {
+            hosts: &self.config.git_hosts,
+            credentials: &self.config.git_credentials,
+            tenant,
+        }
     }
 
     pub(crate) fn release_uid(&self, uid: u32) {
@@ -297,7 +309,7 @@ impl Drop for DirCleanup {
     fn drop(&mut self) {
         if let Some(dir) = self.0.take() {
             let remove = move || {
-                if let Err(e) = store::remove_all(&dir) {
+                if let Err(e) = remove_all(&dir) {
                     warn!(dir = %dir.display(), error = %e, "cannot remove half-created sandbox");
                 }
             };
@@ -307,10 +319,4 @@ impl Drop for DirCleanup {
             }
         }
     }
-}
-
-/// A sandbox directory's mode ([`Provisioner::sandbox_dir_mode`]): others may pass
-/// through only when sandboxes have uids of their own.
-pub(crate) fn sandbox_dir_mode(own_uids: bool) -> u32 {
-    if own_uids { 0o711 } else { 0o700 }
 }

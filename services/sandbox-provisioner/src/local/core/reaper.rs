@@ -2,11 +2,8 @@
 //! cannot be accounted for), and destroying sandboxes whose TTL has passed.
 
 use crate::limits::now_ms;
-use crate::local::{
-    core::entry::Entry,
-    core::provisioner::Provisioner,
-    storage::store::{self, Record},
-};
+use crate::local::base::fs::remove_all;
+use crate::local::{core::entry::Entry, core::provisioner::Provisioner, storage::store::Record};
 use forkyard_proto::sandbox::v1::DestroySandboxRequest;
 use std::sync::{Arc, Weak};
 use tracing::{info, warn};
@@ -86,15 +83,18 @@ impl Provisioner {
         let Some(uids) = &self.uids else {
             return Ok(());
         };
-        crate::local::isolation::uids::let_through(&self.store.dir(&record.id))
-            .map_err(|e| crate::ProvisionerError::internal("open the sandbox's directory", e))?;
+        crate::local::isolation::uids::let_through(&self.store.dir(&record.id)).map_err(|e| {
+            crate::error::ProvisionerError::internal("open the sandbox's directory", e)
+        })?;
         if record.uid != 0 && uids.hold(record.uid) {
             return Ok(());
         }
         let uid = uids.claim()?;
         let given =
             crate::local::isolation::uids::give_workspace(&self.store.own_files(record), uid)
-                .map_err(|e| crate::ProvisionerError::internal("give the workspace to its uid", e));
+                .map_err(|e| {
+                    crate::error::ProvisionerError::internal("give the workspace to its uid", e)
+                });
         if let Err(e) = given {
             uids.release(uid);
             return Err(e);
@@ -108,7 +108,7 @@ impl Provisioner {
         if let Some(cg) = &self.cgroups {
             cg.remove(id);
         }
-        if let Err(e) = store::remove_all(&self.store.dir(id)) {
+        if let Err(e) = remove_all(&self.store.dir(id)) {
             warn!(sandbox_id = %id, error = %e, "cannot remove sandbox directory");
         }
     }

@@ -10,6 +10,7 @@
 //! container image runs it as 65532) already runs sandboxes as itself.
 
 use crate::error::{ProvisionerError, Result};
+use crate::local::base::shared::is_shared_stat;
 use std::{collections::BTreeSet, os::unix::fs::PermissionsExt as _, path::Path, sync::Mutex};
 
 /// The default range: far above any uid a host hands out (useradd stops at 60000,
@@ -93,7 +94,7 @@ pub fn chown_tree(root: &Path, uid: u32) -> std::io::Result<()> {
     crate::local::base::fd_walk::walk(root, |entry| {
         // A git object file shared with the template's other copies stays the
         // provisioner's (`template::copy`): given to one uid, it could change all.
-        if entry.is_file() && crate::local::storage::template::is_shared_stat(entry.stat) {
+        if entry.is_file() && is_shared_stat(entry.stat) {
             return Ok(false);
         }
         entry.chown(uid)?;

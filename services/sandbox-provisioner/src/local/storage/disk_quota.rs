@@ -12,6 +12,7 @@
 //! them (`CONFIG_QFMT_V2` and `CONFIG_XFS_QUOTA` unset), so that path could not be
 //! tested here. Elsewhere the watch alone bounds a sandbox (the README says which).
 
+use crate::local::base::fs::remove_all;
 use std::{
     ffi::OsStr,
     os::unix::fs::PermissionsExt as _,
@@ -102,9 +103,9 @@ impl DiskQuota {
         })?;
         // A whole subvolume with a limit, made and removed: permissions, tools, kernel.
         let probe = sandboxes.join(".quota-probe");
-        let _ = crate::local::storage::store::remove_all(&probe);
+        let _ = remove_all(&probe);
         let made = q.make_dir(&probe, 1 << 20, 0o700);
-        let _ = crate::local::storage::store::remove_all(&probe);
+        let _ = remove_all(&probe);
         made.map_err(|e| format!("cannot make a subvolume with a limit: {e}"))?;
         Ok(q)
     }
@@ -120,7 +121,7 @@ impl DiskQuota {
             });
         if limited.is_err() {
             // An empty subvolume goes with rmdir (root, Linux 4.18 and later).
-            let _ = crate::local::storage::store::remove_all(dir);
+            let _ = remove_all(dir);
         }
         limited
     }
@@ -140,45 +141,6 @@ impl DiskQuota {
             args.join(" "),
             err.trim().lines().last().unwrap_or("failed")
         )))
-    }
-}
-
-impl crate::Provisioner {
-    /// A request's disk bound: its own, or the replica's default (0 = unbounded).
-    pub(crate) fn disk_bytes_for(
-        &self,
-        req: &forkyard_proto::sandbox::v1::CreateSandboxRequest,
-    ) -> u64 {
-        match req.limits.map(|l| l.disk_bytes) {
-            Some(n) if n > 0 => n,
-            _ => self.config.default_disk_bytes,
-        }
-    }
-
-    /// A new sandbox's directory `<state>/sandboxes/<id>`: a subvolume with its quota
-    /// where there are quotas, a plain directory otherwise.
-    pub(crate) async fn make_sandbox_dir(
-        &self,
-        dir: &Path,
-        req: &forkyard_proto::sandbox::v1::CreateSandboxRequest,
-    ) -> crate::error::Result<()> {
-        use std::os::unix::fs::DirBuilderExt as _;
-        let (dir, mode, quota) = (
-            dir.to_path_buf(),
-            self.sandbox_dir_mode(),
-            self.disk_quota.clone(),
-        );
-        let disk_bytes = self.disk_bytes_for(req);
-        tokio::task::spawn_blocking(move || match quota {
-            Some(q) => q.make_dir(&dir, disk_bytes, mode),
-            None => std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(mode)
-                .create(&dir),
-        })
-        .await
-        .map_err(|e| crate::ProvisionerError::internal("create sandbox directory", e))?
-        .map_err(|e| crate::ProvisionerError::internal("create sandbox directory", e))
     }
 }
 

@@ -1,6 +1,7 @@
 //! What a directory, and a sandbox's workspace, occupy on disk: walked by descriptor,
 //! for the disk limit's watch and the sandboxes' metrics.
 
+use crate::local::base::shared::is_shared_stat;
 use std::path::Path;
 
 /// Bytes a directory tree occupies on disk (allocated blocks, symlinks not followed).
@@ -58,8 +59,7 @@ fn workspace_walk(path: &Path, limit: u64) -> u64 {
             let st = entry.stat;
             if entry.is_file()
                 && st.st_nlink > 1
-                && ((skip_shared && crate::local::storage::template::is_shared_stat(st))
-                    || !linked.insert((st.st_dev, st.st_ino)))
+                && ((skip_shared && is_shared_stat(st)) || !linked.insert((st.st_dev, st.st_ino)))
             {
                 return Ok(false);
             }

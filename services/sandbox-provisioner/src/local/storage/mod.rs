@@ -8,6 +8,7 @@ pub mod disk_quota;
 pub mod disk_usage;
 pub(crate) mod disk_watch;
 pub mod image;
+pub(crate) mod layout;
 pub(crate) mod overlay;
 pub(crate) mod repo;
 pub(crate) mod snapshot;

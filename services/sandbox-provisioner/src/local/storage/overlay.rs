@@ -13,7 +13,7 @@
 //! works unchanged. A sandbox's process gets a clone of it: the launching child makes a
 //! mount namespace of its own, clones the mount (`open_tree(OPEN_TREE_CLONE)`) onto
 //! `<sandbox>/workspace` there, and bubblewrap binds that as it binds a copy
-//! ([`attach`], from `crate::local::isolation::bubblewrap::vfork` and `crate::local::isolation::bubblewrap::enter`). Nothing is in
+//! (`crate::local::isolation::bubblewrap::enter::attach`, from `vfork` and `enter`). Nothing is in
 //! the host's mount table, so a bubblewrap start does not grow with the live sandboxes,
 //! and the mount goes when the provisioner's descriptor and the sandbox's processes do.
 //!
@@ -23,12 +23,13 @@
 //! wrapper, and the idmap's user namespace needs a process of its own.
 #![allow(unsafe_code)]
 
+use crate::local::base::fs::remove_all;
+use crate::local::isolation::bubblewrap::enter::attach;
+use crate::local::storage::layout::WORKSPACE;
+use crate::local::storage::layout::{UPPER, WORK};
 use rustix::{
     fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
-    mount::{
-        FsMountFlags, FsOpenFlags, MountAttrFlags, MountPropagationFlags, MoveMountFlags,
-        OpenTreeFlags,
-    },
+    mount::{FsMountFlags, FsOpenFlags, MountAttrFlags, OpenTreeFlags},
 };
 use std::{
     collections::HashMap,
@@ -38,10 +39,6 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-/// The sandbox's own layer, beside its record.
-pub(crate) const UPPER: &str = "upper";
-/// Overlayfs's work directory (the provisioner's; never seen by the sandbox).
-pub(crate) const WORK: &str = "work";
 /// A user namespace per sandbox uid is kept for the next mount of that uid; past this
 /// many, the cache starts over (uids are handed out lowest first, so the live set is
 /// about the replica's concurrency).
@@ -143,18 +140,18 @@ impl Overlays {
 /// A new sandbox's overlay until the sandbox is registered: dropped before (a create
 /// that failed, or whose caller went), it lets the mount go and gives the uid back.
 pub(crate) struct Hold {
-    store: crate::local::storage::store::Store,
+    overlays: Arc<Overlays>,
     id: String,
     uid: Option<(u32, Arc<crate::local::isolation::uids::SandboxUids>)>,
 }
 
 impl Hold {
     pub(crate) fn new(
-        store: crate::local::storage::store::Store,
+        overlays: Arc<Overlays>,
         id: String,
         uid: Option<(u32, Arc<crate::local::isolation::uids::SandboxUids>)>,
     ) -> Self {
-        Self { store, id, uid }
+        Self { overlays, id, uid }
     }
 
     /// The uid is the register's now (it gives it back if it fails).
@@ -174,7 +171,7 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         if !self.id.is_empty() {
-            self.store.overlays().remove(&self.id);
+            self.overlays.remove(&self.id);
         }
         if let Some((uid, uids)) = self.uid.take() {
             uids.release(uid);
@@ -197,7 +194,7 @@ pub(crate) fn make_layers(sandbox: &Path, uid: u32) -> io::Result<()> {
     // in the host's namespace).
     match std::fs::DirBuilder::new()
         .mode(0o700)
-        .create(sandbox.join(crate::local::storage::store::WORKSPACE))
+        .create(sandbox.join(WORKSPACE))
     {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
         _ => Ok(()),
@@ -206,8 +203,8 @@ pub(crate) fn make_layers(sandbox: &Path, uid: u32) -> io::Result<()> {
 
 /// What [`make_layers`] made, removed (a create that falls back to a copy).
 pub(crate) fn remove_layers(sandbox: &Path) {
-    for name in [UPPER, WORK, crate::local::storage::store::WORKSPACE] {
-        let _ = crate::local::storage::store::remove_all(&sandbox.join(name));
+    for name in [UPPER, WORK, WORKSPACE] {
+        let _ = remove_all(&sandbox.join(name));
     }
 }
 
@@ -360,41 +357,11 @@ fn userns_mapping_to(uid: u32) -> io::Result<OwnedFd> {
     made.map_err(|e| io::Error::new(e.kind(), format!("the idmap's user namespace: {e}")))
 }
 
-/// In a child about to become a sandbox's bubblewrap (as root, before it drops to the
-/// sandbox's uid): a mount namespace of its own, and a clone of `mount` on `target` (the
-/// sandbox's `workspace` directory), which bubblewrap then binds at `/workspace`. Raw
-/// system calls on values made before the fork or clone, nothing allocated: safe in a
-/// forked or vfork child.
-pub(crate) fn attach(mount: BorrowedFd<'_>, target: &CStr) -> rustix::io::Result<()> {
-    // SAFETY: the calling process has one thread (a child); CLONE_NEWNS leaves its
-    // descriptors alone.
-    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)? };
-    // Nothing mounted here reaches the host's namespace.
-    rustix::mount::mount_change(
-        c"/",
-        MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
-    )?;
-    let clone = rustix::mount::open_tree(
-        mount,
-        c"",
-        OpenTreeFlags::OPEN_TREE_CLONE
-            | OpenTreeFlags::OPEN_TREE_CLOEXEC
-            | OpenTreeFlags::AT_EMPTY_PATH,
-    )?;
-    rustix::mount::move_mount(
-        &clone,
-        c"",
-        rustix::fs::CWD,
-        target,
-        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-    )
-}
-
 /// Whether overlay workspaces work here, tried in `scratch` (made and removed here) as a
 /// create and a sandbox start would use them: made as root with a lower layer of the
 /// provisioner's, seen as `uid`'s, and cloned into a child's namespace. `Err`: why not.
 pub(crate) fn probe(scratch: &Path, uid: u32) -> Result<(), String> {
-    let _ = crate::local::storage::store::remove_all(scratch);
+    let _ = remove_all(scratch);
     let tried = (|| -> io::Result<()> {
         let lower = scratch.join("lower");
         std::fs::create_dir_all(lower.join("dir"))?;
@@ -411,14 +378,12 @@ pub(crate) fn probe(scratch: &Path, uid: u32) -> Result<(), String> {
         }
         let mount = overlays.mount_of("probe").expect("just mounted");
         let target = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(
-            scratch
-                .join(crate::local::storage::store::WORKSPACE)
-                .as_os_str(),
+            scratch.join(WORKSPACE).as_os_str(),
         ))
         .map_err(|_| io::Error::other("scratch path holds a NUL byte"))?;
         attached_in_a_child(mount.as_fd(), &target)
     })();
-    let _ = crate::local::storage::store::remove_all(scratch);
+    let _ = remove_all(scratch);
     tried.map_err(|e| e.to_string())
 }
 

@@ -2,9 +2,10 @@
 //! symlinks stored as links, never followed) beside `<id>.json` (where it came from).
 //! Only ids cross Temporal; the data stays in the store.
 
+use crate::local::base::fs::remove_all;
 use crate::{
     error::{ProvisionerError, Result},
-    local::storage::store::{self, Record},
+    local::storage::store::Record,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -120,7 +121,7 @@ impl Snapshots {
         std::fs::create_dir(dest).map_err(|e| ProvisionerError::internal("create workspace", e))?;
         let bound = restore_bound(dest, disk_bytes);
         unpack_within(&mut tar, dest, bound).map_err(|e| {
-            let _ = store::remove_all(dest);
+            let _ = remove_all(dest);
             match e.get_ref().and_then(|e| e.downcast_ref::<TooBig>()) {
                 Some(too_big) => ProvisionerError::FailedPrecondition(format!(
                     "snapshot {id} holds {too_big}; it cannot be restored"

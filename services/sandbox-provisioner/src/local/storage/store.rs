@@ -3,7 +3,10 @@
 //! so a directory without a readable record is an interrupted create.
 
 use crate::error::{ProvisionerError, Result};
+use crate::local::base::fs::{remove_all, write_in_place};
 use crate::local::isolation::cgroup::Limits;
+use crate::local::storage::layout::UPPER;
+use crate::local::storage::layout::{RECORD, WORKSPACE};
 use forkyard_proto::sandbox::v1::{Sandbox, SandboxLimits, SandboxState};
 use serde::{Deserialize, Serialize};
 use std::{
@@ -13,9 +16,6 @@ use std::{
 };
 
 pub use crate::local::storage::disk_usage::{disk_usage, disk_usage_over, workspace_usage};
-
-pub(crate) const RECORD: &str = "sandbox.json";
-pub(crate) const WORKSPACE: &str = "workspace";
 
 /// Everything the provisioner remembers about one sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -250,9 +250,7 @@ impl Store {
     /// upper layer, or its whole workspace.
     pub fn own_files(&self, record: &Record) -> PathBuf {
         match record.overlay {
-            Some(_) => self
-                .dir(&record.id)
-                .join(crate::local::storage::overlay::UPPER),
+            Some(_) => self.dir(&record.id).join(UPPER),
             None => self.mountpoint(&record.id),
         }
     }
@@ -318,7 +316,7 @@ impl Store {
             serde_json::from_slice(&raw).map_err(|e| format!("corrupt record: {e}"))?;
         match &record.overlay {
             Some(lower) => {
-                if !dir.join(crate::local::storage::overlay::UPPER).is_dir() {
+                if !dir.join(UPPER).is_dir() {
                     return Err("overlay workspace's upper directory missing".into());
                 }
                 if !lower.join(".git").is_dir() {
@@ -348,16 +346,6 @@ fn encode(record: &Record) -> Result<Vec<u8>> {
     serde_json::to_vec_pretty(record).map_err(|e| ProvisionerError::internal("encode record", e))
 }
 
-/// Overwrite the existing file `path` with `content` without truncating it to nothing
-/// first (`NotFound` when there is none): ext4 writes a file truncated to zero out to
-/// the disk when it is closed (`auto_da_alloc`), a device round trip in every create.
-/// Cut to the new length once written instead.
-pub(crate) fn write_in_place(path: &Path, content: &[u8]) -> std::io::Result<()> {
-    let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
-    std::io::Write::write_all(&mut file, content)?;
-    file.set_len(content.len() as u64)
-}
-
 /// Mark `dir` as a top of directory hierarchies (`chattr +T`), so ext4 places each new
 /// sandbox directory (and with it its files) in a block group of its own choosing, as
 /// it does for directories under `/`, instead of packing every sandbox into the group
@@ -378,25 +366,6 @@ pub(crate) fn spread_subdirectories(dir: &Path) {
     });
     if let Err(e) = set {
         tracing::debug!(dir = %dir.display(), error = %e, "cannot mark the sandboxes directory as a top directory");
-    }
-}
-
-/// Remove `path` recursively; missing is fine. A sandbox may leave directories without
-/// write or search permission, so on failure make everything writable and retry.
-pub fn remove_all(path: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-        Ok(m) if !m.is_dir() => return std::fs::remove_file(path),
-        Ok(_) => {}
-    }
-    if std::fs::remove_dir_all(path).is_ok() {
-        return Ok(());
-    }
-    make_writable(path);
-    match std::fs::remove_dir_all(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
     }
 }
 
@@ -429,24 +398,6 @@ fn remove_in_background(path: PathBuf) {
         && let Err(e) = remove_all(&path)
     {
         tracing::warn!(dir = %path.display(), error = %e, "cannot remove a destroyed sandbox's files");
-    }
-}
-
-/// Every directory under `dir` owner-writable and searchable, by descriptor: a sandbox
-/// process still alive can swap a directory for a symlink mid-walk, and a path-based
-/// `chmod` would follow it to whatever it names (as root: anything on the host, or a git
-/// object file shared with other sandboxes). Best effort: the removal's retry says what
-/// is left.
-fn make_writable(dir: &Path) {
-    let walked = crate::local::base::fd_walk::walk(dir, |entry| {
-        if !entry.is_dir() {
-            return Ok(false);
-        }
-        let _ = entry.chmod(0o700);
-        Ok(true)
-    });
-    if let Err(e) = walked {
-        tracing::debug!(dir = %dir.display(), error = %e, "cannot make every directory writable");
     }
 }
 

@@ -13,11 +13,14 @@
 //! before the fork, and allocates nothing.
 #![allow(unsafe_code)]
 
+use rustix::fd::BorrowedFd;
+use rustix::mount::{MountPropagationFlags, MoveMountFlags, OpenTreeFlags};
 use rustix::{
     fd::OwnedFd,
     fs::{Mode, OFlags},
     process::{Gid, Uid},
 };
+use std::ffi::CStr;
 use std::path::PathBuf;
 use tokio::process::Command;
 
@@ -62,7 +65,7 @@ pub fn set(
                 rustix::io::write(fd, b"0")?;
             }
             if let Some((mount, target)) = &attach {
-                crate::local::storage::overlay::attach(rustix::fd::AsFd::as_fd(mount), target)?;
+                self::attach(rustix::fd::AsFd::as_fd(mount), target)?;
             }
             if let Some((uid, gid)) = ids {
                 rustix::thread::set_thread_groups(&[])?;
@@ -170,4 +173,34 @@ pub fn restrict_file_size(bytes: u64) -> rustix::io::Result<()> {
         maximum: Some(bytes),
     };
     rustix::process::setrlimit(rustix::process::Resource::Fsize, limit)
+}
+
+/// In a child about to become a sandbox's bubblewrap (as root, before it drops to the
+/// sandbox's uid): a mount namespace of its own, and a clone of `mount` on `target` (the
+/// sandbox's `workspace` directory), which bubblewrap then binds at `/workspace`. Raw
+/// system calls on values made before the fork or clone, nothing allocated: safe in a
+/// forked or vfork child.
+pub(crate) fn attach(mount: BorrowedFd<'_>, target: &CStr) -> rustix::io::Result<()> {
+    // SAFETY: the calling process has one thread (a child); CLONE_NEWNS leaves its
+    // descriptors alone.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)? };
+    // Nothing mounted here reaches the host's namespace.
+    rustix::mount::mount_change(
+        c"/",
+        MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
+    )?;
+    let clone = rustix::mount::open_tree(
+        mount,
+        c"",
+        OpenTreeFlags::OPEN_TREE_CLONE
+            | OpenTreeFlags::OPEN_TREE_CLOEXEC
+            | OpenTreeFlags::AT_EMPTY_PATH,
+    )?;
+    rustix::mount::move_mount(
+        &clone,
+        c"",
+        rustix::fs::CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
 }

@@ -292,7 +292,7 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
         }
         // As root, before the uid drop: a mount namespace of its own, the workspace in it.
         if let Some((mount, target)) = ctx.attach
-            && let Err(e) = crate::local::storage::overlay::attach(mount, target)
+            && let Err(e) = crate::local::isolation::bubblewrap::enter::attach(mount, target)
         {
             return fail(8, e.raw_os_error());
         }

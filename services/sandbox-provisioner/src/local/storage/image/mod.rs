@@ -21,6 +21,7 @@ mod layer;
 pub mod registry;
 mod rootfs;
 
+use crate::local::base::fs::remove_all;
 pub use archive::ImageConfig;
 pub use error::ImageError;
 pub use layer::UnpackLimits;
@@ -95,7 +96,7 @@ impl ImageCache {
         std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))?;
         for e in std::fs::read_dir(root)?.flatten() {
             if e.file_name().to_string_lossy().starts_with(".tmp-") {
-                let _ = crate::local::storage::store::remove_all(&e.path());
+                let _ = remove_all(&e.path());
             }
         }
         Ok(Self {
@@ -165,7 +166,7 @@ impl ImageCache {
             }
             Err(e) => Err(e),
         };
-        let _ = crate::local::storage::store::remove_all(&staging);
+        let _ = remove_all(&staging);
         let img = img?;
         self.pulled.lock().expect("images lock").insert(
             reference.to_owned(),
@@ -212,7 +213,7 @@ fn load(root: &Path, src: &Path, limits: UnpackLimits) -> Result<Image, ImageErr
     let staging = root.join(format!(".tmp-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir(&staging).map_err(io("make a staging directory"))?;
     let loaded = load_in(root, src, &staging, limits);
-    let _ = crate::local::storage::store::remove_all(&staging);
+    let _ = remove_all(&staging);
     loaded
 }
 

@@ -1,5 +1,6 @@
 //! What an unpacked root filesystem needs before a sandbox can run on it.
 
+use crate::local::base::fs::remove_all;
 use std::{
     os::unix::fs::PermissionsExt as _,
     path::{Component, Path, PathBuf},
@@ -16,7 +17,7 @@ pub fn make_mount_points(rootfs: &Path) -> std::io::Result<()> {
         match std::fs::symlink_metadata(&p) {
             Ok(m) if m.is_dir() => continue,
             Ok(m) if m.is_symlink() || m.is_file() => std::fs::remove_file(&p)?,
-            Ok(_) => crate::local::storage::store::remove_all(&p)?,
+            Ok(_) => remove_all(&p)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }

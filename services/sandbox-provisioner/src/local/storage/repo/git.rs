@@ -1,6 +1,8 @@
 //! The local backend's git on the host: a sandbox's clone (made before any agent touched
 //! the workspace) and the templates' clones it is copied from.
 
+use crate::git::Reach;
+use crate::local::base::fs::remove_all;
 use crate::{
     error::{ProvisionerError, Result},
     git::host_git,
@@ -204,7 +206,7 @@ pub async fn refresh_index(ws: &Path) -> Result<()> {
 /// a run's destroys cost in proportion to both. The directories a clone has and agents
 /// may write into (`hooks`, `info`, without the samples) stay.
 fn trim_template(git_dir: &Path) -> std::io::Result<()> {
-    crate::local::storage::store::remove_all(&git_dir.join("logs"))?;
+    remove_all(&git_dir.join("logs"))?;
     for empty in ["refs/tags", "objects/info"] {
         if let Err(e) = std::fs::remove_dir(git_dir.join(empty))
             && !matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty)
@@ -240,4 +242,22 @@ async fn resolve(ws: &Path, base_ref: &str) -> Result<String> {
         "base_ref",
         format!("{base_ref:?} is not a commit in the repository"),
     ))
+}
+
+/// `git ls-remote` of `repo` for `patterns`, reached by `reach`: its output, or the
+/// error a clone of `repo` would give ([`clone_failed`]).
+pub(crate) async fn ls_remote(
+    repo: &str,
+    patterns: &[&str],
+    reach: &Reach,
+    timeout: Duration,
+) -> Result<String> {
+    let mut cmd = host_git();
+    cmd.args(&reach.pin)
+        .envs(reach.env.iter().map(|(k, v)| (k, v)))
+        .args(["ls-remote", "--quiet", "--", repo])
+        .args(patterns);
+    run(cmd, timeout)
+        .await?
+        .map_err(|e| clone_failed(repo, e, true))
 }

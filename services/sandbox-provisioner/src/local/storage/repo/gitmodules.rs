@@ -6,10 +6,10 @@
 //! `https://h/r.git` and `../../x` into `https://x`); the result is then checked like
 //! any repository's URL.
 
-use crate::{
-    error::{ProvisionerError, Result},
-    local::storage::repo::submodules::MAX_COUNT,
-};
+use crate::error::{ProvisionerError, Result};
+
+/// How many submodules one workspace may have, at every level together.
+pub(crate) const MAX_COUNT: usize = 50;
 
 /// One `.gitmodules` entry with a gitlink: where, from where, at which commit.
 #[derive(Debug)]

@@ -20,6 +20,7 @@
 //! local repository are not checked out (as before): their URLs would name paths of
 //! this host.
 
+use crate::local::storage::repo::gitmodules::MAX_COUNT;
 use crate::{
     error::{ProvisionerError, Result},
     git::{Reach, host_git},
@@ -40,8 +41,6 @@ use std::{
 
 /// How deeply submodules may nest (the repository's own are the first level).
 pub(crate) const MAX_DEPTH: usize = 4;
-/// How many submodules one workspace may have, at every level together.
-pub(crate) const MAX_COUNT: usize = 50;
 
 /// Who reads remote repositories host-side: the tenant whose credentials are used,
 /// from the hosts the operator allows.
@@ -111,7 +110,7 @@ pub(crate) async fn check_out(
 }
 
 /// Whether the tenant can read every submodule's repository now (a template's, made
-/// earlier: `crate::local::storage::repo::remote`).
+/// earlier: `crate::local::storage::template::remote`).
 pub(crate) async fn readable(
     subs: &[Submodule],
     reader: Reader<'_>,
@@ -119,7 +118,7 @@ pub(crate) async fn readable(
 ) -> Result<()> {
     for sub in subs {
         let reach = reach(&sub.path, &sub.url, reader).await?;
-        crate::local::storage::repo::remote::ls_remote(&sub.url, &["HEAD"], &reach, timeout)
+        crate::local::storage::repo::git::ls_remote(&sub.url, &["HEAD"], &reach, timeout)
             .await
             .map_err(|e| as_submodule(&sub.path, e))?;
     }

@@ -1,8 +1,9 @@
 //! A new branch written into a template's copy: the files `git checkout -b` would
 //! write, without starting git.
 
-use super::warm;
+use super::warm_copy;
 use crate::error::{ProvisionerError, Result};
+use crate::local::base::fs::write_in_place;
 use forkyard_common::git_refs::read_ref;
 use std::{io, os::unix::fs::DirBuilderExt, path::Path};
 
@@ -51,7 +52,7 @@ pub(crate) fn start_branch(ws: &Path, branch: &str, commit: &str, uid: Option<u3
             }
         }
         // A warm copy's empty ref file, made ahead, becomes the branch's.
-        let made_ahead = refs.join(warm::BRANCH_FILE);
+        let made_ahead = refs.join(warm_copy::BRANCH_FILE);
         match std::fs::OpenOptions::new().write(true).open(&made_ahead) {
             Ok(mut f) => {
                 io::Write::write_all(&mut f, format!("{commit}\n").as_bytes())?;
@@ -77,9 +78,9 @@ fn give(path: &Path, uid: Option<u32>) -> io::Result<()> {
     })
 }
 
-/// Overwrite `path` with `content` in place (`store::write_in_place`), or make it.
+/// Overwrite `path` with `content` in place (`write_in_place`), or make it.
 fn rewrite(path: &Path, content: &[u8]) -> io::Result<()> {
-    match crate::local::storage::store::write_in_place(path, content) {
+    match write_in_place(path, content) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => std::fs::write(path, content),
         done => done,
     }

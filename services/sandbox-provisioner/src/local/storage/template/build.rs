@@ -4,7 +4,12 @@
 //! same repository the same thing a moment later: a hundred creates of a run on a
 //! repository that cannot be read must not clone it a hundred times, one after another).
 
-use super::{READY, SETTLED, Templates, settle};
+use super::{
+    Templates,
+    marks::{BYTES, READY, SETTLED},
+    settle,
+};
+use crate::local::base::fs::remove_all;
 use crate::{
     error::{ProvisionerError, Result},
     local::storage::repo::git,
@@ -19,10 +24,6 @@ use std::{
 
 /// How long a failed build's error is kept for the creates that waited on it.
 const FAILURE_KEPT: Duration = Duration::from_secs(600);
-
-/// Builds that failed, by key: when they ended, and their error.
-pub(super) type Failures =
-    std::sync::Mutex<std::collections::HashMap<String, (Instant, ProvisionerError)>>;
 
 /// `<hash of the owner>-<commit>`: the templates of one owner (a local repository's
 /// path; a tenant and a remote repository's URL) share a prefix. A cryptographic hash:
@@ -126,16 +127,16 @@ impl Templates {
             .create(&tmp)
             .map_err(|e| ProvisionerError::internal("create template", e))?;
         if let Err(e) = build(tmp.clone()).await {
-            let _ = crate::local::storage::store::remove_all(&tmp);
+            let _ = remove_all(&tmp);
             return Err(e);
         }
         let bytes = crate::local::storage::store::disk_usage(&tmp);
-        let done = std::fs::write(tmp.join(super::BYTES), bytes.to_string())
+        let done = std::fs::write(tmp.join(BYTES), bytes.to_string())
             .and_then(|()| std::fs::write(tmp.join(SETTLED), ""))
             .and_then(|()| std::fs::write(tmp.join(READY), commit))
             .and_then(|()| std::fs::rename(&tmp, dir));
         if let Err(e) = done {
-            let _ = crate::local::storage::store::remove_all(&tmp);
+            let _ = remove_all(&tmp);
             return Err(ProvisionerError::internal("store template", e));
         }
         Ok(())
@@ -172,7 +173,7 @@ impl Templates {
                     .root
                     .join(format!("{name}.tmp-old-{}", uuid::Uuid::new_v4().simple()));
                 if std::fs::rename(e.path(), &gone).is_ok() {
-                    let _ = crate::local::storage::store::remove_all(&gone);
+                    let _ = remove_all(&gone);
                 }
             }
         }

@@ -13,6 +13,7 @@
 //! sandbox could `chmod` a shared one and write into every other copy.
 
 use super::settle::preserve_times;
+use crate::local::base::shared::is_shared;
 use std::{
     fs::{self, File},
     io,
@@ -90,23 +91,6 @@ fn copy_dir(from: &Path, to: &Path, uid: Option<u32>, part: Part) -> io::Result<
 /// A file no uid but the provisioner's may change: its own, with no write permission.
 fn shareable(meta: &fs::Metadata) -> bool {
     meta.uid() == rustix::process::geteuid().as_raw() && meta.mode() & 0o7222 == 0
-}
-
-/// Whether `meta` is a file shared between copies of a template (see the module): the
-/// provisioner's own, and linked from more than one place. One that no other place
-/// holds any more (its template is gone) can be given to its sandbox safely.
-pub(crate) fn is_shared(meta: &fs::Metadata) -> bool {
-    meta.is_file() && shared_by(meta.nlink(), meta.uid())
-}
-
-/// [`is_shared`] for a file's `fstat`.
-pub(crate) fn is_shared_stat(stat: &rustix::fs::Stat) -> bool {
-    rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile
-        && shared_by(stat.st_nlink, stat.st_uid)
-}
-
-fn shared_by(links: u64, owner: u32) -> bool {
-    links > 1 && owner == rustix::process::geteuid().as_raw()
 }
 
 /// The bytes of the files under `ws/.git/objects` that are shared (see the module).

@@ -3,15 +3,16 @@
 //! [`GRACE`] (a create may be between finding its template and copying it; one that
 //! lost the race clones instead). `FORKYARD_TEMPLATE_CACHE_MAX_BYTES`.
 
-use super::{BYTES, READY, Templates, Used};
+use super::{
+    GRACE, Templates, Used,
+    marks::{BYTES, READY},
+};
 use crate::local::base::lru::Entry;
 use std::{
     path::Path,
     sync::atomic::Ordering,
     time::{Duration, SystemTime},
 };
-
-pub(crate) const GRACE: Duration = Duration::from_secs(600);
 
 impl Templates {
     pub(crate) fn touch(&self, key: &str) {
@@ -62,7 +63,8 @@ fn entries(root: &Path, used: &Used) -> Vec<Entry> {
                 return None;
             }
             // Its warm copies (`warm`) are as large as its workspace, and go with it.
-            let copies = std::fs::read_dir(home.join(super::warm::DIR)).map_or(0, Iterator::count);
+            let copies =
+                std::fs::read_dir(home.join(super::warm_copy::DIR)).map_or(0, Iterator::count);
             let bytes = std::fs::read_to_string(home.join(BYTES))
                 .ok()
                 .and_then(|b| b.trim().parse::<u64>().ok())

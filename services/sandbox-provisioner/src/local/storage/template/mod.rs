@@ -8,13 +8,14 @@
 //!
 //! Local repositories whose `base_ref` can be read from their ref files without
 //! running anything (HEAD, a branch, a full commit id) take this path, and remote ones
-//! whose `base_ref` the remote names (`crate::local::storage::repo::remote`, which says how a template
+//! whose `base_ref` the remote names (`crate::local::storage::template::remote`, which says how a template
 //! of a private repository is kept to its tenant); expressions like `HEAD~1` are cloned
 //! as before. Templates are never shown to a sandbox, and a template of an older
 //! commit is dropped when a newer one of the same owner is built (a remote one's once
 //! unused for a while: [`build`]).
 //! Past their size bound, least recently used templates are removed (`evict`).
 
+use crate::local::base::fs::remove_all;
 use crate::{
     error::{ProvisionerError, Result},
     local::storage::repo::git,
@@ -35,26 +36,28 @@ mod branch;
 mod build;
 mod copy;
 mod evict;
+mod marks;
+pub(crate) mod remote;
 mod settle;
 mod warm;
+mod warm_copy;
 
 pub(crate) use branch::start_branch;
 use copy::copy_workspace;
-pub(crate) use copy::{is_shared, is_shared_stat};
 
 pub use warm::WarmBounds;
-pub(crate) use warm::WarmCopy;
-
-pub(crate) const READY: &str = "ready";
-/// Present when the template's files have their own mtimes, recorded in its index
-/// ([`settle`]); a template built before that is settled at its next use.
-const SETTLED: &str = "settled";
-/// The file holding a template's size in bytes, written when it is built.
-pub(crate) const BYTES: &str = "bytes";
+pub(crate) use warm_copy::WarmCopy;
 
 /// How long a remote repository's template of an older commit is kept after its last
-/// use when a newer one is built (`crate::local::storage::repo::remote`): as long as eviction spares it.
-pub(crate) const SPARE: std::time::Duration = evict::GRACE;
+/// use when a newer one is built (`crate::local::storage::template::remote`): as long as eviction spares it.
+pub(crate) const SPARE: std::time::Duration = GRACE;
+
+/// How long after its last use a template is spared by eviction (`evict`).
+pub(crate) const GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Builds that failed (`build`), by key: when they ended, and their error.
+type Failures =
+    std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, ProvisionerError)>>;
 
 /// When each template was last used, by key (this replica's run).
 pub(crate) type Used = Arc<Mutex<HashMap<String, SystemTime>>>;
@@ -81,7 +84,7 @@ pub(crate) struct Templates {
     /// Live overlay workspaces: a template that is one's lower layer is never evicted.
     pub(crate) overlays: Arc<crate::local::storage::overlay::Overlays>,
     /// Builds that failed lately (`build`).
-    failures: build::Failures,
+    failures: Failures,
 }
 
 /// Give the template worktree `ws` its files' own mtimes and record them in its index
@@ -113,7 +116,7 @@ impl Templates {
         // Builds interrupted by a crash, and the last run's warm copies.
         for e in std::fs::read_dir(&root)?.flatten() {
             if e.file_name().to_string_lossy().contains(".tmp-") {
-                let _ = crate::local::storage::store::remove_all(&e.path());
+                let _ = remove_all(&e.path());
             } else {
                 warm::sweep(&e.path());
             }
@@ -128,7 +131,7 @@ impl Templates {
             evicting: std::sync::Arc::default(),
             warm: Arc::new(warm::Warm::start(WarmBounds::OFF, None)),
             overlays: Arc::default(),
-            failures: build::Failures::default(),
+            failures: Failures::default(),
         })
     }
 

@@ -22,11 +22,9 @@
 //! template it was made from (a template is one commit of one repository), and never
 //! after a sandbox used it (copies are made from the template and never given back).
 
-#[path = "warm_make.rs"]
-mod make;
-
+use super::warm_copy::{DIR, WarmCopy, make_copy};
+use crate::local::base::fs::remove_all;
 use crate::local::isolation::uids::SandboxUids;
-use make::make_copy;
 use std::{
     collections::{HashMap, VecDeque},
     path::{Path, PathBuf},
@@ -42,8 +40,6 @@ const IDLE: Duration = Duration::from_secs(600);
 /// slowed by the copies that replace the ones they take (measured: a thread at the
 /// lowest priority still took a fifth of the replica's CPU in a wave).
 const QUIET: Duration = Duration::from_millis(200);
-/// Where a template's copies are, inside its directory.
-pub(crate) const DIR: &str = "warm";
 
 /// How many warm copies a replica keeps. `copies` 0: none (every create copies).
 #[derive(Debug, Clone, Copy)]
@@ -81,63 +77,6 @@ impl WarmBounds {
     };
 }
 
-/// A sandbox directory made ahead ([`skeleton`]), ready to be renamed into place; with its sandbox uid when the
-/// replica hands uids out (claimed, and the copy given to it, ahead of time too: a
-/// `chown` per file was a tenth of a create). Dropped, it gives its uid back.
-#[derive(Debug)]
-pub(crate) struct WarmCopy {
-    pub(crate) path: PathBuf,
-    /// The checksum of its `.git/index` (the sandbox record's `made_index`).
-    pub(crate) index: String,
-    uid: u32,
-    uids: Option<Arc<SandboxUids>>,
-    /// A warm overlay's mount, and its lower layer (`crate::local::storage::overlay`); `None`: a
-    /// copy of the worktree.
-    pub(crate) mount: Option<(rustix::fd::OwnedFd, PathBuf)>,
-}
-
-impl WarmCopy {
-    /// No copy made ahead: a sandbox uid claimed now (when the replica hands uids out)
-    /// for the copy about to be made at `path`, given back if it is dropped.
-    pub(crate) fn holding_uid(
-        path: PathBuf,
-        uids: Option<&Arc<SandboxUids>>,
-    ) -> crate::error::Result<Self> {
-        let uid = match uids {
-            Some(u) => u.claim()?,
-            None => 0,
-        };
-        Ok(Self {
-            path,
-            index: String::new(),
-            uid,
-            uids: uids.cloned(),
-            mount: None,
-        })
-    }
-
-    /// The sandbox uid its files are given to, if any.
-    pub(crate) fn uid(&self) -> Option<u32> {
-        (self.uid != 0).then_some(self.uid)
-    }
-
-    /// Its sandbox uid (0: none), now the sandbox's to give back.
-    pub(crate) fn keep_uid(mut self) -> (String, u32) {
-        self.uids = None;
-        (std::mem::take(&mut self.index), self.uid)
-    }
-}
-
-impl Drop for WarmCopy {
-    fn drop(&mut self) {
-        if let Some(uids) = &self.uids
-            && self.uid != 0
-        {
-            uids.release(self.uid);
-        }
-    }
-}
-
 pub(crate) struct Warm {
     shared: Arc<Shared>,
     /// Wakes the filler thread; `None` when warm copies are off.
@@ -156,14 +95,6 @@ struct Shared {
     /// Set when the replica's workspaces are overlays: the copies made are too.
     overlays: std::sync::OnceLock<Arc<crate::local::storage::overlay::Overlays>>,
 }
-
-/// What a warm overlay takes on the disk (its directories and empty files), counted
-/// against the copies' bytes bound in place of a worktree's.
-const OVERLAY_BYTES: u64 = 32 << 10;
-
-/// In a copy's `.git/refs/heads/`: the file a create renames to its branch's ref (a
-/// name no branch can have: a ref's parts never start with a dot).
-pub(crate) const BRANCH_FILE: &str = ".forkyard-branch";
 
 /// One template's copies, by the template's directory.
 #[derive(Default)]
@@ -250,7 +181,7 @@ impl Warm {
     /// A copy could not be renamed into a sandbox (`error`): it is removed, and when the
     /// sandboxes are on another filesystem than the templates, no more copies are made.
     pub(crate) fn unusable(&self, copy: &WarmCopy, error: &std::io::Error) {
-        let _ = crate::local::storage::store::remove_all(&copy.path);
+        let _ = remove_all(&copy.path);
         if error.kind() == std::io::ErrorKind::CrossesDevices {
             tracing::warn!(error = %error, "warm copies cannot be renamed into sandboxes (another filesystem); every create copies its template");
             self.usable
@@ -328,7 +259,7 @@ impl Shared {
                     Job::Wait(quiet) => std::thread::sleep(quiet),
                     Job::Drop(copies) => {
                         for c in copies {
-                            let _ = crate::local::storage::store::remove_all(&c.path);
+                            let _ = remove_all(&c.path);
                         }
                     }
                 }
@@ -405,7 +336,7 @@ impl Shared {
                         publish(&pools);
                     }
                     // Forgotten meanwhile: its directory is going away.
-                    None => drop(crate::local::storage::store::remove_all(&copy.path)),
+                    None => drop(remove_all(&copy.path)),
                 }
             }
             Err(e) => {
@@ -420,5 +351,5 @@ impl Shared {
 
 /// Copies a previous run of the replica made: nothing knows of them any more.
 pub(crate) fn sweep(template: &Path) {
-    let _ = crate::local::storage::store::remove_all(&template.join(DIR));
+    let _ = remove_all(&template.join(DIR));
 }

@@ -4,14 +4,15 @@ use super::{
     tests::{git, repo, walk},
     *,
 };
-use crate::local::{storage::repo::git_index, storage::store};
+use crate::local::storage::layout::RECORD;
+use crate::local::storage::repo::git_index;
 use forkyard_common::git_refs::local_commit;
 use std::os::unix::fs::MetadataExt as _;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn warm_names(template: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(template.join(warm::DIR))
+    let mut names: Vec<String> = std::fs::read_dir(template.join(warm_copy::DIR))
         .into_iter()
         .flatten()
         .flatten()
@@ -110,7 +111,7 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
 
     // The first create copies the template; it asks for one copy ahead.
     let (fresh, copied) = create(&t, &dir, &tmp.path().join("fresh"), "fork-1", &commit).await;
-    assert!(!fresh.parent().unwrap().join(store::RECORD).exists());
+    assert!(!fresh.parent().unwrap().join(RECORD).exists());
     assert_eq!(Some(copied.index), git_index::checksum_of(&fresh));
     // Given its uid as it is made (no second walk at register).
     assert_eq!(copied.uid != 0, uids.is_some());
@@ -122,11 +123,11 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
     // The second takes it: the same files as a copy, to the nanosecond, on its branch.
     let (b, copied) = create(&t, &dir, &tmp.path().join("b"), "team/fork-2", &commit).await;
     // With its record file, empty, made ahead too (`Store::save_new` writes it).
-    let record = std::fs::metadata(b.parent().unwrap().join(store::RECORD)).unwrap();
+    let record = std::fs::metadata(b.parent().unwrap().join(RECORD)).unwrap();
     assert_eq!(record.len(), 0);
     let refs = b.join(".git/refs/heads");
     assert!(
-        !refs.join(warm::BRANCH_FILE).exists(),
+        !refs.join(warm_copy::BRANCH_FILE).exists(),
         "the ref made ahead is the branch's"
     );
     assert!(
@@ -193,7 +194,7 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
     let pooled: Vec<u32> = warm_names(&dir)
         .iter()
         .map(|n| {
-            std::fs::metadata(dir.join(warm::DIR).join(n).join("workspace"))
+            std::fs::metadata(dir.join(warm_copy::DIR).join(n).join("workspace"))
                 .unwrap()
                 .uid()
         })

@@ -21,6 +21,10 @@ use std::{
 };
 use tokio::io::AsyncWriteExt as _;
 
+/// The setting of the registries a create may make this replica pull from, as errors
+/// name it.
+pub const REGISTRIES_SETTING: &str = "--allowed-registries (FORKYARD_ALLOWED_REGISTRIES)";
+
 const MANIFEST_TYPES: &str = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docker.distribution.manifest.v2+json";
 
 /// Where and how to reach registries.
@@ -40,7 +44,7 @@ impl Default for RegistryConfig {
         Self {
             auth_file: None,
             insecure: Vec::new(),
-            allowed: AllowedHosts::any_public(crate::config::REGISTRIES_SETTING),
+            allowed: AllowedHosts::any_public(REGISTRIES_SETTING),
         }
     }
 }

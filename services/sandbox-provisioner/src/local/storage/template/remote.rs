@@ -39,10 +39,9 @@ use crate::{
     error::{ProvisionerError, Result},
     git::Reach,
     local::{
-        api::workspace::Source,
-        core::provisioner::Provisioner,
         storage::repo::git::{self, is_commit_id},
         storage::repo::submodules::{self, Reader, Submodule},
+        storage::template::{SPARE, Templates},
     },
 };
 use forkyard_proto::sandbox::v1::CreateSandboxRequest;
@@ -138,80 +137,51 @@ impl Wanted {
     }
 }
 
-/// `git ls-remote` of `repo` for `patterns`, reached by `reach`: its output, or the
-/// error a clone of `repo` would give (`git::clone_failed`).
-pub(crate) async fn ls_remote(
-    repo: &str,
-    patterns: &[&str],
-    reach: &Reach,
-    timeout: Duration,
-) -> Result<String> {
-    let mut cmd = crate::git::host_git();
-    cmd.args(&reach.pin)
-        .envs(reach.env.iter().map(|(k, v)| (k, v)))
-        .args(["ls-remote", "--quiet", "--", repo])
-        .args(patterns);
-    git::run(cmd, timeout)
-        .await?
-        .map_err(|e| git::clone_failed(repo, e, true))
-}
-
-impl Provisioner {
-    /// How host git reads remote repositories for `tenant`.
-    pub(crate) fn reader<'a>(&'a self, tenant: &'a str) -> Reader<'a> {
-        Reader {
-            hosts: &self.config.git_hosts,
-            credentials: &self.config.git_credentials,
-            tenant,
-        }
+/// The template of `req`, a remote repository's, and the commit the remote names for
+/// its `base_ref` (built now if needed) once the tenant was shown to read it now;
+/// `None`: a clone (the remote cannot name it, or the template cannot be built for a
+/// reason of its own). `Err`: the tenant cannot read it, or a template cannot be built
+/// for a reason a clone would share.
+pub(crate) async fn template_of(
+    templates: &Templates,
+    reader: Reader<'_>,
+    req: &CreateSandboxRequest,
+    clone_timeout: Duration,
+) -> Result<Option<(PathBuf, String)>> {
+    let want = wanted(&req.base_ref);
+    if want == Wanted::Unknown {
+        return Ok(None);
     }
-
-    /// Where the workspace of `req`, a remote repository's, comes from: its template
-    /// at the commit the remote names for `base_ref` (built now if needed) once the
-    /// tenant was shown to read it now, else a clone. `Err`: the tenant cannot read
-    /// it, or a template cannot be built for a reason a clone would share.
-    pub(crate) async fn remote_source(&self, req: &CreateSandboxRequest) -> Result<Source> {
-        let reader = self.reader(&req.tenant);
-        let want = wanted(&req.base_ref);
-        if want == Wanted::Unknown {
-            return Ok(Source::Clone);
+    let Some(reach) = reader.reach(&req.repo).await? else {
+        return Ok(None);
+    };
+    let patterns = want.patterns();
+    let patterns: Vec<&str> = patterns.iter().map(String::as_str).collect();
+    let timeout = LS_REMOTE_TIMEOUT.min(clone_timeout);
+    let out = git::ls_remote(&req.repo, &patterns, &reach, timeout).await?;
+    let Some(commit) = want.pick(&out) else {
+        // No such branch or tag (or an empty repository): the clone says which.
+        return Ok(None);
+    };
+    let owner = format!("tenant {:?} remote {:?}", req.tenant, req.repo);
+    let (repo, at) = (&req.repo, &commit);
+    let build =
+        |dir: PathBuf| async move { build(&dir, repo, at, &reach, reader, clone_timeout).await };
+    let made = templates.ensure_with(&owner, &commit, SPARE, build).await;
+    let (dir, fresh) = match made {
+        Ok(made) => made,
+        Err(e @ (ProvisionerError::Internal(_) | ProvisionerError::Unavailable(_))) => {
+            tracing::warn!(repo = %forkyard_common::repo_location::shown(&req.repo), error = %e, "workspace template cannot be built; cloning instead");
+            return Ok(None);
         }
-        let Some(reach) = reader.reach(&req.repo).await? else {
-            return Ok(Source::Clone);
-        };
-        let patterns = want.patterns();
-        let patterns: Vec<&str> = patterns.iter().map(String::as_str).collect();
-        let timeout = LS_REMOTE_TIMEOUT.min(self.config.clone_timeout);
-        let out = ls_remote(&req.repo, &patterns, &reach, timeout).await?;
-        let Some(commit) = want.pick(&out) else {
-            // No such branch or tag (or an empty repository): the clone says which.
-            return Ok(Source::Clone);
-        };
-        let owner = format!("tenant {:?} remote {:?}", req.tenant, req.repo);
-        let (repo, at, clone_timeout) = (&req.repo, &commit, self.config.clone_timeout);
-        let build = |dir: PathBuf| async move {
-            build(&dir, repo, at, &reach, reader, clone_timeout).await
-        };
-        let spare = crate::local::storage::template::SPARE;
-        let made = self
-            .templates
-            .ensure_with(&owner, &commit, spare, build)
-            .await;
-        let (dir, fresh) = match made {
-            Ok(made) => made,
-            Err(e @ (ProvisionerError::Internal(_) | ProvisionerError::Unavailable(_))) => {
-                tracing::warn!(repo = %forkyard_common::repo_location::shown(&req.repo), error = %e, "workspace template cannot be built; cloning instead");
-                return Ok(Source::Clone);
-            }
-            Err(e) => return Err(e),
-        };
-        // A template built since this create asked read its submodules meanwhile.
-        if !fresh {
-            let subs = recorded(&dir)?;
-            submodules::readable(&subs, reader, timeout).await?;
-        }
-        Ok(Source::Template(dir, commit))
+        Err(e) => return Err(e),
+    };
+    // A template built since this create asked read its submodules meanwhile.
+    if !fresh {
+        let subs = recorded(&dir)?;
+        submodules::readable(&subs, reader, timeout).await?;
     }
+    Ok(Some((dir, commit)))
 }
 
 /// A remote template's build into `dir`: one clone with the tenant's credential, its
@@ -229,7 +199,7 @@ async fn build(
     git::clone_detached(repo, commit, &ws, timeout, Some(reach)).await?;
     let subs = submodules::check_out(&ws, repo, reader, deadline).await?;
     let paths: Vec<String> = subs.iter().map(|s| s.path.clone()).collect();
-    crate::local::storage::template::settle(&ws, &paths).await?;
+    super::settle(&ws, &paths).await?;
     let json = serde_json::to_vec(&subs)
         .map_err(|e| ProvisionerError::internal("record submodules", e))?;
     std::fs::write(dir.join(SUBMODULES), json)

@@ -1,11 +1,86 @@
-//! How one warm copy is made ([`super`] decides how many and when): the template's
-//! workspace copied, or a sandbox directory with an overlay of it mounted ahead, under a
-//! `.tmp` name until it is whole.
+//! One warm copy of a template's workspace, and how it is made (`super::warm`'s pool
+//! decides how many and when): the template's workspace copied, or a sandbox directory
+//! with an overlay of it mounted ahead, under a `.tmp` name until it is whole.
 
-use super::{BRANCH_FILE, DIR, OVERLAY_BYTES, WarmCopy};
+use super::marks::BYTES;
+use crate::local::base::fs::remove_all;
 use crate::local::isolation::uids::SandboxUids;
+use crate::local::storage::layout::RECORD;
+use crate::local::storage::layout::UPPER;
+use crate::local::storage::layout::WORKSPACE;
+use crate::local::storage::layout::sandbox_dir_mode;
 use crate::local::storage::template::copy::copy_workspace;
-use std::{os::unix::fs::DirBuilderExt as _, path::Path, sync::Arc};
+use std::{
+    os::unix::fs::DirBuilderExt as _,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+/// Where a template's copies are, inside its directory.
+pub(crate) const DIR: &str = "warm";
+/// What a warm overlay takes on the disk (its directories and empty files), counted
+/// against the copies' bytes bound in place of a worktree's.
+const OVERLAY_BYTES: u64 = 32 << 10;
+/// In a copy's `.git/refs/heads/`: the file a create renames to its branch's ref (a
+/// name no branch can have: a ref's parts never start with a dot).
+pub(crate) const BRANCH_FILE: &str = ".forkyard-branch";
+
+/// A sandbox directory made ahead ([`skeleton`]), ready to be renamed into place; with its sandbox uid when the
+/// replica hands uids out (claimed, and the copy given to it, ahead of time too: a
+/// `chown` per file was a tenth of a create). Dropped, it gives its uid back.
+#[derive(Debug)]
+pub(crate) struct WarmCopy {
+    pub(crate) path: PathBuf,
+    /// The checksum of its `.git/index` (the sandbox record's `made_index`).
+    pub(crate) index: String,
+    uid: u32,
+    uids: Option<Arc<SandboxUids>>,
+    /// A warm overlay's mount, and its lower layer (`crate::local::storage::overlay`); `None`: a
+    /// copy of the worktree.
+    pub(crate) mount: Option<(rustix::fd::OwnedFd, PathBuf)>,
+}
+
+impl WarmCopy {
+    /// No copy made ahead: a sandbox uid claimed now (when the replica hands uids out)
+    /// for the copy about to be made at `path`, given back if it is dropped.
+    pub(crate) fn holding_uid(
+        path: PathBuf,
+        uids: Option<&Arc<SandboxUids>>,
+    ) -> crate::error::Result<Self> {
+        let uid = match uids {
+            Some(u) => u.claim()?,
+            None => 0,
+        };
+        Ok(Self {
+            path,
+            index: String::new(),
+            uid,
+            uids: uids.cloned(),
+            mount: None,
+        })
+    }
+
+    /// The sandbox uid its files are given to, if any.
+    pub(crate) fn uid(&self) -> Option<u32> {
+        (self.uid != 0).then_some(self.uid)
+    }
+
+    /// Its sandbox uid (0: none), now the sandbox's to give back.
+    pub(crate) fn keep_uid(mut self) -> (String, u32) {
+        self.uids = None;
+        (std::mem::take(&mut self.index), self.uid)
+    }
+}
+
+impl Drop for WarmCopy {
+    fn drop(&mut self) {
+        if let Some(uids) = &self.uids
+            && self.uid != 0
+        {
+            uids.release(self.uid);
+        }
+    }
+}
 
 /// Copy `template`'s workspace into its `warm/` directory: under a `.tmp` name first, so
 /// a half-made copy is never taken (and is swept at start-up with the rest). With the
@@ -15,11 +90,10 @@ pub(super) fn make_copy(
     uids: Option<&Arc<SandboxUids>>,
     overlays: Option<&Arc<crate::local::storage::overlay::Overlays>>,
 ) -> std::io::Result<(WarmCopy, u64)> {
-    let bytes: u64 =
-        std::fs::read_to_string(template.join(crate::local::storage::template::BYTES))?
-            .trim()
-            .parse()
-            .map_err(std::io::Error::other)?;
+    let bytes: u64 = std::fs::read_to_string(template.join(BYTES))?
+        .trim()
+        .parse()
+        .map_err(std::io::Error::other)?;
     let dir = template.join(DIR);
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         // Spread as the sandboxes' directories are (`store::spread_subdirectories`):
@@ -45,7 +119,7 @@ pub(super) fn make_copy(
     .and_then(|()| std::fs::rename(&tmp, &path));
     if let Err(e) = made {
         drop(copy.mount.take());
-        let _ = crate::local::storage::store::remove_all(&tmp);
+        let _ = remove_all(&tmp);
         return Err(e);
     }
     if copy.mount.is_some() {
@@ -53,9 +127,7 @@ pub(super) fn make_copy(
         return Ok((copy, OVERLAY_BYTES));
     }
     // What the copy shares with its template takes no disk of its own.
-    let shared = crate::local::storage::template::copy::shared_bytes(
-        &path.join(crate::local::storage::store::WORKSPACE),
-    );
+    let shared = crate::local::storage::template::copy::shared_bytes(&path.join(WORKSPACE));
     copy.path = path;
     Ok((copy, bytes.saturating_sub(shared)))
 }
@@ -67,9 +139,9 @@ pub(super) fn make_copy(
 fn skeleton(template: &Path, dir: &Path, copy: &mut WarmCopy) -> std::io::Result<()> {
     let own_uids = copy.uids.is_some();
     std::fs::DirBuilder::new()
-        .mode(crate::local::core::provisioner::sandbox_dir_mode(own_uids))
+        .mode(sandbox_dir_mode(own_uids))
         .create(dir)?;
-    let ws = dir.join(crate::local::storage::store::WORKSPACE);
+    let ws = dir.join(WORKSPACE);
     if let Some(uids) = &copy.uids {
         copy.uid = uids.claim().map_err(std::io::Error::other)?;
     }
@@ -78,7 +150,7 @@ fn skeleton(template: &Path, dir: &Path, copy: &mut WarmCopy) -> std::io::Result
     copy.index = crate::local::storage::repo::git_index::checksum_of(&ws)
         .ok_or_else(|| std::io::Error::other("the copy has no readable index"))?;
     let branch = std::fs::File::create_new(ws.join(".git/refs/heads").join(BRANCH_FILE))?;
-    std::fs::File::create_new(dir.join(crate::local::storage::store::RECORD))?;
+    std::fs::File::create_new(dir.join(RECORD))?;
     if let Some(uid) = uid {
         crate::local::isolation::uids::give_file(&branch, uid)?;
     }
@@ -97,7 +169,7 @@ fn overlay_skeleton(
 ) -> std::io::Result<()> {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
     std::fs::DirBuilder::new()
-        .mode(crate::local::core::provisioner::sandbox_dir_mode(true))
+        .mode(sandbox_dir_mode(true))
         .create(dir)?;
     let uids = copy
         .uids
@@ -105,9 +177,9 @@ fn overlay_skeleton(
         .ok_or_else(|| std::io::Error::other("overlays need a uid per sandbox"))?;
     copy.uid = uids.claim().map_err(std::io::Error::other)?;
     let uid = copy.uid;
-    let lower = template.join(crate::local::storage::store::WORKSPACE);
+    let lower = template.join(WORKSPACE);
     crate::local::storage::overlay::make_layers(dir, uid)?;
-    let upper = dir.join(crate::local::storage::overlay::UPPER);
+    let upper = dir.join(UPPER);
     for part in [".git", ".git/refs", ".git/refs/heads"] {
         let mode = std::fs::metadata(lower.join(part)).map_or(0o755, |m| m.mode() & 0o7777);
         std::fs::DirBuilder::new()
@@ -124,7 +196,7 @@ fn overlay_skeleton(
     to.set_permissions(std::fs::Permissions::from_mode(
         std::fs::metadata(&head)?.mode() & 0o777,
     ))?;
-    std::fs::File::create_new(dir.join(crate::local::storage::store::RECORD))?;
+    std::fs::File::create_new(dir.join(RECORD))?;
     copy.index = crate::local::storage::repo::git_index::checksum_of(&lower)
         .ok_or_else(|| std::io::Error::other("the template has no readable index"))?;
     copy.mount = Some((overlays.detached(&lower, dir, uid)?, lower));

@@ -1,0 +1,94 @@
+//! File helpers every floor uses: a tree removed whatever a sandbox left in it (a
+//! directory without write or search permission, a symlink swapped in mid-walk), and a
+//! file overwritten in place.
+
+use std::path::Path;
+
+/// Overwrite the existing file `path` with `content` without truncating it to nothing
+/// first (`NotFound` when there is none): ext4 writes a file truncated to zero out to
+/// the disk when it is closed (`auto_da_alloc`), a device round trip in every create.
+/// Cut to the new length once written instead.
+pub(crate) fn write_in_place(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
+    std::io::Write::write_all(&mut file, content)?;
+    file.set_len(content.len() as u64)
+}
+
+/// Remove `path` recursively; missing is fine. A sandbox may leave directories without
+/// write or search permission, so on failure make everything writable and retry.
+pub fn remove_all(path: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+        Ok(m) if !m.is_dir() => return std::fs::remove_file(path),
+        Ok(_) => {}
+    }
+    if std::fs::remove_dir_all(path).is_ok() {
+        return Ok(());
+    }
+    make_writable(path);
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Every directory under `dir` owner-writable and searchable, by descriptor: a sandbox
+/// process still alive can swap a directory for a symlink mid-walk, and a path-based
+/// `chmod` would follow it to whatever it names (as root: anything on the host, or a git
+/// object file shared with other sandboxes). Best effort: the removal's retry says what
+/// is left.
+fn make_writable(dir: &Path) {
+    let walked = crate::local::base::fd_walk::walk(dir, |entry| {
+        if !entry.is_dir() {
+            return Ok(false);
+        }
+        let _ = entry.chmod(0o700);
+        Ok(true)
+    });
+    if let Err(e) = walked {
+        tracing::debug!(dir = %dir.display(), error = %e, "cannot make every directory writable");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn remove_all_handles_locked_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let locked = tmp.path().join("a/b");
+        std::fs::create_dir_all(&locked).unwrap();
+        std::fs::write(locked.join("f"), "x").unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+        remove_all(&tmp.path().join("a")).unwrap();
+        assert!(!tmp.path().join("a").exists());
+        remove_all(&tmp.path().join("a")).unwrap();
+    }
+
+    /// The state a live sandbox process can make mid-walk: a directory the walk is about
+    /// to make writable swapped for a symlink to a directory it must never change.
+    #[test]
+    fn making_a_tree_writable_never_changes_what_a_swapped_in_symlink_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(outside.join("inner")).unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let swapped = tmp.path().join("tree/a");
+        std::fs::create_dir_all(tmp.path().join("tree")).unwrap();
+        std::os::unix::fs::symlink(&outside, &swapped).unwrap();
+        let locked = tmp.path().join("tree/b");
+        std::fs::create_dir(&locked).unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+
+        make_writable(&swapped);
+        make_writable(&tmp.path().join("tree"));
+
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&outside), 0o555);
+        assert_eq!(mode(&outside.join("inner")), 0o755);
+        assert_eq!(mode(&locked), 0o700);
+    }
+}
