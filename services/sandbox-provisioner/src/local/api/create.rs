@@ -194,12 +194,12 @@ impl Provisioner {
         let id = record.id.clone();
         // A warm copy's workspace comes with its uid, given to it already.
         let given = record.uid != 0;
-        if let Some(uids) = &self.uids
+        if let Some(uids) = &self.isolation.uids
             && !given
         {
             record.uid = uids.claim()?;
         }
-        let (store, saved) = (self.store.clone(), record.clone());
+        let (store, saved) = (self.storage.store.clone(), record.clone());
         let made = tokio::task::spawn_blocking(move || {
             if saved.uid != 0 && !given {
                 crate::local::isolation::uids::give_workspace(
@@ -221,10 +221,10 @@ impl Provisioner {
         if let Err(e) = self.activate(&entry) {
             self.release_uid(entry.record().uid);
             entry.cancel.cancel();
-            if let Some(cg) = &self.cgroups {
+            if let Some(cg) = &self.isolation.cgroups {
                 cg.remove(&id);
             }
-            let _ = remove_all(&self.store.dir(&id));
+            let _ = remove_all(&self.storage.store.dir(&id));
             return Err(e);
         }
         let sandbox = entry.snapshot();
@@ -286,7 +286,7 @@ impl Provisioner {
             return self.create_from_snapshot(req, image).await;
         }
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
-        let dir = self.store.dir(&id);
+        let dir = self.storage.store.dir(&id);
         let source = self.workspace_source(&req).await?;
         // A template's sandbox makes all of its files (directory, workspace, record,
         // cgroups) in one turn, so a wave's creates finish one after the other in arrival
@@ -295,14 +295,14 @@ impl Provisioner {
         // the last, and the health checks in between waited behind a hundred threads.
         let _turn = match &source {
             crate::local::api::workspace::Source::Template(..) => {
-                Some(self.templates.turn().await?)
+                Some(self.storage.templates.turn().await?)
             }
             crate::local::api::workspace::Source::Clone => None,
         };
         // The sandbox's directory made ahead, with its workspace (`template::warm`).
         let placed = match &source {
             crate::local::api::workspace::Source::Template(template, _) => {
-                self.templates.take(template, &dir).await
+                self.storage.templates.take(template, &dir).await
             }
             crate::local::api::workspace::Source::Clone => None,
         };
@@ -312,7 +312,7 @@ impl Provisioner {
         // Removes the directory unless the create completes (also if the caller hangs up).
         let mut cleanup = DirCleanup(Some(dir));
         // Its directory: an overlay is registered only once made.
-        let ws = self.store.mountpoint(&id);
+        let ws = self.storage.store.mountpoint(&id);
         let made = self
             .make_workspace(&req, source, &ws, placed)
             .await
@@ -356,7 +356,7 @@ impl Provisioner {
         let (dir, mode, quota) = (
             dir.to_path_buf(),
             self.sandbox_dir_mode(),
-            self.disk_quota.clone(),
+            self.storage.disk_quota.clone(),
         );
         let disk_bytes = self.disk_bytes_for(req);
         tokio::task::spawn_blocking(move || match quota {

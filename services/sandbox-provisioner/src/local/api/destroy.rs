@@ -41,14 +41,14 @@ impl Provisioner {
             r.destroying = true;
             r.clone()
         };
-        if let Err(e) = self.store.save(&record) {
+        if let Err(e) = self.storage.store.save(&record) {
             warn!(sandbox_id = %id, error = %e, "cannot mark sandbox as destroying on disk");
         }
         entry.cancel.cancel();
         entry.end_init();
         // The cgroup holds every process the sandbox ever started, also ones that left
         // the exec's process tree.
-        if let Some(cg) = self.cgroups.clone() {
+        if let Some(cg) = self.isolation.cgroups.clone() {
             let id = id.clone();
             let _ = tokio::task::spawn_blocking(move || cg.kill_all(&id)).await;
         }
@@ -59,13 +59,13 @@ impl Provisioner {
         {
             warn!(sandbox_id = %id, "commands still running after kill, removing the workspace anyway");
         }
-        let store = self.store.clone();
+        let store = self.storage.store.clone();
         let sid = id.clone();
         tokio::task::spawn_blocking(move || store.remove_later(&sid))
             .await
             .map_err(|e| ProvisionerError::internal("remove sandbox", e))?
             .map_err(|e| ProvisionerError::internal("remove sandbox", e))?;
-        if let Some(cg) = self.cgroups.clone() {
+        if let Some(cg) = self.isolation.cgroups.clone() {
             let id = id.clone();
             let _ = tokio::task::spawn_blocking(move || cg.remove(&id)).await;
         }

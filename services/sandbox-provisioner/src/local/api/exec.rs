@@ -170,7 +170,7 @@ impl Provisioner {
                 f.map_err(|e| ProvisionerError::internal("cannot start bwrap", e))?
             }
             // Dropping the run kills the command's process tree.
-            bytes = crate::local::storage::disk_watch::over_limit(self.store.own_files(&p.entry.record()), disk_bytes) => {
+            bytes = crate::local::storage::disk_watch::over_limit(self.storage.store.own_files(&p.entry.record()), disk_bytes) => {
                 tracing::warn!(sandbox_id = %id, bytes, "command stopped: workspace over its disk limit");
                 Finished {
                     outcome: Outcome::Exited { code: -1 },

@@ -49,7 +49,7 @@ fn open_in(workspace: &Path, path: &str, flags: OFlags, mode: u32) -> Result<std
 impl Provisioner {
     pub async fn read_file(&self, req: ReadFileRequest) -> Result<ReadFileResponse> {
         self.entry(&req.sandbox_id)?;
-        let ws = self.store.workspace(&req.sandbox_id);
+        let ws = self.storage.store.workspace(&req.sandbox_id);
         let max = match req.max_bytes {
             0 => DEFAULT_READ_BYTES,
             n => n.min(MAX_FILE_BYTES),
@@ -86,7 +86,7 @@ impl Provisioner {
         if req.content.len() as u64 > MAX_FILE_BYTES {
             return Err(ProvisionerError::invalid("content", "larger than 64 MiB"));
         }
-        let ws = self.store.workspace(&req.sandbox_id);
+        let ws = self.storage.store.workspace(&req.sandbox_id);
         let uid = self.uid_of(&entry.record());
         let mode = if req.mode == 0 {
             0o644

@@ -52,14 +52,14 @@ impl Provisioner {
         if entry.record.lock().expect("record lock").destroying {
             return unhealthy("sandbox is being destroyed".into());
         }
-        let ws = self.store.workspace(&req.sandbox_id);
+        let ws = self.storage.store.workspace(&req.sandbox_id);
         if !tokio::fs::try_exists(ws.join(".git"))
             .await
             .unwrap_or(false)
         {
             return unhealthy("workspace has no .git on the host".into());
         }
-        let probe = &self.runtime_probe;
+        let probe = &self.isolation.runtime_probe;
         let _probing = match probe.turn().await {
             Turn::Vouched(age) => return Ok(vouched(age)),
             Turn::Revalidate(age, guard) => {
@@ -67,7 +67,7 @@ impl Provisioner {
                 tokio::spawn(async move {
                     // A sandbox destroyed meanwhile proves nothing either way (an error).
                     if let Ok((healthy, detail)) = this.probe_inside(&id).await {
-                        this.runtime_probe.record(healthy);
+                        this.isolation.runtime_probe.record(healthy);
                         if !healthy {
                             warn!(sandbox_id = %id, detail = %detail, "sandbox runtime probe failed");
                         }

@@ -37,7 +37,7 @@ impl Provisioner {
             tail: false,
         };
         let scan = if self.runs_under_init(&record, Tools::Provisioner) {
-            let ws = self.store.workspace(id);
+            let ws = self.storage.store.workspace(id);
             let made = record.made_index.clone();
             let _turn = SCANS.acquire().await;
             tokio::task::spawn_blocking(move || {
@@ -105,18 +105,8 @@ impl Provisioner {
         }
         let env = git::sandbox_env();
         let timeout = self.config.exec_timeout;
-        // Of the index (`--cached`), or of the worktree.
-        let diff_of = |what: &[&str]| -> Vec<String> {
-            ["git", "diff", "--numstat", "--patch", "--binary"]
-                .iter()
-                .chain(what)
-                .chain(DIFF_OPTIONS)
-                .chain(&[base, "--"])
-                .map(|s| (*s).to_owned())
-                .collect()
-        };
         if scan.only_tracked && scan.too_large.is_empty() {
-            let worktree = diff_of(&[]);
+            let worktree = diff_of(base, &[]);
             let out = self
                 .run_in(id, &worktree, &env, None, timeout, caps)
                 .await?;
@@ -143,7 +133,7 @@ impl Provisioner {
         let added = self.run_in(id, &add, &env, input, timeout, small).await?;
         checked_step("git add", &added)?;
         let out = self
-            .run_in(id, &diff_of(&["--cached"]), &env, None, timeout, caps)
+            .run_in(id, &diff_of(base, &["--cached"]), &env, None, timeout, caps)
             .await?;
         checked_step("git diff", &out)?;
         Ok(out)
@@ -272,6 +262,18 @@ fn split_numstat(captured: &[u8], total: u64) -> (&[u8], &[u8], u64) {
         }
         None => (captured, &[], total.saturating_sub(captured.len() as u64)),
     }
+}
+
+/// `git diff` of the patch against `base`: of the index (`what` is `--cached`), or of
+/// the worktree.
+fn diff_of(base: &str, what: &[&str]) -> Vec<String> {
+    ["git", "diff", "--numstat", "--patch", "--binary"]
+        .iter()
+        .chain(what)
+        .chain(DIFF_OPTIONS)
+        .chain(&[base, "--"])
+        .map(|s| (*s).to_owned())
+        .collect()
 }
 
 #[cfg(test)]

@@ -105,7 +105,7 @@ impl Provisioner {
     ) {
         let record = p.entry.record();
         let over_disk = crate::local::storage::disk_watch::over_limit(
-            self.store.own_files(&record),
+            self.storage.store.own_files(&record),
             record.disk_bytes,
         );
         let started = std::time::Instant::now();

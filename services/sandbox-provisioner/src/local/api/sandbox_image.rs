@@ -21,27 +21,28 @@ impl Provisioner {
         }
         let unusable =
             |why: String| ProvisionerError::FailedPrecondition(format!("image {image}: {why}"));
-        let loaded =
-            match reference::parse(image).map_err(|e| ProvisionerError::invalid("image", e))? {
-                Reference::Archive(name) => {
-                    let Some(dir) = &self.config.image_archive_dir else {
-                        return Err(unusable(
-                            "this provisioner has no image directory (FORKYARD_IMAGE_ARCHIVE_DIR)"
-                                .into(),
-                        ));
-                    };
-                    let path = dir.join(&name);
-                    if std::fs::symlink_metadata(&path).is_err() {
-                        return Err(unusable(format!("no archive {name} in {}", dir.display())));
-                    }
-                    self.images.load_archive(&path).await
+        let loaded = match reference::parse(image)
+            .map_err(|e| ProvisionerError::invalid("image", e))?
+        {
+            Reference::Archive(name) => {
+                let Some(dir) = &self.config.image_archive_dir else {
+                    return Err(unusable(
+                        "this provisioner has no image directory (FORKYARD_IMAGE_ARCHIVE_DIR)"
+                            .into(),
+                    ));
+                };
+                let path = dir.join(&name);
+                if std::fs::symlink_metadata(&path).is_err() {
+                    return Err(unusable(format!("no archive {name} in {}", dir.display())));
                 }
-                Reference::Registry(r) => self.images.pull(&r, &self.registries).await,
+                self.storage.images.load_archive(&path).await
             }
-            .map_err(|e| match e {
-                ImageError::Io(why) => ProvisionerError::internal("load image", why),
-                other => unusable(other.to_string()),
-            })?;
+            Reference::Registry(r) => self.storage.images.pull(&r, &self.storage.registries).await,
+        }
+        .map_err(|e| match e {
+            ImageError::Io(why) => ProvisionerError::internal("load image", why),
+            other => unusable(other.to_string()),
+        })?;
         if !image::has_shell(&loaded.rootfs) {
             return Err(unusable(
                 "the image has no /bin/sh (agents, verify commands and patch steps run through a shell)".into(),
@@ -70,7 +71,7 @@ impl Provisioner {
     /// cache grew (not for each of a wave's creates on an image already there).
     fn evict_images_in_the_background(&self) {
         let max = self.config.image_cache_max_bytes;
-        if max == 0 || !self.images.take_grown() {
+        if max == 0 || !self.storage.images.take_grown() {
             return;
         }
         let in_use: std::collections::HashSet<String> = self
@@ -80,7 +81,7 @@ impl Provisioner {
             .values()
             .filter_map(|e| e.record().image.map(|i| i.digest))
             .collect();
-        let images = self.images.clone();
+        let images = self.storage.images.clone();
         tokio::task::spawn_blocking(move || images.evict(max, &in_use, image::evict::GRACE));
     }
 }

@@ -2,8 +2,11 @@
 //! hydrate a sandbox from a snapshot, and fork N sandboxes from one.
 
 use crate::local::base::fs::remove_all;
+use crate::local::core::entry::Entry;
 use crate::local::storage::layout::UPPER;
 use crate::local::storage::layout::WORK;
+use crate::local::storage::snapshot::Snapshots;
+use crate::local::storage::store::Store;
 use crate::{
     error::{ProvisionerError, Result},
     limits::now_ms,
@@ -14,6 +17,7 @@ use forkyard_proto::sandbox::v1::{
     PersistWorkspaceRequest, PersistWorkspaceResponse, Sandbox, StartSandboxRequest,
     StopSandboxRequest,
 };
+use std::path::Path;
 use std::time::Duration;
 
 const MAX_FORKS: u32 = 64;
@@ -26,9 +30,9 @@ impl Provisioner {
             r.stopped = true;
             r.clone()
         };
-        self.store.save(&record)?;
+        self.storage.store.save(&record)?;
         entry.stop_execs();
-        if let Some(cg) = self.cgroups.clone() {
+        if let Some(cg) = self.isolation.cgroups.clone() {
             let id = req.sandbox_id.clone();
             let _ = tokio::task::spawn_blocking(move || cg.kill_all(&id)).await;
         }
@@ -45,15 +49,15 @@ impl Provisioner {
             r.stopped = false;
             r.clone()
         };
-        self.store.save(&record)?;
+        self.storage.store.save(&record)?;
         Ok(self.snapshot(&entry))
     }
 
     pub async fn persist(&self, req: PersistWorkspaceRequest) -> Result<PersistWorkspaceResponse> {
         let entry = self.entry(&req.sandbox_id)?;
         let record = entry.record();
-        let ws = self.store.workspace(&record.id);
-        let snaps = self.snapshots.clone();
+        let ws = self.storage.store.workspace(&record.id);
+        let snaps = self.storage.snapshots.clone();
         let meta = tokio::task::spawn_blocking(move || snaps.persist(&ws, &record, now_ms()))
             .await
             .map_err(|e| ProvisionerError::internal("persist", e))??;
@@ -78,53 +82,28 @@ impl Provisioner {
             ));
         }
         // A snapshot that is not there is refused before anything of the sandbox goes.
-        self.snapshots.meta(&req.snapshot_id)?;
+        self.storage.snapshots.meta(&req.snapshot_id)?;
         // The sandbox's bubblewrap holds the old workspace's directory, not its path:
         // what is left in the sandbox goes with it, the next command starts a new one.
         // Everything it left running is killed and waited for before the old workspace
         // is removed: a live process could swap its directories under the removal.
         entry.end_init();
-        if let Some(cg) = self.cgroups.clone() {
+        if let Some(cg) = self.isolation.cgroups.clone() {
             let id = req.sandbox_id.clone();
             let _ = tokio::task::spawn_blocking(move || cg.kill_all(&id)).await;
         }
         // An overlay's mount goes (its processes are gone): the snapshot's workspace is
         // a plain directory, and the layers are removed once it is in place.
-        let dir = self.store.dir(&req.sandbox_id);
-        let snaps = self.snapshots.clone();
+        let dir = self.storage.store.dir(&req.sandbox_id);
+        let snaps = self.storage.snapshots.clone();
         let id = req.snapshot_id.clone();
         let uid = self.uid_of(&entry.record());
         let disk_bytes = entry.record().disk_bytes;
-        let (store, held) = (self.store.clone(), entry.clone());
+        let (store, held) = (self.storage.store.clone(), entry.clone());
         // On a blocking thread to the end, whether or not the caller waits: an overlay's
         // mount and record change with the workspace, never one without the other.
-        tokio::task::spawn_blocking(move || -> Result<()> {
-            let overlay = held.record().overlay;
-            if overlay.is_some() {
-                store.overlays().remove(&held.record().id);
-            }
-            let swapped = swap_in_snapshot(&dir, &snaps, &id, uid, disk_bytes);
-            match (&overlay, &swapped) {
-                (None, _) => {}
-                (Some(lower), Err(_)) => {
-                    let record = held.record();
-                    if let Err(e) = store.overlays().mount(&record.id, lower, &dir, record.uid) {
-                        tracing::error!(sandbox_id = %record.id, error = %e, "cannot mount the overlay workspace again after a failed hydrate");
-                    }
-                }
-                (Some(_), Ok(())) => {
-                    let record = {
-                        let mut r = held.record.lock().expect("record lock");
-                        r.overlay = None;
-                        r.clone()
-                    };
-                    store.save(&record)?;
-                    for layer in [UPPER, WORK] {
-                        let _ = remove_all(&dir.join(layer));
-                    }
-                }
-            }
-            swapped
+        tokio::task::spawn_blocking(move || {
+            swap_with_overlay(&store, &held, &dir, &snaps, &id, uid, disk_bytes)
         })
         .await
         .map_err(|e| ProvisionerError::internal("hydrate", e))??;
@@ -139,7 +118,7 @@ impl Provisioner {
         mut req: CreateSandboxRequest,
         image: Option<crate::local::storage::store::SandboxImage>,
     ) -> Result<Sandbox> {
-        let meta = self.snapshots.meta(&req.snapshot_id)?;
+        let meta = self.storage.snapshots.meta(&req.snapshot_id)?;
         if req.repo.is_empty() {
             req.repo.clone_from(&meta.repo);
         }
@@ -147,11 +126,11 @@ impl Provisioner {
             req.branch.clone_from(&meta.branch);
         }
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
-        let dir = self.store.dir(&id);
+        let dir = self.storage.store.dir(&id);
         self.make_sandbox_dir(&dir, &req).await?;
         let mut cleanup = DirCleanup(Some(dir));
-        let snaps = self.snapshots.clone();
-        let ws = self.store.workspace(&id);
+        let snaps = self.storage.snapshots.clone();
+        let ws = self.storage.store.workspace(&id);
         let snap = req.snapshot_id.clone();
         let disk_bytes = self.disk_bytes_for(&req);
         tokio::task::spawn_blocking(move || snaps.unpack(&snap, &ws, disk_bytes))
@@ -205,6 +184,46 @@ impl Provisioner {
             sandboxes,
         })
     }
+}
+
+/// [`swap_in_snapshot`], with an overlay workspace's mount and record changed with the
+/// workspace, never one without the other: the mount goes first, is mounted again if the
+/// swap fails, and its layers go once the snapshot's workspace is in place.
+fn swap_with_overlay(
+    store: &Store,
+    held: &Entry,
+    dir: &Path,
+    snaps: &Snapshots,
+    id: &str,
+    uid: Option<u32>,
+    disk_bytes: u64,
+) -> Result<()> {
+    let overlay = held.record().overlay;
+    if overlay.is_some() {
+        store.overlays().remove(&held.record().id);
+    }
+    let swapped = swap_in_snapshot(dir, snaps, id, uid, disk_bytes);
+    match (&overlay, &swapped) {
+        (None, _) => {}
+        (Some(lower), Err(_)) => {
+            let record = held.record();
+            if let Err(e) = store.overlays().mount(&record.id, lower, dir, record.uid) {
+                tracing::error!(sandbox_id = %record.id, error = %e, "cannot mount the overlay workspace again after a failed hydrate");
+            }
+        }
+        (Some(_), Ok(())) => {
+            let record = {
+                let mut r = held.record.lock().expect("record lock");
+                r.overlay = None;
+                r.clone()
+            };
+            store.save(&record)?;
+            for layer in [UPPER, WORK] {
+                let _ = remove_all(&dir.join(layer));
+            }
+        }
+    }
+    swapped
 }
 
 /// Snapshot `id` unpacked beside `dir`'s workspace, given to `uid`, and swapped in.

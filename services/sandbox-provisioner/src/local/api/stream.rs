@@ -103,7 +103,7 @@ async fn relay_output(
 ) -> (Option<i32>, bool) {
     let record = p.entry.record();
     let over_disk = crate::local::storage::disk_watch::over_limit(
-        core.store.own_files(&record),
+        core.storage.store.own_files(&record),
         record.disk_bytes,
     );
     let mut out = running.stdout.take().expect("piped");

@@ -3,6 +3,8 @@
 
 use crate::local::base::fs::remove_all;
 use crate::local::storage::layout::WORKSPACE;
+use crate::local::storage::overlay::Hold;
+use crate::local::storage::template::WarmCopy;
 use crate::local::storage::template::remote;
 use crate::{
     error::{ProvisionerError, Result},
@@ -35,6 +37,7 @@ impl Provisioner {
             return Ok(Source::Clone);
         };
         match self
+            .storage
             .templates
             .ensure(&req.repo, &commit, self.config.clone_timeout)
             .await
@@ -56,7 +59,7 @@ impl Provisioner {
         let reader = self.reader(&req.tenant);
         let timeout = self.config.clone_timeout;
         Ok(
-            match remote::template_of(&self.templates, reader, req, timeout).await? {
+            match remote::template_of(&self.storage.templates, reader, req, timeout).await? {
                 Some((dir, commit)) => Source::Template(dir, commit),
                 None => Source::Clone,
             },
@@ -70,89 +73,128 @@ impl Provisioner {
         req: &CreateSandboxRequest,
         source: Source,
         ws: &Path,
-        placed: Option<crate::local::storage::template::WarmCopy>,
+        placed: Option<WarmCopy>,
     ) -> Result<Made> {
         if let Source::Template(dir, commit) = &source
             && placed.is_none()
-            && self.overlay_workspaces
+            && self.storage.overlay_workspaces
+            && let Some(made) = self.overlay_or_fall_back(req, dir, commit, ws).await?
         {
-            match self.overlay_workspace(req, dir, commit, ws).await {
-                Ok(made) => return Ok(made),
-                Err(
-                    e
-                    @ (ProvisionerError::FailedPrecondition(_) | ProvisionerError::Unavailable(_)),
-                ) => return Err(e),
-                Err(e) => {
-                    tracing::warn!(repo = %req.repo, error = %e, "overlay workspace failed; copying the template instead");
-                    if let Some(sandbox) = ws.parent() {
-                        crate::local::storage::overlay::remove_layers(sandbox);
-                    }
-                }
-            }
+            return Ok(made);
         }
-        if let Source::Template(dir, commit) = source {
-            let mut placed = placed;
-            let mut how = match placed {
-                Some(_) => crate::metrics::Workspace::WarmCopy,
-                None => crate::metrics::Workspace::TemplateCopy,
-            };
-            // A warm overlay's mount is the sandbox's now: its branch is written through it.
-            let warm_overlay = match placed.as_mut().and_then(|w| w.mount.take()) {
-                Some((mount, lower)) => {
-                    let id = sandbox_id(ws)?;
-                    self.store.overlays().insert(&id, mount, lower.clone());
-                    how = crate::metrics::Workspace::WarmOverlay;
-                    Some((id, lower))
-                }
-                None => None,
-            };
-            // Held across the copy: the path names the mount's descriptor.
-            let held = warm_overlay
-                .as_ref()
-                .map(|(id, _)| self.store.workspace(id));
-            let at = held.as_deref().unwrap_or(ws);
-            let copied = self
-                .templates
-                .copy(dir, at, &req.branch, &commit, placed)
-                .await;
-            if copied.is_err()
-                && let Some((id, _)) = &warm_overlay
-            {
-                self.store.overlays().remove(id);
+        if let Source::Template(dir, commit) = source
+            && let Some(made) = self.template_copy(req, dir, commit, ws, placed).await?
+        {
+            return Ok(made);
+        }
+        self.clone_workspace(req, ws).await
+    }
+
+    /// An overlay of template `dir` ([`Self::overlay_workspace`]); `None`: it failed for
+    /// a reason a copy may not share, and what it made is gone.
+    async fn overlay_or_fall_back(
+        &self,
+        req: &CreateSandboxRequest,
+        dir: &Path,
+        commit: &str,
+        ws: &Path,
+    ) -> Result<Option<Made>> {
+        match self.overlay_workspace(req, dir, commit, ws).await {
+            Ok(made) => Ok(Some(made)),
+            Err(
+                e @ (ProvisionerError::FailedPrecondition(_) | ProvisionerError::Unavailable(_)),
+            ) => Err(e),
+            Err(e) => {
+                tracing::warn!(repo = %req.repo, error = %e, "overlay workspace failed; copying the template instead");
                 if let Some(sandbox) = ws.parent() {
                     crate::local::storage::overlay::remove_layers(sandbox);
                 }
-            }
-            match copied {
-                Ok(copied) => {
-                    return Ok(Made {
-                        base_commit: commit,
-                        index: copied.index,
-                        uid: copied.uid,
-                        how,
-                        hold: warm_overlay.as_ref().map(|(id, _)| {
-                            crate::local::storage::overlay::Hold::new(
-                                self.store.overlays().clone(),
-                                id.clone(),
-                                None,
-                            )
-                        }),
-                        overlay: warm_overlay.map(|(_, lower)| lower),
-                    });
-                }
-                // A refused branch, or no sandbox uid free: a clone would end the same.
-                Err(
-                    e
-                    @ (ProvisionerError::FailedPrecondition(_) | ProvisionerError::Unavailable(_)),
-                ) => {
-                    return Err(e);
-                }
-                Err(e) => {
-                    tracing::warn!(repo = %req.repo, error = %e, "workspace template copy failed; cloning instead");
-                    let _ = remove_all(ws);
-                }
+                Ok(None)
             }
         }
+    }
+
+    /// A copy of template `dir` at `ws` on the new branch (`placed`'s, when a warm copy
+    /// is in place already); `None`: it failed for a reason a clone may not share, and
+    /// what it made is gone.
+    async fn template_copy(
+        &self,
+        req: &CreateSandboxRequest,
+        dir: PathBuf,
+        commit: String,
+        ws: &Path,
+        mut placed: Option<WarmCopy>,
+    ) -> Result<Option<Made>> {
+        let mut how = match placed {
+            Some(_) => crate::metrics::Workspace::WarmCopy,
+            None => crate::metrics::Workspace::TemplateCopy,
+        };
+        let warm_overlay = self.adopt_warm_overlay(&mut placed, ws)?;
+        if warm_overlay.is_some() {
+            how = crate::metrics::Workspace::WarmOverlay;
+        }
+        // Held across the copy: the path names the mount's descriptor.
+        let held = warm_overlay
+            .as_ref()
+            .map(|(id, _)| self.storage.store.workspace(id));
+        let at = held.as_deref().unwrap_or(ws);
+        let copied = self
+            .storage
+            .templates
+            .copy(dir, at, &req.branch, &commit, placed)
+            .await;
+        if copied.is_err()
+            && let Some((id, _)) = &warm_overlay
+        {
+            self.storage.store.overlays().remove(id);
+            if let Some(sandbox) = ws.parent() {
+                crate::local::storage::overlay::remove_layers(sandbox);
+            }
+        }
+        match copied {
+            Ok(copied) => Ok(Some(Made {
+                base_commit: commit,
+                index: copied.index,
+                uid: copied.uid,
+                how,
+                hold: warm_overlay.as_ref().map(|(id, _)| {
+                    Hold::new(self.storage.store.overlays().clone(), id.clone(), None)
+                }),
+                overlay: warm_overlay.map(|(_, lower)| lower),
+            })),
+            // A refused branch, or no sandbox uid free: a clone would end the same.
+            Err(
+                e @ (ProvisionerError::FailedPrecondition(_) | ProvisionerError::Unavailable(_)),
+            ) => Err(e),
+            Err(e) => {
+                tracing::warn!(repo = %req.repo, error = %e, "workspace template copy failed; cloning instead");
+                let _ = remove_all(ws);
+                Ok(None)
+            }
+        }
+    }
+
+    /// A warm overlay's mount, the sandbox's now (its branch is written through it): its
+    /// id and lower layer.
+    fn adopt_warm_overlay(
+        &self,
+        placed: &mut Option<WarmCopy>,
+        ws: &Path,
+    ) -> Result<Option<(String, PathBuf)>> {
+        let Some((mount, lower)) = placed.as_mut().and_then(|w| w.mount.take()) else {
+            return Ok(None);
+        };
+        let id = sandbox_id(ws)?;
+        self.storage
+            .store
+            .overlays()
+            .insert(&id, mount, lower.clone());
+        Ok(Some((id, lower)))
+    }
+
+    /// A clone of `req`'s repository at `ws`, its submodules checked out with the
+    /// tenant's credentials where it is a remote one.
+    async fn clone_workspace(&self, req: &CreateSandboxRequest, ws: &Path) -> Result<Made> {
         let reader = self.reader(&req.tenant);
         let reach = reader.reach(&req.repo).await?;
         let deadline = std::time::Instant::now() + self.config.clone_timeout;
@@ -194,12 +236,9 @@ impl Provisioner {
     ) -> Result<Made> {
         let id = sandbox_id(ws)?;
         let sandbox = ws.parent().unwrap_or(ws).to_path_buf();
-        let held = crate::local::storage::template::WarmCopy::holding_uid(
-            sandbox.clone(),
-            self.templates.uids(),
-        )?;
-        let (store, lower) = (self.store.clone(), dir.join(WORKSPACE));
-        let uids = self.templates.uids().cloned();
+        let held = WarmCopy::holding_uid(sandbox.clone(), self.storage.templates.uids())?;
+        let (store, lower) = (self.storage.store.clone(), dir.join(WORKSPACE));
+        let uids = self.storage.templates.uids().cloned();
         let (branch, commit) = (req.branch.clone(), commit.to_owned());
         tokio::task::spawn_blocking(move || {
             let Some(uid) = held.uid() else {
@@ -226,11 +265,7 @@ impl Provisioner {
                 crate::local::storage::repo::git_index::checksum_of(&lower).unwrap_or_default();
             let (_, uid) = held.keep_uid();
             // Made: a create that was given up meanwhile lets the mount and the uid go.
-            let hold = crate::local::storage::overlay::Hold::new(
-                store.overlays().clone(),
-                id,
-                uids.map(|u| (uid, u)),
-            );
+            let hold = Hold::new(store.overlays().clone(), id, uids.map(|u| (uid, u)));
             Ok(Made {
                 base_commit: commit,
                 index,
@@ -267,5 +302,5 @@ pub(crate) struct Made {
     /// An overlay's lower layer (`store::Record::overlay`).
     pub(crate) overlay: Option<PathBuf>,
     /// An overlay's mount (and uid), let go unless the sandbox is registered.
-    pub(crate) hold: Option<crate::local::storage::overlay::Hold>,
+    pub(crate) hold: Option<Hold>,
 }

@@ -1,8 +1,8 @@
 //! File helpers every floor uses: a tree removed whatever a sandbox left in it (a
 //! directory without write or search permission, a symlink swapped in mid-walk), and a
-//! file overwritten in place.
+//! file overwritten in place, an executable found.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Overwrite the existing file `path` with `content` without truncating it to nothing
 /// first (`NotFound` when there is none): ext4 writes a file truncated to zero out to
@@ -49,6 +49,21 @@ fn make_writable(dir: &Path) {
     if let Err(e) = walked {
         tracing::debug!(dir = %dir.display(), error = %e, "cannot make every directory writable");
     }
+}
+
+/// `path` if it names an executable, else the first match on `$PATH`.
+pub fn find_executable(path: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if path.components().count() > 1 {
+        return executable(path).then(|| path.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(path))
+        .find(|p| executable(p))
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! user namespaces, cgroups, the forwarder, the stores), then the sandboxes a previous
 //! run left taken over, and the reaper and the usage sampler started.
 
+use crate::local::base::fs::find_executable;
 use crate::local::storage::template::WarmBounds;
 use crate::local::{
     base::keyed_lock::KeyedLock,
@@ -10,13 +11,15 @@ use crate::local::{
     core::provisioner::Provisioner,
     core::reaper,
     core::usage,
-    isolation::bubblewrap::bwrap::{self, Features},
+    isolation::Isolation,
     isolation::bubblewrap::seccomp,
+    isolation::bubblewrap::{bwrap::Features, probe},
     isolation::cgroup::{self, Cgroups},
     isolation::command::terminal::Ptys,
     isolation::network::forwarder_kit::ForwarderKit,
     isolation::runtime_probe::RuntimeProbe,
     isolation::uids::{self, SandboxUids},
+    storage::Storage,
     storage::disk_quota::DiskQuota,
     storage::image::{ImageCache, registry::Registries},
     storage::snapshot::Snapshots,
@@ -25,7 +28,7 @@ use crate::local::{
 };
 use std::{
     collections::HashMap,
-    path::Path,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, atomic::AtomicBool},
 };
 use tracing::{info, warn};
@@ -37,7 +40,7 @@ impl Provisioner {
     /// Check bubblewrap and cgroups work, then take over the sandboxes a previous run
     /// left (see `local::core::reaper`). Errors are configuration errors naming the setting.
     pub async fn open(config: Config) -> Result<Arc<Self>, String> {
-        let bwrap = bwrap::resolve(&config.bwrap_path).ok_or_else(|| {
+        let bwrap = find_executable(&config.bwrap_path).ok_or_else(|| {
             format!(
                 "--bwrap-path (FORKYARD_BWRAP_PATH) {}: no such executable",
                 config.bwrap_path.display()
@@ -51,81 +54,129 @@ impl Provisioner {
             .map_err(|e| state_dir_error(&config, e))?;
         let store = Store::open(&config.state_dir).map_err(|e| state_dir_error(&config, e))?;
         let disk_quota = DiskQuota::detect(config.disk_quota, store.root(), &config.btrfs_path)?;
-        let uids =
-            SandboxUids::new(config.sandbox_uid_base, config.sandbox_uid_count).map(Arc::new);
-        let features = probe_bwrap(&config, &bwrap, &store, uids.is_some()).await?;
-        let cgroups = detect_cgroups(&config)?;
-        let forwarder = forwarder_kit(&config)?;
-        let snapshots = Snapshots::open(&config.snapshot_dir).map_err(|e| {
-            format!(
-                "--snapshot-dir (FORKYARD_SNAPSHOT_DIR) {}: {e}",
-                config.snapshot_dir.display()
-            )
-        })?;
-        let overlay_workspaces = probe_overlay(&config, uids.as_deref());
-        let warm = config.warm.resolved(overlay_workspaces);
-        let templates = Templates::open(
-            config.state_dir.join("templates"),
-            config.template_cache_max_bytes,
-        )
-        .map_err(|e| state_dir_error(&config, e))?
-        // A sandbox with a hard quota is a subvolume of its own: nothing renames into it.
-        .with_warm(
-            match disk_quota {
-                Some(_) => WarmBounds::OFF,
-                None => warm,
-            },
-            uids.clone(),
-        )
-        .with_overlays(store.overlays().clone(), overlay_workspaces);
-        let images = ImageCache::open(&config.image_cache_dir)
-            .map(|c| Arc::new(c.with_limits(config.image_limits)))
-            .map_err(|e| {
-                format!(
-                    "--image-cache-dir (FORKYARD_IMAGE_CACHE_DIR) {}: {e}",
-                    config.image_cache_dir.display()
-                )
-            })?;
-        let registries = Registries::new(&config.registry, config.image_cache_max_bytes)
-            .map_err(|e| format!("--registry-auth-file (FORKYARD_REGISTRY_AUTH_FILE): {e}"))?;
-        let records = store.load_all().map_err(|e| state_dir_error(&config, e))?;
-        let seccomp = seccomp_filters(&config)?;
+        let isolation = open_isolation(&config, bwrap, &store).await?;
+        let storage = open_storage(&config, store, disk_quota, isolation.uids.as_ref())?;
+        let records = storage
+            .store
+            .load_all()
+            .map_err(|e| state_dir_error(&config, e))?;
+        let isolation = Isolation {
+            seccomp: seccomp_filters(&config)?,
+            ..isolation
+        };
         let core = Arc::new(Self {
             _state_lock: state_lock,
-            seccomp,
             ptys: Ptys::default(),
             config,
-            bwrap,
-            features,
-            store,
-            cgroups,
-            snapshots,
-            templates,
-            images,
-            registries,
-            forwarder,
+            storage,
+            isolation,
             sandboxes: Mutex::new(HashMap::new()),
             creating: KeyedLock::default(),
-            uids,
-            disk_quota,
-            overlay_workspaces,
             draining: AtomicBool::new(false),
             release_cgroups_on_drop: AtomicBool::new(true),
-            runtime_probe: RuntimeProbe::default(),
         });
         core.reconcile(records).await;
-        info!(
-            sandboxes = core.sandboxes.lock().expect("sandboxes lock").len(),
-            ?features,
-            cgroups = ?core.cgroups.as_ref().map(|c| c.version),
-            disk_quota = core.disk_quota.is_some(),
-            overlay_workspaces = core.overlay_workspaces,
-            "sandbox provisioner ready"
-        );
+        core.log_ready();
         reaper::spawn(&core);
         usage::spawn_sampler(&core);
         Ok(core)
     }
+
+    fn log_ready(&self) {
+        info!(
+            sandboxes = self.sandboxes.lock().expect("sandboxes lock").len(),
+            features = ?self.isolation.features,
+            cgroups = ?self.isolation.cgroups.as_ref().map(|c| c.version),
+            disk_quota = self.storage.disk_quota.is_some(),
+            overlay_workspaces = self.storage.overlay_workspaces,
+            "sandbox provisioner ready"
+        );
+    }
+}
+
+/// What sandboxes will run in: their uids, what bubblewrap can do here, their cgroups
+/// and the relays' forwarder (the seccomp filters are compiled last, at `open`).
+async fn open_isolation(
+    config: &Config,
+    bwrap: PathBuf,
+    store: &Store,
+) -> Result<Isolation, String> {
+    let uids = SandboxUids::new(config.sandbox_uid_base, config.sandbox_uid_count).map(Arc::new);
+    let features = probe_bwrap(config, &bwrap, store, uids.is_some()).await?;
+    let cgroups = detect_cgroups(config)?;
+    let forwarder = forwarder_kit(config)?;
+    Ok(Isolation {
+        bwrap,
+        features,
+        cgroups,
+        forwarder,
+        uids,
+        seccomp: Vec::new(),
+        runtime_probe: RuntimeProbe::default(),
+    })
+}
+
+/// What sandboxes keep on disk beside the store: snapshots, templates (overlaid where
+/// overlays work here, warm where no quota makes each sandbox a subvolume) and images.
+fn open_storage(
+    config: &Config,
+    store: Store,
+    disk_quota: Option<DiskQuota>,
+    uids: Option<&Arc<SandboxUids>>,
+) -> Result<Storage, String> {
+    let snapshots = Snapshots::open(&config.snapshot_dir).map_err(|e| {
+        format!(
+            "--snapshot-dir (FORKYARD_SNAPSHOT_DIR) {}: {e}",
+            config.snapshot_dir.display()
+        )
+    })?;
+    let overlay_workspaces = probe_overlay(config, uids.map(Arc::as_ref));
+    let templates = open_templates(
+        config,
+        &store,
+        disk_quota.is_some(),
+        uids,
+        overlay_workspaces,
+    )?;
+    let images = ImageCache::open(&config.image_cache_dir)
+        .map(|c| Arc::new(c.with_limits(config.image_limits)))
+        .map_err(|e| {
+            format!(
+                "--image-cache-dir (FORKYARD_IMAGE_CACHE_DIR) {}: {e}",
+                config.image_cache_dir.display()
+            )
+        })?;
+    let registries = Registries::new(&config.registry, config.image_cache_max_bytes)
+        .map_err(|e| format!("--registry-auth-file (FORKYARD_REGISTRY_AUTH_FILE): {e}"))?;
+    Ok(Storage {
+        store,
+        snapshots,
+        templates,
+        images,
+        registries,
+        disk_quota,
+        overlay_workspaces,
+    })
+}
+
+/// The workspace templates, with their warm copies and overlays.
+fn open_templates(
+    config: &Config,
+    store: &Store,
+    quota: bool,
+    uids: Option<&Arc<SandboxUids>>,
+    overlay_workspaces: bool,
+) -> Result<Templates, String> {
+    let warm = config.warm.resolved(overlay_workspaces);
+    let templates = Templates::open(
+        config.state_dir.join("templates"),
+        config.template_cache_max_bytes,
+    )
+    .map_err(|e| state_dir_error(config, e))?
+    // A sandbox with a hard quota is a subvolume of its own: nothing renames into it.
+    .with_warm(if quota { WarmBounds::OFF } else { warm }, uids.cloned())
+    .with_overlays(store.overlays().clone(), overlay_workspaces);
+    Ok(templates)
 }
 
 fn state_dir_error(config: &Config, e: impl std::fmt::Display) -> String {
@@ -176,7 +227,7 @@ async fn probe_bwrap(
             uids::let_through(dir)
                 .map_err(|e| format!("--state-dir (FORKYARD_STATE_DIR) {}: {e}", dir.display()))?;
         }
-        bwrap::probe(bwrap, store.root(), Some(config.sandbox_uid_base))
+        probe::probe(bwrap, store.root(), Some(config.sandbox_uid_base))
             .await
             .map_err(|e| {
                 format!(
@@ -186,7 +237,7 @@ async fn probe_bwrap(
                 )
             })?
     } else {
-        bwrap::probe(bwrap, store.root(), None)
+        probe::probe(bwrap, store.root(), None)
             .await
             .map_err(|e| format!("--bwrap-path (FORKYARD_BWRAP_PATH): {e}"))?
     };
@@ -228,14 +279,14 @@ fn detect_cgroups(config: &Config) -> Result<Option<Cgroups>, String> {
 /// the install path's parents allow.
 fn forwarder_kit(config: &Config) -> Result<Option<ForwarderKit>, String> {
     if let Some(fwd) = &config.forwarder_path
-        && bwrap::resolve(fwd).is_none()
+        && find_executable(fwd).is_none()
     {
         return Err(format!(
             "--egress-forwarder (FORKYARD_EGRESS_FORWARDER) {}: no such executable",
             fwd.display()
         ));
     }
-    let Some(fwd) = config.forwarder_path.as_deref().and_then(bwrap::resolve) else {
+    let Some(fwd) = config.forwarder_path.as_deref().and_then(find_executable) else {
         return Ok(None);
     };
     ForwarderKit::prepare(&fwd, &config.state_dir.join("bin/forwarder"))

@@ -100,7 +100,7 @@ impl Provisioner {
             )));
         }
         self.ensure_cgroups(&entry)?;
-        if llm_gateway.is_some() && self.forwarder.is_none() {
+        if llm_gateway.is_some() && self.isolation.forwarder.is_none() {
             return Err(ProvisionerError::FailedPrecondition(
                 "this provisioner has no sandbox-egress-forwarder (FORKYARD_EGRESS_FORWARDER): it cannot offer an LLM endpoint".into(),
             ));
@@ -112,7 +112,11 @@ impl Provisioner {
             }),
             Tools::Provisioner => None,
         };
-        let oom_before = self.cgroups.as_ref().map_or(0, |cg| cg.oom_kills(id));
+        let oom_before = self
+            .isolation
+            .cgroups
+            .as_ref()
+            .map_or(0, |cg| cg.oom_kills(id));
         let (launch, llm) = if self.runs_under_init(&record, tools) {
             self.under_init(&entry, &record, argv, env, llm_gateway, image)?
         } else {
@@ -140,19 +144,19 @@ impl Provisioner {
         image: Option<ImageRoot<'_>>,
     ) -> Result<(Launch, Option<LlmHold>)> {
         let id = record.id.as_str();
-        let workspace = self.store.mountpoint(id);
-        let overlay = self.store.overlays().mount_of(id);
-        let socket = self.store.egress_socket(id);
+        let workspace = self.storage.store.mountpoint(id);
+        let overlay = self.storage.store.overlays().mount_of(id);
+        let socket = self.storage.store.egress_socket(id);
         let egress = !record.egress_allow.is_empty();
         let lease = llm_gateway.map(|g| entry.llm.lease(g, id)).transpose()?;
-        let llm_socket = self.store.dir(id).join("llm.sock");
+        let llm_socket = self.storage.store.dir(id).join("llm.sock");
         let inv = Invocation {
-            bwrap: &self.bwrap,
-            features: self.features,
+            bwrap: &self.isolation.bwrap,
+            features: self.isolation.features,
             workspace: &workspace,
             overlay: overlay.as_deref().map(std::os::fd::AsFd::as_fd),
             sandbox_id: id,
-            relays: self.forwarder.as_ref().map(|forwarder| Relays {
+            relays: self.isolation.forwarder.as_ref().map(|forwarder| Relays {
                 forwarder,
                 egress: egress.then_some(socket.as_path()),
                 llm: lease.is_some().then_some(llm_socket.as_path()),
@@ -160,7 +164,7 @@ impl Provisioner {
             cgroup_procs: &[],
             argv,
             env,
-            seccomp: &self.seccomp,
+            seccomp: &self.isolation.seccomp,
             uid: self.uid_of(record),
             image,
             init: false,
@@ -196,17 +200,12 @@ impl Provisioner {
         pty: bool,
     ) -> Result<(Launch, Option<LlmHold>)> {
         let id = record.id.as_str();
-        let workspace = self.store.mountpoint(id);
-        let overlay = self.store.overlays().mount_of(id);
-        let socket = self.store.egress_socket(id);
+        let workspace = self.storage.store.mountpoint(id);
+        let overlay = self.storage.store.overlays().mount_of(id);
+        let socket = self.storage.store.egress_socket(id);
         let egress = !record.egress_allow.is_empty();
-        let llm_socket = llm_gateway.is_some().then(|| {
-            self.store.dir(id).join(format!(
-                "llm-{}.sock",
-                &uuid::Uuid::new_v4().simple().to_string()[..8]
-            ))
-        });
-        let relays = match (&self.forwarder, egress || llm_socket.is_some()) {
+        let llm_socket = llm_gateway.is_some().then(|| self.own_llm_socket(id));
+        let relays = match (&self.isolation.forwarder, egress || llm_socket.is_some()) {
             (Some(fwd), true) => Some(Relays {
                 forwarder: fwd,
                 egress: egress.then_some(socket.as_path()),
@@ -218,19 +217,15 @@ impl Provisioner {
             (Some(path), Some(gateway)) => Some(self.llm_relay(entry, record, path, gateway)?),
             _ => None,
         };
-        let procs = self
-            .cgroups
-            .as_ref()
-            .map(|cg| cg.procs_files(id))
-            .unwrap_or_default();
+        let procs = self.cgroup_procs(id);
         let argv = if pty {
             crate::local::isolation::command::terminal::with_ctty(argv)
         } else {
             argv.to_vec()
         };
         let inv = Invocation {
-            bwrap: &self.bwrap,
-            features: self.features,
+            bwrap: &self.isolation.bwrap,
+            features: self.isolation.features,
             workspace: &workspace,
             overlay: overlay.as_deref().map(std::os::fd::AsFd::as_fd),
             sandbox_id: id,
@@ -238,7 +233,7 @@ impl Provisioner {
             cgroup_procs: &procs,
             argv: &argv,
             env,
-            seccomp: &self.seccomp,
+            seccomp: &self.isolation.seccomp,
             uid: self.uid_of(record),
             image,
             init: false,
@@ -248,6 +243,15 @@ impl Provisioner {
             .command()
             .map_err(|e| ProvisionerError::internal("prepare the command's environment", e))?;
         Ok((Launch::Process(command), llm_relay.map(LlmHold::Relay)))
+    }
+
+    /// Where a command's own LLM relay listens: a socket of its own in the sandbox's
+    /// directory, named afresh.
+    fn own_llm_socket(&self, id: &str) -> std::path::PathBuf {
+        self.storage.store.dir(id).join(format!(
+            "llm-{}.sock",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        ))
     }
 
     /// A relay of the command's own to `gateway`, its socket at `path` owned by the
@@ -278,10 +282,11 @@ impl Provisioner {
     pub(crate) async fn aftermath(&self, p: &Prepared) -> Aftermath {
         let id = p.entry.record().id;
         let oom_killed = self
+            .isolation
             .cgroups
             .as_ref()
             .is_some_and(|cg| cg.oom_kills(&id) > p.oom_before);
-        let ws = self.store.own_files(&p.entry.record());
+        let ws = self.storage.store.own_files(&p.entry.record());
         let bytes = tokio::task::spawn_blocking(move || store::workspace_usage(&ws))
             .await
             .unwrap_or(0);

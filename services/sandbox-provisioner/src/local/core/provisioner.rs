@@ -14,18 +14,11 @@ use crate::{
         base::state_lock::StateLock,
         core::config::Config,
         core::entry::Entry,
-        isolation::bubblewrap::bwrap::Features,
-        isolation::cgroup::Cgroups,
+        isolation::Isolation,
         isolation::command::terminal::Ptys,
         isolation::network::egress::{self, Allowlist},
-        isolation::network::forwarder_kit::ForwarderKit,
-        isolation::runtime_probe::RuntimeProbe,
-        isolation::uids::SandboxUids,
-        storage::disk_quota::DiskQuota,
-        storage::image::{ImageCache, registry::Registries},
-        storage::snapshot::Snapshots,
-        storage::store::{Record, Store},
-        storage::template::Templates,
+        storage::Storage,
+        storage::store::Record,
     },
 };
 use forkyard_proto::sandbox::v1::{CreateSandboxRequest, Sandbox, SandboxState};
@@ -38,36 +31,19 @@ use tracing::warn;
 
 pub const BACKEND: &str = "local";
 
-/// The `local` backend: its sandboxes, and the host resources they run on.
+/// The `local` backend: its sandboxes, what they keep on disk (`storage`) and what they
+/// run in (`isolation`).
 pub struct Provisioner {
     pub(crate) config: Config,
-    pub(crate) bwrap: PathBuf,
-    pub(crate) features: Features,
-    pub(crate) store: Store,
-    pub(crate) cgroups: Option<Cgroups>,
-    pub(crate) snapshots: Snapshots,
-    pub(crate) templates: Templates,
-    /// Sandbox images, unpacked once per digest (`crate::local::storage::image`).
-    pub(crate) images: Arc<ImageCache>,
-    pub(crate) registries: Registries,
-    /// The egress forwarder as sandboxes run it; `None`: no relays can be offered.
-    pub(crate) forwarder: Option<ForwarderKit>,
+    /// Records, workspaces, snapshots, images and disk quotas.
+    pub(crate) storage: Storage,
+    /// Bubblewrap, cgroups, uids, seccomp and the relays' forwarder.
+    pub(crate) isolation: Isolation,
     pub(crate) sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
     /// Commands running on a pseudo-terminal, by pty id.
     pub(crate) ptys: Ptys,
-    /// Host uids of sandboxes, when the provisioner runs as root (`crate::local::isolation::uids`).
-    pub(crate) uids: Option<Arc<SandboxUids>>,
-    /// Hard disk quotas, where the state directory's filesystem offers them.
-    pub(crate) disk_quota: Option<DiskQuota>,
-    /// New template workspaces are overlays (`crate::local::storage::overlay`), not copies.
-    pub(crate) overlay_workspaces: bool,
     /// One lock per idempotency key with a create in flight.
     pub(crate) creating: KeyedLock<String>,
-    /// The replica-wide probe of the sandbox runtime behind health checks (`health.rs`).
-    pub(crate) runtime_probe: RuntimeProbe,
-    /// The seccomp filters every sandboxed command runs under (`crate::local::isolation::bubblewrap::seccomp`); empty
-    /// when the operator turned them off.
-    pub(crate) seccomp: Vec<Vec<u8>>,
     /// Shutting down: new sandboxes are refused (UNAVAILABLE, so callers retry on
     /// another replica) while the ones held are used to the end.
     pub(crate) draining: std::sync::atomic::AtomicBool,
@@ -86,7 +62,7 @@ impl Provisioner {
         if !record.egress_allow.is_empty() {
             let allow = Allowlist::parse(&record.egress_allow)
                 .map_err(|e| ProvisionerError::invalid("egress_allow", e))?;
-            let socket = self.store.egress_socket(&record.id);
+            let socket = self.storage.store.egress_socket(&record.id);
             let cap = self.config.egress_max_connections;
             egress::spawn(&socket, allow, cap, entry.cancel.child_token())
                 .and_then(|()| self.give_to_sandbox(&record, &socket))
@@ -101,7 +77,7 @@ impl Provisioner {
     /// walks every task group on each `cpu.cfs_quota_us` / `cpu.max` write, about 15%
     /// of the provisioner's CPU in a wave of a hundred creates).
     pub(crate) fn ensure_cgroups(&self, entry: &Entry) -> Result<()> {
-        let Some(cg) = &self.cgroups else {
+        let Some(cg) = &self.isolation.cgroups else {
             return Ok(());
         };
         if entry.cgroups_made() {
@@ -123,7 +99,7 @@ impl Provisioner {
     /// The host uid a sandbox's commands run as: its own when this replica hands uids
     /// out, else the provisioner's.
     pub(crate) fn uid_of(&self, record: &Record) -> Option<u32> {
-        (self.uids.is_some() && record.uid != 0).then_some(record.uid)
+        (self.isolation.uids.is_some() && record.uid != 0).then_some(record.uid)
     }
 
     /// Give a file the sandbox must use (a relay socket) to the sandbox's uid.
@@ -143,7 +119,7 @@ impl Provisioner {
     /// others may pass through (the sandbox's bubblewrap opens the workspace as the
     /// sandbox's uid, and what the agent made is that uid's, not root's).
     pub(crate) fn sandbox_dir_mode(&self) -> u32 {
-        sandbox_dir_mode(self.uids.is_some())
+        sandbox_dir_mode(self.isolation.uids.is_some())
     }
 
     /// How host git reads remote repositories for `tenant`.
@@ -155,9 +131,18 @@ impl Provisioner {
         }
     }
 
+    /// The `cgroup.procs` files a sandbox's first process joins; none without cgroups.
+    pub(crate) fn cgroup_procs(&self, id: &str) -> Vec<PathBuf> {
+        self.isolation
+            .cgroups
+            .as_ref()
+            .map(|cg| cg.procs_files(id))
+            .unwrap_or_default()
+    }
+
     pub(crate) fn release_uid(&self, uid: u32) {
         // 0 (none given) is never in use: releasing it is a no-op.
-        if let Some(uids) = &self.uids {
+        if let Some(uids) = &self.isolation.uids {
             uids.release(uid);
         }
     }
@@ -292,7 +277,7 @@ fn state_name(state: i32) -> &'static str {
 /// reconciles them, and a surviving sandbox's CPU counter goes on from where it was.
 impl Drop for Provisioner {
     fn drop(&mut self) {
-        if let Some(cg) = &self.cgroups
+        if let Some(cg) = &self.isolation.cgroups
             && self
                 .release_cgroups_on_drop
                 .load(std::sync::atomic::Ordering::SeqCst)

@@ -30,43 +30,57 @@ impl Provisioner {
                 self.remove_leftover(&id);
                 continue;
             }
-            if let Some(cg) = &self.cgroups {
-                cg.kill_all(&id);
+            self.adopt(record);
+        }
+        self.remove_unknown_cgroups();
+    }
+
+    /// A sandbox the previous run left, live: anything it left running killed, its uid
+    /// and overlay restored, its running side made; destroyed where any of that fails.
+    fn adopt(&self, mut record: Record) {
+        let id = record.id.clone();
+        if let Some(cg) = &self.isolation.cgroups {
+            cg.kill_all(&id);
+        }
+        if let Err(e) = self.adopt_uid(&mut record) {
+            warn!(sandbox_id = %id, error = %e, "cannot give the sandbox a uid of its own; destroying it");
+            self.remove_leftover(&id);
+            return;
+        }
+        // An overlay's mount went with the last run: mounted again, as its uid's.
+        if let Some(lower) = &record.overlay
+            && let Err(e) = self.storage.store.overlays().mount(
+                &id,
+                lower,
+                &self.storage.store.dir(&id),
+                record.uid,
+            )
+        {
+            tracing::error!(sandbox_id = %id, error = %e, "cannot mount the sandbox's overlay workspace; destroying it");
+            self.remove_leftover(&id);
+            self.release_uid(record.uid);
+            return;
+        }
+        let entry = Entry::new(record);
+        match self.activate(&entry) {
+            Ok(()) => {
+                info!(sandbox_id = %id, "sandbox adopted after restart");
+                self.sandboxes
+                    .lock()
+                    .expect("sandboxes lock")
+                    .insert(id, entry);
             }
-            if let Err(e) = self.adopt_uid(&mut record) {
-                warn!(sandbox_id = %id, error = %e, "cannot give the sandbox a uid of its own; destroying it");
+            Err(e) => {
+                warn!(sandbox_id = %id, error = %e, "cannot restore sandbox; destroying it");
+                entry.cancel.cancel();
                 self.remove_leftover(&id);
-                continue;
-            }
-            // An overlay's mount went with the last run: mounted again, as its uid's.
-            if let Some(lower) = &record.overlay
-                && let Err(e) =
-                    self.store
-                        .overlays()
-                        .mount(&id, lower, &self.store.dir(&id), record.uid)
-            {
-                tracing::error!(sandbox_id = %id, error = %e, "cannot mount the sandbox's overlay workspace; destroying it");
-                self.remove_leftover(&id);
-                self.release_uid(record.uid);
-                continue;
-            }
-            let entry = Entry::new(record);
-            match self.activate(&entry) {
-                Ok(()) => {
-                    info!(sandbox_id = %id, "sandbox adopted after restart");
-                    self.sandboxes
-                        .lock()
-                        .expect("sandboxes lock")
-                        .insert(id, entry);
-                }
-                Err(e) => {
-                    warn!(sandbox_id = %id, error = %e, "cannot restore sandbox; destroying it");
-                    entry.cancel.cancel();
-                    self.remove_leftover(&id);
-                }
             }
         }
-        if let Some(cg) = &self.cgroups {
+    }
+
+    /// The cgroups no adopted sandbox accounts for, killed and removed.
+    fn remove_unknown_cgroups(&self) {
+        if let Some(cg) = &self.isolation.cgroups {
             let known = self.sandboxes.lock().expect("sandboxes lock").clone();
             for id in cg.list() {
                 if !known.contains_key(&id) {
@@ -80,35 +94,35 @@ impl Provisioner {
     /// Keep an adopted sandbox's uid, or give it one (made before uids were handed out,
     /// or its uid is another's now): its workspace follows.
     fn adopt_uid(&self, record: &mut Record) -> crate::error::Result<()> {
-        let Some(uids) = &self.uids else {
+        let Some(uids) = &self.isolation.uids else {
             return Ok(());
         };
-        crate::local::isolation::uids::let_through(&self.store.dir(&record.id)).map_err(|e| {
-            crate::error::ProvisionerError::internal("open the sandbox's directory", e)
-        })?;
+        crate::local::isolation::uids::let_through(&self.storage.store.dir(&record.id)).map_err(
+            |e| crate::error::ProvisionerError::internal("open the sandbox's directory", e),
+        )?;
         if record.uid != 0 && uids.hold(record.uid) {
             return Ok(());
         }
         let uid = uids.claim()?;
-        let given =
-            crate::local::isolation::uids::give_workspace(&self.store.own_files(record), uid)
-                .map_err(|e| {
-                    crate::error::ProvisionerError::internal("give the workspace to its uid", e)
-                });
+        let given = crate::local::isolation::uids::give_workspace(
+            &self.storage.store.own_files(record),
+            uid,
+        )
+        .map_err(|e| crate::error::ProvisionerError::internal("give the workspace to its uid", e));
         if let Err(e) = given {
             uids.release(uid);
             return Err(e);
         }
         record.uid = uid;
-        self.store.save(record)
+        self.storage.store.save(record)
     }
 
     fn remove_leftover(&self, id: &str) {
-        self.store.overlays().remove(id);
-        if let Some(cg) = &self.cgroups {
+        self.storage.store.overlays().remove(id);
+        if let Some(cg) = &self.isolation.cgroups {
             cg.remove(id);
         }
-        if let Err(e) = remove_all(&self.store.dir(id)) {
+        if let Err(e) = remove_all(&self.storage.store.dir(id)) {
             warn!(sandbox_id = %id, error = %e, "cannot remove sandbox directory");
         }
     }

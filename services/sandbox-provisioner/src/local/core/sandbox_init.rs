@@ -2,6 +2,7 @@
 //! (again after a stop, a provisioner restart, or an init that went away), with the one
 //! LLM relay the sandbox's commands share while it runs.
 
+use crate::local::isolation::network::forwarder_kit::ForwarderKit;
 use crate::{
     error::{ProvisionerError, Result},
     local::{
@@ -25,7 +26,7 @@ impl Provisioner {
         tools: crate::local::core::prepare::Tools,
     ) -> bool {
         self.config.sandbox_init
-            && self.forwarder.is_some()
+            && self.isolation.forwarder.is_some()
             && (tools == crate::local::core::prepare::Tools::Sandbox || record.image.is_none())
     }
 
@@ -49,39 +50,52 @@ impl Provisioner {
         if let Some(old) = session.take() {
             old.init.shutdown();
         }
-        let Some(forwarder) = self.forwarder.as_ref() else {
+        let Some(forwarder) = self.isolation.forwarder.as_ref() else {
             return Err(ProvisionerError::internal(
                 "start the sandbox's init",
                 "no forwarder",
             ));
         };
         let id = record.id.as_str();
-        let llm_socket = self.store.dir(id).join("llm.sock");
+        let llm_socket = self.storage.store.dir(id).join("llm.sock");
         let relay = self.shared_llm_relay(entry, record, &llm_socket)?;
-        let workspace = self.store.mountpoint(id);
-        let overlay = self.store.overlays().mount_of(id);
-        let egress = self.store.egress_socket(id);
-        let procs = self
-            .cgroups
-            .as_ref()
-            .map(|cg| cg.procs_files(id))
-            .unwrap_or_default();
+        let init = self
+            .start_init(record, forwarder, &llm_socket)
+            .map(Arc::new)?;
+        tracing::debug!(sandbox_id = %id, "sandbox init started");
+        *session = Some(InitSession::new(init.clone(), relay));
+        Ok(init)
+    }
+
+    /// The sandbox's one long-lived bubblewrap, with the init in it, its relays bound
+    /// (the LLM relay's at `llm_socket`).
+    fn start_init(
+        &self,
+        record: &Record,
+        forwarder: &ForwarderKit,
+        llm_socket: &Path,
+    ) -> Result<Init> {
+        let id = record.id.as_str();
+        let workspace = self.storage.store.mountpoint(id);
+        let overlay = self.storage.store.overlays().mount_of(id);
+        let egress = self.storage.store.egress_socket(id);
+        let procs = self.cgroup_procs(id);
         let argv = forwarder.argv();
         let inv = Invocation {
-            bwrap: &self.bwrap,
-            features: self.features,
+            bwrap: &self.isolation.bwrap,
+            features: self.isolation.features,
             workspace: &workspace,
             overlay: overlay.as_deref().map(std::os::fd::AsFd::as_fd),
             sandbox_id: id,
             relays: Some(Relays {
                 forwarder,
                 egress: (!record.egress_allow.is_empty()).then_some(egress.as_path()),
-                llm: Some(&llm_socket),
+                llm: Some(llm_socket),
             }),
             cgroup_procs: &procs,
             argv: &argv,
             env: &[],
-            seccomp: &self.seccomp,
+            seccomp: &self.isolation.seccomp,
             uid: self.uid_of(record),
             image: record.image.as_ref().map(|i| ImageRoot {
                 rootfs: &i.rootfs,
@@ -90,12 +104,7 @@ impl Provisioner {
             init: true,
             file_size: crate::local::storage::disk_quota::file_size_limit(record.disk_bytes),
         };
-        let init = Init::start(&inv, id)
-            .map(Arc::new)
-            .map_err(|e| ProvisionerError::internal("start the sandbox's init", e))?;
-        tracing::debug!(sandbox_id = %id, "sandbox init started");
-        *session = Some(InitSession::new(init.clone(), relay));
-        Ok(init)
+        Init::start(&inv, id).map_err(|e| ProvisionerError::internal("start the sandbox's init", e))
     }
 
     /// The sandbox's one LLM relay at `socket`: it relays to the gateway of whichever of

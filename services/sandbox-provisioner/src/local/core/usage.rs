@@ -21,6 +21,7 @@ impl Provisioner {
             (r.id.clone(), r.created_unix_ms, r.memory_mib_ms)
         };
         let cpu_ms = self
+            .isolation
             .cgroups
             .as_ref()
             .filter(|_| entry.cgroups_made())
@@ -37,7 +38,9 @@ impl Provisioner {
 
     /// One sample of every sandbox running a command: the memory it holds, for a second.
     fn sample_memory(&self) {
-        let Some(cg) = &self.cgroups else { return };
+        let Some(cg) = &self.isolation.cgroups else {
+            return;
+        };
         let live: Vec<Arc<Entry>> = self
             .sandboxes
             .lock()

@@ -95,57 +95,16 @@ impl Cgroups {
     /// limited group can be made.
     pub(crate) fn setup(layout: &Layout, parent: &str) -> Result<Self, String> {
         let cg = match layout {
-            Layout::V2 { root } => {
-                // Controllers must be enabled in `cgroup.subtree_control` at every level
-                // above the sandboxes' groups; only the leaves hold processes.
-                let mut dir = root.clone();
-                let mut levels = vec![dir.clone()];
-                for part in Path::new(parent).components() {
-                    dir.push(part);
-                    mkdir(&dir)?;
-                    levels.push(dir.clone());
-                }
-                for d in &levels {
-                    std::fs::write(d.join("cgroup.subtree_control"), "+memory +pids +cpu")
-                        .map_err(|e| {
-                            format!(
-                                "cannot enable memory, pids and cpu controllers in {}: {e}{}",
-                                d.display(),
-                                if e.raw_os_error() == Some(16) {
-                                    " (it holds processes: a cgroup with controllers enabled \
-                                     for its children may not; run the provisioner in a leaf \
-                                     group or set FORKYARD_CGROUP_PARENT below a delegated one)"
-                                } else {
-                                    ""
-                                }
-                            )
-                        })?;
-                }
-                Self {
-                    version: Version::V2,
-                    parents: vec![dir],
-                    cpuacct: None,
-                }
-            }
-            Layout::V1 { mounts } => {
-                let mut parents = Vec::new();
-                for (c, mount) in V1_CONTROLLERS.iter().zip(mounts) {
-                    if !mount.join("cgroup.procs").exists() {
-                        return Err(format!(
-                            "cgroup v1 controller {c} is not mounted at {}",
-                            mount.display()
-                        ));
-                    }
-                    let dir = mount.join(parent);
-                    mkdir(&dir)?;
-                    parents.push(dir);
-                }
-                Self {
-                    version: Version::V1,
-                    parents,
-                    cpuacct: None,
-                }
-            }
+            Layout::V2 { root } => Self {
+                version: Version::V2,
+                parents: vec![v2_parent(root, parent)?],
+                cpuacct: None,
+            },
+            Layout::V1 { mounts } => Self {
+                version: Version::V1,
+                parents: v1_parents(mounts, parent)?,
+                cpuacct: None,
+            },
         };
         // Prove it works end to end: a probe group with limits, then gone.
         cg.create(
@@ -430,6 +389,51 @@ fn wait_empty(bound: Duration, empty: impl Fn() -> bool) -> bool {
         pause = (pause * 2).min(Duration::from_millis(10));
     }
     empty()
+}
+
+/// `<root>/<parent>` made, with the controllers enabled in `cgroup.subtree_control` at
+/// every level above the sandboxes' groups (only the leaves hold processes).
+fn v2_parent(root: &Path, parent: &str) -> Result<PathBuf, String> {
+    let mut dir = root.to_path_buf();
+    let mut levels = vec![dir.clone()];
+    for part in Path::new(parent).components() {
+        dir.push(part);
+        mkdir(&dir)?;
+        levels.push(dir.clone());
+    }
+    for d in &levels {
+        std::fs::write(d.join("cgroup.subtree_control"), "+memory +pids +cpu").map_err(|e| {
+            format!(
+                "cannot enable memory, pids and cpu controllers in {}: {e}{}",
+                d.display(),
+                if e.raw_os_error() == Some(16) {
+                    " (it holds processes: a cgroup with controllers enabled \
+                     for its children may not; run the provisioner in a leaf \
+                     group or set FORKYARD_CGROUP_PARENT below a delegated one)"
+                } else {
+                    ""
+                }
+            )
+        })?;
+    }
+    Ok(dir)
+}
+
+/// `<mount>/<parent>` made under each v1 controller's mount.
+fn v1_parents(mounts: &[PathBuf], parent: &str) -> Result<Vec<PathBuf>, String> {
+    let mut parents = Vec::new();
+    for (c, mount) in V1_CONTROLLERS.iter().zip(mounts) {
+        if !mount.join("cgroup.procs").exists() {
+            return Err(format!(
+                "cgroup v1 controller {c} is not mounted at {}",
+                mount.display()
+            ));
+        }
+        let dir = mount.join(parent);
+        mkdir(&dir)?;
+        parents.push(dir);
+    }
+    Ok(parents)
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ use rustix::{
     fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     mount::{FsMountFlags, FsOpenFlags, MountAttrFlags, OpenTreeFlags},
 };
+use std::ffi::{c_int, c_void};
 use std::{
     collections::HashMap,
     ffi::CStr,
@@ -283,44 +284,46 @@ fn idmap(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> io::Result<()> {
     }
 }
 
+/// What [`userns_child`] reads: two pipe ends, as raw numbers.
+struct UsernsCtx {
+    ready: c_int,
+    go: c_int,
+}
+
+/// The child of [`userns_mapping_to`]: says it is ready, then waits to be told to exit.
+extern "C" fn userns_child(arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the `UsernsCtx` the parent keeps alive until it has reaped this
+    // child. rustix's raw system calls write no errno (the memory, the C library's
+    // thread state among it, is the parent's).
+    unsafe {
+        let ctx = &*arg.cast::<UsernsCtx>();
+        let _ = rustix::io::write(BorrowedFd::borrow_raw(ctx.ready), &[1]);
+        let mut b = [0u8; 1];
+        let _ = rustix::io::read(BorrowedFd::borrow_raw(ctx.go), &mut b);
+        libc::syscall(libc::SYS_exit, 0);
+    }
+    0
+}
+
 /// A new user namespace whose uid and gid of the provisioner are `uid` on the host.
 /// A user namespace needs a process to be made in: a child cloned into a new one that
 /// shares the provisioner's memory (`CLONE_VM`, no copy of its page tables: a fork of the
 /// provisioner per uid cost a first wave of 100 creates about 100 ms), runs on a stack of
 /// its own, and waits while its maps are written and its namespace is opened.
 fn userns_mapping_to(uid: u32) -> io::Result<OwnedFd> {
-    /// What the child reads: two pipe ends, as raw numbers.
-    struct Ctx {
-        ready: c_int,
-        go: c_int,
-    }
-    extern "C" fn child(arg: *mut c_void) -> c_int {
-        // SAFETY: `arg` is the `Ctx` the parent keeps alive until it has reaped this
-        // child. rustix's raw system calls write no errno (the memory, the C library's
-        // thread state among it, is the parent's).
-        unsafe {
-            let ctx = &*arg.cast::<Ctx>();
-            let _ = rustix::io::write(BorrowedFd::borrow_raw(ctx.ready), &[1]);
-            let mut b = [0u8; 1];
-            let _ = rustix::io::read(BorrowedFd::borrow_raw(ctx.go), &mut b);
-            libc::syscall(libc::SYS_exit, 0);
-        }
-        0
-    }
-    use std::ffi::{c_int, c_void};
     const STACK_BYTES: usize = 16 * 1024;
     let (ready_r, ready_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
     let (go_r, go_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-    let ctx = Ctx {
+    let ctx = UsernsCtx {
         ready: ready_w.as_raw_fd(),
         go: go_r.as_raw_fd(),
     };
     let mut stack = vec![0u8; STACK_BYTES];
-    // SAFETY: the child runs `child` on `stack` with `ctx`, both alive until it is reaped
-    // below, and makes raw system calls only.
+    // SAFETY: the child runs `userns_child` on `stack` with `ctx`, both alive until it is
+    // reaped below, and makes raw system calls only.
     let pid = unsafe {
         crate::local::isolation::bubblewrap::vfork::clone_blocked(
-            child,
+            userns_child,
             &mut stack,
             libc::CLONE_VM | libc::CLONE_NEWUSER | libc::SIGCHLD,
             std::ptr::from_ref(&ctx).cast_mut().cast(),
@@ -328,21 +331,7 @@ fn userns_mapping_to(uid: u32) -> io::Result<OwnedFd> {
     }
     .map_err(|e| io::Error::new(e.kind(), format!("the idmap's user namespace: {e}")))?;
     drop(ready_w);
-    let made = (|| -> io::Result<OwnedFd> {
-        let mut byte = [0u8; 1];
-        if rustix::io::read(&ready_r, &mut byte)? != 1 {
-            return Err(io::Error::other("the child ended early"));
-        }
-        let euid = rustix::process::geteuid().as_raw();
-        let egid = rustix::process::getegid().as_raw();
-        std::fs::write(format!("/proc/{pid}/uid_map"), format!("{euid} {uid} 1\n"))?;
-        std::fs::write(format!("/proc/{pid}/gid_map"), format!("{egid} {uid} 1\n"))?;
-        Ok(rustix::fs::open(
-            format!("/proc/{pid}/ns/user"),
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )?)
-    })();
+    let made = map_and_open(pid, uid, &ready_r);
     // A byte, not a close: the child holds its own copy of this end.
     let _ = rustix::io::write(&go_w, &[1]);
     let mut status = 0;
@@ -355,6 +344,24 @@ fn userns_mapping_to(uid: u32) -> io::Result<OwnedFd> {
     }
     drop((stack, ctx, go_r, go_w));
     made.map_err(|e| io::Error::new(e.kind(), format!("the idmap's user namespace: {e}")))
+}
+
+/// Once child `pid` says it is ready on `ready`: its user namespace's maps written
+/// (the provisioner's uid and gid are `uid`), and the namespace opened.
+fn map_and_open(pid: c_int, uid: u32, ready: &OwnedFd) -> io::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    if rustix::io::read(ready, &mut byte)? != 1 {
+        return Err(io::Error::other("the child ended early"));
+    }
+    let euid = rustix::process::geteuid().as_raw();
+    let egid = rustix::process::getegid().as_raw();
+    std::fs::write(format!("/proc/{pid}/uid_map"), format!("{euid} {uid} 1\n"))?;
+    std::fs::write(format!("/proc/{pid}/gid_map"), format!("{egid} {uid} 1\n"))?;
+    Ok(rustix::fs::open(
+        format!("/proc/{pid}/ns/user"),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?)
 }
 
 /// Whether overlay workspaces work here, tried in `scratch` (made and removed here) as a

@@ -5,12 +5,16 @@
 //! and /tmp, and the workspace at /workspace. Nothing else of the host is visible and
 //! the environment is rebuilt from scratch.
 
+use super::{enter, vfork};
+use crate::local::isolation::{
+    network::forwarder_kit::{self, ForwarderKit},
+    open_files,
+};
 use command_fds::{CommandFdExt, FdMapping};
 use std::{
     ffi::{OsStr, OsString},
     path::{Path, PathBuf},
     sync::OnceLock,
-    time::Duration,
 };
 use tokio::process::Command;
 
@@ -52,8 +56,8 @@ pub struct Features {
 /// the forwarder binary.
 #[derive(Debug, Clone, Copy)]
 pub struct Relays<'a> {
-    /// The forwarder with its loader and libraries (`crate::local::isolation::network::forwarder_kit`).
-    pub forwarder: &'a crate::local::isolation::network::forwarder_kit::ForwarderKit,
+    /// The forwarder with its loader and libraries (`forwarder_kit`).
+    pub forwarder: &'a ForwarderKit,
     /// The egress proxy's socket, exposed on [`PROXY_ADDR`].
     pub egress: Option<&'a Path>,
     /// The LLM relay's socket, exposed on [`forkyard_proto::SANDBOX_LLM_ADDR`].
@@ -222,7 +226,7 @@ impl Invocation<'_> {
             a.push([
                 OsStr::new("--ro-bind"),
                 r.forwarder.dir.as_os_str(),
-                OsStr::new(crate::local::isolation::network::forwarder_kit::IN_SANDBOX),
+                OsStr::new(forwarder_kit::IN_SANDBOX),
             ]);
             for (_, inside, host) in r.pairs() {
                 a.push([OsStr::new("--bind"), host.as_os_str(), OsStr::new(inside)]);
@@ -292,7 +296,7 @@ impl Invocation<'_> {
     }
 
     /// The command: bubblewrap, which enters the sandbox's cgroups and drops to its uid
-    /// between fork and exec (`crate::local::isolation::bubblewrap::enter`), started with an empty environment; the
+    /// between fork and exec (`super::enter`), started with an empty environment; the
     /// sandboxed command's environment reaches bwrap on [`ENV_FD`] (a memfd, so values are
     /// never on a command line or on disk).
     pub fn command(&self) -> std::io::Result<Command> {
@@ -300,12 +304,7 @@ impl Invocation<'_> {
         // provisioner's rights) and before bubblewrap, so its user namespace maps the
         // sandbox to the dropped uid.
         let mut cmd = Command::new(self.bwrap);
-        crate::local::isolation::bubblewrap::enter::set(
-            &mut cmd,
-            self.cgroup_procs,
-            self.attach()?,
-            self.uid,
-        )?;
+        enter::set(&mut cmd, self.cgroup_procs, self.attach()?, self.uid)?;
         cmd.env_clear().args(self.args());
         let fds: Vec<FdMapping> = self
             .bwrap_fds()?
@@ -319,15 +318,15 @@ impl Invocation<'_> {
         cmd.fd_mappings(fds)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         // After the mapping's hook: the mapped numbers and stdio are what bubblewrap keeps.
-        crate::local::isolation::bubblewrap::enter::keep_only_mapped(&mut cmd, &mapped);
+        enter::keep_only_mapped(&mut cmd, &mapped);
         // After the descriptor mapping's own hook (hooks run in the order they were
         // added): mapping needs free numbers above the others.
-        crate::local::isolation::bubblewrap::enter::set_open_files_limit(&mut cmd);
-        crate::local::isolation::bubblewrap::enter::set_file_size_limit(&mut cmd, self.file_size);
+        enter::set_open_files_limit(&mut cmd);
+        enter::set_file_size_limit(&mut cmd, self.file_size);
         Ok(cmd)
     }
 
-    /// The overlay to attach in the child (`crate::local::storage::overlay::attach`): a descriptor
+    /// The overlay to attach in the child (`super::enter::attach`): a descriptor
     /// of the mount of its own (close-on-exec) and the mount point.
     fn attach(&self) -> std::io::Result<Option<(std::os::fd::OwnedFd, std::ffi::CString)>> {
         let Some(mount) = self.overlay else {
@@ -351,13 +350,13 @@ impl Invocation<'_> {
     }
 
     /// Start the sandbox's init as [`Self::command`] would, without a fork of the
-    /// provisioner ([`crate::local::isolation::bubblewrap::vfork`]): `stdin` its descriptor 0, `stderr` its 2,
+    /// provisioner ([`super::vfork`]): `stdin` its descriptor 0, `stderr` its 2,
     /// /dev/null its 1.
     pub(crate) fn spawn_init(
         &self,
         stdin: std::os::fd::OwnedFd,
         stderr: std::os::fd::OwnedFd,
-    ) -> std::io::Result<crate::local::isolation::bubblewrap::vfork::Process> {
+    ) -> std::io::Result<vfork::Process> {
         use std::os::unix::ffi::OsStrExt;
         let c = |s: &OsStr| {
             std::ffi::CString::new(s.as_bytes()).map_err(|_| {
@@ -379,19 +378,17 @@ impl Invocation<'_> {
         )?;
         let mut fds = vec![(stdin, 0), (null, 1), (stderr, 2)];
         fds.extend(self.bwrap_fds()?);
-        crate::local::isolation::bubblewrap::vfork::spawn(
-            crate::local::isolation::bubblewrap::vfork::Plan {
-                program,
-                argv,
-                env: Vec::new(),
-                fds,
-                procs: crate::local::isolation::bubblewrap::enter::open_procs(self.cgroup_procs)?,
-                attach: self.attach()?,
-                ids: self.uid.map(|u| (u, u)),
-                nofile: crate::local::isolation::open_files::for_sandbox(),
-                fsize: self.file_size,
-            },
-        )
+        vfork::spawn(vfork::Plan {
+            program,
+            argv,
+            env: Vec::new(),
+            fds,
+            procs: enter::open_procs(self.cgroup_procs)?,
+            attach: self.attach()?,
+            ids: self.uid.map(|u| (u, u)),
+            nofile: open_files::for_sandbox(),
+            fsize: self.file_size,
+        })
     }
 }
 
@@ -439,65 +436,6 @@ fn host_root_links() -> &'static [(PathBuf, Option<PathBuf>)] {
             })
             .collect()
     })
-}
-
-/// Check that `bwrap` runs a sandbox on this host and find which features it has.
-pub async fn probe(bwrap: &Path, scratch: &Path, uid: Option<u32>) -> Result<Features, String> {
-    let argv = ["true".to_owned()];
-    let mut last_err = String::new();
-    for features in [Features { userns: true }, Features { userns: false }] {
-        let inv = Invocation {
-            bwrap,
-            features,
-            workspace: scratch,
-            overlay: None,
-            sandbox_id: "probe",
-            relays: None,
-            cgroup_procs: &[],
-            argv: &argv,
-            env: &[],
-            seccomp: &[],
-            uid,
-            image: None,
-            init: false,
-            file_size: None,
-        };
-        let mut cmd = inv
-            .command()
-            .map_err(|e| format!("cannot prepare {}: {e}", bwrap.display()))?;
-        cmd.kill_on_drop(true).stdin(std::process::Stdio::null());
-        match tokio::time::timeout(Duration::from_secs(30), cmd.output()).await {
-            Ok(Ok(out)) if out.status.success() => return Ok(features),
-            Ok(Ok(out)) => {
-                last_err = format!(
-                    "{} ({})",
-                    String::from_utf8_lossy(&out.stderr).trim(),
-                    out.status
-                )
-            }
-            Ok(Err(e)) => return Err(format!("cannot run {}: {e}", bwrap.display())),
-            Err(_) => last_err = "timed out".to_owned(),
-        }
-    }
-    Err(format!(
-        "{} cannot create a sandbox: {last_err}",
-        bwrap.display()
-    ))
-}
-
-/// `path` if it names an executable, else the first match on `$PATH`.
-pub fn resolve(path: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &Path| {
-        p.metadata()
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if path.components().count() > 1 {
-        return executable(path).then(|| path.to_path_buf());
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(path))
-        .find(|p| executable(p))
 }
 
 #[cfg(test)]

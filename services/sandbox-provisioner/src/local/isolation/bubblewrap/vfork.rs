@@ -173,28 +173,36 @@ pub(crate) fn spawn(plan: Plan) -> io::Result<Process> {
     drop(stack);
     let pid_u32 = u32::try_from(pid).map_err(|_| io::Error::other("clone gave no pid"))?;
     let child_pid = Pid::from_raw(pid).ok_or_else(|| io::Error::other("clone gave no pid"))?;
-    let error = ctx.error.load(Ordering::Acquire);
-    if error != 0 {
-        // The child exited without exec'ing: reap it, and say why.
-        let _ = rustix::process::waitpid(Some(child_pid), rustix::process::WaitOptions::empty());
-        let (step, errno) = (error >> 16, error & 0xffff);
-        let what = STEPS.get(step as usize).copied().unwrap_or("start");
-        let e = io::Error::from_raw_os_error(errno);
-        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+    exec_failed(ctx.error.load(Ordering::Acquire), child_pid)?;
+    Ok(Process {
+        pid: pid_u32,
+        pidfd: Some(pidfd_of(child_pid)?),
+    })
+}
+
+/// `Err` when the child reported `error` (it exited without exec'ing): reaped, and why.
+fn exec_failed(error: i32, child_pid: Pid) -> io::Result<()> {
+    if error == 0 {
+        return Ok(());
     }
-    let pidfd = match rustix::process::pidfd_open(child_pid, rustix::process::PidfdFlags::empty()) {
-        Ok(fd) => fd,
+    let _ = rustix::process::waitpid(Some(child_pid), rustix::process::WaitOptions::empty());
+    let (step, errno) = (error >> 16, error & 0xffff);
+    let what = STEPS.get(step as usize).copied().unwrap_or("start");
+    let e = io::Error::from_raw_os_error(errno);
+    Err(io::Error::new(e.kind(), format!("{what}: {e}")))
+}
+
+/// A pidfd of the started child; without one, the child is killed and reaped.
+fn pidfd_of(child_pid: Pid) -> io::Result<OwnedFd> {
+    match rustix::process::pidfd_open(child_pid, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => Ok(fd),
         Err(e) => {
             let _ = rustix::process::kill_process(child_pid, Signal::KILL);
             let _ =
                 rustix::process::waitpid(Some(child_pid), rustix::process::WaitOptions::empty());
-            return Err(e.into());
+            Err(e.into())
         }
-    };
-    Ok(Process {
-        pid: pid_u32,
-        pidfd: Some(pidfd),
-    })
+    }
 }
 
 /// `clone(flags)` of a child that runs `child(arg)` on `stack`, with every signal
@@ -252,24 +260,90 @@ const STEPS: &[&str] = &[
     "close inherited descriptors",
 ];
 
+/// A step of the child that failed: its number in [`STEPS`], and its errno.
+type Failed = (i32, i32);
+
 /// The child: raw system calls on `Ctx`'s values, then exec. Never returns.
 extern "C" fn child(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the `Ctx` the parent keeps alive while it waits for this child.
     let ctx = unsafe { &*arg.cast::<Ctx<'_>>() };
-    let fail = |step: i32, errno: i32| -> c_int {
-        ctx.error
-            .store((step << 16) | (errno & 0xffff), Ordering::Release);
-        // SAFETY: ends this process (its own thread group) only.
-        unsafe { libc::_exit(127) }
+    // SAFETY: the steps run in this child alone, on values the parent prepared.
+    let (step, errno) = match unsafe { enter_and_exec(ctx) } {
+        Err(failed) => failed,
     };
-    // SAFETY: the calling thread's errno location (the parent's: see below).
-    let errno = || unsafe { *libc::__errno_location() };
-    // SAFETY (the whole body): system calls on values prepared by the parent; no
-    // allocation, no lock. `errno` written by the C library's wrappers is the waiting
-    // parent thread's, as in posix_spawn's child.
+    ctx.error
+        .store((step << 16) | (errno & 0xffff), Ordering::Release);
+    // SAFETY: ends this process (its own thread group) only.
+    unsafe { libc::_exit(127) }
+}
+
+/// The calling thread's errno (the waiting parent's: see [`enter_and_exec`]).
+fn errno() -> i32 {
+    // SAFETY: the calling thread's errno location.
+    unsafe { *libc::__errno_location() }
+}
+
+/// The child's steps, in order, then the exec; returns only with the step that failed.
+///
+/// # Safety
+/// Only in the child [`clone_blocked`] starts: system calls on values prepared by the
+/// parent; no allocation, no lock. `errno` written by the C library's wrappers is the
+/// waiting parent thread's, as in posix_spawn's child.
+unsafe fn enter_and_exec(ctx: &Ctx<'_>) -> Result<std::convert::Infallible, Failed> {
+    // SAFETY: as this function's contract says.
     unsafe {
-        // Handlers of the provisioner's (and an ignored SIGPIPE, as the standard library's
-        // spawn does) back to their defaults; signals stay blocked meanwhile.
+        default_handlers()?;
+        // "0" moves the writing process itself; checked with the opener's rights.
+        for &fd in ctx.procs {
+            if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err((2, errno()));
+            }
+        }
+        // As root, before the uid drop: a mount namespace of its own, the workspace in it.
+        if let Some((mount, target)) = ctx.attach {
+            crate::local::isolation::bubblewrap::enter::attach(mount, target)
+                .map_err(|e| (8, e.raw_os_error()))?;
+        }
+        if let Some((uid, gid)) = ctx.ids {
+            // rustix's raw system calls: this thread only.
+            let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+            rustix::thread::set_thread_groups(&[])
+                .and_then(|()| rustix::thread::set_thread_res_gid(gid, gid, gid))
+                .and_then(|()| rustix::thread::set_thread_res_uid(uid, uid, uid))
+                .map_err(|e| (3, e.raw_os_error()))?;
+        }
+        place_descriptors(ctx)?;
+        // What the provisioner inherited without close-on-exec stays out of the sandbox.
+        crate::local::isolation::bubblewrap::enter::only_keep(ctx.keep)
+            .map_err(|e| (9, e.raw_os_error().unwrap_or(libc::EBADF)))?;
+        // After the descriptors are in place: parking them needs free numbers above the
+        // others, which a lowered limit could leave none of.
+        if let Some(limit) = ctx.nofile {
+            crate::local::isolation::open_files::restore(limit)
+                .map_err(|e| (5, e.raw_os_error()))?;
+        }
+        if let Some(bytes) = ctx.fsize {
+            crate::local::isolation::bubblewrap::enter::restrict_file_size(bytes)
+                .map_err(|e| (10, e.raw_os_error()))?;
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
+            return Err((6, errno()));
+        }
+        libc::execve(ctx.program, ctx.argv, ctx.envp);
+        Err((7, errno()))
+    }
+}
+
+/// Handlers of the provisioner's (and an ignored SIGPIPE, as the standard library's
+/// spawn does) back to their defaults; signals stay blocked meanwhile.
+///
+/// # Safety
+/// As [`enter_and_exec`].
+unsafe fn default_handlers() -> Result<(), Failed> {
+    // SAFETY: `sigaction` on zeroed structs of this thread's, in the child.
+    unsafe {
         for sig in 1..=libc::SIGRTMAX() {
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
@@ -280,187 +354,41 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
                 let mut dfl: libc::sigaction = std::mem::zeroed();
                 dfl.sa_sigaction = libc::SIG_DFL;
                 if libc::sigaction(sig, &dfl, std::ptr::null_mut()) != 0 {
-                    return fail(1, errno());
+                    return Err((1, errno()));
                 }
             }
         }
-        // "0" moves the writing process itself; checked with the opener's rights.
-        for &fd in ctx.procs {
-            if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                return fail(2, errno());
-            }
-        }
-        // As root, before the uid drop: a mount namespace of its own, the workspace in it.
-        if let Some((mount, target)) = ctx.attach
-            && let Err(e) = crate::local::isolation::bubblewrap::enter::attach(mount, target)
-        {
-            return fail(8, e.raw_os_error());
-        }
-        if let Some((uid, gid)) = ctx.ids {
-            // rustix's raw system calls: this thread only.
-            let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
-            let dropped = rustix::thread::set_thread_groups(&[])
-                .and_then(|()| rustix::thread::set_thread_res_gid(gid, gid, gid))
-                .and_then(|()| rustix::thread::set_thread_res_uid(uid, uid, uid));
-            if let Err(e) = dropped {
-                return fail(3, e.raw_os_error());
-            }
-        }
-        // Park each descriptor above every target (close-on-exec), then put it in place:
-        // a target that is another's source is not clobbered before it is read.
-        let mut parked = [0 as c_int; 16];
-        if ctx.fds.len() > parked.len() {
-            return fail(4, libc::E2BIG);
-        }
+    }
+    Ok(())
+}
+
+/// Each of `ctx.fds` parked above every target (close-on-exec), then put in place: a
+/// target that is another's source is not clobbered before it is read.
+///
+/// # Safety
+/// As [`enter_and_exec`].
+unsafe fn place_descriptors(ctx: &Ctx<'_>) -> Result<(), Failed> {
+    let mut parked = [0 as c_int; 16];
+    if ctx.fds.len() > parked.len() {
+        return Err((4, libc::E2BIG));
+    }
+    // SAFETY: `fcntl` and `dup2` on the parent's descriptors, in the child.
+    unsafe {
         for (slot, &(fd, _)) in parked.iter_mut().zip(ctx.fds) {
             *slot = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, ctx.floor);
             if *slot < 0 {
-                return fail(4, errno());
+                return Err((4, errno()));
             }
         }
         for (&from, &(_, to)) in parked.iter().zip(ctx.fds) {
             if libc::dup2(from, to) < 0 {
-                return fail(4, errno());
+                return Err((4, errno()));
             }
         }
-        // What the provisioner inherited without close-on-exec stays out of the sandbox.
-        if let Err(e) = crate::local::isolation::bubblewrap::enter::only_keep(ctx.keep) {
-            return fail(9, e.raw_os_error().unwrap_or(libc::EBADF));
-        }
-        // After the descriptors are in place: parking them needs free numbers above the
-        // others, which a lowered limit could leave none of.
-        if let Some(limit) = ctx.nofile
-            && let Err(e) = crate::local::isolation::open_files::restore(limit)
-        {
-            return fail(5, e.raw_os_error());
-        }
-        if let Some(bytes) = ctx.fsize
-            && let Err(e) = crate::local::isolation::bubblewrap::enter::restrict_file_size(bytes)
-        {
-            return fail(10, e.raw_os_error());
-        }
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
-            return fail(6, errno());
-        }
-        libc::execve(ctx.program, ctx.argv, ctx.envp);
-        fail(7, errno())
     }
+    Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{Plan, spawn};
-    use std::{ffi::CString, io::Read, os::fd::OwnedFd};
-
-    fn c(s: &str) -> CString {
-        CString::new(s).unwrap()
-    }
-
-    fn null() -> OwnedFd {
-        std::fs::File::open("/dev/null").unwrap().into()
-    }
-
-    fn plan(argv: &[&str], fds: Vec<(OwnedFd, i32)>) -> Plan {
-        Plan {
-            program: c(argv[0]),
-            argv: argv.iter().map(|a| c(a)).collect(),
-            env: vec![c("PATH=/usr/bin:/bin")],
-            fds,
-            procs: Vec::new(),
-            attach: None,
-            ids: None,
-            nofile: None,
-            fsize: None,
-        }
-    }
-
-    #[test]
-    fn a_program_that_cannot_be_started_is_an_error_naming_the_step() {
-        let err = spawn(plan(&["/no/such/program"], vec![(null(), 0)]))
-            .err()
-            .expect("no such program");
-        assert!(err.to_string().starts_with("exec: "), "{err}");
-        assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
-    }
-
-    /// Each descriptor lands on its number (a target that is another's source
-    /// included), nothing else of the parent is open in the child, and the child starts
-    /// with no signal blocked or ignored (the provisioner ignores SIGPIPE).
-    #[test]
-    fn descriptors_land_on_their_numbers_and_signals_start_clean() {
-        let (mut out_r, out_w) = std::io::pipe().unwrap();
-        let (mut a_r, a_w) = std::io::pipe().unwrap();
-        let (mut b_r, b_w) = std::io::pipe().unwrap();
-        let _leaked = not_close_on_exec(null());
-        let script =
-            "echo a >&3; echo b >&4; grep -E '^Sig(Blk|Ign)' /proc/self/status; ls /proc/self/fd";
-        let fds = vec![
-            (null(), 0),
-            (out_w.into(), 1),
-            (null(), 2),
-            (a_w.into(), 3),
-            (b_w.into(), 4),
-        ];
-        let mut child = spawn(plan(&["/bin/sh", "-c", script], fds)).unwrap();
-        let mut out = String::new();
-        out_r.read_to_string(&mut out).unwrap();
-        let (mut a, mut b) = (String::new(), String::new());
-        a_r.read_to_string(&mut a).unwrap();
-        b_r.read_to_string(&mut b).unwrap();
-        assert_eq!((a.as_str(), b.as_str()), ("a\n", "b\n"));
-        let lines: Vec<&str> = out.lines().collect();
-        assert_eq!(lines[0], "SigBlk:\t0000000000000000", "{out}");
-        // Ignored as here (what a fork and exec keeps), but SIGPIPE.
-        assert_eq!(
-            lines[1],
-            format!("SigIgn:\t{:016x}", ignored_here() & !(1 << 12))
-        );
-        // ls's own descriptor of /proc/self/fd is the sixth. Nothing else: not even what
-        // this test process holds without close-on-exec (from whoever started it, and a
-        // descriptor left open here for the purpose).
-        assert!(inherited_here().iter().any(|n| *n > 5), "nothing to leak");
-        let expected: Vec<String> = (0..=5).map(|n| n.to_string()).collect();
-        let mut got: Vec<String> = lines[2..].iter().map(|s| (*s).to_owned()).collect();
-        got.sort();
-        assert_eq!(got, expected, "{out}");
-        for _ in 0..500 {
-            if child.try_wait() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        panic!("the child was never reaped");
-    }
-
-    /// `fd` as a descriptor a child would inherit.
-    fn not_close_on_exec(fd: OwnedFd) -> OwnedFd {
-        let fd = rustix::io::fcntl_dupfd_cloexec(&fd, 100).unwrap();
-        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).unwrap();
-        fd
-    }
-
-    fn ignored_here() -> u64 {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let line = status.lines().find(|l| l.starts_with("SigIgn:")).unwrap();
-        u64::from_str_radix(line.trim_start_matches("SigIgn:").trim(), 16).unwrap()
-    }
-
-    /// This process's descriptors without close-on-exec.
-    fn inherited_here() -> Vec<i32> {
-        std::fs::read_dir("/proc/self/fdinfo")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|n| {
-                let info =
-                    std::fs::read_to_string(format!("/proc/self/fdinfo/{n}")).unwrap_or_default();
-                info.lines()
-                    .find_map(|l| l.strip_prefix("flags:"))
-                    .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
-                    .is_some_and(|f| f & 0o2_000_000 == 0)
-            })
-            .collect()
-    }
-}
+#[path = "vfork_tests.rs"]
+mod tests;

@@ -55,45 +55,7 @@ impl Launch {
 
     pub(crate) async fn spawn(self, stdio: Stdio3) -> std::io::Result<Running> {
         match self {
-            Self::Process(mut cmd) => {
-                match stdio {
-                    Stdio3::OwnPty { .. } => {
-                        return Err(std::io::Error::other(
-                            "a terminal of the sandbox's own needs the sandbox's init",
-                        ));
-                    }
-                    Stdio3::Piped => {
-                        cmd.stdin(Stdio::null())
-                            .stdout(Stdio::piped())
-                            .stderr(Stdio::piped());
-                    }
-                    Stdio3::Input(input) => {
-                        cmd.stdin(Stdio::from(input))
-                            .stdout(Stdio::piped())
-                            .stderr(Stdio::piped());
-                    }
-                    Stdio3::Pty(slave) => {
-                        cmd.stdin(Stdio::from(slave.try_clone()?))
-                            .stdout(Stdio::from(slave.try_clone()?))
-                            .stderr(Stdio::from(slave));
-                    }
-                }
-                cmd.kill_on_drop(true);
-                let spawned = cmd.spawn();
-                // Every parent copy of a pty's slave is dropped here, so reads of the
-                // master see EIO once the command is gone.
-                drop(cmd);
-                let mut child = spawned?;
-                let tree = KillTree(child.id());
-                let stdout = child.stdout.take().map(|s| Box::new(s) as Output);
-                let stderr = child.stderr.take().map(|s| Box::new(s) as Output);
-                Ok(Running {
-                    stdout,
-                    stderr,
-                    pty_master: None,
-                    proc: Proc::Process { child, tree },
-                })
-            }
+            Self::Process(cmd) => spawn_process(cmd, stdio),
             Self::Init { init, spec } => {
                 let own_pty = matches!(stdio, Stdio3::OwnPty { .. });
                 let mut child = init.spawn(&spec, stdio).await?;
@@ -114,6 +76,47 @@ impl Launch {
             }
         }
     }
+}
+
+/// A process of the host started with `stdio`, killed with its tree when dropped.
+fn spawn_process(mut cmd: tokio::process::Command, stdio: Stdio3) -> std::io::Result<Running> {
+    match stdio {
+        Stdio3::OwnPty { .. } => {
+            return Err(std::io::Error::other(
+                "a terminal of the sandbox's own needs the sandbox's init",
+            ));
+        }
+        Stdio3::Piped => {
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+        }
+        Stdio3::Input(input) => {
+            cmd.stdin(Stdio::from(input))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+        }
+        Stdio3::Pty(slave) => {
+            cmd.stdin(Stdio::from(slave.try_clone()?))
+                .stdout(Stdio::from(slave.try_clone()?))
+                .stderr(Stdio::from(slave));
+        }
+    }
+    cmd.kill_on_drop(true);
+    let spawned = cmd.spawn();
+    // Every parent copy of a pty's slave is dropped here, so reads of the
+    // master see EIO once the command is gone.
+    drop(cmd);
+    let mut child = spawned?;
+    let tree = KillTree(child.id());
+    let stdout = child.stdout.take().map(|s| Box::new(s) as Output);
+    let stderr = child.stderr.take().map(|s| Box::new(s) as Output);
+    Ok(Running {
+        stdout,
+        stderr,
+        pty_master: None,
+        proc: Proc::Process { child, tree },
+    })
 }
 
 impl Running {

@@ -206,47 +206,26 @@ fn spawn(
     let reply = |msg: FromInit| {
         let _ = wire::send(sock.as_fd(), &msg, &[]);
     };
-    let mut fds = fds;
-    if asked.own_pty {
-        match open_pty(asked.size) {
-            Ok((master, slave)) => {
-                let _ = wire::send(sock.as_fd(), &FromInit::Pty { tag }, &[master.as_fd()]);
-                // Received as a terminal passed in: after the spec.
-                fds.truncate(1);
-                fds.push(slave);
-            }
-            Err(e) => {
-                eprintln!("sandbox init: cannot open a terminal: {e}");
-                return reply(FromInit::Failed { tag, code: 125 });
-            }
+    let fds = if asked.own_pty {
+        match with_own_pty(sock, asked, fds) {
+            Some(fds) => fds,
+            None => return reply(FromInit::Failed { tag, code: 125 }),
         }
-    }
+    } else {
+        fds
+    };
     let Some((spec, fds)) = received(asked, fds) else {
         return reply(FromInit::Failed { tag, code: 125 });
     };
     let Some(program) = spec.argv.first() else {
         return reply(FromInit::Failed { tag, code: 125 });
     };
-    let found = if asked.pty {
-        None
-    } else {
-        on_path(program, &spec.env)
-    };
+    // A pty's command is started by the helper, which looks its program up itself.
+    let found = (!asked.pty).then(|| on_path(program, &spec.env)).flatten();
     // Held while spawning: the reaper reaps nothing meanwhile (std reaps a child that
     // failed to exec itself, and panics if another did), and finds the pid recorded.
     let mut table = running.lock();
-    let mut started =
-        command(helper, &spec, asked.pty, &fds, found.as_deref()).and_then(|mut c| c.spawn());
-    // What `execvp` does past the first file it finds (a file without `#!` run by
-    // /bin/sh, a script whose interpreter is missing passed over) std's own lookup does:
-    // nothing ran, so the command is started again that way.
-    if let Err(e) = &started
-        && found.is_some()
-        && matches!(e.raw_os_error(), Some(libc::ENOEXEC | libc::ENOENT))
-    {
-        started = command(helper, &spec, asked.pty, &fds, None).and_then(|mut c| c.spawn());
-    }
-    let child = match started {
+    let child = match start(helper, &spec, asked.pty, &fds, found.as_deref()) {
         Ok(child) => child,
         Err(e) => {
             drop(table);
@@ -274,6 +253,47 @@ fn spawn(
     reply(FromInit::Started { tag, pid });
     drop(table);
     running.spawned.notify_one();
+}
+
+/// `fds` with a terminal of the sandbox's own devpts in place of a passed one: its
+/// master sent to the provisioner, its slave received as a terminal passed in (after
+/// the spec); `None`: no terminal could be opened (said on the init's stderr).
+fn with_own_pty(sock: &Arc<OwnedFd>, asked: Asked, fds: Vec<OwnedFd>) -> Option<Vec<OwnedFd>> {
+    let mut fds = fds;
+    match open_pty(asked.size) {
+        Ok((master, slave)) => {
+            let pty = FromInit::Pty { tag: asked.tag };
+            let _ = wire::send(sock.as_fd(), &pty, &[master.as_fd()]);
+            fds.truncate(1);
+            fds.push(slave);
+            Some(fds)
+        }
+        Err(e) => {
+            eprintln!("sandbox init: cannot open a terminal: {e}");
+            None
+        }
+    }
+}
+
+/// The command started: as `found` on its `PATH`, else as `execvp` would.
+fn start(
+    helper: &[String],
+    spec: &wire::Spec,
+    pty: bool,
+    fds: &Fds,
+    found: Option<&std::path::Path>,
+) -> io::Result<std::process::Child> {
+    let started = command(helper, spec, pty, fds, found).and_then(|mut c| c.spawn());
+    // What `execvp` does past the first file it finds (a file without `#!` run by
+    // /bin/sh, a script whose interpreter is missing passed over) std's own lookup does:
+    // nothing ran, so the command is started again that way.
+    if let Err(e) = &started
+        && found.is_some()
+        && matches!(e.raw_os_error(), Some(libc::ENOEXEC | libc::ENOENT))
+    {
+        return command(helper, spec, pty, fds, None).and_then(|mut c| c.spawn());
+    }
+    started
 }
 
 /// A pty pair of the sandbox's own devpts (its `/dev/ptmx`), the window `rows` × `cols`:

@@ -203,7 +203,7 @@ pub fn spawn(
                 () = stop.cancelled() => break,
                 conn = listener.accept() => match conn {
                     Ok((conn, _)) => {
-                        let mut conn = forkyard_common::http_limits::Idle::new(conn, limits.idle_timeout);
+                        let conn = forkyard_common::http_limits::Idle::new(conn, limits.idle_timeout);
                         let Some(gateway) = gateway() else {
                             drop(conn);
                             continue;
@@ -211,29 +211,9 @@ pub fn spawn(
                         let (header, stop) = (header.clone(), stop.clone());
                         let sandbox_id = sandbox_id.clone();
                         tokio::spawn(async move {
-                            let relay = async {
-                                let up = TcpStream::connect(&gateway).await?;
-                                up.set_nodelay(true)?;
-                                match forkyard_common::tls::mesh() {
-                                    // Mesh TLS: the gateway takes mesh clients only.
-                                    Some(tls) => {
-                                        let connector = mesh_connector(tls)?;
-                                        let host = gateway.rsplit_once(':').map_or(gateway.as_str(), |(h, _)| h);
-                                        let name = rustls_name(host)?;
-                                        let mut up = connector.connect(name, up).await?;
-                                        up.write_all(&header).await?;
-                                        tokio::io::copy_bidirectional(&mut conn, &mut up).await
-                                    }
-                                    None => {
-                                        let mut up = up;
-                                        up.write_all(&header).await?;
-                                        tokio::io::copy_bidirectional(&mut conn, &mut up).await
-                                    }
-                                }
-                            };
                             tokio::select! {
                                 () = stop.cancelled() => {}
-                                r = relay => if let Err(e) = r {
+                                r = relay_one(conn, &gateway, &header) => if let Err(e) = r {
                                     tracing::debug!(sandbox_id = %sandbox_id, gateway = %gateway, error = %e, "llm relay connection ended");
                                 },
                             }
@@ -250,6 +230,32 @@ pub fn spawn(
         bound.remove();
     });
     Ok(relay)
+}
+
+/// One connection of the sandbox's relayed byte for byte to `gateway`, after `header`
+/// (which names the sandbox to the gateway).
+async fn relay_one<C>(mut conn: C, gateway: &str, header: &[u8]) -> std::io::Result<(u64, u64)>
+where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let up = TcpStream::connect(gateway).await?;
+    up.set_nodelay(true)?;
+    match forkyard_common::tls::mesh() {
+        // Mesh TLS: the gateway takes mesh clients only.
+        Some(tls) => {
+            let connector = mesh_connector(tls)?;
+            let host = gateway.rsplit_once(':').map_or(gateway, |(h, _)| h);
+            let name = rustls_name(host)?;
+            let mut up = connector.connect(name, up).await?;
+            up.write_all(header).await?;
+            tokio::io::copy_bidirectional(&mut conn, &mut up).await
+        }
+        None => {
+            let mut up = up;
+            up.write_all(header).await?;
+            tokio::io::copy_bidirectional(&mut conn, &mut up).await
+        }
+    }
 }
 
 /// The mesh TLS client, built once.

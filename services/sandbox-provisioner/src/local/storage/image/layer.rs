@@ -87,29 +87,7 @@ fn check(
     };
     let mut hashed = Hashing::new(open(layer, name)?, budget.bytes);
     let mut expanded: u64 = 0;
-    let read = (|| -> std::io::Result<Option<String>> {
-        let mut tar = tar::Archive::new(&mut hashed);
-        for entry in tar.entries()?.raw(true) {
-            let entry = entry?;
-            let kind = entry.header().entry_type();
-            let extension = kind.is_gnu_longname()
-                || kind.is_gnu_longlink()
-                || kind.is_pax_local_extensions()
-                || kind.is_pax_global_extensions();
-            if extension && entry.size() > MAX_EXTENSION_BYTES {
-                return Ok(Some(format!("has a {} byte header record", entry.size())));
-            }
-            if budget.entries == 0 {
-                return Ok(Some("has more entries than an image may".into()));
-            }
-            budget.entries -= 1;
-            expanded = expanded.saturating_add(entry.size());
-            if expanded > budget.bytes {
-                return Ok(Some("unpacks to more bytes than an image may".into()));
-            }
-        }
-        Ok(None)
-    })();
+    let read = read_headers(&mut hashed, budget, &mut expanded);
     if hashed.over {
         return Err(over("unpacks to more bytes than an image may".into()));
     }
@@ -135,6 +113,36 @@ fn check(
         });
     }
     Ok(())
+}
+
+/// The layer's raw headers, counted against `budget` (entries, and in `expanded` the
+/// bytes they unpack to): `Some(why)` at the first that is past a bound.
+fn read_headers(
+    layer: impl std::io::Read,
+    budget: &mut UnpackLimits,
+    expanded: &mut u64,
+) -> std::io::Result<Option<String>> {
+    let mut tar = tar::Archive::new(layer);
+    for entry in tar.entries()?.raw(true) {
+        let entry = entry?;
+        let kind = entry.header().entry_type();
+        let extension = kind.is_gnu_longname()
+            || kind.is_gnu_longlink()
+            || kind.is_pax_local_extensions()
+            || kind.is_pax_global_extensions();
+        if extension && entry.size() > MAX_EXTENSION_BYTES {
+            return Ok(Some(format!("has a {} byte header record", entry.size())));
+        }
+        if budget.entries == 0 {
+            return Ok(Some("has more entries than an image may".into()));
+        }
+        budget.entries -= 1;
+        *expanded = expanded.saturating_add(entry.size());
+        if *expanded > budget.bytes {
+            return Ok(Some("unpacks to more bytes than an image may".into()));
+        }
+    }
+    Ok(None)
 }
 
 /// The second read: the deletions the layer's whiteouts ask for.

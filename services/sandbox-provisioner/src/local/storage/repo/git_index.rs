@@ -140,6 +140,25 @@ fn parse(b: &[u8]) -> Option<Index> {
         return None;
     }
     let mut r = Reader { b, at: 0 };
+    let (version, count) = header(&mut r)?;
+    // Every entry takes more than 62 bytes: a count the file cannot hold is not trusted
+    // with an allocation.
+    let mut entries: Vec<Entry> = Vec::with_capacity(count.min(b.len() / 62));
+    let mut paths = Paths::default();
+    for _ in 0..count {
+        entries.push(entry(&mut r, version, &mut paths)?);
+    }
+    skip_extensions(&mut r)?;
+    entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+    Some(Index {
+        entries,
+        checksum: b[body..].try_into().ok()?,
+        mtime: 0,
+    })
+}
+
+/// The signature, then the version (2 to 4) and the entry count.
+fn header(r: &mut Reader<'_>) -> Option<(u32, usize)> {
     if r.take(4)? != b"DIRC" {
         return None;
     }
@@ -148,63 +167,81 @@ fn parse(b: &[u8]) -> Option<Index> {
         return None;
     }
     let count = usize::try_from(r.u32()?).ok()?;
-    // Every entry takes more than 62 bytes: a count the file cannot hold is not trusted
-    // with an allocation.
-    let mut entries: Vec<Entry> = Vec::with_capacity(count.min(b.len() / 62));
-    let mut last: Vec<u8> = Vec::new();
-    let mut path_bytes = 0usize;
-    for _ in 0..count {
-        let start = r.at;
-        let stat = r.take(STAT)?;
-        let field = |i: usize| {
-            stat[i * 4..i * 4 + 4]
-                .try_into()
-                .ok()
-                .map(u32::from_be_bytes)
-        };
-        let mode = field(6)?;
-        if !matches!(mode, 0o100644 | 0o100755 | 0o120000 | 0o160000) {
-            return None;
-        }
-        r.take(HASH)?;
-        let flags = r.u16()?;
-        // assume-valid, extended (skip-worktree, intent-to-add), or a stage: git would
-        // not answer from the files alone.
-        if flags & 0xf000 != 0 {
-            return None;
-        }
-        let path = if version == 4 {
-            let strip = usize::try_from(r.varint()?).ok()?;
-            let keep = last.len().checked_sub(strip)?;
-            let mut p = last[..keep].to_vec();
-            p.extend_from_slice(r.until_nul()?);
-            // Each path may repeat the one before it whole: without these bounds a small
-            // index could make the host build paths of quadratic size.
-            path_bytes += p.len();
-            if p.len() > MAX_PATH || path_bytes > MAX_PATH_BYTES {
-                return None;
-            }
-            p
-        } else {
-            let p = r.until_nul()?.to_vec();
-            // Padded with one to eight NULs (the one read included) to a multiple of 8.
-            let used = r.at - start;
-            r.take((8 - used % 8) % 8)?;
-            p
-        };
-        if path.is_empty() {
-            return None;
-        }
-        last.clone_from(&path);
-        entries.push(Entry {
-            path,
-            mode,
-            mtime: (field(2)?, field(3)?),
-            size: field(9)?,
-        });
+    Some((version, count))
+}
+
+/// The paths read so far: version 4 writes each as a change of the one before it.
+#[derive(Default)]
+struct Paths {
+    last: Vec<u8>,
+    bytes: usize,
+}
+
+/// One entry, a plain, merged file, link or submodule; `None` for anything else.
+fn entry(r: &mut Reader<'_>, version: u32, paths: &mut Paths) -> Option<Entry> {
+    let start = r.at;
+    let stat = r.take(STAT)?;
+    let field = |i: usize| {
+        stat[i * 4..i * 4 + 4]
+            .try_into()
+            .ok()
+            .map(u32::from_be_bytes)
+    };
+    let mode = field(6)?;
+    if !matches!(mode, 0o100644 | 0o100755 | 0o120000 | 0o160000) {
+        return None;
     }
-    // Extensions, then the checksum.
-    while b.len() - r.at > HASH {
+    r.take(HASH)?;
+    let flags = r.u16()?;
+    // assume-valid, extended (skip-worktree, intent-to-add), or a stage: git would
+    // not answer from the files alone.
+    if flags & 0xf000 != 0 {
+        return None;
+    }
+    let path = if version == 4 {
+        prefixed_path(r, paths)?
+    } else {
+        padded_path(r, start)?
+    };
+    if path.is_empty() {
+        return None;
+    }
+    paths.last.clone_from(&path);
+    Some(Entry {
+        path,
+        mode,
+        mtime: (field(2)?, field(3)?),
+        size: field(9)?,
+    })
+}
+
+/// A version 4 path: how much of the one before it to keep, then the rest.
+fn prefixed_path(r: &mut Reader<'_>, paths: &mut Paths) -> Option<Vec<u8>> {
+    let strip = usize::try_from(r.varint()?).ok()?;
+    let keep = paths.last.len().checked_sub(strip)?;
+    let mut p = paths.last[..keep].to_vec();
+    p.extend_from_slice(r.until_nul()?);
+    // Each path may repeat the one before it whole: without these bounds a small
+    // index could make the host build paths of quadratic size.
+    paths.bytes += p.len();
+    if p.len() > MAX_PATH || paths.bytes > MAX_PATH_BYTES {
+        return None;
+    }
+    Some(p)
+}
+
+/// A version 2 or 3 path, whole, in an entry that began at `start`.
+fn padded_path(r: &mut Reader<'_>, start: usize) -> Option<Vec<u8>> {
+    let p = r.until_nul()?.to_vec();
+    // Padded with one to eight NULs (the one read included) to a multiple of 8.
+    let used = r.at - start;
+    r.take((8 - used % 8) % 8)?;
+    Some(p)
+}
+
+/// The extensions after the entries (each skipped), then nothing but the checksum.
+fn skip_extensions(r: &mut Reader<'_>) -> Option<()> {
+    while r.b.len() - r.at > HASH {
         let sig = r.take(4)?;
         let len = usize::try_from(r.u32()?).ok()?;
         if !matches!(
@@ -215,15 +252,7 @@ fn parse(b: &[u8]) -> Option<Index> {
         }
         r.take(len)?;
     }
-    if b.len() - r.at != HASH {
-        return None;
-    }
-    entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
-    Some(Index {
-        entries,
-        checksum: b[body..].try_into().ok()?,
-        mtime: 0,
-    })
+    (r.b.len() - r.at == HASH).then_some(())
 }
 
 struct Reader<'a> {

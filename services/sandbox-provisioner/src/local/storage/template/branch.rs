@@ -18,20 +18,7 @@ pub(crate) fn start_branch(ws: &Path, branch: &str, commit: &str, uid: Option<u3
             "cannot create branch {branch}: a branch named '{branch}' already exists"
         )));
     }
-    // A ref cannot also be a directory of refs: `main/x` beside `main` (packed or not),
-    // or `x` beside `x/y`, as `git checkout -b` refuses (git would fail later, at gc).
-    let clash = branch
-        .match_indices('/')
-        .map(|(i, _)| &branch[..i])
-        .find(|prefix| read_ref(&git, &format!("refs/heads/{prefix}"), 0).is_some())
-        .map(|prefix| format!("refs/heads/{prefix}"))
-        .or_else(|| {
-            let under = format!(" refs/heads/{branch}/");
-            let packed = std::fs::read_to_string(git.join("packed-refs")).unwrap_or_default();
-            (refs.join(branch).is_dir() || packed.lines().any(|l| l.contains(&under)))
-                .then(|| format!("refs/heads/{branch}/..."))
-        });
-    if let Some(existing) = clash {
+    if let Some(existing) = clash(&git, branch) {
         return Err(ProvisionerError::FailedPrecondition(format!(
             "cannot create branch {branch}: '{existing}' exists"
         )));
@@ -70,6 +57,24 @@ pub(crate) fn start_branch(ws: &Path, branch: &str, commit: &str, uid: Option<u3
         )
     };
     write().map_err(|e| ProvisionerError::internal("start branch", e))
+}
+
+/// A ref of `git` that `branch` cannot stand beside, as a ref cannot also be a directory
+/// of refs: `main/x` beside `main` (packed or not), or `x` beside `x/y`, as
+/// `git checkout -b` refuses (git would fail later, at gc).
+fn clash(git: &Path, branch: &str) -> Option<String> {
+    let refs = git.join("refs/heads");
+    branch
+        .match_indices('/')
+        .map(|(i, _)| &branch[..i])
+        .find(|prefix| read_ref(git, &format!("refs/heads/{prefix}"), 0).is_some())
+        .map(|prefix| format!("refs/heads/{prefix}"))
+        .or_else(|| {
+            let under = format!(" refs/heads/{branch}/");
+            let packed = std::fs::read_to_string(git.join("packed-refs")).unwrap_or_default();
+            (refs.join(branch).is_dir() || packed.lines().any(|l| l.contains(&under)))
+                .then(|| format!("refs/heads/{branch}/..."))
+        })
 }
 
 fn give(path: &Path, uid: Option<u32>) -> io::Result<()> {

@@ -287,6 +287,27 @@ impl Session<'_> {
         Ok(())
     }
 
+    /// The credential that answers the challenge of `unauthorized` (a 401): a bearer
+    /// token from the auth service the registry names, or basic auth.
+    async fn answer(&self, unauthorized: &reqwest::Response) -> Result<String, ImageError> {
+        let challenge = unauthorized
+            .headers()
+            .get(reqwest::header::WWW_AUTHENTICATE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let basic = self.reg.auths.get(&self.target.host);
+        let (host, repository) = (&self.target.host, &self.target.repository);
+        let realm = |realm: &str| reach::check_realm(&self.reg.allowed, host, &self.base, realm);
+        let answer = auth::Challenge {
+            host,
+            repository,
+            basic,
+            realm: &realm,
+        };
+        answer.authorize(&self.reg.http, &challenge).await
+    }
+
     /// GET with the pull's credentials; a 401 is answered once per its challenge (a
     /// bearer token from the auth service the registry names, or basic auth).
     async fn get(
@@ -313,24 +334,7 @@ impl Session<'_> {
             match resp.status() {
                 s if s.is_success() => return Ok(resp),
                 reqwest::StatusCode::UNAUTHORIZED if self.token.is_none() => {
-                    let challenge = resp
-                        .headers()
-                        .get(reqwest::header::WWW_AUTHENTICATE)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_owned();
-                    let basic = self.reg.auths.get(&self.target.host);
-                    let (host, repository) = (&self.target.host, &self.target.repository);
-                    let realm = |realm: &str| {
-                        reach::check_realm(&self.reg.allowed, host, &self.base, realm)
-                    };
-                    let answer = auth::Challenge {
-                        host,
-                        repository,
-                        basic,
-                        realm: &realm,
-                    };
-                    self.token = Some(answer.authorize(&self.reg.http, &challenge).await?);
+                    self.token = Some(self.answer(&resp).await?);
                 }
                 reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN => {
                     return Err(unavailable(format!(
