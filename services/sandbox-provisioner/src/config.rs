@@ -1,5 +1,9 @@
 //! Command-line flags (each also read from an environment variable).
 
+use crate::local::isolation::uids;
+use crate::local::storage::disk_quota;
+use crate::local::storage::image;
+use crate::local::storage::image::registry;
 use crate::{
     e2b::{ApiKey, E2bConfig},
     local::{core::config::Config, isolation::cgroup::Limits},
@@ -72,10 +76,10 @@ pub struct Args {
     /// sandbox its own (its workspace is owned by it and its commands run as it); 0 runs
     /// sandboxes as root. Not used when the provisioner is not root (sandboxes then run
     /// as its own uid).
-    #[arg(long, env = "FORKYARD_SANDBOX_UID_BASE", default_value_t = crate::local::isolation::uids::DEFAULT_BASE)]
+    #[arg(long, env = "FORKYARD_SANDBOX_UID_BASE", default_value_t = uids::DEFAULT_BASE)]
     pub sandbox_uid_base: u32,
     /// How many uids from FORKYARD_SANDBOX_UID_BASE (at most this many sandboxes at once).
-    #[arg(long, env = "FORKYARD_SANDBOX_UID_COUNT", default_value_t = crate::local::isolation::uids::DEFAULT_COUNT)]
+    #[arg(long, env = "FORKYARD_SANDBOX_UID_COUNT", default_value_t = uids::DEFAULT_COUNT)]
     pub sandbox_uid_count: u32,
     /// Cgroup (under each hierarchy's root) that holds one group per sandbox; empty
     /// disables cgroups.
@@ -99,8 +103,8 @@ pub struct Args {
     /// A hard quota per sandbox at its disk bound (plus a margin): `auto` where the
     /// state directory is on btrfs with quotas enabled and the provisioner is root,
     /// `required` to refuse to start otherwise, `off` for the workspace watch alone.
-    #[arg(long, env = "FORKYARD_SANDBOX_DISK_QUOTA", value_enum, default_value_t = crate::local::storage::disk_quota::QuotaMode::Auto)]
-    pub sandbox_disk_quota: crate::local::storage::disk_quota::QuotaMode,
+    #[arg(long, env = "FORKYARD_SANDBOX_DISK_QUOTA", value_enum, default_value_t = disk_quota::QuotaMode::Auto)]
+    pub sandbox_disk_quota: disk_quota::QuotaMode,
     /// The btrfs tool (btrfs-progs), for the quotas: a path or a name on $PATH.
     #[arg(long, env = "FORKYARD_BTRFS_PATH", default_value = "btrfs")]
     pub btrfs_path: PathBuf,
@@ -311,10 +315,7 @@ impl Args {
 
     /// What holds each sandbox in: its uid, its cgroup and limits, its disk, its lifetime.
     fn sandbox_bounds(&self, config: &mut Config) -> Result<(), String> {
-        crate::local::isolation::uids::SandboxUids::check(
-            self.sandbox_uid_base,
-            self.sandbox_uid_count,
-        )?;
+        uids::SandboxUids::check(self.sandbox_uid_base, self.sandbox_uid_count)?;
         config.sandbox_uid_base = self.sandbox_uid_base;
         config.sandbox_uid_count = self.sandbox_uid_count;
         let parent = self.cgroup_parent.trim();
@@ -366,7 +367,7 @@ impl Args {
         config.image_cache_max_bytes = self.image_cache_max_bytes;
         // 0 is no bound, as for the other sizes here.
         let unbounded = |n: u64| if n == 0 { u64::MAX } else { n };
-        config.image_limits = crate::local::storage::image::UnpackLimits {
+        config.image_limits = image::UnpackLimits {
             bytes: unbounded(self.image_max_bytes),
             entries: unbounded(self.image_max_entries),
         };
@@ -378,7 +379,7 @@ impl Args {
                 .warm_copies_min
                 .unwrap_or(crate::local::WarmBounds::MIN_AUTO),
         };
-        config.registry = crate::local::storage::image::registry::RegistryConfig {
+        config.registry = registry::RegistryConfig {
             auth_file: self.registry_auth_file.clone(),
             insecure: self.registry_insecure.clone(),
             allowed: AllowedHosts::parse(REGISTRIES_SETTING, &self.allowed_registries)?,

@@ -1,3 +1,5 @@
+//! The flags' defaults, and errors that name the setting at fault.
+
 use super::*;
 use clap::Parser;
 

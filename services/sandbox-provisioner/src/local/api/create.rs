@@ -1,7 +1,12 @@
 //! Creating a sandbox on the `local` backend: admission, its directory and workspace
 //! (template copy, clone or snapshot), its record, registration.
 
+use crate::local::api::workspace;
 use crate::local::base::fs::remove_all;
+use crate::local::isolation::uids;
+use crate::local::storage::overlay;
+use crate::local::storage::repo::git_dirs;
+use crate::local::storage::store;
 use crate::{
     error::{ProvisionerError, Result},
     git,
@@ -136,7 +141,7 @@ impl Provisioner {
         id: &str,
         req: &CreateSandboxRequest,
         base_commit: String,
-        image: Option<crate::local::storage::store::SandboxImage>,
+        image: Option<store::SandboxImage>,
     ) -> Record {
         let d = self.config.default_limits;
         let l = req.limits.unwrap_or_default();
@@ -202,11 +207,8 @@ impl Provisioner {
         let (store, saved) = (self.storage.store.clone(), record.clone());
         let made = tokio::task::spawn_blocking(move || {
             if saved.uid != 0 && !given {
-                crate::local::isolation::uids::give_workspace(
-                    &store.workspace(&saved.id),
-                    saved.uid,
-                )
-                .map_err(|e| ProvisionerError::internal("give the workspace to its uid", e))?;
+                uids::give_workspace(&store.workspace(&saved.id), saved.uid)
+                    .map_err(|e| ProvisionerError::internal("give the workspace to its uid", e))?;
             }
             store.save_new(&saved)
         })
@@ -264,7 +266,7 @@ impl Provisioner {
         }
         // What git would read through the path: a `.git` file, a worktree's common
         // directory, alternates (`crate::local::storage::repo::git_dirs`).
-        let reads = crate::local::storage::repo::git_dirs::read_by_clone(&path);
+        let reads = git_dirs::read_by_clone(&path);
         if reads
             .iter()
             .any(|g| protected.iter().any(|d| repo_location::is_within(g, d)))
@@ -294,17 +296,15 @@ impl Provisioner {
         // create's file steps queued at once, a wave's sandboxes were all ready only with
         // the last, and the health checks in between waited behind a hundred threads.
         let _turn = match &source {
-            crate::local::api::workspace::Source::Template(..) => {
-                Some(self.storage.templates.turn().await?)
-            }
-            crate::local::api::workspace::Source::Clone => None,
+            workspace::Source::Template(..) => Some(self.storage.templates.turn().await?),
+            workspace::Source::Clone => None,
         };
         // The sandbox's directory made ahead, with its workspace (`template::warm`).
         let placed = match &source {
-            crate::local::api::workspace::Source::Template(template, _) => {
+            workspace::Source::Template(template, _) => {
                 self.storage.templates.take(template, &dir).await
             }
-            crate::local::api::workspace::Source::Clone => None,
+            workspace::Source::Clone => None,
         };
         if placed.is_none() {
             self.make_sandbox_dir(&dir, &req).await?;
@@ -325,9 +325,7 @@ impl Provisioner {
         record.overlay = made.overlay;
         // An overlay's mount goes with the directory unless the register completes; its
         // uid is the register's to give back from here.
-        let hold = made
-            .hold
-            .map(crate::local::storage::overlay::Hold::uid_registered);
+        let hold = made.hold.map(overlay::Hold::uid_registered);
         let sandbox = self.register(record).await?;
         if let Some(hold) = hold {
             hold.kept();

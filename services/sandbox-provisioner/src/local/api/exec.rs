@@ -1,6 +1,7 @@
 //! Running commands in a sandbox to their end: the unary exec, and the provisioner's
 //! own commands (`run_in`). What every kind of exec goes through first is `prepare`.
 
+use crate::local::storage::disk_watch;
 use crate::{
     error::{ProvisionerError, Result},
     limits::OUTPUT_CAP,
@@ -170,7 +171,7 @@ impl Provisioner {
                 f.map_err(|e| ProvisionerError::internal("cannot start bwrap", e))?
             }
             // Dropping the run kills the command's process tree.
-            bytes = crate::local::storage::disk_watch::over_limit(self.storage.store.own_files(&p.entry.record()), disk_bytes) => {
+            bytes = disk_watch::over_limit(self.storage.store.own_files(&p.entry.record()), disk_bytes) => {
                 tracing::warn!(sandbox_id = %id, bytes, "command stopped: workspace over its disk limit");
                 Finished {
                     outcome: Outcome::Exited { code: -1 },

@@ -3,6 +3,7 @@
 //! `..` the agent planted can never reach a host file.
 
 use crate::local::base::shared::is_shared;
+use crate::local::isolation::uids;
 use crate::{
     error::{ProvisionerError, Result},
     local::core::provisioner::Provisioner,
@@ -114,7 +115,7 @@ impl Provisioner {
             }
             // A file this call made is the sandbox's, as if its own command had written it.
             if let Some(uid) = uid {
-                crate::local::isolation::uids::give_file(&file, uid).map_err(|e| ProvisionerError::internal("give the file to the sandbox", e))?;
+                uids::give_file(&file, uid).map_err(|e| ProvisionerError::internal("give the file to the sandbox", e))?;
             }
             file.set_len(0)
                 .map_err(|e| ProvisionerError::internal("truncate", e))?;

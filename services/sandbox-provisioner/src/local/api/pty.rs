@@ -16,6 +16,7 @@
 //! The command dies when the stream is dropped (hang-up), on timeout, and when the
 //! sandbox is stopped or destroyed.
 
+use crate::local::storage::disk_watch;
 use crate::{
     error::{ProvisionerError, Result},
     local::{
@@ -104,10 +105,8 @@ impl Provisioner {
         timeout: Duration,
     ) {
         let record = p.entry.record();
-        let over_disk = crate::local::storage::disk_watch::over_limit(
-            self.storage.store.own_files(&record),
-            record.disk_bytes,
-        );
+        let over_disk =
+            disk_watch::over_limit(self.storage.store.own_files(&record), record.disk_bytes);
         let started = std::time::Instant::now();
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline, over_disk);

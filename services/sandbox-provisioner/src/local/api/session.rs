@@ -3,9 +3,12 @@
 
 use crate::local::base::fs::remove_all;
 use crate::local::core::entry::Entry;
+use crate::local::isolation::uids;
 use crate::local::storage::layout::UPPER;
 use crate::local::storage::layout::WORK;
+use crate::local::storage::snapshot;
 use crate::local::storage::snapshot::Snapshots;
+use crate::local::storage::store;
 use crate::local::storage::store::Store;
 use crate::{
     error::{ProvisionerError, Result},
@@ -116,7 +119,7 @@ impl Provisioner {
     pub(crate) async fn create_from_snapshot(
         &self,
         mut req: CreateSandboxRequest,
-        image: Option<crate::local::storage::store::SandboxImage>,
+        image: Option<store::SandboxImage>,
     ) -> Result<Sandbox> {
         let meta = self.storage.snapshots.meta(&req.snapshot_id)?;
         if req.repo.is_empty() {
@@ -229,7 +232,7 @@ fn swap_with_overlay(
 /// Snapshot `id` unpacked beside `dir`'s workspace, given to `uid`, and swapped in.
 fn swap_in_snapshot(
     dir: &std::path::Path,
-    snaps: &crate::local::storage::snapshot::Snapshots,
+    snaps: &snapshot::Snapshots,
     id: &str,
     uid: Option<u32>,
     disk_bytes: u64,
@@ -239,7 +242,7 @@ fn swap_in_snapshot(
     let _ = remove_all(&fresh);
     snaps.unpack(id, &fresh, disk_bytes)?;
     if let Some(uid) = uid
-        && let Err(e) = crate::local::isolation::uids::give_workspace(&fresh, uid)
+        && let Err(e) = uids::give_workspace(&fresh, uid)
     {
         let _ = remove_all(&fresh);
         return Err(ProvisionerError::internal(

@@ -2,14 +2,16 @@
 //! out, when the sandbox is stopped or destroyed, and when the receiver is dropped (the
 //! gRPC caller hung up).
 
+use crate::local::storage::disk_watch;
 use crate::{
     error::{ProvisionerError, Result},
     local::{
         base::read_buf::ReadBuf,
-        core::prepare::{Prepared, Tools},
-        core::provisioner::Provisioner,
-        isolation::command::launch::Running,
-        isolation::init::host::Stdio3,
+        core::{
+            prepare::{Prepared, Tools},
+            provisioner::Provisioner,
+        },
+        isolation::{command::launch::Running, init::host::Stdio3},
     },
 };
 use forkyard_proto::sandbox::v1::{ExecEvent, ExecRequest, exec_event::Event};
@@ -102,10 +104,8 @@ async fn relay_output(
     core: &Provisioner,
 ) -> (Option<i32>, bool) {
     let record = p.entry.record();
-    let over_disk = crate::local::storage::disk_watch::over_limit(
-        core.storage.store.own_files(&record),
-        record.disk_bytes,
-    );
+    let over_disk =
+        disk_watch::over_limit(core.storage.store.own_files(&record), record.disk_bytes);
     let mut out = running.stdout.take().expect("piped");
     let mut err = running.stderr.take().expect("piped");
     let (mut ob, mut eb) = (ReadBuf::new(32 * 1024), ReadBuf::new(32 * 1024));

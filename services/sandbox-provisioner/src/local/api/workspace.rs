@@ -3,7 +3,11 @@
 
 use crate::local::base::fs::remove_all;
 use crate::local::storage::layout::WORKSPACE;
+use crate::local::storage::overlay;
 use crate::local::storage::overlay::Hold;
+use crate::local::storage::repo::git_index;
+use crate::local::storage::repo::submodules;
+use crate::local::storage::template;
 use crate::local::storage::template::WarmCopy;
 use crate::local::storage::template::remote;
 use crate::{
@@ -107,7 +111,7 @@ impl Provisioner {
             Err(e) => {
                 tracing::warn!(repo = %req.repo, error = %e, "overlay workspace failed; copying the template instead");
                 if let Some(sandbox) = ws.parent() {
-                    crate::local::storage::overlay::remove_layers(sandbox);
+                    overlay::remove_layers(sandbox);
                 }
                 Ok(None)
             }
@@ -148,7 +152,7 @@ impl Provisioner {
         {
             self.storage.store.overlays().remove(id);
             if let Some(sandbox) = ws.parent() {
-                crate::local::storage::overlay::remove_layers(sandbox);
+                overlay::remove_layers(sandbox);
             }
         }
         match copied {
@@ -208,10 +212,9 @@ impl Provisioner {
         )
         .await?;
         if reach.is_some() {
-            crate::local::storage::repo::submodules::check_out(ws, &req.repo, reader, deadline)
-                .await?;
+            submodules::check_out(ws, &req.repo, reader, deadline).await?;
         }
-        let index = crate::local::storage::repo::git_index::checksum_of(ws).unwrap_or_default();
+        let index = git_index::checksum_of(ws).unwrap_or_default();
         Ok(Made {
             base_commit,
             index,
@@ -247,22 +250,18 @@ impl Provisioner {
                     "no sandbox uid",
                 ));
             };
-            crate::local::storage::overlay::make_layers(&sandbox, uid)
+            overlay::make_layers(&sandbox, uid)
                 .and_then(|()| store.overlays().mount(&id, &lower, &sandbox, uid))
                 .map_err(|e| ProvisionerError::internal("mount the overlay workspace", e))?;
             // The branch is written through the mount, as root: what it makes lands in the
             // upper layer and is given to the sandbox's uid.
-            if let Err(e) = crate::local::storage::template::start_branch(
-                &store.workspace(&id),
-                &branch,
-                &commit,
-                Some(uid),
-            ) {
+            if let Err(e) =
+                template::start_branch(&store.workspace(&id), &branch, &commit, Some(uid))
+            {
                 store.overlays().remove(&id);
                 return Err(e);
             }
-            let index =
-                crate::local::storage::repo::git_index::checksum_of(&lower).unwrap_or_default();
+            let index = git_index::checksum_of(&lower).unwrap_or_default();
             let (_, uid) = held.keep_uid();
             // Made: a create that was given up meanwhile lets the mount and the uid go.
             let hold = Hold::new(store.overlays().clone(), id, uids.map(|u| (uid, u)));

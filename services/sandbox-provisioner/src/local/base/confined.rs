@@ -10,6 +10,7 @@
 //! sandbox's workspace is restored from (`crate::local::storage::snapshot`): both are archives
 //! someone else made.
 
+use crate::local::base::fd_walk;
 use fs::{clear, copy_sparse, gid, mkdir, remove_at, set_meta, times, uid};
 use rustix::{
     fs::{AtFlags, FileType, Mode, OFlags},
@@ -25,7 +26,7 @@ use std::{
 
 /// Deeper paths are refused: a tree built from a hostile archive must stay walkable
 /// (one descriptor is open a level when it is removed).
-pub const MAX_DEPTH: usize = crate::local::base::fd_walk::MAX_DEPTH;
+pub const MAX_DEPTH: usize = fd_walk::MAX_DEPTH;
 
 /// Why a change was not made.
 #[derive(Debug, thiserror::Error)]

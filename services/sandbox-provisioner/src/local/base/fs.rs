@@ -2,6 +2,7 @@
 //! directory without write or search permission, a symlink swapped in mid-walk), and a
 //! file overwritten in place, an executable found.
 
+use crate::local::base::fd_walk;
 use std::path::{Path, PathBuf};
 
 /// Overwrite the existing file `path` with `content` without truncating it to nothing
@@ -39,7 +40,7 @@ pub fn remove_all(path: &Path) -> std::io::Result<()> {
 /// object file shared with other sandboxes). Best effort: the removal's retry says what
 /// is left.
 fn make_writable(dir: &Path) {
-    let walked = crate::local::base::fd_walk::walk(dir, |entry| {
+    let walked = fd_walk::walk(dir, |entry| {
         if !entry.is_dir() {
             return Ok(false);
         }
@@ -67,43 +68,5 @@ pub fn find_executable(path: &Path) -> Option<PathBuf> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::PermissionsExt;
-
-    #[test]
-    fn remove_all_handles_locked_directories() {
-        let tmp = tempfile::tempdir().unwrap();
-        let locked = tmp.path().join("a/b");
-        std::fs::create_dir_all(&locked).unwrap();
-        std::fs::write(locked.join("f"), "x").unwrap();
-        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
-        remove_all(&tmp.path().join("a")).unwrap();
-        assert!(!tmp.path().join("a").exists());
-        remove_all(&tmp.path().join("a")).unwrap();
-    }
-
-    /// The state a live sandbox process can make mid-walk: a directory the walk is about
-    /// to make writable swapped for a symlink to a directory it must never change.
-    #[test]
-    fn making_a_tree_writable_never_changes_what_a_swapped_in_symlink_names() {
-        let tmp = tempfile::tempdir().unwrap();
-        let outside = tmp.path().join("outside");
-        std::fs::create_dir_all(outside.join("inner")).unwrap();
-        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o555)).unwrap();
-        let swapped = tmp.path().join("tree/a");
-        std::fs::create_dir_all(tmp.path().join("tree")).unwrap();
-        std::os::unix::fs::symlink(&outside, &swapped).unwrap();
-        let locked = tmp.path().join("tree/b");
-        std::fs::create_dir(&locked).unwrap();
-        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
-
-        make_writable(&swapped);
-        make_writable(&tmp.path().join("tree"));
-
-        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&outside), 0o555);
-        assert_eq!(mode(&outside.join("inner")), 0o755);
-        assert_eq!(mode(&locked), 0o700);
-    }
-}
+#[path = "fs_tests.rs"]
+mod tests;

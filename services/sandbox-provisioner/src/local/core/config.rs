@@ -1,6 +1,7 @@
 //! The local backend's settings.
 
 use crate::local::isolation::network::llm_relay::RelayLimits;
+use crate::local::storage::image;
 use crate::local::storage::template::WarmBounds;
 use crate::{
     local::{
@@ -81,7 +82,7 @@ pub struct Config {
     /// that no sandbox runs on are removed past it.
     pub image_cache_max_bytes: u64,
     /// What one image may unpack to (bytes and entries); past it the image is refused.
-    pub image_limits: crate::local::storage::image::UnpackLimits,
+    pub image_limits: image::UnpackLimits,
     /// The workspace templates' size bound in bytes (0: none).
     pub template_cache_max_bytes: u64,
     /// Warm copies of the templates' workspaces (`crate::local::storage::template`'s `warm`);
@@ -111,7 +112,7 @@ impl Config {
             image_cache_dir: state_dir.join("images"),
             registry: RegistryConfig::default(),
             image_cache_max_bytes: 20 << 30,
-            image_limits: crate::local::storage::image::UnpackLimits::DEFAULT,
+            image_limits: image::UnpackLimits::DEFAULT,
             template_cache_max_bytes: 10 << 30,
             warm: WarmBounds::OFF,
             state_dir,

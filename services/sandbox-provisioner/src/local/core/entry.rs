@@ -1,5 +1,6 @@
 //! A sandbox as the running provisioner tracks it: its record and its running commands.
 
+use crate::local::isolation::network::llm_relay;
 use crate::local::{
     isolation::init::host::Init, isolation::network::llm_relay::Relay, storage::store::Record,
 };
@@ -23,7 +24,7 @@ pub(crate) struct Entry {
     /// Its running init, when its commands run under one (`crate::local::isolation::init`).
     pub(crate) init: Mutex<Option<InitSession>>,
     /// The LLM gateway of its running LLM commands (under an init: one relay for all).
-    pub(crate) llm: Arc<crate::local::isolation::network::llm_relay::LlmSlot>,
+    pub(crate) llm: Arc<llm_relay::LlmSlot>,
 }
 
 /// A sandbox's init as the provisioner keeps it (`crate::local::core::sandbox_init`), with the

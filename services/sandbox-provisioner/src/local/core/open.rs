@@ -3,6 +3,8 @@
 //! run left taken over, and the reaper and the usage sampler started.
 
 use crate::local::base::fs::find_executable;
+use crate::local::isolation::open_files;
+use crate::local::storage::overlay;
 use crate::local::storage::template::WarmBounds;
 use crate::local::{
     base::keyed_lock::KeyedLock,
@@ -46,7 +48,7 @@ impl Provisioner {
                 config.bwrap_path.display()
             )
         })?;
-        crate::local::isolation::open_files::raise();
+        open_files::raise();
         // The lock first: a start that is to be refused must not touch the directory.
         std::fs::create_dir_all(&config.state_dir).map_err(|e| state_dir_error(&config, e))?;
         let state_lock = StateLock::acquire(&config.state_dir, STATE_LOCK_WAIT)
@@ -202,7 +204,7 @@ fn probe_overlay(config: &Config, uids: Option<&SandboxUids>) -> bool {
     let Ok(uid) = uids.claim() else {
         return false;
     };
-    let tried = crate::local::storage::overlay::probe(&config.state_dir.join("overlay-probe"), uid);
+    let tried = overlay::probe(&config.state_dir.join("overlay-probe"), uid);
     uids.release(uid);
     match tried {
         Ok(()) => true,

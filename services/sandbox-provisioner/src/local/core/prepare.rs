@@ -2,6 +2,11 @@
 //! sandbox live, not stopped), its cgroups, its LLM relay, and its command line (for the
 //! sandbox's init, or a bubblewrap of its own); and after it, what the limits did.
 
+use crate::local::isolation::bubblewrap::bwrap;
+use crate::local::isolation::command::plain_command;
+use crate::local::isolation::command::terminal;
+use crate::local::isolation::network::llm_relay;
+use crate::local::storage::disk_quota;
 use crate::{
     error::{ProvisionerError, Result},
     local::{
@@ -33,8 +38,8 @@ pub(crate) struct Prepared {
 /// A command's hold on an LLM gateway: a relay of its own (a bubblewrap per command) or
 /// its place in the sandbox's shared one (under the sandbox's init).
 enum LlmHold {
-    Relay(#[allow(dead_code)] crate::local::isolation::network::llm_relay::Relay),
-    Lease(#[allow(dead_code)] crate::local::isolation::network::llm_relay::LlmLease),
+    Relay(#[allow(dead_code)] llm_relay::Relay),
+    Lease(#[allow(dead_code)] llm_relay::LlmLease),
 }
 
 /// What the sandbox's limits did to one command.
@@ -83,7 +88,7 @@ impl Provisioner {
     ) -> Result<Prepared> {
         let llm_gateway = match llm_gateway {
             "" => None,
-            url => Some(crate::local::isolation::network::llm_relay::authority(url)?),
+            url => Some(llm_relay::authority(url)?),
         };
         let entry = self.entry(id)?;
         // Taken before the stopped check: a stop after it fires this very token.
@@ -168,18 +173,14 @@ impl Provisioner {
             uid: self.uid_of(record),
             image,
             init: false,
-            file_size: crate::local::storage::disk_quota::file_size_limit(record.disk_bytes),
+            file_size: disk_quota::file_size_limit(record.disk_bytes),
         };
         let mut env = inv.env();
         // What bubblewrap's `--chdir` sets (over a caller's) for a command it starts.
         env.retain(|(k, _)| k != "PWD");
-        env.push((
-            "PWD".into(),
-            crate::local::isolation::bubblewrap::bwrap::WORKSPACE.into(),
-        ));
+        env.push(("PWD".into(), bwrap::WORKSPACE.into()));
         let spec = Spec {
-            argv: crate::local::isolation::command::plain_command::unwrapped(argv)
-                .unwrap_or_else(|| argv.to_vec()),
+            argv: plain_command::unwrapped(argv).unwrap_or_else(|| argv.to_vec()),
             env,
         };
         let init = self.init_of(entry, record)?;
@@ -219,7 +220,7 @@ impl Provisioner {
         };
         let procs = self.cgroup_procs(id);
         let argv = if pty {
-            crate::local::isolation::command::terminal::with_ctty(argv)
+            terminal::with_ctty(argv)
         } else {
             argv.to_vec()
         };
@@ -237,7 +238,7 @@ impl Provisioner {
             uid: self.uid_of(record),
             image,
             init: false,
-            file_size: crate::local::storage::disk_quota::file_size_limit(record.disk_bytes),
+            file_size: disk_quota::file_size_limit(record.disk_bytes),
         };
         let command = inv
             .command()
@@ -262,9 +263,9 @@ impl Provisioner {
         record: &Record,
         path: &std::path::Path,
         gateway: String,
-    ) -> Result<crate::local::isolation::network::llm_relay::Relay> {
+    ) -> Result<llm_relay::Relay> {
         let stop = entry.cancel.child_token();
-        crate::local::isolation::network::llm_relay::spawn(
+        llm_relay::spawn(
             path,
             Arc::new(move || Some(gateway.clone())),
             &record.id,

@@ -4,6 +4,7 @@
 //! of its own (`create`, `destroy`, `exec`, `pty`, `session`, ...), over this one.
 
 use crate::local::base::fs::remove_all;
+use crate::local::isolation::uids;
 use crate::local::storage::layout::sandbox_dir_mode;
 use crate::local::storage::repo::submodules::Reader;
 use crate::{
@@ -109,7 +110,7 @@ impl Provisioner {
         path: &std::path::Path,
     ) -> std::io::Result<()> {
         match self.uid_of(record) {
-            Some(uid) => crate::local::isolation::uids::chown(path, uid),
+            Some(uid) => uids::chown(path, uid),
             None => Ok(()),
         }
     }

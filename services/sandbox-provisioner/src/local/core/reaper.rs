@@ -3,6 +3,7 @@
 
 use crate::limits::now_ms;
 use crate::local::base::fs::remove_all;
+use crate::local::isolation::uids;
 use crate::local::{core::entry::Entry, core::provisioner::Provisioner, storage::store::Record};
 use forkyard_proto::sandbox::v1::DestroySandboxRequest;
 use std::sync::{Arc, Weak};
@@ -97,18 +98,16 @@ impl Provisioner {
         let Some(uids) = &self.isolation.uids else {
             return Ok(());
         };
-        crate::local::isolation::uids::let_through(&self.storage.store.dir(&record.id)).map_err(
-            |e| crate::error::ProvisionerError::internal("open the sandbox's directory", e),
-        )?;
+        uids::let_through(&self.storage.store.dir(&record.id)).map_err(|e| {
+            crate::error::ProvisionerError::internal("open the sandbox's directory", e)
+        })?;
         if record.uid != 0 && uids.hold(record.uid) {
             return Ok(());
         }
         let uid = uids.claim()?;
-        let given = crate::local::isolation::uids::give_workspace(
-            &self.storage.store.own_files(record),
-            uid,
-        )
-        .map_err(|e| crate::error::ProvisionerError::internal("give the workspace to its uid", e));
+        let given = uids::give_workspace(&self.storage.store.own_files(record), uid).map_err(|e| {
+            crate::error::ProvisionerError::internal("give the workspace to its uid", e)
+        });
         if let Err(e) = given {
             uids.release(uid);
             return Err(e);

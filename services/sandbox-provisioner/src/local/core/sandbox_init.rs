@@ -2,7 +2,10 @@
 //! (again after a stop, a provisioner restart, or an init that went away), with the one
 //! LLM relay the sandbox's commands share while it runs.
 
+use crate::local::core::prepare;
 use crate::local::isolation::network::forwarder_kit::ForwarderKit;
+use crate::local::isolation::network::llm_relay;
+use crate::local::storage::disk_quota;
 use crate::{
     error::{ProvisionerError, Result},
     local::{
@@ -20,14 +23,10 @@ impl Provisioner {
     /// Whether a command with these tools runs under the sandbox's init: the init is the
     /// forwarder, and runs on the sandbox's root, where the provisioner's own steps on an
     /// image (which need the host's /usr) cannot run.
-    pub(crate) fn runs_under_init(
-        &self,
-        record: &Record,
-        tools: crate::local::core::prepare::Tools,
-    ) -> bool {
+    pub(crate) fn runs_under_init(&self, record: &Record, tools: prepare::Tools) -> bool {
         self.config.sandbox_init
             && self.isolation.forwarder.is_some()
-            && (tools == crate::local::core::prepare::Tools::Sandbox || record.image.is_none())
+            && (tools == prepare::Tools::Sandbox || record.image.is_none())
     }
 
     /// The sandbox's running init, started now when it has none.
@@ -102,7 +101,7 @@ impl Provisioner {
                 env: &i.env,
             }),
             init: true,
-            file_size: crate::local::storage::disk_quota::file_size_limit(record.disk_bytes),
+            file_size: disk_quota::file_size_limit(record.disk_bytes),
         };
         Init::start(&inv, id).map_err(|e| ProvisionerError::internal("start the sandbox's init", e))
     }
@@ -111,7 +110,7 @@ impl Provisioner {
     /// the sandbox's LLM commands runs (`entry.llm`), and dies with the sandbox.
     fn shared_llm_relay(&self, entry: &Entry, record: &Record, socket: &Path) -> Result<Relay> {
         let slot = entry.llm.clone();
-        crate::local::isolation::network::llm_relay::spawn(
+        llm_relay::spawn(
             socket,
             Arc::new(move || slot.current()),
             &record.id,

@@ -11,6 +11,7 @@
 //! A process joins the sandbox's cgroups before it execs bubblewrap (see
 //! [`crate::local::isolation::bubblewrap::bwrap::Invocation::command`]), so nothing it starts is ever outside them.
 
+use crate::local::isolation::cgroup_detect;
 use std::{
     io,
     path::{Path, PathBuf},
@@ -71,9 +72,9 @@ impl Cgroups {
     /// go. `Err` explains why cgroups cannot be used (the caller decides whether that is
     /// fatal).
     pub fn detect(parent: &str) -> Result<Self, String> {
-        let mut cg = Self::setup(&crate::local::isolation::cgroup_detect::detect()?, parent)?;
+        let mut cg = Self::setup(&cgroup_detect::detect()?, parent)?;
         if cg.version == Version::V1
-            && let Some(mount) = crate::local::isolation::cgroup_detect::v1_mount_of("cpuacct")
+            && let Some(mount) = cgroup_detect::v1_mount_of("cpuacct")
             && cg
                 .parents
                 .get(2)

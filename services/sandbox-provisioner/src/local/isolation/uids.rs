@@ -10,6 +10,7 @@
 //! container image runs it as 65532) already runs sandboxes as itself.
 
 use crate::error::{ProvisionerError, Result};
+use crate::local::base::fd_walk;
 use crate::local::base::shared::is_shared_stat;
 use std::{collections::BTreeSet, os::unix::fs::PermissionsExt as _, path::Path, sync::Mutex};
 
@@ -91,7 +92,7 @@ impl SandboxUids {
 pub fn chown_tree(root: &Path, uid: u32) -> std::io::Result<()> {
     // By descriptor (`fd_walk`): what is checked as shared is what is left alone, and a
     // directory swapped for a symlink is given (the link itself), never walked through.
-    crate::local::base::fd_walk::walk(root, |entry| {
+    fd_walk::walk(root, |entry| {
         // A git object file shared with the template's other copies stays the
         // provisioner's (`template::copy`): given to one uid, it could change all.
         if entry.is_file() && is_shared_stat(entry.stat) {

@@ -25,6 +25,8 @@
 
 use crate::local::base::fs::remove_all;
 use crate::local::isolation::bubblewrap::enter::attach;
+use crate::local::isolation::bubblewrap::vfork;
+use crate::local::isolation::uids;
 use crate::local::storage::layout::WORKSPACE;
 use crate::local::storage::layout::{UPPER, WORK};
 use rustix::{
@@ -143,14 +145,14 @@ impl Overlays {
 pub(crate) struct Hold {
     overlays: Arc<Overlays>,
     id: String,
-    uid: Option<(u32, Arc<crate::local::isolation::uids::SandboxUids>)>,
+    uid: Option<(u32, Arc<uids::SandboxUids>)>,
 }
 
 impl Hold {
     pub(crate) fn new(
         overlays: Arc<Overlays>,
         id: String,
-        uid: Option<(u32, Arc<crate::local::isolation::uids::SandboxUids>)>,
+        uid: Option<(u32, Arc<uids::SandboxUids>)>,
     ) -> Self {
         Self { overlays, id, uid }
     }
@@ -187,7 +189,7 @@ pub(crate) fn make_layers(sandbox: &Path, uid: u32) -> io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     let upper = sandbox.join(UPPER);
     std::fs::DirBuilder::new().mode(0o700).create(&upper)?;
-    crate::local::isolation::uids::chown(&upper, uid)?;
+    uids::chown(&upper, uid)?;
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(sandbox.join(WORK))?;
@@ -322,7 +324,7 @@ fn userns_mapping_to(uid: u32) -> io::Result<OwnedFd> {
     // SAFETY: the child runs `userns_child` on `stack` with `ctx`, both alive until it is
     // reaped below, and makes raw system calls only.
     let pid = unsafe {
-        crate::local::isolation::bubblewrap::vfork::clone_blocked(
+        vfork::clone_blocked(
             userns_child,
             &mut stack,
             libc::CLONE_VM | libc::CLONE_NEWUSER | libc::SIGCHLD,

@@ -2,6 +2,8 @@
 //! symlinks stored as links, never followed) beside `<id>.json` (where it came from).
 //! Only ids cross Temporal; the data stays in the store.
 
+use crate::local::base::confined;
+use crate::local::base::fd_walk;
 use crate::local::base::fs::remove_all;
 use crate::{
     error::{ProvisionerError, Result},
@@ -166,7 +168,7 @@ fn unpack_within<R: std::io::Read>(
     dest: &Path,
     bound: Bound,
 ) -> std::io::Result<()> {
-    let mut tree = crate::local::base::confined::Tree::open(dest, false)?;
+    let mut tree = confined::Tree::open(dest, false)?;
     let mut data_bytes = 0u64;
     for entry in tar.entries()? {
         let mut entry = entry?;
@@ -242,7 +244,7 @@ fn archive<W: std::io::Write>(
     // ext4): archived twice, as a link and then as a directory, the path would make the
     // snapshot one that unpack refuses. The first one stands.
     let mut archived = std::collections::HashSet::new();
-    crate::local::base::fd_walk::walk(workspace, |entry| {
+    fd_walk::walk(workspace, |entry| {
         let name = if entry.rel.as_os_str().is_empty() {
             PathBuf::from(".")
         } else {

@@ -1,3 +1,6 @@
+//! Snapshots saved and restored against real trees: links kept as links, the disk limit
+//! held both ways, and nothing written or archived through a link.
+
 use super::*;
 use std::{
     io::Read,

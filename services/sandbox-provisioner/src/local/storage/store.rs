@@ -7,6 +7,7 @@ use crate::local::base::fs::{remove_all, write_in_place};
 use crate::local::isolation::cgroup::Limits;
 use crate::local::storage::layout::UPPER;
 use crate::local::storage::layout::{RECORD, WORKSPACE};
+use crate::local::storage::overlay;
 use forkyard_proto::sandbox::v1::{Sandbox, SandboxLimits, SandboxState};
 use serde::{Deserialize, Serialize};
 use std::{
@@ -164,7 +165,7 @@ pub struct Store {
     /// `<state>/trash`: destroyed sandboxes' directories, removed in the background.
     trash: PathBuf,
     /// The live overlay workspaces' mounts.
-    overlays: std::sync::Arc<crate::local::storage::overlay::Overlays>,
+    overlays: std::sync::Arc<overlay::Overlays>,
 }
 
 impl std::fmt::Debug for Store {
@@ -255,7 +256,7 @@ impl Store {
         }
     }
 
-    pub(crate) fn overlays(&self) -> &std::sync::Arc<crate::local::storage::overlay::Overlays> {
+    pub(crate) fn overlays(&self) -> &std::sync::Arc<overlay::Overlays> {
         &self.overlays
     }
 

@@ -1,4 +1,9 @@
+//! What a sandbox's workspace counts against its disk limit, and the sandboxes
+//! directory spread over the filesystem.
+
 use super::*;
+use crate::local::base::fd_walk;
+use crate::local::isolation::uids;
 
 /// A sandbox cannot hide bytes from its limit below a chain of directories deeper
 /// than the count walks: too deep to count is over.
@@ -10,7 +15,7 @@ fn a_tree_too_deep_to_count_is_over_its_limit() {
     let ws = tmp.path().join("ws");
     std::fs::create_dir(&ws).unwrap();
     let mut fd = rustix::fs::open(&ws, OFlags::DIRECTORY, Mode::empty()).unwrap();
-    for _ in 0..crate::local::base::fd_walk::MAX_DEPTH + 2 {
+    for _ in 0..fd_walk::MAX_DEPTH + 2 {
         mkdirat(&fd, "d", Mode::from_raw_mode(0o755)).unwrap();
         fd = openat(&fd, "d", OFlags::DIRECTORY, Mode::empty()).unwrap();
     }
@@ -48,8 +53,8 @@ fn a_workspace_counts_its_own_bytes_not_the_objects_it_shares() {
     std::fs::hard_link(&template_pack, ws.join("shared.pack")).unwrap();
     std::fs::write(ws.join("own"), vec![1u8; 256 << 10]).unwrap();
     std::fs::hard_link(ws.join("own"), ws.join("own-again")).unwrap();
-    crate::local::isolation::uids::chown(&ws, 2_000_123).unwrap();
-    crate::local::isolation::uids::chown(&ws.join("own"), 2_000_123).unwrap();
+    uids::chown(&ws, 2_000_123).unwrap();
+    uids::chown(&ws.join("own"), 2_000_123).unwrap();
 
     let usage = workspace_usage(&ws);
     assert!(
@@ -59,7 +64,7 @@ fn a_workspace_counts_its_own_bytes_not_the_objects_it_shares() {
     assert_eq!(disk_usage_over(&ws, 1 << 20), None);
     assert!(disk_usage_over(&ws, 128 << 10).is_some());
 
-    crate::local::isolation::uids::chown(&ws, 0).unwrap();
+    uids::chown(&ws, 0).unwrap();
     assert_eq!(std::fs::metadata(&ws).unwrap().uid(), 0);
     assert!(
         workspace_usage(&ws) > 4 << 20,

@@ -1,12 +1,14 @@
+//! Bubblewrap's command line: its isolation flags, the command last, and the
+//! environment read from a descriptor, never from the argv.
+
 use super::*;
+use crate::local::isolation::network::forwarder_kit;
 
 fn inv_args(egress: bool) -> (Vec<String>, Vec<(String, String)>) {
     let kit_dir = tempfile::tempdir().unwrap();
-    let kit = crate::local::isolation::network::forwarder_kit::ForwarderKit::prepare(
-        Path::new("/bin/true"),
-        &kit_dir.path().join("fwd"),
-    )
-    .unwrap();
+    let kit =
+        forwarder_kit::ForwarderKit::prepare(Path::new("/bin/true"), &kit_dir.path().join("fwd"))
+            .unwrap();
     let argv = ["ls".to_owned()];
     let env = [("A".to_owned(), "secret-value".to_owned())];
     let inv = Invocation {

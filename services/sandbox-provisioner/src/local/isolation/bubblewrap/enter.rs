@@ -13,6 +13,7 @@
 //! before the fork, and allocates nothing.
 #![allow(unsafe_code)]
 
+use crate::local::isolation::open_files;
 use rustix::fd::BorrowedFd;
 use rustix::mount::{MountPropagationFlags, MoveMountFlags, OpenTreeFlags};
 use rustix::{
@@ -143,12 +144,12 @@ pub fn keep_only_mapped(cmd: &mut Command, mapped: &[i32]) {
 /// (`crate::local::isolation::open_files`), if it was raised. Add it after every hook that needs
 /// free descriptor numbers (the descriptor mapping's): it runs after them.
 pub fn set_open_files_limit(cmd: &mut Command) {
-    let Some(limit) = crate::local::isolation::open_files::for_sandbox() else {
+    let Some(limit) = open_files::for_sandbox() else {
         return;
     };
     // SAFETY: one raw system call (`prlimit64`) on a value the hook owns, as above.
     unsafe {
-        cmd.pre_exec(move || Ok(crate::local::isolation::open_files::restore(&limit)?));
+        cmd.pre_exec(move || Ok(open_files::restore(&limit)?));
     }
 }
 

@@ -17,6 +17,8 @@
 //! it.
 #![allow(unsafe_code)]
 
+use crate::local::isolation::bubblewrap::enter;
+use crate::local::isolation::open_files;
 use rustix::{
     fd::{AsFd, AsRawFd, OwnedFd},
     process::{Gid, Pid, Signal, Uid, WaitId, WaitIdOptions},
@@ -268,9 +270,7 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the `Ctx` the parent keeps alive while it waits for this child.
     let ctx = unsafe { &*arg.cast::<Ctx<'_>>() };
     // SAFETY: the steps run in this child alone, on values the parent prepared.
-    let (step, errno) = match unsafe { enter_and_exec(ctx) } {
-        Err(failed) => failed,
-    };
+    let Err((step, errno)) = unsafe { enter_and_exec(ctx) };
     ctx.error
         .store((step << 16) | (errno & 0xffff), Ordering::Release);
     // SAFETY: ends this process (its own thread group) only.
@@ -301,8 +301,7 @@ unsafe fn enter_and_exec(ctx: &Ctx<'_>) -> Result<std::convert::Infallible, Fail
         }
         // As root, before the uid drop: a mount namespace of its own, the workspace in it.
         if let Some((mount, target)) = ctx.attach {
-            crate::local::isolation::bubblewrap::enter::attach(mount, target)
-                .map_err(|e| (8, e.raw_os_error()))?;
+            enter::attach(mount, target).map_err(|e| (8, e.raw_os_error()))?;
         }
         if let Some((uid, gid)) = ctx.ids {
             // rustix's raw system calls: this thread only.
@@ -314,17 +313,14 @@ unsafe fn enter_and_exec(ctx: &Ctx<'_>) -> Result<std::convert::Infallible, Fail
         }
         place_descriptors(ctx)?;
         // What the provisioner inherited without close-on-exec stays out of the sandbox.
-        crate::local::isolation::bubblewrap::enter::only_keep(ctx.keep)
-            .map_err(|e| (9, e.raw_os_error().unwrap_or(libc::EBADF)))?;
+        enter::only_keep(ctx.keep).map_err(|e| (9, e.raw_os_error().unwrap_or(libc::EBADF)))?;
         // After the descriptors are in place: parking them needs free numbers above the
         // others, which a lowered limit could leave none of.
         if let Some(limit) = ctx.nofile {
-            crate::local::isolation::open_files::restore(limit)
-                .map_err(|e| (5, e.raw_os_error()))?;
+            open_files::restore(limit).map_err(|e| (5, e.raw_os_error()))?;
         }
         if let Some(bytes) = ctx.fsize {
-            crate::local::isolation::bubblewrap::enter::restrict_file_size(bytes)
-                .map_err(|e| (10, e.raw_os_error()))?;
+            enter::restrict_file_size(bytes).map_err(|e| (10, e.raw_os_error()))?;
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);

@@ -225,7 +225,8 @@ fn spawn(
     // Held while spawning: the reaper reaps nothing meanwhile (std reaps a child that
     // failed to exec itself, and panics if another did), and finds the pid recorded.
     let mut table = running.lock();
-    let child = match start(helper, &spec, asked.pty, &fds, found.as_deref()) {
+    let make = |found: Option<&std::path::Path>| command(helper, &spec, asked.pty, &fds, found);
+    let child = match start(make, found.as_deref()) {
         Ok(child) => child,
         Err(e) => {
             drop(table);
@@ -275,15 +276,12 @@ fn with_own_pty(sock: &Arc<OwnedFd>, asked: Asked, fds: Vec<OwnedFd>) -> Option<
     }
 }
 
-/// The command started: as `found` on its `PATH`, else as `execvp` would.
+/// The command `make` makes, started: as `found` on its `PATH`, else as `execvp` would.
 fn start(
-    helper: &[String],
-    spec: &wire::Spec,
-    pty: bool,
-    fds: &Fds,
+    make: impl Fn(Option<&std::path::Path>) -> io::Result<Command>,
     found: Option<&std::path::Path>,
 ) -> io::Result<std::process::Child> {
-    let started = command(helper, spec, pty, fds, found).and_then(|mut c| c.spawn());
+    let started = make(found).and_then(|mut c| c.spawn());
     // What `execvp` does past the first file it finds (a file without `#!` run by
     // /bin/sh, a script whose interpreter is missing passed over) std's own lookup does:
     // nothing ran, so the command is started again that way.
@@ -291,7 +289,7 @@ fn start(
         && found.is_some()
         && matches!(e.raw_os_error(), Some(libc::ENOEXEC | libc::ENOENT))
     {
-        return command(helper, spec, pty, fds, None).and_then(|mut c| c.spawn());
+        return make(None).and_then(|mut c| c.spawn());
     }
     started
 }

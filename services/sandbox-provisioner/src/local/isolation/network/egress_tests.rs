@@ -1,3 +1,6 @@
+//! The egress allowlist: what its entries match and refuse, names resolving into
+//! an internal block refused, and a plain-HTTP request sent once, to the host checked.
+
 use super::*;
 use tokio::io::AsyncReadExt;
 

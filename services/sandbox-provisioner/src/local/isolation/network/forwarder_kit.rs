@@ -4,6 +4,7 @@
 //! any root: the host's `/usr`, or an image that has none of this host's libraries (a
 //! musl image, or one without `libgcc_s`).
 
+use crate::local::isolation::uids;
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -32,7 +33,7 @@ impl ForwarderKit {
             .map_err(|e| format!("ldd {}: {e}", bin.display()))?;
         let listing = String::from_utf8_lossy(&out.stdout).into_owned();
         let copy = |from: &Path, name: &str| -> Result<(), String> {
-            crate::local::isolation::uids::reachable_copy(from, dir, name)
+            uids::reachable_copy(from, dir, name)
                 .map(drop)
                 .map_err(|e| format!("copy {}: {e}", from.display()))
         };

@@ -3,7 +3,9 @@
 //! may be between resolving its image and registering its sandbox).
 
 use super::{ImageCache, Saved};
+use crate::local::base::lru;
 use crate::local::base::lru::Entry;
+use crate::local::storage::store;
 use std::{
     collections::HashSet,
     time::{Duration, SystemTime},
@@ -48,7 +50,7 @@ impl ImageCache {
             e.spared = in_use.contains(&e.key);
         }
         let root = self.root.clone();
-        let done = crate::local::base::lru::evict(entries, max_bytes, grace, |_| {
+        let done = lru::evict(entries, max_bytes, grace, |_| {
             root.join(format!(".tmp-evict-{}", uuid::Uuid::new_v4().simple()))
         });
         for e in &done.removed {
@@ -79,7 +81,7 @@ impl ImageCache {
                 let bytes = if saved.bytes > 0 {
                     saved.bytes
                 } else {
-                    crate::local::storage::store::disk_usage(&home)
+                    store::disk_usage(&home)
                 };
                 let used = used.get(&saved.digest).copied().unwrap_or_else(|| {
                     std::fs::metadata(&meta_path)

@@ -17,6 +17,7 @@
 //! layer is written (they touch lower layers only); the third writes.
 
 use super::error::ImageError;
+use crate::local::base::confined;
 use crate::local::base::confined::{ConfineError, Tree};
 use sha2::{Digest as _, Sha256};
 use std::{
@@ -206,7 +207,7 @@ fn whiteout(layer: &str, path: &Path) -> Result<Option<Deletion>, ImageError> {
 
 /// A layer path made plain; one that climbs out is refused.
 fn relative(layer: &str, path: &Path) -> Result<PathBuf, ImageError> {
-    crate::local::base::confined::plain(path).map_err(|e| refused(layer, e))
+    confined::plain(path).map_err(|e| refused(layer, e))
 }
 
 fn refused(layer: &str, e: ConfineError) -> ImageError {

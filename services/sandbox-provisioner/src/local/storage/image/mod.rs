@@ -22,6 +22,8 @@ pub mod registry;
 mod rootfs;
 
 use crate::local::base::fs::remove_all;
+use crate::local::base::keyed_lock;
+use crate::local::storage::store;
 pub use archive::ImageConfig;
 pub use error::ImageError;
 pub use layer::UnpackLimits;
@@ -61,10 +63,10 @@ const TAG_FRESH: std::time::Duration = std::time::Duration::from_secs(60);
 pub struct ImageCache {
     root: PathBuf,
     /// One load at a time per archive.
-    loading: crate::local::base::keyed_lock::KeyedLock<PathBuf>,
+    loading: keyed_lock::KeyedLock<PathBuf>,
     loaded: Mutex<HashMap<Seen, Image>>,
     /// One pull at a time per reference, and what each last resolved to.
-    pulling: crate::local::base::keyed_lock::KeyedLock<String>,
+    pulling: keyed_lock::KeyedLock<String>,
     pulled: Mutex<HashMap<String, (Image, std::time::Instant)>>,
     /// When each image was last handed out, for eviction.
     used: Mutex<HashMap<String, SystemTime>>,
@@ -101,9 +103,9 @@ impl ImageCache {
         }
         Ok(Self {
             root: root.to_path_buf(),
-            loading: crate::local::base::keyed_lock::KeyedLock::default(),
+            loading: keyed_lock::KeyedLock::default(),
             loaded: Mutex::default(),
-            pulling: crate::local::base::keyed_lock::KeyedLock::default(),
+            pulling: keyed_lock::KeyedLock::default(),
             pulled: Mutex::default(),
             used: Mutex::default(),
             evicting: std::sync::atomic::AtomicBool::new(false),
@@ -251,7 +253,7 @@ fn load_in(
         let saved = Saved {
             digest: parts.digest.clone(),
             config: parts.config.clone(),
-            bytes: crate::local::storage::store::disk_usage(&rootfs),
+            bytes: store::disk_usage(&rootfs),
         };
         std::fs::write(
             unpacked.join("image.json"),

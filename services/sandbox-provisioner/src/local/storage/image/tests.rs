@@ -2,6 +2,7 @@
 //! lay them out, loaded into a real cache on disk.
 
 use super::*;
+use crate::local::storage::store;
 use sha2::Digest as _;
 use std::{os::unix::fs::PermissionsExt as _, sync::Arc};
 
@@ -382,7 +383,7 @@ async fn past_its_bound_the_cache_drops_the_least_recently_used_image_no_sandbox
     );
     let a = images.load_archive(&a_dir).await.unwrap();
     let b = images.load_archive(&b_dir).await.unwrap();
-    let one = crate::local::storage::store::disk_usage(&a.rootfs);
+    let one = store::disk_usage(&a.rootfs);
     let none = HashSet::new();
 
     // Within the bound, or everything used within the grace period: nothing goes.

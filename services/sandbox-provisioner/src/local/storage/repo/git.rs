@@ -3,6 +3,7 @@
 
 use crate::git::Reach;
 use crate::local::base::fs::remove_all;
+use crate::local::isolation::command::launch;
 use crate::{
     error::{ProvisionerError, Result},
     git::host_git,
@@ -25,7 +26,7 @@ const STDERR_SUMMARY: usize = 600;
 #[tracing::instrument(name = "git", skip_all, fields(step = step(&cmd), exit_code = tracing::field::Empty))]
 pub(crate) async fn run(cmd: Command, timeout: Duration) -> Result<Result<String, String>> {
     let f = process::run(
-        crate::local::isolation::command::launch::Launch::Process(cmd),
+        launch::Launch::Process(cmd),
         None,
         timeout,
         HOST_GIT_CAPS,

@@ -1,3 +1,6 @@
+//! Indexes git wrote, in every version, read as git lists them; what git would not
+//! answer from the files alone, and a damaged index, not read.
+
 use super::*;
 use std::{path::Path, process::Command};
 

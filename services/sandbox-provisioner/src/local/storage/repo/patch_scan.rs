@@ -242,6 +242,7 @@ fn as_recorded(st: &rustix::fs::Stat, entry: &git_index::Entry, index_mtime: i64
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::local::storage::template;
     use std::{
         ffi::OsString,
         os::unix::{
@@ -392,7 +393,7 @@ mod tests {
         git(&src, &["commit", "-q", "-m", "one"]);
         let repo = src.to_str().unwrap();
         let commit = forkyard_common::git_refs::local_commit(repo, "").unwrap();
-        let t = crate::local::storage::template::Templates::open(tmp.join("templates"), 0).unwrap();
+        let t = template::Templates::open(tmp.join("templates"), 0).unwrap();
         let ws = tmp.join("ws");
         t.workspace(repo, &commit, "fork-1", &ws, Duration::from_secs(60))
             .await

@@ -20,6 +20,7 @@
 //! local repository are not checked out (as before): their URLs would name paths of
 //! this host.
 
+use crate::local::storage::repo::git;
 use crate::local::storage::repo::gitmodules::MAX_COUNT;
 use crate::{
     error::{ProvisionerError, Result},
@@ -118,7 +119,7 @@ pub(crate) async fn readable(
 ) -> Result<()> {
     for sub in subs {
         let reach = reach(&sub.path, &sub.url, reader).await?;
-        crate::local::storage::repo::git::ls_remote(&sub.url, &["HEAD"], &reach, timeout)
+        git::ls_remote(&sub.url, &["HEAD"], &reach, timeout)
             .await
             .map_err(|e| as_submodule(&sub.path, e))?;
     }
@@ -246,10 +247,8 @@ async fn gitlinks<'p>(
             let (meta, path) = line.split_once('\t')?;
             let mut f = meta.split(' ');
             let (mode, kind, id) = (f.next()?, f.next()?, f.next()?);
-            (mode == "160000"
-                && kind == "commit"
-                && crate::local::storage::repo::git::is_commit_id(id))
-            .then(|| (path.to_owned(), id.to_owned()))
+            (mode == "160000" && kind == "commit" && git::is_commit_id(id))
+                .then(|| (path.to_owned(), id.to_owned()))
         })
         .collect())
 }

@@ -4,6 +4,7 @@
 use super::warm_copy;
 use crate::error::{ProvisionerError, Result};
 use crate::local::base::fs::write_in_place;
+use crate::local::isolation::uids;
 use forkyard_common::git_refs::read_ref;
 use std::{io, os::unix::fs::DirBuilderExt, path::Path};
 
@@ -78,9 +79,7 @@ fn clash(git: &Path, branch: &str) -> Option<String> {
 }
 
 fn give(path: &Path, uid: Option<u32>) -> io::Result<()> {
-    uid.map_or(Ok(()), |uid| {
-        crate::local::isolation::uids::chown(path, uid)
-    })
+    uid.map_or(Ok(()), |uid| uids::chown(path, uid))
 }
 
 /// Overwrite `path` with `content` in place (`write_in_place`), or make it.

@@ -10,6 +10,7 @@ use super::{
     settle,
 };
 use crate::local::base::fs::remove_all;
+use crate::local::storage::store;
 use crate::{
     error::{ProvisionerError, Result},
     local::storage::repo::git,
@@ -130,7 +131,7 @@ impl Templates {
             let _ = remove_all(&tmp);
             return Err(e);
         }
-        let bytes = crate::local::storage::store::disk_usage(&tmp);
+        let bytes = store::disk_usage(&tmp);
         let done = std::fs::write(tmp.join(BYTES), bytes.to_string())
             .and_then(|()| std::fs::write(tmp.join(SETTLED), ""))
             .and_then(|()| std::fs::write(tmp.join(READY), commit))

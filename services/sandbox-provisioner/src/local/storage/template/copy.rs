@@ -14,6 +14,7 @@
 
 use super::settle::preserve_times;
 use crate::local::base::shared::is_shared;
+use crate::local::isolation::uids;
 use std::{
     fs::{self, File},
     io,
@@ -34,7 +35,7 @@ fn copy_tree(from: &Path, to: &Path, uid: Option<u32>) -> io::Result<()> {
 pub(crate) fn copy_workspace(from: &Path, to: &Path, uid: Option<u32>) -> io::Result<()> {
     copy_tree(from, to, uid)?;
     match uid {
-        Some(_) => crate::local::isolation::uids::owner_only(to),
+        Some(_) => uids::owner_only(to),
         None => Ok(()),
     }
 }
@@ -51,7 +52,7 @@ fn copy_dir(from: &Path, to: &Path, uid: Option<u32>, part: Part) -> io::Result<
     let mode = fs::symlink_metadata(from)?.permissions().mode();
     fs::DirBuilder::new().mode(mode & 0o7777).create(to)?;
     if let Some(uid) = uid {
-        crate::local::isolation::uids::chown(to, uid)?;
+        uids::chown(to, uid)?;
     }
     for entry in fs::read_dir(from)? {
         let entry = entry?;
@@ -68,7 +69,7 @@ fn copy_dir(from: &Path, to: &Path, uid: Option<u32>, part: Part) -> io::Result<
         } else if kind.is_symlink() {
             std::os::unix::fs::symlink(fs::read_link(&src)?, &dst)?;
             if let Some(uid) = uid {
-                crate::local::isolation::uids::chown(&dst, uid)?;
+                uids::chown(&dst, uid)?;
             }
             preserve_times(&dst, &entry.metadata()?)?;
         } else if kind.is_file() {
@@ -120,7 +121,7 @@ fn copy_file(from: &Path, to: &Path, meta: &fs::Metadata, uid: Option<u32>) -> i
         .open(to)?;
     io::copy(&mut src, &mut dst)?;
     if let Some(uid) = uid {
-        crate::local::isolation::uids::give_file(&dst, uid)?;
+        uids::give_file(&dst, uid)?;
     }
     // After the chown (which would clear them anyway): no set-id bit on a file of the
     // sandbox's (git checks out 0644 and 0755 only).

@@ -6,6 +6,7 @@ use super::{
     *,
 };
 use crate::local::base::shared::is_shared;
+use crate::local::isolation::uids;
 use forkyard_common::git_refs::local_commit;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 
@@ -51,9 +52,7 @@ fn packs(ws: &Path) -> Vec<PathBuf> {
 
 #[tokio::test]
 async fn a_copy_given_to_a_uid_shares_gits_objects_read_only_and_owns_the_rest() {
-    let Some(uids) =
-        crate::local::isolation::uids::SandboxUids::new(2_000_000_000, 100).map(Arc::new)
-    else {
+    let Some(uids) = uids::SandboxUids::new(2_000_000_000, 100).map(Arc::new) else {
         forkyard_common::testing::requires(
             forkyard_common::testing::Need::Root,
             false,
@@ -134,7 +133,7 @@ async fn a_copy_given_to_a_uid_shares_gits_objects_read_only_and_owns_the_rest()
     assert!(!out.status.success(), "changed a shared object file's mode");
     let shared_meta = std::fs::metadata(pack).unwrap();
     assert!(is_shared(&shared_meta));
-    crate::local::isolation::uids::chown_tree(&a, uid_a).unwrap();
+    uids::chown_tree(&a, uid_a).unwrap();
     assert_eq!(
         std::fs::metadata(pack).unwrap().uid(),
         0,

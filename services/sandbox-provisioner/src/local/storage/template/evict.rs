@@ -7,7 +7,9 @@ use super::{
     GRACE, Templates, Used,
     marks::{BYTES, READY},
 };
+use crate::local::base::lru;
 use crate::local::base::lru::Entry;
+use crate::local::storage::store;
 use std::{
     path::Path,
     sync::atomic::Ordering,
@@ -69,7 +71,7 @@ fn entries(root: &Path, used: &Used) -> Vec<Entry> {
                 .ok()
                 .and_then(|b| b.trim().parse::<u64>().ok())
                 .map(|b| b * (1 + copies as u64))
-                .unwrap_or_else(|| crate::local::storage::store::disk_usage(&home));
+                .unwrap_or_else(|| store::disk_usage(&home));
             let used = used.get(&key).copied().unwrap_or_else(|| {
                 std::fs::metadata(home.join(READY))
                     .and_then(|m| m.modified())
@@ -90,7 +92,7 @@ fn entries(root: &Path, used: &Used) -> Vec<Entry> {
 /// `grace`. The keys removed.
 fn evict(root: &Path, entries: Vec<Entry>, max_bytes: u64, grace: Duration) -> Vec<String> {
     // Out of the templates' namespace first (a `.tmp-` name, swept at start-up too).
-    let done = crate::local::base::lru::evict(entries, max_bytes, grace, |e| {
+    let done = lru::evict(entries, max_bytes, grace, |e| {
         root.join(format!(
             "{}.tmp-evict-{}",
             e.key,

@@ -16,6 +16,10 @@
 //! Past their size bound, least recently used templates are removed (`evict`).
 
 use crate::local::base::fs::remove_all;
+use crate::local::base::keyed_lock;
+use crate::local::isolation::uids;
+use crate::local::storage::overlay;
+use crate::local::storage::repo::git_index;
 use crate::{
     error::{ProvisionerError, Result},
     local::storage::repo::git,
@@ -65,7 +69,7 @@ pub(crate) type Used = Arc<Mutex<HashMap<String, SystemTime>>>;
 pub(crate) struct Templates {
     pub(crate) root: PathBuf,
     /// One build at a time per template.
-    building: crate::local::base::keyed_lock::KeyedLock<String>,
+    building: keyed_lock::KeyedLock<String>,
     /// Sandboxes whose files are being made at once (their workspace copies above all):
     /// four per core (enough to overlap their waits on the disk), first come first
     /// served. A wave of a hundred creates copied all at once would share the cores a
@@ -82,7 +86,7 @@ pub(crate) struct Templates {
     /// Copies of the templates' workspaces made ahead of creates (`warm`).
     warm: Arc<warm::Warm>,
     /// Live overlay workspaces: a template that is one's lower layer is never evicted.
-    pub(crate) overlays: Arc<crate::local::storage::overlay::Overlays>,
+    pub(crate) overlays: Arc<overlay::Overlays>,
     /// Builds that failed lately (`build`).
     failures: Failures,
 }
@@ -124,7 +128,7 @@ impl Templates {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Ok(Self {
             root,
-            building: crate::local::base::keyed_lock::KeyedLock::default(),
+            building: keyed_lock::KeyedLock::default(),
             turns: tokio::sync::Semaphore::new(cores.max(2) * 4),
             used: Used::default(),
             max_bytes,
@@ -138,11 +142,7 @@ impl Templates {
     /// The live overlay workspaces, whose templates eviction spares; with `make`, warm
     /// copies are overlays too.
     #[must_use]
-    pub(crate) fn with_overlays(
-        mut self,
-        overlays: Arc<crate::local::storage::overlay::Overlays>,
-        make: bool,
-    ) -> Self {
+    pub(crate) fn with_overlays(mut self, overlays: Arc<overlay::Overlays>, make: bool) -> Self {
         if make {
             self.warm.make_overlays(overlays.clone());
         }
@@ -156,7 +156,7 @@ impl Templates {
     pub(crate) fn with_warm(
         mut self,
         bounds: WarmBounds,
-        uids: Option<Arc<crate::local::isolation::uids::SandboxUids>>,
+        uids: Option<Arc<uids::SandboxUids>>,
     ) -> Self {
         self.warm = Arc::new(warm::Warm::start(bounds, uids));
         self
@@ -173,9 +173,7 @@ impl Templates {
     }
 
     /// The replica's sandbox uids, if it hands them out.
-    pub(crate) fn uids(
-        &self,
-    ) -> Option<&std::sync::Arc<crate::local::isolation::uids::SandboxUids>> {
+    pub(crate) fn uids(&self) -> Option<&std::sync::Arc<uids::SandboxUids>> {
         self.warm.uids()
     }
 
@@ -228,7 +226,7 @@ impl Templates {
                 index: if made_ahead {
                     index
                 } else {
-                    crate::local::storage::repo::git_index::checksum_of(&ws).unwrap_or_default()
+                    git_index::checksum_of(&ws).unwrap_or_default()
                 },
                 uid,
             })

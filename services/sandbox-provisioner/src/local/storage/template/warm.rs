@@ -25,6 +25,7 @@
 use super::warm_copy::{DIR, WarmCopy, make_copy};
 use crate::local::base::fs::remove_all;
 use crate::local::isolation::uids::SandboxUids;
+use crate::local::storage::overlay;
 use std::{
     collections::{HashMap, VecDeque},
     path::{Path, PathBuf},
@@ -93,7 +94,7 @@ struct Shared {
     bounds: WarmBounds,
     uids: Option<Arc<SandboxUids>>,
     /// Set when the replica's workspaces are overlays: the copies made are too.
-    overlays: std::sync::OnceLock<Arc<crate::local::storage::overlay::Overlays>>,
+    overlays: std::sync::OnceLock<Arc<overlay::Overlays>>,
 }
 
 /// One template's copies, by the template's directory.
@@ -152,7 +153,7 @@ impl Warm {
     }
 
     /// Make overlays (`crate::local::storage::overlay`) instead of copies from now on.
-    pub(crate) fn make_overlays(&self, overlays: Arc<crate::local::storage::overlay::Overlays>) {
+    pub(crate) fn make_overlays(&self, overlays: Arc<overlay::Overlays>) {
         let _ = self.shared.overlays.set(overlays);
     }
 

@@ -4,11 +4,16 @@
 
 use super::marks::BYTES;
 use crate::local::base::fs::remove_all;
+use crate::local::isolation::uids;
 use crate::local::isolation::uids::SandboxUids;
 use crate::local::storage::layout::RECORD;
 use crate::local::storage::layout::UPPER;
 use crate::local::storage::layout::WORKSPACE;
 use crate::local::storage::layout::sandbox_dir_mode;
+use crate::local::storage::overlay;
+use crate::local::storage::repo::git_index;
+use crate::local::storage::store;
+use crate::local::storage::template::copy;
 use crate::local::storage::template::copy::copy_workspace;
 use std::{
     os::unix::fs::DirBuilderExt as _,
@@ -88,7 +93,7 @@ impl Drop for WarmCopy {
 pub(super) fn make_copy(
     template: &Path,
     uids: Option<&Arc<SandboxUids>>,
-    overlays: Option<&Arc<crate::local::storage::overlay::Overlays>>,
+    overlays: Option<&Arc<overlay::Overlays>>,
 ) -> std::io::Result<(WarmCopy, u64)> {
     let bytes: u64 = std::fs::read_to_string(template.join(BYTES))?
         .trim()
@@ -99,7 +104,7 @@ pub(super) fn make_copy(
         // Spread as the sandboxes' directories are (`store::spread_subdirectories`):
         // a copy is made where the inodes of the sandboxes destroyed before it were
         // freed, and packed into one group each new inode stepped over all of them.
-        Ok(()) => crate::local::storage::store::spread_subdirectories(&dir),
+        Ok(()) => store::spread_subdirectories(&dir),
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
         Err(_) => {}
     }
@@ -127,7 +132,7 @@ pub(super) fn make_copy(
         return Ok((copy, OVERLAY_BYTES));
     }
     // What the copy shares with its template takes no disk of its own.
-    let shared = crate::local::storage::template::copy::shared_bytes(&path.join(WORKSPACE));
+    let shared = copy::shared_bytes(&path.join(WORKSPACE));
     copy.path = path;
     Ok((copy, bytes.saturating_sub(shared)))
 }
@@ -147,12 +152,12 @@ fn skeleton(template: &Path, dir: &Path, copy: &mut WarmCopy) -> std::io::Result
     }
     let uid = copy.uid();
     copy_workspace(&template.join("workspace"), &ws, uid)?;
-    copy.index = crate::local::storage::repo::git_index::checksum_of(&ws)
+    copy.index = git_index::checksum_of(&ws)
         .ok_or_else(|| std::io::Error::other("the copy has no readable index"))?;
     let branch = std::fs::File::create_new(ws.join(".git/refs/heads").join(BRANCH_FILE))?;
     std::fs::File::create_new(dir.join(RECORD))?;
     if let Some(uid) = uid {
-        crate::local::isolation::uids::give_file(&branch, uid)?;
+        uids::give_file(&branch, uid)?;
     }
     Ok(())
 }
@@ -165,7 +170,7 @@ fn overlay_skeleton(
     template: &Path,
     dir: &Path,
     copy: &mut WarmCopy,
-    overlays: &crate::local::storage::overlay::Overlays,
+    overlays: &overlay::Overlays,
 ) -> std::io::Result<()> {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
     std::fs::DirBuilder::new()
@@ -178,26 +183,26 @@ fn overlay_skeleton(
     copy.uid = uids.claim().map_err(std::io::Error::other)?;
     let uid = copy.uid;
     let lower = template.join(WORKSPACE);
-    crate::local::storage::overlay::make_layers(dir, uid)?;
+    overlay::make_layers(dir, uid)?;
     let upper = dir.join(UPPER);
     for part in [".git", ".git/refs", ".git/refs/heads"] {
         let mode = std::fs::metadata(lower.join(part)).map_or(0o755, |m| m.mode() & 0o7777);
         std::fs::DirBuilder::new()
             .mode(mode)
             .create(upper.join(part))?;
-        crate::local::isolation::uids::chown(&upper.join(part), uid)?;
+        uids::chown(&upper.join(part), uid)?;
     }
     let branch = std::fs::File::create_new(upper.join(".git/refs/heads").join(BRANCH_FILE))?;
-    crate::local::isolation::uids::give_file(&branch, uid)?;
+    uids::give_file(&branch, uid)?;
     let head = lower.join(".git/HEAD");
     let mut to = std::fs::File::create_new(upper.join(".git/HEAD"))?;
     std::io::copy(&mut std::fs::File::open(&head)?, &mut to)?;
-    crate::local::isolation::uids::give_file(&to, uid)?;
+    uids::give_file(&to, uid)?;
     to.set_permissions(std::fs::Permissions::from_mode(
         std::fs::metadata(&head)?.mode() & 0o777,
     ))?;
     std::fs::File::create_new(dir.join(RECORD))?;
-    copy.index = crate::local::storage::repo::git_index::checksum_of(&lower)
+    copy.index = git_index::checksum_of(&lower)
         .ok_or_else(|| std::io::Error::other("the template has no readable index"))?;
     copy.mount = Some((overlays.detached(&lower, dir, uid)?, lower));
     Ok(())

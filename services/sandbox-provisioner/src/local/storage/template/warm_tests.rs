@@ -4,6 +4,7 @@ use super::{
     tests::{git, repo, walk},
     *,
 };
+use crate::local::isolation::uids;
 use crate::local::storage::layout::RECORD;
 use crate::local::storage::repo::git_index;
 use forkyard_common::git_refs::local_commit;
@@ -61,7 +62,7 @@ fn with_copies(
     tmp: &Path,
     copies: usize,
     min: usize,
-    uids: Option<Arc<crate::local::isolation::uids::SandboxUids>>,
+    uids: Option<Arc<uids::SandboxUids>>,
 ) -> Templates {
     Templates::open(tmp.join("templates"), 0)
         .unwrap()
@@ -105,7 +106,7 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
     let commit = local_commit(path, "").unwrap();
     let root = tmp.path().join("templates");
     // Run as root (as here), copies are given to sandbox uids ahead of time too.
-    let uids = crate::local::isolation::uids::SandboxUids::new(2_000_000_000, 100).map(Arc::new);
+    let uids = uids::SandboxUids::new(2_000_000_000, 100).map(Arc::new);
     let t = with_copies(tmp.path(), 3, 0, uids.clone());
     let dir = t.ensure(path, &commit, TIMEOUT).await.unwrap();
 
@@ -227,9 +228,7 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
 /// ahead of time, and creates get every uid of the range.
 #[tokio::test]
 async fn warm_copies_leave_creates_half_the_sandbox_uids() {
-    let Some(uids) =
-        crate::local::isolation::uids::SandboxUids::new(2_000_000_000, 8).map(Arc::new)
-    else {
+    let Some(uids) = uids::SandboxUids::new(2_000_000_000, 8).map(Arc::new) else {
         forkyard_common::testing::requires(
             forkyard_common::testing::Need::Root,
             false,
