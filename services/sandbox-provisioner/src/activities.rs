@@ -2,14 +2,16 @@
 //! same [`Provisioner`] as the gRPC service.
 
 use crate::{local::core::provisioner::Provisioner, router::Backends};
-use forkyard_proto::activities::markers;
-use forkyard_proto::sandbox::v1::{
-    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
-    DestroySandboxResponse, ExecRequest, ExecResponse, ForkSandboxRequest, ForkSandboxResponse,
-    GetSandboxRequest, HealthCheckRequest, HealthCheckResponse, HydrateWorkspaceRequest,
-    ListSandboxesRequest, ListSandboxesResponse, PersistWorkspaceRequest, PersistWorkspaceResponse,
-    ReadFileRequest, ReadFileResponse, Sandbox, StartSandboxRequest, StopSandboxRequest,
-    WriteFileRequest, WriteFileResponse,
+use forkyard_proto::{
+    activities::markers,
+    sandbox::v1::{
+        CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
+        DestroySandboxResponse, ExecRequest, ExecResponse, ForkSandboxRequest, ForkSandboxResponse,
+        GetSandboxRequest, HealthCheckRequest, HealthCheckResponse, HydrateWorkspaceRequest,
+        ListSandboxesRequest, ListSandboxesResponse, PersistWorkspaceRequest,
+        PersistWorkspaceResponse, ReadFileRequest, ReadFileResponse, Sandbox, StartSandboxRequest,
+        StopSandboxRequest, WriteFileRequest, WriteFileResponse,
+    },
 };
 use std::sync::Arc;
 use temporalio_macros::activities;

@@ -1,12 +1,12 @@
 //! Command-line flags (each also read from an environment variable).
 
-use crate::local::isolation::uids;
-use crate::local::storage::disk_quota;
-use crate::local::storage::image;
-use crate::local::storage::image::registry;
 use crate::{
     e2b::{ApiKey, E2bConfig},
-    local::{core::config::Config, isolation::cgroup::Limits},
+    local::{
+        core::config::Config,
+        isolation::{cgroup::Limits, uids},
+        storage::{disk_quota, image, image::registry},
+    },
     usage::Prices,
 };
 use forkyard_common::{

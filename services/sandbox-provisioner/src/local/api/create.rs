@@ -1,22 +1,19 @@
 //! Creating a sandbox on the `local` backend: admission, its directory and workspace
 //! (template copy, clone or snapshot), its record, registration.
 
-use crate::local::api::workspace;
-use crate::local::base::fs::remove_all;
-use crate::local::isolation::uids;
-use crate::local::storage::overlay;
-use crate::local::storage::repo::git_dirs;
-use crate::local::storage::store;
 use crate::{
     error::{ProvisionerError, Result},
     git,
     limits::now_ms,
     local::{
-        core::entry::Entry,
-        core::provisioner::{BACKEND, DirCleanup, Provisioner},
-        isolation::cgroup::Limits,
-        isolation::network::egress::Allowlist,
-        storage::store::Record,
+        api::workspace,
+        base::fs::remove_all,
+        core::{
+            entry::Entry,
+            provisioner::{BACKEND, DirCleanup, Provisioner},
+        },
+        isolation::{cgroup::Limits, network::egress::Allowlist, uids},
+        storage::{overlay, repo::git_dirs, store, store::Record},
     },
 };
 use forkyard_proto::sandbox::v1::{CreateSandboxRequest, DestroySandboxRequest, Sandbox};

@@ -1,14 +1,16 @@
 //! Running commands in a sandbox to their end: the unary exec, and the provisioner's
 //! own commands (`run_in`). What every kind of exec goes through first is `prepare`.
 
-use crate::local::storage::disk_watch;
 use crate::{
     error::{ProvisionerError, Result},
     limits::OUTPUT_CAP,
     local::{
-        core::prepare::{Aftermath, Tools},
-        core::provisioner::Provisioner,
+        core::{
+            prepare::{Aftermath, Tools},
+            provisioner::Provisioner,
+        },
         isolation::command::process::{self, Caps, Finished, Outcome},
+        storage::disk_watch,
     },
     validate,
 };

@@ -2,17 +2,18 @@
 //! the kernel *inside* the workspace (`openat2` with `RESOLVE_IN_ROOT`), so a symlink or
 //! `..` the agent planted can never reach a host file.
 
-use crate::local::base::shared::is_shared;
-use crate::local::isolation::uids;
 use crate::{
     error::{ProvisionerError, Result},
-    local::core::provisioner::Provisioner,
+    local::{base::shared::is_shared, core::provisioner::Provisioner, isolation::uids},
 };
 use forkyard_proto::sandbox::v1::{
     ReadFileRequest, ReadFileResponse, WriteFileRequest, WriteFileResponse,
 };
 use rustix::fs::{Mode, OFlags, ResolveFlags};
-use std::{io::Read, io::Write, path::Path};
+use std::{
+    io::{Read, Write},
+    path::Path,
+};
 
 pub const DEFAULT_READ_BYTES: u64 = 16 * 1024 * 1024;
 pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;

@@ -5,8 +5,10 @@ use crate::{
     error::{ProvisionerError, Result},
     local::{
         core::provisioner::Provisioner,
-        isolation::command::process::{Caps, Outcome},
-        isolation::runtime_probe::Turn,
+        isolation::{
+            command::process::{Caps, Outcome},
+            runtime_probe::Turn,
+        },
     },
 };
 use forkyard_proto::sandbox::v1::{HealthCheckRequest, HealthCheckResponse};

@@ -5,8 +5,7 @@ use crate::{
     git,
     limits::{DEFAULT_PATCH_BYTES, MAX_PATCH_BYTES},
     local::{
-        core::prepare::Tools,
-        core::provisioner::Provisioner,
+        core::{prepare::Tools, provisioner::Provisioner},
         isolation::command::process::{Caps, Captured, Finished, Outcome},
         storage::repo::patch_scan,
     },

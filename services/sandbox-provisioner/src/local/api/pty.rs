@@ -16,15 +16,21 @@
 //! The command dies when the stream is dropped (hang-up), on timeout, and when the
 //! sandbox is stopped or destroyed.
 
-use crate::local::storage::disk_watch;
 use crate::{
     error::{ProvisionerError, Result},
     local::{
-        core::prepare::{Prepared, Tools},
-        core::provisioner::Provisioner,
-        isolation::command::launch::Running,
-        isolation::command::terminal::{Pty, open_pair, winsize},
-        isolation::init::host::Stdio3,
+        core::{
+            prepare::{Prepared, Tools},
+            provisioner::Provisioner,
+        },
+        isolation::{
+            command::{
+                launch::Running,
+                terminal::{Pty, open_pair, winsize},
+            },
+            init::host::Stdio3,
+        },
+        storage::disk_watch,
     },
 };
 use forkyard_proto::sandbox::v1::{

@@ -5,8 +5,10 @@ use crate::{
     error::{ProvisionerError, Result},
     local::{
         core::provisioner::Provisioner,
-        storage::image::{self, ImageError},
-        storage::store::SandboxImage,
+        storage::{
+            image::{self, ImageError},
+            store::SandboxImage,
+        },
     },
 };
 use forkyard_common::image_reference::{self as reference, Reference};

@@ -1,27 +1,31 @@
 //! The rest of the session API: stop/start, persist a workspace to the snapshot store,
 //! hydrate a sandbox from a snapshot, and fork N sandboxes from one.
 
-use crate::local::base::fs::remove_all;
-use crate::local::core::entry::Entry;
-use crate::local::isolation::uids;
-use crate::local::storage::layout::UPPER;
-use crate::local::storage::layout::WORK;
-use crate::local::storage::snapshot;
-use crate::local::storage::snapshot::Snapshots;
-use crate::local::storage::store;
-use crate::local::storage::store::Store;
 use crate::{
     error::{ProvisionerError, Result},
     limits::now_ms,
-    local::core::provisioner::{DirCleanup, Provisioner},
+    local::{
+        base::fs::remove_all,
+        core::{
+            entry::Entry,
+            provisioner::{DirCleanup, Provisioner},
+        },
+        isolation::uids,
+        storage::{
+            layout::{UPPER, WORK},
+            snapshot,
+            snapshot::Snapshots,
+            store,
+            store::Store,
+        },
+    },
 };
 use forkyard_proto::sandbox::v1::{
     CreateSandboxRequest, ForkSandboxRequest, ForkSandboxResponse, HydrateWorkspaceRequest,
     PersistWorkspaceRequest, PersistWorkspaceResponse, Sandbox, StartSandboxRequest,
     StopSandboxRequest,
 };
-use std::path::Path;
-use std::time::Duration;
+use std::{path::Path, time::Duration};
 
 const MAX_FORKS: u32 = 64;
 

@@ -2,7 +2,6 @@
 //! out, when the sandbox is stopped or destroyed, and when the receiver is dropped (the
 //! gRPC caller hung up).
 
-use crate::local::storage::disk_watch;
 use crate::{
     error::{ProvisionerError, Result},
     local::{
@@ -12,6 +11,7 @@ use crate::{
             provisioner::Provisioner,
         },
         isolation::{command::launch::Running, init::host::Stdio3},
+        storage::disk_watch,
     },
 };
 use forkyard_proto::sandbox::v1::{ExecEvent, ExecRequest, exec_event::Event};

@@ -1,18 +1,20 @@
 //! A new sandbox's workspace: a copy of its repository's template (`crate::local::storage::template`)
 //! where there can be one, else a clone.
 
-use crate::local::base::fs::remove_all;
-use crate::local::storage::layout::WORKSPACE;
-use crate::local::storage::overlay;
-use crate::local::storage::overlay::Hold;
-use crate::local::storage::repo::git_index;
-use crate::local::storage::repo::submodules;
-use crate::local::storage::template;
-use crate::local::storage::template::WarmCopy;
-use crate::local::storage::template::remote;
 use crate::{
     error::{ProvisionerError, Result},
-    local::{core::provisioner::Provisioner, storage::repo::git},
+    local::{
+        base::fs::remove_all,
+        core::provisioner::Provisioner,
+        storage::{
+            layout::WORKSPACE,
+            overlay,
+            overlay::Hold,
+            repo::{git, git_index, submodules},
+            template,
+            template::{WarmCopy, remote},
+        },
+    },
 };
 use forkyard_common::{
     git_refs::local_commit,

@@ -1,12 +1,11 @@
 //! The local backend's settings.
 
-use crate::local::isolation::network::llm_relay::RelayLimits;
-use crate::local::storage::image;
-use crate::local::storage::template::WarmBounds;
 use crate::{
     local::{
-        isolation::cgroup::Limits, isolation::uids, storage::disk_quota::QuotaMode,
-        storage::image::registry::RegistryConfig,
+        isolation::{cgroup::Limits, network::llm_relay::RelayLimits, uids},
+        storage::{
+            disk_quota::QuotaMode, image, image::registry::RegistryConfig, template::WarmBounds,
+        },
     },
     usage::Prices,
 };

@@ -1,8 +1,11 @@
 //! A sandbox as the running provisioner tracks it: its record and its running commands.
 
-use crate::local::isolation::network::llm_relay;
 use crate::local::{
-    isolation::init::host::Init, isolation::network::llm_relay::Relay, storage::store::Record,
+    isolation::{
+        init::host::Init,
+        network::{llm_relay, llm_relay::Relay},
+    },
+    storage::store::Record,
 };
 use forkyard_proto::sandbox::v1::Sandbox;
 use std::sync::{

@@ -2,31 +2,28 @@
 //! user namespaces, cgroups, the forwarder, the stores), then the sandboxes a previous
 //! run left taken over, and the reaper and the usage sampler started.
 
-use crate::local::base::fs::find_executable;
-use crate::local::isolation::open_files;
-use crate::local::storage::overlay;
-use crate::local::storage::template::WarmBounds;
 use crate::local::{
-    base::keyed_lock::KeyedLock,
-    base::state_lock::StateLock,
-    core::config::Config,
-    core::provisioner::Provisioner,
-    core::reaper,
-    core::usage,
-    isolation::Isolation,
-    isolation::bubblewrap::seccomp,
-    isolation::bubblewrap::{bwrap::Features, probe},
-    isolation::cgroup::{self, Cgroups},
-    isolation::command::terminal::Ptys,
-    isolation::network::forwarder_kit::ForwarderKit,
-    isolation::runtime_probe::RuntimeProbe,
-    isolation::uids::{self, SandboxUids},
-    storage::Storage,
-    storage::disk_quota::DiskQuota,
-    storage::image::{ImageCache, registry::Registries},
-    storage::snapshot::Snapshots,
-    storage::store::Store,
-    storage::template::Templates,
+    base::{fs::find_executable, keyed_lock::KeyedLock, state_lock::StateLock},
+    core::{config::Config, provisioner::Provisioner, reaper, usage},
+    isolation::{
+        Isolation,
+        bubblewrap::{bwrap::Features, probe, seccomp},
+        cgroup::{self, Cgroups},
+        command::terminal::Ptys,
+        network::forwarder_kit::ForwarderKit,
+        open_files,
+        runtime_probe::RuntimeProbe,
+        uids::{self, SandboxUids},
+    },
+    storage::{
+        Storage,
+        disk_quota::DiskQuota,
+        image::{ImageCache, registry::Registries},
+        overlay,
+        snapshot::Snapshots,
+        store::Store,
+        template::{Templates, WarmBounds},
+    },
 };
 use std::{
     collections::HashMap,

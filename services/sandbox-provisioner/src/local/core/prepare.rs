@@ -2,20 +2,26 @@
 //! sandbox live, not stopped), its cgroups, its LLM relay, and its command line (for the
 //! sandbox's init, or a bubblewrap of its own); and after it, what the limits did.
 
-use crate::local::isolation::bubblewrap::bwrap;
-use crate::local::isolation::command::plain_command;
-use crate::local::isolation::command::terminal;
-use crate::local::isolation::network::llm_relay;
-use crate::local::storage::disk_quota;
 use crate::{
     error::{ProvisionerError, Result},
     local::{
-        core::entry::{Entry, ExecGuard},
-        core::provisioner::Provisioner,
-        isolation::bubblewrap::bwrap::{ImageRoot, Invocation, Relays},
-        isolation::command::launch::Launch,
-        isolation::init::wire::Spec,
-        storage::store::{self, Record},
+        core::{
+            entry::{Entry, ExecGuard},
+            provisioner::Provisioner,
+        },
+        isolation::{
+            bubblewrap::{
+                bwrap,
+                bwrap::{ImageRoot, Invocation, Relays},
+            },
+            command::{launch::Launch, plain_command, terminal},
+            init::wire::Spec,
+            network::llm_relay,
+        },
+        storage::{
+            disk_quota,
+            store::{self, Record},
+        },
     },
 };
 use forkyard_proto::sandbox::v1::ExecResponse;

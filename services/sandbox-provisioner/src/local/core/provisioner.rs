@@ -3,23 +3,19 @@
 //! Start-up is `open`; each call of the session API is an `impl Provisioner` in a file
 //! of its own (`create`, `destroy`, `exec`, `pty`, `session`, ...), over this one.
 
-use crate::local::base::fs::remove_all;
-use crate::local::isolation::uids;
-use crate::local::storage::layout::sandbox_dir_mode;
-use crate::local::storage::repo::submodules::Reader;
 use crate::{
     error::{ProvisionerError, Result},
     limits::{STATE_SELECTOR, wanted_states},
     local::{
-        base::keyed_lock::KeyedLock,
-        base::state_lock::StateLock,
-        core::config::Config,
-        core::entry::Entry,
-        isolation::Isolation,
-        isolation::command::terminal::Ptys,
-        isolation::network::egress::{self, Allowlist},
-        storage::Storage,
-        storage::store::Record,
+        base::{fs::remove_all, keyed_lock::KeyedLock, state_lock::StateLock},
+        core::{config::Config, entry::Entry},
+        isolation::{
+            Isolation,
+            command::terminal::Ptys,
+            network::egress::{self, Allowlist},
+            uids,
+        },
+        storage::{Storage, layout::sandbox_dir_mode, repo::submodules::Reader, store::Record},
     },
 };
 use forkyard_proto::sandbox::v1::{CreateSandboxRequest, Sandbox, SandboxState};

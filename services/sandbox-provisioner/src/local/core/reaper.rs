@@ -1,10 +1,15 @@
 //! Lifecycle without callers: taking over sandboxes after a restart (or destroying what
 //! cannot be accounted for), and destroying sandboxes whose TTL has passed.
 
-use crate::limits::now_ms;
-use crate::local::base::fs::remove_all;
-use crate::local::isolation::uids;
-use crate::local::{core::entry::Entry, core::provisioner::Provisioner, storage::store::Record};
+use crate::{
+    limits::now_ms,
+    local::{
+        base::fs::remove_all,
+        core::{entry::Entry, provisioner::Provisioner},
+        isolation::uids,
+        storage::store::Record,
+    },
+};
 use forkyard_proto::sandbox::v1::DestroySandboxRequest;
 use std::sync::{Arc, Weak};
 use tracing::{info, warn};

@@ -2,19 +2,20 @@
 //! (again after a stop, a provisioner restart, or an init that went away), with the one
 //! LLM relay the sandbox's commands share while it runs.
 
-use crate::local::core::prepare;
-use crate::local::isolation::network::forwarder_kit::ForwarderKit;
-use crate::local::isolation::network::llm_relay;
-use crate::local::storage::disk_quota;
 use crate::{
     error::{ProvisionerError, Result},
     local::{
-        core::entry::{Entry, InitSession},
-        core::provisioner::Provisioner,
-        isolation::bubblewrap::bwrap::{ImageRoot, Invocation, Relays},
-        isolation::init::host::Init,
-        isolation::network::llm_relay::Relay,
-        storage::store::Record,
+        core::{
+            entry::{Entry, InitSession},
+            prepare,
+            provisioner::Provisioner,
+        },
+        isolation::{
+            bubblewrap::bwrap::{ImageRoot, Invocation, Relays},
+            init::host::Init,
+            network::{forwarder_kit::ForwarderKit, llm_relay, llm_relay::Relay},
+        },
+        storage::{disk_quota, store::Record},
     },
 };
 use std::{path::Path, sync::Arc};

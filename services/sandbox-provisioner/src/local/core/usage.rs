@@ -4,7 +4,7 @@
 //! the fork's reservation as the agent runs, and the fork's commit includes the final
 //! figure (`CollectPatchResponse.usage`, read after the fork's last command).
 
-use crate::local::{core::entry::Entry, core::provisioner::Provisioner};
+use crate::local::core::{entry::Entry, provisioner::Provisioner};
 use forkyard_proto::sandbox::v1::SandboxUsage;
 use std::{
     sync::{Arc, Weak},

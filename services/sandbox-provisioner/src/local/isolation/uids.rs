@@ -9,9 +9,10 @@
 //! and sandboxes cannot reach each other's files. A provisioner that is not root (its
 //! container image runs it as 65532) already runs sandboxes as itself.
 
-use crate::error::{ProvisionerError, Result};
-use crate::local::base::fd_walk;
-use crate::local::base::shared::is_shared_stat;
+use crate::{
+    error::{ProvisionerError, Result},
+    local::base::{fd_walk, shared::is_shared_stat},
+};
 use std::{collections::BTreeSet, os::unix::fs::PermissionsExt as _, path::Path, sync::Mutex};
 
 /// The default range: far above any uid a host hands out (useradd stops at 60000,

@@ -23,20 +23,21 @@
 //! wrapper, and the idmap's user namespace needs a process of its own.
 #![allow(unsafe_code)]
 
-use crate::local::base::fs::remove_all;
-use crate::local::isolation::bubblewrap::enter::attach;
-use crate::local::isolation::bubblewrap::vfork;
-use crate::local::isolation::uids;
-use crate::local::storage::layout::WORKSPACE;
-use crate::local::storage::layout::{UPPER, WORK};
+use crate::local::{
+    base::fs::remove_all,
+    isolation::{
+        bubblewrap::{enter::attach, vfork},
+        uids,
+    },
+    storage::layout::{UPPER, WORK, WORKSPACE},
+};
 use rustix::{
     fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     mount::{FsMountFlags, FsOpenFlags, MountAttrFlags, OpenTreeFlags},
 };
-use std::ffi::{c_int, c_void};
 use std::{
     collections::HashMap,
-    ffi::CStr,
+    ffi::{CStr, c_int, c_void},
     io,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},

@@ -2,12 +2,12 @@
 //! symlinks stored as links, never followed) beside `<id>.json` (where it came from).
 //! Only ids cross Temporal; the data stays in the store.
 
-use crate::local::base::confined;
-use crate::local::base::fd_walk;
-use crate::local::base::fs::remove_all;
 use crate::{
     error::{ProvisionerError, Result},
-    local::storage::store::Record,
+    local::{
+        base::{confined, fd_walk, fs::remove_all},
+        storage::store::Record,
+    },
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

@@ -2,12 +2,17 @@
 //! `workspace/` clone. A record is written last (atomically) when a sandbox is created,
 //! so a directory without a readable record is an interrupted create.
 
-use crate::error::{ProvisionerError, Result};
-use crate::local::base::fs::{remove_all, write_in_place};
-use crate::local::isolation::cgroup::Limits;
-use crate::local::storage::layout::UPPER;
-use crate::local::storage::layout::{RECORD, WORKSPACE};
-use crate::local::storage::overlay;
+use crate::{
+    error::{ProvisionerError, Result},
+    local::{
+        base::fs::{remove_all, write_in_place},
+        isolation::cgroup::Limits,
+        storage::{
+            layout::{RECORD, UPPER, WORKSPACE},
+            overlay,
+        },
+    },
+};
 use forkyard_proto::sandbox::v1::{Sandbox, SandboxLimits, SandboxState};
 use serde::{Deserialize, Serialize};
 use std::{

@@ -2,8 +2,7 @@
 //! directory spread over the filesystem.
 
 use super::*;
-use crate::local::base::fd_walk;
-use crate::local::isolation::uids;
+use crate::local::{base::fd_walk, isolation::uids};
 
 /// A sandbox cannot hide bytes from its limit below a chain of directories deeper
 /// than the count walks: too deep to count is over.

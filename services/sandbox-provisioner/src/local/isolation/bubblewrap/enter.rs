@@ -14,15 +14,13 @@
 #![allow(unsafe_code)]
 
 use crate::local::isolation::open_files;
-use rustix::fd::BorrowedFd;
-use rustix::mount::{MountPropagationFlags, MoveMountFlags, OpenTreeFlags};
 use rustix::{
-    fd::OwnedFd,
+    fd::{BorrowedFd, OwnedFd},
     fs::{Mode, OFlags},
+    mount::{MountPropagationFlags, MoveMountFlags, OpenTreeFlags},
     process::{Gid, Uid},
 };
-use std::ffi::CStr;
-use std::path::PathBuf;
+use std::{ffi::CStr, path::PathBuf};
 use tokio::process::Command;
 
 /// The `cgroup.procs` files, opened for writing (as the provisioner): a missing cgroup

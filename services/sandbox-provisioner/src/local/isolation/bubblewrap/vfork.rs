@@ -17,8 +17,7 @@
 //! it.
 #![allow(unsafe_code)]
 
-use crate::local::isolation::bubblewrap::enter;
-use crate::local::isolation::open_files;
+use crate::local::isolation::{bubblewrap::enter, open_files};
 use rustix::{
     fd::{AsFd, AsRawFd, OwnedFd},
     process::{Gid, Pid, Signal, Uid, WaitId, WaitIdOptions},

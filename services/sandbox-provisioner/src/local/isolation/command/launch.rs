@@ -2,9 +2,9 @@
 //! bubblewrap of its own, or a host tool) or a command of a sandbox's init. Exec, the
 //! streamed exec and the PTY read, wait for and kill either the same way.
 
-use crate::local::{
-    isolation::bubblewrap::kill_tree::KillTree,
-    isolation::init::{
+use crate::local::isolation::{
+    bubblewrap::kill_tree::KillTree,
+    init::{
         host::{Init, InitChild, Stdio3},
         wire::Spec,
     },

@@ -3,7 +3,8 @@
 //! dropping the future (a caller that hung up) kills it.
 
 use crate::local::{
-    base::read_buf::ReadBuf, isolation::command::launch::Launch, isolation::init::host::Stdio3,
+    base::read_buf::ReadBuf,
+    isolation::{command::launch::Launch, init::host::Stdio3},
 };
 use std::{os::fd::OwnedFd, time::Duration};
 use tokio::io::{AsyncRead, AsyncReadExt};

@@ -5,10 +5,7 @@
 //! their callers see as a command that died.
 
 use super::wire::{self, FromInit, Spec, ToInit};
-use crate::local::{
-    isolation::bubblewrap::bwrap::Invocation, isolation::bubblewrap::kill_tree::KillTree,
-    isolation::bubblewrap::vfork::Process,
-};
+use crate::local::isolation::bubblewrap::{bwrap::Invocation, kill_tree::KillTree, vfork::Process};
 use rustix::fd::{AsFd, OwnedFd};
 use std::{
     collections::HashMap,

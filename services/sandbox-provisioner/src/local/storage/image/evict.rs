@@ -3,9 +3,10 @@
 //! may be between resolving its image and registering its sandbox).
 
 use super::{ImageCache, Saved};
-use crate::local::base::lru;
-use crate::local::base::lru::Entry;
-use crate::local::storage::store;
+use crate::local::{
+    base::{lru, lru::Entry},
+    storage::store,
+};
 use std::{
     collections::HashSet,
     time::{Duration, SystemTime},

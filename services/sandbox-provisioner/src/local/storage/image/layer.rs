@@ -17,8 +17,10 @@
 //! layer is written (they touch lower layers only); the third writes.
 
 use super::error::ImageError;
-use crate::local::base::confined;
-use crate::local::base::confined::{ConfineError, Tree};
+use crate::local::base::{
+    confined,
+    confined::{ConfineError, Tree},
+};
 use sha2::{Digest as _, Sha256};
 use std::{
     fs::File,

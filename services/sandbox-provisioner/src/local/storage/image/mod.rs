@@ -21,9 +21,10 @@ mod layer;
 pub mod registry;
 mod rootfs;
 
-use crate::local::base::fs::remove_all;
-use crate::local::base::keyed_lock;
-use crate::local::storage::store;
+use crate::local::{
+    base::{fs::remove_all, keyed_lock},
+    storage::store,
+};
 pub use archive::ImageConfig;
 pub use error::ImageError;
 pub use layer::UnpackLimits;

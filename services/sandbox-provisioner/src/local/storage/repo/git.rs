@@ -1,13 +1,16 @@
 //! The local backend's git on the host: a sandbox's clone (made before any agent touched
 //! the workspace) and the templates' clones it is copied from.
 
-use crate::git::Reach;
-use crate::local::base::fs::remove_all;
-use crate::local::isolation::command::launch;
 use crate::{
     error::{ProvisionerError, Result},
-    git::host_git,
-    local::isolation::command::process::{self, Caps, Outcome},
+    git::{Reach, host_git},
+    local::{
+        base::fs::remove_all,
+        isolation::command::{
+            launch,
+            process::{self, Caps, Outcome},
+        },
+    },
 };
 use std::{io::ErrorKind, path::Path, time::Duration};
 use tokio::process::Command;

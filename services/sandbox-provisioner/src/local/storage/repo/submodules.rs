@@ -20,14 +20,13 @@
 //! local repository are not checked out (as before): their URLs would name paths of
 //! this host.
 
-use crate::local::storage::repo::git;
-use crate::local::storage::repo::gitmodules::MAX_COUNT;
 use crate::{
     error::{ProvisionerError, Result},
     git::{Reach, host_git},
-    local::{
-        storage::repo::git::run,
-        storage::repo::gitmodules::{self, Entry, refused},
+    local::storage::repo::{
+        git,
+        git::run,
+        gitmodules::{self, Entry, MAX_COUNT, refused},
     },
 };
 use forkyard_common::{

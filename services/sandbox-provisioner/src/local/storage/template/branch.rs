@@ -2,9 +2,10 @@
 //! write, without starting git.
 
 use super::warm_copy;
-use crate::error::{ProvisionerError, Result};
-use crate::local::base::fs::write_in_place;
-use crate::local::isolation::uids;
+use crate::{
+    error::{ProvisionerError, Result},
+    local::{base::fs::write_in_place, isolation::uids},
+};
 use forkyard_common::git_refs::read_ref;
 use std::{io, os::unix::fs::DirBuilderExt, path::Path};
 

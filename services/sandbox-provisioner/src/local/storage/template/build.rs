@@ -9,11 +9,12 @@ use super::{
     marks::{BYTES, READY, SETTLED},
     settle,
 };
-use crate::local::base::fs::remove_all;
-use crate::local::storage::store;
 use crate::{
     error::{ProvisionerError, Result},
-    local::storage::repo::git,
+    local::{
+        base::fs::remove_all,
+        storage::{repo::git, store},
+    },
 };
 use sha2::Digest as _;
 use std::{

@@ -13,8 +13,7 @@
 //! sandbox could `chmod` a shared one and write into every other copy.
 
 use super::settle::preserve_times;
-use crate::local::base::shared::is_shared;
-use crate::local::isolation::uids;
+use crate::local::{base::shared::is_shared, isolation::uids};
 use std::{
     fs::{self, File},
     io,

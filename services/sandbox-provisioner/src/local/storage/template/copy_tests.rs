@@ -5,8 +5,7 @@ use super::{
     tests::{git, repo},
     *,
 };
-use crate::local::base::shared::is_shared;
-use crate::local::isolation::uids;
+use crate::local::{base::shared::is_shared, isolation::uids};
 use forkyard_common::git_refs::local_commit;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 

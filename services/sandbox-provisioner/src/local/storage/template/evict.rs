@@ -7,9 +7,10 @@ use super::{
     GRACE, Templates, Used,
     marks::{BYTES, READY},
 };
-use crate::local::base::lru;
-use crate::local::base::lru::Entry;
-use crate::local::storage::store;
+use crate::local::{
+    base::{lru, lru::Entry},
+    storage::store,
+};
 use std::{
     path::Path,
     sync::atomic::Ordering,

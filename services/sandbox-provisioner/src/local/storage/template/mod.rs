@@ -15,14 +15,16 @@
 //! unused for a while: [`build`]).
 //! Past their size bound, least recently used templates are removed (`evict`).
 
-use crate::local::base::fs::remove_all;
-use crate::local::base::keyed_lock;
-use crate::local::isolation::uids;
-use crate::local::storage::overlay;
-use crate::local::storage::repo::git_index;
 use crate::{
     error::{ProvisionerError, Result},
-    local::storage::repo::git,
+    local::{
+        base::{fs::remove_all, keyed_lock},
+        isolation::uids,
+        storage::{
+            overlay,
+            repo::{git, git_index},
+        },
+    },
 };
 use std::{
     collections::HashMap,

@@ -38,10 +38,12 @@
 use crate::{
     error::{ProvisionerError, Result},
     git::Reach,
-    local::{
-        storage::repo::git::{self, is_commit_id},
-        storage::repo::submodules::{self, Reader, Submodule},
-        storage::template::{SPARE, Templates},
+    local::storage::{
+        repo::{
+            git::{self, is_commit_id},
+            submodules::{self, Reader, Submodule},
+        },
+        template::{SPARE, Templates},
     },
 };
 use forkyard_proto::sandbox::v1::CreateSandboxRequest;

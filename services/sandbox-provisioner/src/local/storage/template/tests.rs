@@ -1,7 +1,6 @@
 //! Workspace templates against real git repositories in temp dirs.
 
-use super::marks::SETTLED;
-use super::*;
+use super::{marks::SETTLED, *};
 use forkyard_common::git_refs::local_commit;
 use std::{os::unix::fs::PermissionsExt, process::Command};
 

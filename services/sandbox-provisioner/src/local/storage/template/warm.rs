@@ -23,9 +23,7 @@
 //! after a sandbox used it (copies are made from the template and never given back).
 
 use super::warm_copy::{DIR, WarmCopy, make_copy};
-use crate::local::base::fs::remove_all;
-use crate::local::isolation::uids::SandboxUids;
-use crate::local::storage::overlay;
+use crate::local::{base::fs::remove_all, isolation::uids::SandboxUids, storage::overlay};
 use std::{
     collections::{HashMap, VecDeque},
     path::{Path, PathBuf},

@@ -3,18 +3,17 @@
 //! with an overlay of it mounted ahead, under a `.tmp` name until it is whole.
 
 use super::marks::BYTES;
-use crate::local::base::fs::remove_all;
-use crate::local::isolation::uids;
-use crate::local::isolation::uids::SandboxUids;
-use crate::local::storage::layout::RECORD;
-use crate::local::storage::layout::UPPER;
-use crate::local::storage::layout::WORKSPACE;
-use crate::local::storage::layout::sandbox_dir_mode;
-use crate::local::storage::overlay;
-use crate::local::storage::repo::git_index;
-use crate::local::storage::store;
-use crate::local::storage::template::copy;
-use crate::local::storage::template::copy::copy_workspace;
+use crate::local::{
+    base::fs::remove_all,
+    isolation::{uids, uids::SandboxUids},
+    storage::{
+        layout::{RECORD, UPPER, WORKSPACE, sandbox_dir_mode},
+        overlay,
+        repo::git_index,
+        store,
+        template::{copy, copy::copy_workspace},
+    },
+};
 use std::{
     os::unix::fs::DirBuilderExt as _,
     path::{Path, PathBuf},

@@ -4,9 +4,10 @@ use super::{
     tests::{git, repo, walk},
     *,
 };
-use crate::local::isolation::uids;
-use crate::local::storage::layout::RECORD;
-use crate::local::storage::repo::git_index;
+use crate::local::{
+    isolation::uids,
+    storage::{layout::RECORD, repo::git_index},
+};
 use forkyard_common::git_refs::local_commit;
 use std::os::unix::fs::MetadataExt as _;
 
