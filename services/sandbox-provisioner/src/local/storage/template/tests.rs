@@ -76,13 +76,22 @@ async fn workspaces_are_independent_copies_on_their_branch() {
 
     assert_eq!(git(&a, &["rev-parse", "--abbrev-ref", "HEAD"]), "fork-1");
     assert_eq!(git(&b, &["rev-parse", "--abbrev-ref", "HEAD"]), "fork-2");
-    assert_eq!(git(&a, &["rev-parse", "HEAD"]), commit);
+    checked_out_as_a_clone(&a, path, &commit);
+    changes_stay_in_their_workspace(&t, path, &commit, &a, &b, tmp.path()).await;
+    taken_branches_are_refused(&t, path, &commit, tmp.path()).await;
+    a_new_commit_replaces_the_template(&t, &r, &commit, tmp.path()).await;
+}
+
+/// A template's copy at `commit` is a clean checkout, as a clone of `origin` would be,
+/// without what the clone kept of the host.
+fn checked_out_as_a_clone(a: &Path, origin: &str, commit: &str) {
+    assert_eq!(git(a, &["rev-parse", "HEAD"]), commit);
     assert_eq!(
-        git(&a, &["status", "--porcelain"]),
+        git(a, &["status", "--porcelain"]),
         "",
         "the copy is a clean checkout"
     );
-    assert_eq!(git(&a, &["remote", "get-url", "origin"]), path);
+    assert_eq!(git(a, &["remote", "get-url", "origin"]), origin);
     let mode = std::fs::metadata(a.join("bin/run.sh"))
         .unwrap()
         .permissions()
@@ -103,11 +112,21 @@ async fn workspaces_are_independent_copies_on_their_branch() {
         "the clone's reflogs (naming the host's path) are not copied"
     );
     assert!(a.join(".git/info").is_dir(), "info/ exists, as in a clone");
+}
 
-    // Changing one workspace's files and git objects changes nothing elsewhere.
+/// Changing one workspace's files and git objects changes nothing elsewhere.
+async fn changes_stay_in_their_workspace(
+    t: &Templates,
+    path: &str,
+    commit: &str,
+    a: &Path,
+    b: &Path,
+    tmp: &Path,
+) {
+    let timeout = Duration::from_secs(60);
     std::fs::write(a.join("README.md"), "changed\n").unwrap();
     git(
-        &a,
+        a,
         &[
             "-c",
             "user.name=a",
@@ -119,10 +138,10 @@ async fn workspaces_are_independent_copies_on_their_branch() {
         ],
     );
     // git makes what the template left out again when it needs it.
-    assert!(git(&a, &["reflog", "-n1"]).contains("commit: a"));
-    git(&a, &["tag", "v0"]);
-    assert_eq!(git(&a, &["tag", "--list"]), "v0");
-    git(&a, &["fsck", "--no-progress"]);
+    assert!(git(a, &["reflog", "-n1"]).contains("commit: a"));
+    git(a, &["tag", "v0"]);
+    assert_eq!(git(a, &["tag", "--list"]), "v0");
+    git(a, &["fsck", "--no-progress"]);
     let objects = walk(&a.join(".git/objects"));
     assert!(!objects.is_empty());
     for e in objects {
@@ -133,41 +152,48 @@ async fn workspaces_are_independent_copies_on_their_branch() {
         std::fs::read_to_string(b.join("README.md")).unwrap(),
         "hello\n"
     );
-    git(&b, &["fsck", "--no-progress"]);
-    let c = tmp.path().join("c");
-    t.workspace(path, &commit, "fork-3", &c, timeout)
+    git(b, &["fsck", "--no-progress"]);
+    let c = tmp.join("c");
+    t.workspace(path, commit, "fork-3", &c, timeout)
         .await
         .unwrap();
     git(&c, &["fsck", "--no-progress"]);
+}
 
-    // A branch that exists already is refused, as `git checkout -b` would; so is one
-    // under an existing branch (packed in the template), and one over existing branches.
+/// A branch that exists already is refused, as `git checkout -b` would; so is one
+/// under an existing branch (packed in the template), and one over existing branches.
+async fn taken_branches_are_refused(t: &Templates, path: &str, commit: &str, tmp: &Path) {
+    let timeout = Duration::from_secs(60);
     for (n, taken) in ["main", "main/x", "origin"].into_iter().enumerate() {
-        let ws = tmp.path().join(format!("d{n}"));
+        let ws = tmp.join(format!("d{n}"));
         if taken == "origin" {
-            t.workspace(path, &commit, "origin/a", &ws, timeout)
+            t.workspace(path, commit, "origin/a", &ws, timeout)
                 .await
                 .unwrap();
-            let err = start_branch(&ws, "origin", &commit, None);
+            let err = start_branch(&ws, "origin", commit, None);
             assert!(
                 matches!(&err, Err(ProvisionerError::FailedPrecondition(m)) if m.contains("refs/heads/origin/")),
                 "{err:?}"
             );
             continue;
         }
-        let err = t.workspace(path, &commit, taken, &ws, timeout).await;
+        let err = t.workspace(path, commit, taken, &ws, timeout).await;
         assert!(
             matches!(&err, Err(ProvisionerError::FailedPrecondition(m)) if m.contains("'main") || m.contains("'refs/heads/main'")),
             "{taken}: {err:?}"
         );
     }
+}
 
-    // A new commit makes a new template; the old one goes.
+/// A new commit makes a new template; the old one goes.
+async fn a_new_commit_replaces_the_template(t: &Templates, r: &Path, commit: &str, tmp: &Path) {
+    let timeout = Duration::from_secs(60);
+    let path = r.to_str().unwrap();
     std::fs::write(r.join("README.md"), "two\n").unwrap();
-    git(&r, &["commit", "-qam", "two"]);
+    git(r, &["commit", "-qam", "two"]);
     let newer = local_commit(path, "main").unwrap();
     assert_ne!(newer, commit);
-    let e = tmp.path().join("e");
+    let e = tmp.join("e");
     t.workspace(path, &newer, "fork-4", &e, timeout)
         .await
         .unwrap();
@@ -175,7 +201,7 @@ async fn workspaces_are_independent_copies_on_their_branch() {
         std::fs::read_to_string(e.join("README.md")).unwrap(),
         "two\n"
     );
-    let names: Vec<String> = std::fs::read_dir(tmp.path().join("templates"))
+    let names: Vec<String> = std::fs::read_dir(tmp.join("templates"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();

@@ -122,8 +122,30 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
     assert_eq!(first.len(), 1, "{first:?}");
     assert!(!first[0].ends_with(".tmp"), "{first:?}");
 
-    // The second takes it: the same files as a copy, to the nanosecond, on its branch.
-    let (b, copied) = create(&t, &dir, &tmp.path().join("b"), "team/fork-2", &commit).await;
+    let uids = uids.as_ref();
+    second_create_takes_the_copy(&t, &dir, tmp.path(), &commit, &fresh, &first[0], uids).await;
+    copies_follow_creates_within_the_bound(&t, &dir, tmp.path(), &commit).await;
+    creates_at_once_take_one_each(&t, &dir, tmp.path(), &commit, &fresh, uids).await;
+    let newer_dir = newer_template_replaces_the_copies(&t, &dir, &r, tmp.path(), uids).await;
+
+    // A restarted replica knows none of the last run's copies: they are removed.
+    drop(t);
+    let again = Templates::open(root, 0).unwrap();
+    assert!(warm_names(&newer_dir).is_empty());
+    assert_eq!(again.warm.ready(), 0);
+}
+
+/// The second takes it: the same files as a copy, to the nanosecond, on its branch.
+async fn second_create_takes_the_copy(
+    t: &Templates,
+    dir: &Path,
+    tmp: &Path,
+    commit: &str,
+    fresh: &Path,
+    first: &str,
+    uids: Option<&Arc<uids::SandboxUids>>,
+) {
+    let (b, copied) = create(t, dir, &tmp.join("b"), "team/fork-2", commit).await;
     // With its record file, empty, made ahead too (`Store::save_new` writes it).
     let record = std::fs::metadata(b.parent().unwrap().join(RECORD)).unwrap();
     assert_eq!(record.len(), 0);
@@ -133,10 +155,10 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
         "the ref made ahead is the branch's"
     );
     assert!(
-        !warm_names(&dir).contains(&first[0]),
+        !warm_names(dir).contains(&first.to_owned()),
         "the copy was renamed away"
     );
-    assert_eq!(contents(&b), contents(&fresh));
+    assert_eq!(contents(&b), contents(fresh));
     assert_eq!(Some(copied.index), git_index::checksum_of(&b));
     if uids.is_some() {
         assert_ne!(copied.uid, 0);
@@ -154,28 +176,46 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
     assert_eq!(in_b(&["rev-parse", "HEAD"]), commit);
     assert_eq!(in_b(&["status", "--porcelain"]), "");
     in_b(&["fsck", "--no-progress"]);
+}
 
-    // As many copies as creates in the last minute, at most the bound: 2, then 3.
+/// As many copies as creates in the last minute, at most the bound: 2, then 3.
+async fn copies_follow_creates_within_the_bound(
+    t: &Templates,
+    dir: &Path,
+    tmp: &Path,
+    commit: &str,
+) {
     eventually("two warm copies", || t.warm.ready() == 2);
     for n in 3..8 {
-        let sbx = tmp.path().join(format!("w{n}"));
-        create(&t, &dir, &sbx, &format!("fork-{n}"), &commit).await;
+        let sbx = tmp.join(format!("w{n}"));
+        create(t, dir, &sbx, &format!("fork-{n}"), commit).await;
     }
     eventually("three warm copies", || t.warm.ready() == 3);
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(warm_names(&dir).len(), 3, "{:?}", warm_names(&dir));
+    assert_eq!(warm_names(dir).len(), 3, "{:?}", warm_names(dir));
+}
 
-    // Creates at once each take a copy of their own.
-    let sandboxes: Vec<PathBuf> = (0..3).map(|n| tmp.path().join(format!("c{n}"))).collect();
-    let made = futures::future::join_all(sandboxes.iter().enumerate().map(|(n, sbx)| {
-        let (t, commit, dir) = (&t, &commit, &dir);
-        async move { create(t, dir, sbx, &format!("c-{n}"), commit).await }
-    }))
+/// Creates at once each take a copy of their own.
+async fn creates_at_once_take_one_each(
+    t: &Templates,
+    dir: &Path,
+    tmp: &Path,
+    commit: &str,
+    fresh: &Path,
+    uids: Option<&Arc<uids::SandboxUids>>,
+) {
+    let sandboxes: Vec<PathBuf> = (0..3).map(|n| tmp.join(format!("c{n}"))).collect();
+    let made = futures::future::join_all(
+        sandboxes
+            .iter()
+            .enumerate()
+            .map(|(n, sbx)| async move { create(t, dir, sbx, &format!("c-{n}"), commit).await }),
+    )
     .await;
     let mut given: Vec<u32> = made.iter().map(|(_, c)| c.uid).collect();
     let names: Vec<PathBuf> = made.iter().map(|(ws, _)| ws.clone()).collect();
     for (ws, (_, copied)) in names.iter().zip(made) {
-        assert_eq!(contents(ws), contents(&fresh));
+        assert_eq!(contents(ws), contents(fresh));
         assert_eq!(Some(copied.index), git_index::checksum_of(ws));
     }
     given.sort_unstable();
@@ -190,10 +230,19 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
         std::fs::read_to_string(names[1].join("README.md")).unwrap(),
         "hello\n"
     );
+}
 
-    // A newer commit's template replaces this one, its copies with it.
+/// A newer commit's template replaces this one, its copies with it. The newer template's directory.
+async fn newer_template_replaces_the_copies(
+    t: &Templates,
+    dir: &Path,
+    r: &Path,
+    tmp: &Path,
+    uids: Option<&Arc<uids::SandboxUids>>,
+) -> PathBuf {
+    let path = r.to_str().unwrap();
     eventually("copies made again", || t.warm.ready() == 3);
-    let pooled: Vec<u32> = warm_names(&dir)
+    let pooled: Vec<u32> = warm_names(dir)
         .iter()
         .map(|n| {
             std::fs::metadata(dir.join(warm_copy::DIR).join(n).join("workspace"))
@@ -202,27 +251,22 @@ async fn creates_take_warm_copies_as_fresh_as_a_copy_each_once_and_within_bounds
         })
         .collect();
     std::fs::write(r.join("README.md"), "two\n").unwrap();
-    git(&r, &["commit", "-qam", "two"]);
+    git(r, &["commit", "-qam", "two"]);
     let newer = local_commit(path, "main").unwrap();
     let newer_dir = t.ensure(path, &newer, TIMEOUT).await.unwrap();
     assert!(!dir.exists(), "the older template and its copies are gone");
-    if let Some(uids) = &uids {
+    if let Some(uids) = uids {
         // Their uids are free again (no copy is made within the quiet time after a create).
         for uid in pooled {
             assert!(uids.hold(uid), "uid {uid} given back");
             uids.release(uid);
         }
     }
-    create(&t, &newer_dir, &tmp.path().join("e"), "fork-e", &newer).await;
+    create(t, &newer_dir, &tmp.join("e"), "fork-e", &newer).await;
     eventually("a copy of the newer template", || {
         warm_names(&newer_dir).len() == 1 && t.warm.ready() == 1
     });
-
-    // A restarted replica knows none of the last run's copies: they are removed.
-    drop(t);
-    let again = Templates::open(root, 0).unwrap();
-    assert!(warm_names(&newer_dir).is_empty());
-    assert_eq!(again.warm.ready(), 0);
+    newer_dir
 }
 
 /// A floor of copies larger than the replica's uids: copies claim at most half of them
