@@ -16,22 +16,20 @@
 //! The command dies when the stream is dropped (hang-up), on timeout, and when the
 //! sandbox is stopped or destroyed.
 
-use crate::{
-    error::{ProvisionerError, Result},
-    local::{
-        core::{
-            prepare::{Prepared, Tools},
-            provisioner::Provisioner,
-        },
-        isolation::{
-            command::{
-                launch::Running,
-                terminal::{Pty, open_pair, winsize},
-            },
-            init::host::Stdio3,
-        },
-        storage::disk_watch,
+use crate::error::{ProvisionerError, Result};
+use crate::local::{
+    core::{
+        prepare::{Prepared, Tools},
+        provisioner::Provisioner,
     },
+    isolation::{
+        command::{
+            launch::Running,
+            terminal::{Pty, open_pair, winsize},
+        },
+        init::host::Stdio3,
+    },
+    storage::disk_watch,
 };
 use forkyard_proto::sandbox::v1::{
     PtyEvent, ResizePtyRequest, ResizePtyResponse, StartPtyRequest, WritePtyRequest,

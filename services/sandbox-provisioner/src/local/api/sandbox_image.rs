@@ -1,14 +1,12 @@
 //! A create's `image`: resolved to an unpacked root filesystem before anything of the
 //! sandbox is made, so an image that cannot be used leaves nothing behind.
 
-use crate::{
-    error::{ProvisionerError, Result},
-    local::{
-        core::provisioner::Provisioner,
-        storage::{
-            image::{self, ImageError},
-            store::SandboxImage,
-        },
+use crate::error::{ProvisionerError, Result};
+use crate::local::{
+    core::provisioner::Provisioner,
+    storage::{
+        image::{self, ImageError},
+        store::SandboxImage,
     },
 };
 use forkyard_common::image_reference::{self as reference, Reference};
