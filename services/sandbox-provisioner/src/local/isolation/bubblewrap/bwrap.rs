@@ -44,7 +44,7 @@ pub const LLM_SOCKET_IN_SANDBOX: &str = "/run/forkyard/llm.sock";
 /// The in-sandbox address of the egress proxy (the forwarder listens there).
 pub const PROXY_ADDR: &str = "127.0.0.1:3128";
 
-/// What the host's bubblewrap can do, found by [`probe`] at start-up.
+/// What the host's bubblewrap can do, found by [`super::probe::probe`] at start-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Features {
     /// A user namespace can be created and nested ones forbidden (`--disable-userns`).

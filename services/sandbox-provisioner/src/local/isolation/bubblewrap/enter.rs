@@ -4,13 +4,14 @@
 //! a shell writing `cgroup.procs` and then `setpriv`: two process start-ups, about 2 ms of
 //! loader work, each time a sandbox started.)
 //!
-//! One of the crate's three `unsafe` places (the others: `crate::local::isolation::bubblewrap::vfork`, the
-//! same steps for a sandbox's init, and `init/ended.rs`, waitid's pid): a `pre_exec`
-//! hook. It runs in the forked child, where
-//! only async-signal-safe calls are allowed; it makes raw system calls (rustix's Linux
-//! backend: `write`, `setgroups`, `setresgid`, `setresuid`, `prlimit64`, and an overlay's
-//! `unshare`, `mount`, `open_tree` and `move_mount`; `close_range`) on descriptors opened
-//! before the fork, and allocates nothing.
+//! One of the crate's few `unsafe` places (the others: `super::vfork`, the same steps
+//! for a sandbox's init; `isolation/init/ended.rs`, waitid's pid; `storage/overlay.rs`,
+//! the idmap's user namespace; `storage/image/jail.rs`, the unpack thread's jail): a
+//! `pre_exec` hook, and [`attach`], which the hook and `vfork`'s child call. It runs in
+//! the forked child, where only async-signal-safe calls are allowed; it makes raw system
+//! calls (rustix's Linux backend: `write`, `setgroups`, `setresgid`, `setresuid`,
+//! `prlimit64`, and an overlay's `unshare`, `mount`, `open_tree` and `move_mount`;
+//! `close_range`) on descriptors opened before the fork, and allocates nothing.
 #![allow(unsafe_code)]
 
 use crate::local::isolation::open_files;

@@ -1,4 +1,4 @@
-//! The unpack thread's jail: defence in depth under [`super::confined`]. An image is
+//! The unpack thread's jail: defence in depth under [`crate::local::base::confined`]. An image is
 //! unpacked on a thread of its own that has its own root directory (`unshare(CLONE_FS)`
 //! then `chroot` into the directory it writes) and keeps only the capabilities that
 //! writing an image's files needs (owners, modes, other uids' directories). It has no
