@@ -546,7 +546,9 @@ impl Drop for Mesh {
             .map(|e| e.path())
             .chain([state.to_path_buf()]);
         for dir in dirs.filter(|d| d.join("sandboxes").is_dir()) {
-            forkyard_sandbox_provisioner::local::cgroup::remove_instance("forkyard", &dir);
+            forkyard_sandbox_provisioner::local::isolation::cgroup::remove_instance(
+                "forkyard", &dir,
+            );
         }
     }
 }

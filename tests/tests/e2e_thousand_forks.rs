@@ -45,7 +45,8 @@ fn temporal_json(mesh: &Mesh, what: &str, run_id: &str) -> serde_json::Value {
 /// The sandbox groups the mesh's provisioner still has, in every cgroup hierarchy of
 /// this host (v1: one per controller).
 fn sandbox_cgroups(state: &std::path::Path) -> Vec<String> {
-    let parent = forkyard_sandbox_provisioner::local::cgroup::instance_parent("forkyard", state);
+    let parent =
+        forkyard_sandbox_provisioner::local::isolation::cgroup::instance_parent("forkyard", state);
     let root = std::path::Path::new("/sys/fs/cgroup");
     std::fs::read_dir(root)
         .into_iter()

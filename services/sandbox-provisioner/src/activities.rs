@@ -1,15 +1,17 @@
 //! The Temporal front door: `local.*` activities on queue `sandbox-provisioner`, over the
 //! same [`Provisioner`] as the gRPC service.
 
-use crate::{local::provisioner::Provisioner, router::Backends};
-use forkyard_proto::activities::markers;
-use forkyard_proto::sandbox::v1::{
-    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
-    DestroySandboxResponse, ExecRequest, ExecResponse, ForkSandboxRequest, ForkSandboxResponse,
-    GetSandboxRequest, HealthCheckRequest, HealthCheckResponse, HydrateWorkspaceRequest,
-    ListSandboxesRequest, ListSandboxesResponse, PersistWorkspaceRequest, PersistWorkspaceResponse,
-    ReadFileRequest, ReadFileResponse, Sandbox, StartSandboxRequest, StopSandboxRequest,
-    WriteFileRequest, WriteFileResponse,
+use crate::{local::core::provisioner::Provisioner, router::Backends};
+use forkyard_proto::{
+    activities::markers,
+    sandbox::v1::{
+        CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
+        DestroySandboxResponse, ExecRequest, ExecResponse, ForkSandboxRequest, ForkSandboxResponse,
+        GetSandboxRequest, HealthCheckRequest, HealthCheckResponse, HydrateWorkspaceRequest,
+        ListSandboxesRequest, ListSandboxesResponse, PersistWorkspaceRequest,
+        PersistWorkspaceResponse, ReadFileRequest, ReadFileResponse, Sandbox, StartSandboxRequest,
+        StopSandboxRequest, WriteFileRequest, WriteFileResponse,
+    },
 };
 use std::sync::Arc;
 use temporalio_macros::activities;
@@ -240,7 +242,7 @@ mod tests {
 /// The Temporal front door for the `e2b` backend: `e2b.*` activities on the same queue,
 /// over the same [`crate::SandboxBackend`] the gRPC service routes `e2b-` ids to.
 pub struct E2bActivities {
-    backend: Arc<dyn crate::SandboxBackend>,
+    backend: Arc<dyn crate::backend::SandboxBackend>,
     backends: Backends,
 }
 
@@ -270,7 +272,7 @@ impl E2bActivities {
     ) -> Result<Sandbox, ActivityError> {
         let req = force_backend(req);
         if req.backend != crate::e2b::BACKEND {
-            return Err(crate::ProvisionerError::invalid(
+            return Err(crate::error::ProvisionerError::invalid(
                 "backend",
                 format!("e2b.create cannot create a {:?} sandbox", req.backend),
             )

@@ -2,7 +2,11 @@
 
 use crate::{
     e2b::{ApiKey, E2bConfig},
-    local::{cgroup::Limits, config::Config},
+    local::{
+        core::config::Config,
+        isolation::{cgroup::Limits, uids},
+        storage::{disk_quota, image, image::registry},
+    },
     usage::Prices,
 };
 use forkyard_common::{
@@ -16,9 +20,11 @@ use std::{
     time::Duration,
 };
 
-/// The settings of the hosts a create may make this replica reach, as errors name them.
-pub const REGISTRIES_SETTING: &str = "--allowed-registries (FORKYARD_ALLOWED_REGISTRIES)";
-pub const GIT_HOSTS_SETTING: &str = "--allowed-git-hosts (FORKYARD_ALLOWED_GIT_HOSTS)";
+/// The settings of the hosts a create may make this replica reach, as errors name them
+/// (defined where the local backend's defaults name them too).
+pub use crate::local::{
+    core::config::GIT_HOSTS_SETTING, storage::image::registry::REGISTRIES_SETTING,
+};
 
 #[derive(Debug, clap::Parser)]
 #[command(
@@ -70,10 +76,10 @@ pub struct Args {
     /// sandbox its own (its workspace is owned by it and its commands run as it); 0 runs
     /// sandboxes as root. Not used when the provisioner is not root (sandboxes then run
     /// as its own uid).
-    #[arg(long, env = "FORKYARD_SANDBOX_UID_BASE", default_value_t = crate::local::uids::DEFAULT_BASE)]
+    #[arg(long, env = "FORKYARD_SANDBOX_UID_BASE", default_value_t = uids::DEFAULT_BASE)]
     pub sandbox_uid_base: u32,
     /// How many uids from FORKYARD_SANDBOX_UID_BASE (at most this many sandboxes at once).
-    #[arg(long, env = "FORKYARD_SANDBOX_UID_COUNT", default_value_t = crate::local::uids::DEFAULT_COUNT)]
+    #[arg(long, env = "FORKYARD_SANDBOX_UID_COUNT", default_value_t = uids::DEFAULT_COUNT)]
     pub sandbox_uid_count: u32,
     /// Cgroup (under each hierarchy's root) that holds one group per sandbox; empty
     /// disables cgroups.
@@ -97,8 +103,8 @@ pub struct Args {
     /// A hard quota per sandbox at its disk bound (plus a margin): `auto` where the
     /// state directory is on btrfs with quotas enabled and the provisioner is root,
     /// `required` to refuse to start otherwise, `off` for the workspace watch alone.
-    #[arg(long, env = "FORKYARD_SANDBOX_DISK_QUOTA", value_enum, default_value_t = crate::local::disk_quota::QuotaMode::Auto)]
-    pub sandbox_disk_quota: crate::local::disk_quota::QuotaMode,
+    #[arg(long, env = "FORKYARD_SANDBOX_DISK_QUOTA", value_enum, default_value_t = disk_quota::QuotaMode::Auto)]
+    pub sandbox_disk_quota: disk_quota::QuotaMode,
     /// The btrfs tool (btrfs-progs), for the quotas: a path or a name on $PATH.
     #[arg(long, env = "FORKYARD_BTRFS_PATH", default_value = "btrfs")]
     pub btrfs_path: PathBuf,
@@ -309,7 +315,7 @@ impl Args {
 
     /// What holds each sandbox in: its uid, its cgroup and limits, its disk, its lifetime.
     fn sandbox_bounds(&self, config: &mut Config) -> Result<(), String> {
-        crate::local::uids::SandboxUids::check(self.sandbox_uid_base, self.sandbox_uid_count)?;
+        uids::SandboxUids::check(self.sandbox_uid_base, self.sandbox_uid_count)?;
         config.sandbox_uid_base = self.sandbox_uid_base;
         config.sandbox_uid_count = self.sandbox_uid_count;
         let parent = self.cgroup_parent.trim();
@@ -328,7 +334,11 @@ impl Args {
         config.btrfs_path.clone_from(&self.btrfs_path);
         config.default_ttl = Duration::from_secs(self.sandbox_ttl_secs);
         config.reap_interval = Duration::from_secs(self.reap_interval_secs);
-        config.maxima = self.maxima.maxima(config)?;
+        config.maxima = self.maxima.maxima(
+            config.default_limits,
+            config.default_disk_bytes,
+            config.default_ttl,
+        )?;
         config.llm_relay = self.llm_relay.limits();
         config.egress_max_connections =
             usize::try_from(self.egress_max_connections).unwrap_or(usize::MAX);
@@ -357,7 +367,7 @@ impl Args {
         config.image_cache_max_bytes = self.image_cache_max_bytes;
         // 0 is no bound, as for the other sizes here.
         let unbounded = |n: u64| if n == 0 { u64::MAX } else { n };
-        config.image_limits = crate::local::image::UnpackLimits {
+        config.image_limits = image::UnpackLimits {
             bytes: unbounded(self.image_max_bytes),
             entries: unbounded(self.image_max_entries),
         };
@@ -369,7 +379,7 @@ impl Args {
                 .warm_copies_min
                 .unwrap_or(crate::local::WarmBounds::MIN_AUTO),
         };
-        config.registry = crate::local::image::registry::RegistryConfig {
+        config.registry = registry::RegistryConfig {
             auth_file: self.registry_auth_file.clone(),
             insecure: self.registry_insecure.clone(),
             allowed: AllowedHosts::parse(REGISTRIES_SETTING, &self.allowed_registries)?,

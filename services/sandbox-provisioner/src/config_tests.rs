@@ -1,11 +1,19 @@
+//! The flags' defaults, and errors that name the setting at fault.
+
 use super::*;
 use clap::Parser;
+
+/// The flags of a start on `state`, with `extra`.
+fn args_on(state: &str, extra: &[&str]) -> Args {
+    let argv = ["sandbox-provisioner", "--state-dir", state];
+    Args::try_parse_from(argv.iter().chain(extra)).unwrap()
+}
 
 #[test]
 fn defaults_and_errors_name_the_setting() {
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().to_str().unwrap();
-    let args = Args::try_parse_from(["sandbox-provisioner", "--state-dir", state]).unwrap();
+    let args = args_on(state, &[]);
     let (listen, config, _) = args.resolve().unwrap();
     assert_eq!(listen.to_string(), "127.0.0.1:50052");
     assert_eq!(config.advertise_endpoint, "http://127.0.0.1:50052");
@@ -14,50 +22,22 @@ fn defaults_and_errors_name_the_setting() {
         config.owner_task_queue,
         format!("sandbox-provisioner/{}-50052", hostname())
     );
-    let args = Args::try_parse_from([
-        "sandbox-provisioner",
-        "--state-dir",
-        state,
-        "--replica-id",
-        "host-b",
-    ])
-    .unwrap();
+    let args = args_on(state, &["--replica-id", "host-b"]);
     assert_eq!(
         args.resolve().unwrap().1.owner_task_queue,
         "sandbox-provisioner/host-b"
     );
     for bad in ["", "a/b", "x y"] {
-        let args = Args::try_parse_from([
-            "sandbox-provisioner",
-            "--state-dir",
-            state,
-            "--replica-id",
-            bad,
-        ])
-        .unwrap();
+        let args = args_on(state, &["--replica-id", bad]);
         assert!(
             args.resolve().unwrap_err().contains("--replica-id"),
             "{bad:?}"
         );
     }
 
-    let args = Args::try_parse_from([
-        "sandbox-provisioner",
-        "--state-dir",
-        state,
-        "--listen",
-        "nope",
-    ])
-    .unwrap();
+    let args = args_on(state, &["--listen", "nope"]);
     assert!(args.resolve().unwrap_err().contains("--listen"));
-    let args = Args::try_parse_from([
-        "sandbox-provisioner",
-        "--state-dir",
-        state,
-        "--exec-timeout-secs",
-        "0",
-    ])
-    .unwrap();
+    let args = args_on(state, &["--exec-timeout-secs", "0"]);
     assert!(
         args.resolve()
             .unwrap_err()

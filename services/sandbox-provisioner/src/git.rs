@@ -1,6 +1,6 @@
 //! Git as both backends use it: a new branch's name, checked on the host, and the
 //! environment and the diff output of git run inside a sandbox. (The local backend's
-//! clones on the host are `local::git`.)
+//! clones on the host are `local::storage::repo::git`.)
 
 use crate::error::{ProvisionerError, Result};
 use forkyard_common::{

@@ -2,7 +2,7 @@
 //! create picks the backend from `CreateSandboxRequest.backend`, every other call from
 //! the sandbox id. Dropping an `Exec` call drops its future, which kills the process.
 
-use crate::{local::provisioner::Provisioner, router::Backends};
+use crate::{local::core::provisioner::Provisioner, router::Backends};
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
     DestroySandboxResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,

@@ -49,15 +49,7 @@ async fn main() -> anyhow::Result<()> {
     // replica.
     let owner_queue = core.owner_task_queue().to_owned();
     info!(task_queue = %owner_queue, "polling this replica's own task queue");
-    let options = [queues::SANDBOX_PROVISIONER, owner_queue.as_str()]
-        .into_iter()
-        .map(|queue| {
-            temporalio_sdk::WorkerOptions::new(queue)
-                .register_activities(E2bActivities::new(&backends))
-                .register_activities(SandboxActivities::new(&backends))
-                .build()
-        })
-        .collect();
+    let options = worker_options(&backends, &owner_queue);
     // On SIGTERM: no new sandboxes here; the forks using the ones held finish first.
     let drain_timeout = std::time::Duration::from_secs(args.drain_timeout_secs);
     let drain: service::Drain = Box::pin(async move {
@@ -76,4 +68,17 @@ async fn main() -> anyhow::Result<()> {
         Some(drain),
     )
     .await
+}
+
+/// A worker of the shared queue and one of `owner_queue`, each serving every activity.
+fn worker_options(backends: &Backends, owner_queue: &str) -> Vec<temporalio_sdk::WorkerOptions> {
+    [queues::SANDBOX_PROVISIONER, owner_queue]
+        .into_iter()
+        .map(|queue| {
+            temporalio_sdk::WorkerOptions::new(queue)
+                .register_activities(E2bActivities::new(backends))
+                .register_activities(SandboxActivities::new(backends))
+                .build()
+        })
+        .collect()
 }

@@ -3,7 +3,10 @@
 //! values this host should not give one sandbox (1 TiB of memory, a million processes, a
 //! lifetime ending in 2163), which would leave a sandbox bounded by nothing in practice.
 
-use crate::error::{ProvisionerError, Result};
+use crate::{
+    error::{ProvisionerError, Result},
+    local::isolation::cgroup::Limits,
+};
 use forkyard_proto::sandbox::v1::CreateSandboxRequest;
 
 /// The ceilings (`--sandbox-max-*`).
@@ -77,15 +80,21 @@ impl MaximaArgs {
     /// The ceilings, each at least the default a create without the field gets (a
     /// default above its ceiling would give every such sandbox what no caller may ask
     /// for); the first setting that is not, named.
-    pub fn maxima(&self, defaults: &crate::local::Config) -> std::result::Result<Maxima, String> {
+    /// `limits`, `disk_bytes` and `ttl` are the local backend's defaults.
+    pub fn maxima(
+        &self,
+        limits: Limits,
+        disk_bytes: u64,
+        ttl: std::time::Duration,
+    ) -> std::result::Result<Maxima, String> {
         let m = Maxima {
             memory_bytes: self.sandbox_max_memory_bytes,
             disk_bytes: self.sandbox_max_disk_bytes,
             pids: self.sandbox_max_pids,
             ttl_secs: self.sandbox_max_ttl_secs,
         };
-        let d = defaults.default_limits;
-        let ttl = defaults.default_ttl.as_secs();
+        let d = limits;
+        let ttl = ttl.as_secs();
         for (flag, max, default) in [
             (
                 "--sandbox-max-memory-bytes (FORKYARD_SANDBOX_MAX_MEMORY_BYTES)",
@@ -95,7 +104,7 @@ impl MaximaArgs {
             (
                 "--sandbox-max-disk-bytes (FORKYARD_SANDBOX_MAX_DISK_BYTES)",
                 m.disk_bytes,
-                defaults.default_disk_bytes,
+                disk_bytes,
             ),
             (
                 "--sandbox-max-pids (FORKYARD_SANDBOX_MAX_PIDS)",

@@ -45,7 +45,7 @@ pub(crate) enum Workspace {
     Clone,
     /// A snapshot unpacked.
     Snapshot,
-    /// An overlay of the template mounted (`crate::local::overlay`).
+    /// An overlay of the template mounted (`crate::local::storage::overlay`).
     Overlay,
     /// A warm overlay taken (one rename; its mount made ahead).
     WarmOverlay,

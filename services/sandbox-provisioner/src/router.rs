@@ -2,12 +2,12 @@
 //! request to one: `CreateSandboxRequest.backend` on create, the id's prefix (`sbx-`
 //! local, `e2b-` E2B, …) afterwards. Callers (gRPC, activities) only see [`Backends`].
 
-use crate::patch_records::PatchRecords;
 use crate::{
     backend::SandboxBackend,
     e2b::{self, E2bBackend, E2bConfig},
     error::{ProvisionerError, Result},
-    local::{backend::LocalBackend, provisioner::Provisioner},
+    local::{api::backend::LocalBackend, core::provisioner::Provisioner},
+    patch_records::PatchRecords,
 };
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, Sandbox,

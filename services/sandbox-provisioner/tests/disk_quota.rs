@@ -6,7 +6,7 @@ mod common;
 use forkyard_proto::sandbox::v1::{DestroySandboxRequest, SandboxLimits};
 use forkyard_sandbox_provisioner::{
     Config, Provisioner,
-    local::{disk_quota::QuotaMode, store},
+    local::{storage::disk_quota::QuotaMode, storage::store},
 };
 use std::{path::Path, process::Command, time::Duration};
 
@@ -130,7 +130,7 @@ async fn a_sandbox_on_btrfs_cannot_write_past_its_quota_and_others_are_untouched
     assert_ne!(out.exit_code, 0, "{}", out.stderr);
     assert!(out.workspace_over_limit, "{out:?}");
     let used = store::disk_usage(&dir);
-    let wall = forkyard_sandbox_provisioner::local::disk_quota::hard_limit(64 << 20);
+    let wall = forkyard_sandbox_provisioner::local::storage::disk_quota::hard_limit(64 << 20);
     assert!(
         used > 64 << 20 && used <= wall + (1 << 20),
         "{used} of {wall}"

@@ -629,7 +629,7 @@ async fn a_sandbox_is_a_host_uid_of_its_own_and_never_root() {
 
 /// Sandboxes of one repository share its git object files: linked from the template,
 /// read-only and the provisioner's (a copied workspace), or the template's own under an
-/// overlay (`local::overlay`). Whatever one sandbox, or a write on its behalf, does to
+/// overlay (`local::storage::overlay`). Whatever one sandbox, or a write on its behalf, does to
 /// its object files, the other sandboxes' repositories stay whole: with links nothing
 /// can change one; under an overlay a change is a copy in the sandbox's own layer.
 #[tokio::test]

@@ -14,7 +14,7 @@ use common::{
     test_image::shell_layer_tar,
 };
 use forkyard_proto::sandbox::v1::CreateSandboxRequest;
-use forkyard_sandbox_provisioner::{error::ProvisionerError, local::image::UnpackLimits};
+use forkyard_sandbox_provisioner::{error::ProvisionerError, local::storage::image::UnpackLimits};
 use std::{
     collections::BTreeMap,
     os::unix::fs::MetadataExt as _,

@@ -10,8 +10,10 @@ use forkyard_proto::sandbox::v1::{DestroySandboxRequest, SandboxLimits};
 use std::time::Duration;
 
 fn cgroups_writable() -> bool {
-    let ok =
-        forkyard_sandbox_provisioner::local::cgroup::Cgroups::detect("forkyard-test-probe").is_ok();
+    let ok = forkyard_sandbox_provisioner::local::isolation::cgroup::Cgroups::detect(
+        "forkyard-test-probe",
+    )
+    .is_ok();
     forkyard_common::testing::requires(Need::Cgroups, ok, "a sandbox's cgroup limits")
 }
 
@@ -225,7 +227,9 @@ async fn a_provisioner_that_goes_leaves_no_cgroup_behind() {
         .sh(&sbx.id, "sleep 300 >/dev/null 2>&1 & echo started")
         .await;
     assert_eq!(out.stdout.trim(), "started", "{out:?}");
-    let parent = forkyard_sandbox_provisioner::local::cgroup::instance_parent("forkyard", &f.state);
+    let parent = forkyard_sandbox_provisioner::local::isolation::cgroup::instance_parent(
+        "forkyard", &f.state,
+    );
     let before = group_dirs(&parent);
     assert!(
         before.iter().any(|d| d.join(&sbx.id).is_dir()),

@@ -1,4 +1,4 @@
-//! A template's sandbox gets an overlay of the template's workspace (`local::overlay`):
+//! A template's sandbox gets an overlay of the template's workspace (`local::storage::overlay`):
 //! what the sandbox sees and may change is its own, what it writes lands in its own
 //! layer, the template and the other sandboxes are untouched, and the mount is in no
 //! namespace of the host's. Needs root (a uid per sandbox) and Linux 6.15 or later;

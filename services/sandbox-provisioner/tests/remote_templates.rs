@@ -1,4 +1,4 @@
-//! A remote repository's workspaces come from one template per commit (`local::remote`):
+//! A remote repository's workspaces come from one template per commit (`local::storage::repo::remote`):
 //! each create asks the remote what its base is now, the first one clones, the others
 //! copy; its submodules (and theirs) are checked out host-side from the hosts the
 //! operator allows, and a hostile `.gitmodules` (a local path, a relative URL that

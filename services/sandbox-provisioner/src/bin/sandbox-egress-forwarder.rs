@@ -5,11 +5,11 @@
 //!
 //! `sandbox-egress-forwarder [ADDR=SOCKET...] --init -- SELF...`: the same listeners,
 //! and the sandbox's init on the control socket it has as stdin
-//! (`forkyard_sandbox_provisioner::local::init`); SELF starts this binary again (a pty command
+//! (`forkyard_sandbox_provisioner::local::isolation::init`); SELF starts this binary again (a pty command
 //! runs under `SELF --ctty -- COMMAND...`, which makes the terminal its controlling one).
 #![forbid(unsafe_code)]
 
-use forkyard_sandbox_provisioner::local::init;
+use forkyard_sandbox_provisioner::local::isolation::init;
 use std::{
     io,
     net::{TcpListener, TcpStream},
@@ -45,28 +45,8 @@ fn main() -> ExitCode {
         _ => return usage(),
     };
     for pair in pairs {
-        let Some((addr, socket)) = pair.split_once('=') else {
-            return usage();
-        };
-        let listener = match TcpListener::bind(addr) {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("egress forwarder: cannot listen on {addr}: {e}");
-                return ExitCode::from(125);
-            }
-        };
-        let socket = socket.to_owned();
-        // Threads may be refused (the sandbox at its pids limit): a connection then
-        // fails, never the forwarder.
-        let listening = thread::Builder::new().spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let socket = socket.clone();
-                let _ = thread::Builder::new().spawn(move || relay(conn, &socket));
-            }
-        });
-        if let Err(e) = listening {
-            eprintln!("egress forwarder: cannot listen on {addr}: {e}");
-            return ExitCode::from(125);
+        if let Err(code) = listen(pair) {
+            return code;
         }
     }
     if init {
@@ -88,6 +68,35 @@ fn main() -> ExitCode {
         }
     };
     ExitCode::from(u8::try_from(init::guest::code_of(status)).unwrap_or(1))
+}
+
+/// Listen on `pair`'s address (`<addr>=<socket>`), each connection relayed to the Unix
+/// socket on a thread of its own; `Err`: the exit code.
+fn listen(pair: &str) -> Result<(), ExitCode> {
+    let Some((addr, socket)) = pair.split_once('=') else {
+        return Err(usage());
+    };
+    let listener = match TcpListener::bind(addr) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("egress forwarder: cannot listen on {addr}: {e}");
+            return Err(ExitCode::from(125));
+        }
+    };
+    let socket = socket.to_owned();
+    // Threads may be refused (the sandbox at its pids limit): a connection then
+    // fails, never the forwarder.
+    let listening = thread::Builder::new().spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let socket = socket.clone();
+            let _ = thread::Builder::new().spawn(move || relay(conn, &socket));
+        }
+    });
+    if let Err(e) = listening {
+        eprintln!("egress forwarder: cannot listen on {addr}: {e}");
+        return Err(ExitCode::from(125));
+    }
+    Ok(())
 }
 
 fn relay(tcp: TcpStream, socket: &str) {

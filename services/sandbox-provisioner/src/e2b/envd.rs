@@ -69,19 +69,8 @@ impl E2bBackend {
             let Some(chunk) = chunk else { break };
             let chunk = chunk.map_err(|e| self.transport_error("process output", &e))?;
             dec.push(&chunk);
-            while let Some(frame) = dec.next_frame().map_err(ProvisionerError::Unavailable)? {
-                let msg: Value = serde_json::from_slice(&frame.data).map_err(|e| {
-                    ProvisionerError::Unavailable(format!("envd process stream: bad JSON: {e}"))
-                })?;
-                if frame.flags & connect::FLAG_END_STREAM != 0 {
-                    if let Some(e) = msg.get("error") {
-                        return Err(self.envd_error(e));
-                    }
-                    break 'read;
-                }
-                if let Some(ev) = msg.get("event") {
-                    process.event(ev, tx).await?;
-                }
+            if self.take_frames(&mut dec, &mut process, tx).await? {
+                break 'read;
             }
         }
         if timed_out {
@@ -106,6 +95,31 @@ impl E2bBackend {
             duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             ..Default::default()
         })
+    }
+
+    /// The events of the frames `dec` holds taken into `process` (and sent on `tx`);
+    /// `true` once the stream's end frame is reached, `Err` when it carries envd's error.
+    async fn take_frames(
+        &self,
+        dec: &mut connect::Decoder,
+        process: &mut Process,
+        tx: Option<&mpsc::Sender<ExecEvent>>,
+    ) -> Result<bool> {
+        while let Some(frame) = dec.next_frame().map_err(ProvisionerError::Unavailable)? {
+            let msg: Value = serde_json::from_slice(&frame.data).map_err(|e| {
+                ProvisionerError::Unavailable(format!("envd process stream: bad JSON: {e}"))
+            })?;
+            if frame.flags & connect::FLAG_END_STREAM != 0 {
+                if let Some(e) = msg.get("error") {
+                    return Err(self.envd_error(e));
+                }
+                return Ok(true);
+            }
+            if let Some(ev) = msg.get("event") {
+                process.event(ev, tx).await?;
+            }
+        }
+        Ok(false)
     }
 
     /// envd's `Start` for argv, answered with the stream of the process's events.

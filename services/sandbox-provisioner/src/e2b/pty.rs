@@ -202,27 +202,10 @@ impl E2bBackend {
         // Frames already decoded after the start event come first.
         let mut pending: std::collections::VecDeque<Value> = early.into();
         'read: loop {
-            while let Some(frame) = dec.next_frame().ok().flatten() {
-                if frame.flags & connect::FLAG_END_STREAM != 0 {
-                    break 'read;
-                }
-                if let Ok(msg) = serde_json::from_slice::<Value>(&frame.data) {
-                    pending.push_back(msg);
-                }
-            }
-            while let Some(msg) = pending.pop_front() {
-                let ev = &msg["event"];
-                if let Some(b) = ev["data"]["pty"].as_str() {
-                    let Ok(bytes) = B64.decode(b) else { continue };
-                    let out = PtyEvent {
-                        event: Some(Event::Output(bytes)),
-                    };
-                    if tx.send(out).await.is_err() {
-                        break 'read;
-                    }
-                } else if ev.get("end").is_some() {
-                    exit = Some(end_code(&ev["end"]));
-                }
+            if decode_frames(&mut dec, &mut pending)
+                || !send_output(&mut pending, &tx, &mut exit).await
+            {
+                break 'read;
             }
             let chunk = tokio::select! {
                 c = stream.next() => c,
@@ -274,6 +257,47 @@ impl E2bBackend {
         self.envd_unary(&sid, "Update", body).await?;
         Ok(ResizePtyResponse {})
     }
+}
+
+/// The frames `dec` holds decoded, their messages queued on `pending`; `true` once the
+/// stream's end frame is reached.
+fn decode_frames(
+    dec: &mut connect::Decoder,
+    pending: &mut std::collections::VecDeque<Value>,
+) -> bool {
+    while let Some(frame) = dec.next_frame().ok().flatten() {
+        if frame.flags & connect::FLAG_END_STREAM != 0 {
+            return true;
+        }
+        if let Ok(msg) = serde_json::from_slice::<Value>(&frame.data) {
+            pending.push_back(msg);
+        }
+    }
+    false
+}
+
+/// The output in `pending`'s messages sent on `tx`, an end's code kept in `exit`;
+/// `false` once the caller hung up.
+async fn send_output(
+    pending: &mut std::collections::VecDeque<Value>,
+    tx: &mpsc::Sender<PtyEvent>,
+    exit: &mut Option<i64>,
+) -> bool {
+    while let Some(msg) = pending.pop_front() {
+        let ev = &msg["event"];
+        if let Some(b) = ev["data"]["pty"].as_str() {
+            let Ok(bytes) = B64.decode(b) else { continue };
+            let out = PtyEvent {
+                event: Some(Event::Output(bytes)),
+            };
+            if tx.send(out).await.is_err() {
+                return false;
+            }
+        } else if ev.get("end").is_some() {
+            *exit = Some(end_code(&ev["end"]));
+        }
+    }
+    true
 }
 
 #[cfg(test)]

@@ -113,7 +113,7 @@ pub async fn fixture_with(configure: impl FnOnce(&Path, &mut Config)) -> Fixture
 }
 
 /// Where the host finds what sandbox `id` wrote itself: its overlay workspace's upper
-/// layer (`local::overlay`), or its workspace directory.
+/// layer (`local::storage::overlay`), or its workspace directory.
 pub fn own_files(state: &Path, id: &str) -> PathBuf {
     let dir = state.join("sandboxes").join(id);
     match dir.join("upper") {

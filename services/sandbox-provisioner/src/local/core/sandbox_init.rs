@@ -1,0 +1,127 @@
+//! A sandbox's init as the provisioner keeps it: started at the sandbox's first command
+//! (again after a stop, a provisioner restart, or an init that went away), with the one
+//! LLM relay the sandbox's commands share while it runs.
+
+use crate::{
+    error::{ProvisionerError, Result},
+    local::{
+        core::{
+            entry::{Entry, InitSession},
+            prepare,
+            provisioner::Provisioner,
+        },
+        isolation::{
+            bubblewrap::bwrap::{ImageRoot, Invocation, Relays},
+            init::host::Init,
+            network::{forwarder_kit::ForwarderKit, llm_relay, llm_relay::Relay},
+        },
+        storage::{disk_quota, store::Record},
+    },
+};
+use std::{path::Path, sync::Arc};
+
+impl Provisioner {
+    /// Whether a command with these tools runs under the sandbox's init: the init is the
+    /// forwarder, and runs on the sandbox's root, where the provisioner's own steps on an
+    /// image (which need the host's /usr) cannot run.
+    pub(crate) fn runs_under_init(&self, record: &Record, tools: prepare::Tools) -> bool {
+        self.config.sandbox_init
+            && self.isolation.forwarder.is_some()
+            && (tools == prepare::Tools::Sandbox || record.image.is_none())
+    }
+
+    /// The sandbox's running init, started now when it has none.
+    pub(crate) fn init_of(&self, entry: &Arc<Entry>, record: &Record) -> Result<Arc<Init>> {
+        let mut session = entry.init.lock().expect("init lock");
+        // Checked under the lock stop and destroy take to end the init: an init is never
+        // started for a sandbox being stopped or destroyed.
+        if entry.execs.borrow().destroying || entry.record().stopped {
+            return Err(ProvisionerError::FailedPrecondition(format!(
+                "sandbox {} is stopped or being destroyed",
+                record.id
+            )));
+        }
+        if let Some(s) = session.as_ref()
+            && !s.init.is_gone()
+        {
+            return Ok(s.init.clone());
+        }
+        // The old session's relay removes its socket as it goes: before the new one binds.
+        if let Some(old) = session.take() {
+            old.init.shutdown();
+        }
+        let Some(forwarder) = self.isolation.forwarder.as_ref() else {
+            return Err(ProvisionerError::internal(
+                "start the sandbox's init",
+                "no forwarder",
+            ));
+        };
+        let id = record.id.as_str();
+        let llm_socket = self.storage.store.dir(id).join("llm.sock");
+        let relay = self.shared_llm_relay(entry, record, &llm_socket)?;
+        let init = self
+            .start_init(record, forwarder, &llm_socket)
+            .map(Arc::new)?;
+        tracing::debug!(sandbox_id = %id, "sandbox init started");
+        *session = Some(InitSession::new(init.clone(), relay));
+        Ok(init)
+    }
+
+    /// The sandbox's one long-lived bubblewrap, with the init in it, its relays bound
+    /// (the LLM relay's at `llm_socket`).
+    fn start_init(
+        &self,
+        record: &Record,
+        forwarder: &ForwarderKit,
+        llm_socket: &Path,
+    ) -> Result<Init> {
+        let id = record.id.as_str();
+        let workspace = self.storage.store.mountpoint(id);
+        let overlay = self.storage.store.overlays().mount_of(id);
+        let egress = self.storage.store.egress_socket(id);
+        let procs = self.cgroup_procs(id);
+        let argv = forwarder.argv();
+        let inv = Invocation {
+            bwrap: &self.isolation.bwrap,
+            features: self.isolation.features,
+            workspace: &workspace,
+            overlay: overlay.as_deref().map(std::os::fd::AsFd::as_fd),
+            sandbox_id: id,
+            relays: Some(Relays {
+                forwarder,
+                egress: (!record.egress_allow.is_empty()).then_some(egress.as_path()),
+                llm: Some(llm_socket),
+            }),
+            cgroup_procs: &procs,
+            argv: &argv,
+            env: &[],
+            seccomp: &self.isolation.seccomp,
+            uid: self.uid_of(record),
+            image: record.image.as_ref().map(|i| ImageRoot {
+                rootfs: &i.rootfs,
+                env: &i.env,
+            }),
+            init: true,
+            file_size: disk_quota::file_size_limit(record.disk_bytes),
+        };
+        Init::start(&inv, id).map_err(|e| ProvisionerError::internal("start the sandbox's init", e))
+    }
+
+    /// The sandbox's one LLM relay at `socket`: it relays to the gateway of whichever of
+    /// the sandbox's LLM commands runs (`entry.llm`), and dies with the sandbox.
+    fn shared_llm_relay(&self, entry: &Entry, record: &Record, socket: &Path) -> Result<Relay> {
+        let slot = entry.llm.clone();
+        llm_relay::spawn(
+            socket,
+            Arc::new(move || slot.current()),
+            &record.id,
+            self.config.llm_relay,
+            entry.cancel.child_token(),
+        )
+        .and_then(|relay| {
+            self.give_to_sandbox(record, socket)?;
+            Ok(relay)
+        })
+        .map_err(|e| ProvisionerError::internal("start the llm relay", e))
+    }
+}
