@@ -43,7 +43,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && cp target/release/gateway target/release/sandbox-provisioner \
        target/release/sandbox-egress-forwarder target/release/agent-runner \
        target/release/budget-ledger target/release/janitor target/release/forkyard \
-       /opt/temporal/bin/temporal /out/
+       target/release/forkyard-health /opt/temporal/bin/temporal /out/
 
 # ---- host (BINARIES=host): what scripts/images.sh put in target/image-bins ----------
 FROM scratch AS host
@@ -71,6 +71,9 @@ RUN apt-get update \
 ENV FORKYARD_STATE_DIR=/var/lib/forkyard \
     RUST_LOG=info \
     TEMPORAL_ADDRESS=""
+# The containers' healthcheck: one grpc.health.v1 check of the service (Compose's
+# `healthcheck:`; Kubernetes has gRPC probes of its own).
+COPY --from=bins /out/forkyard-health /usr/local/bin/forkyard-health
 USER 65532:65532
 
 # ---- gateway: runs `git ls-remote` to check a run's repository -----------------------

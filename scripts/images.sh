@@ -11,7 +11,7 @@ PROFILE=${PROFILE:-release}
 TAG=${FORKYARD_IMAGE_TAG:-local}
 BASE=${FORKYARD_BASE_IMAGE:-forkyard/debian:bookworm}
 TARGETS=(gateway sandbox-provisioner agent-runner budget-ledger janitor cli temporal-dev postgres prometheus)
-BINS=(gateway sandbox-provisioner sandbox-egress-forwarder agent-runner budget-ledger janitor forkyard)
+BINS=(gateway sandbox-provisioner sandbox-egress-forwarder agent-runner budget-ledger janitor forkyard forkyard-health)
 TOOLS_VENV=${TOOLS_VENV:-$HOME/.cache/forkyard/venv}
 target_dir=${CARGO_TARGET_DIR:-target}
 

@@ -66,6 +66,18 @@ wait_serving() {
   done
 }
 
+# The Docker health state of every replica of the five services (their `healthcheck:`,
+# forkyard-health), as "container=state" words.
+health_states() {
+  local svc c
+  for svc in gateway sandbox-provisioner agent-runner budget-ledger janitor; do
+    for c in $(containers "$svc"); do
+      echo "$c=$(docker inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$c")"
+    done
+  done | tr '\n' ' '
+}
+all_healthy() { ! health_states | tr ' ' '\n' | grep -v '=healthy$' | grep -q .; }
+
 # Compose has exited 0 from `up -d` with replicas created and never started (CI, compose
 # 2.40; their dependency, Temporal, was healthy by then): once both gateways, once every
 # service, so a gateway waited on could never see its peers. Any container of the stack

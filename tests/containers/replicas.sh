@@ -15,6 +15,14 @@ project=forkyard-ctest
 source tests/containers/lib.sh
 start_stack
 
+# ---- Docker's own view: every replica's healthcheck passes, and fails when it cannot serve --
+if wait_until 90 "every replica healthy by its Compose healthcheck ($(health_states))" all_healthy; then
+  pass "every replica healthy by its Compose healthcheck ($(health_states))"
+fi
+janitor=$(containers janitor | head -1)
+docker exec "$janitor" /usr/local/bin/forkyard-health 127.0.0.1:50055 forkyard.no.such.Service >/dev/null 2>&1 && asked=served || asked=refused
+check "the healthcheck fails for a service the replica does not serve ($asked)" test "$asked" = refused
+
 # ---- a run spread over the replicas ---------------------------------------------------------
 run=$(launch 12 12 'bash agent.sh 1')
 state=$(wait_terminal "$run" 120) || true
