@@ -31,6 +31,11 @@ COMPOSE_REPLICAS := docker-compose -f deploy/compose.replicas.yml
 # The real agent CLIs the claude-code and codex presets run, pinned. Installed globally
 # (npm's prefix is /usr here), because a sandbox sees the host's /usr and nothing else.
 AGENT_CLIS := @anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0
+# ... installed into the project's own npm prefix, never globally (a user's own Claude
+# Code stays as it is); the provisioner binds it into every sandbox, and the local stack
+# and the tests find it here (FORKYARD_AGENT_TOOLS).
+AGENT_TOOLS ?= $(HOME)/.cache/forkyard/agents
+export FORKYARD_AGENT_TOOLS ?= $(AGENT_TOOLS)
 # buf (the protobuf linter and breaking-change checker), from npm, for `make lint`.
 BUF_VERSION := 1.75.0
 BUF_DIR ?= $(HOME)/.cache/forkyard/buf
@@ -136,15 +141,15 @@ down-containers:
 deps-agents: deps-apt
 	@want_claude=$$(echo "$(AGENT_CLIS)" | tr ' ' '\n' | sed -n 's/^@anthropic-ai\/claude-code@//p'); \
 	want_codex=$$(echo "$(AGENT_CLIS)" | tr ' ' '\n' | sed -n 's/^@openai\/codex@//p'); \
-	have_claude=$$(claude --version 2>/dev/null | cut -d' ' -f1); \
-	have_codex=$$(codex --version 2>/dev/null | awk '{print $$2}'); \
+	have_claude=$$("$(AGENT_TOOLS)/bin/claude" --version 2>/dev/null | cut -d' ' -f1); \
+	have_codex=$$("$(AGENT_TOOLS)/bin/codex" --version 2>/dev/null | awk '{print $$2}'); \
 	if [ "$$have_claude" != "$$want_claude" ] || [ "$$have_codex" != "$$want_codex" ]; then \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  command -v npm >/dev/null || { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nodejs npm; }; \
-	  echo "installing $(AGENT_CLIS) (npm, global)"; \
-	  $$SUDO npm install -g --no-fund --no-audit --loglevel=error $(AGENT_CLIS); \
+	  command -v npm >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nodejs npm; }; \
+	  echo "installing $(AGENT_CLIS) into $(AGENT_TOOLS) (npm, the project's own prefix)"; \
+	  npm install --global --prefix "$(AGENT_TOOLS)" --no-fund --no-audit --loglevel=error $(AGENT_CLIS); \
 	fi
-	@claude --version >/dev/null && codex --version >/dev/null
+	@"$(AGENT_TOOLS)/bin/claude" --version >/dev/null && "$(AGENT_TOOLS)/bin/codex" --version >/dev/null
 
 build: deps
 	cargo build --workspace --bins

@@ -20,6 +20,9 @@ find "$STATE_DIR" -maxdepth 1 -type f -exec chmod go-rwx {} +
 # The local stack runs without API keys unless told otherwise (the gateway's own default
 # is FORKYARD_AUTH=api-key): `FORKYARD_AUTH=api-key make up`, then `forkyard keys create`.
 export FORKYARD_AUTH="${FORKYARD_AUTH:-none}"
+# The pinned agent CLIs (`make deps-agents`), bound into every sandbox.
+agent_tools=${FORKYARD_AGENT_TOOLS:-$HOME/.cache/forkyard/agents}
+if [ -d "$agent_tools" ]; then export FORKYARD_AGENT_TOOLS="$agent_tools"; else unset FORKYARD_AGENT_TOOLS; fi
 
 if ! alive temporal; then
   echo "starting temporal dev server on $TEMPORAL_ADDRESS (ui http://127.0.0.1:$TEMPORAL_UI_PORT)"

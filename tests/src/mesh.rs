@@ -84,6 +84,19 @@ pub fn bin_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// The pinned agent CLIs (`make deps-agents`): `FORKYARD_AGENT_TOOLS`, else the project's
+/// npm prefix `~/.cache/forkyard/agents`; what the mesh's provisioners bind into every
+/// sandbox. `None` when neither exists.
+pub fn agent_tools() -> Option<PathBuf> {
+    let dir = std::env::var_os("FORKYARD_AGENT_TOOLS")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/forkyard/agents"))
+        })?;
+    dir.is_dir().then_some(dir)
+}
+
 /// The Temporal CLI: `TEMPORAL_CLI`, else `temporal` on PATH.
 pub fn temporal_cli() -> PathBuf {
     std::env::var_os("TEMPORAL_CLI").map_or_else(|| PathBuf::from("temporal"), PathBuf::from)
@@ -348,6 +361,7 @@ impl Mesh {
             // Sandbox time is free unless a test prices it: ledger figures stay exact.
             .env("FORKYARD_SANDBOX_CPU_SECOND_USD", "0")
             .env("FORKYARD_SANDBOX_GIB_SECOND_USD", "0")
+            .envs(agent_tools().map(|d| ("FORKYARD_AGENT_TOOLS", d)))
             // No sweep on a schedule nobody asked for in the middle of a test (the
             // default schedule has its own test, which turns it on).
             .env("FORKYARD_CLEANUP_INTERVAL_MINUTES", "0")

@@ -11,7 +11,7 @@ mod agent_cli;
 
 use agent_cli::{
     forks::{OnImage, run_cli_forks_on},
-    model_mesh::{assert_cli_installed, price_per_call},
+    model_mesh::{assert_cli_installed, cli_path, price_per_call},
 };
 use std::path::Path;
 
@@ -34,7 +34,7 @@ fn agent_image(dir: &Path, name: &str, exe: &str, link: &str) {
 
 /// `<codex package>/node_modules/@openai/codex-linux-<arch>/vendor/<target>/bin/codex`.
 fn codex_native() -> Option<String> {
-    let wrapper = std::fs::canonicalize("/usr/bin/codex").ok()?;
+    let wrapper = std::fs::canonicalize(cli_path("codex")?).ok()?;
     let scoped = wrapper.parent()?.parent()?.join("node_modules/@openai");
     std::fs::read_dir(scoped)
         .ok()?
@@ -55,10 +55,11 @@ fn codex_native() -> Option<String> {
 async fn claude_code_runs_in_forks_on_an_image_that_brings_it() {
     assert_cli_installed("claude");
     let archives = tempfile::tempdir().unwrap();
+    let claude = cli_path("claude").unwrap();
     agent_image(
         archives.path(),
         "claude.tar",
-        "/usr/bin/claude",
+        claude.to_str().unwrap(),
         "/usr/bin/claude",
     );
     run_cli_forks_on(

@@ -126,6 +126,12 @@ pub struct Args {
     /// allowlists are refused when it is missing.
     #[arg(long, env = "FORKYARD_EGRESS_FORWARDER")]
     pub egress_forwarder: Option<PathBuf>,
+    /// A directory of agent CLIs (an npm prefix: `bin/claude`, `bin/codex`, and what
+    /// they link to), bound read-only into every sandbox at `/run/forkyard/tools`, its
+    /// `bin` on the sandbox's PATH (first on the host's tools, last on an image's own).
+    /// `make deps-agents` fills `~/.cache/forkyard/agents` with the pinned versions.
+    #[arg(long, env = "FORKYARD_AGENT_TOOLS")]
+    pub agent_tools: Option<PathBuf>,
     /// Where workspace snapshots are stored (default `<state>/snapshots`).
     #[arg(long, env = "FORKYARD_SNAPSHOT_DIR")]
     pub snapshot_dir: Option<PathBuf>,
@@ -296,6 +302,7 @@ impl Args {
         config.allow_no_userns = self.allow_no_userns;
         self.sandbox_bounds(&mut config)?;
         config.forwarder_path = self.forwarder();
+        config.agent_tools = self.agent_tools()?;
         self.storage(&mut config)?;
         config.prices = self.prices()?;
         config.seccomp = self.sandbox_seccomp;
@@ -343,6 +350,24 @@ impl Args {
         config.egress_max_connections =
             usize::try_from(self.egress_max_connections).unwrap_or(usize::MAX);
         Ok(())
+    }
+
+    /// The agent tools directory, checked: absolute and a directory (an empty value: none).
+    fn agent_tools(&self) -> Result<Option<PathBuf>, String> {
+        let Some(dir) = self
+            .agent_tools
+            .as_ref()
+            .filter(|d| !d.as_os_str().is_empty())
+        else {
+            return Ok(None);
+        };
+        if !dir.is_absolute() || !dir.is_dir() {
+            return Err(format!(
+                "--agent-tools (FORKYARD_AGENT_TOOLS) {}: not an absolute path to a directory",
+                dir.display()
+            ));
+        }
+        Ok(Some(dir.clone()))
     }
 
     /// The forwarder named, or the one installed next to this executable; an empty name

@@ -51,15 +51,25 @@ pub fn launch(
     }
 }
 
+/// The pinned CLI in the project's npm prefix (`make deps-agents`), which the mesh binds
+/// into its sandboxes: the one the tests run, whatever else the host has installed.
 pub fn assert_cli_installed(cli: &str) {
-    let found = std::process::Command::new(cli)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let found = cli_path(cli).is_some_and(|p| {
+        std::process::Command::new(p)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
     assert!(
         found,
-        "the {cli} CLI is not installed: `make test` installs it (npm)"
+        "the {cli} CLI is not in the agent tools ({:?}): `make deps-agents` installs it (npm, the project's own prefix)",
+        forkyard_tests::mesh::agent_tools()
     );
+}
+
+/// `<agent tools>/bin/<cli>`.
+pub fn cli_path(cli: &str) -> Option<std::path::PathBuf> {
+    forkyard_tests::mesh::agent_tools().map(|d| d.join("bin").join(cli))
 }
 
 /// Per model call, micro-USD: the scripted usage priced from the runner's table.

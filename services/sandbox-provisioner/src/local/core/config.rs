@@ -63,6 +63,8 @@ pub struct Config {
     pub reap_interval: Duration,
     /// The `sandbox-egress-forwarder` binary; `None` = egress cannot be offered.
     pub forwarder_path: Option<PathBuf>,
+    /// Agent CLIs bound into every sandbox at [`crate::local::isolation::bubblewrap::bwrap::TOOLS`].
+    pub agent_tools: Option<PathBuf>,
     /// Each sandbox's commands run under one long-lived bubblewrap (`crate::local::isolation::init`), when
     /// there is a forwarder (the init is that binary).
     pub sandbox_init: bool,
@@ -139,6 +141,7 @@ impl Config {
             egress_max_connections: 256,
             reap_interval: Duration::from_secs(30),
             forwarder_path: None,
+            agent_tools: None,
             sandbox_init: true,
             workspace_overlay: true,
             prices: Prices::default(),

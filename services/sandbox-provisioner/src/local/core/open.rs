@@ -6,7 +6,7 @@ use crate::local::{
     base::{fs::find_executable, keyed_lock::KeyedLock, state_lock::StateLock},
     core::{config::Config, provisioner::Provisioner, reaper, usage},
     isolation::{
-        Isolation,
+        Isolation, agent_tools,
         bubblewrap::{bwrap::Features, probe, seccomp},
         cgroup::{self, Cgroups},
         command::terminal::Ptys,
@@ -104,12 +104,21 @@ async fn open_isolation(
     let features = probe_bwrap(config, &bwrap, store, uids.is_some()).await?;
     let cgroups = detect_cgroups(config)?;
     let forwarder = forwarder_kit(config)?;
+    let agent_tools = config
+        .agent_tools
+        .as_deref()
+        .map(|t| {
+            agent_tools::reachable(t, &config.state_dir, uids.is_some())
+                .map_err(|e| format!("--agent-tools (FORKYARD_AGENT_TOOLS) {}: {e}", t.display()))
+        })
+        .transpose()?;
     Ok(Isolation {
         bwrap,
         features,
         cgroups,
         forwarder,
         uids,
+        agent_tools,
         seccomp: Vec::new(),
         runtime_probe: RuntimeProbe::default(),
     })

@@ -96,6 +96,7 @@ impl Provisioner {
             argv: &argv,
             env: &[],
             seccomp: &self.isolation.seccomp,
+            tools: self.isolation.agent_tools.as_deref(),
             uid: self.uid_of(record),
             image: record.image.as_ref().map(|i| ImageRoot {
                 rootfs: &i.rootfs,

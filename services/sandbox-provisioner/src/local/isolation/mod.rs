@@ -4,6 +4,7 @@
 //! (`network`), and how a command is started and waited for (`command`). It knows
 //! nothing of where workspaces come from (`storage`, above it).
 
+pub mod agent_tools;
 pub mod bubblewrap;
 pub mod cgroup;
 pub mod cgroup_detect;
@@ -38,6 +39,8 @@ pub struct Isolation {
     /// The seccomp filters every sandboxed command runs under
     /// (`bubblewrap::seccomp`); empty when the operator turned them off.
     pub(crate) seccomp: Vec<Vec<u8>>,
+    /// Agent CLIs every sandbox sees at `bubblewrap::bwrap::TOOLS` (operator's choice).
+    pub(crate) agent_tools: Option<PathBuf>,
     /// The replica-wide probe of the sandbox runtime behind health checks.
     pub(crate) runtime_probe: RuntimeProbe,
 }

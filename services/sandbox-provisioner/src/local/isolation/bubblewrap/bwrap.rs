@@ -21,6 +21,9 @@ use tokio::process::Command;
 pub const HOSTNAME: &str = "forkyard-sandbox";
 pub const WORKSPACE: &str = "/workspace";
 pub const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// Where the operator's agent CLIs appear in a sandbox (`--agent-tools`), read-only; its
+/// `bin` is on the sandbox's PATH.
+pub const TOOLS: &str = "/run/forkyard/tools";
 
 /// The descriptor bwrap reads the sandboxed command's environment from (`--args`).
 pub const ENV_FD: i32 = 3;
@@ -110,6 +113,8 @@ pub struct Invocation<'a> {
     pub env: &'a [(String, String)],
     /// Seccomp filters the command runs under (compiled BPF; see `crate::local::isolation::bubblewrap::seccomp`).
     pub seccomp: &'a [Vec<u8>],
+    /// A host directory of agent CLIs bound at [`TOOLS`] (`--agent-tools`).
+    pub tools: Option<&'a Path>,
     /// The host uid bubblewrap and the command run as (`crate::local::isolation::uids`); `None`: the
     /// provisioner's.
     pub uid: Option<u32>,
@@ -222,6 +227,13 @@ impl Invocation<'_> {
             "/proc/sysrq-trigger",
             "/proc/sysrq-trigger",
         ]);
+        if let Some(tools) = self.tools {
+            a.push([
+                OsStr::new("--ro-bind"),
+                tools.as_os_str(),
+                OsStr::new(TOOLS),
+            ]);
+        }
         if let Some(r) = self.kit() {
             a.push([
                 OsStr::new("--ro-bind"),
@@ -262,6 +274,9 @@ impl Invocation<'_> {
                     })
                     .cloned(),
             );
+        }
+        if self.tools.is_some() {
+            tools_on_path(&mut env, self.image.is_some());
         }
         if let Some(r) = self.relays
             && r.llm.is_some()
@@ -436,6 +451,20 @@ fn host_root_links() -> &'static [(PathBuf, Option<PathBuf>)] {
             })
             .collect()
     })
+}
+
+/// The agent tools' `bin` on the sandbox's PATH: first on the host's tools (the pinned
+/// CLIs win over whatever /usr holds), last on an image's own PATH (the image's tools win:
+/// it was chosen for them).
+fn tools_on_path(env: &mut [(String, String)], image: bool) {
+    let bin = format!("{TOOLS}/bin");
+    if let Some((_, path)) = env.iter_mut().rev().find(|(k, _)| k == "PATH") {
+        *path = if image {
+            format!("{path}:{bin}")
+        } else {
+            format!("{bin}:{path}")
+        };
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,27 @@
 use super::*;
 use crate::local::isolation::network::forwarder_kit;
 
+/// A command in sandbox `sbx-1` with nothing of its own: no relays, image or tools.
+fn plain<'a>(argv: &'a [String], env: &'a [(String, String)]) -> Invocation<'a> {
+    Invocation {
+        bwrap: Path::new("bwrap"),
+        features: Features { userns: true },
+        workspace: Path::new("/state/ws"),
+        overlay: None,
+        sandbox_id: "sbx-1",
+        relays: None,
+        cgroup_procs: &[],
+        argv,
+        env,
+        seccomp: &[],
+        tools: None,
+        uid: None,
+        image: None,
+        init: false,
+        file_size: None,
+    }
+}
+
 fn inv_args(egress: bool) -> (Vec<String>, Vec<(String, String)>) {
     let kit_dir = tempfile::tempdir().unwrap();
     let kit =
@@ -12,24 +33,12 @@ fn inv_args(egress: bool) -> (Vec<String>, Vec<(String, String)>) {
     let argv = ["ls".to_owned()];
     let env = [("A".to_owned(), "secret-value".to_owned())];
     let inv = Invocation {
-        bwrap: Path::new("bwrap"),
-        features: Features { userns: true },
-        workspace: Path::new("/state/ws"),
-        overlay: None,
-        sandbox_id: "sbx-1",
         relays: egress.then_some(Relays {
             forwarder: &kit,
             egress: Some(Path::new("/state/egress.sock")),
             llm: None,
         }),
-        cgroup_procs: &[],
-        argv: &argv,
-        env: &env,
-        seccomp: &[],
-        uid: None,
-        image: None,
-        init: false,
-        file_size: None,
+        ..plain(&argv, &env)
     };
     let args = inv
         .args()
@@ -88,6 +97,7 @@ fn host_processes_start_with_no_environment_and_bwrap_reads_it_from_the_fd() {
         argv: &argv,
         env: &env,
         seccomp: &[],
+        tools: None,
         uid: Some(1_000_000_007),
         image: None,
         init: false,
@@ -119,4 +129,41 @@ fn host_processes_start_with_no_environment_and_bwrap_reads_it_from_the_fd() {
             .any(|w| w == ["--setenv", "LD_PRELOAD", "/workspace/x.so"]),
         "{parts:?}"
     );
+}
+
+/// The operator's agent CLIs: bound read-only at TOOLS, their `bin` first on the host's
+/// PATH and last on an image's.
+#[test]
+fn agent_tools_are_bound_read_only_and_on_path() {
+    let argv = ["claude".to_owned()];
+    let image_env = [("PATH".to_owned(), "/opt/image/bin:/usr/bin".to_owned())];
+    let rootfs = Path::new("/state/images/x/rootfs");
+    for on_image in [false, true] {
+        let inv = Invocation {
+            tools: Some(Path::new("/home/u/.cache/forkyard/agents")),
+            image: on_image.then_some(ImageRoot {
+                rootfs,
+                env: &image_env,
+            }),
+            ..plain(&argv, &[])
+        };
+        let args: Vec<String> = inv
+            .args()
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        let args = args.join(" ");
+        assert!(
+            args.contains("--ro-bind /home/u/.cache/forkyard/agents /run/forkyard/tools"),
+            "{args}"
+        );
+        let env = inv.env();
+        let path = &env.iter().rev().find(|(k, _)| k == "PATH").unwrap().1;
+        let want = if on_image {
+            "/opt/image/bin:/usr/bin:/run/forkyard/tools/bin"
+        } else {
+            "/run/forkyard/tools/bin:/usr/local/bin:/usr/bin:/bin"
+        };
+        assert_eq!(path, want);
+    }
 }

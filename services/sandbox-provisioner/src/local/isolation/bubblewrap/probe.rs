@@ -20,6 +20,7 @@ pub async fn probe(bwrap: &Path, scratch: &Path, uid: Option<u32>) -> Result<Fea
             argv: &argv,
             env: &[],
             seccomp: &[],
+            tools: None,
             uid,
             image: None,
             init: false,
