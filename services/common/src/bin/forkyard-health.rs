@@ -15,7 +15,10 @@ use tonic_health::pb::{
 };
 
 #[derive(Parser)]
-#[command(name = "forkyard-health", about = "One gRPC health check (for container healthchecks)")]
+#[command(
+    name = "forkyard-health",
+    about = "One gRPC health check (for container healthchecks)"
+)]
 struct Args {
     /// The service's address on this host.
     #[arg(default_value = "http://127.0.0.1:50051")]
