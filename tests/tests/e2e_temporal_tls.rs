@@ -181,6 +181,21 @@ fn unauthenticated() -> hyper::Response<Boxed> {
         .unwrap()
 }
 
+/// A Temporal dev server on a free port, its database in `state`; (process, port).
+fn temporal_dev(state: &Path) -> anyhow::Result<(Killed, u16)> {
+    let port = free_port();
+    let child = Command::new(temporal_cli())
+        .args(["server", "start-dev", "--headless", "--log-level", "warn"])
+        .args(["--ip", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--ui-port", &free_port().to_string()])
+        .arg("--db-filename")
+        .arg(state.join("temporal.db"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    Ok((Killed(child), port))
+}
+
 fn make_certs(dir: &Path) -> anyhow::Result<()> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/certs.sh");
     let out = Command::new("bash").arg(script).arg(dir).output()?;
@@ -254,18 +269,7 @@ async fn the_gateway_reaches_temporal_over_mtls_and_not_without_a_certificate() 
     let rogue = state.path().join("rogue");
     make_certs(&rogue)?;
 
-    let temporal_port = free_port();
-    let _temporal = Killed(
-        Command::new(temporal_cli())
-            .args(["server", "start-dev", "--headless", "--log-level", "warn"])
-            .args(["--ip", "127.0.0.1", "--port", &temporal_port.to_string()])
-            .args(["--ui-port", &free_port().to_string()])
-            .arg("--db-filename")
-            .arg(state.path().join("temporal.db"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
+    let (_temporal, temporal_port) = temporal_dev(state.path())?;
     let (tls_port, handshakes) = tls_terminator(&certs, temporal_port).await?;
     let address = format!("127.0.0.1:{tls_port}");
 
@@ -333,18 +337,7 @@ async fn the_gateway_reaches_temporal_with_an_api_key_over_tls_and_never_logs_it
         .tempdir()?;
     let certs = state.path().join("certs");
     make_certs(&certs)?;
-    let temporal_port = free_port();
-    let _temporal = Killed(
-        Command::new(temporal_cli())
-            .args(["server", "start-dev", "--headless", "--log-level", "warn"])
-            .args(["--ip", "127.0.0.1", "--port", &temporal_port.to_string()])
-            .args(["--ui-port", &free_port().to_string()])
-            .arg("--db-filename")
-            .arg(state.path().join("temporal.db"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
+    let (_temporal, temporal_port) = temporal_dev(state.path())?;
     let (front, refused) = api_key_front(&certs, temporal_port, KEY).await?;
     let address = format!("127.0.0.1:{front}");
     // TEMPORAL_TLS_CA only because the front's certificate is the test CA's: the key

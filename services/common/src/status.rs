@@ -27,8 +27,7 @@ pub fn invalid_field(
     message: impl Into<String>,
     domain: &str,
 ) -> Status {
-    let mut d = details(Code::InvalidArgument, domain, "INVALID_ARGUMENT");
-    d.add_bad_request_violation(field, description);
+    let mut d = ErrorDetails::with_bad_request_violation(field, description);
     d.set_error_info(
         "INVALID_ARGUMENT",
         domain,

@@ -102,17 +102,10 @@ async fn serve_not_serving(
     health.not_serving().await;
     health.alive().await;
     // Calls to the service itself meanwhile: UNAVAILABLE (retry), not UNIMPLEMENTED.
-    let message = percent_encoded(&format!("not serving yet: {why}"));
     let routes =
         tonic::service::Routes::from(routes.into_axum_router().fallback(move || async move {
-            (
-                [
-                    ("content-type", "application/grpc".to_owned()),
-                    ("grpc-status", "14".to_owned()),
-                    ("grpc-message", message),
-                ],
-                "",
-            )
+            tonic::Status::unavailable(format!("not serving yet: {why}"))
+                .into_http::<axum::body::Body>()
         }));
     let mut builder = Server::builder();
     if let Some(tls) = crate::tls::mesh() {
@@ -124,18 +117,6 @@ async fn serve_not_serving(
             .add_routes(routes)
             .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
     ))
-}
-
-/// A grpc-message value: everything but unreserved ASCII percent-encoded.
-fn percent_encoded(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Temporal asked again with backoff (from 0.5 s, doubling up to 30 s) until it answers,

@@ -37,6 +37,19 @@ fn action(max_age_minutes: u32) -> ScheduleAction {
     )
 }
 
+fn every(interval_minutes: u32) -> ScheduleSpec {
+    ScheduleSpec::from_interval(Duration::from_secs(u64::from(interval_minutes) * 60))
+}
+
+/// The schedule: a sweep every `interval_minutes`, one at a time.
+fn options(interval_minutes: u32, max_age_minutes: u32) -> CreateScheduleOptions {
+    CreateScheduleOptions::builder()
+        .action(action(max_age_minutes))
+        .spec(every(interval_minutes))
+        .overlap_policy(ScheduleOverlapPolicy::Skip)
+        .build()
+}
+
 fn schedule_error(e: ScheduleError) -> GatewayError {
     match e {
         ScheduleError::Rpc(s) if s.code() == tonic::Code::NotFound => {
@@ -63,13 +76,8 @@ impl GatewayService {
                 format!("must be 1..{MAX_AGE_MINUTES}"),
             ));
         }
-        let spec =
-            ScheduleSpec::from_interval(Duration::from_secs(u64::from(req.interval_minutes) * 60));
-        let opts = CreateScheduleOptions::builder()
-            .action(action(req.max_age_minutes))
-            .spec(spec.clone())
-            .overlap_policy(ScheduleOverlapPolicy::Skip)
-            .build();
+        let spec = every(req.interval_minutes);
+        let opts = options(req.interval_minutes, req.max_age_minutes);
         match self.client.create_schedule(SCHEDULE_ID, opts).await {
             Ok(_) => Ok(StartCleanupResponse {
                 schedule_id: SCHEDULE_ID.into(),
@@ -127,14 +135,10 @@ pub async fn ensure_default(
     if interval_minutes == 0 {
         return;
     }
-    let opts = CreateScheduleOptions::builder()
-        .action(action(max_age_minutes))
-        .spec(ScheduleSpec::from_interval(Duration::from_secs(
-            u64::from(interval_minutes) * 60,
-        )))
-        .overlap_policy(ScheduleOverlapPolicy::Skip)
-        .build();
-    match client.create_schedule(SCHEDULE_ID, opts).await {
+    match client
+        .create_schedule(SCHEDULE_ID, options(interval_minutes, max_age_minutes))
+        .await
+    {
         Ok(_) => tracing::info!(
             schedule_id = SCHEDULE_ID,
             interval_minutes,

@@ -143,6 +143,36 @@ impl Provisioner {
         })
     }
 
+    /// A command in `record`'s sandbox with what every command there gets: its workspace
+    /// (and overlay), the runtime and its features, seccomp, the agent tools, the
+    /// sandbox's uid and file-size bound; no relays, cgroups or image (callers add theirs).
+    pub(crate) fn invocation<'a>(
+        &'a self,
+        record: &'a Record,
+        workspace: &'a std::path::Path,
+        overlay: Option<&'a std::os::fd::OwnedFd>,
+        argv: &'a [String],
+        env: &'a [(String, String)],
+    ) -> Invocation<'a> {
+        Invocation {
+            bwrap: &self.isolation.bwrap,
+            features: self.isolation.features,
+            workspace,
+            overlay: overlay.map(std::os::fd::AsFd::as_fd),
+            sandbox_id: &record.id,
+            relays: None,
+            cgroup_procs: &[],
+            argv,
+            env,
+            seccomp: &self.isolation.seccomp,
+            tools: self.isolation.agent_tools.as_deref(),
+            uid: self.uid_of(record),
+            image: None,
+            init: false,
+            file_size: disk_quota::file_size_limit(record.disk_bytes),
+        }
+    }
+
     /// The command for the sandbox's init, which runs it: only its environment is made
     /// here; with `llm_gateway`, its place in the sandbox's one LLM relay.
     fn under_init(
@@ -162,25 +192,13 @@ impl Provisioner {
         let lease = llm_gateway.map(|g| entry.llm.lease(g, id)).transpose()?;
         let llm_socket = self.storage.store.dir(id).join("llm.sock");
         let inv = Invocation {
-            bwrap: &self.isolation.bwrap,
-            features: self.isolation.features,
-            workspace: &workspace,
-            overlay: overlay.as_deref().map(std::os::fd::AsFd::as_fd),
-            sandbox_id: id,
             relays: self.isolation.forwarder.as_ref().map(|forwarder| Relays {
                 forwarder,
                 egress: egress.then_some(socket.as_path()),
                 llm: lease.is_some().then_some(llm_socket.as_path()),
             }),
-            cgroup_procs: &[],
-            argv,
-            env,
-            seccomp: &self.isolation.seccomp,
-            tools: self.isolation.agent_tools.as_deref(),
-            uid: self.uid_of(record),
             image,
-            init: false,
-            file_size: disk_quota::file_size_limit(record.disk_bytes),
+            ..self.invocation(record, &workspace, overlay.as_deref(), argv, env)
         };
         let mut env = inv.env();
         // What bubblewrap's `--chdir` sets (over a caller's) for a command it starts.
@@ -232,21 +250,10 @@ impl Provisioner {
             argv.to_vec()
         };
         let inv = Invocation {
-            bwrap: &self.isolation.bwrap,
-            features: self.isolation.features,
-            workspace: &workspace,
-            overlay: overlay.as_deref().map(std::os::fd::AsFd::as_fd),
-            sandbox_id: id,
             relays,
             cgroup_procs: &procs,
-            argv: &argv,
-            env,
-            seccomp: &self.isolation.seccomp,
-            tools: self.isolation.agent_tools.as_deref(),
-            uid: self.uid_of(record),
             image,
-            init: false,
-            file_size: disk_quota::file_size_limit(record.disk_bytes),
+            ..self.invocation(record, &workspace, overlay.as_deref(), &argv, env)
         };
         let command = inv
             .command()

@@ -15,7 +15,7 @@ use crate::{
             init::host::Init,
             network::{forwarder_kit::ForwarderKit, llm_relay, llm_relay::Relay},
         },
-        storage::{disk_quota, store::Record},
+        storage::store::Record,
     },
 };
 use std::{path::Path, sync::Arc};
@@ -82,28 +82,18 @@ impl Provisioner {
         let procs = self.cgroup_procs(id);
         let argv = forwarder.argv();
         let inv = Invocation {
-            bwrap: &self.isolation.bwrap,
-            features: self.isolation.features,
-            workspace: &workspace,
-            overlay: overlay.as_deref().map(std::os::fd::AsFd::as_fd),
-            sandbox_id: id,
             relays: Some(Relays {
                 forwarder,
                 egress: (!record.egress_allow.is_empty()).then_some(egress.as_path()),
                 llm: Some(llm_socket),
             }),
             cgroup_procs: &procs,
-            argv: &argv,
-            env: &[],
-            seccomp: &self.isolation.seccomp,
-            tools: self.isolation.agent_tools.as_deref(),
-            uid: self.uid_of(record),
             image: record.image.as_ref().map(|i| ImageRoot {
                 rootfs: &i.rootfs,
                 env: &i.env,
             }),
             init: true,
-            file_size: disk_quota::file_size_limit(record.disk_bytes),
+            ..self.invocation(record, &workspace, overlay.as_deref(), &argv, &[])
         };
         Init::start(&inv, id).map_err(|e| ProvisionerError::internal("start the sandbox's init", e))
     }
