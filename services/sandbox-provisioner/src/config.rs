@@ -4,7 +4,7 @@ use crate::{
     e2b::{ApiKey, E2bConfig},
     local::{
         core::config::Config,
-        isolation::{cgroup::Limits, uids},
+        isolation::{cgroup::Limits, host_tools::Toolchain, uids},
         storage::{disk_quota, image, image::registry},
     },
     usage::Prices,
@@ -132,6 +132,13 @@ pub struct Args {
     /// `make deps-agents` fills `~/.cache/forkyard/agents` with the pinned versions.
     #[arg(long, env = "FORKYARD_AGENT_TOOLS")]
     pub agent_tools: Option<PathBuf>,
+    /// Toolchains every sandbox sees read-only, `name=/absolute/dir` separated by commas:
+    /// each at `/run/forkyard/toolchains/<name>`, its `bin` on the sandbox's PATH after
+    /// the agent tools (a forked repository's `cargo test` needs a Rust toolchain, and
+    /// rustup's lives in the operator's home, which sandboxes do not see). `make up`
+    /// offers the active rustup toolchain as `rust` when there is one.
+    #[arg(long, env = "FORKYARD_TOOLCHAINS", value_delimiter = ',')]
+    pub toolchains: Vec<String>,
     /// Where workspace snapshots are stored (default `<state>/snapshots`).
     #[arg(long, env = "FORKYARD_SNAPSHOT_DIR")]
     pub snapshot_dir: Option<PathBuf>,
@@ -303,6 +310,7 @@ impl Args {
         self.sandbox_bounds(&mut config)?;
         config.forwarder_path = self.forwarder();
         config.agent_tools = self.agent_tools()?;
+        config.toolchains = self.toolchains()?;
         self.storage(&mut config)?;
         config.prices = self.prices()?;
         config.seccomp = self.sandbox_seccomp;
@@ -368,6 +376,23 @@ impl Args {
             ));
         }
         Ok(Some(dir.clone()))
+    }
+
+    /// The toolchains, checked: each `name=/absolute/dir`, names unique.
+    fn toolchains(&self) -> Result<Vec<Toolchain>, String> {
+        let mut out: Vec<Toolchain> = Vec::new();
+        for entry in self.toolchains.iter().filter(|e| !e.trim().is_empty()) {
+            let t = Toolchain::parse(entry.trim())
+                .map_err(|e| format!("--toolchains (FORKYARD_TOOLCHAINS) {e}"))?;
+            if out.iter().any(|o| o.name == t.name) {
+                return Err(format!(
+                    "--toolchains (FORKYARD_TOOLCHAINS): {} named twice",
+                    t.name
+                ));
+            }
+            out.push(t);
+        }
+        Ok(out)
     }
 
     /// The forwarder named, or the one installed next to this executable; an empty name

@@ -280,3 +280,45 @@ async fn env_values_never_appear_on_a_command_line() {
     let out = f.sh(&sbx.id, "echo $FORKYARD_SANDBOX_ID").await;
     assert_eq!(out.stdout.trim(), sbx.id);
 }
+
+/// An operator's toolchain (`--toolchains rust=…`) in a home sandboxes' uids cannot pass
+/// (0700, like `/root/.rustup`): every sandboxed command finds its `bin` on PATH and reads
+/// its files, and cannot write them.
+#[tokio::test]
+async fn a_toolchain_in_the_operators_home_is_on_every_sandboxs_path_read_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let home = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let sysroot = home.path().join(".rustup/toolchains/stable");
+    std::fs::create_dir_all(sysroot.join("bin")).unwrap();
+    std::fs::create_dir_all(sysroot.join("lib")).unwrap();
+    std::fs::write(sysroot.join("lib/version"), "1.2.3\n").unwrap();
+    let tool = sysroot.join("bin/fakec");
+    std::fs::write(
+        &tool,
+        "#!/bin/sh\ncat \"$(dirname \"$0\")/../lib/version\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let toolchain = forkyard_sandbox_provisioner::local::isolation::host_tools::Toolchain::parse(
+        &format!("fakec={}", sysroot.display()),
+    )
+    .unwrap();
+    let f = common::fixture_with(|_, c| c.toolchains = vec![toolchain]).await;
+    let sbx = f.create().await;
+    let out = f
+        .sh(
+            &sbx.id,
+            "echo \"$PATH\"; fakec; touch /run/forkyard/toolchains/fakec/lib/x 2>&1 || echo refused",
+        )
+        .await;
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(
+        lines[0].contains("/run/forkyard/toolchains/fakec/bin:"),
+        "{out:?}"
+    );
+    assert_eq!(lines[1], "1.2.3", "{out:?}");
+    assert!(out.stdout.contains("refused"), "{out:?}");
+    assert!(!home.path().join(".rustup/toolchains/stable/lib/x").exists());
+}

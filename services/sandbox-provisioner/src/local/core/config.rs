@@ -65,6 +65,8 @@ pub struct Config {
     pub forwarder_path: Option<PathBuf>,
     /// Agent CLIs bound into every sandbox at [`crate::local::isolation::bubblewrap::bwrap::TOOLS`].
     pub agent_tools: Option<PathBuf>,
+    /// Toolchains bound into every sandbox at `host_tools::TOOLCHAINS/<name>`.
+    pub toolchains: Vec<crate::local::isolation::host_tools::Toolchain>,
     /// Each sandbox's commands run under one long-lived bubblewrap (`crate::local::isolation::init`), when
     /// there is a forwarder (the init is that binary).
     pub sandbox_init: bool,
@@ -142,6 +144,7 @@ impl Config {
             reap_interval: Duration::from_secs(30),
             forwarder_path: None,
             agent_tools: None,
+            toolchains: Vec::new(),
             sandbox_init: true,
             workspace_overlay: true,
             prices: Prices::default(),

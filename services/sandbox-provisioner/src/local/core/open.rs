@@ -6,10 +6,11 @@ use crate::local::{
     base::{fs::find_executable, keyed_lock::KeyedLock, state_lock::StateLock},
     core::{config::Config, provisioner::Provisioner, reaper, usage},
     isolation::{
-        Isolation, agent_tools,
+        Isolation,
         bubblewrap::{bwrap::Features, probe, seccomp},
         cgroup::{self, Cgroups},
         command::terminal::Ptys,
+        host_tools::{self, Toolchain},
         network::forwarder_kit::ForwarderKit,
         open_files,
         runtime_probe::RuntimeProbe,
@@ -104,14 +105,32 @@ async fn open_isolation(
     let features = probe_bwrap(config, &bwrap, store, uids.is_some()).await?;
     let cgroups = detect_cgroups(config)?;
     let forwarder = forwarder_kit(config)?;
+    let own_uids = uids.is_some();
     let agent_tools = config
         .agent_tools
         .as_deref()
         .map(|t| {
-            agent_tools::reachable(t, &config.state_dir, uids.is_some())
+            host_tools::reachable(t, &config.state_dir.join("agent-tools"), own_uids)
                 .map_err(|e| format!("--agent-tools (FORKYARD_AGENT_TOOLS) {}: {e}", t.display()))
         })
         .transpose()?;
+    let toolchains = config
+        .toolchains
+        .iter()
+        .map(|t| {
+            let mirror = config.state_dir.join("toolchains").join(&t.name);
+            let dir = host_tools::reachable(&t.dir, &mirror, own_uids).map_err(|e| {
+                format!(
+                    "--toolchains (FORKYARD_TOOLCHAINS) {}: {e}",
+                    t.dir.display()
+                )
+            })?;
+            Ok(Toolchain {
+                name: t.name.clone(),
+                dir,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
     Ok(Isolation {
         bwrap,
         features,
@@ -119,6 +138,7 @@ async fn open_isolation(
         forwarder,
         uids,
         agent_tools,
+        toolchains,
         seccomp: Vec::new(),
         runtime_probe: RuntimeProbe::default(),
     })

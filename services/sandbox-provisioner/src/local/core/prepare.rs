@@ -166,6 +166,7 @@ impl Provisioner {
             env,
             seccomp: &self.isolation.seccomp,
             tools: self.isolation.agent_tools.as_deref(),
+            toolchains: &self.isolation.toolchains,
             uid: self.uid_of(record),
             image: None,
             init: false,

@@ -4,11 +4,11 @@
 //! (`network`), and how a command is started and waited for (`command`). It knows
 //! nothing of where workspaces come from (`storage`, above it).
 
-pub mod agent_tools;
 pub mod bubblewrap;
 pub mod cgroup;
 pub mod cgroup_detect;
 pub(crate) mod command;
+pub mod host_tools;
 pub mod init;
 pub mod network;
 pub(crate) mod open_files;
@@ -41,6 +41,8 @@ pub struct Isolation {
     pub(crate) seccomp: Vec<Vec<u8>>,
     /// Agent CLIs every sandbox sees at `bubblewrap::bwrap::TOOLS` (operator's choice).
     pub(crate) agent_tools: Option<PathBuf>,
+    /// Toolchains every sandbox sees at `host_tools::TOOLCHAINS` (operator's choice).
+    pub(crate) toolchains: Vec<host_tools::Toolchain>,
     /// The replica-wide probe of the sandbox runtime behind health checks.
     pub(crate) runtime_probe: RuntimeProbe,
 }

@@ -7,6 +7,7 @@
 
 use super::{enter, vfork};
 use crate::local::isolation::{
+    host_tools::Toolchain,
     network::forwarder_kit::{self, ForwarderKit},
     open_files,
 };
@@ -115,6 +116,8 @@ pub struct Invocation<'a> {
     pub seccomp: &'a [Vec<u8>],
     /// A host directory of agent CLIs bound at [`TOOLS`] (`--agent-tools`).
     pub tools: Option<&'a Path>,
+    /// Toolchains bound at `TOOLCHAINS/<name>` (`--toolchains`), their `bin` on PATH.
+    pub toolchains: &'a [Toolchain],
     /// The host uid bubblewrap and the command run as (`crate::local::isolation::uids`); `None`: the
     /// provisioner's.
     pub uid: Option<u32>,
@@ -234,6 +237,13 @@ impl Invocation<'_> {
                 OsStr::new(TOOLS),
             ]);
         }
+        for t in self.toolchains {
+            a.push([
+                OsStr::new("--ro-bind"),
+                t.dir.as_os_str(),
+                OsStr::new(&t.in_sandbox()),
+            ]);
+        }
         if let Some(r) = self.kit() {
             a.push([
                 OsStr::new("--ro-bind"),
@@ -275,9 +285,12 @@ impl Invocation<'_> {
                     .cloned(),
             );
         }
-        if self.tools.is_some() {
-            tools_on_path(&mut env, self.image.is_some());
-        }
+        tools_on_path(
+            &mut env,
+            self.tools.is_some(),
+            self.toolchains,
+            self.image.is_some(),
+        );
         if let Some(r) = self.relays
             && r.llm.is_some()
         {
@@ -453,16 +466,29 @@ fn host_root_links() -> &'static [(PathBuf, Option<PathBuf>)] {
     })
 }
 
-/// The agent tools' `bin` on the sandbox's PATH: first on the host's tools (the pinned
-/// CLIs win over whatever /usr holds), last on an image's own PATH (the image's tools win:
-/// it was chosen for them).
-fn tools_on_path(env: &mut [(String, String)], image: bool) {
-    let bin = format!("{TOOLS}/bin");
+/// The agent tools' and toolchains' `bin`s on the sandbox's PATH, in that order: first on
+/// the host's tools (the operator's pinned CLIs and toolchains win over whatever /usr
+/// holds), last on an image's own PATH (the image's tools win: it was chosen for them).
+fn tools_on_path(
+    env: &mut [(String, String)],
+    agents: bool,
+    toolchains: &[Toolchain],
+    image: bool,
+) {
+    let bins: Vec<String> = agents
+        .then(|| format!("{TOOLS}/bin"))
+        .into_iter()
+        .chain(toolchains.iter().map(|t| format!("{}/bin", t.in_sandbox())))
+        .collect();
+    if bins.is_empty() {
+        return;
+    }
+    let bins = bins.join(":");
     if let Some((_, path)) = env.iter_mut().rev().find(|(k, _)| k == "PATH") {
         *path = if image {
-            format!("{path}:{bin}")
+            format!("{path}:{bins}")
         } else {
-            format!("{bin}:{path}")
+            format!("{bins}:{path}")
         };
     }
 }

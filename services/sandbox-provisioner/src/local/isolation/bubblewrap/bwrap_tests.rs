@@ -18,6 +18,7 @@ fn plain<'a>(argv: &'a [String], env: &'a [(String, String)]) -> Invocation<'a> 
         env,
         seccomp: &[],
         tools: None,
+        toolchains: &[],
         uid: None,
         image: None,
         init: false,
@@ -98,6 +99,7 @@ fn host_processes_start_with_no_environment_and_bwrap_reads_it_from_the_fd() {
         env: &env,
         seccomp: &[],
         tools: None,
+        toolchains: &[],
         uid: Some(1_000_000_007),
         image: None,
         init: false,
@@ -131,16 +133,22 @@ fn host_processes_start_with_no_environment_and_bwrap_reads_it_from_the_fd() {
     );
 }
 
-/// The operator's agent CLIs: bound read-only at TOOLS, their `bin` first on the host's
-/// PATH and last on an image's.
+/// The operator's agent CLIs and toolchains: bound read-only at TOOLS and
+/// TOOLCHAINS/<name>, their `bin`s (agents first) first on the host's PATH and last on an
+/// image's.
 #[test]
-fn agent_tools_are_bound_read_only_and_on_path() {
+fn agent_tools_and_toolchains_are_bound_read_only_and_on_path() {
     let argv = ["claude".to_owned()];
     let image_env = [("PATH".to_owned(), "/opt/image/bin:/usr/bin".to_owned())];
     let rootfs = Path::new("/state/images/x/rootfs");
+    let toolchains = [crate::local::isolation::host_tools::Toolchain {
+        name: "rust".into(),
+        dir: "/home/u/.rustup/toolchains/stable".into(),
+    }];
     for on_image in [false, true] {
         let inv = Invocation {
             tools: Some(Path::new("/home/u/.cache/forkyard/agents")),
+            toolchains: &toolchains,
             image: on_image.then_some(ImageRoot {
                 rootfs,
                 env: &image_env,
@@ -159,10 +167,16 @@ fn agent_tools_are_bound_read_only_and_on_path() {
         );
         let env = inv.env();
         let path = &env.iter().rev().find(|(k, _)| k == "PATH").unwrap().1;
+        assert!(
+            args.contains(
+                "--ro-bind /home/u/.rustup/toolchains/stable /run/forkyard/toolchains/rust"
+            ),
+            "{args}"
+        );
         let want = if on_image {
-            "/opt/image/bin:/usr/bin:/run/forkyard/tools/bin"
+            "/opt/image/bin:/usr/bin:/run/forkyard/tools/bin:/run/forkyard/toolchains/rust/bin"
         } else {
-            "/run/forkyard/tools/bin:/usr/local/bin:/usr/bin:/bin"
+            "/run/forkyard/tools/bin:/run/forkyard/toolchains/rust/bin:/usr/local/bin:/usr/bin:/bin"
         };
         assert_eq!(path, want);
     }

@@ -21,6 +21,7 @@ pub async fn probe(bwrap: &Path, scratch: &Path, uid: Option<u32>) -> Result<Fea
             env: &[],
             seccomp: &[],
             tools: None,
+            toolchains: &[],
             uid,
             image: None,
             init: false,
