@@ -119,6 +119,14 @@ pub struct Args {
     /// provisioner's descriptors); past them the sandbox's new connections wait.
     #[arg(long, env = "FORKYARD_EGRESS_MAX_CONNECTIONS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub egress_max_connections: u32,
+    /// How long a connection to a sandbox's egress proxy may take to send its request's
+    /// head (a CONNECT or a plain-HTTP request), and to be connected upstream.
+    #[arg(long, env = "FORKYARD_EGRESS_HEADER_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub egress_header_timeout_secs: u64,
+    /// How long a connection through a sandbox's egress proxy may move no byte either
+    /// way before it is closed.
+    #[arg(long, env = "FORKYARD_EGRESS_IDLE_TIMEOUT_SECS", default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..))]
+    pub egress_idle_timeout_secs: u64,
     /// How often expired sandboxes are looked for.
     #[arg(long, env = "FORKYARD_REAP_INTERVAL_SECS", default_value_t = 30)]
     pub reap_interval_secs: u64,
@@ -355,8 +363,11 @@ impl Args {
             config.default_ttl,
         )?;
         config.llm_relay = self.llm_relay.limits();
-        config.egress_max_connections =
-            usize::try_from(self.egress_max_connections).unwrap_or(usize::MAX);
+        config.egress = forkyard_common::http_limits::Limits {
+            max_connections: usize::try_from(self.egress_max_connections).unwrap_or(usize::MAX),
+            header_timeout: Duration::from_secs(self.egress_header_timeout_secs),
+            idle_timeout: Duration::from_secs(self.egress_idle_timeout_secs),
+        };
         Ok(())
     }
 

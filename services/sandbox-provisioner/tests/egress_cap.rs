@@ -42,7 +42,7 @@ async fn slow_server() -> (u16, Arc<AtomicUsize>, Arc<AtomicUsize>) {
 #[tokio::test]
 async fn a_sandbox_holds_at_most_its_egress_cap_of_tunnels() {
     let (port, most, total) = slow_server().await;
-    let f = fixture_with(|_, c| c.egress_max_connections = 4).await;
+    let f = fixture_with(|_, c| c.egress.max_connections = 4).await;
     let mut req = f.request("forkyard-fork-1");
     req.network = true;
     req.egress_allow = vec![format!("127.0.0.1:{port}")];

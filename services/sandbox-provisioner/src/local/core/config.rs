@@ -58,7 +58,7 @@ pub struct Config {
     /// What each sandbox's LLM relay holds its connections to.
     pub llm_relay: RelayLimits,
     /// Connections each sandbox's egress proxy holds at once.
-    pub egress_max_connections: usize,
+    pub egress: forkyard_common::http_limits::Limits,
     /// How often expired sandboxes are looked for.
     pub reap_interval: Duration,
     /// The `sandbox-egress-forwarder` binary; `None` = egress cannot be offered.
@@ -140,7 +140,7 @@ impl Config {
             default_ttl: Duration::from_secs(4 * 3600),
             maxima: crate::maxima::Maxima::DEFAULT,
             llm_relay: RelayLimits::DEFAULT,
-            egress_max_connections: 256,
+            egress: crate::local::isolation::network::egress::DEFAULT_LIMITS,
             reap_interval: Duration::from_secs(30),
             forwarder_path: None,
             agent_tools: None,

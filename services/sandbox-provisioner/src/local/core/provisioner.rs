@@ -60,8 +60,8 @@ impl Provisioner {
             let allow = Allowlist::parse(&record.egress_allow)
                 .map_err(|e| ProvisionerError::invalid("egress_allow", e))?;
             let socket = self.storage.store.egress_socket(&record.id);
-            let cap = self.config.egress_max_connections;
-            egress::spawn(&socket, allow, cap, entry.cancel.child_token())
+            let limits = self.config.egress;
+            egress::spawn(&socket, allow, limits, entry.cancel.child_token())
                 .and_then(|()| self.give_to_sandbox(&record, &socket))
                 .map_err(|e| ProvisionerError::internal("start egress proxy", e))?;
         }

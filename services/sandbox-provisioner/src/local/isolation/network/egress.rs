@@ -9,8 +9,11 @@
 #[path = "egress_http.rs"]
 mod http;
 
-use forkyard_common::{allowed_hosts, hosts};
-use std::{net::IpAddr, path::Path, sync::Arc};
+use forkyard_common::{
+    allowed_hosts, hosts,
+    http_limits::{Idle, Limits, Slots},
+};
+use std::{net::IpAddr, path::Path, sync::Arc, time::Duration};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
     net::{TcpStream, UnixListener, UnixStream},
@@ -18,6 +21,17 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 const MAX_HEAD: usize = 16 * 1024;
+
+/// The sandbox's side of a connection through the proxy.
+type Conn = Idle<UnixStream>;
+
+/// 256 connections at once; 30 s for a request's head (and for the connection upstream);
+/// 15 minutes with no byte moving (a long download that stalls, a tunnel left open).
+pub const DEFAULT_LIMITS: Limits = Limits {
+    max_connections: 256,
+    header_timeout: Duration::from_secs(30),
+    idle_timeout: Duration::from_secs(900),
+};
 
 /// Allowed destinations: `host` (any port), `host:port`, or `*.domain` (any subdomain),
 /// as the request gave them (lowercased) and as parsed.
@@ -106,14 +120,14 @@ impl Allowlist {
 pub fn spawn(
     socket: &Path,
     allow: Allowlist,
-    max_connections: usize,
+    limits: Limits,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket)?;
     let allow = Arc::new(allow);
     let socket = socket.to_owned();
-    let slots = forkyard_common::http_limits::Slots::new(max_connections);
+    let slots = Slots::new(limits.max_connections);
     tokio::spawn(async move {
         loop {
             let slot = tokio::select! {
@@ -129,7 +143,7 @@ pub fn spawn(
                         tokio::spawn(async move {
                             tokio::select! {
                                 () = stop.cancelled() => {}
-                                _ = serve(conn, &allow) => {}
+                                _ = serve(conn, &allow, limits) => {}
                             }
                             drop(slot);
                         });
@@ -146,9 +160,15 @@ pub fn spawn(
     Ok(())
 }
 
-async fn serve(conn: UnixStream, allow: &Allowlist) -> std::io::Result<()> {
-    let mut conn = BufReader::new(conn);
-    let Some(head) = read_head(&mut conn).await? else {
+/// One connection: its head read within the header timeout, then relayed until either
+/// side closes or no byte has moved for the idle timeout (a sandbox cannot hold the
+/// provisioner's descriptors with connections that say nothing).
+async fn serve(conn: UnixStream, allow: &Allowlist, limits: Limits) -> std::io::Result<()> {
+    let mut conn = BufReader::new(Idle::new(conn, limits.idle_timeout));
+    let Ok(head) = tokio::time::timeout(limits.header_timeout, read_head(&mut conn)).await else {
+        return respond(conn.get_mut(), 408, "no request head in time").await;
+    };
+    let Some(head) = head? else {
         return Ok(());
     };
     let text = String::from_utf8_lossy(&head).into_owned();
@@ -176,10 +196,22 @@ async fn serve(conn: UnixStream, allow: &Allowlist) -> std::io::Result<()> {
         Some(Ok(head)) => Some(head),
         Some(Err((code, why))) => return respond(conn.get_mut(), code, why).await,
     };
-    let mut upstream = match connect(&host, port).await {
-        Ok(s) => s,
-        Err((code, why)) => return respond(conn.get_mut(), code, &why).await,
+    let connected = tokio::time::timeout(limits.header_timeout, connect(&host, port)).await;
+    let upstream = match connected {
+        Ok(Ok(s)) => s,
+        Ok(Err((code, why))) => return respond(conn.get_mut(), code, &why).await,
+        Err(_) => {
+            return respond(
+                conn.get_mut(),
+                504,
+                &format!("{host}:{port}: no connection in time"),
+            )
+            .await;
+        }
     };
+    // Both sides bounded: a plain request's answer is read from upstream alone, once its
+    // body is sent.
+    let mut upstream = Idle::new(upstream, limits.idle_timeout);
     let buffered = conn.buffer().to_vec();
     let mut conn = conn.into_inner();
     if let Some((head, length)) = plain {
@@ -194,7 +226,7 @@ async fn serve(conn: UnixStream, allow: &Allowlist) -> std::io::Result<()> {
 
 /// The request's head, up to its blank line; `None` when the client closed first or
 /// sent more than [`MAX_HEAD`].
-async fn read_head(conn: &mut BufReader<UnixStream>) -> std::io::Result<Option<Vec<u8>>> {
+async fn read_head(conn: &mut BufReader<Conn>) -> std::io::Result<Option<Vec<u8>>> {
     let mut head = Vec::new();
     loop {
         let n = conn.read_until(b'\n', &mut head).await?;
@@ -260,21 +292,32 @@ async fn connect(host: &str, port: u16) -> Result<TcpStream, (u16, String)> {
         .await
         .map_err(|e| (502, format!("cannot resolve {host}: {e}")))?
         .collect();
-    if let Some((addr, block)) = addrs
-        .iter()
-        .find_map(|a| Some((a.ip(), hosts::special_block(a.ip())?)))
-    {
-        tracing::info!(%host, port, %addr, block, "egress refused: the name resolves to an internal address");
-        return Err((403, format!("{host} resolves to an internal address")));
-    }
+    all_public(host, &addrs)?;
     TcpStream::connect(&addrs[..]).await.map_err(unreachable)
 }
 
-async fn respond(conn: &mut UnixStream, code: u16, msg: &str) -> std::io::Result<()> {
+/// A name's addresses, refused (403) when any of them is not a public one: one internal
+/// address among public ones is how DNS rebinding gets in.
+fn all_public(host: &str, addrs: &[std::net::SocketAddr]) -> Result<(), (u16, String)> {
+    match addrs
+        .iter()
+        .find_map(|a| Some((a.ip(), hosts::special_block(a.ip())?)))
+    {
+        None => Ok(()),
+        Some((addr, block)) => {
+            tracing::info!(%host, %addr, block, "egress refused: the name resolves to an internal address");
+            Err((403, format!("{host} resolves to an internal address")))
+        }
+    }
+}
+
+async fn respond(conn: &mut Conn, code: u16, msg: &str) -> std::io::Result<()> {
     let reason = match code {
         400 => "Bad Request",
         403 => "Forbidden",
+        408 => "Request Timeout",
         411 => "Length Required",
+        504 => "Gateway Timeout",
         _ => "Bad Gateway",
     };
     let body = format!("{msg}\n");

@@ -5,6 +5,7 @@
 //! `Connection: close`, its body by its `Content-Length`; the answer goes back and the
 //! connection ends.
 
+use forkyard_common::http_limits::Idle;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpStream, UnixStream},
@@ -84,15 +85,15 @@ pub(super) fn upstream_head(
 /// waits for `100 Continue` gets it); whatever the client sends after its body is not
 /// forwarded.
 pub(super) async fn forward(
-    client: UnixStream,
+    client: Idle<UnixStream>,
     buffered: &[u8],
-    mut upstream: TcpStream,
+    mut upstream: Idle<TcpStream>,
     head: &str,
     length: u64,
 ) -> std::io::Result<()> {
     upstream.write_all(head.as_bytes()).await?;
-    let (client_rd, mut client_wr) = client.into_split();
-    let (mut up_rd, mut up_wr) = upstream.into_split();
+    let (client_rd, mut client_wr) = tokio::io::split(client);
+    let (mut up_rd, mut up_wr) = tokio::io::split(upstream);
     let mut body = buffered.chain(client_rd).take(length);
     let send = async {
         tokio::io::copy(&mut body, &mut up_wr).await?;

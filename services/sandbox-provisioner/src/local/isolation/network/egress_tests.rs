@@ -53,7 +53,11 @@ async fn proxy(entries: &[String]) -> (tempfile::TempDir, std::path::PathBuf, Ca
     spawn(
         &socket,
         Allowlist::parse(entries).unwrap(),
-        64,
+        Limits {
+            max_connections: 64,
+            header_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_millis(600),
+        },
         stop.clone(),
     )
     .unwrap();
@@ -108,6 +112,81 @@ async fn names_resolving_into_any_internal_block_are_refused() {
             );
         }
     }
+    stop.cancel();
+}
+
+/// Names resolving into an IPv6 block that is not public (no resolver here answers a
+/// name with them, so the addresses are given as a resolver would): each refused, also
+/// when it comes after a public address, and a name whose addresses are all public is
+/// let through.
+#[test]
+fn names_resolving_into_any_internal_ipv6_block_are_refused() {
+    let public: std::net::SocketAddr = "[2606:4700::1111]:443".parse().unwrap();
+    for (addr, block) in [
+        ("::1", "loopback"),
+        ("::ffff:10.0.0.1", "IPv4-mapped"),
+        ("64:ff9b::a00:1", "NAT64 carrying 10.0.0.1"),
+        ("64:ff9b::a9fe:a9fe", "NAT64 carrying the metadata address"),
+        ("64:ff9b:1::1", "NAT64 local use"),
+        ("2002:a00:1::1", "6to4 carrying 10.0.0.1"),
+        ("2001:db8::1", "documentation"),
+        ("fc00::1", "unique local"),
+        ("fd12:3456::1", "unique local"),
+        ("fe80::1", "link-local"),
+        ("fec0::1", "site-local"),
+        ("ff02::1", "multicast"),
+        ("100::1", "discard"),
+        ("2001::1", "Teredo"),
+    ] {
+        let internal = std::net::SocketAddr::new(addr.parse().unwrap(), 443);
+        for addrs in [vec![internal], vec![public, internal]] {
+            let refused = all_public("pkg.example", &addrs).unwrap_err();
+            assert_eq!(refused.0, 403, "{addr} ({block})");
+            assert!(
+                refused.1.contains("resolves to an internal address"),
+                "{refused:?}"
+            );
+        }
+    }
+    let nat64_public = "[64:ff9b::808:808]:443".parse().unwrap();
+    assert!(all_public("pkg.example", &[public, nat64_public]).is_ok());
+}
+
+/// A connection that sends no request head, or goes quiet in a tunnel, is closed at its
+/// timeout (a sandbox cannot hold the provisioner's descriptors with silent
+/// connections): the head's with `408`, the tunnel's by closing both sides.
+#[tokio::test]
+async fn silent_connections_are_closed_at_their_timeouts() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let upstream_closed = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 64];
+        // Quiet until the proxy closes the tunnel: read returns 0 (or fails).
+        matches!(s.read(&mut buf).await, Ok(0) | Err(_))
+    });
+    let (_dir, socket, stop) = proxy(&[format!("127.0.0.1:{port}")]).await;
+
+    // Half a head, then nothing.
+    let mut s = UnixStream::connect(&socket).await.unwrap();
+    s.write_all(b"CONNECT 127.0.0.1:1 HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer));
+    read.await.expect("closed at the header timeout").unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+
+    // A tunnel nobody uses.
+    let mut s = UnixStream::connect(&socket).await.unwrap();
+    let connect = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n");
+    s.write_all(connect.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer));
+    read.await.expect("closed at the idle timeout").ok();
+    assert!(answer.starts_with(b"HTTP/1.1 200 "), "{answer:?}");
+    let closed = tokio::time::timeout(Duration::from_secs(10), upstream_closed);
+    assert!(closed.await.expect("upstream closed too").unwrap());
     stop.cancel();
 }
 
