@@ -60,6 +60,51 @@ fn environ(pid: u32) -> String {
     String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap()).into_owned()
 }
 
+/// The stack's databases (Temporal's, the ledger's, the keys'), logs, pid files and
+/// artifacts are its user's alone: no file of them, and no directory holding them, lets
+/// the group or others in (the state directory itself is searchable only, so that
+/// sandboxes of uids of their own can pass it).
+fn owner_only(state: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(
+        mode(state) & 0o066,
+        0,
+        "{}: {:o}",
+        state.display(),
+        mode(state)
+    );
+    let mut checked = 0;
+    for dir in ["", "logs", "pids", "artifacts"] {
+        let dir = state.join(dir);
+        if !dir.is_dir() {
+            continue;
+        }
+        if dir != state {
+            assert_eq!(mode(&dir) & 0o077, 0, "{}: {:o}", dir.display(), mode(&dir));
+        }
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if entry.file_type().unwrap().is_file() {
+                assert_eq!(
+                    mode(&path) & 0o077,
+                    0,
+                    "{}: {:o}",
+                    path.display(),
+                    mode(&path)
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        ["temporal.db", "ledger.db", "logs/gateway.log"]
+            .iter()
+            .all(|f| state.join(f).is_file()),
+        "the stack's files are not where this test looks: {checked} checked"
+    );
+}
+
 /// Stops the stack whatever the test did.
 struct Down<'a>(&'a Path);
 
@@ -92,6 +137,7 @@ async fn make_up_again_with_a_model_key_restarts_the_runner_with_it_and_nothing_
         pid(state.path(), "agent-runner"),
     );
     assert!(!environ(runner).contains("ANTHROPIC_API_KEY="));
+    owner_only(state.path());
 
     let with_key = [
         ("ANTHROPIC_API_KEY", KEY),

@@ -116,3 +116,33 @@ async fn past_the_cap_a_connection_waits_for_one_to_go() {
     let answer = third.await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
 }
+
+/// A kept-alive connection that goes quiet after its answer is closed once no byte has
+/// moved for the idle timeout, long before the header timeout (a minute) would close it.
+#[tokio::test]
+async fn a_quiet_connection_is_closed_past_the_idle_timeout() {
+    let addr = gateway(Limits {
+        max_connections: 8,
+        header_timeout: GUARD,
+        idle_timeout: Duration::from_millis(300),
+    })
+    .await;
+    let mut conn = relayed(&addr, "sbx-1").await;
+    conn.write_all(b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let ended = tokio::time::timeout(GUARD / 4, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the quiet connection was held");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+}

@@ -34,12 +34,6 @@ async fn writes_past_the_limit_fail_inside(init: bool) {
     };
     assert_eq!(allocated("big"), 0, "init {init}: fallocate allocated");
     assert!(allocated("fits") >= 50 << 20, "init {init}");
-    // dd wrote up to the wall (the bound plus its margin), not past it.
-    assert!(
-        allocated("past") <= (100 << 20) + (32 << 20),
-        "init {init}: {}",
-        allocated("past")
-    );
 }
 
 #[tokio::test]

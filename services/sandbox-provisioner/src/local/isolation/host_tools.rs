@@ -66,9 +66,11 @@ pub fn reachable(dir: &Path, mirror: &Path, own_uids: bool) -> io::Result<PathBu
     if mirror.exists() {
         std::fs::remove_dir_all(mirror)?;
     }
-    if let Some(parent) = mirror.parent() {
+    // A parent made here (`toolchains/`) is searchable only; one there already (the state
+    // directory) keeps its mode.
+    if let Some(parent) = mirror.parent().filter(|p| !p.exists()) {
         std::fs::create_dir_all(parent)?;
-        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711))?;
     }
     mirror_tree(dir, mirror)?;
     Ok(mirror.to_owned())
@@ -123,6 +125,7 @@ mod tests {
         std::os::unix::fs::symlink(&outside, tools.join("escape")).unwrap();
         let state = dir.path().join("state");
         std::fs::create_dir(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o711)).unwrap();
 
         let mirror = state.join("agent-tools");
         assert_eq!(reachable(&tools, &mirror, false).unwrap(), tools);
@@ -149,6 +152,10 @@ mod tests {
         std::fs::write(tools.join("lib/pkg/bin/new"), "x").unwrap();
         let m = reachable(&tools, &mirror, true).unwrap();
         assert!(m.join("lib/pkg/bin/new").is_file());
+        // The state directory keeps its mode; a parent made for a mirror is searchable only.
+        assert_eq!(mode(&state), 0o711);
+        reachable(&tools, &state.join("toolchains/rust"), true).unwrap();
+        assert_eq!(mode(&state.join("toolchains")), 0o711);
     }
 
     #[test]

@@ -108,6 +108,11 @@ mod tests {
         } else {
             // Not root: no jail, and the thread's powers are the provisioner's uid's.
             assert_eq!(inside, jail);
+            forkyard_common::testing::requires(
+                forkyard_common::testing::Need::Root,
+                false,
+                "the unpack jail (chroot, capabilities dropped)",
+            );
         }
     }
 }
