@@ -23,6 +23,13 @@ export FORKYARD_AUTH="${FORKYARD_AUTH:-none}"
 # The pinned agent CLIs (`make deps-agents`), bound into every sandbox.
 agent_tools=${FORKYARD_AGENT_TOOLS:-$HOME/.cache/forkyard/agents}
 if [ -d "$agent_tools" ]; then export FORKYARD_AGENT_TOOLS="$agent_tools"; else unset FORKYARD_AGENT_TOOLS; fi
+# The Rust toolchain a fork's `--verify 'cargo test'` needs: rustup's lives in this user's
+# home, which sandboxes do not see, so the active one is offered to them read-only
+# (/run/forkyard/toolchains/rust). FORKYARD_TOOLCHAINS set (even empty) is taken as is.
+if [ -z "${FORKYARD_TOOLCHAINS+set}" ] && sysroot=$(rustc --print sysroot 2>/dev/null) \
+  && [ -x "$sysroot/bin/cargo" ] && [ "${sysroot#/usr}" = "$sysroot" ]; then
+  export FORKYARD_TOOLCHAINS="rust=$sysroot"
+fi
 
 if ! alive temporal; then
   echo "starting temporal dev server on $TEMPORAL_ADDRESS (ui http://127.0.0.1:$TEMPORAL_UI_PORT)"

@@ -7,7 +7,13 @@
 //!   is a usage error (exit 64) and fails here;
 //! - each `make` target named has a rule in the Makefile.
 //!
+//! - and each `forkyard` command runs as written against a real mesh (`readme/runs.rs`).
+//!
 //! So a README that drifts from the CLI, the Makefile or the API fails `make test`.
+
+mod agent_cli;
+#[path = "readme/runs.rs"]
+mod runs;
 
 use forkyard_tests::{Mesh, mesh::bin_dir, repo};
 use std::{
@@ -19,9 +25,12 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// A command line, split into words.
+type Words = Vec<String>;
+
 /// Every command of the README's `sh` blocks, split into words: continuation lines
 /// joined, comments and redirections dropped, leading `VAR=value` assignments removed.
-fn commands() -> Vec<Vec<String>> {
+fn commands() -> Vec<Words> {
     let text = std::fs::read_to_string(root().join("README.md")).unwrap();
     let mut out = Vec::new();
     let mut in_sh = false;
@@ -37,6 +46,9 @@ fn commands() -> Vec<Vec<String>> {
         }
         pending.push_str(line);
         pending.push('\n');
+        if line.ends_with('\\') {
+            continue; // continued on the next line
+        }
         let joined = pending.replace("\\\n", " ");
         let Some(words) = shlex::split(&joined) else {
             continue; // a quote still open: the command goes on
