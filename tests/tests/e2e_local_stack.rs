@@ -1,10 +1,10 @@
-//! The local stack as a newcomer meets it (`make up`, `scripts/up.sh`): started once,
-//! then `ANTHROPIC_API_KEY=… make up` again restarts the agent runner with the key (and
-//! nothing else), so a Claude Code fork then runs (through the scripted model server);
-//! a third `make up` with the same settings restarts nothing; `make down` leaves no
-//! service behind. It runs the stack on its default ports (50051–50055, Temporal 7233):
-//! a stack of your own running there makes this test fail, saying so.
-
+//! The local stack as a newcomer meets it (`make up`, `scripts/up.sh`): started once and
+//! its demo run (`make demo`), then `ANTHROPIC_API_KEY=… make up` again restarts the
+//! agent runner with the key (and nothing else), so a Claude Code fork then runs (through
+//! the scripted model server); a third `make up` with the same settings restarts nothing;
+//! `make down` leaves no service behind. It runs the stack on its default ports
+//! (50051–50055, Temporal 7233): a stack of your own running there makes this test fail,
+//! saying so.
 use forkyard_proto::{
     common::v1::{AgentSpec, ForkStatus},
     gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
@@ -138,6 +138,10 @@ async fn make_up_again_with_a_model_key_restarts_the_runner_with_it_and_nothing_
     );
     assert!(!environ(runner).contains("ANTHROPIC_API_KEY="));
     owner_only(state.path());
+    // `make demo` is `make up` and then its run: three forks, every one succeeded (the
+    // script exits with the CLI's code).
+    let demo = script("demo.sh", state.path(), &[]);
+    assert!(demo.contains("launching 3 forks"), "{demo}");
 
     let with_key = [
         ("ANTHROPIC_API_KEY", KEY),
