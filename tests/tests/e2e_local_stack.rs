@@ -5,6 +5,7 @@
 //! `make down` leaves no service behind. It runs the stack on its default ports
 //! (50051–50055, Temporal 7233): a stack of your own running there makes this test fail,
 //! saying so.
+
 use forkyard_proto::{
     common::v1::{AgentSpec, ForkStatus},
     gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
