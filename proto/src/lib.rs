@@ -8,6 +8,9 @@
 
 #[cfg(feature = "activities")]
 pub mod activities;
+pub mod driver;
+
+pub use driver::Driver;
 
 /// Where a command's LLM gateway is inside its sandbox (`ExecRequest.llm_gateway`): the
 /// sandbox's own loopback, relayed by the provisioner. Inside, `FORKYARD_LLM_URL` is

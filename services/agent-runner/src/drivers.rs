@@ -6,9 +6,8 @@ use crate::{
     llm::{Endpoint, Secret, anthropic, http::RetryPolicy, openai},
     models::Models,
 };
-use forkyard_proto::common::v1::AgentSpec;
+use forkyard_proto::{Driver, common::v1::AgentSpec, driver::Provider};
 
-pub const DRIVERS: &[&str] = &["command", "claude-code", "codex", "anthropic", "openai"];
 pub const DEFAULT_MAX_TURNS: u32 = 50;
 
 #[derive(Debug, Clone)]
@@ -69,57 +68,47 @@ impl Drivers {
     /// INVALID_ARGUMENT for an unknown driver or model alias, FAILED_PRECONDITION naming
     /// the variable for a missing key.
     pub fn check(&self, agent: &AgentSpec) -> Result<Choice, AgentError> {
-        let driver = if agent.driver.is_empty() {
-            "command"
-        } else {
-            agent.driver.as_str()
-        };
         let bad = |field: &str, m: String| AgentError::InvalidArgument(format!("{field}: {m}"));
-        match driver {
-            "command" => {
+        let driver = Driver::parse(&agent.driver).ok_or_else(|| {
+            let known = Driver::names();
+            bad(
+                "agent.driver",
+                format!("unknown driver {:?}; available: {known}", agent.driver),
+            )
+        })?;
+        let choice = |model: String| Choice {
+            driver: driver.name().into(),
+            model,
+        };
+        let provider = match (driver, driver.capabilities().provider) {
+            (Driver::Command, _) => {
                 if agent.command.trim().is_empty() {
                     return Err(bad("agent.command", "is empty".into()));
                 }
-                Ok(Choice {
-                    driver: driver.into(),
-                    model: agent.model.clone(),
-                })
+                return Ok(choice(agent.model.clone()));
             }
-            "anthropic" | "openai" => {
-                let model = self
-                    .models
-                    .resolve(driver, &agent.model)
-                    .map_err(|m| bad("agent.model", m))?;
-                if driver == "anthropic" && self.anthropic.key.is_none() {
-                    return Err(AgentError::MissingKey {
-                        driver: driver.into(),
-                        var: anthropic::KEY_VAR,
-                    });
-                }
-                // OpenAI itself needs a key; local OpenAI-compatible servers (a custom
-                // OPENAI_BASE_URL) usually do not.
-                if driver == "openai"
-                    && self.openai.key.is_none()
-                    && self.openai.base_url.trim_end_matches('/') == openai::DEFAULT_BASE_URL
-                {
-                    return Err(AgentError::MissingKey {
-                        driver: driver.into(),
-                        var: openai::KEY_VAR,
-                    });
-                }
-                Ok(Choice {
-                    driver: driver.into(),
-                    model,
-                })
-            }
-            other => Err(bad(
-                "agent.driver",
-                format!(
-                    "unknown driver {other:?}; available: {}",
-                    DRIVERS.join(", ")
-                ),
-            )),
+            (d, Some(p)) if !d.capabilities().in_sandbox => p,
+            (d, _) => return Err(bad("agent.driver", format!("{d} is not a model loop"))),
+        };
+        let model = self
+            .models
+            .resolve(driver.name(), &agent.model)
+            .map_err(|m| bad("agent.model", m))?;
+        let missing = match provider {
+            Provider::Anthropic => self.anthropic.key.is_none().then_some(anthropic::KEY_VAR),
+            // OpenAI itself needs a key; local OpenAI-compatible servers (a custom
+            // OPENAI_BASE_URL) usually do not.
+            Provider::OpenAi => (self.openai.key.is_none()
+                && self.openai.base_url.trim_end_matches('/') == openai::DEFAULT_BASE_URL)
+                .then_some(openai::KEY_VAR),
+        };
+        if let Some(var) = missing {
+            return Err(AgentError::MissingKey {
+                driver: driver.name().into(),
+                var,
+            });
         }
+        Ok(choice(model))
     }
 }
 

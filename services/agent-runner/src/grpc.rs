@@ -1,6 +1,6 @@
 //! `forkyard.agent.v1.AgentRunner` over gRPC.
 
-use crate::{drivers::DRIVERS, error::AgentError, progress::NoProgress, runner::Runner};
+use crate::{error::AgentError, progress::NoProgress, runner::Runner};
 use forkyard_proto::agent::v1::{
     CheckDriverRequest, CheckDriverResponse, GetTranscriptRequest, GetTranscriptResponse,
     ListDriversRequest, ListDriversResponse, RunAgentRequest, RunAgentResponse,
@@ -33,7 +33,9 @@ impl AgentRunner for AgentRunnerService {
         _: Request<ListDriversRequest>,
     ) -> Result<Response<ListDriversResponse>, Status> {
         Ok(Response::new(ListDriversResponse {
-            drivers: DRIVERS.iter().map(|d| (*d).to_owned()).collect(),
+            drivers: forkyard_proto::Driver::ALL
+                .map(|d| d.name().to_owned())
+                .into(),
             model_aliases: self
                 .runner
                 .drivers

@@ -5,20 +5,17 @@
 //! variables pointing at it with the fork's token.
 
 use crate::{error::AgentError, llm_gateway::grants::Allowed, models::Models};
-use forkyard_proto::{SANDBOX_LLM_ADDR, agent::v1::RunAgentRequest, common::v1::AgentSpec};
+use forkyard_proto::{Driver, SANDBOX_LLM_ADDR, agent::v1::RunAgentRequest, common::v1::AgentSpec};
 use std::collections::{BTreeSet, HashMap};
-
-pub const CLAUDE_CODE: &str = "claude-code";
-pub const CODEX: &str = "codex";
 
 /// Claude Code's tools a fork may use without asking (`-p` has nobody to ask). The
 /// sandbox is the boundary; web tools only reach what the run's egress allows.
 const CLAUDE_TOOLS: &str =
     "Bash Edit MultiEdit Write Read Glob Grep LS NotebookEdit TodoWrite Task WebFetch WebSearch";
 
-/// The command-like drivers.
+/// The command-like drivers: a program run in the sandbox.
 pub fn is_command_like(driver: &str) -> bool {
-    matches!(driver, "" | "command" | CLAUDE_CODE | CODEX)
+    Driver::parse(driver).is_some_and(|d| d.capabilities().in_sandbox)
 }
 
 /// The program to run and the model it uses.
@@ -48,12 +45,13 @@ pub fn program(
     if req.sandbox_id.is_empty() {
         return Err(AgentError::InvalidArgument("sandbox_id: is empty".into()));
     }
-    match agent.driver.as_str() {
-        "" | "command" => command(agent),
-        CLAUDE_CODE => claude_code(agent, models, max_turns),
-        CODEX => codex(agent, models),
-        other => Err(AgentError::InvalidArgument(format!(
-            "agent.driver: {other:?} is not a command driver"
+    match Driver::parse(&agent.driver) {
+        Some(Driver::Command) => command(agent),
+        Some(Driver::ClaudeCode) => claude_code(agent, models, max_turns),
+        Some(Driver::Codex) => codex(agent, models),
+        _ => Err(AgentError::InvalidArgument(format!(
+            "agent.driver: {:?} is not a command driver",
+            agent.driver
         ))),
     }
 }
@@ -208,11 +206,11 @@ mod tests {
     #[test]
     fn presets_build_the_non_interactive_invocations() {
         let m = Models::default();
-        let p = program(&req(CLAUDE_CODE, "sonnet"), &m, 7).unwrap();
+        let p = program(&req("claude-code", "sonnet"), &m, 7).unwrap();
         assert_eq!(p.model, "claude-sonnet-4-5");
         assert!(p.script.starts_with("exec claude -p \"$FORKYARD_PROMPT\" --output-format stream-json --verbose --model 'claude-sonnet-4-5' --max-turns 7"), "{}", p.script);
         assert_eq!(p.env["ANTHROPIC_SMALL_FAST_MODEL"], "claude-sonnet-4-5");
-        let p = program(&req(CODEX, "gpt-5"), &m, 7).unwrap();
+        let p = program(&req("codex", "gpt-5"), &m, 7).unwrap();
         assert!(
             p.script.starts_with("exec codex exec --json"),
             "{}",
@@ -220,7 +218,7 @@ mod tests {
         );
         assert!(p.script.contains(" -m 'gpt-5' "), "{}", p.script);
         assert!(p.script.ends_with("\"$FORKYARD_PROMPT\""), "{}", p.script);
-        let e = program(&req(CLAUDE_CODE, "sonet"), &m, 7).unwrap_err();
+        let e = program(&req("claude-code", "sonet"), &m, 7).unwrap_err();
         assert!(e.to_string().starts_with("agent.model:"), "{e}");
         let e = program(&req("command", ""), &m, 7).unwrap_err();
         assert!(e.to_string().starts_with("agent.command:"), "{e}");

@@ -95,7 +95,9 @@ impl Runner {
 
     /// The presets talk to a model only through this runner's LLM gateway.
     fn gateway_for(&self, driver: &str) -> Result<(), AgentError> {
-        if matches!(driver, "" | "command") || self.llm_gateway.is_some() {
+        let needs = forkyard_proto::Driver::parse(driver)
+            .is_some_and(|d| d.capabilities().needs_llm_gateway);
+        if !needs || self.llm_gateway.is_some() {
             return Ok(());
         }
         Err(AgentError::InvalidArgument(format!(

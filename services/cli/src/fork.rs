@@ -9,6 +9,7 @@ use crate::{
     watch,
 };
 use forkyard_proto::{
+    Driver,
     common::v1::AgentSpec,
     gateway::v1::{
         Delivery, LaunchRunRequest,
@@ -86,11 +87,12 @@ fn launch_request(a: ForkArgs) -> LaunchRunRequest {
         fork_budget_usd: a.fork_budget.unwrap_or_default(),
         agent: Some(AgentSpec {
             driver: a.driver.unwrap_or_else(|| {
-                if a.agent_command.is_some() {
-                    "command".into()
+                let default = if a.agent_command.is_some() {
+                    Driver::Command
                 } else {
-                    "claude-code".into()
-                }
+                    Driver::ClaudeCode
+                };
+                default.name().into()
             }),
             command: a.agent_command.unwrap_or_default(),
             model: a.model,

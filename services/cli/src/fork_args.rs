@@ -27,7 +27,7 @@ pub struct ForkArgs {
     /// The agent: `claude-code` (the claude CLI), `codex` (the codex CLI), `command` (your
     /// --agent-command), or the runner's own loops `anthropic` / `openai`. Default:
     /// `command` with --agent-command, else `claude-code`.
-    #[arg(long, value_parser = ["command", "claude-code", "codex", "anthropic", "openai"])]
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(forkyard_proto::Driver::ALL.map(forkyard_proto::Driver::name)))]
     pub driver: Option<String>,
     /// Shell command each fork runs in its sandbox (the `command` driver); the prompt is in
     /// $FORKYARD_PROMPT, and the LLM gateway in ANTHROPIC_BASE_URL / OPENAI_BASE_URL with

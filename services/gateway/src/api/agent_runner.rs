@@ -116,7 +116,7 @@ impl AgentRunnerLink {
     /// the variable for a missing API key, UNAVAILABLE when the runner cannot be asked.
     /// The command driver needs nothing from the runner and is not asked about.
     pub async fn check(&self, agent: &AgentSpec) -> Result<(), GatewayError> {
-        if agent.driver.is_empty() || agent.driver == "command" {
+        if forkyard_proto::Driver::parse(&agent.driver) == Some(forkyard_proto::Driver::Command) {
             return Ok(());
         }
         let req = CheckDriverRequest {

@@ -2,31 +2,26 @@
 
 use super::fields::{command_size, field, no_nul};
 use crate::error::GatewayError;
-use forkyard_proto::common::v1::AgentSpec;
+use forkyard_proto::{Driver, common::v1::AgentSpec};
 
-/// Drivers agent-runner implements. Whether the runner can run one (its model alias,
-/// its API key) is asked of the runner at launch (`api::agent_runner`).
-pub const DRIVERS: &[&str] = &["command", "claude-code", "codex", "anthropic", "openai"];
 /// Most entries of `agent.allowed_models`.
 const MAX_ALLOWED_MODELS: usize = 32;
 
 pub(super) fn check_agent(agent: Option<&AgentSpec>) -> Result<AgentSpec, GatewayError> {
     let agent = agent.cloned().unwrap_or_default();
-    let driver = if agent.driver.is_empty() {
-        "command"
-    } else {
-        agent.driver.as_str()
-    };
-    if !DRIVERS.contains(&driver) {
+    // Whether the runner can run it (its model alias, its API key) is asked of the runner
+    // at launch (`api::agent_runner`).
+    let Some(driver) = Driver::parse(&agent.driver) else {
         return Err(field(
             "agent.driver",
             format!(
-                "unknown driver {driver:?}; available: {}",
-                DRIVERS.join(", ")
+                "unknown driver {:?}; available: {}",
+                agent.driver,
+                Driver::names()
             ),
         ));
-    }
-    if driver == "command" && agent.command.trim().is_empty() {
+    };
+    if driver == Driver::Command && agent.command.trim().is_empty() {
         return Err(field(
             "agent.command",
             "is empty; the command driver needs a shell command to run",
@@ -40,7 +35,7 @@ pub(super) fn check_agent(agent: Option<&AgentSpec>) -> Result<AgentSpec, Gatewa
     }
     check_allowed_models(&agent.allowed_models)?;
     Ok(AgentSpec {
-        driver: driver.to_owned(),
+        driver: driver.name().to_owned(),
         ..agent
     })
 }

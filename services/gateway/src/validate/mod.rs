@@ -10,7 +10,6 @@ use crate::{error::GatewayError, money::parse_usd};
 use fields::{check_branch, check_image, check_labels, command_size, field, no_nul, timeout_secs};
 use forkyard_proto::gateway::v1::{LaunchRunRequest, RunSpec};
 
-pub use agent::DRIVERS;
 pub use delivery::publish_delivery;
 pub(crate) use fields::check_base_ref;
 
