@@ -9,8 +9,10 @@
 #[cfg(feature = "activities")]
 pub mod activities;
 pub mod driver;
+pub mod money;
 
 pub use driver::Driver;
+pub use money::{MICROS_PER_USD, Usd};
 
 /// Where a command's LLM gateway is inside its sandbox (`ExecRequest.llm_gateway`): the
 /// sandbox's own loopback, relayed by the provisioner. Inside, `FORKYARD_LLM_URL` is
@@ -67,6 +69,3 @@ pub mod labels {
     /// The fork workflow that owns the sandbox; the janitor checks it is still running.
     pub const WORKFLOW_ID: &str = "forkyard.workflow_id";
 }
-
-/// Money is integer micro-USD.
-pub const MICROS_PER_USD: i64 = 1_000_000;

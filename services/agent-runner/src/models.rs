@@ -42,8 +42,7 @@ impl Price {
             + usage.output_tokens as f64 * self.output
             + usage.cache_read_tokens as f64 * self.cache_read
             + usage.cache_write_tokens as f64 * self.cache_write;
-        // Float noise must not round 45.000000001 up to 46.
-        (micro - 1e-6).ceil().max(0.0) as i64
+        forkyard_proto::Usd::charged(micro).micros()
     }
 
     fn valid(&self) -> bool {

@@ -3,7 +3,7 @@
 //! cost; `codex exec --json` prints JSON lines whose `turn.completed` events carry token
 //! usage without a price. The command driver reads either from stdout.
 
-use forkyard_proto::common::v1::Usage;
+use forkyard_proto::{Usd, common::v1::Usage};
 use serde_json::Value;
 
 #[derive(Debug, Default, PartialEq)]
@@ -13,72 +13,14 @@ pub struct Reported {
     pub cost_micros: Option<i64>,
 }
 
-/// Parse a JSON number's text as micro-USD exactly (rounding half up past 6 decimals),
-/// so "0.1" is 100000, not 99999. An exponent is applied exactly too: serde_json writes a
-/// number under 1e-5 that way ("0.000001" parses to a `Number` whose text is "1e-6"), so
-/// refusing one would charge a small report nothing.
-fn usd_text_to_micros(text: &str) -> Option<i64> {
-    let t = text.trim();
-    if t.starts_with('-') {
-        return None;
-    }
-    let (mantissa, exp) = match t.split_once(['e', 'E']) {
-        Some((m, e)) => (m, e.strip_prefix('+').unwrap_or(e).parse::<i32>().ok()?),
-        None => (t, 0),
-    };
-    let (whole, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    if whole.is_empty()
-        || !whole.bytes().all(|b| b.is_ascii_digit())
-        || !frac.bytes().all(|b| b.is_ascii_digit())
-    {
-        return None;
-    }
-    // The digits and where the point falls among them, moved by the exponent (bounded:
-    // past 1e18 USD the sum overflows anyway, and under 1e-30 it rounds to nothing).
-    let mut digits: Vec<u8> = whole
-        .bytes()
-        .chain(frac.bytes())
-        .map(|b| b - b'0')
-        .collect();
-    let point = i64::try_from(whole.len()).ok()? + i64::from(exp);
-    if point > 40 {
-        return None;
-    }
-    if point < -30 {
-        return Some(0);
-    }
-    let point = if point < 0 {
-        let pad = usize::try_from(-point).ok()?;
-        digits.splice(0..0, std::iter::repeat_n(0, pad));
-        0
-    } else {
-        usize::try_from(point).ok()?
-    };
-    if digits.len() < point {
-        digits.resize(point, 0);
-    }
-    let whole = digits[..point].iter().try_fold(0i64, |acc, d| {
-        acc.checked_mul(10)?.checked_add(i64::from(*d))
-    })?;
-    let mut frac = digits[point..].to_vec();
-    let round_up = frac.get(6).is_some_and(|d| *d >= 5);
-    frac.truncate(6);
-    frac.resize(6, 0);
-    let mut micros = frac.iter().fold(0i64, |acc, d| acc * 10 + i64::from(*d));
-    if round_up {
-        micros += 1;
-    }
-    whole.checked_mul(1_000_000)?.checked_add(micros)
-}
-
 pub(crate) fn u64_field(v: &Value, key: &str) -> u64 {
     v.get(key).and_then(Value::as_u64).unwrap_or(0)
 }
 
 pub(crate) fn cost_of(v: &Value) -> Option<i64> {
     match v.get("total_cost_usd").or_else(|| v.get("cost_usd"))? {
-        Value::Number(n) => usd_text_to_micros(&n.to_string()),
-        Value::String(s) => usd_text_to_micros(s),
+        Value::Number(n) => Usd::parse_reported(&n.to_string()).map(Usd::micros),
+        Value::String(s) => Usd::parse_reported(s).map(Usd::micros),
         _ => None,
     }
 }
@@ -197,54 +139,6 @@ mod tests {
             ),
             (110, 40, 10)
         );
-    }
-
-    #[test]
-    fn rounds_past_micro_precision() {
-        assert_eq!(usd_text_to_micros("0.0000015"), Some(2));
-        assert_eq!(usd_text_to_micros("0.0000014"), Some(1));
-        assert_eq!(usd_text_to_micros("12"), Some(12_000_000));
-        assert_eq!(usd_text_to_micros("-1"), None);
-        assert_eq!(usd_text_to_micros("1e3"), Some(1_000_000_000));
-        assert_eq!(usd_text_to_micros("1e-6"), Some(1));
-        assert_eq!(usd_text_to_micros("2.5E-6"), Some(3));
-        assert_eq!(usd_text_to_micros("1.5e+2"), Some(150_000_000));
-        assert_eq!(usd_text_to_micros("1e-40"), Some(0));
-        assert_eq!(usd_text_to_micros("1e99"), None);
-        assert_eq!(usd_text_to_micros("1e"), None);
-        // Agent output is untrusted: nothing it prints may panic the runner.
-        for bad in [
-            "0. 5",
-            "0.-5",
-            "",
-            ".",
-            "abc",
-            "1.2.3",
-            "99999999999999999999",
-            "0.12345678901234567890",
-            "1e2147483647",
-            "1e-2147483648",
-            "9e18",
-            "e5",
-        ] {
-            let _ = usd_text_to_micros(bad);
-        }
-        assert_eq!(usd_text_to_micros("0. 5"), None);
-        assert_eq!(usd_text_to_micros("0.12345678901234567890"), Some(123_457));
-    }
-
-    /// serde_json gives a number under 1e-5 back as "1e-6": a report of $0.000001 (or
-    /// $0.000009) is still charged, not read as no cost at all.
-    #[test]
-    fn a_tiny_reported_cost_is_still_charged() {
-        for (line, micros) in [
-            ("{\"total_cost_usd\": 0.000001}", 1),
-            ("{\"total_cost_usd\": 0.000009}", 9),
-            ("{\"total_cost_usd\": 0.00001}", 10),
-        ] {
-            let v: Value = serde_json::from_str(line).unwrap();
-            assert_eq!(cost_of(&v), Some(micros), "{line}");
-        }
     }
 
     #[test]

@@ -6,10 +6,9 @@ use forkyard_proto::{
 };
 use std::fmt::Write;
 
+/// An amount for a table's column: always six decimals, so columns line up.
 pub fn usd(micros: i64) -> String {
-    let sign = if micros < 0 { "-" } else { "" };
-    let m = micros.unsigned_abs();
-    format!("{sign}${}.{:06}", m / 1_000_000, m % 1_000_000)
+    format!("{:#}", forkyard_proto::Usd::from_micros(micros))
 }
 
 fn secs(ms: i64) -> String {

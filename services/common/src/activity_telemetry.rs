@@ -119,7 +119,7 @@ impl Ids {
 }
 
 fn usd(micros: i64) -> f64 {
-    micros as f64 / forkyard_proto::MICROS_PER_USD as f64
+    forkyard_proto::Usd::from_micros(micros).dollars_f64()
 }
 
 impl ActivityInboundInterceptor for ActivityTelemetry {

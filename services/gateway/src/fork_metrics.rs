@@ -13,7 +13,7 @@ pub(crate) fn record(result: &ForkResult, model: &str) -> (String, Vec<KeyValue>
         .map(|s| metrics::status_label(s.as_str_name()))
         .unwrap_or_else(|_| "unknown".to_owned());
     let model = if model.is_empty() { "none" } else { model };
-    let cost = result.cost_micros as f64 / forkyard_proto::MICROS_PER_USD as f64;
+    let cost = forkyard_proto::Usd::from_micros(result.cost_micros).dollars_f64();
     let secs = (result.finished_unix_ms - result.started_unix_ms).max(0) as f64 / 1000.0;
     let run = metrics::run();
     run.fork_completed

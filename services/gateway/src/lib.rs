@@ -10,7 +10,6 @@ pub mod error;
 mod fork_metrics;
 pub mod fork_telemetry;
 pub mod lifecycle;
-pub mod money;
 pub mod repo_check;
 pub mod repo_policy;
 pub mod search;

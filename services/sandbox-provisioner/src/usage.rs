@@ -39,12 +39,12 @@ impl Prices {
     pub fn local(&self, cpu_ms: u64, memory_mib_seconds: u64) -> i64 {
         let micro = cpu_ms as f64 / 1000.0 * self.cpu_second_usd * 1e6
             + memory_mib_seconds as f64 / 1024.0 * self.gib_second_usd * 1e6;
-        (micro - 1e-6).ceil().max(0.0) as i64
+        forkyard_proto::Usd::charged(micro).micros()
     }
 
     pub fn e2b(&self, wall_ms: u64) -> i64 {
         let micro = wall_ms as f64 / 1000.0 * self.e2b_second_usd * 1e6;
-        (micro - 1e-6).ceil().max(0.0) as i64
+        forkyard_proto::Usd::charged(micro).micros()
     }
 }
 

@@ -1,9 +1,7 @@
 //! Steering a live run: pause, resume, cancel it or one of its forks, raise its budget.
 
 use super::GatewayService;
-use crate::{
-    auth::Tenant, error::GatewayError, money::parse_usd, workflows::SandboxOrchestrationWorkflow,
-};
+use crate::{auth::Tenant, error::GatewayError, workflows::SandboxOrchestrationWorkflow};
 use forkyard_proto::{
     common::v1::ForkStatus,
     gateway::v1::{RaiseBudgetResponse, Run, RunState},
@@ -126,7 +124,9 @@ impl GatewayService {
         run_id: &str,
         amount_usd: &str,
     ) -> Result<RaiseBudgetResponse, GatewayError> {
-        let amount = parse_usd(amount_usd).map_err(|e| GatewayError::field("amount_usd", e))?;
+        let amount = forkyard_proto::Usd::parse(amount_usd)
+            .map_err(|e| GatewayError::field("amount_usd", e))?
+            .micros();
         if amount == 0 {
             return Err(GatewayError::field("amount_usd", "must be more than 0"));
         }

@@ -163,7 +163,8 @@ impl SecurityArgs {
         ledger_addr: &str,
     ) -> Result<(GateLayer, TenantPolicy), String> {
         let limits = self.limits()?;
-        let budget = crate::money::parse_usd(&self.tenant_budget_usd)
+        let budget = forkyard_proto::Usd::parse(&self.tenant_budget_usd)
+            .map(forkyard_proto::Usd::micros)
             .map_err(|e| format!("--tenant-budget-usd (FORKYARD_TENANT_BUDGET_USD): {e}"))?;
         let mut policy = TenantPolicy {
             max_concurrent_forks: self.tenant_max_concurrent_forks,

@@ -6,8 +6,9 @@ mod fields;
 #[cfg(test)]
 mod tests;
 
-use crate::{error::GatewayError, money::parse_usd};
+use crate::error::GatewayError;
 use fields::{check_branch, check_image, check_labels, command_size, field, no_nul, timeout_secs};
+use forkyard_proto::Usd;
 use forkyard_proto::gateway::v1::{LaunchRunRequest, RunSpec};
 
 pub use delivery::publish_delivery;
@@ -181,14 +182,18 @@ struct Budget {
 
 /// The run's budget, and each fork's: as asked, or the run's shared evenly.
 fn budget(req: &LaunchRunRequest) -> Result<Budget, GatewayError> {
-    let budget_micros = parse_usd(&req.budget_usd).map_err(|e| field("budget_usd", e))?;
+    let budget_micros = Usd::parse(&req.budget_usd)
+        .map_err(|e| field("budget_usd", e))?
+        .micros();
     if budget_micros == 0 {
         return Err(field("budget_usd", "must be more than 0"));
     }
     let fork_budget_micros = if req.fork_budget_usd.trim().is_empty() {
         budget_micros / i64::from(req.forks)
     } else {
-        let f = parse_usd(&req.fork_budget_usd).map_err(|e| field("fork_budget_usd", e))?;
+        let f = Usd::parse(&req.fork_budget_usd)
+            .map_err(|e| field("fork_budget_usd", e))?
+            .micros();
         if f > budget_micros {
             return Err(field(
                 "fork_budget_usd",

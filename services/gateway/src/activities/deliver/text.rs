@@ -1,7 +1,6 @@
 //! What a delivery writes for people: each fork's commit message, and its pull
 //! request's title and Markdown body summarising the run (forks, verify, cost, ranking).
 
-use crate::money::format_usd;
 use forkyard_proto::common::v1::{ForkResult, ForkStatus, VerifyStatus};
 
 /// How much of the prompt a title or a message quotes.
@@ -89,7 +88,7 @@ pub fn pr_body(facts: &RunFacts, fork: u32) -> String {
         } else {
             format!("`{}`", md_escape(&facts.verify_command))
         },
-        format_usd(facts.cost_micros),
+        forkyard_proto::Usd::from_micros(facts.cost_micros),
     ));
     out.push_str(&forks_table(facts, fork));
     out
@@ -125,7 +124,7 @@ fn forks_table(facts: &RunFacts, this: u32) -> String {
             "| {rank} | {name} | {} | {} | {} | {} |\n",
             status(f),
             verify(f),
-            format_usd(f.cost_micros),
+            forkyard_proto::Usd::from_micros(f.cost_micros),
             changes(f)
         ));
     }
