@@ -9,6 +9,7 @@
 #[cfg(feature = "activities")]
 pub mod activities;
 pub mod driver;
+pub mod ids;
 pub mod money;
 
 pub use driver::Driver;

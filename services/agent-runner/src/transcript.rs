@@ -39,7 +39,13 @@ impl ArtifactStore {
     }
 
     pub fn key(run_id: &str, fork: u32, attempt: u32) -> Option<String> {
-        safe(run_id).then(|| format!("{run_id}/fork-{fork}/attempt-{}.jsonl", attempt.max(1)))
+        safe(run_id).then(|| {
+            format!(
+                "{}/attempt-{}.jsonl",
+                forkyard_proto::ids::ForkId::new(run_id, fork),
+                attempt.max(1)
+            )
+        })
     }
 
     fn path(&self, key: &str) -> PathBuf {
@@ -79,7 +85,12 @@ impl ArtifactStore {
         let attempt = if attempt > 0 {
             attempt
         } else {
-            latest_attempt(&self.root.join(run_id).join(format!("fork-{fork}")))?
+            latest_attempt(
+                &self
+                    .root
+                    .join(run_id)
+                    .join(forkyard_proto::ids::ForkId::segment(fork)),
+            )?
         };
         let text = std::fs::read_to_string(self.path(&Self::key(run_id, fork, attempt)?)).ok()?;
         if text.len() > MAX_SERVED_BYTES {

@@ -47,9 +47,9 @@ impl GatewayService {
         {
             return Ok(slot);
         }
-        let child = self
-            .client
-            .get_workflow_handle::<ForkWorkflow>(format!("{run_id}/fork-{fork}"));
+        let child = self.client.get_workflow_handle::<ForkWorkflow>(
+            forkyard_proto::ids::ForkId::new(run_id, fork).to_string(),
+        );
         let desc = match child.describe(WorkflowDescribeOptions::default()).await {
             Ok(d) if d.workflow_type() == FORK_WORKFLOW => d,
             // Inline, or never started (cancelled while pending): the run has it.

@@ -286,9 +286,9 @@ impl GatewayService {
         run_id: &str,
         fork: u32,
     ) -> Option<(ForkResult, Option<AgentProgress>)> {
-        let child = self
-            .client
-            .get_workflow_handle::<ForkWorkflow>(format!("{run_id}/fork-{fork}"));
+        let child = self.client.get_workflow_handle::<ForkWorkflow>(
+            forkyard_proto::ids::ForkId::new(run_id, fork).to_string(),
+        );
         let view = child
             .query(ForkWorkflow::progress, (), WorkflowQueryOptions::default())
             .await

@@ -103,7 +103,7 @@ pub(crate) fn delivery_input(
         .filter_map(|f| {
             chosen(f).map(|pull_request| DeliverFork {
                 fork: f.fork,
-                branch: format!("{prefix}-fork-{}", f.fork),
+                branch: forkyard_proto::ids::fork_branch(prefix, f.fork),
                 pull_request,
             })
         })

@@ -19,7 +19,7 @@ pub(super) fn starting(input: &ForkInput, sandbox: &Sandbox) -> ForkResult {
     ForkResult {
         fork: input.fork,
         status: ForkStatus::Running as i32,
-        branch: format!("{}-fork-{}", input.spec.branch, input.fork),
+        branch: forkyard_proto::ids::fork_branch(&input.spec.branch, input.fork),
         started_unix_ms: input.started_unix_ms,
         sandbox_ready_unix_ms: input.sandbox_ready_unix_ms,
         sandbox_id: sandbox.id.clone(),

@@ -36,7 +36,9 @@ async fn fork_result(
         return Ok(full);
     }
     client
-        .get_workflow_handle::<ForkWorkflow>(format!("{run_id}/fork-{fork}"))
+        .get_workflow_handle::<ForkWorkflow>(
+            forkyard_proto::ids::ForkId::new(run_id, fork).to_string(),
+        )
         .get_result(WorkflowGetResultOptions::default())
         .await
         .map_err(|e| format!("fork {fork}'s result: {e}"))

@@ -108,7 +108,11 @@ pub(super) async fn agent<W>(
         sandbox: &prepared.sandbox,
         key_owner: &f.child_id,
         cancel: f.cancel.clone(),
-        activity_ids: Some(format!("fork-{fork}/a{}", input.attempt.max(1))),
+        activity_ids: Some(format!(
+            "{}/a{}",
+            forkyard_proto::ids::ForkId::segment(fork),
+            input.attempt.max(1)
+        )),
     };
     let ran = agent_and_verify(ctx, &steps, result, show).await;
     AgentDone {

@@ -429,7 +429,7 @@ fn create_request(f: &WaveFork, idempotency_key: String) -> CreateSandboxRequest
         backend: "local".into(),
         repo: spec.repo.clone(),
         base_ref: spec.base_ref.clone(),
-        branch: format!("{}-fork-{}", spec.branch, f.input.fork),
+        branch: forkyard_proto::ids::fork_branch(&spec.branch, f.input.fork),
         labels: HashMap::from([
             (labels::RUN_ID.to_owned(), f.input.run_id.clone()),
             (labels::FORK.to_owned(), f.input.fork.to_string()),

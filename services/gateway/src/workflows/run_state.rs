@@ -81,7 +81,7 @@ impl SandboxOrchestrationWorkflow {
             .map(|fork| ForkResult {
                 fork,
                 status: ForkStatus::Pending as i32,
-                branch: format!("{}-fork-{fork}", spec.branch),
+                branch: forkyard_proto::ids::fork_branch(&spec.branch, fork),
                 phase: phase::PENDING.into(),
                 ..Default::default()
             })

@@ -34,7 +34,7 @@ pub(super) enum ChildOutcome {
 pub(super) type InFlight<'a> = LocalBoxFuture<'a, (u32, ChildOutcome)>;
 
 pub(super) fn child_id(run_id: &str, fork: u32) -> String {
-    format!("{run_id}/fork-{fork}")
+    forkyard_proto::ids::ForkId::new(run_id, fork).to_string()
 }
 
 /// A fork whose child never started: nobody else owns its sandbox and reservation yet,
