@@ -2,7 +2,8 @@
 
 pub use crate::fork_args::ForkArgs;
 use crate::fork_args::{parse_author, parse_label};
-use clap::{Parser, Subcommand, ValueEnum};
+use crate::{config::Flags, output::Output};
+use clap::{Parser, Subcommand};
 use clap_complete::engine::ArgValueCompleter;
 
 #[derive(Debug, Parser)]
@@ -53,12 +54,17 @@ pub struct Cli {
     pub command: Command,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Output {
-    Table,
-    Json,
-    Yaml,
+impl Cli {
+    /// The settings its flags (and their environment variables) give.
+    pub fn flags(&self) -> Flags {
+        Flags {
+            gateway: self.gateway.clone(),
+            api_key: self.api_key.clone(),
+            gateway_ca: self.gateway_ca.clone(),
+            output: self.output,
+            jq: self.jq.is_some(),
+        }
+    }
 }
 
 /// A run id argument, completed from the gateway's runs.

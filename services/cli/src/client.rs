@@ -4,16 +4,48 @@
 
 use forkyard_proto::gateway::v1::gateway_client::GatewayClient;
 use std::time::Duration;
-use tonic::{service::interceptor::InterceptedService, transport::Channel};
+use tonic::{
+    metadata::MetadataValue,
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::Channel,
+};
 
-pub type Client = GatewayClient<InterceptedService<Channel, crate::keys::Bearer>>;
+pub type Client = GatewayClient<InterceptedService<Channel, Bearer>>;
+
+/// Adds `authorization: Bearer <key>` to every call when a key is configured.
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl Bearer {
+    pub fn new(key: Option<&str>) -> anyhow::Result<Self> {
+        let value = key
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .map(|k| {
+                format!("Bearer {k}").parse().map_err(|_| {
+                    anyhow::anyhow!("--api-key (FORKYARD_API_KEY): not a printable ASCII key")
+                })
+            })
+            .transpose()?;
+        Ok(Self(value))
+    }
+}
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
 
 pub async fn connect(
     endpoint: &str,
     api_key: Option<&str>,
     gateway_ca: Option<&std::path::Path>,
 ) -> anyhow::Result<Client> {
-    let bearer = crate::keys::Bearer::new(api_key)?;
+    let bearer = Bearer::new(api_key)?;
     let mut ep = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
         .map_err(|e| anyhow::anyhow!("--gateway {endpoint:?}: {e}"))?;
     if endpoint.starts_with("https://") {

@@ -3,10 +3,11 @@
 
 use crate::output::{out, outln};
 use crate::{
-    cli::{BudgetCommand, Cli, Command, Output},
+    cli::{BudgetCommand, Cli, Command},
     client::{Client, connect, status_error},
     config::{self, Settings},
     config_cmd::{self, Typed},
+    output::Output,
     output::{exit_for, print_json, print_run, print_yaml},
     table, watch,
 };
@@ -40,7 +41,7 @@ pub async fn run(mut cli: Cli, typed: Typed) -> anyhow::Result<ExitCode> {
         }
         other => other,
     };
-    let settings = Settings::resolve(&cli, config::selected(cli.context.as_deref())?);
+    let settings = Settings::resolve(&cli.flags(), config::selected(cli.context.as_deref())?);
     let key = settings.key.get(true)?;
     let mut client = connect(
         &settings.gateway,

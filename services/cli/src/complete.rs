@@ -3,10 +3,7 @@
 //! `forkyard` back at each TAB; a run id is completed from the gateway's ListRuns, a
 //! context name from the config file.
 
-use crate::{
-    cli::{Cli, Command},
-    config::{self, Settings},
-};
+use crate::config::{self, Flags, Settings};
 use clap_complete::engine::CompletionCandidate;
 use forkyard_proto::gateway::v1::ListRunsRequest;
 use std::{ffi::OsStr, time::Duration};
@@ -82,18 +79,16 @@ fn typed(words: &[String], name: &str) -> Option<String> {
 async fn list(words: &[String]) -> anyhow::Result<Vec<forkyard_proto::gateway::v1::RunSummary>> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let given = |flag: &str, var: &str| typed(words, flag).or_else(|| env(var));
-    let cli = Cli {
+    let flags = Flags {
         gateway: given("gateway", "FORKYARD_GATEWAY"),
         api_key: given("api-key", "FORKYARD_API_KEY"),
         gateway_ca: typed(words, "ca")
             .or_else(|| given("gateway-ca", "FORKYARD_GATEWAY_CA"))
             .map(Into::into),
-        context: given("context", "FORKYARD_CONTEXT"),
-        output: None,
-        jq: None,
-        command: Command::StopCleanup,
+        ..Flags::default()
     };
-    let settings = Settings::resolve(&cli, config::selected(cli.context.as_deref())?);
+    let context = given("context", "FORKYARD_CONTEXT");
+    let settings = Settings::resolve(&flags, config::selected(context.as_deref())?);
     let key = settings.key.get(false)?;
     let mut client = crate::client::connect(
         &settings.gateway,

@@ -14,7 +14,7 @@
 //! Each setting is its flag, else its environment variable, else the context's, else
 //! the default ([`Settings::resolve`]).
 
-use crate::cli::{Cli, Output};
+use crate::output::Output;
 use serde::{Deserialize, Serialize};
 use std::{
     collections::BTreeMap,
@@ -144,6 +144,18 @@ pub enum Key {
     Command { context: String, command: String },
 }
 
+/// The settings a command line gives, by flag or environment variable (clap merges the
+/// two): the part of the command line [`Settings::resolve`] reads.
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    pub gateway: Option<String>,
+    pub api_key: Option<String>,
+    pub gateway_ca: Option<PathBuf>,
+    pub output: Option<Output>,
+    /// `--jq` was given (its output is JSON).
+    pub jq: bool,
+}
+
 /// What a command that calls the gateway uses.
 #[derive(Debug)]
 pub struct Settings {
@@ -157,7 +169,7 @@ impl Settings {
     /// Flag, else environment (clap has merged those two into `cli`), else the context,
     /// else the default. The context's key and CA go only to the context's own gateway:
     /// a `--gateway` pointing elsewhere never receives them.
-    pub fn resolve(cli: &Cli, context: Option<(String, Context)>) -> Settings {
+    pub fn resolve(cli: &Flags, context: Option<(String, Context)>) -> Settings {
         let (name, ctx) = context.unwrap_or_default();
         let own_gateway = match (&cli.gateway, &ctx.gateway) {
             (Some(given), Some(its)) => given == its,
@@ -181,7 +193,7 @@ impl Settings {
             },
         };
         let ca = ctx.ca.filter(|_| own_gateway);
-        let output = if cli.jq.is_some() {
+        let output = if cli.jq {
             Output::Json
         } else {
             cli.output.or(ctx.output).unwrap_or(Output::Table)

@@ -3,8 +3,9 @@
 //! does not stop them (`use-context` is how it is mended).
 
 use crate::{
-    cli::{ConfigCommand, Output, SetContextArgs},
+    cli::{ConfigCommand, SetContextArgs},
     config::{self, Config, Context},
+    output::Output,
     output::{outln, print_value},
 };
 use std::{path::PathBuf, process::ExitCode};

@@ -1,17 +1,8 @@
 use super::*;
-use crate::cli::Command;
 use std::ffi::OsString;
 
-fn cli() -> Cli {
-    Cli {
-        gateway: None,
-        api_key: None,
-        gateway_ca: None,
-        context: None,
-        output: None,
-        jq: None,
-        command: Command::StopCleanup,
-    }
+fn cli() -> Flags {
+    Flags::default()
 }
 
 fn prod() -> (String, Context) {
@@ -78,7 +69,7 @@ fn flags_win_then_the_context_then_the_defaults() {
 
     // --jq reads JSON, whatever the context prints.
     let mut jq = cli();
-    jq.jq = Some(".".into());
+    jq.jq = true;
     assert_eq!(Settings::resolve(&jq, Some(prod())).output, Output::Json);
 }
 

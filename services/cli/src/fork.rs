@@ -2,10 +2,10 @@
 
 use crate::output::outln;
 use crate::{
-    cli::{ForkArgs, Output},
+    cli::ForkArgs,
     client::{Client, status_error},
     fork_args::{PrMode, PushMode},
-    output::{exit_for, print_json, print_run, print_yaml},
+    output::{Output, exit_for, print_json, print_run, print_yaml},
     watch,
 };
 use forkyard_proto::{

@@ -1,39 +1,9 @@
-//! `forkyard keys`: API keys of the gateway, on its key file; and the bearer token the
-//! other commands send.
+//! `forkyard keys`: API keys of the gateway, on its key file.
 
-use crate::cli::{KeysArgs, KeysCommand, Output};
-use crate::output::{outln, print_value};
+use crate::cli::{KeysArgs, KeysCommand};
+use crate::output::{Output, outln, print_value};
 use forkyard_keys::{KeyInfo, KeyStore};
 use std::process::ExitCode;
-use tonic::{metadata::MetadataValue, service::Interceptor};
-
-/// Adds `authorization: Bearer <key>` to every call when a key is configured.
-#[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
-
-impl Bearer {
-    pub fn new(key: Option<&str>) -> anyhow::Result<Self> {
-        let value = key
-            .map(str::trim)
-            .filter(|k| !k.is_empty())
-            .map(|k| {
-                format!("Bearer {k}").parse().map_err(|_| {
-                    anyhow::anyhow!("--api-key (FORKYARD_API_KEY): not a printable ASCII key")
-                })
-            })
-            .transpose()?;
-        Ok(Self(value))
-    }
-}
-
-impl Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}
 
 fn row(k: &KeyInfo) -> String {
     let revoked = if k.revoked_unix_ms == 0 {

@@ -67,8 +67,8 @@ fn parse() -> Result<(cli::Cli, config_cmd::Typed), clap::Error> {
         api_key: typed_value(&matches, "api_key"),
         gateway_ca: typed_value(&matches, "gateway_ca"),
     };
-    let output: Option<cli::Output> = typed_value(&matches, "output");
-    if args.jq.is_some() && output.is_some_and(|o| o != cli::Output::Json) {
+    let output: Option<output::Output> = typed_value(&matches, "output");
+    if args.jq.is_some() && output.is_some_and(|o| o != output::Output::Json) {
         return Err(cli::Cli::command().error(
             clap::error::ErrorKind::ArgumentConflict,
             "--jq filters JSON: it does not go with -o table or -o yaml",

@@ -1,8 +1,18 @@
 //! How answers are printed (JSON, YAML or a table), and the exit code a run maps to.
 
-use crate::{cli::Output, table};
+use crate::table;
+use clap::ValueEnum;
 use forkyard_proto::gateway::v1::{Run, RunState};
 use std::process::ExitCode;
+
+/// How read commands print their answers (`-o`, `FORKYARD_OUTPUT`, a context's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Output {
+    Table,
+    Json,
+    Yaml,
+}
 
 /// `print!` to standard output; a closed standard output (`forkyard list | head`) ends
 /// the CLI quietly with status 0, as `gh` and `kubectl` do, where `print!` panics.
