@@ -15,7 +15,7 @@ pub(crate) mod github;
 mod gitlab;
 pub(crate) mod http;
 
-use crate::git_credentials::Secret;
+use crate::secret::Secret;
 use serde::Deserialize;
 
 /// A forge's REST API flavour.

@@ -44,6 +44,7 @@
 
 mod entry;
 
+pub use crate::secret::Secret;
 use crate::{
     forge::{ForgeAccess, ForgeError},
     github_app::InstallationTokens,
@@ -60,37 +61,6 @@ use std::{
 
 /// The setting that names the file.
 pub const SETTING: &str = "FORKYARD_GIT_CREDENTIALS";
-
-/// A secret's text: never printed.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl<'de> Deserialize<'de> for Secret {
-    /// Any TOML value is taken first, so that a mistyped one (a number) is refused
-    /// without the parser's message quoting it.
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match toml::Value::deserialize(d)? {
-            toml::Value::String(s) => Ok(Secret(s)),
-            _ => Err(serde::de::Error::custom("a secret must be a string")),
-        }
-    }
-}
-
-impl Secret {
-    pub fn new(text: impl Into<String>) -> Self {
-        Self(text.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(…)")
-    }
-}
 
 /// One credential, ready for git.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,7 +188,7 @@ impl GitCredentials {
             .map(|token| Entry {
                 host: "github.com".into(),
                 tenants: vec!["*".into()],
-                token: Some(Secret(token)),
+                token: Some(Secret::new(token)),
                 ..Entry::default()
             });
         let creds = Self {

@@ -141,7 +141,7 @@ fn bad_files_are_refused_naming_the_setting_and_never_the_secret() {
 fn a_token_reaches_git_only_as_an_extra_header_of_its_host() {
     let c = Credential::Token {
         username: "u".into(),
-        token: Secret("tok".into()),
+        token: Secret::new("tok"),
     };
     let env = c.git_env(&remote("https://git.example.com:8443/x.git"));
     assert_eq!(env[1].1, "http.https://git.example.com:8443/.extraHeader");

@@ -15,7 +15,7 @@ use crate::{
         Forge, ForgeError, github,
         http::{Call, endpoint},
     },
-    git_credentials::Secret,
+    secret::Secret,
 };
 use base64::Engine as _;
 use ring::signature::RsaKeyPair;

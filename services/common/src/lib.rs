@@ -29,6 +29,7 @@ pub mod pool;
 pub mod private_files;
 pub mod proxy_header;
 pub mod repo_location;
+pub mod secret;
 pub mod server;
 pub mod service;
 pub mod shutdown;

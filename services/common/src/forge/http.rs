@@ -2,7 +2,7 @@
 //! answer read up to its cap, and its errors put in words without the token.
 
 use super::{Forge, ForgeError};
-use crate::git_credentials::Secret;
+use crate::secret::Secret;
 use reqwest::{
     StatusCode,
     header::{HeaderName, HeaderValue},
