@@ -1,8 +1,7 @@
 //! The mesh under test. Dropping a `Mesh` stops every process it started.
 
 use std::{
-    net::TcpListener,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -10,6 +9,12 @@ use tonic::transport::Channel;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
+
+mod programs;
+mod tls;
+
+pub(crate) use programs::free_port;
+pub use programs::{agent_tools, bin_dir, temporal_cli};
 
 pub const SERVICES: [&str; 5] = [
     "gateway",
@@ -46,60 +51,6 @@ pub struct Mesh {
     pub llm_port: u16,
     pub(crate) children: Vec<(String, Child)>,
     pub(crate) options: MeshOptions,
-}
-
-/// A port free now, below the kernel's ephemeral range (32768 and up here), where the
-/// outgoing connections of every test process running at the same time take theirs: a
-/// port picked from that range can be taken by one of them before the service binds it.
-/// Two meshes can still pick the same port; [`Mesh::start_with`] then starts again.
-/// A port nothing listens on, never one this process handed out before: a port picked
-/// and released is free again until its service binds it, so two picks of one mesh (the
-/// Temporal frontend and its UI, say) could otherwise be the same port.
-pub(crate) fn free_port() -> u16 {
-    use std::hash::{BuildHasher, RandomState};
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    const LOW: u16 = 20_000;
-    const SPAN: u16 = 12_000;
-    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-    let start = RandomState::new().hash_one(std::process::id()) % u64::from(SPAN);
-    let start = u16::try_from(start).unwrap_or(0);
-    let port = (0..SPAN)
-        .map(|i| LOW + (start + i) % SPAN)
-        .find(|p| !given.contains(p) && TcpListener::bind(("127.0.0.1", *p)).is_ok())
-        .expect("free port");
-    given.push(port);
-    port
-}
-
-/// Where the service binaries are.
-pub fn bin_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("FORKYARD_BIN_DIR") {
-        return PathBuf::from(dir);
-    }
-    // target/debug/deps/<test-exe> → target/debug
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf()
-}
-
-/// The pinned agent CLIs (`make deps-agents`): `FORKYARD_AGENT_TOOLS`, else the project's
-/// npm prefix `~/.cache/forkyard/agents`; what the mesh's provisioners bind into every
-/// sandbox. `None` when neither exists.
-pub fn agent_tools() -> Option<PathBuf> {
-    let dir = std::env::var_os("FORKYARD_AGENT_TOOLS")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/forkyard/agents"))
-        })?;
-    dir.is_dir().then_some(dir)
-}
-
-/// The Temporal CLI: `TEMPORAL_CLI`, else `temporal` on PATH.
-pub fn temporal_cli() -> PathBuf {
-    std::env::var_os("TEMPORAL_CLI").map_or_else(|| PathBuf::from("temporal"), PathBuf::from)
 }
 
 impl Mesh {
@@ -306,6 +257,28 @@ impl Mesh {
         );
         let log = self.log_file(service);
         let mut cmd = Command::new(&bin);
+        self.service_env(service, &mut cmd);
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(log)
+            // Last, so a test's settings win over the defaults above.
+            .envs(self.options.env.iter().map(|(k, v)| (k, v)))
+            .envs(
+                self.options
+                    .service_env
+                    .iter()
+                    .filter(|(s, _, _)| s == service)
+                    .map(|(_, k, v)| (k, v)),
+            )
+            .spawn()?;
+        self.children.retain(|(n, _)| n != service);
+        self.children.push((service.to_owned(), child));
+        Ok(())
+    }
+
+    /// The environment every service of the mesh starts with: nothing of the test's own
+    /// but PATH, the mesh's addresses and ports, and settings that keep tests exact.
+    fn service_env(&self, service: &str, cmd: &mut Command) {
         cmd.env_clear();
         if self.options.tls {
             let certs = self.certs_dir();
@@ -333,8 +306,7 @@ impl Mesh {
         {
             cmd.env(k, v);
         }
-        let child = cmd
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        cmd.env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
             .env("TEMPORAL_ADDRESS", self.temporal_address())
             .env("TEMPORAL_NAMESPACE", "default")
@@ -364,22 +336,7 @@ impl Mesh {
             .envs(agent_tools().map(|d| ("FORKYARD_AGENT_TOOLS", d)))
             // No sweep on a schedule nobody asked for in the middle of a test (the
             // default schedule has its own test, which turns it on).
-            .env("FORKYARD_CLEANUP_INTERVAL_MINUTES", "0")
-            .stdout(Stdio::null())
-            .stderr(log)
-            // Last, so a test's settings win over the defaults above.
-            .envs(self.options.env.iter().map(|(k, v)| (k, v)))
-            .envs(
-                self.options
-                    .service_env
-                    .iter()
-                    .filter(|(s, _, _)| s == service)
-                    .map(|(_, k, v)| (k, v)),
-            )
-            .spawn()?;
-        self.children.retain(|(n, _)| n != service);
-        self.children.push((service.to_owned(), child));
-        Ok(())
+            .env("FORKYARD_CLEANUP_INTERVAL_MINUTES", "0");
     }
 
     /// Process ids of the running services (and `temporal`), by name.
@@ -432,53 +389,6 @@ impl Mesh {
                 .connect()
                 .await?,
         )
-    }
-
-    /// Where `scripts/certs.sh` put the mesh's CA and certificates (TLS meshes).
-    pub fn certs_dir(&self) -> PathBuf {
-        self.state.path().join("certs")
-    }
-
-    fn make_certs(&self) -> anyhow::Result<()> {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/certs.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg(self.certs_dir())
-            .output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "{} failed: {}",
-            script.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(())
-    }
-
-    /// A TLS channel to `service` that trusts the mesh CA and presents `identity`'s
-    /// certificate from the certs dir (`None`: no client certificate).
-    pub async fn tls_channel(
-        &self,
-        service: &str,
-        identity: Option<&str>,
-    ) -> anyhow::Result<Channel> {
-        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-        let certs = self.certs_dir();
-        let mut tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(std::fs::read(certs.join("ca.pem"))?));
-        if let Some(id) = identity {
-            tls = tls.identity(Identity::from_pem(
-                std::fs::read(certs.join(format!("{id}.pem")))?,
-                std::fs::read(certs.join(format!("{id}.key")))?,
-            ));
-        }
-        Ok(tonic::transport::Endpoint::from_shared(format!(
-            "https://127.0.0.1:{}",
-            self.port(service)
-        ))?
-        .tls_config(tls)?
-        .connect_timeout(Duration::from_secs(2))
-        .connect()
-        .await?)
     }
 
     pub async fn wait_serving(&mut self, service: &str, timeout: Duration) -> anyhow::Result<()> {

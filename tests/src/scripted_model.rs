@@ -242,6 +242,19 @@ fn anthropic(script: &Script, body: &Value, model: &str, call: bool, n: usize) -
                     "content": [block], "stop_reason": stop, "usage": usage}),
         );
     }
+    anthropic_stream(script, &id, model, block, stop)
+}
+
+/// The same answer as Anthropic's Messages API streams it (server-sent events), with the
+/// tool call's input in one delta.
+fn anthropic_stream(
+    script: &Script,
+    id: &str,
+    model: &str,
+    block: Value,
+    stop: &str,
+) -> Response<Body> {
+    let call = block["type"] == "tool_use";
     let start_usage = json!({"input_tokens": INPUT_TOKENS - CACHED_TOKENS, "output_tokens": 1,
         "cache_read_input_tokens": CACHED_TOKENS, "cache_creation_input_tokens": 0});
     let (start_block, delta) = if call {

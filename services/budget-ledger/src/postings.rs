@@ -208,40 +208,50 @@ pub(crate) async fn audit(conn: &mut AnyConnection) -> Result<Vec<String>, Ledge
     .fetch_all(&mut *conn)
     .await?;
     for row in accounts {
-        let id: String = row.try_get("account_id")?;
-        let kind: String = row.try_get("kind")?;
-        let (budget, reserved, spent): (i64, i64, i64) = (
-            row.try_get("budget_micros")?,
-            row.try_get("reserved_micros")?,
-            row.try_get("spent_micros")?,
-        );
-        let overdraft = row.try_get::<i64, _>("allow_overdraft")? != 0;
-        let (f, av, r, s, holds): (i64, i64, i64, i64, i64) = (
-            row.try_get("f")?,
-            row.try_get("av")?,
-            row.try_get("r")?,
-            row.try_get("s")?,
-            row.try_get("holds")?,
-        );
-        if (-f, r, s) != (budget, reserved, spent) {
-            problems.push(format!(
-                "{id}: kept (budget {budget}, reserved {reserved}, spent {spent}) but postings say ({}, {r}, {s})",
-                -f
-            ));
-        }
-        if av != budget - reserved - spent {
-            problems.push(format!(
-                "{id}: available postings {av} != budget - reserved - spent"
-            ));
-        }
-        if av < 0 && !overdraft {
-            problems.push(format!("{id}: available {av} below zero without overdraft"));
-        }
-        if kind == "RUN" && holds != reserved {
-            problems.push(format!(
-                "{id}: reservations hold {holds} but reserved is {reserved}"
-            ));
-        }
+        account_problems(&row, &mut problems)?;
     }
     Ok(problems)
+}
+
+/// What one row of the audit's account query says is wrong with that account: its kept
+/// figures against its postings, its available balance, its reservations.
+fn account_problems(
+    row: &sqlx::any::AnyRow,
+    problems: &mut Vec<String>,
+) -> Result<(), LedgerError> {
+    let id: String = row.try_get("account_id")?;
+    let kind: String = row.try_get("kind")?;
+    let (budget, reserved, spent): (i64, i64, i64) = (
+        row.try_get("budget_micros")?,
+        row.try_get("reserved_micros")?,
+        row.try_get("spent_micros")?,
+    );
+    let overdraft = row.try_get::<i64, _>("allow_overdraft")? != 0;
+    let (f, av, r, s, holds): (i64, i64, i64, i64, i64) = (
+        row.try_get("f")?,
+        row.try_get("av")?,
+        row.try_get("r")?,
+        row.try_get("s")?,
+        row.try_get("holds")?,
+    );
+    if (-f, r, s) != (budget, reserved, spent) {
+        problems.push(format!(
+            "{id}: kept (budget {budget}, reserved {reserved}, spent {spent}) but postings say ({}, {r}, {s})",
+            -f
+        ));
+    }
+    if av != budget - reserved - spent {
+        problems.push(format!(
+            "{id}: available postings {av} != budget - reserved - spent"
+        ));
+    }
+    if av < 0 && !overdraft {
+        problems.push(format!("{id}: available {av} below zero without overdraft"));
+    }
+    if kind == "RUN" && holds != reserved {
+        problems.push(format!(
+            "{id}: reservations hold {holds} but reserved is {reserved}"
+        ));
+    }
+    Ok(())
 }

@@ -49,7 +49,11 @@ pub async fn run(mut cli: Cli, typed: Typed) -> anyhow::Result<ExitCode> {
         settings.gateway_ca.as_deref(),
     )
     .await?;
-    let (client, output) = (&mut client, settings.output);
+    call(&mut client, command, settings.output).await
+}
+
+/// A command that calls the gateway, on `client`.
+async fn call(client: &mut Client, command: Command, output: Output) -> anyhow::Result<ExitCode> {
     match command {
         Command::Fork(a) => crate::fork::launch(client, *a, output).await,
         Command::Status { run_id } => status(client, &run_id, output).await,
@@ -61,31 +65,20 @@ pub async fn run(mut cli: Cli, typed: Typed) -> anyhow::Result<ExitCode> {
         } => list(client, limit, state.as_deref(), labels, output).await,
         Command::Cancel {
             run_id,
-            fork: Some(fork),
+            fork,
             reason,
-        } => cancel_fork(client, run_id, fork, reason).await,
-        Command::Cancel {
-            run_id,
-            fork: None,
-            reason,
-        } => cancel_run(client, run_id, reason).await,
+        } => match fork {
+            Some(fork) => cancel_fork(client, run_id, fork, reason).await,
+            None => cancel_run(client, run_id, reason).await,
+        },
         Command::Pause { run_id } => pause(client, run_id, output).await,
         Command::Resume { run_id } => resume(client, run_id, output).await,
         Command::Budget {
             command: BudgetCommand::Raise { run_id, amount },
         } => raise_budget(client, run_id, amount, output).await,
         Command::Result {
-            run_id,
-            fork,
-            winner: _,
-            save,
-        } => {
-            let fork = match fork {
-                Some(f) => f,
-                None => crate::apply::winner(client, &run_id).await?,
-            };
-            fork_result(client, GetForkResultRequest { run_id, fork }, save, output).await
-        }
+            run_id, fork, save, ..
+        } => result(client, run_id, fork, save, output).await,
         Command::Apply {
             run_id,
             fork,
@@ -118,6 +111,21 @@ pub async fn run(mut cli: Cli, typed: Typed) -> anyhow::Result<ExitCode> {
             unreachable!("answered before connecting")
         }
     }
+}
+
+/// One fork's result (the winner's when no fork is named), its patch saved if asked.
+async fn result(
+    client: &mut Client,
+    run_id: String,
+    fork: Option<u32>,
+    save: Option<std::path::PathBuf>,
+    output: Output,
+) -> anyhow::Result<ExitCode> {
+    let fork = match fork {
+        Some(f) => f,
+        None => crate::apply::winner(client, &run_id).await?,
+    };
+    fork_result(client, GetForkResultRequest { run_id, fork }, save, output).await
 }
 
 /// The dynamic completion's registration script (see `complete`).

@@ -32,33 +32,7 @@ async fn main() -> anyhow::Result<()> {
         .build(&args.state.state_dir, &args.ledger_addr)
         .await
         .unwrap_or_else(|e| exit_config_error(e));
-    // Until Temporal answers, health says NOT_SERVING on this port (retried with backoff).
-    let (listener, client) = forkyard_common::waiting::connect_while_not_serving(
-        listener,
-        <GatewayServer<GatewayService> as NamedService>::NAME,
-        &args.temporal,
-        "forkyard-gateway",
-    )
-    .await?;
-    // The run workflow upserts these; without them its tasks would fail.
-    let (listener, ()) = forkyard_common::waiting::not_serving_while(
-        listener,
-        <GatewayServer<GatewayService> as NamedService>::NAME,
-        "the namespace lacks the search attributes runs need",
-        search_attributes::wait_registered(
-            &client,
-            &args.temporal.namespace,
-            args.register_search_attributes,
-        ),
-    )
-    .await?;
-    // A fresh deployment sweeps orphans without anyone asking.
-    api::cleanup::ensure_default(
-        &client,
-        args.cleanup_interval_minutes,
-        args.cleanup_max_age_minutes,
-    )
-    .await;
+    let (listener, client) = temporal_ready(listener, &args).await?;
     let deliver = DeliverLocal::new(
         workflows::fork_results(client.clone()),
         tenancy.repos.clone(),
@@ -85,4 +59,40 @@ async fn main() -> anyhow::Result<()> {
         options,
     )
     .await
+}
+
+/// Temporal connected, its namespace holding the search attributes runs upsert, and the
+/// cleanup schedule there; until then health says NOT_SERVING on `listener` (retried
+/// with backoff), so a probe sees why.
+async fn temporal_ready(
+    listener: tokio::net::TcpListener,
+    args: &Args,
+) -> anyhow::Result<(tokio::net::TcpListener, temporalio_client::Client)> {
+    let (listener, client) = forkyard_common::waiting::connect_while_not_serving(
+        listener,
+        <GatewayServer<GatewayService> as NamedService>::NAME,
+        &args.temporal,
+        "forkyard-gateway",
+    )
+    .await?;
+    // The run workflow upserts these; without them its tasks would fail.
+    let (listener, ()) = forkyard_common::waiting::not_serving_while(
+        listener,
+        <GatewayServer<GatewayService> as NamedService>::NAME,
+        "the namespace lacks the search attributes runs need",
+        search_attributes::wait_registered(
+            &client,
+            &args.temporal.namespace,
+            args.register_search_attributes,
+        ),
+    )
+    .await?;
+    // A fresh deployment sweeps orphans without anyone asking.
+    api::cleanup::ensure_default(
+        &client,
+        args.cleanup_interval_minutes,
+        args.cleanup_max_age_minutes,
+    )
+    .await;
+    Ok((listener, client))
 }

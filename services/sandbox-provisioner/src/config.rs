@@ -4,7 +4,7 @@ use crate::{
     e2b::{ApiKey, E2bConfig},
     local::{
         core::config::Config,
-        isolation::{cgroup::Limits, host_tools::Toolchain, uids},
+        isolation::{cgroup::Limits, uids},
         storage::{disk_quota, image, image::registry},
     },
     usage::Prices,
@@ -134,19 +134,8 @@ pub struct Args {
     /// allowlists are refused when it is missing.
     #[arg(long, env = "FORKYARD_EGRESS_FORWARDER")]
     pub egress_forwarder: Option<PathBuf>,
-    /// A directory of agent CLIs (an npm prefix: `bin/claude`, `bin/codex`, and what
-    /// they link to), bound read-only into every sandbox at `/run/forkyard/tools`, its
-    /// `bin` on the sandbox's PATH (first on the host's tools, last on an image's own).
-    /// `make deps-agents` fills `~/.cache/forkyard/agents` with the pinned versions.
-    #[arg(long, env = "FORKYARD_AGENT_TOOLS")]
-    pub agent_tools: Option<PathBuf>,
-    /// Toolchains every sandbox sees read-only, `name=/absolute/dir` separated by commas:
-    /// each at `/run/forkyard/toolchains/<name>`, its `bin` on the sandbox's PATH after
-    /// the agent tools (a forked repository's `cargo test` needs a Rust toolchain, and
-    /// rustup's lives in the operator's home, which sandboxes do not see). `make up`
-    /// offers the active rustup toolchain as `rust` when there is one.
-    #[arg(long, env = "FORKYARD_TOOLCHAINS", value_delimiter = ',')]
-    pub toolchains: Vec<String>,
+    #[command(flatten)]
+    pub host_tools: crate::local::isolation::host_tools::HostToolsArgs,
     /// Where workspace snapshots are stored (default `<state>/snapshots`).
     #[arg(long, env = "FORKYARD_SNAPSHOT_DIR")]
     pub snapshot_dir: Option<PathBuf>,
@@ -317,8 +306,8 @@ impl Args {
         config.allow_no_userns = self.allow_no_userns;
         self.sandbox_bounds(&mut config)?;
         config.forwarder_path = self.forwarder();
-        config.agent_tools = self.agent_tools()?;
-        config.toolchains = self.toolchains()?;
+        config.agent_tools = self.host_tools.agent_tools()?;
+        config.toolchains = self.host_tools.toolchains()?;
         self.storage(&mut config)?;
         config.prices = self.prices()?;
         config.seccomp = self.sandbox_seccomp;
@@ -369,41 +358,6 @@ impl Args {
             idle_timeout: Duration::from_secs(self.egress_idle_timeout_secs),
         };
         Ok(())
-    }
-
-    /// The agent tools directory, checked: absolute and a directory (an empty value: none).
-    fn agent_tools(&self) -> Result<Option<PathBuf>, String> {
-        let Some(dir) = self
-            .agent_tools
-            .as_ref()
-            .filter(|d| !d.as_os_str().is_empty())
-        else {
-            return Ok(None);
-        };
-        if !dir.is_absolute() || !dir.is_dir() {
-            return Err(format!(
-                "--agent-tools (FORKYARD_AGENT_TOOLS) {}: not an absolute path to a directory",
-                dir.display()
-            ));
-        }
-        Ok(Some(dir.clone()))
-    }
-
-    /// The toolchains, checked: each `name=/absolute/dir`, names unique.
-    fn toolchains(&self) -> Result<Vec<Toolchain>, String> {
-        let mut out: Vec<Toolchain> = Vec::new();
-        for entry in self.toolchains.iter().filter(|e| !e.trim().is_empty()) {
-            let t = Toolchain::parse(entry.trim())
-                .map_err(|e| format!("--toolchains (FORKYARD_TOOLCHAINS) {e}"))?;
-            if out.iter().any(|o| o.name == t.name) {
-                return Err(format!(
-                    "--toolchains (FORKYARD_TOOLCHAINS): {} named twice",
-                    t.name
-                ));
-            }
-            out.push(t);
-        }
-        Ok(out)
     }
 
     /// The forwarder named, or the one installed next to this executable; an empty name

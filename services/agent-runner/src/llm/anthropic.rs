@@ -87,47 +87,7 @@ impl Anthropic {
             },
         )
         .await?;
-        let content = resp
-            .get("content")
-            .and_then(Value::as_array)
-            .ok_or_else(|| LlmError::Protocol("message without a content array".into()))?;
-        let mut turn = Turn {
-            stop_reason: resp
-                .get("stop_reason")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-            ..Default::default()
-        };
-        for block in content {
-            match block.get("type").and_then(Value::as_str) {
-                Some("text") => {
-                    turn.text
-                        .push_str(block.get("text").and_then(Value::as_str).unwrap_or(""));
-                }
-                Some("tool_use") => turn.calls.push(ToolCall {
-                    id: block
-                        .get("id")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| LlmError::Protocol("tool_use without an id".into()))?
-                        .to_owned(),
-                    name: block
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned(),
-                    input: block.get("input").cloned().unwrap_or(json!({})),
-                }),
-                _ => {}
-            }
-        }
-        let u = resp.get("usage").cloned().unwrap_or(Value::Null);
-        turn.usage = Usage {
-            input_tokens: u64_at(&u, "input_tokens"),
-            output_tokens: u64_at(&u, "output_tokens"),
-            cache_read_tokens: u64_at(&u, "cache_read_input_tokens"),
-            cache_write_tokens: u64_at(&u, "cache_creation_input_tokens"),
-        };
+        let (turn, content) = read_turn(&resp)?;
         // The assistant message goes back verbatim: tool_use blocks must precede their
         // tool_result blocks in the next request.
         self.messages
@@ -150,4 +110,51 @@ impl Anthropic {
         self.messages
             .push(json!({"role": "user", "content": blocks}));
     }
+}
+
+/// A Messages API answer as a turn (its text, tool calls, stop reason and usage), and
+/// its content blocks as they came.
+fn read_turn(resp: &Value) -> Result<(Turn, Value), LlmError> {
+    let content = resp
+        .get("content")
+        .and_then(Value::as_array)
+        .ok_or_else(|| LlmError::Protocol("message without a content array".into()))?;
+    let mut turn = Turn {
+        stop_reason: resp
+            .get("stop_reason")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        ..Default::default()
+    };
+    for block in content {
+        match block.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                turn.text
+                    .push_str(block.get("text").and_then(Value::as_str).unwrap_or(""));
+            }
+            Some("tool_use") => turn.calls.push(ToolCall {
+                id: block
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| LlmError::Protocol("tool_use without an id".into()))?
+                    .to_owned(),
+                name: block
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                input: block.get("input").cloned().unwrap_or(json!({})),
+            }),
+            _ => {}
+        }
+    }
+    let u = resp.get("usage").cloned().unwrap_or(Value::Null);
+    turn.usage = Usage {
+        input_tokens: u64_at(&u, "input_tokens"),
+        output_tokens: u64_at(&u, "output_tokens"),
+        cache_read_tokens: u64_at(&u, "cache_read_input_tokens"),
+        cache_write_tokens: u64_at(&u, "cache_creation_input_tokens"),
+    };
+    Ok((turn, Value::Array(content.clone())))
 }

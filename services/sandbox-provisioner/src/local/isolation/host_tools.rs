@@ -57,6 +57,61 @@ impl Toolchain {
     }
 }
 
+/// `--agent-tools` and `--toolchains`: the host directories every sandbox sees.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct HostToolsArgs {
+    /// A directory of agent CLIs (an npm prefix: `bin/claude`, `bin/codex`, and what
+    /// they link to), bound read-only into every sandbox at `/run/forkyard/tools`, its
+    /// `bin` on the sandbox's PATH (first on the host's tools, last on an image's own).
+    /// `make deps-agents` fills `~/.cache/forkyard/agents` with the pinned versions.
+    #[arg(long, env = "FORKYARD_AGENT_TOOLS")]
+    pub agent_tools: Option<PathBuf>,
+    /// Toolchains every sandbox sees read-only, `name=/absolute/dir` separated by commas:
+    /// each at `/run/forkyard/toolchains/<name>`, its `bin` on the sandbox's PATH after
+    /// the agent tools (a forked repository's `cargo test` needs a Rust toolchain, and
+    /// rustup's lives in the operator's home, which sandboxes do not see). `make up`
+    /// offers the active rustup toolchain as `rust` when there is one.
+    #[arg(long, env = "FORKYARD_TOOLCHAINS", value_delimiter = ',')]
+    pub toolchains: Vec<String>,
+}
+
+impl HostToolsArgs {
+    /// The agent tools directory, checked: absolute and a directory (an empty value: none).
+    pub fn agent_tools(&self) -> Result<Option<PathBuf>, String> {
+        let Some(dir) = self
+            .agent_tools
+            .as_ref()
+            .filter(|d| !d.as_os_str().is_empty())
+        else {
+            return Ok(None);
+        };
+        if !dir.is_absolute() || !dir.is_dir() {
+            return Err(format!(
+                "--agent-tools (FORKYARD_AGENT_TOOLS) {}: not an absolute path to a directory",
+                dir.display()
+            ));
+        }
+        Ok(Some(dir.clone()))
+    }
+
+    /// The toolchains, checked: each `name=/absolute/dir`, names unique.
+    pub fn toolchains(&self) -> Result<Vec<Toolchain>, String> {
+        let mut out: Vec<Toolchain> = Vec::new();
+        for entry in self.toolchains.iter().filter(|e| !e.trim().is_empty()) {
+            let t = Toolchain::parse(entry.trim())
+                .map_err(|e| format!("--toolchains (FORKYARD_TOOLCHAINS) {e}"))?;
+            if out.iter().any(|o| o.name == t.name) {
+                return Err(format!(
+                    "--toolchains (FORKYARD_TOOLCHAINS): {} named twice",
+                    t.name
+                ));
+            }
+            out.push(t);
+        }
+        Ok(out)
+    }
+}
+
 /// The directory to bind into sandboxes: `dir` itself when sandboxes share the
 /// provisioner's uid, else its mirror at `mirror` (under the state directory).
 pub fn reachable(dir: &Path, mirror: &Path, own_uids: bool) -> io::Result<PathBuf> {
