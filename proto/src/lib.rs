@@ -14,6 +14,11 @@ pub mod activities;
 /// `http://` and this.
 pub const SANDBOX_LLM_ADDR: &str = "127.0.0.1:4000";
 
+/// The isolation levels a local sandbox can have (`CreateSandboxRequest.isolation`,
+/// `LaunchRunRequest.isolation`), the default first: bubblewrap's namespaces over the
+/// host's kernel, or gVisor's user-space kernel (`runsc`).
+pub const ISOLATIONS: &[&str] = &["bubblewrap", "gvisor"];
+
 pub mod common {
     pub mod v1 {
         tonic::include_proto!("forkyard.common.v1");

@@ -13,6 +13,7 @@ use crate::local::{
         host_tools::{self, Toolchain},
         network::forwarder_kit::ForwarderKit,
         open_files,
+        gvisor::Gvisor,
         runtime_probe::RuntimeProbe,
         uids::{self, SandboxUids},
     },
@@ -141,6 +142,11 @@ async fn open_isolation(
         toolchains,
         seccomp: Vec::new(),
         runtime_probe: RuntimeProbe::default(),
+        gvisor: Gvisor::new(
+            &config.runsc_path,
+            config.runsc_platform.clone(),
+            config.state_dir.join("gvisor-probe"),
+        ),
     })
 }
 
