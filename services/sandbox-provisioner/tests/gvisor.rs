@@ -165,3 +165,60 @@ async fn an_unknown_isolation_is_invalid_argument_naming_the_field() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("isolation") && err.message().contains("gvisor"), "{}", err.message());
 }
+
+/// A tiny HTTP server on 127.0.0.1 answering every request with `body` and the request
+/// line it got.
+async fn http_server(body: &'static str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]);
+                let line = head.lines().next().unwrap_or_default().to_owned();
+                let reply = format!("{body} {line}");
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
+                    reply.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn egress_and_the_llm_relay_are_the_only_ways_out_of_a_gvisor_sandbox() {
+    if !has_runsc() {
+        return;
+    }
+    let allowed = http_server("allowed").await;
+    let other = http_server("must not be reached").await;
+    let llm = http_server("llm").await;
+    let f = fixture().await;
+    let sbx = gvisor_sandbox(&f, |req| {
+        req.network = true;
+        req.egress_allow = vec![format!("127.0.0.1:{allowed}")];
+    })
+    .await;
+    // Through the egress proxy (HTTP_PROXY in the sandbox): the listed host only.
+    let curl = |port: u16| format!("NO_PROXY= no_proxy= curl -sS --max-time 10 http://127.0.0.1:{port}/x");
+    let out = f.sh(&sbx.id, &curl(allowed)).await;
+    assert_eq!(out.stdout, "allowed GET /x HTTP/1.1", "{out:?}");
+    let out = f.sh(&sbx.id, &format!("{} -w '%{{http_code}}'", curl(other))).await;
+    assert!(out.stdout.ends_with("403") && !out.stdout.contains("must not"), "{out:?}");
+    // Not around it: gVisor's network is its loopback, the host's is not there.
+    let direct = format!("curl -sS --noproxy '*' --max-time 5 http://127.0.0.1:{other}/ 2>&1; echo rc=$?");
+    let out = f.sh(&sbx.id, &direct).await;
+    assert!(!out.stdout.contains("must not") && !out.stdout.contains("rc=0"), "{out:?}");
+    // The LLM relay: the command's gateway at FORKYARD_LLM_URL, while it runs.
+    let mut req = exec_req(&sbx.id, &["sh", "-c", "curl -sS --max-time 10 \"$FORKYARD_LLM_URL/v1/messages\""]);
+    req.llm_gateway = format!("http://127.0.0.1:{llm}");
+    let out = f.core.exec(req).await.unwrap();
+    assert!(out.stdout.starts_with("llm "), "{out:?}");
+    destroy(&f, &sbx.id).await;
+}

@@ -81,7 +81,13 @@ impl Provisioner {
             return Ok(());
         }
         let record = entry.record();
-        cg.create(&record.id, record.limits)
+        let mut limits = record.limits;
+        if record.isolation == crate::local::isolation::Kind::Gvisor {
+            // gVisor's kernel holds the sandbox's processes to `pids`; the host's
+            // controller bounds its own tasks too (`gvisor::host_pids`).
+            limits.pids = crate::local::isolation::gvisor::host_pids(limits.pids);
+        }
+        cg.create(&record.id, limits)
             .map_err(|e| ProvisionerError::internal("create cgroup", e))?;
         entry.set_cgroups_made();
         Ok(())

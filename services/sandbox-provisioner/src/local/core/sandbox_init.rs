@@ -115,7 +115,7 @@ impl Provisioner {
                 // A container id of its own each start: runsc keeps an ended one's state.
                 let cid = format!("{id}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
                 Init::start_with(id, false, |stdin, stderr| {
-                    runsc.spawn(&inv, &layout, &cid, stdin, stderr)
+                    runsc.spawn(&inv, (&layout, &cid, record.limits.pids), stdin, stderr)
                 })
             }
         };

@@ -59,6 +59,11 @@ pub struct Container {
     /// `RLIMIT_FSIZE` (`crate::local::storage::disk_quota::file_size_limit`): gVisor's
     /// kernel holds it, not runsc's host processes (whose memory file it would bound).
     pub file_size: Option<u64>,
+    /// The sandbox's processes (threads included), counted by gVisor's kernel as the
+    /// host's pids controller counts a bubblewrap sandbox's (`RLIMIT_NPROC`: every
+    /// process is gVisor's uid 0, without the capability that would lift it); `None`:
+    /// no bound.
+    pub processes: Option<u64>,
 }
 
 impl Container {
@@ -96,6 +101,7 @@ impl Container {
             env: inv.env(),
             nofile,
             file_size: inv.file_size,
+            processes: None,
         }
     }
 
@@ -120,6 +126,9 @@ impl Container {
         let mut rlimits = vec![json!({"type": "RLIMIT_NOFILE", "soft": self.nofile.0, "hard": self.nofile.1})];
         if let Some(max) = self.file_size {
             rlimits.push(json!({"type": "RLIMIT_FSIZE", "soft": max, "hard": max}));
+        }
+        if let Some(max) = self.processes {
+            rlimits.push(json!({"type": "RLIMIT_NPROC", "soft": max, "hard": max}));
         }
         let none: [&str; 0] = [];
         let namespaces: Vec<Value> = ["pid", "network", "ipc", "uts", "mount"]

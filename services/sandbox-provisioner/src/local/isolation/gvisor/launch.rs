@@ -54,13 +54,13 @@ impl Runsc {
         argv
     }
 
-    /// Write `inv`'s bundle in `layout` (made afresh) and start it as container `id`:
-    /// `stdin` its descriptor 0, `stderr` its 2, /dev/null its 1.
+    /// Write `inv`'s bundle in `layout` (made afresh) and start it as container `id`,
+    /// its processes at most `pids` (0: unbounded): `stdin` its descriptor 0, `stderr`
+    /// its 2, /dev/null its 1.
     pub(crate) fn spawn(
         &self,
         inv: &Invocation<'_>,
-        layout: &Layout,
-        id: &str,
+        (layout, id, pids): (&Layout, &str, u64),
         stdin: OwnedFd,
         stderr: OwnedFd,
     ) -> io::Result<vfork::Process> {
@@ -68,7 +68,10 @@ impl Runsc {
         if inv.image.is_none() {
             layout.make_skeleton()?;
         }
-        let container = Container::of(inv, &layout.skeleton(), &layout.run(), nofile());
+        let container = Container {
+            processes: (pids > 0).then_some(pids),
+            ..Container::of(inv, &layout.skeleton(), &layout.run(), nofile())
+        };
         layout.write(&container)?;
         let argv = self
             .argv(layout, id)
@@ -143,6 +146,7 @@ async fn run_probe(runsc: &Runsc, layout: &Layout) -> io::Result<std::process::O
         env: vec![("PATH".into(), "/usr/bin".into())],
         nofile: (1024, 1024),
         file_size: None,
+        processes: None,
     };
     layout.write(&container)?;
     let argv = runsc.argv(layout, &format!("probe-{}", std::process::id()));

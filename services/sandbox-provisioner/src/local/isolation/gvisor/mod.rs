@@ -22,6 +22,27 @@ use std::{path::PathBuf, time::Duration};
 /// host's /usr from a cold cache.
 const PROBE_LIMIT: Duration = Duration::from_secs(60);
 
+/// Host tasks gVisor runs besides the sandbox's processes (runsc, its file server and
+/// kernel threads: about 70 idle), and per process of the sandbox (on the ptrace
+/// platform each is a host process of a few threads): what the sandbox's host `pids.max`
+/// allows over its own processes' limit, which gVisor's kernel holds (`RLIMIT_NPROC`).
+const HOST_TASKS_BASE: u64 = 256;
+const HOST_TASKS_PER_PROCESS: u64 = 16;
+/// The most host tasks one gVisor sandbox may have (a tenth of Linux's default pid_max
+/// of 32,768 would be 3,276; four times that leaves room for a sandbox's 1,024 processes).
+const HOST_TASKS_MAX: u64 = 16_384;
+
+/// The host cgroup's `pids.max` of a gVisor sandbox whose processes are limited to
+/// `pids` inside (0: unlimited both).
+pub fn host_pids(pids: u64) -> u64 {
+    if pids == 0 {
+        return 0;
+    }
+    HOST_TASKS_BASE
+        .saturating_add(pids.saturating_mul(HOST_TASKS_PER_PROCESS))
+        .min(HOST_TASKS_MAX)
+}
+
 /// runsc as this replica has it: found at start-up, tried once at the first create that
 /// asks for it (a few hundred milliseconds), the answer kept.
 pub struct Gvisor {
@@ -77,6 +98,13 @@ impl Gvisor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_allows_gvisors_own_tasks_over_the_sandboxs_processes() {
+        assert_eq!(host_pids(0), 0);
+        assert_eq!(host_pids(32), 256 + 32 * 16);
+        assert_eq!(host_pids(1 << 20), HOST_TASKS_MAX);
+    }
 
     #[tokio::test]
     async fn a_missing_runsc_says_so_and_where_to_set_it() {
