@@ -84,8 +84,10 @@ impl Provisioner {
         let mut limits = record.limits;
         if record.isolation == crate::local::isolation::Kind::Gvisor {
             // gVisor's kernel holds the sandbox's processes to `pids`; the host's
-            // controller bounds its own tasks too (`gvisor::host_pids`).
+            // controllers bound its own tasks and memory too (`gvisor::host_pids`,
+            // `gvisor::host_memory`).
             limits.pids = crate::local::isolation::gvisor::host_pids(limits.pids);
+            limits.memory_bytes = crate::local::isolation::gvisor::host_memory(limits.memory_bytes);
         }
         cg.create(&record.id, limits)
             .map_err(|e| ProvisionerError::internal("create cgroup", e))?;
