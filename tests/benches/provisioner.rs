@@ -216,7 +216,12 @@ async fn main() -> anyhow::Result<()> {
         status_kib("VmHWM:")
     );
     on_image(&core, &repo, n).await?;
-    isolations(&core, &repo, env_usize("FORKYARD_BENCH_GVISOR_SANDBOXES", 20)).await?;
+    isolations(
+        &core,
+        &repo,
+        env_usize("FORKYARD_BENCH_GVISOR_SANDBOXES", 20),
+    )
+    .await?;
     with_history(&core, tmp.path()).await?;
     with_worktree(&core, tmp.path()).await
 }
@@ -366,7 +371,11 @@ async fn isolations(core: &Arc<Provisioner>, repo: &str, n: usize) -> anyhow::Re
             create.push(ms(t.elapsed()));
             let t = Instant::now();
             let out = core.exec(true_req(&s.id)).await?;
-            anyhow::ensure!(out.exit_code == 0, "{isolation}: true failed: {}", out.stderr);
+            anyhow::ensure!(
+                out.exit_code == 0,
+                "{isolation}: true failed: {}",
+                out.stderr
+            );
             first.push(ms(t.elapsed()));
             let t = Instant::now();
             core.exec(true_req(&s.id)).await?;

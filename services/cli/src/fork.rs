@@ -155,7 +155,10 @@ mod tests {
             argv.extend(extra);
             Cli::try_parse_from(argv).map(|c| super::launch_request(c.fork))
         };
-        assert_eq!(parse(&["--isolation", "gvisor"]).unwrap().isolation, "gvisor");
+        assert_eq!(
+            parse(&["--isolation", "gvisor"]).unwrap().isolation,
+            "gvisor"
+        );
         assert_eq!(parse(&[]).unwrap().isolation, "");
         let e = parse(&["--isolation", "kata"]).err().unwrap().to_string();
         assert!(e.contains("bubblewrap, gvisor"), "{e}");

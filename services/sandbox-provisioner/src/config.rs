@@ -322,7 +322,8 @@ impl Args {
         config.owner_task_queue = replica_task_queue(&replica);
         config.bwrap_path.clone_from(&self.bwrap_path);
         config.runsc_path.clone_from(&self.runsc_path);
-        config.runsc_platform = Some(self.runsc_platform.trim().to_owned()).filter(|p| !p.is_empty());
+        config.runsc_platform =
+            Some(self.runsc_platform.trim().to_owned()).filter(|p| !p.is_empty());
         config.exec_timeout = Duration::from_secs(self.exec_timeout_secs);
         config.clone_timeout = Duration::from_secs(self.clone_timeout_secs);
         config.allow_no_userns = self.allow_no_userns;

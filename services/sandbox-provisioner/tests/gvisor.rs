@@ -19,7 +19,10 @@ fn has_runsc() -> bool {
     requires(Need::Installed("runsc"), found, "gVisor sandboxes")
 }
 
-async fn gvisor_sandbox(f: &common::Fixture, tweak: impl FnOnce(&mut forkyard_proto::sandbox::v1::CreateSandboxRequest)) -> Sandbox {
+async fn gvisor_sandbox(
+    f: &common::Fixture,
+    tweak: impl FnOnce(&mut forkyard_proto::sandbox::v1::CreateSandboxRequest),
+) -> Sandbox {
     let mut req = f.request("forkyard-fork-1");
     req.isolation = "gvisor".into();
     tweak(&mut req);
@@ -58,15 +61,25 @@ async fn a_gvisor_sandbox_runs_on_gvisors_kernel_with_its_workspace_files_and_pa
     ok(&out);
     let first_exec = started.elapsed() - created;
     let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    assert_ne!(out.stdout.lines().next().unwrap(), host_release.trim(), "{out:?}");
+    assert_ne!(
+        out.stdout.lines().next().unwrap(),
+        host_release.trim(),
+        "{out:?}"
+    );
     assert!(out.stdout.contains("Starting gVisor"), "{out:?}");
     eprintln!("gvisor: create {created:?}, first exec {first_exec:?}");
 
     // The workspace at /workspace, the repository's files in it, writable.
     let out = f.sh(&sbx.id, "pwd; cat README.md; echo changed >> README.md; echo new > added.txt; git status --short").await;
     ok(&out);
-    assert!(out.stdout.starts_with("/workspace\nhello\nworld\n"), "{out:?}");
-    assert!(out.stdout.contains(" M README.md") && out.stdout.contains("?? added.txt"), "{out:?}");
+    assert!(
+        out.stdout.starts_with("/workspace\nhello\nworld\n"),
+        "{out:?}"
+    );
+    assert!(
+        out.stdout.contains(" M README.md") && out.stdout.contains("?? added.txt"),
+        "{out:?}"
+    );
 
     // Files through the API, both ways.
     f.core
@@ -78,7 +91,9 @@ async fn a_gvisor_sandbox_runs_on_gvisors_kernel_with_its_workspace_files_and_pa
         })
         .await
         .unwrap();
-    let out = f.sh(&sbx.id, "cat from_api.txt && echo inside > inside.txt").await;
+    let out = f
+        .sh(&sbx.id, "cat from_api.txt && echo inside > inside.txt")
+        .await;
     assert_eq!(out.stdout, "written by the API\n", "{out:?}");
     let read = f
         .core
@@ -98,7 +113,14 @@ async fn a_gvisor_sandbox_runs_on_gvisors_kernel_with_its_workspace_files_and_pa
     }
 
     // A streamed exec, and the patch.
-    let mut rx = f.core.exec_stream(exec_req(&sbx.id, &["sh", "-c", "echo one; echo two >&2; exit 3"])).await.unwrap();
+    let mut rx = f
+        .core
+        .exec_stream(exec_req(
+            &sbx.id,
+            &["sh", "-c", "echo one; echo two >&2; exit 3"],
+        ))
+        .await
+        .unwrap();
     let (mut stdout, mut stderr, mut exit) = (Vec::new(), Vec::new(), None);
     while let Some(ev) = rx.recv().await {
         match ev.event {
@@ -108,7 +130,10 @@ async fn a_gvisor_sandbox_runs_on_gvisors_kernel_with_its_workspace_files_and_pa
             None => {}
         }
     }
-    assert_eq!((stdout, stderr, exit), (b"one\n".to_vec(), b"two\n".to_vec(), Some(3)));
+    assert_eq!(
+        (stdout, stderr, exit),
+        (b"one\n".to_vec(), b"two\n".to_vec(), Some(3))
+    );
     let patch = f
         .core
         .collect_patch(CollectPatchRequest {
@@ -117,14 +142,23 @@ async fn a_gvisor_sandbox_runs_on_gvisors_kernel_with_its_workspace_files_and_pa
         })
         .await
         .unwrap();
-    assert!(patch.patch.contains("+changed") && patch.patch.contains("+new"), "{}", patch.patch);
+    assert!(
+        patch.patch.contains("+changed") && patch.patch.contains("+new"),
+        "{}",
+        patch.patch
+    );
     assert!(patch.patch.contains("b/from_api.txt"), "{}", patch.patch);
 
     // Destroy leaves no runsc process and no file of it.
-    assert!(!host_processes_naming(&sbx.id).is_empty(), "no runsc process names the sandbox");
+    assert!(
+        !host_processes_naming(&sbx.id).is_empty(),
+        "no runsc process names the sandbox"
+    );
     destroy(&f, &sbx.id).await;
     assert!(
-        common::eventually(Duration::from_secs(10), || host_processes_naming(&sbx.id).is_empty()).await,
+        common::eventually(Duration::from_secs(10), || host_processes_naming(&sbx.id)
+            .is_empty())
+        .await,
         "runsc processes outlived the destroy: {:?}",
         host_processes_naming(&sbx.id)
     );
@@ -149,8 +183,16 @@ async fn gvisor_where_runsc_is_missing_is_failed_precondition_naming_why() {
     req.isolation = "gvisor".into();
     let err = tonic::Status::from(f.core.create(req).await.unwrap_err());
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("runsc") && err.message().contains("no-such-dir/runsc"), "{}", err.message());
-    assert!(f.sandbox_dirs().is_empty(), "a refused create left {:?}", f.sandbox_dirs());
+    assert!(
+        err.message().contains("runsc") && err.message().contains("no-such-dir/runsc"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        f.sandbox_dirs().is_empty(),
+        "a refused create left {:?}",
+        f.sandbox_dirs()
+    );
     // Bubblewrap sandboxes are not affected.
     let sbx = f.create().await;
     assert_eq!(sbx.isolation, "bubblewrap");
@@ -163,7 +205,11 @@ async fn an_unknown_isolation_is_invalid_argument_naming_the_field() {
     req.isolation = "firecracker".into();
     let err = tonic::Status::from(f.core.create(req).await.unwrap_err());
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
-    assert!(err.message().contains("isolation") && err.message().contains("gvisor"), "{}", err.message());
+    assert!(
+        err.message().contains("isolation") && err.message().contains("gvisor"),
+        "{}",
+        err.message()
+    );
 }
 
 /// A tiny HTTP server on 127.0.0.1 answering every request with `body` and the request
@@ -206,17 +252,34 @@ async fn egress_and_the_llm_relay_are_the_only_ways_out_of_a_gvisor_sandbox() {
     })
     .await;
     // Through the egress proxy (HTTP_PROXY in the sandbox): the listed host only.
-    let curl = |port: u16| format!("NO_PROXY= no_proxy= curl -sS --max-time 10 http://127.0.0.1:{port}/x");
+    let curl =
+        |port: u16| format!("NO_PROXY= no_proxy= curl -sS --max-time 10 http://127.0.0.1:{port}/x");
     let out = f.sh(&sbx.id, &curl(allowed)).await;
     assert_eq!(out.stdout, "allowed GET /x HTTP/1.1", "{out:?}");
-    let out = f.sh(&sbx.id, &format!("{} -w '%{{http_code}}'", curl(other))).await;
-    assert!(out.stdout.ends_with("403") && !out.stdout.contains("must not"), "{out:?}");
+    let out = f
+        .sh(&sbx.id, &format!("{} -w '%{{http_code}}'", curl(other)))
+        .await;
+    assert!(
+        out.stdout.ends_with("403") && !out.stdout.contains("must not"),
+        "{out:?}"
+    );
     // Not around it: gVisor's network is its loopback, the host's is not there.
-    let direct = format!("curl -sS --noproxy '*' --max-time 5 http://127.0.0.1:{other}/ 2>&1; echo rc=$?");
+    let direct =
+        format!("curl -sS --noproxy '*' --max-time 5 http://127.0.0.1:{other}/ 2>&1; echo rc=$?");
     let out = f.sh(&sbx.id, &direct).await;
-    assert!(!out.stdout.contains("must not") && !out.stdout.contains("rc=0"), "{out:?}");
+    assert!(
+        !out.stdout.contains("must not") && !out.stdout.contains("rc=0"),
+        "{out:?}"
+    );
     // The LLM relay: the command's gateway at FORKYARD_LLM_URL, while it runs.
-    let mut req = exec_req(&sbx.id, &["sh", "-c", "curl -sS --max-time 10 \"$FORKYARD_LLM_URL/v1/messages\""]);
+    let mut req = exec_req(
+        &sbx.id,
+        &[
+            "sh",
+            "-c",
+            "curl -sS --max-time 10 \"$FORKYARD_LLM_URL/v1/messages\"",
+        ],
+    );
     req.llm_gateway = format!("http://127.0.0.1:{llm}");
     let out = f.core.exec(req).await.unwrap();
     assert!(out.stdout.starts_with("llm "), "{out:?}");

@@ -53,7 +53,10 @@ async fn a_memory_hog_in_gvisor_is_oom_killed_and_the_sandbox_comes_back() {
     // The sandbox works again (its kernel started anew when the OOM kill took it), its
     // workspace as it was.
     let out = f.sh(&sbx.id, "cat kept.txt; dmesg | head -1").await;
-    assert!(out.stdout.starts_with("before\n") && out.stdout.contains("gVisor"), "{out:?}");
+    assert!(
+        out.stdout.starts_with("before\n") && out.stdout.contains("gVisor"),
+        "{out:?}"
+    );
     assert!(!out.oom_killed, "{out:?}");
 }
 
@@ -128,23 +131,42 @@ async fn a_stopped_gvisor_sandbox_starts_again_with_its_workspace() {
         return;
     }
     let f = fixture().await;
-    let sbx = f.core.create(gvisor(f.request("forkyard-fork-1"))).await.unwrap();
+    let sbx = f
+        .core
+        .create(gvisor(f.request("forkyard-fork-1")))
+        .await
+        .unwrap();
     let marker = common::unique_sleep();
-    let mut bg = exec_req(&sbx.id, &["sh", "-c", &format!("echo kept > k.txt; sleep {marker}")]);
+    let mut bg = exec_req(
+        &sbx.id,
+        &["sh", "-c", &format!("echo kept > k.txt; sleep {marker}")],
+    );
     bg.timeout_secs = 60;
     let core = f.core.clone();
     let running = tokio::spawn(async move { core.exec(bg).await });
     tokio::time::sleep(std::time::Duration::from_millis(800)).await;
     f.core
-        .stop(StopSandboxRequest { sandbox_id: sbx.id.clone() })
+        .stop(StopSandboxRequest {
+            sandbox_id: sbx.id.clone(),
+        })
         .await
         .unwrap();
     let out = running.await.unwrap();
-    assert!(out.is_err() || out.as_ref().unwrap().exit_code != 0, "{out:?}");
+    assert!(
+        out.is_err() || out.as_ref().unwrap().exit_code != 0,
+        "{out:?}"
+    );
     f.core
-        .start(StartSandboxRequest { sandbox_id: sbx.id.clone() })
+        .start(StartSandboxRequest {
+            sandbox_id: sbx.id.clone(),
+        })
         .await
         .unwrap();
-    let out = f.sh(&sbx.id, "cat k.txt; ps -e -o comm | grep -cx sleep || true").await;
-    assert_eq!(out.stdout, "kept\n0\n", "the stop killed the command: {out:?}");
+    let out = f
+        .sh(&sbx.id, "cat k.txt; ps -e -o comm | grep -cx sleep || true")
+        .await;
+    assert_eq!(
+        out.stdout, "kept\n0\n",
+        "the stop killed the command: {out:?}"
+    );
 }

@@ -127,16 +127,25 @@ async fn caller_env_under_gvisor(
     value: &str,
 ) {
     let secs = req.argv[1].clone();
-    req.argv = vec!["sh".into(), "-c".into(), format!("echo $CALLER_VAR > seen; sleep {secs}")];
+    req.argv = vec![
+        "sh".into(),
+        "-c".into(),
+        format!("echo $CALLER_VAR > seen; sleep {secs}"),
+    ];
     let core = f.core.clone();
     let running = tokio::spawn(async move { core.exec(req).await });
     let seen = common::own_files(&f.state, id).join("seen");
     assert!(
-        eventually(Duration::from_secs(10), || std::fs::read_to_string(&seen).is_ok_and(|s| s.trim() == value)).await,
+        eventually(Duration::from_secs(10), || std::fs::read_to_string(&seen)
+            .is_ok_and(|s| s.trim() == value))
+        .await,
         "the command lost its variable"
     );
     let host = host_pids_with(id);
-    assert!(host.len() >= 3, "no runsc between the provisioner and the command");
+    assert!(
+        host.len() >= 3,
+        "no runsc between the provisioner and the command"
+    );
     for pid in host {
         let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
         assert!(
@@ -474,7 +483,11 @@ async fn refused_system_calls_are_refused_and_real_tools_still_work() {
             // one of its own): none of them reaches the host's kernel or does anything
             // to the host.
             let inside = ["unshare_user", "clone_newuser"].contains(&name);
-            assert!(inside || results.get(name).is_some_and(|e| *e != 0), "{name} worked under gVisor: {}", out.stdout);
+            assert!(
+                inside || results.get(name).is_some_and(|e| *e != 0),
+                "{name} worked under gVisor: {}",
+                out.stdout
+            );
             continue;
         }
         assert_eq!(
@@ -581,7 +594,10 @@ async fn host_uids(f: &common::Fixture, id: &str) -> Vec<u32> {
         );
         let uids: Vec<Vec<u32>> = host_pids_with(id).into_iter().map(uid_line).collect();
         running.abort();
-        assert!(uids.iter().all(|u| *u == uids[0]), "{uids:?}: one uid for all of runsc");
+        assert!(
+            uids.iter().all(|u| *u == uids[0]),
+            "{uids:?}: one uid for all of runsc"
+        );
         return uids[0].clone();
     }
     let marker = format!("sleep {sleep}");
@@ -729,7 +745,9 @@ async fn a_git_object_file_shared_between_sandboxes_cannot_be_changed_by_either(
     let out = f.sh(&a.id, "echo .git/objects/pack/*.pack").await;
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
     let pack = out.stdout.trim().to_owned();
-    let ino = |pack: &str| format!("python3 -c 'import os,sys; print(os.stat(sys.argv[1]).st_ino)' {pack}");
+    let ino = |pack: &str| {
+        format!("python3 -c 'import os,sys; print(os.stat(sys.argv[1]).st_ino)' {pack}")
+    };
     let (ino_a, ino_b, ino_c) = (
         f.sh(&a.id, &ino(&pack)).await.stdout,
         f.sh(&b.id, &ino(&pack)).await.stdout,

@@ -115,7 +115,12 @@ fn a_model_name_with_a_newline_or_a_space_is_refused() {
 
 #[test]
 fn the_isolation_is_a_known_level_or_empty_and_reaches_the_spec() {
-    assert_eq!(launch_spec(&ok_req(), &Limits::default()).unwrap().isolation, "");
+    assert_eq!(
+        launch_spec(&ok_req(), &Limits::default())
+            .unwrap()
+            .isolation,
+        ""
+    );
     for name in ["bubblewrap", "gvisor", " gvisor "] {
         let req = LaunchRunRequest {
             isolation: name.into(),

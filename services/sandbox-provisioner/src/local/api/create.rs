@@ -146,11 +146,16 @@ impl Provisioner {
                 "isolation \"gvisor\" is not available here: it runs each sandbox's commands under the sandbox's init, which needs the egress forwarder (FORKYARD_EGRESS_FORWARDER) and FORKYARD_SANDBOX_INIT on".into(),
             ));
         }
-        self.isolation.gvisor.ready().await.map(drop).map_err(|why| {
-            ProvisionerError::FailedPrecondition(format!(
-                "isolation \"gvisor\" is not available here: {why}"
-            ))
-        })
+        self.isolation
+            .gvisor
+            .ready()
+            .await
+            .map(drop)
+            .map_err(|why| {
+                ProvisionerError::FailedPrecondition(format!(
+                    "isolation \"gvisor\" is not available here: {why}"
+                ))
+            })
     }
 
     /// The record a new sandbox starts with (workspace not yet made).

@@ -10,11 +10,11 @@ use crate::{
             provisioner::Provisioner,
         },
         isolation::{
+            Kind,
             bubblewrap::{
                 bwrap,
                 bwrap::{ImageRoot, Invocation, Relays},
             },
-            Kind,
             command::{launch::Launch, plain_command, terminal},
             init::wire::Spec,
             network::llm_relay,

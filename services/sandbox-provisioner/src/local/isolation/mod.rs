@@ -7,8 +7,8 @@
 pub mod bubblewrap;
 pub mod cgroup;
 pub mod cgroup_detect;
-pub mod gvisor;
 pub(crate) mod command;
+pub mod gvisor;
 pub mod host_tools;
 pub mod init;
 pub mod network;

@@ -365,7 +365,9 @@ impl Invocation<'_> {
 
     /// The overlay to attach in the child (`super::enter::attach`): a descriptor
     /// of the mount of its own (close-on-exec) and the mount point.
-    pub(crate) fn attach(&self) -> std::io::Result<Option<(std::os::fd::OwnedFd, std::ffi::CString)>> {
+    pub(crate) fn attach(
+        &self,
+    ) -> std::io::Result<Option<(std::os::fd::OwnedFd, std::ffi::CString)>> {
         let Some(mount) = self.overlay else {
             return Ok(None);
         };

@@ -123,7 +123,8 @@ impl Container {
                 "options": ["rbind", mode, "nosuid", "nodev"],
             })
         }));
-        let mut rlimits = vec![json!({"type": "RLIMIT_NOFILE", "soft": self.nofile.0, "hard": self.nofile.1})];
+        let mut rlimits =
+            vec![json!({"type": "RLIMIT_NOFILE", "soft": self.nofile.0, "hard": self.nofile.1})];
         if let Some(max) = self.file_size {
             rlimits.push(json!({"type": "RLIMIT_FSIZE", "soft": max, "hard": max}));
         }

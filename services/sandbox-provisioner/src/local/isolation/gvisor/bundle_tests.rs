@@ -59,19 +59,52 @@ fn the_host_tools_sandbox_sees_usr_read_only_its_relays_and_its_workspace() {
     assert_eq!(c.root, Path::new("/g/root"));
     assert_eq!(bind(&c, "/usr"), Some(&Bind::ro("/usr", "/usr")));
     assert_eq!(bind(&c, RUN), Some(&Bind::ro("/g/run", RUN)));
-    assert_eq!(bind(&c, forwarder_kit::IN_SANDBOX), Some(&Bind::ro(kit, forwarder_kit::IN_SANDBOX)));
+    assert_eq!(
+        bind(&c, forwarder_kit::IN_SANDBOX),
+        Some(&Bind::ro(kit, forwarder_kit::IN_SANDBOX))
+    );
     assert_eq!(
         bind(&c, bwrap::PROXY_SOCKET_IN_SANDBOX),
-        Some(&Bind::rw("/state/sbx-1/egress.sock", bwrap::PROXY_SOCKET_IN_SANDBOX))
+        Some(&Bind::rw(
+            "/state/sbx-1/egress.sock",
+            bwrap::PROXY_SOCKET_IN_SANDBOX
+        ))
     );
-    assert_eq!(bind(&c, "/workspace"), Some(&Bind::rw("/state/sbx-1/workspace", "/workspace")));
+    assert_eq!(
+        bind(&c, "/workspace"),
+        Some(&Bind::rw("/state/sbx-1/workspace", "/workspace"))
+    );
     // Nothing else of the host is writable, and no secret of /etc is there.
-    let writable: Vec<_> = c.binds.iter().filter(|b| b.writable).map(|b| b.dest.as_str()).collect();
-    assert_eq!(writable, [bwrap::PROXY_SOCKET_IN_SANDBOX, bwrap::LLM_SOCKET_IN_SANDBOX, "/workspace"]);
-    assert!(c.binds.iter().all(|b| !b.dest.contains("shadow") && b.dest != "/etc"), "{:?}", c.binds);
+    let writable: Vec<_> = c
+        .binds
+        .iter()
+        .filter(|b| b.writable)
+        .map(|b| b.dest.as_str())
+        .collect();
+    assert_eq!(
+        writable,
+        [
+            bwrap::PROXY_SOCKET_IN_SANDBOX,
+            bwrap::LLM_SOCKET_IN_SANDBOX,
+            "/workspace"
+        ]
+    );
+    assert!(
+        c.binds
+            .iter()
+            .all(|b| !b.dest.contains("shadow") && b.dest != "/etc"),
+        "{:?}",
+        c.binds
+    );
     // The forwarder is the first process, as the sandbox's init, relays on loopback.
     let args = c.args.join(" ");
-    assert!(args.contains(&format!("127.0.0.1:3128={}", bwrap::PROXY_SOCKET_IN_SANDBOX)), "{args}");
+    assert!(
+        args.contains(&format!(
+            "127.0.0.1:3128={}",
+            bwrap::PROXY_SOCKET_IN_SANDBOX
+        )),
+        "{args}"
+    );
     assert!(args.contains(" --init -- /run/forkyard/fwd/"), "{args}");
 }
 
@@ -88,20 +121,52 @@ fn the_config_has_no_network_no_capabilities_and_a_read_only_root() {
     let (c, _) = container(None);
     let v = c.config();
     assert_eq!(v["root"]["readonly"], true);
-    let ns: Vec<&str> = v["linux"]["namespaces"].as_array().unwrap().iter().map(|n| n["type"].as_str().unwrap()).collect();
-    assert!(ns.contains(&"network") && ns.contains(&"pid") && ns.contains(&"mount"), "{ns:?}");
-    for set in ["bounding", "effective", "permitted", "inheritable", "ambient"] {
-        assert_eq!(v["process"]["capabilities"][set], serde_json::json!([]), "{set}");
+    let ns: Vec<&str> = v["linux"]["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["type"].as_str().unwrap())
+        .collect();
+    assert!(
+        ns.contains(&"network") && ns.contains(&"pid") && ns.contains(&"mount"),
+        "{ns:?}"
+    );
+    for set in [
+        "bounding",
+        "effective",
+        "permitted",
+        "inheritable",
+        "ambient",
+    ] {
+        assert_eq!(
+            v["process"]["capabilities"][set],
+            serde_json::json!([]),
+            "{set}"
+        );
     }
     assert_eq!(v["process"]["noNewPrivileges"], true);
     assert_eq!(v["process"]["cwd"], "/workspace");
     assert_eq!(v["hostname"], bwrap::HOSTNAME);
     let rl = v["process"]["rlimits"].as_array().unwrap();
-    assert!(rl.iter().any(|r| r["type"] == "RLIMIT_FSIZE" && r["hard"] == 1u64 << 30), "{rl:?}");
-    assert!(rl.iter().any(|r| r["type"] == "RLIMIT_NOFILE" && r["soft"] == 1024 && r["hard"] == 4096), "{rl:?}");
+    assert!(
+        rl.iter()
+            .any(|r| r["type"] == "RLIMIT_FSIZE" && r["hard"] == 1u64 << 30),
+        "{rl:?}"
+    );
+    assert!(
+        rl.iter()
+            .any(|r| r["type"] == "RLIMIT_NOFILE" && r["soft"] == 1024 && r["hard"] == 4096),
+        "{rl:?}"
+    );
     let mounts = v["mounts"].as_array().unwrap();
-    let ws = mounts.iter().find(|m| m["destination"] == "/workspace").unwrap();
-    assert_eq!(ws["options"], serde_json::json!(["rbind", "rw", "nosuid", "nodev"]));
+    let ws = mounts
+        .iter()
+        .find(|m| m["destination"] == "/workspace")
+        .unwrap();
+    assert_eq!(
+        ws["options"],
+        serde_json::json!(["rbind", "rw", "nosuid", "nodev"])
+    );
     let usr = mounts.iter().find(|m| m["destination"] == "/usr").unwrap();
     assert_eq!(usr["options"][1], "ro");
     // Parents first: /run (gVisor's tmpfs), then /run/forkyard, then what is in it.
@@ -117,9 +182,18 @@ fn mount_points_are_made_in_the_bind_that_holds_them() {
         let i = c.binds.iter().position(|b| b.dest == dest).unwrap();
         points[i].clone()
     };
-    assert_eq!(of(RUN), ("/images/abc/rootfs".into(), "run/forkyard".into(), false));
-    assert_eq!(of(bwrap::PROXY_SOCKET_IN_SANDBOX), ("/g/run".into(), "egress.sock".into(), false));
-    assert_eq!(of("/workspace"), ("/images/abc/rootfs".into(), "workspace".into(), false));
+    assert_eq!(
+        of(RUN),
+        ("/images/abc/rootfs".into(), "run/forkyard".into(), false)
+    );
+    assert_eq!(
+        of(bwrap::PROXY_SOCKET_IN_SANDBOX),
+        ("/g/run".into(), "egress.sock".into(), false)
+    );
+    assert_eq!(
+        of("/workspace"),
+        ("/images/abc/rootfs".into(), "workspace".into(), false)
+    );
 }
 
 #[test]

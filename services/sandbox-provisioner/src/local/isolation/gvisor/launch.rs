@@ -115,7 +115,11 @@ fn cstring(s: &str) -> io::Result<CString> {
 /// Whether runsc runs a container here: `true` in a skeleton root of the host's tools,
 /// under `probe_dir`, as the provisioner's uid. `Err` says why not (runsc's own last
 /// words), also when it takes longer than `limit`.
-pub async fn probe(runsc: &Runsc, probe_dir: &Path, limit: std::time::Duration) -> Result<(), String> {
+pub async fn probe(
+    runsc: &Runsc,
+    probe_dir: &Path,
+    limit: std::time::Duration,
+) -> Result<(), String> {
     let layout = Layout::of_sandbox(probe_dir);
     let out = tokio::time::timeout(limit, run_probe(runsc, &layout)).await;
     let _ = crate::local::base::fs::remove_all(probe_dir);
@@ -124,8 +128,16 @@ pub async fn probe(runsc: &Runsc, probe_dir: &Path, limit: std::time::Duration) 
         Ok(Ok(o)) if o.status.success() => Ok(()),
         Ok(Ok(o)) => {
             let err = String::from_utf8_lossy(&o.stderr);
-            let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
-            Err(format!("{bin} cannot run a sandbox here ({}): {}", o.status, last.trim()))
+            let last = err
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            Err(format!(
+                "{bin} cannot run a sandbox here ({}): {}",
+                o.status,
+                last.trim()
+            ))
         }
         Ok(Err(e)) => Err(format!("{bin} cannot run a sandbox here: {e}")),
         Err(_) => Err(format!("{bin} started no sandbox within {limit:?}")),

@@ -73,7 +73,9 @@ impl Layout {
     pub fn make_skeleton(&self) -> io::Result<()> {
         let root = self.skeleton();
         for d in SKELETON_DIRS {
-            std::fs::DirBuilder::new().mode(0o755).create(root.join(d))?;
+            std::fs::DirBuilder::new()
+                .mode(0o755)
+                .create(root.join(d))?;
         }
         for (path, link) in bwrap::host_root_links() {
             if let Some(target) = link {
@@ -131,14 +133,19 @@ pub fn make_mount_point(base: &Path, rel: &Path, dir: bool) -> io::Result<()> {
     let made = if dir {
         rustix::fs::mkdirat(&at, last.as_os_str(), Mode::from_raw_mode(0o755))
     } else {
-        let flags = OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let flags =
+            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         rustix::fs::openat(&at, last.as_os_str(), flags, Mode::from_raw_mode(0o644)).map(drop)
     };
     match made {
         Err(rustix::io::Errno::EXIST) => {
             let st = rustix::fs::statat(&at, last.as_os_str(), AtFlags::SYMLINK_NOFOLLOW)?;
             let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
-            let fits = if dir { kind == rustix::fs::FileType::Directory } else { kind != rustix::fs::FileType::Directory && kind != rustix::fs::FileType::Symlink };
+            let fits = if dir {
+                kind == rustix::fs::FileType::Directory
+            } else {
+                kind != rustix::fs::FileType::Directory && kind != rustix::fs::FileType::Symlink
+            };
             fits.then_some(()).ok_or_else(|| {
                 io::Error::other(format!("{} is in the way of a mount point", path.display()))
             })
@@ -155,5 +162,13 @@ fn open_dir(at: &rustix::fd::OwnedFd, name: &std::ffi::OsStr) -> io::Result<rust
         OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e} (a mount point's parent must be a directory)", name.to_string_lossy())))
+    .map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "{}: {e} (a mount point's parent must be a directory)",
+                name.to_string_lossy()
+            ),
+        )
+    })
 }

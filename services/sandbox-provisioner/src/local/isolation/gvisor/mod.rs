@@ -50,7 +50,11 @@ const HOST_MEMORY_OVERHEAD: u64 = 128 << 20;
 /// The host cgroup's `memory.max` of a gVisor sandbox limited to `bytes` (0: unlimited):
 /// its processes' memory is gVisor's, in the same cgroup as gVisor's own.
 pub fn host_memory(bytes: u64) -> u64 {
-    if bytes == 0 { 0 } else { bytes.saturating_add(HOST_MEMORY_OVERHEAD) }
+    if bytes == 0 {
+        0
+    } else {
+        bytes.saturating_add(HOST_MEMORY_OVERHEAD)
+    }
 }
 
 /// runsc as this replica has it: found at start-up, tried once at the first create that
@@ -89,7 +93,9 @@ impl Gvisor {
             .get_or_init(|| async {
                 let got = launch::probe(runsc, &self.probe_dir, PROBE_LIMIT).await;
                 match &got {
-                    Ok(()) => tracing::info!(runsc = %runsc.bin.display(), "gVisor runs sandboxes here"),
+                    Ok(()) => {
+                        tracing::info!(runsc = %runsc.bin.display(), "gVisor runs sandboxes here")
+                    }
                     Err(e) => tracing::warn!(error = %e, "gVisor cannot run sandboxes here"),
                 }
                 got
@@ -128,7 +134,10 @@ mod tests {
         );
         let err = g.ready().await.unwrap_err();
         assert!(err.contains("runsc (gVisor) is not installed"), "{err}");
-        assert!(err.contains("no-such-runsc") && err.contains("FORKYARD_RUNSC_PATH"), "{err}");
+        assert!(
+            err.contains("no-such-runsc") && err.contains("FORKYARD_RUNSC_PATH"),
+            "{err}"
+        );
     }
 
     #[tokio::test]
@@ -136,11 +145,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // An executable that is not runsc: it fails as a broken install would.
         let fake = dir.path().join("runsc");
-        std::fs::write(&fake, "#!/bin/sh\necho 'fake runsc: cannot start' >&2\nexit 3\n").unwrap();
-        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\necho 'fake runsc: cannot start' >&2\nexit 3\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
         let g = Gvisor::new(&fake, None, dir.path().join("probe"));
         let err = g.ready().await.unwrap_err();
-        assert!(err.contains("cannot run a sandbox here") && err.contains("fake runsc: cannot start"), "{err}");
-        assert!(!dir.path().join("probe").exists(), "the probe's files are left");
+        assert!(
+            err.contains("cannot run a sandbox here") && err.contains("fake runsc: cannot start"),
+            "{err}"
+        );
+        assert!(
+            !dir.path().join("probe").exists(),
+            "the probe's files are left"
+        );
     }
 }

@@ -210,7 +210,9 @@ impl Init {
     /// Start the sandbox's bubblewrap (`inv`, the init last on its command line) with
     /// the control socket as the init's stdin.
     pub(crate) fn start(inv: &Invocation<'_>, sandbox_id: &str) -> io::Result<Self> {
-        Self::start_with(sandbox_id, true, |stdin, stderr| inv.spawn_init(stdin, stderr))
+        Self::start_with(sandbox_id, true, |stdin, stderr| {
+            inv.spawn_init(stdin, stderr)
+        })
     }
 
     /// Start the sandbox's runtime with `spawn`, given the init's stdin (the control
