@@ -20,6 +20,11 @@ pub use money::{MICROS_PER_USD, Usd};
 /// `http://` and this.
 pub const SANDBOX_LLM_ADDR: &str = "127.0.0.1:4000";
 
+/// The isolation levels a local sandbox can have (`CreateSandboxRequest.isolation`,
+/// `LaunchRunRequest.isolation`), the default first: bubblewrap's namespaces over the
+/// host's kernel, or gVisor's user-space kernel (`runsc`).
+pub const ISOLATIONS: &[&str] = &["bubblewrap", "gvisor"];
+
 pub mod common {
     pub mod v1 {
         tonic::include_proto!("forkyard.common.v1");

@@ -216,6 +216,12 @@ async fn main() -> anyhow::Result<()> {
         status_kib("VmHWM:")
     );
     on_image(&core, &repo, n).await?;
+    isolations(
+        &core,
+        &repo,
+        env_usize("FORKYARD_BENCH_GVISOR_SANDBOXES", 20),
+    )
+    .await?;
     with_history(&core, tmp.path()).await?;
     with_worktree(&core, tmp.path()).await
 }
@@ -337,5 +343,48 @@ async fn on_image(core: &Arc<Provisioner>, repo: &str, n: usize) -> anyhow::Resu
     }
     report("create (image cached)", create);
     report("exec `sh -c true` (second)", exec);
+    Ok(())
+}
+
+/// Each isolation level side by side, `n` sandboxes one at a time: the create, the first
+/// command (which starts the sandbox's init: bubblewrap, or gVisor's runsc container)
+/// and a second one. gVisor is skipped, saying why, where runsc cannot run.
+async fn isolations(core: &Arc<Provisioner>, repo: &str, n: usize) -> anyhow::Result<()> {
+    println!("  by isolation ({n} sandboxes each, one at a time):");
+    for isolation in forkyard_proto::ISOLATIONS {
+        let req = |i| CreateSandboxRequest {
+            isolation: (*isolation).into(),
+            ..create_req(repo, i)
+        };
+        // The first gVisor create waits for the one-time runsc probe: not counted.
+        match core.create(req(0)).await {
+            Ok(s) => destroy(core, &s.id).await,
+            Err(e) => {
+                println!("    {isolation}: not here ({e})");
+                continue;
+            }
+        }
+        let (mut create, mut first, mut second) = (vec![], vec![], vec![]);
+        for i in 0..n {
+            let t = Instant::now();
+            let s = core.create(req(i)).await?;
+            create.push(ms(t.elapsed()));
+            let t = Instant::now();
+            let out = core.exec(true_req(&s.id)).await?;
+            anyhow::ensure!(
+                out.exit_code == 0,
+                "{isolation}: true failed: {}",
+                out.stderr
+            );
+            first.push(ms(t.elapsed()));
+            let t = Instant::now();
+            core.exec(true_req(&s.id)).await?;
+            second.push(ms(t.elapsed()));
+            destroy(core, &s.id).await;
+        }
+        report(&format!("{isolation} create"), create);
+        report(&format!("{isolation} first exec"), first);
+        report(&format!("{isolation} second exec"), second);
+    }
     Ok(())
 }

@@ -101,6 +101,7 @@ fn launch_request(a: ForkArgs) -> LaunchRunRequest {
         }),
         egress: a.egress,
         image: a.image,
+        isolation: a.isolation,
         fork_timeout_secs: a.timeout,
         verify_command: a.verify.unwrap_or_default(),
         stop_on_first_verified: a.stop_on_first_verified,
@@ -140,6 +141,30 @@ fn delivery(
 #[cfg(test)]
 mod tests {
     use super::read_prompt;
+
+    /// `forkyard fork --isolation`: a known level reaches the launch, another is refused
+    /// by the CLI naming the choices.
+    #[test]
+    fn the_isolation_flag_reaches_the_launch_request() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            fork: super::ForkArgs,
+        }
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["forkyard", "https://example.com/r.git", "-p", "x"];
+            argv.extend(extra);
+            Cli::try_parse_from(argv).map(|c| super::launch_request(c.fork))
+        };
+        assert_eq!(
+            parse(&["--isolation", "gvisor"]).unwrap().isolation,
+            "gvisor"
+        );
+        assert_eq!(parse(&[]).unwrap().isolation, "");
+        let e = parse(&["--isolation", "kata"]).err().unwrap().to_string();
+        assert!(e.contains("bubblewrap, gvisor"), "{e}");
+    }
 
     #[test]
     fn a_prompt_comes_from_a_file_or_is_itself() {

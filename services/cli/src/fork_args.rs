@@ -52,6 +52,11 @@ pub struct ForkArgs {
     /// provisioners' image directory. Default: the provisioners' own /usr.
     #[arg(long, default_value = "")]
     pub image: String,
+    /// What holds each fork's sandbox: bubblewrap (namespaces over the host's kernel)
+    /// or gvisor (gVisor's user-space kernel, runsc, on the provisioners' hosts).
+    /// Default: the provisioners' (bubblewrap).
+    #[arg(long, default_value = "", value_parser = isolation)]
+    pub isolation: String,
     /// Branch prefix: fork n works on <branch>-fork-<n>.
     #[arg(short, long, default_value = "forkyard")]
     pub branch: String,
@@ -122,4 +127,14 @@ pub(crate) fn parse_label(s: &str) -> Result<(String, String), String> {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .filter(|(k, _)| !k.is_empty())
         .ok_or_else(|| format!("{s:?} is not key=value"))
+}
+
+/// `--isolation`: empty or one of the levels a sandbox can have.
+fn isolation(s: &str) -> Result<String, String> {
+    let name = s.trim();
+    if name.is_empty() || forkyard_proto::ISOLATIONS.contains(&name) {
+        Ok(name.to_owned())
+    } else {
+        Err(format!("one of: {}", forkyard_proto::ISOLATIONS.join(", ")))
+    }
 }

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 /// Fields of LaunchRunRequest: a refusal names one of them first.
 const FIELDS: &[&str] = &[
     "image",
+    "isolation",
     "request_id",
     "repo",
     "base_ref",
@@ -114,6 +115,8 @@ fn request() -> impl Strategy<Value = LaunchRunRequest> {
                 stop_on_first_verified,
                 fork_budget_usd: budget_usd,
                 egress: Vec::new(),
+                // The image's nasty string, the isolation's too: each names its field.
+                isolation: image.chars().rev().collect(),
                 image,
                 delivery: None,
             },

@@ -56,6 +56,15 @@ pub struct Args {
     /// The bubblewrap binary (a path or a name on $PATH).
     #[arg(long, env = "FORKYARD_BWRAP_PATH", default_value = "bwrap")]
     pub bwrap_path: PathBuf,
+    /// gVisor's runsc (a path or a name on $PATH), for sandboxes created with
+    /// `isolation: gvisor`; missing or unable to run here, such a create is
+    /// FAILED_PRECONDITION saying why (Debian's package: `runsc`).
+    #[arg(long, env = "FORKYARD_RUNSC_PATH", default_value = "runsc")]
+    pub runsc_path: PathBuf,
+    /// runsc's `--platform` for gVisor sandboxes (ptrace, systrap on newer runsc, kvm
+    /// with /dev/kvm); empty: runsc's default.
+    #[arg(long, env = "FORKYARD_RUNSC_PLATFORM", default_value = "")]
+    pub runsc_platform: String,
     /// Exec wall-clock limit when a request gives none.
     #[arg(long, env = "FORKYARD_EXEC_TIMEOUT_SECS", default_value_t = 600)]
     pub exec_timeout_secs: u64,
@@ -301,6 +310,9 @@ impl Args {
         let mut config = Config::new(state_dir, advertise);
         config.owner_task_queue = replica_task_queue(&replica);
         config.bwrap_path.clone_from(&self.bwrap_path);
+        config.runsc_path.clone_from(&self.runsc_path);
+        config.runsc_platform =
+            Some(self.runsc_platform.trim().to_owned()).filter(|p| !p.is_empty());
         config.exec_timeout = Duration::from_secs(self.exec_timeout_secs);
         config.clone_timeout = Duration::from_secs(self.clone_timeout_secs);
         config.allow_no_userns = self.allow_no_userns;

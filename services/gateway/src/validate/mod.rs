@@ -94,6 +94,7 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
     )?;
     check_labels(&req.labels)?;
     check_image(&req.image)?;
+    check_isolation(&req.isolation)?;
     let agent = agent::check_agent(req.agent.as_ref())?;
     Ok(RunSpec {
         repo: req.repo.trim().to_owned(),
@@ -119,7 +120,24 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         egress: Vec::new(),
         image: req.image.clone(),
         delivery: delivery::check_delivery(req)?,
+        isolation: req.isolation.trim().to_owned(),
     })
+}
+
+/// One of the isolation levels a sandbox can have (`forkyard_proto::ISOLATIONS`), or
+/// empty for the provisioners' default.
+fn check_isolation(isolation: &str) -> Result<(), GatewayError> {
+    let name = isolation.trim();
+    if name.is_empty() || forkyard_proto::ISOLATIONS.contains(&name) {
+        return Ok(());
+    }
+    Err(field(
+        "isolation",
+        format!(
+            "{name:?} is not an isolation level (one of: {})",
+            forkyard_proto::ISOLATIONS.join(", ")
+        ),
+    ))
 }
 
 /// The repository, the prompt and the base ref: present, within bounds, without NUL.

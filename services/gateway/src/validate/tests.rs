@@ -112,3 +112,30 @@ fn a_model_name_with_a_newline_or_a_space_is_refused() {
         );
     }
 }
+
+#[test]
+fn the_isolation_is_a_known_level_or_empty_and_reaches_the_spec() {
+    assert_eq!(
+        launch_spec(&ok_req(), &Limits::default())
+            .unwrap()
+            .isolation,
+        ""
+    );
+    for name in ["bubblewrap", "gvisor", " gvisor "] {
+        let req = LaunchRunRequest {
+            isolation: name.into(),
+            ..ok_req()
+        };
+        let spec = launch_spec(&req, &Limits::default()).unwrap();
+        assert_eq!(spec.isolation, name.trim());
+    }
+    for bad in ["kata", "GVISOR", "gvisor,bubblewrap"] {
+        refused(
+            LaunchRunRequest {
+                isolation: bad.into(),
+                ..ok_req()
+            },
+            "isolation",
+        );
+    }
+}

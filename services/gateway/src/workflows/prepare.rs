@@ -446,6 +446,9 @@ fn create_request(f: &WaveFork, idempotency_key: String) -> CreateSandboxRequest
         // Whose git credentials the provisioner clones with (the run's tenant's own,
         // else the shared ones; FORKYARD_GIT_CREDENTIALS).
         tenant: spec.tenant.clone(),
+        // gVisor or bubblewrap: the provisioner refuses (FAILED_PRECONDITION) what it
+        // cannot give, never substituting.
+        isolation: spec.isolation.clone(),
         ..Default::default()
     }
 }

@@ -132,11 +132,14 @@ impl Fixture {
             .collect()
     }
 
+    /// A create of a sandbox on the repository, with the isolation of
+    /// [`ISOLATION_ENV`] (the suites run again under gVisor: `make test-gvisor`).
     pub fn request(&self, branch: &str) -> CreateSandboxRequest {
         CreateSandboxRequest {
             backend: "local".into(),
             repo: self.repo.display().to_string(),
             branch: branch.into(),
+            isolation: isolation(),
             ..Default::default()
         }
     }
@@ -154,6 +157,19 @@ impl Fixture {
             .await
             .expect("exec")
     }
+}
+
+/// The variable naming the isolation every fixture's sandbox gets (empty: bubblewrap).
+pub const ISOLATION_ENV: &str = "FORKYARD_TEST_ISOLATION";
+
+/// [`ISOLATION_ENV`]'s isolation.
+pub fn isolation() -> String {
+    std::env::var(ISOLATION_ENV).unwrap_or_default()
+}
+
+/// Whether the fixtures' sandboxes run under gVisor ([`ISOLATION_ENV`]).
+pub fn under_gvisor() -> bool {
+    isolation() == "gvisor"
 }
 
 pub fn exec_req(id: &str, argv: &[&str]) -> ExecRequest {

@@ -12,7 +12,7 @@ use crate::{
             entry::Entry,
             provisioner::{BACKEND, DirCleanup, Provisioner},
         },
-        isolation::{cgroup::Limits, network::egress::Allowlist, uids},
+        isolation::{Kind, cgroup::Limits, network::egress::Allowlist, uids},
         storage::{overlay, repo::git_dirs, store, store::Record},
     },
 };
@@ -58,6 +58,7 @@ impl Provisioner {
             ));
         }
         self.check_network(&req)?;
+        self.check_isolation(&req.isolation).await?;
         if let Some(l) = &req.limits {
             crate::validate::limits(l)?;
         }
@@ -132,6 +133,31 @@ impl Provisioner {
         Ok(())
     }
 
+    /// A create's `isolation`: a level this crate knows, and gVisor only where runsc runs
+    /// sandboxes here (tried once) under a sandbox init (what gVisor's container holds):
+    /// never quietly bubblewrap instead.
+    pub(crate) async fn check_isolation(&self, isolation: &str) -> Result<()> {
+        let kind = Kind::parse(isolation).map_err(|e| ProvisionerError::invalid("isolation", e))?;
+        if kind == Kind::Bubblewrap {
+            return Ok(());
+        }
+        if self.isolation.forwarder.is_none() || !self.config.sandbox_init {
+            return Err(ProvisionerError::FailedPrecondition(
+                "isolation \"gvisor\" is not available here: it runs each sandbox's commands under the sandbox's init, which needs the egress forwarder (FORKYARD_EGRESS_FORWARDER) and FORKYARD_SANDBOX_INIT on".into(),
+            ));
+        }
+        self.isolation
+            .gvisor
+            .ready()
+            .await
+            .map(drop)
+            .map_err(|why| {
+                ProvisionerError::FailedPrecondition(format!(
+                    "isolation \"gvisor\" is not available here: {why}"
+                ))
+            })
+    }
+
     /// The record a new sandbox starts with (workspace not yet made).
     pub(crate) fn new_record(
         &self,
@@ -182,6 +208,8 @@ impl Provisioner {
             image,
             made_index: String::new(),
             overlay: None,
+            // Checked at the create's admission (`Self::check_isolation`).
+            isolation: Kind::parse(&req.isolation).unwrap_or_default(),
         }
     }
 

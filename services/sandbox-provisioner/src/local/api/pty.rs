@@ -59,7 +59,7 @@ impl Provisioner {
         let size = winsize(req.rows, req.cols);
         let launch = p.launch.take().expect("prepared once");
         let started = |e| ProvisionerError::internal("cannot start the command", e);
-        let (master, running) = if launch.is_init() {
+        let (master, running) = if launch.opens_own_pty() {
             // Opened by the init in the sandbox's own devpts: `tty` and anything else
             // that looks its terminal up by name finds it there.
             let stdio = Stdio3::OwnPty {

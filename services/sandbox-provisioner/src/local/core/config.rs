@@ -22,6 +22,11 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// The bubblewrap binary: a path or a name looked up on `$PATH`.
     pub bwrap_path: PathBuf,
+    /// gVisor's runsc, for sandboxes asking for `isolation: gvisor`: a path or a name
+    /// looked up on `$PATH` (missing: such a create is refused, saying so).
+    pub runsc_path: PathBuf,
+    /// runsc's `--platform` (`None`: runsc's default).
+    pub runsc_platform: Option<String>,
     /// This replica's gRPC endpoint, stored as each sandbox's `owner_endpoint`.
     pub advertise_endpoint: String,
     /// This replica's own Temporal task queue, stored as each sandbox's
@@ -120,6 +125,8 @@ impl Config {
             warm: WarmBounds::OFF,
             state_dir,
             bwrap_path: "bwrap".into(),
+            runsc_path: "runsc".into(),
+            runsc_platform: None,
             advertise_endpoint: advertise_endpoint.into(),
             owner_task_queue: String::new(),
             exec_timeout: Duration::from_secs(600),

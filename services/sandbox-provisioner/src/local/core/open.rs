@@ -10,6 +10,7 @@ use crate::local::{
         bubblewrap::{bwrap::Features, probe, seccomp},
         cgroup::{self, Cgroups},
         command::terminal::Ptys,
+        gvisor::Gvisor,
         host_tools::{self, Toolchain},
         network::forwarder_kit::ForwarderKit,
         open_files,
@@ -141,6 +142,11 @@ async fn open_isolation(
         toolchains,
         seccomp: Vec::new(),
         runtime_probe: RuntimeProbe::default(),
+        gvisor: Gvisor::new(
+            &config.runsc_path,
+            config.runsc_platform.clone(),
+            config.state_dir.join("gvisor-probe"),
+        ),
     })
 }
 

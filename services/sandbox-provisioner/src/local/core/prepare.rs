@@ -10,6 +10,7 @@ use crate::{
             provisioner::Provisioner,
         },
         isolation::{
+            Kind,
             bubblewrap::{
                 bwrap,
                 bwrap::{ImageRoot, Invocation, Relays},
@@ -128,7 +129,14 @@ impl Provisioner {
             .cgroups
             .as_ref()
             .map_or(0, |cg| cg.oom_kills(id));
-        let (launch, llm) = if self.runs_under_init(&record, tools) {
+        let under_init = self.runs_under_init(&record, tools);
+        if !under_init && record.isolation == Kind::Gvisor && tools == Tools::Sandbox {
+            // Never a bubblewrap for a command of a sandbox that asked for gVisor.
+            return Err(ProvisionerError::FailedPrecondition(format!(
+                "sandbox {id} runs under gVisor, which needs the egress forwarder (FORKYARD_EGRESS_FORWARDER) this provisioner no longer has"
+            )));
+        }
+        let (launch, llm) = if under_init {
             self.under_init(&entry, &record, argv, env, llm_gateway, image)?
         } else {
             self.bwrap_per_command(&entry, &record, argv, env, llm_gateway, image, pty)?

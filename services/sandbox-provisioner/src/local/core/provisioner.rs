@@ -81,7 +81,15 @@ impl Provisioner {
             return Ok(());
         }
         let record = entry.record();
-        cg.create(&record.id, record.limits)
+        let mut limits = record.limits;
+        if record.isolation == crate::local::isolation::Kind::Gvisor {
+            // gVisor's kernel holds the sandbox's processes to `pids`; the host's
+            // controllers bound its own tasks and memory too (`gvisor::host_pids`,
+            // `gvisor::host_memory`).
+            limits.pids = crate::local::isolation::gvisor::host_pids(limits.pids);
+            limits.memory_bytes = crate::local::isolation::gvisor::host_memory(limits.memory_bytes);
+        }
+        cg.create(&record.id, limits)
             .map_err(|e| ProvisionerError::internal("create cgroup", e))?;
         entry.set_cgroups_made();
         Ok(())

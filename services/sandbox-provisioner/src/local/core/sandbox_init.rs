@@ -11,7 +11,9 @@ use crate::{
             provisioner::Provisioner,
         },
         isolation::{
+            Kind,
             bubblewrap::bwrap::{ImageRoot, Invocation, Relays},
+            gvisor::layout::Layout,
             init::host::Init,
             network::{forwarder_kit::ForwarderKit, llm_relay, llm_relay::Relay},
         },
@@ -25,6 +27,12 @@ impl Provisioner {
     /// forwarder, and runs on the sandbox's root, where the provisioner's own steps on an
     /// image (which need the host's /usr) cannot run.
     pub(crate) fn runs_under_init(&self, record: &Record, tools: prepare::Tools) -> bool {
+        // gVisor's sandbox is its init's container: only the provisioner's own steps on
+        // an image run beside it (under bubblewrap, on the host's /usr).
+        if record.isolation == Kind::Gvisor {
+            return self.isolation.forwarder.is_some()
+                && (tools == prepare::Tools::Sandbox || record.image.is_none());
+        }
         self.config.sandbox_init
             && self.isolation.forwarder.is_some()
             && (tools == prepare::Tools::Sandbox || record.image.is_none())
@@ -95,7 +103,23 @@ impl Provisioner {
             init: true,
             ..self.invocation(record, &workspace, overlay.as_deref(), &argv, &[])
         };
-        Init::start(&inv, id).map_err(|e| ProvisionerError::internal("start the sandbox's init", e))
+        let started = match record.isolation {
+            Kind::Bubblewrap => Init::start(&inv, id),
+            Kind::Gvisor => {
+                let runsc = self
+                    .isolation
+                    .gvisor
+                    .runsc()
+                    .map_err(ProvisionerError::FailedPrecondition)?;
+                let layout = Layout::of_sandbox(&self.storage.store.dir(id));
+                // A container id of its own each start: runsc keeps an ended one's state.
+                let cid = format!("{id}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+                Init::start_with(id, false, |stdin, stderr| {
+                    runsc.spawn(&inv, (&layout, &cid, record.limits.pids), stdin, stderr)
+                })
+            }
+        };
+        started.map_err(|e| ProvisionerError::internal("start the sandbox's init", e))
     }
 
     /// The sandbox's one LLM relay at `socket`: it relays to the gateway of whichever of

@@ -1,5 +1,5 @@
 //! What a sandbox's commands run in, and what holds them there: the runtime
-//! (`bubblewrap`; a second one, gVisor's `runsc`, would stand beside it), the sandbox's
+//! (`bubblewrap`, or gVisor's `runsc` for a sandbox that asks for it: `gvisor`), the sandbox's
 //! init, cgroups, host uids, the open-files limit, the relays out of the sandbox
 //! (`network`), and how a command is started and waited for (`command`). It knows
 //! nothing of where workspaces come from (`storage`, above it).
@@ -8,6 +8,7 @@ pub mod bubblewrap;
 pub mod cgroup;
 pub mod cgroup_detect;
 pub(crate) mod command;
+pub mod gvisor;
 pub mod host_tools;
 pub mod init;
 pub mod network;
@@ -45,4 +46,40 @@ pub struct Isolation {
     pub(crate) toolchains: Vec<host_tools::Toolchain>,
     /// The replica-wide probe of the sandbox runtime behind health checks.
     pub(crate) runtime_probe: RuntimeProbe,
+    /// gVisor's runsc, for sandboxes created with `isolation: gvisor` (`gvisor`).
+    pub(crate) gvisor: gvisor::Gvisor,
+}
+
+/// What holds a sandbox's commands, chosen at its create and kept in its record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Namespaces, seccomp and cgroups over the host's kernel (`bubblewrap`).
+    #[default]
+    Bubblewrap,
+    /// gVisor's user-space kernel (`gvisor`): the sandbox's system calls never reach
+    /// the host's kernel directly.
+    Gvisor,
+}
+
+impl Kind {
+    /// A create's `isolation`: empty is the default; anything but the names of
+    /// [`forkyard_proto::ISOLATIONS`] is refused, naming them.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name.trim() {
+            "" | "bubblewrap" => Ok(Self::Bubblewrap),
+            "gvisor" => Ok(Self::Gvisor),
+            other => Err(format!(
+                "{other:?} is not an isolation level (one of: {})",
+                forkyard_proto::ISOLATIONS.join(", ")
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Bubblewrap => "bubblewrap",
+            Self::Gvisor => "gvisor",
+        }
+    }
 }

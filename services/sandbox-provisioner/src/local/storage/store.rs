@@ -77,6 +77,9 @@ pub struct Record {
     /// the sandbox's own files in `upper/`; `None`: a plain directory at `workspace/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlay: Option<PathBuf>,
+    /// What holds its commands (records from before there was a choice: bubblewrap).
+    #[serde(default)]
+    pub isolation: crate::local::isolation::Kind,
 }
 
 /// A sandbox's image, as resolved at create (`crate::local::storage::image`).
@@ -137,6 +140,7 @@ impl Record {
                 .as_ref()
                 .map(|i| i.digest.clone())
                 .unwrap_or_default(),
+            isolation: self.isolation.as_str().to_owned(),
         }
     }
 }

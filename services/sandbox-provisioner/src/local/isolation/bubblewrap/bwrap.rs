@@ -34,7 +34,7 @@ const SECCOMP_FD: i32 = 4;
 
 /// Files and directories of the host's /etc that programs need. Not the whole /etc:
 /// it holds secrets and host configuration the sandbox has no business seeing.
-const ETC_ALWAYS: &[&str] = &[
+pub(crate) const ETC_ALWAYS: &[&str] = &[
     "/etc/alternatives",
     "/etc/ld.so.cache",
     "/etc/passwd",
@@ -74,7 +74,7 @@ impl Relays<'_> {
     }
 
     /// `(address in the sandbox, socket in the sandbox, socket on the host)` of each.
-    fn pairs(&self) -> Vec<(&'static str, &'static str, &Path)> {
+    pub(crate) fn pairs(&self) -> Vec<(&'static str, &'static str, &Path)> {
         let mut out = Vec::new();
         if let Some(s) = self.egress {
             out.push((PROXY_ADDR, PROXY_SOCKET_IN_SANDBOX, s));
@@ -134,7 +134,7 @@ pub struct Invocation<'a> {
 impl Invocation<'_> {
     /// The relays, when the forwarder runs first in the sandbox: it has relays to offer,
     /// or it is the sandbox's init.
-    fn kit(&self) -> Option<Relays<'_>> {
+    pub(crate) fn kit(&self) -> Option<Relays<'_>> {
         self.relays.filter(|r| self.init || r.any())
     }
 
@@ -168,18 +168,27 @@ impl Invocation<'_> {
         }
         a.push(["--args", ENV_FD_STR]);
         a.push(["--"]);
+        a.push(self.sandboxed_argv());
+        a.0
+    }
+
+    /// What runs first inside the sandbox: the forwarder (with its relays, or as the
+    /// sandbox's init) and then the command, or the command alone. gVisor's runtime
+    /// starts the same (`crate::local::isolation::gvisor`).
+    pub(crate) fn sandboxed_argv(&self) -> Vec<String> {
+        let mut out = Vec::new();
         if let Some(r) = self.kit() {
-            a.0.extend(r.forwarder.argv().into_iter().map(OsString::from));
+            out.extend(r.forwarder.argv());
             for (addr, inside, _) in r.pairs() {
-                a.push([format!("{addr}={inside}")]);
+                out.push(format!("{addr}={inside}"));
             }
             if self.init {
-                a.push(["--init"]);
+                out.push("--init".into());
             }
-            a.push(["--"]);
+            out.push("--".into());
         }
-        a.0.extend(self.argv.iter().map(OsString::from));
-        a.0
+        out.extend(self.argv.iter().cloned());
+        out
     }
 
     /// `/`: the image, or the host's /usr with the links and the few files of /etc
@@ -356,7 +365,9 @@ impl Invocation<'_> {
 
     /// The overlay to attach in the child (`super::enter::attach`): a descriptor
     /// of the mount of its own (close-on-exec) and the mount point.
-    fn attach(&self) -> std::io::Result<Option<(std::os::fd::OwnedFd, std::ffi::CString)>> {
+    pub(crate) fn attach(
+        &self,
+    ) -> std::io::Result<Option<(std::os::fd::OwnedFd, std::ffi::CString)>> {
         let Some(mount) = self.overlay else {
             return Ok(None);
         };
@@ -443,7 +454,7 @@ impl Args {
 
 /// The host's top-level /bin, /lib, /lib64, /sbin (and multilib dirs): `Some(target)` for
 /// a symlink into /usr (merged-/usr hosts), `None` for a real directory to bind read-only.
-fn host_root_links() -> &'static [(PathBuf, Option<PathBuf>)] {
+pub(crate) fn host_root_links() -> &'static [(PathBuf, Option<PathBuf>)] {
     static LINKS: OnceLock<Vec<(PathBuf, Option<PathBuf>)>> = OnceLock::new();
     LINKS.get_or_init(|| {
         ["/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"]

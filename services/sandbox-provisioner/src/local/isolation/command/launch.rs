@@ -47,10 +47,10 @@ enum Proc {
 }
 
 impl Launch {
-    /// Whether it runs under the sandbox's init (which can open a terminal of the
-    /// sandbox's own: [`Stdio3::OwnPty`]).
-    pub(crate) fn is_init(&self) -> bool {
-        matches!(self, Self::Init { .. })
+    /// Whether it runs under a sandbox's init that can open a terminal of the sandbox's
+    /// own ([`Stdio3::OwnPty`]; gVisor's cannot hand one out).
+    pub(crate) fn opens_own_pty(&self) -> bool {
+        matches!(self, Self::Init { init, .. } if init.own_pty())
     }
 
     pub(crate) async fn spawn(self, stdio: Stdio3) -> std::io::Result<Running> {

@@ -482,13 +482,25 @@ fn not_started(e: &io::Error) -> i32 {
     }
 }
 
+/// `setsid(2)`, its result not taken for a pid: gVisor's kernel (runsc 20221219)
+/// answers 0 where Linux answers the new session's id, which rustix's wrapper would
+/// make a `Pid` of (a zero one: a panic in a debug build, undefined behaviour otherwise).
+#[allow(unsafe_code)]
+fn new_session() -> io::Result<()> {
+    // SAFETY: setsid takes no argument and touches no memory of this process's.
+    if unsafe { libc::setsid() } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `--ctty -- argv`: a session of its own whose controlling terminal is stdin, then the
 /// command in this process's place (so its exit is the command's own).
 pub fn exec_on_ctty(argv: &[String]) -> ExitCode {
     let Some(program) = argv.first() else {
         return ExitCode::from(125);
     };
-    let _ = rustix::process::setsid();
+    let _ = new_session();
     if let Err(e) = rustix::process::ioctl_tiocsctty(io::stdin()) {
         eprintln!("forkyard: no controlling terminal: {e}");
     }

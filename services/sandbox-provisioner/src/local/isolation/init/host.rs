@@ -116,6 +116,7 @@ pub(crate) struct Init {
     shared: Arc<Shared>,
     next_tag: AtomicU64,
     reader: tokio::task::JoinHandle<()>,
+    own_pty: bool,
 }
 
 impl Drop for Init {
@@ -209,10 +210,23 @@ impl Init {
     /// Start the sandbox's bubblewrap (`inv`, the init last on its command line) with
     /// the control socket as the init's stdin.
     pub(crate) fn start(inv: &Invocation<'_>, sandbox_id: &str) -> io::Result<Self> {
+        Self::start_with(sandbox_id, true, |stdin, stderr| {
+            inv.spawn_init(stdin, stderr)
+        })
+    }
+
+    /// Start the sandbox's runtime with `spawn`, given the init's stdin (the control
+    /// socket) and stderr; `own_pty`: the init can open a terminal of the sandbox's own
+    /// and send its master out (not from gVisor's kernel, whose descriptors stay in it).
+    pub(crate) fn start_with(
+        sandbox_id: &str,
+        own_pty: bool,
+        spawn: impl FnOnce(OwnedFd, OwnedFd) -> io::Result<Process>,
+    ) -> io::Result<Self> {
         let (ours, theirs) = wire::pair()?;
         let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
         // Our copies of the init's ends close here: its exit must close the socket.
-        let child = inv.spawn_init(theirs, err_w)?;
+        let child = spawn(theirs, err_w)?;
         let tree = KillTree(Some(child.id()));
         let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?;
         tokio::spawn(log_stderr(stderr, sandbox_id.to_owned()));
@@ -230,7 +244,13 @@ impl Init {
             shared,
             next_tag: AtomicU64::new(1),
             reader,
+            own_pty,
         })
+    }
+
+    /// Whether the init can open a terminal of the sandbox's own ([`Stdio3::OwnPty`]).
+    pub(crate) fn own_pty(&self) -> bool {
+        self.own_pty
     }
 
     /// Whether the init is gone (a new command then needs a new one).
