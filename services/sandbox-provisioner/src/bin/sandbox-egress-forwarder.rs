@@ -37,7 +37,7 @@ fn main() -> ExitCode {
         return usage();
     }
     if opts == ["--ctty"] {
-        return init::guest::exec_on_ctty(cmd);
+        return init::ctty::exec_on_ctty(cmd);
     }
     let (pairs, init) = match opts {
         [pairs @ .., flag] if flag == "--init" => (pairs, true),

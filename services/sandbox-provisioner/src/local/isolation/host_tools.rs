@@ -15,6 +15,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
+/// Where the operator's agent CLIs appear in a sandbox (`--agent-tools`), read-only; its
+/// `bin` is on the sandbox's PATH.
+pub const TOOLS: &str = "/run/forkyard/tools";
+
 /// Where a sandbox finds toolchain `name`: its directory, the `bin` of which goes on PATH.
 pub const TOOLCHAINS: &str = "/run/forkyard/toolchains";
 
@@ -155,6 +159,28 @@ fn mirror_tree(from: &Path, to: &Path) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The agent tools' and toolchains' `bin`s on the sandbox's PATH, in that order: first on
+/// the host's tools (the operator's pinned CLIs and toolchains win over whatever /usr
+/// holds), last on an image's own PATH (the image's tools win: it was chosen for them).
+pub fn on_path(env: &mut [(String, String)], agents: bool, toolchains: &[Toolchain], image: bool) {
+    let bins: Vec<String> = agents
+        .then(|| format!("{TOOLS}/bin"))
+        .into_iter()
+        .chain(toolchains.iter().map(|t| format!("{}/bin", t.in_sandbox())))
+        .collect();
+    if bins.is_empty() {
+        return;
+    }
+    let bins = bins.join(":");
+    if let Some((_, path)) = env.iter_mut().rev().find(|(k, _)| k == "PATH") {
+        *path = if image {
+            format!("{path}:{bins}")
+        } else {
+            format!("{bins}:{path}")
+        };
+    }
 }
 
 #[cfg(test)]

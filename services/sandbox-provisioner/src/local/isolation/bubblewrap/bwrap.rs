@@ -7,7 +7,7 @@
 
 use super::{enter, vfork};
 use crate::local::isolation::{
-    host_tools::Toolchain,
+    host_tools::{self, Toolchain},
     network::forwarder_kit::{self, ForwarderKit},
     open_files,
 };
@@ -22,9 +22,7 @@ use tokio::process::Command;
 pub const HOSTNAME: &str = "forkyard-sandbox";
 pub const WORKSPACE: &str = "/workspace";
 pub const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-/// Where the operator's agent CLIs appear in a sandbox (`--agent-tools`), read-only; its
-/// `bin` is on the sandbox's PATH.
-pub const TOOLS: &str = "/run/forkyard/tools";
+pub use crate::local::isolation::host_tools::TOOLS;
 
 /// The descriptor bwrap reads the sandboxed command's environment from (`--args`).
 pub const ENV_FD: i32 = 3;
@@ -294,7 +292,7 @@ impl Invocation<'_> {
                     .cloned(),
             );
         }
-        tools_on_path(
+        host_tools::on_path(
             &mut env,
             self.tools.is_some(),
             self.toolchains,
@@ -475,33 +473,6 @@ pub(crate) fn host_root_links() -> &'static [(PathBuf, Option<PathBuf>)] {
             })
             .collect()
     })
-}
-
-/// The agent tools' and toolchains' `bin`s on the sandbox's PATH, in that order: first on
-/// the host's tools (the operator's pinned CLIs and toolchains win over whatever /usr
-/// holds), last on an image's own PATH (the image's tools win: it was chosen for them).
-fn tools_on_path(
-    env: &mut [(String, String)],
-    agents: bool,
-    toolchains: &[Toolchain],
-    image: bool,
-) {
-    let bins: Vec<String> = agents
-        .then(|| format!("{TOOLS}/bin"))
-        .into_iter()
-        .chain(toolchains.iter().map(|t| format!("{}/bin", t.in_sandbox())))
-        .collect();
-    if bins.is_empty() {
-        return;
-    }
-    let bins = bins.join(":");
-    if let Some((_, path)) = env.iter_mut().rev().find(|(k, _)| k == "PATH") {
-        *path = if image {
-            format!("{path}:{bins}")
-        } else {
-            format!("{bins}:{path}")
-        };
-    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! A command then costs a fork and an exec inside the sandbox, not a new bubblewrap,
 //! namespaces, a cgroup-joining shell and a uid drop.
 
+pub mod ctty;
 mod ended;
 pub mod guest;
 pub(crate) mod host;
