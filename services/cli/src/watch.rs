@@ -57,7 +57,15 @@ pub async fn follow(client: &mut Client, run_id: &str, human: bool) -> anyhow::R
         tty,
     };
     let mut unreachable_since: Option<Instant> = None;
-    let mut delay = Duration::from_millis(250);
+    // Jittered (backon, the mesh's one retry crate): every terminal watching a gateway
+    // that restarts reconnects, and not all at once.
+    let mut delays = backon::BackoffBuilder::build(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(250))
+            .with_max_delay(Duration::from_secs(5))
+            .with_jitter()
+            .without_max_times(),
+    );
     loop {
         let why = match stream_once(client, run_id, &mut view).await {
             Ok(Some(run)) => return Ok(run),
@@ -87,8 +95,7 @@ pub async fn follow(client: &mut Client, run_id: &str, human: bool) -> anyhow::R
         if human && !tty {
             eprintln!("watch: {why}; reconnecting");
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(5));
+        tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(5))).await;
     }
 }
 

@@ -6,6 +6,7 @@ pub mod activity;
 pub mod activity_telemetry;
 pub mod advertise;
 pub mod allowed_hosts;
+pub mod backoff;
 pub mod balance;
 pub mod clock;
 pub mod config;

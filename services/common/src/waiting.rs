@@ -119,8 +119,9 @@ async fn serve_not_serving(
     ))
 }
 
-/// Temporal asked again with backoff (from 0.5 s, doubling up to 30 s) until it answers,
-/// or until the connect timeout since `started` passed.
+/// Temporal asked again with backoff (from 0.5 s, doubling up to 30 s, jittered: every
+/// pod of a Deployment waits for the same server) until it answers, or until the
+/// connect timeout since `started` passed.
 async fn keep_trying(
     service: &'static str,
     args: &TemporalArgs,
@@ -129,8 +130,10 @@ async fn keep_trying(
 ) -> anyhow::Result<temporalio_client::Client> {
     let limit =
         (args.connect_timeout_secs > 0).then(|| Duration::from_secs(args.connect_timeout_secs));
-    let mut delay = Duration::from_millis(500);
+    let mut delays =
+        crate::backoff::doubling(Duration::from_millis(500), Some(Duration::from_secs(30)));
     loop {
+        let delay = delays.next().unwrap_or(Duration::from_secs(30));
         match temporal::connect_once(args, identity).await {
             Ok(client) => return Ok(client),
             Err(e) => {
@@ -146,7 +149,6 @@ async fn keep_trying(
                     "temporal not reachable: not serving yet, retrying"
                 );
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
     }

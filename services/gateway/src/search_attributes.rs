@@ -40,13 +40,16 @@ fn wanted() -> [(&'static str, IndexedValueType); 4] {
 pub async fn wait_registered(client: &Client, namespace: &str, register: bool) {
     let mut may_add = register;
     let mut said: Option<tokio::time::Instant> = None;
+    // Every gateway replica waits for the same namespace: jittered, up to LOOK_AGAIN.
+    let mut waits =
+        forkyard_common::backoff::doubling(Duration::from_millis(500), Some(LOOK_AGAIN));
     loop {
         let missing = match missing(client, namespace).await {
             Ok(m) if m.is_empty() => return,
             Ok(m) => m,
             Err(e) => {
                 tracing::warn!(namespace, error = %e, "cannot list search attributes; looking again");
-                tokio::time::sleep(LOOK_AGAIN).await;
+                tokio::time::sleep(waits.next().unwrap_or(LOOK_AGAIN)).await;
                 continue;
             }
         };
@@ -78,7 +81,7 @@ pub async fn wait_registered(client: &Client, namespace: &str, register: bool) {
             );
             said = Some(tokio::time::Instant::now());
         }
-        tokio::time::sleep(LOOK_AGAIN).await;
+        tokio::time::sleep(waits.next().unwrap_or(LOOK_AGAIN)).await;
     }
 }
 

@@ -7,7 +7,8 @@ use std::future::Future;
 use tonic::Status;
 
 /// `call` until it answers, it fails for good, its attempts are used or its time is up
-/// (as `tries` says), waiting between tries as `tries` says.
+/// (as `tries` says), waiting between tries as `tries` says, each wait jittered up to
+/// twice its step.
 pub(crate) async fn retried<T, F, Fut>(
     tries: Tries,
     final_error: impl Fn(&Status) -> bool,
@@ -18,7 +19,9 @@ where
     Fut: Future<Output = Result<T, Status>>,
 {
     let until = tries.within.map(|w| tokio::time::Instant::now() + w);
-    let mut wait = tries.first;
+    // Jittered: a batch of forks whose provisioner restarted must not retry in step.
+    let mut waits = forkyard_common::backoff::doubling(tries.first, tries.longest);
+    let mut wait = waits.next().unwrap_or(tries.first);
     let mut attempt = 1;
     loop {
         match call().await {
@@ -30,7 +33,7 @@ where
             }
             Err(_) => {
                 tokio::time::sleep(wait).await;
-                wait = tries.next_wait(wait);
+                wait = waits.next().unwrap_or(wait);
                 attempt += 1;
             }
         }
