@@ -322,9 +322,15 @@ async fn gh_create(
             json!({"message": "Validation Failed", "errors": [{"resource": "PullRequest", "code": "missing_field"}]}),
         );
     };
-    let (answered, hold) = match gh_store(&shared, &headers, (&owner, repo), (head, base, title), &json) {
+    let (answered, hold) = match gh_store(
+        &shared,
+        &headers,
+        (&owner, repo),
+        (head, base, title),
+        &json,
+    ) {
         Ok(stored) => stored,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     // A test's switch, flipped by hand: checking it often is all the wait needs.
     while hold && holding(&shared) {
@@ -345,19 +351,19 @@ fn gh_store(
     (owner, repo): (&str, String),
     (head, base, title): (String, String, String),
     json: &Value,
-) -> Result<(Value, bool), Response> {
+) -> Result<(Value, bool), Box<Response>> {
     let mut inner = lock(shared);
     let open = |p: &&Stored| {
         p.forge == Forge::GitHub && p.repo == repo && p.head == head && p.base == base
     };
     if inner.pulls.iter().any(|p| open(&p)) {
-        return Err(answer(
+        return Err(Box::new(answer(
             422,
             json!({"message": "Validation Failed", "errors": [{
                 "resource": "PullRequest", "code": "custom",
                 "message": format!("A pull request already exists for {owner}:{head}."),
             }], "documentation_url": "https://docs.github.com/rest/pulls/pulls#create-a-pull-request"}),
-        ));
+        )));
     }
     let pull = Stored {
         forge: Forge::GitHub,
