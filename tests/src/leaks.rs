@@ -69,7 +69,10 @@ pub fn try_history(mesh: &Mesh, id: &str) -> Result<History, String> {
 pub fn run_histories(mesh: &Mesh, run_id: &str, forks: u32) -> Vec<(String, History)> {
     let mut out = vec![(run_id.to_owned(), history(mesh, run_id))];
     for n in 1..=forks {
-        for id in [format!("{run_id}/fork-{n}"), format!("{run_id}/publish-{n}")] {
+        for id in [
+            format!("{run_id}/fork-{n}"),
+            format!("{run_id}/publish-{n}"),
+        ] {
             if let Ok(h) = try_history(mesh, &id) {
                 out.push((id, h));
             }

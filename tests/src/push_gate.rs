@@ -41,7 +41,11 @@ impl PushGate {
     pub async fn wait_held(&self, n: usize, timeout: Duration, what: &str) {
         let deadline = Instant::now() + timeout;
         while self.held() < n {
-            assert!(Instant::now() < deadline, "{what}: {} of {n} pushes came", self.held());
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {} of {n} pushes came",
+                self.held()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

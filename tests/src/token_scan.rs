@@ -108,7 +108,10 @@ pub fn assert_not_kept(mesh: &Mesh, run_id: &str, forks: u32, expect: &str, secr
     let logs = log_files(mesh.state_dir());
     for service in ["gateway", "sandbox-provisioner", "agent-runner", "temporal"] {
         let wanted = format!("logs/{service}.log");
-        assert!(logs.iter().any(|p| p.ends_with(&wanted)), "{wanted}: {logs:?}");
+        assert!(
+            logs.iter().any(|p| p.ends_with(&wanted)),
+            "{wanted}: {logs:?}"
+        );
     }
     for path in &logs {
         let text = String::from_utf8_lossy(&std::fs::read(path).unwrap()).into_owned();
@@ -116,7 +119,10 @@ pub fn assert_not_kept(mesh: &Mesh, run_id: &str, forks: u32, expect: &str, secr
     }
     let histories = run_histories(mesh, run_id, forks);
     let decoded: String = histories.iter().map(|(_, h)| h.decoded.as_str()).collect();
-    assert!(decoded.contains(expect), "{run_id}: {expect:?} in no payload");
+    assert!(
+        decoded.contains(expect),
+        "{run_id}: {expect:?} in no payload"
+    );
     for (id, h) in &histories {
         assert_absent(&format!("a payload of {id}"), &h.decoded, secrets);
         assert_absent(&format!("the history of {id}"), &h.raw, secrets);

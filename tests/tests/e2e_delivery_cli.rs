@@ -23,11 +23,10 @@ use forkyard_tests::{
     mesh::bin_dir,
     repo,
     token_scan::{
-        assert_absent, assert_not_kept, assert_sandbox_clean, fresh_token, sandbox_scan,
-        spellings,
+        assert_absent, assert_not_kept, assert_sandbox_clean, fresh_token, sandbox_scan, spellings,
     },
 };
-use std::{path::Path, process::Command};
+use std::{path::Path, process::Command, time::Duration};
 use tenant_calls::{Gw, get, new_key, with_key};
 
 const USER: &str = "forkyard";
@@ -101,7 +100,10 @@ impl Cli {
 /// The commit at `refs/heads/<branch>` of the served repository, and the names of the
 /// branches starting `<prefix>-`.
 fn on_server(http: &GitHttp, branch: &str, prefix: &str) -> (String, Vec<String>) {
-    let commit = git_in(&http.repo(), &["rev-parse", &format!("refs/heads/{branch}")]);
+    let commit = git_in(
+        &http.repo(),
+        &["rev-parse", &format!("refs/heads/{branch}")],
+    );
     let pattern = format!("refs/heads/{prefix}-*");
     let names = git_in(
         &http.repo(),
@@ -128,7 +130,7 @@ async fn the_cli_pushes_the_winner_with_a_pull_request_and_publishes_another_for
     let http = GitHttp::serve(src.path(), USER, &token);
     let forge = FakeForge::start(&token).await;
     let dir = tempfile::tempdir().unwrap();
-    let mesh = mesh(&http, &forge, &token, dir.path()).await;
+    let mut mesh = mesh(&http, &forge, &token, dir.path()).await;
     let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
     let (_, key) = new_key(&mesh, "team-a");
     let mut cli = Cli {
@@ -143,7 +145,11 @@ async fn the_cli_pushes_the_winner_with_a_pull_request_and_publishes_another_for
     // The command: fork 1 verifies and wins; its branch, commit and pull
     // request are printed.
     let more = ["-f", "2", "--max-concurrent", "2", "--branch", "cli"];
-    let (run_id, out) = cli.fork_and_wait(&url, &agent, &[&more[..], &["--push", "winner", "--pr"]].concat());
+    let (run_id, out) = cli.fork_and_wait(
+        &url,
+        &agent,
+        &[&more[..], &["--push", "winner", "--pr"]].concat(),
+    );
     let (commit, branches) = on_server(&http, "cli-fork-1", "cli");
     assert_eq!(branches, ["cli-fork-1"], "the winner alone");
     let pulls = forge.pulls();
@@ -162,8 +168,19 @@ async fn the_cli_pushes_the_winner_with_a_pull_request_and_publishes_another_for
     let pulls = forge.pulls();
     assert_eq!(pulls.len(), 2, "{pulls:#?}");
     let second_url = pr_url(&forge, pull_of(&pulls, "cli-fork-2"));
-    let published = format!("fork 2: pushed cli-fork-2 @ {}, {second_url} ({url})", &commit2[..12]);
+    let published = format!(
+        "fork 2: pushed cli-fork-2 @ {}, {second_url} ({url})",
+        &commit2[..12]
+    );
     assert_eq!(out.trim(), published);
+    shows_both(&mut cli, &mut gw, &key, &run_id, [&first_url, &second_url]).await;
+    // As a gateway that kept nothing of the run shows it (another replica, a restart).
+    mesh.terminate("gateway", Duration::from_secs(30));
+    mesh.start_service("gateway").unwrap();
+    mesh.wait_serving("gateway", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
     shows_both(&mut cli, &mut gw, &key, &run_id, [&first_url, &second_url]).await;
 
     // Published again: the first outcome, nothing new on the server or the forge.
@@ -173,10 +190,16 @@ async fn the_cli_pushes_the_winner_with_a_pull_request_and_publishes_another_for
     assert_eq!(forge.seen().len(), calls, "the forge was called again");
     assert_eq!(git_in(&http.repo(), &["for-each-ref"]), refs);
 
-    let verified_run = verified_forks_pushed_and_the_winner_pulled(&mut cli, &mut gw, &http, &forge, &agent).await;
+    let verified_run =
+        verified_forks_pushed_and_the_winner_pulled(&mut cli, &mut gw, &http, &forge, &agent).await;
 
     // The token: used (every forge call carried it and was let in)...
-    assert!(forge.seen().iter().all(|s| s.authorized && s.auth_header.is_some()));
+    assert!(
+        forge
+            .seen()
+            .iter()
+            .all(|s| s.authorized && s.auth_header.is_some())
+    );
     // ...and nowhere else.
     for (run, forks) in [(&run_id, 2), (&verified_run, 3)] {
         no_token_in_results(&mut gw, &key, run, forks, &secrets).await;
@@ -200,7 +223,10 @@ async fn shows_both(cli: &mut Cli, gw: &mut Gw, key: &str, run_id: &str, urls: [
     }
     let (code, result, err) = cli.run(&["result", run_id, "2"]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(result.contains(&format!("delivered: pushed cli-fork-2 @ ")), "{result}");
+    assert!(
+        result.contains("delivered: pushed cli-fork-2 @ "),
+        "{result}"
+    );
     assert!(result.contains(urls[1]), "{result}");
     let run = get(gw, key, run_id).await.expect("GetRun");
     for (f, url) in run.forks.iter().zip(urls) {
@@ -220,13 +246,21 @@ async fn verified_forks_pushed_and_the_winner_pulled(
 ) -> String {
     let before = forge.pulls().len();
     let more = ["-f", "3", "--max-concurrent", "3", "--branch", "ver"];
-    let (run_id, _) = cli.fork_and_wait(&http.url(), agent, &[&more[..], &["--push", "verified", "--pr"]].concat());
+    let (run_id, _) = cli.fork_and_wait(
+        &http.url(),
+        agent,
+        &[&more[..], &["--push", "verified", "--pr"]].concat(),
+    );
     let (_, branches) = on_server(http, "ver-fork-1", "ver");
     assert_eq!(branches, ["ver-fork-1", "ver-fork-3"], "the verified forks");
     let pulls = forge.pulls();
     assert_eq!(pulls.len(), before + 1, "one pull request: {pulls:#?}");
     let run: Run = get(gw, &cli.key, &run_id).await.expect("GetRun");
-    assert_eq!((run.state, run.winner), (RunState::Completed as i32, 1), "{run:#?}");
+    assert_eq!(
+        (run.state, run.winner),
+        (RunState::Completed as i32, 1),
+        "{run:#?}"
+    );
     let winner = pull_of(&pulls, "ver-fork-1");
     for f in &run.forks {
         let d = f.delivered.clone().unwrap_or_default();
@@ -236,7 +270,12 @@ async fn verified_forks_pushed_and_the_winner_pulled(
             _ => (false, String::new()),
         };
         assert_eq!(!d.commit.is_empty(), pushed, "fork {}: {d:#?}", f.fork);
-        assert_eq!((d.pull_request_url, d.error.as_str()), (pr, ""), "fork {}", f.fork);
+        assert_eq!(
+            (d.pull_request_url, d.error.as_str()),
+            (pr, ""),
+            "fork {}",
+            f.fork
+        );
     }
     run_id
 }
@@ -251,7 +290,11 @@ async fn no_token_in_results(gw: &mut Gw, key: &str, run_id: &str, forks: u32, s
             run_id: run_id.into(),
             fork,
         };
-        let f = gw.get_fork_result(with_key(key, asked)).await.expect("fork").into_inner();
+        let f = gw
+            .get_fork_result(with_key(key, asked))
+            .await
+            .expect("fork")
+            .into_inner();
         assert_sandbox_clean(fork, &f.patch);
         assert_absent(&format!("fork {fork}'s result"), &format!("{f:?}"), secrets);
     }

@@ -90,23 +90,55 @@ async fn restart(mesh: &mut Mesh, service: &str) {
 
 /// The run completed with each of its two forks on one branch `<prefix>-fork-<n>` at the
 /// commit its result names, and one pull request each, whose URL its result names.
-async fn delivered_once(gw: &mut Gw, key: &str, run_id: &str, http: &GitHttp, forge: &FakeForge, prefix: &str) {
+async fn delivered_once(
+    gw: &mut Gw,
+    key: &str,
+    run_id: &str,
+    http: &GitHttp,
+    forge: &FakeForge,
+    prefix: &str,
+) {
     let run = wait_closed(gw, key, run_id, RETRIED).await;
     assert_eq!(run.state, RunState::Completed as i32, "{prefix}: {run:#?}");
     let pattern = format!("refs/heads/{prefix}-*");
-    let refs = git_in(&http.repo(), &["for-each-ref", "--format=%(refname:short)", &pattern]);
-    assert_eq!(refs, format!("{prefix}-fork-1\n{prefix}-fork-2"), "{prefix}");
+    let refs = git_in(
+        &http.repo(),
+        &["for-each-ref", "--format=%(refname:short)", &pattern],
+    );
+    assert_eq!(
+        refs,
+        format!("{prefix}-fork-1\n{prefix}-fork-2"),
+        "{prefix}"
+    );
     let pulls = forge.pulls();
     for fork in 1..=2 {
-        let asked = GetForkResultRequest { run_id: run_id.into(), fork };
-        let f = gw.get_fork_result(with_key(key, asked)).await.expect("fork").into_inner();
+        let asked = GetForkResultRequest {
+            run_id: run_id.into(),
+            fork,
+        };
+        let f = gw
+            .get_fork_result(with_key(key, asked))
+            .await
+            .expect("fork")
+            .into_inner();
         let d = f.delivered.clone().unwrap_or_default();
         let branch = format!("{prefix}-fork-{fork}");
-        assert_eq!((d.branch.as_str(), d.error.as_str()), (branch.as_str(), ""), "{d:#?}");
-        let at = git_in(&http.repo(), &["rev-parse", &format!("refs/heads/{branch}")]);
+        assert_eq!(
+            (d.branch.as_str(), d.error.as_str()),
+            (branch.as_str(), ""),
+            "{d:#?}"
+        );
+        let at = git_in(
+            &http.repo(),
+            &["rev-parse", &format!("refs/heads/{branch}")],
+        );
         assert_eq!(d.commit, at, "{prefix}: fork {fork}");
         let mine: Vec<_> = pulls.iter().filter(|p| p.head == branch).collect();
-        assert_eq!(mine.len(), 1, "{prefix}: one pull request of {branch}: {pulls:#?}");
+        assert_eq!(
+            mine.len(),
+            1,
+            "{prefix}: one pull request of {branch}: {pulls:#?}"
+        );
         let url = format!("{}/{}/pull/{}", forge.url(), mine[0].repo, mine[0].number);
         assert_eq!(d.pull_request_url, url, "{prefix}: fork {fork}");
     }
@@ -127,7 +159,9 @@ async fn kills_of_the_provisioner_and_the_gateway_mid_push_and_mid_pull_request_
     // The provisioner: dead during the push, and during the first pull request.
     let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
     forge.hold_created(true);
-    let launched = gw.launch_run(with_key(&key, each_pr("prov", &http.url()))).await;
+    let launched = gw
+        .launch_run(with_key(&key, each_pr("prov", &http.url())))
+        .await;
     let prov = launched.expect("launch").into_inner().run_id;
     gate.wait_held(1, RETRIED, "the push").await;
     kill_and_restart(&mut mesh, "sandbox-provisioner").await;
@@ -142,11 +176,14 @@ async fn kills_of_the_provisioner_and_the_gateway_mid_push_and_mid_pull_request_
     gate.close();
     forge.hold_created(true);
     let held = (gate.held(), forge.held());
-    let launched = gw.launch_run(with_key(&key, each_pr("gw", &http.url()))).await;
+    let launched = gw
+        .launch_run(with_key(&key, each_pr("gw", &http.url())))
+        .await;
     let run_id = launched.expect("launch").into_inner().run_id;
     gate.wait_held(held.0 + 1, RETRIED, "the push").await;
     kill_and_restart(&mut mesh, "gateway").await;
-    gate.wait_held(held.0 + 2, RETRIED, "the retry's push").await;
+    gate.wait_held(held.0 + 2, RETRIED, "the retry's push")
+        .await;
     gate.open();
     // Dead again once a pull request was created and not yet answered.
     until("a pull request", RETRIED, || forge.held() > held.1).await;

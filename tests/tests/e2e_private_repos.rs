@@ -164,7 +164,13 @@ fn assert_completed((run, results): &(Run, Vec<ForkResult>), forks: usize) {
 /// A tenant whose credential knows another host key than the sshd's, or none for it,
 /// is refused at launch naming the host and itself, and nothing starts; the sshd's key is
 /// never taken on first use (no known_hosts file gains it).
-async fn host_key_unknown_is_refused(mesh: &Mesh, gw: &mut Gw, team: &str, ssh: &GitSsh, dir: &Path) {
+async fn host_key_unknown_is_refused(
+    mesh: &Mesh,
+    gw: &mut Gw,
+    team: &str,
+    ssh: &GitSsh,
+    dir: &Path,
+) {
     let (_, key) = new_key(mesh, team);
     let known: Vec<_> = ["known_hosts-other", "known_hosts-none"]
         .map(|f| std::fs::read_to_string(dir.join(f)).unwrap())
@@ -184,7 +190,10 @@ async fn host_key_unknown_is_refused(mesh: &Mesh, gw: &mut Gw, team: &str, ssh: 
     let home = std::env::var("HOME").unwrap_or_default();
     let user_known = std::fs::read_to_string(Path::new(&home).join(".ssh/known_hosts"));
     let name = format!("[127.0.0.1]:{}", ssh.port);
-    assert!(!user_known.unwrap_or_default().contains(&name), "{team}: trusted on first use");
+    assert!(
+        !user_known.unwrap_or_default().contains(&name),
+        "{team}: trusted on first use"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
