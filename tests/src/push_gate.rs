@@ -13,14 +13,16 @@ pub struct PushGate {
 }
 
 impl PushGate {
-    /// Hold every push to the bare repository `repo` from now on.
+    /// Hold every push to the bare repository `repo` from now on. A push held five
+    /// minutes, or whose gate went with the test's temp dir, fails: a test that died
+    /// leaves no hook waiting forever.
     pub fn install(repo: &Path) -> PushGate {
         let dir = repo.join("push-gate");
         std::fs::create_dir_all(&dir).expect("gate dir");
         let d = dir.display();
         let hook = repo.join("hooks/pre-receive");
         let script = format!(
-            "#!/bin/sh\ntouch \"{d}/held.$$\"\nwhile [ ! -e \"{d}/open\" ]; do sleep 0.05; done\n"
+            "#!/bin/sh\ntouch \"{d}/held.$$\"\nn=0\nwhile [ ! -e \"{d}/open\" ] && [ ! -e \"{d}/open.$$\" ]; do\n  [ -d \"{d}\" ] && [ $n -lt 6000 ] || exit 1\n  n=$((n+1)); sleep 0.05\ndone\n"
         );
         std::fs::write(&hook, script).expect("pre-receive hook");
         use std::os::unix::fs::PermissionsExt as _;
@@ -48,6 +50,26 @@ impl PushGate {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Let the push that reached the gate first of those held now through alone.
+    pub fn open_first(&self) {
+        let entries = std::fs::read_dir(&self.dir).expect("gate dir");
+        // Held now: its hook still runs (a push let through earlier has ended).
+        let mut held: Vec<(std::time::SystemTime, String)> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let pid = name.strip_prefix("held.")?.to_owned();
+                let waits = Path::new("/proc").join(&pid).exists()
+                    && !self.dir.join(format!("open.{pid}")).exists();
+                let at = e.metadata().ok()?.modified().ok()?;
+                waits.then_some((at, pid))
+            })
+            .collect();
+        held.sort();
+        let (_, pid) = held.first().expect("a push held");
+        std::fs::write(self.dir.join(format!("open.{pid}")), "").expect("open for one");
     }
 
     /// Let the held pushes, and every later one, through.

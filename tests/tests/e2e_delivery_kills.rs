@@ -6,8 +6,8 @@
 //!
 //! The sandbox-provisioner dies during the push and again during a pull request: the
 //! delivery, the gateway's own, goes on. The gateway dies during the push, whose git
-//! process, orphaned, lands it later; the retry's push arrives while that one is still
-//! held, and both go through together. The gateway dies again with a pull request
+//! process, orphaned, lands it later: after the retry's push arrived at the server,
+//! which then finds the branches made under it. The gateway dies again with a pull request
 //! created but unanswered. Each run ends with one branch and one pull request per fork,
 //! named by the forks' results, and the token in no log or history.
 
@@ -184,6 +184,15 @@ async fn kills_of_the_provisioner_and_the_gateway_mid_push_and_mid_pull_request_
     kill_and_restart(&mut mesh, "gateway").await;
     gate.wait_held(held.0 + 2, RETRIED, "the retry's push")
         .await;
+    // The orphaned push lands first, while the retry's waits, its branches to be made.
+    gate.open_first();
+    let landed = || {
+        git_in(&http.repo(), &["for-each-ref", "refs/heads/gw-*"])
+            .lines()
+            .count()
+            == 2
+    };
+    until("the orphaned push", RETRIED, landed).await;
     gate.open();
     // Dead again once a pull request was created and not yet answered.
     until("a pull request", RETRIED, || forge.held() > held.1).await;
