@@ -173,7 +173,15 @@ async fn the_cli_pushes_the_winner_with_a_pull_request_and_publishes_another_for
         &commit2[..12]
     );
     assert_eq!(out.trim(), published);
-    shows_both(&mut cli, &mut gw, &key, &run_id, [&first_url, &second_url]).await;
+    let urls = [first_url.as_str(), second_url.as_str()];
+    shows_both(
+        "the publishing gateway",
+        &mut cli,
+        &mut gw,
+        (&key, &run_id),
+        urls,
+    )
+    .await;
     // As a gateway that kept nothing of the run shows it (another replica, a restart).
     mesh.terminate("gateway", Duration::from_secs(30));
     mesh.start_service("gateway").unwrap();
@@ -181,7 +189,14 @@ async fn the_cli_pushes_the_winner_with_a_pull_request_and_publishes_another_for
         .await
         .unwrap();
     let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
-    shows_both(&mut cli, &mut gw, &key, &run_id, [&first_url, &second_url]).await;
+    shows_both(
+        "a restarted gateway",
+        &mut cli,
+        &mut gw,
+        (&key, &run_id),
+        urls,
+    )
+    .await;
 
     // Published again: the first outcome, nothing new on the server or the forge.
     let (calls, refs) = (forge.seen().len(), git_in(&http.repo(), &["for-each-ref"]));
@@ -214,24 +229,31 @@ async fn the_cli_pushes_the_winner_with_a_pull_request_and_publishes_another_for
     assert_absent("what the forge received", &format!("{bodies:?}"), &secrets);
 }
 
-/// `status` and GetRun show both forks' pull requests, `result` the published one's.
-async fn shows_both(cli: &mut Cli, gw: &mut Gw, key: &str, run_id: &str, urls: [&str; 2]) {
+/// `status` and GetRun show both forks' pull requests, `result` the published one's,
+/// as the gateway `from` answers.
+async fn shows_both(
+    from: &str,
+    cli: &mut Cli,
+    gw: &mut Gw,
+    (key, run_id): (&str, &str),
+    urls: [&str; 2],
+) {
     let (code, status, err) = cli.run(&["status", run_id]);
     assert_eq!(code, Some(0), "{err}");
     for url in urls {
-        assert!(status.contains(url), "{url} not in:\n{status}");
+        assert!(status.contains(url), "{from}: {url} not in:\n{status}");
     }
     let (code, result, err) = cli.run(&["result", run_id, "2"]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(
-        result.contains("delivered: pushed cli-fork-2 @ "),
-        "{result}"
-    );
-    assert!(result.contains(urls[1]), "{result}");
+    let shown = result.contains("delivered: pushed cli-fork-2 @ ");
+    assert!(shown && result.contains(urls[1]), "{from}: {result}");
     let run = get(gw, key, run_id).await.expect("GetRun");
     for (f, url) in run.forks.iter().zip(urls) {
-        let d = f.delivered.as_ref().unwrap_or_else(|| panic!("{run:#?}"));
-        assert_eq!(d.pull_request_url, url, "fork {}", f.fork);
+        let d = f
+            .delivered
+            .as_ref()
+            .unwrap_or_else(|| panic!("{from}: {run:#?}"));
+        assert_eq!(d.pull_request_url, url, "{from}: fork {}", f.fork);
     }
 }
 
