@@ -140,63 +140,20 @@ async fn the_cli_pushes_the_winner_with_a_pull_request_and_publishes_another_for
         printed: String::new(),
     };
     let agent = agent(&secrets);
-    let url = http.url();
 
-    // The command: fork 1 verifies and wins; its branch, commit and pull
-    // request are printed.
-    let more = ["-f", "2", "--max-concurrent", "2", "--branch", "cli"];
-    let (run_id, out) = cli.fork_and_wait(
-        &url,
-        &agent,
-        &[&more[..], &["--push", "winner", "--pr"]].concat(),
-    );
-    let (commit, branches) = on_server(&http, "cli-fork-1", "cli");
-    assert_eq!(branches, ["cli-fork-1"], "the winner alone");
-    let pulls = forge.pulls();
-    assert_eq!(pulls.len(), 1, "{pulls:#?}");
-    let first = pull_of(&pulls, "cli-fork-1");
-    assert_eq!((first.base.as_str(), first.draft), ("main", false));
-    let first_url = pr_url(&forge, first);
-    let shown = format!("pushed cli-fork-1 @ {}, {first_url}", &commit[..12]);
-    assert!(out.contains(&shown), "{shown:?} not in:\n{out}");
-
-    // Fork 2 published later with a pull request: one new branch, one new pull request.
-    let (code, out, err) = cli.run(&["publish", &run_id, "2", "--pr"]);
-    assert_eq!(code, Some(0), "{out}{err}");
-    let (commit2, branches) = on_server(&http, "cli-fork-2", "cli");
-    assert_eq!(branches, ["cli-fork-1", "cli-fork-2"]);
-    let pulls = forge.pulls();
-    assert_eq!(pulls.len(), 2, "{pulls:#?}");
-    let second_url = pr_url(&forge, pull_of(&pulls, "cli-fork-2"));
-    let published = format!(
-        "fork 2: pushed cli-fork-2 @ {}, {second_url} ({url})",
-        &commit2[..12]
-    );
-    assert_eq!(out.trim(), published);
+    let (run_id, first_url) = winner_pushed_with_a_pull_request(&mut cli, &http, &forge, &agent);
+    let (second_url, published) = fork_2_published(&mut cli, &http, &forge, &run_id);
     let urls = [first_url.as_str(), second_url.as_str()];
-    shows_both(
-        "the publishing gateway",
-        &mut cli,
-        &mut gw,
-        (&key, &run_id),
-        urls,
-    )
-    .await;
+    let from = "the publishing gateway";
+    shows_both(from, &mut cli, &mut gw, (&key, &run_id), urls).await;
     // As a gateway that kept nothing of the run shows it (another replica, a restart).
     mesh.terminate("gateway", Duration::from_secs(30));
     mesh.start_service("gateway").unwrap();
-    mesh.wait_serving("gateway", Duration::from_secs(60))
-        .await
-        .unwrap();
+    let serving = mesh.wait_serving("gateway", Duration::from_secs(60)).await;
+    serving.unwrap();
     let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
-    shows_both(
-        "a restarted gateway",
-        &mut cli,
-        &mut gw,
-        (&key, &run_id),
-        urls,
-    )
-    .await;
+    let from = "a restarted gateway";
+    shows_both(from, &mut cli, &mut gw, (&key, &run_id), urls).await;
 
     // Published again: the first outcome, nothing new on the server or the forge.
     let (calls, refs) = (forge.seen().len(), git_in(&http.repo(), &["for-each-ref"]));
@@ -205,28 +162,82 @@ async fn the_cli_pushes_the_winner_with_a_pull_request_and_publishes_another_for
     assert_eq!(forge.seen().len(), calls, "the forge was called again");
     assert_eq!(git_in(&http.repo(), &["for-each-ref"]), refs);
 
-    let verified_run =
+    let verified =
         verified_forks_pushed_and_the_winner_pulled(&mut cli, &mut gw, &http, &forge, &agent).await;
 
-    // The token: used (every forge call carried it and was let in)...
+    // The token: used (every forge call carried it and was let in), and nowhere else.
     assert!(
         forge
             .seen()
             .iter()
             .all(|s| s.authorized && s.auth_header.is_some())
     );
-    // ...and nowhere else.
-    for (run, forks) in [(&run_id, 2), (&verified_run, 3)] {
+    for (run, forks) in [(&run_id, 2), (&verified, 3)] {
         no_token_in_results(&mut gw, &key, run, forks, &secrets).await;
-        assert_not_kept(&mesh, run, forks, &url, &secrets);
+        assert_not_kept(&mesh, run, forks, &http.url(), &secrets);
     }
     assert_absent("what the CLI printed", &cli.printed, &secrets);
-    for p in forge.pulls() {
-        assert_absent("a pull request", &format!("{p:?}"), &secrets);
-    }
+    assert_absent("a pull request", &format!("{:?}", forge.pulls()), &secrets);
     let bodies: Vec<_> = forge.seen().into_iter().filter_map(|s| s.body).collect();
     assert!(!bodies.is_empty());
     assert_absent("what the forge received", &format!("{bodies:?}"), &secrets);
+}
+
+/// The command, `fork … --push winner --pr --wait`: fork 1 verifies and wins,
+/// and alone is pushed, with a pull request; the printed result names its branch,
+/// commit and pull request. The run's id and the pull request's URL.
+fn winner_pushed_with_a_pull_request(
+    cli: &mut Cli,
+    http: &GitHttp,
+    forge: &FakeForge,
+    agent: &str,
+) -> (String, String) {
+    let args = [
+        "-f",
+        "2",
+        "--max-concurrent",
+        "2",
+        "--branch",
+        "cli",
+        "--push",
+        "winner",
+        "--pr",
+    ];
+    let (run_id, out) = cli.fork_and_wait(&http.url(), agent, &args);
+    let (commit, branches) = on_server(http, "cli-fork-1", "cli");
+    assert_eq!(branches, ["cli-fork-1"], "the winner alone");
+    let pulls = forge.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    let first = pull_of(&pulls, "cli-fork-1");
+    assert_eq!((first.base.as_str(), first.draft), ("main", false));
+    let url = pr_url(forge, first);
+    let shown = format!("pushed cli-fork-1 @ {}, {url}", &commit[..12]);
+    assert!(out.contains(&shown), "{shown:?} not in:\n{out}");
+    (run_id, url)
+}
+
+/// `publish <run> 2 --pr`: one new branch, one new pull request, as printed. The pull
+/// request's URL and the printed line.
+fn fork_2_published(
+    cli: &mut Cli,
+    http: &GitHttp,
+    forge: &FakeForge,
+    run_id: &str,
+) -> (String, String) {
+    let (code, out, err) = cli.run(&["publish", run_id, "2", "--pr"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (commit, branches) = on_server(http, "cli-fork-2", "cli");
+    assert_eq!(branches, ["cli-fork-1", "cli-fork-2"]);
+    let pulls = forge.pulls();
+    assert_eq!(pulls.len(), 2, "{pulls:#?}");
+    let url = pr_url(forge, pull_of(&pulls, "cli-fork-2"));
+    let line = format!(
+        "fork 2: pushed cli-fork-2 @ {}, {url} ({})",
+        &commit[..12],
+        http.url()
+    );
+    assert_eq!(out.trim(), line);
+    (url, line)
 }
 
 /// `status` and GetRun show both forks' pull requests, `result` the published one's,
@@ -267,12 +278,18 @@ async fn verified_forks_pushed_and_the_winner_pulled(
     agent: &str,
 ) -> String {
     let before = forge.pulls().len();
-    let more = ["-f", "3", "--max-concurrent", "3", "--branch", "ver"];
-    let (run_id, _) = cli.fork_and_wait(
-        &http.url(),
-        agent,
-        &[&more[..], &["--push", "verified", "--pr"]].concat(),
-    );
+    let args = [
+        "-f",
+        "3",
+        "--max-concurrent",
+        "3",
+        "--branch",
+        "ver",
+        "--push",
+        "verified",
+        "--pr",
+    ];
+    let (run_id, _) = cli.fork_and_wait(&http.url(), agent, &args);
     let (_, branches) = on_server(http, "ver-fork-1", "ver");
     assert_eq!(branches, ["ver-fork-1", "ver-fork-3"], "the verified forks");
     let pulls = forge.pulls();

@@ -5,11 +5,12 @@
 //! yet told; `FakeForge::hold_created`).
 //!
 //! The sandbox-provisioner dies during the push and again during a pull request: the
-//! delivery, the gateway's own, goes on. The gateway dies during the push, whose git
-//! process, orphaned, lands it later: after the retry's push arrived at the server,
-//! which then finds the branches made under it. The gateway dies again with a pull request
-//! created but unanswered. Each run ends with one branch and one pull request per fork,
-//! named by the forks' results, and the token in no log or history.
+//! delivery, the gateway's own, goes on. The gateway dies during the push; its git
+//! process, orphaned, lands the branches after the retry's push reached the server,
+//! whose ref updates are then refused, and the retry still counts them pushed (they are
+//! at its commits). The gateway dies again with a pull request created and unanswered.
+//! Each run ends with one branch and one pull request per fork, named by the forks'
+//! results, and the token in no log or history.
 
 // Shared by the suites that call as tenants; each uses part of it.
 #[allow(dead_code)]
@@ -144,6 +145,14 @@ async fn delivered_once(
     }
 }
 
+/// What the two kills share: the git server and its gate, the forge, team A's key.
+struct Parts<'a> {
+    http: &'a GitHttp,
+    gate: &'a PushGate,
+    forge: &'a FakeForge,
+    key: &'a str,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kills_of_the_provisioner_and_the_gateway_mid_push_and_mid_pull_request_deliver_once() {
     let src = tempfile::tempdir().unwrap();
@@ -155,56 +164,75 @@ async fn kills_of_the_provisioner_and_the_gateway_mid_push_and_mid_pull_request_
     let dir = tempfile::tempdir().unwrap();
     let mut mesh = mesh(&http, &forge, &token, dir.path()).await;
     let (_, key) = new_key(&mesh, "team-a");
-
-    // The provisioner: dead during the push, and during the first pull request.
-    let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
-    forge.hold_created(true);
-    let launched = gw
-        .launch_run(with_key(&key, each_pr("prov", &http.url())))
-        .await;
-    let prov = launched.expect("launch").into_inner().run_id;
-    gate.wait_held(1, RETRIED, "the push").await;
-    kill_and_restart(&mut mesh, "sandbox-provisioner").await;
-    gate.open();
-    until("a pull request", RETRIED, || forge.held() >= 1).await;
-    kill_and_restart(&mut mesh, "sandbox-provisioner").await;
-    forge.hold_created(false);
-    delivered_once(&mut gw, &key, &prov, &http, &forge, "prov").await;
-
-    // The gateway: dead during the push; its retry's push catches up with the orphaned
-    // one at the gate, and both go through at once.
-    gate.close();
-    forge.hold_created(true);
-    let held = (gate.held(), forge.held());
-    let launched = gw
-        .launch_run(with_key(&key, each_pr("gw", &http.url())))
-        .await;
-    let run_id = launched.expect("launch").into_inner().run_id;
-    gate.wait_held(held.0 + 1, RETRIED, "the push").await;
-    kill_and_restart(&mut mesh, "gateway").await;
-    gate.wait_held(held.0 + 2, RETRIED, "the retry's push")
-        .await;
-    // The orphaned push lands first, while the retry's waits, its branches to be made.
-    gate.open_first();
-    let landed = || {
-        git_in(&http.repo(), &["for-each-ref", "refs/heads/gw-*"])
-            .lines()
-            .count()
-            == 2
+    let parts = Parts {
+        http: &http,
+        gate: &gate,
+        forge: &forge,
+        key: &key,
     };
-    until("the orphaned push", RETRIED, landed).await;
-    gate.open();
-    // Dead again once a pull request was created and not yet answered.
-    until("a pull request", RETRIED, || forge.held() > held.1).await;
-    mesh.kill9("gateway");
-    forge.hold_created(false);
-    restart(&mut mesh, "gateway").await;
-    let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
-    delivered_once(&mut gw, &key, &run_id, &http, &forge, "gw").await;
+
+    let prov = provisioner_killed(&mut mesh, &parts).await;
+    let gw = gateway_killed(&mut mesh, &parts).await;
 
     let secrets = spellings(USER, &token);
-    for run in [&prov, &run_id] {
+    for run in [&prov, &gw] {
         assert_not_kept(&mesh, run, 2, &http.url(), &secrets);
     }
     assert_absent("a pull request", &format!("{:?}", forge.pulls()), &secrets);
+}
+
+/// The provisioner dies during the push, and again during the first pull request: the
+/// gateway's delivery goes on. The run's id.
+async fn provisioner_killed(mesh: &mut Mesh, p: &Parts<'_>) -> String {
+    let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
+    p.forge.hold_created(true);
+    let req = with_key(p.key, each_pr("prov", &p.http.url()));
+    let run_id = gw
+        .launch_run(req)
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    p.gate.wait_held(1, RETRIED, "the push").await;
+    kill_and_restart(mesh, "sandbox-provisioner").await;
+    p.gate.open();
+    until("a pull request", RETRIED, || p.forge.held() >= 1).await;
+    kill_and_restart(mesh, "sandbox-provisioner").await;
+    p.forge.hold_created(false);
+    delivered_once(&mut gw, p.key, &run_id, p.http, p.forge, "prov").await;
+    run_id
+}
+
+/// The gateway dies during the push. Its git process, orphaned, lands the branches
+/// after the retry's push reached the server (which then refuses the retry's ref
+/// updates); the gateway dies again with a pull request created and unanswered. The
+/// run's id.
+async fn gateway_killed(mesh: &mut Mesh, p: &Parts<'_>) -> String {
+    let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
+    p.gate.close();
+    p.forge.hold_created(true);
+    let held = (p.gate.held(), p.forge.held());
+    let req = with_key(p.key, each_pr("gw", &p.http.url()));
+    let run_id = gw
+        .launch_run(req)
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    p.gate.wait_held(held.0 + 1, RETRIED, "the push").await;
+    kill_and_restart(mesh, "gateway").await;
+    p.gate
+        .wait_held(held.0 + 2, RETRIED, "the retry's push")
+        .await;
+    p.gate.open_first();
+    let refs = || git_in(&p.http.repo(), &["for-each-ref", "refs/heads/gw-*"]);
+    until("the orphaned push", RETRIED, || refs().lines().count() == 2).await;
+    p.gate.open();
+    until("a pull request", RETRIED, || p.forge.held() > held.1).await;
+    mesh.kill9("gateway");
+    p.forge.hold_created(false);
+    restart(mesh, "gateway").await;
+    let mut gw = Gw::new(mesh.channel("gateway").await.unwrap());
+    delivered_once(&mut gw, p.key, &run_id, p.http, p.forge, "gw").await;
+    run_id
 }
