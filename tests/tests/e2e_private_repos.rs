@@ -5,7 +5,8 @@
 //! and over SSH with a deploy key and a required host key (sshd; `ssh://` with a port,
 //! and git's scp-like `root@host:path`, which has none: that sshd listens on port 22 of
 //! a loopback address of the test's own). A tenant without a credential for the host,
-//! or with one the host refuses, is told so at launch; a URL carrying a token is
+//! or with one the host refuses, or whose known hosts lack the sshd's key (another key,
+//! or none: never trusted on first use), is told so at launch; a URL carrying a token is
 //! refused without being echoed; a rotated token is used at the next run with no
 //! restart. And the secret is nowhere a tenant, an agent or an operator's tooling could
 //! read it: not in the sandbox (its environment, its git config, its files), the patch,
