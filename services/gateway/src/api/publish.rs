@@ -19,8 +19,8 @@ use forkyard_proto::{
 };
 use futures::StreamExt as _;
 use temporalio_client::{
-    WorkflowGetResultOptions, WorkflowIdReusePolicy, WorkflowListOptions, WorkflowStartOptions,
-    errors::WorkflowStartError,
+    WorkflowDescribeOptions, WorkflowExecutionStatus, WorkflowGetResultOptions,
+    WorkflowIdReusePolicy, WorkflowListOptions, WorkflowStartOptions, errors::WorkflowStartError,
 };
 
 /// The publish workflow's type (`PublishWorkflow`'s `run`).
@@ -121,8 +121,27 @@ impl GatewayService {
         Ok(run)
     }
 
-    /// A fork published after its run ended: where it went (`None`: never published).
+    /// A fork published after its run ended: where it went (`None`: never published, or
+    /// not yet: a read never waits for a publication's push or forge).
     pub(super) async fn published(
+        &self,
+        run_id: &str,
+        fork: u32,
+    ) -> Option<forkyard_proto::common::v1::Delivered> {
+        let desc = self
+            .client
+            .get_workflow_handle::<PublishWorkflow>(publish_id(run_id, fork))
+            .describe(WorkflowDescribeOptions::default())
+            .await
+            .ok()?;
+        if desc.status() != WorkflowExecutionStatus::Completed {
+            return None;
+        }
+        self.publish_outcome(run_id, fork).await
+    }
+
+    /// Where a completed publication of the fork went.
+    async fn publish_outcome(
         &self,
         run_id: &str,
         fork: u32,
@@ -169,7 +188,7 @@ impl GatewayService {
                 continue;
             };
             if slot.delivered.is_none() {
-                slot.delivered = self.published(&run.run_id, fork).await;
+                slot.delivered = self.publish_outcome(&run.run_id, fork).await;
             }
         }
     }
