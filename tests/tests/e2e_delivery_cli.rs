@@ -64,15 +64,44 @@ struct Cli {
 }
 
 impl Cli {
-    /// `forkyard args…`: (exit code, stdout, stderr).
-    fn run(&mut self, args: &[&str]) -> (Option<i32>, String, String) {
-        let out = Command::new(bin_dir().join("forkyard"))
+    /// `forkyard args…` started, its output piped.
+    fn spawn(&self, args: &[&str]) -> std::process::Child {
+        Command::new(bin_dir().join("forkyard"))
             .args(args)
             .env("FORKYARD_CONFIG", self.config.path().join("config.toml"))
             .env("FORKYARD_GATEWAY", &self.gateway)
             .env("FORKYARD_API_KEY", &self.key)
-            .output()
-            .expect("forkyard runs");
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("forkyard runs")
+    }
+
+    /// `forkyard args…`: (exit code, stdout, stderr).
+    fn run(&mut self, args: &[&str]) -> (Option<i32>, String, String) {
+        let child = self.spawn(args);
+        self.finish(child)
+    }
+
+    /// `forkyard args…`, which must end within `limit` (else it is killed, and the test
+    /// fails: the command hung).
+    fn run_within(&mut self, limit: Duration, args: &[&str]) -> (Option<i32>, String, String) {
+        let mut child = self.spawn(args);
+        let deadline = std::time::Instant::now() + limit;
+        while child.try_wait().expect("wait").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("forkyard {args:?} did not answer within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.finish(child)
+    }
+
+    /// A started `forkyard` to its end: (exit code, stdout, stderr).
+    fn finish(&mut self, child: std::process::Child) -> (Option<i32>, String, String) {
+        let out = child.wait_with_output().expect("forkyard ends");
         let (stdout, stderr) = (
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -142,7 +171,7 @@ async fn the_cli_pushes_the_winner_with_a_pull_request_and_publishes_another_for
     let agent = agent(&secrets);
 
     let (run_id, first_url) = winner_pushed_with_a_pull_request(&mut cli, &http, &forge, &agent);
-    let (second_url, published) = fork_2_published(&mut cli, &http, &forge, &run_id);
+    let (second_url, published) = fork_2_published(&mut cli, &http, &forge, &run_id).await;
     let urls = [first_url.as_str(), second_url.as_str()];
     let from = "the publishing gateway";
     shows_both(from, &mut cli, &mut gw, (&key, &run_id), urls).await;
@@ -216,15 +245,29 @@ fn winner_pushed_with_a_pull_request(
     (run_id, url)
 }
 
-/// `publish <run> 2 --pr`: one new branch, one new pull request, as printed. The pull
-/// request's URL and the printed line.
-fn fork_2_published(
+/// `publish <run> 2 --pr`: one new branch, one new pull request, as printed. While it
+/// waits for the forge's answer, `result` of the fork answers at once: not delivered
+/// yet. The pull request's URL and the printed line.
+async fn fork_2_published(
     cli: &mut Cli,
     http: &GitHttp,
     forge: &FakeForge,
     run_id: &str,
 ) -> (String, String) {
-    let (code, out, err) = cli.run(&["publish", run_id, "2", "--pr"]);
+    forge.hold_created(true);
+    let publishing = cli.spawn(&["publish", run_id, "2", "--pr"]);
+    for _ in 0..1200 {
+        if forge.held() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(forge.held(), 1, "the publication's pull request never came");
+    let (code, result, err) = cli.run_within(Duration::from_secs(20), &["result", run_id, "2"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!result.contains("delivered:"), "{result}");
+    forge.hold_created(false);
+    let (code, out, err) = cli.finish(publishing);
     assert_eq!(code, Some(0), "{out}{err}");
     let (commit, branches) = on_server(http, "cli-fork-2", "cli");
     assert_eq!(branches, ["cli-fork-1", "cli-fork-2"]);
