@@ -16,7 +16,6 @@
 #[allow(dead_code)]
 mod tenant_calls;
 
-use base64::Engine as _;
 use forkyard_proto::{
     common::v1::{ForkResult, ForkStatus},
     gateway::v1::{LaunchRunRequest, Run, RunState},
@@ -27,6 +26,7 @@ use forkyard_tests::{
     leaks::{History, history, log_files},
     repo,
     support::{sandbox_processes, workspaces_left},
+    token_scan::{assert_absent, fresh_token, spellings},
 };
 use std::path::Path;
 use tenant_calls::{Gw, launch_req, list_ids, new_key, run_as, with_key};
@@ -132,25 +132,6 @@ async fn launch_error(gw: &mut Gw, key: &str, req: LaunchRunRequest) -> tonic::S
     gw.launch_run(with_key(key, req))
         .await
         .expect_err("refused")
-}
-
-/// A token no earlier run could have seen: `ghp_` and 32 random hex digits.
-fn fresh_token() -> String {
-    use std::hash::{BuildHasher as _, RandomState};
-    let r = || RandomState::new().hash_one(0u8);
-    format!("ghp_{:016x}{:016x}", r(), r())
-}
-
-/// Every way the secret could be spelled on the wire or in a file.
-fn spellings(token: &str) -> Vec<String> {
-    let basic = base64::engine::general_purpose::STANDARD.encode(format!("forkyard:{token}"));
-    vec![token.to_owned(), basic]
-}
-
-fn assert_absent(what: &str, text: &str, secrets: &[String]) {
-    for s in secrets {
-        assert!(!text.contains(s.as_str()), "{what} holds the secret {s:?}");
-    }
 }
 
 fn assert_completed((run, results): &(Run, Vec<ForkResult>), forks: usize) {
@@ -263,7 +244,7 @@ async fn private_repositories_are_cloned_with_the_tenants_credentials_which_neve
     let err = launch_error(&mut gw, &a, on(&with_token, "a-in-url", 1)).await;
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(err.message().starts_with("repo:"), "{}", err.message());
-    assert_absent("the refusal", err.message(), &spellings(&token));
+    assert_absent("the refusal", err.message(), &spellings("forkyard", &token));
 
     // Rotation: the server takes a new token only; the file is rewritten; the next run
     // uses it with no restart.
@@ -273,8 +254,8 @@ async fn private_repositories_are_cloned_with_the_tenants_credentials_which_neve
     let after = run_as(&mut gw, &a, on(&http.url(), "a-rotated", 1)).await;
     assert_completed(&after, 1);
 
-    let mut secrets = spellings(&token);
-    secrets.extend(spellings(&rotated));
+    let mut secrets = spellings("forkyard", &token);
+    secrets.extend(spellings("forkyard", &rotated));
     secrets.push(key_body);
     secrets.push(scp_key_body);
     for r in [&over_http, &over_ssh, &over_scp, &after] {
