@@ -158,7 +158,7 @@ impl GatewayService {
             .map(|(_, d)| d)
     }
 
-    /// A completed run's forks published after it ended, onto its view: one visibility
+    /// A run's forks published after it ended, onto its view: one visibility
     /// list of its completed publish workflows, and each one's outcome. A list that fails
     /// leaves the view as the run left it (logged); the view is fetched again later.
     pub(super) async fn attach_published(&self, run: &mut Run) {
@@ -203,7 +203,7 @@ fn publish_fork_of(workflow_id: &str, run_id: &str) -> Option<u32> {
         .ok()
 }
 
-/// Whether a fork of the completed `run` may still be published and show on its view: the
+/// Whether a fork of the ended `run` may still be published and show on its view: the
 /// repository is remote and a succeeded fork has not been delivered.
 pub(super) fn may_publish(run: &Run) -> bool {
     let repo = run

@@ -133,10 +133,11 @@ impl GatewayService {
             if run.error.is_empty() {
                 run.error = why;
             }
-            if super::publish::may_publish(&run) {
-                self.attach_published(&mut run).await;
-                publishable = super::publish::may_publish(&run);
-            }
+        }
+        // A fork of a run that ended, however, may be published (PublishFork).
+        if state != RunState::Running && super::publish::may_publish(&run) {
+            self.attach_published(&mut run).await;
+            publishable = super::publish::may_publish(&run);
         }
         if run.started_unix_ms == 0 {
             run.started_unix_ms = started;
