@@ -2,9 +2,11 @@
 //! --pr --wait` through the real CLI binary against a mesh holding a tenant's token for
 //! a git server (git's `http-backend` behind lighttpd, basic auth) whose forge API is
 //! the fake GitHub. The winner comes back as a branch, a commit and a pull request, as
-//! printed; `forkyard publish <run> <fork> --pr` delivers another fork later, once,
-//! and `status`, `result` and GetRun show where each went. `--push verified --pr`
-//! pushes every verified fork and opens one pull request, the winner's.
+//! printed; `forkyard publish <run> <fork> --pr` delivers another fork later, once
+//! (`result` answers at once meanwhile), and `status`, `result` and GetRun show where
+//! each went, from the gateway that published it and from one that kept nothing of the
+//! run. `--push verified --pr` pushes every verified fork and opens one pull request,
+//! the winner's.
 //!
 //! The token is looked for everywhere it must never be: inside every fork's sandbox
 //! while its agent runs (the agent command scans, see `forkyard_tests::token_scan`),
