@@ -233,6 +233,11 @@ async fn private_repositories_are_cloned_with_the_tenants_credentials_which_neve
     // B cannot borrow A's deploy key either: SSH without a key of its own is refused.
     let err = launch_error(&mut gw, &b, on(&ssh.url(), "b-ssh", 1)).await;
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("tenant team-b has none"),
+        "{}",
+        err.message()
+    );
     for team in ["team-d", "team-e"] {
         host_key_unknown_is_refused(&mesh, &mut gw, team, &ssh, secrets_dir.path()).await;
     }

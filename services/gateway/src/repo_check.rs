@@ -167,7 +167,8 @@ async fn check_remote(
     if !out.status.success() {
         let line = stderr_line(&out);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        if stderr.contains(HOST_KEY_REFUSED) {
+        // Without a credential, no known_hosts file is the tenant's: it has none.
+        if credential.is_some() && stderr.contains(HOST_KEY_REFUSED) {
             return Err(host_key_unknown(remote, reader.tenant, &line));
         }
         if forkyard_common::git_credentials::asks_for_credentials(&stderr) {
