@@ -33,15 +33,16 @@ pub struct History {
 
 /// The history of workflow `run_id` (`temporal workflow show`).
 pub fn history(mesh: &Mesh, run_id: &str) -> History {
+    match try_history(mesh, run_id) {
+        Ok(h) => h,
+        Err(why) => panic!("the history of {run_id}: {why}"),
+    }
+}
+
+/// The history of workflow `id`, or why there is none (no such workflow).
+pub fn try_history(mesh: &Mesh, id: &str) -> Result<History, String> {
     let out = std::process::Command::new(temporal_cli())
-        .args([
-            "workflow",
-            "show",
-            "--output",
-            "json",
-            "--workflow-id",
-            run_id,
-        ])
+        .args(["workflow", "show", "--output", "json", "--workflow-id", id])
         .args([
             "--address",
             &mesh.temporal_address(),
@@ -50,18 +51,34 @@ pub fn history(mesh: &Mesh, run_id: &str) -> History {
         ])
         .output()
         .expect("temporal workflow show");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("history as JSON");
     let mut decoded = String::new();
     payload_texts(&json, &mut decoded);
-    History {
+    Ok(History {
         raw: json.to_string(),
         decoded,
+    })
+}
+
+/// The histories of a run of `forks` forks: its own, and those of its fork children
+/// (`<run>/fork-<n>`, where a fork ran as a child) and of its forks published later
+/// (`<run>/publish-<n>`), each with its workflow id.
+pub fn run_histories(mesh: &Mesh, run_id: &str, forks: u32) -> Vec<(String, History)> {
+    let mut out = vec![(run_id.to_owned(), history(mesh, run_id))];
+    for n in 1..=forks {
+        for id in [
+            format!("{run_id}/fork-{n}"),
+            format!("{run_id}/publish-{n}"),
+        ] {
+            if let Ok(h) = try_history(mesh, &id) {
+                out.push((id, h));
+            }
+        }
     }
+    out
 }
 
 /// Every `data` string under `v`, base64-decoded, appended to `out`.

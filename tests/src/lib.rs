@@ -10,9 +10,11 @@ pub mod git_server;
 pub mod leaks;
 pub mod mesh;
 pub mod otlp;
+pub mod push_gate;
 pub mod replicas;
 pub mod repo;
 pub mod scripted_model;
 pub mod support;
+pub mod token_scan;
 
 pub use mesh::Mesh;

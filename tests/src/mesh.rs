@@ -404,12 +404,16 @@ impl Mesh {
                 }
             }
             if let Ok(ch) = self.channel(service).await {
-                let res = HealthClient::new(ch)
-                    .check(HealthCheckRequest {
-                        service: String::new(),
-                    })
-                    .await;
-                if res.is_ok_and(|r| r.into_inner().status == ServingStatus::Serving as i32) {
+                let mut health = HealthClient::new(ch);
+                let check = health.check(HealthCheckRequest {
+                    service: String::new(),
+                });
+                // A service that took the connection and never answers is not serving:
+                // asked again, until the deadline, rather than waited on for ever.
+                let res = tokio::time::timeout(Duration::from_secs(5), check).await;
+                if res.is_ok_and(|r| {
+                    r.is_ok_and(|r| r.into_inner().status == ServingStatus::Serving as i32)
+                }) {
                     return Ok(());
                 }
             }

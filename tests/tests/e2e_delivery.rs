@@ -21,6 +21,7 @@ use forkyard_tests::{
     Mesh,
     git_server::{GitHttp, git_in, git_mesh},
     repo,
+    token_scan::{assert_not_kept, spellings},
 };
 use std::{path::Path, process::Command};
 use tenant_calls::{Gw, launch_req, new_key, run_as, with_key};
@@ -327,6 +328,12 @@ async fn succeeded_forks_are_pushed_as_branches_once_and_never_forced_over() {
         "{}",
         err.message()
     );
+
+    // The token pushed every branch, and is in no log or Temporal history of the runs.
+    let secrets = spellings("forkyard", TOKEN);
+    for (run, forks) in [(&run1.run_id, 3), (&run2.run_id, 2), (&quiet.run_id, 2)] {
+        assert_not_kept(&mesh, run, forks, &http.url(), &secrets);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

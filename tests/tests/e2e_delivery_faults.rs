@@ -21,6 +21,7 @@ use forkyard_tests::{
     Mesh,
     git_server::{GitHttp, git_in, git_mesh},
     repo,
+    token_scan::{assert_absent, assert_not_kept, spellings},
 };
 use std::{path::Path, time::Duration};
 use tenant_calls::{Gw, launch_req, new_key, wait_closed, with_key};
@@ -151,6 +152,10 @@ async fn killed_at(point: &str) {
         ],
     );
     assert_eq!(refs.lines().count(), 2, "{refs}");
+    // The token pushed and opened them, and is in no log, history or pull request.
+    let secrets = spellings("forkyard", TOKEN);
+    assert_not_kept(&mesh, &run_id, 2, &http.url(), &secrets);
+    assert_absent("a pull request", &format!("{pulls:?}"), &secrets);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,8 @@
 //! and over SSH with a deploy key and a required host key (sshd; `ssh://` with a port,
 //! and git's scp-like `root@host:path`, which has none: that sshd listens on port 22 of
 //! a loopback address of the test's own). A tenant without a credential for the host,
-//! or with one the host refuses, is told so at launch; a URL carrying a token is
+//! or with one the host refuses, or whose known hosts lack the sshd's key (another key,
+//! or none: never trusted on first use), is told so at launch; a URL carrying a token is
 //! refused without being echoed; a rotated token is used at the next run with no
 //! restart. And the secret is nowhere a tenant, an agent or an operator's tooling could
 //! read it: not in the sandbox (its environment, its git config, its files), the patch,
@@ -15,7 +16,6 @@
 #[allow(dead_code)]
 mod tenant_calls;
 
-use base64::Engine as _;
 use forkyard_proto::{
     common::v1::{ForkResult, ForkStatus},
     gateway::v1::{LaunchRunRequest, Run, RunState},
@@ -26,9 +26,10 @@ use forkyard_tests::{
     leaks::{History, history, log_files},
     repo,
     support::{sandbox_processes, workspaces_left},
+    token_scan::{assert_absent, fresh_token, spellings},
 };
 use std::path::Path;
-use tenant_calls::{Gw, launch_req, new_key, run_as, with_key};
+use tenant_calls::{Gw, launch_req, list_ids, new_key, run_as, with_key};
 use tonic::Code;
 
 /// What an agent could find of a credential: its environment, the workspace's git
@@ -55,6 +56,14 @@ fn credentials_file(
     token: &Path,
 ) -> std::path::PathBuf {
     let file = dir.join("git-credentials.toml");
+    // Teams D and E hold the right deploy key but not the sshd's host key: D another
+    // server's key under this server's name, E no key for it at all (where trust on
+    // first use would take whatever the server shows).
+    let (other_key, no_key) = (dir.join("known_hosts-other"), dir.join("known_hosts-none"));
+    let scp_host_key = std::fs::read_to_string(scp.known_hosts()).unwrap();
+    let (_, key) = scp_host_key.split_once(' ').unwrap();
+    std::fs::write(&other_key, format!("[127.0.0.1]:{} {key}\n", ssh.port)).unwrap();
+    std::fs::write(&no_key, "").unwrap();
     let text = format!(
         r#"[[credential]]
 host = "127.0.0.1:{http}"
@@ -79,12 +88,26 @@ host = "{scp_host}"
 tenants = ["team-a"]
 ssh_key_file = "{scp_key}"
 known_hosts_file = "{scp_known}"
+
+[[credential]]
+host = "127.0.0.1:{ssh}"
+tenants = ["team-d"]
+ssh_key_file = "{key}"
+known_hosts_file = "{other_key}"
+
+[[credential]]
+host = "127.0.0.1:{ssh}"
+tenants = ["team-e"]
+ssh_key_file = "{key}"
+known_hosts_file = "{no_key}"
 "#,
         http = http.port,
         ssh = ssh.port,
         token = token.display(),
         key = ssh.key().display(),
         known = ssh.known_hosts().display(),
+        other_key = other_key.display(),
+        no_key = no_key.display(),
         scp_host = scp.addr,
         scp_key = scp.key().display(),
         scp_known = scp.known_hosts().display(),
@@ -111,25 +134,6 @@ async fn launch_error(gw: &mut Gw, key: &str, req: LaunchRunRequest) -> tonic::S
         .expect_err("refused")
 }
 
-/// A token no earlier run could have seen: `ghp_` and 32 random hex digits.
-fn fresh_token() -> String {
-    use std::hash::{BuildHasher as _, RandomState};
-    let r = || RandomState::new().hash_one(0u8);
-    format!("ghp_{:016x}{:016x}", r(), r())
-}
-
-/// Every way the secret could be spelled on the wire or in a file.
-fn spellings(token: &str) -> Vec<String> {
-    let basic = base64::engine::general_purpose::STANDARD.encode(format!("forkyard:{token}"));
-    vec![token.to_owned(), basic]
-}
-
-fn assert_absent(what: &str, text: &str, secrets: &[String]) {
-    for s in secrets {
-        assert!(!text.contains(s.as_str()), "{what} holds the secret {s:?}");
-    }
-}
-
 fn assert_completed((run, results): &(Run, Vec<ForkResult>), forks: usize) {
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
     assert_eq!(results.len(), forks, "{run:#?}");
@@ -137,6 +141,41 @@ fn assert_completed((run, results): &(Run, Vec<ForkResult>), forks: usize) {
         assert_eq!(f.status, ForkStatus::Succeeded as i32, "{f:#?}");
         assert!(f.patch.contains("done.txt"), "{}", f.patch);
     }
+}
+
+/// A tenant whose credential knows another host key than the sshd's, or none for it,
+/// is refused at launch naming the host and itself, and nothing starts; the sshd's key is
+/// never taken on first use (no known_hosts file gains it).
+async fn host_key_unknown_is_refused(
+    mesh: &Mesh,
+    gw: &mut Gw,
+    team: &str,
+    ssh: &GitSsh,
+    dir: &Path,
+) {
+    let (_, key) = new_key(mesh, team);
+    let known: Vec<_> = ["known_hosts-other", "known_hosts-none"]
+        .map(|f| std::fs::read_to_string(dir.join(f)).unwrap())
+        .into();
+    let err = launch_error(gw, &key, on(&ssh.url(), &format!("{team}-ssh"), 1)).await;
+    assert_eq!(err.code(), Code::FailedPrecondition, "{team}: {err:?}");
+    let says = err.message();
+    assert!(
+        says.contains("127.0.0.1") && says.contains(team) && says.contains("host key"),
+        "{team}: {says}"
+    );
+    assert!(list_ids(gw, &key).await.is_empty(), "{team}: a run started");
+    let after: Vec<_> = ["known_hosts-other", "known_hosts-none"]
+        .map(|f| std::fs::read_to_string(dir.join(f)).unwrap())
+        .into();
+    assert_eq!(after, known, "{team}: a known_hosts file was written");
+    let home = std::env::var("HOME").unwrap_or_default();
+    let user_known = std::fs::read_to_string(Path::new(&home).join(".ssh/known_hosts"));
+    let name = format!("[127.0.0.1]:{}", ssh.port);
+    assert!(
+        !user_known.unwrap_or_default().contains(&name),
+        "{team}: trusted on first use"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,6 +233,14 @@ async fn private_repositories_are_cloned_with_the_tenants_credentials_which_neve
     // B cannot borrow A's deploy key either: SSH without a key of its own is refused.
     let err = launch_error(&mut gw, &b, on(&ssh.url(), "b-ssh", 1)).await;
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("tenant team-b has none"),
+        "{}",
+        err.message()
+    );
+    for team in ["team-d", "team-e"] {
+        host_key_unknown_is_refused(&mesh, &mut gw, team, &ssh, secrets_dir.path()).await;
+    }
 
     // A token in the URL: refused, naming the field, never repeating it.
     let with_token = http
@@ -202,7 +249,7 @@ async fn private_repositories_are_cloned_with_the_tenants_credentials_which_neve
     let err = launch_error(&mut gw, &a, on(&with_token, "a-in-url", 1)).await;
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(err.message().starts_with("repo:"), "{}", err.message());
-    assert_absent("the refusal", err.message(), &spellings(&token));
+    assert_absent("the refusal", err.message(), &spellings("forkyard", &token));
 
     // Rotation: the server takes a new token only; the file is rewritten; the next run
     // uses it with no restart.
@@ -212,8 +259,8 @@ async fn private_repositories_are_cloned_with_the_tenants_credentials_which_neve
     let after = run_as(&mut gw, &a, on(&http.url(), "a-rotated", 1)).await;
     assert_completed(&after, 1);
 
-    let mut secrets = spellings(&token);
-    secrets.extend(spellings(&rotated));
+    let mut secrets = spellings("forkyard", &token);
+    secrets.extend(spellings("forkyard", &rotated));
     secrets.push(key_body);
     secrets.push(scp_key_body);
     for r in [&over_http, &over_ssh, &over_scp, &after] {

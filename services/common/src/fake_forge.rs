@@ -13,7 +13,8 @@
 //!
 //! Everything is held in memory and shown to the test ([`FakeForge::pulls`],
 //! [`FakeForge::seen`], [`FakeForge::minted`]); [`FakeForge::fail_next`] answers the
-//! next calls with 502, as a forge's load balancer does.
+//! next calls with 502, as a forge's load balancer does; [`FakeForge::hold_created`]
+//! keeps a created pull request's answer from its creator for as long as a test likes.
 
 mod app;
 mod gitlab;
@@ -74,6 +75,9 @@ struct Inner {
     token_lifetime: Option<Duration>,
     minted: Vec<Minted>,
     fail_next: usize,
+    /// Answers to GitHub pull requests created are held while set ([`FakeForge::hold_created`]).
+    hold: bool,
+    held: usize,
     pulls: Vec<Stored>,
     seen: Vec<Seen>,
 }
@@ -161,6 +165,18 @@ impl FakeForge {
     /// Answer the next `n` calls, whatever they are, with 502.
     pub fn fail_next(&self, n: usize) {
         lock(&self.shared).fail_next = n;
+    }
+
+    /// While `on`, a GitHub pull request is created and stored, but the answer to its
+    /// creator is held until this is called with `false`: a creator killed meanwhile
+    /// opened it without ever hearing so, and must find it when it tries again.
+    pub fn hold_created(&self, on: bool) {
+        lock(&self.shared).hold = on;
+    }
+
+    /// How many answers to pull requests created were held so far.
+    pub fn held(&self) -> usize {
+        lock(&self.shared).held
     }
 
     /// The pull and merge requests opened, in order.
@@ -306,18 +322,48 @@ async fn gh_create(
             json!({"message": "Validation Failed", "errors": [{"resource": "PullRequest", "code": "missing_field"}]}),
         );
     };
-    let mut inner = lock(&shared);
+    let (answered, hold) = match gh_store(
+        &shared,
+        &headers,
+        (&owner, repo),
+        (head, base, title),
+        &json,
+    ) {
+        Ok(stored) => stored,
+        Err(refused) => return *refused,
+    };
+    // A test's switch, flipped by hand: checking it often is all the wait needs.
+    while hold && holding(&shared) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    answer(201, answered)
+}
+
+fn holding(shared: &Shared) -> bool {
+    lock(shared).hold
+}
+
+/// A new pull request stored: its answer, and whether the answer is held; or GitHub's
+/// 422 for one that is open already.
+fn gh_store(
+    shared: &Shared,
+    headers: &HeaderMap,
+    (owner, repo): (&str, String),
+    (head, base, title): (String, String, String),
+    json: &Value,
+) -> Result<(Value, bool), Box<Response>> {
+    let mut inner = lock(shared);
     let open = |p: &&Stored| {
         p.forge == Forge::GitHub && p.repo == repo && p.head == head && p.base == base
     };
     if inner.pulls.iter().any(|p| open(&p)) {
-        return answer(
+        return Err(Box::new(answer(
             422,
             json!({"message": "Validation Failed", "errors": [{
                 "resource": "PullRequest", "code": "custom",
                 "message": format!("A pull request already exists for {owner}:{head}."),
             }], "documentation_url": "https://docs.github.com/rest/pulls/pulls#create-a-pull-request"}),
-        );
+        )));
     }
     let pull = Stored {
         forge: Forge::GitHub,
@@ -326,12 +372,14 @@ async fn gh_create(
         head,
         base,
         title,
-        body: text(&json, "body").unwrap_or_default(),
+        body: text(json, "body").unwrap_or_default(),
         draft: json.get("draft").and_then(Value::as_bool).unwrap_or(false),
     };
-    let answered = github_pull(&base_url(&headers), &pull);
+    let answered = github_pull(&base_url(headers), &pull);
     inner.pulls.push(pull);
-    answer(201, answered)
+    let hold = inner.hold;
+    inner.held += usize::from(hold);
+    Ok((answered, hold))
 }
 
 async fn gh_list(

@@ -167,6 +167,10 @@ async fn check_remote(
     if !out.status.success() {
         let line = stderr_line(&out);
         let stderr = String::from_utf8_lossy(&out.stderr);
+        // Without a credential, no known_hosts file is the tenant's: it has none.
+        if credential.is_some() && stderr.contains(HOST_KEY_REFUSED) {
+            return Err(host_key_unknown(remote, reader.tenant, &line));
+        }
         if forkyard_common::git_credentials::asks_for_credentials(&stderr) {
             return Err(refused(
                 &remote.host,
@@ -211,6 +215,20 @@ async fn ls_remote(
         &["ls-remote", "--quiet", "--exit-code", "--", repo, r],
     )
     .await
+}
+
+/// What ssh says when the host's key is not among those its known_hosts file holds.
+const HOST_KEY_REFUSED: &str = "Host key verification failed";
+
+/// An SSH host whose key the tenant's credential does not know (another key, or none
+/// for it): the mesh refused the host, not the host the credential, and says so, so the
+/// operator fixes the known_hosts file rather than the deploy key.
+fn host_key_unknown(remote: &Remote, tenant: &str, why: &str) -> GatewayError {
+    tracing::warn!(host = %remote.host, port = remote.port, tenant, reason = %why, "SSH host key not known; refused");
+    GatewayError::FailedPrecondition(format!(
+        "repo: the SSH host key of {}:{} is not one tenant {tenant}'s git credential knows (its known_hosts_file in FORKYARD_GIT_CREDENTIALS); a host key is never trusted on first use",
+        remote.host, remote.port
+    ))
 }
 
 /// A host that wants credentials the tenant has not, or refused the tenant's: the

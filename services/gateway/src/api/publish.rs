@@ -1,6 +1,8 @@
 //! PublishFork: one fork of a finished run delivered after the fact, by a workflow of
 //! its own (`<run id>/publish-<fork>`) so that it happens once however often it is
-//! asked; asked again, the first delivery's outcome is the answer.
+//! asked; asked again, the first delivery's outcome is the answer. The run's view
+//! (GetRun, WatchRun) and the fork's result show it as they show the run's own
+//! deliveries.
 
 use super::GatewayService;
 use crate::{
@@ -15,10 +17,14 @@ use forkyard_proto::{
     gateway::v1::{PublishForkRequest, Run, RunState},
     queues,
 };
+use futures::StreamExt as _;
 use temporalio_client::{
-    WorkflowGetResultOptions, WorkflowIdReusePolicy, WorkflowStartOptions,
-    errors::WorkflowStartError,
+    WorkflowDescribeOptions, WorkflowExecutionStatus, WorkflowGetResultOptions,
+    WorkflowIdReusePolicy, WorkflowListOptions, WorkflowStartOptions, errors::WorkflowStartError,
 };
+
+/// The publish workflow's type (`PublishWorkflow`'s `run`).
+const PUBLISH_WORKFLOW: &str = "PublishWorkflow";
 
 /// The publish workflow of a run's fork.
 pub(super) fn publish_id(run_id: &str, fork: u32) -> String {
@@ -65,6 +71,13 @@ impl GatewayService {
             .into_iter()
             .find(|(f, _)| *f == fork)
             .map(|(_, d)| d);
+        // This replica's next GetRun shows it at once (others within `published_ttl`).
+        let delivered = result.delivered.clone();
+        self.reads.amend(&req.run_id, |run| {
+            if let Some(f) = run.forks.get_mut((fork as usize).wrapping_sub(1)) {
+                f.delivered = f.delivered.take().or(delivered);
+            }
+        });
         Ok(result)
     }
 
@@ -108,8 +121,27 @@ impl GatewayService {
         Ok(run)
     }
 
-    /// A fork published after its run ended: where it went (`None`: never published).
+    /// A fork published after its run ended: where it went (`None`: never published, or
+    /// not yet: a read never waits for a publication's push or forge).
     pub(super) async fn published(
+        &self,
+        run_id: &str,
+        fork: u32,
+    ) -> Option<forkyard_proto::common::v1::Delivered> {
+        let desc = self
+            .client
+            .get_workflow_handle::<PublishWorkflow>(publish_id(run_id, fork))
+            .describe(WorkflowDescribeOptions::default())
+            .await
+            .ok()?;
+        if desc.status() != WorkflowExecutionStatus::Completed {
+            return None;
+        }
+        self.publish_outcome(run_id, fork).await
+    }
+
+    /// Where a completed publication of the fork went.
+    async fn publish_outcome(
         &self,
         run_id: &str,
         fork: u32,
@@ -125,4 +157,63 @@ impl GatewayService {
             .find(|(f, _)| *f == fork)
             .map(|(_, d)| d)
     }
+
+    /// A run's forks published after it ended, onto its view: one visibility
+    /// list of its completed publish workflows, and each one's outcome. A list that fails
+    /// leaves the view as the run left it (logged); the view is fetched again later.
+    pub(super) async fn attach_published(&self, run: &mut Run) {
+        if run.run_id.contains(['\'', '\\']) {
+            return;
+        }
+        let query = format!(
+            "WorkflowType = '{PUBLISH_WORKFLOW}' AND WorkflowId STARTS_WITH '{}/publish-' AND ExecutionStatus = 'Completed'",
+            run.run_id
+        );
+        let options = WorkflowListOptions::builder()
+            .limit(run.forks.len())
+            .build();
+        let mut listed = self.client.list_workflows(query, options);
+        let mut forks = Vec::new();
+        while let Some(item) = listed.next().await {
+            match item {
+                Ok(wf) => forks.extend(publish_fork_of(wf.id(), &run.run_id)),
+                Err(e) => {
+                    tracing::warn!(run_id = %run.run_id, error = %e, "published forks not listed");
+                    break;
+                }
+            }
+        }
+        for fork in forks {
+            let Some(slot) = run.forks.get_mut((fork as usize).wrapping_sub(1)) else {
+                continue;
+            };
+            if slot.delivered.is_none() {
+                slot.delivered = self.publish_outcome(&run.run_id, fork).await;
+            }
+        }
+    }
+}
+
+/// The fork a publish workflow id (`<run id>/publish-<fork>`) of `run_id` names.
+fn publish_fork_of(workflow_id: &str, run_id: &str) -> Option<u32> {
+    workflow_id
+        .strip_prefix(run_id)?
+        .strip_prefix("/publish-")?
+        .parse()
+        .ok()
+}
+
+/// Whether a fork of the ended `run` may still be published and show on its view: the
+/// repository is remote and a succeeded fork has not been delivered.
+pub(super) fn may_publish(run: &Run) -> bool {
+    let repo = run
+        .spec
+        .as_ref()
+        .map(|s| s.repo.as_str())
+        .unwrap_or_default();
+    matches!(repo_location::locate(repo), Ok(RepoLocation::Remote(_)))
+        && run
+            .forks
+            .iter()
+            .any(|f| f.status == ForkStatus::Succeeded as i32 && f.delivered.is_none())
 }

@@ -7,7 +7,10 @@
 //! - a closed run's view never changes: it is kept (up to `closed_capacity` runs, the
 //!   oldest dropped first) and served without a call to Temporal. A completed run's view
 //!   is its workflow's result (one history read, no replay); only runs that ended
-//!   otherwise are queried, once;
+//!   otherwise are queried, once. Except for what PublishFork adds later: a view with a
+//!   fork that may still be published is amended at once by the replica that published
+//!   it, and fetched again (in the background, the kept view served meanwhile) once older
+//!   than `published_ttl`, so another replica's publication shows within that;
 //! - a running run's view is fetched at most once per `live_ttl` by this replica, and
 //!   readers of the same run share that one fetch; a view a little older is served while
 //!   a fetch refreshes it in the background (so a reader sees a view at most a few
@@ -33,12 +36,15 @@ use std::{
 use tokio::sync::Semaphore;
 
 /// What a read serves: the run and the tenant that owns it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct View {
     pub owner: String,
     pub run: Run,
     /// Closed: kept for good.
     pub closed: bool,
+    /// Closed, with a fork that may still be published (PublishFork): kept, and fetched
+    /// again once older than `published_ttl`.
+    pub publishable: bool,
 }
 
 const LIVE_SWEEP_AT: usize = 1024;
@@ -51,6 +57,7 @@ type Fetch = Shared<BoxFuture<'static, Result<Arc<View>, GatewayError>>>;
 #[derive(Debug, Clone, Copy)]
 pub struct ReadLimits {
     pub live_ttl: Duration,
+    pub published_ttl: Duration,
     pub closed_capacity: usize,
     pub max_fetches: usize,
     pub shed_after: Duration,
@@ -60,6 +67,7 @@ impl Default for ReadLimits {
     fn default() -> Self {
         Self {
             live_ttl: Duration::from_millis(500),
+            published_ttl: Duration::from_secs(10),
             closed_capacity: 10_000,
             max_fetches: 32,
             shed_after: Duration::from_secs(2),
@@ -69,7 +77,8 @@ impl Default for ReadLimits {
 
 #[derive(Default)]
 struct Inner {
-    closed: HashMap<String, Arc<View>>,
+    /// Each closed run's view, and when it was fetched.
+    closed: HashMap<String, (Instant, Arc<View>)>,
     /// Closed runs in the order they were kept (the first is dropped first).
     order: VecDeque<String>,
     live: HashMap<String, (Instant, Arc<View>)>,
@@ -105,8 +114,16 @@ impl RunReads {
     {
         let shared = {
             let mut inner = self.lock();
-            if let Some(v) = inner.closed.get(run_id) {
-                return Ok(v.clone());
+            if let Some((at, v)) = inner.closed.get(run_id) {
+                let v = v.clone();
+                let refresh = v.publishable && at.elapsed() >= self.limits.published_ttl;
+                if refresh && !inner.in_flight.contains_key(run_id) {
+                    // Nobody waits for this one: the kept view is served meanwhile.
+                    let f = self.fetch(run_id.to_owned(), fetch);
+                    inner.in_flight.insert(run_id.to_owned(), f.clone());
+                    tokio::spawn(f);
+                }
+                return Ok(v);
             }
             let stale = match inner.live.get(run_id) {
                 Some((at, v)) if at.elapsed() < self.limits.live_ttl => return Ok(v.clone()),
@@ -179,7 +196,7 @@ impl RunReads {
         inner.live.remove(run_id);
         if inner
             .closed
-            .insert(run_id.to_owned(), view.clone())
+            .insert(run_id.to_owned(), (Instant::now(), view.clone()))
             .is_none()
         {
             inner.order.push_back(run_id.to_owned());
@@ -196,6 +213,18 @@ impl RunReads {
     pub fn forget(&self, run_id: &str) {
         self.lock().live.remove(run_id);
     }
+
+    /// After a write to a closed run (a fork published): its kept view, if any, amended
+    /// by `change`, so this replica's next read shows it at once.
+    pub fn amend(&self, run_id: &str, change: impl FnOnce(&mut Run)) {
+        let mut inner = self.lock();
+        inner.live.remove(run_id);
+        if let Some((_, v)) = inner.closed.get_mut(run_id) {
+            let mut amended = View::clone(v);
+            change(&mut amended.run);
+            *v = Arc::new(amended);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -211,6 +240,7 @@ mod tests {
                 ..Run::default()
             },
             closed,
+            publishable: false,
         }
     }
 
@@ -329,6 +359,50 @@ mod tests {
             calls.load(Ordering::SeqCst),
             2,
             "the refused read fetched nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_publishable_closed_run_is_amended_at_once_and_fetched_again_after_its_ttl() {
+        let reads = RunReads::new(ReadLimits {
+            published_ttl: Duration::from_millis(200),
+            ..ReadLimits::default()
+        });
+        let calls = Arc::new(AtomicUsize::new(0));
+        let get = || {
+            let calls = calls.clone();
+            reads.get("r", async move {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                Ok(View {
+                    publishable: true,
+                    ..view(true, n)
+                })
+            })
+        };
+        assert_eq!(get().await.unwrap().run.forks.len(), 1);
+        reads.amend("r", |run| run.winner = 7);
+        assert_eq!(
+            get().await.unwrap().run.winner,
+            7,
+            "amended where it is kept"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "and not fetched again");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let served = get().await.unwrap();
+        assert_eq!(
+            served.run.forks.len(),
+            1,
+            "the kept view while it is fetched again"
+        );
+        for _ in 0..100 {
+            if get().await.unwrap().run.forks.len() == 2 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "never fetched again: {} fetches",
+            calls.load(Ordering::SeqCst)
         );
     }
 

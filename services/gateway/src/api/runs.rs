@@ -126,12 +126,18 @@ impl GatewayService {
         if state != RunState::Running {
             run.state = state as i32;
         }
+        let mut publishable = false;
         if state == RunState::Completed {
             let (outcome, why) = crate::workflows::outcome(&run);
             run.state = outcome as i32;
             if run.error.is_empty() {
                 run.error = why;
             }
+        }
+        // A fork of a run that ended, however, may be published (PublishFork).
+        if state != RunState::Running && super::publish::may_publish(&run) {
+            self.attach_published(&mut run).await;
+            publishable = super::publish::may_publish(&run);
         }
         if run.started_unix_ms == 0 {
             run.started_unix_ms = started;
@@ -143,6 +149,7 @@ impl GatewayService {
             owner,
             run,
             closed: state != RunState::Running,
+            publishable,
         })
     }
 }

@@ -9,7 +9,10 @@
 //! Exactly once: a commit's author, committer and dates are the run's, so a retry makes
 //! the very same commit id; each branch is pushed with a lease that it does not exist,
 //! so a retry whose first attempt pushed it finds it "up to date", and a branch someone
-//! else pushed is never forced over (that fork's delivery says so).
+//! else pushed is never forced over (that fork's delivery says so). A branch the push
+//! reports not made is looked up on the remote: at the fork's very commit, it is
+//! pushed (an earlier attempt's push, orphaned by a killed gateway, landed it under
+//! this one; or the connection broke after the server took it).
 
 use forkyard_common::host_git;
 use std::{path::Path, time::Duration};
@@ -235,12 +238,50 @@ async fn push_all(access: &Access, dir: &Path, made: &[(u32, String, String)]) -
     };
     let report = String::from_utf8_lossy(&out.stdout);
     let whole = host_git::reason(&out);
-    made.iter()
+    let pushed = made
+        .iter()
         .map(|(fork, branch, commit)| {
             let line = porcelain_line(&report, branch);
             (*fork, outcome(line, branch, commit, &whole))
         })
-        .collect()
+        .collect();
+    landed_anyway(access, made, pushed).await
+}
+
+/// `pushed` with each branch reported not pushed, but at its fork's commit on the
+/// remote, counted as pushed: all of them looked up in one `ls-remote`.
+async fn landed_anyway(
+    access: &Access,
+    made: &[(u32, String, String)],
+    mut pushed: Pushed,
+) -> Pushed {
+    let failed: Vec<&(u32, String, String)> = made
+        .iter()
+        .filter(|(fork, ..)| pushed.iter().any(|(f, r)| f == fork && r.is_err()))
+        .collect();
+    if failed.is_empty() {
+        return pushed;
+    }
+    let refs: Vec<String> = failed
+        .iter()
+        .map(|(_, b, _)| format!("refs/heads/{b}"))
+        .collect();
+    let mut cmd = host_git::command(&access.pin, &access.env);
+    cmd.args(["ls-remote", "--", &access.url]).args(&refs);
+    let Ok(out) = host_git::output(cmd, None, NETWORK_TIMEOUT).await else {
+        return pushed;
+    };
+    let listed = String::from_utf8_lossy(&out.stdout);
+    for (fork, branch, commit) in failed {
+        let there = format!("{commit}\trefs/heads/{branch}");
+        if out.status.success() && listed.lines().any(|l| l.trim_end() == there) {
+            tracing::info!(fork, branch = %branch, "branch already at the fork's commit: an earlier push landed it");
+            if let Some((_, r)) = pushed.iter_mut().find(|(f, _)| f == fork) {
+                *r = Ok(commit.clone());
+            }
+        }
+    }
+    pushed
 }
 
 /// The remote's default branch (what its HEAD names), for pull requests of a run whose
@@ -296,6 +337,87 @@ fn outcome(line: Option<&str>, branch: &str, commit: &str, whole: &str) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `git <args>` in `dir`, which must succeed: its trimmed output.
+    fn git_ok(dir: &Path, args: &[&str]) -> String {
+        let out = std::process::Command::new("git")
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_branch_reported_refused_but_at_the_forks_commit_is_pushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        git_ok(d, &["init", "-q", "work"]);
+        let work = d.join("work");
+        git_ok(&work, &["commit", "-q", "--allow-empty", "-m", "fork"]);
+        let ours = git_ok(&work, &["rev-parse", "HEAD"]);
+        git_ok(
+            &work,
+            &["commit", "-q", "--allow-empty", "-m", "someone else"],
+        );
+        let theirs = git_ok(&work, &["rev-parse", "HEAD"]);
+        git_ok(d, &["init", "-q", "--bare", "remote.git"]);
+        // Landed by an earlier push: fork 1's branch at its commit; fork 2's at another.
+        git_ok(
+            &work,
+            &[
+                "push",
+                "-q",
+                "../remote.git",
+                &format!("{ours}:refs/heads/b-1"),
+            ],
+        );
+        git_ok(
+            &work,
+            &[
+                "push",
+                "-q",
+                "../remote.git",
+                &format!("{theirs}:refs/heads/b-2"),
+            ],
+        );
+        let access = Access {
+            url: d.join("remote.git").display().to_string(),
+            pin: Vec::new(),
+            env: Vec::new(),
+        };
+        let made = [
+            (1, "b-1".to_owned(), ours.clone()),
+            (2, "b-2".to_owned(), ours.clone()),
+            (3, "b-3".to_owned(), ours.clone()),
+        ];
+        let refused = |f| {
+            (
+                f,
+                Err("push of branch refused: [remote rejected] (failed to update ref)".to_owned()),
+            )
+        };
+        let pushed = landed_anyway(&access, &made, vec![refused(1), refused(2), refused(3)]).await;
+        assert_eq!(pushed[0], (1, Ok(ours)));
+        assert!(
+            pushed[1].1.is_err(),
+            "another commit is not ours: {pushed:?}"
+        );
+        assert!(pushed[2].1.is_err(), "no branch is not pushed: {pushed:?}");
+    }
 
     #[test]
     fn porcelain_lines_say_each_branchs_fate() {

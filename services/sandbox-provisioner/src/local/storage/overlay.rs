@@ -287,10 +287,11 @@ fn idmap(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> io::Result<()> {
     }
 }
 
-/// What [`userns_child`] reads: two pipe ends, as raw numbers.
+/// What [`userns_child`] reads: two pipe ends, as raw numbers, and the provisioner's pid.
 struct UsernsCtx {
     ready: c_int,
     go: c_int,
+    parent: c_int,
 }
 
 /// The child of [`userns_mapping_to`]: says it is ready, then waits to be told to exit.
@@ -300,6 +301,17 @@ extern "C" fn userns_child(arg: *mut c_void) -> c_int {
     // thread state among it, is the parent's).
     unsafe {
         let ctx = &*arg.cast::<UsernsCtx>();
+        // Dies with the provisioner. It holds a copy of each descriptor the provisioner
+        // had (its gRPC listener among them, and the very pipe end it waits on), with its
+        // signals blocked: a provisioner killed before its byte came left it waiting for
+        // ever, holding the port, so the provisioner could not start again ("Address
+        // already in use") and callers' connections went unanswered. A parent already
+        // gone (this child reparented) ends it at once.
+        let _ =
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+        if rustix::process::Pid::as_raw(rustix::process::getppid()) != ctx.parent {
+            libc::syscall(libc::SYS_exit, 1);
+        }
         let _ = rustix::io::write(BorrowedFd::borrow_raw(ctx.ready), &[1]);
         let mut b = [0u8; 1];
         let _ = rustix::io::read(BorrowedFd::borrow_raw(ctx.go), &mut b);
@@ -320,6 +332,7 @@ fn userns_mapping_to(uid: u32) -> io::Result<OwnedFd> {
     let ctx = UsernsCtx {
         ready: ready_w.as_raw_fd(),
         go: go_r.as_raw_fd(),
+        parent: rustix::process::getpid().as_raw_pid(),
     };
     let mut stack = vec![0u8; STACK_BYTES];
     // SAFETY: the child runs `userns_child` on `stack` with `ctx`, both alive until it is
@@ -426,3 +439,7 @@ fn attached_in_a_child(mount: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
         )),
     }
 }
+
+#[cfg(test)]
+#[path = "overlay_tests.rs"]
+mod tests;
