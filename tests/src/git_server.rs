@@ -361,6 +361,25 @@ pub fn git_env(hosts: &str, credentials: &Path) -> Vec<(String, String, String)>
         .collect()
 }
 
+/// The credentials file the delivery suites give their meshes, written into `dir`: team
+/// A's `user`/`token` for the git server `http`, whose pull requests go to the GitHub
+/// API at `github_api` (a fake forge's).
+pub fn github_credentials(
+    dir: &Path,
+    http: &GitHttp,
+    user: &str,
+    token: &str,
+    github_api: impl std::fmt::Display,
+) -> PathBuf {
+    let creds = dir.join("git-credentials.toml");
+    let text = format!(
+        "[[credential]]\nhost = \"127.0.0.1:{}\"\ntenants = [\"team-a\"]\nusername = \"{user}\"\ntoken = \"{token}\"\nforge = \"github\"\napi = \"{github_api}\"\n",
+        http.port
+    );
+    std::fs::write(&creds, text).expect("write the credentials file");
+    creds
+}
+
 /// A mesh with API keys on (tenants from `forkyard keys`) reading `hosts` with
 /// `credentials` ([`git_env`]), with `more` environment for its services.
 pub async fn git_mesh(

@@ -21,7 +21,7 @@ use forkyard_common::fake_forge::{FakeForge, Stored};
 use forkyard_proto::gateway::v1::{GetForkResultRequest, Run, RunState};
 use forkyard_tests::{
     Mesh,
-    git_server::{GitHttp, git_in, git_mesh},
+    git_server::{GitHttp, git_in, git_mesh, github_credentials},
     mesh::bin_dir,
     repo,
     token_scan::{
@@ -46,13 +46,7 @@ fn agent(secrets: &[String]) -> String {
 
 /// Team A's token for the git server, whose forge API is the fake GitHub.
 async fn mesh(http: &GitHttp, forge: &FakeForge, token: &str, dir: &Path) -> Mesh {
-    let creds = dir.join("git-credentials.toml");
-    let text = format!(
-        "[[credential]]\nhost = \"127.0.0.1:{}\"\ntenants = [\"team-a\"]\nusername = \"{USER}\"\ntoken = \"{token}\"\nforge = \"github\"\napi = \"{}\"\n",
-        http.port,
-        forge.github_api()
-    );
-    std::fs::write(&creds, text).unwrap();
+    let creds = github_credentials(dir, http, USER, token, forge.github_api());
     git_mesh(&format!("127.0.0.1:{}", http.port), &creds, Vec::new()).await
 }
 

@@ -19,7 +19,7 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh,
-    git_server::{GitHttp, git_in, git_mesh},
+    git_server::{GitHttp, git_in, git_mesh, github_credentials},
     repo,
     token_scan::{assert_absent, assert_not_kept, spellings},
 };
@@ -31,13 +31,7 @@ printf '{"total_cost_usd": 0.001}\n'"#;
 const TOKEN: &str = "ghp_delivery_faults_token";
 
 async fn mesh(http: &GitHttp, forge: &FakeForge, dir: &Path, faults: Option<&str>) -> Mesh {
-    let creds = dir.join("git-credentials.toml");
-    let text = format!(
-        "[[credential]]\nhost = \"127.0.0.1:{}\"\ntenants = [\"team-a\"]\nusername = \"forkyard\"\ntoken = \"{TOKEN}\"\nforge = \"github\"\napi = \"{}\"\n",
-        http.port,
-        forge.github_api()
-    );
-    std::fs::write(&creds, text).unwrap();
+    let creds = github_credentials(dir, http, "forkyard", TOKEN, forge.github_api());
     let hosts = format!("127.0.0.1:{}", http.port);
     let faults = faults.map(|point| ("gateway".into(), "FORKYARD_FAULTS".into(), point.into()));
     git_mesh(&hosts, &creds, faults.into_iter().collect()).await

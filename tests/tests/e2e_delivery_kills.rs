@@ -23,7 +23,7 @@ use forkyard_proto::gateway::v1::{
 };
 use forkyard_tests::{
     Mesh,
-    git_server::{GitHttp, git_in, git_mesh},
+    git_server::{GitHttp, git_in, git_mesh, github_credentials},
     push_gate::PushGate,
     repo,
     token_scan::{assert_absent, assert_not_kept, fresh_token, spellings},
@@ -42,13 +42,7 @@ const USER: &str = "forkyard";
 const RETRIED: Duration = Duration::from_secs(120);
 
 async fn mesh(http: &GitHttp, forge: &FakeForge, token: &str, dir: &Path) -> Mesh {
-    let creds = dir.join("git-credentials.toml");
-    let text = format!(
-        "[[credential]]\nhost = \"127.0.0.1:{}\"\ntenants = [\"team-a\"]\nusername = \"{USER}\"\ntoken = \"{token}\"\nforge = \"github\"\napi = \"{}\"\n",
-        http.port,
-        forge.github_api()
-    );
-    std::fs::write(&creds, text).unwrap();
+    let creds = github_credentials(dir, http, USER, token, forge.github_api());
     git_mesh(&format!("127.0.0.1:{}", http.port), &creds, Vec::new()).await
 }
 
