@@ -4,6 +4,9 @@
 //! and its own host key, as a forge's SSH endpoint does. Each serves a bare copy of a
 //! source repository on a free loopback port and is killed when dropped.
 
+mod ssh;
+
+pub use ssh::GitSsh;
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -91,19 +94,43 @@ impl GitHttp {
         password: &str,
         protocol: Protocol,
     ) -> GitHttp {
+        let users = vec![(user.to_owned(), password.to_owned())];
+        GitHttp::start(repos, users, |d, port| lighttpd_conf(d, port, protocol))
+    }
+
+    /// A bare copy of `src` served as `/git/r.git` to no one at first, then to each
+    /// password [`GitHttp::allow`]s: a user may hold several at once, as a forge takes
+    /// every unexpired token it issued (a GitHub App's installation tokens, each service
+    /// minting its own). Authentication is a CGI gate in front of `git http-backend`
+    /// (lighttpd's own takes one password per user).
+    pub fn serve_tokens(src: &Path) -> GitHttp {
+        GitHttp::start(&[("r", src)], Vec::new(), |d, port| {
+            std::fs::write(d.join("gate"), gate_script(d)).expect("gate");
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = std::fs::Permissions::from_mode(0o755);
+            std::fs::set_permissions(d.join("gate"), mode).expect("chmod gate");
+            gated_conf(d, port)
+        })
+    }
+
+    fn start(
+        repos: &[(&str, &Path)],
+        users: Vec<(String, String)>,
+        conf: impl FnOnce(&Path, u16) -> String,
+    ) -> GitHttp {
         let dir = tempfile::tempdir().expect("tempdir");
         for (name, src) in repos {
             bare_copy_as(src, dir.path(), name);
         }
         let port = free_port();
-        let conf = dir.path().join("lighttpd.conf");
+        let conf_file = dir.path().join("lighttpd.conf");
         let log = dir.path().join("error.log");
-        std::fs::write(&conf, lighttpd_conf(dir.path(), port, protocol)).expect("lighttpd.conf");
+        std::fs::write(&conf_file, conf(dir.path(), port)).expect("lighttpd.conf");
         let http = GitHttp {
             _server: Server(
                 Command::new("lighttpd")
                     .args(["-D", "-f"])
-                    .arg(&conf)
+                    .arg(&conf_file)
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(std::fs::File::create(&log).expect("log"))
@@ -112,7 +139,7 @@ impl GitHttp {
             ),
             dir,
             port,
-            users: std::sync::Mutex::new(vec![(user.to_owned(), password.to_owned())]),
+            users: std::sync::Mutex::new(users),
         };
         http.write_users();
         wait_listening("127.0.0.1", port, "lighttpd", &log);
@@ -173,6 +200,15 @@ impl GitHttp {
         self.write_users();
     }
 
+    /// From now on the server (of [`GitHttp::serve_tokens`]) answers `user` with
+    /// `password` too, beside the passwords it already takes.
+    pub fn allow(&self, user: &str, password: &str) {
+        let mut users = self.users.lock().unwrap();
+        users.push((user.to_owned(), password.to_owned()));
+        drop(users);
+        self.write_users();
+    }
+
     fn write_users(&self) {
         let text: String = self
             .users
@@ -216,124 +252,39 @@ auth.require = ("/git/" => ("method" => "basic", "realm" => "git", "require" => 
     )
 }
 
-/// sshd at `ssh://root@<addr>:<port>/<dir>/r.git`, which takes one key only (the
-/// deploy key at [`GitSsh::key`], no password) and presents its own host key
-/// ([`GitSsh::known_hosts`] holds it, as an operator's known_hosts file would).
-pub struct GitSsh {
-    _server: Server,
-    dir: tempfile::TempDir,
-    pub addr: String,
-    pub port: u16,
-}
-
-impl GitSsh {
-    /// On a free port of 127.0.0.1.
-    pub fn serve(src: &Path) -> GitSsh {
-        GitSsh::serve_on(src, "127.0.0.1", free_port())
-    }
-
-    /// On `port` of loopback address `addr`: port 22 for git's scp-like form
-    /// (`root@<addr>:<path>`), which has no place for a port.
-    pub fn serve_on(src: &Path, addr: &str, port: u16) -> GitSsh {
-        // Else the wait below would find the other server, with another host key.
-        assert!(
-            std::net::TcpStream::connect((addr, port)).is_err(),
-            "{addr}:{port} is taken (an sshd of the host's on port 22?)"
-        );
-        let dir = tempfile::tempdir().expect("tempdir");
-        bare_copy(src, dir.path());
-        let d = dir.path();
-        keygen(&d.join("host_key"));
-        keygen(&d.join("deploy_key"));
-        std::fs::copy(d.join("deploy_key.pub"), d.join("authorized_keys")).expect("authorized");
-        // sshd's privilege separation directory (made by the package's service unit,
-        // which nothing here starts).
-        std::fs::create_dir_all("/run/sshd").expect("/run/sshd");
-        let conf = d.join("sshd_config");
-        std::fs::write(&conf, sshd_conf(d, addr, port)).expect("sshd_config");
-        let log = d.join("sshd.log");
-        let server = Server(
-            Command::new("/usr/sbin/sshd")
-                .args(["-D", "-e", "-f"])
-                .arg(&conf)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(&log).expect("log"))
-                .spawn()
-                .expect("sshd (make deps installs openssh-server)"),
-        );
-        wait_listening(addr, port, "sshd", &log);
-        let host = std::fs::read_to_string(d.join("host_key.pub")).expect("host key");
-        // ssh names a host on its default port without brackets.
-        let name = if port == 22 {
-            addr.to_owned()
-        } else {
-            format!("[{addr}]:{port}")
-        };
-        std::fs::write(d.join("known_hosts"), format!("{name} {}", host.trim()))
-            .expect("known_hosts");
-        GitSsh {
-            _server: server,
-            dir,
-            addr: addr.to_owned(),
-            port,
-        }
-    }
-
-    pub fn url(&self) -> String {
-        format!(
-            "ssh://root@{}:{}{}",
-            self.addr,
-            self.port,
-            self.repo().display()
-        )
-    }
-
-    /// git's scp-like form, `root@<addr>:<path>`: ssh's default port (22) only.
-    pub fn scp_url(&self) -> String {
-        format!("root@{}:{}", self.addr, self.repo().display())
-    }
-
-    pub fn repo(&self) -> PathBuf {
-        self.dir.path().join("r.git")
-    }
-
-    /// The deploy key's private half.
-    pub fn key(&self) -> PathBuf {
-        self.dir.path().join("deploy_key")
-    }
-
-    /// A known_hosts file with the server's host key.
-    pub fn known_hosts(&self) -> PathBuf {
-        self.dir.path().join("known_hosts")
-    }
-}
-
-fn keygen(path: &Path) {
-    let ok = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", "forkyard-test", "-f"])
-        .arg(path)
-        .status()
-        .expect("ssh-keygen")
-        .success();
-    assert!(ok, "ssh-keygen {}", path.display());
-}
-
-fn sshd_conf(dir: &Path, addr: &str, port: u16) -> String {
+/// [`GitHttp::serve_tokens`]'s server: every request goes through `gate`.
+fn gated_conf(dir: &Path, port: u16) -> String {
     let d = dir.display();
     format!(
-        "Port {port}
-ListenAddress {addr}
-HostKey {d}/host_key
-PidFile {d}/sshd.pid
-AuthorizedKeysFile {d}/authorized_keys
-AuthenticationMethods publickey
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-StrictModes no
-UsePAM no
-"
+        r#"server.document-root = "{d}"
+server.bind = "127.0.0.1"
+server.port = {port}
+server.errorlog = "{d}/error.log"
+server.modules = ("mod_alias", "mod_cgi", "mod_accesslog")
+accesslog.filename = "|exec cat >> {d}/access.log"
+alias.url = ("/git/" => "{d}/gate/")
+cgi.assign = ("" => "")
+"#
+    )
+}
+
+/// HTTP basic authentication against the `users` file, any of a user's lines, then git
+/// as the user (`REMOTE_USER`: pushes are taken); else a 401 asking for credentials.
+fn gate_script(dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        r#"#!/bin/sh
+given=$(printf '%s' "${{HTTP_AUTHORIZATION#Basic }}" | base64 -d 2>/dev/null)
+if [ -n "$given" ] && grep -qxF -e "$given" "{d}/users"; then
+  REMOTE_USER=${{given%%:*}} GIT_PROJECT_ROOT="{d}" GIT_HTTP_EXPORT_ALL= exec /usr/lib/git-core/git-http-backend
+fi
+printf 'Status: 401 Unauthorized
+WWW-Authenticate: Basic realm="git"
+Content-Type: text/plain
+
+unauthorized
+'
+"#
     )
 }
 

@@ -1,6 +1,6 @@
-//! End to end: a run on a private repository clones it once, not once per fork, and
-//! the clone it keeps (the provisioner's workspace template) is served only to a
-//! tenant whose own credential reads the repository now. Against git's `http-backend`
+//! End to end: a run of 100 forks on a private repository clones it once, not once per
+//! fork, and the clone it keeps (the provisioner's workspace template) is served only to
+//! a tenant whose own credential reads the repository now. Against git's `http-backend`
 //! behind lighttpd with basic auth, speaking git's protocol v0 so that the server's
 //! access log counts fetches (each `git-upload-pack` POST is one; an `ls-remote` is a
 //! GET of `info/refs`). The provisioner is also asked directly, as a tenant, for a
@@ -32,6 +32,9 @@ use tonic::Code;
 const AGENT: &str = r#"cat README.md > seen.txt
 echo "fork $FORKYARD_FORK" > done.txt
 printf '{"total_cost_usd": 0.001}\n'"#;
+
+/// A run of this many forks clones its repository once.
+const FORKS: u32 = 100;
 
 fn credentials_file(dir: &Path, port: u16) -> std::path::PathBuf {
     let file = dir.join("git-credentials.toml");
@@ -112,12 +115,12 @@ async fn a_private_repository_is_cloned_once_a_run_and_its_clone_served_only_to_
     let (_, a) = new_key(&mesh, "team-a");
     let url = http.url();
 
-    // Six forks, six creates at once: one fetch.
-    let mut req = launch_req(Path::new("/unused"), "a-six", AGENT);
-    (req.repo, req.forks, req.max_concurrent) = (url.clone(), 6, 6);
+    // A hundred forks (the issue's size), fifty creates at once: one fetch.
+    let mut req = launch_req(Path::new("/unused"), "a-hundred", AGENT);
+    (req.repo, req.forks, req.max_concurrent) = (url.clone(), FORKS, 50);
     let (run, forks) = run_as(&mut gw, &a, req).await;
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
-    assert_eq!(forks.len(), 6);
+    assert_eq!(forks.len(), FORKS as usize);
     for f in &forks {
         assert_eq!(f.status, ForkStatus::Succeeded as i32, "{f:#?}");
         assert!(f.patch.contains("+# demo"), "{}", f.patch);

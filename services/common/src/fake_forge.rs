@@ -9,7 +9,10 @@
 //!   open merge request for the same source branch is GitLab's 409.
 //! - `POST /app/installations/{id}/access_tokens` with a JWT (`app` module): verified
 //!   with the app's public key (RS256), its `iss`, `iat` and `exp`; the token it mints is
-//!   then accepted like the configured one, until its `expires_at`.
+//!   then accepted like the configured one, until its `expires_at`, and only for the
+//!   repositories the exchange named (`"repositories": [...]`; others are GitHub's 404),
+//!   as GitHub scopes one. [`FakeForge::on_mint`] tells a test of each token minted (a
+//!   git server of the test's then takes it too).
 //!
 //! Everything is held in memory and shown to the test ([`FakeForge::pulls`],
 //! [`FakeForge::seen`], [`FakeForge::minted`]); [`FakeForge::fail_next`] answers the
@@ -69,8 +72,9 @@ pub struct Seen {
 
 #[derive(Default)]
 struct Inner {
-    /// Tokens the API takes, and when each stops (None: never).
-    tokens: HashMap<String, Option<SystemTime>>,
+    /// Tokens the API takes.
+    tokens: HashMap<String, Grant>,
+    on_mint: Option<OnMint>,
     apps: HashMap<String, app::FakeApp>,
     token_lifetime: Option<Duration>,
     minted: Vec<Minted>,
@@ -81,6 +85,16 @@ struct Inner {
     pulls: Vec<Stored>,
     seen: Vec<Seen>,
 }
+
+/// What a token may do: until when (None: for ever), on which repositories (None: all).
+#[derive(Default)]
+struct Grant {
+    until: Option<SystemTime>,
+    repositories: Option<Vec<String>>,
+}
+
+/// What a test asked to be told of each token minted ([`FakeForge::on_mint`]).
+type OnMint = Arc<dyn Fn(&Minted) + Send + Sync>;
 
 type Shared = Arc<Mutex<Inner>>;
 
@@ -107,7 +121,9 @@ impl FakeForge {
     /// Serve on 127.0.0.1 (a port of its own), taking `token` for both APIs.
     pub async fn start(token: &str) -> Self {
         let shared = Shared::default();
-        lock(&shared).tokens.insert(token.to_owned(), None);
+        lock(&shared)
+            .tokens
+            .insert(token.to_owned(), Grant::default());
         let router = Router::new()
             .route("/repos/{owner}/{repo}/pulls", post(gh_create).get(gh_list))
             .route(
@@ -189,6 +205,11 @@ impl FakeForge {
         lock(&self.shared).seen.clone()
     }
 
+    /// Call `f` with each installation token minted from now on, as it is minted.
+    pub fn on_mint(&self, f: impl Fn(&Minted) + Send + Sync + 'static) {
+        lock(&self.shared).on_mint = Some(Arc::new(f));
+    }
+
     /// The installation tokens minted, in order.
     pub fn minted(&self) -> Vec<Minted> {
         lock(&self.shared).minted.clone()
@@ -228,12 +249,18 @@ fn enter(
         None => None,
     };
     let now = SystemTime::now();
-    let authorized = presented.as_ref().is_some_and(|t| {
-        inner
-            .tokens
-            .get(t)
-            .is_some_and(|until| until.is_none_or(|u| u > now))
-    });
+    let grant = presented.as_ref().and_then(|t| inner.tokens.get(t));
+    let authorized = grant.is_some_and(|g| g.until.is_none_or(|u| u > now));
+    // A token scoped to other repositories does not see this one: GitHub's 404.
+    let hidden = grant
+        .and_then(|g| g.repositories.as_ref())
+        .is_some_and(|names| {
+            let name = uri
+                .path()
+                .strip_prefix("/repos/")
+                .and_then(|p| p.split('/').nth(1));
+            !name.is_some_and(|n| names.iter().any(|r| r == n))
+        });
     inner.seen.push(Seen {
         method: method.to_string(),
         path: uri.path().to_owned(),
@@ -250,7 +277,9 @@ fn enter(
         return Some((StatusCode::BAD_GATEWAY, "<html>502 Bad Gateway</html>").into_response());
     }
     match (auth, presented, authorized) {
-        (None, _, _) | (_, _, true) => None,
+        (None, _, _) => None,
+        (_, _, true) if hidden => Some(answer(404, json!({"message": "Not Found"}))),
+        (_, _, true) => None,
         (Some("private-token"), _, false) => {
             Some(answer(401, json!({"message": "401 Unauthorized"})))
         }

@@ -165,9 +165,9 @@ impl ForgeError {
     }
 }
 
-/// Open a pull request (GitHub) or merge request (GitLab) on `repo_path` (`owner/name`;
-/// GitLab: `group/subgroup/name`), or find the one already open for `pr.head` into
-/// `pr.base` (`existed`).
+/// Open a pull request (GitHub) or merge request (GitLab) on `repo_path` (a located
+/// remote's `path`: `owner/name`; GitLab: `group/subgroup/name`), or find the one already
+/// open for `pr.head` into `pr.base` (`existed`).
 pub async fn open_pull_request(
     access: &ForgeAccess,
     repo_path: &str,
@@ -179,29 +179,6 @@ pub async fn open_pull_request(
         Forge::GitHub => github::open(access, repo_path, pr).await,
         Forge::GitLab => gitlab::open(access, repo_path, pr).await,
     }
-}
-
-/// A repository URL's path on its host, as [`open_pull_request`] takes it:
-/// `https://github.com/org/x.git` and `git@github.com:org/x.git` are `org/x`. `None` for
-/// a local path or a URL without one.
-pub fn repo_path(repo: &str) -> Option<String> {
-    let path = match url::Url::parse(repo) {
-        Ok(url) if url.has_host() => url.path().to_owned(),
-        // scp-like `user@host:path` (no scheme: url takes `user@host` for one).
-        _ => {
-            let (authority, path) = repo.split_once(':')?;
-            if authority.contains('/') || path.starts_with("//") {
-                return None;
-            }
-            path.to_owned()
-        }
-    };
-    let path = path.trim_matches('/');
-    let path = path
-        .strip_suffix(".git")
-        .unwrap_or(path)
-        .trim_end_matches('/');
-    (path.contains('/') && !path.split('/').any(str::is_empty)).then(|| path.to_owned())
 }
 
 #[cfg(test)]

@@ -305,7 +305,11 @@ fn a_repository_urls_path_is_its_forge_path() {
         ("https://github.com/app.git", None),
         ("/srv/git/app", None),
     ] {
-        assert_eq!(repo_path(url).as_deref(), path, "{url}");
+        assert_eq!(
+            crate::repo_location::repo_path(url).as_deref(),
+            path,
+            "{url}"
+        );
     }
 }
 

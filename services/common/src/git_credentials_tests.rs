@@ -348,6 +348,12 @@ mod app {
         let opened = open_pull_request(&access, "org/app", &pr).await.unwrap();
         assert_eq!(opened.number, 1);
         assert!(fake.seen().last().unwrap().authorized);
+        // Minted for this repository alone; another of the installation's gets its own.
+        assert_eq!(fake.minted()[0].repositories, Some(vec!["app".to_owned()]));
+        let lib = remote("https://github.com/org/lib.git");
+        let lib_token = token(creds.resolve("t", &lib).await.unwrap()).unwrap();
+        assert_ne!(lib_token.1, got.1);
+        assert_eq!(fake.minted()[1].repositories, Some(vec!["lib".to_owned()]));
         // Another tenant has nothing; ssh is not the app's.
         assert_eq!(creds.resolve("other", &repo).await.unwrap(), None);
         let ssh = remote("git@github.com:org/app.git");

@@ -5,10 +5,13 @@
 //! The app's private key stays on the mesh's host: it signs a JWT (RS256, `iss` the app,
 //! valid from a minute ago for nine minutes, under GitHub's ten), which is exchanged by
 //! `POST {api}/app/installations/{id}/access_tokens` for an installation token that
-//! expires within the hour. Tokens are cached per app and installation and minted again
-//! once fewer than five minutes of one remain, so a run that starts with one never sees
-//! it expire under a clone. The key file is read at each mint: a rotated key applies at
-//! once.
+//! expires within the hour. Each token is scoped to the one repository it is minted
+//! for (`"repositories": [name]` in the exchange): an installation that can read a whole
+//! organisation still hands a run a token that reads only the run's repository, so one
+//! leaked (or one a bug sent to the wrong place) reaches nothing else. Tokens are cached
+//! per app, installation and repository and minted again once fewer than five minutes of
+//! one remain, so a run that starts with one never sees it expire under a clone. The key
+//! file is read at each mint: a rotated key applies at once.
 
 use crate::{
     forge::{
@@ -35,7 +38,8 @@ const JWT_BACKDATE: Duration = Duration::from_secs(60);
 /// And its `exp` this far ahead (GitHub takes at most ten minutes).
 const JWT_LIFETIME: Duration = Duration::from_secs(9 * 60);
 
-/// One app installation, as a credential entry names it.
+/// One app installation, as a credential entry names it, and the repository its tokens
+/// are for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GitHubApp {
     /// The API's base (`https://api.github.com`, `https://ghe.corp/api/v3`).
@@ -45,6 +49,10 @@ pub struct GitHubApp {
     /// Its private key, PEM: PKCS#1 (`RSA PRIVATE KEY`, as GitHub issues them) or PKCS#8.
     pub key_file: PathBuf,
     pub installation_id: u64,
+    /// The repository's name (`x` of `org/x`: GitHub scopes a token by names within the
+    /// installation's account); `None` mints a token for every repository the
+    /// installation has, which only a remote without a path gets.
+    pub repository: Option<String>,
 }
 
 /// A minted installation token.
@@ -108,8 +116,13 @@ fn signing_key(pem: &[u8]) -> Result<RsaKeyPair, String> {
 /// Exchange a JWT for a new installation token.
 pub async fn mint(app: &GitHubApp) -> Result<InstallationToken, ForgeError> {
     let what = format!(
-        "installation token for app {}, installation {}",
-        app.app_id, app.installation_id
+        "installation token for app {}, installation {}{}",
+        app.app_id,
+        app.installation_id,
+        app.repository
+            .as_ref()
+            .map(|r| format!(", repository {r}"))
+            .unwrap_or_default()
     );
     let setup = |why: String| ForgeError::Setup(format!("github {what}: {why}"));
     let pem = tokio::fs::read(&app.key_file)
@@ -127,9 +140,11 @@ pub async fn mint(app: &GitHubApp) -> Result<InstallationToken, ForgeError> {
         &app.api,
         &["app", "installations", &installation, "access_tokens"],
     )?;
-    let answer = call
-        .send(github::request(&call, call.client()?.post(url))?)
-        .await?;
+    let mut request = github::request(&call, call.client()?.post(url))?;
+    if let Some(repository) = &app.repository {
+        request = request.json(&serde_json::json!({ "repositories": [repository] }));
+    }
+    let answer = call.send(request).await?;
     if !answer.status.is_success() {
         return Err(call.status_error(&answer));
     }

@@ -13,6 +13,7 @@ fn app(fake: &FakeForge, key: &AppKey) -> GitHubApp {
         app_id: APP.into(),
         key_file: key.key_file.clone(),
         installation_id: INSTALLATION,
+        repository: Some("app".into()),
     }
 }
 
@@ -90,6 +91,39 @@ async fn a_token_is_minted_once_and_reused_by_every_caller() {
 }
 
 #[tokio::test]
+async fn each_repository_gets_a_token_scoped_to_it_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = generate_app_key(dir.path(), "app", true);
+    let fake = FakeForge::start("unused").await;
+    fake.add_app(APP, &key.public_pem, INSTALLATION);
+    let tokens = InstallationTokens::default();
+    let for_app = app(&fake, &key);
+    let for_lib = GitHubApp {
+        repository: Some("lib".into()),
+        ..for_app.clone()
+    };
+    let app_token = tokens.token(&for_app).await.unwrap();
+    let lib_token = tokens.token(&for_lib).await.unwrap();
+    assert_ne!(app_token, lib_token);
+    assert_eq!(tokens.token(&for_app).await.unwrap(), app_token);
+    let scopes: Vec<_> = fake.minted().into_iter().map(|m| m.repositories).collect();
+    assert_eq!(
+        scopes,
+        [Some(vec!["app".to_owned()]), Some(vec!["lib".to_owned()])]
+    );
+    // The forge holds each token to its repository: app's opens nothing on lib.
+    let pulls = |repo: &str, token: &Secret| {
+        reqwest::Client::new()
+            .get(format!("{}/repos/org/{repo}/pulls", fake.url()))
+            .bearer_auth(token.expose())
+            .send()
+    };
+    assert_eq!(pulls("app", &app_token).await.unwrap().status(), 200);
+    assert_eq!(pulls("lib", &app_token).await.unwrap().status(), 404);
+    assert_eq!(pulls("lib", &lib_token).await.unwrap().status(), 200);
+}
+
+#[tokio::test]
 async fn a_token_near_its_expiry_is_minted_again() {
     let dir = tempfile::tempdir().unwrap();
     // PKCS#8 this time.
@@ -128,7 +162,9 @@ async fn the_fake_verifies_the_jwt_and_refusals_are_final_and_quote_nothing() {
     assert!(!e.is_retryable());
     let text = e.to_string();
     assert!(
-        text.starts_with("github installation token for app 424242, installation 77: http 401"),
+        text.starts_with(
+            "github installation token for app 424242, installation 77, repository app: http 401"
+        ),
         "{text}"
     );
     assert!(text.contains("could not be decoded"), "{text}");

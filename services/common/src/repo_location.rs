@@ -30,6 +30,9 @@ pub struct Remote {
     /// Normalised (`crate::allowed_hosts::normal_host`).
     pub host: String,
     pub port: u16,
+    /// The repository's path on the host as its forge names it (`org/x` for
+    /// `https://github.com/org/x.git` and `git@github.com:org/x.git`; [`repo_path`]).
+    pub path: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +89,7 @@ pub fn locate(repo: &str) -> Result<RepoLocation, String> {
         };
         let url = url::Url::parse(repo).map_err(|e| format!("is not a valid URL: {e}"))?;
         let host = url.host_str().unwrap_or_default();
-        return remote(transport, host, url.port());
+        return remote(transport, host, url.port(), repo);
     }
     // git's own rule: a colon before the first slash makes `host:path` (scp-like ssh).
     let colon = repo.find(':');
@@ -118,10 +121,15 @@ fn scp_like(repo: &str) -> Result<RepoLocation, String> {
         _ => repo.split_at(repo.find(':').unwrap_or(repo.len())),
     };
     let host = user_host.rsplit_once('@').map_or(user_host, |(_, h)| h);
-    remote(Transport::Ssh, host, None)
+    remote(Transport::Ssh, host, None, repo)
 }
 
-fn remote(transport: Transport, host: &str, port: Option<u16>) -> Result<RepoLocation, String> {
+fn remote(
+    transport: Transport,
+    host: &str,
+    port: Option<u16>,
+    repo: &str,
+) -> Result<RepoLocation, String> {
     let host = normal_host(host);
     if host.starts_with('-') || !valid_host(&host) {
         return Err(format!("{host:?} is not a host name or address"));
@@ -130,7 +138,36 @@ fn remote(transport: Transport, host: &str, port: Option<u16>) -> Result<RepoLoc
         transport,
         host,
         port: port.unwrap_or(transport.default_port()),
+        path: repo_path(repo),
     }))
+}
+
+/// A repository URL's path on its host, as a forge names the repository:
+/// `https://github.com/org/x.git` and `git@github.com:org/x.git` are `org/x`. `None` for
+/// a local path or a URL without one (or with a single segment: no forge's).
+pub fn repo_path(repo: &str) -> Option<String> {
+    let path = match url::Url::parse(repo) {
+        Ok(url) if url.has_host() => url.path().to_owned(),
+        // scp-like `user@host:path` (no scheme: url takes `user@host` for one).
+        _ => {
+            let (authority, path) = match repo.find("]:") {
+                Some(end) if repo.starts_with('[') || repo.contains("@[") => {
+                    (&repo[..=end], &repo[end + 2..])
+                }
+                _ => repo.split_once(':')?,
+            };
+            if authority.contains('/') || path.starts_with("//") {
+                return None;
+            }
+            path.to_owned()
+        }
+    };
+    let path = path.trim_matches('/');
+    let path = path
+        .strip_suffix(".git")
+        .unwrap_or(path)
+        .trim_end_matches('/');
+    (path.contains('/') && !path.split('/').any(str::is_empty)).then(|| path.to_owned())
 }
 
 /// The helper of git's `<transport>::<address>` form (`ext`, `fd`, any remote helper):
@@ -232,32 +269,42 @@ mod tests {
 
     #[test]
     fn urls_paths_and_scp_forms() {
-        let remote = |transport, host: &str, port| {
+        let remote = |transport, host: &str, port, path: Option<&str>| {
             Ok(RepoLocation::Remote(Remote {
                 transport,
                 host: host.into(),
                 port,
+                path: path.map(str::to_owned),
             }))
         };
         assert_eq!(
             locate("https://github.com/a/b.git"),
-            remote(Transport::Https, "github.com", 443)
+            remote(Transport::Https, "github.com", 443, Some("a/b"))
         );
         assert_eq!(
             locate("ssh://git@h:2222/a.git"),
-            remote(Transport::Ssh, "h", 2222)
+            remote(Transport::Ssh, "h", 2222, None)
         );
         assert_eq!(
             locate("git@GitHub.com:a/b.git"),
-            remote(Transport::Ssh, "github.com", 22)
+            remote(Transport::Ssh, "github.com", 22, Some("a/b"))
         );
-        assert_eq!(locate("host:repo"), remote(Transport::Ssh, "host", 22));
-        assert_eq!(locate("git@[::1]:a/b"), remote(Transport::Ssh, "::1", 22));
+        assert_eq!(
+            locate("host:repo"),
+            remote(Transport::Ssh, "host", 22, None)
+        );
+        assert_eq!(
+            locate("git@[::1]:a/b"),
+            remote(Transport::Ssh, "::1", 22, Some("a/b"))
+        );
         assert_eq!(
             locate("git://127.0.0.1:9451/x"),
-            remote(Transport::Git, "127.0.0.1", 9451)
+            remote(Transport::Git, "127.0.0.1", 9451, None)
         );
-        assert_eq!(locate("http://[::1]/x"), remote(Transport::Http, "::1", 80));
+        assert_eq!(
+            locate("http://[::1]/x"),
+            remote(Transport::Http, "::1", 80, None)
+        );
         assert_eq!(
             locate("/srv/repo"),
             Ok(RepoLocation::Local("/srv/repo".into()))

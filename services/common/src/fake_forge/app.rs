@@ -2,8 +2,9 @@
 //! JWT is checked as GitHub checks it (RS256 signature by the app's key, `iss`, `iat`,
 //! an `exp` in the future and at most ten minutes ahead).
 
-use super::{Shared, answer, enter, header, lock};
+use super::{Grant, Shared, answer, enter, header, lock};
 use axum::{
+    body::Bytes,
     extract::{Path, State},
     http::{HeaderMap, Method, Uri},
     response::Response,
@@ -65,6 +66,9 @@ pub struct Minted {
     /// The JWT's claims it was minted for.
     pub iat: u64,
     pub exp: u64,
+    /// The repositories the exchange asked it for (`None`: it named none, all of the
+    /// installation's).
+    pub repositories: Option<Vec<String>>,
 }
 
 pub(super) struct FakeApp {
@@ -159,10 +163,27 @@ pub(super) async fn access_tokens(
     State(shared): State<Shared>,
     Path(installation_id): Path<u64>,
     (method, uri, headers): (Method, Uri, HeaderMap),
+    body: Bytes,
 ) -> Response {
-    if let Some(r) = enter(&shared, (&method, &uri, &headers), None, None) {
+    let json: Option<Value> = serde_json::from_slice(&body).ok();
+    if let Some(r) = enter(&shared, (&method, &uri, &headers), json.clone(), None) {
         return r;
     }
+    let repositories = match json.as_ref().and_then(|j| j.get("repositories")) {
+        None => None,
+        Some(Value::Array(names)) if names.iter().all(Value::is_string) => Some(
+            names
+                .iter()
+                .filter_map(|n| n.as_str().map(str::to_owned))
+                .collect::<Vec<_>>(),
+        ),
+        Some(_) => {
+            return answer(
+                422,
+                json!({"message": "Invalid request.\n\nFor 'properties/repositories', is not an array of strings."}),
+            );
+        }
+    };
     let Some(jwt) = header(&headers, "authorization")
         .and_then(|v| v.strip_prefix("Bearer ").map(str::to_owned))
     else {
@@ -190,15 +211,29 @@ pub(super) async fn access_tokens(
             .unwrap_or_default()
             .as_nanos()
     );
-    inner.tokens.insert(token.clone(), Some(expires_at));
-    inner.minted.push(Minted {
+    inner.tokens.insert(
+        token.clone(),
+        Grant {
+            until: Some(expires_at),
+            repositories: repositories.clone(),
+        },
+    );
+    let minted = Minted {
         app_id: claims.iss,
         installation_id,
         token: token.clone(),
         expires_at,
         iat: claims.iat,
         exp: claims.exp,
-    });
+        repositories,
+    };
+    inner.minted.push(minted.clone());
+    // Told before the token is answered: a git server the test feeds takes it by then.
+    let told = inner.on_mint.clone();
+    drop(inner);
+    if let Some(tell) = told {
+        tell(&minted);
+    }
     answer(
         201,
         json!({

@@ -224,7 +224,7 @@ impl Entry {
         Some((forge, url::Url::parse(&api).ok()?))
     }
 
-    /// The app installation of an app entry.
+    /// The app installation of an app entry, its tokens scoped to `remote`'s repository.
     pub fn app(&self, remote: &Remote) -> Option<GitHubApp> {
         let (_, api) = self.forge(remote)?;
         Some(GitHubApp {
@@ -232,6 +232,11 @@ impl Entry {
             app_id: self.app_id.as_ref()?.text(),
             key_file: self.app_key_file.clone()?,
             installation_id: self.installation_id?,
+            repository: remote
+                .path
+                .as_deref()
+                .and_then(|p| p.rsplit('/').next())
+                .map(str::to_owned),
         })
     }
 

@@ -255,7 +255,7 @@ impl DeliverLocal {
                     remote.host, input.tenant
                 )
             })?;
-        let path = forge::repo_path(&input.repo).ok_or_else(|| {
+        let path = remote.path.clone().ok_or_else(|| {
             format!(
                 "{} names no repository path",
                 repo_location::shown(&input.repo)
