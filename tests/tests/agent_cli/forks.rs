@@ -41,6 +41,34 @@ pub async fn run_cli_forks_on(
     line: &str,
     on_image: Option<OnImage<'_>>,
 ) {
+    let place = Placement {
+        on_image,
+        isolation: "",
+    };
+    run_cli_forks_placed(driver, model_name, key_var, per_call, line, place).await;
+}
+
+/// Where a run's sandboxes are: on an image or the host's tools, and under which
+/// isolation (`""`: the default, bubblewrap; `"gvisor"`).
+pub struct Placement<'a> {
+    pub on_image: Option<OnImage<'a>>,
+    pub isolation: &'a str,
+}
+
+/// [`run_cli_forks_on`], placed as `place` says. Under gVisor the verify also checks
+/// that the sandbox's kernel is gVisor's (its boot log), not the host's.
+pub async fn run_cli_forks_placed(
+    driver: &str,
+    model_name: &str,
+    key_var: &str,
+    per_call: i64,
+    line: &str,
+    place: Placement<'_>,
+) {
+    let Placement {
+        on_image,
+        isolation,
+    } = place;
     let model = ScriptedModel::start(Script::edit(&edit_and_scan(line))).await;
     let sink_dir = tempfile::tempdir().unwrap();
     let (mesh, sink) = traced_mesh(&model, sink_dir.path(), on_image.as_ref()).await;
@@ -50,10 +78,12 @@ pub async fn run_cli_forks_on(
     let req = LaunchRunRequest {
         request_id: format!("{driver}-e2e"),
         // On the image, the host's git (and all of its /usr) is out of sight.
-        verify_command: match on_image {
-            Some(_) => format!("grep -qx '{line}' notes.txt && test ! -e /usr/bin/git"),
-            None => format!("grep -qx '{line}' notes.txt"),
+        verify_command: match (&on_image, isolation) {
+            (Some(_), _) => format!("grep -qx '{line}' notes.txt && test ! -e /usr/bin/git"),
+            (None, "gvisor") => format!("grep -qx '{line}' notes.txt && dmesg | grep -q gVisor"),
+            (None, _) => format!("grep -qx '{line}' notes.txt"),
         },
+        isolation: isolation.to_owned(),
         image: on_image
             .as_ref()
             .map(|i| i.image.to_owned())
