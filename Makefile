@@ -233,14 +233,15 @@ deps-deploy: deps-pip
 	  "$(TOOLS_VENV)/bin/python" -m pip install --quiet --disable-pip-version-check $(DEPLOY_PIP_PACKAGES); \
 	fi
 
-# The ledger's tests once more against a throwaway PostgreSQL server (Debian `postgresql`).
+# The ledger's and the API key store's tests once more against a throwaway PostgreSQL
+# server (Debian `postgresql`).
 # Chosen by a filter over the workspace, not `-p`: the workspace's features, so the test
 # build of `make test` is reused (with `-p` the ledger's dependencies were built again).
 test-ledger-postgres: deps-test-apt
 	@if command -v cargo-nextest >/dev/null; then \
-	  scripts/test-postgres.sh cargo nextest run --workspace -E 'package(forkyard-budget-ledger)' --no-fail-fast; \
+	  scripts/test-postgres.sh cargo nextest run --workspace -E 'package(forkyard-budget-ledger) | package(forkyard-keys)' --no-fail-fast; \
 	else \
-	  scripts/test-postgres.sh cargo test -p forkyard-budget-ledger --no-fail-fast; \
+	  scripts/test-postgres.sh cargo test -p forkyard-budget-ledger -p forkyard-keys --no-fail-fast; \
 	fi
 
 # Benchmarks (release builds); each bench-* target prints its figures. Add yours to `bench`.

@@ -7,6 +7,7 @@ const PROTOS: &[&str] = &[
     "proto/forkyard/budget/v1/budget.proto",
     "proto/forkyard/janitor/v1/janitor.proto",
     "proto/forkyard/gateway/v1/gateway.proto",
+    "proto/forkyard/gateway/v1/keys.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

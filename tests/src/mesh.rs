@@ -278,7 +278,7 @@ impl Mesh {
 
     /// The environment every service of the mesh starts with: nothing of the test's own
     /// but PATH, the mesh's addresses and ports, and settings that keep tests exact.
-    fn service_env(&self, service: &str, cmd: &mut Command) {
+    pub(crate) fn service_env(&self, service: &str, cmd: &mut Command) {
         cmd.env_clear();
         if self.options.tls {
             let certs = self.certs_dir();

@@ -92,6 +92,48 @@ impl Mesh {
         let child = cmd.spawn()?;
         self.children.retain(|(n, _)| n != replica_id);
         self.children.push((replica_id.to_owned(), child));
+        self.wait_replica_serving(replica_id, &endpoint).await?;
+        Ok((endpoint, state))
+    }
+
+    /// Start one more `gateway` replica beside the mesh's own, set up exactly like it
+    /// (same state dir, so the same API key file; same Temporal, ledger, runner and
+    /// provisioner; the test's settings) on ports of its own. Its log is
+    /// `<replica_id>.log`; it stops with the mesh. Returns its endpoint once it serves.
+    pub async fn start_gateway_replica(&mut self, replica_id: &str) -> anyhow::Result<String> {
+        let port = free_port();
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let mut cmd = Command::new(bin_dir().join("gateway"));
+        self.service_env("gateway", &mut cmd);
+        cmd.envs(self.options.env.iter().map(|(k, v)| (k, v)))
+            .envs(
+                self.options
+                    .service_env
+                    .iter()
+                    .filter(|(s, _, _)| s == "gateway")
+                    .map(|(_, k, v)| (k, v)),
+            )
+            .env("FORKYARD_LISTEN", format!("127.0.0.1:{port}"))
+            .env(
+                "FORKYARD_METRICS_LISTEN",
+                format!("127.0.0.1:{}", free_port()),
+            )
+            .stdout(Stdio::null())
+            .stderr(self.log_file(replica_id));
+        let child = cmd.spawn()?;
+        self.children.retain(|(n, _)| n != replica_id);
+        self.children.push((replica_id.to_owned(), child));
+        self.wait_replica_serving(replica_id, &endpoint).await?;
+        Ok(endpoint)
+    }
+
+    /// Until replica `replica_id` at `endpoint` says SERVING (90 s at most; its exit or
+    /// the deadline is an error with its log).
+    async fn wait_replica_serving(
+        &mut self,
+        replica_id: &str,
+        endpoint: &str,
+    ) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| n == replica_id)
@@ -102,7 +144,7 @@ impl Mesh {
                     self.log_tail(replica_id)
                 );
             }
-            let channel = tonic::transport::Endpoint::from_shared(endpoint.clone())?
+            let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())?
                 .connect_timeout(Duration::from_secs(2))
                 .connect()
                 .await;
@@ -116,7 +158,7 @@ impl Mesh {
                 Err(_) => false,
             };
             if serving {
-                return Ok((endpoint, state));
+                return Ok(());
             }
             anyhow::ensure!(
                 Instant::now() < deadline,

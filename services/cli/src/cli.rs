@@ -256,9 +256,17 @@ pub struct SetContextArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct KeysArgs {
-    /// The gateway's API key file; default `<state dir>/gateway/api-keys.db`.
-    #[arg(long, env = "FORKYARD_API_KEYS_DB")]
+    /// Manage the key store directly, not through the gateway's API: how the first
+    /// admin key is made, on the gateway's host. Also when `--keys-db` or `--keys-url`
+    /// is given, or no API key is configured.
+    #[arg(long)]
+    pub local: bool,
+    /// The gateway's API key file (local); default `<state dir>/gateway/api-keys.db`.
+    #[arg(long, env = "FORKYARD_API_KEYS_DB", conflicts_with = "keys_url")]
     pub keys_db: Option<std::path::PathBuf>,
+    /// The key store's URL (local): `postgres://…` or `sqlite://<file>`.
+    #[arg(long, env = "FORKYARD_API_KEYS_URL", hide_env_values = true)]
+    pub keys_url: Option<String>,
     /// The gateway's state directory.
     #[arg(long, env = "FORKYARD_STATE_DIR", default_value = ".forkyard")]
     pub state_dir: std::path::PathBuf,

@@ -46,6 +46,16 @@ pub async fn connect(
     gateway_ca: Option<&std::path::Path>,
 ) -> anyhow::Result<Client> {
     let bearer = Bearer::new(api_key)?;
+    let channel = channel(endpoint, gateway_ca).await?;
+    Ok(GatewayClient::with_interceptor(channel, bearer).max_decoding_message_size(64 << 20))
+}
+
+/// A connection to the gateway at `endpoint` (TLS with `gateway_ca` for `https://`),
+/// for any of the services it serves.
+pub async fn channel(
+    endpoint: &str,
+    gateway_ca: Option<&std::path::Path>,
+) -> anyhow::Result<Channel> {
     let mut ep = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
         .map_err(|e| anyhow::anyhow!("--gateway {endpoint:?}: {e}"))?;
     if endpoint.starts_with("https://") {
@@ -57,16 +67,14 @@ pub async fn connect(
         }
         ep = ep.tls_config(tls)?;
     }
-    let channel = ep
-        .connect_timeout(Duration::from_secs(5))
+    ep.connect_timeout(Duration::from_secs(5))
         .connect()
         .await
         .map_err(|e| {
             anyhow::anyhow!(
                 "cannot reach the gateway at {endpoint}: {e} (is the stack up? `make up`)"
             )
-        })?;
-    Ok(GatewayClient::with_interceptor(channel, bearer).max_decoding_message_size(64 << 20))
+        })
 }
 
 pub fn status_error(s: tonic::Status) -> anyhow::Error {

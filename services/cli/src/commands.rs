@@ -30,8 +30,21 @@ pub async fn run(mut cli: Cli, typed: Typed) -> anyhow::Result<ExitCode> {
         cli.output.unwrap_or(Output::Table)
     };
     let command = match std::mem::replace(&mut cli.command, Command::StopCleanup) {
-        // Keys live in the gateway's key file, not behind its API.
-        Command::Keys(k) => return crate::keys::run(k, local_output).await,
+        // Through the gateway's admin API with a key; on the store itself to make the
+        // first one.
+        Command::Keys(k) => {
+            if k.local || k.keys_db.is_some() || k.keys_url.is_some() {
+                return crate::keys::run(k, local_output).await;
+            }
+            let settings =
+                Settings::resolve(&cli.flags(), config::selected(cli.context.as_deref())?);
+            let Some(key) = settings.key.get(true)? else {
+                return crate::keys::run(k, local_output).await;
+            };
+            let channel = crate::client::channel(&settings.gateway, settings.gateway_ca.as_deref());
+            let client = crate::keys::api_client(channel.await?, &key)?;
+            return crate::keys::remote(client, k.command, settings.output).await;
+        }
         Command::Completion { shell } => return completion(shell),
         Command::Config { command } => return config_cmd::run(command, typed, local_output),
         // A prompt file that is not there costs no call.

@@ -4,11 +4,11 @@ use clap::Parser;
 use forkyard_common::{exit_config_error, server, service, startup::Startup, tls::ClientAuth};
 use forkyard_gateway::{
     activities::deliver::DeliverLocal,
-    api::{self, GatewayService},
+    api::{self, ApiKeysService, GatewayService},
     config::Args,
     search_attributes, worker, workflows,
 };
-use forkyard_proto::gateway::v1::gateway_server::GatewayServer;
+use forkyard_proto::gateway::v1::{api_keys_server::ApiKeysServer, gateway_server::GatewayServer};
 use tonic::server::NamedService;
 
 #[tokio::main]
@@ -27,7 +27,7 @@ async fn main() -> anyhow::Result<()> {
     args.check().unwrap_or_else(|e| exit_config_error(e));
     let listener = startup.bind(listen, Some(&args.metrics)).await;
     // Only the key file lives there (and only with api keys): created when it is opened.
-    let (gate, tenancy) = args
+    let (gate, tenancy, keys) = args
         .security
         .build(&args.state.state_dir, &args.ledger_addr)
         .await
@@ -41,7 +41,12 @@ async fn main() -> anyhow::Result<()> {
     let (routes, health) =
         server::base_routes(<GatewayServer<GatewayService> as NamedService>::NAME)?;
     // The gate wraps the API only: health and reflection stay open for probes.
-    let routes = routes.add_service(tower::Layer::layer(&gate, GatewayServer::new(api)));
+    let routes = routes
+        .add_service(tower::Layer::layer(&gate, GatewayServer::new(api)))
+        .add_service(tower::Layer::layer(
+            &gate,
+            ApiKeysServer::new(ApiKeysService::new(keys)),
+        ));
     let options = worker::options(
         links.ledger,
         links.sandboxes,

@@ -1,4 +1,7 @@
-//! The gateway's API key store (also used by `forkyard keys`). API keys: `fyk_<id>_<secret>`, stored as the SHA-256 of the whole key in a SQLite file.
+//! The gateway's API key store (also used by `forkyard keys`). API keys: `fyk_<id>_<secret>`, stored as the SHA-256 of the whole key, in a SQLite file
+//! (one gateway, the local stack) or PostgreSQL (replicas share it: the ledger's
+//! database in production). Every call's key is looked up in the store, not cached, so a
+//! revocation on one replica holds on all of them from their next call.
 //!
 //! The secret is 256 random bits from the OS, so a fast hash is enough: nothing short of
 //! guessing 2^256 values finds a key from its hash (slow password hashes exist for
@@ -8,13 +11,9 @@
 #![forbid(unsafe_code)]
 
 use sha2::{Digest, Sha256};
-use sqlx::{
-    Row,
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions},
-};
+use sqlx::{AnyPool, Executor, Row, any::AnyPoolOptions};
 use std::{
     path::Path,
-    str::FromStr,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -64,7 +63,7 @@ pub struct NewKey {
 
 #[derive(Clone, Debug)]
 pub struct KeyStore {
-    pool: SqlitePool,
+    pool: AnyPool,
 }
 
 /// `[a-z0-9][a-z0-9-]{0,62}`: safe in queries, account ids and run ids.
@@ -116,7 +115,7 @@ fn key_id(key: &str) -> Option<&str> {
     (hexy(id, ID_BYTES) && hexy(secret, SECRET_BYTES)).then_some(id)
 }
 
-fn info(row: &sqlx::sqlite::SqliteRow) -> Result<KeyInfo, sqlx::Error> {
+fn info(row: &sqlx::any::AnyRow) -> Result<KeyInfo, sqlx::Error> {
     Ok(KeyInfo {
         id: row.try_get("id")?,
         tenant: row.try_get("tenant")?,
@@ -155,37 +154,57 @@ fn own_only(path: &Path) -> std::io::Result<()> {
 }
 
 impl KeyStore {
-    /// Open (creating if missing) the key file at `path`.
+    /// Open (creating if missing) the key file at `path` (SQLite).
     pub async fn open(path: &Path) -> Result<Self, KeyError> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                KeyError::Store(sqlx::Error::Configuration(
-                    format!("{}: {e}", dir.display()).into(),
-                ))
-            })?;
-        }
-        own_only(path).map_err(|e| {
+        let config = |e: std::io::Error, at: &Path| {
             KeyError::Store(sqlx::Error::Configuration(
-                format!("{}: {e}", path.display()).into(),
+                format!("{}: {e}", at.display()).into(),
             ))
-        })?;
-        let opts = SqliteConnectOptions::from_str("sqlite:")?
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new()
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| config(e, dir))?;
+        }
+        own_only(path).map_err(|e| config(e, path))?;
+        let path = path
+            .to_str()
+            .ok_or_else(|| KeyError::Invalid(format!("{}: not a UTF-8 path", path.display())))?;
+        Self::connect(&format!("sqlite://{path}?mode=rwc")).await
+    }
+
+    /// Open the store at `url`: `sqlite://<file>` or `postgres://…` (where replicas
+    /// share it), creating its table if missing.
+    pub async fn connect(url: &str) -> Result<Self, KeyError> {
+        sqlx::any::install_default_drivers();
+        let sqlite = url.starts_with("sqlite:");
+        if !sqlite && !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
+            return Err(KeyError::Invalid(
+                "the api key store's url: sqlite://<file> or postgres://…".into(),
+            ));
+        }
+        let opts = AnyPoolOptions::new()
             .max_connections(4)
-            .connect_with(opts)
-            .await?;
+            .acquire_timeout(Duration::from_secs(10));
+        let opts = if sqlite {
+            opts.after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    conn.execute("PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL;")
+                        .await?;
+                    Ok(())
+                })
+            })
+        } else {
+            opts
+        };
+        let pool = opts.connect(url).await?;
+        // BIGINT: PostgreSQL's INTEGER is 32 bits (SQLite's are all 64).
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS api_keys (
                id TEXT PRIMARY KEY,
                tenant TEXT NOT NULL,
                sha256 TEXT NOT NULL,
                name TEXT NOT NULL DEFAULT '',
-               created_unix_ms INTEGER NOT NULL,
-               revoked_unix_ms INTEGER
+               created_unix_ms BIGINT NOT NULL,
+               revoked_unix_ms BIGINT
              )",
         )
         .execute(&pool)
@@ -204,7 +223,7 @@ impl KeyStore {
         let key = format!("{PREFIX}{id}_{}", random_hex(SECRET_BYTES)?);
         let created = now_ms();
         sqlx::query(
-            "INSERT INTO api_keys (id, tenant, sha256, name, created_unix_ms) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO api_keys (id, tenant, sha256, name, created_unix_ms) VALUES ($1, $2, $3, $4, $5)",
         )
         .bind(&id)
         .bind(tenant)
@@ -238,14 +257,14 @@ impl KeyStore {
     /// Revoke by id; revoking a revoked key is a no-op that returns it.
     pub async fn revoke(&self, id: &str) -> Result<KeyInfo, KeyError> {
         sqlx::query(
-            "UPDATE api_keys SET revoked_unix_ms = ? WHERE id = ? AND revoked_unix_ms IS NULL",
+            "UPDATE api_keys SET revoked_unix_ms = $1 WHERE id = $2 AND revoked_unix_ms IS NULL",
         )
         .bind(now_ms())
         .bind(id)
         .execute(&self.pool)
         .await?;
         let row = sqlx::query(
-            "SELECT id, tenant, name, created_unix_ms, revoked_unix_ms FROM api_keys WHERE id = ?",
+            "SELECT id, tenant, name, created_unix_ms, revoked_unix_ms FROM api_keys WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(&self.pool)
@@ -260,7 +279,7 @@ impl KeyStore {
             return Ok(None);
         };
         let row = sqlx::query(
-            "SELECT tenant, sha256 FROM api_keys WHERE id = ? AND revoked_unix_ms IS NULL",
+            "SELECT tenant, sha256 FROM api_keys WHERE id = $1 AND revoked_unix_ms IS NULL",
         )
         .bind(id)
         .fetch_optional(&self.pool)
@@ -327,6 +346,32 @@ mod tests {
             let meta = std::fs::metadata(dir.path().join(name)).unwrap();
             assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{name}");
         }
+    }
+
+    /// Two gateway replicas on one PostgreSQL store (`make test-ledger-postgres` runs
+    /// this with a throwaway server; without FORKYARD_TEST_POSTGRES_URL it has nothing to
+    /// connect to and returns): a key made on one verifies on the other, and its
+    /// revocation on one is refused by the other at its next lookup.
+    #[tokio::test]
+    async fn replicas_sharing_postgresql_see_keys_and_revocations_at_once() {
+        let Ok(url) = std::env::var("FORKYARD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let a = KeyStore::connect(&url).await.unwrap();
+        let b = KeyStore::connect(&url).await.unwrap();
+        let k = a.create("team-pg", "replicated").await.unwrap();
+        assert_eq!(b.verify(&k.key).await.unwrap().as_deref(), Some("team-pg"));
+        assert!(b.list().await.unwrap().iter().any(|i| i.id == k.info.id));
+        let revoked = a.revoke(&k.info.id).await.unwrap();
+        assert!(revoked.revoked_unix_ms > 1_700_000_000_000, "{revoked:?}");
+        assert_eq!(b.verify(&k.key).await.unwrap(), None);
+        assert_eq!(b.revoke(&k.info.id).await.unwrap(), revoked);
+    }
+
+    #[tokio::test]
+    async fn a_store_url_of_another_kind_is_refused() {
+        let e = KeyStore::connect("mysql://x/y").await.unwrap_err();
+        assert!(e.to_string().contains("sqlite://"), "{e}");
     }
 
     #[tokio::test]

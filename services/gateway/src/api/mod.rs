@@ -8,6 +8,7 @@
 mod agent_runner;
 pub mod cleanup;
 mod forks;
+mod keys;
 mod launch;
 mod list;
 mod publish;
@@ -54,6 +55,7 @@ pub struct GatewayService {
 }
 
 pub use agent_runner::AgentRunnerLink;
+pub use keys::ApiKeysService;
 
 impl GatewayService {
     /// Check LLM agent specs with, and fetch transcripts from, this agent runner.

@@ -17,8 +17,12 @@ pub struct SecurityArgs {
     #[arg(long, env = "FORKYARD_AUTH", value_enum, default_value = "api-key")]
     pub auth: AuthMode,
     /// The API key file (SQLite; digests only); default `<state dir>/gateway/api-keys.db`.
-    #[arg(long, env = "FORKYARD_API_KEYS_DB")]
+    #[arg(long, env = "FORKYARD_API_KEYS_DB", conflicts_with = "api_keys_url")]
     pub api_keys_db: Option<PathBuf>,
+    /// The API keys' store as a URL, `postgres://…` where gateway replicas share it (the
+    /// ledger's database serves) or `sqlite://<file>`; instead of `--api-keys-db`.
+    #[arg(long, env = "FORKYARD_API_KEYS_URL", hide_env_values = true)]
+    pub api_keys_url: Option<String>,
     /// Tenants that may manage the cleanup schedule (comma-separated).
     #[arg(long, env = "FORKYARD_ADMIN_TENANTS", value_delimiter = ',')]
     pub admin_tenants: Vec<String>,
@@ -155,13 +159,13 @@ impl SecurityArgs {
         Ok(())
     }
 
-    /// The gate and the tenant policy (tenant accounts in the ledger at `ledger_addr`);
-    /// errors name the setting (exit 64).
+    /// The gate, the tenant policy (tenant accounts in the ledger at `ledger_addr`) and
+    /// the API keys' store (none without api keys); errors name the setting (exit 64).
     pub async fn build(
         &self,
         state_dir: &std::path::Path,
         ledger_addr: &str,
-    ) -> Result<(GateLayer, TenantPolicy), String> {
+    ) -> Result<(GateLayer, TenantPolicy, Option<KeyStore>), String> {
         let limits = self.limits()?;
         let budget = forkyard_proto::Usd::parse(&self.tenant_budget_usd)
             .map(forkyard_proto::Usd::micros)
@@ -183,6 +187,7 @@ impl SecurityArgs {
                 matches!(self.auth, AuthMode::ApiKey),
             )?,
         };
+        let mut keys = None;
         let auth = match self.auth {
             AuthMode::None => {
                 tracing::warn!(
@@ -192,6 +197,7 @@ impl SecurityArgs {
             }
             AuthMode::ApiKey => {
                 let store = self.key_store(state_dir).await?;
+                keys = Some(store.clone());
                 let deadline = self.deadline();
                 let channel = forkyard_common::discovery::balanced(
                     "--ledger-addr (FORKYARD_LEDGER_ADDR)",
@@ -207,7 +213,7 @@ impl SecurityArgs {
                 }
             }
         };
-        Ok((GateLayer::new(auth, Limiter::new(limits)), policy))
+        Ok((GateLayer::new(auth, Limiter::new(limits)), policy, keys))
     }
 
     /// The API keys' store (the admin tenants' names checked first), and a word in the
@@ -217,19 +223,31 @@ impl SecurityArgs {
             check_tenant(t)
                 .map_err(|e| format!("--admin-tenants (FORKYARD_ADMIN_TENANTS): {e}"))?;
         }
-        let path = self
-            .api_keys_db
-            .clone()
-            .unwrap_or_else(|| state_dir.join("gateway").join("api-keys.db"));
-        let store = KeyStore::open(&path).await.map_err(|e| {
-            format!(
-                "--api-keys-db (FORKYARD_API_KEYS_DB) {}: {e}",
-                path.display()
-            )
-        })?;
+        let (store, place) = match &self.api_keys_url {
+            Some(url) => {
+                let store = KeyStore::connect(url).await.map_err(|e| {
+                    // The URL may hold a password: only the store's own words.
+                    format!("--api-keys-url (FORKYARD_API_KEYS_URL): {e}")
+                })?;
+                (store, url.split(':').next().unwrap_or("url").to_owned())
+            }
+            None => {
+                let path = self
+                    .api_keys_db
+                    .clone()
+                    .unwrap_or_else(|| state_dir.join("gateway").join("api-keys.db"));
+                let store = KeyStore::open(&path).await.map_err(|e| {
+                    format!(
+                        "--api-keys-db (FORKYARD_API_KEYS_DB) {}: {e}",
+                        path.display()
+                    )
+                })?;
+                (store, path.display().to_string())
+            }
+        };
         let keys = store.list().await.map_err(|e| e.to_string())?;
         let valid = keys.iter().filter(|k| k.revoked_unix_ms == 0).count();
-        tracing::info!(path = %path.display(), valid_keys = valid, "api key authentication on");
+        tracing::info!(store = %place, valid_keys = valid, "api key authentication on");
         if valid == 0 {
             tracing::warn!(
                 "no valid api keys yet: every call is refused until `forkyard keys create --tenant <name>`"
