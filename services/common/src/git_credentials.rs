@@ -222,7 +222,18 @@ impl GitCredentials {
             apps: InstallationTokens::default(),
         };
         creds.reload()?;
+        // A file not there is said once: here if logging is set up, else at its first
+        // use (the provisioner opens its credentials before its logging starts).
+        if !tracing::dispatcher::has_been_set() {
+            creds.lock().absent = false;
+        }
         Ok(creds)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Loaded> {
+        self.loaded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Read the file again if it changed since; on an error the entries read last stay.
@@ -231,10 +242,7 @@ impl GitCredentials {
         let Some(file) = &self.file else {
             return Ok(());
         };
-        let mut loaded = self
-            .loaded
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut loaded = self.lock();
         let meta = match std::fs::metadata(file) {
             Ok(meta) => meta,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -279,10 +287,7 @@ impl GitCredentials {
         if let Err(e) = self.reload() {
             tracing::warn!(error = %e, "git credentials not reloaded; the last ones read stay");
         }
-        let loaded = self
-            .loaded
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let loaded = self.lock();
         loaded
             .entries
             .iter()
