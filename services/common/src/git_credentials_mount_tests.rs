@@ -62,8 +62,15 @@ fn a_file_not_there_yet_starts_with_none_said_once_and_is_read_when_it_appears()
         }
         creds
     });
-    assert_eq!(log.matches("git credentials file not found").count(), 1, "{log}");
-    assert!(log.contains("WARN") && log.contains("git-credentials.toml"), "{log}");
+    assert_eq!(
+        log.matches("git credentials file not found").count(),
+        1,
+        "{log}"
+    );
+    assert!(
+        log.contains("WARN") && log.contains("git-credentials.toml"),
+        "{log}"
+    );
     // GITHUB_TOKEN serves meanwhile.
     assert_eq!(token(&creds, "t", gh).as_deref(), Some("operator-gh"));
 
@@ -76,7 +83,11 @@ fn a_file_not_there_yet_starts_with_none_said_once_and_is_read_when_it_appears()
         assert_eq!(token(&creds, "t", url), None);
         assert_eq!(token(&creds, "t", url), None);
     });
-    assert_eq!(log.matches("git credentials file not found").count(), 1, "{log}");
+    assert_eq!(
+        log.matches("git credentials file not found").count(),
+        1,
+        "{log}"
+    );
     assert_eq!(token(&creds, "t", gh).as_deref(), Some("operator-gh"));
 }
 
@@ -120,8 +131,7 @@ fn a_secret_volumes_update_is_read_without_a_restart() {
         "..2025_01_01_00_00_00.1",
         &[("git-credentials.toml", &file), ("team-t", "first\n")],
     );
-    let creds =
-        GitCredentials::open(Some(dir.path().join("git-credentials.toml")), None).unwrap();
+    let creds = GitCredentials::open(Some(dir.path().join("git-credentials.toml")), None).unwrap();
     let url = "https://h.example/x.git";
     assert_eq!(token(&creds, "t", url).as_deref(), Some("first"));
     // A rotated token: the token file read at its next use.
@@ -132,7 +142,10 @@ fn a_secret_volumes_update_is_read_without_a_restart() {
     );
     assert_eq!(token(&creds, "t", url).as_deref(), Some("rotated"));
     // A new tenant: the file read again.
-    let more = format!("{file}{}", entry("new-tenant").replace("[\"t\"]", "[\"u\"]"));
+    let more = format!(
+        "{file}{}",
+        entry("new-tenant").replace("[\"t\"]", "[\"u\"]")
+    );
     kubelet_publish(
         dir.path(),
         "..2025_01_01_00_00_00.3",
