@@ -19,6 +19,9 @@
   ships), the agent-runner's on CPU;
 - k8s/monitoring: the ServiceMonitor covers both namespaces, every alert has a
   `runbook_url` whose page exists in k8s/runbooks/ and a promtool unit test;
+- the git credentials (`GITHUB_TOKEN`, the credentials file's Secret or directory) reach
+  the gateway and the provisioner only, as a whole directory mounted read-only
+  (deploy/check_git_credentials.py);
 - every setting a service *requires* is wired in both the Compose file and every
   overlay. A setting is required when the binary's `--help` lists it without a default
   in its usage line (clap's required flags), or when the service's image sets its
@@ -720,6 +723,35 @@ def make_hpa_check(overlay: str):
         assert any(m["resource"]["name"] == "cpu" for m in ar["spec"]["metrics"]), ar["spec"]["metrics"]
     autoscalers_use_resource_metrics.__name__ = f"k8s_{overlay}_autoscalers_use_resource_metrics"
     return autoscalers_use_resource_metrics
+
+
+@check
+def git_credentials_reach_the_gateway_and_provisioner_only():
+    import check_git_credentials as gc
+    config = compose_config()
+    overlays = {o: kustomize(ROOT / "k8s" / "overlays" / o) for o in OVERLAYS}
+    problems = gc.compose_problems(config)
+    for o, docs in overlays.items():
+        problems += [f"{o}: {p}" for p in gc.k8s_problems(docs)]
+    assert not problems, "\n  ".join(problems)
+    # It can tell: the Secret on the runner too, the gateway's by subPath, the
+    # provisioner's gone; the file bound into Compose's janitor.
+    docs = copy.deepcopy(overlays["dev"])
+    gw = find(docs, "Deployment", "gateway")["spec"]["template"]["spec"]
+    runner = find(docs, "Deployment", "agent-runner")["spec"]["template"]["spec"]
+    runner["volumes"].append(next(v for v in gw["volumes"] if v["name"] == "git-credentials"))
+    runner["containers"][0].setdefault("volumeMounts", []).append(
+        {"name": "git-credentials", "mountPath": gc.MOUNT, "readOnly": True})
+    next(m for m in gw["containers"][0]["volumeMounts"] if m["name"] == "git-credentials")["subPath"] = "x"
+    docs = [d for d in docs if not (d["kind"] == "Deployment" and d["metadata"]["name"] == "sandbox-provisioner")]
+    broken = gc.k8s_problems(docs)
+    assert "agent-runner/agent-runner: holds git credentials: ['mount git-credentials']" in broken, broken
+    assert "gateway: the credentials are mounted with a subPath (never updated)" in broken, broken
+    assert "sandbox-provisioner: no Deployment holds the credentials" in broken, broken
+    config = copy.deepcopy(config)
+    config["services"]["janitor"]["environment"][gc.SETTING] = gc.FILE
+    broken = gc.compose_problems(config)
+    assert broken == [f"compose janitor: holds git credentials: ['{gc.SETTING}']"], broken
 
 
 for _o in OVERLAYS:

@@ -31,11 +31,21 @@ if [ -z "${FORKYARD_TOOLCHAINS+set}" ] && sysroot=$(rustc --print sysroot 2>/dev
   export FORKYARD_TOOLCHAINS="rust=$sysroot"
 fi
 
+# Model API keys (and the model endpoints) go to the agent runner alone (its LLM gateway
+# injects them); every other service starts without them.
+# Git credentials (a GitHub token, the credentials file) to the gateway and the
+# provisioners alone: they check, clone and push; nothing else needs them.
+MODEL_KEYS=(ANTHROPIC_API_KEY OPENAI_API_KEY ANTHROPIC_BASE_URL OPENAI_BASE_URL)
+GIT_KEYS=(GITHUB_TOKEN FORKYARD_GIT_CREDENTIALS)
+
 if ! alive temporal; then
   echo "starting temporal dev server on $TEMPORAL_ADDRESS (ui http://127.0.0.1:$TEMPORAL_UI_PORT)"
+  # Neither kind of key: Temporal needs none, and its process would show them in /proc.
+  no_keys=()
+  for k in "${MODEL_KEYS[@]}" "${GIT_KEYS[@]}"; do no_keys+=(-u "$k"); done
   # WAL with NORMAL sync: survives a crash of the server process (not of the machine) and
   # takes a third of the CPU of SQLite's default journal (bench-fanout).
-  nohup temporal server start-dev --ip 127.0.0.1 --port "$TEMPORAL_PORT" --ui-port "$TEMPORAL_UI_PORT" \
+  nohup env "${no_keys[@]}" temporal server start-dev --ip 127.0.0.1 --port "$TEMPORAL_PORT" --ui-port "$TEMPORAL_UI_PORT" \
     --db-filename "$STATE_DIR/temporal.db" --sqlite-pragma journal_mode=wal --sqlite-pragma synchronous=normal \
     --log-level warn >"$LOG_DIR/temporal.log" 2>&1 &
   echo $! >"$PID_DIR/temporal.pid"
@@ -46,12 +56,6 @@ for i in $(seq 1 120); do
   sleep 0.5
 done
 
-# Model API keys (and the model endpoints) go to the agent runner alone (its LLM gateway
-# injects them); every other service starts without them.
-# Git credentials (a GitHub token, the credentials file) to the gateway and the
-# provisioners alone: they check, clone and push; nothing else needs them.
-MODEL_KEYS=(ANTHROPIC_API_KEY OPENAI_API_KEY ANTHROPIC_BASE_URL OPENAI_BASE_URL)
-GIT_KEYS=(GITHUB_TOKEN FORKYARD_GIT_CREDENTIALS)
 for s in "${SERVICES[@]}"; do
   unset_keys=()
   if [ "$s" != agent-runner ]; then

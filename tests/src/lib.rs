@@ -8,6 +8,7 @@
 pub mod fixture;
 pub mod git_server;
 pub mod leaks;
+pub mod local_stack;
 pub mod mesh;
 pub mod otlp;
 pub mod push_gate;

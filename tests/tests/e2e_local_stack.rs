@@ -11,55 +11,14 @@ use forkyard_proto::{
     gateway::v1::{LaunchRunRequest, RunState, gateway_client::GatewayClient},
 };
 use forkyard_tests::{
-    mesh::bin_dir,
+    local_stack::{Down, assert_ports_closed, assert_ports_free, environ, pid, script},
     repo,
     scripted_model::{Script, ScriptedModel},
     support::run_to_end,
 };
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{path::Path, time::Duration};
 
-const PORTS: [u16; 6] = [7233, 50051, 50052, 50053, 50054, 50055];
 const KEY: &str = "sk-ant-api03-local-stack-test-key";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// `scripts/<script>` against the state directory `state`, with `env`; its output.
-fn script(script: &str, state: &Path, env: &[(&str, &str)]) -> String {
-    let out = Command::new(root().join("scripts").join(script))
-        .env("FORKYARD_STATE_DIR", state)
-        .env("FORKYARD_BIN_DIR", bin_dir())
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("ANTHROPIC_BASE_URL")
-        .envs(env.iter().copied())
-        .output()
-        .expect("run the script");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{script}: {}: {text}", out.status);
-    text
-}
-
-fn pid(state: &Path, service: &str) -> u32 {
-    let file = state.join("pids").join(format!("{service}.pid"));
-    std::fs::read_to_string(&file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-fn environ(pid: u32) -> String {
-    String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap()).into_owned()
-}
 
 /// The stack's databases (Temporal's, the ledger's, the keys'), logs, pid files and
 /// artifacts are its user's alone: no file of them, and no directory holding them, lets
@@ -106,26 +65,9 @@ fn owner_only(state: &Path) {
     );
 }
 
-/// Stops the stack whatever the test did.
-struct Down<'a>(&'a Path);
-
-impl Drop for Down<'_> {
-    fn drop(&mut self) {
-        let _ = Command::new(root().join("scripts/down.sh"))
-            .env("FORKYARD_STATE_DIR", self.0)
-            .output();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn make_up_again_with_a_model_key_restarts_the_runner_with_it_and_nothing_else() {
-    for port in PORTS {
-        let taken = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-        assert!(
-            !taken,
-            "port {port} is in use (a local stack of your own? make down first)"
-        );
-    }
+    assert_ports_free();
     let state = tempfile::tempdir().unwrap();
     let _down = Down(state.path());
     let model = ScriptedModel::start(Script::edit("echo claude >> notes.txt")).await;
@@ -201,8 +143,5 @@ async fn make_up_again_with_a_model_key_restarts_the_runner_with_it_and_nothing_
 
     let down = script("down.sh", state.path(), &[]);
     assert!(down.contains("stopped agent-runner"), "{down}");
-    for port in PORTS {
-        let taken = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-        assert!(!taken, "port {port} still answers after make down");
-    }
+    assert_ports_closed();
 }

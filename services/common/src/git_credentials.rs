@@ -3,8 +3,10 @@
 //! APIs (pull and merge requests, `crate::forge`): never a sandbox's.
 //!
 //! The operator gives them in one TOML file (`FORKYARD_GIT_CREDENTIALS`), typically a
-//! Kubernetes Secret mounted as a file; it is read again when it changes (its mtime or
-//! size), so a rotated token or a new tenant needs no restart. Secrets themselves may
+//! key of a Kubernetes Secret mounted as a directory (k8s/README.md); it is read again
+//! when it changes (its mtime or size), so a rotated token or a new tenant needs no
+//! restart. A file not there (an optional Secret not created yet) gives no entries until
+//! it appears. Secrets themselves may
 //! live in files of their own (`token_file`, `ssh_key_file`, `app_key_file`), read at
 //! each use:
 //!
@@ -146,6 +148,27 @@ struct FileShape {
 struct Loaded {
     stamp: Option<(SystemTime, u64)>,
     entries: Vec<Entry>,
+    /// The file was not there when last looked for (said once, not at every use).
+    absent: bool,
+}
+
+impl Loaded {
+    /// No file: no entries from it. An optional Kubernetes Secret that does not exist
+    /// yet mounts an empty directory, so a missing file is a state the mesh starts and
+    /// runs in (told once), not an error: the file is read when it appears.
+    fn absent(&mut self, file: &Path) {
+        if !self.absent {
+            tracing::warn!(
+                file = %file.display(),
+                "git credentials file not found: none from it until it appears"
+            );
+        }
+        *self = Loaded {
+            stamp: None,
+            entries: Vec::new(),
+            absent: true,
+        };
+    }
 }
 
 /// The mesh's git credentials: the operator's file (read again when it changes) and
@@ -180,7 +203,8 @@ impl GitCredentials {
     }
 
     /// From `file` (the setting's value; `None`: no file) and `github_token`. The file is
-    /// read now: a file that cannot be read or parsed is a configuration error.
+    /// read now: a file that cannot be read or parsed is a configuration error; one that
+    /// is not there yet gives no entries until it appears.
     pub fn open(file: Option<PathBuf>, github_token: Option<String>) -> Result<Self, String> {
         let github_token = github_token
             .map(|t| t.trim().to_owned())
@@ -198,24 +222,39 @@ impl GitCredentials {
             apps: InstallationTokens::default(),
         };
         creds.reload()?;
+        // A file not there is said once: here if logging is set up, else at its first
+        // use (the provisioner opens its credentials before its logging starts).
+        if !tracing::dispatcher::has_been_set() {
+            creds.lock().absent = false;
+        }
         Ok(creds)
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Loaded> {
+        self.loaded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Read the file again if it changed since; on an error the entries read last stay.
+    /// A file that is gone leaves none: deleting it revokes what it held.
     fn reload(&self) -> Result<(), String> {
         let Some(file) = &self.file else {
             return Ok(());
         };
-        let meta =
-            std::fs::metadata(file).map_err(|e| format!("{SETTING} {}: {e}", file.display()))?;
+        let mut loaded = self.lock();
+        let meta = match std::fs::metadata(file) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                loaded.absent(file);
+                return Ok(());
+            }
+            Err(e) => return Err(format!("{SETTING} {}: {e}", file.display())),
+        };
         let stamp = (
             meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
             meta.len(),
         );
-        let mut loaded = self
-            .loaded
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if loaded.stamp == Some(stamp) {
             return Ok(());
         }
@@ -230,6 +269,7 @@ impl GitCredentials {
         *loaded = Loaded {
             stamp: Some(stamp),
             entries: shape.credential,
+            absent: false,
         };
         tracing::info!(file = %file.display(), credentials = loaded.entries.len(), "git credentials loaded");
         Ok(())
@@ -247,10 +287,7 @@ impl GitCredentials {
         if let Err(e) = self.reload() {
             tracing::warn!(error = %e, "git credentials not reloaded; the last ones read stay");
         }
-        let loaded = self
-            .loaded
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let loaded = self.lock();
         loaded
             .entries
             .iter()
@@ -336,6 +373,10 @@ impl GitCredentials {
 #[cfg(test)]
 #[path = "git_credentials_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "git_credentials_mount_tests.rs"]
+mod mount_tests;
 
 /// Whether git's answer (its stderr) says the host wants credentials or
 /// refused the ones given: HTTP 401/403, a prompt it could not show, an SSH key refused.

@@ -34,7 +34,11 @@ const NOT_HERE: &[(&str, &str)] = &[
     ),
     (
         "https://git.internal/",
-        "no git.internal here: e2e_private_repos runs the same credentials file",
+        "no git.internal here, and this test's mesh is no `make up`: e2e_local_stack_git runs \
+         the README's printf, `FORKYARD_GIT_CREDENTIALS=… make up` and this fork from the \
+         README's text against a local git http-backend, all but `--pr each` (its GitLab \
+         API would be https://<host>/api/v4, which no local server answers); e2e_delivery \
+         opens merge requests on a fake GitLab",
     ),
     (
         "publish",
