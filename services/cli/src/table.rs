@@ -86,8 +86,8 @@ pub fn run(run: &Run) -> String {
         .is_some_and(|s| !s.verify_command.is_empty());
     let _ = writeln!(
         out,
-        "{:<5} {:<16} {:>9} {:>10}  {:<22} {:<9} BRANCH / ERROR",
-        "FORK", "STATUS", "DURATION", "COST", "DIFFSTAT", "VERIFY"
+        "{:<5} {:<16} {:<7} {:>9} {:>10}  {:<22} {:<9} BRANCH / ERROR",
+        "FORK", "STATUS", "BACKEND", "DURATION", "COST", "DIFFSTAT", "VERIFY"
     );
     for f in &run.forks {
         let duration = if f.finished_unix_ms > 0 {
@@ -103,9 +103,10 @@ pub fn run(run: &Run) -> String {
         let mark = if run.winner == f.fork { "*" } else { " " };
         let _ = writeln!(
             out,
-            "{:<4}{mark} {:<16} {:>9} {:>10}  {:<22} {:<9} {}",
+            "{:<4}{mark} {:<16} {:<7} {:>9} {:>10}  {:<22} {:<9} {}",
             f.fork,
             fork_status(f.status),
+            if f.backend.is_empty() { "-" } else { &f.backend },
             secs(duration),
             usd(f.cost_micros),
             diffstat(f),
@@ -144,9 +145,10 @@ pub fn fork(f: &ForkResult) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "fork {}  {}  branch {}  base {}",
+        "fork {}  {}  backend {}  branch {}  base {}",
         f.fork,
         fork_status(f.status),
+        if f.backend.is_empty() { "-" } else { &f.backend },
         f.branch,
         f.base_commit
     );

@@ -7,7 +7,7 @@ use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
     DestroySandboxResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,
     ForkSandboxResponse, GetSandboxRequest, HealthCheckRequest, HealthCheckResponse,
-    HydrateWorkspaceRequest, ListSandboxesRequest, ListSandboxesResponse, PersistWorkspaceRequest,
+    HydrateWorkspaceRequest, ListBackendsRequest, ListBackendsResponse, ListSandboxesRequest, ListSandboxesResponse, PersistWorkspaceRequest,
     PersistWorkspaceResponse, PtyEvent, ReadFileRequest, ReadFileResponse, ResizePtyRequest,
     ResizePtyResponse, Sandbox, StartPtyRequest, StartSandboxRequest, StopSandboxRequest,
     WriteFileRequest, WriteFileResponse, WritePtyRequest, WritePtyResponse,
@@ -53,6 +53,15 @@ impl SandboxProvisioner for SandboxService {
     ) -> Result<Response<Sandbox>, Status> {
         let id = req.into_inner().sandbox_id;
         Ok(Response::new(self.core.for_id(&id).get(&id).await?))
+    }
+
+    async fn list_backends(
+        &self,
+        _req: Request<ListBackendsRequest>,
+    ) -> Result<Response<ListBackendsResponse>, Status> {
+        Ok(Response::new(ListBackendsResponse {
+            backends: self.core.offered(),
+        }))
     }
 
     async fn list_sandboxes(

@@ -65,6 +65,12 @@ impl GatewayService {
     ) -> Result<(), GatewayError> {
         spec.repo = self.tenancy.repos.check(&spec.repo)?;
         spec.egress = self.tenancy.egress.check(&tenant.name, egress)?;
+        spec.backend = self
+            .tenancy
+            .backends
+            .resolve(&tenant.name, &spec.backend)
+            .await?;
+        check_on_backend(spec)?;
         let reader = crate::repo_check::Reader {
             tenant: &tenant.name,
             credentials: &self.tenancy.repos.credentials,
@@ -162,6 +168,28 @@ async fn check_delivery_access(
                 )));
             }
         }
+    }
+    Ok(())
+}
+
+/// What the e2b backend cannot give a run, refused at launch naming the field (the
+/// provisioner would refuse each fork's create): an egress allowlist (E2B's own network
+/// rules are not mapped yet) and an isolation level (E2B's sandboxes are its microVMs).
+fn check_on_backend(spec: &RunSpec) -> Result<(), GatewayError> {
+    if spec.backend != "e2b" {
+        return Ok(());
+    }
+    if !spec.egress.is_empty() {
+        return Err(GatewayError::field(
+            "egress",
+            "not supported on the e2b backend yet",
+        ));
+    }
+    if !spec.isolation.is_empty() {
+        return Err(GatewayError::field(
+            "isolation",
+            "applies to the local backend only (an e2b sandbox is E2B's own microVM)",
+        ));
     }
     Ok(())
 }
