@@ -17,7 +17,9 @@ use forkyard_proto::{
     sandbox::v1::{CreateSandboxRequest, sandbox_provisioner_client::SandboxProvisionerClient},
 };
 use forkyard_tests::{
-    Mesh, MeshOptions, repo,
+    Mesh,
+    mesh::MeshOptions,
+    repo,
     scripted_model::{Script, ScriptedModel},
     support::{Gateway, fork_result, launch, wait_finished},
 };
@@ -92,15 +94,17 @@ async fn assert_forks_ran_on_e2b(gw: &mut Gateway, run: &Run, public_url: &str) 
         assert_eq!(f.backend, "e2b");
         assert!(f.sandbox_id.starts_with("e2b-"), "{}", f.sandbox_id);
         assert!(
-            f.patch
-                .contains(&format!("+fork {} ran on e2b", f.fork)),
+            f.patch.contains(&format!("+fork {} ran on e2b", f.fork)),
             "{}",
             f.patch
         );
         assert!(f.patch.contains(&format!("+{public_url}")), "{}", f.patch);
         assert!(f.patch.contains("msg_scripted_"), "{}", f.patch);
         assert_eq!(f.verify, VerifyStatus::Passed as i32, "{f:#?}");
-        assert!(f.model_cost_micros > 0, "the model call was metered: {f:#?}");
+        assert!(
+            f.model_cost_micros > 0,
+            "the model call was metered: {f:#?}"
+        );
     }
 }
 
@@ -153,8 +157,9 @@ async fn assert_e2b_refused_without_a_key(mesh: &mut Mesh, gw: &mut Gateway, src
     let e = gw.launch_run(on_e2b(src, 1)).await.expect_err("refused");
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(
-        e.message()
-            .starts_with("backend: e2b is not offered by this mesh's provisioners (they offer: local)"),
+        e.message().starts_with(
+            "backend: e2b is not offered by this mesh's provisioners (they offer: local)"
+        ),
         "{}",
         e.message()
     );
@@ -192,8 +197,15 @@ async fn a_run_on_e2b_end_to_end() {
     assert_eq!(run.spec.as_ref().unwrap().backend, "e2b");
     let public_url = format!("http://127.0.0.1:{llm_public}");
     assert_forks_ran_on_e2b(&mut gw, &run, &public_url).await;
-    assert_eq!(e2b.fake.templates.lock().unwrap().len(), 2, "two creates on E2B");
-    assert!(e2b.fake.sandboxes.lock().unwrap().is_empty(), "every sandbox destroyed");
+    assert_eq!(
+        e2b.fake.templates.lock().unwrap().len(),
+        2,
+        "two creates on E2B"
+    );
+    assert!(
+        e2b.fake.sandboxes.lock().unwrap().is_empty(),
+        "every sandbox destroyed"
+    );
     assert_eq!(model.model_calls().len(), 2);
     assert!(
         e2b.fake.keys_seen.lock().unwrap().iter().all(|k| k == KEY),

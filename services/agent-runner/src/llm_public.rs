@@ -80,11 +80,19 @@ mod tests {
     #[tokio::test]
     async fn both_settings_or_neither_each_error_naming_the_other() {
         assert!(args("", None).bind().await.unwrap().is_none());
-        let e = args("", Some("https://llm.example.com")).bind().await.err().unwrap();
+        let e = args("", Some("https://llm.example.com"))
+            .bind()
+            .await
+            .err()
+            .unwrap();
         assert!(e.contains("FORKYARD_LLM_PUBLIC_LISTEN"), "{e}");
         let e = args("127.0.0.1:0", None).bind().await.err().unwrap();
         assert!(e.contains("FORKYARD_PUBLIC_LLM_GATEWAY_URL"), "{e}");
-        let e = args("127.0.0.1:0", Some("ftp://x")).bind().await.err().unwrap();
+        let e = args("127.0.0.1:0", Some("ftp://x"))
+            .bind()
+            .await
+            .err()
+            .unwrap();
         assert!(e.contains("not an http(s) URL"), "{e}");
         let p = args("127.0.0.1:0", Some("https://llm.example.com/"))
             .bind()

@@ -106,7 +106,11 @@ pub fn run(run: &Run) -> String {
             "{:<4}{mark} {:<16} {:<7} {:>9} {:>10}  {:<22} {:<9} {}",
             f.fork,
             fork_status(f.status),
-            if f.backend.is_empty() { "-" } else { &f.backend },
+            if f.backend.is_empty() {
+                "-"
+            } else {
+                &f.backend
+            },
             secs(duration),
             usd(f.cost_micros),
             diffstat(f),
@@ -148,7 +152,11 @@ pub fn fork(f: &ForkResult) -> String {
         "fork {}  {}  backend {}  branch {}  base {}",
         f.fork,
         fork_status(f.status),
-        if f.backend.is_empty() { "-" } else { &f.backend },
+        if f.backend.is_empty() {
+            "-"
+        } else {
+            &f.backend
+        },
         f.branch,
         f.base_commit
     );
@@ -243,5 +251,39 @@ pub fn event_line(e: &RunEvent) -> String {
         Kind::RunStateChanged => format!("run {}", run_state(e.state)),
         Kind::RunFinished => format!("run finished: {}", run_state(e.state)),
         Kind::Snapshot | Kind::Unspecified => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `forkyard status`: each fork's backend in its own column ("-" before it has a
+    /// sandbox), and on `forkyard result`'s first line.
+    #[test]
+    fn status_shows_each_forks_backend() {
+        let fork = |n: u32, backend: &str| ForkResult {
+            fork: n,
+            status: ForkStatus::Succeeded as i32,
+            backend: backend.into(),
+            branch: format!("forkyard-fork-{n}"),
+            ..Default::default()
+        };
+        let out = run(&Run {
+            run_id: "run-1".into(),
+            forks: vec![fork(1, "e2b"), fork(2, "local"), fork(3, "")],
+            ..Default::default()
+        });
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[1].contains(" BACKEND "), "{out}");
+        let column = lines[1].find("BACKEND").unwrap();
+        for (line, want) in lines[2..5].iter().zip(["e2b", "local", "-"]) {
+            assert_eq!(
+                line[column..].split_whitespace().next(),
+                Some(want),
+                "{out}"
+            );
+        }
+        assert!(super::fork(&fork(1, "e2b")).starts_with("fork 1  succeeded  backend e2b "));
     }
 }

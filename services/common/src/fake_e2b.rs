@@ -47,6 +47,9 @@ pub struct Fake {
     pub ptys: Mutex<HashMap<u32, std::fs::File>>,
     /// The template each sandbox was created from.
     pub templates: Mutex<HashMap<String, String>>,
+    /// When each sandbox was created (RFC 3339, as E2B's `startedAt`): its cost per
+    /// second of life is counted from it.
+    pub started: Mutex<HashMap<String, String>>,
 }
 
 pub struct Server {
@@ -66,24 +69,12 @@ pub async fn start(key: &str) -> Server {
         .route("/sandboxes", post(create).get(list))
         .route("/sandboxes/{id}", get(get_one).delete(kill))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
-        .route(
-            "/sandboxes/{id}/pause",
-            post(session::pause),
-        )
-        .route(
-            "/sandboxes/{id}/resume",
-            post(session::resume),
-        )
+        .route("/sandboxes/{id}/pause", post(session::pause))
+        .route("/sandboxes/{id}/resume", post(session::resume))
         .route("/process.Process/Start", post(start_process))
         .route("/process.Process/SendSignal", post(send_signal))
-        .route(
-            "/process.Process/SendInput",
-            post(session::send_input),
-        )
-        .route(
-            "/process.Process/Update",
-            post(session::update),
-        )
+        .route("/process.Process/SendInput", post(session::send_input))
+        .route("/process.Process/Update", post(session::update))
         .route("/files", get(read_file).post(write_file))
         .route("/health", get(|| async { StatusCode::NO_CONTENT }))
         .with_state(fake.clone());
@@ -155,9 +146,24 @@ fn describe(f: &Fake, id: &str, md: &HashMap<String, String>) -> Value {
         .get(id)
         .cloned()
         .unwrap_or_default();
+    let started = f
+        .started
+        .lock()
+        .unwrap()
+        .get(id)
+        .cloned()
+        .unwrap_or_default();
     json!({"templateID": template, "sandboxID": id, "clientID": "fake", "alias": null,
-           "startedAt": "2026-01-01T00:00:00Z", "endAt": "2026-01-01T01:00:00Z",
+           "startedAt": started, "endAt": started,
            "cpuCount": 2, "memoryMB": 512, "metadata": md, "state": state})
+}
+
+/// Now, as E2B writes its times.
+fn now_rfc3339() -> String {
+    let ms = crate::clock::now_ms();
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
 }
 
 async fn create(State(f): State<Arc<Fake>>, h: HeaderMap, Json(body): Json<Value>) -> Response {
@@ -172,6 +178,7 @@ async fn create(State(f): State<Arc<Fake>>, h: HeaderMap, Json(body): Json<Value
     let md: HashMap<String, String> =
         serde_json::from_value(body["metadata"].clone()).unwrap_or_default();
     f.sandboxes.lock().unwrap().insert(id.clone(), md);
+    f.started.lock().unwrap().insert(id.clone(), now_rfc3339());
     if let Some(t) = body["templateID"].as_str() {
         f.templates.lock().unwrap().insert(id.clone(), t.to_owned());
     }

@@ -145,14 +145,19 @@ impl BackendPolicy {
         let Some(o) = &self.offered else {
             return Ok(vec![self.default.clone()]);
         };
-        let last = o.last.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let last = o
+            .last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         if let Some((at, names)) = &last
             && at.elapsed() < FRESH
         {
             return Ok(names.clone());
         }
         let mut client = o.sandboxes.creates();
-        let asked = tokio::time::timeout(ASK_DEADLINE, client.list_backends(ListBackendsRequest {}));
+        let asked =
+            tokio::time::timeout(ASK_DEADLINE, client.list_backends(ListBackendsRequest {}));
         match asked.await {
             Ok(Ok(answer)) => {
                 let names = answer.into_inner().backends;
@@ -192,7 +197,10 @@ mod tests {
         assert_eq!(p.resolve("team-b", "").await.unwrap(), "local");
         let (c, m) = code(p.resolve("team-b", "e2b").await);
         assert_eq!(c, Code::PermissionDenied);
-        assert!(m.starts_with("backend: e2b is outside tenant team-b's"), "{m}");
+        assert!(
+            m.starts_with("backend: e2b is outside tenant team-b's"),
+            "{m}"
+        );
         // Allowed, but nobody asked the provisioners: only the default is offered.
         let (c, m) = code(p.resolve("team-a", "e2b").await);
         assert_eq!(c, Code::InvalidArgument);
@@ -202,9 +210,15 @@ mod tests {
     #[test]
     fn settings_name_what_is_wrong() {
         let e = BackendPolicy::from_settings("k8s", None).unwrap_err();
-        assert!(e.contains("FORKYARD_DEFAULT_BACKEND") && e.contains("k8s"), "{e}");
+        assert!(
+            e.contains("FORKYARD_DEFAULT_BACKEND") && e.contains("k8s"),
+            "{e}"
+        );
         let e = BackendPolicy::from_settings("local", Some("a=local,kata")).unwrap_err();
-        assert!(e.contains("FORKYARD_TENANT_BACKENDS") && e.contains("kata"), "{e}");
+        assert!(
+            e.contains("FORKYARD_TENANT_BACKENDS") && e.contains("kata"),
+            "{e}"
+        );
         let p = BackendPolicy::from_settings(" e2b ", None).unwrap();
         assert_eq!(p.default_backend(), "e2b");
     }

@@ -7,10 +7,11 @@ use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
     DestroySandboxResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,
     ForkSandboxResponse, GetSandboxRequest, HealthCheckRequest, HealthCheckResponse,
-    HydrateWorkspaceRequest, ListBackendsRequest, ListBackendsResponse, ListSandboxesRequest, ListSandboxesResponse, PersistWorkspaceRequest,
-    PersistWorkspaceResponse, PtyEvent, ReadFileRequest, ReadFileResponse, ResizePtyRequest,
-    ResizePtyResponse, Sandbox, StartPtyRequest, StartSandboxRequest, StopSandboxRequest,
-    WriteFileRequest, WriteFileResponse, WritePtyRequest, WritePtyResponse,
+    HydrateWorkspaceRequest, ListBackendsRequest, ListBackendsResponse, ListSandboxesRequest,
+    ListSandboxesResponse, PersistWorkspaceRequest, PersistWorkspaceResponse, PtyEvent,
+    ReadFileRequest, ReadFileResponse, ResizePtyRequest, ResizePtyResponse, Sandbox,
+    StartPtyRequest, StartSandboxRequest, StopSandboxRequest, WriteFileRequest, WriteFileResponse,
+    WritePtyRequest, WritePtyResponse,
     sandbox_provisioner_server::{SandboxProvisioner, SandboxProvisionerServer},
 };
 use futures::StreamExt;

@@ -99,7 +99,11 @@ async fn e2b_is_offered_only_with_a_key_and_its_sandboxes_are_listed_by_labels()
     );
     assert!(listed(&svc, &[(labels::RUN_ID, "run-b")]).await.is_empty());
     // A replica without the key lists no E2B sandbox (it could not destroy one).
-    assert!(listed(&without, &[(labels::RUN_ID, "run-a")]).await.is_empty());
+    assert!(
+        listed(&without, &[(labels::RUN_ID, "run-a")])
+            .await
+            .is_empty()
+    );
     for id in [on_e2b.id, on_local.id] {
         svc.destroy_sandbox(Request::new(DestroySandboxRequest {
             sandbox_id: id,

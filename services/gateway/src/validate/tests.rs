@@ -144,7 +144,10 @@ fn the_isolation_is_a_known_level_or_empty_and_reaches_the_spec() {
 /// else is refused naming `backend`, whatever the provisioners offer.
 #[test]
 fn the_backend_is_a_known_one_or_empty_and_reaches_the_spec() {
-    assert_eq!(launch_spec(&ok_req(), &Limits::default()).unwrap().backend, "");
+    assert_eq!(
+        launch_spec(&ok_req(), &Limits::default()).unwrap().backend,
+        ""
+    );
     for name in ["local", "e2b", " e2b "] {
         let req = LaunchRunRequest {
             backend: name.into(),
