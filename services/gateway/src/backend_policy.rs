@@ -45,11 +45,14 @@ impl Default for BackendPolicy {
     }
 }
 
+/// When the provisioners answered, and what they offer.
+type Answer = (Instant, Vec<String>);
+
 /// The provisioners' answer, asked again once older than [`FRESH`].
 #[derive(Clone)]
 struct Offered {
     sandboxes: SandboxLocal,
-    last: Arc<Mutex<Option<(Instant, Vec<String>)>>>,
+    last: Arc<Mutex<Option<Answer>>>,
 }
 
 impl std::fmt::Debug for Offered {

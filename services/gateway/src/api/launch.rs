@@ -225,3 +225,27 @@ fn start_options(tenant: &Tenant, run_id: &str, spec: &RunSpec) -> WorkflowStart
         ]))
         .build()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What E2B cannot give is refused at launch naming the field; local takes both.
+    #[test]
+    fn egress_and_isolation_are_refused_on_e2b_naming_the_field() {
+        let spec = |backend: &str, egress: &[&str], isolation: &str| RunSpec {
+            backend: backend.into(),
+            egress: egress.iter().map(|e| (*e).to_owned()).collect(),
+            isolation: isolation.into(),
+            ..Default::default()
+        };
+        let field = |s: RunSpec| match check_on_backend(&s) {
+            Err(GatewayError::InvalidArgument(m)) => m.split(':').next().unwrap().to_owned(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(field(spec("e2b", &["pypi.org"], "")), "egress");
+        assert_eq!(field(spec("e2b", &[], "gvisor")), "isolation");
+        assert!(check_on_backend(&spec("e2b", &[], "")).is_ok());
+        assert!(check_on_backend(&spec("local", &["pypi.org"], "gvisor")).is_ok());
+    }
+}

@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 // The fake E2B lives in forkyard-common (test-support): the end-to-end tests use it too.
+// (Not every test binary that includes this module uses it.)
+#[allow(unused_imports)]
 pub use forkyard_common::fake_e2b;
 pub mod registry;
 pub mod test_image;
