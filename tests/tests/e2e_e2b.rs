@@ -108,6 +108,20 @@ async fn assert_forks_ran_on_e2b(gw: &mut Gateway, run: &Run, public_url: &str) 
     }
 }
 
+/// `forkyard status`: each fork's backend in its column.
+fn assert_status_shows_e2b(mesh: &Mesh, run_id: &str) {
+    let out = std::process::Command::new(forkyard_tests::mesh::bin_dir().join("forkyard"))
+        .args(["--gateway", &mesh.endpoint("gateway"), "status", run_id])
+        .output()
+        .expect("forkyard runs");
+    let out = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    let column = lines[1].find("BACKEND").unwrap_or_else(|| panic!("{out}"));
+    for fork in &lines[2..4] {
+        assert_eq!(fork.get(column..column + 3), Some("e2b"), "{out}");
+    }
+}
+
 /// A sandbox on E2B whose run never existed: the janitor lists it through the
 /// provisioner (E2B's list, by our metadata) and destroys it there.
 async fn assert_the_janitor_reaps_an_e2b_orphan(mesh: &Mesh, src: &Path, fake: &fake_e2b::Fake) {
@@ -197,6 +211,7 @@ async fn a_run_on_e2b_end_to_end() {
     assert_eq!(run.spec.as_ref().unwrap().backend, "e2b");
     let public_url = format!("http://127.0.0.1:{llm_public}");
     assert_forks_ran_on_e2b(&mut gw, &run, &public_url).await;
+    assert_status_shows_e2b(&mesh, &run_id);
     assert_eq!(
         e2b.fake.templates.lock().unwrap().len(),
         2,
