@@ -25,6 +25,18 @@ pub const SANDBOX_LLM_ADDR: &str = "127.0.0.1:4000";
 /// host's kernel, or gVisor's user-space kernel (`runsc`).
 pub const ISOLATIONS: &[&str] = &["bubblewrap", "gvisor"];
 
+/// The sandbox backends a run can name (`LaunchRunRequest.backend`,
+/// `CreateSandboxRequest.backend`): the provisioners' own hosts, or E2B's cloud. Which
+/// of them a mesh offers, the provisioners say (`ListBackends`).
+pub const BACKENDS: &[&str] = &["local", "e2b"];
+
+/// Whether a sandbox id is one of a backend whose sandboxes run off the mesh's hosts
+/// (E2B's `e2b-…`): no relay of the provisioner reaches into it, so its agent's model
+/// traffic goes to the operator's public LLM gateway URL instead.
+pub fn remote_sandbox(sandbox_id: &str) -> bool {
+    sandbox_id.starts_with("e2b-")
+}
+
 pub mod common {
     pub mod v1 {
         tonic::include_proto!("forkyard.common.v1");

@@ -135,6 +135,7 @@ fn main() {
                     allowed: Allowed::Any,
                     charger: None,
                     ledger_grace: std::time::Duration::from_secs(120),
+                    remote: false,
                 })
             })
             .collect();

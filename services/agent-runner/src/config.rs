@@ -56,6 +56,9 @@ pub struct Args {
     /// (above a model's longest silence before its answer starts).
     #[arg(long, env = "FORKYARD_LLM_IDLE_TIMEOUT_SECS", default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..))]
     pub llm_idle_timeout_secs: u64,
+    /// The gateway's public listener and URL, for sandboxes off the mesh's hosts (E2B).
+    #[command(flatten)]
+    pub public_llm: crate::llm_public::PublicLlmArgs,
     /// The sandbox provisioner used when a sandbox names no owner replica.
     #[arg(
         long,
@@ -116,6 +119,8 @@ struct LlmListener {
     listener: TcpListener,
     listen: String,
     advertise: String,
+    /// The public listener for remote sandboxes, when configured.
+    public: Option<crate::llm_public::PublicLlm>,
 }
 
 impl Args {
@@ -163,6 +168,9 @@ impl Args {
     /// The LLM gateway's port bound; none when `--llm-listen` is empty (the gateway off).
     async fn llm_listener(&self) -> Result<Option<LlmListener>, String> {
         if self.llm_listen.trim().is_empty() {
+            if self.public_llm.bind().await?.is_some() {
+                return Err("--llm-public-listen (FORKYARD_LLM_PUBLIC_LISTEN) needs the LLM gateway (--llm-listen)".into());
+            }
             return Ok(None);
         }
         let setting = "--llm-listen (FORKYARD_LLM_LISTEN)";
@@ -188,6 +196,7 @@ impl Args {
             listener,
             listen: self.llm_listen.clone(),
             advertise,
+            public: self.public_llm.bind().await?,
         }))
     }
 
@@ -224,13 +233,24 @@ impl Config {
 
 /// The LLM gateway to the drivers' upstreams, with their price table, serving on `l`.
 fn serve_llm_gateway(l: LlmListener, drivers: &Drivers) -> Result<Arc<LlmGateway>, String> {
-    let gw = Arc::new(LlmGateway::new(
+    let mut gw = LlmGateway::new(
         drivers.anthropic.clone(),
         drivers.openai.clone(),
         drivers.models.clone(),
         l.advertise,
-    ));
+    );
+    gw.public_url = l.public.as_ref().map(|p| p.url.clone());
+    let gw = Arc::new(gw);
     tracing::info!(listen = %l.listen, advertise = %gw.advertise, "llm gateway serving");
+    if let Some(p) = l.public {
+        tracing::info!(url = %p.url, "llm gateway serving remote sandboxes");
+        tokio::spawn(llm_gateway::serve_public(
+            gw.clone(),
+            p.listener,
+            l.limits,
+            CancellationToken::new(),
+        ));
+    }
     let tls = forkyard_common::tls::mesh()
         .map(|t| {
             t.rustls_server()

@@ -13,6 +13,7 @@ pub mod genai;
 pub mod grpc;
 pub mod llm;
 pub mod llm_gateway;
+pub mod llm_public;
 pub mod models;
 pub mod presets;
 pub mod progress;

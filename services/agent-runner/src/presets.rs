@@ -175,16 +175,24 @@ pub fn allowed(agent: &AgentSpec, model: &str, models: &Models) -> Allowed {
 }
 
 /// The provider variables every command-like driver's command gets with the gateway:
-/// both clients' base URLs at the sandbox's LLM address and the fork's token as both
-/// keys.
-pub fn gateway_env(token: &str) -> HashMap<String, String> {
-    let base = format!("http://{SANDBOX_LLM_ADDR}");
-    HashMap::from([
+/// both clients' base URLs at the gateway (`public_url` for a sandbox off the mesh's
+/// hosts, else the sandbox's own LLM address) and the fork's token as both keys.
+pub fn gateway_env(token: &str, public_url: Option<&str>) -> HashMap<String, String> {
+    let base = public_url.map_or_else(
+        || format!("http://{SANDBOX_LLM_ADDR}"),
+        |u| u.trim_end_matches('/').to_owned(),
+    );
+    let mut vars = HashMap::from([
         ("ANTHROPIC_BASE_URL".to_owned(), base.clone()),
         ("ANTHROPIC_API_KEY".to_owned(), token.to_owned()),
         ("OPENAI_BASE_URL".to_owned(), format!("{base}/v1")),
         ("OPENAI_API_KEY".to_owned(), token.to_owned()),
-    ])
+    ]);
+    // A local sandbox's FORKYARD_LLM_URL is its relay's, set by the provisioner.
+    if public_url.is_some() {
+        vars.insert("FORKYARD_LLM_URL".to_owned(), base);
+    }
+    vars
 }
 
 #[cfg(test)]

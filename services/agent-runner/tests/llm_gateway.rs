@@ -143,6 +143,7 @@ fn mint(
         allowed,
         charger: None,
         ledger_grace: Duration::from_secs(120),
+        remote: false,
     })
 }
 
@@ -281,6 +282,7 @@ async fn each_answer_is_charged_once_and_a_spent_reservation_refuses_the_next_re
         allowed: Allowed::Any,
         charger: Some(charger(f.runner.ledger.clone(), reservation_id, "run-g")),
         ledger_grace: Duration::from_secs(120),
+        remote: false,
     });
     let token = grant.token().to_owned();
     let (status, _) = call(&addr, Some("sbx-a"), &token, &ask("claude-haiku-4-5")).await;
@@ -412,6 +414,7 @@ async fn answers_go_on_through_a_short_ledger_outage_and_stop_after_the_grace() 
         allowed: Allowed::Any,
         charger: Some(charger(ledger, reservation_id, "run-away")),
         ledger_grace: Duration::from_secs(1),
+        remote: false,
     });
     let token = grant.token().to_owned();
     // Within the grace: answered, and counted though not charged.

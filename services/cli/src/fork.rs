@@ -102,6 +102,7 @@ fn launch_request(a: ForkArgs) -> LaunchRunRequest {
         egress: a.egress,
         image: a.image,
         isolation: a.isolation,
+        backend: a.backend,
         fork_timeout_secs: a.timeout,
         verify_command: a.verify.unwrap_or_default(),
         stop_on_first_verified: a.stop_on_first_verified,
@@ -164,6 +165,28 @@ mod tests {
         assert_eq!(parse(&[]).unwrap().isolation, "");
         let e = parse(&["--isolation", "kata"]).err().unwrap().to_string();
         assert!(e.contains("bubblewrap, gvisor"), "{e}");
+    }
+
+    /// `forkyard fork --backend`: local or e2b reach the launch, empty leaves the choice
+    /// to the operator's default, another is refused by the CLI naming the choices.
+    #[test]
+    fn the_backend_flag_reaches_the_launch_request() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            fork: super::ForkArgs,
+        }
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["forkyard", "https://example.com/r.git", "-p", "x"];
+            argv.extend(extra);
+            Cli::try_parse_from(argv).map(|c| super::launch_request(c.fork))
+        };
+        assert_eq!(parse(&["--backend", "e2b"]).unwrap().backend, "e2b");
+        assert_eq!(parse(&["--backend", "local"]).unwrap().backend, "local");
+        assert_eq!(parse(&[]).unwrap().backend, "");
+        let e = parse(&["--backend", "modal"]).err().unwrap().to_string();
+        assert!(e.contains("local, e2b"), "{e}");
     }
 
     #[test]

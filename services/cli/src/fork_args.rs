@@ -57,6 +57,11 @@ pub struct ForkArgs {
     /// Default: the provisioners' (bubblewrap).
     #[arg(long, default_value = "", value_parser = isolation)]
     pub isolation: String,
+    /// Where each fork's sandbox runs: local (the provisioners' hosts) or e2b (E2B's
+    /// cloud, where the provisioners hold an E2B key). Default: the operator's
+    /// (FORKYARD_DEFAULT_BACKEND on the gateway, local unless set).
+    #[arg(long, default_value = "", value_parser = backend)]
+    pub backend: String,
     /// Branch prefix: fork n works on <branch>-fork-<n>.
     #[arg(short, long, default_value = "forkyard")]
     pub branch: String,
@@ -136,5 +141,15 @@ fn isolation(s: &str) -> Result<String, String> {
         Ok(name.to_owned())
     } else {
         Err(format!("one of: {}", forkyard_proto::ISOLATIONS.join(", ")))
+    }
+}
+
+/// `--backend`: empty or one of the backends a sandbox can run on.
+fn backend(s: &str) -> Result<String, String> {
+    let name = s.trim();
+    if name.is_empty() || forkyard_proto::BACKENDS.contains(&name) {
+        Ok(name.to_owned())
+    } else {
+        Err(format!("one of: {}", forkyard_proto::BACKENDS.join(", ")))
     }
 }

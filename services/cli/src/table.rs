@@ -86,8 +86,8 @@ pub fn run(run: &Run) -> String {
         .is_some_and(|s| !s.verify_command.is_empty());
     let _ = writeln!(
         out,
-        "{:<5} {:<16} {:>9} {:>10}  {:<22} {:<9} BRANCH / ERROR",
-        "FORK", "STATUS", "DURATION", "COST", "DIFFSTAT", "VERIFY"
+        "{:<5} {:<16} {:<7} {:>9} {:>10}  {:<22} {:<9} BRANCH / ERROR",
+        "FORK", "STATUS", "BACKEND", "DURATION", "COST", "DIFFSTAT", "VERIFY"
     );
     for f in &run.forks {
         let duration = if f.finished_unix_ms > 0 {
@@ -103,9 +103,14 @@ pub fn run(run: &Run) -> String {
         let mark = if run.winner == f.fork { "*" } else { " " };
         let _ = writeln!(
             out,
-            "{:<4}{mark} {:<16} {:>9} {:>10}  {:<22} {:<9} {}",
+            "{:<4}{mark} {:<16} {:<7} {:>9} {:>10}  {:<22} {:<9} {}",
             f.fork,
             fork_status(f.status),
+            if f.backend.is_empty() {
+                "-"
+            } else {
+                &f.backend
+            },
             secs(duration),
             usd(f.cost_micros),
             diffstat(f),
@@ -144,9 +149,14 @@ pub fn fork(f: &ForkResult) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "fork {}  {}  branch {}  base {}",
+        "fork {}  {}  backend {}  branch {}  base {}",
         f.fork,
         fork_status(f.status),
+        if f.backend.is_empty() {
+            "-"
+        } else {
+            &f.backend
+        },
         f.branch,
         f.base_commit
     );
@@ -241,5 +251,39 @@ pub fn event_line(e: &RunEvent) -> String {
         Kind::RunStateChanged => format!("run {}", run_state(e.state)),
         Kind::RunFinished => format!("run finished: {}", run_state(e.state)),
         Kind::Snapshot | Kind::Unspecified => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `forkyard status`: each fork's backend in its own column ("-" before it has a
+    /// sandbox), and on `forkyard result`'s first line.
+    #[test]
+    fn status_shows_each_forks_backend() {
+        let fork = |n: u32, backend: &str| ForkResult {
+            fork: n,
+            status: ForkStatus::Succeeded as i32,
+            backend: backend.into(),
+            branch: format!("forkyard-fork-{n}"),
+            ..Default::default()
+        };
+        let out = run(&Run {
+            run_id: "run-1".into(),
+            forks: vec![fork(1, "e2b"), fork(2, "local"), fork(3, "")],
+            ..Default::default()
+        });
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[1].contains(" BACKEND "), "{out}");
+        let column = lines[1].find("BACKEND").unwrap();
+        for (line, want) in lines[2..5].iter().zip(["e2b", "local", "-"]) {
+            assert_eq!(
+                line[column..].split_whitespace().next(),
+                Some(want),
+                "{out}"
+            );
+        }
+        assert!(super::fork(&fork(1, "e2b")).starts_with("fork 1  succeeded  backend e2b "));
     }
 }

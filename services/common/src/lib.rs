@@ -11,6 +11,8 @@ pub mod balance;
 pub mod clock;
 pub mod config;
 pub mod discovery;
+#[cfg(feature = "test-support")]
+pub mod fake_e2b;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fake_forge;
 pub mod fault;

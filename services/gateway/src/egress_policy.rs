@@ -61,7 +61,10 @@ impl Default for EgressPolicy {
 }
 
 /// `name=a,b;name2=c` (whitespace ignored).
-fn parse_map(setting: &str, text: &str) -> Result<BTreeMap<String, Vec<String>>, String> {
+pub(crate) fn parse_map(
+    setting: &str,
+    text: &str,
+) -> Result<BTreeMap<String, Vec<String>>, String> {
     let mut out = BTreeMap::new();
     for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
         let (name, list) = part

@@ -4,6 +4,7 @@
 pub mod activities;
 pub mod api;
 pub mod auth;
+pub mod backend_policy;
 pub mod config;
 pub mod egress_policy;
 pub mod error;

@@ -27,11 +27,13 @@ async fn main() -> anyhow::Result<()> {
     args.check().unwrap_or_else(|e| exit_config_error(e));
     let listener = startup.bind(listen, Some(&args.metrics)).await;
     // Only the key file lives there (and only with api keys): created when it is opened.
-    let (gate, tenancy, keys) = args
+    let (gate, mut tenancy, keys) = args
         .security
         .build(&args.state.state_dir, &args.ledger_addr)
         .await
         .unwrap_or_else(|e| exit_config_error(e));
+    // Which backends a run may name: what the provisioners say they offer.
+    tenancy.backends = tenancy.backends.asking(links.sandboxes.clone());
     let (listener, client) = temporal_ready(listener, &args).await?;
     let deliver = DeliverLocal::new(
         workflows::fork_results(client.clone()),

@@ -18,6 +18,8 @@ pub struct TenantPolicy {
     pub repos: crate::repo_policy::RepoPolicy,
     /// Which hosts each tenant's runs may reach.
     pub egress: crate::egress_policy::EgressPolicy,
+    /// Which backends each tenant's runs may use, the default, and what is offered.
+    pub backends: crate::backend_policy::BackendPolicy,
 }
 
 impl Default for TenantPolicy {
@@ -28,6 +30,7 @@ impl Default for TenantPolicy {
             ledger: None,
             repos: crate::repo_policy::RepoPolicy::default(),
             egress: crate::egress_policy::EgressPolicy::default(),
+            backends: crate::backend_policy::BackendPolicy::default(),
         }
     }
 }

@@ -18,6 +18,7 @@ use std::collections::HashMap;
 
 /// Fields of LaunchRunRequest: a refusal names one of them first.
 const FIELDS: &[&str] = &[
+    "backend",
     "image",
     "isolation",
     "request_id",
@@ -117,6 +118,7 @@ fn request() -> impl Strategy<Value = LaunchRunRequest> {
                 egress: Vec::new(),
                 // The image's nasty string, the isolation's too: each names its field.
                 isolation: image.chars().rev().collect(),
+                backend: image.to_uppercase(),
                 image,
                 delivery: None,
             },

@@ -24,6 +24,11 @@ pub trait SandboxBackend: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// Prefix of every sandbox id this backend hands out ("sbx-", "e2b-").
     fn id_prefix(&self) -> &'static str;
+    /// Whether it can create sandboxes here (E2B: only with an API key). A disabled
+    /// backend is not offered to runs (`ListBackends`).
+    fn enabled(&self) -> bool {
+        true
+    }
     async fn create(&self, req: CreateSandboxRequest) -> Result<Sandbox>;
     async fn get(&self, id: &str) -> Result<Sandbox>;
     async fn list(&self, selector: &HashMap<String, String>) -> Result<Vec<Sandbox>>;

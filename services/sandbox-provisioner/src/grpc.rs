@@ -7,10 +7,11 @@ use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
     DestroySandboxResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,
     ForkSandboxResponse, GetSandboxRequest, HealthCheckRequest, HealthCheckResponse,
-    HydrateWorkspaceRequest, ListSandboxesRequest, ListSandboxesResponse, PersistWorkspaceRequest,
-    PersistWorkspaceResponse, PtyEvent, ReadFileRequest, ReadFileResponse, ResizePtyRequest,
-    ResizePtyResponse, Sandbox, StartPtyRequest, StartSandboxRequest, StopSandboxRequest,
-    WriteFileRequest, WriteFileResponse, WritePtyRequest, WritePtyResponse,
+    HydrateWorkspaceRequest, ListBackendsRequest, ListBackendsResponse, ListSandboxesRequest,
+    ListSandboxesResponse, PersistWorkspaceRequest, PersistWorkspaceResponse, PtyEvent,
+    ReadFileRequest, ReadFileResponse, ResizePtyRequest, ResizePtyResponse, Sandbox,
+    StartPtyRequest, StartSandboxRequest, StopSandboxRequest, WriteFileRequest, WriteFileResponse,
+    WritePtyRequest, WritePtyResponse,
     sandbox_provisioner_server::{SandboxProvisioner, SandboxProvisionerServer},
 };
 use futures::StreamExt;
@@ -53,6 +54,15 @@ impl SandboxProvisioner for SandboxService {
     ) -> Result<Response<Sandbox>, Status> {
         let id = req.into_inner().sandbox_id;
         Ok(Response::new(self.core.for_id(&id).get(&id).await?))
+    }
+
+    async fn list_backends(
+        &self,
+        _req: Request<ListBackendsRequest>,
+    ) -> Result<Response<ListBackendsResponse>, Status> {
+        Ok(Response::new(ListBackendsResponse {
+            backends: self.core.offered(),
+        }))
     }
 
     async fn list_sandboxes(

@@ -86,6 +86,15 @@ impl Backends {
         })
     }
 
+    /// The names of the backends that can create sandboxes here, `local` first.
+    pub fn offered(&self) -> Vec<String> {
+        self.all
+            .iter()
+            .filter(|b| b.enabled())
+            .map(|b| b.name().to_owned())
+            .collect()
+    }
+
     /// The backend that handed out `id`.
     pub fn for_id(&self, id: &str) -> &Arc<dyn SandboxBackend> {
         self.all

@@ -90,7 +90,7 @@ pub async fn run<S: ProgressSink>(
     // Once the agent uses the gateway, its charges are the gateway's (one per request)
     // and stdout is only the transcript; a command that never calls a model through it
     // is charged what it reports on stdout, as without a gateway.
-    let grant = mint_grant(req, &env);
+    let grant = mint_grant(req, &env)?;
     let meter = meter(req, &env, resume, transcript);
     let exec = exec_request(req, &env, grant.as_ref());
     let Env {
@@ -152,18 +152,32 @@ fn first_line<S: ProgressSink>(
 }
 
 /// The fork's token at the runner's LLM gateway, live as long as the returned handle;
-/// none without the gateway.
-fn mint_grant<S: ProgressSink>(req: &RunAgentRequest, env: &Env<'_, S>) -> Option<GrantHandle> {
-    env.llm.as_ref().map(|(gateway, allowed)| {
-        gateway.grants.mint(GrantSpec {
+/// none without the gateway. A sandbox off the mesh's hosts (E2B) reaches the gateway
+/// only at the operator's public URL: without one its agent is refused, never run with
+/// a model endpoint it cannot reach.
+fn mint_grant<S: ProgressSink>(
+    req: &RunAgentRequest,
+    env: &Env<'_, S>,
+) -> Result<Option<GrantHandle>, AgentError> {
+    let Some((gateway, allowed)) = env.llm.as_ref() else {
+        return Ok(None);
+    };
+    let remote = forkyard_proto::remote_sandbox(&req.sandbox_id);
+    if remote && gateway.public_url.is_none() {
+        return Err(AgentError::Sandbox {
             sandbox_id: req.sandbox_id.clone(),
-            run_id: req.run_id.clone(),
-            fork: req.fork,
-            allowed: allowed.clone(),
-            charger: env.charger.clone(),
-            ledger_grace: crate::charge::LEDGER_OUTAGE_GRACE,
-        })
-    })
+            message: "runs off the mesh's hosts and this agent runner has no LLM gateway URL it can reach (set FORKYARD_PUBLIC_LLM_GATEWAY_URL and FORKYARD_LLM_PUBLIC_LISTEN)".into(),
+        });
+    }
+    Ok(Some(gateway.grants.mint(GrantSpec {
+        sandbox_id: req.sandbox_id.clone(),
+        run_id: req.run_id.clone(),
+        fork: req.fork,
+        allowed: allowed.clone(),
+        charger: env.charger.clone(),
+        ledger_grace: crate::charge::LEDGER_OUTAGE_GRACE,
+        remote,
+    })))
 }
 
 /// The meter of this run of the command, from `resume` (a failed attempt's last beat)
@@ -211,8 +225,14 @@ fn exec_request<S: ProgressSink>(
         ("FORKYARD_RUN_ID".to_owned(), req.run_id.clone()),
         ("FORKYARD_FORK".to_owned(), req.fork.to_string()),
     ]);
+    // A remote sandbox (E2B) dials the public URL itself; a local one gets the relay.
+    let remote = forkyard_proto::remote_sandbox(&req.sandbox_id);
+    let public_url = env.llm.as_ref().and_then(|(g, _)| g.public_url.as_deref());
     if let Some(g) = grant {
-        vars.extend(crate::presets::gateway_env(g.token()));
+        vars.extend(crate::presets::gateway_env(
+            g.token(),
+            public_url.filter(|_| remote),
+        ));
     }
     ExecRequest {
         sandbox_id: req.sandbox_id.clone(),
@@ -222,6 +242,7 @@ fn exec_request<S: ProgressSink>(
         llm_gateway: env
             .llm
             .as_ref()
+            .filter(|_| !remote)
             .map_or(String::new(), |(g, _)| g.advertise.clone()),
         // Streamed: nothing is captured by the provisioner.
         output_tail_bytes: 0,

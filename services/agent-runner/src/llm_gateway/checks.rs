@@ -49,10 +49,12 @@ fn token_of(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// The grant whose token the request presents (`headers`), if it is live, comes from
-/// `sandbox`, and its fork is neither out of budget nor unable to record spend.
+/// `sandbox` (the relay's header; `None` on the public listener, which takes only the
+/// tokens of remote sandboxes), and its fork is neither out of budget nor unable to
+/// record spend.
 pub(super) async fn checked_grant(
     gw: &LlmGateway,
-    sandbox: &str,
+    sandbox: Option<&str>,
     headers: &HeaderMap,
     provider: Provider,
 ) -> Result<Arc<Grant>, Refusal> {
@@ -64,6 +66,18 @@ pub(super) async fn checked_grant(
             "the token is not valid (its fork's agent has ended, or it was never issued)".into(),
         ));
     };
+    let Some(sandbox) = sandbox else {
+        if grant.remote {
+            return checked_spend(grant, provider).await;
+        }
+        tracing::warn!(run_id = %grant.run_id, fork = grant.fork, token_sandbox_id = %grant.sandbox_id, "a local sandbox's llm token was presented on the public listener");
+        return Err((
+            "not_remote",
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "this token is not for the public endpoint".into(),
+        ));
+    };
     if grant.sandbox_id != sandbox {
         tracing::warn!(run_id = %grant.run_id, fork = grant.fork, sandbox_id = %sandbox, token_sandbox_id = %grant.sandbox_id, "a sandbox presented another fork's llm token");
         return Err((
@@ -73,6 +87,11 @@ pub(super) async fn checked_grant(
             "this token belongs to another sandbox".into(),
         ));
     }
+    checked_spend(grant, provider).await
+}
+
+/// The grant, once its answered requests are charged, unless its fork may spend no more.
+async fn checked_spend(grant: Arc<Grant>, provider: Provider) -> Result<Arc<Grant>, Refusal> {
     grant.charges_posted(Duration::from_secs(10)).await;
     match grant.stopped() {
         Some(Stop::Spent(why)) => Err(budget_spent(provider, &why)),

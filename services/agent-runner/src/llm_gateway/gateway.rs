@@ -14,6 +14,10 @@ pub struct LlmGateway {
     pub(super) http: reqwest::Client,
     /// What provisioners dial for this replica (`ExecRequest.llm_gateway`).
     pub advertise: String,
+    /// What sandboxes off the mesh's hosts (E2B) are given instead: the operator's URL
+    /// of this replica's public listener (`FORKYARD_PUBLIC_LLM_GATEWAY_URL`); none: such
+    /// sandboxes get no model access and their command-like agents are refused.
+    pub public_url: Option<String>,
 }
 
 impl LlmGateway {
@@ -33,6 +37,7 @@ impl LlmGateway {
             models,
             http,
             advertise,
+            public_url: None,
         }
     }
 }

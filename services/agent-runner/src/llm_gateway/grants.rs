@@ -48,6 +48,9 @@ pub struct GrantSpec {
     /// How long the fork's requests go on while their charges cannot reach the ledger
     /// (the fork's commit posts them later); then the agent is stopped.
     pub ledger_grace: Duration,
+    /// For a sandbox off the mesh's hosts (E2B): its token is taken on the public
+    /// listener, where no relay names the sandbox. Other tokens are refused there.
+    pub remote: bool,
 }
 
 /// Why a grant takes no more requests.
@@ -95,6 +98,8 @@ pub struct Grant {
     pub run_id: String,
     pub fork: u32,
     pub allowed: Allowed,
+    /// Taken on the public listener (`GrantSpec::remote`).
+    pub remote: bool,
     /// The trace context of the activity that minted the grant: the fork's requests are
     /// traced under it.
     pub trace: forkyard_common::telemetry::otel::Context,
@@ -250,6 +255,7 @@ impl Grants {
             run_id: spec.run_id,
             fork: spec.fork,
             allowed: spec.allowed,
+            remote: spec.remote,
             trace: forkyard_common::telemetry::otel::Context::current(),
             charger: spec.charger.map(tokio::sync::Mutex::new),
             ledger_grace: spec.ledger_grace,

@@ -26,4 +26,4 @@ mod reply;
 mod tap;
 
 pub use gateway::LlmGateway;
-pub use proxy::{DEFAULT_LIMITS, serve, serve_within};
+pub use proxy::{DEFAULT_LIMITS, serve, serve_public, serve_within};

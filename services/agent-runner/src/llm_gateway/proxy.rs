@@ -1,6 +1,7 @@
 //! The gateway's HTTP side: connections from provisioners' relays (a PROXY v2 header
-//! naming the sandbox, then HTTP/1.1 from the agent), each request checked, forwarded
-//! with the real key and metered on its way back.
+//! naming the sandbox, then HTTP/1.1 from the agent), or on the public listener from
+//! sandboxes off the mesh's hosts (E2B; the token alone names the fork), each request
+//! checked, forwarded with the real key and metered on its way back.
 
 use super::{
     checks::{checked_grant, route},
@@ -30,6 +31,17 @@ pub const DEFAULT_LIMITS: Limits = Limits {
     idle_timeout: Duration::from_secs(900),
 };
 
+/// Where a connection comes from, and so who names its sandbox.
+#[derive(Clone, Copy)]
+enum Origin {
+    /// A provisioner's relay: its PROXY v2 header names the sandbox.
+    Relay,
+    /// The public listener (behind the operator's TLS ingress): sandboxes off the mesh's
+    /// hosts (E2B) connect straight, and the token alone names the fork; only tokens
+    /// minted for such sandboxes are taken.
+    Public,
+}
+
 /// [`serve_within`] the [`DEFAULT_LIMITS`].
 pub async fn serve(
     gw: Arc<LlmGateway>,
@@ -49,6 +61,29 @@ pub async fn serve_within(
     tls: Option<forkyard_common::tls::tokio_rustls::TlsAcceptor>,
     limits: Limits,
     stop: CancellationToken,
+) {
+    accept(gw, listener, tls, limits, stop, Origin::Relay).await;
+}
+
+/// Serve the public listener: connections from remote sandboxes (E2B), no PROXY header,
+/// each request's token a remote sandbox's. TLS is the operator's ingress's, in front
+/// of it (a remote sandbox holds no mesh certificate).
+pub async fn serve_public(
+    gw: Arc<LlmGateway>,
+    listener: TcpListener,
+    limits: Limits,
+    stop: CancellationToken,
+) {
+    accept(gw, listener, None, limits, stop, Origin::Public).await;
+}
+
+async fn accept(
+    gw: Arc<LlmGateway>,
+    listener: TcpListener,
+    tls: Option<forkyard_common::tls::tokio_rustls::TlsAcceptor>,
+    limits: Limits,
+    stop: CancellationToken,
+    origin: Origin,
 ) {
     let slots = Slots::new(limits.max_connections);
     loop {
@@ -75,52 +110,71 @@ pub async fn serve_within(
         tokio::spawn(async move {
             match tls {
                 Some(tls) => match tokio::time::timeout(HEADER_TIMEOUT, tls.accept(conn)).await {
-                    Ok(Ok(conn)) => serve_connection(gw, conn, &limits).await,
+                    Ok(Ok(conn)) => serve_connection(gw, conn, &limits, origin).await,
                     Ok(Err(e)) => {
                         metrics::get().refused.with_label_values(&["tls"]).inc();
                         tracing::warn!(error = %e, "llm gateway tls handshake refused");
                     }
                     Err(_) => {}
                 },
-                None => serve_connection(gw, conn, &limits).await,
+                None => serve_connection(gw, conn, &limits, origin).await,
             }
             drop(slot);
         });
     }
 }
 
-/// One relayed connection: the sandbox it comes from, then its HTTP requests.
-async fn serve_connection<S>(gw: Arc<LlmGateway>, mut conn: S, limits: &Limits)
+/// One connection: the sandbox it comes from (relayed), then its HTTP requests.
+async fn serve_connection<S>(gw: Arc<LlmGateway>, mut conn: S, limits: &Limits, origin: Origin)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let sandbox = match tokio::time::timeout(
-        HEADER_TIMEOUT,
-        forkyard_common::proxy_header::read_sandbox_id(&mut conn),
-    )
-    .await
-    {
-        Ok(Ok(id)) => Arc::<str>::from(id),
-        Ok(Err(e)) => {
-            metrics::get()
-                .refused
-                .with_label_values(&["no_proxy_header"])
-                .inc();
-            tracing::warn!(error = %e, "llm gateway connection without a sandbox header refused");
-            return;
-        }
-        Err(_) => return,
+    let sandbox = match origin {
+        Origin::Relay => match relayed_sandbox(&mut conn).await {
+            Some(id) => Some(id),
+            None => return,
+        },
+        Origin::Public => None,
     };
     let service = hyper::service::service_fn(move |req| {
         let (gw, sandbox) = (gw.clone(), sandbox.clone());
-        async move { Ok::<_, Infallible>(handle(&gw, &sandbox, req).await) }
+        async move { Ok::<_, Infallible>(handle(&gw, sandbox.as_deref(), req).await) }
     });
     let _ = forkyard_common::http_limits::http1(limits)
         .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
         .await;
 }
 
-async fn handle(gw: &Arc<LlmGateway>, sandbox: &str, req: Request<Incoming>) -> Response<Body> {
+/// The sandbox a relayed connection's PROXY header names; none (the connection is
+/// dropped) without one in time.
+async fn relayed_sandbox<S>(conn: &mut S) -> Option<Arc<str>>
+where
+    S: tokio::io::AsyncRead + Unpin,
+{
+    match tokio::time::timeout(
+        HEADER_TIMEOUT,
+        forkyard_common::proxy_header::read_sandbox_id(conn),
+    )
+    .await
+    {
+        Ok(Ok(id)) => Some(Arc::<str>::from(id)),
+        Ok(Err(e)) => {
+            metrics::get()
+                .refused
+                .with_label_values(&["no_proxy_header"])
+                .inc();
+            tracing::warn!(error = %e, "llm gateway connection without a sandbox header refused");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+async fn handle(
+    gw: &Arc<LlmGateway>,
+    sandbox: Option<&str>,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let started = std::time::Instant::now();
     let path = req.uri().path().to_owned();
     let query = req.uri().query().map(str::to_owned);

@@ -65,6 +65,12 @@ impl GatewayService {
     ) -> Result<(), GatewayError> {
         spec.repo = self.tenancy.repos.check(&spec.repo)?;
         spec.egress = self.tenancy.egress.check(&tenant.name, egress)?;
+        spec.backend = self
+            .tenancy
+            .backends
+            .resolve(&tenant.name, &spec.backend)
+            .await?;
+        check_on_backend(spec)?;
         let reader = crate::repo_check::Reader {
             tenant: &tenant.name,
             credentials: &self.tenancy.repos.credentials,
@@ -166,6 +172,28 @@ async fn check_delivery_access(
     Ok(())
 }
 
+/// What the e2b backend cannot give a run, refused at launch naming the field (the
+/// provisioner would refuse each fork's create): an egress allowlist (E2B's own network
+/// rules are not mapped yet) and an isolation level (E2B's sandboxes are its microVMs).
+fn check_on_backend(spec: &RunSpec) -> Result<(), GatewayError> {
+    if spec.backend != "e2b" {
+        return Ok(());
+    }
+    if !spec.egress.is_empty() {
+        return Err(GatewayError::field(
+            "egress",
+            "not supported on the e2b backend yet",
+        ));
+    }
+    if !spec.isolation.is_empty() {
+        return Err(GatewayError::field(
+            "isolation",
+            "applies to the local backend only (an e2b sandbox is E2B's own microVM)",
+        ));
+    }
+    Ok(())
+}
+
 /// A new run id, or the one the request id names (for this tenant).
 fn launch_run_id(tenant: &Tenant, request_id: &str) -> Result<String, GatewayError> {
     if request_id.is_empty() {
@@ -196,4 +224,28 @@ fn start_options(tenant: &Tenant, run_id: &str, spec: &RunSpec) -> WorkflowStart
             search::FORK_SLOTS_ATTR.value_set(i64::from(spec.max_concurrent.min(spec.forks))),
         ]))
         .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What E2B cannot give is refused at launch naming the field; local takes both.
+    #[test]
+    fn egress_and_isolation_are_refused_on_e2b_naming_the_field() {
+        let spec = |backend: &str, egress: &[&str], isolation: &str| RunSpec {
+            backend: backend.into(),
+            egress: egress.iter().map(|e| (*e).to_owned()).collect(),
+            isolation: isolation.into(),
+            ..Default::default()
+        };
+        let field = |s: RunSpec| match check_on_backend(&s) {
+            Err(GatewayError::InvalidArgument(m)) => m.split(':').next().unwrap().to_owned(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(field(spec("e2b", &["pypi.org"], "")), "egress");
+        assert_eq!(field(spec("e2b", &[], "gvisor")), "isolation");
+        assert!(check_on_backend(&spec("e2b", &[], "")).is_ok());
+        assert!(check_on_backend(&spec("local", &["pypi.org"], "gvisor")).is_ok());
+    }
 }

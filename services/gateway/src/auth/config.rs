@@ -80,6 +80,14 @@ pub struct SecurityArgs {
     /// with API keys. Loopback, link-local and private addresses only when listed as such.
     #[arg(long, env = "FORKYARD_TENANT_EGRESS")]
     pub tenant_egress: Option<String>,
+    /// The backend a run's sandboxes are made on when it names none: `local` (the
+    /// provisioners' hosts) or `e2b` (E2B's cloud, where the provisioners have its key).
+    #[arg(long, env = "FORKYARD_DEFAULT_BACKEND", default_value = "local")]
+    pub default_backend: String,
+    /// Which backends each tenant's runs may name: `tenant=local,e2b;*=local` (`*`: every
+    /// tenant not listed). Unset: every backend the provisioners offer, for everyone.
+    #[arg(long, env = "FORKYARD_TENANT_BACKENDS")]
+    pub tenant_backends: Option<String>,
     /// Longest one API call may take, its calls to Temporal and the ledger included.
     #[arg(long, env = "FORKYARD_CALL_DEADLINE_SECS", default_value_t = 30)]
     pub call_deadline_secs: u64,
@@ -156,6 +164,7 @@ impl SecurityArgs {
             self.tenant_egress.as_deref(),
             authenticated,
         )?;
+        self.backends()?;
         Ok(())
     }
 
@@ -186,6 +195,7 @@ impl SecurityArgs {
                 self.tenant_egress.as_deref(),
                 matches!(self.auth, AuthMode::ApiKey),
             )?,
+            backends: self.backends()?,
         };
         let mut keys = None;
         let auth = match self.auth {
@@ -214,6 +224,14 @@ impl SecurityArgs {
             }
         };
         Ok((GateLayer::new(auth, Limiter::new(limits)), policy, keys))
+    }
+
+    /// The backend policy of these settings (the provisioners not asked yet).
+    fn backends(&self) -> Result<crate::backend_policy::BackendPolicy, String> {
+        crate::backend_policy::BackendPolicy::from_settings(
+            &self.default_backend,
+            self.tenant_backends.as_deref(),
+        )
     }
 
     /// The API keys' store (the admin tenants' names checked first), and a word in the

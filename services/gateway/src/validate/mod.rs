@@ -95,6 +95,7 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
     check_labels(&req.labels)?;
     check_image(&req.image)?;
     check_isolation(&req.isolation)?;
+    check_backend(&req.backend)?;
     let agent = agent::check_agent(req.agent.as_ref())?;
     Ok(RunSpec {
         repo: req.repo.trim().to_owned(),
@@ -121,6 +122,9 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         image: req.image.clone(),
         delivery: delivery::check_delivery(req)?,
         isolation: req.isolation.trim().to_owned(),
+        // Empty until admitted: the operator's default is filled in then
+        // (`crate::backend_policy`), with what the provisioners offer.
+        backend: req.backend.trim().to_owned(),
     })
 }
 
@@ -136,6 +140,22 @@ fn check_isolation(isolation: &str) -> Result<(), GatewayError> {
         format!(
             "{name:?} is not an isolation level (one of: {})",
             forkyard_proto::ISOLATIONS.join(", ")
+        ),
+    ))
+}
+
+/// One of the backends a sandbox can run on (`forkyard_proto::BACKENDS`), or empty for
+/// the operator's default. Whether this mesh offers it is asked at admission.
+fn check_backend(backend: &str) -> Result<(), GatewayError> {
+    let name = backend.trim();
+    if name.is_empty() || forkyard_proto::BACKENDS.contains(&name) {
+        return Ok(());
+    }
+    Err(field(
+        "backend",
+        format!(
+            "{name:?} is not a sandbox backend (one of: {})",
+            forkyard_proto::BACKENDS.join(", ")
         ),
     ))
 }

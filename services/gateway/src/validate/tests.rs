@@ -139,3 +139,30 @@ fn the_isolation_is_a_known_level_or_empty_and_reaches_the_spec() {
         );
     }
 }
+
+/// Empty (the operator's default, filled in at admission) or a known backend; anything
+/// else is refused naming `backend`, whatever the provisioners offer.
+#[test]
+fn the_backend_is_a_known_one_or_empty_and_reaches_the_spec() {
+    assert_eq!(
+        launch_spec(&ok_req(), &Limits::default()).unwrap().backend,
+        ""
+    );
+    for name in ["local", "e2b", " e2b "] {
+        let req = LaunchRunRequest {
+            backend: name.into(),
+            ..ok_req()
+        };
+        let spec = launch_spec(&req, &Limits::default()).unwrap();
+        assert_eq!(spec.backend, name.trim());
+    }
+    for bad in ["modal", "E2B", "local,e2b", "k8s"] {
+        refused(
+            LaunchRunRequest {
+                backend: bad.into(),
+                ..ok_req()
+            },
+            "backend",
+        );
+    }
+}

@@ -23,6 +23,7 @@ pub(super) fn starting(input: &ForkInput, sandbox: &Sandbox) -> ForkResult {
         started_unix_ms: input.started_unix_ms,
         sandbox_ready_unix_ms: input.sandbox_ready_unix_ms,
         sandbox_id: sandbox.id.clone(),
+        backend: sandbox.backend.clone(),
         base_commit: sandbox.base_commit.clone(),
         phase: phase::AGENT.into(),
         verify: VerifyStatus::NotRun as i32,

@@ -32,6 +32,7 @@ const GENERATIONS: &[&str] = &[
     "later-waves-are-activities",
     "finishes-beside-waves",
     "delivers-results",
+    "backend-per-run",
 ];
 
 /// Changes introduced by earlier builds, each with the patch those builds recorded.
@@ -64,6 +65,9 @@ pub enum Change {
     /// Once its forks are done, a run that asks for it pushes the chosen forks' branches
     /// and opens their pull requests (`LaunchRunRequest.delivery`), by one activity.
     DeliversResults,
+    /// Each fork's sandbox is created on the run's backend (`RunSpec.backend`: local or
+    /// e2b), not on local whatever the run asked.
+    BackendPerRun,
 }
 
 impl Change {
@@ -79,6 +83,7 @@ impl Change {
             Self::LaterWavesAreActivities => 3,
             Self::FinishesBesideWaves => 4,
             Self::DeliversResults => 5,
+            Self::BackendPerRun => 6,
         }
     }
 
@@ -95,6 +100,7 @@ impl Change {
             Self::LaterWavesAreActivities => GENERATIONS[2],
             Self::FinishesBesideWaves => GENERATIONS[3],
             Self::DeliversResults => GENERATIONS[4],
+            Self::BackendPerRun => GENERATIONS[5],
         }
     }
 }

@@ -116,6 +116,9 @@ pub(super) struct WavePlan {
     /// Creates a draining replica refused go on past the rounds, for as long as the
     /// fork's timeout (`Change::FinishesBesideWaves`).
     pub waits_out_drains: bool,
+    /// Sandboxes on the run's backend (`Change::BackendPerRun`); else on local, as
+    /// every run of earlier builds was.
+    pub backend_per_run: bool,
 }
 
 impl WavePlan {
@@ -181,7 +184,7 @@ pub(super) async fn prepare_wave<W: OpensAccount>(
             // Cancelled with the run: the forks then stop as cancelled below.
             let _ = ctx.timer(backoff(round)).await;
         }
-        let (todo, items) = round_items(wave, &mut steps);
+        let (todo, items) = round_items(wave, &mut steps, plan.backend_per_run);
         if todo.is_empty() {
             break;
         }
@@ -243,7 +246,11 @@ fn advance(
 
 /// The forks a round prepares (their indexes in the wave, and what to ask for each);
 /// a fork cancelled meanwhile stops here.
-fn round_items(wave: &[WaveFork], steps: &mut [Step]) -> (Vec<usize>, Vec<WaveItem>) {
+fn round_items(
+    wave: &[WaveFork],
+    steps: &mut [Step],
+    backend_per_run: bool,
+) -> (Vec<usize>, Vec<WaveItem>) {
     let key = |f: &WaveFork, step: &str| step_key(&f.child_id, f.input.attempt, step);
     let mut todo = Vec::new();
     let mut items = Vec::new();
@@ -268,7 +275,7 @@ fn round_items(wave: &[WaveFork], steps: &mut [Step]) -> (Vec<usize>, Vec<WaveIt
                 holder: f.owner().to_owned(),
                 idempotency_key: key(f, "reserve"),
             },
-            create: create_request(f, key(f, "create")),
+            create: create_request(f, key(f, "create"), backend_per_run),
         });
     }
     (todo, items)
@@ -423,10 +430,19 @@ fn next_step(f: &WaveFork, p: ForkPrepared, last_round: bool) -> Step {
     }
 }
 
-fn create_request(f: &WaveFork, idempotency_key: String) -> CreateSandboxRequest {
+fn create_request(
+    f: &WaveFork,
+    idempotency_key: String,
+    backend_per_run: bool,
+) -> CreateSandboxRequest {
     let spec = &f.input.spec;
+    // The run's backend, resolved at launch (the operator's default filled in); runs
+    // of earlier builds, and any spec without one, on local as they always were.
+    let backend = Some(spec.backend.as_str())
+        .filter(|b| backend_per_run && !b.is_empty())
+        .unwrap_or("local");
     CreateSandboxRequest {
-        backend: "local".into(),
+        backend: backend.to_owned(),
         repo: spec.repo.clone(),
         base_ref: spec.base_ref.clone(),
         branch: forkyard_proto::ids::fork_branch(&spec.branch, f.input.fork),

@@ -487,5 +487,6 @@ fn wave_plan(ctx: &Ctx) -> WavePlan {
         as_activity,
         outlasts_an_outage: patches.takes(ctx, Change::PrepareOutlastsAnOutage),
         waits_out_drains: patches.takes(ctx, Change::FinishesBesideWaves),
+        backend_per_run: patches.takes(ctx, Change::BackendPerRun),
     }
 }

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::lifecycle::{AtOwner, item::FinishItem};
 use forkyard_proto::{
-    activities::{Agent, AgentFailureDetails, LocalSandbox},
+    activities::{Agent, AgentFailureDetails, E2bSandbox, LocalSandbox},
     agent::v1::{RunAgentRequest, RunAgentResponse},
     common::v1::{ForkResult, VerifyStatus},
     sandbox::v1::{ExecRequest, ExecResponse, Sandbox},
@@ -174,9 +174,16 @@ async fn verify<W>(
     );
     opts.cancellation_token = Some(steps.cancel.clone());
     opts.activity_id = steps.activity_id("verify");
-    ctx.execute_activity(LocalSandbox::exec, exec, opts)
-        .await
-        .map_err(|e| classify("verify", &e))
+    // The activity of the sandbox's backend (`e2b.exec` runs it through E2B's envd; the
+    // local one looks only among the replica's own sandboxes). Only runs that take
+    // `Change::BackendPerRun` have sandboxes elsewhere than local: histories of earlier
+    // builds schedule `local.exec` as before.
+    let ran = if steps.sandbox.backend == "e2b" {
+        ctx.execute_activity(E2bSandbox::exec, exec, opts).await
+    } else {
+        ctx.execute_activity(LocalSandbox::exec, exec, opts).await
+    };
+    ran.map_err(|e| classify("verify", &e))
 }
 
 fn apply_verify(result: &mut ForkResult, out: &ExecResponse) {

@@ -28,6 +28,9 @@ impl SandboxBackend for E2bBackend {
     fn id_prefix(&self) -> &'static str {
         ID_PREFIX
     }
+    fn enabled(&self) -> bool {
+        E2bBackend::enabled(self)
+    }
 
     async fn create(&self, req: CreateSandboxRequest) -> Result<Sandbox> {
         self.create_sandbox(req).await

@@ -2,8 +2,10 @@
 //! state dir, with the real bubblewrap.
 #![allow(dead_code)]
 
-pub mod fake_e2b;
-pub mod fake_e2b_session;
+// The fake E2B lives in forkyard-common (test-support): the end-to-end tests use it too.
+// (Not every test binary that includes this module uses it.)
+#[allow(unused_imports)]
+pub use forkyard_common::fake_e2b;
 pub mod registry;
 pub mod test_image;
 

@@ -4,7 +4,7 @@
 //! envd does with its own pty library), output as `data.pty`; `SendInput` with
 //! `input.pty` writes keystrokes; `Update` with `pty.size` resizes.
 
-use super::fake_e2b::{Fake, envelope, gate, sandbox_of, stream_response};
+use super::{Fake, envelope, gate, sandbox_of, stream_response};
 use axum::{
     Json,
     body::Bytes,

@@ -4,6 +4,11 @@
 //! `E2b-Sandbox-Id` header. Each fake sandbox is a temp dir whose `/home/user` is
 //! `<root>/home/user`; commands really run there (absolute `/home/user…` arguments and
 //! working directories are mapped into the root).
+//!
+//! For tests (`test-support`): the provisioner's own E2B tests and the end-to-end
+//! tests that run forks on E2B through the whole mesh.
+
+mod session;
 
 use axum::{
     Json, Router,
@@ -42,6 +47,9 @@ pub struct Fake {
     pub ptys: Mutex<HashMap<u32, std::fs::File>>,
     /// The template each sandbox was created from.
     pub templates: Mutex<HashMap<String, String>>,
+    /// When each sandbox was created (RFC 3339, as E2B's `startedAt`): its cost per
+    /// second of life is counted from it.
+    pub started: Mutex<HashMap<String, String>>,
 }
 
 pub struct Server {
@@ -61,24 +69,12 @@ pub async fn start(key: &str) -> Server {
         .route("/sandboxes", post(create).get(list))
         .route("/sandboxes/{id}", get(get_one).delete(kill))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
-        .route(
-            "/sandboxes/{id}/pause",
-            post(super::fake_e2b_session::pause),
-        )
-        .route(
-            "/sandboxes/{id}/resume",
-            post(super::fake_e2b_session::resume),
-        )
+        .route("/sandboxes/{id}/pause", post(session::pause))
+        .route("/sandboxes/{id}/resume", post(session::resume))
         .route("/process.Process/Start", post(start_process))
         .route("/process.Process/SendSignal", post(send_signal))
-        .route(
-            "/process.Process/SendInput",
-            post(super::fake_e2b_session::send_input),
-        )
-        .route(
-            "/process.Process/Update",
-            post(super::fake_e2b_session::update),
-        )
+        .route("/process.Process/SendInput", post(session::send_input))
+        .route("/process.Process/Update", post(session::update))
         .route("/files", get(read_file).post(write_file))
         .route("/health", get(|| async { StatusCode::NO_CONTENT }))
         .with_state(fake.clone());
@@ -150,20 +146,39 @@ fn describe(f: &Fake, id: &str, md: &HashMap<String, String>) -> Value {
         .get(id)
         .cloned()
         .unwrap_or_default();
+    let started = f
+        .started
+        .lock()
+        .unwrap()
+        .get(id)
+        .cloned()
+        .unwrap_or_default();
     json!({"templateID": template, "sandboxID": id, "clientID": "fake", "alias": null,
-           "startedAt": "2026-01-01T00:00:00Z", "endAt": "2026-01-01T01:00:00Z",
+           "startedAt": started, "endAt": started,
            "cpuCount": 2, "memoryMB": 512, "metadata": md, "state": state})
+}
+
+/// Now, as E2B writes its times.
+fn now_rfc3339() -> String {
+    let ms = crate::clock::now_ms();
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
 }
 
 async fn create(State(f): State<Arc<Fake>>, h: HeaderMap, Json(body): Json<Value>) -> Response {
     if let Err(r) = gate(&f, &h).await {
         return r;
     }
-    let id = format!("i{}", uuid::Uuid::new_v4().simple());
+    // Unique within the process (several fakes may run in one test binary).
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let id = format!("i{}x{n:06}", std::process::id());
     std::fs::create_dir_all(f.sandbox_root(&id).join("home/user")).unwrap();
     let md: HashMap<String, String> =
         serde_json::from_value(body["metadata"].clone()).unwrap_or_default();
     f.sandboxes.lock().unwrap().insert(id.clone(), md);
+    f.started.lock().unwrap().insert(id.clone(), now_rfc3339());
     if let Some(t) = body["templateID"].as_str() {
         f.templates.lock().unwrap().insert(id.clone(), t.to_owned());
     }
@@ -294,7 +309,7 @@ async fn start_process(State(f): State<Arc<Fake>>, h: HeaderMap, body: Bytes) ->
     let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
     let req: Value = serde_json::from_slice(&body[5..5 + len]).unwrap();
     if req.get("pty").is_some() {
-        return super::fake_e2b_session::start_pty(&f, &id, &req);
+        return session::start_pty(&f, &id, &req);
     }
     let p = &req["process"];
     let cmd = p["cmd"].as_str().unwrap().to_owned();

@@ -1,0 +1,231 @@
+//! A run on E2B end to end: the real mesh with its provisioner configured for E2B against
+//! the local server speaking E2B's REST and envd protocols (`forkyard_common::fake_e2b`,
+//! which runs each sandbox's commands in a temp dir of its own). A run launched with
+//! `backend: e2b` has its forks made there (the fake sees the creates, the agents' files
+//! are written there), their agents reach the metering LLM gateway at the operator's
+//! public URL (no relay reaches an E2B sandbox), patches come back, verify runs, and
+//! every sandbox is destroyed; the janitor reaps an E2B orphan by its labels; an unknown
+//! backend, and e2b on a mesh whose provisioner has no E2B key, are refused naming the
+//! field.
+
+use forkyard_common::fake_e2b;
+use forkyard_proto::{
+    common::v1::{ForkStatus, VerifyStatus},
+    gateway::v1::{LaunchRunRequest, Run, RunState},
+    janitor::v1::{SweepRequest, janitor_client::JanitorClient},
+    labels,
+    sandbox::v1::{CreateSandboxRequest, sandbox_provisioner_client::SandboxProvisionerClient},
+};
+use forkyard_tests::{
+    Mesh,
+    mesh::MeshOptions,
+    repo,
+    scripted_model::{Script, ScriptedModel},
+    support::{Gateway, fork_result, launch, wait_finished},
+};
+use std::{collections::HashMap, path::Path, time::Duration};
+use tonic::Code;
+
+const KEY: &str = "e2b_test_key_5f1c";
+
+/// Each fork writes a file, asks its model through the LLM gateway's URL it was given,
+/// and keeps the answer and that URL in its workspace.
+const AGENT: &str = r#"echo "fork $FORKYARD_FORK ran on e2b" > "fork-$FORKYARD_FORK.txt"
+echo "$FORKYARD_LLM_URL" > llm-url.txt
+curl -sSf -H "x-api-key: $ANTHROPIC_API_KEY" -H 'anthropic-version: 2023-06-01' -H 'content-type: application/json' -d '{"model":"claude-haiku-4-5","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}' "$ANTHROPIC_BASE_URL/v1/messages" > answer.json"#;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The provisioner on the fake E2B; the runner's LLM gateway public on `llm_public`.
+fn options(e2b_url: &str, model_url: &str, llm_public: u16) -> MeshOptions {
+    let on = |service: &str, k: &str, v: &str| (service.to_owned(), k.to_owned(), v.to_owned());
+    let public = format!("127.0.0.1:{llm_public}");
+    MeshOptions {
+        service_env: vec![
+            on("sandbox-provisioner", "E2B_API_KEY", KEY),
+            on("sandbox-provisioner", "FORKYARD_E2B_API_URL", e2b_url),
+            on("sandbox-provisioner", "FORKYARD_E2B_DOMAIN", e2b_url),
+            on("agent-runner", "ANTHROPIC_BASE_URL", model_url),
+            on("agent-runner", "FORKYARD_LLM_PUBLIC_LISTEN", &public),
+            on(
+                "agent-runner",
+                "FORKYARD_PUBLIC_LLM_GATEWAY_URL",
+                &format!("http://{public}"),
+            ),
+        ],
+        ..Default::default()
+    }
+}
+
+fn on_e2b(src: &Path, forks: u32) -> LaunchRunRequest {
+    LaunchRunRequest {
+        backend: "e2b".into(),
+        verify_command: "grep -q 'ran on e2b' fork-*.txt".into(),
+        ..launch(src, forks, 2, AGENT)
+    }
+}
+
+/// Refused with `code`, the message naming `field` first.
+async fn assert_refused(gw: &mut Gateway, req: LaunchRunRequest, code: Code, field: &str) {
+    let e = gw.launch_run(req).await.expect_err("refused");
+    assert_eq!(e.code(), code, "{e:?}");
+    assert!(
+        e.message().starts_with(&format!("{field}: ")),
+        "{}",
+        e.message()
+    );
+}
+
+/// Every fork ran on E2B: its result says so, its sandbox was one of the fake's, its
+/// patch holds what its agent wrote there (the model's answer through the public URL
+/// included), its verify passed.
+async fn assert_forks_ran_on_e2b(gw: &mut Gateway, run: &Run, public_url: &str) {
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    assert_eq!(run.forks_succeeded, 2, "{run:#?}");
+    for summary in &run.forks {
+        let f = fork_result(gw, &run.run_id, summary.fork).await;
+        assert_eq!(f.status, ForkStatus::Succeeded as i32, "{}", f.error);
+        assert_eq!(f.backend, "e2b");
+        assert!(f.sandbox_id.starts_with("e2b-"), "{}", f.sandbox_id);
+        assert!(
+            f.patch.contains(&format!("+fork {} ran on e2b", f.fork)),
+            "{}",
+            f.patch
+        );
+        assert!(f.patch.contains(&format!("+{public_url}")), "{}", f.patch);
+        assert!(f.patch.contains("msg_scripted_"), "{}", f.patch);
+        assert_eq!(f.verify, VerifyStatus::Passed as i32, "{f:#?}");
+        assert!(
+            f.model_cost_micros > 0,
+            "the model call was metered: {f:#?}"
+        );
+    }
+}
+
+/// `forkyard status`: each fork's backend in its column.
+fn assert_status_shows_e2b(mesh: &Mesh, run_id: &str) {
+    let out = std::process::Command::new(forkyard_tests::mesh::bin_dir().join("forkyard"))
+        .args(["--gateway", &mesh.endpoint("gateway"), "status", run_id])
+        .output()
+        .expect("forkyard runs");
+    let out = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    let column = lines[1].find("BACKEND").unwrap_or_else(|| panic!("{out}"));
+    for fork in &lines[2..4] {
+        assert_eq!(fork.get(column..column + 3), Some("e2b"), "{out}");
+    }
+}
+
+/// A sandbox on E2B whose run never existed: the janitor lists it through the
+/// provisioner (E2B's list, by our metadata) and destroys it there.
+async fn assert_the_janitor_reaps_an_e2b_orphan(mesh: &Mesh, src: &Path, fake: &fake_e2b::Fake) {
+    let mut prov =
+        SandboxProvisionerClient::new(mesh.channel("sandbox-provisioner").await.unwrap());
+    let orphan = prov
+        .create_sandbox(CreateSandboxRequest {
+            backend: "e2b".into(),
+            repo: src.to_string_lossy().into_owned(),
+            branch: "orphan".into(),
+            labels: HashMap::from([
+                (labels::RUN_ID.to_owned(), "run-gone".to_owned()),
+                (labels::WORKFLOW_ID.to_owned(), "run-gone".to_owned()),
+            ]),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(fake.sandboxes.lock().unwrap().len(), 1);
+    let mut janitor = JanitorClient::new(mesh.channel("janitor").await.unwrap());
+    let report = janitor
+        .sweep_now(SweepRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let action = report
+        .actions
+        .iter()
+        .find(|a| a.sandbox_id == orphan.id)
+        .unwrap_or_else(|| panic!("the orphan was not swept: {report:#?}"));
+    assert!(action.destroyed && action.error.is_empty(), "{action:#?}");
+    assert_eq!(action.reason, "workflow not found");
+    assert!(fake.sandboxes.lock().unwrap().is_empty(), "left on E2B");
+}
+
+/// The provisioner restarted without its E2B key offers local alone: a run asking for
+/// e2b is refused naming the field (once the gateway's answer of 15 s has aged).
+async fn assert_e2b_refused_without_a_key(mesh: &mut Mesh, gw: &mut Gateway, src: &Path) {
+    mesh.set_service_env("sandbox-provisioner", "E2B_API_KEY", None);
+    mesh.kill9("sandbox-provisioner");
+    mesh.start_service("sandbox-provisioner").unwrap();
+    mesh.wait_serving("sandbox-provisioner", Duration::from_secs(90))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let e = gw.launch_run(on_e2b(src, 1)).await.expect_err("refused");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().starts_with(
+            "backend: e2b is not offered by this mesh's provisioners (they offer: local)"
+        ),
+        "{}",
+        e.message()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_on_e2b_end_to_end() {
+    let e2b = fake_e2b::start(KEY).await;
+    let model = ScriptedModel::start(Script::edit("true")).await;
+    let llm_public = free_port();
+    let mut mesh = Mesh::start_with(options(&e2b.url, &model.url, llm_public))
+        .await
+        .expect("mesh");
+    let src = mesh.state_dir().join("repo");
+    repo::create(&src).unwrap();
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+
+    assert_refused(
+        &mut gw,
+        LaunchRunRequest {
+            backend: "modal".into(),
+            ..on_e2b(&src, 1)
+        },
+        Code::InvalidArgument,
+        "backend",
+    )
+    .await;
+    let run_id = gw
+        .launch_run(on_e2b(&src, 2))
+        .await
+        .expect("launch on e2b")
+        .into_inner()
+        .run_id;
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(180)).await;
+    assert_eq!(run.spec.as_ref().unwrap().backend, "e2b");
+    let public_url = format!("http://127.0.0.1:{llm_public}");
+    assert_forks_ran_on_e2b(&mut gw, &run, &public_url).await;
+    assert_status_shows_e2b(&mesh, &run_id);
+    assert_eq!(
+        e2b.fake.templates.lock().unwrap().len(),
+        2,
+        "two creates on E2B"
+    );
+    assert!(
+        e2b.fake.sandboxes.lock().unwrap().is_empty(),
+        "every sandbox destroyed"
+    );
+    assert_eq!(model.model_calls().len(), 2);
+    assert!(
+        e2b.fake.keys_seen.lock().unwrap().iter().all(|k| k == KEY),
+        "the control plane saw only the key"
+    );
+    assert_the_janitor_reaps_an_e2b_orphan(&mesh, &src, &e2b.fake).await;
+    assert_e2b_refused_without_a_key(&mut mesh, &mut gw, &src).await;
+}
