@@ -96,7 +96,8 @@ def parse_help(text: str) -> dict[str, dict]:
     blocks = re.split(r"\n(?=\s+(?:-\w, )?--[\w-]+)", text)
     for block in blocks:
         m = re.match(r"\s+(?:-\w, )?(--[\w-]+)", block)
-        env = re.search(r"\[env: ([A-Z0-9_]+)=[^\]]*\]", block)
+        # `[env: NAME=value]`, or `[env: NAME]` for a flag whose value help never shows.
+        env = re.search(r"\[env: ([A-Z0-9_]+)(?:=[^\]]*)?\]", block)
         if not m or not env:
             continue
         default = re.search(r"\[default: ([^\]]*)\]", block)
