@@ -117,8 +117,10 @@ async fn basic_auth_from_the_auth_file_pulls_from_an_htpasswd_registry() {
 struct Front {
     backend: String,
     realm: String,
-    basic: String,
-    token: &'static str,
+    /// What the auth service takes now, and the token it hands out for it (both
+    /// rotated by a test: a token that expired, a password replaced).
+    basic: Mutex<String>,
+    token: Mutex<String>,
     asked: Mutex<Vec<HashMap<String, String>>>,
     http: reqwest::Client,
 }
@@ -133,14 +135,17 @@ async fn token(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    if basic != f.basic || q.get("service").map(String::as_str) != Some("forkyard-test") {
+    if basic != *f.basic.lock().unwrap()
+        || q.get("service").map(String::as_str) != Some("forkyard-test")
+    {
         return StatusCode::UNAUTHORIZED.into_response();
     }
-    axum::Json(serde_json::json!({ "token": f.token, "expires_in": 300 })).into_response()
+    let token = f.token.lock().unwrap().clone();
+    axum::Json(serde_json::json!({ "token": token, "expires_in": 300 })).into_response()
 }
 
 async fn v2(State(f): State<Arc<Front>>, headers: HeaderMap, uri: Uri) -> Response {
-    let bearer = format!("Bearer {}", f.token);
+    let bearer = format!("Bearer {}", f.token.lock().unwrap());
     if headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -172,6 +177,13 @@ async fn v2(State(f): State<Arc<Front>>, headers: HeaderMap, uri: Uri) -> Respon
     (status, [(header::CONTENT_TYPE, kind)], body).into_response()
 }
 
+fn basic_of(user_password: &str) -> String {
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(user_password)
+    )
+}
+
 async fn start_front(backend: &Registry) -> (String, Arc<Front>) {
     start_front_with(backend, None).await
 }
@@ -183,11 +195,8 @@ async fn start_front_with(backend: &Registry, realm: Option<String>) -> (String,
     let front = Arc::new(Front {
         backend: backend.addr.clone(),
         realm: realm.unwrap_or_else(|| format!("http://{addr}/token")),
-        basic: format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode("robot:t0ken-pass")
-        ),
-        token: "tok-5d2a",
+        basic: Mutex::new(basic_of("robot:t0ken-pass")),
+        token: Mutex::new("tok-5d2a".into()),
         asked: Mutex::default(),
         http: reqwest::Client::new(),
     });
@@ -260,4 +269,111 @@ async fn a_bearer_realm_on_another_port_is_not_asked_unless_listed() {
         "image tool from the image\n"
     );
     assert_eq!(canary.asked.lock().unwrap().len(), 1);
+}
+
+/// The environment variable that tells a re-run of a test where its credential helper
+/// is (and that it is the re-run).
+const HELPER_DIR: &str = "FORKYARD_TEST_CREDENTIAL_HELPER_DIR";
+
+/// `docker-credential-forkyard-test` in `dir`: answers `get` with user `robot` and the
+/// password in `<dir>/password` now, as ECR's helper answers with a password that lasts
+/// 12 hours; each call is counted in `<dir>/calls`.
+fn write_helper(dir: &Path) {
+    let d = dir.display();
+    let script = format!(
+        "#!/bin/sh\n[ \"$1\" = get ] || exit 1\nserver=$(cat)\necho \"$server\" >> \"{d}/calls\"\nprintf '{{\"ServerURL\":\"%s\",\"Username\":\"robot\",\"Secret\":\"%s\"}}' \"$server\" \"$(cat \"{d}/password\")\"\n"
+    );
+    let helper = dir.join("docker-credential-forkyard-test");
+    std::fs::write(&helper, script).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// The provisioner runs `docker-credential-<name>` from its PATH, as docker does; a
+/// test cannot change its own PATH (the process's environment is shared), so it runs
+/// itself again, alone, in a child whose PATH starts with the helper's directory.
+fn rerun_with_helper_on_path(test: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    write_helper(dir.path());
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("PATH", path)
+        .env(HELPER_DIR, dir.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("1 passed"),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A config whose `credHelpers` names the helper for the registry: it is asked at each
+/// pull, so a credential it rotated (and the token it now earns) applies to the next
+/// pull of the same provisioner, without a restart; the old one is refused meanwhile.
+#[tokio::test]
+async fn a_credential_helper_is_asked_at_each_pull_so_rotated_credentials_need_no_restart() {
+    let Some(helper_dir) = std::env::var_os(HELPER_DIR).map(PathBuf::from) else {
+        return rerun_with_helper_on_path(
+            "a_credential_helper_is_asked_at_each_pull_so_rotated_credentials_need_no_restart",
+        );
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let backend = start_registry(dir.path());
+    save_image(dir.path(), "tool.tar", true);
+    // A tag per pull: a tag pulled once is served from the cache for a while.
+    for tag in 1..=3 {
+        let name = format!("forkyard/tool:{tag}");
+        push(&backend, &dir.path().join("tool.tar"), &name);
+    }
+    let (addr, front) = start_front(&backend).await;
+    std::fs::write(helper_dir.join("password"), "t0ken-pass").unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        format!(r#"{{"credHelpers": {{"{addr}": "forkyard-test"}}}}"#),
+    )
+    .unwrap();
+    let f = common::fixture_with(|_, c| c.registry.auth_file = Some(config)).await;
+    let create = |tag: u32| CreateSandboxRequest {
+        image: format!("{addr}/forkyard/tool:{tag}"),
+        ..f.request(&format!("pull-{tag}"))
+    };
+    f.core
+        .create(create(1))
+        .await
+        .expect("pulled with the helper's password");
+
+    // The registry's password and token turn over (the old token expired); the helper
+    // has the new password: the next pull, same provisioner, uses it.
+    *front.basic.lock().unwrap() = basic_of("robot:n3w-pass");
+    *front.token.lock().unwrap() = "tok-9e1f".into();
+    std::fs::write(helper_dir.join("password"), "n3w-pass").unwrap();
+    f.core
+        .create(create(2))
+        .await
+        .expect("pulled with the rotated password");
+    let calls = std::fs::read_to_string(helper_dir.join("calls")).unwrap();
+    assert_eq!(
+        calls.lines().collect::<Vec<_>>(),
+        [addr.as_str(), addr.as_str()]
+    );
+
+    // A helper whose answer the registry refuses: the create says so, naming no secret.
+    std::fs::write(helper_dir.join("password"), "stale-pass").unwrap();
+    match f.core.create(create(3)).await {
+        Err(ProvisionerError::FailedPrecondition(m)) => {
+            assert!(
+                m.contains("answered 401") && !m.contains("stale-pass"),
+                "{m}"
+            )
+        }
+        other => panic!("a refused credential was not said: {other:?}"),
+    }
 }

@@ -1,41 +1,76 @@
 //! A registry's credentials and challenges: the Docker `config.json` the operator's
-//! credentials come from (keyed by host), and the answer to a registry's 401.
+//! credentials come from, read with `docker_credential` at each pull (its `auths`,
+//! `identitytoken`s, `credHelpers` and `credsStore`, the helpers run then), so a token a
+//! helper refreshes (ECR's last 12 hours) or a rotated file applies to the next pull
+//! without a restart; and the answer to a registry's 401.
 
 use crate::local::storage::image::error::ImageError;
+use base64::Engine as _;
+use docker_credential::{CredentialRetrievalError, DockerCredential};
 use std::{collections::HashMap, path::Path};
 
-#[derive(serde::Deserialize)]
-struct DockerConfig {
-    #[serde(default)]
-    auths: HashMap<String, AuthEntry>,
+/// What the operator's config gives for one registry. Never logged.
+pub(super) enum Credential {
+    /// Base64 `user:password`, for basic auth or an auth service's token request.
+    Basic(String),
+    /// An OAuth2 refresh token (`identitytoken`, or a helper's `<token>` answer),
+    /// exchanged at the auth service for an access token.
+    IdentityToken(String),
 }
 
-#[derive(serde::Deserialize)]
-struct AuthEntry {
-    #[serde(default)]
-    auth: String,
-}
-
-/// `host` → base64 `user:password`, from a Docker `config.json` (`docker login`'s, or a
-/// Kubernetes image pull secret's).
-pub(super) fn credentials(path: &Path) -> Result<HashMap<String, String>, String> {
+/// At start: the file is there and is a Docker `config.json` (an object); its entries
+/// are read at each pull.
+pub(super) fn check_file(path: &Path) -> Result<(), String> {
     let raw = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let parsed: DockerConfig = serde_json::from_slice(&raw)
-        .map_err(|e| format!("{}: not a Docker config.json: {e}", path.display()))?;
-    Ok(parsed
-        .auths
-        .into_iter()
-        .filter(|(_, a)| !a.auth.is_empty())
-        .map(|(host, a)| (host_of(&host), a.auth))
-        .collect())
+    match serde_json::from_slice::<serde_json::Value>(&raw) {
+        Ok(serde_json::Value::Object(_)) => Ok(()),
+        Ok(_) => Err(format!(
+            "{}: not a Docker config.json (an object)",
+            path.display()
+        )),
+        Err(e) => Err(format!("{}: not a Docker config.json: {e}", path.display())),
+    }
+}
+
+/// The credential the config at `path` gives for `host` now (a helper it names is run
+/// now); `None` when it has none for the host.
+pub(super) async fn credential(path: &Path, host: &str) -> Result<Option<Credential>, ImageError> {
+    // Docker Hub's entry is keyed by its index's old URL, as `docker login` writes it.
+    let server = match host {
+        "registry-1.docker.io" => "https://index.docker.io/v1/".to_owned(),
+        h => h.to_owned(),
+    };
+    let file = path.to_owned();
+    let read = tokio::task::spawn_blocking(move || {
+        let f =
+            std::fs::File::open(&file).map_err(|_| CredentialRetrievalError::ConfigReadError)?;
+        docker_credential::get_credential_from_reader(std::io::BufReader::new(f), &server)
+    })
+    .await
+    .map_err(|e| unavailable(format!("reading FORKYARD_REGISTRY_AUTH_FILE: {e}")))?;
+    match read {
+        Ok(DockerCredential::UsernamePassword(user, password)) => Ok(Some(Credential::Basic(
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}")),
+        ))),
+        Ok(DockerCredential::IdentityToken(token)) => Ok(Some(Credential::IdentityToken(token))),
+        Err(CredentialRetrievalError::NoCredentialConfigured) => Ok(None),
+        // A helper's output may hold anything: only its name is said.
+        Err(CredentialRetrievalError::HelperFailure { helper, .. }) => Err(unavailable(format!(
+            "the credential helper {helper} failed for {host}"
+        ))),
+        Err(other) => Err(unavailable(format!(
+            "FORKYARD_REGISTRY_AUTH_FILE for {host}: {}",
+            other.to_string().to_lowercase()
+        ))),
+    }
 }
 
 /// A registry's 401 on a pull of `repository` from `host`, to be answered.
 pub(super) struct Challenge<'a> {
     pub host: &'a str,
     pub repository: &'a str,
-    /// The operator's credentials for `host`.
-    pub basic: Option<&'a String>,
+    /// The operator's credential for `host`.
+    pub credential: Option<&'a Credential>,
     /// The URL a bearer challenge's realm may be asked at, or why not (`super::reach`).
     pub realm: &'a (dyn Fn(&str) -> Result<reqwest::Url, ImageError> + Sync),
 }
@@ -52,11 +87,15 @@ impl Challenge<'_> {
         let host = self.host;
         let (scheme, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
         if scheme.eq_ignore_ascii_case("basic") {
-            return self.basic.map(|b| format!("Basic {b}")).ok_or_else(|| {
-                unavailable(format!(
+            return match self.credential {
+                Some(Credential::Basic(b)) => Ok(format!("Basic {b}")),
+                Some(Credential::IdentityToken(_)) => Err(unavailable(format!(
+                    "{host} asks for basic auth and FORKYARD_REGISTRY_AUTH_FILE has an identity token for it"
+                ))),
+                None => Err(unavailable(format!(
                     "{host} asks for credentials and FORKYARD_REGISTRY_AUTH_FILE has none for it"
-                ))
-            });
+                ))),
+            };
         }
         if !scheme.eq_ignore_ascii_case("bearer") {
             return Err(unavailable(format!("{host} asks for {scheme} auth")));
@@ -96,10 +135,21 @@ impl Challenge<'_> {
                 .cloned()
                 .unwrap_or_else(|| format!("repository:{}:pull", self.repository)),
         ));
-        let mut req = http.get(realm).query(&query);
-        if let Some(b) = self.basic {
-            req = req.header(reqwest::header::AUTHORIZATION, format!("Basic {b}"));
-        }
+        // With an identity token, OAuth2's refresh grant (as Docker does); else a GET,
+        // with basic credentials when there are some.
+        let req = match self.credential {
+            Some(Credential::IdentityToken(refresh)) => {
+                query.push(("grant_type", "refresh_token".into()));
+                query.push(("refresh_token", refresh.clone()));
+                query.push(("client_id", "forkyard".into()));
+                http.post(realm).form(&query)
+            }
+            Some(Credential::Basic(b)) => http
+                .get(realm)
+                .query(&query)
+                .header(reqwest::header::AUTHORIZATION, format!("Basic {b}")),
+            None => http.get(realm).query(&query),
+        };
         let resp = req.send().await.map_err(|e| {
             tracing::warn!(registry = host, error = %error_chain(&e), "registry's auth service cannot be reached");
             unavailable(format!("the auth service of {host} cannot be reached"))
@@ -153,18 +203,6 @@ fn challenge_params(s: &str) -> HashMap<String, String> {
         rest = tail.trim_start_matches(',').trim();
     }
     out
-}
-
-/// A `config.json` key (`https://index.docker.io/v1/`, `host:port`) as a host.
-fn host_of(key: &str) -> String {
-    let k = key
-        .trim_start_matches("https://")
-        .trim_start_matches("http://");
-    let host = k.split('/').next().unwrap_or(k);
-    match host {
-        "index.docker.io" | "docker.io" => "registry-1.docker.io".into(),
-        h => h.to_owned(),
-    }
 }
 
 /// A registry (or its auth service) that cannot give what was asked.

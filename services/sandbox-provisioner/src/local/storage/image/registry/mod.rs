@@ -15,10 +15,7 @@ use auth::{error_chain, unavailable};
 use forkyard_common::allowed_hosts::AllowedHosts;
 use manifest::{Manifest, platform_manifest};
 use sha2::Digest as _;
-use std::{
-    collections::HashMap,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 use tokio::io::AsyncWriteExt as _;
 
 /// The setting of the registries a create may make this replica pull from, as errors
@@ -52,8 +49,8 @@ impl Default for RegistryConfig {
 /// The registry client of one provisioner.
 pub struct Registries {
     http: reqwest::Client,
-    /// `host` → base64 `user:password`. Never logged.
-    auths: HashMap<String, String>,
+    /// The operator's Docker `config.json`, read at each pull (`auth::credential`).
+    auth_file: Option<PathBuf>,
     insecure: Vec<String>,
     allowed: AllowedHosts,
     /// An image whose blobs add up to more is refused before any is fetched (the
@@ -64,7 +61,7 @@ pub struct Registries {
 impl std::fmt::Debug for Registries {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registries")
-            .field("credentials_for", &self.auths.keys().collect::<Vec<_>>())
+            .field("auth_file", &self.auth_file)
             .field("insecure", &self.insecure)
             .field("allowed", &self.allowed)
             .finish()
@@ -76,13 +73,12 @@ const MAX_MANIFEST_BYTES: usize = 4 << 20;
 
 impl Registries {
     pub fn new(config: &RegistryConfig, max_image_bytes: u64) -> Result<Self, String> {
-        let auths = match &config.auth_file {
-            None => HashMap::new(),
-            Some(path) => auth::credentials(path)?,
-        };
+        if let Some(path) = &config.auth_file {
+            auth::check_file(path)?;
+        }
         Ok(Self {
             http: reach::client(&config.allowed)?,
-            auths,
+            auth_file: config.auth_file.clone(),
             insecure: config.insecure.clone(),
             allowed: config.allowed.clone(),
             max_image_bytes,
@@ -116,6 +112,7 @@ impl Registries {
             target: t,
             base,
             token: None,
+            credential: None,
         };
         let (bytes, media_type, digest) = session.platform_manifest().await?;
         if cached(&digest) {
@@ -186,6 +183,8 @@ struct Session<'a> {
     target: &'a Target,
     base: String,
     token: Option<String>,
+    /// The operator's credential for the registry, read once a pull is challenged.
+    credential: Option<Option<auth::Credential>>,
 }
 
 impl Session<'_> {
@@ -289,20 +288,26 @@ impl Session<'_> {
 
     /// The credential that answers the challenge of `unauthorized` (a 401): a bearer
     /// token from the auth service the registry names, or basic auth.
-    async fn answer(&self, unauthorized: &reqwest::Response) -> Result<String, ImageError> {
+    async fn answer(&mut self, unauthorized: &reqwest::Response) -> Result<String, ImageError> {
         let challenge = unauthorized
             .headers()
             .get(reqwest::header::WWW_AUTHENTICATE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_owned();
-        let basic = self.reg.auths.get(&self.target.host);
+        if self.credential.is_none() {
+            self.credential = Some(match &self.reg.auth_file {
+                Some(file) => auth::credential(file, &self.target.host).await?,
+                None => None,
+            });
+        }
+        let credential = self.credential.as_ref().and_then(Option::as_ref);
         let (host, repository) = (&self.target.host, &self.target.repository);
         let realm = |realm: &str| reach::check_realm(&self.reg.allowed, host, &self.base, realm);
         let answer = auth::Challenge {
             host,
             repository,
-            basic,
+            credential,
             realm: &realm,
         };
         answer.authorize(&self.reg.http, &challenge).await
@@ -375,29 +380,57 @@ fn io(e: std::io::Error) -> ImageError {
 mod tests {
     use super::*;
 
-    #[test]
-    fn credentials_are_keyed_by_host_and_never_printed() {
+    #[tokio::test]
+    async fn credentials_are_read_per_host_at_each_pull_and_never_printed() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("config.json");
-        std::fs::write(
-            &file,
-            r#"{"auths": {"https://index.docker.io/v1/": {"auth": "dXNlcjpzZWNyZXQ="}, "127.0.0.1:5000": {"auth": "YTpi"}}}"#,
-        )
-        .unwrap();
+        let write = |text: &str| std::fs::write(&file, text).unwrap();
+        write(
+            r#"{"auths": {"https://index.docker.io/v1/": {"auth": "dXNlcjpzZWNyZXQ="}, "127.0.0.1:5000": {"auth": "YTpi"}, "ghcr.example": {"identitytoken": "refresh-me"}}}"#,
+        );
         let r = Registries::new(
             &RegistryConfig {
-                auth_file: Some(file),
+                auth_file: Some(file.clone()),
                 ..RegistryConfig::default()
             },
             0,
         )
         .unwrap();
-        assert_eq!(r.auths["registry-1.docker.io"], "dXNlcjpzZWNyZXQ=");
-        assert_eq!(r.auths["127.0.0.1:5000"], "YTpi");
+        let basic = |c: Option<auth::Credential>| match c {
+            Some(auth::Credential::Basic(b)) => b,
+            _ => panic!("no basic credential"),
+        };
+        let at = |host: &'static str| auth::credential(&file, host);
+        assert_eq!(
+            basic(at("registry-1.docker.io").await.unwrap()),
+            "dXNlcjpzZWNyZXQ="
+        );
+        assert_eq!(basic(at("127.0.0.1:5000").await.unwrap()), "YTpi");
+        assert!(matches!(
+            at("ghcr.example").await.unwrap(),
+            Some(auth::Credential::IdentityToken(t)) if t == "refresh-me"
+        ));
+        assert!(at("other.example").await.unwrap().is_none());
+        // Rotated in the file: the next pull reads the new one, no restart.
+        write(r#"{"auths": {"127.0.0.1:5000": {"auth": "Yzpk"}}}"#);
+        assert_eq!(basic(at("127.0.0.1:5000").await.unwrap()), "Yzpk");
         let shown = format!("{r:?}");
         assert!(
-            !shown.contains("dXNlcjpzZWNyZXQ=") && !shown.contains("YTpi"),
+            !shown.contains("Yzpk") && !shown.contains("YTpi"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn a_file_that_is_no_docker_config_is_refused_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.json");
+        std::fs::write(&file, "[1]").unwrap();
+        let config = RegistryConfig {
+            auth_file: Some(file),
+            ..RegistryConfig::default()
+        };
+        let e = Registries::new(&config, 0).unwrap_err();
+        assert!(e.contains("not a Docker config.json"), "{e}");
     }
 }
