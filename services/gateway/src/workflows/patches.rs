@@ -32,7 +32,12 @@ const GENERATIONS: &[&str] = &[
     "later-waves-are-activities",
     "finishes-beside-waves",
     "delivers-results",
+    FORK_TREES,
 ];
+
+/// Fork trees (#45): the generation is found by name, not by place, so that it stays
+/// right whichever generations a merge puts before it.
+const FORK_TREES: &str = "fork-trees";
 
 /// Changes introduced by earlier builds, each with the patch those builds recorded.
 #[derive(Clone, Copy, Debug)]
@@ -64,6 +69,10 @@ pub enum Change {
     /// Once its forks are done, a run that asks for it pushes the chosen forks' branches
     /// and opens their pull requests (`LaunchRunRequest.delivery`), by one activity.
     DeliversResults,
+    /// Fork trees: a run open for branches (`RunSpec::branch_window_secs`) snapshots
+    /// each fork's workspace at its end, takes BranchFork updates, stays open for the
+    /// window after its last fork, and removes its snapshots when it closes.
+    ForkTrees,
 }
 
 impl Change {
@@ -79,6 +88,7 @@ impl Change {
             Self::LaterWavesAreActivities => 3,
             Self::FinishesBesideWaves => 4,
             Self::DeliversResults => 5,
+            Self::ForkTrees => generation_of(FORK_TREES),
         }
     }
 
@@ -95,8 +105,17 @@ impl Change {
             Self::LaterWavesAreActivities => GENERATIONS[2],
             Self::FinishesBesideWaves => GENERATIONS[3],
             Self::DeliversResults => GENERATIONS[4],
+            Self::ForkTrees => FORK_TREES,
         }
     }
+}
+
+/// The generation (1-based) whose patch is `id`.
+fn generation_of(id: &str) -> usize {
+    GENERATIONS
+        .iter()
+        .position(|g| *g == id)
+        .map_or(usize::MAX, |i| i + 1)
 }
 
 /// What a workflow decided in its first activation.
