@@ -102,6 +102,7 @@ fn launch_request(a: ForkArgs) -> LaunchRunRequest {
         egress: a.egress,
         image: a.image,
         isolation: a.isolation,
+        branch_window_secs: a.branch_window,
         fork_timeout_secs: a.timeout,
         verify_command: a.verify.unwrap_or_default(),
         stop_on_first_verified: a.stop_on_first_verified,
