@@ -182,3 +182,78 @@ pub(super) async fn remove_snapshots(ctx: &Ctx) {
 pub(super) fn takes_fork_trees(ctx: &Ctx) -> bool {
     ctx.state(|s| s.patches).takes(ctx, Change::ForkTrees)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forkyard_proto::{common::v1::AgentSpec, gateway::v1::RunSpec};
+
+    fn run(driver: &str, window: u32) -> SandboxOrchestrationWorkflow {
+        let mut w = SandboxOrchestrationWorkflow::starting(RunSpec {
+            forks: 2,
+            branch: "fy".into(),
+            branch_window_secs: window,
+            agent: Some(AgentSpec {
+                driver: driver.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        w.fork_trees = true;
+        w.forks[0].status = ForkStatus::Failed as i32;
+        w.forks[0].snapshot_id = "snap-1".into();
+        w.forks[0].agent_session = "5e0c2a9e-1111".into();
+        w.owners.insert(1, "http://prov-b:50052".into());
+        w.forks[1].status = ForkStatus::Running as i32;
+        w
+    }
+
+    fn req(fork: u32, count: u32) -> BranchRequest {
+        BranchRequest {
+            fork,
+            count,
+            prompt: "again".into(),
+            max_forks: 5,
+        }
+    }
+
+    #[test]
+    fn branches_of_a_finished_fork_are_numbered_after_the_runs_forks_with_its_end() {
+        let mut w = run("claude-code", 60);
+        assert_eq!(w.refuse_branch(&req(1, 3)), None);
+        assert_eq!(w.add_branches(&req(1, 3)), vec![3, 4, 5]);
+        assert!(w.has_pending());
+        let b = &w.branches[&4];
+        assert_eq!(
+            (b.parent_fork, b.depth, b.snapshot_id.as_str(), b.session.as_str()),
+            (1, 1, "snap-1", "5e0c2a9e-1111")
+        );
+        assert_eq!(b.snapshot_endpoint, "http://prov-b:50052");
+        assert_eq!(w.forks[4].branch, "fy-fork-5");
+        assert_eq!((w.forks[4].parent_fork, w.forks[4].depth), (1, 1));
+        assert_eq!((w.attempts.len(), w.lost.len()), (5, 5));
+    }
+
+    #[test]
+    fn each_refusal_names_its_reason() {
+        let cases = [
+            (run("command", 60), req(3, 1), "fork: the run has no fork 3"),
+            (run("command", 60), req(1, 0), "count: must be at least 1"),
+            (run("command", 60), req(1, 4), "count: the run would have 6 forks"),
+            (run("command", 60), req(2, 1), "fork 2 has not finished"),
+            (run("command", 0), req(1, 1), "without branch_window_secs"),
+            (run("codex", 60), req(1, 1), "codex cannot resume"),
+            (run("anthropic", 60), req(1, 1), "anthropic cannot resume"),
+        ];
+        for (w, r, says) in cases {
+            let why = w.refuse_branch(&r).unwrap_or_default();
+            assert!(why.contains(says), "{r:?}: {why:?}");
+        }
+        let mut closed = run("command", 60);
+        closed.branches_closed = true;
+        assert!(closed.refuse_branch(&req(1, 1)).unwrap().contains("window has closed"));
+        let mut no_snapshot = run("command", 60);
+        no_snapshot.forks[0].snapshot_id.clear();
+        assert!(no_snapshot.refuse_branch(&req(1, 1)).unwrap().contains("no snapshot"));
+    }
+}
