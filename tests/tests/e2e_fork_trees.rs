@@ -12,7 +12,8 @@ use forkyard_proto::{
     gateway::v1::{BranchForkRequest, LaunchRunRequest, Run, RunState},
     labels,
     sandbox::v1::{
-        ListSandboxesRequest, ListSnapshotsRequest, sandbox_provisioner_client::SandboxProvisionerClient,
+        ListSandboxesRequest, ListSnapshotsRequest,
+        sandbox_provisioner_client::SandboxProvisionerClient,
     },
 };
 use forkyard_tests::{
@@ -70,6 +71,8 @@ async fn a_finished_fork_branches_into_forks_that_start_from_its_end() {
     let run_id = gw
         .launch_run(LaunchRunRequest {
             branch_window_secs: WINDOW_SECS,
+            // Each branch reserves a fork's budget from the run's, as any fork does.
+            fork_budget_usd: "0.1".into(),
             ..launch(src.path(), 1, 1, AGENT)
         })
         .await
@@ -77,8 +80,15 @@ async fn a_finished_fork_branches_into_forks_that_start_from_its_end() {
         .into_inner()
         .run_id;
     let run = in_window(&mut gw, &run_id).await;
-    assert_eq!(run.forks[0].status, ForkStatus::Succeeded as i32, "{run:#?}");
-    assert!(!run.forks[0].snapshot_id.is_empty(), "fork 1 left no branch point");
+    assert_eq!(
+        run.forks[0].status,
+        ForkStatus::Succeeded as i32,
+        "{run:#?}"
+    );
+    assert!(
+        !run.forks[0].snapshot_id.is_empty(),
+        "fork 1 left no branch point"
+    );
 
     let made = gw
         .branch_fork(branch(&run_id, 1, 3, "try another way"))
@@ -96,13 +106,32 @@ async fn a_finished_fork_branches_into_forks_that_start_from_its_end() {
     })
     .await;
     for f in &run.forks[1..] {
-        assert_eq!(f.status, ForkStatus::Succeeded as i32, "fork {}: {}", f.fork, f.error);
+        assert_eq!(
+            f.status,
+            ForkStatus::Succeeded as i32,
+            "fork {}: {}",
+            f.fork,
+            f.error
+        );
         assert_eq!((f.parent_fork, f.depth), (1, 1), "fork {}", f.fork);
         let full = fork_result(&mut gw, &run_id, f.fork).await;
-        assert_eq!(full.base_commit, base, "a branch's patch is against the run's base");
-        assert!(full.patch.contains("+parent edit"), "fork {}:\n{}", f.fork, full.patch);
+        assert_eq!(
+            full.base_commit, base,
+            "a branch's patch is against the run's base"
+        );
+        assert!(
+            full.patch.contains("+parent edit"),
+            "fork {}:\n{}",
+            f.fork,
+            full.patch
+        );
         let own = format!("+branch {} of 1: try another way (transcript: yes)", f.fork);
-        assert!(full.patch.contains(&own), "fork {}:\n{}", f.fork, full.patch);
+        assert!(
+            full.patch.contains(&own),
+            "fork {}:\n{}",
+            f.fork,
+            full.patch
+        );
     }
 
     // A branch of a branch, with no prompt: the run's prompt again, one level deeper.
@@ -121,7 +150,11 @@ async fn a_finished_fork_branches_into_forks_that_start_from_its_end() {
         "+branch 2 of 1: try another way",
         "+branch 5 of 2: make it better",
     ] {
-        assert!(five.patch.contains(line), "fork 5 lacks {line:?}:\n{}", five.patch);
+        assert!(
+            five.patch.contains(line),
+            "fork 5 lacks {line:?}:\n{}",
+            five.patch
+        );
     }
 
     // The ranking spans the tree: the cheapest branch first, the $0.05 parent last.
@@ -143,12 +176,32 @@ async fn a_finished_fork_branches_into_forks_that_start_from_its_end() {
 /// Each refusal names its reason, and a refused branch adds no fork.
 async fn assert_bad_branches_refused(gw: &mut Gateway, run_id: &str) {
     let cases = [
-        (branch(run_id, 9, 1, ""), Code::InvalidArgument, "fork: the run has no fork 9"),
-        (branch(run_id, 1, 0, ""), Code::InvalidArgument, "count: must be at least 1"),
-        (branch(run_id, 1, 5000, ""), Code::InvalidArgument, "count: the run would have"),
-        (branch(run_id, 0, 1, ""), Code::InvalidArgument, "fork: forks are numbered from 1"),
+        (
+            branch(run_id, 9, 1, ""),
+            Code::InvalidArgument,
+            "fork: the run has no fork 9",
+        ),
+        (
+            branch(run_id, 1, 0, ""),
+            Code::InvalidArgument,
+            "count: must be at least 1",
+        ),
+        (
+            branch(run_id, 1, 5000, ""),
+            Code::InvalidArgument,
+            "count: the run would have",
+        ),
+        (
+            branch(run_id, 0, 1, ""),
+            Code::InvalidArgument,
+            "fork: forks are numbered from 1",
+        ),
         // Fork 2 was just added: pending or running, not a branch point yet.
-        (branch(run_id, 2, 1, ""), Code::FailedPrecondition, "fork 2 has not finished"),
+        (
+            branch(run_id, 2, 1, ""),
+            Code::FailedPrecondition,
+            "fork 2 has not finished",
+        ),
     ];
     for (req, code, says) in cases {
         let e = gw.branch_fork(req.clone()).await.unwrap_err();
@@ -160,7 +213,11 @@ async fn assert_bad_branches_refused(gw: &mut Gateway, run_id: &str) {
 }
 
 /// No sandbox and no snapshot of the run, on the provisioner and on its disk.
-async fn assert_nothing_left(mesh: &Mesh, prov: &SandboxProvisionerClient<tonic::transport::Channel>, run_id: &str) {
+async fn assert_nothing_left(
+    mesh: &Mesh,
+    prov: &SandboxProvisionerClient<tonic::transport::Channel>,
+    run_id: &str,
+) {
     let by_run = HashMap::from([(labels::RUN_ID.to_owned(), run_id.to_owned())]);
     let sandboxes = prov
         .clone()
@@ -194,7 +251,13 @@ fn walk_snapshots(state: &std::path::Path) -> Vec<std::path::PathBuf> {
             let p = e.path();
             if p.is_dir() && !p.is_symlink() {
                 if p.file_name().is_some_and(|n| n == "snapshots") {
-                    found.extend(std::fs::read_dir(&p).into_iter().flatten().flatten().map(|e| e.path()));
+                    found.extend(
+                        std::fs::read_dir(&p)
+                            .into_iter()
+                            .flatten()
+                            .flatten()
+                            .map(|e| e.path()),
+                    );
                 } else if !p.ends_with("sandboxes") {
                     dirs.push(p);
                 }
@@ -238,7 +301,12 @@ async fn branches_need_a_window_and_a_driver_that_resumes() {
         }),
         ..launch(src.path(), 1, 1, "")
     };
-    let run_id = gw.launch_run(codex).await.expect("launch a codex run").into_inner().run_id;
+    let run_id = gw
+        .launch_run(codex)
+        .await
+        .expect("launch a codex run")
+        .into_inner()
+        .run_id;
     let e = gw.branch_fork(branch(&run_id, 1, 1, "")).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("codex cannot resume"), "{e:?}");

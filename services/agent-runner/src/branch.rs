@@ -18,7 +18,7 @@ pub const CLAUDE_HOME: &str = "/workspace/.git/forkyard/claude";
 
 /// Where a branched `command` fork finds its parent's transcript (relative to the
 /// workspace, as WriteFile takes it).
-pub const PARENT_TRANSCRIPT: &str = ".git/forkyard/parent-transcript.jsonl";
+pub const PARENT_TRANSCRIPT: &str = ".git/forkyard-parent-transcript.jsonl";
 
 /// The flags that continue the parent's session (empty for a fork that is no branch,
 /// or whose parent printed no session id: it then starts a new conversation).
@@ -98,7 +98,7 @@ mod tests {
         assert_eq!(env["FORKYARD_PARENT_FORK"], "3");
         assert_eq!(
             env["FORKYARD_PARENT_TRANSCRIPT"],
-            "/workspace/.git/forkyard/parent-transcript.jsonl"
+            "/workspace/.git/forkyard-parent-transcript.jsonl"
         );
         assert!(!env.contains_key("FORKYARD_PARENT_SESSION"));
         assert!(super::env(&RunAgentRequest::default(), false).is_empty());

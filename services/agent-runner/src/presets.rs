@@ -109,7 +109,10 @@ fn claude_code(
     }
     // Its home in the workspace's git directory: the session goes with a snapshot, so
     // a branch of this fork can resume it (`crate::branch`).
-    env.insert("CLAUDE_CONFIG_DIR".into(), crate::branch::CLAUDE_HOME.into());
+    env.insert(
+        "CLAUDE_CONFIG_DIR".into(),
+        crate::branch::CLAUDE_HOME.into(),
+    );
     let script = format!(
         "exec claude -p \"$FORKYARD_PROMPT\"{} --output-format stream-json --verbose --model {} --max-turns {turns} --permission-mode acceptEdits --allowedTools {}",
         crate::branch::claude_resume_flags(req),

@@ -31,7 +31,10 @@ pub async fn branch(
         .map_err(status_error)?
         .into_inner();
     let names: Vec<String> = resp.forks.iter().map(u32::to_string).collect();
-    eprintln!("fork {fork} of {run_id} branched: new forks {}", names.join(", "));
+    eprintln!(
+        "fork {fork} of {run_id} branched: new forks {}",
+        names.join(", ")
+    );
     if !wait {
         if output != Output::Table {
             print_run(&get(client, &run_id).await?, output)?;

@@ -5,13 +5,13 @@
 use crate::{local::core::provisioner::Provisioner, router::Backends};
 use forkyard_proto::sandbox::v1::{
     CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DeleteSnapshotRequest,
-    DeleteSnapshotResponse, DestroySandboxRequest, ListSnapshotsRequest, ListSnapshotsResponse,
-    DestroySandboxResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,
-    ForkSandboxResponse, GetSandboxRequest, HealthCheckRequest, HealthCheckResponse,
-    HydrateWorkspaceRequest, ListSandboxesRequest, ListSandboxesResponse, PersistWorkspaceRequest,
-    PersistWorkspaceResponse, PtyEvent, ReadFileRequest, ReadFileResponse, ResizePtyRequest,
-    ResizePtyResponse, Sandbox, StartPtyRequest, StartSandboxRequest, StopSandboxRequest,
-    WriteFileRequest, WriteFileResponse, WritePtyRequest, WritePtyResponse,
+    DeleteSnapshotResponse, DestroySandboxRequest, DestroySandboxResponse, ExecEvent, ExecRequest,
+    ExecResponse, ForkSandboxRequest, ForkSandboxResponse, GetSandboxRequest, HealthCheckRequest,
+    HealthCheckResponse, HydrateWorkspaceRequest, ListSandboxesRequest, ListSandboxesResponse,
+    ListSnapshotsRequest, ListSnapshotsResponse, PersistWorkspaceRequest, PersistWorkspaceResponse,
+    PtyEvent, ReadFileRequest, ReadFileResponse, ResizePtyRequest, ResizePtyResponse, Sandbox,
+    StartPtyRequest, StartSandboxRequest, StopSandboxRequest, WriteFileRequest, WriteFileResponse,
+    WritePtyRequest, WritePtyResponse,
     sandbox_provisioner_server::{SandboxProvisioner, SandboxProvisionerServer},
 };
 use futures::StreamExt;

@@ -29,8 +29,7 @@ use forkyard_proto::{
     sandbox::v1::{
         CollectPatchRequest, CollectPatchResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
         DestroySandboxRequest, DestroySandboxResponse, PersistWorkspaceRequest,
-        PersistWorkspaceResponse,
-        sandbox_provisioner_client::SandboxProvisionerClient,
+        PersistWorkspaceResponse, sandbox_provisioner_client::SandboxProvisionerClient,
     },
 };
 use std::{sync::Arc, time::Duration};

@@ -145,10 +145,7 @@ impl Preparer<'_> {
                     .owner_of(&item.create_at)
                     .map_err(tonic::Status::invalid_argument)?
             };
-            let sandbox = creates
-                .create_sandbox(item.create)
-                .await?
-                .into_inner();
+            let sandbox = creates.create_sandbox(item.create).await?.into_inner();
             // A test's kill with a wave's creates under way (debug builds).
             forkyard_common::fault::point("wave.after-create");
             let health = self.health_check(&sandbox).await;

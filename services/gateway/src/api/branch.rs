@@ -94,7 +94,10 @@ fn check_request(req: &BranchForkRequest) -> Result<(), GatewayError> {
     if req.prompt.len() > MAX_PROMPT_BYTES {
         return Err(GatewayError::field(
             "prompt",
-            format!("is {} bytes; the limit is {MAX_PROMPT_BYTES}", req.prompt.len()),
+            format!(
+                "is {} bytes; the limit is {MAX_PROMPT_BYTES}",
+                req.prompt.len()
+            ),
         ));
     }
     if req.prompt.contains('\0') {
@@ -105,12 +108,20 @@ fn check_request(req: &BranchForkRequest) -> Result<(), GatewayError> {
 
 /// The request against the run as it is: the fork exists and has finished with a branch
 /// point, the run allows branches, its driver can resume, the count fits.
-fn check_against_run(run: &Run, req: &BranchForkRequest, max_forks: u32) -> Result<(), GatewayError> {
+fn check_against_run(
+    run: &Run,
+    req: &BranchForkRequest,
+    max_forks: u32,
+) -> Result<(), GatewayError> {
     let spec = run.spec.clone().unwrap_or_default();
     let Some(parent) = run.forks.get(req.fork as usize - 1) else {
         return Err(GatewayError::field(
             "fork",
-            format!("the run has no fork {} (it has {})", req.fork, run.forks.len()),
+            format!(
+                "the run has no fork {} (it has {})",
+                req.fork,
+                run.forks.len()
+            ),
         ));
     };
     let total = run.forks.len() as u64 + u64::from(req.count);

@@ -23,12 +23,12 @@ use crate::{auth::Tenant, error::GatewayError, validate::Limits};
 use forkyard_proto::{
     common::v1::{ForkResult, ForkStatus},
     gateway::v1::{
-        BranchForkRequest, BranchForkResponse, CancelForkRequest, CancelForkResponse, CancelRunRequest, CancelRunResponse,
-        GetForkResultRequest, GetRunRequest, LaunchRunRequest, LaunchRunResponse, ListRunsRequest,
-        ListRunsResponse, PauseRunRequest, PublishForkRequest, RaiseBudgetRequest,
-        RaiseBudgetResponse, ResumeRunRequest, Run, RunEvent, StartCleanupRequest,
-        StartCleanupResponse, StopCleanupRequest, StopCleanupResponse, WatchRunRequest,
-        gateway_server::Gateway,
+        BranchForkRequest, BranchForkResponse, CancelForkRequest, CancelForkResponse,
+        CancelRunRequest, CancelRunResponse, GetForkResultRequest, GetRunRequest, LaunchRunRequest,
+        LaunchRunResponse, ListRunsRequest, ListRunsResponse, PauseRunRequest, PublishForkRequest,
+        RaiseBudgetRequest, RaiseBudgetResponse, ResumeRunRequest, Run, RunEvent,
+        StartCleanupRequest, StartCleanupResponse, StopCleanupRequest, StopCleanupResponse,
+        WatchRunRequest, gateway_server::Gateway,
     },
 };
 use std::{pin::Pin, time::Duration};
@@ -207,10 +207,7 @@ impl Gateway for GatewayService {
         ok(self.publish(&t, req).await)
     }
 
-    async fn branch_fork(
-        &self,
-        req: Request<BranchForkRequest>,
-    ) -> Result<BranchForkResponse> {
+    async fn branch_fork(&self, req: Request<BranchForkRequest>) -> Result<BranchForkResponse> {
         let t = tenant(&req)?;
         ok(self.bounded(self.branch(&t, req.into_inner())).await)
     }

@@ -11,11 +11,7 @@
 //! it took (also when cancelled) and closes.
 
 use super::{
-    input::BranchFrom,
-    options,
-    patches::Change,
-    phase,
-    run_state::SandboxOrchestrationWorkflow,
+    input::BranchFrom, options, patches::Change, phase, run_state::SandboxOrchestrationWorkflow,
 };
 use crate::{activities::sandboxes::SandboxLocal, lifecycle::AtOwner};
 use forkyard_proto::{
@@ -69,7 +65,11 @@ impl SandboxOrchestrationWorkflow {
     pub(super) fn refuse_branch(&self, req: &BranchRequest) -> Option<String> {
         let driver = self.spec.agent.as_ref().map_or("", |a| a.driver.as_str());
         let total = self.forks.len() as u64 + u64::from(req.count);
-        let Some(parent) = req.fork.checked_sub(1).and_then(|i| self.forks.get(i as usize)) else {
+        let Some(parent) = req
+            .fork
+            .checked_sub(1)
+            .and_then(|i| self.forks.get(i as usize))
+        else {
             return Some(format!("fork: the run has no fork {}", req.fork));
         };
         let why = if !self.fork_trees || self.spec.branch_window_secs == 0 {
@@ -89,7 +89,10 @@ impl SandboxOrchestrationWorkflow {
                 req.fork
             )
         } else if parent.snapshot_id.is_empty() {
-            format!("fork {} has no snapshot of its end to branch from", req.fork)
+            format!(
+                "fork {} has no snapshot of its end to branch from",
+                req.fork
+            )
         } else if self.winner_found() {
             "the run stopped at its first verified fork".into()
         } else {
@@ -173,7 +176,11 @@ pub(super) async fn remove_snapshots(ctx: &Ctx) {
             .collect()
     });
     let removals = snapshots.into_iter().map(|at| {
-        ctx.execute_local_activity(SandboxLocal::delete_snapshot, at, options::destroy_local(false))
+        ctx.execute_local_activity(
+            SandboxLocal::delete_snapshot,
+            at,
+            options::destroy_local(false),
+        )
     });
     let _ = super::join::join_all(removals).await;
 }
@@ -225,7 +232,12 @@ mod tests {
         assert!(w.has_pending());
         let b = &w.branches[&4];
         assert_eq!(
-            (b.parent_fork, b.depth, b.snapshot_id.as_str(), b.session.as_str()),
+            (
+                b.parent_fork,
+                b.depth,
+                b.snapshot_id.as_str(),
+                b.session.as_str()
+            ),
             (1, 1, "snap-1", "5e0c2a9e-1111")
         );
         assert_eq!(b.snapshot_endpoint, "http://prov-b:50052");
@@ -239,7 +251,11 @@ mod tests {
         let cases = [
             (run("command", 60), req(3, 1), "fork: the run has no fork 3"),
             (run("command", 60), req(1, 0), "count: must be at least 1"),
-            (run("command", 60), req(1, 4), "count: the run would have 6 forks"),
+            (
+                run("command", 60),
+                req(1, 4),
+                "count: the run would have 6 forks",
+            ),
             (run("command", 60), req(2, 1), "fork 2 has not finished"),
             (run("command", 0), req(1, 1), "without branch_window_secs"),
             (run("codex", 60), req(1, 1), "codex cannot resume"),
@@ -251,9 +267,19 @@ mod tests {
         }
         let mut closed = run("command", 60);
         closed.branches_closed = true;
-        assert!(closed.refuse_branch(&req(1, 1)).unwrap().contains("window has closed"));
+        assert!(
+            closed
+                .refuse_branch(&req(1, 1))
+                .unwrap()
+                .contains("window has closed")
+        );
         let mut no_snapshot = run("command", 60);
         no_snapshot.forks[0].snapshot_id.clear();
-        assert!(no_snapshot.refuse_branch(&req(1, 1)).unwrap().contains("no snapshot"));
+        assert!(
+            no_snapshot
+                .refuse_branch(&req(1, 1))
+                .unwrap()
+                .contains("no snapshot")
+        );
     }
 }

@@ -40,9 +40,7 @@
 //! `--max-forks` (default 1,000) is capped at 1,300, which leaves room under the warning
 //! for forks that wait for budget and start again, and for retried preparation rounds.
 
-use super::{
-    branching::BranchRequest, options, run_loop, run_state::SandboxOrchestrationWorkflow,
-};
+use super::{branching::BranchRequest, options, run_loop, run_state::SandboxOrchestrationWorkflow};
 use forkyard_proto::{
     activities::Ledger,
     budget::v1::{Account, RaiseBudgetRequest},

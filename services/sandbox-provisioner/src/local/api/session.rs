@@ -23,8 +23,7 @@ use crate::{
 use forkyard_proto::sandbox::v1::{
     CreateSandboxRequest, DeleteSnapshotRequest, DeleteSnapshotResponse, ForkSandboxRequest,
     ForkSandboxResponse, HydrateWorkspaceRequest, ListSnapshotsRequest, ListSnapshotsResponse,
-    SnapshotInfo,
-    PersistWorkspaceRequest, PersistWorkspaceResponse, Sandbox, StartSandboxRequest,
+    PersistWorkspaceRequest, PersistWorkspaceResponse, Sandbox, SnapshotInfo, StartSandboxRequest,
     StopSandboxRequest,
 };
 use std::{path::Path, time::Duration};
@@ -79,7 +78,10 @@ impl Provisioner {
 
     /// Remove a snapshot (a run's branch points go with the run); one already gone is
     /// `existed = false`.
-    pub async fn delete_snapshot(&self, req: DeleteSnapshotRequest) -> Result<DeleteSnapshotResponse> {
+    pub async fn delete_snapshot(
+        &self,
+        req: DeleteSnapshotRequest,
+    ) -> Result<DeleteSnapshotResponse> {
         let snaps = self.storage.snapshots.clone();
         let id = req.snapshot_id.clone();
         let existed = tokio::task::spawn_blocking(move || snaps.delete(&id))

@@ -133,8 +133,8 @@ impl Snapshots {
 
     /// Every snapshot's meta (unreadable ones are skipped).
     pub fn list(&self) -> Result<Vec<Meta>> {
-        let entries =
-            std::fs::read_dir(&self.dir).map_err(|e| ProvisionerError::internal("list snapshots", e))?;
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| ProvisionerError::internal("list snapshots", e))?;
         let mut out = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
