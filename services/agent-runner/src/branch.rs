@@ -73,7 +73,6 @@ mod tests {
             branch_of: Some(BranchOf {
                 parent_fork: 3,
                 session: session.into(),
-                ..Default::default()
             }),
             ..Default::default()
         }

@@ -117,6 +117,7 @@ fn request() -> impl Strategy<Value = LaunchRunRequest> {
                 egress: Vec::new(),
                 // The image's nasty string, the isolation's too: each names its field.
                 isolation: image.chars().rev().collect(),
+                branch_window_secs: 0,
                 image,
                 delivery: None,
             },
