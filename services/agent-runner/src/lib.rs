@@ -3,6 +3,7 @@
 
 pub mod activities;
 pub mod agent_loop;
+pub mod branch;
 pub mod charge;
 pub mod command;
 pub mod command_meter;

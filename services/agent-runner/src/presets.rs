@@ -47,7 +47,7 @@ pub fn program(
     }
     match Driver::parse(&agent.driver) {
         Some(Driver::Command) => command(agent),
-        Some(Driver::ClaudeCode) => claude_code(agent, models, max_turns),
+        Some(Driver::ClaudeCode) => claude_code(req, agent, models, max_turns),
         Some(Driver::Codex) => codex(agent, models),
         _ => Err(AgentError::InvalidArgument(format!(
             "agent.driver: {:?} is not a command driver",
@@ -76,7 +76,12 @@ fn command(agent: &AgentSpec) -> Result<Program, AgentError> {
 
 /// `claude -p` with the spec's model (an Anthropic one) and turn limit (else the
 /// runner's `max_turns`).
-fn claude_code(agent: &AgentSpec, models: &Models, max_turns: u32) -> Result<Program, AgentError> {
+fn claude_code(
+    req: &RunAgentRequest,
+    agent: &AgentSpec,
+    models: &Models,
+    max_turns: u32,
+) -> Result<Program, AgentError> {
     let model = models
         .resolve("anthropic", &agent.model)
         .map_err(bad_model)?;
@@ -102,8 +107,15 @@ fn claude_code(agent: &AgentSpec, models: &Models, max_turns: u32) -> Result<Pro
     ] {
         env.insert(var.into(), "1".into());
     }
+    // Its home in the workspace's git directory: the session goes with a snapshot, so
+    // a branch of this fork can resume it (`crate::branch`).
+    env.insert(
+        "CLAUDE_CONFIG_DIR".into(),
+        crate::branch::CLAUDE_HOME.into(),
+    );
     let script = format!(
-        "exec claude -p \"$FORKYARD_PROMPT\" --output-format stream-json --verbose --model {} --max-turns {turns} --permission-mode acceptEdits --allowedTools {}",
+        "exec claude -p \"$FORKYARD_PROMPT\"{} --output-format stream-json --verbose --model {} --max-turns {turns} --permission-mode acceptEdits --allowedTools {}",
+        crate::branch::claude_resume_flags(req),
         shell_quote(&model),
         shell_quote(CLAUDE_TOOLS),
     );

@@ -151,6 +151,40 @@ pub enum Command {
         #[arg(long, value_parser = parse_author)]
         author: Option<(String, String)>,
     },
+    /// Branch a finished fork into N new forks of its run, each starting from the fork's
+    /// workspace and agent session at its end, with -p as the next instruction (empty:
+    /// the run's prompt again). The run must be open for branches (fork --branch-window).
+    Branch {
+        /// The fork's run.
+        #[arg(add = run_ids())]
+        run_id: String,
+        /// The fork to branch (finished: succeeded, failed, timed out, out of budget).
+        fork: u32,
+        /// How many branches.
+        #[arg(short = 'n', long = "count", default_value_t = 1)]
+        count: u32,
+        /// The branches' next instruction; default: the run's prompt again.
+        #[arg(short, long, default_value = "")]
+        prompt: String,
+        /// Wait for the branches to finish and print the run.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Continue a finished fork with a follow-up instruction ("now add tests"): a
+    /// branch of one.
+    Continue {
+        /// The fork's run.
+        #[arg(add = run_ids())]
+        run_id: String,
+        /// The fork to continue.
+        fork: u32,
+        /// The follow-up instruction.
+        #[arg(short, long)]
+        prompt: String,
+        /// Wait for it to finish and print the run.
+        #[arg(long)]
+        wait: bool,
+    },
     /// One fork in full: its patch (printed, or saved with --save), output, verification.
     #[command(group = clap::ArgGroup::new("which").args(["fork", "winner"]).required(true))]
     Result {

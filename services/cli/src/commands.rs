@@ -118,6 +118,19 @@ async fn call(client: &mut Client, command: Command, output: Output) -> anyhow::
             };
             publish(client, req, output).await
         }
+        Command::Branch {
+            run_id,
+            fork,
+            count,
+            prompt,
+            wait,
+        } => crate::branch::branch(client, run_id, fork, count, prompt, wait, output).await,
+        Command::Continue {
+            run_id,
+            fork,
+            prompt,
+            wait,
+        } => crate::branch::branch(client, run_id, fork, 1, prompt, wait, output).await,
         Command::Cleanup { interval, max_age } => cleanup(client, interval, max_age).await,
         Command::StopCleanup => stop_cleanup(client).await,
         Command::Keys(_) | Command::Completion { .. } | Command::Config { .. } => {

@@ -103,6 +103,7 @@ fn launch_request(a: ForkArgs) -> LaunchRunRequest {
         image: a.image,
         isolation: a.isolation,
         backend: a.backend,
+        branch_window_secs: a.branch_window,
         fork_timeout_secs: a.timeout,
         verify_command: a.verify.unwrap_or_default(),
         stop_on_first_verified: a.stop_on_first_verified,

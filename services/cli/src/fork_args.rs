@@ -62,6 +62,11 @@ pub struct ForkArgs {
     /// (FORKYARD_DEFAULT_BACKEND on the gateway, local unless set).
     #[arg(long, default_value = "", value_parser = backend)]
     pub backend: String,
+    /// Keep the run open this many seconds after its last fork, for `forkyard branch`
+    /// and `forkyard continue` (each fork's workspace is snapshotted at its end). 0: the
+    /// run closes with its forks and cannot be branched.
+    #[arg(long, default_value_t = 0)]
+    pub branch_window: u32,
     /// Branch prefix: fork n works on <branch>-fork-<n>.
     #[arg(short, long, default_value = "forkyard")]
     pub branch: String,

@@ -8,6 +8,7 @@
 //! - 64: bad command-line usage.
 
 mod apply;
+mod branch;
 mod cli;
 mod client;
 mod commands;

@@ -84,10 +84,19 @@ pub fn run(run: &Run) -> String {
         .spec
         .as_ref()
         .is_some_and(|s| !s.verify_command.is_empty());
+    // Fork trees: a PARENT column once the run has branches (`<parent>` and the depth).
+    let tree = run.forks.iter().any(|f| f.parent_fork > 0);
     let _ = writeln!(
         out,
-        "{:<5} {:<16} {:<7} {:>9} {:>10}  {:<22} {:<9} BRANCH / ERROR",
-        "FORK", "STATUS", "BACKEND", "DURATION", "COST", "DIFFSTAT", "VERIFY"
+        "{:<5} {:<16} {:<7} {:>9} {:>10}  {:<22} {:<9} {}BRANCH / ERROR",
+        "FORK",
+        "STATUS",
+        "BACKEND",
+        "DURATION",
+        "COST",
+        "DIFFSTAT",
+        "VERIFY",
+        if tree { "PARENT    " } else { "" }
     );
     for f in &run.forks {
         let duration = if f.finished_unix_ms > 0 {
@@ -103,7 +112,7 @@ pub fn run(run: &Run) -> String {
         let mark = if run.winner == f.fork { "*" } else { " " };
         let _ = writeln!(
             out,
-            "{:<4}{mark} {:<16} {:<7} {:>9} {:>10}  {:<22} {:<9} {}",
+            "{:<4}{mark} {:<16} {:<7} {:>9} {:>10}  {:<22} {:<9} {}{}",
             f.fork,
             fork_status(f.status),
             if f.backend.is_empty() {
@@ -115,6 +124,7 @@ pub fn run(run: &Run) -> String {
             usd(f.cost_micros),
             diffstat(f),
             if verifies { verify(f.verify) } else { "-" },
+            if tree { parent_cell(f) } else { String::new() },
             note
         );
     }
@@ -125,10 +135,27 @@ pub fn run(run: &Run) -> String {
             run.winner, run.ranking
         );
     }
+    if run.branchable_until_unix_ms > 0 {
+        let _ = writeln!(
+            out,
+            "open for branches until {} (forkyard branch / continue)",
+            crate::when::at(run.branchable_until_unix_ms)
+        );
+    }
     if !run.error.is_empty() {
         let _ = writeln!(out, "error: {}", run.error);
     }
     out
+}
+
+/// A fork's PARENT cell: `3 (d1)` for a branch of fork 3, `-` for one of the run's own.
+fn parent_cell(f: &ForkResult) -> String {
+    let cell = if f.parent_fork == 0 {
+        "-".to_owned()
+    } else {
+        format!("{} (d{})", f.parent_fork, f.depth)
+    };
+    format!("{cell:<10}")
 }
 
 pub fn runs(runs: &[RunSummary]) -> String {

@@ -35,6 +35,7 @@ fn item(fork: u32) -> FinishItem {
         commit_key: format!("run-r/fork-{fork}/a1/commit"),
         release_key: format!("run-r/fork-{fork}/a1/release"),
         sandbox_lost: false,
+        snapshot: false,
     }
 }
 

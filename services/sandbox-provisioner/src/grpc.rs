@@ -4,14 +4,14 @@
 
 use crate::{local::core::provisioner::Provisioner, router::Backends};
 use forkyard_proto::sandbox::v1::{
-    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DestroySandboxRequest,
-    DestroySandboxResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,
-    ForkSandboxResponse, GetSandboxRequest, HealthCheckRequest, HealthCheckResponse,
-    HydrateWorkspaceRequest, ListBackendsRequest, ListBackendsResponse, ListSandboxesRequest,
-    ListSandboxesResponse, PersistWorkspaceRequest, PersistWorkspaceResponse, PtyEvent,
-    ReadFileRequest, ReadFileResponse, ResizePtyRequest, ResizePtyResponse, Sandbox,
-    StartPtyRequest, StartSandboxRequest, StopSandboxRequest, WriteFileRequest, WriteFileResponse,
-    WritePtyRequest, WritePtyResponse,
+    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, DeleteSnapshotRequest,
+    DeleteSnapshotResponse, DestroySandboxRequest, DestroySandboxResponse, ExecEvent, ExecRequest,
+    ExecResponse, ForkSandboxRequest, ForkSandboxResponse, GetSandboxRequest, HealthCheckRequest,
+    HealthCheckResponse, HydrateWorkspaceRequest, ListBackendsRequest, ListBackendsResponse,
+    ListSandboxesRequest, ListSandboxesResponse, ListSnapshotsRequest, ListSnapshotsResponse,
+    PersistWorkspaceRequest, PersistWorkspaceResponse, PtyEvent, ReadFileRequest, ReadFileResponse,
+    ResizePtyRequest, ResizePtyResponse, Sandbox, StartPtyRequest, StartSandboxRequest,
+    StopSandboxRequest, WriteFileRequest, WriteFileResponse, WritePtyRequest, WritePtyResponse,
     sandbox_provisioner_server::{SandboxProvisioner, SandboxProvisionerServer},
 };
 use futures::StreamExt;
@@ -193,6 +193,25 @@ impl SandboxProvisioner for SandboxService {
             let r = req.into_inner();
             self.core.for_id(&r.sandbox_id.clone()).fork(r).await?
         }))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        req: Request<DeleteSnapshotRequest>,
+    ) -> Result<Response<DeleteSnapshotResponse>, Status> {
+        // Snapshots are the local backend's (its snapshot store on this host).
+        Ok(Response::new(
+            self.core.local().delete_snapshot(req.into_inner()).await?,
+        ))
+    }
+
+    async fn list_snapshots(
+        &self,
+        req: Request<ListSnapshotsRequest>,
+    ) -> Result<Response<ListSnapshotsResponse>, Status> {
+        Ok(Response::new(
+            self.core.local().list_snapshots(req.into_inner()).await?,
+        ))
     }
 
     type StartPtyStream =

@@ -92,7 +92,9 @@ pub async fn run<S: ProgressSink>(
     // is charged what it reports on stdout, as without a gateway.
     let grant = mint_grant(req, &env)?;
     let meter = meter(req, &env, resume, transcript);
-    let exec = exec_request(req, &env, grant.as_ref());
+    let copied = copy_parent_transcript(req, env.store, env.client.clone()).await;
+    let mut exec = exec_request(req, &env, grant.as_ref());
+    exec.env.extend(crate::branch::env(req, copied));
     let Env {
         client,
         endpoint,
@@ -111,6 +113,7 @@ pub async fn run<S: ProgressSink>(
         stdout: Lines::default(),
         stderr: Default::default(),
         readings: UsageStream::default(),
+        session_id: String::new(),
     };
     let mut stream = running.start(exec, &mut cancelled).await?;
     let exit = running
@@ -118,6 +121,36 @@ pub async fn run<S: ProgressSink>(
         .await?;
     running.drain(stream).await?;
     running.finish(exit).await
+}
+
+/// A branched fork's parent's transcript, copied into the workspace's git directory
+/// (`crate::branch::PARENT_TRANSCRIPT`) when this runner holds it: `true` if it is there.
+async fn copy_parent_transcript(
+    req: &RunAgentRequest,
+    store: Option<&ArtifactStore>,
+    mut client: SandboxProvisionerClient<Channel>,
+) -> bool {
+    let (Some(b), Some(store)) = (req.branch_of.as_ref(), store) else {
+        return false;
+    };
+    // Its latest attempt's, when this replica ran it.
+    let Some((_, text, _)) = store.get(&req.run_id, b.parent_fork, 0) else {
+        return false;
+    };
+    let content = text.into_bytes();
+    let write = forkyard_proto::sandbox::v1::WriteFileRequest {
+        sandbox_id: req.sandbox_id.clone(),
+        path: crate::branch::PARENT_TRANSCRIPT.into(),
+        content,
+        mode: 0o644,
+    };
+    match client.write_file(write).await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(run_id = %req.run_id, fork = req.fork, error = %e, "parent transcript not copied into the branch");
+            false
+        }
+    }
 }
 
 /// This attempt's transcript; none without a store or a safe key.

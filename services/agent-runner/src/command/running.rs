@@ -40,6 +40,8 @@ pub(super) struct Running<'a, 'g, S: ProgressSink> {
     pub(super) stdout: Lines,
     pub(super) stderr: Stderr,
     pub(super) readings: UsageStream,
+    /// The CLI's session id, once it printed one (a branch of this fork resumes it).
+    pub(super) session_id: String,
 }
 
 fn sandbox_error(req: &RunAgentRequest, endpoint: &str, s: &tonic::Status) -> AgentError {
@@ -143,6 +145,11 @@ impl<S: ProgressSink> Running<'_, '_, S> {
     /// through the gateway, read for usage.
     async fn stdout_line(&mut self, line: &str) -> Result<(), AgentError> {
         self.meter.record_output(line);
+        if self.session_id.is_empty()
+            && let Some(id) = crate::branch::session_in(line)
+        {
+            self.session_id = id;
+        }
         if self.grant.is_some_and(GrantHandle::used) {
             return Ok(());
         }
@@ -207,6 +214,7 @@ impl<S: ProgressSink> Running<'_, '_, S> {
             transcript_key: self.meter.transcript.key.clone(),
             sandbox_charged_micros: p.sandbox_charged_micros,
             workspace_over_limit: exit.workspace_over_limit,
+            session_id: self.session_id.clone(),
             ..Default::default()
         };
         // What a retry would resume from, should this completion be lost; a command that

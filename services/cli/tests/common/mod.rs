@@ -191,6 +191,13 @@ impl Gateway for Fake {
         Err(Status::unimplemented("fake"))
     }
 
+    async fn branch_fork(
+        &self,
+        _: Request<forkyard_proto::gateway::v1::BranchForkRequest>,
+    ) -> Answer<forkyard_proto::gateway::v1::BranchForkResponse> {
+        Err(Status::unimplemented("fake"))
+    }
+
     async fn start_cleanup(&self, _: Request<StartCleanupRequest>) -> Answer<StartCleanupResponse> {
         Err(Status::unimplemented("fake"))
     }

@@ -39,7 +39,7 @@ use forkyard_common::telemetry::otel::{
 };
 use forkyard_proto::{
     budget::v1::Reservation,
-    sandbox::v1::{CollectPatchRequest, CollectPatchResponse},
+    sandbox::v1::{CollectPatchRequest, CollectPatchResponse, PersistWorkspaceRequest},
 };
 use serde::{Deserialize, Serialize};
 use std::{
@@ -77,6 +77,9 @@ pub struct Finished {
     pub sandbox_cost_micros: i64,
     /// The commit's amount (the agent's spend with the sandbox's whole cost).
     pub amount_micros: i64,
+    /// The workspace's snapshot at the fork's end (a run open for branches).
+    pub snapshot_id: String,
+    pub snapshot_error: String,
 }
 
 /// A finish attempt's heartbeat: the forks it finished, by their place in the batch
@@ -221,7 +224,14 @@ impl From<Ended<StepError>> for Finished {
             Ok(r) => (Some(r), String::new(), false),
             Err(e) => (None, e.message, e.retryable),
         };
+        let (snapshot_id, snapshot_error) = match ended.snapshot {
+            Some(Ok(id)) => (id, String::new()),
+            Some(Err(e)) => (String::new(), e.message),
+            None => (String::new(), String::new()),
+        };
         Self {
+            snapshot_id,
+            snapshot_error,
             patch,
             patch_error,
             handoff: false,
@@ -295,6 +305,20 @@ impl FinishSteps for Batch<'_> {
                 message: ledger::message(&s),
                 retryable: !ledger_final(&s),
             })
+    }
+
+    async fn persist(&self, sandbox: &AtOwner) -> Result<String, StepError> {
+        let owner = self.sandboxes.owner_of(&sandbox.endpoint)?;
+        let req = PersistWorkspaceRequest {
+            sandbox_id: sandbox.sandbox_id.clone(),
+        };
+        retried(tries::PATCH, sandbox_final, || {
+            let (mut c, req) = (owner.clone(), req.clone());
+            async move { c.persist_workspace(req).await }
+        })
+        .await
+        .map(|r| r.into_inner().snapshot_id)
+        .map_err(|s| StepError::from(format!("snapshot workspace: {}", s.message())))
     }
 
     /// Tried until the cleanup deadline, not three times: a provisioner away for a

@@ -27,8 +27,9 @@ use forkyard_common::{
 use forkyard_proto::{
     activities::errors,
     sandbox::v1::{
-        CollectPatchRequest, CollectPatchResponse, DestroySandboxRequest, DestroySandboxResponse,
-        sandbox_provisioner_client::SandboxProvisionerClient,
+        CollectPatchRequest, CollectPatchResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
+        DestroySandboxRequest, DestroySandboxResponse, PersistWorkspaceRequest,
+        PersistWorkspaceResponse, sandbox_provisioner_client::SandboxProvisionerClient,
     },
 };
 use std::{sync::Arc, time::Duration};
@@ -192,6 +193,41 @@ impl SandboxLocal {
             .await
             .map(tonic::Response::into_inner)
             .map_err(|s| failure_saying(patch_failure_message(&s), &s))
+    }
+
+    /// The workspace's snapshot, at its owner (a fork's branch point).
+    #[activity(name = "SandboxLocal.persist")]
+    pub async fn persist(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        at: AtOwner,
+    ) -> Result<PersistWorkspaceResponse, ActivityError> {
+        let req = PersistWorkspaceRequest {
+            sandbox_id: at.sandbox_id,
+        };
+        self.owner(&at.endpoint)?
+            .persist_workspace(req)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| failure("snapshot workspace", s))
+    }
+
+    /// Remove a snapshot at the replica holding it (`at.sandbox_id` is the snapshot's
+    /// id); one already gone counts as removed.
+    #[activity(name = "SandboxLocal.delete_snapshot")]
+    pub async fn delete_snapshot(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        at: AtOwner,
+    ) -> Result<DeleteSnapshotResponse, ActivityError> {
+        let req = DeleteSnapshotRequest {
+            snapshot_id: at.sandbox_id,
+        };
+        self.owner(&at.endpoint)?
+            .delete_snapshot(req)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| failure("delete snapshot", s))
     }
 
     /// A sandbox already gone counts as destroyed.

@@ -71,6 +71,8 @@ pub struct WaveItem {
     pub reservation_id: String,
     pub reserve: ReserveRequest,
     pub create: CreateSandboxRequest,
+    /// The replica to create at (a branch: where its parent's snapshot is); empty: any.
+    pub create_at: String,
 }
 
 /// Each fork's outcome, in the wave's order.
@@ -136,12 +138,14 @@ impl Preparer<'_> {
         };
         let reserve = self.reserve(out.reservation_id.is_empty(), item.reserve, opened);
         let made = async {
-            let sandbox = self
-                .sandboxes
-                .creates()
-                .create_sandbox(item.create)
-                .await?
-                .into_inner();
+            let mut creates = if item.create_at.is_empty() {
+                self.sandboxes.creates()
+            } else {
+                self.sandboxes
+                    .owner_of(&item.create_at)
+                    .map_err(tonic::Status::invalid_argument)?
+            };
+            let sandbox = creates.create_sandbox(item.create).await?.into_inner();
             // A test's kill with a wave's creates under way (debug builds).
             forkyard_common::fault::point("wave.after-create");
             let health = self.health_check(&sandbox).await;

@@ -174,7 +174,8 @@ async fn check_delivery_access(
 
 /// What the e2b backend cannot give a run, refused at launch naming the field (the
 /// provisioner would refuse each fork's create): an egress allowlist (E2B's own network
-/// rules are not mapped yet) and an isolation level (E2B's sandboxes are its microVMs).
+/// rules are not mapped yet), an isolation level (E2B's sandboxes are its microVMs) and
+/// a branch window (branches start from local snapshots).
 fn check_on_backend(spec: &RunSpec) -> Result<(), GatewayError> {
     if spec.backend != "e2b" {
         return Ok(());
@@ -189,6 +190,13 @@ fn check_on_backend(spec: &RunSpec) -> Result<(), GatewayError> {
         return Err(GatewayError::field(
             "isolation",
             "applies to the local backend only (an e2b sandbox is E2B's own microVM)",
+        ));
+    }
+    // Branches are made from the provisioner's own snapshots of local workspaces.
+    if spec.branch_window_secs > 0 {
+        return Err(GatewayError::field(
+            "branch_window_secs",
+            "fork trees run on the local backend only (no e2b snapshots yet)",
         ));
     }
     Ok(())
@@ -245,6 +253,11 @@ mod tests {
         };
         assert_eq!(field(spec("e2b", &["pypi.org"], "")), "egress");
         assert_eq!(field(spec("e2b", &[], "gvisor")), "isolation");
+        let branchable = RunSpec {
+            branch_window_secs: 60,
+            ..spec("e2b", &[], "")
+        };
+        assert_eq!(field(branchable), "branch_window_secs");
         assert!(check_on_backend(&spec("e2b", &[], "")).is_ok());
         assert!(check_on_backend(&spec("local", &["pypi.org"], "gvisor")).is_ok());
     }

@@ -6,6 +6,7 @@
 //! run's state once it closed.
 
 mod agent_runner;
+mod branch;
 pub mod cleanup;
 mod forks;
 mod keys;
@@ -23,12 +24,12 @@ use crate::{auth::Tenant, error::GatewayError, validate::Limits};
 use forkyard_proto::{
     common::v1::{ForkResult, ForkStatus},
     gateway::v1::{
-        CancelForkRequest, CancelForkResponse, CancelRunRequest, CancelRunResponse,
-        GetForkResultRequest, GetRunRequest, LaunchRunRequest, LaunchRunResponse, ListRunsRequest,
-        ListRunsResponse, PauseRunRequest, PublishForkRequest, RaiseBudgetRequest,
-        RaiseBudgetResponse, ResumeRunRequest, Run, RunEvent, StartCleanupRequest,
-        StartCleanupResponse, StopCleanupRequest, StopCleanupResponse, WatchRunRequest,
-        gateway_server::Gateway,
+        BranchForkRequest, BranchForkResponse, CancelForkRequest, CancelForkResponse,
+        CancelRunRequest, CancelRunResponse, GetForkResultRequest, GetRunRequest, LaunchRunRequest,
+        LaunchRunResponse, ListRunsRequest, ListRunsResponse, PauseRunRequest, PublishForkRequest,
+        RaiseBudgetRequest, RaiseBudgetResponse, ResumeRunRequest, Run, RunEvent,
+        StartCleanupRequest, StartCleanupResponse, StopCleanupRequest, StopCleanupResponse,
+        WatchRunRequest, gateway_server::Gateway,
     },
 };
 use std::{pin::Pin, time::Duration};
@@ -206,6 +207,11 @@ impl Gateway for GatewayService {
         let req = req.into_inner();
         // Not bounded by the read deadline: a push and a pull request take their time.
         ok(self.publish(&t, req).await)
+    }
+
+    async fn branch_fork(&self, req: Request<BranchForkRequest>) -> Result<BranchForkResponse> {
+        let t = tenant(&req)?;
+        ok(self.bounded(self.branch(&t, req.into_inner())).await)
     }
 
     async fn start_cleanup(

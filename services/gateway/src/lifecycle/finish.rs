@@ -28,6 +28,8 @@ pub(crate) trait FinishSteps {
     /// Whether a patch failure says the sandbox is gone (its destroy is then brief).
     fn names_lost(&self, failure: &Self::Failure) -> bool;
     async fn settle(&self, settlement: &Settlement) -> Result<Reservation, Self::Failure>;
+    /// Snapshot the workspace (the fork's branch point); its id.
+    async fn persist(&self, sandbox: &AtOwner) -> Result<String, Self::Failure>;
     /// Destroy the sandbox, briefly when it is known `lost`; one already gone counts as
     /// destroyed.
     async fn destroy(&self, sandbox: &AtOwner, lost: bool) -> Result<(), Self::Failure>;
@@ -43,6 +45,8 @@ pub struct Ended<F> {
     pub sandbox_cost_micros: i64,
     pub settled: Result<Reservation, F>,
     pub destroyed: Result<(), F>,
+    /// `None`: not asked for (see [`FinishItem::snapshot`]), or the sandbox is lost.
+    pub snapshot: Option<Result<String, F>>,
 }
 
 /// Finish one fork: patch, settle, destroy. `None`: handed off after its patch (see
@@ -63,8 +67,15 @@ pub(crate) async fn finish_fork<S: FinishSteps>(
     };
     let (settlement, sandbox_cost_micros) =
         Settlement::of(fork, patched.flatten(), patched.is_some());
-    let settled = steps.settle(&settlement).await;
     let lost = fork.sandbox_lost || matches!(&patch, Some(Err(f)) if steps.names_lost(f));
+    // Before the settlement: a branch point is part of what the fork left, and after
+    // the patch, which it must not change (the patch is what a branch starts from).
+    let snapshot = if fork.snapshot && !lost && !fork.sandbox.sandbox_id.is_empty() {
+        Some(steps.persist(&fork.sandbox).await)
+    } else {
+        None
+    };
+    let settled = steps.settle(&settlement).await;
     let destroyed = if fork.sandbox.sandbox_id.is_empty() {
         Ok(())
     } else {
@@ -76,5 +87,6 @@ pub(crate) async fn finish_fork<S: FinishSteps>(
         sandbox_cost_micros,
         settled,
         destroyed,
+        snapshot,
     })
 }

@@ -26,4 +26,7 @@ pub struct FinishItem {
     /// The agent lost the sandbox (its replica went away): its destroy is tried briefly,
     /// since the fork starts again elsewhere and must not wait for a replica that is gone.
     pub sandbox_lost: bool,
+    /// Snapshot the workspace before the sandbox goes: the fork's branch point, for a run
+    /// open for branches (fork trees).
+    pub snapshot: bool,
 }

@@ -125,7 +125,21 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         // Empty until admitted: the operator's default is filled in then
         // (`crate::backend_policy`), with what the provisioners offer.
         backend: req.backend.trim().to_owned(),
+        branch_window_secs: check_branch_window(req.branch_window_secs)?,
     })
+}
+
+/// The longest a run stays open for branches after its last fork (a day).
+const MAX_BRANCH_WINDOW_SECS: u32 = 86_400;
+
+fn check_branch_window(secs: u32) -> Result<u32, GatewayError> {
+    if secs > MAX_BRANCH_WINDOW_SECS {
+        return Err(field(
+            "branch_window_secs",
+            format!("{secs} is above the limit of {MAX_BRANCH_WINDOW_SECS} (a day)"),
+        ));
+    }
+    Ok(secs)
 }
 
 /// One of the isolation levels a sandbox can have (`forkyard_proto::ISOLATIONS`), or

@@ -165,6 +165,15 @@ impl FinishSteps for ChildSteps<'_> {
         settle::settle(self.ctx, self.patches, s).await
     }
 
+    async fn persist(&self, sandbox: &AtOwner) -> Result<String, StepFailure> {
+        let options = options::collect_patch_local();
+        self.ctx
+            .execute_local_activity(SandboxLocal::persist, sandbox.clone(), options)
+            .await
+            .map(|r| r.snapshot_id)
+            .map_err(|e| classify("snapshot workspace", &e))
+    }
+
     async fn destroy(&self, sandbox: &AtOwner, lost: bool) -> Result<(), StepFailure> {
         settle::destroy_at(self.ctx, sandbox.clone(), lost)
             .await

@@ -27,6 +27,8 @@ pub(super) fn starting(input: &ForkInput, sandbox: &Sandbox) -> ForkResult {
         base_commit: sandbox.base_commit.clone(),
         phase: phase::AGENT.into(),
         verify: VerifyStatus::NotRun as i32,
+        parent_fork: input.branch.as_ref().map_or(0, |b| b.parent_fork),
+        depth: input.branch.as_ref().map_or(0, |b| b.depth),
         ..Default::default()
     }
 }
@@ -121,6 +123,11 @@ pub(super) fn apply_ended(
         (Ok(_), None) => apply_failure(result, StepFailure::Failed("no patch collected".into())),
     }
     result.sandbox_cost_micros = ended.sandbox_cost_micros;
+    // A snapshot that failed leaves the fork as it ended; BranchFork then says it has
+    // no branch point.
+    if let Some(Ok(id)) = ended.snapshot {
+        result.snapshot_id = id;
+    }
     let s = ended.settlement;
     apply_settlement(result, s.amount_micros, s.commit, ended.settled);
     if let Err(why) = ended.destroyed

@@ -283,11 +283,17 @@ fn ended(out: Finished, patched: bool, agent_cost_micros: i64) -> Ended<StepFail
         // The run closes after its forks: the janitor's sweep reaps the sandbox then.
         Err(StepFailure::Failed(out.destroy_error))
     };
+    let snapshot = match (out.snapshot_id.is_empty(), out.snapshot_error.is_empty()) {
+        (false, _) => Some(Ok(out.snapshot_id)),
+        (true, false) => Some(Err(StepFailure::Failed(out.snapshot_error))),
+        (true, true) => None,
+    };
     Ended {
         patch,
         settlement,
         sandbox_cost_micros: out.sandbox_cost_micros,
         settled,
         destroyed,
+        snapshot,
     }
 }

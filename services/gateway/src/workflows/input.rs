@@ -27,6 +27,36 @@ pub struct ForkInput {
     /// Set when the run ran the agent (and verify) itself and the patch was too large
     /// for its history: the child goes on from the patch.
     pub handoff: Option<Handoff>,
+    /// Set for a branch of another fork (BranchFork): where it starts.
+    pub branch: Option<BranchFrom>,
+}
+
+/// A branched fork's branch point: its parent's workspace (a snapshot at the replica
+/// holding it) and agent session at the parent's end, and the next user turn.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BranchFrom {
+    pub parent_fork: u32,
+    /// The parent's depth + 1.
+    pub depth: u32,
+    pub snapshot_id: String,
+    /// The provisioner replica holding the snapshot (the parent sandbox's owner; empty:
+    /// the create address).
+    pub snapshot_endpoint: String,
+    /// The parent's agent session (claude-code), empty when it had none.
+    pub session: String,
+    /// The branch's prompt; empty: the run's prompt again.
+    pub prompt: String,
+}
+
+impl ForkInput {
+    /// What the fork's agent is asked: its branch's prompt, else the run's.
+    pub fn prompt(&self) -> &str {
+        match &self.branch {
+            Some(b) if !b.prompt.trim().is_empty() => &b.prompt,
+            _ => &self.spec.prompt,
+        }
+    }
 }
 
 /// What a run hands to the child of an inline fork whose patch it cannot keep.

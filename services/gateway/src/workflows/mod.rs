@@ -4,6 +4,7 @@
 //! task queue, called through the shared contracts in `forkyard_proto::activities`.
 //! Workflow code is deterministic: time comes from `ctx.workflow_time()`, never a clock.
 
+pub mod branching;
 pub mod cleanup;
 pub(crate) mod deliver;
 mod failure;
@@ -28,7 +29,7 @@ mod steps;
 pub use deliver::PublishWorkflow;
 pub use fork::ForkWorkflow;
 pub use fork_results::fork_results;
-pub use input::{AgentEnd, ForkInput, Handoff};
+pub use input::{AgentEnd, BranchFrom, ForkInput, Handoff};
 pub use run_state::{SandboxOrchestrationWorkflow, outcome};
 
 use temporalio_common::search_attributes::SearchAttributeKey;

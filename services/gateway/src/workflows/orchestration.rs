@@ -40,7 +40,7 @@
 //! `--max-forks` (default 1,000) is capped at 1,300, which leaves room under the warning
 //! for forks that wait for budget and start again, and for retried preparation rounds.
 
-use super::{options, run_loop, run_state::SandboxOrchestrationWorkflow};
+use super::{branching::BranchRequest, options, run_loop, run_state::SandboxOrchestrationWorkflow};
 use forkyard_proto::{
     activities::Ledger,
     budget::v1::{Account, RaiseBudgetRequest},
@@ -95,6 +95,33 @@ impl SandboxOrchestrationWorkflow {
     #[signal]
     pub fn cancel_fork(&mut self, _ctx: &mut SyncWorkflowContext<Self>, fork: u32) {
         Self::cancel_fork_now(self, fork);
+    }
+
+    #[update_validator(branch_fork)]
+    fn validate_branch_fork(
+        &self,
+        _ctx: &WorkflowContextView,
+        req: &BranchRequest,
+    ) -> Result<(), BoxError> {
+        match self.refuse_branch(req) {
+            Some(why) => Err(why.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Branch a finished fork (validated above): `count` new pending forks of this run,
+    /// numbered after its forks, starting from the fork's end; their numbers.
+    #[update]
+    pub fn branch_fork(
+        &mut self,
+        _ctx: &mut SyncWorkflowContext<Self>,
+        req: BranchRequest,
+    ) -> Result<Vec<u32>, BoxError> {
+        // Checked again: the state may have changed since the validator ran.
+        if let Some(why) = self.refuse_branch(&req) {
+            return Err(why.into());
+        }
+        Ok(self.add_branches(&req))
     }
 
     #[update_validator(raise_budget)]

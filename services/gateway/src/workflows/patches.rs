@@ -33,7 +33,12 @@ const GENERATIONS: &[&str] = &[
     "finishes-beside-waves",
     "delivers-results",
     "backend-per-run",
+    FORK_TREES,
 ];
+
+/// Fork trees (#45): the generation is found by name, not by place, so that it stays
+/// right whichever generations a merge puts before it.
+const FORK_TREES: &str = "fork-trees";
 
 /// Changes introduced by earlier builds, each with the patch those builds recorded.
 #[derive(Clone, Copy, Debug)]
@@ -68,6 +73,10 @@ pub enum Change {
     /// Each fork's sandbox is created on the run's backend (`RunSpec.backend`: local or
     /// e2b), not on local whatever the run asked.
     BackendPerRun,
+    /// Fork trees: a run open for branches (`RunSpec::branch_window_secs`) snapshots
+    /// each fork's workspace at its end, takes BranchFork updates, stays open for the
+    /// window after its last fork, and removes its snapshots when it closes.
+    ForkTrees,
 }
 
 impl Change {
@@ -84,6 +93,7 @@ impl Change {
             Self::FinishesBesideWaves => 4,
             Self::DeliversResults => 5,
             Self::BackendPerRun => 6,
+            Self::ForkTrees => generation_of(FORK_TREES),
         }
     }
 
@@ -101,8 +111,17 @@ impl Change {
             Self::FinishesBesideWaves => GENERATIONS[3],
             Self::DeliversResults => GENERATIONS[4],
             Self::BackendPerRun => GENERATIONS[5],
+            Self::ForkTrees => FORK_TREES,
         }
     }
+}
+
+/// The generation (1-based) whose patch is `id`.
+fn generation_of(id: &str) -> usize {
+    GENERATIONS
+        .iter()
+        .position(|g| *g == id)
+        .map_or(usize::MAX, |i| i + 1)
 }
 
 /// What a workflow decided in its first activation.

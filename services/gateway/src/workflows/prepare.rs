@@ -276,6 +276,12 @@ fn round_items(
                 idempotency_key: key(f, "reserve"),
             },
             create: create_request(f, key(f, "create"), backend_per_run),
+            create_at: f
+                .input
+                .branch
+                .as_ref()
+                .map(|b| b.snapshot_endpoint.clone())
+                .unwrap_or_default(),
         });
     }
     (todo, items)
@@ -465,6 +471,13 @@ fn create_request(
         // gVisor or bubblewrap: the provisioner refuses (FAILED_PRECONDITION) what it
         // cannot give, never substituting.
         isolation: spec.isolation.clone(),
+        // A branch starts from its parent's workspace at its end: no clone.
+        snapshot_id: f
+            .input
+            .branch
+            .as_ref()
+            .map(|b| b.snapshot_id.clone())
+            .unwrap_or_default(),
         ..Default::default()
     }
 }

@@ -52,10 +52,15 @@ pub(super) async fn run(ctx: &mut Ctx) -> WorkflowResult<Run> {
         s.requeue_lost = requeue_lost;
         s.within_budget = within_budget;
     });
+    let fork_trees = super::branching::takes_fork_trees(ctx);
+    ctx.state_mut(|s| s.fork_trees = fork_trees);
     let cancel = ctx.cancellation_token();
     let mut flight = Flight::new(ctx, run_id, spec);
-    flight.fly(&cancel).await?;
+    let flown = flight.fly_and_branch(&cancel).await;
     drop(flight);
+    // A run's snapshots go with it, however it ends (fork trees).
+    super::branching::remove_snapshots(ctx).await;
+    flown?;
     if !cancel.is_cancelled() && patches.takes(ctx, Change::DeliversResults) {
         super::deliver::deliver(ctx).await;
     }
@@ -203,6 +208,19 @@ impl<'a> Flight<'a> {
         }
     }
 
+    /// [`Self::fly`], then again for each branch taken in the run's branch window.
+    async fn fly_and_branch(
+        &mut self,
+        cancel: &WorkflowCancellationToken,
+    ) -> Result<(), WorkflowTermination> {
+        loop {
+            self.fly(cancel).await?;
+            if !super::branching::wait_for_branches(self.ctx, cancel).await {
+                return Ok(());
+            }
+        }
+    }
+
     /// Until every fork has a result, or the run is cancelled and its forks are done.
     async fn fly(&mut self, cancel: &WorkflowCancellationToken) -> Result<(), WorkflowTermination> {
         loop {
@@ -251,6 +269,7 @@ impl<'a> Flight<'a> {
                 spec: self.spec.clone(),
                 reservation_micros: ctx.state(|s| s.reservation_for(fork)),
                 started_unix_ms: unix_ms(ctx.workflow_time()),
+                branch: ctx.state(|s| s.branches.get(&fork).cloned()),
                 ..ForkInput::default()
             };
             let token = ctx.cancellation_token().child_token();
@@ -310,7 +329,13 @@ impl<'a> Flight<'a> {
         for (f, outcome) in wave.into_iter().zip(outcomes) {
             let fork = f.input.fork;
             match outcome {
-                Ok(prepared) => self.in_flight.push(start_fork(ctx, f, prepared)),
+                Ok(prepared) => {
+                    if self.spec.branch_window_secs > 0 {
+                        let owner = prepared.sandbox.owner_endpoint.clone();
+                        ctx.state_mut(|s| s.owners.insert(fork, owner));
+                    }
+                    self.in_flight.push(start_fork(ctx, f, prepared));
+                }
                 Err(why) => {
                     self.tokens.remove(&fork);
                     let result = not_started(ctx, &f.input, why);

@@ -56,6 +56,17 @@ pub struct SandboxOrchestrationWorkflow {
     /// A wave was prepared: later ones are regular activities (runs that take
     /// [`Change::LaterWavesAreActivities`]).
     pub(super) first_wave_prepared: bool,
+    /// The run takes fork trees ([`Change::ForkTrees`](super::patches::Change)).
+    pub(super) fork_trees: bool,
+    /// Branched forks' branch points, by fork (see `branching`).
+    pub(super) branches: BTreeMap<u32, super::input::BranchFrom>,
+    /// The provisioner replica that held each started fork's sandbox (and so holds its
+    /// snapshot); recorded for runs open for branches.
+    pub(super) owners: BTreeMap<u32, String>,
+    /// The branch window is over: no branch is taken any more.
+    pub(super) branches_closed: bool,
+    /// While the run waits for branches: when it stops waiting.
+    pub(super) branchable_until_unix_ms: i64,
 }
 
 /// Times a fork whose sandbox was lost is started again (beyond its first start).
@@ -107,6 +118,11 @@ impl SandboxOrchestrationWorkflow {
             generation: 0,
             account: AccountOpening::default(),
             first_wave_prepared: false,
+            fork_trees: false,
+            branches: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            branches_closed: false,
+            branchable_until_unix_ms: 0,
         }
     }
 
@@ -323,6 +339,7 @@ impl SandboxOrchestrationWorkflow {
             budget_micros: self.budget_micros,
             ranking,
             winner,
+            branchable_until_unix_ms: self.branchable_until_unix_ms,
             ..Default::default()
         }
     }

@@ -11,7 +11,7 @@ use super::{
 use crate::lifecycle::{AtOwner, item::FinishItem};
 use forkyard_proto::{
     activities::{Agent, AgentFailureDetails, E2bSandbox, LocalSandbox},
-    agent::v1::{RunAgentRequest, RunAgentResponse},
+    agent::v1::{BranchOf, RunAgentRequest, RunAgentResponse},
     common::v1::{ForkResult, VerifyStatus},
     sandbox::v1::{ExecRequest, ExecResponse, Sandbox},
 };
@@ -107,6 +107,7 @@ async fn agent_then_verify<W>(
         .transcript_endpoint
         .clone_from(&out.transcript_endpoint);
     result.cost_micros = out.cost_micros;
+    result.agent_session.clone_from(&out.session_id);
     let end = AgentEnd {
         timed_out: out.timed_out,
         exit_code: out.exit_code,
@@ -135,12 +136,16 @@ async fn agent<W>(
         sandbox_id: steps.sandbox.id.clone(),
         sandbox_endpoint: steps.sandbox.owner_endpoint.clone(),
         agent: spec.agent.clone(),
-        prompt: spec.prompt.clone(),
+        prompt: input.prompt().to_owned(),
         timeout_secs: spec.fork_timeout_secs,
         reservation_id: input.reservation_id.clone(),
         charge_key: steps.key("agent"),
         attempt: input.attempt.max(1),
         output_tail_bytes: history_caps(spec).agent_tail,
+        branch_of: input.branch.as_ref().map(|b| BranchOf {
+            parent_fork: b.parent_fork,
+            session: b.session.clone(),
+        }),
     };
     let mut opts = options::agent(spec.fork_timeout_secs);
     opts.cancellation_token = Some(steps.cancel.clone());
@@ -234,5 +239,7 @@ pub(super) fn finish_item(
         commit_key: key("commit"),
         release_key: key("release"),
         sandbox_lost: matches!(&ran.agent, Err(f) if f.names_lost()),
+        // A run open for branches keeps each fork's end (fork trees).
+        snapshot: input.spec.branch_window_secs > 0,
     }
 }

@@ -21,8 +21,9 @@ use crate::{
     },
 };
 use forkyard_proto::sandbox::v1::{
-    CreateSandboxRequest, ForkSandboxRequest, ForkSandboxResponse, HydrateWorkspaceRequest,
-    PersistWorkspaceRequest, PersistWorkspaceResponse, Sandbox, StartSandboxRequest,
+    CreateSandboxRequest, DeleteSnapshotRequest, DeleteSnapshotResponse, ForkSandboxRequest,
+    ForkSandboxResponse, HydrateWorkspaceRequest, ListSnapshotsRequest, ListSnapshotsResponse,
+    PersistWorkspaceRequest, PersistWorkspaceResponse, Sandbox, SnapshotInfo, StartSandboxRequest,
     StopSandboxRequest,
 };
 use std::{path::Path, time::Duration};
@@ -73,6 +74,43 @@ impl Provisioner {
             snapshot_id: meta.id,
             bytes: meta.bytes,
         })
+    }
+
+    /// Remove a snapshot (a run's branch points go with the run); one already gone is
+    /// `existed = false`.
+    pub async fn delete_snapshot(
+        &self,
+        req: DeleteSnapshotRequest,
+    ) -> Result<DeleteSnapshotResponse> {
+        let snaps = self.storage.snapshots.clone();
+        let id = req.snapshot_id.clone();
+        let existed = tokio::task::spawn_blocking(move || snaps.delete(&id))
+            .await
+            .map_err(|e| ProvisionerError::internal("delete snapshot", e))??;
+        if existed {
+            tracing::info!(snapshot_id = %req.snapshot_id, "snapshot deleted");
+        }
+        Ok(DeleteSnapshotResponse { existed })
+    }
+
+    /// The snapshots carrying every label `req` names.
+    pub async fn list_snapshots(&self, req: ListSnapshotsRequest) -> Result<ListSnapshotsResponse> {
+        let snaps = self.storage.snapshots.clone();
+        let all = tokio::task::spawn_blocking(move || snaps.list())
+            .await
+            .map_err(|e| ProvisionerError::internal("list snapshots", e))??;
+        let snapshots = all
+            .into_iter()
+            .filter(|m| req.labels.iter().all(|(k, v)| m.labels.get(k) == Some(v)))
+            .map(|m| SnapshotInfo {
+                id: m.id,
+                labels: m.labels,
+                created_unix_ms: m.created_unix_ms,
+                bytes: m.bytes,
+                source_sandbox: m.source_sandbox,
+            })
+            .collect();
+        Ok(ListSnapshotsResponse { snapshots })
     }
 
     /// Replace the workspace with the snapshot's; refused while commands run.

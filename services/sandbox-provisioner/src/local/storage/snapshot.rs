@@ -21,6 +21,9 @@ pub struct Meta {
     pub base_commit: String,
     pub created_unix_ms: i64,
     pub bytes: u64,
+    /// The source sandbox's labels (its run and fork): what the janitor sweeps by.
+    #[serde(default)]
+    pub labels: std::collections::HashMap<String, String>,
 }
 
 #[derive(Debug, Clone)]
@@ -93,6 +96,7 @@ impl Snapshots {
             base_commit: record.base_commit.clone(),
             created_unix_ms: now_ms,
             bytes,
+            labels: record.labels.clone(),
         };
         let json = serde_json::to_vec_pretty(&meta)
             .map_err(|e| ProvisionerError::internal("encode snapshot meta", e))?;
@@ -108,6 +112,40 @@ impl Snapshots {
             .map_err(|_| ProvisionerError::NotFound(format!("snapshot {id}")))?;
         serde_json::from_slice(&raw)
             .map_err(|e| ProvisionerError::internal("read snapshot meta", e))
+    }
+
+    /// Remove snapshot `id`; `false` when it was not there.
+    pub fn delete(&self, id: &str) -> Result<bool> {
+        check_id(id)?;
+        let meta = self.dir.join(format!("{id}.json"));
+        let existed = meta.exists();
+        // The tarball first: a meta without a tarball is a snapshot that cannot be
+        // unpacked, and a second delete removes it.
+        for path in [self.tarball(id), meta] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(ProvisionerError::internal("delete snapshot", e)),
+            }
+        }
+        Ok(existed)
+    }
+
+    /// Every snapshot's meta (unreadable ones are skipped).
+    pub fn list(&self) -> Result<Vec<Meta>> {
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| ProvisionerError::internal("list snapshots", e))?;
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_suffix(".json")
+                && let Ok(meta) = self.meta(id)
+            {
+                out.push(meta);
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
     }
 
     /// Unpack snapshot `id` into `dest` (which must not exist yet; blocking), for a

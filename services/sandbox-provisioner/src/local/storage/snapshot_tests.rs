@@ -124,6 +124,7 @@ fn store_unbounded(snaps: &Snapshots, id: &str, ws: &Path) {
         base_commit: String::new(),
         created_unix_ms: 0,
         bytes: 0,
+        labels: Default::default(),
     };
     std::fs::write(
         snaps.dir.join(format!("{id}.json")),

@@ -1,0 +1,158 @@
+//! BranchFork (fork trees, #45): a finished fork of a run open for branches continued
+//! by `count` new forks of the run, through the run's `branch_fork` update. The call is
+//! checked here first, against the run's `progress`, so that each refusal has its
+//! status code (the update's validator checks the same again, for races, and a refusal
+//! there is FAILED_PRECONDITION); then the update makes the branches durable and
+//! returns their numbers. See `workflows::branching`.
+
+use super::GatewayService;
+use crate::{
+    auth::Tenant,
+    error::GatewayError,
+    workflows::{
+        SandboxOrchestrationWorkflow,
+        branching::{BranchRequest, driver_refusal, is_finished},
+    },
+};
+use forkyard_proto::{
+    common::v1::ForkStatus,
+    gateway::v1::{BranchForkRequest, BranchForkResponse, Run, RunState},
+};
+use temporalio_client::{WorkflowExecuteUpdateOptions, errors::WorkflowUpdateError};
+
+/// The longest prompt a branch may have (as LaunchRun's).
+const MAX_PROMPT_BYTES: usize = 256 * 1024;
+
+impl GatewayService {
+    pub(super) async fn branch(
+        &self,
+        tenant: &Tenant,
+        req: BranchForkRequest,
+    ) -> Result<BranchForkResponse, GatewayError> {
+        check_request(&req)?;
+        let (state, ..) = self.describe(tenant, &req.run_id).await?;
+        if !matches!(
+            state,
+            RunState::Running | RunState::Paused | RunState::AwaitingBudget
+        ) {
+            return Err(GatewayError::FailedPrecondition(format!(
+                "run {} has ended ({}): a fork is branched while its run is open (its branch window)",
+                req.run_id,
+                state.as_str_name()
+            )));
+        }
+        let run = self.progress(&req.run_id).await?;
+        let max_forks = self.branch_limit(&run);
+        check_against_run(&run, &req, max_forks)?;
+        let update = BranchRequest {
+            fork: req.fork,
+            count: req.count,
+            prompt: req.prompt.clone(),
+            max_forks,
+        };
+        let forks = self
+            .handle(&req.run_id)
+            .execute_update(
+                SandboxOrchestrationWorkflow::branch_fork,
+                update,
+                WorkflowExecuteUpdateOptions::default(),
+            )
+            .await
+            .map_err(|e| match e {
+                WorkflowUpdateError::NotFound(_) => GatewayError::RunNotFound(req.run_id.clone()),
+                WorkflowUpdateError::Failed(f) => {
+                    GatewayError::FailedPrecondition(format!("branch fork: {}", f.message))
+                }
+                other => GatewayError::Temporal(other.to_string()),
+            })?;
+        self.reads.forget(&req.run_id);
+        tracing::info!(run_id = %req.run_id, fork = req.fork, branches = ?forks, "fork branched");
+        Ok(BranchForkResponse { forks })
+    }
+
+    /// The most forks the run may have with its branches: the gateway's per-run limit,
+    /// and for a run whose forks run inline, the inline limit (its history's budget).
+    fn branch_limit(&self, run: &Run) -> u32 {
+        let inline = run.spec.as_ref().is_some_and(|s| s.inline_forks);
+        if inline {
+            self.limits.max_forks.min(self.limits.inline_fork_limit)
+        } else {
+            self.limits.max_forks
+        }
+    }
+}
+
+/// The request's own fields.
+fn check_request(req: &BranchForkRequest) -> Result<(), GatewayError> {
+    crate::validate::check_run_id(&req.run_id)?;
+    if req.fork == 0 {
+        return Err(GatewayError::field("fork", "forks are numbered from 1"));
+    }
+    if req.count == 0 {
+        return Err(GatewayError::field("count", "must be at least 1"));
+    }
+    if req.prompt.len() > MAX_PROMPT_BYTES {
+        return Err(GatewayError::field(
+            "prompt",
+            format!(
+                "is {} bytes; the limit is {MAX_PROMPT_BYTES}",
+                req.prompt.len()
+            ),
+        ));
+    }
+    if req.prompt.contains('\0') {
+        return Err(GatewayError::field("prompt", "contains a NUL byte"));
+    }
+    Ok(())
+}
+
+/// The request against the run as it is: the fork exists and has finished with a branch
+/// point, the run allows branches, its driver can resume, the count fits.
+fn check_against_run(
+    run: &Run,
+    req: &BranchForkRequest,
+    max_forks: u32,
+) -> Result<(), GatewayError> {
+    let spec = run.spec.clone().unwrap_or_default();
+    let Some(parent) = run.forks.get(req.fork as usize - 1) else {
+        return Err(GatewayError::field(
+            "fork",
+            format!(
+                "the run has no fork {} (it has {})",
+                req.fork,
+                run.forks.len()
+            ),
+        ));
+    };
+    let total = run.forks.len() as u64 + u64::from(req.count);
+    if total > u64::from(max_forks) {
+        return Err(GatewayError::field(
+            "count",
+            format!("the run would have {total} forks, more than its limit of {max_forks}"),
+        ));
+    }
+    let precondition = |m: String| Err(GatewayError::FailedPrecondition(m));
+    if spec.branch_window_secs == 0 {
+        return precondition(
+            "the run was launched without branch_window_secs: its forks cannot be branched".into(),
+        );
+    }
+    if let Some(why) = driver_refusal(spec.agent.as_ref().map_or("", |a| a.driver.as_str())) {
+        return precondition(why);
+    }
+    if !is_finished(parent.status) {
+        let status = ForkStatus::try_from(parent.status).unwrap_or_default();
+        return precondition(format!(
+            "fork {} has not finished ({}): only a finished fork can be branched (a running fork's last turn is not a branch point yet)",
+            req.fork,
+            status.as_str_name()
+        ));
+    }
+    if parent.snapshot_id.is_empty() {
+        return precondition(format!(
+            "fork {} has no snapshot of its end to branch from",
+            req.fork
+        ));
+    }
+    Ok(())
+}
