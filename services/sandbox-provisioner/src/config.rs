@@ -188,7 +188,8 @@ pub struct Args {
     #[arg(long, env = "FORKYARD_WARM_COPIES_MIN")]
     pub warm_copies_min: Option<usize>,
     /// Registry credentials for image pulls: a Docker `config.json` (`docker login`'s, or
-    /// a Kubernetes image pull secret's `.dockerconfigjson`).
+    /// a Kubernetes image pull secret's `.dockerconfigjson`), read at each pull; its
+    /// `credHelpers`/`credsStore` helpers (`docker-credential-<name>` on PATH) run then.
     #[arg(long, env = "FORKYARD_REGISTRY_AUTH_FILE")]
     pub registry_auth_file: Option<PathBuf>,
     /// Registries pulled from over plain HTTP (`host:port`, comma-separated); loopback
