@@ -106,17 +106,8 @@ async fn call(client: &mut Client, command: Command, output: Output) -> anyhow::
             author,
         } => {
             let (author_name, author_email) = author.unwrap_or_default();
-            let req = PublishForkRequest {
-                run_id,
-                fork,
-                pull_request: pr,
-                draft,
-                branch_prefix: branch,
-                author_name,
-                author_email,
-                ..Default::default()
-            };
-            publish(client, req, output).await
+            let to = (branch, author_name, author_email);
+            publish(client, publish_request(run_id, fork, pr, draft, to), output).await
         }
         Command::Branch {
             run_id,
@@ -136,6 +127,27 @@ async fn call(client: &mut Client, command: Command, output: Output) -> anyhow::
         Command::Keys(_) | Command::Completion { .. } | Command::Config { .. } => {
             unreachable!("answered before connecting")
         }
+    }
+}
+
+/// `publish`'s request: fork `fork` of `run_id`, with a pull request if `pr` (a draft
+/// if `draft`), on `<branch>-fork-<n>` by the author given (both empty: the defaults).
+fn publish_request(
+    run_id: String,
+    fork: u32,
+    pr: bool,
+    draft: bool,
+    (branch_prefix, author_name, author_email): (String, String, String),
+) -> PublishForkRequest {
+    PublishForkRequest {
+        run_id,
+        fork,
+        pull_request: pr,
+        draft,
+        branch_prefix,
+        author_name,
+        author_email,
+        ..Default::default()
     }
 }
 

@@ -99,34 +99,8 @@ pub fn run(run: &Run) -> String {
         if tree { "PARENT    " } else { "" }
     );
     for f in &run.forks {
-        let duration = if f.finished_unix_ms > 0 {
-            f.finished_unix_ms - f.started_unix_ms
-        } else {
-            0
-        };
-        let note = match (&f.error, &f.delivered) {
-            (e, _) if !e.is_empty() => e.lines().next().unwrap_or("").to_owned(),
-            (_, Some(d)) => delivered(d),
-            (_, None) => f.branch.clone(),
-        };
-        let mark = if run.winner == f.fork { "*" } else { " " };
-        let _ = writeln!(
-            out,
-            "{:<4}{mark} {:<16} {:<7} {:>9} {:>10}  {:<22} {:<9} {}{}",
-            f.fork,
-            fork_status(f.status),
-            if f.backend.is_empty() {
-                "-"
-            } else {
-                &f.backend
-            },
-            secs(duration),
-            usd(f.cost_micros),
-            diffstat(f),
-            if verifies { verify(f.verify) } else { "-" },
-            if tree { parent_cell(f) } else { String::new() },
-            note
-        );
+        let mark = if run.winner == f.fork { '*' } else { ' ' };
+        let _ = writeln!(out, "{}", fork_row(f, mark, verifies, tree));
     }
     if run.winner > 0 {
         let _ = writeln!(
@@ -146,6 +120,37 @@ pub fn run(run: &Run) -> String {
         let _ = writeln!(out, "error: {}", run.error);
     }
     out
+}
+
+/// One fork's row of [`run`]'s table; `mark` is `*` for the winner.
+fn fork_row(f: &ForkResult, mark: char, verifies: bool, tree: bool) -> String {
+    let duration = if f.finished_unix_ms > 0 {
+        f.finished_unix_ms - f.started_unix_ms
+    } else {
+        0
+    };
+    let note = match (&f.error, &f.delivered) {
+        (e, _) if !e.is_empty() => e.lines().next().unwrap_or("").to_owned(),
+        (_, Some(d)) => delivered(d),
+        (_, None) => f.branch.clone(),
+    };
+    let backend = if f.backend.is_empty() {
+        "-"
+    } else {
+        &f.backend
+    };
+    format!(
+        "{:<4}{mark} {:<16} {:<7} {:>9} {:>10}  {:<22} {:<9} {}{}",
+        f.fork,
+        fork_status(f.status),
+        backend,
+        secs(duration),
+        usd(f.cost_micros),
+        diffstat(f),
+        if verifies { verify(f.verify) } else { "-" },
+        if tree { parent_cell(f) } else { String::new() },
+        note
+    )
 }
 
 /// A fork's PARENT cell: `3 (d1)` for a branch of fork 3, `-` for one of the run's own.
