@@ -11,6 +11,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod reservations;
 pub mod sandboxes;
+mod snapshots;
 pub mod sweeper;
 pub mod workflows;
 

@@ -6,8 +6,8 @@ use forkyard_common::{
     grpc_telemetry::{TracedChannel, traced_channel},
 };
 use forkyard_proto::sandbox::v1::{
-    DestroySandboxRequest, ListSandboxesRequest, Sandbox,
-    sandbox_provisioner_client::SandboxProvisionerClient,
+    DeleteSnapshotRequest, DestroySandboxRequest, ListSandboxesRequest, ListSnapshotsRequest,
+    Sandbox, SnapshotInfo, sandbox_provisioner_client::SandboxProvisionerClient,
 };
 use std::{
     collections::HashMap,
@@ -23,6 +23,20 @@ pub trait Sandboxes: Send + Sync + 'static {
         sandbox_id: &str,
         reason: &str,
     ) -> impl Future<Output = Result<(), JanitorError>> + Send;
+    /// The workspace snapshots kept (fork trees' branch points); none where there are
+    /// no snapshots.
+    fn list_snapshots(
+        &self,
+    ) -> impl Future<Output = Result<Vec<SnapshotInfo>, JanitorError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+    fn delete_snapshot(
+        &self,
+        snapshot_id: &str,
+    ) -> impl Future<Output = Result<(), JanitorError>> + Send {
+        let _ = snapshot_id;
+        async { Ok(()) }
+    }
 }
 
 type ProvisionerClient = SandboxProvisionerClient<TracedChannel>;
@@ -43,6 +57,8 @@ struct ReplicaState {
     clients: HashMap<String, ProvisionerClient>,
     /// Sandbox id → the replica URL that listed it last.
     owners: HashMap<String, String>,
+    /// Snapshot id → the replica URL that listed it last.
+    snapshot_owners: HashMap<String, String>,
 }
 
 impl GrpcSandboxes {
@@ -145,6 +161,59 @@ impl Sandboxes for GrpcSandboxes {
         };
         client
             .destroy_sandbox(req)
+            .await
+            .map_err(JanitorError::from_provisioner)?;
+        Ok(())
+    }
+
+    /// Every reachable replica's snapshots; a replica that cannot be asked now is
+    /// swept next time (its snapshots stay, as they would anyway).
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, JanitorError> {
+        let (replicas, _) = discovery::replicas(&self.targets).await;
+        let (mut all, mut owners) = (Vec::new(), HashMap::new());
+        for replica in &replicas {
+            let listed = self
+                .client(replica)?
+                .list_snapshots(ListSnapshotsRequest::default())
+                .await;
+            match listed {
+                Ok(resp) => {
+                    for s in resp.into_inner().snapshots {
+                        owners.insert(s.id.clone(), replica.url.clone());
+                        all.push(s);
+                    }
+                }
+                Err(status) => {
+                    tracing::warn!(replica = %replica.url, error = %status.message(), "provisioner replica did not list its snapshots");
+                }
+            }
+        }
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .snapshot_owners = owners;
+        Ok(all)
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), JanitorError> {
+        let client = {
+            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state
+                .snapshot_owners
+                .get(snapshot_id)
+                .and_then(|url| state.clients.get(url))
+                .cloned()
+        };
+        let Some(mut client) = client else {
+            return Err(JanitorError::Provisioner(tonic::Status::not_found(
+                format!("snapshot {snapshot_id} was not listed by any provisioner replica"),
+            )));
+        };
+        let req = DeleteSnapshotRequest {
+            snapshot_id: snapshot_id.to_owned(),
+        };
+        client
+            .delete_snapshot(req)
             .await
             .map_err(JanitorError::from_provisioner)?;
         Ok(())

@@ -83,6 +83,7 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
                     .push(self.reap(&sb, reason, req.dry_run).await);
             }
         }
+        crate::snapshots::sweep(&self.sandboxes, &self.workflows, req, now, &mut report).await;
         if let Some(ledger) = &self.ledger {
             // After the sandboxes: a stale reservation's fork never gets its money back
             // otherwise, but an unreachable ledger must not stop the sandbox sweep.
@@ -141,6 +142,7 @@ impl<S: Sandboxes, W: Workflows> Sweeper<S, W> {
             destroyed: false,
             error: String::new(),
             labels: sb.labels.clone(),
+            kind: String::new(),
         };
         if dry_run {
             tracing::info!(sandbox_id = %sb.id, %reason, "orphan (dry run, kept)");

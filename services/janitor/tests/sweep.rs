@@ -7,7 +7,7 @@ use forkyard_janitor::{
 use forkyard_proto::{
     janitor::v1::{SweepReport, SweepRequest, janitor_client::JanitorClient},
     labels,
-    sandbox::v1::Sandbox,
+    sandbox::v1::{Sandbox, SnapshotInfo},
 };
 use std::{
     collections::HashMap,
@@ -19,6 +19,8 @@ struct FakeSandboxes {
     sandboxes: Vec<Sandbox>,
     fail_destroy: Vec<String>,
     destroyed: Mutex<Vec<(String, String)>>,
+    snapshots: Vec<SnapshotInfo>,
+    deleted_snapshots: Arc<Mutex<Vec<String>>>,
 }
 
 impl Sandboxes for FakeSandboxes {
@@ -36,6 +38,18 @@ impl Sandboxes for FakeSandboxes {
             .lock()
             .unwrap()
             .push((sandbox_id.to_owned(), reason.to_owned()));
+        Ok(())
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, JanitorError> {
+        Ok(self.snapshots.clone())
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), JanitorError> {
+        self.deleted_snapshots
+            .lock()
+            .unwrap()
+            .push(snapshot_id.to_owned());
         Ok(())
     }
 }
@@ -80,7 +94,7 @@ fn fixture(fail_destroy: &[&str]) -> Sweeper<FakeSandboxes, FakeWorkflows> {
             sandbox("sb-terminated", Some("wf-terminated"), 600),
         ],
         fail_destroy: fail_destroy.iter().map(|s| (*s).to_owned()).collect(),
-        destroyed: Mutex::default(),
+        ..Default::default()
     };
     let workflows = FakeWorkflows(HashMap::from([
         ("wf-running", Some(WorkflowState::Running)),
@@ -287,4 +301,60 @@ async fn a_sandbox_its_running_run_is_preparing_is_kept() {
         summary(&report),
         [("sb-abandoned", "workflow not found", false)]
     );
+}
+
+fn snapshot(id: &str, run: Option<&str>, age_secs: i64) -> SnapshotInfo {
+    SnapshotInfo {
+        id: id.into(),
+        labels: run
+            .map(|r| HashMap::from([(labels::RUN_ID.to_owned(), r.to_owned())]))
+            .unwrap_or_default(),
+        created_unix_ms: now_ms() - age_secs * 1000,
+        ..Default::default()
+    }
+}
+
+/// A fork tree's branch points left by runs that closed (their own removal failed) are
+/// deleted; a running run's, a young one, one naming no run and one whose run Temporal
+/// cannot be asked about are kept. A dry run only reports.
+#[tokio::test]
+async fn snapshots_of_runs_no_longer_running_are_deleted() {
+    let sandboxes = FakeSandboxes {
+        snapshots: vec![
+            snapshot("snap-closed", Some("wf-done"), 600),
+            snapshot("snap-gone", Some("wf-gone"), 600),
+            snapshot("snap-running", Some("wf-running"), 600),
+            snapshot("snap-young", Some("wf-done"), 5),
+            snapshot("snap-nolabel", None, 600),
+            snapshot("snap-unsure", Some("wf-temporal-down"), 600),
+        ],
+        ..Default::default()
+    };
+    let deleted = sandboxes.deleted_snapshots.clone();
+    let workflows = FakeWorkflows(HashMap::from([
+        ("wf-running", Some(WorkflowState::Running)),
+        ("wf-done", Some(WorkflowState::Closed("COMPLETED".into()))),
+        ("wf-temporal-down", None),
+    ]));
+    let sweeper = Sweeper::new(sandboxes, workflows);
+    let req = |dry_run| SweepRequest {
+        dry_run,
+        min_age_secs: 60,
+        ..Default::default()
+    };
+    let expected = |deleted| {
+        vec![
+            ("snap-closed", "run closed: COMPLETED", deleted),
+            ("snap-gone", "run not found", deleted),
+        ]
+    };
+    let dry = sweeper.sweep(&req(true)).await.unwrap();
+    assert_eq!(summary(&dry), expected(false));
+    assert!(dry.actions.iter().all(|a| a.kind == "snapshot"));
+    assert!(deleted.lock().unwrap().is_empty());
+    let report = sweeper.sweep(&req(false)).await.unwrap();
+    assert_eq!(summary(&report), expected(true));
+    let mut deleted = deleted.lock().unwrap().clone();
+    deleted.sort();
+    assert_eq!(deleted, ["snap-closed", "snap-gone"]);
 }
