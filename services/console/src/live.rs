@@ -32,7 +32,7 @@ pub async fn events(
         .watch_run(gateway::request(session.key.as_ref(), req)?)
         .await?
         .into_inner();
-    let mut view = View::default();
+    let mut view = View::new(session);
     let batches = tokio_stream::StreamExt::chunks_timeout(watch, BATCH_MAX, BATCH_WINDOW);
     let patches = batches
         .map(move |batch| {
@@ -49,12 +49,17 @@ pub async fn events(
 }
 
 /// The run as the watch has told it so far.
-#[derive(Default)]
 pub struct View {
     run: Option<Run>,
+    /// The watcher's session: the summary's cancel form carries its CSRF token.
+    session: Session,
 }
 
 impl View {
+    pub fn new(session: Session) -> Self {
+        Self { run: None, session }
+    }
+
     /// Applies a batch; the JSON of the elements to redraw (id → HTML), or `None` when
     /// nothing visible changed.
     pub fn apply(&mut self, events: &[RunEvent]) -> Option<String> {
@@ -83,7 +88,10 @@ impl View {
             })
             .collect();
         if summary {
-            html.insert("run-summary".into(), run_page::summary(run).0);
+            html.insert(
+                "run-summary".into(),
+                run_page::summary(run, &self.session).0,
+            );
         }
         (!html.is_empty()).then(|| serde_json::json!({ "html": html }).to_string())
     }
@@ -142,6 +150,14 @@ mod tests {
         }
     }
 
+    fn session() -> Session {
+        Session {
+            key: None,
+            csrf: "t".repeat(64),
+            secure: false,
+        }
+    }
+
     fn snapshot() -> RunEvent {
         RunEvent {
             kind: Kind::Snapshot as i32,
@@ -156,7 +172,7 @@ mod tests {
 
     #[test]
     fn a_batch_redraws_only_the_forks_it_changed() {
-        let mut view = View::default();
+        let mut view = View::new(session());
         let first = view.apply(&[snapshot()]).unwrap();
         assert!(
             first.contains("fork-1") && first.contains("fork-2"),
@@ -182,7 +198,7 @@ mod tests {
 
     #[test]
     fn nothing_before_a_snapshot_and_unknown_forks_are_ignored() {
-        let mut view = View::default();
+        let mut view = View::new(session());
         let stray = RunEvent {
             kind: Kind::ForkStarted as i32,
             fork: 9,

@@ -61,13 +61,7 @@ pub async fn page(
             dt { "Labels" } dd { (runs_page::labels(&run)) }
             dt { "Prompt" } dd { pre.prompt { (spec.prompt) } }
         }
-        (summary(&run))
-        @if format::run_live(run.state) {
-            form #cancel-run .actions method="post" action=(format!("/runs/{run_id}/cancel")) {
-                (csrf_field(&session))
-                button.danger type="submit" { "Cancel run" }
-            }
-        }
+        (summary(&run, &session))
         h2 { "Forks" }
         table #forks data-events=(format!("/runs/{run_id}/events")) {
             thead { tr {
@@ -82,8 +76,9 @@ pub async fn page(
     Ok(layout(&format!("Run {run_id}"), Some(&session), body))
 }
 
-/// The run's state, counts, budget bar, ranking and winner: one element, redrawn live.
-pub fn summary(run: &Run) -> Markup {
+/// The run's state, counts, budget bar, ranking and winner, and the cancel button while
+/// the run can be cancelled: one element, redrawn live.
+pub fn summary(run: &Run, session: &Session) -> Markup {
     let (cost, budget) = (run.cost_micros, run.budget_micros.max(0));
     let winner = run.winner;
     html! {
@@ -106,6 +101,12 @@ pub fn summary(run: &Run) -> Markup {
                     a href=(format!("/runs/{}/forks/{n}", run.run_id)) { "fork " (n) }
                 }
                 @if winner > 0 { " · winner: " strong #winner { "fork " (winner) } }
+            }
+            @if format::run_live(run.state) {
+                form #cancel-run .actions method="post" action=(format!("/runs/{}/cancel", run.run_id)) {
+                    (csrf_field(session))
+                    button.danger type="submit" { "Cancel run" }
+                }
             }
         }
     }
