@@ -13,7 +13,7 @@ use std::{net::SocketAddr, time::Duration};
 struct Args {
     /// HTTP listen address.
     #[arg(long, env = "FORKYARD_CONSOLE_LISTEN", default_value = DEFAULT_LISTEN)]
-    listen: SocketAddr,
+    listen: String,
     /// The gateway's gRPC endpoint; every call carries the visitor's own API key.
     #[arg(
         long,
@@ -52,12 +52,17 @@ async fn main() -> anyhow::Result<()> {
     }
     let gateway = Gateway::connect_lazy(&args.gateway)
         .unwrap_or_else(|e| exit_config_error(format!("--gateway (FORKYARD_GATEWAY): {e}")));
-    let listener = tokio::net::TcpListener::bind(args.listen)
+    let addr: SocketAddr = args.listen.parse().unwrap_or_else(|e| {
+        exit_config_error(format!(
+            "--listen (FORKYARD_CONSOLE_LISTEN): {:?} is not host:port: {e}",
+            args.listen
+        ))
+    });
+    let listener = tokio::net::TcpListener::bind(addr)
         .await
         .unwrap_or_else(|e| {
             exit_config_error(format!(
-                "--listen (FORKYARD_CONSOLE_LISTEN): cannot listen on {}: {e}",
-                args.listen
+                "--listen (FORKYARD_CONSOLE_LISTEN): cannot listen on {addr}: {e}"
             ))
         });
     forkyard_common::telemetry::init("console");
@@ -71,7 +76,7 @@ async fn main() -> anyhow::Result<()> {
         // Longer than the live pages' keep-alive comments (15 s).
         idle_timeout: Duration::from_secs(120),
     };
-    tracing::info!(listen = %args.listen, gateway = %args.gateway, "console listening on http://{}", args.listen);
+    tracing::info!(listen = %addr, gateway = %args.gateway, "console listening on http://{addr}");
     http_limits::serve(
         listener,
         limits,
