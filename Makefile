@@ -24,8 +24,9 @@ APT_PACKAGES := protobuf-compiler bubblewrap git python3 python3-venv openssl cu
 # What the tests and benchmarks add: PostgreSQL (the ledger's other store), btrfs-progs
 # (disk quotas), a registry and skopeo (images), htpasswd, and the real git servers of the
 # private-repository tests (lighttpd for git http-backend, sshd), and gVisor's runsc (the
-# `isolation: gvisor` sandboxes).
-TEST_APT_PACKAGES := postgresql btrfs-progs docker-registry skopeo apache2-utils lighttpd openssh-server runsc
+# `isolation: gvisor` sandboxes), and the console's browser tests' headless Chromium with
+# its WebDriver (chromedriver).
+TEST_APT_PACKAGES := postgresql btrfs-progs docker-registry skopeo apache2-utils lighttpd openssh-server runsc chromium chromium-driver
 # Images and the container tests: a Docker engine and debootstrap for the base image.
 DOCKER_APT_PACKAGES := docker.io debootstrap binutils
 COMPOSE_REPLICAS := docker-compose -f deploy/compose.replicas.yml

@@ -32,4 +32,5 @@ set -e
 echo
 echo "Temporal UI: http://127.0.0.1:$TEMPORAL_UI_PORT  (workflow SandboxOrchestrationWorkflow; ForkWorkflow children for runs above --inline-fork-limit)"
 echo "more: $FORKYARD list; $FORKYARD status <run-id>; make down"
+echo "console: http://$CONSOLE_LISTEN/runs  (the run's forks, their diffs side by side, cancel)"
 exit $code

@@ -3,4 +3,4 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
-for s in gateway janitor agent-runner sandbox-provisioner budget-ledger temporal; do stop "$s"; done
+for s in console gateway janitor agent-runner sandbox-provisioner budget-ledger temporal; do stop "$s"; done

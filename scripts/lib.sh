@@ -12,6 +12,8 @@ export FORKYARD_STATE_DIR="$STATE_DIR"
 # service name → gRPC port (DESIGN.md defaults)
 SERVICES=(gateway sandbox-provisioner agent-runner budget-ledger janitor)
 declare -A PORT=([gateway]=50051 [sandbox-provisioner]=50052 [agent-runner]=50053 [budget-ledger]=50054 [janitor]=50055)
+# The console (HTTP, not gRPC: started and checked apart from SERVICES).
+CONSOLE_LISTEN="${FORKYARD_CONSOLE_LISTEN:-127.0.0.1:8088}"
 
 alive() { [ -f "$PID_DIR/$1.pid" ] && kill -0 "$(cat "$PID_DIR/$1.pid")" 2>/dev/null; }
 

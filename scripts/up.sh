@@ -95,4 +95,26 @@ for s in "${SERVICES[@]}"; do
   done
   serving "${PORT[$s]}" || { echo "$s did not report SERVING; see $LOG_DIR/$s.log"; exit 1; }
 done
-echo "forkyard is up: gateway 127.0.0.1:${PORT[gateway]}, temporal ui http://127.0.0.1:$TEMPORAL_UI_PORT, logs in $LOG_DIR"
+
+# The console: an HTTP front end calling the gateway with each visitor's own API key. It
+# holds no key or credential of its own, so it starts with an empty environment.
+console_env=(PATH="$PATH" RUST_LOG="${RUST_LOG:-info}" FORKYARD_CONSOLE_LISTEN="$CONSOLE_LISTEN"
+  FORKYARD_GATEWAY="http://127.0.0.1:${PORT[gateway]}")
+wanted=$(printf '%s\n' "${console_env[@]:1}")
+if alive console && [ "$(cat "$PID_DIR/console.settings" 2>/dev/null)" != "$wanted" ]; then
+  echo "restarting console: started with other settings; stopping it first"
+  stop console
+fi
+if ! alive console; then
+  echo "starting console on http://$CONSOLE_LISTEN"
+  (exec env -i "${console_env[@]}" nohup "$BIN_DIR/console") >"$LOG_DIR/console.log" 2>&1 &
+  echo $! >"$PID_DIR/console.pid"
+  echo "$wanted" >"$PID_DIR/console.settings"
+fi
+for i in $(seq 1 80); do
+  curl -fsS -o /dev/null "http://$CONSOLE_LISTEN/healthz" 2>/dev/null && break
+  if ! alive console; then echo "console exited; last log lines:"; tail -20 "$LOG_DIR/console.log"; exit 1; fi
+  sleep 0.25
+done
+curl -fsS -o /dev/null "http://$CONSOLE_LISTEN/healthz" || { echo "console did not answer; see $LOG_DIR/console.log"; exit 1; }
+echo "forkyard is up: gateway 127.0.0.1:${PORT[gateway]}, console http://$CONSOLE_LISTEN, temporal ui http://127.0.0.1:$TEMPORAL_UI_PORT, logs in $LOG_DIR"

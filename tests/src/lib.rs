@@ -11,11 +11,13 @@ pub mod leaks;
 pub mod local_stack;
 pub mod mesh;
 pub mod otlp;
+pub mod png;
 pub mod push_gate;
 pub mod replicas;
 pub mod repo;
 pub mod scripted_model;
 pub mod support;
 pub mod token_scan;
+pub mod webdriver;
 
 pub use mesh::Mesh;

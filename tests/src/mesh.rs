@@ -10,6 +10,7 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
+mod console;
 mod programs;
 mod tls;
 

@@ -234,3 +234,33 @@ fn llm_gateway_egress_price_and_repo_settings_exit_64_naming_the_setting() {
         assert_config_error(service, &exit, name);
     }
 }
+
+/// The console (HTTP, not among SERVICES): a taken or malformed listen address and a
+/// gateway it cannot speak to exit 64 naming the setting.
+#[test]
+fn console_bad_settings_exit_64_naming_them() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let free = format!("127.0.0.1:{}", free_port());
+    let cases = [
+        (
+            "FORKYARD_CONSOLE_LISTEN",
+            addr.as_str(),
+            "FORKYARD_CONSOLE_LISTEN",
+        ),
+        (
+            "FORKYARD_CONSOLE_LISTEN",
+            "not-an-address",
+            "FORKYARD_CONSOLE_LISTEN",
+        ),
+        ("FORKYARD_GATEWAY", "grpc://gateway", "FORKYARD_GATEWAY"),
+    ];
+    for (name, value, setting) in cases {
+        let mut env = vec![(name, value.to_owned())];
+        if name != "FORKYARD_CONSOLE_LISTEN" {
+            env.push(("FORKYARD_CONSOLE_LISTEN", free.clone()));
+        }
+        let exit = start("console", &env);
+        assert_config_error("console", &exit, setting);
+    }
+}

@@ -1,0 +1,163 @@
+//! `/runs/<id>`: a run's forks (status and phase, duration, model and sandbox cost,
+//! tokens, verify, diffstat, backend), its budget, ranking and winner, kept live by
+//! `/runs/<id>/events`; and cancelling it.
+
+use crate::{
+    AppState, ConsoleError, format, gateway,
+    layout::{csrf_field, page as layout},
+    login::CsrfOnly,
+    runs_page,
+    session::{Session, parse_form},
+};
+use axum::{
+    Extension,
+    body::Bytes,
+    extract::{Path, State},
+    response::{IntoResponse, Redirect, Response},
+};
+use forkyard_proto::{
+    common::v1::ForkResult,
+    gateway::v1::{CancelRunRequest, GetRunRequest, Run},
+};
+use maud::{Markup, html};
+
+pub async fn get_run(
+    state: &AppState,
+    session: &Session,
+    run_id: &str,
+) -> Result<Run, ConsoleError> {
+    let req = GetRunRequest {
+        run_id: run_id.to_owned(),
+    };
+    let run = state
+        .gateway
+        .client()
+        .get_run(gateway::unary(session.key.as_ref(), req)?)
+        .await
+        .map_err(|s| match s.code() {
+            // Named by the page, not by the gateway's wording.
+            tonic::Code::NotFound => ConsoleError::NotFound(format!("run {run_id}")),
+            _ => s.into(),
+        })?;
+    Ok(run.into_inner())
+}
+
+pub async fn page(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Path(run_id): Path<String>,
+) -> Result<Markup, ConsoleError> {
+    let run = get_run(&state, &session, &run_id).await?;
+    let now = format::now_ms();
+    let spec = run.spec.clone().unwrap_or_default();
+    let body = html! {
+        p.crumbs { a href="/runs" { "Runs" } " / " (run_id) }
+        h1 { "Run " (run_id) }
+        dl.spec {
+            dt { "Repository" } dd { code { (spec.repo) } }
+            dt { "Agent" } dd { (spec.agent.as_ref().map(|a| a.driver.as_str()).unwrap_or("—"))
+                @if let Some(m) = spec.agent.as_ref().map(|a| &a.model).filter(|m| !m.is_empty()) { " · " (m) } }
+            dt { "Verify" } dd { @if spec.verify_command.is_empty() { "—" } @else { code { (spec.verify_command) } } }
+            dt { "Labels" } dd { (runs_page::labels(&run)) }
+            dt { "Prompt" } dd { pre.prompt { (spec.prompt) } }
+        }
+        (summary(&run, &session))
+        h2 { "Forks" }
+        table #forks data-events=(format!("/runs/{run_id}/events")) {
+            thead { tr {
+                th { "Fork" } th { "Status" } th { "Phase" } th { "Duration" }
+                th { "Model cost" } th { "Sandbox cost" } th { "Tokens in / out" }
+                th { "Verify" } th { "Diff" } th { "Backend" }
+            } }
+            tbody { @for f in &run.forks { (fork_row(&run_id, f, now)) } }
+        }
+        p.compare-hint { "Compare two forks: open one and add " code { "?compare=<n>" } "." }
+    };
+    Ok(layout(&format!("Run {run_id}"), Some(&session), body))
+}
+
+/// The run's state, counts, budget bar, ranking and winner, and the cancel button while
+/// the run can be cancelled: one element, redrawn live.
+pub fn summary(run: &Run, session: &Session) -> Markup {
+    let (cost, budget) = (run.cost_micros, run.budget_micros.max(0));
+    let winner = run.winner;
+    html! {
+        section #run-summary aria-live="polite" {
+            p { "State: " strong.state data-state=(format::run_state(run.state)) { (format::run_state(run.state)) }
+                " · forks done " (runs_page::forks_done(run))
+                " · " (run.forks_succeeded) " succeeded, " (run.forks_failed) " failed, "
+                (run.forks_running) " running, " (run.forks_pending) " pending" }
+            @if !run.error.is_empty() { p.error { (run.error) } }
+            div.budget {
+                label for="budget-bar" { "Budget: " (format::usd(cost)) " of " (format::usd(budget)) }
+                meter #budget-bar min="0" max=(budget) value=(cost.min(budget)) high=(budget * 9 / 10) {
+                    (format::usd(cost)) " of " (format::usd(budget))
+                }
+            }
+            p.ranking { "Ranking: "
+                @if run.ranking.is_empty() { "none yet" }
+                @for (i, n) in run.ranking.iter().enumerate() {
+                    @if i > 0 { " › " }
+                    a href=(format!("/runs/{}/forks/{n}", run.run_id)) { "fork " (n) }
+                }
+                @if winner > 0 { " · winner: " strong #winner { "fork " (winner) } }
+            }
+            @if format::run_live(run.state) {
+                form #cancel-run .actions method="post" action=(format!("/runs/{}/cancel", run.run_id)) {
+                    (csrf_field(session))
+                    button.danger type="submit" { "Cancel run" }
+                }
+            }
+        }
+    }
+}
+
+/// One fork's row (id `fork-<n>`), redrawn live.
+pub fn fork_row(run_id: &str, f: &ForkResult, now: i64) -> Markup {
+    let n = f.fork;
+    let status = format::fork_status(f.status);
+    let usage = f.usage.unwrap_or_default();
+    let diff = f.diffstat.unwrap_or_default();
+    html! {
+        tr id=(format!("fork-{n}")) data-status=(status) {
+            td { a href=(format!("/runs/{run_id}/forks/{n}")) { "fork " (n) } }
+            td.status { span class=(format!("badge {}", status.replace(' ', "-"))) { (status) } }
+            td { (f.phase) @if !f.error.is_empty() { " " span.error title=(f.error) { "(error)" } } }
+            td { (format::span(f.started_unix_ms, f.finished_unix_ms, now)) }
+            td { (format::usd(f.model_cost_micros)) }
+            td { (format::usd(f.sandbox_cost_micros)) }
+            td { (usage.input_tokens) " / " (usage.output_tokens) }
+            td { (format::verify(f.verify)) }
+            td { @if diff.files_changed > 0 {
+                    span.add { "+" (diff.insertions) } " " span.del { "−" (diff.deletions) }
+                    " in " (diff.files_changed) " files"
+                } @else { "—" } }
+            td { @if f.backend.is_empty() { "—" } @else { (f.backend) } }
+        }
+    }
+}
+
+pub async fn cancel(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Path(run_id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    let f: CsrfOnly = parse_form(&body)?;
+    session.check_csrf(&f.csrf)?;
+    let req = CancelRunRequest {
+        run_id: run_id.clone(),
+        reason: "cancelled from the console".into(),
+    };
+    state
+        .gateway
+        .client()
+        .cancel_run(gateway::unary(session.key.as_ref(), req)?)
+        .await
+        .map_err(|s| match s.code() {
+            tonic::Code::NotFound => ConsoleError::NotFound(format!("run {run_id}")),
+            _ => s.into(),
+        })?;
+    tracing::info!(run_id, "run cancelled from the console");
+    Ok(Redirect::to(&format!("/runs/{run_id}")).into_response())
+}
