@@ -78,12 +78,10 @@ async fn call(client: &mut Client, command: Command, output: Output) -> anyhow::
         } => list(client, limit, state.as_deref(), labels, output).await,
         Command::Cancel {
             run_id,
-            fork,
+            fork: Some(fork),
             reason,
-        } => match fork {
-            Some(fork) => cancel_fork(client, run_id, fork, reason).await,
-            None => cancel_run(client, run_id, reason).await,
-        },
+        } => cancel_fork(client, run_id, fork, reason).await,
+        Command::Cancel { run_id, reason, .. } => cancel_run(client, run_id, reason).await,
         Command::Pause { run_id } => pause(client, run_id, output).await,
         Command::Resume { run_id } => resume(client, run_id, output).await,
         Command::Budget {

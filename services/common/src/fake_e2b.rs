@@ -331,7 +331,7 @@ async fn start_process(State(f): State<Arc<Fake>>, h: HeaderMap, body: Bytes) ->
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn();
-    let mut child = match spawned {
+    let child = match spawned {
         Ok(c) => c,
         Err(e) => {
             let end = json!({"error": {"code": "invalid_argument", "message": e.to_string()}});
@@ -342,47 +342,55 @@ async fn start_process(State(f): State<Arc<Fake>>, h: HeaderMap, body: Bytes) ->
     };
     let pid = child.id().unwrap();
     f.pids.lock().unwrap().insert(pid, ());
-    tokio::spawn(async move {
-        let _ = tx
-            .send(Ok(envelope(0, &json!({"event": {"start": {"pid": pid}}}))))
-            .await;
-        let mut out = child.stdout.take().unwrap();
-        let mut err = child.stderr.take().unwrap();
-        let (mut ob, mut eb) = ([0u8; 4096], [0u8; 4096]);
-        let (mut o_open, mut e_open) = (true, true);
-        while o_open || e_open {
-            let (key, n) = tokio::select! {
-                r = out.read(&mut ob), if o_open => ("stdout", r.unwrap_or(0)),
-                r = err.read(&mut eb), if e_open => ("stderr", r.unwrap_or(0)),
-            };
-            if n == 0 {
-                if key == "stdout" {
-                    o_open = false
-                } else {
-                    e_open = false
-                }
-                continue;
-            }
-            let data = if key == "stdout" { &ob[..n] } else { &eb[..n] };
-            let ev = json!({"event": {"data": {key: B64.encode(data)}}});
-            if tx.send(Ok(envelope(0, &ev))).await.is_err() {
-                return; // client hung up: child is killed on drop
-            }
-        }
-        let status = child.wait().await.unwrap();
-        let mut end = json!({"exited": true, "status": format!("{status}")});
-        // proto3 JSON: a zero exit code is left out.
-        match status.code() {
-            Some(0) => {}
-            Some(c) => end["exitCode"] = json!(c),
-            None => end["exitCode"] = json!(-1),
-        }
-        let _ = tx
-            .send(Ok(envelope(0, &json!({"event": {"end": end}}))))
-            .await;
-        let _ = tx.send(Ok(envelope(2, &json!({})))).await;
-    });
+    tokio::spawn(stream_process(child, pid, tx));
     stream_response(rx)
+}
+
+/// A started process's events, as envd streams them: start, its output as it comes,
+/// its end, then the stream's end.
+async fn stream_process(
+    mut child: tokio::process::Child,
+    pid: u32,
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+) {
+    let _ = tx
+        .send(Ok(envelope(0, &json!({"event": {"start": {"pid": pid}}}))))
+        .await;
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let (mut ob, mut eb) = ([0u8; 4096], [0u8; 4096]);
+    let (mut o_open, mut e_open) = (true, true);
+    while o_open || e_open {
+        let (key, n) = tokio::select! {
+            r = out.read(&mut ob), if o_open => ("stdout", r.unwrap_or(0)),
+            r = err.read(&mut eb), if e_open => ("stderr", r.unwrap_or(0)),
+        };
+        if n == 0 {
+            if key == "stdout" {
+                o_open = false
+            } else {
+                e_open = false
+            }
+            continue;
+        }
+        let data = if key == "stdout" { &ob[..n] } else { &eb[..n] };
+        let ev = json!({"event": {"data": {key: B64.encode(data)}}});
+        if tx.send(Ok(envelope(0, &ev))).await.is_err() {
+            return; // client hung up: child is killed on drop
+        }
+    }
+    let status = child.wait().await.unwrap();
+    let mut end = json!({"exited": true, "status": format!("{status}")});
+    // proto3 JSON: a zero exit code is left out.
+    match status.code() {
+        Some(0) => {}
+        Some(c) => end["exitCode"] = json!(c),
+        None => end["exitCode"] = json!(-1),
+    }
+    let _ = tx
+        .send(Ok(envelope(0, &json!({"event": {"end": end}}))))
+        .await;
+    let _ = tx.send(Ok(envelope(2, &json!({})))).await;
 }
 
 pub(crate) fn stream_response(

@@ -114,26 +114,30 @@ pub fn start_pty(f: &Arc<Fake>, id: &str, req: &Value) -> Response {
         }
         let status = child.wait().unwrap();
         fake.ptys.lock().unwrap().remove(&pid);
-        // As envd (Go) reports it: exit code -1 and "signal: <name>" for a signal death.
-        let end = match (status.code(), status.signal()) {
-            (Some(0), _) => json!({"exited": true, "status": "exit status 0"}),
-            (Some(c), _) => {
-                json!({"exited": true, "exitCode": c, "status": format!("exit status {c}")})
-            }
-            (None, sig) => {
-                let name = match sig {
-                    Some(2) => "interrupt",
-                    Some(9) => "killed",
-                    Some(15) => "terminated",
-                    _ => "unknown signal",
-                };
-                json!({"exited": false, "exitCode": -1, "status": format!("signal: {name}")})
-            }
-        };
-        let _ = send(json!({"event": {"end": end}}));
+        let _ = send(json!({"event": {"end": end_event(status)}}));
         let _ = tx.blocking_send(Ok(envelope(2, &json!({}))));
     });
     stream_response(rx)
+}
+
+/// A process's end as envd (Go) reports it: exit code -1 and "signal: <name>" for a
+/// signal death.
+fn end_event(status: std::process::ExitStatus) -> Value {
+    match (status.code(), status.signal()) {
+        (Some(0), _) => json!({"exited": true, "status": "exit status 0"}),
+        (Some(c), _) => {
+            json!({"exited": true, "exitCode": c, "status": format!("exit status {c}")})
+        }
+        (None, sig) => {
+            let name = match sig {
+                Some(2) => "interrupt",
+                Some(9) => "killed",
+                Some(15) => "terminated",
+                _ => "unknown signal",
+            };
+            json!({"exited": false, "exitCode": -1, "status": format!("signal: {name}")})
+        }
+    }
 }
 
 fn unary_checks(h: &HeaderMap) {
