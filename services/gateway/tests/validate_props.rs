@@ -119,6 +119,7 @@ fn request() -> impl Strategy<Value = LaunchRunRequest> {
                 // The image's nasty string, the isolation's too: each names its field.
                 isolation: image.chars().rev().collect(),
                 backend: image.to_uppercase(),
+                backends: Vec::new(),
                 image,
                 delivery: None,
             },

@@ -33,7 +33,12 @@ const GENERATIONS: &[&str] = &[
     "finishes-beside-waves",
     "delivers-results",
     "backend-per-run",
+    SEVERAL_BACKENDS,
 ];
+
+/// #44 item 2 (generation 7 here): found by name, not by place, so that it stays right
+/// whichever generations a merge puts before it.
+const SEVERAL_BACKENDS: &str = "several-backends";
 
 /// Changes introduced by earlier builds, each with the patch those builds recorded.
 #[derive(Clone, Copy, Debug)]
@@ -68,6 +73,10 @@ pub enum Change {
     /// Each fork's sandbox is created on the run's backend (`RunSpec.backend`: local or
     /// e2b), not on local whatever the run asked.
     BackendPerRun,
+    /// A run over several backends (`RunSpec.backends`): each fork is placed on the first
+    /// backend with room for it (forks in flight there under its share) and waits while
+    /// none has; a create its backend refuses moves the fork to the next one with room.
+    SeveralBackends,
 }
 
 impl Change {
@@ -84,6 +93,7 @@ impl Change {
             Self::FinishesBesideWaves => 4,
             Self::DeliversResults => 5,
             Self::BackendPerRun => 6,
+            Self::SeveralBackends => generation_of(SEVERAL_BACKENDS),
         }
     }
 
@@ -101,8 +111,17 @@ impl Change {
             Self::FinishesBesideWaves => GENERATIONS[3],
             Self::DeliversResults => GENERATIONS[4],
             Self::BackendPerRun => GENERATIONS[5],
+            Self::SeveralBackends => SEVERAL_BACKENDS,
         }
     }
+}
+
+/// The generation (1-based) whose patch is `id`.
+fn generation_of(id: &str) -> usize {
+    GENERATIONS
+        .iter()
+        .position(|g| *g == id)
+        .map_or(usize::MAX, |i| i + 1)
 }
 
 /// What a workflow decided in its first activation.
