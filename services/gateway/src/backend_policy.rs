@@ -293,4 +293,28 @@ mod tests {
         let p = BackendPolicy::from_settings(" e2b ", None).unwrap();
         assert_eq!(p.default_backend(), "e2b");
     }
+
+    /// gVisor where the provisioners said runsc cannot run: FAILED_PRECONDITION with
+    /// their reason; offered, unsaid, or not asked for: taken.
+    #[test]
+    fn an_isolation_the_backend_cannot_give_is_refused_with_its_reason() {
+        let offer = BackendOffer {
+            name: "local".into(),
+            isolations: vec!["bubblewrap".into()],
+            unavailable: [("gvisor".to_owned(), "runsc: not found".to_owned())].into(),
+        };
+        let s = tonic::Status::from(refuse_isolation(&offer, "gvisor").unwrap_err());
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(
+            s.message(),
+            "isolation: gvisor is not available on the local backend: runsc: not found"
+        );
+        assert!(refuse_isolation(&offer, "bubblewrap").is_ok());
+        assert!(refuse_isolation(&offer, "").is_ok());
+        let unsaid = BackendOffer {
+            unavailable: Default::default(),
+            ..offer
+        };
+        assert!(refuse_isolation(&unsaid, "gvisor").is_ok());
+    }
 }
