@@ -274,7 +274,7 @@ async fn assert_a_cancelled_e2b_run_leaves_nothing(
     };
     let run_id = gw.launch_run(req).await.unwrap().into_inner().run_id;
     wait_until(gw, &run_id, Duration::from_secs(90), |r| {
-        r.forks.iter().all(|f| f.phase == "agent")
+        r.forks.iter().all(|f| f.phase == "running agent")
     })
     .await;
     assert_eq!(fake.sandboxes.lock().unwrap().len(), 2, "both forks on E2B");
