@@ -124,7 +124,6 @@ fn sample_local(mesh: &Mesh, run_id: &str, stop: Arc<AtomicBool>) -> Arc<AtomicU
         while !stop.load(Ordering::Relaxed) {
             let req = ListSandboxesRequest {
                 label_selector: selector.clone(),
-                ..Default::default()
             };
             if let Ok(r) = prov.list_sandboxes(req).await {
                 let local = r

@@ -211,13 +211,10 @@ pub(super) async fn prepare_wave<W: OpensAccount>(
         let waits = plan.waits_out_drains && within_fork_timeout(ctx, started, wave);
         let mut moved = Vec::new();
         for (i, outcome) in todo.into_iter().zip(outcomes) {
-            let outcome = match moved_on(ctx, plan, &wave[i], &mut steps[i], outcome, last) {
-                Ok(()) => {
-                    moved.push(i);
-                    continue;
-                }
-                Err(outcome) => outcome,
-            };
+            if moved_on(ctx, plan, &wave[i], &mut steps[i], &outcome, last) {
+                moved.push(i);
+                continue;
+            }
             advance(&wave[i], &mut steps[i], outcome, last, waits);
         }
         only_moved = !moved.is_empty()

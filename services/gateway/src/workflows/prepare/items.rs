@@ -94,31 +94,33 @@ fn create_request(
 
 /// A fork whose create its backend refused, in a run over several backends and not in
 /// the last round: moved to the next backend with room, to be created there in the next
-/// round (`Ok`); otherwise the outcome back, for [`advance`].
+/// round (`true`); otherwise (`false`) its outcome is for [`super::advance`].
 pub(super) fn moved_on<W: OpensAccount>(
     ctx: &WorkflowContext<W>,
     plan: WavePlan,
     f: &WaveFork,
     step: &mut Step,
-    outcome: Result<ForkPrepared, StepFailure>,
+    outcome: &Result<ForkPrepared, StepFailure>,
     last: bool,
-) -> Result<(), Result<ForkPrepared, StepFailure>> {
-    let refused = matches!(&outcome, Ok(p) if p.backend_refused && p.sandbox.is_none());
+) -> bool {
+    let Ok(p) = outcome else { return false };
     let Step::Todo { on, .. } = step else {
-        return Err(outcome);
+        return false;
     };
-    if !plan.fails_over || last || !refused || f.cancel.is_cancelled() {
-        return Err(outcome);
+    if !plan.fails_over || last || !p.backend_refused || p.sandbox.is_some() {
+        return false;
+    }
+    if f.cancel.is_cancelled() {
+        return false;
     }
     let from = on.clone().unwrap_or_else(|| f.input.spec.backend.clone());
     let fork = f.input.fork;
     let Some(next) = ctx.state_mut(|s| s.move_fork(fork, &from)) else {
-        return Err(outcome);
+        return false;
     };
-    let reservation_id = outcome.map(|p| p.reservation_id).unwrap_or_default();
     *step = Step::Todo {
-        reservation_id,
+        reservation_id: p.reservation_id.clone(),
         on: Some(next),
     };
-    Ok(())
+    true
 }
