@@ -6,12 +6,14 @@
 //! public URL (no relay reaches an E2B sandbox), patches come back, verify runs, and
 //! every sandbox is destroyed; the janitor reaps an E2B orphan by its labels; an unknown
 //! backend, and e2b on a mesh whose provisioner has no E2B key, are refused naming the
-//! field.
+//! field. A second mesh: a fork's E2B sandbox time charged at the configured E2B price,
+//! and a run on E2B cancelled while its agents run.
 
 use forkyard_common::fake_e2b;
 use forkyard_proto::{
+    budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::{ForkStatus, VerifyStatus},
-    gateway::v1::{LaunchRunRequest, Run, RunState},
+    gateway::v1::{CancelRunRequest, LaunchRunRequest, Run, RunState},
     janitor::v1::{SweepRequest, janitor_client::JanitorClient},
     labels,
     sandbox::v1::{CreateSandboxRequest, sandbox_provisioner_client::SandboxProvisionerClient},
@@ -21,7 +23,7 @@ use forkyard_tests::{
     mesh::MeshOptions,
     repo,
     scripted_model::{Script, ScriptedModel},
-    support::{Gateway, fork_result, launch, wait_finished},
+    support::{Gateway, fork_result, launch, run_account, wait_finished, wait_until},
 };
 use std::{collections::HashMap, path::Path, time::Duration};
 use tonic::Code;
@@ -228,4 +230,86 @@ async fn a_run_on_e2b_end_to_end() {
     );
     assert_the_janitor_reaps_an_e2b_orphan(&mesh, &src, &e2b.fake).await;
     assert_e2b_refused_without_a_key(&mut mesh, &mut gw, &src).await;
+}
+
+/// A fork on E2B that only sleeps: its sandbox's life charged at the configured E2B
+/// price ($0.01 a second here: 10,000 micro-USD), committed with the fork and held by the
+/// run's ledger account.
+async fn assert_e2b_sandbox_time_is_charged(mesh: &Mesh, gw: &mut Gateway, src: &Path) {
+    let req = LaunchRunRequest {
+        backend: "e2b".into(),
+        ..launch(src, 1, 1, "sleep 3; echo slept > slept.txt")
+    };
+    let run_id = gw.launch_run(req).await.unwrap().into_inner().run_id;
+    let run = wait_finished(gw, &run_id, Duration::from_secs(120)).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    let f = fork_result(gw, &run_id, 1).await;
+    assert_eq!(f.status, ForkStatus::Succeeded as i32, "{f:#?}");
+    assert_eq!(f.backend, "e2b");
+    // At least the agent's 3 s; at most the fork's whole life (its sandbox lives inside it).
+    let life_ms = f.finished_unix_ms - f.started_unix_ms;
+    assert!(
+        f.sandbox_cost_micros >= 30_000 && f.sandbox_cost_micros <= life_ms * 10 + 10_000,
+        "sandbox cost {} for a fork of {life_ms} ms: {f:#?}",
+        f.sandbox_cost_micros
+    );
+    assert_eq!(f.model_cost_micros, 0, "the command reported no model use");
+    assert_eq!(f.cost_micros, f.sandbox_cost_micros);
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = run_account(&mut ledger, &run_id).await;
+    assert_eq!(account.spent_micros, f.cost_micros, "the ledger holds it");
+    assert_eq!(account.reserved_micros, 0);
+}
+
+/// A run on E2B cancelled while its agents run: its forks say cancelled and E2B holds
+/// none of their sandboxes.
+async fn assert_a_cancelled_e2b_run_leaves_nothing(
+    gw: &mut Gateway,
+    src: &Path,
+    fake: &fake_e2b::Fake,
+) {
+    let req = LaunchRunRequest {
+        backend: "e2b".into(),
+        ..launch(src, 2, 2, "sleep 120")
+    };
+    let run_id = gw.launch_run(req).await.unwrap().into_inner().run_id;
+    wait_until(gw, &run_id, Duration::from_secs(90), |r| {
+        r.forks.iter().all(|f| f.phase == "running agent")
+    })
+    .await;
+    assert_eq!(fake.sandboxes.lock().unwrap().len(), 2, "both forks on E2B");
+    gw.cancel_run(CancelRunRequest {
+        run_id: run_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("cancel");
+    let run = wait_finished(gw, &run_id, Duration::from_secs(60)).await;
+    assert_eq!(run.state, RunState::Cancelled as i32, "{run:#?}");
+    for f in &run.forks {
+        assert_eq!(f.status, ForkStatus::Cancelled as i32, "{f:#?}");
+    }
+    assert!(
+        fake.sandboxes.lock().unwrap().is_empty(),
+        "left on E2B: {:?}",
+        fake.sandboxes.lock().unwrap().keys().collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_on_e2b_is_charged_its_sandbox_time_and_can_be_cancelled() {
+    let e2b = fake_e2b::start(KEY).await;
+    let model = ScriptedModel::start(Script::edit("true")).await;
+    let mut opts = options(&e2b.url, &model.url, free_port());
+    opts.service_env.push((
+        "sandbox-provisioner".into(),
+        "FORKYARD_E2B_SECOND_USD".into(),
+        "0.01".into(),
+    ));
+    let mesh = Mesh::start_with(opts).await.expect("mesh");
+    let src = mesh.state_dir().join("repo");
+    repo::create(&src).unwrap();
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    assert_e2b_sandbox_time_is_charged(&mesh, &mut gw, &src).await;
+    assert_a_cancelled_e2b_run_leaves_nothing(&mut gw, &src, &e2b.fake).await;
 }

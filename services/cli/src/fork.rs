@@ -71,6 +71,7 @@ pub fn read_prompt(p: &str) -> anyhow::Result<String> {
 }
 
 fn launch_request(a: ForkArgs) -> LaunchRunRequest {
+    let (backend, backends) = crate::fork_args::backends_of(&a.backend);
     // A local path is sent absolute: the gateway does not share our working directory.
     let repo = match std::fs::canonicalize(&a.repo) {
         Ok(p) if !a.repo.contains("://") => p.to_string_lossy().into_owned(),
@@ -102,7 +103,8 @@ fn launch_request(a: ForkArgs) -> LaunchRunRequest {
         egress: a.egress,
         image: a.image,
         isolation: a.isolation,
-        backend: a.backend,
+        backend,
+        backends,
         branch_window_secs: a.branch_window,
         fork_timeout_secs: a.timeout,
         verify_command: a.verify.unwrap_or_default(),
@@ -188,6 +190,25 @@ mod tests {
         assert_eq!(parse(&[]).unwrap().backend, "");
         let e = parse(&["--backend", "modal"]).err().unwrap().to_string();
         assert!(e.contains("local, e2b"), "{e}");
+        // A list: in order, with shares; the last one's may be left out (the rest).
+        let req = parse(&["--backend", "local:40,e2b"]).unwrap();
+        assert_eq!(req.backend, "");
+        let list: Vec<(String, u32)> = req
+            .backends
+            .into_iter()
+            .map(|b| (b.name, b.max_concurrent))
+            .collect();
+        assert_eq!(list, [("local".into(), 40), ("e2b".into(), 0)]);
+        let e = parse(&["--backend", "local:x,e2b"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("a share is a number"), "{e}");
+        let e = parse(&["--backend", "local:2,modal"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("\"modal\""), "{e}");
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! What `forkyard fork` takes.
 
+use forkyard_proto::gateway::v1::BackendShare;
+
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:
   forkyard fork ./repo -p 'make the tests pass' -f 5 --max-concurrent 3 --budget 10 --verify 'cargo test' --wait
   forkyard fork https://github.com/org/repo -p @task.md --driver codex -m gpt-5 --egress crates,github
-  forkyard fork ./repo -p 'try it' --agent-command './agent.sh' --label team=infra --request-id nightly-42")]
+  forkyard fork ./repo -p 'try it' --agent-command './agent.sh' --label team=infra --request-id nightly-42
+  forkyard fork ./repo -p 'fix it' -f 100 --max-concurrent 60 --backend local:40,e2b")]
 pub struct ForkArgs {
     /// Git URL or local path of the repository.
     pub repo: String,
@@ -59,7 +62,10 @@ pub struct ForkArgs {
     pub isolation: String,
     /// Where each fork's sandbox runs: local (the provisioners' hosts) or e2b (E2B's
     /// cloud, where the provisioners hold an E2B key). Default: the operator's
-    /// (FORKYARD_DEFAULT_BACKEND on the gateway, local unless set).
+    /// (FORKYARD_DEFAULT_BACKEND on the gateway, local unless set). Several, in order,
+    /// each with its share (most forks in flight on it): `local:40,e2b` fills local up
+    /// to 40 forks at once and sends the rest to e2b (the last entry's share may be left
+    /// out: the rest), and a fork whose create a backend refuses moves to the next.
     #[arg(long, default_value = "", value_parser = backend)]
     pub backend: String,
     /// Keep the run open this many seconds after its last fork, for `forkyard branch`
@@ -149,12 +155,47 @@ fn isolation(s: &str) -> Result<String, String> {
     }
 }
 
-/// `--backend`: empty or one of the backends a sandbox can run on.
+/// `--backend`: empty, one of the backends a sandbox can run on, or a list of them
+/// with shares (`local:40,e2b`); the gateway checks the rest (each name once, a share
+/// on every entry but the last).
 fn backend(s: &str) -> Result<String, String> {
-    let name = s.trim();
-    if name.is_empty() || forkyard_proto::BACKENDS.contains(&name) {
-        Ok(name.to_owned())
-    } else {
-        Err(format!("one of: {}", forkyard_proto::BACKENDS.join(", ")))
+    let text = s.trim();
+    if text.is_empty() {
+        return Ok(String::new());
     }
+    for entry in text.split(',') {
+        let (name, share) = entry.split_once(':').unwrap_or((entry, ""));
+        if !forkyard_proto::BACKENDS.contains(&name.trim()) {
+            return Err(format!(
+                "{:?}: one of: {}, or a list such as local:40,e2b",
+                name.trim(),
+                forkyard_proto::BACKENDS.join(", ")
+            ));
+        }
+        if !share.is_empty() && share.trim().parse::<u32>().is_err() {
+            return Err(format!(
+                "{entry:?}: a share is a number of forks (local:40)"
+            ));
+        }
+    }
+    Ok(text.to_owned())
+}
+
+/// What `--backend` asks of LaunchRun: one backend (`backend`), or a list with shares
+/// (`backends`) once it has a comma or a share.
+pub(crate) fn backends_of(flag: &str) -> (String, Vec<BackendShare>) {
+    if !flag.contains([',', ':']) {
+        return (flag.to_owned(), Vec::new());
+    }
+    let list = flag
+        .split(',')
+        .map(|entry| {
+            let (name, share) = entry.split_once(':').unwrap_or((entry, ""));
+            BackendShare {
+                name: name.trim().to_owned(),
+                max_concurrent: share.trim().parse().unwrap_or(0),
+            }
+        })
+        .collect();
+    (String::new(), list)
 }

@@ -61,6 +61,14 @@ fn field_of(message: &str) -> Option<(&str, &str)> {
     path.then_some((field, rest))
 }
 
+/// The `ErrorInfo` a status carries: its domain (the service that said it) and reason;
+/// `None` for a status without one (a transport failure, another server's).
+pub fn reason_of(status: &Status) -> Option<(String, String)> {
+    status
+        .get_details_error_info()
+        .map(|info| (info.domain, info.reason))
+}
+
 fn details(code: Code, domain: &str, reason: &str) -> ErrorDetails {
     let mut d = ErrorDetails::with_error_info(reason, domain, std::collections::HashMap::new());
     if matches!(code, Code::Unavailable | Code::ResourceExhausted) {

@@ -11,7 +11,10 @@
 //! nothing but the default is ever accepted unconfirmed).
 
 use crate::{activities::sandboxes::SandboxLocal, error::GatewayError};
-use forkyard_proto::sandbox::v1::ListBackendsRequest;
+use forkyard_proto::{
+    gateway::v1::BackendShare,
+    sandbox::v1::{BackendOffer, ListBackendsRequest, ListBackendsResponse},
+};
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex, PoisonError},
@@ -46,7 +49,7 @@ impl Default for BackendPolicy {
 }
 
 /// When the provisioners answered, and what they offer.
-type Answer = (Instant, Vec<String>);
+type Answer = (Instant, ListBackendsResponse);
 
 /// The provisioners' answer, asked again once older than [`FRESH`].
 #[derive(Clone)]
@@ -111,6 +114,33 @@ impl BackendPolicy {
     /// default), or why not: outside the tenant's policy PERMISSION_DENIED, not offered
     /// by the provisioners INVALID_ARGUMENT, both naming `backend`.
     pub async fn resolve(&self, tenant: &str, asked: &str) -> Result<String, GatewayError> {
+        self.resolve_as("backend", tenant, asked).await
+    }
+
+    /// A run over several backends: each entry resolved as `backend` is, the refusal
+    /// naming `backends[i].name`.
+    pub async fn resolve_list(
+        &self,
+        tenant: &str,
+        asked: &[BackendShare],
+    ) -> Result<Vec<BackendShare>, GatewayError> {
+        let mut list = Vec::with_capacity(asked.len());
+        for (i, b) in asked.iter().enumerate() {
+            let field = format!("backends[{i}].name");
+            list.push(BackendShare {
+                name: self.resolve_as(&field, tenant, &b.name).await?,
+                max_concurrent: b.max_concurrent,
+            });
+        }
+        Ok(list)
+    }
+
+    async fn resolve_as(
+        &self,
+        field: &str,
+        tenant: &str,
+        asked: &str,
+    ) -> Result<String, GatewayError> {
         let name = match asked.trim() {
             "" => self.default.as_str(),
             n => n,
@@ -119,12 +149,12 @@ impl BackendPolicy {
             && !allowed.iter().any(|a| a == name)
         {
             return Err(GatewayError::PermissionDenied(format!(
-                "backend: {name} is outside tenant {tenant}'s backends ({}; {TENANT_SETTING})",
+                "{field}: {name} is outside tenant {tenant}'s backends ({}; {TENANT_SETTING})",
                 allowed.join(", ")
             )));
         }
         let offered = match self.offered().await {
-            Ok(offered) => offered,
+            Ok(answer) => answer.backends,
             // The provisioners never answered: the operator's default is taken on trust
             // (its creates fail, saying why, if it is not there after all).
             Err(_) if name == self.default => return Ok(name.to_owned()),
@@ -134,7 +164,7 @@ impl BackendPolicy {
             return Ok(name.to_owned());
         }
         Err(GatewayError::field(
-            "backend",
+            field,
             format!(
                 "{name} is not offered by this mesh's provisioners (they offer: {})",
                 offered.join(", ")
@@ -142,31 +172,53 @@ impl BackendPolicy {
         ))
     }
 
+    /// Whether `backend` can give a sandbox `isolation` (non-empty), as its provisioners
+    /// said: a level they have but cannot give here (gVisor where runsc cannot run) is
+    /// FAILED_PRECONDITION with their reason, at launch rather than at every fork's
+    /// create. Provisioners that say nothing of isolation (earlier builds), or that
+    /// cannot be asked, leave it to each create, which refuses the same way.
+    pub async fn check_isolation(
+        &self,
+        backend: &str,
+        isolation: &str,
+    ) -> Result<(), GatewayError> {
+        let Ok(answer) = self.offered().await else {
+            return Ok(());
+        };
+        let Some(offer) = answer.offers.iter().find(|o| o.name == backend) else {
+            return Ok(());
+        };
+        refuse_isolation(offer, isolation)
+    }
+
     /// What the provisioners offer: asked at most every [`FRESH`], the last answer when
     /// they cannot be asked, UNAVAILABLE when they never answered.
-    async fn offered(&self) -> Result<Vec<String>, GatewayError> {
+    async fn offered(&self) -> Result<ListBackendsResponse, GatewayError> {
         let Some(o) = &self.offered else {
-            return Ok(vec![self.default.clone()]);
+            return Ok(ListBackendsResponse {
+                backends: vec![self.default.clone()],
+                offers: Vec::new(),
+            });
         };
         let last = o
             .last
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        if let Some((at, names)) = &last
+        if let Some((at, answer)) = &last
             && at.elapsed() < FRESH
         {
-            return Ok(names.clone());
+            return Ok(answer.clone());
         }
         let mut client = o.sandboxes.creates();
         let asked =
             tokio::time::timeout(ASK_DEADLINE, client.list_backends(ListBackendsRequest {}));
         match asked.await {
             Ok(Ok(answer)) => {
-                let names = answer.into_inner().backends;
+                let answer = answer.into_inner();
                 *o.last.lock().unwrap_or_else(PoisonError::into_inner) =
-                    Some((Instant::now(), names.clone()));
-                Ok(names)
+                    Some((Instant::now(), answer.clone()));
+                Ok(answer)
             }
             failed => {
                 let why = match failed {
@@ -174,13 +226,29 @@ impl BackendPolicy {
                     _ => "no answer within 3 s".to_owned(),
                 };
                 tracing::warn!(error = %why, "provisioners not asked which backends they offer");
-                last.map(|(_, names)| names).ok_or_else(|| {
+                last.map(|(_, answer)| answer).ok_or_else(|| {
                     GatewayError::Unavailable(format!(
                         "backend: the sandbox provisioners cannot be asked which backends they offer: {why}"
                     ))
                 })
             }
         }
+    }
+}
+
+/// `isolation` on a backend whose provisioners answered `offer`: given, or refused with
+/// their reason (FAILED_PRECONDITION naming `isolation`); a level the backend does not
+/// know at all is the launch checks' to refuse.
+fn refuse_isolation(offer: &BackendOffer, isolation: &str) -> Result<(), GatewayError> {
+    if isolation.is_empty() || offer.isolations.iter().any(|i| i == isolation) {
+        return Ok(());
+    }
+    match offer.unavailable.get(isolation) {
+        Some(why) => Err(GatewayError::FailedPrecondition(format!(
+            "isolation: {isolation} is not available on the {} backend: {why}",
+            offer.name
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -224,5 +292,29 @@ mod tests {
         );
         let p = BackendPolicy::from_settings(" e2b ", None).unwrap();
         assert_eq!(p.default_backend(), "e2b");
+    }
+
+    /// gVisor where the provisioners said runsc cannot run: FAILED_PRECONDITION with
+    /// their reason; offered, unsaid, or not asked for: taken.
+    #[test]
+    fn an_isolation_the_backend_cannot_give_is_refused_with_its_reason() {
+        let offer = BackendOffer {
+            name: "local".into(),
+            isolations: vec!["bubblewrap".into()],
+            unavailable: [("gvisor".to_owned(), "runsc: not found".to_owned())].into(),
+        };
+        let s = tonic::Status::from(refuse_isolation(&offer, "gvisor").unwrap_err());
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(
+            s.message(),
+            "isolation: gvisor is not available on the local backend: runsc: not found"
+        );
+        assert!(refuse_isolation(&offer, "bubblewrap").is_ok());
+        assert!(refuse_isolation(&offer, "").is_ok());
+        let unsaid = BackendOffer {
+            unavailable: Default::default(),
+            ..offer
+        };
+        assert!(refuse_isolation(&unsaid, "gvisor").is_ok());
     }
 }

@@ -120,6 +120,7 @@ fn request() -> impl Strategy<Value = LaunchRunRequest> {
                 isolation: image.chars().rev().collect(),
                 backend: image.to_uppercase(),
                 branch_window_secs: 0,
+                backends: Vec::new(),
                 image,
                 delivery: None,
             },

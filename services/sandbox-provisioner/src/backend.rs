@@ -29,6 +29,12 @@ pub trait SandboxBackend: Send + Sync + 'static {
     fn enabled(&self) -> bool {
         true
     }
+    /// The isolation levels it can give a sandbox now, and those it has but cannot,
+    /// each with the reason (`ListBackends`: the gateway refuses a run asking for one at
+    /// launch). None by default: a backend whose sandboxes are its provider's own.
+    async fn isolations(&self) -> (Vec<String>, HashMap<String, String>) {
+        (Vec::new(), HashMap::new())
+    }
     async fn create(&self, req: CreateSandboxRequest) -> Result<Sandbox>;
     async fn get(&self, id: &str) -> Result<Sandbox>;
     async fn list(&self, selector: &HashMap<String, String>) -> Result<Vec<Sandbox>>;

@@ -62,6 +62,7 @@ impl SandboxProvisioner for SandboxService {
     ) -> Result<Response<ListBackendsResponse>, Status> {
         Ok(Response::new(ListBackendsResponse {
             backends: self.core.offered(),
+            offers: self.core.offers().await,
         }))
     }
 

@@ -10,7 +10,7 @@ use crate::{
     patch_records::PatchRecords,
 };
 use forkyard_proto::sandbox::v1::{
-    CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, Sandbox,
+    BackendOffer, CollectPatchRequest, CollectPatchResponse, CreateSandboxRequest, Sandbox,
 };
 use std::{collections::HashMap, sync::Arc};
 use tracing::info;
@@ -93,6 +93,20 @@ impl Backends {
             .filter(|b| b.enabled())
             .map(|b| b.name().to_owned())
             .collect()
+    }
+
+    /// What each backend that can create sandboxes here offers, `local` first.
+    pub async fn offers(&self) -> Vec<BackendOffer> {
+        let mut offers = Vec::new();
+        for b in self.all.iter().filter(|b| b.enabled()) {
+            let (isolations, unavailable) = b.isolations().await;
+            offers.push(BackendOffer {
+                name: b.name().to_owned(),
+                isolations,
+                unavailable,
+            });
+        }
+        offers
     }
 
     /// The backend that handed out `id`.

@@ -145,6 +145,28 @@ pub(crate) fn error_type(status: &Status) -> (&'static str, bool) {
     }
 }
 
+/// Whether a failed create was refused by the backend itself (its capacity, quota or
+/// outage), so that another backend may take the fork: RESOURCE_EXHAUSTED, or the
+/// provisioner saying (its `ErrorInfo`) that the backend is unavailable or cannot serve
+/// the sandbox. Not a provisioner that did not answer (every backend is behind it), nor
+/// a draining replica (another replica takes the create), nor a repository that cannot
+/// be cloned, nor bad input: those fail the same on every backend.
+pub(crate) fn backend_refused(status: &Status) -> bool {
+    const PROVISIONER: &str = "sandbox-provisioner.forkyard";
+    if status.code() == Code::ResourceExhausted {
+        return true;
+    }
+    let Some((domain, reason)) = forkyard_common::status::reason_of(status) else {
+        return false;
+    };
+    domain == PROVISIONER
+        && matches!(
+            (status.code(), reason.as_str()),
+            (Code::Unavailable, "BACKEND_UNAVAILABLE")
+                | (Code::FailedPrecondition, "SANDBOX_UNAVAILABLE")
+        )
+}
+
 /// Whether a sandbox call's final failure means the sandbox is gone: its replica
 /// answered without it, or did not answer through the call's retries (a killed
 /// provisioner takes its sandboxes' processes with it). The run starts such a fork

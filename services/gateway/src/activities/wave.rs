@@ -103,6 +103,9 @@ pub struct ForkPrepared {
     pub error: String,
     /// Worth trying again (under the same idempotency keys).
     pub retryable: bool,
+    /// The create was refused by its backend itself (`sandboxes::backend_refused`): a
+    /// run over several backends sends the fork to the next one.
+    pub backend_refused: bool,
 }
 
 /// Step names, as they appear in a fork's error (`"create sandbox: …"`).
@@ -164,6 +167,7 @@ impl Preparer<'_> {
             Err(status) => {
                 let (ty, retryable) = sandboxes::error_type(&status);
                 let msg = status.message().to_owned();
+                out.backend_refused = sandboxes::backend_refused(&status);
                 return out.stop(step::CREATE, ty, msg, retryable);
             }
         };

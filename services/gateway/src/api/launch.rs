@@ -65,12 +65,7 @@ impl GatewayService {
     ) -> Result<(), GatewayError> {
         spec.repo = self.tenancy.repos.check(&spec.repo)?;
         spec.egress = self.tenancy.egress.check(&tenant.name, egress)?;
-        spec.backend = self
-            .tenancy
-            .backends
-            .resolve(&tenant.name, &spec.backend)
-            .await?;
-        check_on_backend(spec)?;
+        self.admit_backends(tenant, spec).await?;
         let reader = crate::repo_check::Reader {
             tenant: &tenant.name,
             credentials: &self.tenancy.repos.credentials,
@@ -172,12 +167,47 @@ async fn check_delivery_access(
     Ok(())
 }
 
+impl GatewayService {
+    /// The run's backend, or each of its backends, resolved (the operator's default
+    /// filled in, the tenant's policy and the provisioners' offer checked), then what
+    /// those backends cannot give it refused at launch rather than at each fork's create.
+    async fn admit_backends(
+        &self,
+        tenant: &Tenant,
+        spec: &mut RunSpec,
+    ) -> Result<(), GatewayError> {
+        let policy = &self.tenancy.backends;
+        if spec.backends.is_empty() {
+            spec.backend = policy.resolve(&tenant.name, &spec.backend).await?;
+        } else {
+            spec.backends = policy.resolve_list(&tenant.name, &spec.backends).await?;
+            // What runs of one backend, and builds that know no list, read.
+            spec.backend.clone_from(&spec.backends[0].name);
+        }
+        check_on_backend(spec)?;
+        for name in run_backends(spec) {
+            policy.check_isolation(name, &spec.isolation).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Every backend the run's forks may land on.
+fn run_backends(spec: &RunSpec) -> Vec<&str> {
+    if spec.backends.is_empty() {
+        vec![spec.backend.as_str()]
+    } else {
+        spec.backends.iter().map(|b| b.name.as_str()).collect()
+    }
+}
+
 /// What the e2b backend cannot give a run, refused at launch naming the field (the
 /// provisioner would refuse each fork's create): an egress allowlist (E2B's own network
 /// rules are not mapped yet), an isolation level (E2B's sandboxes are its microVMs) and
-/// a branch window (branches start from local snapshots).
+/// a branch window (branches start from local snapshots). A run over several backends
+/// is refused these when any of them is e2b.
 fn check_on_backend(spec: &RunSpec) -> Result<(), GatewayError> {
-    if spec.backend != "e2b" {
+    if !run_backends(spec).contains(&"e2b") {
         return Ok(());
     }
     if !spec.egress.is_empty() {

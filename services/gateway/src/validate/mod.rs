@@ -1,6 +1,7 @@
 //! `LaunchRun` input checks. Every refusal names the field; nothing starts on refusal.
 
 mod agent;
+mod backends;
 mod delivery;
 mod fields;
 #[cfg(test)]
@@ -95,7 +96,7 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
     check_labels(&req.labels)?;
     check_image(&req.image)?;
     check_isolation(&req.isolation)?;
-    check_backend(&req.backend)?;
+    let (backend, backends) = backends::check(req)?;
     let agent = agent::check_agent(req.agent.as_ref())?;
     Ok(RunSpec {
         repo: req.repo.trim().to_owned(),
@@ -124,7 +125,8 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         isolation: req.isolation.trim().to_owned(),
         // Empty until admitted: the operator's default is filled in then
         // (`crate::backend_policy`), with what the provisioners offer.
-        backend: req.backend.trim().to_owned(),
+        backend,
+        backends,
         branch_window_secs: check_branch_window(req.branch_window_secs)?,
     })
 }
@@ -154,22 +156,6 @@ fn check_isolation(isolation: &str) -> Result<(), GatewayError> {
         format!(
             "{name:?} is not an isolation level (one of: {})",
             forkyard_proto::ISOLATIONS.join(", ")
-        ),
-    ))
-}
-
-/// One of the backends a sandbox can run on (`forkyard_proto::BACKENDS`), or empty for
-/// the operator's default. Whether this mesh offers it is asked at admission.
-fn check_backend(backend: &str) -> Result<(), GatewayError> {
-    let name = backend.trim();
-    if name.is_empty() || forkyard_proto::BACKENDS.contains(&name) {
-        return Ok(());
-    }
-    Err(field(
-        "backend",
-        format!(
-            "{name:?} is not a sandbox backend (one of: {})",
-            forkyard_proto::BACKENDS.join(", ")
         ),
     ))
 }

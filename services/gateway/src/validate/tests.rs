@@ -166,3 +166,51 @@ fn the_backend_is_a_known_one_or_empty_and_reaches_the_spec() {
         );
     }
 }
+
+fn share(name: &str, max_concurrent: u32) -> forkyard_proto::gateway::v1::BackendShare {
+    forkyard_proto::gateway::v1::BackendShare {
+        name: name.into(),
+        max_concurrent,
+    }
+}
+
+/// A run over several backends: the list reaches the spec trimmed, with `backend` left
+/// empty; every wrong shape is refused naming the entry's field.
+#[test]
+fn a_backends_list_is_checked_entry_by_entry() {
+    let req = LaunchRunRequest {
+        backends: vec![share(" local ", 40), share("e2b", 0)],
+        ..ok_req()
+    };
+    let spec = launch_spec(&req, &Limits::default()).unwrap();
+    assert_eq!(spec.backend, "");
+    assert_eq!(spec.backends, vec![share("local", 40), share("e2b", 0)]);
+    let cases: [(Vec<_>, &str, &str); 4] = [
+        (
+            vec![share("local", 2), share("local", 0)],
+            "",
+            "backends[1].name",
+        ),
+        (
+            vec![share("local", 2), share("modal", 0)],
+            "",
+            "backends[1].name",
+        ),
+        (
+            vec![share("local", 0), share("e2b", 3)],
+            "",
+            "backends[0].max_concurrent",
+        ),
+        (vec![share("local", 2)], "e2b", "backends"),
+    ];
+    for (backends, backend, name) in cases {
+        refused(
+            LaunchRunRequest {
+                backends,
+                backend: backend.into(),
+                ..ok_req()
+            },
+            name,
+        );
+    }
+}

@@ -19,6 +19,7 @@ mod options;
 pub mod orchestration;
 mod patches;
 pub mod phase;
+mod placement;
 mod prepare;
 mod run_loop;
 mod run_state;

@@ -34,11 +34,15 @@ const GENERATIONS: &[&str] = &[
     "delivers-results",
     "backend-per-run",
     FORK_TREES,
+    SEVERAL_BACKENDS,
 ];
 
 /// Fork trees (#45): the generation is found by name, not by place, so that it stays
 /// right whichever generations a merge puts before it.
 const FORK_TREES: &str = "fork-trees";
+
+/// #44 item 2: found by name, like [`FORK_TREES`].
+const SEVERAL_BACKENDS: &str = "several-backends";
 
 /// Changes introduced by earlier builds, each with the patch those builds recorded.
 #[derive(Clone, Copy, Debug)]
@@ -77,6 +81,10 @@ pub enum Change {
     /// each fork's workspace at its end, takes BranchFork updates, stays open for the
     /// window after its last fork, and removes its snapshots when it closes.
     ForkTrees,
+    /// A run over several backends (`RunSpec.backends`): each fork is placed on the first
+    /// backend with room for it (forks in flight there under its share) and waits while
+    /// none has; a create its backend refuses moves the fork to the next one with room.
+    SeveralBackends,
 }
 
 impl Change {
@@ -94,6 +102,7 @@ impl Change {
             Self::DeliversResults => 5,
             Self::BackendPerRun => 6,
             Self::ForkTrees => generation_of(FORK_TREES),
+            Self::SeveralBackends => generation_of(SEVERAL_BACKENDS),
         }
     }
 
@@ -112,6 +121,7 @@ impl Change {
             Self::DeliversResults => GENERATIONS[4],
             Self::BackendPerRun => GENERATIONS[5],
             Self::ForkTrees => FORK_TREES,
+            Self::SeveralBackends => SEVERAL_BACKENDS,
         }
     }
 }

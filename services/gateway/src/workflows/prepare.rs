@@ -22,14 +22,13 @@ use crate::activities::{
     host::WaveLocal,
     wave::{AccountOpen, ForkPrepared, Wave, WaveItem},
 };
-use forkyard_proto::{
-    activities::Ledger,
-    budget::v1::ReserveRequest,
-    labels,
-    sandbox::v1::{CreateSandboxRequest, Sandbox},
-};
-use std::{collections::HashMap, time::Duration};
+use forkyard_proto::{activities::Ledger, sandbox::v1::Sandbox};
+use std::time::Duration;
 use temporalio_workflow::{WorkflowCancellationToken, WorkflowContext};
+
+mod items;
+
+use items::{moved_on, round_items};
 
 /// Forks per preparation activity.
 const CHUNK: usize = 100;
@@ -64,9 +63,11 @@ impl WaveFork {
 
 /// Where one fork of a wave is while it is prepared.
 enum Step {
-    /// Still to prepare (again), with the reservation an earlier round made.
+    /// Still to prepare (again), with the reservation an earlier round made; `on`: the
+    /// backend its create was moved to after its own refused it (a run over several).
     Todo {
         reservation_id: String,
+        on: Option<String>,
     },
     Ready(Prepared),
     /// Stopped; what it holds is given back in the wave's cleanup stages.
@@ -104,6 +105,9 @@ pub(super) struct AccountOpening {
 /// update handler, so the wave records the opening there as soon as it is known.
 pub(super) trait OpensAccount {
     fn account(&mut self) -> &mut AccountOpening;
+    /// A fork whose create `from` refused goes to the next backend with room, if any
+    /// (`workflows::placement`).
+    fn move_fork(&mut self, fork: u32, from: &str) -> Option<String>;
 }
 
 /// How a wave is prepared, decided by the run (the patches its history takes).
@@ -119,6 +123,9 @@ pub(super) struct WavePlan {
     /// Sandboxes on the run's backend (`Change::BackendPerRun`); else on local, as
     /// every run of earlier builds was.
     pub backend_per_run: bool,
+    /// A create its backend refused moves the fork to the run's next backend
+    /// (`Change::SeveralBackends`, a run with `RunSpec.backends`).
+    pub fails_over: bool,
 }
 
 impl WavePlan {
@@ -174,13 +181,16 @@ pub(super) async fn prepare_wave<W: OpensAccount>(
         .iter()
         .map(|_| Step::Todo {
             reservation_id: String::new(),
+            on: None,
         })
         .collect();
     let rounds = plan.rounds();
     let started = ctx.workflow_time();
     let mut round = 0;
+    // Every fork still to prepare was just moved to another backend: nothing to wait out.
+    let mut only_moved = false;
     loop {
-        if round > 0 && steps.iter().any(|s| matches!(s, Step::Todo { .. })) {
+        if round > 0 && !only_moved && steps.iter().any(|s| matches!(s, Step::Todo { .. })) {
             // Cancelled with the run: the forks then stop as cancelled below.
             let _ = ctx.timer(backoff(round)).await;
         }
@@ -199,9 +209,19 @@ pub(super) async fn prepare_wave<W: OpensAccount>(
         // Past the rounds, only a create a draining replica refused goes on: the
         // replica's restart (or another) will take it, within the fork's timeout.
         let waits = plan.waits_out_drains && within_fork_timeout(ctx, started, wave);
+        let mut moved = Vec::new();
         for (i, outcome) in todo.into_iter().zip(outcomes) {
+            if moved_on(ctx, plan, &wave[i], &mut steps[i], &outcome, last) {
+                moved.push(i);
+                continue;
+            }
             advance(&wave[i], &mut steps[i], outcome, last, waits);
         }
+        only_moved = !moved.is_empty()
+            && steps
+                .iter()
+                .enumerate()
+                .all(|(i, s)| !matches!(s, Step::Todo { .. }) || moved.contains(&i));
         round += 1;
     }
     give_back(ctx, wave, &steps).await;
@@ -227,7 +247,7 @@ fn advance(
     last: bool,
     waits: bool,
 ) {
-    let Step::Todo { reservation_id } = step else {
+    let Step::Todo { reservation_id, .. } = step else {
         return;
     };
     let holds = held(std::mem::take(reservation_id));
@@ -242,49 +262,6 @@ fn advance(
             next_step(f, p, last && !(waits && draining))
         }
     };
-}
-
-/// The forks a round prepares (their indexes in the wave, and what to ask for each);
-/// a fork cancelled meanwhile stops here.
-fn round_items(
-    wave: &[WaveFork],
-    steps: &mut [Step],
-    backend_per_run: bool,
-) -> (Vec<usize>, Vec<WaveItem>) {
-    let key = |f: &WaveFork, step: &str| step_key(&f.child_id, f.input.attempt, step);
-    let mut todo = Vec::new();
-    let mut items = Vec::new();
-    for (i, (f, step)) in wave.iter().zip(steps.iter_mut()).enumerate() {
-        let Step::Todo { reservation_id } = step else {
-            continue;
-        };
-        if f.cancel.is_cancelled() {
-            *step = Step::Failed {
-                reservation_id: held(std::mem::take(reservation_id)),
-                sandbox: None,
-                why: StepFailure::Cancelled,
-            };
-            continue;
-        }
-        todo.push(i);
-        items.push(WaveItem {
-            reservation_id: reservation_id.clone(),
-            reserve: ReserveRequest {
-                account_id: f.input.run_id.clone(),
-                amount_micros: f.input.reservation_micros,
-                holder: f.owner().to_owned(),
-                idempotency_key: key(f, "reserve"),
-            },
-            create: create_request(f, key(f, "create"), backend_per_run),
-            create_at: f
-                .input
-                .branch
-                .as_ref()
-                .map(|b| b.snapshot_endpoint.clone())
-                .unwrap_or_default(),
-        });
-    }
-    (todo, items)
 }
 
 /// One round: at most [`CHUNK`] forks per activity, all started at once (its result,
@@ -422,6 +399,7 @@ fn next_step(f: &WaveFork, p: ForkPrepared, last_round: bool) -> Step {
     if p.retryable && !last_round && p.sandbox.is_none() && !f.cancel.is_cancelled() {
         return Step::Todo {
             reservation_id: reservation_id.unwrap_or_default(),
+            on: None,
         };
     }
     let why = if f.cancel.is_cancelled() {
@@ -433,52 +411,6 @@ fn next_step(f: &WaveFork, p: ForkPrepared, last_round: bool) -> Step {
         reservation_id,
         sandbox: p.sandbox,
         why,
-    }
-}
-
-fn create_request(
-    f: &WaveFork,
-    idempotency_key: String,
-    backend_per_run: bool,
-) -> CreateSandboxRequest {
-    let spec = &f.input.spec;
-    // The run's backend, resolved at launch (the operator's default filled in); runs
-    // of earlier builds, and any spec without one, on local as they always were.
-    let backend = Some(spec.backend.as_str())
-        .filter(|b| backend_per_run && !b.is_empty())
-        .unwrap_or("local");
-    CreateSandboxRequest {
-        backend: backend.to_owned(),
-        repo: spec.repo.clone(),
-        base_ref: spec.base_ref.clone(),
-        branch: forkyard_proto::ids::fork_branch(&spec.branch, f.input.fork),
-        labels: HashMap::from([
-            (labels::RUN_ID.to_owned(), f.input.run_id.clone()),
-            (labels::FORK.to_owned(), f.input.fork.to_string()),
-            // The child that will own it (until it starts, the janitor keeps a sandbox
-            // whose run is running), or the run for an inline fork.
-            (labels::WORKFLOW_ID.to_owned(), f.owner().to_owned()),
-        ]),
-        idempotency_key,
-        // The run's egress (its tenant's policy checked at launch); none: the sandbox
-        // reaches only the LLM gateway, which every agent command gets.
-        network: !spec.egress.is_empty(),
-        egress_allow: spec.egress.clone(),
-        image: spec.image.clone(),
-        // Whose git credentials the provisioner clones with (the run's tenant's own,
-        // else the shared ones; FORKYARD_GIT_CREDENTIALS).
-        tenant: spec.tenant.clone(),
-        // gVisor or bubblewrap: the provisioner refuses (FAILED_PRECONDITION) what it
-        // cannot give, never substituting.
-        isolation: spec.isolation.clone(),
-        // A branch starts from its parent's workspace at its end: no clone.
-        snapshot_id: f
-            .input
-            .branch
-            .as_ref()
-            .map(|b| b.snapshot_id.clone())
-            .unwrap_or_default(),
-        ..Default::default()
     }
 }
 

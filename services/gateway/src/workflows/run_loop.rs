@@ -146,6 +146,9 @@ struct Flight<'a> {
     preparing: Option<Preparing<'a>>,
     /// The run takes [`Change::FinishesBesideWaves`].
     beside: bool,
+    /// The run is over several backends and takes [`Change::SeveralBackends`]: each
+    /// fork is placed on one with room (`workflows::placement`).
+    several: bool,
 }
 
 /// The forks in flight that are done already, taken out in vector order; polled once,
@@ -206,6 +209,8 @@ impl<'a> Flight<'a> {
             beside: ctx
                 .state(|s| s.patches)
                 .takes(ctx, Change::FinishesBesideWaves),
+            several: !spec_backends_empty(ctx)
+                && ctx.state(|s| s.patches).takes(ctx, Change::SeveralBackends),
         }
     }
 
@@ -260,14 +265,29 @@ impl<'a> Flight<'a> {
         let ctx = self.ctx;
         let mut wave = Vec::new();
         while self.in_flight.len() + wave.len() < self.max_concurrent && !cancel.is_cancelled() {
+            // A run over several backends starts a fork only where one has room.
+            let room = if self.several {
+                let Some(b) = ctx.state(|s| s.backend_with_room()) else {
+                    break;
+                };
+                Some(b)
+            } else {
+                None
+            };
             let Some((fork, attempt)) = ctx.state_mut(|s| s.next_startable()) else {
                 break;
             };
+            let mut spec = self.spec.clone();
+            if let Some(b) = room {
+                ctx.state_mut(|s| s.place(fork, &b));
+                // The fork's own copy names where it goes (its create, its result).
+                spec.backend = b;
+            }
             let input = ForkInput {
                 run_id: self.run_id.clone(),
                 fork,
                 attempt,
-                spec: self.spec.clone(),
+                spec,
                 reservation_micros: ctx.state(|s| s.reservation_for(fork)),
                 started_unix_ms: unix_ms(ctx.workflow_time()),
                 branch: ctx.state(|s| s.branches.get(&fork).cloned()),
@@ -339,7 +359,9 @@ impl<'a> Flight<'a> {
                 }
                 Err(why) => {
                     self.tokens.remove(&fork);
-                    let result = not_started(ctx, &f.input, why);
+                    let mut result = not_started(ctx, &f.input, why);
+                    // Where it was placed last (moved on after a refusal, or not).
+                    result.backend = ctx.state(|s| s.placed_on(fork));
                     ctx.state_mut(|s| s.record(fork, result));
                 }
             }
@@ -435,5 +457,10 @@ fn wave_plan(ctx: &Ctx) -> WavePlan {
         outlasts_an_outage: patches.takes(ctx, Change::PrepareOutlastsAnOutage),
         waits_out_drains: patches.takes(ctx, Change::FinishesBesideWaves),
         backend_per_run: patches.takes(ctx, Change::BackendPerRun),
+        fails_over: patches.takes(ctx, Change::SeveralBackends),
     }
+}
+
+fn spec_backends_empty(ctx: &Ctx) -> bool {
+    ctx.state(|s| s.spec.backends.is_empty())
 }

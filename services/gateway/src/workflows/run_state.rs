@@ -193,6 +193,7 @@ impl SandboxOrchestrationWorkflow {
     pub(super) fn record(&mut self, fork: u32, result: ForkResult) {
         let i = (fork - 1) as usize;
         let branch = std::mem::take(&mut self.forks[i].branch);
+        let placed = std::mem::take(&mut self.forks[i].backend);
         let requeue = result.phase == phase::AWAITING_BUDGET
             && result.status == ForkStatus::BudgetExceeded as i32;
         let lost = self.requeue_lost
@@ -204,6 +205,11 @@ impl SandboxOrchestrationWorkflow {
         self.add_earlier_cost(&mut slot);
         if slot.branch.is_empty() {
             slot.branch = branch;
+        }
+        // A fork that ended without a sandbox still says where it was placed (a run
+        // over several backends).
+        if slot.backend.is_empty() {
+            slot.backend = placed;
         }
         // A fork whose earlier starts spent its whole budget does not start again.
         let lost =
@@ -411,6 +417,10 @@ impl SandboxOrchestrationWorkflow {
 impl OpensAccount for SandboxOrchestrationWorkflow {
     fn account(&mut self) -> &mut AccountOpening {
         &mut self.account
+    }
+
+    fn move_fork(&mut self, fork: u32, from: &str) -> Option<String> {
+        self.move_on(fork, from)
     }
 }
 

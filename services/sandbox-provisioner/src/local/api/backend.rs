@@ -17,6 +17,9 @@ use forkyard_proto::sandbox::v1::{
 use std::{collections::HashMap, sync::Arc};
 use tokio::sync::mpsc;
 
+/// Longest ListBackends waits for runsc's first probe.
+const PROBE_WAIT: std::time::Duration = std::time::Duration::from_millis(1500);
+
 /// The `local` backend: the bubblewrap [`Provisioner`].
 #[derive(Clone)]
 pub struct LocalBackend(pub Arc<Provisioner>);
@@ -28,6 +31,21 @@ impl SandboxBackend for LocalBackend {
     }
     fn id_prefix(&self) -> &'static str {
         "sbx-"
+    }
+    /// Bubblewrap always; gVisor when a create asking for it would be taken (runsc
+    /// probed once, as a create does). A first probe slower than [`PROBE_WAIT`] leaves
+    /// gVisor unsaid this time: the gateway then leaves it to each create.
+    async fn isolations(&self) -> (Vec<String>, HashMap<String, String>) {
+        let mut offered = vec!["bubblewrap".to_owned()];
+        let mut unavailable = HashMap::new();
+        match tokio::time::timeout(PROBE_WAIT, self.0.check_isolation("gvisor")).await {
+            Ok(Ok(())) => offered.push("gvisor".to_owned()),
+            Ok(Err(e)) => {
+                unavailable.insert("gvisor".to_owned(), e.to_string());
+            }
+            Err(_) => {}
+        }
+        (offered, unavailable)
     }
     async fn create(&self, req: CreateSandboxRequest) -> Result<Sandbox> {
         self.0.create(req).await
