@@ -1,0 +1,220 @@
+//! Fork trees (#45) with the real `claude` CLI through the whole mesh: a claude-code
+//! fork edits notes.txt (the scripted model's tool call); branching it into three with a
+//! new prompt gives three forks whose Claude Code resumes the parent's session (its home
+//! travels with the workspace's snapshot): their first model request carries the
+//! parent's turns, the parent's tool result among them, then the new prompt as the last
+//! user turn. Each child's patch holds the parent's edit and its own, and each is charged
+//! for its own model calls only, as the parent was for its.
+//!
+//! `make test` installs the CLI (pinned, from npm); without it this test fails.
+
+mod agent_cli;
+
+use agent_cli::{
+    forks::notes_repo,
+    model_mesh::{assert_cli_installed, launch, options, price_per_call},
+};
+use forkyard_proto::{
+    budget::v1::budget_ledger_client::BudgetLedgerClient,
+    common::v1::{ForkResult, ForkStatus},
+    gateway::v1::{BranchForkRequest, LaunchRunRequest, RunState},
+};
+use forkyard_tests::{
+    Mesh,
+    scripted_model::{Followup, OUTPUT_TOKENS, Recorded, Script, ScriptedModel},
+    support::{Gateway, fork_result, run_account, wait_finished, wait_until},
+};
+use serde_json::Value;
+use std::time::Duration;
+
+/// What the parent's tool call prints: its tool result, which a branch's requests must
+/// carry (the scripted model refuses a follow-up without it).
+const PARENT_SAID: &str = "parent-tool-said-7f3a";
+/// The branches' instruction.
+const BRANCH_PROMPT: &str = "Now add a line of your own to notes.txt";
+
+fn script() -> Script {
+    Script {
+        followup: Some(Followup {
+            prompt: BRANCH_PROMPT.into(),
+            command: r#"printf 'branch %s\n' "$FORKYARD_FORK" >> notes.txt"#.into(),
+            earlier: PARENT_SAID.into(),
+        }),
+        ..Script::edit(&format!(
+            "printf 'parent edit\\n' >> notes.txt; echo {PARENT_SAID}"
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_code_fork_branches_into_three_that_continue_its_conversation() {
+    assert_cli_installed("claude");
+    let model = ScriptedModel::start(script()).await;
+    let mesh = Mesh::start_with(options(&model)).await.expect("mesh");
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = notes_repo(dir.path());
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    let run_id = gw
+        .launch_run(LaunchRunRequest {
+            request_id: "claude-branch-e2e".into(),
+            branch_window_secs: 30,
+            fork_budget_usd: "0.2".into(),
+            ..launch(&repo_dir, "claude-code", "sonnet", 1, "1")
+        })
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    let run = wait_until(&mut gw, &run_id, Duration::from_secs(240), |r| {
+        r.branchable_until_unix_ms > 0
+    })
+    .await;
+    assert_eq!(
+        run.forks[0].status,
+        ForkStatus::Succeeded as i32,
+        "{run:#?}"
+    );
+    let parent = fork_result(&mut gw, &run_id, 1).await;
+    assert!(!parent.agent_session.is_empty(), "no session: {parent:#?}");
+    let parent_calls = model.model_calls().len();
+
+    let made = gw
+        .branch_fork(BranchForkRequest {
+            run_id: run_id.clone(),
+            fork: 1,
+            count: 3,
+            prompt: BRANCH_PROMPT.into(),
+        })
+        .await
+        .expect("branch fork 1")
+        .into_inner();
+    assert_eq!(made.forks, vec![2, 3, 4]);
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(300)).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+
+    let mut children = Vec::new();
+    for n in 2..=4 {
+        children.push(checked_child(&mut gw, &run_id, n, &parent).await);
+    }
+    assert_first_requests_continue_the_parent(&model.model_calls()[parent_calls..]);
+    assert_children_pay_their_own_calls(&model, parent_calls, &parent, &children);
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = run_account(&mut ledger, &run_id).await;
+    let total: i64 = children.iter().map(|c| c.cost_micros).sum::<i64>() + parent.cost_micros;
+    assert_eq!(
+        account.spent_micros, total,
+        "the ledger holds the tree's costs"
+    );
+    assert_eq!(account.reserved_micros, 0);
+}
+
+/// Branch `n` of the parent succeeded with the parent's edit and its own in its patch,
+/// under a session of its own.
+async fn checked_child(gw: &mut Gateway, run_id: &str, n: u32, parent: &ForkResult) -> ForkResult {
+    let f = fork_result(gw, run_id, n).await;
+    assert_eq!(f.status, ForkStatus::Succeeded as i32, "fork {n}: {f:#?}");
+    assert_eq!((f.parent_fork, f.depth), (1, 1), "fork {n}");
+    assert!(f.patch.contains("+parent edit"), "fork {n}:\n{}", f.patch);
+    assert!(
+        f.patch.contains(&format!("+branch {n}")),
+        "fork {n}:\n{}",
+        f.patch
+    );
+    assert_eq!(
+        f.patch.matches("+branch").count(),
+        1,
+        "fork {n}:\n{}",
+        f.patch
+    );
+    // Claude Code's home is in .git: never in a patch.
+    assert!(!f.patch.contains(".claude"), "fork {n}:\n{}", f.patch);
+    assert!(!f.agent_session.is_empty(), "fork {n}: no session");
+    assert_ne!(
+        f.agent_session, parent.agent_session,
+        "fork {n}: --fork-session"
+    );
+    f
+}
+
+/// The text blocks of a message (a string content is one).
+fn texts(m: &Value) -> Vec<String> {
+    match &m["content"] {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(bs) => bs
+            .iter()
+            .filter_map(|b| b["text"].as_str().map(str::to_owned))
+            .collect(),
+        _ => vec![],
+    }
+}
+
+/// Each branch's first model request: the parent's prompt, its tool call and the tool's
+/// result, then the branch's prompt as the last user turn.
+fn assert_first_requests_continue_the_parent(calls: &[Recorded]) {
+    let firsts: Vec<&Vec<Value>> = calls
+        .iter()
+        .filter_map(|c| c.body["messages"].as_array())
+        .filter(|ms| {
+            ms.last()
+                .is_some_and(|m| m["role"] == "user" && texts(m).iter().any(|t| t == BRANCH_PROMPT))
+        })
+        .collect();
+    assert_eq!(
+        firsts.len(),
+        3,
+        "one first request per branch of {} calls",
+        calls.len()
+    );
+    for ms in firsts {
+        let before = &ms[..ms.len() - 1];
+        let said = |m: &&Value| m.to_string().contains("Add a line to notes.txt");
+        assert!(
+            before.iter().any(|m| m["role"] == "user" && said(&m)),
+            "{ms:#?}"
+        );
+        let tool_use = before
+            .iter()
+            .any(|m| m["role"] == "assistant" && m["content"].to_string().contains("\"tool_use\""));
+        let result = before.iter().any(|m| {
+            m["content"].as_array().is_some_and(|bs| {
+                bs.iter().any(|b| {
+                    b["type"] == "tool_result" && b["content"].to_string().contains(PARENT_SAID)
+                })
+            })
+        });
+        assert!(
+            tool_use && result,
+            "the parent's turns are missing: {ms:#?}"
+        );
+    }
+}
+
+/// The calls after the branch point are the children's and theirs only: each child paid
+/// exactly its calls, as many as the parent made for its own turn, and the parent's
+/// calls before the branch were not charged again.
+fn assert_children_pay_their_own_calls(
+    model: &ScriptedModel,
+    parent_calls: usize,
+    parent: &ForkResult,
+    children: &[ForkResult],
+) {
+    let per_call = price_per_call(3.0, 15.0, 0.3);
+    let calls_of = |f: &ForkResult| f.usage.unwrap_or_default().output_tokens / OUTPUT_TOKENS;
+    assert_eq!(calls_of(parent) as usize, parent_calls);
+    assert_eq!(parent.model_cost_micros, parent_calls as i64 * per_call);
+    let after = model.model_calls().len() - parent_calls;
+    assert_eq!(
+        children.iter().map(calls_of).sum::<u64>() as usize,
+        after,
+        "every call after the branch point was a child's, metered once"
+    );
+    for c in children {
+        assert_eq!(calls_of(c), calls_of(parent), "fork {}: {c:#?}", c.fork);
+        assert_eq!(
+            c.model_cost_micros, parent.model_cost_micros,
+            "fork {}",
+            c.fork
+        );
+        assert_eq!(c.cost_micros, c.model_cost_micros + c.sandbox_cost_micros);
+    }
+}
