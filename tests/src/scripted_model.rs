@@ -7,8 +7,8 @@
 //! The script: until the conversation holds a tool result, the model asks for one shell
 //! command (Claude Code's `Bash` tool, Codex's `exec_command`); then it answers "done".
 //! With [`Script::never_stop`] it asks for a command on every turn, like a model that
-//! would run up any bill. With a [`Followup`] (Anthropic only), a conversation whose last
-//! instruction is the follow-up's prompt gets the follow-up's command instead, and only
+//! would run up any bill. With [`Followup`]s (Anthropic only), a conversation whose last
+//! instruction is a follow-up's prompt gets the follow-up's command instead, and only
 //! if the request carries the earlier turns: a tool result holding `earlier`.
 
 use bytes::Bytes;
@@ -57,7 +57,8 @@ pub struct Script {
     pub event_gap: Duration,
     /// Answer this many model calls with 503 first (an API that is down).
     pub fail_first: usize,
-    pub followup: Option<Followup>,
+    /// Later instructions in the conversation, each answered its own way.
+    pub followups: Vec<Followup>,
 }
 
 impl Script {
@@ -67,7 +68,7 @@ impl Script {
             never_stop: false,
             event_gap: Duration::ZERO,
             fail_first: 0,
-            followup: None,
+            followups: Vec::new(),
         }
     }
 

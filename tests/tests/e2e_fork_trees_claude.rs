@@ -4,7 +4,8 @@
 //! travels with the workspace's snapshot): their first model request carries the
 //! parent's turns, the parent's tool result among them, then the new prompt as the last
 //! user turn. Each child's patch holds the parent's edit and its own, and each is charged
-//! for its own model calls only, as the parent was for its.
+//! for its own model calls only, as the parent was for its. Continuing one of them (a
+//! branch of a branch) resumes that child's own session, not its parent's or a sibling's.
 //!
 //! `make test` installs the CLI (pinned, from npm); without it this test fails.
 
@@ -17,7 +18,7 @@ use agent_cli::{
 use forkyard_proto::{
     budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::{ForkResult, ForkStatus},
-    gateway::v1::{BranchForkRequest, LaunchRunRequest, RunState},
+    gateway::v1::{BranchForkRequest, LaunchRunRequest, Run, RunState},
 };
 use forkyard_tests::{
     Mesh,
@@ -32,18 +33,55 @@ use std::time::Duration;
 const PARENT_SAID: &str = "parent-tool-said-7f3a";
 /// The branches' instruction.
 const BRANCH_PROMPT: &str = "Now add a line of your own to notes.txt";
+/// The instruction that continues branch 3 (a branch of a branch).
+const CONTINUE_PROMPT: &str = "Now say that you continued";
 
 fn script() -> Script {
+    let followup = |prompt: &str, command: &str, earlier: &str| Followup {
+        prompt: prompt.into(),
+        command: command.into(),
+        earlier: earlier.into(),
+    };
     Script {
-        followup: Some(Followup {
-            prompt: BRANCH_PROMPT.into(),
-            command: r#"printf 'branch %s\n' "$FORKYARD_FORK" >> notes.txt"#.into(),
-            earlier: PARENT_SAID.into(),
-        }),
+        followups: vec![
+            followup(
+                BRANCH_PROMPT,
+                r#"printf 'branch %s\n' "$FORKYARD_FORK" >> notes.txt; echo "branch-said-$FORKYARD_FORK""#,
+                PARENT_SAID,
+            ),
+            // Only fork 3's own turn will do: its session, not a sibling's.
+            followup(
+                CONTINUE_PROMPT,
+                r#"printf 'continued %s\n' "$FORKYARD_FORK" >> notes.txt"#,
+                "branch-said-3",
+            ),
+        ],
         ..Script::edit(&format!(
             "printf 'parent edit\\n' >> notes.txt; echo {PARENT_SAID}"
         ))
     }
+}
+
+async fn branch(gw: &mut Gateway, run_id: &str, fork: u32, count: u32, prompt: &str) -> Vec<u32> {
+    let req = BranchForkRequest {
+        run_id: run_id.into(),
+        fork,
+        count,
+        prompt: prompt.into(),
+    };
+    let made = gw.branch_fork(req).await.expect("branch");
+    made.into_inner().forks
+}
+
+/// The run back in its branch window with `forks` forks, all finished.
+async fn all_finished(gw: &mut Gateway, run_id: &str, forks: usize) -> Run {
+    wait_until(gw, run_id, Duration::from_secs(300), |r| {
+        let open = [ForkStatus::Pending as i32, ForkStatus::Running as i32];
+        r.forks.len() == forks
+            && r.forks.iter().all(|f| !open.contains(&f.status))
+            && r.branchable_until_unix_ms > 0
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,7 +95,7 @@ async fn a_claude_code_fork_branches_into_three_that_continue_its_conversation()
     let run_id = gw
         .launch_run(LaunchRunRequest {
             request_id: "claude-branch-e2e".into(),
-            branch_window_secs: 30,
+            branch_window_secs: 15,
             fork_budget_usd: "0.2".into(),
             ..launch(&repo_dir, "claude-code", "sonnet", 1, "1")
         })
@@ -65,10 +103,7 @@ async fn a_claude_code_fork_branches_into_three_that_continue_its_conversation()
         .expect("launch")
         .into_inner()
         .run_id;
-    let run = wait_until(&mut gw, &run_id, Duration::from_secs(240), |r| {
-        r.branchable_until_unix_ms > 0
-    })
-    .await;
+    let run = all_finished(&mut gw, &run_id, 1).await;
     assert_eq!(
         run.forks[0].status,
         ForkStatus::Succeeded as i32,
@@ -78,34 +113,70 @@ async fn a_claude_code_fork_branches_into_three_that_continue_its_conversation()
     assert!(!parent.agent_session.is_empty(), "no session: {parent:#?}");
     let parent_calls = model.model_calls().len();
 
-    let made = gw
-        .branch_fork(BranchForkRequest {
-            run_id: run_id.clone(),
-            fork: 1,
-            count: 3,
-            prompt: BRANCH_PROMPT.into(),
-        })
-        .await
-        .expect("branch fork 1")
-        .into_inner();
-    assert_eq!(made.forks, vec![2, 3, 4]);
-    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(300)).await;
-    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
-
+    let made = branch(&mut gw, &run_id, 1, 3, BRANCH_PROMPT).await;
+    assert_eq!(made, vec![2, 3, 4]);
+    all_finished(&mut gw, &run_id, 4).await;
     let mut children = Vec::new();
     for n in 2..=4 {
         children.push(checked_child(&mut gw, &run_id, n, &parent).await);
     }
-    assert_first_requests_continue_the_parent(&model.model_calls()[parent_calls..]);
-    assert_children_pay_their_own_calls(&model, parent_calls, &parent, &children);
+    let calls = model.model_calls();
+    assert_first_requests_continue_the_parent(&calls[parent_calls..]);
+    assert_children_pay_their_own_calls(
+        (parent_calls, calls.len() - parent_calls),
+        &parent,
+        &children,
+    );
+
+    let grandchild = continued_branch(&mut gw, &run_id, &model, &children[1]).await;
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
     let account = run_account(&mut ledger, &run_id).await;
-    let total: i64 = children.iter().map(|c| c.cost_micros).sum::<i64>() + parent.cost_micros;
+    let tree = children.iter().chain([&parent, &grandchild]);
+    let total: i64 = tree.map(|f| f.cost_micros).sum();
     assert_eq!(
         account.spent_micros, total,
         "the ledger holds the tree's costs"
     );
     assert_eq!(account.reserved_micros, 0);
+}
+
+/// Branch 3 continued with a new instruction: fork 5 resumes fork 3's own session (the
+/// scripted model wants fork 3's tool result), so its patch holds the parent's edit,
+/// fork 3's and its own, and none of fork 3's siblings'.
+async fn continued_branch(
+    gw: &mut Gateway,
+    run_id: &str,
+    model: &ScriptedModel,
+    three: &ForkResult,
+) -> ForkResult {
+    let before = model.model_calls().len();
+    assert_eq!(branch(gw, run_id, 3, 1, CONTINUE_PROMPT).await, vec![5]);
+    all_finished(gw, run_id, 5).await;
+    let five = fork_result(gw, run_id, 5).await;
+    assert_eq!(five.status, ForkStatus::Succeeded as i32, "{five:#?}");
+    assert_eq!((five.parent_fork, five.depth), (3, 2));
+    for line in ["+parent edit", "+branch 3", "+continued 5"] {
+        assert!(
+            five.patch.contains(line),
+            "fork 5 lacks {line:?}:\n{}",
+            five.patch
+        );
+    }
+    assert_eq!(five.patch.matches("+branch").count(), 1, "{}", five.patch);
+    assert_ne!(five.agent_session, three.agent_session);
+    // Its first request: the parent's turns, fork 3's, then the new instruction.
+    let calls = model.model_calls();
+    let first = &calls[before].body["messages"];
+    let text = first.to_string();
+    assert!(
+        text.contains(PARENT_SAID) && text.contains(BRANCH_PROMPT),
+        "{first:#}"
+    );
+    let last = first.as_array().and_then(|ms| ms.last()).expect("messages");
+    assert!(texts(last).iter().any(|t| t == CONTINUE_PROMPT), "{last:#}");
+    five
 }
 
 /// Branch `n` of the parent succeeded with the parent's edit and its own in its patch,
@@ -193,16 +264,18 @@ fn assert_first_requests_continue_the_parent(calls: &[Recorded]) {
 /// exactly its calls, as many as the parent made for its own turn, and the parent's
 /// calls before the branch were not charged again.
 fn assert_children_pay_their_own_calls(
-    model: &ScriptedModel,
-    parent_calls: usize,
+    (before, after): (usize, usize),
     parent: &ForkResult,
     children: &[ForkResult],
 ) {
     let per_call = price_per_call(3.0, 15.0, 0.3);
     let calls_of = |f: &ForkResult| f.usage.unwrap_or_default().output_tokens / OUTPUT_TOKENS;
-    assert_eq!(calls_of(parent) as usize, parent_calls);
-    assert_eq!(parent.model_cost_micros, parent_calls as i64 * per_call);
-    let after = model.model_calls().len() - parent_calls;
+    assert_eq!(
+        calls_of(parent) as usize,
+        before,
+        "the parent's calls, metered once"
+    );
+    assert_eq!(parent.model_cost_micros, before as i64 * per_call);
     assert_eq!(
         children.iter().map(calls_of).sum::<u64>() as usize,
         after,

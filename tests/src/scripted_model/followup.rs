@@ -20,6 +20,8 @@ pub struct Followup {
 
 /// Where a Messages request stands in a follow-up.
 struct FollowupTurn {
+    /// The index of the follow-up's prompt in the messages.
+    at: usize,
     /// A tool result before the follow-up's prompt holds `earlier`.
     has_earlier: bool,
     /// A tool result comes after the prompt: the follow-up's command ran.
@@ -44,6 +46,7 @@ fn followup_turn(f: &Followup, body: &Value) -> Option<FollowupTurn> {
             .collect()
     };
     Some(FollowupTurn {
+        at,
         has_earlier: results(&messages[..at])
             .iter()
             .any(|r| r.contains(&f.earlier)),
@@ -51,16 +54,19 @@ fn followup_turn(f: &Followup, body: &Value) -> Option<FollowupTurn> {
     })
 }
 
-/// The answer to a Messages request in `script`'s follow-up: none when there is no
-/// follow-up or the request is not in it; 400 when it lost the earlier turns.
+/// The answer to a Messages request in the latest of `script`'s follow-ups it is in: none
+/// when it is in none; 400 when it lost the earlier turns.
 pub(super) fn answer(
     script: &Script,
     body: &Value,
     model: &str,
     n: usize,
 ) -> Option<Response<Body>> {
-    let f = script.followup.as_ref()?;
-    let turn = followup_turn(f, body)?;
+    let (f, turn) = script
+        .followups
+        .iter()
+        .filter_map(|f| Some((f, followup_turn(f, body)?)))
+        .max_by_key(|(_, t)| t.at)?;
     if !turn.has_earlier {
         return Some(json_response(
             400,
