@@ -26,7 +26,7 @@ use forkyard_tests::{
     support::{Gateway, fork_result, run_account, wait_finished, wait_until},
 };
 use serde_json::Value;
-use std::time::Duration;
+use std::{collections::HashSet, time::Duration};
 
 /// What the parent's tool call prints: its tool result, which a branch's requests must
 /// carry (the scripted model refuses a follow-up without it).
@@ -120,6 +120,8 @@ async fn a_claude_code_fork_branches_into_three_that_continue_its_conversation()
     for n in 2..=4 {
         children.push(checked_child(&mut gw, &run_id, n, &parent).await);
     }
+    let sessions: HashSet<_> = children.iter().map(|c| &c.agent_session).collect();
+    assert_eq!(sessions.len(), 3, "each branch has a session of its own");
     let calls = model.model_calls();
     assert_first_requests_continue_the_parent(&calls[parent_calls..]);
     assert_children_pay_their_own_calls(
@@ -131,10 +133,15 @@ async fn a_claude_code_fork_branches_into_three_that_continue_its_conversation()
     let grandchild = continued_branch(&mut gw, &run_id, &model, &children[1]).await;
     let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    let tree: Vec<_> = children.into_iter().chain([parent, grandchild]).collect();
+    assert_ledger_holds(&mesh, &run_id, &tree).await;
+}
+
+/// The run's account spent exactly what its forks cost, and holds nothing more.
+async fn assert_ledger_holds(mesh: &Mesh, run_id: &str, forks: &[ForkResult]) {
     let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
-    let account = run_account(&mut ledger, &run_id).await;
-    let tree = children.iter().chain([&parent, &grandchild]);
-    let total: i64 = tree.map(|f| f.cost_micros).sum();
+    let account = run_account(&mut ledger, run_id).await;
+    let total: i64 = forks.iter().map(|f| f.cost_micros).sum();
     assert_eq!(
         account.spent_micros, total,
         "the ledger holds the tree's costs"
