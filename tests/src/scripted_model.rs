@@ -7,7 +7,9 @@
 //! The script: until the conversation holds a tool result, the model asks for one shell
 //! command (Claude Code's `Bash` tool, Codex's `exec_command`); then it answers "done".
 //! With [`Script::never_stop`] it asks for a command on every turn, like a model that
-//! would run up any bill.
+//! would run up any bill. With [`Followup`]s (Anthropic only), a conversation whose last
+//! instruction is a follow-up's prompt gets the follow-up's command instead, and only
+//! if the request carries the earlier turns: a tool result holding `earlier`.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
@@ -18,6 +20,9 @@ use std::{
     sync::{Arc, Mutex},
     time::Duration,
 };
+
+mod followup;
+pub use followup::Followup;
 
 /// Usage every scripted response reports.
 pub const INPUT_TOKENS: u64 = 1000;
@@ -52,6 +57,8 @@ pub struct Script {
     pub event_gap: Duration,
     /// Answer this many model calls with 503 first (an API that is down).
     pub fail_first: usize,
+    /// Later instructions in the conversation, each answered its own way.
+    pub followups: Vec<Followup>,
 }
 
 impl Script {
@@ -61,6 +68,7 @@ impl Script {
             never_stop: false,
             event_gap: Duration::ZERO,
             fail_first: 0,
+            followups: Vec::new(),
         }
     }
 
@@ -78,7 +86,7 @@ pub struct ScriptedModel {
     pub requests: Arc<Mutex<Vec<Recorded>>>,
 }
 
-type Body = BoxBody<Bytes, Infallible>;
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
 impl ScriptedModel {
     pub async fn start(script: Script) -> Self {
@@ -121,7 +129,7 @@ impl ScriptedModel {
     }
 }
 
-fn json_response(status: u16, v: &Value) -> Response<Body> {
+pub(crate) fn json_response(status: u16, v: &Value) -> Response<Body> {
     Response::builder()
         .status(status)
         .header("content-type", "application/json")
@@ -213,6 +221,11 @@ async fn answer(
             &json!({"type": "error", "error": {"type": "overloaded_error", "message": "scripted outage"}}),
         );
     }
+    if path == "/v1/messages"
+        && let Some(answer) = followup::answer(script, &body, &model, n)
+    {
+        return answer;
+    }
     match path.as_str() {
         "/v1/messages/count_tokens" => json_response(200, &json!({"input_tokens": 10})),
         "/v1/messages" => anthropic(script, &body, &model, call, n),
@@ -222,7 +235,13 @@ async fn answer(
     }
 }
 
-fn anthropic(script: &Script, body: &Value, model: &str, call: bool, n: usize) -> Response<Body> {
+pub(crate) fn anthropic(
+    script: &Script,
+    body: &Value,
+    model: &str,
+    call: bool,
+    n: usize,
+) -> Response<Body> {
     let usage = json!({"input_tokens": INPUT_TOKENS - CACHED_TOKENS, "output_tokens": OUTPUT_TOKENS,
         "cache_read_input_tokens": CACHED_TOKENS, "cache_creation_input_tokens": 0});
     let id = format!("msg_scripted_{n}");

@@ -126,7 +126,7 @@ async fn traced_mesh(
 }
 
 /// A repository under `dir` with a notes.txt for the agents to add to.
-fn notes_repo(dir: &Path) -> PathBuf {
+pub fn notes_repo(dir: &Path) -> PathBuf {
     let repo_dir = dir.join("repo");
     repo::create(&repo_dir).unwrap();
     std::fs::write(repo_dir.join("notes.txt"), "notes\n").unwrap();

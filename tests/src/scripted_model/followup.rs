@@ -1,0 +1,82 @@
+//! The scripted model's follow-ups: a conversation continued with a new instruction (a
+//! branched or continued session) is answered with the follow-up's command, and only if
+//! the request carries the earlier turns.
+
+use super::{Body, Script, anthropic, json_response};
+use hyper::Response;
+use serde_json::{Value, json};
+
+/// A later instruction in the same conversation (a branched or continued session).
+#[derive(Debug, Clone)]
+pub struct Followup {
+    /// The user turn that starts the follow-up.
+    pub prompt: String,
+    /// The command the model asks for after it.
+    pub command: String,
+    /// Text a tool result before the prompt must hold; a request without it is answered
+    /// 400, so a follow-up that lost the earlier turns fails.
+    pub earlier: String,
+}
+
+/// Where a Messages request stands in a follow-up.
+struct FollowupTurn {
+    /// The index of the follow-up's prompt in the messages.
+    at: usize,
+    /// A tool result before the follow-up's prompt holds `earlier`.
+    has_earlier: bool,
+    /// A tool result comes after the prompt: the follow-up's command ran.
+    answered: bool,
+}
+
+/// The follow-up turn `body` is in: none unless a user message's text is `f.prompt`.
+fn followup_turn(f: &Followup, body: &Value) -> Option<FollowupTurn> {
+    let messages = body["messages"].as_array()?;
+    let blocks = |m: &Value| m["content"].as_array().cloned().unwrap_or_default();
+    let is_prompt = |m: &Value| {
+        m["role"] == "user"
+            && (m["content"] == f.prompt.as_str()
+                || blocks(m).iter().any(|b| b["text"] == f.prompt.as_str()))
+    };
+    let at = messages.iter().rposition(is_prompt)?;
+    let results = |ms: &[Value]| -> Vec<String> {
+        ms.iter()
+            .flat_map(blocks)
+            .filter(|b| b["type"] == "tool_result")
+            .map(|b| b["content"].to_string())
+            .collect()
+    };
+    Some(FollowupTurn {
+        at,
+        has_earlier: results(&messages[..at])
+            .iter()
+            .any(|r| r.contains(&f.earlier)),
+        answered: !results(&messages[at..]).is_empty(),
+    })
+}
+
+/// The answer to a Messages request in the latest of `script`'s follow-ups it is in: none
+/// when it is in none; 400 when it lost the earlier turns.
+pub(super) fn answer(
+    script: &Script,
+    body: &Value,
+    model: &str,
+    n: usize,
+) -> Option<Response<Body>> {
+    let (f, turn) = script
+        .followups
+        .iter()
+        .filter_map(|f| Some((f, followup_turn(f, body)?)))
+        .max_by_key(|(_, t)| t.at)?;
+    if !turn.has_earlier {
+        return Some(json_response(
+            400,
+            &json!({"type": "error", "error": {"type": "invalid_request_error",
+                "message": "scripted: a follow-up without the earlier turns"}}),
+        ));
+    }
+    let script = Script {
+        command: f.command.clone(),
+        ..script.clone()
+    };
+    Some(anthropic(&script, body, model, !turn.answered, n))
+}
