@@ -15,6 +15,7 @@ pub mod layout;
 pub mod live;
 pub mod login;
 pub mod new_run;
+pub mod new_run_form;
 pub mod run_page;
 pub mod runs_page;
 pub mod session;
