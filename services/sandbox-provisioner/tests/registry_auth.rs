@@ -144,6 +144,31 @@ async fn token(
     axum::Json(serde_json::json!({ "token": token, "expires_in": 300 })).into_response()
 }
 
+/// The identity token a registry's auth service takes in OAuth2's refresh grant (as
+/// `docker login` stores one for registries that use them).
+const REFRESH_TOKEN: &str = "refresh-7c1";
+
+/// `POST /token`: OAuth2's refresh grant (a form), answered with an access token for
+/// the right refresh token and service.
+async fn refresh_grant(State(f): State<Arc<Front>>, body: axum::body::Bytes) -> Response {
+    // The test's values need no percent-decoding (the scope's would; it is not checked).
+    let form: HashMap<String, String> = String::from_utf8_lossy(&body)
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    f.asked.lock().unwrap().push(form.clone());
+    let field = |k: &str| form.get(k).map(String::as_str);
+    if field("grant_type") != Some("refresh_token")
+        || field("refresh_token") != Some(REFRESH_TOKEN)
+        || field("service") != Some("forkyard-test")
+    {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let token = f.token.lock().unwrap().clone();
+    axum::Json(serde_json::json!({ "access_token": token, "expires_in": 300 })).into_response()
+}
+
 async fn v2(State(f): State<Arc<Front>>, headers: HeaderMap, uri: Uri) -> Response {
     let bearer = format!("Bearer {}", f.token.lock().unwrap());
     if headers
@@ -201,7 +226,7 @@ async fn start_front_with(backend: &Registry, realm: Option<String>) -> (String,
         http: reqwest::Client::new(),
     });
     let app = Router::new()
-        .route("/token", get(token))
+        .route("/token", get(token).post(refresh_grant))
         .route("/v2/{*rest}", get(v2))
         .with_state(front.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -375,5 +400,45 @@ async fn a_credential_helper_is_asked_at_each_pull_so_rotated_credentials_need_n
             )
         }
         other => panic!("a refused credential was not said: {other:?}"),
+    }
+}
+
+/// An `identitytoken` in the config (what `docker login` stores for registries that
+/// hand out refresh tokens): exchanged at the auth service by OAuth2's refresh grant
+/// for the pull's access token; a wrong one is refused, saying so without it.
+#[tokio::test]
+async fn an_identity_token_is_exchanged_by_the_refresh_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = start_registry(dir.path());
+    save_image(dir.path(), "tool.tar", true);
+    push(&backend, &dir.path().join("tool.tar"), "forkyard/tool:1");
+    let (addr, front) = start_front(&backend).await;
+    let image = format!("{addr}/forkyard/tool:1");
+    let config = |token: &str| {
+        let path = dir.path().join(format!("identity-{token}.json"));
+        let text = format!(r#"{{"auths": {{"{addr}": {{"identitytoken": "{token}"}}}}}}"#);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    assert_eq!(
+        create_on(Some(config(REFRESH_TOKEN)), &image)
+            .await
+            .unwrap(),
+        "image tool from the image\n"
+    );
+    {
+        let asked = front.asked.lock().unwrap();
+        assert_eq!(asked.len(), 1, "{asked:?}");
+        assert_eq!(asked[0]["grant_type"], "refresh_token");
+        assert_eq!(asked[0]["client_id"], "forkyard");
+    }
+    match create_on(Some(config("refresh-stale")), &image).await {
+        Err(ProvisionerError::FailedPrecondition(m)) => {
+            assert!(
+                m.contains("answered 401") && !m.contains("refresh-stale"),
+                "{m}"
+            )
+        }
+        other => panic!("a refused identity token was not said: {other:?}"),
     }
 }

@@ -9,6 +9,9 @@ use base64::Engine as _;
 use docker_credential::{CredentialRetrievalError, DockerCredential};
 use std::{collections::HashMap, path::Path};
 
+/// Longest a credential helper may take to answer.
+const HELPER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// What the operator's config gives for one registry. Never logged.
 pub(super) enum Credential {
     /// Base64 `user:password`, for basic auth or an auth service's token request.
@@ -41,13 +44,22 @@ pub(super) async fn credential(path: &Path, host: &str) -> Result<Option<Credent
         h => h.to_owned(),
     };
     let file = path.to_owned();
-    let read = tokio::task::spawn_blocking(move || {
+    let reading = tokio::task::spawn_blocking(move || {
         let f =
             std::fs::File::open(&file).map_err(|_| CredentialRetrievalError::ConfigReadError)?;
         docker_credential::get_credential_from_reader(std::io::BufReader::new(f), &server)
-    })
-    .await
-    .map_err(|e| unavailable(format!("reading FORKYARD_REGISTRY_AUTH_FILE: {e}")))?;
+    });
+    // A helper that never answers fails the pull, not the create for ever (its process
+    // and the blocking thread waiting on it stay until it ends).
+    let read = tokio::time::timeout(HELPER_TIMEOUT, reading)
+        .await
+        .map_err(|_| {
+            unavailable(format!(
+                "FORKYARD_REGISTRY_AUTH_FILE's credential helper for {host} did not answer within {} s",
+                HELPER_TIMEOUT.as_secs()
+            ))
+        })?
+        .map_err(|e| unavailable(format!("reading FORKYARD_REGISTRY_AUTH_FILE: {e}")))?;
     match read {
         Ok(DockerCredential::UsernamePassword(user, password)) => Ok(Some(Credential::Basic(
             base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}")),
