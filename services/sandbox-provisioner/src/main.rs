@@ -29,6 +29,7 @@ async fn main() -> anyhow::Result<()> {
         .await
         .unwrap_or_else(|e| exit_config_error(e));
     core.keep_cgroups_at_exit();
+    core.probe_isolations_in_background();
     let backends = Backends::open(core.clone(), e2b).unwrap_or_else(|e| exit_config_error(e));
 
     let (routes, health) =

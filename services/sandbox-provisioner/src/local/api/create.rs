@@ -133,6 +133,16 @@ impl Provisioner {
         Ok(())
     }
 
+    /// Try runsc now, in the background, so that the first launch's ListBackends (and
+    /// the first gVisor create) finds the answer instead of waiting for the probe (a
+    /// gVisor container started and stopped). Where gVisor cannot run it answers at once.
+    pub fn probe_isolations_in_background(self: &std::sync::Arc<Self>) {
+        let core = self.clone();
+        tokio::spawn(async move {
+            let _ = core.check_isolation("gvisor").await;
+        });
+    }
+
     /// A create's `isolation`: a level this crate knows, and gVisor only where runsc runs
     /// sandboxes here (tried once) under a sandbox init (what gVisor's container holds):
     /// never quietly bubblewrap instead.
