@@ -1,10 +1,12 @@
 //! One run over several backends, through the real mesh: the local backend and E2B (the
 //! local server speaking E2B's REST and envd protocols, `forkyard_common::fake_e2b`).
 //!
-//! - Overflow: 5 forks, all allowed at once, over `local` (share 2) then `e2b`: forks 1
-//!   and 2 run locally, 3 to 5 on E2B, every fork's result and `forkyard status` say
-//!   where, the provisioner never holds more than 2 of the run's local sandboxes, one
-//!   ledger account holds the whole run's spend, every sandbox is gone at the end.
+//! - Overflow, the run: 10 forks, all allowed at once, over `local` (share 4)
+//!   then `e2b`: forks 1 to 4 run locally, 5 to 10 on E2B, every fork's result and
+//!   `forkyard status` say where, the provisioner never holds more than 4 of the run's
+//!   local sandboxes, one ledger account holds the whole run's spend to the micro-dollar
+//!   (the sum of the forks' costs, nothing left reserved), every sandbox is gone at the
+//!   end on both backends.
 //! - Failover: E2B refusing every create (503) while local has room: the forks placed on
 //!   e2b land on local and the run completes.
 //! - Bad input, refused naming the entry's field; and `isolation: gvisor` on a mesh whose
@@ -162,7 +164,8 @@ fn status_backends(mesh: &Mesh, run_id: &str, n: usize) -> Vec<String> {
 }
 
 async fn overflow(mesh: &Mesh, gw: &mut Gateway, src: &Path, e2b: &fake_e2b::Fake) {
-    let req = over(src, 5, vec![share("local", 2), share("e2b", 0)]);
+    let shares = vec![share("local", 4), share("e2b", 0)];
+    let req = over(src, 10, shares.clone());
     let run_id = gw
         .launch_run(req)
         .await
@@ -174,23 +177,19 @@ async fn overflow(mesh: &Mesh, gw: &mut Gateway, src: &Path, e2b: &fake_e2b::Fak
     let run = wait_finished(gw, &run_id, Duration::from_secs(180)).await;
     stop.store(true, Ordering::Relaxed);
     let spec = run.spec.clone().unwrap();
-    assert_eq!(spec.backends, vec![share("local", 2), share("e2b", 0)]);
+    assert_eq!(spec.backends, shares);
+    let expected: Vec<&str> = (1..=10)
+        .map(|f| if f <= 4 { "local" } else { "e2b" })
+        .collect();
     assert_eq!(
         backends_of(gw, &run).await,
-        ["local", "local", "e2b", "e2b", "e2b"],
-        "the first two fill local's share, the rest overflow to e2b"
+        expected,
+        "the first four fill local's share, the rest overflow to e2b"
     );
-    assert_eq!(
-        status_backends(mesh, &run_id, 5),
-        ["local", "local", "e2b", "e2b", "e2b"]
-    );
+    assert_eq!(status_backends(mesh, &run_id, 10), expected);
     let most = most_local.load(Ordering::Relaxed);
-    assert!((1..=2).contains(&most), "local sandboxes at once: {most}");
-    assert_eq!(
-        e2b.templates.lock().unwrap().len(),
-        3,
-        "three creates on E2B"
-    );
+    assert!((1..=4).contains(&most), "local sandboxes at once: {most}");
+    assert_eq!(e2b.templates.lock().unwrap().len(), 6, "six creates on E2B");
     assert!(
         e2b.sandboxes.lock().unwrap().is_empty(),
         "every E2B sandbox destroyed"
@@ -200,7 +199,22 @@ async fn overflow(mesh: &Mesh, gw: &mut Gateway, src: &Path, e2b: &fake_e2b::Fak
     let account = run_account(&mut ledger, &run_id).await;
     assert_eq!(account.spent_micros, run.cost_micros, "{account:?}");
     assert_eq!(account.reserved_micros, 0);
-    assert_eq!(run.ranking.len(), 5, "one ranking of every fork");
+    let forks: i64 = run.forks.iter().map(|f| f.cost_micros).sum();
+    assert_eq!(
+        forks, run.cost_micros,
+        "the run's cost is its forks' to the micro-dollar"
+    );
+    let on_e2b: Vec<i64> = run.forks[4..].iter().map(|f| f.cost_micros).collect();
+    assert!(
+        on_e2b.iter().all(|c| *c > 0),
+        "every fork on E2B paid for its sandbox: {on_e2b:?}"
+    );
+    assert_eq!(run.ranking.len(), 10, "one ranking of every fork");
+    assert_eq!(
+        workspaces_left(mesh.state_dir()).len(),
+        0,
+        "every local sandbox is gone"
+    );
 }
 
 async fn failover(gw: &mut Gateway, src: &Path, e2b: &fake_e2b::Fake) {
