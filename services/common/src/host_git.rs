@@ -22,7 +22,7 @@ pub fn command(config: &[String], env: &[(String, String)]) -> Command {
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_ALLOW_PROTOCOL", "file:git:http:https:ssh")
-        .env("GIT_SSH_COMMAND", "ssh -oBatchMode=yes")
+        .env("GIT_SSH_COMMAND", crate::git_pin::SSH_COMMAND)
         .env("GIT_ASKPASS", "/bin/false")
         .env_remove("GIT_DIR")
         .env_remove("GIT_WORK_TREE")

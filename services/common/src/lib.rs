@@ -18,6 +18,7 @@ pub mod fake_forge;
 pub mod fault;
 pub mod forge;
 pub mod git_credentials;
+pub mod git_pin;
 pub mod git_refs;
 pub mod github_app;
 pub mod grpc_telemetry;

@@ -9,10 +9,7 @@
 //! hangs until its timeout), and other URL schemes start remote helpers.
 
 use crate::allowed_hosts::{normal_host, valid_host};
-use std::{
-    net::SocketAddr,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RepoLocation {
@@ -217,31 +214,6 @@ pub const PROXY_VARS: &[&str] = &[
     "ALL_PROXY",
 ];
 
-/// `git -c` settings that hold a read of `remote` to `addrs` (checked): curl connects to
-/// those for the host's name (http and https; ssh and git resolve again, checked just
-/// before), and a redirect to another host is not followed.
-pub fn git_pin_config(remote: &Remote, addrs: &[SocketAddr]) -> Vec<String> {
-    let mut out = vec!["-c".to_owned(), "http.followRedirects=false".to_owned()];
-    let named = remote.host.parse::<std::net::IpAddr>().is_err();
-    if named && matches!(remote.transport, Transport::Https | Transport::Http) {
-        let list: Vec<String> = addrs
-            .iter()
-            .map(|a| match a {
-                SocketAddr::V4(a) => a.ip().to_string(),
-                SocketAddr::V6(a) => format!("[{}]", a.ip()),
-            })
-            .collect();
-        out.push("-c".to_owned());
-        out.push(format!(
-            "http.curloptResolve={}:{}:{}",
-            remote.host,
-            remote.port,
-            list.join(",")
-        ));
-    }
-    out
-}
-
 /// The path with every symlink and `..` resolved; `Err` when it does not exist.
 pub fn canonical_local(path: &Path) -> std::io::Result<PathBuf> {
     std::fs::canonicalize(path)
@@ -334,28 +306,12 @@ mod tests {
     }
 
     #[test]
-    fn urls_are_shown_without_credentials_and_reads_pinned() {
+    fn urls_are_shown_without_credentials() {
         assert_eq!(
             shown("https://x-access-token:ghp_secret@github.com/a/b.git"),
             "https://github.com/a/b.git"
         );
         assert_eq!(shown("git@github.com:a/b"), "git@github.com:a/b");
-        let Ok(RepoLocation::Remote(r)) = locate("https://git.example:8443/a") else {
-            panic!()
-        };
-        let addrs = [
-            "10.0.0.7:8443".parse().unwrap(),
-            "[fd00::7]:8443".parse().unwrap(),
-        ];
-        assert_eq!(
-            git_pin_config(&r, &addrs),
-            [
-                "-c",
-                "http.followRedirects=false",
-                "-c",
-                "http.curloptResolve=git.example:8443:10.0.0.7,[fd00::7]"
-            ]
-        );
     }
 
     #[test]

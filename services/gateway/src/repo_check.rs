@@ -11,6 +11,7 @@ use crate::error::GatewayError;
 use forkyard_common::{
     allowed_hosts::{AllowedHosts, Refusal},
     git_credentials::GitCredentials,
+    git_pin::GitPin,
     host_git,
     repo_location::{self, Remote, RepoLocation},
 };
@@ -118,13 +119,14 @@ async fn check_local_head(repo: &str) -> Result<(), GatewayError> {
     Ok(())
 }
 
-/// The git config that holds a remote's reads to the addresses of its host, once the
-/// host is admitted and its addresses checked.
+/// What holds a remote's reads to the addresses of its host, once the host is admitted
+/// and its addresses checked (`forkyard_common::git_pin`).
 async fn admitted(
+    repo: &str,
     shown: &str,
     remote: &Remote,
     hosts: &AllowedHosts,
-) -> Result<Vec<String>, GatewayError> {
+) -> Result<GitPin, GatewayError> {
     let addrs = hosts.resolve(&remote.host, remote.port).await.map_err(
         |refusal| match refusal {
             Refusal::NotListed { .. } => GatewayError::field(
@@ -138,7 +140,7 @@ async fn admitted(
             other => unreadable(shown, other),
         },
     )?;
-    Ok(repo_location::git_pin_config(remote, &addrs))
+    Ok(GitPin::new(repo, remote, &addrs).await)
 }
 
 /// A remote repository: its host admitted and its addresses checked, then `git
@@ -151,17 +153,19 @@ async fn check_remote(
     reader: Reader<'_>,
 ) -> Result<(), GatewayError> {
     let shown = repo_location::shown(repo);
-    let pin = admitted(&shown, remote, hosts).await?;
+    let pin = admitted(repo, &shown, remote, hosts).await?;
     let credential = reader
         .credentials
         .resolve(reader.tenant, remote)
         .await
         .map_err(|why| unreadable(&shown, why))?;
-    let env = credential
-        .as_ref()
-        .map(|c| c.git_env(remote))
-        .unwrap_or_default();
-    let out = ls_remote(&pin, &env, repo, "HEAD")
+    let env = pin.env(
+        credential
+            .as_ref()
+            .map(|c| c.git_env(remote))
+            .unwrap_or_default(),
+    );
+    let out = ls_remote(&pin.args, &env, repo, "HEAD")
         .await
         .map_err(|why| unreadable(&shown, why))?;
     if !out.status.success() {
@@ -189,7 +193,7 @@ async fn check_remote(
     {
         return Ok(());
     }
-    let out = ls_remote(&pin, &env, repo, base_ref)
+    let out = ls_remote(&pin.args, &env, repo, base_ref)
         .await
         .map_err(|why| unreadable(&shown, why))?;
     match out.status.code() {

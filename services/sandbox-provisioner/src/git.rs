@@ -5,6 +5,7 @@
 use crate::error::{ProvisionerError, Result};
 use forkyard_common::{
     allowed_hosts::{AllowedHosts, Refusal},
+    git_pin::GitPin,
     repo_location::{self, PROXY_VARS, Remote, RepoLocation},
 };
 use forkyard_proto::common::v1::DiffStat;
@@ -23,7 +24,7 @@ pub(crate) fn host_git() -> Command {
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_ASKPASS", "/bin/false")
-        .env("GIT_SSH_COMMAND", "ssh -oBatchMode=yes")
+        .env("GIT_SSH_COMMAND", forkyard_common::git_pin::SSH_COMMAND)
         .env("GIT_ALLOW_PROTOCOL", "file:git:http:https:ssh")
         .env_remove("GIT_DIR")
         .env_remove("GIT_WORK_TREE")
@@ -76,25 +77,23 @@ pub(crate) async fn reach(
     };
     // The host first: a GitHub App's token is minted over the network, never for a
     // repository that is refused anyway.
-    let Some(pin) = pin(hosts, repo, &remote).await? else {
-        return Ok(None);
-    };
+    let pin = pin(hosts, repo, &remote).await?;
     let credential = credentials
         .resolve(tenant, &remote)
         .await
         .map_err(|why| unreadable(repo, why))?;
-    let env = credential.map(|c| c.git_env(&remote)).unwrap_or_default();
-    Ok(Some(Reach { pin, env }))
+    let env = pin.env(credential.map(|c| c.git_env(&remote)).unwrap_or_default());
+    Ok(Some(Reach { pin: pin.args, env }))
 }
 
-/// The `git -c` settings that hold a clone of `remote` to its checked addresses.
-async fn pin(hosts: &AllowedHosts, repo: &str, remote: &Remote) -> Result<Option<Vec<String>>> {
+/// What holds a clone of `remote` to its checked addresses (`forkyard_common::git_pin`).
+async fn pin(hosts: &AllowedHosts, repo: &str, remote: &Remote) -> Result<GitPin> {
     let addrs = match hosts.resolve(&remote.host, remote.port).await {
         Ok(addrs) => addrs,
         Err(Refusal::NotListed { .. }) => return Err(check_repo_host(hosts, remote).unwrap_err()),
         Err(other) => return Err(unreadable(repo, other)),
     };
-    Ok(Some(repo_location::git_pin_config(remote, &addrs)))
+    Ok(GitPin::new(repo, remote, &addrs).await)
 }
 
 /// The one answer for a remote repository that cannot be read, whatever the reason

@@ -21,6 +21,7 @@ use super::heartbeat::heartbeating;
 use crate::repo_policy::RepoPolicy;
 use forkyard_common::{
     forge::{self, ForgeAccess, PullRequest},
+    git_pin::GitPin,
     repo_location::{self, RepoLocation},
 };
 use forkyard_proto::common::v1::{Delivered, ForkResult};
@@ -205,10 +206,11 @@ impl DeliverLocal {
             .await
             .map_err(|e| format!("{} cannot be reached: {e}", remote.host))?;
         let credential = self.repos.credentials.resolve(tenant, &remote).await?;
+        let pin = GitPin::new(repo, &remote, &addrs).await;
         Ok(push::Access {
             url: repo.to_owned(),
-            pin: repo_location::git_pin_config(&remote, &addrs),
-            env: credential.map(|c| c.git_env(&remote)).unwrap_or_default(),
+            env: pin.env(credential.map(|c| c.git_env(&remote)).unwrap_or_default()),
+            pin: pin.args,
         })
     }
 
