@@ -732,6 +732,10 @@ def git_credentials_reach_the_gateway_and_provisioner_only():
     config = compose_config()
     overlays = {o: kustomize(ROOT / "k8s" / "overlays" / o) for o in OVERLAYS}
     problems = gc.compose_problems(config)
+    out = run(["docker-compose", "-f", str(COMPOSE_REPLICAS), "config", "--format", "json"],
+              env={**os.environ, "COMPOSE_PROJECT_NAME": "forkyard-replicas"})
+    assert out.returncode == 0, f"docker compose config failed: {out.stderr.strip()}"
+    problems += [f"{COMPOSE_REPLICAS.name}: {p}" for p in gc.compose_problems(json.loads(out.stdout))]
     for o, docs in overlays.items():
         problems += [f"{o}: {p}" for p in gc.k8s_problems(docs)]
     assert not problems, "\n  ".join(problems)
