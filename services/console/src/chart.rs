@@ -57,13 +57,13 @@ pub fn render(run: &Run, now: i64) -> Markup {
     .max(start + 1);
     // The budget is on the scale unless it would squash the spend into the bottom quarter.
     let budget_shown = budget > 0 && budget <= total.saturating_mul(4);
-    let top = if budget_shown {
+    let scale = if budget_shown {
         budget.max(total)
     } else {
         total
     }
-    .max(1) as f64
-        * 1.1;
+    .max(1);
+    let top = scale as f64 * 1.1;
     let x = |t: i64| {
         LEFT + (t - start).clamp(0, end - start) as f64 / (end - start) as f64 * (W - LEFT - 4.0)
     };
@@ -83,7 +83,7 @@ pub fn render(run: &Run, now: i64) -> Markup {
                 line.axis x1=(LEFT) y1=(y(0)) x2=(W - 4.0) y2=(y(0)) {}
                 line.axis x1=(LEFT) y1=(TOP) x2=(LEFT) y2=(y(0)) {}
                 text.tick x=(LEFT - 4.0) y=(y(0)) text-anchor="end" { "$0" }
-                text.tick x=(LEFT - 4.0) y=(TOP + 10.0) text-anchor="end" { (format::usd((top / 1.1) as i64)) }
+                text.tick x=(LEFT - 4.0) y=(TOP + 10.0) text-anchor="end" { (format::usd(scale)) }
                 @if budget_shown {
                     line.budget x1=(LEFT) y1=(y(budget)) x2=(W - 4.0) y2=(y(budget)) {}
                 }

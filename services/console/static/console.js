@@ -13,6 +13,7 @@
   const url = table.getAttribute("data-events");
   let patches = 0;
   let connects = 0;
+  let opens = 0;
   let finished = false;
 
   function replace(id, fragment) {
@@ -46,6 +47,9 @@
     const source = new EventSource(url);
     body.setAttribute("data-live", "connecting");
     source.addEventListener("open", function () {
+      // Counted here too: EventSource's own reconnects do not go through connect().
+      opens += 1;
+      body.setAttribute("data-opens", String(opens));
       body.setAttribute("data-live", "open");
     });
     source.addEventListener("patch", applyPatch);
