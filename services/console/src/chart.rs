@@ -56,7 +56,8 @@ pub fn render(run: &Run, now: i64) -> Markup {
     }
     .max(start + 1);
     // The budget is on the scale unless it would squash the spend into the bottom quarter.
-    let budget_shown = budget > 0 && budget <= total.saturating_mul(4);
+    // Nothing spent yet: the budget is the only scale there is.
+    let budget_shown = budget > 0 && (total == 0 || budget <= total.saturating_mul(4));
     let scale = if budget_shown {
         budget.max(total)
     } else {
@@ -172,6 +173,8 @@ mod tests {
     fn an_empty_run_still_draws_and_a_huge_budget_is_only_named() {
         let mut r = Run::default();
         assert!(render(&r, 5).into_string().contains("<path"));
+        r.budget_micros = 1_000_000;
+        assert!(render(&r, 5).into_string().contains("class=\"budget\""));
         r.budget_micros = 1_000_000;
         r.cost_micros = 10;
         let svg = render(&r, 5).into_string();
