@@ -3,13 +3,17 @@
 //! run of 3 forks launched from the form shows on the runs page and its forks turn
 //! succeeded live; the fork page shows the patch; two forks side by side; cancel from
 //! the page; refusals (no key, another tenant's run, unknown run or fork, a bad form, a
-//! forged POST); and `<script>` in a prompt, a patch and a label runs nothing.
+//! forged POST); and `<script>` in a prompt, a patch, a label and a transcript runs
+//! nothing. The run page's cost chart is drawn; a fork's transcript reads as a
+//! conversation; an admin tenant's key sees no other tenant's run (the gateway's rule);
+//! the live view reconnects after a gateway restart; pause, resume and a budget raise
+//! (refused, then made) from the page.
 //! Screenshots of each page are kept (the directory is printed) and checked as images.
 
 #[allow(dead_code)]
 mod tenant_calls;
 
-use console::{Console, XSS};
+use console::{Console, XSS, actions};
 use forkyard_proto::gateway::v1::{ListRunsRequest, RunState};
 use forkyard_tests::{Mesh, mesh::MeshOptions, repo};
 use std::{path::Path, time::Duration};
@@ -18,14 +22,16 @@ use tenant_calls::{Gw, new_key, wait_closed, with_key};
 mod console;
 
 /// Each fork appends its own line to README.md and adds a page holding a script, then
-/// waits, so the run page is open while its forks are still running. One line: typed
-/// into a text field, a newline would submit the form.
-const AGENT: &str = "echo \"console line of fork $FORKYARD_FORK\" >> README.md; printf '%s\\n' '<script>window.__pwned=3</script>' > page.html; sleep 6; echo '{\"type\":\"result\",\"total_cost_usd\":0.01,\"usage\":{\"input_tokens\":100,\"output_tokens\":20}}'";
+/// waits, so the run page is open while its forks are still running; it prints a
+/// message, a tool call and its result as claude-code's stream-json would (the
+/// transcript). One line: typed into a text field, a newline would submit the form.
+const AGENT: &str = "echo \"console line of fork $FORKYARD_FORK\" >> README.md; printf '%s\\n' '<script>window.__pwned=3</script>' > page.html; echo '{\"type\":\"assistant\",\"message\":{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"<script>window.__pwned=4</script><img src=x onerror=window.__pwned=5> editing\"},{\"type\":\"tool_use\",\"id\":\"t1\",\"name\":\"Bash\",\"input\":{\"command\":\"echo hi\"}}]}}'; echo '{\"type\":\"user\",\"message\":{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t1\",\"content\":\"tool said hi\"}]}}'; sleep 6; echo '{\"type\":\"result\",\"total_cost_usd\":0.01,\"usage\":{\"input_tokens\":100,\"output_tokens\":20}}'";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_in_a_real_browser() {
     let mut mesh = Mesh::start_with(MeshOptions {
         api_keys: true,
+        env: vec![("FORKYARD_ADMIN_TENANTS".into(), "ops".into())],
         ..Default::default()
     })
     .await
@@ -33,6 +39,7 @@ async fn console_in_a_real_browser() {
     let base = mesh.start_console().await.expect("console");
     let (_, key_a) = new_key(&mesh, "team-a");
     let (_, key_b) = new_key(&mesh, "team-b");
+    let (_, key_ops) = new_key(&mesh, "ops");
     let mut gw = Gw::new(mesh.channel("gateway").await.expect("gateway"));
     let src = tempfile::tempdir().expect("tempdir");
     repo::create(src.path()).expect("repo");
@@ -47,7 +54,8 @@ async fn console_in_a_real_browser() {
     c.fork_page_shows_patch(&run_id).await;
     c.compare_side_by_side(&run_id).await;
     c.hidden_and_unknown_are_404(&key_b, &run_id).await;
-    cancel_from_page(&c, &mut gw, &key_a, src.path()).await;
+    actions::admin_key_sees_only_its_own(&c, &key_ops, &run_id).await;
+    steer_from_page(&c, &mut mesh, &mut gw, &key_a, src.path()).await;
 }
 
 /// A budget the gateway refuses: its message next to the budget field, no run started.
@@ -145,11 +153,14 @@ async fn forks_succeed_live(c: &Console, run_id: &str) {
     let prompt = b.text_of("pre.prompt").await;
     assert_eq!(prompt, XSS, "the prompt shown as text");
     c.assert_nothing_ran(&format!("run page {run_id}")).await;
-    c.shot("04-run").await;
+    let chart = actions::chart_is_drawn(c).await;
+    let img = c.shot("04-run").await;
+    actions::assert_chart_visible(&img, chart);
 }
 
-/// A slow run cancelled with the page's button; a forged POST before it is refused.
-async fn cancel_from_page(c: &Console, gw: &mut Gw, key: &str, src: &Path) {
+/// A slow run steered from its page: forged POSTs refused; its live view through a
+/// gateway restart; paused and resumed; its budget raised; cancelled.
+async fn steer_from_page(c: &Console, mesh: &mut Mesh, gw: &mut Gw, key: &str, src: &Path) {
     let slow = gw
         .launch_run(with_key(
             key,
@@ -159,18 +170,20 @@ async fn cancel_from_page(c: &Console, gw: &mut Gw, key: &str, src: &Path) {
         .expect("slow launch")
         .into_inner()
         .run_id;
-    let forged = c
-        .raw_post(
-            &format!("/runs/{slow}/cancel"),
-            Some(key),
-            "csrf=not-the-token",
-        )
-        .await;
-    assert_eq!(
-        forged.0, 403,
-        "a POST without the session's token: {}",
-        forged.1
-    );
+    for action in ["cancel", "pause", "budget"] {
+        let forged = c
+            .raw_post(
+                &format!("/runs/{slow}/{action}"),
+                Some(key),
+                "csrf=not-the-token&amount=1",
+            )
+            .await;
+        assert_eq!(
+            forged.0, 403,
+            "a {action} POST without the session's token: {}",
+            forged.1
+        );
+    }
     let run = tenant_calls::get(gw, key, &slow).await.expect("slow run");
     assert_eq!(
         run.state,
@@ -179,6 +192,9 @@ async fn cancel_from_page(c: &Console, gw: &mut Gw, key: &str, src: &Path) {
     );
 
     c.b.goto(&c.url(&format!("/runs/{slow}"))).await.unwrap();
+    *gw = actions::live_view_survives_a_gateway_restart(c, mesh, key, &slow).await;
+    actions::pause_and_resume_from_page(c, gw, key, &slow).await;
+    actions::raise_budget_from_page(c, gw, key, &slow).await;
     c.click_to_load("#cancel-run button").await;
     let run = wait_closed(gw, key, &slow, Duration::from_secs(90)).await;
     assert_eq!(run.state, RunState::Cancelled as i32, "{run:#?}");
@@ -188,5 +204,5 @@ async fn cancel_from_page(c: &Console, gw: &mut Gw, key: &str, src: &Path) {
     )
     .await
     .expect("the page shows the run cancelled");
-    c.shot("08-cancelled").await;
+    c.shot("09-cancelled").await;
 }

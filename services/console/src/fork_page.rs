@@ -1,11 +1,14 @@
-//! `/runs/<id>/forks/<n>`: one fork's patch as a diff, its verify output, agent output
-//! and error; `?compare=<m>` puts fork m's patch beside it.
+//! `/runs/<id>/forks/<n>`: one fork's patch as a diff, its verify output, agent output,
+//! error and transcript, and the forms to publish or branch it (`fork_actions`);
+//! `?compare=<m>` puts fork m's patch beside it.
 
 use crate::{
-    AppState, ConsoleError, diff, format, gateway,
+    AppState, ConsoleError, diff, fork_actions, format, gateway,
     layout::page as layout,
+    new_run_form::FieldErrors,
     run_page::{self, get_run},
     session::Session,
+    transcript,
 };
 use axum::{
     Extension,
@@ -29,22 +32,44 @@ pub async fn page(
     Path((run_id, fork)): Path<(String, String)>,
     Query(q): Query<Compare>,
 ) -> Result<Markup, ConsoleError> {
+    let compare = q.compare.as_deref().filter(|c| !c.is_empty());
+    render(
+        &state,
+        &session,
+        &run_id,
+        &fork,
+        compare,
+        &FieldErrors::new(),
+    )
+    .await
+}
+
+/// The fork page (or two forks side by side), with `errors` next to the fields of its
+/// forms (a refused publish or branch).
+pub async fn render(
+    state: &AppState,
+    session: &Session,
+    run_id: &str,
+    fork: &str,
+    compare: Option<&str>,
+    errors: &FieldErrors,
+) -> Result<Markup, ConsoleError> {
     // The run first: another tenant's (or an unknown) run is a 404 before any fork.
-    let run = get_run(&state, &session, &run_id).await?;
-    let n = fork_number(&run, &fork)?;
-    let other = match q.compare.as_deref().filter(|c| !c.is_empty()) {
+    let run = get_run(state, session, run_id).await?;
+    let n = fork_number(&run, fork)?;
+    let other = match compare {
         Some(m) => Some(fork_number(&run, m)?),
         None => None,
     };
-    let result = fork_result(&state, &session, &run_id, n).await?;
+    let result = fork_result(state, session, run_id, n).await?;
     let body = match other {
         Some(m) => {
-            let right = fork_result(&state, &session, &run_id, m).await?;
-            compare(&run, &result, &right)
+            let right = fork_result(state, session, run_id, m).await?;
+            side_by_side(&run, &result, &right)
         }
-        None => single(&run, &result),
+        None => single(&run, &result, session, errors),
     };
-    Ok(layout(&format!("{run_id} fork {n}"), Some(&session), body))
+    Ok(layout(&format!("{run_id} fork {n}"), Some(session), body))
 }
 
 /// `text` as one of the run's fork numbers, else a 404.
@@ -79,12 +104,17 @@ fn crumbs(run: &Run, title: Markup) -> Markup {
     }
 }
 
-fn single(run: &Run, f: &ForkResult) -> Markup {
+fn single(run: &Run, f: &ForkResult, session: &Session, errors: &FieldErrors) -> Markup {
     let now = format::now_ms();
     html! {
         (crumbs(run, html! { "fork " (f.fork) }))
         h1 { "Fork " (f.fork) " of " (run.run_id) }
-        table #fork-row { tbody { (run_page::fork_row(&run.run_id, f, now)) } }
+        @if f.parent_fork > 0 {
+            p #parent { "Branched from "
+                a href=(format!("/runs/{}/forks/{}", run.run_id, f.parent_fork)) { "fork " (f.parent_fork) }
+                " (depth " (f.depth) ")" }
+        }
+        table #fork-row { tbody { (run_page::fork_row(run, f, now, session)) } }
         @if !f.error.is_empty() {
             section #fork-error { h2 { "Error" } p.error role="alert" { "During " (phase(f)) ": " (f.error) } }
         }
@@ -101,6 +131,11 @@ fn single(run: &Run, f: &ForkResult) -> Markup {
         @if !f.verify_output_tail.is_empty() { pre #verify-output .output { (f.verify_output_tail) } }
         h2 { "Agent output" }
         @if f.agent_output_tail.is_empty() { p { "—" } } @else { pre #agent-output .output { (f.agent_output_tail) } }
+        (fork_actions::forms(run, f, session, errors))
+        section aria-labelledby="transcript-title" {
+            h2 #transcript-title { "Transcript" }
+            (transcript::render(&f.transcript))
+        }
     }
 }
 
@@ -113,7 +148,7 @@ fn phase(f: &ForkResult) -> &str {
     }
 }
 
-fn compare(run: &Run, left: &ForkResult, right: &ForkResult) -> Markup {
+fn side_by_side(run: &Run, left: &ForkResult, right: &ForkResult) -> Markup {
     let side = |f: &ForkResult, id: &str| {
         html! {
             section.side aria-label=(format!("fork {}", f.fork)) {

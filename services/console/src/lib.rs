@@ -6,9 +6,12 @@
 //! Live run pages are fed by `WatchRun`, batched and sent as Server-Sent Events.
 #![forbid(unsafe_code)]
 
+pub mod chart;
 pub mod diff;
 pub mod error;
+pub mod fork_actions;
 pub mod fork_page;
+pub mod fork_tree;
 pub mod format;
 pub mod gateway;
 pub mod layout;
@@ -16,9 +19,11 @@ pub mod live;
 pub mod login;
 pub mod new_run;
 pub mod new_run_form;
+pub mod run_actions;
 pub mod run_page;
 pub mod runs_page;
 pub mod session;
+pub mod transcript;
 
 use axum::{
     Router,
@@ -52,7 +57,22 @@ pub fn router(state: AppState) -> Router {
         .route("/logout", post(login::logout))
         .route("/runs", get(runs_page::page).post(new_run::submit))
         .route("/runs/{run_id}", get(run_page::page))
-        .route("/runs/{run_id}/cancel", post(run_page::cancel))
+        .route("/runs/{run_id}/cancel", post(run_actions::cancel))
+        .route("/runs/{run_id}/pause", post(run_actions::pause))
+        .route("/runs/{run_id}/resume", post(run_actions::resume))
+        .route("/runs/{run_id}/budget", post(run_actions::raise))
+        .route(
+            "/runs/{run_id}/forks/{fork}/cancel",
+            post(run_actions::cancel_fork),
+        )
+        .route(
+            "/runs/{run_id}/forks/{fork}/publish",
+            post(fork_actions::publish),
+        )
+        .route(
+            "/runs/{run_id}/forks/{fork}/branch",
+            post(fork_actions::branch),
+        )
         .route("/runs/{run_id}/events", get(live::events))
         .route("/runs/{run_id}/forks/{fork}", get(fork_page::page))
         .fallback(|| async { ConsoleError::NotFound("page".into()) })

@@ -2,124 +2,208 @@
 //! gathered for a short window and applied to the run as the page drew it; each batch
 //! becomes one Server-Sent Event `patch` carrying the redrawn fork rows and summary
 //! (server-rendered, escaped HTML by element id), so a busy run costs the browser one
-//! redraw per window, not one per event. `end` when the run has finished.
+//! redraw per window, not one per event. New forks (branches) come as `rows`, appended
+//! when the page has no row for them yet. The cost chart and the fork tree are redrawn
+//! with the summary.
+//!
+//! `end` only when the run has finished. A watch that breaks off before that (the
+//! gateway restarting) ends the event stream without it, and a gateway that cannot be
+//! reached when the page connects gets an empty stream: both carry a `retry:` so the
+//! browser's EventSource connects again by itself, and the new watch's snapshot
+//! redraws every row.
 
-use crate::{AppState, ConsoleError, format, gateway, run_page, session::Session};
+use crate::{
+    AppState, ConsoleError, chart, fork_tree, format, gateway, run_page, session::Session,
+};
 use axum::{
     Extension,
     extract::{Path, State},
-    response::sse::{Event, KeepAlive, Sse},
+    response::{
+        IntoResponse, Response,
+        sse::{Event, KeepAlive, Sse},
+    },
 };
+use forkyard_proto::common::v1::ForkResult;
 use forkyard_proto::gateway::v1::{Run, RunEvent, WatchRunRequest, run_event::Kind};
-use futures::{Stream, StreamExt as _};
-use std::{collections::BTreeMap, convert::Infallible, time::Duration};
+use futures::StreamExt as _;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    convert::Infallible,
+    time::Duration,
+};
 
 /// How long events are gathered before the page is told.
 const BATCH_WINDOW: Duration = Duration::from_millis(250);
 const BATCH_MAX: usize = 512;
+/// How long the browser waits before connecting again after the stream ends early.
+const RETRY: Duration = Duration::from_secs(2);
 
 pub async fn events(
     State(state): State<AppState>,
     Extension(session): Extension<Session>,
     Path(run_id): Path<String>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ConsoleError> {
+) -> Result<Response, ConsoleError> {
     let req = WatchRunRequest {
         run_id: run_id.clone(),
     };
-    let watch = state
+    let hello = Event::default().retry(RETRY).comment("live");
+    let watch = match state
         .gateway
         .client()
         .watch_run(gateway::request(session.key.as_ref(), req)?)
-        .await?
-        .into_inner();
+        .await
+    {
+        Ok(w) => w.into_inner(),
+        // The gateway away (restarting): an empty stream that asks to be tried again,
+        // where an error status would make the browser give up.
+        Err(s) if s.code() == tonic::Code::Unavailable => {
+            tracing::info!(run_id, error = %s.message(), "watch not started: the gateway is unavailable; the page retries");
+            let stream = futures::stream::iter([hello, waiting()].map(Ok::<_, Infallible>));
+            return Ok(Sse::new(stream).into_response());
+        }
+        Err(s) => return Err(s.into()),
+    };
     let mut view = View::new(session);
     let batches = tokio_stream::StreamExt::chunks_timeout(watch, BATCH_MAX, BATCH_WINDOW);
-    let patches = batches
-        .map(move |batch| {
-            let events: Vec<RunEvent> = batch.into_iter().map_while(Result::ok).collect();
-            view.apply(&events)
-        })
-        .filter_map(|patch| async move { patch })
-        .map(|json| Ok(Event::default().event("patch").data(json)))
-        .chain(futures::stream::once(async {
-            Ok(Event::default().event("end").data("finished"))
-        }));
+    let patches = batches.map(move |batch| {
+        let failed = batch.iter().any(Result::is_err);
+        let events: Vec<RunEvent> = batch.into_iter().map_while(Result::ok).collect();
+        let patch = view.apply(&events);
+        let mut out: Vec<Result<Event, Infallible>> = Vec::new();
+        if let Some(json) = patch {
+            out.push(Ok(Event::default().event("patch").data(json)));
+        }
+        if view.finished() {
+            out.push(Ok(Event::default().event("end").data("finished")));
+        } else if failed {
+            out.push(Ok(waiting()));
+        }
+        futures::stream::iter(out)
+    });
+    let stream = futures::stream::once(async move { Ok(hello) }).chain(patches.flatten());
     // Comments well inside the listener's idle timeout keep a quiet run's stream open.
-    Ok(Sse::new(patches).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    let sse = Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)));
+    Ok(sse.into_response())
+}
+
+/// The watch ended before the run: the page says so until the browser reconnects.
+fn waiting() -> Event {
+    Event::default()
+        .event("waiting")
+        .data("the gateway's watch ended; reconnecting")
 }
 
 /// The run as the watch has told it so far.
 pub struct View {
     run: Option<Run>,
-    /// The watcher's session: the summary's cancel form carries its CSRF token.
+    /// The watcher's session: the forms in rows and summary carry its CSRF token.
     session: Session,
+    finished: bool,
+}
+
+/// What a batch changed.
+#[derive(Default)]
+struct Changed {
+    forks: BTreeSet<u32>,
+    summary: bool,
 }
 
 impl View {
     pub fn new(session: Session) -> Self {
-        Self { run: None, session }
+        Self {
+            run: None,
+            session,
+            finished: false,
+        }
     }
 
-    /// Applies a batch; the JSON of the elements to redraw (id → HTML), or `None` when
-    /// nothing visible changed.
+    /// The watch told the run's end: nothing more will come.
+    pub fn finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Applies a batch; the JSON of the elements to redraw (`html`: id → HTML to
+    /// replace; `rows`: fork rows to replace, or append when the page has none), or
+    /// `None` when nothing visible changed.
     pub fn apply(&mut self, events: &[RunEvent]) -> Option<String> {
-        let mut forks = std::collections::BTreeSet::new();
-        let mut summary = false;
+        let mut changed = Changed::default();
         for ev in events {
             match (Kind::try_from(ev.kind), ev.run.as_ref()) {
-                (Ok(Kind::Snapshot | Kind::RunFinished), Some(run)) => {
+                // A state change carries the run too (its budget after a raise).
+                (Ok(Kind::Snapshot | Kind::RunFinished | Kind::RunStateChanged), Some(run)) => {
+                    self.finished |= ev.kind == Kind::RunFinished as i32
+                        || (ev.kind == Kind::Snapshot as i32 && !format::run_live(run.state));
                     self.run = Some(run.clone());
-                    forks.extend(run.forks.iter().map(|f| f.fork));
-                    summary = true;
+                    changed.forks.extend(run.forks.iter().map(|f| f.fork));
+                    changed.summary = true;
                 }
-                _ => summary |= self.apply_one(ev, &mut forks),
+                _ => self.apply_one(ev, &mut changed),
             }
         }
         let run = self.run.as_ref()?;
         let now = format::now_ms();
-        let mut html: BTreeMap<String, String> = forks
-            .into_iter()
+        let rows: BTreeMap<String, String> = changed
+            .forks
+            .iter()
             .filter_map(|n| run.forks.get(n.checked_sub(1)? as usize))
             .map(|f| {
-                (
-                    format!("fork-{}", f.fork),
-                    run_page::fork_row(&run.run_id, f, now).0,
-                )
+                let row = run_page::fork_row(run, f, now, &self.session);
+                (format!("fork-{}", f.fork), row.0)
             })
             .collect();
-        if summary {
-            html.insert(
-                "run-summary".into(),
-                run_page::summary(run, &self.session).0,
-            );
+        let mut html = BTreeMap::new();
+        if changed.summary || !rows.is_empty() {
+            html.insert("run-summary", run_page::summary(run, &self.session).0);
+            html.insert("cost-chart", chart::render(run, now).0);
+            let tree = fork_tree::render(run).0;
+            if !tree.is_empty() {
+                html.insert("fork-tree", tree);
+            }
         }
-        (!html.is_empty()).then(|| serde_json::json!({ "html": html }).to_string())
+        (!html.is_empty() || !rows.is_empty())
+            .then(|| serde_json::json!({ "html": html, "rows": rows }).to_string())
     }
 
-    /// One fork or state event; whether the summary changed.
-    fn apply_one(&mut self, ev: &RunEvent, forks: &mut std::collections::BTreeSet<u32>) -> bool {
+    /// One fork or state event.
+    fn apply_one(&mut self, ev: &RunEvent, changed: &mut Changed) {
         let Some(run) = self.run.as_mut() else {
-            return false;
+            return;
         };
         if let Ok(Kind::RunStateChanged) = Kind::try_from(ev.kind) {
             run.state = ev.state;
-            return true;
+            changed.summary = true;
+            return;
         }
         let Some(result) = ev.fork_result.as_ref() else {
-            return false;
+            return;
         };
-        let Some(slot) = (ev.fork as usize)
-            .checked_sub(1)
-            .and_then(|i| run.forks.get_mut(i))
-        else {
-            return false;
+        let Some(i) = (ev.fork as usize).checked_sub(1) else {
+            return;
         };
-        *slot = result.clone();
-        forks.insert(ev.fork);
+        // A branch's fork is numbered after the run's existing ones; a number far past
+        // them is not a fork of this run.
+        if i >= run.forks.len() + MAX_NEW_FORKS {
+            return;
+        }
+        while run.forks.len() <= i {
+            let fork = run.forks.len() as u32 + 1;
+            run.forks.push(ForkResult {
+                fork,
+                status: forkyard_proto::common::v1::ForkStatus::Pending as i32,
+                ..Default::default()
+            });
+            changed.forks.insert(fork);
+        }
+        run.forks[i] = result.clone();
+        changed.forks.insert(ev.fork);
         recount(run);
-        true
+        changed.summary = true;
     }
 }
+
+/// Most forks a batch may add past the run's last (BranchFork's count is bounded by the
+/// gateway's fork limit; this only bounds what a bad event could make the page draw).
+const MAX_NEW_FORKS: usize = 1_000;
 
 /// The run's counts and cost from its forks, between the snapshots that carry them.
 fn recount(run: &mut Run) {
@@ -141,6 +225,7 @@ fn recount(run: &mut Run) {
 mod tests {
     use super::*;
     use forkyard_proto::common::v1::{ForkResult, ForkStatus};
+    use forkyard_proto::gateway::v1::RunState;
 
     fn fork(n: u32, status: ForkStatus) -> ForkResult {
         ForkResult {
@@ -163,6 +248,7 @@ mod tests {
             kind: Kind::Snapshot as i32,
             run: Some(Run {
                 run_id: "run-x".into(),
+                state: RunState::Running as i32,
                 forks: vec![fork(1, ForkStatus::Running), fork(2, ForkStatus::Pending)],
                 ..Default::default()
             }),
@@ -170,44 +256,95 @@ mod tests {
         }
     }
 
+    fn patch(view: &mut View, events: &[RunEvent]) -> serde_json::Value {
+        serde_json::from_str(&view.apply(events).expect("a patch")).unwrap()
+    }
+
+    fn finished(n: u32, status: ForkStatus) -> RunEvent {
+        RunEvent {
+            kind: Kind::ForkFinished as i32,
+            fork: n,
+            fork_result: Some(fork(n, status)),
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn a_batch_redraws_only_the_forks_it_changed() {
         let mut view = View::new(session());
-        let first = view.apply(&[snapshot()]).unwrap();
+        let first = patch(&mut view, &[snapshot()]);
+        assert!(first["rows"]["fork-1"].is_string() && first["rows"]["fork-2"].is_string());
         assert!(
-            first.contains("fork-1") && first.contains("fork-2"),
-            "{first}"
-        );
-        let done = RunEvent {
-            kind: Kind::ForkFinished as i32,
-            fork: 2,
-            fork_result: Some(fork(2, ForkStatus::Succeeded)),
-            ..Default::default()
-        };
-        let patch = view.apply(&[done]).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&patch).unwrap();
-        assert!(v["html"]["fork-2"].as_str().unwrap().contains("succeeded"));
-        assert!(v["html"].get("fork-1").is_none(), "{patch}");
-        assert!(
-            v["html"]["run-summary"]
+            first["html"]["cost-chart"]
                 .as_str()
                 .unwrap()
-                .contains("1 succeeded")
+                .contains("<svg")
+        );
+        let v = patch(&mut view, &[finished(2, ForkStatus::Succeeded)]);
+        assert!(v["rows"]["fork-2"].as_str().unwrap().contains("succeeded"));
+        assert!(v["rows"].get("fork-1").is_none(), "{v}");
+        let summary = v["html"]["run-summary"].as_str().unwrap();
+        assert!(summary.contains("1 succeeded"), "{summary}");
+        assert!(!view.finished());
+    }
+
+    #[test]
+    fn nothing_before_a_snapshot_and_forks_far_past_the_run_are_ignored() {
+        let mut view = View::new(session());
+        let stray = finished(5_000, ForkStatus::Running);
+        assert!(view.apply(std::slice::from_ref(&stray)).is_none());
+        view.apply(&[snapshot()]);
+        let patch = view.apply(&[stray]).unwrap_or_default();
+        assert!(!patch.contains("fork-5000"), "{patch}");
+    }
+
+    #[test]
+    fn branches_add_rows_and_draw_the_tree() {
+        let mut view = View::new(session());
+        view.apply(&[snapshot()]);
+        let mut branch = finished(4, ForkStatus::Running);
+        if let Some(f) = branch.fork_result.as_mut() {
+            f.parent_fork = 1;
+            f.depth = 1;
+        }
+        let v = patch(&mut view, &[branch]);
+        // Fork 3 not heard of yet: pending until it is.
+        assert!(
+            v["rows"]["fork-3"].as_str().unwrap().contains("pending"),
+            "{v}"
+        );
+        assert!(
+            v["rows"]["fork-4"].as_str().unwrap().contains("running"),
+            "{v}"
+        );
+        assert!(
+            v["html"]["fork-tree"]
+                .as_str()
+                .unwrap()
+                .contains("data-fork=\"4\""),
+            "{v}"
         );
     }
 
     #[test]
-    fn nothing_before_a_snapshot_and_unknown_forks_are_ignored() {
+    fn a_state_change_brings_the_budget_and_the_end_is_told() {
         let mut view = View::new(session());
-        let stray = RunEvent {
-            kind: Kind::ForkStarted as i32,
-            fork: 9,
-            fork_result: Some(fork(9, ForkStatus::Running)),
-            ..Default::default()
-        };
-        assert!(view.apply(std::slice::from_ref(&stray)).is_none());
         view.apply(&[snapshot()]);
-        let patch = view.apply(&[stray]).unwrap_or_default();
-        assert!(!patch.contains("fork-9"), "{patch}");
+        let mut raised = snapshot();
+        raised.kind = Kind::RunStateChanged as i32;
+        if let Some(r) = raised.run.as_mut() {
+            r.state = RunState::Paused as i32;
+            r.budget_micros = 7_000_000;
+        }
+        let v = patch(&mut view, &[raised]);
+        let summary = v["html"]["run-summary"].as_str().unwrap();
+        assert!(
+            summary.contains("$7.00") && summary.contains("Resume"),
+            "{summary}"
+        );
+        let mut end = snapshot();
+        end.kind = Kind::RunFinished as i32;
+        view.apply(&[end]);
+        assert!(view.finished());
     }
 }

@@ -1,23 +1,22 @@
 //! `/runs/<id>`: a run's forks (status and phase, duration, model and sandbox cost,
 //! tokens, verify, diffstat, backend), its budget, ranking and winner, kept live by
-//! `/runs/<id>/events`; and cancelling it.
+//! `/runs/<id>/events`; its cost over time, its fork tree, and the forms of its
+//! actions (`run_actions`).
 
 use crate::{
-    AppState, ConsoleError, format, gateway,
+    AppState, ConsoleError, chart, fork_tree, format, gateway,
     layout::{csrf_field, page as layout},
-    login::CsrfOnly,
-    runs_page,
-    session::{Session, parse_form},
+    new_run_form::FieldErrors,
+    run_actions, runs_page,
+    session::Session,
 };
 use axum::{
     Extension,
-    body::Bytes,
     extract::{Path, State},
-    response::{IntoResponse, Redirect, Response},
 };
 use forkyard_proto::{
     common::v1::ForkResult,
-    gateway::v1::{CancelRunRequest, GetRunRequest, Run},
+    gateway::v1::{GetRunRequest, Run},
 };
 use maud::{Markup, html};
 
@@ -47,7 +46,25 @@ pub async fn page(
     Extension(session): Extension<Session>,
     Path(run_id): Path<String>,
 ) -> Result<Markup, ConsoleError> {
-    let run = get_run(&state, &session, &run_id).await?;
+    render(&state, &session, &run_id, &Refused::default()).await
+}
+
+/// An action the gateway refused: its message, next to the field it names (`amount`)
+/// or above the run's actions (`""`), and what was typed.
+#[derive(Debug, Default)]
+pub struct Refused {
+    pub errors: FieldErrors,
+    pub amount: String,
+}
+
+/// The run page, with `refused`'s messages next to their fields.
+pub async fn render(
+    state: &AppState,
+    session: &Session,
+    run_id: &str,
+    refused: &Refused,
+) -> Result<Markup, ConsoleError> {
+    let run = get_run(state, session, run_id).await?;
     let now = format::now_ms();
     let spec = run.spec.clone().unwrap_or_default();
     let body = html! {
@@ -61,19 +78,26 @@ pub async fn page(
             dt { "Labels" } dd { (runs_page::labels(&run)) }
             dt { "Prompt" } dd { pre.prompt { (spec.prompt) } }
         }
-        (summary(&run, &session))
+        @if let Some(e) = refused.errors.get("") { p #action-error .field-error role="alert" { (e) } }
+        (summary(&run, session))
+        @if format::run_live(run.state) { (run_actions::raise_form(&run, session, refused)) }
+        section #cost aria-labelledby="cost-title" {
+            h2 #cost-title { "Cost over time" }
+            (chart::render(&run, now))
+        }
+        (fork_tree::render(&run))
         h2 { "Forks" }
         table #forks data-events=(format!("/runs/{run_id}/events")) {
             thead { tr {
                 th { "Fork" } th { "Status" } th { "Phase" } th { "Duration" }
                 th { "Model cost" } th { "Sandbox cost" } th { "Tokens in / out" }
-                th { "Verify" } th { "Diff" } th { "Backend" }
+                th { "Verify" } th { "Diff" } th { "Backend" } th { "Actions" }
             } }
-            tbody { @for f in &run.forks { (fork_row(&run_id, f, now)) } }
+            tbody { @for f in &run.forks { (fork_row(&run, f, now, session)) } }
         }
         p.compare-hint { "Compare two forks: open one and add " code { "?compare=<n>" } "." }
     };
-    Ok(layout(&format!("Run {run_id}"), Some(&session), body))
+    Ok(layout(&format!("Run {run_id}"), Some(session), body))
 }
 
 /// The run's state, counts, budget bar, ranking and winner, and the cancel button while
@@ -102,19 +126,14 @@ pub fn summary(run: &Run, session: &Session) -> Markup {
                 }
                 @if winner > 0 { " · winner: " strong #winner { "fork " (winner) } }
             }
-            @if format::run_live(run.state) {
-                form #cancel-run .actions method="post" action=(format!("/runs/{}/cancel", run.run_id)) {
-                    (csrf_field(session))
-                    button.danger type="submit" { "Cancel run" }
-                }
-            }
+            @if format::run_live(run.state) { (run_actions::buttons(run, session)) }
         }
     }
 }
 
 /// One fork's row (id `fork-<n>`), redrawn live.
-pub fn fork_row(run_id: &str, f: &ForkResult, now: i64) -> Markup {
-    let n = f.fork;
+pub fn fork_row(run: &Run, f: &ForkResult, now: i64, session: &Session) -> Markup {
+    let (run_id, n) = (&run.run_id, f.fork);
     let status = format::fork_status(f.status);
     let usage = f.usage.unwrap_or_default();
     let diff = f.diffstat.unwrap_or_default();
@@ -133,31 +152,12 @@ pub fn fork_row(run_id: &str, f: &ForkResult, now: i64) -> Markup {
                     " in " (diff.files_changed) " files"
                 } @else { "—" } }
             td { @if f.backend.is_empty() { "—" } @else { (f.backend) } }
+            td { @if format::run_live(run.state) && !format::fork_done(f.status) {
+                    form.inline method="post" action=(format!("/runs/{run_id}/forks/{n}/cancel")) {
+                        (csrf_field(session))
+                        button.danger type="submit" aria-label=(format!("Cancel fork {n}")) { "Cancel" }
+                    }
+                } }
         }
     }
-}
-
-pub async fn cancel(
-    State(state): State<AppState>,
-    Extension(session): Extension<Session>,
-    Path(run_id): Path<String>,
-    body: Bytes,
-) -> Result<Response, ConsoleError> {
-    let f: CsrfOnly = parse_form(&body)?;
-    session.check_csrf(&f.csrf)?;
-    let req = CancelRunRequest {
-        run_id: run_id.clone(),
-        reason: "cancelled from the console".into(),
-    };
-    state
-        .gateway
-        .client()
-        .cancel_run(gateway::unary(session.key.as_ref(), req)?)
-        .await
-        .map_err(|s| match s.code() {
-            tonic::Code::NotFound => ConsoleError::NotFound(format!("run {run_id}")),
-            _ => s.into(),
-        })?;
-    tracing::info!(run_id, "run cancelled from the console");
-    Ok(Redirect::to(&format!("/runs/{run_id}")).into_response())
 }

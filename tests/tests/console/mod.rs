@@ -7,11 +7,15 @@ use forkyard_tests::{
 };
 use std::{path::PathBuf, time::Duration};
 
+pub mod actions;
+
 /// Markup that would run if a page did not escape it.
 pub const XSS: &str = "<script>window.__pwned=1</script><img src=x onerror=window.__pwned=2>";
 
 /// The diff's added-line background (console.css `--add-bg`).
 const ADD_BG: [u8; 3] = [0xda, 0xfb, 0xe1];
+/// The cost chart's spend line (console.css `--accent`, `.chart .spend`).
+pub const CHART_LINE: [u8; 3] = [0x0a, 0x58, 0xca];
 
 pub struct Console {
     pub base: String,
@@ -209,9 +213,34 @@ impl Console {
             "{added:?}"
         );
         self.assert_nothing_ran_in_patch().await;
+        self.transcript_shows_the_conversation().await;
         let rect = self.viewport_rect("#patch").await;
         let img = self.shot("05-fork").await;
         assert_green(&img, rect, "fork page's diff");
+    }
+
+    /// The agent's stream-json lines as a conversation: its message (with `<script>` and
+    /// an `<img onerror>`, shown as text), its tool call and the tool's result.
+    async fn transcript_shows_the_conversation(&self) {
+        let text = self.b.text_of("#transcript").await;
+        for said in [
+            "<script>window.__pwned=4</script><img src=x onerror=window.__pwned=5> editing",
+            "tool call: Bash",
+            "tool said hi",
+            "started: driver command",
+        ] {
+            assert!(text.contains(said), "transcript lacks {said:?}: {text}");
+        }
+        let v = self
+            .b
+            .execute("return [document.querySelectorAll('#transcript img').length, document.querySelectorAll('#transcript .tool-call').length]")
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!([0, 1]),
+            "[imgs, tool calls] in the transcript"
+        );
     }
 
     async fn assert_nothing_ran_in_patch(&self) {
@@ -271,6 +300,22 @@ impl Console {
             )
             .await;
         assert_eq!(status, 404, "another tenant's cancel");
+        for action in [
+            "pause",
+            "resume",
+            "budget",
+            "forks/1/cancel",
+            "forks/1/branch",
+        ] {
+            let (status, body) = self
+                .raw_post(
+                    &format!("/runs/{run_id}/{action}"),
+                    Some(other_key),
+                    &format!("csrf={}&amount=1&count=1", "a".repeat(64)),
+                )
+                .await;
+            assert_eq!(status, 404, "another tenant's {action}: {body}");
+        }
         for path in [
             "/runs/run-nope".to_owned(),
             format!("/runs/{run_id}/forks/9"),
@@ -291,7 +336,7 @@ impl Console {
     }
 
     /// The element's box in the viewport, in screenshot pixels, scrolled into view.
-    async fn viewport_rect(&self, css: &str) -> (f64, f64, f64, f64) {
+    pub async fn viewport_rect(&self, css: &str) -> (f64, f64, f64, f64) {
         let script = format!(
             "const e = document.querySelector('{css}'); e.scrollIntoView({{block: 'start'}}); \
              const r = e.getBoundingClientRect(), d = window.devicePixelRatio; \
@@ -304,15 +349,20 @@ impl Console {
 }
 
 /// The area shows text (variance) and added lines' green.
-fn assert_green(img: &Image, (x, y, w, h): (f64, f64, f64, f64), what: &str) {
+fn assert_green(img: &Image, rect: (f64, f64, f64, f64), what: &str) {
+    assert_colour(img, rect, ADD_BG, what);
+}
+
+/// The area is not blank and holds at least 500 pixels of `colour`.
+pub fn assert_colour(img: &Image, (x, y, w, h): (f64, f64, f64, f64), colour: [u8; 3], what: &str) {
     let (x, y, w, h) = (x as usize, y.max(0.0) as usize, w as usize, h as usize);
     let green = img
         .region(x, y, w, h)
-        .filter(|p| p.iter().zip(ADD_BG).all(|(a, b)| a.abs_diff(b) <= 8))
+        .filter(|p| p.iter().zip(colour).all(|(a, b)| a.abs_diff(b) <= 8))
         .count();
     assert!(
         green > 500,
-        "{what}: {green} pixels of the added-line colour in {x},{y} {w}×{h}"
+        "{what}: {green} pixels of {colour:02x?} in {x},{y} {w}×{h}"
     );
     let v = img.variance(x, y, w, h);
     assert!(v > 50.0, "{what}: blank area (variance {v:.1})");

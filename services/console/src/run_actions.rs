@@ -1,0 +1,218 @@
+//! A run's actions from its page: pause, resume, cancel it, cancel one fork, raise its
+//! budget. Each is a POST carrying the session's CSRF token, made with the visitor's own
+//! key, so the gateway decides what they may do. Done: back to the run page (303), which
+//! shows the run's new state and stays live. Refused: the run page again (409 or 422)
+//! with the gateway's message next to the field it is about, nothing changed.
+
+use crate::{
+    AppState, ConsoleError, gateway,
+    layout::csrf_field,
+    login::CsrfOnly,
+    new_run_form::FieldErrors,
+    run_page::{self, Refused},
+    session::{Session, parse_form},
+};
+use axum::{
+    Extension,
+    body::Bytes,
+    extract::{Path, State},
+    http::StatusCode,
+    response::{IntoResponse, Redirect, Response},
+};
+use forkyard_proto::gateway::v1::{
+    CancelForkRequest, CancelRunRequest, PauseRunRequest, RaiseBudgetRequest, ResumeRunRequest,
+    Run, RunState,
+};
+use maud::{Markup, html};
+
+/// Pause or resume (by the run's state), and cancel: redrawn with the summary.
+pub fn buttons(run: &Run, session: &Session) -> Markup {
+    let id = &run.run_id;
+    let paused = run.state == RunState::Paused as i32;
+    html! {
+        div.actions #run-actions {
+            @if paused {
+                form #resume-run method="post" action=(format!("/runs/{id}/resume")) {
+                    (csrf_field(session)) button type="submit" { "Resume" }
+                }
+            } @else {
+                form #pause-run method="post" action=(format!("/runs/{id}/pause")) {
+                    (csrf_field(session)) button type="submit" { "Pause" }
+                }
+            }
+            form #cancel-run method="post" action=(format!("/runs/{id}/cancel")) {
+                (csrf_field(session)) button.danger type="submit" { "Cancel run" }
+            }
+        }
+    }
+}
+
+/// The raise-budget form. Not part of the live summary, so a live update never wipes
+/// what is being typed or the message of a refused amount.
+pub fn raise_form(run: &Run, session: &Session, refused: &Refused) -> Markup {
+    let error = refused.errors.get("amount");
+    html! {
+        form #raise-budget .actions method="post" action=(format!("/runs/{}/budget", run.run_id)) novalidate {
+            (csrf_field(session))
+            label for="amount" { "Raise the budget by (USD)" }
+            input #amount type="text" name="amount" inputmode="decimal" size="8" value=(refused.amount)
+                aria-invalid=[error.map(|_| "true")] aria-describedby=[error.map(|_| "amount-error")];
+            button type="submit" { "Raise budget" }
+            @if let Some(e) = error { p #amount-error .field-error role="alert" { (e) } }
+        }
+    }
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct RaiseForm {
+    csrf: String,
+    amount: String,
+}
+
+/// A refusal of the action itself (bad input, the run's state, the tenant's rights),
+/// as opposed to the gateway failing: shown on the page.
+pub fn is_refusal(code: tonic::Code) -> bool {
+    use tonic::Code::*;
+    matches!(
+        code,
+        InvalidArgument | FailedPrecondition | PermissionDenied | ResourceExhausted | OutOfRange
+    )
+}
+
+/// The outcome of an action: the run page on success, or again with the refusal.
+async fn answer(
+    state: &AppState,
+    session: &Session,
+    run_id: &str,
+    result: Result<(), tonic::Status>,
+    field: &'static str,
+    amount: String,
+) -> Result<Response, ConsoleError> {
+    match result {
+        Ok(()) => Ok(Redirect::to(&format!("/runs/{run_id}")).into_response()),
+        Err(s) if is_refusal(s.code()) => {
+            let status = if s.code() == tonic::Code::InvalidArgument {
+                StatusCode::UNPROCESSABLE_ENTITY
+            } else {
+                StatusCode::CONFLICT
+            };
+            let refused = Refused {
+                errors: FieldErrors::from([(field, s.message().to_owned())]),
+                amount,
+            };
+            let page = run_page::render(state, session, run_id, &refused).await?;
+            Ok((status, page).into_response())
+        }
+        Err(s) if s.code() == tonic::Code::NotFound => {
+            Err(ConsoleError::NotFound(format!("run {run_id}")))
+        }
+        Err(s) => Err(s.into()),
+    }
+}
+
+pub async fn pause(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Path(run_id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    session.check_csrf(&parse_form::<CsrfOnly>(&body)?.csrf)?;
+    let req = PauseRunRequest {
+        run_id: run_id.clone(),
+    };
+    let mut client = state.gateway.client();
+    let done = client
+        .pause_run(gateway::unary(session.key.as_ref(), req)?)
+        .await;
+    tracing::info!(run_id, ok = done.is_ok(), "pause from the console");
+    let done = done.map(drop);
+    answer(&state, &session, &run_id, done, "", String::new()).await
+}
+
+pub async fn resume(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Path(run_id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    session.check_csrf(&parse_form::<CsrfOnly>(&body)?.csrf)?;
+    let req = ResumeRunRequest {
+        run_id: run_id.clone(),
+    };
+    let mut client = state.gateway.client();
+    let done = client
+        .resume_run(gateway::unary(session.key.as_ref(), req)?)
+        .await;
+    tracing::info!(run_id, ok = done.is_ok(), "resume from the console");
+    let done = done.map(drop);
+    answer(&state, &session, &run_id, done, "", String::new()).await
+}
+
+pub async fn cancel(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Path(run_id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    session.check_csrf(&parse_form::<CsrfOnly>(&body)?.csrf)?;
+    let req = CancelRunRequest {
+        run_id: run_id.clone(),
+        reason: "cancelled from the console".into(),
+    };
+    let mut client = state.gateway.client();
+    let done = client
+        .cancel_run(gateway::unary(session.key.as_ref(), req)?)
+        .await;
+    tracing::info!(run_id, ok = done.is_ok(), "run cancel from the console");
+    let done = done.map(drop);
+    answer(&state, &session, &run_id, done, "", String::new()).await
+}
+
+pub async fn cancel_fork(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Path((run_id, fork)): Path<(String, u32)>,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    session.check_csrf(&parse_form::<CsrfOnly>(&body)?.csrf)?;
+    let req = CancelForkRequest {
+        run_id: run_id.clone(),
+        fork,
+        reason: "cancelled from the console".into(),
+    };
+    let mut client = state.gateway.client();
+    let done = client
+        .cancel_fork(gateway::unary(session.key.as_ref(), req)?)
+        .await;
+    tracing::info!(
+        run_id,
+        fork,
+        ok = done.is_ok(),
+        "fork cancel from the console"
+    );
+    let done = done.map(drop);
+    answer(&state, &session, &run_id, done, "", String::new()).await
+}
+
+pub async fn raise(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Path(run_id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    let form: RaiseForm = parse_form(&body)?;
+    session.check_csrf(&form.csrf)?;
+    let req = RaiseBudgetRequest {
+        run_id: run_id.clone(),
+        amount_usd: form.amount.trim().to_owned(),
+    };
+    let mut client = state.gateway.client();
+    let done = client
+        .raise_budget(gateway::unary(session.key.as_ref(), req)?)
+        .await;
+    tracing::info!(run_id, ok = done.is_ok(), "budget raise from the console");
+    let done = done.map(drop);
+    // Every refusal of a raise is about the amount (its value, or the run's state).
+    answer(&state, &session, &run_id, done, "amount", form.amount).await
+}

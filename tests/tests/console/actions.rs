@@ -1,0 +1,171 @@
+//! The run page's actions and live view under a restart, for e2e_console: the live
+//! view reconnects when the gateway restarts; pause and resume from the page; a raise
+//! of the budget, refused and then made; an admin tenant's key reads no other tenant's
+//! run.
+
+use super::{CHART_LINE, Console, assert_colour};
+use crate::tenant_calls::{self, Gw, with_key};
+use forkyard_proto::{
+    Usd,
+    gateway::v1::{PauseRunRequest, RunState},
+};
+use forkyard_tests::Mesh;
+use std::time::Duration;
+
+/// The run page's state word, once it is `state`.
+pub async fn wait_state(c: &Console, state: &str, why: &str) {
+    let script = format!(
+        "const s = document.querySelector('#run-summary .state'); return !!s && s.dataset.state === '{state}'"
+    );
+    c.b.wait_for(&script, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{why}: the page never said {state}: {e}"));
+}
+
+/// The open run page's live view outlives a gateway restart: killed, the page says it
+/// is reconnecting; back, a pause made through the API shows without a reload. Most of
+/// this step's ~10 s is that pause: the first signal after the kill waits for Temporal
+/// to give up on the dead gateway's sticky workflow queue.
+pub async fn live_view_survives_a_gateway_restart(
+    c: &Console,
+    mesh: &mut Mesh,
+    key: &str,
+    run_id: &str,
+) -> Gw {
+    let b = &c.b;
+    b.wait_for(
+        "return document.body.dataset.live === 'open'",
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("the live view connects");
+    b.execute("window.__samePage = 'yes'; return true")
+        .await
+        .unwrap();
+    // Killed, not stopped: a graceful stop drains open watches (the page's) for 30 s.
+    mesh.kill9("gateway");
+    b.wait_for(
+        "return document.body.dataset.live === 'reconnecting'",
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("the page notices the gateway gone");
+    mesh.start_service("gateway").unwrap();
+    mesh.wait_serving("gateway", Duration::from_secs(60))
+        .await
+        .expect("gateway back");
+    let mut gw = Gw::new(mesh.channel("gateway").await.expect("gateway"));
+    gw.pause_run(with_key(
+        key,
+        PauseRunRequest {
+            run_id: run_id.to_owned(),
+        },
+    ))
+    .await
+    .expect("pause");
+    wait_state(c, "paused", "paused through the API after the restart").await;
+    let v = b
+        .execute("return [window.__samePage, Number(document.body.dataset.opens) > 1]")
+        .await
+        .unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!(["yes", true]),
+        "[same page, reconnected]"
+    );
+    gw
+}
+
+/// Resume, pause and resume again with the page's buttons.
+pub async fn pause_and_resume_from_page(c: &Console, gw: &mut Gw, key: &str, run_id: &str) {
+    for (button, state) in [
+        ("#resume-run button", "running"),
+        ("#pause-run button", "paused"),
+        ("#resume-run button", "running"),
+    ] {
+        c.click_to_load(button).await;
+        wait_state(c, state, button).await;
+        let run = tenant_calls::get(gw, key, run_id).await.expect("run");
+        let want = if state == "paused" {
+            RunState::Paused
+        } else {
+            RunState::Running
+        };
+        assert_eq!(run.state, want as i32, "after {button}");
+    }
+}
+
+/// A bad amount: the gateway's message next to the field, the budget unchanged. A good
+/// one: the page shows the new budget.
+pub async fn raise_budget_from_page(c: &Console, gw: &mut Gw, key: &str, run_id: &str) {
+    let before = tenant_calls::get(gw, key, run_id)
+        .await
+        .expect("run")
+        .budget_micros;
+    c.b.fill("#amount", "-1").await.unwrap();
+    c.click_to_load("#raise-budget button").await;
+    let said = c.b.text_of("#amount-error").await;
+    assert!(said.starts_with("amount_usd"), "a bad raise: {said:?}");
+    let kept =
+        c.b.execute("return document.getElementById('amount').value")
+            .await
+            .unwrap();
+    assert_eq!(kept, "-1", "the field keeps what was typed");
+    let after = tenant_calls::get(gw, key, run_id).await.expect("run");
+    assert_eq!(
+        after.budget_micros, before,
+        "a refused raise changed the budget"
+    );
+    c.shot("08-raise-refused").await;
+
+    c.b.fill("#amount", "2.5").await.unwrap();
+    c.click_to_load("#raise-budget button").await;
+    let raised = tenant_calls::get(gw, key, run_id).await.expect("run");
+    assert_eq!(raised.budget_micros, before + 2_500_000);
+    let label = c.b.text_of("#run-summary .budget label").await;
+    let want = Usd::from_micros(raised.budget_micros).to_string();
+    assert!(
+        label.ends_with(&format!("of {want}")),
+        "budget label {label:?}, want {want}"
+    );
+    assert!(c.b.find_all("#amount-error").await.unwrap().is_empty());
+}
+
+/// The run page's cost chart: an SVG with the spend drawn as a path, one step per
+/// settled fork, visible in the screenshot (its line's colour).
+pub async fn chart_is_drawn(c: &Console) -> (f64, f64, f64, f64) {
+    let v =
+        c.b.execute(
+            "const s = document.querySelector('#cost-chart svg'); \
+             const p = s && s.querySelector('path.spend'); \
+             return [!!s, !!p && (p.getAttribute('d').match(/V/g) || []).length]",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!([true, 3]),
+        "[svg, one step per settled fork]"
+    );
+    c.viewport_rect("#cost-chart svg").await
+}
+
+pub fn assert_chart_visible(img: &forkyard_tests::png::Image, rect: (f64, f64, f64, f64)) {
+    assert_colour(img, rect, CHART_LINE, "cost chart");
+}
+
+/// An admin tenant's key (FORKYARD_ADMIN_TENANTS) reads no other tenant's run through
+/// the console: the gateway's admin rights are the API keys and the cleanup schedule,
+/// not other tenants' runs (docs/security.md), and the console adds none of its own.
+pub async fn admin_key_sees_only_its_own(c: &Console, admin_key: &str, run_id: &str) {
+    for path in [format!("/runs/{run_id}"), format!("/runs/{run_id}/forks/1")] {
+        let (status, body) = c.raw(&path, Some(admin_key), None).await;
+        assert_eq!(status, 404, "the admin's {path}: {body}");
+    }
+    let (status, body) = c.raw("/runs", Some(admin_key), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        !body.contains(run_id),
+        "the admin's runs page lists {run_id}"
+    );
+}
