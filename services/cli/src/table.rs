@@ -280,7 +280,11 @@ pub fn event_line(e: &RunEvent) -> String {
             usd(f.map_or(0, |f| f.cost_micros)),
             f.map(diffstat).unwrap_or_default()
         ),
-        Kind::RunStateChanged => format!("run {}", run_state(e.state)),
+        // A raise changes the budget and maybe no state: both are said.
+        Kind::RunStateChanged => match &e.run {
+            Some(r) => format!("run {} budget {}", run_state(e.state), usd(r.budget_micros)),
+            None => format!("run {}", run_state(e.state)),
+        },
         Kind::RunFinished => format!("run finished: {}", run_state(e.state)),
         Kind::Snapshot | Kind::Unspecified => String::new(),
     }

@@ -60,6 +60,8 @@ struct Watcher<'a> {
     seen: HashMap<u32, Seen>,
     /// The run's state the client was last told.
     state: i32,
+    /// The run's budget the client was last told (a raise changes no state).
+    budget_micros: i64,
 }
 
 impl Watcher<'_> {
@@ -105,10 +107,12 @@ impl Watcher<'_> {
         Ok(now)
     }
 
-    /// A run still going whose state changed (paused, resumed, awaiting budget).
+    /// A run still going whose state changed (paused, resumed, awaiting budget) or whose
+    /// budget was raised.
     async fn tell_state(&mut self, run: &Run) -> Result<(), Gone> {
-        if run.state != self.state {
+        if run.state != self.state || run.budget_micros != self.budget_micros {
             self.state = run.state;
+            self.budget_micros = run.budget_micros;
             let mut e = event(Kind::RunStateChanged, self.run_id, self.state);
             e.run = Some(run.clone());
             self.send(e).await?;
@@ -153,6 +157,7 @@ impl GatewayService {
             tx,
             seen: HashMap::new(),
             state: first.state,
+            budget_micros: first.budget_micros,
         };
         let mut snapshot = event(Kind::Snapshot, run_id, first.state);
         snapshot.run = Some(first.clone());
@@ -324,4 +329,47 @@ fn fork_event(kind: Kind, run_id: &str, state: i32, f: &ForkResult) -> RunEvent 
     compact.verify_output_tail.clear();
     e.fork_result = Some(compact);
     e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `tell_state` sends for `run` after the client was told `state` and `budget`.
+    async fn told(state: RunState, budget: i64, run: &Run) -> Vec<RunEvent> {
+        let (tx, mut rx) = mpsc::channel(8);
+        let mut w = Watcher {
+            run_id: "run-1",
+            tx: &tx,
+            seen: HashMap::new(),
+            state: state as i32,
+            budget_micros: budget,
+        };
+        assert!(w.tell_state(run).await.is_ok());
+        drop(tx);
+        let mut out = Vec::new();
+        while let Some(Ok(e)) = rx.recv().await {
+            out.push(e);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_raised_budget_is_told_though_the_state_did_not_change() {
+        let run = Run {
+            state: RunState::Running as i32,
+            budget_micros: 3_000_000,
+            ..Default::default()
+        };
+        let events = told(RunState::Running, 1_000_000, &run).await;
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].kind, Kind::RunStateChanged as i32);
+        assert_eq!(events[0].run.as_ref().unwrap().budget_micros, 3_000_000);
+        assert!(told(RunState::Running, 3_000_000, &run).await.is_empty());
+        let paused = Run {
+            state: RunState::Paused as i32,
+            ..run
+        };
+        assert_eq!(told(RunState::Running, 3_000_000, &paused).await.len(), 1);
+    }
 }
