@@ -99,6 +99,10 @@ pub enum Command {
         /// Only runs with this label (repeatable): key=value.
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
+        /// Only this tenant's runs. An admin tenant (the gateway's --admin-tenants) lists
+        /// every tenant's runs without it; anyone else lists only its own.
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Cancel a run: its forks stop and their sandboxes are destroyed.
     Cancel {

@@ -75,7 +75,11 @@ async fn call(client: &mut Client, command: Command, output: Output) -> anyhow::
             limit,
             state,
             labels,
-        } => list(client, limit, state.as_deref(), labels, output).await,
+            tenant,
+        } => {
+            let filter = (state.as_deref(), labels, tenant.unwrap_or_default());
+            list(client, limit, filter, output).await
+        }
         Command::Cancel {
             run_id,
             fork: Some(fork),
@@ -200,11 +204,11 @@ async fn watch_run(client: &mut Client, run_id: &str, output: Output) -> anyhow:
     Ok(exit_for(&run))
 }
 
+/// `forkyard list`: runs by state, labels and tenant.
 async fn list(
     client: &mut Client,
     limit: u32,
-    state: Option<&str>,
-    labels: Vec<(String, String)>,
+    (state, labels, tenant): (Option<&str>, Vec<(String, String)>, String),
     output: Output,
 ) -> anyhow::Result<ExitCode> {
     let state = state.map(parse_state).transpose()?.unwrap_or_default();
@@ -222,6 +226,7 @@ async fn list(
                 page_token: std::mem::take(&mut resp.next_page_token),
                 state: state as i32,
                 labels: labels.iter().cloned().collect(),
+                tenant: tenant.clone(),
             })
             .await
             .map_err(status_error)?

@@ -163,13 +163,29 @@ fn parent_cell(f: &ForkResult) -> String {
     format!("{cell:<10}")
 }
 
+/// The runs listed; a TENANT column once they span tenants (an admin's listing).
 pub fn runs(runs: &[RunSummary]) -> String {
-    let mut out = format!("{:<44} {:<16} {}\n", "RUN", "STATE", "STARTED");
+    let tenants = runs.iter().any(|r| r.tenant != runs[0].tenant);
+    let tenant = |t: &str| {
+        if tenants {
+            format!("{t:<20} ")
+        } else {
+            String::new()
+        }
+    };
+    let mut out = format!(
+        "{:<44} {}{:<16} {}\n",
+        "RUN",
+        tenant("TENANT"),
+        "STATE",
+        "STARTED"
+    );
     for r in runs {
         let _ = writeln!(
             out,
-            "{:<44} {:<16} {}",
+            "{:<44} {}{:<16} {}",
             r.run_id,
+            tenant(&r.tenant),
             run_state(r.state),
             crate::when::at(r.started_unix_ms)
         );

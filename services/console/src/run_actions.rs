@@ -213,6 +213,12 @@ pub async fn raise(
         .await;
     tracing::info!(run_id, ok = done.is_ok(), "budget raise from the console");
     let done = done.map(drop);
-    // Every refusal of a raise is about the amount (its value, or the run's state).
-    answer(&state, &session, &run_id, done, "amount", form.amount).await
+    // A refusal is about the amount (its value, or the run's state), unless the caller
+    // may not change the run at all (an admin reading another tenant's): that goes with
+    // the run's actions, shown whatever the run's state.
+    let field = match &done {
+        Err(s) if s.code() == tonic::Code::PermissionDenied => "",
+        _ => "amount",
+    };
+    answer(&state, &session, &run_id, done, field, form.amount).await
 }

@@ -38,6 +38,9 @@ pub struct Filter {
     pub label: String,
     #[serde(default)]
     pub page: String,
+    /// An admin tenant's filter: one tenant's runs (the gateway refuses anyone else's).
+    #[serde(default)]
+    pub tenant: String,
 }
 
 pub async fn page(
@@ -66,6 +69,11 @@ pub async fn render(
 ) -> Result<Markup, ConsoleError> {
     let (runs, next) = list(state, session, filter).await?;
     let now = format::now_ms();
+    // Whose run each is matters once a listing spans tenants (an admin's).
+    let tenants = !filter.tenant.is_empty()
+        || runs
+            .iter()
+            .any(|(s, _)| runs.first().is_some_and(|(f, _)| f.tenant != s.tenant));
     let body = html! {
         h1 { "Runs" }
         (filter_form(filter))
@@ -73,8 +81,11 @@ pub async fn render(
             p #no-runs { "No runs" @if !filter.state.is_empty() || !filter.label.is_empty() { " match this filter" } "." }
         } @else {
             table #runs {
-                thead { tr { th { "Run" } th { "State" } th { "Forks done" } th { "Cost of budget" } th { "Age" } th { "Labels" } } }
-                tbody { @for (summary, run) in &runs { (row(summary, run.as_ref(), now)) } }
+                thead { tr {
+                    th { "Run" } @if tenants { th { "Tenant" } } th { "State" } th { "Forks done" }
+                    th { "Cost of budget" } th { "Age" } th { "Labels" }
+                } }
+                tbody { @for (summary, run) in &runs { (row(summary, run.as_ref(), now, tenants)) } }
             }
         }
         @if let Some(token) = next {
@@ -109,6 +120,7 @@ async fn list(
         page_token: filter.page.clone(),
         state: state_filter as i32,
         labels,
+        tenant: filter.tenant.trim().to_owned(),
     };
     let key = session.key.as_ref();
     let listed = state
@@ -145,16 +157,19 @@ fn filter_form(filter: &Filter) -> Markup {
             }
             label for="label" { "Label" }
             input #label type="text" name="label" placeholder="key=value" value=(filter.label);
+            label for="tenant" { "Tenant" }
+            input #tenant type="text" name="tenant" placeholder="any (admins)" value=(filter.tenant);
             button type="submit" { "Filter" }
         }
     }
 }
 
-fn row(summary: &RunSummary, run: Option<&Run>, now: i64) -> Markup {
+fn row(summary: &RunSummary, run: Option<&Run>, now: i64, tenant: bool) -> Markup {
     let id = &summary.run_id;
     html! {
         tr data-run=(id) {
             td { a href=(format!("/runs/{id}")) { (id) } }
+            @if tenant { td.tenant { (summary.tenant) } }
             td.state { (format::run_state(summary.state)) }
             @if let Some(run) = run {
                 td { (forks_done(run)) }
@@ -197,6 +212,7 @@ fn next_href(filter: &Filter, token: &str) -> String {
     let query = serde_urlencoded::to_string([
         ("state", filter.state.as_str()),
         ("label", filter.label.as_str()),
+        ("tenant", filter.tenant.as_str()),
         ("page", token),
     ])
     .unwrap_or_default();

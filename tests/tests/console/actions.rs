@@ -1,7 +1,7 @@
 //! The run page's actions and live view under a restart, for e2e_console: the live
 //! view reconnects when the gateway restarts; pause and resume from the page; a raise
-//! of the budget, refused and then made; an admin tenant's key reads no other tenant's
-//! run.
+//! of the budget, refused and then made; an admin tenant's key reads every tenant's
+//! runs and changes none.
 
 use super::{CHART_LINE, Console, assert_colour};
 use crate::tenant_calls::{self, Gw, with_key};
@@ -154,18 +154,41 @@ pub fn assert_chart_visible(img: &forkyard_tests::png::Image, rect: (f64, f64, f
     assert_colour(img, rect, CHART_LINE, "cost chart");
 }
 
-/// An admin tenant's key (FORKYARD_ADMIN_TENANTS) reads no other tenant's run through
-/// the console: the gateway's admin rights are the API keys and the cleanup schedule,
-/// not other tenants' runs (docs/security.md), and the console adds none of its own.
-pub async fn admin_key_sees_only_its_own(c: &Console, admin_key: &str, run_id: &str) {
+/// An admin tenant's key (FORKYARD_ADMIN_TENANTS) reads every tenant's runs through the
+/// console, as through the gateway, and changes none of them: its runs page lists
+/// team-a's run with its tenant, the run and fork pages open, and a pause or a raise is
+/// refused with the gateway's word, the run untouched.
+pub async fn admin_key_reads_every_tenant(c: &Console, admin_key: &str, run_id: &str) {
     for path in [format!("/runs/{run_id}"), format!("/runs/{run_id}/forks/1")] {
         let (status, body) = c.raw(&path, Some(admin_key), None).await;
-        assert_eq!(status, 404, "the admin's {path}: {body}");
+        assert_eq!(status, 200, "the admin's {path}: {body}");
+        assert!(body.contains(run_id), "the admin's {path}: {body}");
     }
     let (status, body) = c.raw("/runs", Some(admin_key), None).await;
     assert_eq!(status, 200, "{body}");
     assert!(
-        !body.contains(run_id),
-        "the admin's runs page lists {run_id}"
+        body.contains(run_id),
+        "the admin's runs page lacks {run_id}"
     );
+    // Filtered by tenant, the listing names whose runs they are.
+    let (status, body) = c.raw("/runs?tenant=team-a", Some(admin_key), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("<td class=\"tenant\">team-a</td>"),
+        "the admin's runs page names the run's tenant: {body}"
+    );
+    for action in ["pause", "budget"] {
+        let (status, body) = c
+            .raw_post(
+                &format!("/runs/{run_id}/{action}"),
+                Some(admin_key),
+                &format!("csrf={}&amount=1", "a".repeat(64)),
+            )
+            .await;
+        assert_ne!(status, 303, "the admin's {action} went through: {body}");
+        assert!(
+            body.contains("changes only its own"),
+            "the admin's {action}: {body}"
+        );
+    }
 }

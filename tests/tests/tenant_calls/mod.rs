@@ -115,7 +115,9 @@ pub fn launch_req(repo: &Path, request_id: &str, command: &str) -> LaunchRunRequ
 }
 
 /// Every run RPC tenant B might aim at A's run, each must be NOT_FOUND.
-pub async fn assert_invisible(gw: &mut Gw, key: &str, run_id: &str) {
+/// Each call a tenant makes about a run, by name, and the code it was refused with
+/// (`None`: answered).
+async fn calls_about(gw: &mut Gw, key: &str, run_id: &str) -> Vec<(&'static str, Option<Code>)> {
     let id = || run_id.to_owned();
     let codes = [
         ("GetRun", get(gw, key, run_id).await.err().map(|s| s.code())),
@@ -194,8 +196,24 @@ pub async fn assert_invisible(gw: &mut Gw, key: &str, run_id: &str) {
             .map(|s| s.code()),
         ),
     ];
-    for (rpc, code) in codes {
+    codes.into()
+}
+
+/// Every call about another tenant's run is NOT_FOUND, as for a run that does not exist.
+pub async fn assert_invisible(gw: &mut Gw, key: &str, run_id: &str) {
+    for (rpc, code) in calls_about(gw, key, run_id).await {
         assert_eq!(code, Some(Code::NotFound), "{rpc} of another tenant's run");
+    }
+}
+
+/// An admin tenant reads another tenant's run and changes nothing of it.
+pub async fn assert_admin_reads_only(gw: &mut Gw, admin_key: &str, run_id: &str) {
+    for (rpc, code) in calls_about(gw, admin_key, run_id).await {
+        let want = match rpc {
+            "GetRun" | "WatchRun" | "GetForkResult" => None,
+            _ => Some(Code::PermissionDenied),
+        };
+        assert_eq!(code, want, "the admin's {rpc} of another tenant's run");
     }
 }
 

@@ -146,6 +146,11 @@ impl Gateway for Fake {
             state: r.state,
             started_unix_ms: r.started_unix_ms,
             finished_unix_ms: r.finished_unix_ms,
+            tenant: r
+                .spec
+                .as_ref()
+                .map(|s| s.tenant.clone())
+                .unwrap_or_default(),
         });
         Ok(Response::new(ListRunsResponse {
             runs: runs.collect(),

@@ -5,7 +5,7 @@
 //! there is FAILED_PRECONDITION); then the update makes the branches durable and
 //! returns their numbers. See `workflows::branching`.
 
-use super::GatewayService;
+use super::{GatewayService, runs::Access};
 use crate::{
     auth::Tenant,
     error::GatewayError,
@@ -30,7 +30,7 @@ impl GatewayService {
         req: BranchForkRequest,
     ) -> Result<BranchForkResponse, GatewayError> {
         check_request(&req)?;
-        let (state, ..) = self.describe(tenant, &req.run_id).await?;
+        let (state, ..) = self.describe(tenant, &req.run_id, Access::Change).await?;
         if !matches!(
             state,
             RunState::Running | RunState::Paused | RunState::AwaitingBudget

@@ -1,6 +1,6 @@
 //! GetForkResult: one fork in full, from wherever it is kept at the time.
 
-use super::GatewayService;
+use super::{GatewayService, runs::Access};
 use crate::{
     auth::Tenant,
     error::GatewayError,
@@ -38,7 +38,7 @@ impl GatewayService {
         run_id: &str,
         fork: u32,
     ) -> Result<ForkResult, GatewayError> {
-        self.describe(tenant, run_id).await?;
+        self.describe(tenant, run_id, Access::Read).await?;
         let run = self.progress(run_id).await?;
         let slot = Self::fork_slot(&run, fork)?.clone();
         if slot.status == ForkStatus::Pending as i32

@@ -25,11 +25,7 @@ impl GatewayService {
         let page = page(&req)?;
         let state = RunState::try_from(req.state)
             .map_err(|_| GatewayError::field("state", "unknown run state"))?;
-        let query = search::list_query_for(
-            tenant.authenticated.then_some(tenant.name.as_str()),
-            state,
-            &req.labels,
-        )?;
+        let query = search::list_query_for(listed_tenant(tenant, &req)?, state, &req.labels)?;
         let mut stream = self
             .client
             .list_workflows(
@@ -58,6 +54,32 @@ impl GatewayService {
             runs,
             next_page_token,
         })
+    }
+}
+
+/// Whose runs a ListRuns lists: the caller's own; an admin's, every tenant's or the one
+/// it names; without authentication, every run (all are the default tenant's).
+fn listed_tenant<'a>(
+    tenant: &'a Tenant,
+    req: &'a ListRunsRequest,
+) -> Result<Option<&'a str>, GatewayError> {
+    let named = req.tenant.as_str();
+    if !named.is_empty() {
+        forkyard_keys::check_tenant(named)
+            .map_err(|e| GatewayError::InvalidArgument(e.to_string()))?;
+    }
+    if !tenant.authenticated {
+        return Ok(None);
+    }
+    match (tenant.admin, named) {
+        (true, "") => Ok(None),
+        (true, other) => Ok(Some(other)),
+        (false, "") => Ok(Some(&tenant.name)),
+        (false, own) if own == tenant.name => Ok(Some(own)),
+        (false, other) => Err(GatewayError::PermissionDenied(format!(
+            "tenant: {} lists its own runs only, not tenant {other}'s (not in --admin-tenants)",
+            tenant.name
+        ))),
     }
 }
 
@@ -98,5 +120,10 @@ fn summary(wf: &WorkflowExecution) -> RunSummary {
         state: state as i32,
         started_unix_ms: unix_ms(wf.start_time()),
         finished_unix_ms: unix_ms(wf.close_time()),
+        // Runs from before tenancy carry no tenant: they are the default tenant's.
+        tenant: wf
+            .search_attributes()
+            .get(&search::TENANT_ATTR)
+            .unwrap_or_else(|| crate::auth::DEFAULT_TENANT.to_owned()),
     }
 }

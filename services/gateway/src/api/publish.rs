@@ -4,7 +4,7 @@
 //! (GetRun, WatchRun) and the fork's result show it as they show the run's own
 //! deliveries.
 
-use super::GatewayService;
+use super::{GatewayService, runs::Access};
 use crate::{
     auth::Tenant,
     error::GatewayError,
@@ -88,7 +88,7 @@ impl GatewayService {
         tenant: &Tenant,
         req: &PublishForkRequest,
     ) -> Result<Run, GatewayError> {
-        let (state, ..) = self.describe(tenant, &req.run_id).await?;
+        let (state, ..) = self.describe(tenant, &req.run_id, Access::Change).await?;
         if matches!(
             state,
             RunState::Running | RunState::Paused | RunState::AwaitingBudget

@@ -12,12 +12,34 @@ use forkyard_common::clock::unix_ms;
 use forkyard_proto::gateway::v1::{Run, RunState};
 use temporalio_client::{WorkflowDescribeOptions, WorkflowGetResultOptions, WorkflowQueryOptions};
 
-/// Another tenant's run is NOT_FOUND, exactly like a run that does not exist.
-fn check_owner(tenant: &Tenant, run_id: &str, owner: &str) -> Result<(), GatewayError> {
-    if tenant.authenticated && owner != tenant.name {
-        return Err(GatewayError::RunNotFound(run_id.to_owned()));
+/// What a caller does with a run: an admin tenant (`--admin-tenants`) reads every
+/// tenant's runs, and changes only its own.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Access {
+    Read,
+    Change,
+}
+
+/// Another tenant's run is NOT_FOUND, exactly like a run that does not exist; an admin
+/// reads it, and is told it may not change it (it knows the run is there).
+fn check_owner(
+    tenant: &Tenant,
+    run_id: &str,
+    owner: &str,
+    access: Access,
+) -> Result<(), GatewayError> {
+    if !tenant.authenticated || owner == tenant.name {
+        return Ok(());
     }
-    Ok(())
+    match (tenant.admin, access) {
+        (true, Access::Read) => Ok(()),
+        (true, Access::Change) => Err(GatewayError::PermissionDenied(format!(
+            "run {run_id} is tenant {owner}'s: admin tenant {} reads every tenant's runs \
+             and changes only its own",
+            tenant.name
+        ))),
+        (false, _) => Err(GatewayError::RunNotFound(run_id.to_owned())),
+    }
 }
 
 struct Described {
@@ -43,10 +65,11 @@ impl GatewayService {
         &self,
         tenant: &Tenant,
         run_id: &str,
+        access: Access,
     ) -> Result<(RunState, i64, i64), GatewayError> {
         validate::check_run_id(run_id)?;
         let d = self.describe_any(run_id).await?;
-        check_owner(tenant, run_id, &d.owner)?;
+        check_owner(tenant, run_id, &d.owner, access)?;
         Ok((d.state, d.started, d.finished))
     }
 
@@ -94,7 +117,7 @@ impl GatewayService {
             .reads
             .get(run_id, async move { svc.fetch_view(&id).await })
             .await?;
-        check_owner(tenant, run_id, &view.owner)?;
+        check_owner(tenant, run_id, &view.owner, Access::Read)?;
         Ok(view.run.clone())
     }
 

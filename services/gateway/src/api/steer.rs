@@ -1,6 +1,6 @@
 //! Steering a live run: pause, resume, cancel it or one of its forks, raise its budget.
 
-use super::GatewayService;
+use super::{GatewayService, runs::Access};
 use crate::{auth::Tenant, error::GatewayError, workflows::SandboxOrchestrationWorkflow};
 use forkyard_proto::{
     common::v1::ForkStatus,
@@ -20,7 +20,7 @@ fn is_live(state: RunState) -> bool {
 
 impl GatewayService {
     async fn live(&self, tenant: &Tenant, run_id: &str, action: &str) -> Result<(), GatewayError> {
-        let (state, _, _) = self.describe(tenant, run_id).await?;
+        let (state, _, _) = self.describe(tenant, run_id, Access::Change).await?;
         if is_live(state) {
             Ok(())
         } else {
