@@ -75,8 +75,11 @@ fn ip_or_cidr(h: &str) -> bool {
     })
 }
 
+/// A rule's ports, first to last; `None`: all.
+type Ports = Option<(u16, u16)>;
+
 /// `ParseRule`: (host, port range); `[v6]:port` in brackets, a bare v6 with no port.
-fn rule(s: &str) -> Result<(&str, Option<(u16, u16)>), String> {
+fn rule(s: &str) -> Result<(&str, Ports), String> {
     let s = s.trim();
     if s.is_empty() {
         return Err("empty network rule".into());
