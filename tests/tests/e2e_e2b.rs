@@ -11,8 +11,9 @@
 //! host and each sandbox gets a bundle, the creates carry E2B network rules denying all
 //! but those hosts and the LLM gateway's public address, and the token is in nothing the
 //! fake E2B saw, no log, no Temporal history and no result; an egress entry E2B cannot
-//! express is refused at launch naming `egress`. A second mesh: a fork's E2B sandbox time charged at the configured E2B price,
-//! and a run on E2B cancelled while its agents run.
+//! express is refused at launch naming `egress`. A second mesh: a fork's E2B sandbox
+//! time charged at the configured E2B price, and a run on E2B cancelled while its agents
+//! run.
 
 use forkyard_common::fake_e2b;
 use forkyard_proto::{
