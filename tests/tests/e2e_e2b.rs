@@ -6,8 +6,14 @@
 //! public URL (no relay reaches an E2B sandbox), patches come back, verify runs, and
 //! every sandbox is destroyed; the janitor reaps an E2B orphan by its labels; an unknown
 //! backend, and e2b on a mesh whose provisioner has no E2B key, are refused naming the
-//! field. A second mesh: a fork's E2B sandbox time charged at the configured E2B price,
-//! and a run on E2B cancelled while its agents run.
+//! field. That run's repository is private (git's `http-backend` behind basic auth, the
+//! mesh holding the token) and it lists egress hosts: the provisioner fetches it on its
+//! host and each sandbox gets a bundle, the creates carry E2B network rules denying all
+//! but those hosts and the LLM gateway's public address, and the token is in nothing the
+//! fake E2B saw, no log, no Temporal history and no result; an egress entry E2B cannot
+//! express is refused at launch naming `egress`. A second mesh: a fork's E2B sandbox
+//! time charged at the configured E2B price, and a run on E2B cancelled while its agents
+//! run.
 
 use forkyard_common::fake_e2b;
 use forkyard_proto::{
@@ -20,10 +26,12 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh,
+    git_server::{GitHttp, git_env},
     mesh::MeshOptions,
     repo,
     scripted_model::{Script, ScriptedModel},
     support::{Gateway, fork_result, launch, run_account, wait_finished, wait_until},
+    token_scan::{assert_absent, assert_not_kept, fresh_token, spellings},
 };
 use std::{collections::HashMap, path::Path, time::Duration};
 use tonic::Code;
@@ -57,6 +65,12 @@ fn options(e2b_url: &str, model_url: &str, llm_public: u16) -> MeshOptions {
             on("agent-runner", "FORKYARD_LLM_PUBLIC_LISTEN", &public),
             on(
                 "agent-runner",
+                "FORKYARD_PUBLIC_LLM_GATEWAY_URL",
+                &format!("http://{public}"),
+            ),
+            // What an egress allowlist on E2B always lets through.
+            on(
+                "sandbox-provisioner",
                 "FORKYARD_PUBLIC_LLM_GATEWAY_URL",
                 &format!("http://{public}"),
             ),
@@ -181,14 +195,54 @@ async fn assert_e2b_refused_without_a_key(mesh: &mut Mesh, gw: &mut Gateway, src
     );
 }
 
+/// The private repository's server: team tokens as a forge takes them, and the
+/// credentials file that gives the mesh this one for every tenant.
+fn private_repo(dir: &Path, token: &str) -> (GitHttp, std::path::PathBuf) {
+    let src = dir.join("private");
+    repo::create(&src).unwrap();
+    let http = GitHttp::serve(&src, "forkyard", token);
+    let creds = dir.join("git-credentials.toml");
+    let text = format!(
+        "[[credential]]\nhost = \"127.0.0.1:{}\"\ntenants = [\"*\"]\nusername = \"forkyard\"\ntoken = \"{token}\"\n",
+        http.port
+    );
+    std::fs::write(&creds, text).unwrap();
+    (http, creds)
+}
+
+/// The run's forks on E2B each had the allowlist's network rules: all denied but pypi
+/// and the LLM gateway's public address; and the token is nowhere the fake saw.
+fn assert_e2b_saw_rules_not_the_token(fake: &fake_e2b::Fake, llm_public: u16, secrets: &[String]) {
+    let networks = fake.networks.lock().unwrap().clone();
+    assert_eq!(
+        networks.len(),
+        2,
+        "both creates carried rules: {networks:?}"
+    );
+    for n in networks.values() {
+        assert_eq!(
+            *n,
+            serde_json::json!({"denyOut": ["0.0.0.0/0"], "allowOut": ["pypi.org", format!("127.0.0.1:{llm_public}")]})
+        );
+    }
+    for s in secrets {
+        assert_eq!(fake.where_seen(s), Vec::<String>::new());
+    }
+    assert!(!fake.commands.lock().unwrap().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_on_e2b_end_to_end() {
     let e2b = fake_e2b::start(KEY).await;
     let model = ScriptedModel::start(Script::edit("true")).await;
     let llm_public = free_port();
-    let mut mesh = Mesh::start_with(options(&e2b.url, &model.url, llm_public))
-        .await
-        .expect("mesh");
+    let served = tempfile::tempdir().unwrap();
+    let token = fresh_token();
+    let (http, creds) = private_repo(served.path(), &token);
+    let mut opts = options(&e2b.url, &model.url, llm_public);
+    opts.service_env
+        .extend(git_env(&format!("127.0.0.1:{}", http.port), &creds));
+    let mut mesh = Mesh::start_with(opts).await.expect("mesh");
     let src = mesh.state_dir().join("repo");
     repo::create(&src).unwrap();
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
@@ -203,8 +257,16 @@ async fn a_run_on_e2b_end_to_end() {
         "backend",
     )
     .await;
+    let private = |egress: &str| LaunchRunRequest {
+        repo: http.url(),
+        egress: vec![egress.into()],
+        ..on_e2b(&src, 2)
+    };
+    // Public IPv6 is within the tenant's policy, not within E2B's rules.
+    let v6 = private("[2606:4700::1111]:443");
+    assert_refused(&mut gw, v6, Code::InvalidArgument, "egress").await;
     let run_id = gw
-        .launch_run(on_e2b(&src, 2))
+        .launch_run(private("pypi.org"))
         .await
         .expect("launch on e2b")
         .into_inner()
@@ -213,6 +275,14 @@ async fn a_run_on_e2b_end_to_end() {
     assert_eq!(run.spec.as_ref().unwrap().backend, "e2b");
     let public_url = format!("http://127.0.0.1:{llm_public}");
     assert_forks_ran_on_e2b(&mut gw, &run, &public_url).await;
+    let secrets = spellings("forkyard", &token);
+    for f in &run.forks {
+        let r = fork_result(&mut gw, &run_id, f.fork).await;
+        assert_absent("a fork's result", &format!("{r:?}"), &secrets);
+    }
+    assert_absent("the run", &format!("{run:?}"), &secrets);
+    assert_not_kept(&mesh, &run_id, 2, &http.url(), &secrets);
+    assert_e2b_saw_rules_not_the_token(&e2b.fake, llm_public, &secrets);
     assert_status_shows_e2b(&mesh, &run_id);
     assert_eq!(
         e2b.fake.templates.lock().unwrap().len(),

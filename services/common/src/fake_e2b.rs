@@ -8,6 +8,8 @@
 //! For tests (`test-support`): the provisioner's own E2B tests and the end-to-end
 //! tests that run forks on E2B through the whole mesh.
 
+mod network;
+mod seen;
 mod session;
 
 use axum::{
@@ -50,6 +52,12 @@ pub struct Fake {
     /// When each sandbox was created (RFC 3339, as E2B's `startedAt`): its cost per
     /// second of life is counted from it.
     pub started: Mutex<HashMap<String, String>>,
+    /// The network rules each sandbox was created with (`NewSandbox.network`).
+    pub networks: Mutex<HashMap<String, Value>>,
+    /// Every process start: (sandbox, envd's `process` object: cmd, args, envs, cwd).
+    pub commands: Mutex<Vec<(String, Value)>>,
+    /// Every file written through envd: (sandbox, path, content).
+    pub files_written: Mutex<Vec<(String, String, Vec<u8>)>>,
 }
 
 pub struct Server {
@@ -76,6 +84,8 @@ pub async fn start(key: &str) -> Server {
         .route("/process.Process/SendInput", post(session::send_input))
         .route("/process.Process/Update", post(session::update))
         .route("/files", get(read_file).post(write_file))
+        // A repository's bundle is uploaded whole (envd takes large files).
+        .layer(axum::extract::DefaultBodyLimit::max(1 << 30))
         .route("/health", get(|| async { StatusCode::NO_CONTENT }))
         .with_state(fake.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -170,6 +180,16 @@ async fn create(State(f): State<Arc<Fake>>, h: HeaderMap, Json(body): Json<Value
     if let Err(r) = gate(&f, &h).await {
         return r;
     }
+    let network = match network::check(&body) {
+        Ok(n) => n,
+        Err(message) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"code": 400, "message": message})),
+            )
+                .into_response();
+        }
+    };
     // Unique within the process (several fakes may run in one test binary).
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -179,6 +199,9 @@ async fn create(State(f): State<Arc<Fake>>, h: HeaderMap, Json(body): Json<Value
         serde_json::from_value(body["metadata"].clone()).unwrap_or_default();
     f.sandboxes.lock().unwrap().insert(id.clone(), md);
     f.started.lock().unwrap().insert(id.clone(), now_rfc3339());
+    if let Some(n) = network {
+        f.networks.lock().unwrap().insert(id.clone(), n);
+    }
     if let Some(t) = body["templateID"].as_str() {
         f.templates.lock().unwrap().insert(id.clone(), t.to_owned());
     }
@@ -312,6 +335,7 @@ async fn start_process(State(f): State<Arc<Fake>>, h: HeaderMap, body: Bytes) ->
         return session::start_pty(&f, &id, &req);
     }
     let p = &req["process"];
+    f.commands.lock().unwrap().push((id.clone(), p.clone()));
     let cmd = p["cmd"].as_str().unwrap().to_owned();
     let args: Vec<String> = p["args"]
         .as_array()
@@ -463,6 +487,11 @@ async fn write_file(
         std::fs::create_dir_all(parent).unwrap();
     }
     std::fs::write(&path, &b[header_end..data_end]).unwrap();
+    f.files_written.lock().unwrap().push((
+        id.clone(),
+        q["path"].clone(),
+        b[header_end..data_end].to_vec(),
+    ));
     Json(json!([{"name": q["path"].rsplit('/').next(), "type": "file", "path": q["path"]}]))
         .into_response()
 }

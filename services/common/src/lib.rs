@@ -11,6 +11,7 @@ pub mod balance;
 pub mod clock;
 pub mod config;
 pub mod discovery;
+pub mod e2b_egress;
 #[cfg(feature = "test-support")]
 pub mod fake_e2b;
 #[cfg(any(test, feature = "test-support"))]

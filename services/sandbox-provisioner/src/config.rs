@@ -269,6 +269,15 @@ pub struct Args {
     /// USD per second of an E2B sandbox's life.
     #[arg(long, env = "FORKYARD_E2B_SECOND_USD", default_value_t = 0.00003025)]
     pub e2b_second_usd: f64,
+    /// The metering LLM gateway's public URL(s) (comma-separated; the agent runners'
+    /// own setting of the same name): an E2B sandbox whose run lists egress hosts may
+    /// reach these too, and nothing else.
+    #[arg(long, env = "FORKYARD_PUBLIC_LLM_GATEWAY_URL", value_delimiter = ',')]
+    pub public_llm_gateway_url: Vec<String>,
+    /// Largest git bundle of a repository an E2B sandbox is given (bytes); a bigger
+    /// one fails the create saying so.
+    #[arg(long, env = "FORKYARD_E2B_BUNDLE_MAX_BYTES", default_value_t = crate::e2b::DEFAULT_BUNDLE_MAX_BYTES)]
+    pub e2b_bundle_max_bytes: u64,
 }
 
 impl Args {
@@ -468,6 +477,16 @@ impl Args {
             exec_timeout: local.exec_timeout,
             clone_timeout: local.clone_timeout,
             second_usd: self.e2b_second_usd,
+            allow_out: self
+                .public_llm_gateway_url
+                .iter()
+                .filter(|u| !u.trim().is_empty())
+                .map(|u| forkyard_common::e2b_egress::url_rule(u))
+                .collect::<Result<_, _>>()
+                .map_err(|e| {
+                    format!("--public-llm-gateway-url (FORKYARD_PUBLIC_LLM_GATEWAY_URL): {e}")
+                })?,
+            bundle_max_bytes: self.e2b_bundle_max_bytes,
             ..E2bConfig::default()
         })
     }

@@ -29,11 +29,7 @@ impl Backends {
     /// `local`, and `e2b` with these settings (disabled without an API key). Both hand
     /// out sandboxes this replica owns: at the local core's endpoint and task queue.
     pub fn open(local: Arc<Provisioner>, e2b: E2bConfig) -> Result<Self, String> {
-        let e2b = E2bBackend::new(
-            e2b,
-            local.advertise_endpoint().to_owned(),
-            local.owner_task_queue().to_owned(),
-        )?;
+        let e2b = E2bBackend::new(e2b, local.clone())?;
         if !e2b.enabled() {
             info!("e2b backend disabled (no E2B_API_KEY)");
         }

@@ -202,19 +202,18 @@ fn run_backends(spec: &RunSpec) -> Vec<&str> {
 }
 
 /// What the e2b backend cannot give a run, refused at launch naming the field (the
-/// provisioner would refuse each fork's create): an egress allowlist (E2B's own network
-/// rules are not mapped yet), an isolation level (E2B's sandboxes are its microVMs) and
-/// a branch window (branches start from local snapshots). A run over several backends
-/// is refused these when any of them is e2b.
+/// provisioner would refuse each fork's create): an egress entry E2B's network rules
+/// cannot express (an IPv6 or internal address, `localhost`:
+/// `forkyard_common::e2b_egress`; the rest become those rules), an isolation level
+/// (E2B's sandboxes are its microVMs) and a branch window (branches start from local
+/// snapshots). A run over several backends is refused these when any of them is e2b.
 fn check_on_backend(spec: &RunSpec) -> Result<(), GatewayError> {
     if !run_backends(spec).contains(&"e2b") {
         return Ok(());
     }
-    if !spec.egress.is_empty() {
-        return Err(GatewayError::field(
-            "egress",
-            "not supported on the e2b backend yet",
-        ));
+    for entry in &spec.egress {
+        forkyard_common::e2b_egress::allow_out(entry)
+            .map_err(|why| GatewayError::field("egress", format!("{why} (backend e2b)")))?;
     }
     if !spec.isolation.is_empty() {
         return Err(GatewayError::field(
@@ -270,7 +269,7 @@ mod tests {
 
     /// What E2B cannot give is refused at launch naming the field; local takes both.
     #[test]
-    fn egress_and_isolation_are_refused_on_e2b_naming_the_field() {
+    fn what_e2b_cannot_express_is_refused_naming_the_field() {
         let spec = |backend: &str, egress: &[&str], isolation: &str| RunSpec {
             backend: backend.into(),
             egress: egress.iter().map(|e| (*e).to_owned()).collect(),
@@ -281,7 +280,20 @@ mod tests {
             Err(GatewayError::InvalidArgument(m)) => m.split(':').next().unwrap().to_owned(),
             other => panic!("{other:?}"),
         };
-        assert_eq!(field(spec("e2b", &["pypi.org"], "")), "egress");
+        // Hosts, ports and wildcards map onto E2B's network rules.
+        let egress = ["pypi.org", "*.github.com:443", "1.1.1.1"];
+        assert!(check_on_backend(&spec("e2b", &egress, "")).is_ok());
+        // An operator-listed private address, IPv6: not rules E2B keeps.
+        assert_eq!(field(spec("e2b", &["pypi.org", "10.0.0.7"], "")), "egress");
+        assert_eq!(field(spec("e2b", &["[2606:4700::1111]:443"], "")), "egress");
+        let mixed = RunSpec {
+            backends: vec![forkyard_proto::gateway::v1::BackendShare {
+                name: "e2b".into(),
+                ..Default::default()
+            }],
+            ..spec("local", &["10.0.0.7"], "")
+        };
+        assert_eq!(field(mixed), "egress");
         assert_eq!(field(spec("e2b", &[], "gvisor")), "isolation");
         let branchable = RunSpec {
             branch_window_secs: 60,
@@ -289,6 +301,6 @@ mod tests {
         };
         assert_eq!(field(branchable), "branch_window_secs");
         assert!(check_on_backend(&spec("e2b", &[], "")).is_ok());
-        assert!(check_on_backend(&spec("local", &["pypi.org"], "gvisor")).is_ok());
+        assert!(check_on_backend(&spec("local", &["10.0.0.7"], "gvisor")).is_ok());
     }
 }

@@ -45,6 +45,11 @@ pub struct E2bConfig {
     pub clone_timeout: Duration,
     /// USD per second of a sandbox's life (E2B bills by the second).
     pub second_usd: f64,
+    /// `allowOut` entries every sandbox with an egress allowlist gets besides it: the
+    /// metering LLM gateway's public address(es), which its agent talks to.
+    pub allow_out: Vec<String>,
+    /// Largest git bundle of a repository a sandbox is given.
+    pub bundle_max_bytes: u64,
 }
 
 impl Default for E2bConfig {
@@ -60,6 +65,8 @@ impl Default for E2bConfig {
             exec_timeout: Duration::from_secs(600),
             clone_timeout: Duration::from_secs(300),
             second_usd: crate::usage::Prices::default().e2b_second_usd,
+            allow_out: Vec::new(),
+            bundle_max_bytes: super::DEFAULT_BUNDLE_MAX_BYTES,
         }
     }
 }

@@ -1,15 +1,18 @@
-//! A new E2B sandbox: the request checked, a sandbox started from the image's template
-//! with our metadata, the repository cloned into it, and E2B's timeout set to our TTL.
+//! A new E2B sandbox: the request checked, the repository fetched on this host (`seed`),
+//! a sandbox started from the image's template with our metadata and the network rules
+//! of its egress allowlist (`forkyard_common::e2b_egress`), the repository cloned into
+//! it from the bundle, and E2B's timeout set to our TTL.
 
 use super::{
     BACKEND, BRANCH_KEY, E2bBackend, EXPIRES_KEY, ID_PREFIX, IMAGE_KEY, KEY_KEY, Known, MANAGED,
-    api::ApiSandbox,
+    api::ApiSandbox, seed::Seed,
 };
 use crate::{
     error::{ProvisionerError, Result},
     git,
     limits::now_ms,
 };
+use forkyard_common::e2b_egress;
 use forkyard_proto::sandbox::v1::{CreateSandboxRequest, Sandbox};
 use reqwest::Method;
 use serde_json::json;
@@ -17,14 +20,18 @@ use std::collections::HashMap;
 use tracing::{info, warn};
 
 impl E2bBackend {
-    pub(super) async fn create_sandbox(&self, req: CreateSandboxRequest) -> Result<Sandbox> {
+    pub(super) async fn create_sandbox(&self, mut req: CreateSandboxRequest) -> Result<Sandbox> {
         self.key()?;
         let template = self.template_for(&req)?;
+        let network = self.network(&req)?;
         git::check_branch(&req.branch).await?;
         if let Some(s) = self.created_with_key(&req.idempotency_key).await? {
             info!(sandbox_id = %s.id, "create repeated with the same idempotency key");
             return Ok(s);
         }
+        // Before the sandbox: a repository that cannot be read costs no sandbox, and
+        // the sandbox's paid time does not include the fetch.
+        let seed = self.seed(&mut req).await?;
         let timeout = match req.ttl_secs {
             0 => self.config.default_timeout.as_secs(),
             s => u64::from(s),
@@ -32,10 +39,12 @@ impl E2bBackend {
         let expires = now_ms()
             .saturating_add(i64::try_from(timeout.saturating_mul(1000)).unwrap_or(i64::MAX));
         let metadata = metadata(&req, expires);
-        let api = self.start_sandbox(&template, timeout, &metadata).await?;
+        let api = self
+            .start_sandbox(&template, timeout, &metadata, network)
+            .await?;
         let sid = api.sandbox_id.clone();
         info!(sandbox_id = %format!("{ID_PREFIX}{sid}"), template = %template, "e2b sandbox created");
-        let base = self.clone_or_kill(&sid, &req).await?;
+        let base = self.clone_or_kill(&sid, &req, &seed).await?;
         // E2B's clock started at its create; the clone took a while. Set its timeout
         // again so that E2B ends the sandbox when ours says, not later.
         if let Err(e) = self.set_timeout(&sid, expires).await {
@@ -51,15 +60,25 @@ impl E2bBackend {
         Ok(s)
     }
 
+    /// E2B's network rules for `req`'s egress allowlist: none without one (E2B's own
+    /// default); with one, all traffic denied but the listed hosts and the metering LLM
+    /// gateway. An entry E2B cannot express is refused naming the field.
+    fn network(&self, req: &CreateSandboxRequest) -> Result<Option<serde_json::Value>> {
+        let network = e2b_egress::network(&req.egress_allow, &self.config.allow_out)
+            .map_err(|e| ProvisionerError::invalid("egress_allow", e))?;
+        if network.is_some() && self.config.allow_out.is_empty() {
+            warn!(
+                "an egress allowlist on e2b with no --public-llm-gateway-url: the sandbox reaches no LLM gateway"
+            );
+        }
+        Ok(network)
+    }
+
     /// The template `req` runs on, once the request is one this backend can serve.
     fn template_for(&self, req: &CreateSandboxRequest) -> Result<String> {
-        if !req.egress_allow.is_empty() || !req.snapshot_id.is_empty() {
+        if !req.snapshot_id.is_empty() {
             return Err(ProvisionerError::invalid(
-                if req.snapshot_id.is_empty() {
-                    "egress_allow"
-                } else {
-                    "snapshot_id"
-                },
+                "snapshot_id",
                 "not supported by the e2b backend",
             ));
         }
@@ -90,12 +109,16 @@ impl E2bBackend {
         template: &str,
         timeout: u64,
         metadata: &HashMap<String, String>,
+        network: Option<serde_json::Value>,
     ) -> Result<ApiSandbox> {
-        let body = json!({
+        let mut body = json!({
             "templateID": template,
             "timeout": timeout,
             "metadata": metadata,
         });
+        if let Some(n) = network {
+            body["network"] = n;
+        }
         let created = self
             .api(
                 Method::POST,
@@ -124,8 +147,13 @@ impl E2bBackend {
 
     /// The repository cloned into sandbox `sid`; its base commit. A sandbox whose clone
     /// failed is killed: nobody holds its id.
-    async fn clone_or_kill(&self, sid: &str, req: &CreateSandboxRequest) -> Result<String> {
-        let base = match self.clone_repo(sid, req).await {
+    async fn clone_or_kill(
+        &self,
+        sid: &str,
+        req: &CreateSandboxRequest,
+        seed: &Seed,
+    ) -> Result<String> {
+        let base = match self.clone_repo(sid, req, seed).await {
             Ok(b) => b,
             Err(e) => {
                 warn!(sandbox_id = %sid, error = %e, "e2b create failed; killing the sandbox");

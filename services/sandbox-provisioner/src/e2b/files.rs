@@ -116,6 +116,65 @@ impl E2bBackend {
         Ok(())
     }
 
+    /// Host file `from` (`size` bytes) written to `path` in the sandbox, streamed: a
+    /// repository's bundle is not held in memory once per sandbox.
+    pub(super) async fn upload(
+        &self,
+        sid: &str,
+        path: &str,
+        from: &std::path::Path,
+        size: u64,
+    ) -> Result<()> {
+        use futures::StreamExt as _;
+        let file = tokio::fs::File::open(from)
+            .await
+            .map_err(|e| ProvisionerError::internal("open the repository's bundle", e))?;
+        let boundary = format!("forkyard{}", uuid::Uuid::new_v4().simple());
+        let name = path.rsplit('/').next().unwrap_or("file").replace('"', "");
+        let head = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+        );
+        let tail = format!("\r\n--{boundary}--\r\n");
+        let len = head.len() as u64 + size + tail.len() as u64;
+        let chunks = futures::stream::unfold(file, |mut f| async move {
+            use tokio::io::AsyncReadExt as _;
+            let mut buf = vec![0u8; 256 << 10];
+            match f.read(&mut buf).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    buf.truncate(n);
+                    Some((Ok(bytes::Bytes::from(buf)), f))
+                }
+                Err(e) => Some((Err(e), f)),
+            }
+        });
+        let body =
+            futures::stream::once(async move { Ok::<_, std::io::Error>(bytes::Bytes::from(head)) })
+                .chain(chunks)
+                .chain(futures::stream::once(async move {
+                    Ok(bytes::Bytes::from(tail))
+                }));
+        let resp = self
+            .envd(sid, Method::POST, "/files")
+            .query(&[("path", path), ("username", "user")])
+            .header(
+                "Content-Type",
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .header("Content-Length", len)
+            .timeout(self.config.clone_timeout)
+            .body(reqwest::Body::wrap_stream(body))
+            .send()
+            .await
+            .map_err(|e| self.transport_error("upload the repository", &e))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let text = resp.text().await.unwrap_or_default();
+            return Err(self.status_error("upload the repository", "", status, &text));
+        }
+        Ok(())
+    }
+
     pub(super) fn path(&self, p: &str) -> Result<String> {
         if p.is_empty() || p.starts_with('/') || p.split('/').any(|c| c == "..") {
             return Err(ProvisionerError::invalid(

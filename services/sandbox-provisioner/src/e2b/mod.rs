@@ -8,9 +8,10 @@
 //!
 //! This file holds the backend's state; by concern, the rest: `backend` (its
 //! `SandboxBackend` methods), `create`, `config` (settings, the key), `api` (the control
-//! plane and its errors), `envd` (commands in a sandbox), `files`, `repo` (the clone,
-//! the base commit, the patch), `pty`, `ttl` (expiry), `templates` (images to
-//! templates) and `connect` (Connect-RPC framing).
+//! plane and its errors), `envd` (commands in a sandbox), `files`, `seed` (the
+//! repository fetched on this host with the tenant's credential, as a git bundle),
+//! `repo` (the clone from that bundle, the base commit, the patch), `pty`, `ttl`
+//! (expiry), `templates` (images to templates) and `connect` (Connect-RPC framing).
 
 mod api;
 mod backend;
@@ -21,10 +22,12 @@ mod envd;
 mod files;
 mod pty;
 mod repo;
+mod seed;
 pub mod templates;
 mod ttl;
 
-use std::{collections::HashMap, sync::Arc};
+use crate::local::{base::keyed_lock::KeyedLock, core::provisioner::Provisioner};
+use std::{collections::HashMap, path::PathBuf, sync::Arc};
 
 pub use config::{ApiKey, E2bConfig};
 
@@ -32,6 +35,10 @@ pub const BACKEND: &str = "e2b";
 pub const ID_PREFIX: &str = "e2b-";
 /// envd's port inside every sandbox.
 pub const ENVD_PORT: u16 = 49983;
+/// Where a create uploads the repository's bundle; removed once cloned.
+const BUNDLE_FILE: &str = "/home/user/.forkyard-repo.bundle";
+/// The default bound of a repository's bundle (`--e2b-bundle-max-bytes`).
+pub const DEFAULT_BUNDLE_MAX_BYTES: u64 = 512 << 20;
 /// The default user's home; the workspace is a clone under it.
 pub const HOME: &str = "/home/user";
 pub const WORKSPACE: &str = "/home/user/workspace";
@@ -63,14 +70,17 @@ pub struct E2bBackend {
     /// Open pty commands: pty id → (E2B sandbox id, envd pid).
     ptys: Arc<std::sync::Mutex<HashMap<String, (String, u64)>>>,
     known: Arc<std::sync::Mutex<HashMap<String, Known>>>,
+    /// The local core: its repository checks, git credentials and workspace templates
+    /// are this backend's too (`seed`), so a run's forks fetch a repository once.
+    local: Arc<Provisioner>,
+    /// One bundle made at a time per template (`seed`).
+    bundling: Arc<KeyedLock<PathBuf>>,
 }
 
 impl E2bBackend {
-    pub fn new(
-        config: E2bConfig,
-        owner_endpoint: String,
-        owner_task_queue: String,
-    ) -> Result<Arc<Self>, String> {
+    /// Sandboxes this replica owns (at the local core's endpoint and task queue).
+    pub fn new(config: E2bConfig, local: Arc<Provisioner>) -> Result<Arc<Self>, String> {
+        seed::sweep(&local);
         let http = reqwest::Client::builder()
             .connect_timeout(config.request_timeout)
             .build()
@@ -78,10 +88,12 @@ impl E2bBackend {
         Ok(Arc::new(Self {
             config,
             http,
-            owner_endpoint,
-            owner_task_queue,
+            owner_endpoint: local.advertise_endpoint().to_owned(),
+            owner_task_queue: local.owner_task_queue().to_owned(),
             ptys: Arc::default(),
             known: Arc::default(),
+            local,
+            bundling: Arc::default(),
         }))
     }
 

@@ -1,7 +1,7 @@
-//! The repository inside an E2B sandbox, through envd: the clone at create, the base
-//! commit, and the patch collected from it.
+//! The repository inside an E2B sandbox, through envd: the clone at create (from the
+//! bundle `seed` made on this host), the base commit, and the patch collected from it.
 
-use super::{BASE_FILE, E2bBackend, HOME, WORKSPACE};
+use super::{BASE_FILE, BUNDLE_FILE, E2bBackend, HOME, WORKSPACE, seed::Seed};
 use crate::{
     backend::SandboxBackend,
     error::{ProvisionerError, Result},
@@ -47,24 +47,46 @@ impl E2bBackend {
         Ok(base)
     }
 
-    pub(super) async fn clone_repo(&self, sid: &str, req: &CreateSandboxRequest) -> Result<String> {
-        let mut argv: Vec<String> = ["git", "clone", "--quiet"].map(String::from).to_vec();
-        if !req.base_ref.is_empty() {
-            argv.extend(["--branch".into(), req.base_ref.clone()]);
-        }
-        argv.extend(["--".into(), req.repo.clone(), WORKSPACE.into()]);
+    /// The workspace cloned from `seed`'s bundle, uploaded through envd: its `origin`
+    /// the repository's URL (which never carries a credential), on new branch
+    /// `req.branch` at the seed's commit; the base commit recorded.
+    pub(super) async fn clone_repo(
+        &self,
+        sid: &str,
+        req: &CreateSandboxRequest,
+        seed: &Seed,
+    ) -> Result<String> {
+        self.upload(sid, BUNDLE_FILE, &seed.bundle, seed.size)
+            .await?;
+        let argv: Vec<String> = [
+            "git",
+            "-c",
+            "advice.detachedHead=false",
+            "clone",
+            "--quiet",
+            "--",
+            BUNDLE_FILE,
+            WORKSPACE,
+        ]
+        .map(String::from)
+        .to_vec();
         let env: HashMap<String, String> = git::sandbox_env().into_iter().collect();
         let r = self
             .run(sid, &argv, &env, HOME, self.config.clone_timeout, None)
             .await?;
         if r.exit_code != 0 || r.timed_out {
-            return Err(ProvisionerError::RepoUnavailable(format!(
-                "git clone {} in the E2B sandbox {}: {}",
-                req.repo,
+            return Err(ProvisionerError::Internal(format!(
+                "git clone of the repository's bundle in the E2B sandbox {}: {}",
                 if r.timed_out { "timed out" } else { "failed" },
                 r.stderr.trim()
             )));
         }
+        self.git(
+            sid,
+            &["remote", "set-url", "origin", &req.repo],
+            "git remote",
+        )
+        .await?;
         if !req.branch.is_empty() {
             self.git(sid, &["checkout", "-q", "-b", &req.branch], "git checkout")
                 .await?;
@@ -73,6 +95,22 @@ impl E2bBackend {
             .git(sid, &["rev-parse", "HEAD"], "git rev-parse")
             .await?;
         let base = base.trim().to_owned();
+        if base != seed.commit {
+            return Err(ProvisionerError::internal(
+                "clone the repository's bundle",
+                format!("HEAD is {base}, not {}", seed.commit),
+            ));
+        }
+        let rm = ["rm", "-f", BUNDLE_FILE].map(String::from).to_vec();
+        self.run(
+            sid,
+            &rm,
+            &HashMap::new(),
+            HOME,
+            self.config.request_timeout,
+            None,
+        )
+        .await?;
         self.write_bytes(sid, BASE_FILE, base.as_bytes()).await?;
         Ok(base)
     }

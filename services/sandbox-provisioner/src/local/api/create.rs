@@ -67,14 +67,7 @@ impl Provisioner {
             if req.repo.trim().is_empty() {
                 return Err(ProvisionerError::invalid("repo", "must not be empty"));
             }
-            if forkyard_common::repo_location::carries_credentials(&req.repo) {
-                // Not echoed: the part a caller put there is often a token.
-                return Err(ProvisionerError::invalid(
-                    "repo",
-                    "must not carry credentials (a user name or token in the URL): the mesh holds each host's (FORKYARD_GIT_CREDENTIALS)",
-                ));
-            }
-            req.repo = self.check_repo_location(&req.repo)?;
+            req.repo = self.admit_repo(&req.repo)?;
             git::check_branch(&req.branch).await?;
             // A remote host that cannot be reached is refused before anything is made;
             // the clone checks again, held to the addresses it then finds.
@@ -276,6 +269,20 @@ impl Provisioner {
     /// The repository to clone: a URL as given, a local path (plain or `file://`)
     /// resolved, and never one inside this replica's sandboxes, templates, trash or
     /// snapshots (another sandbox's work, and a repository an agent has modified).
+    /// `repo` as a create of any backend may name it: no credentials in it, a remote
+    /// one's host allowed, a local one's path outside the provisioner's own data (the
+    /// path canonical, as returned).
+    pub(crate) fn admit_repo(&self, repo: &str) -> Result<String> {
+        if forkyard_common::repo_location::carries_credentials(repo) {
+            // Not echoed: the part a caller put there is often a token.
+            return Err(ProvisionerError::invalid(
+                "repo",
+                "must not carry credentials (a user name or token in the URL): the mesh holds each host's (FORKYARD_GIT_CREDENTIALS)",
+            ));
+        }
+        self.check_repo_location(repo)
+    }
+
     fn check_repo_location(&self, repo: &str) -> Result<String> {
         use forkyard_common::repo_location::{self, RepoLocation};
         let path = match repo_location::locate(repo.trim()) {
