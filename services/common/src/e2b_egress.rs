@@ -14,8 +14,8 @@
 //! - sandboxes never reach private, loopback or link-local ranges whatever the rules
 //!   (`DeniedSandboxCIDRs` in `firewall.go`), and its firewall sets are IPv4.
 //!
-//! So an allowlist becomes `denyOut: ["0.0.0.0/0"]` (deny by default) and one
-//! `allowOut` entry per host pattern, spelled as the local egress proxy reads it (the
+//! So an allowlist becomes `denyOut: ["0.0.0.0/0"]` (deny by default, with or without
+//! an allowlist, as a local sandbox) and one `allowOut` entry per host pattern, spelled as the local egress proxy reads it (the
 //! same `host[:port]` and `*.domain[:port]` forms). What E2B cannot express is refused
 //! rather than sent as a rule that means something else: an IPv6 address (its rules are
 //! IPv4; a `0.0.0.0/0` deny does not cover IPv6 either, so an allowed IPv6 entry would
@@ -70,15 +70,12 @@ pub fn allow_out(entry: &str) -> Result<String, String> {
 }
 
 /// The `network` E2B's create takes for `allowlist` plus `always` (entries already
-/// spelled as E2B takes them: the metering LLM gateway's address); `None` for an
-/// empty allowlist (E2B's default network).
-pub fn network(
-    allowlist: &[String],
-    always: &[String],
-) -> Result<Option<serde_json::Value>, String> {
-    if allowlist.is_empty() {
-        return Ok(None);
-    }
+/// spelled as E2B takes them: the metering LLM gateway's address). Everything else is
+/// denied, with an allowlist or without one: a local sandbox without an allowlist
+/// reaches nothing but the LLM relay, and an E2B sandbox is held to the same (E2B's own
+/// default is the open internet). Its repository comes as a bundle, so it needs no
+/// network for that.
+pub fn network(allowlist: &[String], always: &[String]) -> Result<serde_json::Value, String> {
     let mut allow: Vec<String> = Vec::new();
     for e in allowlist {
         let rule = allow_out(e)?;
@@ -91,10 +88,13 @@ pub fn network(
             allow.push(a.clone());
         }
     }
-    Ok(Some(serde_json::json!({
+    if allow.is_empty() {
+        return Ok(serde_json::json!({ "denyOut": [DENY_ALL] }));
+    }
+    Ok(serde_json::json!({
         "denyOut": [DENY_ALL],
         "allowOut": allow,
-    })))
+    }))
 }
 
 /// The `allowOut` entry that lets a sandbox reach `url` (`http(s)://host[:port]/…`):
@@ -152,7 +152,15 @@ mod tests {
 
     #[test]
     fn an_allowlist_denies_the_rest_and_keeps_the_llm_gateway() {
-        assert_eq!(network(&[], &["llm.example:443".into()]), Ok(None));
+        // Without an allowlist: the LLM gateway only, or nothing at all.
+        assert_eq!(
+            network(&[], &["llm.example:443".into()]),
+            Ok(serde_json::json!({"denyOut": ["0.0.0.0/0"], "allowOut": ["llm.example:443"]}))
+        );
+        assert_eq!(
+            network(&[], &[]),
+            Ok(serde_json::json!({"denyOut": ["0.0.0.0/0"]}))
+        );
         let n = network(
             &[
                 "pypi.org".into(),
@@ -161,7 +169,6 @@ mod tests {
             ],
             &["llm.example:443".into()],
         )
-        .unwrap()
         .unwrap();
         assert_eq!(
             n,

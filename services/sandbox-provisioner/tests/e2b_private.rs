@@ -123,10 +123,14 @@ async fn a_private_repository_reaches_e2b_as_a_bundle_and_its_token_never_does()
     let svc = service(tmp.path(), &e2b.url, http.port, 64 << 20).await;
     let url = http.url("r");
 
-    // Two forks of a run: the remote is asked by each, fetched once.
+    // Two forks of a run: the remote is asked by each, fetched once. The second has no
+    // allowlist: it is denied everything but the LLM gateway, as a local sandbox is.
     let mut made = Vec::new();
     for n in 1..=2 {
-        let req = on_e2b(&url, "team-a", &format!("fork-{n}"));
+        let mut req = on_e2b(&url, "team-a", &format!("fork-{n}"));
+        if n == 2 {
+            req.egress_allow.clear();
+        }
         made.push(
             svc.create_sandbox(Request::new(req))
                 .await
@@ -157,9 +161,14 @@ async fn a_private_repository_reaches_e2b_as_a_bundle_and_its_token_never_does()
             "bundle removed"
         );
         let id = s.id.strip_prefix("e2b-").unwrap();
+        let allowed = if n == 0 {
+            serde_json::json!(["pypi.org", "*.npmjs.org:443", LLM])
+        } else {
+            serde_json::json!([LLM])
+        };
         assert_eq!(
             e2b.fake.networks.lock().unwrap()[id],
-            serde_json::json!({"denyOut": ["0.0.0.0/0"], "allowOut": ["pypi.org", "*.npmjs.org:443", LLM]}),
+            serde_json::json!({"denyOut": ["0.0.0.0/0"], "allowOut": allowed}),
         );
     }
     assert_patch_collected(&svc, &made[0], &head).await;

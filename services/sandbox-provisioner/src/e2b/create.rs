@@ -60,18 +60,18 @@ impl E2bBackend {
         Ok(s)
     }
 
-    /// E2B's network rules for `req`'s egress allowlist: none without one (E2B's own
-    /// default); with one, all traffic denied but the listed hosts and the metering LLM
-    /// gateway. An entry E2B cannot express is refused naming the field.
+    /// E2B's network rules for `req`'s egress allowlist: all traffic denied but the
+    /// listed hosts and the metering LLM gateway, with an allowlist or without one (as a
+    /// local sandbox). An entry E2B cannot express is refused naming the field.
     fn network(&self, req: &CreateSandboxRequest) -> Result<Option<serde_json::Value>> {
         let network = e2b_egress::network(&req.egress_allow, &self.config.allow_out)
             .map_err(|e| ProvisionerError::invalid("egress_allow", e))?;
-        if network.is_some() && self.config.allow_out.is_empty() {
+        if !req.egress_allow.is_empty() && self.config.allow_out.is_empty() {
             warn!(
                 "an egress allowlist on e2b with no --public-llm-gateway-url: the sandbox reaches no LLM gateway"
             );
         }
-        Ok(network)
+        Ok(Some(network))
     }
 
     /// The template `req` runs on, once the request is one this backend can serve.
