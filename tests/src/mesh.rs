@@ -298,6 +298,9 @@ impl Mesh {
         // Test repositories are made in the temp dir; with API keys on, local paths
         // need a listed root (the state dir is inside it, and is refused regardless).
         cmd.env("FORKYARD_LOCAL_REPO_ROOTS", std::env::temp_dir());
+        // A killed gateway's runs wait this long for it before another takes them (10 s
+        // by default): tests kill gateways often, and wait for nothing else there.
+        cmd.env("FORKYARD_STICKY_TIMEOUT_SECS", "3");
         // Settings a benchmark run gives every service (`K=V`, blank-separated; e.g.
         // `FORKYARD_MESH_ENV='FORKYARD_WARM_COPIES_MIN=100' make bench-fanout`).
         for (k, v) in std::env::var("FORKYARD_MESH_ENV")

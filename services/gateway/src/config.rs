@@ -50,6 +50,12 @@ pub struct Args {
     /// SDK's default (5, or poller autoscaling where the server offers it).
     #[arg(long, env = "FORKYARD_WORKFLOW_TASK_POLLERS")]
     pub workflow_task_pollers: Option<usize>,
+    /// Seconds a run's next workflow task waits for the gateway that last ran it (its
+    /// cached state, no replay) before any gateway takes it with a replay. After a
+    /// gateway crash this is how long its runs stand still; shorter means more replays
+    /// when a live gateway is merely slow. Temporal's SDK default.
+    #[arg(long, env = "FORKYARD_STICKY_TIMEOUT_SECS", default_value_t = 10)]
+    pub sticky_timeout_secs: u64,
     /// Add the search attributes runs need when the namespace lacks them (the operator
     /// API). `false` where that is not allowed (Temporal Cloud): the gateway then waits,
     /// NOT_SERVING, for them to be created, naming them and the command.
@@ -135,6 +141,11 @@ impl Args {
             return Err(format!(
                 "--cleanup-max-age-minutes (FORKYARD_CLEANUP_MAX_AGE_MINUTES) must be 1..={MAX_AGE_MINUTES}"
             ));
+        }
+        if !(1..=600).contains(&self.sticky_timeout_secs) {
+            return Err(
+                "--sticky-timeout-secs (FORKYARD_STICKY_TIMEOUT_SECS) must be 1..=600".to_owned(),
+            );
         }
         if self.workflow_task_pollers.is_some_and(|n| n < 2) {
             return Err(

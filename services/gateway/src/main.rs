@@ -53,7 +53,10 @@ async fn main() -> anyhow::Result<()> {
         links.ledger,
         links.sandboxes,
         deliver,
-        args.workflow_task_pollers,
+        worker::Tasks {
+            pollers: args.workflow_task_pollers,
+            sticky_timeout: std::time::Duration::from_secs(args.sticky_timeout_secs),
+        },
     )?;
     service::run_with_worker(
         service::Service {

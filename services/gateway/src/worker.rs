@@ -14,12 +14,20 @@ use crate::{
 use forkyard_proto::queues;
 use temporalio_sdk::{WorkerOptions, runtime::PollerBehavior};
 
-/// The worker's options; `workflow_task_pollers` unset keeps the SDK's default.
+/// How the worker takes workflow tasks.
+pub struct Tasks {
+    /// Concurrent polls; unset keeps the SDK's default.
+    pub pollers: Option<usize>,
+    /// How long a task waits on this worker's sticky queue before any worker takes it.
+    pub sticky_timeout: std::time::Duration,
+}
+
+/// The worker's options.
 pub fn options(
     ledger: LedgerLocal,
     sandboxes: SandboxLocal,
     deliver: DeliverLocal,
-    workflow_task_pollers: Option<usize>,
+    tasks: Tasks,
 ) -> anyhow::Result<WorkerOptions> {
     Ok(WorkerOptions::new(queues::ORCHESTRATION)
         .register_workflow::<SandboxOrchestrationWorkflow>()?
@@ -31,8 +39,7 @@ pub fn options(
         .register_activities(deliver)
         .register_activities(ledger)
         .register_activities(sandboxes)
-        .maybe_workflow_task_poller_behavior(
-            workflow_task_pollers.map(PollerBehavior::SimpleMaximum),
-        )
+        .maybe_workflow_task_poller_behavior(tasks.pollers.map(PollerBehavior::SimpleMaximum))
+        .sticky_queue_schedule_to_start_timeout(tasks.sticky_timeout)
         .build())
 }

@@ -23,9 +23,10 @@ pub async fn wait_state(c: &Console, state: &str, why: &str) {
 }
 
 /// The open run page's live view outlives a gateway restart: killed, the page says it
-/// is reconnecting; back, a pause made through the API shows without a reload. Most of
-/// this step's ~10 s is that pause: the first signal after the kill waits for Temporal
-/// to give up on the dead gateway's sticky workflow queue.
+/// is reconnecting; back, a pause made through the API shows without a reload. Much of
+/// this step is that pause: the first signal after the kill waits for Temporal to give
+/// up on the dead gateway's sticky workflow queue (`FORKYARD_STICKY_TIMEOUT_SECS`, 3 s
+/// in the test mesh).
 pub async fn live_view_survives_a_gateway_restart(
     c: &Console,
     mesh: &mut Mesh,
