@@ -176,6 +176,9 @@ fn gateway_settings_out_of_range_exit_64_naming_the_setting() {
         ("FORKYARD_INLINE_FORK_LIMIT", "1301"),
         ("FORKYARD_PROVISIONER_ADDR", " , "),
         ("FORKYARD_PROVISIONER_ADDR", "http://a:1,not a url"),
+        // A crashed gateway's runs would never move, or wait past any timeout.
+        ("FORKYARD_STICKY_TIMEOUT_SECS", "0"),
+        ("FORKYARD_STICKY_TIMEOUT_SECS", "601"),
     ] {
         let exit = start("gateway", &[(name, value.into())]);
         assert_config_error("gateway", &exit, name);
