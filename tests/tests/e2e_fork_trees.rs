@@ -4,7 +4,9 @@
 //! their patches hold the parent's edit and their own, they carry their lineage, a
 //! branch of a branch goes one deeper with the run's prompt again, the winner is chosen
 //! over every fork, and when the run's branch window closes its snapshots are gone with
-//! its sandboxes. Bad requests are refused with the reason.
+//! its sandboxes. Temporal killed as a branch starts: each child starts exactly once (the
+//! fork count and the ledger's exact spend).
+//! Bad requests are refused with the reason.
 
 use forkyard_proto::{
     budget::v1::budget_ledger_client::BudgetLedgerClient,
@@ -63,7 +65,7 @@ async fn in_window(gw: &mut Gateway, run_id: &str) -> Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_fork_branches_into_forks_that_start_from_its_end() {
-    let mesh = Mesh::start().await.expect("mesh starts");
+    let mut mesh = Mesh::start().await.expect("mesh starts");
     let src = tempfile::tempdir().unwrap();
     let base = repo::create(src.path()).unwrap();
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
@@ -141,7 +143,18 @@ async fn a_finished_fork_branches_into_forks_that_start_from_its_end() {
         .expect("branch fork 2")
         .into_inner();
     assert_eq!(deeper.forks, vec![5]);
+    // Temporal dies as the branch starts: back on its own database, the branch is there
+    // once and runs once (five forks in all; the ledger below charged each once). A
+    // gateway killed while a wave's sandboxes are made, which a branch's children are
+    // too, is e2e_durability's (each sandbox made once); it costs the wave's 30 s
+    // heartbeat timeout, too long to pay here again.
+    mesh.kill9("temporal");
+    mesh.start_temporal("temporal.db").unwrap();
+    mesh.wait_serving("gateway", Duration::from_secs(60))
+        .await
+        .expect("gateway serving");
     let run = wait_finished(&mut gw, &run_id, Duration::from_secs(240)).await;
+    assert_eq!(run.forks.len(), 5, "one fork per branch asked for: {run:#?}");
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
     let five = fork_result(&mut gw, &run_id, 5).await;
     assert_eq!((five.parent_fork, five.depth), (2, 2));
