@@ -21,8 +21,8 @@ use forkyard_proto::{
 use forkyard_tests::{
     Mesh, repo,
     support::{
-        Gateway, assert_nothing_left_on_host, fork_result, launch, run_account, wait_finished,
-        wait_until,
+        Gateway, assert_nothing_left_on_host, fork_result, launch, max_overlap, run_account,
+        wait_finished, wait_until,
     },
 };
 use std::{collections::HashMap, time::Duration};
@@ -75,7 +75,9 @@ async fn a_finished_fork_branches_into_forks_that_start_from_its_end() {
             branch_window_secs: WINDOW_SECS,
             // Each branch reserves a fork's budget from the run's, as any fork does.
             fork_budget_usd: "0.1".into(),
-            ..launch(src.path(), 1, 1, AGENT)
+            // One fork at launch, three at once later: a run open for branches keeps
+            // the max_concurrent it asked for.
+            ..launch(src.path(), 1, 3, AGENT)
         })
         .await
         .expect("launch")
@@ -107,6 +109,12 @@ async fn a_finished_fork_branches_into_forks_that_start_from_its_end() {
             && r.branchable_until_unix_ms > 0
     })
     .await;
+    assert_eq!(
+        max_overlap(&run.forks[1..]),
+        3,
+        "the three branches ran at once: {:#?}",
+        run.forks
+    );
     for f in &run.forks[1..] {
         assert_eq!(
             f.status,
@@ -154,7 +162,11 @@ async fn a_finished_fork_branches_into_forks_that_start_from_its_end() {
         .await
         .expect("gateway serving");
     let run = wait_finished(&mut gw, &run_id, Duration::from_secs(240)).await;
-    assert_eq!(run.forks.len(), 5, "one fork per branch asked for: {run:#?}");
+    assert_eq!(
+        run.forks.len(),
+        5,
+        "one fork per branch asked for: {run:#?}"
+    );
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
     let five = fork_result(&mut gw, &run_id, 5).await;
     assert_eq!((five.parent_fork, five.depth), (2, 2));

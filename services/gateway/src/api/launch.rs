@@ -76,8 +76,7 @@ impl GatewayService {
             check_delivery_access(repos, &tenant.name, &spec.repo, d).await?;
         }
         spec.tenant.clone_from(&tenant.name);
-        self.check_fork_slots(tenant, spec.max_concurrent.min(spec.forks))
-            .await?;
+        self.check_fork_slots(tenant, fork_slots(spec)).await?;
         spec.tenant_account_id = self.tenant_account(tenant).await?.unwrap_or_default();
         Ok(())
     }
@@ -231,6 +230,18 @@ fn check_on_backend(spec: &RunSpec) -> Result<(), GatewayError> {
     Ok(())
 }
 
+/// The most forks the run may have in flight at once, which its tenant's limit counts:
+/// its `max_concurrent` (already no more than its forks, unless it is open for branches,
+/// whose forks may grow to it). A run in its branch window holds them while idle: the
+/// count errs high, never low.
+fn fork_slots(spec: &RunSpec) -> u32 {
+    if spec.branch_window_secs > 0 {
+        spec.max_concurrent
+    } else {
+        spec.max_concurrent.min(spec.forks)
+    }
+}
+
 /// A new run id, or the one the request id names (for this tenant).
 fn launch_run_id(tenant: &Tenant, request_id: &str) -> Result<String, GatewayError> {
     if request_id.is_empty() {
@@ -258,7 +269,7 @@ fn start_options(tenant: &Tenant, run_id: &str, spec: &RunSpec) -> WorkflowStart
         .search_attributes(SearchAttributes::new([
             crate::workflows::LABELS_ATTR.value_set(labels),
             search::TENANT_ATTR.value_set(tenant.name.clone()),
-            search::FORK_SLOTS_ATTR.value_set(i64::from(spec.max_concurrent.min(spec.forks))),
+            search::FORK_SLOTS_ATTR.value_set(i64::from(fork_slots(spec))),
         ]))
         .build()
 }

@@ -104,7 +104,13 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         branch,
         prompt: req.prompt.clone(),
         forks: req.forks,
-        max_concurrent: req.max_concurrent.min(req.forks),
+        // A run open for branches grows past its launch's forks: its branches may run
+        // as many at once as asked for, not one at a time.
+        max_concurrent: if req.branch_window_secs > 0 {
+            req.max_concurrent
+        } else {
+            req.max_concurrent.min(req.forks)
+        },
         budget_micros: budget.run_micros,
         agent: Some(agent),
         fork_timeout_secs,

@@ -195,12 +195,24 @@ enum Event {
     Changed,
 }
 
+/// Forks in flight at most. A run open for branches takes its spec's figure as it is:
+/// its forks grow with its branches (the gateway keeps the launch's figure for those).
+/// Deterministic for runs already in flight: every run before this had a spec no larger
+/// than its forks (the gateway clamped it at launch), so both arms give it the same.
+fn max_concurrent(spec: &RunSpec) -> usize {
+    if spec.branch_window_secs > 0 {
+        spec.max_concurrent.max(1) as usize
+    } else {
+        spec.max_concurrent.clamp(1, spec.forks.max(1)) as usize
+    }
+}
+
 impl<'a> Flight<'a> {
     fn new(ctx: &'a Ctx, run_id: String, spec: RunSpec) -> Self {
         Self {
             ctx,
             run_id,
-            max_concurrent: spec.max_concurrent.clamp(1, spec.forks.max(1)) as usize,
+            max_concurrent: max_concurrent(&spec),
             spec,
             in_flight: Vec::new(),
             tokens: BTreeMap::new(),
