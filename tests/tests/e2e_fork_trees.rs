@@ -292,24 +292,25 @@ async fn branches_need_a_window_and_a_driver_that_resumes() {
     .await
     .unwrap();
 
-    let codex = LaunchRunRequest {
+    // The built-in loops keep their conversation in the runner: not resumable yet.
+    let openai = LaunchRunRequest {
         branch_window_secs: WINDOW_SECS,
         agent: Some(AgentSpec {
-            driver: "codex".into(),
+            driver: "openai".into(),
             model: "gpt-5".into(),
             ..Default::default()
         }),
         ..launch(src.path(), 1, 1, "")
     };
     let run_id = gw
-        .launch_run(codex)
+        .launch_run(openai)
         .await
-        .expect("launch a codex run")
+        .expect("launch an openai run")
         .into_inner()
         .run_id;
     let e = gw.branch_fork(branch(&run_id, 1, 1, "")).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains("codex cannot resume"), "{e:?}");
+    assert!(e.message().contains("openai cannot resume"), "{e:?}");
     gw.cancel_run(forkyard_proto::gateway::v1::CancelRunRequest {
         run_id: run_id.clone(),
         ..Default::default()
