@@ -17,7 +17,9 @@ use forkyard_proto::{
     },
 };
 use forkyard_tests::{
-    Mesh, repo,
+    Mesh,
+    mesh::MeshOptions,
+    repo,
     support::{
         Gateway, assert_nothing_left_on_host, fork_result, launch, run_account, wait_finished,
         wait_until,
@@ -271,7 +273,18 @@ fn walk_snapshots(state: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// refused with their reasons.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn branches_need_a_window_and_a_driver_that_resumes() {
-    let mesh = Mesh::start().await.expect("mesh starts");
+    // The openai driver launches only with a key at the runner; its model is nowhere
+    // (the run is cancelled before it matters).
+    let runner = |k: &str, v: &str| ("agent-runner".to_owned(), k.to_owned(), v.to_owned());
+    let mesh = Mesh::start_with(MeshOptions {
+        service_env: vec![
+            runner("OPENAI_API_KEY", "sk-e2e-unused"),
+            runner("OPENAI_BASE_URL", "http://127.0.0.1:9/v1"),
+        ],
+        ..Default::default()
+    })
+    .await
+    .expect("mesh starts");
     let src = tempfile::tempdir().unwrap();
     repo::create(src.path()).unwrap();
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
