@@ -7,9 +7,9 @@
 //! The script: until the conversation holds a tool result, the model asks for one shell
 //! command (Claude Code's `Bash` tool, Codex's `exec_command`); then it answers "done".
 //! With [`Script::never_stop`] it asks for a command on every turn, like a model that
-//! would run up any bill. With [`Followup`]s (Anthropic only), a conversation whose last
-//! instruction is a follow-up's prompt gets the follow-up's command instead, and only
-//! if the request carries the earlier turns: a tool result holding `earlier`.
+//! would run up any bill. With [`Followup`]s (Messages and Responses), a conversation
+//! whose last instruction is a follow-up's prompt gets the follow-up's command instead,
+//! and only if the request carries the earlier turns: a tool result holding `earlier`.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
@@ -221,8 +221,8 @@ async fn answer(
             &json!({"type": "error", "error": {"type": "overloaded_error", "message": "scripted outage"}}),
         );
     }
-    if path == "/v1/messages"
-        && let Some(answer) = followup::answer(script, &body, &model, n)
+    if matches!(path.as_str(), "/v1/messages" | "/v1/responses")
+        && let Some(answer) = followup::answer(script, &path, &body, &model, n)
     {
         return answer;
     }
@@ -326,7 +326,7 @@ fn openai_usage_responses() -> Value {
            "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS})
 }
 
-fn responses(script: &Script, model: &str, call: bool, n: usize) -> Response<Body> {
+pub(crate) fn responses(script: &Script, model: &str, call: bool, n: usize) -> Response<Body> {
     let rid = format!("resp_scripted_{n}");
     let item = if call {
         json!({"type": "function_call", "id": format!("fc_{n}"), "call_id": format!("call_{n}"),

@@ -19,7 +19,9 @@ use forkyard_proto::{
     },
 };
 use forkyard_tests::{
-    Mesh, repo,
+    Mesh,
+    mesh::MeshOptions,
+    repo,
     support::{
         Gateway, assert_nothing_left_on_host, fork_result, launch, max_overlap, run_account,
         wait_finished, wait_until,
@@ -296,7 +298,18 @@ fn walk_snapshots(state: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// refused with their reasons.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn branches_need_a_window_and_a_driver_that_resumes() {
-    let mesh = Mesh::start().await.expect("mesh starts");
+    // The openai driver launches only with a key at the runner; its model is nowhere
+    // (the run is cancelled before it matters).
+    let runner = |k: &str, v: &str| ("agent-runner".to_owned(), k.to_owned(), v.to_owned());
+    let mesh = Mesh::start_with(MeshOptions {
+        service_env: vec![
+            runner("OPENAI_API_KEY", "sk-e2e-unused"),
+            runner("OPENAI_BASE_URL", "http://127.0.0.1:9/v1"),
+        ],
+        ..Default::default()
+    })
+    .await
+    .expect("mesh starts");
     let src = tempfile::tempdir().unwrap();
     repo::create(src.path()).unwrap();
     let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
@@ -317,24 +330,25 @@ async fn branches_need_a_window_and_a_driver_that_resumes() {
     .await
     .unwrap();
 
-    let codex = LaunchRunRequest {
+    // The built-in loops keep their conversation in the runner: not resumable yet.
+    let openai = LaunchRunRequest {
         branch_window_secs: WINDOW_SECS,
         agent: Some(AgentSpec {
-            driver: "codex".into(),
+            driver: "openai".into(),
             model: "gpt-5".into(),
             ..Default::default()
         }),
         ..launch(src.path(), 1, 1, "")
     };
     let run_id = gw
-        .launch_run(codex)
+        .launch_run(openai)
         .await
-        .expect("launch a codex run")
+        .expect("launch an openai run")
         .into_inner()
         .run_id;
     let e = gw.branch_fork(branch(&run_id, 1, 1, "")).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains("codex cannot resume"), "{e:?}");
+    assert!(e.message().contains("openai cannot resume"), "{e:?}");
     gw.cancel_run(forkyard_proto::gateway::v1::CancelRunRequest {
         run_id: run_id.clone(),
         ..Default::default()

@@ -48,7 +48,7 @@ pub fn program(
     match Driver::parse(&agent.driver) {
         Some(Driver::Command) => command(agent),
         Some(Driver::ClaudeCode) => claude_code(req, agent, models, max_turns),
-        Some(Driver::Codex) => codex(agent, models),
+        Some(Driver::Codex) => codex(req, agent, models),
         _ => Err(AgentError::InvalidArgument(format!(
             "agent.driver: {:?} is not a command driver",
             agent.driver
@@ -122,8 +122,9 @@ fn claude_code(
     Ok(Program { script, model, env })
 }
 
-/// `codex exec` with the spec's model (an OpenAI one), else codex's own default.
-fn codex(agent: &AgentSpec, models: &Models) -> Result<Program, AgentError> {
+/// `codex exec` with the spec's model (an OpenAI one), else codex's own default; for a
+/// branch, `codex exec fork` of its parent's session (`crate::branch`).
+fn codex(req: &RunAgentRequest, agent: &AgentSpec, models: &Models) -> Result<Program, AgentError> {
     let model = if agent.model.trim().is_empty() {
         String::new()
     } else {
@@ -134,21 +135,24 @@ fn codex(agent: &AgentSpec, models: &Models) -> Result<Program, AgentError> {
     } else {
         format!(" -m {}", shell_quote(&model))
     };
+    let (fork, session) = crate::branch::codex_fork_args(req);
     // A provider of Forkyard's own: codex's built-in one ignores a base URL and
     // tries OpenAI's websocket first. Codex's own sandbox stays off: the fork's
     // sandbox is the boundary, and a second one cannot start inside it.
     let script = format!(
-        "exec codex exec --json --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox{model_flag} \
+        "mkdir -p \"$CODEX_HOME\" && exec codex exec{fork} --json --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox{model_flag} \
          -c model_provider=forkyard -c model_providers.forkyard.name=forkyard \
          -c \"model_providers.forkyard.base_url=$OPENAI_BASE_URL\" \
          -c model_providers.forkyard.env_key=OPENAI_API_KEY \
-         -c model_providers.forkyard.wire_api=responses \"$FORKYARD_PROMPT\""
+         -c model_providers.forkyard.wire_api=responses{session} \"$FORKYARD_PROMPT\""
     );
-    Ok(Program {
-        script,
-        model,
-        env: HashMap::new(),
-    })
+    // Its home in the workspace's git directory: the session goes with a snapshot, so
+    // a branch of this fork can continue it.
+    let env = HashMap::from([(
+        "CODEX_HOME".to_owned(),
+        crate::branch::CODEX_HOME.to_owned(),
+    )]);
+    Ok(Program { script, model, env })
 }
 
 /// The models a fork's agent may ask the gateway for: the spec's list (aliases
@@ -232,16 +236,44 @@ mod tests {
         assert_eq!(p.env["ANTHROPIC_SMALL_FAST_MODEL"], "claude-sonnet-4-5");
         let p = program(&req("codex", "gpt-5"), &m, 7).unwrap();
         assert!(
-            p.script.starts_with("exec codex exec --json"),
+            p.script
+                .starts_with("mkdir -p \"$CODEX_HOME\" && exec codex exec --json"),
             "{}",
             p.script
         );
         assert!(p.script.contains(" -m 'gpt-5' "), "{}", p.script);
-        assert!(p.script.ends_with("\"$FORKYARD_PROMPT\""), "{}", p.script);
+        assert!(
+            p.script.ends_with("=responses \"$FORKYARD_PROMPT\""),
+            "{}",
+            p.script
+        );
+        assert_eq!(p.env["CODEX_HOME"], "/workspace/.git/forkyard/codex");
         let e = program(&req("claude-code", "sonet"), &m, 7).unwrap_err();
         assert!(e.to_string().starts_with("agent.model:"), "{e}");
         let e = program(&req("command", ""), &m, 7).unwrap_err();
         assert!(e.to_string().starts_with("agent.command:"), "{e}");
+    }
+
+    #[test]
+    fn a_codex_branch_forks_its_parents_session() {
+        let id = "01a22a25-89af-7900-ba9a-ee556fd09337";
+        let mut r = req("codex", "gpt-5");
+        r.branch_of = Some(forkyard_proto::agent::v1::BranchOf {
+            parent_fork: 1,
+            session: id.into(),
+        });
+        let p = program(&r, &Models::default(), 7).unwrap();
+        assert!(
+            p.script.contains("exec codex exec fork --json"),
+            "{}",
+            p.script
+        );
+        assert!(
+            p.script
+                .ends_with(&format!("=responses {id} \"$FORKYARD_PROMPT\"")),
+            "{}",
+            p.script
+        );
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The scripted model's follow-ups: a conversation continued with a new instruction (a
 //! branched or continued session) is answered with the follow-up's command, and only if
-//! the request carries the earlier turns.
+//! the request carries the earlier turns. Messages requests (Claude Code) hold the
+//! conversation in `messages`, tool results as `tool_result` blocks; Responses requests
+//! (Codex) in `input`, tool results as `function_call_output` items.
 
-use super::{Body, Script, anthropic, json_response};
+use super::{Body, Script, anthropic, json_response, responses};
 use hyper::Response;
 use serde_json::{Value, json};
 
@@ -30,34 +32,54 @@ struct FollowupTurn {
 
 /// The follow-up turn `body` is in: none unless a user message's text is `f.prompt`.
 fn followup_turn(f: &Followup, body: &Value) -> Option<FollowupTurn> {
-    let messages = body["messages"].as_array()?;
-    let blocks = |m: &Value| m["content"].as_array().cloned().unwrap_or_default();
+    let messages = body["messages"]
+        .as_array()
+        .or_else(|| body["input"].as_array())?;
     let is_prompt = |m: &Value| {
         m["role"] == "user"
             && (m["content"] == f.prompt.as_str()
                 || blocks(m).iter().any(|b| b["text"] == f.prompt.as_str()))
     };
     let at = messages.iter().rposition(is_prompt)?;
-    let results = |ms: &[Value]| -> Vec<String> {
-        ms.iter()
-            .flat_map(blocks)
-            .filter(|b| b["type"] == "tool_result")
-            .map(|b| b["content"].to_string())
-            .collect()
-    };
     Some(FollowupTurn {
         at,
-        has_earlier: results(&messages[..at])
+        has_earlier: tool_results(&messages[..at])
             .iter()
             .any(|r| r.contains(&f.earlier)),
-        answered: !results(&messages[at..]).is_empty(),
+        answered: !tool_results(&messages[at..]).is_empty(),
     })
 }
 
-/// The answer to a Messages request in the latest of `script`'s follow-ups it is in: none
-/// when it is in none; 400 when it lost the earlier turns.
+fn blocks(m: &Value) -> Vec<Value> {
+    m["content"].as_array().cloned().unwrap_or_default()
+}
+
+/// The tool results among a conversation's messages (or Responses items), as text.
+fn tool_results(ms: &[Value]) -> Vec<String> {
+    let output = |m: &Value| {
+        matches!(
+            m["type"].as_str(),
+            Some("function_call_output" | "custom_tool_call_output")
+        )
+        .then(|| m["output"].to_string())
+    };
+    let blocks = |m: &Value| {
+        blocks(m)
+            .into_iter()
+            .filter(|b| b["type"] == "tool_result")
+            .map(|b| b["content"].to_string())
+            .collect::<Vec<_>>()
+    };
+    ms.iter()
+        .flat_map(|m| output(m).map_or_else(|| blocks(m), |o| vec![o]))
+        .collect()
+}
+
+/// The answer to a Messages or Responses request (`path`) in the latest of `script`'s
+/// follow-ups it is in: none when it is in none; 400 when it lost the earlier turns.
 pub(super) fn answer(
     script: &Script,
+    path: &str,
     body: &Value,
     model: &str,
     n: usize,
@@ -78,5 +100,9 @@ pub(super) fn answer(
         command: f.command.clone(),
         ..script.clone()
     };
-    Some(anthropic(&script, body, model, !turn.answered, n))
+    Some(if path == "/v1/responses" {
+        responses(&script, model, !turn.answered, n)
+    } else {
+        anthropic(&script, body, model, !turn.answered, n)
+    })
 }

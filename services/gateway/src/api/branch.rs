@@ -15,8 +15,9 @@ use crate::{
     },
 };
 use forkyard_proto::{
-    common::v1::ForkStatus,
-    gateway::v1::{BranchForkRequest, BranchForkResponse, Run, RunState},
+    Driver,
+    common::v1::{ForkResult, ForkStatus},
+    gateway::v1::{BranchForkRequest, BranchForkResponse, Run, RunSpec, RunState},
 };
 use temporalio_client::{WorkflowExecuteUpdateOptions, errors::WorkflowUpdateError};
 
@@ -154,5 +155,86 @@ fn check_against_run(
             req.fork
         ));
     }
+    if let Some(why) = session_refusal(&spec, req.fork, parent) {
+        return precondition(why);
+    }
     Ok(())
+}
+
+/// Why a finished fork's conversation cannot be continued, if it cannot: its driver
+/// resumes the CLI's session (claude-code, codex) and its agent printed none, so a
+/// branch would silently start a new conversation. Checked here only, not in the
+/// update's validator: that one is also the update handler's check, which replays, and
+/// such branches were accepted before; a finished fork's session never changes, so the
+/// run's state read here cannot go stale in the meantime.
+fn session_refusal(spec: &RunSpec, fork: u32, parent: &ForkResult) -> Option<String> {
+    let driver = spec.agent.as_ref().map_or("", |a| a.driver.as_str());
+    let resumes = Driver::parse(driver).is_some_and(|d| d.capabilities().resumable);
+    (resumes && parent.agent_session.is_empty())
+        .then(|| format!("fork {fork} has no agent session to continue (its agent printed none)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forkyard_proto::common::v1::AgentSpec;
+
+    /// A run of `driver` open for branches whose fork 1 failed with a snapshot and
+    /// `session`.
+    fn run(driver: &str, session: &str) -> Run {
+        Run {
+            spec: Some(RunSpec {
+                branch_window_secs: 60,
+                agent: Some(AgentSpec {
+                    driver: driver.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            forks: vec![ForkResult {
+                fork: 1,
+                status: ForkStatus::Failed as i32,
+                snapshot_id: "snap-1".into(),
+                agent_session: session.into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn req() -> BranchForkRequest {
+        BranchForkRequest {
+            run_id: "run-1".into(),
+            fork: 1,
+            count: 2,
+            prompt: "again".into(),
+        }
+    }
+
+    #[test]
+    fn a_resuming_driver_without_a_session_is_refused_before_anything_starts() {
+        let id = "01a22a25-89af-7900-ba9a-ee556fd09337";
+        for driver in ["claude-code", "codex"] {
+            assert!(
+                check_against_run(&run(driver, id), &req(), 10).is_ok(),
+                "{driver}"
+            );
+            let err = check_against_run(&run(driver, ""), &req(), 10).unwrap_err();
+            let status = tonic::Status::from(err);
+            assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{driver}");
+            assert_eq!(
+                status.message(),
+                "fork 1 has no agent session to continue (its agent printed none)"
+            );
+        }
+        // A command fork has no session to continue: its workspace is the branch point.
+        assert!(check_against_run(&run("command", ""), &req(), 10).is_ok());
+        // A driver that cannot resume says so, whatever its session.
+        let status =
+            tonic::Status::from(check_against_run(&run("anthropic", ""), &req(), 10).unwrap_err());
+        assert!(
+            status.message().contains("anthropic cannot resume"),
+            "{status:?}"
+        );
+    }
 }

@@ -47,13 +47,16 @@ pub fn is_finished(status: i32) -> bool {
     .any(|s| *s as i32 == status)
 }
 
-/// Why the run's driver cannot continue a fork, if it cannot (this slice: `command` and
-/// `claude-code`; codex's and the built-in drivers' resume are not built yet).
+/// Why the run's driver cannot continue a fork, if it cannot: `command` (the workspace
+/// and the parent's names) and the drivers whose CLI resumes a session (`claude-code`,
+/// `codex`) can; the built-in drivers' resume is not built yet. Only ever relaxed: the
+/// update handler checks it again, so a driver refused here before has no accepted
+/// branch in any history.
 pub fn driver_refusal(driver: &str) -> Option<String> {
     match Driver::parse(driver) {
-        Some(Driver::Command | Driver::ClaudeCode) => None,
+        Some(d) if d == Driver::Command || d.capabilities().resumable => None,
         Some(d) => Some(format!(
-            "agent.driver: {d} cannot resume a fork's session yet (command and claude-code can)"
+            "agent.driver: {d} cannot resume a fork's session yet (command, claude-code and codex can)"
         )),
         None => Some(format!("agent.driver: {driver:?} is no driver")),
     }
@@ -226,6 +229,7 @@ mod tests {
 
     #[test]
     fn branches_of_a_finished_fork_are_numbered_after_the_runs_forks_with_its_end() {
+        assert_eq!(run("codex", 60).refuse_branch(&req(1, 3)), None);
         let mut w = run("claude-code", 60);
         assert_eq!(w.refuse_branch(&req(1, 3)), None);
         assert_eq!(w.add_branches(&req(1, 3)), vec![3, 4, 5]);
@@ -258,8 +262,8 @@ mod tests {
             ),
             (run("command", 60), req(2, 1), "fork 2 has not finished"),
             (run("command", 0), req(1, 1), "without branch_window_secs"),
-            (run("codex", 60), req(1, 1), "codex cannot resume"),
             (run("anthropic", 60), req(1, 1), "anthropic cannot resume"),
+            (run("openai", 60), req(1, 1), "openai cannot resume"),
         ];
         for (w, r, says) in cases {
             let why = w.refuse_branch(&r).unwrap_or_default();

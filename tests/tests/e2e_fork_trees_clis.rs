@@ -1,0 +1,38 @@
+//! Fork trees (#45) with the real agent CLIs through the whole mesh, one mesh and one
+//! scripted model for both (Claude Code speaks Messages to it, Codex Responses, so each
+//! tree's calls are told apart by their API), the two trees at once:
+//! - `claude-code`: a fork edits notes.txt (the scripted model's tool call); branching it
+//!   into three with a new prompt gives three forks whose Claude Code resumes the
+//!   parent's session (its home travels with the workspace's snapshot): their first model
+//!   request carries the parent's turns, the parent's tool result among them, then the
+//!   new prompt as the last user turn. Continuing one of them (a branch of a branch)
+//!   resumes that child's own session, not its parent's or a sibling's.
+//! - `codex`: the same edit; branching it into two gives two forks whose `codex exec
+//!   fork` continues the parent's thread: their first Responses request carries the
+//!   parent's items, its tool call and output among them, then the new prompt.
+//!
+//! Either way the scripted model answers a follow-up without the parent's tool result
+//! with 400; each child's patch holds the parent's edit and its own; each is charged for
+//! its own model calls only, as the parent was for its; the ledger holds the tree's
+//! costs. The refusal of a parent without a session is a unit test of the gateway's
+//! BranchFork check (`api::branch`).
+//!
+//! `make test` installs the CLIs (pinned, from npm); without them this test fails.
+
+mod agent_cli;
+mod fork_trees_clis;
+
+use agent_cli::model_mesh::{assert_cli_installed, options};
+use forkyard_tests::{Mesh, scripted_model::ScriptedModel};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_and_codex_forks_branch_into_continuations_of_their_conversations() {
+    assert_cli_installed("claude");
+    assert_cli_installed("codex");
+    let model = ScriptedModel::start(fork_trees_clis::script()).await;
+    let mesh = Mesh::start_with(options(&model)).await.expect("mesh");
+    tokio::join!(
+        fork_trees_clis::claude::tree(&mesh, &model),
+        fork_trees_clis::codex::tree(&mesh, &model),
+    );
+}
