@@ -103,6 +103,9 @@ async fn main() -> anyhow::Result<()> {
         .launch_run(LaunchRunRequest {
             branch_window_secs: 600,
             budget_usd: "100".into(),
+            // Each branch reserves a fork's budget from the run's, as any fork does: the
+            // default (the run's budget over its one fork) would run them one at a time.
+            fork_budget_usd: "1".into(),
             ..launch(src.path(), 1, count, AGENT)
         })
         .await?
