@@ -102,10 +102,9 @@ async fn main() -> anyhow::Result<()> {
     let run_id = gw
         .launch_run(LaunchRunRequest {
             branch_window_secs: 600,
+            // Each branch reserves a fork's budget ($10: the run's shared by the 10 it
+            // may run at once), as any fork does.
             budget_usd: "100".into(),
-            // Each branch reserves a fork's budget from the run's, as any fork does: the
-            // default (the run's budget over its one fork) would run them one at a time.
-            fork_budget_usd: "1".into(),
             ..launch(src.path(), 1, count, AGENT)
         })
         .await?

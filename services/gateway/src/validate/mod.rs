@@ -224,8 +224,15 @@ struct Budget {
     fork_micros: i64,
 }
 
-/// The run's budget, and each fork's: as asked, or the run's shared evenly.
+/// The run's budget, and each fork's: as asked, or the run's shared evenly among its
+/// forks (a run open for branches: among as many as may run at once, when more, so its
+/// branches are not held to one at a time by a first one's reservation of it all).
 fn budget(req: &LaunchRunRequest) -> Result<Budget, GatewayError> {
+    let shares = if req.branch_window_secs > 0 {
+        req.forks.max(req.max_concurrent).max(1)
+    } else {
+        req.forks.max(1)
+    };
     let budget_micros = Usd::parse(&req.budget_usd)
         .map_err(|e| field("budget_usd", e))?
         .micros();
@@ -233,7 +240,7 @@ fn budget(req: &LaunchRunRequest) -> Result<Budget, GatewayError> {
         return Err(field("budget_usd", "must be more than 0"));
     }
     let fork_budget_micros = if req.fork_budget_usd.trim().is_empty() {
-        budget_micros / i64::from(req.forks)
+        budget_micros / i64::from(shares)
     } else {
         let f = Usd::parse(&req.fork_budget_usd)
             .map_err(|e| field("fork_budget_usd", e))?
@@ -253,9 +260,8 @@ fn budget(req: &LaunchRunRequest) -> Result<Budget, GatewayError> {
         return Err(field(
             "budget_usd",
             format!(
-                "{} is too small to give each of the {} forks a budget",
+                "{} is too small to give each of the {shares} forks a budget",
                 req.budget_usd.trim(),
-                req.forks
             ),
         ));
     }

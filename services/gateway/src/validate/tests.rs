@@ -44,6 +44,30 @@ fn accepts_a_good_request_with_defaults() {
     assert_eq!(spec.verify_timeout_secs, DEFAULT_VERIFY_TIMEOUT_SECS);
 }
 
+/// A run open for branches keeps its max_concurrent past its forks, and shares its
+/// budget among that many: branches of a 1-fork run can run side by side.
+#[test]
+fn a_run_open_for_branches_keeps_its_concurrency_and_shares_its_budget_by_it() {
+    let req = LaunchRunRequest {
+        forks: 1,
+        max_concurrent: 4,
+        branch_window_secs: 60,
+        ..ok_req()
+    };
+    let spec = launch_spec(&req, &Limits::default()).unwrap();
+    assert_eq!(spec.max_concurrent, 4);
+    assert_eq!(spec.fork_budget_micros, 250_000);
+    let closed = LaunchRunRequest {
+        branch_window_secs: 0,
+        ..req
+    };
+    let spec = launch_spec(&closed, &Limits::default()).unwrap();
+    assert_eq!(
+        (spec.max_concurrent, spec.fork_budget_micros),
+        (1, 1_000_000)
+    );
+}
+
 #[test]
 fn bad_input_names_the_field() {
     type Edit = fn(&mut LaunchRunRequest);
