@@ -40,7 +40,10 @@ async fn main() -> anyhow::Result<()> {
         let recorded = model.recorded();
         let mut out = std::io::stdout().lock();
         for r in &recorded[printed..] {
-            let key = |name: &str| r.header(name).map(|v| v.chars().take(12).collect::<String>());
+            let key = |name: &str| {
+                r.header(name)
+                    .map(|v| v.chars().take(12).collect::<String>())
+            };
             let line = json!({
                 "method": r.method,
                 "path": r.path,
