@@ -15,6 +15,13 @@
 # Debian's own packages, then `docker import`); any Debian bookworm image serves.
 # targets: gateway, sandbox-provisioner, agent-runner, budget-ledger, janitor, cli,
 # temporal-dev, postgres, prometheus
+#
+# The sandbox-provisioner image carries the pinned agent CLIs (claude, codex) the
+# claude-code and codex drivers run in its sandboxes: the npm prefix `make deps-agents`
+# installed on the host, staged into target/image-agents by scripts/stage-agents.sh
+# (scripts/images.sh runs it; run it before a BINARIES=build build too). Nothing is
+# downloaded from npm here. Built without them, the image has none, and those drivers
+# fail with `claude: not found`.
 
 ARG RUST_VERSION=1.95
 ARG BASE=forkyard/debian:bookworm
@@ -93,8 +100,11 @@ ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/gateway"]
 # ---- sandbox-provisioner: bubblewrap sandboxes --------------------------------------
 # The sandbox's /usr is this image's /usr (bound read-only), so every program an agent
 # or a verify command runs must be installed here: extend this stage (or build FROM it)
-# with your toolchains and agent CLIs. What bubblewrap needs from the runtime (proved by
-# `make test-containers`): unprivileged user namespaces on the host, and a seccomp /
+# with your toolchains. The agent CLIs are in /opt/forkyard/agents (an npm prefix:
+# bin/claude, bin/codex), which every sandbox sees read-only at /run/forkyard/tools,
+# its bin on PATH (FORKYARD_AGENT_TOOLS); claude is a native executable, codex's
+# launcher a node script, hence Debian's nodejs. What bubblewrap needs from the runtime
+# (proved by `make test-containers`): unprivileged user namespaces on the host, and a seccomp /
 # AppArmor / masked-/proc setting that lets it unshare, mount and mount a fresh /proc
 # (Compose: seccomp=unconfined, apparmor=unconfined, systempaths=unconfined; no added
 # capability, no-new-privileges, uid 65532). tini reaps processes that escape to PID 1.
@@ -104,15 +114,20 @@ USER 0:0
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       bubblewrap git openssh-client bash coreutils findutils grep sed diffutils patch procps \
-      btrfs-progs \
- && rm -rf /var/lib/apt/lists/*
+      btrfs-progs nodejs \
+ && rm -rf /var/lib/apt/lists/* \
+ && mkdir -p /opt/forkyard/agents
+# Straight from the build context, in a layer of its own that a rebuild with the same
+# CLIs reuses; the patterns match nothing when none were staged (nor target/ made).
+COPY targe[t]/image-agent[s] /opt/forkyard/agents/
 # The egress forwarder is found next to the provisioner binary.
 COPY --from=bins /out/sandbox-provisioner /out/sandbox-egress-forwarder /usr/local/bin/
 # FORKYARD_ADVERTISE_ENDPOINT unset: with the 0.0.0.0 listen address each replica
 # advertises http://<its hostname>:50052 (a container's hostname resolves on its Compose
 # network; Kubernetes sets the pod IP).
 ENV FORKYARD_LISTEN=0.0.0.0:50052 \
-    FORKYARD_METRICS_LISTEN=0.0.0.0:9452
+    FORKYARD_METRICS_LISTEN=0.0.0.0:9452 \
+    FORKYARD_AGENT_TOOLS=/opt/forkyard/agents
 USER 65532:65532
 EXPOSE 50052 9452
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/sandbox-provisioner"]

@@ -30,12 +30,12 @@ TEST_APT_PACKAGES := postgresql btrfs-progs docker-registry skopeo apache2-utils
 # Images and the container tests: a Docker engine and debootstrap for the base image.
 DOCKER_APT_PACKAGES := docker.io debootstrap binutils
 COMPOSE_REPLICAS := docker-compose -f deploy/compose.replicas.yml
-# The real agent CLIs the claude-code and codex presets run, pinned. Installed globally
-# (npm's prefix is /usr here), because a sandbox sees the host's /usr and nothing else.
+# The real agent CLIs the claude-code and codex presets run, pinned ...
 AGENT_CLIS := @anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0
 # ... installed into the project's own npm prefix, never globally (a user's own Claude
 # Code stays as it is); the provisioner binds it into every sandbox, and the local stack
-# and the tests find it here (FORKYARD_AGENT_TOOLS).
+# and the tests find it here (FORKYARD_AGENT_TOOLS). `make images` copies it into the
+# sandbox-provisioner image (scripts/stage-agents.sh).
 AGENT_TOOLS ?= $(HOME)/.cache/forkyard/agents
 export FORKYARD_AGENT_TOOLS ?= $(AGENT_TOOLS)
 # buf (the protobuf linter and breaking-change checker), from npm, for `make lint`.
@@ -101,7 +101,8 @@ images: deps deps-docker base-image
 	@PROFILE=$${PROFILE:-release} scripts/images.sh
 
 # The replicated mesh in containers: the alerts' promtool tests (k8s/monitoring), then
-# replicas spread, transcripts, sweeps, drains; then the bounded set of chaos trials (a
+# replicas spread, transcripts, sweeps, drains, a claude-code and a codex fork run by the
+# CLIs the provisioner image carries; then the bounded set of chaos trials (a
 # provisioner holding sandboxes and the gateway while forks finish killed, the ledger's
 # database away, and one trial for each fault of #42: about 11 minutes; `make chaos` runs
 # every trial).

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds Forkyard's images into the local Docker engine from binaries built on this host
 # (Dockerfile, BINARIES=host): forkyard/<target>:$TAG for every service, the CLI, a
-# Temporal dev server, PostgreSQL and Prometheus. Needs the base image (scripts/base-image.sh).
+# Temporal dev server, PostgreSQL and Prometheus. Needs the base image (scripts/base-image.sh)
+# and the agent CLIs (make deps-agents) the provisioner image carries.
 #
 #   scripts/images.sh                  release binaries, tag "local"
 #   PROFILE=debug scripts/images.sh    the debug binaries `make test` already built
@@ -42,6 +43,8 @@ for b in "${BINS[@]}"; do
   objcopy --strip-debug "$out/$b" "$stage/$b"
 done
 cp "$TOOLS_VENV/bin/temporal" "$stage/temporal"
+# The pinned agent CLIs the sandbox-provisioner image carries (target/image-agents).
+scripts/stage-agents.sh
 
 # One context upload: the staged binaries become an image every target copies from.
 docker_build -q --target host -t "forkyard/image-bins:$TAG" . >/dev/null

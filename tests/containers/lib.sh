@@ -2,6 +2,10 @@
 # of the caller's ($project), helpers to reach every replica by its container address,
 # and the checks' bookkeeping. Sourced, not run.
 export PATH="${TOOLS_VENV:-$HOME/.cache/forkyard/venv}/bin:$PATH"
+# The scripted model server the agent runners call (compose.test.yml): this host's build
+# (`make test-containers` builds it with the workspace).
+export FORKYARD_SCRIPTED_MODEL=${FORKYARD_SCRIPTED_MODEL:-$(realpath -m "${CARGO_TARGET_DIR:-target}")/debug/scripted-model}
+[ -x "$FORKYARD_SCRIPTED_MODEL" ] || { echo "no $FORKYARD_SCRIPTED_MODEL: cargo build -p forkyard-tests --bin scripted-model" >&2; exit 1; }
 repos=$(mktemp -d "/var/tmp/$project-repos.XXXXXX")
 export FORKYARD_REPOS=$repos
 # Host ports: any free ones (the test reaches every replica by its container address).

@@ -4,8 +4,9 @@
 # replica answers for any run; GetForkResult returns the transcript whichever runner
 # replica ran the fork, cancelled forks included; one janitor sweep reaches every
 # provisioner replica; the ledger is exact; `docker stop` (SIGTERM) of a provisioner,
-# runner or gateway replica mid-run drains it without failing a fork. Driven over gRPC
-# (grpcurl).
+# runner or gateway replica mid-run drains it without failing a fork; a `--driver
+# claude-code` fork runs the claude CLI the provisioner image carries against the scripted
+# model server. Driven over gRPC (grpcurl) and the forkyard CLI.
 #
 # Needs: a Docker engine, the images (scripts/images.sh), docker compose and grpcurl
 # (the tools venv). `make test-containers` provides all of it.
@@ -93,6 +94,69 @@ while :; do
   sleep 3
 done
 check "Prometheus scrapes every replica ($n of 10 up)" test "$n" = 10
+
+# ---- the agent CLIs the provisioner image carries: `--driver claude-code` and `codex` ----------
+# One fork of each, launched with `forkyard fork --wait` from the cli container: its agent
+# the real CLI in a sandbox on a provisioner replica, its model the scripted server
+# through the runner's LLM gateway (compose.test.yml). The model's tool call runs
+# probe.sh, which appends to notes.txt the first program above it from the agent tools,
+# as the sandbox sees it (/run/forkyard/tools: only a sandbox has them there).
+repo=$repos/demo
+printf 'notes\n' >"$repo/notes.txt"
+cat >"$repo/probe.sh" <<'PROBE'
+p=$$ exe=
+while [ "$p" -gt 1 ]; do
+  e=$(readlink "/proc/$p/exe" || true)
+  case "$e" in /run/forkyard/tools/*) exe=$e; break ;; esac
+  p=$(awk '/^PPid:/ {print $2}' "/proc/$p/status")
+done
+echo "edited under: ${exe:-no agent tool above $$}" >>notes.txt
+PROBE
+# (The repository is the containers' uid's already: git asks to be told it is safe.)
+git -C "$repo" -c safe.directory="$repo" add -A
+git -C "$repo" -c safe.directory="$repo" -c user.name=t -c user.email=t@x commit -q -m probe
+chown -R 65532:65532 "$repo"
+has=$(for c in $(containers agent-runner); do docker exec "$c" sh -c 'command -v claude codex node' || true; done)
+check "no agent runner container has an agent CLI or node (${has:-none})" test -z "$has"
+creates() { # CreateSandbox calls answered OK, over every provisioner replica
+  local c n=0
+  for c in $(containers sandbox-provisioner); do
+    n=$((n + $(metric "$(ip_of "$c"):9452" 'grpc_server_request_duration_seconds_count{code="OK",method="forkyard.sandbox.v1.SandboxProvisioner/CreateSandbox"')))
+  done
+  echo "$n"
+}
+T=/run/forkyard/tools/lib/node_modules
+# driver, model, the agent tool the sandbox ran it as, the model's path, the runner's key
+# as the model sees it (the first 12 characters of its header), µ$ a scripted call costs
+# (800 + 200 cached tokens in, 200 out, at the runner's price of the model)
+agent_cli_fork() {
+  local driver=$1 model=$2 exe=$3 path=$4 key=$5 per_call=$6 before started took out code run result patch log calls
+  before=$(creates) started=$SECONDS
+  out=$("${C[@]}" run --rm -T cli -o json fork /repos/demo --driver "$driver" -m "$model" -f 1 \
+    --max-concurrent 1 --budget 1 -p "Add a line to notes.txt" --wait 2>"$repos/fork.err") && code=0 || code=$?
+  took=$((SECONDS - started))
+  run=$(echo "$out" | json 'd.get("runId","")' 2>/dev/null || true)
+  check "forkyard fork --driver $driver --wait succeeded in ${took}s (exit $code, run ${run:-none}$([ $code = 0 ] || echo "; $(tail -3 "$repos/fork.err")"))" \
+    test "$code" = 0 -a -n "$run"
+  check "$driver: its sandbox made by a provisioner replica ($(($(creates) - before)) made)" test $(($(creates) - before)) = 1
+  result=$(gw forkyard.gateway.v1.Gateway/GetForkResult "{\"run_id\":\"$run\",\"fork\":1}" 2>/dev/null || echo '{}')
+  patch=$(echo "$result" | json 'd.get("patch","")')
+  check "$driver: its patch holds the edit, made under the image's CLI in the sandbox ($(grep '^+edited' <<<"$patch" || echo 'no edit'))" \
+    grep -qxF "+edited under: $exe" <<<"$patch"
+  # The server prints each request as a JSON line: the calls that reached the model, and
+  # the key each carried (its first 12 characters): the runner's, never the fork's token.
+  log=$("${C[@]}" logs --no-color --no-log-prefix scripted-model 2>/dev/null | grep "\"path\":\"$path\"" || true)
+  calls=$(grep -c . <<<"$log" || true)
+  keys=$(python3 -c 'import json,sys; print(" ".join(sorted({str(json.loads(l).get("x-api-key") or json.loads(l).get("authorization")) for l in sys.stdin if l.strip()})))' <<<"$log")
+  check "$driver: the model was called through the runner's LLM gateway with the runner's key ($calls calls, keys: $keys)" \
+    test "$calls" -ge 2 -a "$keys" = "$key"
+  check_ledger_exact "$driver fork, its model calls" "$run" $((calls * per_call))
+}
+# claude-sonnet: $3 in, $15 out, $0.30 cache read per million tokens; claude is native.
+agent_cli_fork claude-code sonnet "$T/@anthropic-ai/claude-code/bin/claude.exe" /v1/messages sk-ant-api03 5460
+# gpt-5: $1.25 in, $10 out, $0.125 cached; codex's native binary under its node launcher
+# (Debian's node, in the image's /usr).
+agent_cli_fork codex gpt-5 "$T/@openai/codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex" /v1/responses "Bearer sk-pr" 3025
 
 # ---- SIGTERM of any replica drains it: no fork fails ------------------------------------------
 # The victim: a provisioner replica holding sandboxes of the run, a runner replica, a

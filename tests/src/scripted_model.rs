@@ -90,8 +90,13 @@ pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
 impl ScriptedModel {
     pub async fn start(script: Script) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        Self::start_on("127.0.0.1:0", script).await.unwrap()
+    }
+
+    /// Listening on `addr` (`0.0.0.0:8080` for other hosts and containers to reach).
+    pub async fn start_on(addr: &str, script: Script) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let url = format!("http://{}", listener.local_addr()?);
         let requests: Arc<Mutex<Vec<Recorded>>> = Arc::default();
         let (rec, script) = (requests.clone(), Arc::new(script));
         tokio::spawn(async move {
@@ -108,7 +113,7 @@ impl ScriptedModel {
                 });
             }
         });
-        Self { url, requests }
+        Ok(Self { url, requests })
     }
 
     pub fn recorded(&self) -> Vec<Recorded> {
