@@ -55,12 +55,7 @@ async fn gets(http: &reqwest::Client, url: &str, n: usize) -> anyhow::Result<Vec
 
 /// GetRun of `run_id` at `rate` calls/s for `secs`, open loop: latencies, sorted, and
 /// the calls that failed.
-async fn get_run_load(
-    gw: &Gateway,
-    run_id: &str,
-    rate: u64,
-    secs: u64,
-) -> (Vec<Duration>, usize) {
+async fn get_run_load(gw: &Gateway, run_id: &str, rate: u64, secs: u64) -> (Vec<Duration>, usize) {
     let seen = Arc::new(Mutex::new((Vec::new(), 0usize)));
     let mut tasks = Vec::new();
     let interval = Duration::from_secs_f64(1.0 / rate as f64);
@@ -164,7 +159,11 @@ async fn main() -> anyhow::Result<()> {
     let held = open_pages(&http, &format!("{base}/runs/{live_id}/events"), pages).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (lat, failed) = get_run_load(&gw, &live_id, rate, secs).await;
-    report(&format!("GetRun at {rate}/s, {pages} pages open"), &lat, failed);
+    report(
+        &format!("GetRun at {rate}/s, {pages} pages open"),
+        &lat,
+        failed,
+    );
     for h in held {
         h.abort();
     }
