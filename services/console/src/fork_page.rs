@@ -3,7 +3,7 @@
 //! `?compare=<m>` puts fork m's patch beside it.
 
 use crate::{
-    AppState, ConsoleError, diff, fork_actions, format, gateway,
+    AppState, ConsoleError, diff, fork_forms, format, gateway,
     layout::page as layout,
     new_run_form::FieldErrors,
     run_page::{self, get_run},
@@ -131,7 +131,7 @@ fn single(run: &Run, f: &ForkResult, session: &Session, errors: &FieldErrors) ->
         @if !f.verify_output_tail.is_empty() { pre #verify-output .output { (f.verify_output_tail) } }
         h2 { "Agent output" }
         @if f.agent_output_tail.is_empty() { p { "—" } } @else { pre #agent-output .output { (f.agent_output_tail) } }
-        (fork_actions::forms(run, f, session, errors))
+        (fork_forms::forms(run, f, session, errors))
         section aria-labelledby="transcript-title" {
             h2 #transcript-title { "Transcript" }
             (transcript::render(&f.transcript))

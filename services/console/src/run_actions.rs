@@ -6,10 +6,10 @@
 
 use crate::{
     AppState, ConsoleError, gateway,
-    layout::csrf_field,
     login::CsrfOnly,
     new_run_form::FieldErrors,
-    run_page::{self, Refused},
+    run_forms::Refused,
+    run_page,
     session::{Session, parse_form},
 };
 use axum::{
@@ -21,47 +21,7 @@ use axum::{
 };
 use forkyard_proto::gateway::v1::{
     CancelForkRequest, CancelRunRequest, PauseRunRequest, RaiseBudgetRequest, ResumeRunRequest,
-    Run, RunState,
 };
-use maud::{Markup, html};
-
-/// Pause or resume (by the run's state), and cancel: redrawn with the summary.
-pub fn buttons(run: &Run, session: &Session) -> Markup {
-    let id = &run.run_id;
-    let paused = run.state == RunState::Paused as i32;
-    html! {
-        div.actions #run-actions {
-            @if paused {
-                form #resume-run method="post" action=(format!("/runs/{id}/resume")) {
-                    (csrf_field(session)) button type="submit" { "Resume" }
-                }
-            } @else {
-                form #pause-run method="post" action=(format!("/runs/{id}/pause")) {
-                    (csrf_field(session)) button type="submit" { "Pause" }
-                }
-            }
-            form #cancel-run method="post" action=(format!("/runs/{id}/cancel")) {
-                (csrf_field(session)) button.danger type="submit" { "Cancel run" }
-            }
-        }
-    }
-}
-
-/// The raise-budget form. Not part of the live summary, so a live update never wipes
-/// what is being typed or the message of a refused amount.
-pub fn raise_form(run: &Run, session: &Session, refused: &Refused) -> Markup {
-    let error = refused.errors.get("amount");
-    html! {
-        form #raise-budget .actions method="post" action=(format!("/runs/{}/budget", run.run_id)) novalidate {
-            (csrf_field(session))
-            label for="amount" { "Raise the budget by (USD)" }
-            input #amount type="text" name="amount" inputmode="decimal" size="8" value=(refused.amount)
-                aria-invalid=[error.map(|_| "true")] aria-describedby=[error.map(|_| "amount-error")];
-            button type="submit" { "Raise budget" }
-            @if let Some(e) = error { p #amount-error .field-error role="alert" { (e) } }
-        }
-    }
-}
 
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(default)]

@@ -1,13 +1,13 @@
 //! `/runs/<id>`: a run's forks (status and phase, duration, model and sandbox cost,
 //! tokens, verify, diffstat, backend), its budget, ranking and winner, kept live by
 //! `/runs/<id>/events`; its cost over time, its fork tree, and the forms of its
-//! actions (`run_actions`).
+//! actions (`run_forms`, done by `run_actions`).
 
 use crate::{
     AppState, ConsoleError, chart, fork_tree, format, gateway,
     layout::{csrf_field, page as layout},
-    new_run_form::FieldErrors,
-    run_actions, runs_page,
+    run_forms::{self, Refused},
+    runs_page,
     session::Session,
 };
 use axum::{
@@ -49,14 +49,6 @@ pub async fn page(
     render(&state, &session, &run_id, &Refused::default()).await
 }
 
-/// An action the gateway refused: its message, next to the field it names (`amount`)
-/// or above the run's actions (`""`), and what was typed.
-#[derive(Debug, Default)]
-pub struct Refused {
-    pub errors: FieldErrors,
-    pub amount: String,
-}
-
 /// The run page, with `refused`'s messages next to their fields.
 pub async fn render(
     state: &AppState,
@@ -80,7 +72,7 @@ pub async fn render(
         }
         @if let Some(e) = refused.errors.get("") { p #action-error .field-error role="alert" { (e) } }
         (summary(&run, session))
-        @if format::run_live(run.state) { (run_actions::raise_form(&run, session, refused)) }
+        @if format::run_live(run.state) { (run_forms::raise_form(&run, session, refused)) }
         section #cost aria-labelledby="cost-title" {
             h2 #cost-title { "Cost over time" }
             (chart::render(&run, now))
@@ -126,7 +118,7 @@ pub fn summary(run: &Run, session: &Session) -> Markup {
                 }
                 @if winner > 0 { " · winner: " strong #winner { "fork " (winner) } }
             }
-            @if format::run_live(run.state) { (run_actions::buttons(run, session)) }
+            @if format::run_live(run.state) { (run_forms::buttons(run, session)) }
         }
     }
 }

@@ -5,7 +5,8 @@
 //! there is FAILED_PRECONDITION); then the update makes the branches durable and
 //! returns their numbers. See `workflows::branching`.
 
-use super::{GatewayService, runs::Access};
+use super::GatewayService;
+use crate::auth::Access;
 use crate::{
     auth::Tenant,
     error::GatewayError,

@@ -1,6 +1,7 @@
 //! GetForkResult: one fork in full, from wherever it is kept at the time.
 
-use super::{GatewayService, runs::Access};
+use super::GatewayService;
+use crate::auth::Access;
 use crate::{
     auth::Tenant,
     error::GatewayError,

@@ -4,7 +4,8 @@
 //! (GetRun, WatchRun) and the fork's result show it as they show the run's own
 //! deliveries.
 
-use super::{GatewayService, runs::Access};
+use super::GatewayService;
+use crate::auth::Access;
 use crate::{
     auth::Tenant,
     error::GatewayError,

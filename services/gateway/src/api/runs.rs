@@ -3,7 +3,7 @@
 
 use super::{GatewayService, run_reads::View, run_state::run_state};
 use crate::{
-    auth::{DEFAULT_TENANT, Tenant},
+    auth::{Access, DEFAULT_TENANT, Tenant},
     error::GatewayError,
     search, validate,
     workflows::{ORCHESTRATION_WORKFLOW, SandboxOrchestrationWorkflow},
@@ -11,14 +11,6 @@ use crate::{
 use forkyard_common::clock::unix_ms;
 use forkyard_proto::gateway::v1::{Run, RunState};
 use temporalio_client::{WorkflowDescribeOptions, WorkflowGetResultOptions, WorkflowQueryOptions};
-
-/// What a caller does with a run: an admin tenant (`--admin-tenants`) reads every
-/// tenant's runs, and changes only its own.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Access {
-    Read,
-    Change,
-}
 
 /// Another tenant's run is NOT_FOUND, exactly like a run that does not exist; an admin
 /// reads it, and is told it may not change it (it knows the run is there).

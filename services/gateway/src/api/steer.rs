@@ -1,6 +1,7 @@
 //! Steering a live run: pause, resume, cancel it or one of its forks, raise its budget.
 
-use super::{GatewayService, runs::Access};
+use super::GatewayService;
+use crate::auth::Access;
 use crate::{auth::Tenant, error::GatewayError, workflows::SandboxOrchestrationWorkflow};
 use forkyard_proto::{
     common::v1::ForkStatus,

@@ -25,6 +25,14 @@ pub enum AuthMode {
 /// The tenant of every call when authentication is off.
 pub const DEFAULT_TENANT: &str = "default";
 
+/// What a caller does with a run: an admin tenant (`--admin-tenants`) reads every
+/// tenant's runs, and changes only its own (`api::runs`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Access {
+    Read,
+    Change,
+}
+
 /// The caller, as the gate established it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tenant {
