@@ -8,7 +8,8 @@
 //! `FORKYARD_BENCH_CONCURRENCY` (default 100). `FORKYARD_BENCH_LOGS=<dir>`: the services'
 //! logs are copied there at the end (the mesh's state directory goes with the run).
 //! `FORKYARD_MESH_ENV='K=V …'`: settings given to every service (e.g.
-//! `FORKYARD_WARM_COPIES_MIN=100`).
+//! `FORKYARD_WARM_COPIES_MIN=100`). `FORKYARD_BENCH_ISOLATION=gvisor`: every fork's
+//! sandbox under gVisor (the run's `isolation`; empty, the default: bubblewrap).
 
 use forkyard_proto::gateway::v1::{LaunchRunRequest, RunState};
 use forkyard_tests::{
@@ -127,13 +128,22 @@ fn task_trouble(mesh: &Mesh, run_id: &str) -> String {
 async fn main() -> anyhow::Result<()> {
     let sizes = env_list("FORKYARD_BENCH_SIZES", &[10, 100, 1000]);
     let cap = env_list("FORKYARD_BENCH_CONCURRENCY", &[100])[0];
+    let isolation = std::env::var("FORKYARD_BENCH_ISOLATION")
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
     let mesh = Mesh::start().await?;
     let src = tempfile::tempdir()?;
     repo::create(src.path())?;
     let mut gw = Gateway::new(mesh.channel("gateway").await?);
 
     println!(
-        "fan-out benchmark: trivial command agent, max_concurrent = min(N, {cap}), release binaries"
+        "fan-out benchmark: trivial command agent, max_concurrent = min(N, {cap}), isolation: {}, release binaries",
+        if isolation.is_empty() {
+            "bubblewrap (default)"
+        } else {
+            &isolation
+        }
     );
     println!(
         "{:>6} {:>10} {:>9} {:>22} {:>22} {:>9}",
@@ -143,6 +153,7 @@ async fn main() -> anyhow::Result<()> {
         let req = LaunchRunRequest {
             budget_usd: format!("{n}"),
             fork_timeout_secs: 60,
+            isolation: isolation.clone(),
             ..launch(src.path(), n, n.min(cap), "true")
         };
         let launched_at = SystemTime::now()

@@ -2,7 +2,8 @@
 //! (`crate::local::isolation::init`) the init opens the pair in the sandbox's own devpts, sized as
 //! asked, runs the command on the slave and sends the master back (checked to be a pty
 //! master: the init is the sandbox's), so the command's `ttyname` finds its terminal in
-//! the sandbox's /dev/pts. Without an init (`--sandbox-init false`) the provisioner opens
+//! the sandbox's /dev/pts; gVisor's init keeps the master and relays it over a stream
+//! socket instead, resized by a message (`crate::local::isolation::init`). Without an init (`--sandbox-init false`) the provisioner opens
 //! the pair (rustix: openpt/grantpt/unlockpt/ptsname — no unsafe) on the host's devpts
 //! and hands the slave to a bubblewrap of the command's own; `tty` then says "not a tty".
 //! Either way the provisioner keeps the master: output is streamed, `WritePty` writes to
@@ -59,12 +60,14 @@ impl Provisioner {
         let size = winsize(req.rows, req.cols);
         let launch = p.launch.take().expect("prepared once");
         let started = |e| ProvisionerError::internal("cannot start the command", e);
-        let (master, running) = if launch.opens_own_pty() {
+        let (master, mut running) = if launch.opens_own_pty() || launch.relays_pty() {
             // Opened by the init in the sandbox's own devpts: `tty` and anything else
-            // that looks its terminal up by name finds it there.
-            let stdio = Stdio3::OwnPty {
-                rows: size.ws_row,
-                cols: size.ws_col,
+            // that looks its terminal up by name finds it there. gVisor's init relays it.
+            let (rows, cols) = (size.ws_row, size.ws_col);
+            let stdio = if launch.opens_own_pty() {
+                Stdio3::OwnPty { rows, cols }
+            } else {
+                Stdio3::RelayedPty { rows, cols }
             };
             let mut running = launch.spawn(stdio).await.map_err(started)?;
             let master = running.pty_master.take().expect("a master with OwnPty");
@@ -81,7 +84,9 @@ impl Provisioner {
         let reader = master
             .try_clone()
             .map_err(|e| ProvisionerError::internal("dup pty", e))?;
-        let pty_id = self.ptys.add(&req.sandbox_id, master);
+        let pty_id = self
+            .ptys
+            .add(&req.sandbox_id, master, running.resizer.take());
 
         let (tx, rx) = mpsc::channel(64);
         let _ = tx

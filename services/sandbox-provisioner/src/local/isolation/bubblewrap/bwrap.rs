@@ -422,6 +422,7 @@ impl Invocation<'_> {
             fds,
             procs: enter::open_procs(self.cgroup_procs)?,
             attach: self.attach()?,
+            binds: Vec::new(),
             ids: self.uid.map(|u| (u, u)),
             nofile: open_files::for_sandbox(),
             fsize: self.file_size,

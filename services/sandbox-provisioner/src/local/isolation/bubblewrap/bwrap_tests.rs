@@ -70,7 +70,7 @@ fn isolation_flags_and_command_last_and_no_env_on_argv() {
     );
     assert!(
         a.ends_with(
-            "-- /run/forkyard/fwd/ld.so --library-path /run/forkyard/fwd /run/forkyard/fwd/true 127.0.0.1:3128=/run/forkyard/egress.sock -- ls"
+            "-- /run/forkyard/fwd/ld.so --library-path /run/forkyard/fwd --preload /run/forkyard/fwd/libc.so.6 /run/forkyard/fwd/true 127.0.0.1:3128=/run/forkyard/egress.sock -- ls"
         ),
         "{a}"
     );

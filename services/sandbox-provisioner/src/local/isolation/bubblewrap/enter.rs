@@ -10,7 +10,8 @@
 //! `pre_exec` hook, and [`attach`], which the hook and `vfork`'s child call. It runs in
 //! the forked child, where only async-signal-safe calls are allowed; it makes raw system
 //! calls (rustix's Linux backend: `write`, `setgroups`, `setresgid`, `setresuid`,
-//! `prlimit64`, and an overlay's `unshare`, `mount`, `open_tree` and `move_mount`;
+//! `prlimit64`, and an overlay's or gVisor's binds' `unshare`, `mount`, `open_tree` and
+//! `move_mount`;
 //! `close_range`) on descriptors opened before the fork, and allocates nothing.
 #![allow(unsafe_code)]
 
@@ -18,10 +19,13 @@ use crate::local::isolation::open_files;
 use rustix::{
     fd::{BorrowedFd, OwnedFd},
     fs::{Mode, OFlags},
-    mount::{MountPropagationFlags, MoveMountFlags, OpenTreeFlags},
+    mount::{MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags},
     process::{Gid, Uid},
 };
-use std::{ffi::CStr, path::PathBuf};
+use std::{
+    ffi::{CStr, CString},
+    path::PathBuf,
+};
 use tokio::process::Command;
 
 /// The `cgroup.procs` files, opened for writing (as the provisioner): a missing cgroup
@@ -175,12 +179,27 @@ pub fn restrict_file_size(bytes: u64) -> rustix::io::Result<()> {
     rustix::process::setrlimit(rustix::process::Resource::Fsize, limit)
 }
 
-/// In a child about to become a sandbox's bubblewrap (as root, before it drops to the
-/// sandbox's uid): a mount namespace of its own, and a clone of `mount` on `target` (the
-/// sandbox's `workspace` directory), which bubblewrap then binds at `/workspace`. Raw
-/// system calls on values made before the fork or clone, nothing allocated: safe in a
-/// forked or vfork child.
-pub(crate) fn attach(mount: BorrowedFd<'_>, target: &CStr) -> rustix::io::Result<()> {
+/// A bind the launching child makes in its own mount namespace (gVisor's host-side
+/// binds, `crate::local::isolation::gvisor::bundle::Bind::on_host`): `source` on
+/// `target`, recursive, nosuid and nodev, read-only unless `writable`. Both paths are
+/// the host's: `target` a mount point the provisioner made in a directory of its own.
+pub(crate) struct HostBind {
+    pub source: CString,
+    pub target: CString,
+    pub writable: bool,
+}
+
+/// In a child about to start a sandbox's runtime (as root, before it drops to the
+/// sandbox's uid): a mount namespace of its own, nothing in it propagated back to the
+/// host's, with `attach` (the overlay workspace, [`attach`]) and `binds` mounted in it.
+/// Raw system calls on values made before the clone, nothing allocated.
+pub(crate) fn own_mounts(
+    attach: Option<(BorrowedFd<'_>, &CStr)>,
+    binds: &[HostBind],
+) -> rustix::io::Result<()> {
+    if attach.is_none() && binds.is_empty() {
+        return Ok(());
+    }
     // SAFETY: the calling process has one thread (a child); CLONE_NEWNS leaves its
     // descriptors alone.
     unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)? };
@@ -189,6 +208,31 @@ pub(crate) fn attach(mount: BorrowedFd<'_>, target: &CStr) -> rustix::io::Result
         c"/",
         MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
     )?;
+    for b in binds {
+        rustix::mount::mount_bind_recursive(b.source.as_c_str(), b.target.as_c_str())?;
+        let mut flags = MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV;
+        if !b.writable {
+            flags |= MountFlags::RDONLY;
+        }
+        rustix::mount::mount_remount(b.target.as_c_str(), flags, c"")?;
+    }
+    match attach {
+        Some((mount, target)) => move_clone(mount, target),
+        None => Ok(()),
+    }
+}
+
+/// In a child about to become a sandbox's bubblewrap (as root, before it drops to the
+/// sandbox's uid): a mount namespace of its own, and a clone of `mount` on `target` (the
+/// sandbox's `workspace` directory), which bubblewrap then binds at `/workspace`. Raw
+/// system calls on values made before the fork or clone, nothing allocated: safe in a
+/// forked or vfork child.
+pub(crate) fn attach(mount: BorrowedFd<'_>, target: &CStr) -> rustix::io::Result<()> {
+    own_mounts(Some((mount, target)), &[])
+}
+
+/// A clone of `mount` on `target`, in the calling process's mount namespace.
+fn move_clone(mount: BorrowedFd<'_>, target: &CStr) -> rustix::io::Result<()> {
     let clone = rustix::mount::open_tree(
         mount,
         c"",

@@ -43,6 +43,8 @@ pub(crate) struct Plan {
     pub procs: Vec<OwnedFd>,
     /// An overlay workspace's mount and its mount point (`crate::local::storage::overlay::attach`).
     pub attach: Option<(OwnedFd, CString)>,
+    /// Binds made in the child's own mount namespace (gVisor's host-side binds).
+    pub binds: Vec<enter::HostBind>,
     /// The uid and gid the child becomes (no supplementary groups).
     pub ids: Option<(u32, u32)>,
     /// The open-files limit the child sets (`crate::local::isolation::open_files`).
@@ -65,6 +67,7 @@ struct Ctx<'a> {
     keep: &'a [c_int],
     procs: &'a [c_int],
     attach: Option<(rustix::fd::BorrowedFd<'a>, &'a std::ffi::CStr)>,
+    binds: &'a [enter::HostBind],
     ids: Option<(u32, u32)>,
     nofile: Option<&'a rustix::process::Rlimit>,
     fsize: Option<u64>,
@@ -154,6 +157,7 @@ pub(crate) fn spawn(plan: Plan) -> io::Result<Process> {
             .attach
             .as_ref()
             .map(|(fd, target)| (fd.as_fd(), target.as_c_str())),
+        binds: &plan.binds,
         ids: plan.ids,
         nofile: plan.nofile.as_ref(),
         fsize: plan.fsize,
@@ -257,7 +261,7 @@ const STEPS: &[&str] = &[
     "set the open-files limit",
     "unblock signals",
     "exec",
-    "attach the overlay workspace",
+    "mount the workspace and binds",
     "close inherited descriptors",
 ];
 
@@ -298,10 +302,9 @@ unsafe fn enter_and_exec(ctx: &Ctx<'_>) -> Result<std::convert::Infallible, Fail
                 return Err((2, errno()));
             }
         }
-        // As root, before the uid drop: a mount namespace of its own, the workspace in it.
-        if let Some((mount, target)) = ctx.attach {
-            enter::attach(mount, target).map_err(|e| (8, e.raw_os_error()))?;
-        }
+        // As root, before the uid drop: a mount namespace of its own, the workspace and
+        // host-side binds in it.
+        enter::own_mounts(ctx.attach, ctx.binds).map_err(|e| (8, e.raw_os_error()))?;
         if let Some((uid, gid)) = ctx.ids {
             // rustix's raw system calls: this thread only.
             let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));

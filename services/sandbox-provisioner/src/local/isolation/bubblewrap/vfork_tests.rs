@@ -21,6 +21,7 @@ fn plan(argv: &[&str], fds: Vec<(OwnedFd, i32)>) -> Plan {
         fds,
         procs: Vec::new(),
         attach: None,
+        binds: Vec::new(),
         ids: None,
         nofile: None,
         fsize: None,

@@ -5,7 +5,7 @@
 use crate::local::isolation::{
     bubblewrap::kill_tree::KillTree,
     init::{
-        host::{Init, InitChild, Stdio3},
+        host::{Init, InitChild, Resizer, Stdio3},
         wire::Spec,
     },
 };
@@ -30,8 +30,11 @@ pub(crate) struct Running {
     /// `None` on a pty (the output is read from the master).
     pub(crate) stdout: Option<Output>,
     pub(crate) stderr: Option<Output>,
-    /// The master of a terminal the sandbox's init opened ([`Stdio3::OwnPty`]).
+    /// The master of a terminal the sandbox's init opened ([`Stdio3::OwnPty`]), or the
+    /// socket it relays one to ([`Stdio3::RelayedPty`]).
     pub(crate) pty_master: Option<std::os::fd::OwnedFd>,
+    /// What resizes a relayed terminal ([`Stdio3::RelayedPty`]).
+    pub(crate) resizer: Option<Resizer>,
     proc: Proc,
 }
 
@@ -53,11 +56,18 @@ impl Launch {
         matches!(self, Self::Init { init, .. } if init.own_pty())
     }
 
+    /// Whether it runs under a sandbox's init that relays a terminal of the sandbox's
+    /// own instead ([`Stdio3::RelayedPty`]: gVisor's).
+    pub(crate) fn relays_pty(&self) -> bool {
+        matches!(self, Self::Init { init, .. } if !init.own_pty())
+    }
+
     pub(crate) async fn spawn(self, stdio: Stdio3) -> std::io::Result<Running> {
         match self {
             Self::Process(cmd) => spawn_process(cmd, stdio),
             Self::Init { init, spec } => {
-                let own_pty = matches!(stdio, Stdio3::OwnPty { .. });
+                let own_pty = matches!(stdio, Stdio3::OwnPty { .. } | Stdio3::RelayedPty { .. });
+                let relayed = matches!(stdio, Stdio3::RelayedPty { .. });
                 let mut child = init.spawn(&spec, stdio).await?;
                 let stdout = child.stdout.take().map(|s| Box::new(s) as Output);
                 let stderr = child.stderr.take().map(|s| Box::new(s) as Output);
@@ -71,6 +81,7 @@ impl Launch {
                     stdout,
                     stderr,
                     pty_master,
+                    resizer: relayed.then(|| child.resizer()),
                     proc: Proc::Init { child, _init: init },
                 })
             }
@@ -81,7 +92,7 @@ impl Launch {
 /// A process of the host started with `stdio`, killed with its tree when dropped.
 fn spawn_process(mut cmd: tokio::process::Command, stdio: Stdio3) -> std::io::Result<Running> {
     match stdio {
-        Stdio3::OwnPty { .. } => {
+        Stdio3::OwnPty { .. } | Stdio3::RelayedPty { .. } => {
             return Err(std::io::Error::other(
                 "a terminal of the sandbox's own needs the sandbox's init",
             ));
@@ -115,6 +126,7 @@ fn spawn_process(mut cmd: tokio::process::Command, stdio: Stdio3) -> std::io::Re
         stdout,
         stderr,
         pty_master: None,
+        resizer: None,
         proc: Proc::Process { child, tree },
     })
 }

@@ -2,6 +2,7 @@
 //! no unsafe), its window size, the open ptys by id, and the `setsid --ctty` wrapper
 //! that makes the pty a command's controlling terminal where there is no init to do it.
 
+use crate::local::isolation::init::host::Resizer;
 use rustix::{
     fd::OwnedFd,
     fs::{Mode, OFlags},
@@ -44,6 +45,8 @@ pub(crate) fn with_ctty(argv: &[String]) -> Vec<String> {
 pub(crate) struct Pty {
     sandbox_id: String,
     master: Mutex<std::fs::File>,
+    /// Where the master is the sandbox's init's (gVisor's): what sets its size.
+    resizer: Option<Resizer>,
 }
 
 impl Pty {
@@ -54,8 +57,13 @@ impl Pty {
 
     /// The terminal's new size (the command's foreground group gets SIGWINCH).
     pub(crate) fn resize(&self, rows: u32, cols: u32) -> rustix::io::Result<()> {
+        let size = winsize(rows, cols);
+        if let Some(r) = &self.resizer {
+            r.resize(size.ws_row, size.ws_col);
+            return Ok(());
+        }
         let m = self.master.lock().expect("pty lock");
-        rustix::termios::tcsetwinsize(&*m, winsize(rows, cols))
+        rustix::termios::tcsetwinsize(&*m, size)
     }
 }
 
@@ -64,12 +72,19 @@ impl Pty {
 pub(crate) struct Ptys(Mutex<HashMap<String, Arc<Pty>>>);
 
 impl Ptys {
-    /// Keep `master` as a new pty of `sandbox_id`; returns its id.
-    pub(crate) fn add(&self, sandbox_id: &str, master: std::fs::File) -> String {
+    /// Keep `master` as a new pty of `sandbox_id` (resized by `resizer` where the
+    /// sandbox's init holds the real one); returns its id.
+    pub(crate) fn add(
+        &self,
+        sandbox_id: &str,
+        master: std::fs::File,
+        resizer: Option<Resizer>,
+    ) -> String {
         let pty_id = format!("pty-{}", uuid::Uuid::new_v4().simple());
         let pty = Arc::new(Pty {
             sandbox_id: sandbox_id.to_owned(),
             master: Mutex::new(master),
+            resizer,
         });
         self.0
             .lock()

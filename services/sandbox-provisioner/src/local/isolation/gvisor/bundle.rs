@@ -25,6 +25,13 @@ pub struct Bind {
     /// Absolute, inside the sandbox.
     pub dest: String,
     pub writable: bool,
+    /// Made on the host, in the mount namespace of the child that starts runsc, on its
+    /// mount point in the root or in the directory bound at [`RUN`]: runsc then serves
+    /// it as part of that mount. Each mount of `config.json` is a file-server connection
+    /// of its own, set up at every start (the host's tools and the kit as mounts of their
+    /// own: about a fifth of a start, measured). The workspace stays one: the
+    /// provisioner writes it from the host, which the root's cache would not see.
+    pub on_host: bool,
 }
 
 impl Bind {
@@ -33,6 +40,14 @@ impl Bind {
             source: source.into(),
             dest: dest.into(),
             writable: false,
+            on_host: false,
+        }
+    }
+
+    fn on_host(self) -> Self {
+        Self {
+            on_host: true,
+            ..self
         }
     }
 
@@ -74,22 +89,23 @@ impl Container {
         let root = match inv.image {
             Some(img) => img.rootfs.to_path_buf(),
             None => {
-                binds.extend(host_tools_binds());
+                binds.extend(host_tools_binds().into_iter().map(Bind::on_host));
                 skeleton.to_path_buf()
             }
         };
+        // Over gVisor's own /run: a mount of runsc's, the binds below it the host's.
         binds.push(Bind::ro(run, RUN));
         if let Some(r) = inv.kit() {
-            binds.push(Bind::ro(&r.forwarder.dir, forwarder_kit::IN_SANDBOX));
+            binds.push(Bind::ro(&r.forwarder.dir, forwarder_kit::IN_SANDBOX).on_host());
             for (_, inside, host) in r.pairs() {
-                binds.push(Bind::rw(host, inside));
+                binds.push(Bind::rw(host, inside).on_host());
             }
         }
         if let Some(tools) = inv.tools {
-            binds.push(Bind::ro(tools, bwrap::TOOLS));
+            binds.push(Bind::ro(tools, bwrap::TOOLS).on_host());
         }
         for t in inv.toolchains {
-            binds.push(Bind::ro(&t.dir, t.in_sandbox()));
+            binds.push(Bind::ro(&t.dir, t.in_sandbox()).on_host());
         }
         binds.push(Bind::rw(inv.workspace, bwrap::WORKSPACE));
         debug_assert!(binds.iter().all(|b| b.dest.starts_with('/')));
@@ -114,7 +130,7 @@ impl Container {
             // Writable, as bubblewrap's /run is on an image; the relays are bound in it.
             json!({"destination": "/run", "type": "tmpfs", "source": "tmpfs"}),
         ];
-        mounts.extend(self.binds.iter().map(|b| {
+        mounts.extend(self.binds.iter().filter(|b| !b.on_host).map(|b| {
             let mode = if b.writable { "rw" } else { "ro" };
             json!({
                 "destination": b.dest,
@@ -168,17 +184,39 @@ impl Container {
         self.binds
             .iter()
             .map(|b| {
-                let parent = self
-                    .binds
-                    .iter()
-                    .filter(|p| p.dest != b.dest && within(&b.dest, &p.dest))
-                    .max_by_key(|p| p.dest.len());
-                let (base, at) = match parent {
-                    Some(p) => (p.source.as_path(), p.dest.as_str()),
-                    None => (self.root.as_path(), "/"),
-                };
-                let rel = b.dest[at.len()..].trim_start_matches('/');
-                (base.to_path_buf(), PathBuf::from(rel), b.source.is_dir())
+                let (base, rel) = self.mount_point(b);
+                (base, rel, b.source.is_dir())
+            })
+            .collect()
+    }
+
+    /// `b`'s mount point: (base, path below it).
+    fn mount_point(&self, b: &Bind) -> (PathBuf, PathBuf) {
+        let parent = self
+            .binds
+            .iter()
+            .filter(|p| p.dest != b.dest && within(&b.dest, &p.dest))
+            .max_by_key(|p| p.dest.len());
+        // A host-side bind inside another would land on that one's source, which the
+        // other's mount (made before it) would not show.
+        debug_assert!(!(b.on_host && parent.is_some_and(|p| p.on_host)));
+        let (base, at) = match parent {
+            Some(p) => (p.source.as_path(), p.dest.as_str()),
+            None => (self.root.as_path(), "/"),
+        };
+        let rel = b.dest[at.len()..].trim_start_matches('/');
+        (base.to_path_buf(), PathBuf::from(rel))
+    }
+
+    /// The host-side binds ([`Bind::on_host`]), parents first: (source, the host path of
+    /// its mount point, writable).
+    pub fn host_binds(&self) -> Vec<(PathBuf, PathBuf, bool)> {
+        self.binds
+            .iter()
+            .filter(|b| b.on_host)
+            .map(|b| {
+                let (base, rel) = self.mount_point(b);
+                (b.source.clone(), base.join(rel), b.writable)
             })
             .collect()
     }

@@ -57,18 +57,15 @@ fn bind<'a>(c: &'a Container, dest: &str) -> Option<&'a Bind> {
 fn the_host_tools_sandbox_sees_usr_read_only_its_relays_and_its_workspace() {
     let (c, kit) = container(None);
     assert_eq!(c.root, Path::new("/g/root"));
-    assert_eq!(bind(&c, "/usr"), Some(&Bind::ro("/usr", "/usr")));
+    assert_eq!(bind(&c, "/usr"), Some(&Bind::ro("/usr", "/usr").on_host()));
     assert_eq!(bind(&c, RUN), Some(&Bind::ro("/g/run", RUN)));
     assert_eq!(
         bind(&c, forwarder_kit::IN_SANDBOX),
-        Some(&Bind::ro(kit, forwarder_kit::IN_SANDBOX))
+        Some(&Bind::ro(kit, forwarder_kit::IN_SANDBOX).on_host())
     );
     assert_eq!(
         bind(&c, bwrap::PROXY_SOCKET_IN_SANDBOX),
-        Some(&Bind::rw(
-            "/state/sbx-1/egress.sock",
-            bwrap::PROXY_SOCKET_IN_SANDBOX
-        ))
+        Some(&Bind::rw("/state/sbx-1/egress.sock", bwrap::PROXY_SOCKET_IN_SANDBOX).on_host())
     );
     assert_eq!(
         bind(&c, "/workspace"),
@@ -167,11 +164,47 @@ fn the_config_has_no_network_no_capabilities_and_a_read_only_root() {
         ws["options"],
         serde_json::json!(["rbind", "rw", "nosuid", "nodev"])
     );
-    let usr = mounts.iter().find(|m| m["destination"] == "/usr").unwrap();
-    assert_eq!(usr["options"][1], "ro");
-    // Parents first: /run (gVisor's tmpfs), then /run/forkyard, then what is in it.
-    let at = |d: &str| mounts.iter().position(|m| m["destination"] == d).unwrap();
-    assert!(at("/run") < at(RUN) && at(RUN) < at(bwrap::PROXY_SOCKET_IN_SANDBOX));
+    let run = mounts.iter().find(|m| m["destination"] == RUN).unwrap();
+    assert_eq!(run["options"][1], "ro");
+    // runsc's own mounts: gVisor's file systems, /run/forkyard over its /run, the
+    // workspace; the rest is bound on the host inside the root or /run/forkyard.
+    let dests: Vec<&str> = mounts
+        .iter()
+        .map(|m| m["destination"].as_str().unwrap())
+        .collect();
+    assert_eq!(dests, ["/proc", "/dev", "/tmp", "/run", RUN, "/workspace"]);
+}
+
+#[test]
+fn the_host_tools_kit_and_relays_are_bound_on_the_host_inside_the_root_or_run() {
+    let (c, kit) = container(None);
+    let host = c.host_binds();
+    let of = |source: &str| {
+        host.iter()
+            .find(|(s, _, _)| s == Path::new(source))
+            .map(|(_, t, w)| (t.clone(), *w))
+    };
+    assert_eq!(of("/usr"), Some(("/g/root/usr".into(), false)));
+    assert_eq!(
+        of("/etc/passwd"),
+        Some(("/g/root/etc/passwd".into(), false))
+    );
+    assert_eq!(of(&kit), Some(("/g/run/fwd".into(), false)));
+    assert_eq!(
+        of("/state/sbx-1/egress.sock"),
+        Some(("/g/run/egress.sock".into(), true))
+    );
+    // Never the workspace (the provisioner writes it from the host) or /run/forkyard.
+    assert!(of("/state/sbx-1/workspace").is_none() && of("/g/run").is_none());
+    // An image's root gets none: only the kit and relays, in /run/forkyard.
+    let (c, _) = container(Some(Path::new("/images/abc/rootfs")));
+    assert!(
+        c.host_binds()
+            .iter()
+            .all(|(_, t, _)| t.starts_with("/g/run/")),
+        "{:?}",
+        c.host_binds()
+    );
 }
 
 #[test]

@@ -73,6 +73,17 @@ impl Runsc {
             ..Container::of(inv, &layout.skeleton(), &layout.run(), nofile())
         };
         layout.write(&container)?;
+        let binds = container
+            .host_binds()
+            .into_iter()
+            .map(|(source, target, writable)| {
+                Ok(enter::HostBind {
+                    source: cpath(&source)?,
+                    target: cpath(&target)?,
+                    writable,
+                })
+            })
+            .collect::<io::Result<Vec<_>>>()?;
         let argv = self
             .argv(layout, id)
             .into_iter()
@@ -90,6 +101,7 @@ impl Runsc {
             fds: vec![(stdin, 0), (null, 1), (stderr, 2)],
             procs: enter::open_procs(inv.cgroup_procs)?,
             attach: inv.attach()?,
+            binds,
             ids: inv.uid.map(|u| (u, u)),
             nofile: open_files::for_sandbox(),
             // Not on runsc: its memory file grows with the sandbox's memory. gVisor's
@@ -106,6 +118,11 @@ fn nofile() -> (u64, u64) {
         .unwrap_or_else(|| rustix::process::getrlimit(rustix::process::Resource::Nofile));
     let soft = l.current.unwrap_or(1 << 20);
     (soft, l.maximum.unwrap_or(soft).max(soft))
+}
+
+fn cpath(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::other(format!("{} holds a NUL byte", p.display())))
 }
 
 fn cstring(s: &str) -> io::Result<CString> {
@@ -153,6 +170,7 @@ async fn run_probe(runsc: &Runsc, layout: &Layout) -> io::Result<std::process::O
             source: "/usr".into(),
             dest: "/usr".into(),
             writable: false,
+            on_host: false,
         }],
         args: vec!["/usr/bin/true".into()],
         env: vec![("PATH".into(), "/usr/bin".into())],

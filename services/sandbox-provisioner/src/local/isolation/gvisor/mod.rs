@@ -5,8 +5,8 @@
 //! [`layout`]). Commands, streamed or not, reach that init over the same socket; every
 //! system call they make is served by gVisor's kernel, never the host's directly.
 //!
-//! What differs (`docs/security.md`): a PTY is the provisioner's, passed in (gVisor
-//! cannot hand a terminal of its own out); the provisioner's own steps on an image
+//! What differs (`docs/security.md`): a PTY's master stays in gVisor, relayed by the
+//! init (gVisor cannot hand a descriptor of its own out); the provisioner's own steps on an image
 //! (patch collection's git) run under bubblewrap, as they need the host's /usr; the
 //! sandbox's memory is gVisor's, so a cgroup OOM kill ends the whole sandbox kernel (the
 //! next command starts it again, the workspace intact).

@@ -11,7 +11,10 @@
 //! kernel drops those pid 1 has no handler for, SIGKILL included). One thread reaps
 //! every child, the commands and whatever they left that was reparented to it.
 
-use super::wire::{self, FromInit, ToInit};
+use super::{
+    terminal::{self, Terminals},
+    wire::{self, FromInit, ToInit},
+};
 use rustix::{
     fd::{AsFd, OwnedFd},
     process::{Pid, Signal, WaitId, WaitIdOptions, WaitOptions, WaitStatus},
@@ -101,6 +104,8 @@ struct Table {
 struct Running {
     table: Mutex<Table>,
     spawned: Condvar,
+    /// The terminals this init relays (gVisor's), by tag.
+    terminals: Terminals,
 }
 
 impl Running {
@@ -157,6 +162,7 @@ pub fn run(sock: OwnedFd, helper: Vec<String>) -> ExitCode {
                     own_pty,
                     rows,
                     cols,
+                    relay,
                 },
                 fds,
             ))) => {
@@ -165,11 +171,15 @@ pub fn run(sock: OwnedFd, helper: Vec<String>) -> ExitCode {
                     pty,
                     stdin,
                     own_pty: pty && own_pty,
+                    relay,
                     size: (rows, cols),
                 };
                 spawn(&sock, &running, &helper, asked, fds);
             }
             Ok(Some((ToInit::Kill { tag, signal }, _))) => running.signal(tag, signal),
+            Ok(Some((ToInit::Resize { tag, rows, cols }, _))) => {
+                running.terminals.resize(tag, (rows, cols));
+            }
             Ok(None) => break,
             Err(e)
                 if matches!(
@@ -185,14 +195,16 @@ pub fn run(sock: OwnedFd, helper: Vec<String>) -> ExitCode {
 
 /// What a [`ToInit::Spawn`] asks for.
 #[derive(Clone, Copy)]
-struct Asked {
-    tag: u64,
+pub(super) struct Asked {
+    pub(super) tag: u64,
     pty: bool,
     /// The descriptor after the spec is the command's stdin.
     stdin: bool,
     /// A terminal of the sandbox's own devpts, opened here (rows, cols).
-    own_pty: bool,
-    size: (u16, u16),
+    pub(super) own_pty: bool,
+    /// With `own_pty`: relayed to the descriptor passed after the spec, not sent back.
+    pub(super) relay: bool,
+    pub(super) size: (u16, u16),
 }
 
 fn spawn(
@@ -207,7 +219,12 @@ fn spawn(
         let _ = wire::send(sock.as_fd(), &msg, &[]);
     };
     let fds = if asked.own_pty {
-        match with_own_pty(sock, asked, fds) {
+        let own = if asked.relay {
+            running.terminals.relayed(asked, fds)
+        } else {
+            terminal::sent_back(sock, asked, fds)
+        };
+        match own {
             Some(fds) => fds,
             None => return reply(FromInit::Failed { tag, code: 125 }),
         }
@@ -250,30 +267,11 @@ fn spawn(
     );
     table.by_pid.insert(pid, tag);
     table.spawns += 1;
+    running.terminals.started(tag, pid);
     // Before the lock goes: its end, which the reaper reports under it, comes after.
     reply(FromInit::Started { tag, pid });
     drop(table);
     running.spawned.notify_one();
-}
-
-/// `fds` with a terminal of the sandbox's own devpts in place of a passed one: its
-/// master sent to the provisioner, its slave received as a terminal passed in (after
-/// the spec); `None`: no terminal could be opened (said on the init's stderr).
-fn with_own_pty(sock: &Arc<OwnedFd>, asked: Asked, fds: Vec<OwnedFd>) -> Option<Vec<OwnedFd>> {
-    let mut fds = fds;
-    match open_pty(asked.size) {
-        Ok((master, slave)) => {
-            let pty = FromInit::Pty { tag: asked.tag };
-            let _ = wire::send(sock.as_fd(), &pty, &[master.as_fd()]);
-            fds.truncate(1);
-            fds.push(slave);
-            Some(fds)
-        }
-        Err(e) => {
-            eprintln!("sandbox init: cannot open a terminal: {e}");
-            None
-        }
-    }
 }
 
 /// The command `make` makes, started: as `found` on its `PATH`, else as `execvp` would.
@@ -292,27 +290,6 @@ fn start(
         return make(None).and_then(|mut c| c.spawn());
     }
     started
-}
-
-/// A pty pair of the sandbox's own devpts (its `/dev/ptmx`), the window `rows` × `cols`:
-/// (master, slave). The slave is opened from the master (`TIOCGPTPEER`), not by name.
-fn open_pty((rows, cols): (u16, u16)) -> io::Result<(OwnedFd, OwnedFd)> {
-    use rustix::pty::OpenptFlags;
-    let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
-    let master = rustix::pty::openpt(flags)?;
-    rustix::pty::grantpt(&master)?;
-    rustix::pty::unlockpt(&master)?;
-    rustix::termios::tcsetwinsize(
-        &master,
-        rustix::termios::Winsize {
-            ws_row: rows,
-            ws_col: cols,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        },
-    )?;
-    let slave = rustix::pty::ioctl_tiocgptpeer(&master, flags)?;
-    Ok((master, slave))
 }
 
 /// A command's stdin (none: /dev/null), stdout and stderr.
@@ -453,6 +430,7 @@ fn reap(sock: &OwnedFd, running: &Running) {
             }
         }
         for (tag, code) in ended {
+            running.terminals.remove(tag);
             let _ = wire::send(sock.as_fd(), &FromInit::Exited { tag, code }, &[]);
         }
     }

@@ -4,7 +4,10 @@
 //! sends can end only its own commands, and an init that goes away ends them all, which
 //! their callers see as a command that died.
 
-use super::wire::{self, FromInit, Spec, ToInit};
+use super::{
+    host_io::{is_pty_master, log_stderr},
+    wire::{self, FromInit, Spec, ToInit},
+};
 use crate::local::isolation::bubblewrap::{bwrap::Invocation, kill_tree::KillTree, vfork::Process};
 use rustix::fd::{AsFd, OwnedFd};
 use std::{
@@ -21,9 +24,6 @@ use tokio_util::sync::CancellationToken;
 /// How long a message to the init may wait for room: an init that reads nothing for
 /// this long (stopped, or flooded) is ended.
 const SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
-/// What of the init's stderr is logged (it says why it could not start); the rest is
-/// read and dropped.
-const STDERR_LINES: usize = 20;
 /// How long the init may take to open a command's terminal.
 const MASTER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -146,6 +146,24 @@ pub(crate) enum Stdio3 {
     /// As [`Self::Pty`], on a terminal the sandbox's init opens in the sandbox's own
     /// devpts, `rows` × `cols`; its master comes back ([`InitChild::master`]).
     OwnPty { rows: u16, cols: u16 },
+    /// As [`Self::OwnPty`], the master kept and relayed by the init (gVisor's, whose
+    /// descriptors cannot leave it): [`InitChild::master`] is the provisioner's end of a
+    /// stream socket carrying the terminal's output and input, [`InitChild::resizer`]
+    /// what sets its size.
+    RelayedPty { rows: u16, cols: u16 },
+}
+
+/// What resizes a terminal the sandbox's init relays ([`Stdio3::RelayedPty`]).
+pub(crate) struct Resizer {
+    shared: Arc<Shared>,
+    tag: u64,
+}
+
+impl Resizer {
+    pub(crate) fn resize(&self, rows: u16, cols: u16) {
+        let tag = self.tag;
+        self.shared.send_now(&ToInit::Resize { tag, rows, cols });
+    }
 }
 
 /// A command started by an init.
@@ -184,6 +202,14 @@ impl InitChild {
             Err(_) => Err(io::Error::other(
                 "the sandbox's init sent no terminal in time",
             )),
+        }
+    }
+
+    /// What resizes its terminal, if the init relays it ([`Stdio3::RelayedPty`]).
+    pub(crate) fn resizer(&self) -> Resizer {
+        Resizer {
+            shared: self.shared.clone(),
+            tag: self.tag,
         }
     }
 
@@ -273,6 +299,7 @@ impl Init {
         };
         self.shared.pending().insert(tag, tx);
         let mut own_size = None;
+        let relay = matches!(stdio, Stdio3::RelayedPty { .. });
         let (pty, input, theirs) = match stdio {
             Stdio3::Piped | Stdio3::Input(_) => {
                 let (out_r, out_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
@@ -292,6 +319,19 @@ impl Init {
                 own_size = Some((rows, cols));
                 (true, false, vec![memfd])
             }
+            Stdio3::RelayedPty { rows, cols } => {
+                let (ours, theirs) = rustix::net::socketpair(
+                    rustix::net::AddressFamily::UNIX,
+                    rustix::net::SocketType::STREAM,
+                    rustix::net::SocketFlags::CLOEXEC,
+                    None,
+                )?;
+                let (tx, rx) = oneshot::channel();
+                let _ = tx.send(ours);
+                child.master = Some(rx);
+                own_size = Some((rows, cols));
+                (true, false, vec![memfd, theirs])
+            }
         };
         let fds: Vec<_> = theirs.iter().map(AsFd::as_fd).collect();
         if self.shared.is_gone() {
@@ -305,6 +345,7 @@ impl Init {
             own_pty: own_size.is_some(),
             rows,
             cols,
+            relay,
         };
         self.shared.send(&msg, &fds).await?;
         // Our copies of the write ends close here: the pipes end when the command's do.
@@ -352,62 +393,4 @@ async fn read(shared: Arc<Shared>, sandbox_id: String) {
         }
     }
     shared.end();
-}
-
-/// Whether `fd` is a pty master: a clone of a devpts `ptmx` (character device 5:2).
-fn is_pty_master(fd: &OwnedFd) -> bool {
-    rustix::fs::fstat(fd).is_ok_and(|st| {
-        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::CharacterDevice
-            && rustix::fs::major(st.st_rdev) == 5
-            && rustix::fs::minor(st.st_rdev) == 2
-    })
-}
-
-/// Log the first lines the init writes on its stderr (a few hundred bytes each), and
-/// read and drop the rest: a command that reaches the init's stderr cannot make the
-/// provisioner hold or log without bound.
-async fn log_stderr(mut stderr: tokio::net::unix::pipe::Receiver, sandbox_id: String) {
-    use tokio::io::AsyncReadExt;
-    let mut buf = vec![0u8; 4096];
-    let mut logged = 0;
-    while let Ok(n) = stderr.read(&mut buf).await {
-        if n == 0 {
-            break;
-        }
-        if logged < STDERR_LINES {
-            for line in String::from_utf8_lossy(&buf[..n])
-                .lines()
-                .take(STDERR_LINES - logged)
-            {
-                logged += 1;
-                tracing::warn!(%sandbox_id, line = %line.chars().take(500).collect::<String>(), "sandbox init said");
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The master the init sends back is the sandbox's to choose: only a pty master is
-    /// taken as one.
-    #[test]
-    fn only_a_pty_master_is_taken_for_one() {
-        let flags = rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY;
-        let master = rustix::pty::openpt(flags).unwrap();
-        rustix::pty::unlockpt(&master).unwrap();
-        let slave = rustix::pty::ioctl_tiocgptpeer(&master, flags).unwrap();
-        assert!(is_pty_master(&master));
-        assert!(!is_pty_master(&slave));
-        let (r, _w) = rustix::pipe::pipe().unwrap();
-        assert!(!is_pty_master(&r));
-        let null = rustix::fs::open(
-            "/dev/null",
-            rustix::fs::OFlags::RDWR,
-            rustix::fs::Mode::empty(),
-        )
-        .unwrap();
-        assert!(!is_pty_master(&null));
-    }
 }

@@ -8,4 +8,6 @@ pub mod ctty;
 mod ended;
 pub mod guest;
 pub(crate) mod host;
+mod host_io;
+mod terminal;
 pub mod wire;

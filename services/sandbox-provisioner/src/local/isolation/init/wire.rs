@@ -47,9 +47,18 @@ pub enum ToInit {
         rows: u16,
         #[serde(default)]
         cols: u16,
+        /// With `own_pty`: the master is not sent back (gVisor's kernel cannot hand its
+        /// terminal out); the init relays it to the descriptor passed after the spec (a
+        /// stream socket, the provisioner's side of the terminal) and keeps it for
+        /// [`ToInit::Resize`].
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        relay: bool,
     },
     /// Send `signal` to the command's process group.
     Kill { tag: u64, signal: i32 },
+    /// The new size of the terminal the init relays for command `tag`: its foreground
+    /// process group gets SIGWINCH, as on any terminal.
+    Resize { tag: u64, rows: u16, cols: u16 },
 }
 
 /// What to run: the whole argv and environment (nothing is inherited from the init).
