@@ -1,7 +1,7 @@
 //! Command-line flags (each also read from an environment variable).
 
 use crate::{
-    e2b::{ApiKey, E2bConfig},
+    e2b::{E2bArgs, E2bConfig},
     local::{
         core::config::Config,
         isolation::{cgroup::Limits, uids},
@@ -214,24 +214,6 @@ pub struct Args {
     /// stack); a tenant's own entry in `--git-credentials` wins.
     #[arg(long, env = "GITHUB_TOKEN", hide_env_values = true)]
     pub github_token: Option<String>,
-    /// E2B control-plane API (the key comes only from `E2B_API_KEY`).
-    #[arg(
-        long,
-        env = "FORKYARD_E2B_API_URL",
-        default_value = "https://api.e2b.dev"
-    )]
-    pub e2b_api_url: String,
-    /// E2B sandbox domain (envd at `https://49983-<id>.<domain>`), or an http(s) base URL.
-    #[arg(long, env = "FORKYARD_E2B_DOMAIN", default_value = "e2b.app")]
-    pub e2b_domain: String,
-    /// E2B template new sandboxes start from.
-    #[arg(long, env = "FORKYARD_E2B_TEMPLATE", default_value = "base")]
-    pub e2b_template: String,
-    /// The E2B template for each image a create may name on the e2b backend:
-    /// `IMAGE=TEMPLATE`, comma-separated (`python:3.12=py312,archive:node22=node-22`);
-    /// an image not listed is refused.
-    #[arg(long, env = "FORKYARD_E2B_TEMPLATES", value_delimiter = ',')]
-    pub e2b_templates: Vec<String>,
     /// USD per CPU-second a local sandbox uses (charged to its fork's budget; 0 = free).
     #[arg(
         long,
@@ -266,18 +248,8 @@ pub struct Args {
     /// and the start-up log says why.
     #[arg(long, env = "FORKYARD_WORKSPACE_OVERLAY", default_value_t = true, action = clap::ArgAction::Set)]
     pub workspace_overlay: bool,
-    /// USD per second of an E2B sandbox's life.
-    #[arg(long, env = "FORKYARD_E2B_SECOND_USD", default_value_t = 0.00003025)]
-    pub e2b_second_usd: f64,
-    /// The metering LLM gateway's public URL(s) (comma-separated; the agent runners'
-    /// own setting of the same name): an E2B sandbox whose run lists egress hosts may
-    /// reach these too, and nothing else.
-    #[arg(long, env = "FORKYARD_PUBLIC_LLM_GATEWAY_URL", value_delimiter = ',')]
-    pub public_llm_gateway_url: Vec<String>,
-    /// Largest git bundle of a repository an E2B sandbox is given (bytes); a bigger
-    /// one fails the create saying so.
-    #[arg(long, env = "FORKYARD_E2B_BUNDLE_MAX_BYTES", default_value_t = crate::e2b::DEFAULT_BUNDLE_MAX_BYTES)]
-    pub e2b_bundle_max_bytes: u64,
+    #[command(flatten)]
+    pub e2b: E2bArgs,
 }
 
 impl Args {
@@ -285,7 +257,7 @@ impl Args {
     pub fn resolve(&self) -> Result<(SocketAddr, Config, E2bConfig), String> {
         let listen = parse_listen("--listen (FORKYARD_LISTEN)", &self.listen)?;
         let local = self.local(listen)?;
-        let e2b = self.e2b(&local)?;
+        let e2b = self.e2b.resolve(&local)?;
         Ok((listen, local, e2b))
     }
 
@@ -431,7 +403,7 @@ impl Args {
         let prices = Prices {
             cpu_second_usd: self.sandbox_cpu_second_usd,
             gib_second_usd: self.sandbox_gib_second_usd,
-            e2b_second_usd: self.e2b_second_usd,
+            e2b_second_usd: self.e2b.e2b_second_usd,
         };
         if !prices.valid() {
             return Err("FORKYARD_SANDBOX_CPU_SECOND_USD, FORKYARD_SANDBOX_GIB_SECOND_USD and FORKYARD_E2B_SECOND_USD must be numbers from 0 to 1 (USD)".into());
@@ -450,45 +422,6 @@ impl Args {
                 })
             })
             .collect()
-    }
-
-    /// The e2b backend's settings. Its key comes from `E2B_API_KEY` alone (never a flag,
-    /// which `ps` would show); its command and clone limits are the local backend's.
-    fn e2b(&self, local: &Config) -> Result<E2bConfig, String> {
-        for (name, v) in [
-            ("--e2b-api-url (FORKYARD_E2B_API_URL)", &self.e2b_api_url),
-            ("--e2b-domain (FORKYARD_E2B_DOMAIN)", &self.e2b_domain),
-            ("--e2b-template (FORKYARD_E2B_TEMPLATE)", &self.e2b_template),
-        ] {
-            if v.trim().is_empty() {
-                return Err(format!("{name} is empty"));
-            }
-        }
-        Ok(E2bConfig {
-            api_url: self.e2b_api_url.trim().to_owned(),
-            domain: self.e2b_domain.trim().to_owned(),
-            template: self.e2b_template.trim().to_owned(),
-            templates: crate::e2b::templates::parse(&self.e2b_templates)
-                .map_err(|e| format!("--e2b-templates (FORKYARD_E2B_TEMPLATES): {e}"))?,
-            api_key: std::env::var("E2B_API_KEY")
-                .ok()
-                .filter(|k| !k.trim().is_empty())
-                .map(|k| ApiKey::new(k.trim())),
-            exec_timeout: local.exec_timeout,
-            clone_timeout: local.clone_timeout,
-            second_usd: self.e2b_second_usd,
-            allow_out: self
-                .public_llm_gateway_url
-                .iter()
-                .filter(|u| !u.trim().is_empty())
-                .map(|u| forkyard_common::e2b_egress::url_rule(u))
-                .collect::<Result<_, _>>()
-                .map_err(|e| {
-                    format!("--public-llm-gateway-url (FORKYARD_PUBLIC_LLM_GATEWAY_URL): {e}")
-                })?,
-            bundle_max_bytes: self.e2b_bundle_max_bytes,
-            ..E2bConfig::default()
-        })
     }
 }
 

@@ -14,6 +14,7 @@
 //! (expiry), `templates` (images to templates) and `connect` (Connect-RPC framing).
 
 mod api;
+mod args;
 mod backend;
 mod config;
 pub mod connect;
@@ -29,6 +30,7 @@ mod ttl;
 use crate::local::{base::keyed_lock::KeyedLock, core::provisioner::Provisioner};
 use std::{collections::HashMap, path::PathBuf, sync::Arc};
 
+pub use args::E2bArgs;
 pub use config::{ApiKey, E2bConfig};
 
 pub const BACKEND: &str = "e2b";
