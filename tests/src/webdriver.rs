@@ -169,6 +169,13 @@ impl Browser {
         Ok((n("x"), n("y"), n("width"), n("height")))
     }
 
+    /// Resize the browser's window (CSS pixels; headless: the viewport follows).
+    pub async fn window_size(&self, width: u32, height: u32) -> anyhow::Result<()> {
+        self.post("/window/rect", json!({ "width": width, "height": height }))
+            .await
+            .map(drop)
+    }
+
     /// Run `script` (a function body) in the page; what it returns.
     pub async fn execute(&self, script: &str) -> anyhow::Result<Value> {
         self.post("/execute/sync", json!({ "script": script, "args": [] }))

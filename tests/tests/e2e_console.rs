@@ -53,6 +53,7 @@ async fn console_in_a_real_browser() {
     c.runs_page_lists(&run_id).await;
     c.fork_page_shows_patch(&run_id).await;
     c.compare_side_by_side(&run_id).await;
+    actions::pages_fit_a_phone(&c, &run_id).await;
     c.hidden_and_unknown_are_404(&key_b, &run_id).await;
     actions::admin_key_reads_every_tenant(&c, &key_ops, &run_id).await;
     steer_from_page(&c, &mut mesh, &mut gw, &key_a, src.path()).await;

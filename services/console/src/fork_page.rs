@@ -114,7 +114,7 @@ fn single(run: &Run, f: &ForkResult, session: &Session, errors: &FieldErrors) ->
                 a href=(format!("/runs/{}/forks/{}", run.run_id, f.parent_fork)) { "fork " (f.parent_fork) }
                 " (depth " (f.depth) ")" }
         }
-        table #fork-row { tbody { (run_page::fork_row(run, f, now, session)) } }
+        div.scroll { table #fork-row { tbody { (run_page::fork_row(run, f, now, session)) } } }
         @if !f.error.is_empty() {
             section #fork-error { h2 { "Error" } p.error role="alert" { "During " (phase(f)) ": " (f.error) } }
         }

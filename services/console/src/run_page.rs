@@ -79,14 +79,15 @@ pub async fn render(
         }
         (fork_tree::render(&run))
         h2 { "Forks" }
-        table #forks data-events=(format!("/runs/{run_id}/events")) {
+        // In a box of its own that scrolls sideways on a narrow window, not the page.
+        div.scroll { table #forks data-events=(format!("/runs/{run_id}/events")) {
             thead { tr {
                 th { "Fork" } th { "Status" } th { "Phase" } th { "Duration" }
                 th { "Model cost" } th { "Sandbox cost" } th { "Tokens in / out" }
                 th { "Verify" } th { "Diff" } th { "Backend" } th { "Actions" }
             } }
             tbody { @for f in &run.forks { (fork_row(&run, f, now, session)) } }
-        }
+        } }
         p.compare-hint { "Compare two forks: open one and add " code { "?compare=<n>" } "." }
     };
     Ok(layout(&format!("Run {run_id}"), Some(session), body))

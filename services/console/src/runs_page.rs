@@ -80,12 +80,14 @@ pub async fn render(
         @if runs.is_empty() {
             p #no-runs { "No runs" @if !filter.state.is_empty() || !filter.label.is_empty() { " match this filter" } "." }
         } @else {
+            div.scroll {
             table #runs {
                 thead { tr {
                     th { "Run" } @if tenants { th { "Tenant" } } th { "State" } th { "Forks done" }
                     th { "Cost of budget" } th { "Age" } th { "Labels" }
                 } }
                 tbody { @for (summary, run) in &runs { (row(summary, run.as_ref(), now, tenants)) } }
+            }
             }
         }
         @if let Some(token) = next {

@@ -193,3 +193,31 @@ pub async fn admin_key_reads_every_tenant(c: &Console, admin_key: &str, run_id: 
         );
     }
 }
+
+/// A phone-sized window (390 × 844): the runs, run and fork pages fit its width (wide
+/// tables and diffs scroll inside their own boxes, not the page) and are not blank.
+pub async fn pages_fit_a_phone(c: &Console, run_id: &str) {
+    c.b.window_size(390, 844).await.expect("resize");
+    for (path, shot) in [
+        ("/runs".to_owned(), "09-phone-runs"),
+        (format!("/runs/{run_id}"), "10-phone-run"),
+        (format!("/runs/{run_id}/forks/1"), "11-phone-fork"),
+    ] {
+        c.b.goto(&c.url(&path)).await.unwrap();
+        let overflow =
+            c.b.execute("return document.documentElement.scrollWidth - window.innerWidth")
+                .await
+                .unwrap();
+        if !overflow.as_f64().is_some_and(|o| o <= 1.0) {
+            // What sticks out, to say which rule is missing.
+            let wide = c.b.execute(
+                "const out = e => e.getBoundingClientRect().right > window.innerWidth + 1; return [...document.querySelectorAll('body *')].filter(e => out(e) && !out(e.parentElement)).slice(0, 5).map(e => e.tagName + '#' + e.id + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right)).join(', ')",
+            )
+            .await
+            .unwrap();
+            panic!("{path} is {overflow} px wider than a phone's window: {wide}");
+        }
+        c.shot(shot).await;
+    }
+    c.b.window_size(1280, 1000).await.expect("resize back");
+}
