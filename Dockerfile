@@ -13,7 +13,7 @@
 #
 # The base is `forkyard/debian:bookworm` from scripts/base-image.sh (debootstrap of
 # Debian's own packages, then `docker import`); any Debian bookworm image serves.
-# targets: gateway, sandbox-provisioner, agent-runner, budget-ledger, janitor, cli,
+# targets: gateway, sandbox-provisioner, agent-runner, budget-ledger, janitor, console, cli,
 # temporal-dev, postgres, prometheus
 #
 # The sandbox-provisioner image carries the pinned agent CLIs (claude, codex) the
@@ -49,7 +49,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && mkdir -p /out \
  && cp target/release/gateway target/release/sandbox-provisioner \
        target/release/sandbox-egress-forwarder target/release/agent-runner \
-       target/release/budget-ledger target/release/janitor target/release/forkyard \
+       target/release/budget-ledger target/release/janitor target/release/console \
+       target/release/forkyard \
        target/release/forkyard-health /opt/temporal/bin/temporal /out/
 
 # ---- host (BINARIES=host): what scripts/images.sh put in target/image-bins ----------
@@ -156,6 +157,15 @@ ENV FORKYARD_LISTEN=0.0.0.0:50055 \
     FORKYARD_METRICS_LISTEN=0.0.0.0:9455
 EXPOSE 50055 9455
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/janitor"]
+
+# ---- console: the run console's HTTP server (docs/console.md) -------------------------
+# No state, no credential: FORKYARD_GATEWAY names the gateway, each visitor's own API key
+# goes with every call. Its healthcheck is `console --check` (a GET of its own /healthz).
+FROM runtime AS console
+COPY --from=bins /out/console /usr/local/bin/console
+ENV FORKYARD_CONSOLE_LISTEN=0.0.0.0:8088
+EXPOSE 8088
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/console"]
 
 # ---- cli: `forkyard` (FORKYARD_GATEWAY names the gateway) ------------------------------
 FROM runtime AS cli

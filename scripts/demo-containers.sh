@@ -41,5 +41,6 @@ code=$?
 set -e
 echo
 echo "gateways: 127.0.0.1:50151 and 127.0.0.1:50152 (grpcurl -plaintext 127.0.0.1:50151 list)"
+echo "console: http://$("${C[@]}" port console 8088 2>/dev/null || echo 127.0.0.1:8188)"
 echo "CLI: ${C[*]} run --rm cli list; stop: make down-containers"
 exit $code

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds Forkyard's images into the local Docker engine from binaries built on this host
-# (Dockerfile, BINARIES=host): forkyard/<target>:$TAG for every service, the CLI, a
+# (Dockerfile, BINARIES=host): forkyard/<target>:$TAG for every service (the console too), the CLI, a
 # Temporal dev server, PostgreSQL and Prometheus. Needs the base image (scripts/base-image.sh)
 # and the agent CLIs (make deps-agents) the provisioner image carries.
 #
@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 PROFILE=${PROFILE:-release}
 TAG=${FORKYARD_IMAGE_TAG:-local}
 BASE=${FORKYARD_BASE_IMAGE:-forkyard/debian:bookworm}
-TARGETS=(gateway sandbox-provisioner agent-runner budget-ledger janitor cli temporal-dev postgres prometheus)
-BINS=(gateway sandbox-provisioner sandbox-egress-forwarder agent-runner budget-ledger janitor forkyard forkyard-health)
+TARGETS=(gateway sandbox-provisioner agent-runner budget-ledger janitor console cli temporal-dev postgres prometheus)
+BINS=(gateway sandbox-provisioner sandbox-egress-forwarder agent-runner budget-ledger janitor console forkyard forkyard-health)
 TOOLS_VENV=${TOOLS_VENV:-$HOME/.cache/forkyard/venv}
 target_dir=${CARGO_TARGET_DIR:-target}
 

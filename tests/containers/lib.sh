@@ -10,6 +10,7 @@ repos=$(mktemp -d "/var/tmp/$project-repos.XXXXXX")
 export FORKYARD_REPOS=$repos
 # Host ports: any free ones (the test reaches every replica by its container address).
 export FORKYARD_GATEWAY_PORTS="127.0.0.1:"
+export FORKYARD_CONSOLE_PORT="127.0.0.1:"
 # The deploy file and the tests' settings over it (tests/containers/compose.test.yml).
 C=(docker-compose -f deploy/compose.replicas.yml -f tests/containers/compose.test.yml -p "$project")
 failures=0

@@ -19,6 +19,8 @@ project=forkyard-upgrade
 FROM_TAG=${FROM_TAG:?FROM_TAG: the image tag of the earlier build}
 TO_TAG=${TO_TAG:-local}
 export FORKYARD_IMAGE_TAG=$FROM_TAG
+# The console is not part of the upgrade: the earlier build may have no console image.
+export FORKYARD_CONSOLE_TAG=$TO_TAG
 source tests/containers/lib.sh
 start_stack
 
