@@ -75,7 +75,7 @@ wait_serving() {
 # forkyard-health), as "container=state" words.
 health_states() {
   local svc c
-  for svc in gateway sandbox-provisioner agent-runner budget-ledger janitor; do
+  for svc in gateway sandbox-provisioner agent-runner budget-ledger janitor console; do
     for c in $(containers "$svc"); do
       echo "$c=$(docker inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$c")"
     done

@@ -20,6 +20,10 @@ start_stack
 if wait_until 90 "every replica healthy by its Compose healthcheck ($(health_states))" all_healthy; then
   pass "every replica healthy by its Compose healthcheck ($(health_states))"
 fi
+# The run console, through its published port: the runs page (no keys in this stack).
+console_at=$("${C[@]}" port console 8088 | tail -1)
+code=$(curl -s -o /dev/null -w '%{http_code}' "http://$console_at/runs" || true)
+check "the console answers its runs page on $console_at ($code)" test "$code" = 200
 janitor=$(containers janitor | head -1)
 docker exec "$janitor" /usr/local/bin/forkyard-health 127.0.0.1:50055 forkyard.no.such.Service >/dev/null 2>&1 && asked=served || asked=refused
 check "the healthcheck fails for a service the replica does not serve ($asked)" test "$asked" = refused
