@@ -13,7 +13,7 @@
 
 use super::{
     terminal::{self, Terminals},
-    wire::{self, FromInit, ToInit},
+    wire::{self, Asked, FromInit, ToInit},
 };
 use rustix::{
     fd::{AsFd, OwnedFd},
@@ -191,20 +191,6 @@ pub fn run(sock: OwnedFd, helper: Vec<String>) -> ExitCode {
     }
     running.kill_all();
     ExitCode::SUCCESS
-}
-
-/// What a [`ToInit::Spawn`] asks for.
-#[derive(Clone, Copy)]
-pub(super) struct Asked {
-    pub(super) tag: u64,
-    pty: bool,
-    /// The descriptor after the spec is the command's stdin.
-    stdin: bool,
-    /// A terminal of the sandbox's own devpts, opened here (rows, cols).
-    pub(super) own_pty: bool,
-    /// With `own_pty`: relayed to the descriptor passed after the spec, not sent back.
-    pub(super) relay: bool,
-    pub(super) size: (u16, u16),
 }
 
 fn spawn(

@@ -12,10 +12,7 @@
 //! SIGINT, SIGQUIT and SIGTSTP for the foreground process group instead of input, and a
 //! resize that changes the size sends it SIGWINCH.
 
-use super::{
-    guest::Asked,
-    wire::{self, FromInit},
-};
+use super::wire::{self, Asked, FromInit};
 use rustix::{
     fd::{AsFd, BorrowedFd, OwnedFd},
     process::{Pid, Signal},

@@ -164,3 +164,17 @@ pub fn read_spec(fd: OwnedFd, limit: u64) -> io::Result<Spec> {
     }
     serde_json::from_slice(&data).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
+
+/// What a `ToInit::Spawn` asks for, as the init reads it (`guest`, `terminal`).
+#[derive(Clone, Copy)]
+pub(super) struct Asked {
+    pub(super) tag: u64,
+    pub(super) pty: bool,
+    /// The descriptor after the spec is the command's stdin.
+    pub(super) stdin: bool,
+    /// A terminal of the sandbox's own devpts, opened here (rows, cols).
+    pub(super) own_pty: bool,
+    /// With `own_pty`: relayed to the descriptor passed after the spec, not sent back.
+    pub(super) relay: bool,
+    pub(super) size: (u16, u16),
+}
