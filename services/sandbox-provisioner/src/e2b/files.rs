@@ -85,35 +85,15 @@ impl E2bBackend {
     }
 
     pub(super) async fn write_bytes(&self, sid: &str, path: &str, content: &[u8]) -> Result<()> {
-        let boundary = format!("forkyard{}", uuid::Uuid::new_v4().simple());
-        let name = path.rsplit('/').next().unwrap_or("file").replace('"', "");
+        let form = Multipart::for_path(path);
         let mut body = Vec::with_capacity(content.len() + 256);
-        body.extend_from_slice(
-            format!(
-                "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
-            )
-            .as_bytes(),
-        );
+        body.extend_from_slice(form.head.as_bytes());
         body.extend_from_slice(content);
-        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-        let resp = self
-            .envd(sid, Method::POST, "/files")
-            .query(&[("path", path), ("username", "user")])
-            .header(
-                "Content-Type",
-                format!("multipart/form-data; boundary={boundary}"),
-            )
-            .timeout(self.config.request_timeout)
-            .body(body)
-            .send()
+        body.extend_from_slice(form.tail.as_bytes());
+        let len = body.len() as u64;
+        let timeout = self.config.request_timeout;
+        self.post_file(sid, path, &form, (body.into(), len), timeout, "write file")
             .await
-            .map_err(|e| self.transport_error("write file", &e))?;
-        let status = resp.status();
-        if !status.is_success() {
-            let text = resp.text().await.unwrap_or_default();
-            return Err(self.status_error("write file", "", status, &text));
-        }
-        Ok(())
     }
 
     /// Host file `from` (`size` bytes) written to `path` in the sandbox, streamed: a
@@ -129,13 +109,8 @@ impl E2bBackend {
         let file = tokio::fs::File::open(from)
             .await
             .map_err(|e| ProvisionerError::internal("open the repository's bundle", e))?;
-        let boundary = format!("forkyard{}", uuid::Uuid::new_v4().simple());
-        let name = path.rsplit('/').next().unwrap_or("file").replace('"', "");
-        let head = format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
-        );
-        let tail = format!("\r\n--{boundary}--\r\n");
-        let len = head.len() as u64 + size + tail.len() as u64;
+        let form = Multipart::for_path(path);
+        let len = form.head.len() as u64 + size + form.tail.len() as u64;
         let chunks = futures::stream::unfold(file, |mut f| async move {
             use tokio::io::AsyncReadExt as _;
             let mut buf = vec![0u8; 256 << 10];
@@ -148,29 +123,46 @@ impl E2bBackend {
                 Err(e) => Some((Err(e), f)),
             }
         });
+        let (head, tail) = (form.head.clone(), form.tail.clone());
         let body =
             futures::stream::once(async move { Ok::<_, std::io::Error>(bytes::Bytes::from(head)) })
                 .chain(chunks)
                 .chain(futures::stream::once(async move {
                     Ok(bytes::Bytes::from(tail))
                 }));
+        let body = (reqwest::Body::wrap_stream(body), len);
+        let timeout = self.config.clone_timeout;
+        self.post_file(sid, path, &form, body, timeout, "upload the repository")
+            .await
+    }
+
+    /// envd's `POST /files` of one file, framed by `form`; `what` names it in errors.
+    async fn post_file(
+        &self,
+        sid: &str,
+        path: &str,
+        form: &Multipart,
+        (body, len): (reqwest::Body, u64),
+        timeout: std::time::Duration,
+        what: &str,
+    ) -> Result<()> {
         let resp = self
             .envd(sid, Method::POST, "/files")
             .query(&[("path", path), ("username", "user")])
             .header(
                 "Content-Type",
-                format!("multipart/form-data; boundary={boundary}"),
+                format!("multipart/form-data; boundary={}", form.boundary),
             )
             .header("Content-Length", len)
-            .timeout(self.config.clone_timeout)
-            .body(reqwest::Body::wrap_stream(body))
+            .timeout(timeout)
+            .body(body)
             .send()
             .await
-            .map_err(|e| self.transport_error("upload the repository", &e))?;
+            .map_err(|e| self.transport_error(what, &e))?;
         let status = resp.status();
         if !status.is_success() {
             let text = resp.text().await.unwrap_or_default();
-            return Err(self.status_error("upload the repository", "", status, &text));
+            return Err(self.status_error(what, "", status, &text));
         }
         Ok(())
     }
@@ -183,5 +175,26 @@ impl E2bBackend {
             ));
         }
         Ok(format!("{WORKSPACE}/{p}"))
+    }
+}
+
+/// The multipart framing envd's `POST /files` takes around one file's bytes.
+struct Multipart {
+    boundary: String,
+    head: String,
+    tail: String,
+}
+
+impl Multipart {
+    fn for_path(path: &str) -> Self {
+        let boundary = format!("forkyard{}", uuid::Uuid::new_v4().simple());
+        let name = path.rsplit('/').next().unwrap_or("file").replace('"', "");
+        Self {
+            head: format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+            ),
+            tail: format!("\r\n--{boundary}--\r\n"),
+            boundary,
+        }
     }
 }
