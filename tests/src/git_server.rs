@@ -1,7 +1,7 @@
 //! Real git servers for the tests of private repositories: git's own smart-HTTP CGI
 //! (`git http-backend`) behind lighttpd with basic authentication, as a self-hosted git
-//! server or a forge's HTTPS endpoint answers; and sshd with one authorized deploy key
-//! and its own host key, as a forge's SSH endpoint does. Each serves a bare copy of a
+//! server or a forge's HTTPS endpoint answers; sshd with one authorized deploy key and
+//! its own host key, as a forge's SSH endpoint does; and `git daemon` (`git://`). Each serves a bare copy of a
 //! source repository on a free loopback port and is killed when dropped.
 
 mod ssh;
@@ -20,6 +20,45 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// `git daemon` serving a bare copy of a source repository at
+/// `git://127.0.0.1:<port>/r.git`, every repository exported, no authentication.
+pub struct GitDaemon {
+    _server: Server,
+    _dir: tempfile::TempDir,
+    pub port: u16,
+}
+
+impl GitDaemon {
+    pub fn serve(src: &Path) -> GitDaemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        bare_copy(src, dir.path());
+        let port = free_port();
+        let log = dir.path().join("daemon.log");
+        let server = Server(
+            Command::new("git")
+                .args([
+                    "daemon",
+                    "--listen=127.0.0.1",
+                    "--export-all",
+                    "--reuseaddr",
+                ])
+                .arg(format!("--port={port}"))
+                .arg(format!("--base-path={}", dir.path().display()))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).expect("log"))
+                .spawn()
+                .expect("git daemon"),
+        );
+        wait_listening("127.0.0.1", port, "git daemon", &log);
+        GitDaemon {
+            _server: server,
+            _dir: dir,
+            port,
+        }
     }
 }
 

@@ -10,78 +10,28 @@ use forkyard_proto::{
 };
 use forkyard_tests::{
     Mesh,
+    git_server::GitDaemon,
     mesh::MeshOptions,
     repo,
     support::{launch, run_to_end},
 };
-use std::{
-    path::Path,
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+use std::time::Duration;
 use tonic::Code;
 
 const AGENT: &str =
     r#"echo "fork $FORKYARD_FORK" > done.txt; printf '{"total_cost_usd": 0.001}\n'"#;
-
-/// `git daemon` serving `<base>/r.git` on a free loopback port; killed when dropped.
-struct Daemon(Child, u16);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
 }
 
-fn serve(src: &Path, base: &Path) -> Daemon {
-    let ok = Command::new("git")
-        .args(["clone", "-q", "--bare"])
-        .arg(src)
-        .arg(base.join("r.git"))
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "git clone --bare");
-    let port = free_port();
-    let daemon = Daemon(
-        Command::new("git")
-            .args([
-                "daemon",
-                "--listen=127.0.0.1",
-                "--export-all",
-                "--reuseaddr",
-            ])
-            .arg(format!("--port={port}"))
-            .arg(format!("--base-path={}", base.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("git daemon"),
-        port,
-    );
-    for _ in 0..400 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return daemon;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    panic!("git daemon did not start on port {port}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_loopback_repository_is_refused_alike_until_the_operator_lists_it() {
     let src = tempfile::tempdir().unwrap();
     repo::create(src.path()).unwrap();
-    let served = tempfile::tempdir().unwrap();
-    let daemon = serve(src.path(), served.path());
-    let url = format!("git://127.0.0.1:{}/r.git", daemon.1);
+    let daemon = GitDaemon::serve(src.path());
+    let url = format!("git://127.0.0.1:{}/r.git", daemon.port);
 
     let mesh = Mesh::start().await.expect("mesh starts");
     let mut gw = GatewayClient::new(mesh.channel("gateway").await.unwrap());
@@ -105,7 +55,7 @@ async fn a_loopback_repository_is_refused_alike_until_the_operator_lists_it() {
     drop(gw);
     drop(mesh);
 
-    let listed = format!("127.0.0.1:{}", daemon.1);
+    let listed = format!("127.0.0.1:{}", daemon.port);
     let mesh = Mesh::start_with(MeshOptions {
         service_env: ["gateway", "sandbox-provisioner"]
             .iter()

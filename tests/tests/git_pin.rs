@@ -15,13 +15,11 @@ use forkyard_common::{
     host_git,
     repo_location::{self, RepoLocation},
 };
-use forkyard_tests::{git_server::GitSsh, repo};
-use std::{
-    net::SocketAddr,
-    path::Path,
-    process::{Child, Command, Stdio},
-    time::Duration,
+use forkyard_tests::{
+    git_server::{GitDaemon, GitSsh},
+    repo,
 };
+use std::{net::SocketAddr, time::Duration};
 
 /// `git ls-remote <url> HEAD`, pinned to `addr` or not, with `credential`'s environment.
 async fn ls_remote(
@@ -94,59 +92,11 @@ async fn ssh_reads_go_to_the_pinned_address_and_check_the_key_by_name() {
     assert!(why.contains("Host key verification failed"), "{why}");
 }
 
-/// `git daemon` serving `<base>/r.git` on a free loopback port; killed when dropped.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn daemon(src: &Path, base: &Path) -> (Daemon, u16) {
-    let ok = Command::new("git")
-        .args(["clone", "-q", "--bare"])
-        .arg(src)
-        .arg(base.join("r.git"))
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "git clone --bare");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("git")
-        .args([
-            "daemon",
-            "--listen=127.0.0.1",
-            "--export-all",
-            "--reuseaddr",
-        ])
-        .arg(format!("--port={port}"))
-        .arg(format!("--base-path={}", base.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("git daemon");
-    let d = Daemon(child);
-    for _ in 0..400 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return (d, port);
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    panic!("git daemon did not start on port {port}");
-}
-
 #[tokio::test]
 async fn git_daemon_reads_go_to_the_pinned_address() {
     let src = source();
-    let base = tempfile::tempdir().unwrap();
-    let (_daemon, port) = daemon(src.path(), base.path());
+    let daemon = GitDaemon::serve(src.path());
+    let port = daemon.port;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     // Spelled as a caller may: git matches the URL's text.
     let url = format!("git://Git.Invalid:{port}/r.git");

@@ -71,6 +71,23 @@ async fn answer(
     }
 }
 
+/// A plain action's outcome: logged, then the run page (its refusal above the actions).
+async fn done<T>(
+    state: &AppState,
+    session: &Session,
+    run_id: &str,
+    action: &str,
+    result: Result<T, tonic::Status>,
+) -> Result<Response, ConsoleError> {
+    tracing::info!(
+        run_id,
+        action,
+        ok = result.is_ok(),
+        "run action from the console"
+    );
+    answer(state, session, run_id, result.map(drop), "", String::new()).await
+}
+
 pub async fn pause(
     State(state): State<AppState>,
     Extension(session): Extension<Session>,
@@ -81,13 +98,9 @@ pub async fn pause(
     let req = PauseRunRequest {
         run_id: run_id.clone(),
     };
-    let mut client = state.gateway.client();
-    let done = client
-        .pause_run(gateway::unary(session.key.as_ref(), req)?)
-        .await;
-    tracing::info!(run_id, ok = done.is_ok(), "pause from the console");
-    let done = done.map(drop);
-    answer(&state, &session, &run_id, done, "", String::new()).await
+    let req = gateway::unary(session.key.as_ref(), req)?;
+    let result = state.gateway.client().pause_run(req).await;
+    done(&state, &session, &run_id, "pause", result).await
 }
 
 pub async fn resume(
@@ -100,13 +113,9 @@ pub async fn resume(
     let req = ResumeRunRequest {
         run_id: run_id.clone(),
     };
-    let mut client = state.gateway.client();
-    let done = client
-        .resume_run(gateway::unary(session.key.as_ref(), req)?)
-        .await;
-    tracing::info!(run_id, ok = done.is_ok(), "resume from the console");
-    let done = done.map(drop);
-    answer(&state, &session, &run_id, done, "", String::new()).await
+    let req = gateway::unary(session.key.as_ref(), req)?;
+    let result = state.gateway.client().resume_run(req).await;
+    done(&state, &session, &run_id, "resume", result).await
 }
 
 pub async fn cancel(
@@ -120,13 +129,9 @@ pub async fn cancel(
         run_id: run_id.clone(),
         reason: "cancelled from the console".into(),
     };
-    let mut client = state.gateway.client();
-    let done = client
-        .cancel_run(gateway::unary(session.key.as_ref(), req)?)
-        .await;
-    tracing::info!(run_id, ok = done.is_ok(), "run cancel from the console");
-    let done = done.map(drop);
-    answer(&state, &session, &run_id, done, "", String::new()).await
+    let req = gateway::unary(session.key.as_ref(), req)?;
+    let result = state.gateway.client().cancel_run(req).await;
+    done(&state, &session, &run_id, "cancel", result).await
 }
 
 pub async fn cancel_fork(
@@ -141,18 +146,16 @@ pub async fn cancel_fork(
         fork,
         reason: "cancelled from the console".into(),
     };
-    let mut client = state.gateway.client();
-    let done = client
-        .cancel_fork(gateway::unary(session.key.as_ref(), req)?)
-        .await;
-    tracing::info!(
-        run_id,
-        fork,
-        ok = done.is_ok(),
-        "fork cancel from the console"
-    );
-    let done = done.map(drop);
-    answer(&state, &session, &run_id, done, "", String::new()).await
+    let req = gateway::unary(session.key.as_ref(), req)?;
+    let result = state.gateway.client().cancel_fork(req).await;
+    done(
+        &state,
+        &session,
+        &run_id,
+        &format!("cancel fork {fork}"),
+        result,
+    )
+    .await
 }
 
 pub async fn raise(
@@ -167,11 +170,14 @@ pub async fn raise(
         run_id: run_id.clone(),
         amount_usd: form.amount.trim().to_owned(),
     };
-    let mut client = state.gateway.client();
-    let done = client
-        .raise_budget(gateway::unary(session.key.as_ref(), req)?)
-        .await;
-    tracing::info!(run_id, ok = done.is_ok(), "budget raise from the console");
+    let req = gateway::unary(session.key.as_ref(), req)?;
+    let done = state.gateway.client().raise_budget(req).await;
+    tracing::info!(
+        run_id,
+        action = "raise",
+        ok = done.is_ok(),
+        "run action from the console"
+    );
     let done = done.map(drop);
     // A refusal is about the amount (its value, or the run's state), unless the caller
     // may not change the run at all (an admin reading another tenant's): that goes with
