@@ -140,14 +140,15 @@ fn codex(req: &RunAgentRequest, agent: &AgentSpec, models: &Models) -> Result<Pr
     // tries OpenAI's websocket first. Codex's own sandbox stays off: the fork's
     // sandbox is the boundary, and a second one cannot start inside it.
     let script = format!(
-        "mkdir -p \"$CODEX_HOME\" && exec codex exec{fork} --json --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox{model_flag} \
+        "mkdir -p \"$CODEX_HOME\" 2>/dev/null || unset CODEX_HOME; exec codex exec{fork} --json --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox{model_flag} \
          -c model_provider=forkyard -c model_providers.forkyard.name=forkyard \
          -c \"model_providers.forkyard.base_url=$OPENAI_BASE_URL\" \
          -c model_providers.forkyard.env_key=OPENAI_API_KEY \
          -c model_providers.forkyard.wire_api=responses{session} \"$FORKYARD_PROMPT\""
     );
     // Its home in the workspace's git directory: the session goes with a snapshot, so
-    // a branch of this fork can continue it.
+    // a branch of this fork can continue it. An image that brings codex and no `mkdir`
+    // runs it in codex's own home instead (such a fork cannot be branched).
     let env = HashMap::from([(
         "CODEX_HOME".to_owned(),
         crate::branch::CODEX_HOME.to_owned(),
@@ -236,8 +237,9 @@ mod tests {
         assert_eq!(p.env["ANTHROPIC_SMALL_FAST_MODEL"], "claude-sonnet-4-5");
         let p = program(&req("codex", "gpt-5"), &m, 7).unwrap();
         assert!(
-            p.script
-                .starts_with("mkdir -p \"$CODEX_HOME\" && exec codex exec --json"),
+            p.script.starts_with(
+                "mkdir -p \"$CODEX_HOME\" 2>/dev/null || unset CODEX_HOME; exec codex exec --json"
+            ),
             "{}",
             p.script
         );
