@@ -17,6 +17,10 @@ export FORKYARD_STATE_DIR := $(STATE_DIR)
 TOOLS_VENV ?= $(HOME)/.cache/forkyard/venv
 export PATH := $(TOOLS_VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
+# Make's builds start from clean trees (CI, a first `make demo`), where the compiler's
+# incremental caches only cost time and gigabytes of disk; `cargo check` run by hand keeps
+# them.
+export CARGO_INCREMENTAL ?= 0
 
 # What `make up` and `make demo` need: protoc for the contracts, bubblewrap for the
 # sandboxes, git, Python's venv for the Temporal CLI and grpcurl, openssl and curl.
@@ -196,6 +200,7 @@ test: build deps-test-apt
 	  echo "test: clippy or rustfmt missing from this toolchain; lint skipped"; python3 scripts/unused-deps.py; \
 	fi
 	@rm -f "$$FORKYARD_TEST_SKIPS"
+	@scripts/disk-guard.sh test
 	@echo "test: FORKYARD_TEST_STRICT=$${FORKYARD_TEST_STRICT:-} (a missing root, cgroup, overlay or installed tool $$( [ -n "$$FORKYARD_TEST_STRICT" ] && echo fails || echo skips))"
 	@status=0; \
 	if command -v cargo-nextest >/dev/null; then \

@@ -7,6 +7,7 @@
 
 use sha2::Digest;
 use std::{
+    io::Write,
     path::{Path, PathBuf},
     process::Command,
 };
@@ -65,17 +66,15 @@ pub fn save_image(dir: &Path, name: &str, with_shell: bool) {
         0o755,
     );
     let layer = b.into_inner().unwrap();
-    let layer_path = dir.join(format!("{name}.layer"));
-    std::fs::write(&layer_path, &layer).unwrap();
     write_archive(
         dir,
         name,
-        &layer_path,
         &[
             "PATH=/usr/local/bin:/usr/bin:/bin",
             "IMAGE_GREETING=from the image",
             "HOME=/root",
         ],
+        |w| w.write_all(&layer),
     );
 }
 
@@ -90,42 +89,37 @@ pub fn save_image_of(
     trees: &[&str],
     links: &[(&str, &str)],
 ) {
-    let layer_path = dir.join(format!("{name}.layer"));
-    let mut b = tar::Builder::new(std::fs::File::create(&layer_path).unwrap());
-    b.follow_symlinks(false);
-    shell_layer_into(&mut b);
-    let mut added = std::collections::BTreeSet::new();
-    for program in programs {
-        for path in std::iter::once(PathBuf::from(program)).chain(libraries(Path::new(program))) {
-            let real = std::fs::canonicalize(&path).unwrap();
-            let inside = path.strip_prefix("/").unwrap().to_path_buf();
-            if added.insert(inside.clone()) {
-                b.append_path_with_name(&real, &inside).unwrap();
+    write_archive(dir, name, &["PATH=/usr/local/bin:/usr/bin:/bin"], |w| {
+        let mut b = tar::Builder::new(w);
+        b.follow_symlinks(false);
+        shell_layer_into(&mut b);
+        let mut added = std::collections::BTreeSet::new();
+        for program in programs {
+            for path in
+                std::iter::once(PathBuf::from(program)).chain(libraries(Path::new(program)))
+            {
+                let real = std::fs::canonicalize(&path)?;
+                let inside = path.strip_prefix("/").unwrap().to_path_buf();
+                if added.insert(inside.clone()) {
+                    b.append_path_with_name(&real, &inside)?;
+                }
             }
         }
-    }
-    for tree in trees {
-        b.append_dir_all(tree.trim_start_matches('/'), tree)
-            .unwrap();
-    }
-    for (path, target) in links {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Symlink);
-        h.set_size(0);
-        h.set_mode(0o777);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(0);
-        b.append_link(&mut h, path.trim_start_matches('/'), target)
-            .unwrap();
-    }
-    b.into_inner().unwrap();
-    write_archive(
-        dir,
-        name,
-        &layer_path,
-        &["PATH=/usr/local/bin:/usr/bin:/bin"],
-    );
+        for tree in trees {
+            b.append_dir_all(tree.trim_start_matches('/'), tree)?;
+        }
+        for (path, target) in links {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            h.set_mode(0o777);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            b.append_link(&mut h, path.trim_start_matches('/'), target)?;
+        }
+        b.finish()
+    });
 }
 
 /// The libraries `program` loads, as `ldd` names them.
@@ -139,7 +133,7 @@ fn libraries(program: &Path) -> Vec<PathBuf> {
 }
 
 /// `dash` as `/bin/sh` with its libraries, into a layer written to a file.
-fn shell_layer_into(b: &mut tar::Builder<std::fs::File>) {
+fn shell_layer_into<W: Write>(b: &mut tar::Builder<W>) {
     b.append_path_with_name("/bin/dash", "bin/sh").unwrap();
     for lib in libraries(Path::new("/bin/dash")) {
         let real = std::fs::canonicalize(&lib).unwrap();
@@ -189,11 +183,30 @@ pub fn save_layers(dir: &Path, name: &str, layers: &[Vec<u8>]) {
     out.finish().unwrap();
 }
 
-/// The `docker save` archive of the layer at `layer_path` (removed afterwards).
-fn write_archive(dir: &Path, name: &str, layer_path: &Path, env: &[&str]) {
-    let mut hash = sha2::Sha256::new();
-    std::io::copy(&mut std::fs::File::open(layer_path).unwrap(), &mut hash).unwrap();
-    let layer_digest = format!("sha256:{:x}", hash.finalize());
+/// A `docker save` archive (`<dir>/<name>`) of the one layer `layer` writes, streamed
+/// into the archive as it is made (an agent CLI's layer is hundreds of MB: no second copy
+/// on disk) and hashed on the way; the config naming its digest and the manifest follow
+/// it (an archive is read whole, in any order).
+fn write_archive(
+    dir: &Path,
+    name: &str,
+    env: &[&str],
+    layer: impl FnOnce(&mut Hashing<'_>) -> std::io::Result<()>,
+) {
+    let mut out = tar::Builder::new(std::fs::File::create(dir.join(name)).unwrap());
+    let mut h = tar::Header::new_gnu();
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    let mut entry = out.append_writer(&mut h, "l1/layer.tar").unwrap();
+    let mut hashing = Hashing {
+        out: &mut entry,
+        hash: sha2::Sha256::new(),
+    };
+    layer(&mut hashing).unwrap();
+    let layer_digest = format!("sha256:{:x}", hashing.hash.finalize());
+    entry.finish().unwrap();
     let config = serde_json::json!({
         "config": { "Env": env, "WorkingDir": "/src" },
         "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
@@ -207,10 +220,9 @@ fn write_archive(dir: &Path, name: &str, layer_path: &Path, env: &[&str]) {
         {"Config": config_name, "RepoTags": ["test:1"], "Layers": ["l1/layer.tar"]}
     ])
     .to_string();
-    let mut out = tar::Builder::new(std::fs::File::create(dir.join(name)).unwrap());
     for (path, data) in [
-        ("manifest.json", manifest.as_bytes()),
         (config_name.as_str(), config.as_bytes()),
+        ("manifest.json", manifest.as_bytes()),
     ] {
         let mut h = tar::Header::new_gnu();
         h.set_size(data.len() as u64);
@@ -221,8 +233,23 @@ fn write_archive(dir: &Path, name: &str, layer_path: &Path, env: &[&str]) {
         h.set_cksum();
         out.append_data(&mut h, path, data).unwrap();
     }
-    out.append_path_with_name(layer_path, "l1/layer.tar")
-        .unwrap();
     out.finish().unwrap();
-    std::fs::remove_file(layer_path).unwrap();
+}
+
+/// A writer that hashes what passes through it (a layer's digest as it is written).
+pub struct Hashing<'a> {
+    out: &'a mut dyn Write,
+    hash: sha2::Sha256,
+}
+
+impl Write for Hashing<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
