@@ -7,8 +7,14 @@ use forkyard_proto::{
         GetForkResultRequest, GetRunRequest, LaunchRunRequest, Run, RunState,
         gateway_client::GatewayClient,
     },
+    labels,
+    sandbox::v1::{
+        ListSandboxesRequest, ListSnapshotsRequest,
+        sandbox_provisioner_client::SandboxProvisionerClient,
+    },
 };
 use std::{
+    collections::HashMap,
     path::Path,
     time::{Duration, Instant},
 };
@@ -195,6 +201,62 @@ pub async fn left_after_settling(left: impl Fn() -> Vec<String>) -> Vec<String> 
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// No sandbox and no snapshot of the run (fork trees), on the provisioner and on its
+/// disk, and nothing of any sandbox left on this host.
+pub async fn assert_no_sandbox_or_snapshot(
+    mesh: &crate::Mesh,
+    prov: &SandboxProvisionerClient<Channel>,
+    run_id: &str,
+) {
+    let by_run = HashMap::from([(labels::RUN_ID.to_owned(), run_id.to_owned())]);
+    let sandboxes = prov
+        .clone()
+        .list_sandboxes(ListSandboxesRequest {
+            label_selector: by_run.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .sandboxes;
+    assert!(sandboxes.is_empty(), "sandboxes left: {sandboxes:?}");
+    let snapshots = prov
+        .clone()
+        .list_snapshots(ListSnapshotsRequest { labels: by_run })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshots;
+    assert!(snapshots.is_empty(), "snapshots left: {snapshots:?}");
+    let on_disk: Vec<_> = walk_snapshots(mesh.state_dir());
+    assert!(on_disk.is_empty(), "snapshot files left: {on_disk:?}");
+    assert_nothing_left_on_host(mesh.state_dir());
+}
+
+/// Files of any `snapshots` directory under the mesh's state.
+fn walk_snapshots(state: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![state.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                if p.file_name().is_some_and(|n| n == "snapshots") {
+                    found.extend(
+                        std::fs::read_dir(&p)
+                            .into_iter()
+                            .flatten()
+                            .flatten()
+                            .map(|e| e.path()),
+                    );
+                } else if !p.ends_with("sandboxes") {
+                    dirs.push(p);
+                }
+            }
+        }
+    }
+    found
 }
 
 /// No sandbox's workspace and no sandbox process left on this host (the mesh's state

@@ -12,22 +12,18 @@ use forkyard_proto::{
     budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::{AgentSpec, ForkStatus},
     gateway::v1::{BranchForkRequest, LaunchRunRequest, Run, RunState},
-    labels,
-    sandbox::v1::{
-        ListSandboxesRequest, ListSnapshotsRequest,
-        sandbox_provisioner_client::SandboxProvisionerClient,
-    },
+    sandbox::v1::sandbox_provisioner_client::SandboxProvisionerClient,
 };
 use forkyard_tests::{
     Mesh,
     mesh::MeshOptions,
     repo,
     support::{
-        Gateway, assert_nothing_left_on_host, fork_result, launch, max_overlap, run_account,
+        Gateway, assert_no_sandbox_or_snapshot, fork_result, launch, max_overlap, run_account,
         wait_finished, wait_until,
     },
 };
-use std::{collections::HashMap, time::Duration};
+use std::time::Duration;
 use tonic::Code;
 
 /// The run's own fork edits a file and costs $0.05; a branch checks the parent's edit is
@@ -197,7 +193,7 @@ async fn a_finished_fork_branches_into_forks_that_start_from_its_end() {
     let closed = gw.branch_fork(branch(&run_id, 1, 1, "")).await.unwrap_err();
     assert_eq!(closed.code(), Code::FailedPrecondition, "{closed:?}");
     assert!(closed.message().contains("has ended"), "{closed:?}");
-    assert_nothing_left(&mesh, &prov, &run_id).await;
+    assert_no_sandbox_or_snapshot(&mesh, &prov, &run_id).await;
 }
 
 /// Each refusal names its reason, and a refused branch adds no fork.
@@ -237,61 +233,6 @@ async fn assert_bad_branches_refused(gw: &mut Gateway, run_id: &str) {
     }
     let run = forkyard_tests::support::get_run(gw, run_id).await;
     assert_eq!(run.forks.len(), 4, "a refused branch added forks: {run:#?}");
-}
-
-/// No sandbox and no snapshot of the run, on the provisioner and on its disk.
-async fn assert_nothing_left(
-    mesh: &Mesh,
-    prov: &SandboxProvisionerClient<tonic::transport::Channel>,
-    run_id: &str,
-) {
-    let by_run = HashMap::from([(labels::RUN_ID.to_owned(), run_id.to_owned())]);
-    let sandboxes = prov
-        .clone()
-        .list_sandboxes(ListSandboxesRequest {
-            label_selector: by_run.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .sandboxes;
-    assert!(sandboxes.is_empty(), "sandboxes left: {sandboxes:?}");
-    let snapshots = prov
-        .clone()
-        .list_snapshots(ListSnapshotsRequest { labels: by_run })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshots;
-    assert!(snapshots.is_empty(), "snapshots left: {snapshots:?}");
-    let on_disk: Vec<_> = walk_snapshots(mesh.state_dir());
-    assert!(on_disk.is_empty(), "snapshot files left: {on_disk:?}");
-    assert_nothing_left_on_host(mesh.state_dir());
-}
-
-/// Files of any `snapshots` directory under the mesh's state.
-fn walk_snapshots(state: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    let mut dirs = vec![state.to_owned()];
-    while let Some(dir) = dirs.pop() {
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() && !p.is_symlink() {
-                if p.file_name().is_some_and(|n| n == "snapshots") {
-                    found.extend(
-                        std::fs::read_dir(&p)
-                            .into_iter()
-                            .flatten()
-                            .flatten()
-                            .map(|e| e.path()),
-                    );
-                } else if !p.ends_with("sandboxes") {
-                    dirs.push(p);
-                }
-            }
-        }
-    }
-    found
 }
 
 /// A run launched without a branch window, and a driver that cannot resume yet, are

@@ -12,7 +12,7 @@ use forkyard_proto::{
     Driver,
     common::v1::AgentSpec,
     gateway::v1::{
-        Delivery, LaunchRunRequest,
+        Delivery, LaunchRunRequest, Search,
         delivery::{PullRequests, Push},
     },
 };
@@ -106,6 +106,12 @@ fn launch_request(a: ForkArgs) -> LaunchRunRequest {
         backend,
         backends,
         branch_window_secs: a.branch_window,
+        search: (a.rounds > 0).then_some(Search {
+            rounds: a.rounds,
+            keep: a.keep,
+            branches: a.branches,
+            follow_up: a.follow_up,
+        }),
         fork_timeout_secs: a.timeout,
         verify_command: a.verify.unwrap_or_default(),
         stop_on_first_verified: a.stop_on_first_verified,

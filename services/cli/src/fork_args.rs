@@ -73,6 +73,23 @@ pub struct ForkArgs {
     /// run closes with its forks and cannot be branched.
     #[arg(long, default_value_t = 0)]
     pub branch_window: u32,
+    /// Search over trajectories: this many rounds in all (the launch's forks are round
+    /// 1). After each round the --keep best of it (by the run's ranking) are branched
+    /// --branches times each into the next, from their end, with --follow-up as the next
+    /// turn. Needs a driver that continues a fork (command, claude-code, codex).
+    #[arg(long, default_value_t = 0)]
+    pub rounds: u32,
+    /// With --rounds: forks kept after each round.
+    #[arg(long, default_value_t = 1, requires = "rounds")]
+    pub keep: u32,
+    /// With --rounds: branches of each kept fork.
+    #[arg(long, default_value_t = 2, requires = "rounds")]
+    pub branches: u32,
+    /// With --rounds: the next user turn of each branch, a template naming {prompt},
+    /// {fork}, {round}, {verify_exit_code} and {verify_output} (the kept fork's verify
+    /// output's end, e.g. the failing tests). Default: the run's prompt again.
+    #[arg(long, default_value = "", requires = "rounds")]
+    pub follow_up: String,
     /// Branch prefix: fork n works on <branch>-fork-<n>.
     #[arg(short, long, default_value = "forkyard")]
     pub branch: String,

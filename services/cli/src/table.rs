@@ -109,6 +109,18 @@ pub fn run(run: &Run) -> String {
             run.winner, run.ranking
         );
     }
+    if let Some(search) = run.spec.as_ref().and_then(|s| s.search.as_ref()) {
+        let end = if run.search_end.is_empty() {
+            String::new()
+        } else {
+            format!(" (ended early: {})", run.search_end)
+        };
+        let _ = writeln!(
+            out,
+            "search: round {} of {}, keeping {} with {} branches each{end}",
+            run.search_round, search.rounds, search.keep, search.branches
+        );
+    }
     if run.branchable_until_unix_ms > 0 {
         let _ = writeln!(
             out,

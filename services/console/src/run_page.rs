@@ -93,8 +93,8 @@ pub async fn render(
     Ok(layout(&format!("Run {run_id}"), Some(session), body))
 }
 
-/// The run's state, counts, budget bar, ranking and winner, and the cancel button while
-/// the run can be cancelled: one element, redrawn live.
+/// The run's state, counts, search round, budget bar, ranking and winner, and the cancel
+/// button while the run can be cancelled: one element, redrawn live.
 pub fn summary(run: &Run, session: &Session) -> Markup {
     let (cost, budget) = (run.cost_micros, run.budget_micros.max(0));
     let winner = run.winner;
@@ -105,6 +105,11 @@ pub fn summary(run: &Run, session: &Session) -> Markup {
                 " · " (run.forks_succeeded) " succeeded, " (run.forks_failed) " failed, "
                 (run.forks_running) " running, " (run.forks_pending) " pending" }
             @if !run.error.is_empty() { p.error { (run.error) } }
+            @if let Some(search) = run.spec.as_ref().and_then(|s| s.search.as_ref()) {
+                p.search { "Search: round " strong #search-round { (run.search_round) } " of " (search.rounds)
+                    ", keeping " (search.keep) " with " (search.branches) " branches each"
+                    @if !run.search_end.is_empty() { " · ended early: " (run.search_end) } }
+            }
             div.budget {
                 label for="budget-bar" { "Budget: " (format::usd(cost)) " of " (format::usd(budget)) }
                 meter #budget-bar min="0" max=(budget) value=(cost.min(budget)) high=(budget * 9 / 10) {

@@ -11,7 +11,7 @@ use forkyard_gateway::{
 };
 use forkyard_proto::{
     common::v1::AgentSpec,
-    gateway::v1::{LaunchRunRequest, RunState},
+    gateway::v1::{LaunchRunRequest, RunState, Search},
 };
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -19,6 +19,7 @@ use std::collections::HashMap;
 /// Fields of LaunchRunRequest: a refusal names one of them first.
 const FIELDS: &[&str] = &[
     "backend",
+    "search",
     "image",
     "isolation",
     "request_id",
@@ -121,6 +122,13 @@ fn request() -> impl Strategy<Value = LaunchRunRequest> {
                 backend: image.to_uppercase(),
                 branch_window_secs: 0,
                 backends: Vec::new(),
+                // Some runs search, with absurd figures and a hostile template.
+                search: (fork_timeout_secs % 3 == 0).then(|| Search {
+                    rounds: verify_timeout_secs % 13,
+                    keep: forks % 7,
+                    branches: max_concurrent % 5,
+                    follow_up: image.chars().take(64).collect(),
+                }),
                 image,
                 delivery: None,
             },
@@ -150,7 +158,13 @@ proptest! {
                 // What passes is within the limits.
                 prop_assert!(spec.forks >= 1 && spec.forks <= Limits::default().max_forks);
                 prop_assert!(spec.prompt.len() <= forkyard_gateway::validate::MAX_PROMPT_BYTES);
-                prop_assert!(spec.max_concurrent >= 1 && spec.max_concurrent <= spec.forks);
+                // A search's later rounds grow past the launch's forks.
+                prop_assert!(spec.max_concurrent >= 1);
+                prop_assert!(spec.max_concurrent <= spec.forks || spec.search.is_some());
+                if let Some(s) = &spec.search {
+                    prop_assert!((2..=10).contains(&s.rounds) && s.keep >= 1 && s.branches >= 1);
+                    prop_assert!(s.keep <= spec.forks);
+                }
             }
             Err(e) => assert_names_a_field(&e, FIELDS),
         }

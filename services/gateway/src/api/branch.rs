@@ -10,9 +10,10 @@ use crate::auth::Access;
 use crate::{
     auth::Tenant,
     error::GatewayError,
+    validate::driver_refusal,
     workflows::{
         SandboxOrchestrationWorkflow,
-        branching::{BranchRequest, driver_refusal, is_finished},
+        branching::{BranchRequest, is_finished},
     },
 };
 use forkyard_proto::{

@@ -204,8 +204,8 @@ fn run_backends(spec: &RunSpec) -> Vec<&str> {
 /// provisioner would refuse each fork's create): an egress entry E2B's network rules
 /// cannot express (an IPv6 or internal address, `localhost`:
 /// `forkyard_common::e2b_egress`; the rest become those rules), an isolation level
-/// (E2B's sandboxes are its microVMs) and a branch window (branches start from local
-/// snapshots). A run over several backends is refused these when any of them is e2b.
+/// (E2B's sandboxes are its microVMs) and a branch window or a search (branches start
+/// from local snapshots). A run over several backends is refused these when any of them is e2b.
 fn check_on_backend(spec: &RunSpec) -> Result<(), GatewayError> {
     if !run_backends(spec).contains(&"e2b") {
         return Ok(());
@@ -221,6 +221,12 @@ fn check_on_backend(spec: &RunSpec) -> Result<(), GatewayError> {
         ));
     }
     // Branches are made from the provisioner's own snapshots of local workspaces.
+    if spec.search.is_some() {
+        return Err(GatewayError::field(
+            "search",
+            "fork trees run on the local backend only (no e2b snapshots yet)",
+        ));
+    }
     if spec.branch_window_secs > 0 {
         return Err(GatewayError::field(
             "branch_window_secs",
@@ -235,7 +241,7 @@ fn check_on_backend(spec: &RunSpec) -> Result<(), GatewayError> {
 /// whose forks may grow to it). A run in its branch window holds them while idle: the
 /// count errs high, never low.
 fn fork_slots(spec: &RunSpec) -> u32 {
-    if spec.branch_window_secs > 0 {
+    if spec.branch_window_secs > 0 || spec.search.is_some() {
         spec.max_concurrent
     } else {
         spec.max_concurrent.min(spec.forks)

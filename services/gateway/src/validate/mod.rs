@@ -4,6 +4,8 @@ mod agent;
 mod backends;
 mod delivery;
 mod fields;
+pub mod follow_up;
+mod search;
 #[cfg(test)]
 mod tests;
 
@@ -12,8 +14,10 @@ use fields::{check_branch, check_image, check_labels, command_size, field, no_nu
 use forkyard_proto::Usd;
 use forkyard_proto::gateway::v1::{LaunchRunRequest, RunSpec};
 
+pub use agent::driver_refusal;
 pub use delivery::publish_delivery;
 pub(crate) use fields::check_base_ref;
+pub use search::planned_forks;
 
 pub const DEFAULT_BRANCH: &str = "forkyard";
 pub const DEFAULT_FORK_TIMEOUT_SECS: u32 = 600;
@@ -80,7 +84,9 @@ pub fn check_run_id(run_id: &str) -> Result<(), GatewayError> {
 pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, GatewayError> {
     check_texts(req)?;
     check_fork_counts(req, limits)?;
-    let budget = budget(req)?;
+    let search = search::check(req, limits)?;
+    let planned = planned_forks(req.forks, search.as_ref());
+    let budget = budget(req, planned)?;
     let verify_timeout_secs = check_verify(req)?;
     let branch = if req.branch.is_empty() {
         DEFAULT_BRANCH.to_owned()
@@ -98,15 +104,17 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
     check_isolation(&req.isolation)?;
     let (backend, backends) = backends::check(req)?;
     let agent = agent::check_agent(req.agent.as_ref())?;
+    search::check_driver(search.as_ref(), &agent.driver)?;
+    // A run that grows past its launch's forks (branches, a search's later rounds) may
+    // run as many at once as asked for, not one at a time.
+    let grows = req.branch_window_secs > 0 || search.is_some();
     Ok(RunSpec {
         repo: req.repo.trim().to_owned(),
         base_ref: req.base_ref.clone(),
         branch,
         prompt: req.prompt.clone(),
         forks: req.forks,
-        // A run open for branches grows past its launch's forks: its branches may run
-        // as many at once as asked for, not one at a time.
-        max_concurrent: if req.branch_window_secs > 0 {
+        max_concurrent: if grows {
             req.max_concurrent
         } else {
             req.max_concurrent.min(req.forks)
@@ -122,7 +130,7 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         // The gateway sets the caller's tenant after validation.
         tenant: String::new(),
         tenant_account_id: String::new(),
-        inline_forks: req.forks <= limits.inline_fork_limit,
+        inline_forks: planned <= u64::from(limits.inline_fork_limit),
         // The gateway sets the allowed hosts after checking them against the tenant's
         // policy (api::egress).
         egress: Vec::new(),
@@ -134,6 +142,7 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
         backend,
         backends,
         branch_window_secs: check_branch_window(req.branch_window_secs)?,
+        search,
     })
 }
 
@@ -225,13 +234,15 @@ struct Budget {
 }
 
 /// The run's budget, and each fork's: as asked, or the run's shared evenly among its
-/// forks (a run open for branches: among as many as may run at once, when more, so its
-/// branches are not held to one at a time by a first one's reservation of it all).
-fn budget(req: &LaunchRunRequest) -> Result<Budget, GatewayError> {
+/// forks: the `planned` forks of a search (every round's), and for a run open for
+/// branches, among as many as may run at once when more, so its branches are not held
+/// to one at a time by a first one's reservation of it all.
+fn budget(req: &LaunchRunRequest, planned: u64) -> Result<Budget, GatewayError> {
+    let planned = u32::try_from(planned).unwrap_or(u32::MAX);
     let shares = if req.branch_window_secs > 0 {
-        req.forks.max(req.max_concurrent).max(1)
+        planned.max(req.max_concurrent).max(1)
     } else {
-        req.forks.max(1)
+        planned.max(1)
     };
     let budget_micros = Usd::parse(&req.budget_usd)
         .map_err(|e| field("budget_usd", e))?

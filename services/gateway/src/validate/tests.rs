@@ -238,3 +238,70 @@ fn a_backends_list_is_checked_entry_by_entry() {
         );
     }
 }
+
+fn searching(rounds: u32, keep: u32, branches: u32) -> LaunchRunRequest {
+    LaunchRunRequest {
+        forks: 4,
+        max_concurrent: 4,
+        search: Some(forkyard_proto::gateway::v1::Search {
+            rounds,
+            keep,
+            branches,
+            follow_up: "{prompt}; it failed with {verify_output}".into(),
+        }),
+        ..ok_req()
+    }
+}
+
+/// A search's forks are every round's: they share the budget, count against the run's
+/// limit, and may run as many at once as asked for.
+#[test]
+fn a_search_shares_its_budget_among_every_rounds_forks() {
+    let spec = launch_spec(&searching(3, 2, 3), &Limits::default()).unwrap();
+    let s = spec.search.as_ref().unwrap();
+    assert_eq!((s.rounds, s.keep, s.branches), (3, 2, 3));
+    // 4 + 2 * 2 * 3 = 16 forks.
+    assert_eq!(spec.fork_budget_micros, 1_000_000 / 16);
+    assert_eq!(spec.max_concurrent, 4);
+    assert_eq!(planned_forks(4, spec.search.as_ref()), 16);
+    let small = Limits {
+        max_forks: 15,
+        ..Limits::default()
+    };
+    let e = tonic::Status::from(launch_spec(&searching(3, 2, 3), &small).unwrap_err());
+    assert!(
+        e.message().starts_with("search: may start 16 forks"),
+        "{}",
+        e.message()
+    );
+}
+
+#[test]
+fn a_bad_search_names_its_field() {
+    let cases = [
+        (searching(1, 2, 2), "search.rounds"),
+        (searching(11, 2, 2), "search.rounds"),
+        (searching(2, 0, 2), "search.keep"),
+        (searching(2, 5, 2), "search.keep"),
+        (searching(2, 2, 0), "search.branches"),
+    ];
+    for (req, field) in cases {
+        refused(req, field);
+    }
+    let mut unknown = searching(2, 2, 2);
+    unknown.search.as_mut().unwrap().follow_up = "fix {tests}".into();
+    refused(unknown, "search.follow_up");
+    // A driver that cannot continue a fork cannot search.
+    let mut builtin = searching(2, 2, 2);
+    builtin.agent = Some(AgentSpec {
+        driver: "anthropic".into(),
+        ..Default::default()
+    });
+    let e = tonic::Status::from(launch_spec(&builtin, &Limits::default()).unwrap_err());
+    assert!(
+        e.message()
+            .starts_with("agent.driver: a search branches its forks, and anthropic cannot resume"),
+        "{}",
+        e.message()
+    );
+}

@@ -14,10 +14,7 @@ use super::{
     input::BranchFrom, options, patches::Change, phase, run_state::SandboxOrchestrationWorkflow,
 };
 use crate::{activities::sandboxes::SandboxLocal, lifecycle::AtOwner};
-use forkyard_proto::{
-    Driver,
-    common::v1::{ForkResult, ForkStatus},
-};
+use forkyard_proto::common::v1::{ForkResult, ForkStatus};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use temporalio_workflow::{WorkflowCancellationToken, WorkflowContext};
@@ -45,21 +42,6 @@ pub fn is_finished(status: i32) -> bool {
     ]
     .iter()
     .any(|s| *s as i32 == status)
-}
-
-/// Why the run's driver cannot continue a fork, if it cannot: `command` (the workspace
-/// and the parent's names) and the drivers whose CLI resumes a session (`claude-code`,
-/// `codex`) can; the built-in drivers' resume is not built yet. Only ever relaxed: the
-/// update handler checks it again, so a driver refused here before has no accepted
-/// branch in any history.
-pub fn driver_refusal(driver: &str) -> Option<String> {
-    match Driver::parse(driver) {
-        Some(d) if d == Driver::Command || d.capabilities().resumable => None,
-        Some(d) => Some(format!(
-            "agent.driver: {d} cannot resume a fork's session yet (command, claude-code and codex can)"
-        )),
-        None => Some(format!("agent.driver: {driver:?} is no driver")),
-    }
 }
 
 impl SandboxOrchestrationWorkflow {
@@ -99,7 +81,7 @@ impl SandboxOrchestrationWorkflow {
         } else if self.winner_found() {
             "the run stopped at its first verified fork".into()
         } else {
-            return driver_refusal(driver);
+            return crate::validate::driver_refusal(driver);
         };
         Some(why)
     }

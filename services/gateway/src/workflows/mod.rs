@@ -21,6 +21,7 @@ mod patches;
 pub mod phase;
 mod placement;
 mod prepare;
+mod rounds;
 mod run_loop;
 mod run_state;
 mod settle;

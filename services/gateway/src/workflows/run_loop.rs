@@ -195,12 +195,12 @@ enum Event {
     Changed,
 }
 
-/// Forks in flight at most. A run open for branches takes its spec's figure as it is:
-/// its forks grow with its branches (the gateway keeps the launch's figure for those).
+/// Forks in flight at most. A run open for branches or searching takes its spec's figure
+/// as it is: its forks grow with its branches (the gateway keeps the launch's figure for those).
 /// Deterministic for runs already in flight: every run before this had a spec no larger
 /// than its forks (the gateway clamped it at launch), so both arms give it the same.
 fn max_concurrent(spec: &RunSpec) -> usize {
-    if spec.branch_window_secs > 0 {
+    if spec.branch_window_secs > 0 || spec.search.is_some() {
         spec.max_concurrent.max(1) as usize
     } else {
         spec.max_concurrent.clamp(1, spec.forks.max(1)) as usize
@@ -226,13 +226,17 @@ impl<'a> Flight<'a> {
         }
     }
 
-    /// [`Self::fly`], then again for each branch taken in the run's branch window.
+    /// [`Self::fly`], then again for each round of the run's search and each branch
+    /// taken in its branch window.
     async fn fly_and_branch(
         &mut self,
         cancel: &WorkflowCancellationToken,
     ) -> Result<(), WorkflowTermination> {
         loop {
             self.fly(cancel).await?;
+            if !cancel.is_cancelled() && self.ctx.state_mut(|s| s.next_search_round()) {
+                continue;
+            }
             if !super::branching::wait_for_branches(self.ctx, cancel).await {
                 return Ok(());
             }
@@ -363,7 +367,7 @@ impl<'a> Flight<'a> {
             let fork = f.input.fork;
             match outcome {
                 Ok(prepared) => {
-                    if self.spec.branch_window_secs > 0 {
+                    if self.spec.branch_window_secs > 0 || self.spec.search.is_some() {
                         let owner = prepared.sandbox.owner_endpoint.clone();
                         ctx.state_mut(|s| s.owners.insert(fork, owner));
                     }

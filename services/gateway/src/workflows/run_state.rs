@@ -67,6 +67,8 @@ pub struct SandboxOrchestrationWorkflow {
     pub(super) branches_closed: bool,
     /// While the run waits for branches: when it stops waiting.
     pub(super) branchable_until_unix_ms: i64,
+    /// Where the run's search is (`rounds`).
+    pub(super) search: super::rounds::SearchState,
 }
 
 /// Times a fork whose sandbox was lost is started again (beyond its first start).
@@ -88,6 +90,7 @@ fn is_running(f: &ForkResult) -> bool {
 impl SandboxOrchestrationWorkflow {
     /// A run of `spec`, before anything started.
     pub(super) fn starting(spec: RunSpec) -> Self {
+        let search = super::rounds::SearchState::starting(&spec);
         let forks = (1..=spec.forks)
             .map(|fork| ForkResult {
                 fork,
@@ -123,6 +126,7 @@ impl SandboxOrchestrationWorkflow {
             owners: BTreeMap::new(),
             branches_closed: false,
             branchable_until_unix_ms: 0,
+            search,
         }
     }
 
@@ -200,6 +204,7 @@ impl SandboxOrchestrationWorkflow {
             && result.status == ForkStatus::Failed as i32
             && result.error.contains(SANDBOX_LOST)
             && self.lost[i] < MAX_LOST_SANDBOX_STARTS;
+        self.search.note(fork, &result);
         let mut slot = compact(result);
         slot.fork = fork;
         self.add_earlier_cost(&mut slot);
@@ -346,6 +351,8 @@ impl SandboxOrchestrationWorkflow {
             ranking,
             winner,
             branchable_until_unix_ms: self.branchable_until_unix_ms,
+            search_round: self.search.round,
+            search_end: self.search.ended.clone(),
             ..Default::default()
         }
     }

@@ -239,7 +239,8 @@ pub(super) fn finish_item(
         commit_key: key("commit"),
         release_key: key("release"),
         sandbox_lost: matches!(&ran.agent, Err(f) if f.names_lost()),
-        // A run open for branches keeps each fork's end (fork trees).
-        snapshot: input.spec.branch_window_secs > 0,
+        // A run open for branches keeps each fork's end (fork trees), and a search each
+        // fork's that a later round may branch.
+        snapshot: input.spec.branch_window_secs > 0 || super::rounds::branched_later(input),
     }
 }

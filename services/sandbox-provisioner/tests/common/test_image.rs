@@ -95,8 +95,7 @@ pub fn save_image_of(
         shell_layer_into(&mut b);
         let mut added = std::collections::BTreeSet::new();
         for program in programs {
-            for path in
-                std::iter::once(PathBuf::from(program)).chain(libraries(Path::new(program)))
+            for path in std::iter::once(PathBuf::from(program)).chain(libraries(Path::new(program)))
             {
                 let real = std::fs::canonicalize(&path)?;
                 let inside = path.strip_prefix("/").unwrap().to_path_buf();
