@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Images of an earlier commit, for the rolling-upgrade test: the commit checked out in a
 # worktree of this clone and built there (scripts/images.sh of that commit, debug
-# binaries, a target dir of its own without incremental data), tagged forkyard/<target>:$2.
+# binaries without debug info, as this commit builds them, in a target dir of its own
+# without incremental data: CI's disk is small), tagged forkyard/<target>:$2.
 #
 #   scripts/images-at.sh c36764a upgrade-from
 set -euo pipefail
@@ -20,4 +21,5 @@ if [ ! -d "$wt" ]; then
 fi
 cd "$wt"
 CARGO_TARGET_DIR="$root/target/at-$ref" CARGO_INCREMENTAL=0 PROFILE=debug FORKYARD_IMAGE_TAG="$tag" \
+  CARGO_PROFILE_DEV_DEBUG=false CARGO_PROFILE_DEV_STRIP=debuginfo \
   scripts/images.sh
