@@ -54,7 +54,9 @@ pub struct Capabilities {
     pub provider: Option<Provider>,
     /// Talks to its model only through the runner's LLM gateway (which holds the key).
     pub needs_llm_gateway: bool,
-    /// Its conversation can be continued in a later agent run (the CLI's own resume).
+    /// Its conversation can be continued in a later agent run, by the session id its run
+    /// reports: the CLI's own resume, or the built-in loop's conversation kept in the
+    /// workspace under that id.
     pub resumable: bool,
     pub usage: Usage,
 }
@@ -99,8 +101,8 @@ impl Driver {
             Self::Command => (true, None, false, false, Usage::Reported),
             Self::ClaudeCode => (true, Some(Provider::Anthropic), true, true, Usage::Metered),
             Self::Codex => (true, Some(Provider::OpenAi), true, true, Usage::Metered),
-            Self::Anthropic => (false, Some(Provider::Anthropic), false, false, Usage::Loop),
-            Self::OpenAi => (false, Some(Provider::OpenAi), false, false, Usage::Loop),
+            Self::Anthropic => (false, Some(Provider::Anthropic), false, true, Usage::Loop),
+            Self::OpenAi => (false, Some(Provider::OpenAi), false, true, Usage::Loop),
         };
         Capabilities {
             in_sandbox,

@@ -226,8 +226,10 @@ async fn answer(
             &json!({"type": "error", "error": {"type": "overloaded_error", "message": "scripted outage"}}),
         );
     }
-    if matches!(path.as_str(), "/v1/messages" | "/v1/responses")
-        && let Some(answer) = followup::answer(script, &path, &body, &model, n)
+    if matches!(
+        path.as_str(),
+        "/v1/messages" | "/v1/responses" | "/v1/chat/completions"
+    ) && let Some(answer) = followup::answer(script, &path, &body, &model, n)
     {
         return answer;
     }
@@ -250,9 +252,21 @@ pub(crate) fn anthropic(
     let usage = json!({"input_tokens": INPUT_TOKENS - CACHED_TOKENS, "output_tokens": OUTPUT_TOKENS,
         "cache_read_input_tokens": CACHED_TOKENS, "cache_creation_input_tokens": 0});
     let id = format!("msg_scripted_{n}");
+    // The shell tool the request offers: Claude Code's `Bash`, or the built-in anthropic
+    // driver's `bash`.
+    let offered = |name: &str| {
+        body["tools"]
+            .as_array()
+            .is_some_and(|ts| ts.iter().any(|t| t["name"] == name))
+    };
+    let shell = if !offered("Bash") && offered("bash") {
+        "bash"
+    } else {
+        "Bash"
+    };
     let (block, stop) = if call {
         (
-            json!({"type": "tool_use", "id": format!("toolu_scripted_{n}"), "name": "Bash",
+            json!({"type": "tool_use", "id": format!("toolu_scripted_{n}"), "name": shell,
                    "input": {"command": script.command, "description": "scripted edit"}}),
             "tool_use",
         )
@@ -363,7 +377,13 @@ pub(crate) fn responses(script: &Script, model: &str, call: bool, n: usize) -> R
     )
 }
 
-fn chat(script: &Script, body: &Value, model: &str, call: bool, n: usize) -> Response<Body> {
+pub(crate) fn chat(
+    script: &Script,
+    body: &Value,
+    model: &str,
+    call: bool,
+    n: usize,
+) -> Response<Body> {
     let usage = json!({"prompt_tokens": INPUT_TOKENS, "completion_tokens": OUTPUT_TOKENS,
         "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS}});
     let message = if call {

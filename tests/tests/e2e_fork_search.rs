@@ -3,12 +3,13 @@
 //! The two cheapest forks of round 1 are each branched twice from their end (their edit
 //! is in the branches' patches), with the follow-up prompt quoting their failed verify;
 //! round 2 verifies, a round-2 fork wins over the whole tree, the ledger charged each
-//! fork once, and nothing of the run is left.
+//! fork once, and nothing of the run is left. BranchFork on a run without a branch window
+//! is refused with the reason.
 
 use forkyard_proto::{
     budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::{ForkStatus, VerifyStatus},
-    gateway::v1::{LaunchRunRequest, RunState, Search},
+    gateway::v1::{BranchForkRequest, LaunchRunRequest, RunState, Search},
     sandbox::v1::sandbox_provisioner_client::SandboxProvisionerClient,
 };
 use forkyard_tests::{
@@ -60,6 +61,25 @@ async fn a_two_round_search_branches_the_best_of_round_one_and_verifies_in_round
         .expect("launch")
         .into_inner()
         .run_id;
+    // A search branches by itself: without a branch window, no one else may.
+    let refused = gw
+        .branch_fork(BranchForkRequest {
+            run_id: run_id.clone(),
+            fork: 1,
+            count: 1,
+            prompt: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("without branch_window_secs"),
+        "{refused:?}"
+    );
     let run = wait_finished(&mut gw, &run_id, Duration::from_secs(240)).await;
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
     assert_eq!(run.forks.len(), 8, "4 forks and 2 x 2 branches: {run:#?}");

@@ -6,18 +6,17 @@
 //! over every fork, and when the run's branch window closes its snapshots are gone with
 //! its sandboxes. Temporal killed as a branch starts: each child starts exactly once (the
 //! fork count and the ledger's exact spend).
-//! Bad requests are refused with the reason.
+//! Bad requests are refused with the reason (a run without a window:
+//! e2e_fork_search).
 
 use forkyard_proto::{
     budget::v1::budget_ledger_client::BudgetLedgerClient,
-    common::v1::{AgentSpec, ForkStatus},
+    common::v1::ForkStatus,
     gateway::v1::{BranchForkRequest, LaunchRunRequest, Run, RunState},
     sandbox::v1::sandbox_provisioner_client::SandboxProvisionerClient,
 };
 use forkyard_tests::{
-    Mesh,
-    mesh::MeshOptions,
-    repo,
+    Mesh, repo,
     support::{
         Gateway, assert_no_sandbox_or_snapshot, fork_result, launch, max_overlap, run_account,
         wait_finished, wait_until,
@@ -233,68 +232,4 @@ async fn assert_bad_branches_refused(gw: &mut Gateway, run_id: &str) {
     }
     let run = forkyard_tests::support::get_run(gw, run_id).await;
     assert_eq!(run.forks.len(), 4, "a refused branch added forks: {run:#?}");
-}
-
-/// A run launched without a branch window, and a driver that cannot resume yet, are
-/// refused with their reasons.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn branches_need_a_window_and_a_driver_that_resumes() {
-    // The openai driver launches only with a key at the runner; its model is nowhere
-    // (the run is cancelled before it matters).
-    let runner = |k: &str, v: &str| ("agent-runner".to_owned(), k.to_owned(), v.to_owned());
-    let mesh = Mesh::start_with(MeshOptions {
-        service_env: vec![
-            runner("OPENAI_API_KEY", "sk-e2e-unused"),
-            runner("OPENAI_BASE_URL", "http://127.0.0.1:9/v1"),
-        ],
-        ..Default::default()
-    })
-    .await
-    .expect("mesh starts");
-    let src = tempfile::tempdir().unwrap();
-    repo::create(src.path()).unwrap();
-    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
-    let slow = "sleep 30";
-    let run_id = gw
-        .launch_run(launch(src.path(), 1, 1, slow))
-        .await
-        .unwrap()
-        .into_inner()
-        .run_id;
-    let e = gw.branch_fork(branch(&run_id, 1, 1, "")).await.unwrap_err();
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains("without branch_window_secs"), "{e:?}");
-    gw.cancel_run(forkyard_proto::gateway::v1::CancelRunRequest {
-        run_id: run_id.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-
-    // The built-in loops keep their conversation in the runner: not resumable yet.
-    let openai = LaunchRunRequest {
-        branch_window_secs: WINDOW_SECS,
-        agent: Some(AgentSpec {
-            driver: "openai".into(),
-            model: "gpt-5".into(),
-            ..Default::default()
-        }),
-        ..launch(src.path(), 1, 1, "")
-    };
-    let run_id = gw
-        .launch_run(openai)
-        .await
-        .expect("launch an openai run")
-        .into_inner()
-        .run_id;
-    let e = gw.branch_fork(branch(&run_id, 1, 1, "")).await.unwrap_err();
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains("openai cannot resume"), "{e:?}");
-    gw.cancel_run(forkyard_proto::gateway::v1::CancelRunRequest {
-        run_id: run_id.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
 }

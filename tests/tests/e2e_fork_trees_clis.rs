@@ -11,18 +11,22 @@
 //!   fork` continues the parent's thread: their first Responses request carries the
 //!   parent's items, its tool call and output among them, then the new prompt.
 //!
+//! - the built-in `anthropic` and `openai` drivers (their own tool-use loop in the
+//!   runner, keeping its conversation in the workspace's .git at the agent's end): the
+//!   same edit, two branches of it whose first request carries the parent's turns.
+//!
 //! Either way the scripted model answers a follow-up without the parent's tool result
 //! with 400; each child's patch holds the parent's edit and its own; each is charged for
 //! its own model calls only, as the parent was for its; the ledger holds the tree's
 //! costs. The refusal of a parent without a session is a unit test of the gateway's
 //! BranchFork check (`api::branch`).
 //!
-//! `make test` installs the CLIs (pinned, from npm); without them this test fails.
+//! `make test` installs the CLIs (pinned, from npm); without them the CLIs' test fails.
 
 mod agent_cli;
 mod fork_trees_clis;
 
-use agent_cli::model_mesh::{assert_cli_installed, options};
+use agent_cli::model_mesh::{assert_cli_installed, options, price_per_call};
 use forkyard_tests::{Mesh, scripted_model::ScriptedModel};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,5 +38,27 @@ async fn claude_code_and_codex_forks_branch_into_continuations_of_their_conversa
     tokio::join!(
         fork_trees_clis::claude::tree(&mesh, &model),
         fork_trees_clis::codex::tree(&mesh, &model),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_and_openai_forks_branch_into_continuations_of_their_conversations() {
+    let model = ScriptedModel::start(fork_trees_clis::script()).await;
+    let mesh = Mesh::start_with(options(&model)).await.expect("mesh");
+    tokio::join!(
+        fork_trees_clis::builtin::tree(
+            &mesh,
+            &model,
+            ("anthropic", "claude-sonnet-4-5"),
+            "/v1/messages",
+            price_per_call(3.0, 15.0, 0.3),
+        ),
+        fork_trees_clis::builtin::tree(
+            &mesh,
+            &model,
+            ("openai", "gpt-5"),
+            "/v1/chat/completions",
+            price_per_call(1.25, 10.0, 0.125),
+        ),
     );
 }

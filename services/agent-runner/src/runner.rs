@@ -20,7 +20,7 @@ use forkyard_proto::{
     budget::v1::budget_ledger_client::BudgetLedgerClient,
     sandbox::v1::sandbox_provisioner_client::SandboxProvisionerClient,
 };
-use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc, time::Duration};
 
 #[derive(Clone)]
 pub struct Runner {
@@ -235,6 +235,10 @@ impl Runner {
                 client,
                 endpoint,
                 sandbox_id: req.sandbox_id.clone(),
+                env: HashMap::from([
+                    ("FORKYARD_RUN_ID".to_owned(), req.run_id.clone()),
+                    ("FORKYARD_FORK".to_owned(), req.fork.to_string()),
+                ]),
             },
             charger,
             store: self.store.as_ref(),

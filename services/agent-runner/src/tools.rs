@@ -130,6 +130,9 @@ pub struct Sandbox {
     pub client: SandboxProvisionerClient<Channel>,
     pub endpoint: String,
     pub sandbox_id: String,
+    /// What every tool command sees: the run's names (`FORKYARD_RUN_ID`,
+    /// `FORKYARD_FORK`), as the CLI drivers' commands do.
+    pub env: HashMap<String, String>,
 }
 
 impl Sandbox {
@@ -189,7 +192,7 @@ impl Sandbox {
         let req = ExecRequest {
             sandbox_id: self.sandbox_id.clone(),
             argv,
-            env: HashMap::new(),
+            env: self.env.clone(),
             timeout_secs: u32::try_from(timeout_secs.max(1)).unwrap_or(u32::MAX),
             ..Default::default()
         };

@@ -75,8 +75,8 @@ pub struct ForkArgs {
     pub branch_window: u32,
     /// Search over trajectories: this many rounds in all (the launch's forks are round
     /// 1). After each round the --keep best of it (by the run's ranking) are branched
-    /// --branches times each into the next, from their end, with --follow-up as the next
-    /// turn. Needs a driver that continues a fork (command, claude-code, codex).
+    /// --branches times each into the next, from their end (workspace and conversation),
+    /// with --follow-up as the next turn.
     #[arg(long, default_value_t = 0)]
     pub rounds: u32,
     /// With --rounds: forks kept after each round.

@@ -1,10 +1,12 @@
 //! The scripted model's follow-ups: a conversation continued with a new instruction (a
 //! branched or continued session) is answered with the follow-up's command, and only if
-//! the request carries the earlier turns. Messages requests (Claude Code) hold the
-//! conversation in `messages`, tool results as `tool_result` blocks; Responses requests
-//! (Codex) in `input`, tool results as `function_call_output` items.
+//! the request carries the earlier turns. Messages requests (Claude Code, the built-in
+//! anthropic driver) hold the conversation in `messages`, tool results as `tool_result`
+//! blocks; Responses requests (Codex) in `input`, tool results as `function_call_output`
+//! items; Chat Completions requests (the built-in openai driver) in `messages`, tool
+//! results as `tool` messages.
 
-use super::{Body, Script, anthropic, json_response, responses};
+use super::{Body, Script, anthropic, chat, json_response, responses};
 use hyper::Response;
 use serde_json::{Value, json};
 
@@ -70,12 +72,18 @@ fn tool_results(ms: &[Value]) -> Vec<String> {
             .map(|b| b["content"].to_string())
             .collect::<Vec<_>>()
     };
+    let chat = |m: &Value| (m["role"] == "tool").then(|| m["content"].to_string());
     ms.iter()
-        .flat_map(|m| output(m).map_or_else(|| blocks(m), |o| vec![o]))
+        .flat_map(|m| {
+            output(m)
+                .or_else(|| chat(m))
+                .map_or_else(|| blocks(m), |o| vec![o])
+        })
         .collect()
 }
 
-/// The answer to a Messages or Responses request (`path`) in the latest of `script`'s
+/// The answer to a Messages, Responses or Chat Completions request (`path`) in the
+/// latest of `script`'s
 /// follow-ups it is in: none when it is in none; 400 when it lost the earlier turns.
 pub(super) fn answer(
     script: &Script,
@@ -100,9 +108,9 @@ pub(super) fn answer(
         command: f.command.clone(),
         ..script.clone()
     };
-    Some(if path == "/v1/responses" {
-        responses(&script, model, !turn.answered, n)
-    } else {
-        anthropic(&script, body, model, !turn.answered, n)
+    Some(match path {
+        "/v1/responses" => responses(&script, model, !turn.answered, n),
+        "/v1/chat/completions" => chat(&script, body, model, !turn.answered, n),
+        _ => anthropic(&script, body, model, !turn.answered, n),
     })
 }

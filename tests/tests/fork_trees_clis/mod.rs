@@ -3,6 +3,7 @@
 //! request), a branchable launch, branching and waiting, and the checks of what each
 //! fork paid.
 
+pub mod builtin;
 pub mod claude;
 pub mod codex;
 

@@ -9,6 +9,7 @@
 //! checkpoint when this runner has it.
 
 mod clock;
+mod kept;
 mod turn;
 
 use crate::{
@@ -91,9 +92,17 @@ pub async fn run<S: ProgressSink>(
         transcript,
         ledger_outage: LedgerOutage::default(),
     };
-    match resume.filter(|p| p.turns > 0) {
+    let restored = match resume.filter(|p| p.turns > 0) {
         Some(r) => conversation.resume(&mut lp, r, &earlier, activity_attempt),
-        None => conversation.start(&mut lp, &choice),
+        None => {
+            conversation.start(&mut lp, &choice);
+            false
+        }
+    };
+    if !restored {
+        conversation
+            .continue_parent(&mut lp, &choice.driver)
+            .await?;
     }
     let turns_so_far = lp.progress.turns;
     conversation.write_messages(&mut lp.transcript, turns_so_far);
@@ -102,7 +111,22 @@ pub async fn run<S: ProgressSink>(
             break end;
         }
     };
-    finish(req, lp, end, timeout)
+    // Its session: what a branch of this fork continues (fork trees).
+    let session = uuid::Uuid::new_v4().to_string();
+    if !matches!(end, End::Stopped(Stop::Cancelled)) {
+        let messages = conversation.provider.messages();
+        kept::keep(
+            &mut conversation.sandbox,
+            req,
+            &session,
+            &choice.driver,
+            messages,
+        )
+        .await;
+    }
+    let mut response = finish(req, lp, end, timeout)?;
+    response.session_id = session;
+    Ok(response)
 }
 
 /// The driver and model the request's agent asks for, and its turn limit;

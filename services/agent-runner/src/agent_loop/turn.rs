@@ -70,15 +70,35 @@ impl Conversation<'_> {
         }));
     }
 
+    /// A branch (fork trees) goes on from its parent's conversation, kept in the
+    /// parent's workspace (`kept`), with its own prompt as the next user turn.
+    pub(super) async fn continue_parent<S: ProgressSink>(
+        &mut self,
+        lp: &mut Loop<'_, S>,
+        driver: &str,
+    ) -> Result<(), AgentError> {
+        let Some(parents) = super::kept::parents(&mut self.sandbox, self.req, driver).await? else {
+            return Ok(());
+        };
+        let parent_fork = self.req.branch_of.as_ref().map_or(0, |b| b.parent_fork);
+        lp.transcript.write(&json!({
+            "type": "branch", "parent_fork": parent_fork, "parent_messages": parents.len(),
+        }));
+        let messages = super::kept::continued(driver, parents, &self.req.prompt);
+        self.provider.restore(messages);
+        Ok(())
+    }
+
     /// A retried attempt goes on from the failed one's last heartbeat `r` (turns, tokens,
-    /// cost), and from its conversation when the transcript's `earlier` lines hold it.
+    /// cost), and from its conversation when the transcript's `earlier` lines hold it
+    /// (`true`).
     pub(super) fn resume<S: ProgressSink>(
         &mut self,
         lp: &mut Loop<'_, S>,
         r: AgentProgress,
         earlier: &[Value],
         activity_attempt: u32,
-    ) {
+    ) -> bool {
         let restored = resumed_messages(earlier, r.turns);
         lp.transcript.write(&json!({
             "type": "resume", "activity_attempt": activity_attempt, "turns": r.turns,
@@ -90,6 +110,7 @@ impl Conversation<'_> {
         }
         tracing::info!(run_id = %self.req.run_id, fork = self.req.fork, turns = r.turns, restored = self.written > 0, "agent resumes from its last heartbeat");
         lp.progress = r;
+        self.written > 0
     }
 
     /// The provider's messages the transcript does not hold yet, written under `turn`.

@@ -67,17 +67,14 @@ fn model_name(name: &str, model: &str) -> Result<(), GatewayError> {
     }
 }
 
-/// Why the run's driver cannot continue a fork, if it cannot: `command` (the workspace
-/// and the parent's names) and the drivers whose CLI resumes a session (`claude-code`,
-/// `codex`) can; the built-in drivers' resume is not built yet. Only ever relaxed: the
-/// update handler checks it again, so a driver refused here before has no accepted
-/// branch in any history.
+/// Why the run's driver cannot continue a fork, if it cannot: every driver can now
+/// (`command` gets the workspace and the parent's names, `claude-code` and `codex` resume
+/// the CLI's session, `anthropic` and `openai` the conversation their loop kept in the
+/// workspace); an unknown one cannot. Only ever relaxed: the update handler checks it
+/// again, so a driver refused here before has no accepted branch in any history.
 pub fn driver_refusal(driver: &str) -> Option<String> {
     match Driver::parse(driver) {
-        Some(d) if d == Driver::Command || d.capabilities().resumable => None,
-        Some(d) => Some(format!(
-            "agent.driver: {d} cannot resume a fork's session yet (command, claude-code and codex can)"
-        )),
+        Some(_) => None,
         None => Some(format!("agent.driver: {driver:?} is no driver")),
     }
 }

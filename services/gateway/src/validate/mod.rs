@@ -104,7 +104,6 @@ pub fn launch_spec(req: &LaunchRunRequest, limits: &Limits) -> Result<RunSpec, G
     check_isolation(&req.isolation)?;
     let (backend, backends) = backends::check(req)?;
     let agent = agent::check_agent(req.agent.as_ref())?;
-    search::check_driver(search.as_ref(), &agent.driver)?;
     // A run that grows past its launch's forks (branches, a search's later rounds) may
     // run as many at once as asked for, not one at a time.
     let grows = req.branch_window_secs > 0 || search.is_some();

@@ -63,26 +63,10 @@ pub(super) fn check(
     Ok(Some(s))
 }
 
-/// A search's driver must continue a fork (`driver`: the checked one).
-pub(super) fn check_driver(search: Option<&Search>, driver: &str) -> Result<(), GatewayError> {
-    match search.and_then(|_| super::agent::driver_refusal(driver)) {
-        Some(why) => Err(field(
-            "agent.driver",
-            format!("a search branches its forks, and {}", strip_field(&why)),
-        )),
-        None => Ok(()),
-    }
-}
-
 /// Every fork a run may start: its launch's, and each later round's branches.
 pub fn planned_forks(forks: u32, search: Option<&Search>) -> u64 {
     let later = search.map_or(0, |s| {
         u64::from(s.rounds.saturating_sub(1)) * u64::from(s.keep) * u64::from(s.branches)
     });
     u64::from(forks) + later
-}
-
-/// A refusal's text without the field name it starts with (`"agent.driver: "`).
-fn strip_field(why: &str) -> &str {
-    why.strip_prefix("agent.driver: ").unwrap_or(why)
 }

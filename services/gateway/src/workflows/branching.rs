@@ -211,7 +211,9 @@ mod tests {
 
     #[test]
     fn branches_of_a_finished_fork_are_numbered_after_the_runs_forks_with_its_end() {
-        assert_eq!(run("codex", 60).refuse_branch(&req(1, 3)), None);
+        for driver in ["codex", "anthropic", "openai", "command"] {
+            assert_eq!(run(driver, 60).refuse_branch(&req(1, 3)), None, "{driver}");
+        }
         let mut w = run("claude-code", 60);
         assert_eq!(w.refuse_branch(&req(1, 3)), None);
         assert_eq!(w.add_branches(&req(1, 3)), vec![3, 4, 5]);
@@ -244,8 +246,11 @@ mod tests {
             ),
             (run("command", 60), req(2, 1), "fork 2 has not finished"),
             (run("command", 0), req(1, 1), "without branch_window_secs"),
-            (run("anthropic", 60), req(1, 1), "anthropic cannot resume"),
-            (run("openai", 60), req(1, 1), "openai cannot resume"),
+            (
+                run("gpt-pilot", 60),
+                req(1, 1),
+                "\"gpt-pilot\" is no driver",
+            ),
         ];
         for (w, r, says) in cases {
             let why = w.refuse_branch(&r).unwrap_or_default();
