@@ -9,11 +9,13 @@
 //!   resumes that child's own session, not its parent's or a sibling's.
 //! - `codex`: the same edit; branching it into two gives two forks whose `codex exec
 //!   fork` continues the parent's thread: their first Responses request carries the
-//!   parent's items, its tool call and output among them, then the new prompt.
+//!   parent's items, its tool call and output among them, then the new prompt; continuing
+//!   one of them resumes that child's own thread.
 //!
 //! - the built-in `anthropic` and `openai` drivers (their own tool-use loop in the
 //!   runner, keeping its conversation in the workspace's .git at the agent's end): the
-//!   same edit, two branches of it whose first request carries the parent's turns.
+//!   same edit, two branches of it whose first request carries the parent's turns, and a
+//!   continued branch that goes on from that branch's own conversation.
 //!
 //! Either way the scripted model answers a follow-up without the parent's tool result
 //! with 400; each child's patch holds the parent's edit and its own; each is charged for

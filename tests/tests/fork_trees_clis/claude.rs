@@ -3,15 +3,12 @@
 //! continues branch 3's own session, not its parent's or a sibling's.
 
 use super::{
-    BRANCH_PROMPT, CONTINUE_PROMPT, PARENT_PROMPT, PARENT_SAID, all_finished, assert_child,
-    assert_children_pay_their_own_calls, assert_ledger_holds, branch, calls_on, launch_branchable,
-    texts,
+    BRANCH_PROMPT, PARENT_PROMPT, PARENT_SAID, all_finished, assert_child,
+    assert_children_pay_their_own_calls, assert_ledger_holds, branch, calls_on, continued_branch,
+    launch_branchable, texts,
 };
 use crate::agent_cli::{forks::notes_repo, model_mesh::price_per_call};
-use forkyard_proto::{
-    common::v1::{ForkResult, ForkStatus},
-    gateway::v1::RunState,
-};
+use forkyard_proto::{common::v1::ForkStatus, gateway::v1::RunState};
 use forkyard_tests::{
     Mesh,
     scripted_model::{Recorded, ScriptedModel},
@@ -57,48 +54,11 @@ pub async fn tree(mesh: &Mesh, model: &ScriptedModel) {
         &children,
     );
 
-    let grandchild = continued_branch(&mut gw, &run_id, model, &children[1]).await;
+    let grandchild = continued_branch(&mut gw, &run_id, (model, MESSAGES), &children[1], 5).await;
     let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
     let tree: Vec<_> = children.into_iter().chain([parent, grandchild]).collect();
     assert_ledger_holds(mesh, &run_id, &tree).await;
-}
-
-/// Branch 3 continued with a new instruction: fork 5 resumes fork 3's own session (the
-/// scripted model wants fork 3's tool result), so its patch holds the parent's edit,
-/// fork 3's and its own, and none of fork 3's siblings'.
-async fn continued_branch(
-    gw: &mut Gateway,
-    run_id: &str,
-    model: &ScriptedModel,
-    three: &ForkResult,
-) -> ForkResult {
-    let before = calls_on(model, MESSAGES).len();
-    assert_eq!(branch(gw, run_id, 3, 1, CONTINUE_PROMPT).await, vec![5]);
-    all_finished(gw, run_id, 5).await;
-    let five = fork_result(gw, run_id, 5).await;
-    assert_eq!(five.status, ForkStatus::Succeeded as i32, "{five:#?}");
-    assert_eq!((five.parent_fork, five.depth), (3, 2));
-    for line in ["+parent edit", "+branch 3", "+continued 5"] {
-        assert!(
-            five.patch.contains(line),
-            "fork 5 lacks {line:?}:\n{}",
-            five.patch
-        );
-    }
-    assert_eq!(five.patch.matches("+branch").count(), 1, "{}", five.patch);
-    assert_ne!(five.agent_session, three.agent_session);
-    // Its first request: the parent's turns, fork 3's, then the new instruction.
-    let calls = calls_on(model, MESSAGES);
-    let first = &calls[before].body["messages"];
-    let text = first.to_string();
-    assert!(
-        text.contains(PARENT_SAID) && text.contains(BRANCH_PROMPT),
-        "{first:#}"
-    );
-    let last = first.as_array().and_then(|ms| ms.last()).expect("messages");
-    assert!(texts(last).iter().any(|t| t == CONTINUE_PROMPT), "{last:#}");
-    five
 }
 
 /// Each branch's first model request: the parent's prompt, its tool call and the tool's

@@ -5,8 +5,8 @@
 
 use super::{
     BRANCH_PROMPT, PARENT_PROMPT, PARENT_SAID, all_finished, assert_child,
-    assert_children_pay_their_own_calls, assert_ledger_holds, branch, calls_on, launch_branchable,
-    texts,
+    assert_children_pay_their_own_calls, assert_ledger_holds, branch, calls_on, continued_branch,
+    launch_branchable, texts,
 };
 use crate::agent_cli::{forks::notes_repo, model_mesh::price_per_call};
 use forkyard_proto::{common::v1::ForkStatus, gateway::v1::RunState};
@@ -60,9 +60,10 @@ pub async fn tree(mesh: &Mesh, model: &ScriptedModel) {
         &children,
     );
 
+    let grandchild = continued_branch(&mut gw, &run_id, (model, RESPONSES), &children[1], 4).await;
     let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
     assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
-    let tree: Vec<_> = children.into_iter().chain([parent]).collect();
+    let tree: Vec<_> = children.into_iter().chain([parent, grandchild]).collect();
     assert_ledger_holds(mesh, &run_id, &tree).await;
 }
 

@@ -16,7 +16,7 @@ use forkyard_proto::{
 use forkyard_tests::{
     Mesh,
     scripted_model::{Followup, OUTPUT_TOKENS, Recorded, Script, ScriptedModel},
-    support::{Gateway, run_account, wait_until},
+    support::{Gateway, fork_result, run_account, wait_until},
 };
 use serde_json::Value;
 use std::{path::Path, time::Duration};
@@ -26,7 +26,7 @@ use std::{path::Path, time::Duration};
 pub const PARENT_SAID: &str = "parent-tool-said-7f3a";
 /// The branches' instruction.
 pub const BRANCH_PROMPT: &str = "Now add a line of your own to notes.txt";
-/// The instruction that continues claude's branch 3 (a branch of a branch).
+/// The instruction that continues branch 3 (a branch of a branch).
 pub const CONTINUE_PROMPT: &str = "Now say that you continued";
 /// The parent's instruction (`launch`'s).
 pub const PARENT_PROMPT: &str = "Add a line to notes.txt";
@@ -188,4 +188,47 @@ pub fn assert_child(f: &ForkResult, n: u32, parent: &ForkResult) {
         f.agent_session, parent.agent_session,
         "fork {n}: a session of its own"
     );
+}
+
+/// Branch 3 continued with a new instruction: fork `next` resumes fork 3's own session
+/// (the scripted model wants fork 3's tool result), so its patch holds the parent's edit,
+/// fork 3's and its own, and none of fork 3's siblings'. Its first request on `path`
+/// carries the parent's turns, fork 3's, then the new instruction.
+pub async fn continued_branch(
+    gw: &mut Gateway,
+    run_id: &str,
+    (model, path): (&ScriptedModel, &str),
+    three: &ForkResult,
+    next: u32,
+) -> ForkResult {
+    let before = calls_on(model, path).len();
+    assert_eq!(branch(gw, run_id, 3, 1, CONTINUE_PROMPT).await, vec![next]);
+    all_finished(gw, run_id, next as usize).await;
+    let f = fork_result(gw, run_id, next).await;
+    assert_eq!(f.status, ForkStatus::Succeeded as i32, "{f:#?}");
+    assert_eq!((f.parent_fork, f.depth), (3, 2));
+    for line in ["+parent edit", "+branch 3", &format!("+continued {next}")] {
+        assert!(
+            f.patch.contains(line),
+            "fork {next} lacks {line:?}:\n{}",
+            f.patch
+        );
+    }
+    assert_eq!(f.patch.matches("+branch").count(), 1, "{}", f.patch);
+    assert_ne!(f.agent_session, three.agent_session);
+    let calls = calls_on(model, path);
+    let body = &calls[before].body;
+    let first = if body["input"].is_array() {
+        &body["input"]
+    } else {
+        &body["messages"]
+    };
+    let text = first.to_string();
+    assert!(
+        text.contains(PARENT_SAID) && text.contains(BRANCH_PROMPT),
+        "{first:#}"
+    );
+    let last = first.as_array().and_then(|ms| ms.last()).expect("messages");
+    assert!(texts(last).iter().any(|t| t == CONTINUE_PROMPT), "{last:#}");
+    f
 }
