@@ -24,6 +24,7 @@ mod prepare;
 mod rounds;
 mod run_loop;
 mod run_state;
+mod search_state;
 mod settle;
 mod start;
 mod steps;

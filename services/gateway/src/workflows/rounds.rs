@@ -9,46 +9,6 @@
 
 use super::{branching::BranchRequest, input::ForkInput, run_state::SandboxOrchestrationWorkflow};
 use crate::validate::follow_up::{self, Facts};
-use forkyard_proto::common::v1::ForkResult;
-use std::collections::BTreeMap;
-
-/// The most of a fork's verify output a follow-up prompt quotes (its end).
-const VERIFY_TAIL_BYTES: usize = 4 << 10;
-
-/// Where a run's search is.
-#[derive(Debug, Default)]
-pub struct SearchState {
-    /// The round in flight (1: the launch's forks); 0 for a run without a search.
-    pub round: u32,
-    /// Why the search ended before its last round.
-    pub ended: String,
-    /// Each finished fork's verify exit code and the end of its output, for the
-    /// follow-up prompts of its branches (the run's copy of a fork keeps no output).
-    verify: BTreeMap<u32, (i32, String)>,
-}
-
-impl SearchState {
-    pub fn starting(spec: &forkyard_proto::gateway::v1::RunSpec) -> Self {
-        Self {
-            round: u32::from(spec.search.is_some()),
-            ..Self::default()
-        }
-    }
-
-    /// Keep what a follow-up prompt may quote of a fork that finished (`result` in full).
-    pub fn note(&mut self, fork: u32, result: &ForkResult) {
-        if self.round == 0 {
-            return;
-        }
-        let out = &result.verify_output_tail;
-        let mut from = out.len().saturating_sub(VERIFY_TAIL_BYTES);
-        while !out.is_char_boundary(from) {
-            from += 1;
-        }
-        self.verify
-            .insert(fork, (result.verify_exit_code, out[from..].to_owned()));
-    }
-}
 
 /// Whether a fork keeps its workspace at its end because a later round may branch it:
 /// a fork of a search before its last round.
@@ -93,7 +53,7 @@ impl SandboxOrchestrationWorkflow {
         }
         let round = self.search.round + 1;
         for fork in kept {
-            let (code, output) = self.search.verify.get(&fork).cloned().unwrap_or_default();
+            let (code, output) = self.search.quoted(fork);
             let facts = Facts {
                 prompt: &self.spec.prompt,
                 fork,
@@ -119,8 +79,9 @@ impl SandboxOrchestrationWorkflow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workflows::search_state::SearchState;
     use forkyard_proto::{
-        common::v1::{AgentSpec, ForkStatus, VerifyStatus},
+        common::v1::{AgentSpec, ForkResult, ForkStatus, VerifyStatus},
         gateway::v1::{RunSpec, Search},
     };
 

@@ -72,7 +72,7 @@ pub struct SandboxOrchestrationWorkflow {
     /// While the run waits for branches: when it stops waiting.
     pub(super) branchable_until_unix_ms: i64,
     /// Where the run's search is (`rounds`).
-    pub(super) search: super::rounds::SearchState,
+    pub(super) search: super::search_state::SearchState,
 }
 
 /// Times a fork whose sandbox was lost is started again (beyond its first start).
@@ -94,7 +94,7 @@ fn is_running(f: &ForkResult) -> bool {
 impl SandboxOrchestrationWorkflow {
     /// A run of `spec`, before anything started.
     pub(super) fn starting(spec: RunSpec) -> Self {
-        let search = super::rounds::SearchState::starting(&spec);
+        let search = super::search_state::SearchState::starting(&spec);
         let forks = (1..=spec.forks)
             .map(|fork| ForkResult {
                 fork,
