@@ -168,6 +168,15 @@ mod tests {
         finish(&mut poor, 3, 1, "");
         assert!(!poor.next_search_round());
         assert_eq!(poor.search.ended, "the budget left cannot start a fork");
+        // A verified fork, and the run stops at its first.
+        let mut first = run(10_000_000);
+        first.spec.stop_on_first_verified = true;
+        finish(&mut first, 1, 1, "");
+        finish(&mut first, 2, 1, "");
+        finish(&mut first, 3, 1, "");
+        first.forks[0].verify = VerifyStatus::Passed as i32;
+        assert!(!first.next_search_round());
+        assert_eq!(first.search.ended, "stopped at the first verified fork");
         // Nothing succeeded: nothing is ranked.
         let mut failed = run(10_000_000);
         for fork in 1..=3 {
