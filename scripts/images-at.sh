@@ -23,3 +23,9 @@ cd "$wt"
 CARGO_TARGET_DIR="$root/target/at-$ref" CARGO_INCREMENTAL=0 PROFILE=debug FORKYARD_IMAGE_TAG="$tag" \
   CARGO_PROFILE_DEV_DEBUG=false CARGO_PROFILE_DEV_STRIP=debuginfo \
   scripts/images.sh
+# Its images are built: on a small disk (CI's), its build goes (a later run builds it
+# again); elsewhere it is kept, so that the next run starts at once.
+free_gb=$(df -BG --output=avail "$root" | tail -1 | tr -dc 0-9)
+if [ "$free_gb" -lt "${FORKYARD_DISK_LOW_GB:-20}" ]; then
+  rm -rf "$root/target/at-$ref"
+fi
