@@ -39,7 +39,14 @@ async fn claude_code_and_codex_forks_branch_into_continuations_of_their_conversa
     let mesh = Mesh::start_with(options(&model)).await.expect("mesh");
     tokio::join!(
         fork_trees_clis::claude::tree(&mesh, &model),
-        fork_trees_clis::codex::tree(&mesh, &model),
+        fork_trees_clis::two_branches(
+            &mesh,
+            &model,
+            ("codex", "gpt-5"),
+            "/v1/responses",
+            price_per_call(1.25, 10.0, 0.125),
+            fork_trees_clis::codex::assert_first_requests_continue_the_parent,
+        ),
     );
 }
 
@@ -48,19 +55,21 @@ async fn anthropic_and_openai_forks_branch_into_continuations_of_their_conversat
     let model = ScriptedModel::start(fork_trees_clis::script()).await;
     let mesh = Mesh::start_with(options(&model)).await.expect("mesh");
     tokio::join!(
-        fork_trees_clis::builtin::tree(
+        fork_trees_clis::two_branches(
             &mesh,
             &model,
             ("anthropic", "claude-sonnet-4-5"),
             "/v1/messages",
             price_per_call(3.0, 15.0, 0.3),
+            fork_trees_clis::builtin::assert_first_requests_continue_the_parent,
         ),
-        fork_trees_clis::builtin::tree(
+        fork_trees_clis::two_branches(
             &mesh,
             &model,
             ("openai", "gpt-5"),
             "/v1/chat/completions",
             price_per_call(1.25, 10.0, 0.125),
+            fork_trees_clis::builtin::assert_first_requests_continue_the_parent,
         ),
     );
 }

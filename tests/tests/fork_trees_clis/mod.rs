@@ -7,16 +7,16 @@ pub mod builtin;
 pub mod claude;
 pub mod codex;
 
-use crate::agent_cli::model_mesh::launch;
+use crate::agent_cli::{forks::notes_repo, model_mesh::launch};
 use forkyard_proto::{
     budget::v1::budget_ledger_client::BudgetLedgerClient,
     common::v1::{ForkResult, ForkStatus},
-    gateway::v1::{BranchForkRequest, LaunchRunRequest, Run},
+    gateway::v1::{BranchForkRequest, LaunchRunRequest, Run, RunState},
 };
 use forkyard_tests::{
     Mesh,
     scripted_model::{Followup, OUTPUT_TOKENS, Recorded, Script, ScriptedModel},
-    support::{Gateway, fork_result, run_account, wait_until},
+    support::{Gateway, fork_result, run_account, wait_finished, wait_until},
 };
 use serde_json::Value;
 use std::{path::Path, time::Duration};
@@ -231,4 +231,59 @@ pub async fn continued_branch(
     let last = first.as_array().and_then(|ms| ms.last()).expect("messages");
     assert!(texts(last).iter().any(|t| t == CONTINUE_PROMPT), "{last:#}");
     f
+}
+
+/// A tree of `driver` on `model_name`, whose calls go to `path`, each costing
+/// `per_call`: a fork, two branches of it (each with a session of its own, its first
+/// request checked by `first_requests`, paying only its own calls), a branch of the
+/// second, and the ledger holding the tree.
+pub async fn two_branches(
+    mesh: &Mesh,
+    model: &ScriptedModel,
+    (driver, model_name): (&str, &str),
+    path: &str,
+    per_call: i64,
+    first_requests: fn(&str, &[Recorded]),
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = notes_repo(dir.path());
+    let mut gw = Gateway::new(mesh.channel("gateway").await.unwrap());
+    let run_id = launch_branchable(&mut gw, &repo_dir, driver, model_name).await;
+    let run = all_finished(&mut gw, &run_id, 1).await;
+    assert_eq!(
+        run.forks[0].status,
+        ForkStatus::Succeeded as i32,
+        "{driver}: {run:#?}"
+    );
+    let parent = fork_result(&mut gw, &run_id, 1).await;
+    assert!(!parent.agent_session.is_empty(), "{driver}: no session");
+    assert!(parent.patch.contains("+parent edit"), "{}", parent.patch);
+    let parent_calls = calls_on(model, path).len();
+
+    assert_eq!(
+        branch(&mut gw, &run_id, 1, 2, BRANCH_PROMPT).await,
+        vec![2, 3]
+    );
+    all_finished(&mut gw, &run_id, 3).await;
+    let mut children = Vec::new();
+    for n in 2..=3 {
+        let child = fork_result(&mut gw, &run_id, n).await;
+        assert_child(&child, n, &parent);
+        children.push(child);
+    }
+    assert_ne!(children[0].agent_session, children[1].agent_session);
+    let calls = calls_on(model, path);
+    first_requests(driver, &calls[parent_calls..]);
+    assert_children_pay_their_own_calls(
+        (parent_calls, calls.len() - parent_calls),
+        per_call,
+        &parent,
+        &children,
+    );
+
+    let grandchild = continued_branch(&mut gw, &run_id, (model, path), &children[1], 4).await;
+    let run = wait_finished(&mut gw, &run_id, Duration::from_secs(120)).await;
+    assert_eq!(run.state, RunState::Completed as i32, "{run:#?}");
+    let tree: Vec<_> = children.into_iter().chain([parent, grandchild]).collect();
+    assert_ledger_holds(mesh, &run_id, &tree).await;
 }

@@ -241,7 +241,7 @@ fn check_on_backend(spec: &RunSpec) -> Result<(), GatewayError> {
 /// whose forks may grow to it). A run in its branch window holds them while idle: the
 /// count errs high, never low.
 fn fork_slots(spec: &RunSpec) -> u32 {
-    if spec.branch_window_secs > 0 || spec.search.is_some() {
+    if crate::validate::grows(spec) {
         spec.max_concurrent
     } else {
         spec.max_concurrent.min(spec.forks)

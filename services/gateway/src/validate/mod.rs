@@ -17,7 +17,7 @@ use forkyard_proto::gateway::v1::{LaunchRunRequest, RunSpec};
 pub use agent::driver_refusal;
 pub use delivery::publish_delivery;
 pub(crate) use fields::check_base_ref;
-pub use search::planned_forks;
+pub use search::{grows, planned_forks};
 
 pub const DEFAULT_BRANCH: &str = "forkyard";
 pub const DEFAULT_FORK_TIMEOUT_SECS: u32 = 600;

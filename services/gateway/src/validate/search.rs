@@ -4,7 +4,7 @@
 
 use super::{Limits, fields::field};
 use crate::error::GatewayError;
-use forkyard_proto::gateway::v1::{LaunchRunRequest, Search};
+use forkyard_proto::gateway::v1::{LaunchRunRequest, RunSpec, Search};
 
 /// The most rounds a search may have.
 pub const MAX_ROUNDS: u32 = 10;
@@ -69,4 +69,11 @@ pub fn planned_forks(forks: u32, search: Option<&Search>) -> u64 {
         u64::from(s.rounds.saturating_sub(1)) * u64::from(s.keep) * u64::from(s.branches)
     });
     u64::from(forks) + later
+}
+
+/// Whether a run's forks grow past its launch's (a branch window's branches, a search's
+/// later rounds): such a run keeps the `max_concurrent` it asked for, its tenant slots
+/// count that figure, and its forks' sandboxes' owners are kept for their snapshots.
+pub fn grows(spec: &RunSpec) -> bool {
+    spec.branch_window_secs > 0 || spec.search.is_some()
 }

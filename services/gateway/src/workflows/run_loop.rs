@@ -169,7 +169,7 @@ type Preparing<'a> = std::pin::Pin<
 /// Deterministic for runs already in flight: every run before this had a spec no larger
 /// than its forks (the gateway clamped it at launch), so both arms give it the same.
 fn max_concurrent(spec: &RunSpec) -> usize {
-    if spec.branch_window_secs > 0 || spec.search.is_some() {
+    if crate::validate::grows(spec) {
         spec.max_concurrent.max(1) as usize
     } else {
         spec.max_concurrent.clamp(1, spec.forks.max(1)) as usize
@@ -336,7 +336,7 @@ impl<'a> Flight<'a> {
             let fork = f.input.fork;
             match outcome {
                 Ok(prepared) => {
-                    if self.spec.branch_window_secs > 0 || self.spec.search.is_some() {
+                    if crate::validate::grows(&self.spec) {
                         let owner = prepared.sandbox.owner_endpoint.clone();
                         ctx.state_mut(|s| s.owners.insert(fork, owner));
                     }
