@@ -129,6 +129,7 @@ fn main() {
         let grants: Vec<GrantHandle> = (0..streams)
             .map(|i| {
                 gw.grants.mint(GrantSpec {
+                    snapshotter: None,
                     sandbox_id: format!("sbx-bench-{i}"),
                     run_id: "run-bench".into(),
                     fork: u32::try_from(i).unwrap_or(0),

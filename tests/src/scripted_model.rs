@@ -4,8 +4,9 @@
 //! and Chat Completions (`POST /v1/chat/completions`). HTTP/1.1 with keep-alive, as the
 //! vendors serve it. Every request is recorded with its headers.
 //!
-//! The script: until the conversation holds a tool result, the model asks for one shell
-//! command (Claude Code's `Bash` tool, Codex's `exec_command`); then it answers "done".
+//! The script: until the conversation holds a tool result (or [`Script::calls`] of
+//! them), the model asks for one shell command (Claude Code's `Bash` tool, Codex's
+//! `exec_command`); then it answers "done".
 //! With [`Script::never_stop`] it asks for a command on every turn, like a model that
 //! would run up any bill. With [`Followup`]s (Messages and Responses), a conversation
 //! whose last instruction is a follow-up's prompt gets the follow-up's command instead,
@@ -53,6 +54,9 @@ pub struct Script {
     pub command: String,
     /// Ask for the command on every turn.
     pub never_stop: bool,
+    /// Ask for the command until the conversation holds this many tool results (1 by
+    /// default: one edit, then "done").
+    pub calls: usize,
     /// Pause between streamed events (a slow model).
     pub event_gap: Duration,
     /// Answer this many model calls with 503 first (an API that is down).
@@ -66,6 +70,7 @@ impl Script {
         Self {
             command: command.into(),
             never_stop: false,
+            calls: 1,
             event_gap: Duration::ZERO,
             fail_first: 0,
             followups: Vec::new(),
@@ -172,26 +177,29 @@ fn event_stream(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-fn has_tool_result(body: &Value) -> bool {
-    let anthropic = body["messages"].as_array().is_some_and(|ms| {
-        ms.iter().any(|m| {
-            m["content"]
-                .as_array()
-                .is_some_and(|c| c.iter().any(|b| b["type"] == "tool_result"))
-        })
-    });
-    let responses = body["input"].as_array().is_some_and(|items| {
-        items.iter().any(|i| {
+/// The tool results in a conversation, whichever of the three APIs it is in.
+fn tool_results(body: &Value) -> usize {
+    let none = Vec::new();
+    let messages = body["messages"].as_array().unwrap_or(&none);
+    let anthropic = messages
+        .iter()
+        .filter_map(|m| m["content"].as_array())
+        .flatten()
+        .filter(|b| b["type"] == "tool_result")
+        .count();
+    let responses = body["input"]
+        .as_array()
+        .unwrap_or(&none)
+        .iter()
+        .filter(|i| {
             matches!(
                 i["type"].as_str(),
                 Some("function_call_output" | "custom_tool_call_output")
             )
         })
-    });
-    let chat = body["messages"]
-        .as_array()
-        .is_some_and(|ms| ms.iter().any(|m| m["role"] == "tool"));
-    anthropic || responses || chat
+        .count();
+    let chat = messages.iter().filter(|m| m["role"] == "tool").count();
+    anthropic + responses + chat
 }
 
 async fn answer(
@@ -218,7 +226,7 @@ async fn answer(
         body: body.clone(),
     });
     let model = body["model"].as_str().unwrap_or("unknown").to_owned();
-    let call = script.never_stop || !has_tool_result(&body);
+    let call = script.never_stop || tool_results(&body) < script.calls.max(1);
     let n = rec.lock().unwrap().len();
     if n <= script.fail_first && path != "/v1/messages/count_tokens" {
         return json_response(

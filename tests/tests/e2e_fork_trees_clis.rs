@@ -17,6 +17,11 @@
 //!   same edit, two branches of it whose first request carries the parent's turns, and a
 //!   continued branch that goes on from that branch's own conversation.
 //!
+//! - a running `claude-code` fork branched at its last completed model turn
+//!   (`fork_trees_clis::running`): its next model request held at the runner's LLM
+//!   gateway while its workspace is snapshotted; the parent goes on to its end, the two
+//!   branches start from that turn's workspace and conversation.
+//!
 //! Either way the scripted model answers a follow-up without the parent's tool result
 //! with 400; each child's patch holds the parent's edit and its own; each is charged for
 //! its own model calls only, as the parent was for its; the ledger holds the tree's
@@ -72,4 +77,12 @@ async fn anthropic_and_openai_forks_branch_into_continuations_of_their_conversat
             fork_trees_clis::builtin::assert_first_requests_continue_the_parent,
         ),
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_claude_code_fork_branches_at_its_last_completed_turn() {
+    assert_cli_installed("claude");
+    let model = ScriptedModel::start(fork_trees_clis::running::script()).await;
+    let mesh = Mesh::start_with(options(&model)).await.expect("mesh");
+    fork_trees_clis::running::branch_mid_run(&mesh, &model).await;
 }

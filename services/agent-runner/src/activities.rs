@@ -22,10 +22,14 @@ pub const OWN_ATTEMPTS: u32 = 2;
 struct Heartbeats<'a> {
     ctx: &'a ActivityContext,
     last: std::sync::Mutex<Option<AgentProgress>>,
+    /// This replica's endpoint, in every beat: where the gateway asks for a branch point
+    /// of the running fork (`CaptureBranchPoint`).
+    advertise: &'a str,
 }
 
 impl ProgressSink for Heartbeats<'_> {
-    async fn report(&self, progress: AgentProgress) {
+    async fn report(&self, mut progress: AgentProgress) {
+        self.advertise.clone_into(&mut progress.runner_endpoint);
         *self
             .last
             .lock()
@@ -61,6 +65,7 @@ impl AgentActivities {
         let sink = Heartbeats {
             ctx: &ctx,
             last: std::sync::Mutex::new(resume.clone()),
+            advertise: &self.runner.advertise,
         };
         let ran = self
             .runner

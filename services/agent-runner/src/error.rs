@@ -30,6 +30,11 @@ pub enum AgentError {
     Ledger { message: String, retry: bool },
     #[error(transparent)]
     Model(#[from] LlmError),
+    /// A running fork's branch point could not be captured (`CaptureBranchPoint`):
+    /// NOT_FOUND (no agent of the fork here), DEADLINE_EXCEEDED (no model request in
+    /// time) or FAILED_PRECONDITION (the agent ended first, no snapshot).
+    #[error("{message}")]
+    BranchPoint { code: tonic::Code, message: String },
 }
 
 /// The `ErrorInfo` domain of the runner's errors (`forkyard_common::status`).
@@ -54,6 +59,7 @@ impl From<AgentError> for tonic::Status {
                 (Code::FailedPrecondition, "MODEL_REJECTED")
             }
             AgentError::Model(_) => (Code::Unavailable, "MODEL_UNAVAILABLE"),
+            AgentError::BranchPoint { code, .. } => (code, "NO_BRANCH_POINT"),
         };
         with_reason(code, msg, DOMAIN, reason)
     }
@@ -99,6 +105,8 @@ impl AgentError {
             AgentError::Ledger { .. } => ("LedgerRefused", true),
             AgentError::Model(LlmError::Rejected { .. }) => ("ModelRequestRejected", true),
             AgentError::Model(_) => ("ModelUnavailable", false),
+            // Only ever a gRPC answer; never an agent's end.
+            AgentError::BranchPoint { .. } => ("NoBranchPoint", true),
         };
         let failure = ApplicationFailure::builder(self.to_string())
             .type_name(type_name.to_owned())

@@ -2,9 +2,9 @@
 
 use crate::{error::AgentError, progress::NoProgress, runner::Runner};
 use forkyard_proto::agent::v1::{
-    CheckDriverRequest, CheckDriverResponse, GetTranscriptRequest, GetTranscriptResponse,
-    ListDriversRequest, ListDriversResponse, RunAgentRequest, RunAgentResponse,
-    agent_runner_server::AgentRunner,
+    CaptureBranchPointRequest, CaptureBranchPointResponse, CheckDriverRequest, CheckDriverResponse,
+    GetTranscriptRequest, GetTranscriptResponse, ListDriversRequest, ListDriversResponse,
+    RunAgentRequest, RunAgentResponse, agent_runner_server::AgentRunner,
 };
 use tonic::{Request, Response, Status};
 
@@ -83,5 +83,13 @@ impl AgentRunner for AgentRunnerService {
             attempt,
             truncated,
         }))
+    }
+
+    async fn capture_branch_point(
+        &self,
+        req: Request<CaptureBranchPointRequest>,
+    ) -> Result<Response<CaptureBranchPointResponse>, Status> {
+        let point = crate::branch_point::capture(&self.runner, &req.into_inner()).await?;
+        Ok(Response::new(point))
     }
 }

@@ -4,6 +4,7 @@
 pub mod activities;
 pub mod agent_loop;
 pub mod branch;
+pub mod branch_point;
 pub mod charge;
 pub mod command;
 pub mod command_meter;

@@ -137,6 +137,7 @@ fn mint(
     allowed: Allowed,
 ) -> forkyard_agent_runner::llm_gateway::grants::GrantHandle {
     gw.grants.mint(GrantSpec {
+        snapshotter: None,
         sandbox_id: "sbx-a".into(),
         run_id: "run-1".into(),
         fork: 1,
@@ -276,6 +277,7 @@ async fn each_answer_is_charged_once_and_a_spent_reservation_refuses_the_next_re
     let reservation_id = f.reservation("run-g", 10_000, 10_000).await;
     let (gw, addr) = gateway(&base).await;
     let grant = gw.grants.mint(GrantSpec {
+        snapshotter: None,
         sandbox_id: "sbx-a".into(),
         run_id: "run-g".into(),
         fork: 1,
@@ -408,6 +410,7 @@ async fn answers_go_on_through_a_short_ledger_outage_and_stop_after_the_grace() 
     let ledger = forkyard_agent_runner::runner::short_call_channel("ledger", &closed).unwrap();
     let (gw, addr) = gateway(&base).await;
     let grant = gw.grants.mint(GrantSpec {
+        snapshotter: None,
         sandbox_id: "sbx-a".into(),
         run_id: "run-away".into(),
         fork: 1,

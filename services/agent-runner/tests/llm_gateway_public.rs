@@ -61,6 +61,7 @@ async fn gateway(base: &str) -> (Arc<LlmGateway>, String, String) {
 
 fn mint(gw: &LlmGateway, sandbox: &str, remote: bool) -> GrantHandle {
     gw.grants.mint(GrantSpec {
+        snapshotter: None,
         sandbox_id: sandbox.into(),
         run_id: "run-1".into(),
         fork: 1,

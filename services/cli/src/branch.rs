@@ -1,4 +1,5 @@
-//! `forkyard branch` and `forkyard continue` (fork trees): a finished fork branched into
+//! `forkyard branch` and `forkyard continue` (fork trees): a fork (finished, or running:
+//! at its last completed model turn) branched into
 //! new forks of its run through BranchFork; with --wait, until those forks are done.
 
 use crate::{

@@ -155,14 +155,16 @@ pub enum Command {
         #[arg(long, value_parser = parse_author)]
         author: Option<(String, String)>,
     },
-    /// Branch a finished fork into N new forks of its run, each starting from the fork's
-    /// workspace and agent session at its end, with -p as the next instruction (empty:
-    /// the run's prompt again). The run must be open for branches (fork --branch-window).
+    /// Branch a fork into N new forks of its run, each starting from the fork's workspace
+    /// and agent session: at its end, or, for a running fork, at its last completed model
+    /// turn (it goes on). -p is the next instruction (empty: the run's prompt again). The
+    /// run must be open for branches (fork --branch-window).
     Branch {
         /// The fork's run.
         #[arg(add = run_ids())]
         run_id: String,
-        /// The fork to branch (finished: succeeded, failed, timed out, out of budget).
+        /// The fork to branch (finished: succeeded, failed, timed out, out of budget; or
+        /// running: taken at its next model request, waiting up to 120 s for it).
         fork: u32,
         /// How many branches.
         #[arg(short = 'n', long = "count", default_value_t = 1)]

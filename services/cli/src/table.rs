@@ -165,12 +165,13 @@ fn fork_row(f: &ForkResult, mark: char, verifies: bool, tree: bool) -> String {
     )
 }
 
-/// A fork's PARENT cell: `3 (d1)` for a branch of fork 3, `-` for one of the run's own.
+/// A fork's PARENT cell: `3 (d1)` for a branch of fork 3 at its end, `3@t4 (d1)` for
+/// one taken while fork 3 ran, after its 4th model turn; `-` for one of the run's own.
 fn parent_cell(f: &ForkResult) -> String {
-    let cell = if f.parent_fork == 0 {
-        "-".to_owned()
-    } else {
-        format!("{} (d{})", f.parent_fork, f.depth)
+    let cell = match (f.parent_fork, f.branch_turn) {
+        (0, _) => "-".to_owned(),
+        (p, 0) => format!("{p} (d{})", f.depth),
+        (p, t) => format!("{p}@t{t} (d{})", f.depth),
     };
     format!("{cell:<10}")
 }
@@ -349,5 +350,20 @@ mod tests {
             );
         }
         assert!(super::fork(&fork(1, "e2b")).starts_with("fork 1  succeeded  backend e2b "));
+    }
+
+    /// `forkyard status` of a tree: where each branch came from, and when a running
+    /// parent was branched, after which of its turns.
+    #[test]
+    fn the_parent_column_names_the_parent_and_a_running_parents_turn() {
+        let f = |parent_fork, depth, branch_turn| ForkResult {
+            parent_fork,
+            depth,
+            branch_turn,
+            ..Default::default()
+        };
+        assert_eq!(parent_cell(&f(0, 0, 0)).trim_end(), "-");
+        assert_eq!(parent_cell(&f(3, 1, 0)).trim_end(), "3 (d1)");
+        assert_eq!(parent_cell(&f(3, 2, 4)).trim_end(), "3@t4 (d2)");
     }
 }

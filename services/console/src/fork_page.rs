@@ -112,6 +112,7 @@ fn single(run: &Run, f: &ForkResult, session: &Session, errors: &FieldErrors) ->
         @if f.parent_fork > 0 {
             p #parent { "Branched from "
                 a href=(format!("/runs/{}/forks/{}", run.run_id, f.parent_fork)) { "fork " (f.parent_fork) }
+                @if f.branch_turn > 0 { " after its model turn " (f.branch_turn) ", while it ran" } @else { " at its end" }
                 " (depth " (f.depth) ")" }
         }
         div.scroll { table #fork-row { tbody { (run_page::fork_row(run, f, now, session)) } } }

@@ -43,12 +43,14 @@ fn followup_turn(f: &Followup, body: &Value) -> Option<FollowupTurn> {
                 || blocks(m).iter().any(|b| b["text"] == f.prompt.as_str()))
     };
     let at = messages.iter().rposition(is_prompt)?;
+    // The prompt's own message may open with the tool results of the turn before it (a
+    // session continued from a running agent's point: two user turns joined in one).
     Some(FollowupTurn {
         at,
-        has_earlier: tool_results(&messages[..at])
+        has_earlier: tool_results(&messages[..=at])
             .iter()
             .any(|r| r.contains(&f.earlier)),
-        answered: !tool_results(&messages[at..]).is_empty(),
+        answered: !tool_results(&messages[at + 1..]).is_empty(),
     })
 }
 

@@ -6,6 +6,7 @@
 pub mod builtin;
 pub mod claude;
 pub mod codex;
+pub mod running;
 
 use crate::agent_cli::{forks::notes_repo, model_mesh::launch};
 use forkyard_proto::{

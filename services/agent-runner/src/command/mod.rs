@@ -30,6 +30,7 @@ use crate::{
     error::AgentError,
     llm_gateway::{
         LlmGateway,
+        capture::Snapshotter,
         grants::{Allowed, GrantHandle, GrantSpec},
     },
     models::Models,
@@ -210,6 +211,13 @@ fn mint_grant<S: ProgressSink>(
         charger: env.charger.clone(),
         ledger_grace: crate::charge::LEDGER_OUTAGE_GRACE,
         remote,
+        // A running fork's branch point is a snapshot at the sandbox's owner; E2B's
+        // sandboxes have no snapshots of ours.
+        snapshotter: (!remote).then(|| Snapshotter {
+            client: env.client.clone(),
+            endpoint: env.endpoint.clone(),
+            sandbox_id: req.sandbox_id.clone(),
+        }),
     })))
 }
 

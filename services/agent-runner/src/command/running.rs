@@ -148,6 +148,9 @@ impl<S: ProgressSink> Running<'_, '_, S> {
         if self.session_id.is_empty()
             && let Some(id) = crate::branch::session_in(line)
         {
+            if let Some(g) = self.grant {
+                g.set_session(&id);
+            }
             self.session_id = id;
         }
         if self.grant.is_some_and(GrantHandle::used) {

@@ -51,6 +51,8 @@ pub struct GrantSpec {
     /// For a sandbox off the mesh's hosts (E2B): its token is taken on the public
     /// listener, where no relay names the sandbox. Other tokens are refused there.
     pub remote: bool,
+    /// Where the fork's sandbox is snapshotted for a branch point; none: it cannot be.
+    pub snapshotter: Option<super::capture::Snapshotter>,
 }
 
 /// Why a grant takes no more requests.
@@ -106,8 +108,12 @@ pub struct Grant {
     charger: Option<tokio::sync::Mutex<Charger>>,
     ledger_grace: Duration,
     seq: AtomicU32,
+    /// When it was minted (which of a fork's grants is the newer).
+    minted: std::time::Instant,
     state: Mutex<State>,
     changed: Notify,
+    /// Branch points asked of the running fork (`super::capture`).
+    pub captures: super::capture::Captures,
 }
 
 impl Grant {
@@ -260,8 +266,10 @@ impl Grants {
             charger: spec.charger.map(tokio::sync::Mutex::new),
             ledger_grace: spec.ledger_grace,
             seq: AtomicU32::new(0),
+            minted: std::time::Instant::now(),
             state: Mutex::default(),
             changed: Notify::new(),
+            captures: super::capture::Captures::new(spec.snapshotter),
         });
         self.by_token
             .lock()
@@ -279,6 +287,18 @@ impl Grants {
             .lock()
             .expect("grants lock")
             .get(token)
+            .cloned()
+    }
+
+    /// The live grant of `run_id`'s fork `fork` (a fork runs one agent at a time; of a
+    /// retried attempt's two, the newer).
+    pub fn of_fork(&self, run_id: &str, fork: u32) -> Option<Arc<Grant>> {
+        self.by_token
+            .lock()
+            .expect("grants lock")
+            .values()
+            .filter(|g| g.run_id == run_id && g.fork == fork)
+            .max_by_key(|g| g.minted)
             .cloned()
     }
 
@@ -304,6 +324,12 @@ impl GrantHandle {
 
     pub fn totals(&self) -> Totals {
         self.grant.totals()
+    }
+
+    /// The agent's session id, as the runner read it from the agent's output: a branch
+    /// point captured from now on carries it.
+    pub fn set_session(&self, session: &str) {
+        self.grant.captures.set_session(session);
     }
 
     /// Whether the agent has sent the gateway any request yet.

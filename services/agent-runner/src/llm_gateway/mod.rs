@@ -15,6 +15,7 @@
 //! the reservation refuses a charge, further requests are refused and the fork's driver
 //! stops the agent (`BUDGET_EXCEEDED`).
 
+pub mod capture;
 mod checks;
 mod forward;
 mod gateway;

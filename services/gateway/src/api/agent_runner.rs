@@ -5,7 +5,10 @@
 
 use crate::error::GatewayError;
 use forkyard_proto::{
-    agent::v1::{CheckDriverRequest, GetTranscriptRequest, agent_runner_client::AgentRunnerClient},
+    agent::v1::{
+        CaptureBranchPointRequest, CaptureBranchPointResponse, CheckDriverRequest,
+        GetTranscriptRequest, agent_runner_client::AgentRunnerClient,
+    },
     common::v1::AgentSpec,
 };
 use std::{sync::Arc, time::Duration};
@@ -63,6 +66,11 @@ fn lazy(addr: &str) -> Result<Channel, String> {
         timeouts(forkyard_common::tls::endpoint(addr)?).connect_lazy(),
     ))
 }
+
+/// How long a runner waits for a running fork's next model request (its branch point),
+/// and how long the call may take with the snapshot after it.
+const CAPTURE_WAIT_SECS: u32 = 120;
+const CAPTURE_DEADLINE: Duration = Duration::from_secs(CAPTURE_WAIT_SECS as u64 + 60);
 
 /// What one replica said about a transcript.
 enum Asked {
@@ -162,6 +170,82 @@ impl AgentRunnerLink {
             Ok(r) => Asked::Found(cap(r.into_inner().jsonl)),
             Err(s) if s.code() == Code::NotFound => Asked::NotThere,
             Err(s) => Asked::Failed(s.message().to_owned()),
+        }
+    }
+
+    /// A client for a capture at `url` (its own channel: a capture outlasts the others'
+    /// deadline, waiting for the fork's next turn).
+    fn capture_client(
+        &self,
+        url: &str,
+        endpoint: impl FnOnce() -> Result<tonic::transport::Endpoint, String>,
+    ) -> Result<AgentRunnerClient<Channel>, String> {
+        self.pooled(&format!("capture {url}"), || {
+            let ep = endpoint()?
+                .connect_timeout(Duration::from_secs(3))
+                .timeout(CAPTURE_DEADLINE);
+            Ok(traced_channel(ep.connect_lazy()))
+        })
+    }
+
+    /// A running fork's branch point, from the replica running its agent: the one its
+    /// heartbeat names (`endpoint`), else whichever replica of the configured address
+    /// has it. FAILED_PRECONDITION when none runs it or it ended first,
+    /// DEADLINE_EXCEEDED when it asked its model nothing in time.
+    pub async fn capture(
+        &self,
+        run_id: &str,
+        fork: u32,
+        endpoint: &str,
+    ) -> Result<CaptureBranchPointResponse, GatewayError> {
+        let req = CaptureBranchPointRequest {
+            run_id: run_id.to_owned(),
+            fork,
+            wait_secs: CAPTURE_WAIT_SECS,
+        };
+        let endpoint = endpoint.trim();
+        if !endpoint.is_empty() {
+            let client = self.capture_client(endpoint, || forkyard_common::tls::endpoint(endpoint));
+            if let Some(answer) = Self::ask_capture(client, req.clone()).await {
+                return answer;
+            }
+        }
+        let (replicas, _) = forkyard_common::discovery::replicas(&self.targets).await;
+        for replica in replicas.iter().filter(|r| r.url != endpoint) {
+            let client = self.capture_client(&replica.url, || {
+                forkyard_common::discovery::endpoint(replica)
+            });
+            if let Some(answer) = Self::ask_capture(client, req.clone()).await {
+                return answer;
+            }
+        }
+        Err(GatewayError::FailedPrecondition(format!(
+            "no agent runner runs the agent of fork {fork} now (it is starting, or ending); branch it once it runs, or from its end"
+        )))
+    }
+
+    /// One replica's answer to a capture; none when it runs no agent of the fork.
+    async fn ask_capture(
+        client: Result<AgentRunnerClient<Channel>, String>,
+        req: CaptureBranchPointRequest,
+    ) -> Option<Result<CaptureBranchPointResponse, GatewayError>> {
+        let mut client = match client {
+            Ok(c) => c,
+            Err(e) => return Some(Err(GatewayError::Unavailable(format!("agent runner: {e}")))),
+        };
+        match client.capture_branch_point(req).await {
+            Ok(r) => Some(Ok(r.into_inner())),
+            Err(s) if s.code() == Code::NotFound => None,
+            Err(s) => Some(Err(match s.code() {
+                Code::FailedPrecondition | Code::InvalidArgument => {
+                    GatewayError::FailedPrecondition(s.message().to_owned())
+                }
+                Code::DeadlineExceeded => GatewayError::DeadlineExceeded(s.message().to_owned()),
+                _ => GatewayError::Unavailable(format!(
+                    "agent runner cannot capture a branch point: {}",
+                    s.message()
+                )),
+            })),
         }
     }
 

@@ -3,7 +3,8 @@
 //! checked here first, against the run's `progress`, so that each refusal has its
 //! status code (the update's validator checks the same again, for races, and a refusal
 //! there is FAILED_PRECONDITION); then the update makes the branches durable and
-//! returns their numbers. See `workflows::branching`.
+//! returns their numbers. A running fork is captured first, at its next model request
+//! (`branch_point`). See `workflows::branching`.
 
 use super::GatewayService;
 use crate::auth::Access;
@@ -46,12 +47,16 @@ impl GatewayService {
         }
         let run = self.progress(&req.run_id).await?;
         let max_forks = self.branch_limit(&run);
-        check_against_run(&run, &req, max_forks)?;
+        let point = match check_against_run(&run, &req, max_forks)? {
+            From::End => None,
+            From::Running => Some(self.capture_point(&req.run_id, &run, req.fork).await?),
+        };
         let update = BranchRequest {
             fork: req.fork,
             count: req.count,
             prompt: req.prompt.clone(),
             max_forks,
+            point,
         };
         let forks = self
             .handle(&req.run_id)
@@ -109,13 +114,22 @@ fn check_request(req: &BranchForkRequest) -> Result<(), GatewayError> {
     Ok(())
 }
 
+/// Where a branch starts in its parent.
+#[derive(Debug, PartialEq, Eq)]
+enum From {
+    /// Its end (a finished fork's snapshot).
+    End,
+    /// Its next model request (a running fork, captured before the update).
+    Running,
+}
+
 /// The request against the run as it is: the fork exists and has finished with a branch
-/// point, the run allows branches, its driver can resume, the count fits.
+/// point or is running, the run allows branches, its driver can resume, the count fits.
 fn check_against_run(
     run: &Run,
     req: &BranchForkRequest,
     max_forks: u32,
-) -> Result<(), GatewayError> {
+) -> Result<From, GatewayError> {
     let spec = run.spec.clone().unwrap_or_default();
     let Some(parent) = run.forks.get(req.fork as usize - 1) else {
         return Err(GatewayError::field(
@@ -143,12 +157,21 @@ fn check_against_run(
     if let Some(why) = driver_refusal(spec.agent.as_ref().map_or("", |a| a.driver.as_str())) {
         return precondition(why);
     }
+    if parent.status == ForkStatus::Running as i32 {
+        return Ok(From::Running);
+    }
+    if parent.status == ForkStatus::Pending as i32 {
+        return precondition(format!(
+            "fork {} has not started (PENDING): a running fork is branched at its next model turn, a finished one at its end",
+            req.fork
+        ));
+    }
     if !is_finished(parent.status) {
         let status = ForkStatus::try_from(parent.status).unwrap_or_default();
         return precondition(format!(
-            "fork {} has not finished ({}): only a finished fork can be branched (a running fork's last turn is not a branch point yet)",
+            "fork {} ended {}: it left no branch point",
             req.fork,
-            status.as_str_name()
+            status.as_str_name().trim_start_matches("FORK_STATUS_")
         ));
     }
     if parent.snapshot_id.is_empty() {
@@ -160,7 +183,7 @@ fn check_against_run(
     if let Some(why) = session_refusal(&spec, req.fork, parent) {
         return precondition(why);
     }
-    Ok(())
+    Ok(From::End)
 }
 
 /// Why a finished fork's conversation cannot be continued, if it cannot: its driver
@@ -232,5 +255,25 @@ mod tests {
         }
         // A command fork has no session to continue: its workspace is the branch point.
         assert!(check_against_run(&run("command", ""), &req(), 10).is_ok());
+    }
+
+    #[test]
+    fn a_running_fork_is_captured_a_pending_or_cancelled_one_is_refused() {
+        let mut r = run("claude-code", "");
+        r.forks[0].status = ForkStatus::Running as i32;
+        // No session yet in the run's copy: the capture brings the agent's own.
+        assert_eq!(check_against_run(&r, &req(), 10).unwrap(), From::Running);
+        for (status, says) in [
+            (ForkStatus::Pending, "fork 1 has not started (PENDING)"),
+            (
+                ForkStatus::Cancelled,
+                "fork 1 ended CANCELLED: it left no branch point",
+            ),
+        ] {
+            r.forks[0].status = status as i32;
+            let s = tonic::Status::from(check_against_run(&r, &req(), 10).unwrap_err());
+            assert_eq!(s.code(), tonic::Code::FailedPrecondition);
+            assert!(s.message().starts_with(says), "{}", s.message());
+        }
     }
 }

@@ -7,6 +7,7 @@
 
 mod agent_runner;
 mod branch;
+mod branch_point;
 pub mod cleanup;
 mod forks;
 mod keys;

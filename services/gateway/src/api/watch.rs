@@ -260,7 +260,7 @@ impl GatewayService {
 
     /// The last heartbeat of each inline fork's running agent, from the run's pending
     /// activities (ids `fork-<n>/a<attempt>/agent`): one call for all of them.
-    async fn inline_agents(&self, run_id: &str) -> HashMap<u32, AgentProgress> {
+    pub(super) async fn inline_agents(&self, run_id: &str) -> HashMap<u32, AgentProgress> {
         let run = self
             .client
             .get_workflow_handle::<SandboxOrchestrationWorkflow>(run_id);
@@ -286,7 +286,7 @@ impl GatewayService {
     }
 
     /// A running fork's own view (phase, sandbox readiness) and its agent's last heartbeat.
-    async fn fork_live(
+    pub(super) async fn fork_live(
         &self,
         run_id: &str,
         fork: u32,

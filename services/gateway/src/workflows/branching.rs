@@ -30,6 +30,30 @@ pub struct BranchRequest {
     pub prompt: String,
     /// The most forks the run may have with its branches (the gateway's limit).
     pub max_forks: u32,
+    /// A running fork's branch point, captured by the gateway before the update (its
+    /// runner held the fork's next model request while the workspace was snapshotted);
+    /// none: the fork's end.
+    pub point: Option<BranchPoint>,
+}
+
+/// A branch point taken of a running fork (`CaptureBranchPoint`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BranchPoint {
+    pub snapshot_id: String,
+    /// The provisioner replica holding the snapshot.
+    pub snapshot_endpoint: String,
+    /// The agent's session at that point.
+    pub session: String,
+    /// The parent's model responses before it.
+    pub turn: u32,
+}
+
+impl BranchRequest {
+    /// The running fork's captured point, if the request carries one.
+    fn running_point(&self) -> Option<&BranchPoint> {
+        self.point.as_ref().filter(|p| !p.snapshot_id.is_empty())
+    }
 }
 
 /// Whether a fork's status is an end a branch can start from.
@@ -68,12 +92,12 @@ impl SandboxOrchestrationWorkflow {
                 "count: the run would have {total} forks, more than its limit of {}",
                 req.max_forks
             )
-        } else if !is_finished(parent.status) {
+        } else if req.running_point().is_none() && !is_finished(parent.status) {
             format!(
                 "fork {} has not finished: only a finished fork can be branched",
                 req.fork
             )
-        } else if parent.snapshot_id.is_empty() {
+        } else if req.running_point().is_none() && parent.snapshot_id.is_empty() {
             format!(
                 "fork {} has no snapshot of its end to branch from",
                 req.fork
@@ -86,16 +110,35 @@ impl SandboxOrchestrationWorkflow {
         Some(why)
     }
 
-    /// Add `req.count` pending forks branched from `req.fork` (validated); their numbers.
+    /// Add `req.count` pending forks branched from `req.fork` (validated): from its end,
+    /// or from the point captured while it ran. Their numbers.
     pub(super) fn add_branches(&mut self, req: &BranchRequest) -> Vec<u32> {
         let parent = self.forks[(req.fork - 1) as usize].clone();
-        let from = BranchFrom {
-            parent_fork: parent.fork,
-            depth: parent.depth + 1,
-            snapshot_id: parent.snapshot_id.clone(),
-            snapshot_endpoint: self.owners.get(&parent.fork).cloned().unwrap_or_default(),
-            session: parent.agent_session.clone(),
-            prompt: req.prompt.clone(),
+        let owner = self.owners.get(&parent.fork).cloned().unwrap_or_default();
+        let from = match req.running_point() {
+            Some(p) => BranchFrom {
+                parent_fork: parent.fork,
+                depth: parent.depth + 1,
+                snapshot_id: p.snapshot_id.clone(),
+                // The sandbox's owner took the snapshot; the run knows it as the owner.
+                snapshot_endpoint: if owner.is_empty() {
+                    p.snapshot_endpoint.clone()
+                } else {
+                    owner
+                },
+                session: p.session.clone(),
+                prompt: req.prompt.clone(),
+                turn: p.turn,
+            },
+            None => BranchFrom {
+                parent_fork: parent.fork,
+                depth: parent.depth + 1,
+                snapshot_id: parent.snapshot_id.clone(),
+                snapshot_endpoint: owner,
+                session: parent.agent_session.clone(),
+                prompt: req.prompt.clone(),
+                turn: 0,
+            },
         };
         let mut added = Vec::new();
         for _ in 0..req.count {
@@ -107,6 +150,7 @@ impl SandboxOrchestrationWorkflow {
                 phase: phase::PENDING.into(),
                 parent_fork: from.parent_fork,
                 depth: from.depth,
+                branch_turn: from.turn,
                 ..Default::default()
             });
             self.attempts.push(0);
@@ -143,23 +187,14 @@ pub(super) async fn wait_for_branches(ctx: &Ctx, cancel: &WorkflowCancellationTo
     came
 }
 
-/// Remove every snapshot the run's forks left (their branch points), whatever the
-/// run's cancellation; one that cannot be removed is left to the janitor's sweep.
+/// Remove every snapshot the run's forks left (their branch points: their ends, and
+/// the points captured while they ran), whatever the run's cancellation; one that
+/// cannot be removed is left to the janitor's sweep.
 pub(super) async fn remove_snapshots(ctx: &Ctx) {
     if !ctx.state(|s| s.fork_trees) {
         return;
     }
-    let snapshots: Vec<AtOwner> = ctx.state(|s| {
-        s.forks
-            .iter()
-            .filter(|f| !f.snapshot_id.is_empty())
-            .map(|f| AtOwner {
-                endpoint: s.owners.get(&f.fork).cloned().unwrap_or_default(),
-                sandbox_id: f.snapshot_id.clone(),
-                reason: "run closed".into(),
-            })
-            .collect()
-    });
+    let snapshots: Vec<AtOwner> = ctx.state(SandboxOrchestrationWorkflow::snapshots);
     let removals = snapshots.into_iter().map(|at| {
         ctx.execute_local_activity(
             SandboxLocal::delete_snapshot,
@@ -168,6 +203,36 @@ pub(super) async fn remove_snapshots(ctx: &Ctx) {
         )
     });
     let _ = super::join::join_all(removals).await;
+}
+
+impl SandboxOrchestrationWorkflow {
+    /// The run's snapshots, each once: its forks' ends, then the running forks' points
+    /// its branches started from (only runs that branched a running fork have those, so
+    /// earlier histories replay the same removals).
+    fn snapshots(&self) -> Vec<AtOwner> {
+        let at = |endpoint: &str, id: &str| AtOwner {
+            endpoint: endpoint.to_owned(),
+            sandbox_id: id.to_owned(),
+            reason: "run closed".into(),
+        };
+        let mut out: Vec<AtOwner> = self
+            .forks
+            .iter()
+            .filter(|f| !f.snapshot_id.is_empty())
+            .map(|f| {
+                at(
+                    self.owners.get(&f.fork).map_or("", String::as_str),
+                    &f.snapshot_id,
+                )
+            })
+            .collect();
+        for b in self.branches.values().filter(|b| b.turn > 0) {
+            if !out.iter().any(|a| a.sandbox_id == b.snapshot_id) {
+                out.push(at(&b.snapshot_endpoint, &b.snapshot_id));
+            }
+        }
+        out
+    }
 }
 
 /// Whether the run takes fork trees (decided at its start).
@@ -206,6 +271,7 @@ mod tests {
             count,
             prompt: "again".into(),
             max_forks: 5,
+            point: None,
         }
     }
 
@@ -232,6 +298,41 @@ mod tests {
         assert_eq!(w.forks[4].branch, "fy-fork-5");
         assert_eq!((w.forks[4].parent_fork, w.forks[4].depth), (1, 1));
         assert_eq!((w.attempts.len(), w.lost.len()), (5, 5));
+    }
+
+    #[test]
+    fn a_running_forks_captured_point_is_where_its_branches_start_and_goes_with_the_run() {
+        let mut w = run("claude-code", 60);
+        let point = BranchPoint {
+            snapshot_id: "snap-mid".into(),
+            snapshot_endpoint: "http://prov-c:50052".into(),
+            session: "7d1c0a9e-2222".into(),
+            turn: 3,
+        };
+        // Fork 2 runs: without a point it is refused, with one it branches.
+        assert!(w.refuse_branch(&req(2, 1)).is_some());
+        let with_point = BranchRequest {
+            point: Some(point.clone()),
+            ..req(2, 2)
+        };
+        assert_eq!(w.refuse_branch(&with_point), None);
+        assert_eq!(w.add_branches(&with_point), vec![3, 4]);
+        let b = &w.branches[&3];
+        assert_eq!(
+            (
+                b.parent_fork,
+                b.snapshot_id.as_str(),
+                b.session.as_str(),
+                b.turn
+            ),
+            (2, "snap-mid", "7d1c0a9e-2222", 3)
+        );
+        // No owner known for fork 2 here: the capture's provisioner.
+        assert_eq!(b.snapshot_endpoint, "http://prov-c:50052");
+        assert_eq!((w.forks[3].parent_fork, w.forks[3].branch_turn), (2, 3));
+        // Removed when the run closes, once for both branches, with fork 1's end.
+        let snaps: Vec<_> = w.snapshots().into_iter().map(|a| a.sandbox_id).collect();
+        assert_eq!(snaps, vec!["snap-1", "snap-mid"]);
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub(super) fn starting(input: &ForkInput, sandbox: &Sandbox) -> ForkResult {
         verify: VerifyStatus::NotRun as i32,
         parent_fork: input.branch.as_ref().map_or(0, |b| b.parent_fork),
         depth: input.branch.as_ref().map_or(0, |b| b.depth),
+        branch_turn: input.branch.as_ref().map_or(0, |b| b.turn),
         ..Default::default()
     }
 }

@@ -47,6 +47,10 @@ pub struct BranchFrom {
     pub session: String,
     /// The branch's prompt; empty: the run's prompt again.
     pub prompt: String,
+    /// The parent's model responses before a point captured while it ran; 0: its end
+    /// (left out then: such inputs read as before).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub turn: u32,
 }
 
 impl ForkInput {
@@ -103,4 +107,8 @@ pub(super) struct Progress {
 /// keys whichever workflow runs the step, so a retried step never applies twice).
 pub(super) fn step_key(child_id: &str, attempt: u32, step: &str) -> String {
     format!("{child_id}/a{}/{step}", attempt.max(1))
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

@@ -69,6 +69,7 @@ impl SandboxOrchestrationWorkflow {
                 count: search.branches,
                 prompt,
                 max_forks: u32::MAX,
+                point: None,
             });
         }
         self.search.round = round;

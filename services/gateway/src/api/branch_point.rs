@@ -1,0 +1,56 @@
+//! A running fork's branch point (#45): its last completed model turn. The runner
+//! replica running the fork's agent (named in the agent's heartbeat) holds the fork's
+//! next model request at its LLM gateway while the workspace is snapshotted, then lets
+//! it go; the fork never stops. The point then travels in the `branch_fork` update, so
+//! the branches start from it as from a finished fork's end.
+
+use super::GatewayService;
+use crate::{error::GatewayError, workflows::branching::BranchPoint};
+use forkyard_proto::{Driver, gateway::v1::Run};
+
+impl GatewayService {
+    /// Capture fork `fork` of `run` (running; `run_id`'s) at its next model request.
+    pub(super) async fn capture_point(
+        &self,
+        run_id: &str,
+        run: &Run,
+        fork: u32,
+    ) -> Result<BranchPoint, GatewayError> {
+        let spec = run.spec.clone().unwrap_or_default();
+        let driver = spec.agent.as_ref().map_or("", |a| a.driver.as_str());
+        if matches!(
+            Driver::parse(driver),
+            Some(Driver::Anthropic | Driver::OpenAi)
+        ) {
+            return Err(GatewayError::FailedPrecondition(format!(
+                "fork {fork} is running: the built-in {driver} driver's forks are branched from their end (its loop keeps its conversation at the end)"
+            )));
+        }
+        let Some(link) = &self.agent_runner else {
+            return Err(GatewayError::FailedPrecondition(
+                "this gateway has no agent runner to capture a running fork's branch point".into(),
+            ));
+        };
+        let beat = if spec.inline_forks {
+            self.inline_agents(run_id).await.remove(&fork)
+        } else {
+            self.fork_live(run_id, fork).await.and_then(|(_, p)| p)
+        };
+        let endpoint = beat.map(|p| p.runner_endpoint).unwrap_or_default();
+        let p = link.capture(run_id, fork, &endpoint).await?;
+        let resumes = Driver::parse(driver).is_some_and(|d| d.capabilities().resumable);
+        if resumes && p.session.is_empty() {
+            // Its snapshot goes with the run (the janitor's sweep of ended runs' snapshots).
+            return Err(GatewayError::FailedPrecondition(format!(
+                "fork {fork}'s agent has printed no session id yet: a branch would not continue its conversation"
+            )));
+        }
+        tracing::info!(run_id, fork, turn = p.turn, snapshot_id = %p.snapshot_id, "running fork's branch point captured");
+        Ok(BranchPoint {
+            snapshot_id: p.snapshot_id,
+            snapshot_endpoint: p.snapshot_endpoint,
+            session: p.session,
+            turn: p.turn,
+        })
+    }
+}
