@@ -59,6 +59,8 @@ pub struct Script {
     pub calls: usize,
     /// Pause between streamed events (a slow model).
     pub event_gap: Duration,
+    /// Pause before answering a model call, streamed or not (a slow model).
+    pub delay: Duration,
     /// Answer this many model calls with 503 first (an API that is down).
     pub fail_first: usize,
     /// Later instructions in the conversation, each answered its own way.
@@ -72,6 +74,7 @@ impl Script {
             never_stop: false,
             calls: 1,
             event_gap: Duration::ZERO,
+            delay: Duration::ZERO,
             fail_first: 0,
             followups: Vec::new(),
         }
@@ -234,11 +237,14 @@ async fn answer(
             &json!({"type": "error", "error": {"type": "overloaded_error", "message": "scripted outage"}}),
         );
     }
-    if matches!(
+    let model_call = matches!(
         path.as_str(),
         "/v1/messages" | "/v1/responses" | "/v1/chat/completions"
-    ) && let Some(answer) = followup::answer(script, &path, &body, &model, n)
-    {
+    );
+    if model_call && !script.delay.is_zero() {
+        tokio::time::sleep(script.delay).await;
+    }
+    if model_call && let Some(answer) = followup::answer(script, &path, &body, &model, n) {
         return answer;
     }
     match path.as_str() {

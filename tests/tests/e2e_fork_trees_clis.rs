@@ -17,10 +17,11 @@
 //!   same edit, two branches of it whose first request carries the parent's turns, and a
 //!   continued branch that goes on from that branch's own conversation.
 //!
-//! - a running `claude-code` fork branched at its last completed model turn
-//!   (`fork_trees_clis::running`): its next model request held at the runner's LLM
-//!   gateway while its workspace is snapshotted; the parent goes on to its end, the two
-//!   branches start from that turn's workspace and conversation.
+//! - a running fork branched at its last completed model turn
+//!   (`fork_trees_clis::running`): `claude-code`'s and `codex`'s next model request held at the
+//!   runner's LLM gateway while its workspace is snapshotted, the built-in loops'
+//!   conversation kept and snapshotted before they ask again; the parent goes on to its
+//!   end, the two branches start from that turn's workspace and conversation.
 //!
 //! Either way the scripted model answers a follow-up without the parent's tool result
 //! with 400; each child's patch holds the parent's edit and its own; each is charged for
@@ -80,9 +81,47 @@ async fn anthropic_and_openai_forks_branch_into_continuations_of_their_conversat
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_running_claude_code_fork_branches_at_its_last_completed_turn() {
+async fn running_claude_code_and_codex_forks_branch_at_their_last_completed_turn() {
     assert_cli_installed("claude");
+    assert_cli_installed("codex");
     let model = ScriptedModel::start(fork_trees_clis::running::script()).await;
     let mesh = Mesh::start_with(options(&model)).await.expect("mesh");
-    fork_trees_clis::running::branch_mid_run(&mesh, &model).await;
+    tokio::join!(
+        fork_trees_clis::running::branch_mid_run(
+            &mesh,
+            &model,
+            ("claude-code", "sonnet"),
+            "/v1/messages",
+            price_per_call(3.0, 15.0, 0.3),
+        ),
+        fork_trees_clis::running::branch_mid_run(
+            &mesh,
+            &model,
+            ("codex", "gpt-5"),
+            "/v1/responses",
+            price_per_call(1.25, 10.0, 0.125),
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_anthropic_and_openai_forks_branch_at_their_last_completed_turn() {
+    let model = ScriptedModel::start(fork_trees_clis::running::script()).await;
+    let mesh = Mesh::start_with(options(&model)).await.expect("mesh");
+    tokio::join!(
+        fork_trees_clis::running::branch_mid_run(
+            &mesh,
+            &model,
+            ("anthropic", "claude-sonnet-4-5"),
+            "/v1/messages",
+            price_per_call(3.0, 15.0, 0.3),
+        ),
+        fork_trees_clis::running::branch_mid_run(
+            &mesh,
+            &model,
+            ("openai", "gpt-5"),
+            "/v1/chat/completions",
+            price_per_call(1.25, 10.0, 0.125),
+        ),
+    );
 }

@@ -29,6 +29,16 @@ pub const CODEX_HOME: &str = "/workspace/.git/forkyard/codex";
 /// workspace, as WriteFile takes it).
 pub const PARENT_TRANSCRIPT: &str = ".git/forkyard-parent-transcript.jsonl";
 
+/// The agent CLI's home in the sandbox, where it writes its sessions; none for other
+/// drivers.
+pub fn home(req: &RunAgentRequest) -> Option<&'static str> {
+    match forkyard_proto::Driver::parse(req.agent.as_ref().map_or("", |a| a.driver.as_str())) {
+        Some(forkyard_proto::Driver::ClaudeCode) => Some(CLAUDE_HOME),
+        Some(forkyard_proto::Driver::Codex) => Some(CODEX_HOME),
+        _ => None,
+    }
+}
+
 /// The flags that continue the parent's session (empty for a fork that is no branch,
 /// or whose parent printed no session id: it then starts a new conversation).
 pub fn claude_resume_flags(req: &RunAgentRequest) -> String {

@@ -227,6 +227,7 @@ impl Config {
             store: Some(ArtifactStore::new(self.state.join("artifacts"))),
             heartbeat: self.heartbeat,
             advertise: self.advertise,
+            loops: Default::default(),
         })
     }
 }

@@ -7,7 +7,10 @@ use crate::{
     command,
     drivers::{Choice, Drivers},
     error::AgentError,
-    llm_gateway::LlmGateway,
+    llm_gateway::{
+        LlmGateway,
+        capture::{Captures, Snapshotter},
+    },
     presets::{self, Program},
     progress::ProgressSink,
     provisioners::Provisioners,
@@ -36,6 +39,8 @@ pub struct Runner {
     /// The metering LLM gateway every command-like agent reaches its model through;
     /// `None` (`--llm-listen ''`): no model access from sandboxes but what stdout meters.
     pub llm_gateway: Option<Arc<LlmGateway>>,
+    /// The built-in loops running here, where their branch points are asked.
+    pub loops: Arc<crate::branch_point::Loops>,
 }
 
 /// A channel over every replica of `addr` (`flag` names the setting in errors), for
@@ -229,7 +234,20 @@ impl Runner {
         charger: Option<Charger>,
         caller: Caller<'a, S>,
     ) -> agent_loop::Env<'a, S> {
+        // A running loop's branch point is a snapshot at the sandbox's owner; E2B's
+        // sandboxes have no snapshots of ours.
+        let snapshotter = (!forkyard_proto::remote_sandbox(&req.sandbox_id)).then(|| Snapshotter {
+            client: client.clone(),
+            endpoint: endpoint.clone(),
+            sandbox_id: req.sandbox_id.clone(),
+            // The loop keeps its conversation itself before the snapshot.
+            home: None,
+        });
+        let registered = self
+            .loops
+            .register(&req.run_id, req.fork, Captures::new(snapshotter));
         agent_loop::Env {
+            registered,
             drivers: &self.drivers,
             sandbox: Sandbox {
                 client,

@@ -49,6 +49,8 @@ pub struct Env<'a, S: ProgressSink> {
     /// The last heartbeat of a failed attempt of this activity.
     pub resume: Option<AgentProgress>,
     pub activity_attempt: u32,
+    /// Where a branch point of the running loop is asked (`crate::branch_point`).
+    pub registered: crate::branch_point::RegisteredLoop,
 }
 
 pub async fn run<S: ProgressSink>(
@@ -66,7 +68,12 @@ pub async fn run<S: ProgressSink>(
         cancelled,
         resume,
         activity_attempt,
+        registered,
     } = env;
+    // Its session: what a branch of this fork continues (fork trees), from its end or
+    // from a point taken while it runs.
+    let session = uuid::Uuid::new_v4().to_string();
+    registered.captures.set_session(&session);
     let mut conversation = Conversation {
         req,
         provider: provider(drivers, &choice, &req.prompt),
@@ -75,6 +82,11 @@ pub async fn run<S: ProgressSink>(
         price: drivers.models.price(&choice.model),
         max_turns,
         written: 0,
+        point: turn::PointAt {
+            captures: registered.captures.clone(),
+            session: session.clone(),
+            driver: choice.driver.clone(),
+        },
     };
     let timeout = match req.timeout_secs {
         0 => DEFAULT_TIMEOUT_SECS,
@@ -111,8 +123,6 @@ pub async fn run<S: ProgressSink>(
             break end;
         }
     };
-    // Its session: what a branch of this fork continues (fork trees).
-    let session = uuid::Uuid::new_v4().to_string();
     if !matches!(end, End::Stopped(Stop::Cancelled)) {
         let messages = conversation.provider.messages();
         kept::keep(

@@ -37,6 +37,15 @@ pub(super) struct Conversation<'r> {
     pub(super) max_turns: u32,
     /// How many of the provider's messages the transcript holds.
     pub(super) written: usize,
+    pub(super) point: PointAt,
+}
+
+/// What a branch point taken while the loop runs needs: who asks for it, and the
+/// session and driver its kept conversation is under.
+pub(super) struct PointAt {
+    pub(super) captures: std::sync::Arc<crate::llm_gateway::capture::Captures>,
+    pub(super) session: String,
+    pub(super) driver: String,
 }
 
 fn resumed_messages(lines: &[Value], upto_turn: u32) -> Option<Vec<Value>> {
@@ -113,6 +122,24 @@ impl Conversation<'_> {
         self.written > 0
     }
 
+    /// A branch point asked of the running loop, taken before it asks its model again
+    /// (`turns` turns in, their tools run): its conversation kept in the workspace as at
+    /// its end, then the workspace snapshotted.
+    async fn branch_point(&mut self, turns: u32) {
+        if !self.point.captures.asked() {
+            return;
+        }
+        let messages = self.provider.messages().to_vec();
+        let keep = super::kept::keep(
+            &mut self.sandbox,
+            self.req,
+            &self.point.session,
+            &self.point.driver,
+            &messages,
+        );
+        self.point.captures.take_point(turns, keep).await;
+    }
+
     /// The provider's messages the transcript does not hold yet, written under `turn`.
     pub(super) fn write_messages(&mut self, transcript: &mut Transcript, turn: u32) {
         for m in &self.provider.messages()[self.written..] {
@@ -130,6 +157,7 @@ impl Conversation<'_> {
         if lp.progress.turns >= self.max_turns {
             return Ok(ControlFlow::Break(End::TurnLimit(self.max_turns)));
         }
+        self.branch_point(lp.progress.turns).await;
         let turn = match lp
             .drive(self.provider.next_turn(), "waiting for the model")
             .await

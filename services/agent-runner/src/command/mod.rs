@@ -217,6 +217,7 @@ fn mint_grant<S: ProgressSink>(
             client: env.client.clone(),
             endpoint: env.endpoint.clone(),
             sandbox_id: req.sandbox_id.clone(),
+            home: crate::branch::home(req),
         }),
     })))
 }

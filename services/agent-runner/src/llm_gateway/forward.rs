@@ -50,7 +50,10 @@ pub(super) async fn forward(
     if call.api.is_some() {
         crate::genai::record_request(&span, provider.genai_name(), &model);
         // A branch point asked of the running fork is taken here, the agent waiting.
-        grant.captures.at_request(grant.totals().requests).await;
+        grant
+            .captures
+            .at_request(grant.totals().requests, &body)
+            .await;
     }
     let endpoint = match provider {
         Provider::Anthropic => &gw.anthropic,

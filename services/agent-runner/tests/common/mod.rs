@@ -200,6 +200,7 @@ pub async fn fixture(base_url: &str) -> Fixture {
         store: Some(ArtifactStore::new(&artifacts)),
         heartbeat: Duration::from_millis(200),
         advertise: "http://runner-under-test:50053".into(),
+        loops: Default::default(),
     };
     Fixture {
         tmp,

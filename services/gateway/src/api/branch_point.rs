@@ -1,7 +1,8 @@
 //! A running fork's branch point (#45): its last completed model turn. The runner
 //! replica running the fork's agent (named in the agent's heartbeat) holds the fork's
 //! next model request at its LLM gateway while the workspace is snapshotted, then lets
-//! it go; the fork never stops. The point then travels in the `branch_fork` update, so
+//! it go (the built-in loops keep their conversation in the workspace and have it
+//! snapshotted before they ask their model again); the fork never stops. The point then travels in the `branch_fork` update, so
 //! the branches start from it as from a finished fork's end.
 
 use super::GatewayService;
@@ -18,14 +19,6 @@ impl GatewayService {
     ) -> Result<BranchPoint, GatewayError> {
         let spec = run.spec.clone().unwrap_or_default();
         let driver = spec.agent.as_ref().map_or("", |a| a.driver.as_str());
-        if matches!(
-            Driver::parse(driver),
-            Some(Driver::Anthropic | Driver::OpenAi)
-        ) {
-            return Err(GatewayError::FailedPrecondition(format!(
-                "fork {fork} is running: the built-in {driver} driver's forks are branched from their end (its loop keeps its conversation at the end)"
-            )));
-        }
         let Some(link) = &self.agent_runner else {
             return Err(GatewayError::FailedPrecondition(
                 "this gateway has no agent runner to capture a running fork's branch point".into(),
