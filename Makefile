@@ -268,7 +268,10 @@ lint: deps-buf
 
 # Licenses, duplicate versions and sources of every crate (deny.toml says which and why).
 CARGO_DENY_VERSION := 0.20.2
+# `cargo fetch` first: deny reads every platform's crates, and a machine that has only
+# built for Linux lacks the others' (anstyle-wincon, …) in its registry cache.
 deny: deps-deny
+	cargo fetch --locked --quiet
 	cargo deny --offline check bans licenses sources
 
 # Known vulnerabilities (RustSec): needs GitHub for the advisory database, which a test
