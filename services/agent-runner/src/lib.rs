@@ -16,6 +16,7 @@ pub mod grpc;
 pub mod llm;
 pub mod llm_gateway;
 pub mod llm_public;
+pub mod loops;
 pub mod models;
 pub mod presets;
 pub mod progress;

@@ -40,7 +40,7 @@ pub struct Runner {
     /// `None` (`--llm-listen ''`): no model access from sandboxes but what stdout meters.
     pub llm_gateway: Option<Arc<LlmGateway>>,
     /// The built-in loops running here, where their branch points are asked.
-    pub loops: Arc<crate::branch_point::Loops>,
+    pub loops: Arc<crate::loops::Loops>,
 }
 
 /// A channel over every replica of `addr` (`flag` names the setting in errors), for

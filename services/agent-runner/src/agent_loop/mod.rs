@@ -50,7 +50,7 @@ pub struct Env<'a, S: ProgressSink> {
     pub resume: Option<AgentProgress>,
     pub activity_attempt: u32,
     /// Where a branch point of the running loop is asked (`crate::branch_point`).
-    pub registered: crate::branch_point::RegisteredLoop,
+    pub registered: crate::loops::RegisteredLoop,
 }
 
 pub async fn run<S: ProgressSink>(
