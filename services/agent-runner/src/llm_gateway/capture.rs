@@ -97,6 +97,10 @@ impl Captures {
     /// capture waits, snapshot the workspace first and answer it. The request waits
     /// for the snapshot, which is the point: the agent is idle while it is taken.
     pub async fn at_request(&self, turn: u32, body: &[u8]) {
+        // Most requests: nobody asks, and the body is not read again.
+        if !self.asked() {
+            return;
+        }
         let (Some(snap), Some(id)) = (self.snapshotter.as_ref(), last_tool_result(body)) else {
             return self.take_point(turn, async {}).await;
         };
