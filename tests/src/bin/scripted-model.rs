@@ -4,8 +4,9 @@
 //!
 //!   scripted-model --listen 0.0.0.0:8080 --command 'bash probe.sh'
 //!
-//! Until a conversation holds a tool result the model asks for `--command` (Claude Code's
-//! `Bash` tool, Codex's `exec_command`); then it answers "done". Every request is printed
+//! Until a conversation holds a tool result (`--calls` of them) the model asks for
+//! `--command` (Claude Code's `Bash` tool, Codex's `exec_command`); then it answers
+//! "done". `--delay-ms` makes it a slow model. Every request is printed
 //! as one JSON line on standard output: method, path, the model asked for, and which
 //! credential header it carried (`x-api-key` / `authorization`, the value's first 12
 //! characters only).
@@ -24,12 +25,23 @@ struct Args {
     /// The shell command the model asks the agent to run.
     #[arg(long)]
     command: String,
+    /// Ask for the command until the conversation holds this many tool results.
+    #[arg(long, default_value_t = 1)]
+    calls: usize,
+    /// Wait this long before answering each model call (a slow model).
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u64,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let model = ScriptedModel::start_on(&args.listen, Script::edit(&args.command)).await?;
+    let script = Script {
+        calls: args.calls,
+        delay: Duration::from_millis(args.delay_ms),
+        ..Script::edit(&args.command)
+    };
+    let model = ScriptedModel::start_on(&args.listen, script).await?;
     eprintln!("scripted-model: listening on {}", model.url);
     let mut printed = 0;
     loop {
