@@ -164,7 +164,8 @@ pub enum Command {
         #[arg(add = run_ids())]
         run_id: String,
         /// The fork to branch (finished: succeeded, failed, timed out, out of budget; or
-        /// running: taken at its next model request, waiting up to 120 s for it).
+        /// running: taken at its next model request, waited for within the gateway's call
+        /// deadline, 20 s by default).
         fork: u32,
         /// How many branches.
         #[arg(short = 'n', long = "count", default_value_t = 1)]

@@ -67,10 +67,9 @@ fn lazy(addr: &str) -> Result<Channel, String> {
     ))
 }
 
-/// How long a runner waits for a running fork's next model request (its branch point),
-/// and how long the call may take with the snapshot after it.
-const CAPTURE_WAIT_SECS: u32 = 120;
-const CAPTURE_DEADLINE: Duration = Duration::from_secs(CAPTURE_WAIT_SECS as u64 + 60);
+/// A capture's channel deadline, past any wait a runner takes (600 s) and its snapshot:
+/// the caller's own call deadline ends it first (`GatewayService::bounded`).
+const CAPTURE_DEADLINE: Duration = Duration::from_secs(660);
 
 /// What one replica said about a transcript.
 enum Asked {
@@ -190,18 +189,20 @@ impl AgentRunnerLink {
 
     /// A running fork's branch point, from the replica running its agent: the one its
     /// heartbeat names (`endpoint`), else whichever replica of the configured address
-    /// has it. FAILED_PRECONDITION when none runs it or it ended first,
-    /// DEADLINE_EXCEEDED when it asked its model nothing in time.
+    /// has it, waiting up to `wait` for the fork's next model request.
+    /// FAILED_PRECONDITION when none runs it or it ended first, DEADLINE_EXCEEDED when it
+    /// asked its model nothing in time.
     pub async fn capture(
         &self,
         run_id: &str,
         fork: u32,
         endpoint: &str,
+        wait: Duration,
     ) -> Result<CaptureBranchPointResponse, GatewayError> {
         let req = CaptureBranchPointRequest {
             run_id: run_id.to_owned(),
             fork,
-            wait_secs: CAPTURE_WAIT_SECS,
+            wait_secs: u32::try_from(wait.as_secs().clamp(1, 600)).unwrap_or(600),
         };
         let endpoint = endpoint.trim();
         if !endpoint.is_empty() {

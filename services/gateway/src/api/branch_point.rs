@@ -8,8 +8,20 @@
 use super::GatewayService;
 use crate::{error::GatewayError, workflows::branching::BranchPoint};
 use forkyard_proto::{Driver, gateway::v1::Run};
+use std::time::Duration;
+
+/// Of the call's deadline, what the snapshot and the update after the point are left.
+const AFTER_THE_POINT: Duration = Duration::from_secs(10);
 
 impl GatewayService {
+    /// How long a runner waits for the fork's next model request: the call's deadline
+    /// (`--call-deadline-secs`) but what the snapshot and the update need after it.
+    fn capture_wait(&self) -> Duration {
+        self.deadline
+            .saturating_sub(AFTER_THE_POINT)
+            .max(Duration::from_secs(1))
+    }
+
     /// Capture fork `fork` of `run` (running; `run_id`'s) at its next model request.
     pub(super) async fn capture_point(
         &self,
@@ -30,7 +42,9 @@ impl GatewayService {
             self.fork_live(run_id, fork).await.and_then(|(_, p)| p)
         };
         let endpoint = beat.map(|p| p.runner_endpoint).unwrap_or_default();
-        let p = link.capture(run_id, fork, &endpoint).await?;
+        let p = link
+            .capture(run_id, fork, &endpoint, self.capture_wait())
+            .await?;
         let resumes = Driver::parse(driver).is_some_and(|d| d.capabilities().resumable);
         if resumes && p.session.is_empty() {
             // Its snapshot goes with the run (the janitor's sweep of ended runs' snapshots).
