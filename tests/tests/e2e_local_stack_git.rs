@@ -74,11 +74,17 @@ fn sh(dir: &Path, line: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
     (out.status.code(), text)
 }
 
-/// Every regular file under `dir`.
+/// Every regular file under `dir`. The stack still runs while it is walked: a directory
+/// that goes in the meantime (a sandbox destroyed after its fork) held nothing to scan.
 fn files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let kind = entry.file_type().unwrap();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
         if kind.is_dir() {
             out.extend(files(&entry.path()));
         } else if kind.is_file() {
