@@ -154,27 +154,10 @@ pub(crate) fn json_response(status: u16, v: &Value) -> Response<Body> {
 
 /// The tool results in a conversation, whichever of the three APIs it is in.
 fn tool_results(body: &Value) -> usize {
-    let none = Vec::new();
-    let messages = body["messages"].as_array().unwrap_or(&none);
-    let anthropic = messages
-        .iter()
-        .filter_map(|m| m["content"].as_array())
-        .flatten()
-        .filter(|b| b["type"] == "tool_result")
-        .count();
-    let responses = body["input"]
+    let items = body["messages"]
         .as_array()
-        .unwrap_or(&none)
-        .iter()
-        .filter(|i| {
-            matches!(
-                i["type"].as_str(),
-                Some("function_call_output" | "custom_tool_call_output")
-            )
-        })
-        .count();
-    let chat = messages.iter().filter(|m| m["role"] == "tool").count();
-    anthropic + responses + chat
+        .or_else(|| body["input"].as_array());
+    items.map_or(0, |ms| followup::tool_results(ms).len())
 }
 
 async fn answer(

@@ -234,15 +234,9 @@ impl Runner {
         charger: Option<Charger>,
         caller: Caller<'a, S>,
     ) -> agent_loop::Env<'a, S> {
-        // A running loop's branch point is a snapshot at the sandbox's owner; E2B's
-        // sandboxes have no snapshots of ours.
-        let snapshotter = (!forkyard_proto::remote_sandbox(&req.sandbox_id)).then(|| Snapshotter {
-            client: client.clone(),
-            endpoint: endpoint.clone(),
-            sandbox_id: req.sandbox_id.clone(),
-            // The loop keeps its conversation itself before the snapshot.
-            home: None,
-        });
+        // A running loop's branch point is a snapshot at the sandbox's owner; the loop
+        // keeps its conversation itself before it (its driver has no CLI home).
+        let snapshotter = Snapshotter::of(req, &client, &endpoint);
         let registered = self
             .loops
             .register(&req.run_id, req.fork, Captures::new(snapshotter));

@@ -59,7 +59,7 @@ fn blocks(m: &Value) -> Vec<Value> {
 }
 
 /// The tool results among a conversation's messages (or Responses items), as text.
-fn tool_results(ms: &[Value]) -> Vec<String> {
+pub(super) fn tool_results(ms: &[Value]) -> Vec<String> {
     let output = |m: &Value| {
         matches!(
             m["type"].as_str(),

@@ -211,14 +211,8 @@ fn mint_grant<S: ProgressSink>(
         charger: env.charger.clone(),
         ledger_grace: crate::charge::LEDGER_OUTAGE_GRACE,
         remote,
-        // A running fork's branch point is a snapshot at the sandbox's owner; E2B's
-        // sandboxes have no snapshots of ours.
-        snapshotter: (!remote).then(|| Snapshotter {
-            client: env.client.clone(),
-            endpoint: env.endpoint.clone(),
-            sandbox_id: req.sandbox_id.clone(),
-            home: crate::branch::home(req),
-        }),
+        // A running fork's branch point is a snapshot at the sandbox's owner.
+        snapshotter: Snapshotter::of(req, &env.client, &env.endpoint),
     })))
 }
 

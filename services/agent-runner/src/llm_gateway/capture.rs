@@ -37,6 +37,24 @@ pub struct Snapshotter {
     pub home: Option<&'static str>,
 }
 
+impl Snapshotter {
+    /// Where `req`'s sandbox is snapshotted, through `client` at `endpoint` (its owner);
+    /// none for a sandbox off the mesh's hosts (E2B keeps no snapshots of ours). The
+    /// agent CLI's home is waited on when the driver is one (`crate::branch::home`).
+    pub fn of(
+        req: &forkyard_proto::agent::v1::RunAgentRequest,
+        client: &SandboxProvisionerClient<Channel>,
+        endpoint: &str,
+    ) -> Option<Self> {
+        (!forkyard_proto::remote_sandbox(&req.sandbox_id)).then(|| Self {
+            client: client.clone(),
+            endpoint: endpoint.to_owned(),
+            sandbox_id: req.sandbox_id.clone(),
+            home: crate::branch::home(req),
+        })
+    }
+}
+
 /// A captured branch point.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Point {
@@ -96,11 +114,12 @@ impl Captures {
     /// A model request of the fork is about to go upstream, `turn` responses in: if a
     /// capture waits, snapshot the workspace first and answer it. The request waits
     /// for the snapshot, which is the point: the agent is idle while it is taken.
-    pub async fn at_request(&self, turn: u32, body: &[u8]) {
-        // Most requests: nobody asks, and the body is not read again.
+    /// `turn` is read only then: most requests go on with nothing more done.
+    pub async fn at_request(&self, turn: impl FnOnce() -> u32, body: &[u8]) {
         if !self.asked() {
             return;
         }
+        let turn = turn();
         let (Some(snap), Some(id)) = (self.snapshotter.as_ref(), last_tool_result(body)) else {
             return self.take_point(turn, async {}).await;
         };
@@ -231,9 +250,9 @@ mod tests {
     async fn captures_asked_at_once_share_the_next_request_and_an_ended_agent_answers_none() {
         let c = Captures::new(Some(unreachable()));
         // A request with nobody waiting goes straight on.
-        c.at_request(1, b"{}").await;
+        c.at_request(|| 1, b"{}").await;
         let (a, b) = (c.ask().unwrap(), c.ask().unwrap());
-        c.at_request(2, b"{}").await;
+        c.at_request(|| 2, b"{}").await;
         for answer in [a.await.unwrap(), b.await.unwrap()] {
             let why = answer.unwrap_err();
             assert!(

@@ -52,7 +52,7 @@ pub(super) async fn forward(
         // A branch point asked of the running fork is taken here, the agent waiting.
         grant
             .captures
-            .at_request(grant.totals().requests, &body)
+            .at_request(|| grant.totals().requests, &body)
             .await;
     }
     let endpoint = match provider {
