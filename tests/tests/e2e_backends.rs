@@ -9,6 +9,10 @@
 //!   end on both backends.
 //! - Failover: E2B refusing every create (503) while local has room: the forks placed on
 //!   e2b land on local and the run completes.
+//! - Waiting for room: E2B refusing every create while local's share (1) is taken by a
+//!   long fork: the refused forks wait, pending and holding no reservation, and run on
+//!   local one after the other once it has room (they used to fail after their wave's
+//!   retry rounds however long the fork ahead ran).
 //! - Bad input, refused naming the entry's field; and `isolation: gvisor` on a mesh whose
 //!   provisioner cannot run runsc, refused at launch with the reason.
 
@@ -25,7 +29,9 @@ use forkyard_tests::{
     mesh::MeshOptions,
     repo,
     scripted_model::{Script, ScriptedModel},
-    support::{Gateway, fork_result, launch, run_account, wait_finished, workspaces_left},
+    support::{
+        Gateway, fork_result, launch, run_account, wait_finished, wait_until, workspaces_left,
+    },
 };
 use std::{
     collections::HashMap,
@@ -241,6 +247,63 @@ async fn failover(gw: &mut Gateway, src: &Path, e2b: &fake_e2b::Fake) {
     );
 }
 
+/// E2B refuses every create and local's one place is taken by fork 3 (placed there
+/// while forks 1 and 2 went to E2B) for 12 s: forks 1 and 2 wait for room, pending
+/// and holding nothing, then run on local in turn.
+async fn waits_for_room(mesh: &Mesh, gw: &mut Gateway, src: &Path, e2b: &fake_e2b::Fake) {
+    *e2b.fail.lock().unwrap() = Some((503, 10_000));
+    let agent = format!("if [ \"$FORKYARD_FORK\" = 3 ]; then sleep 12; fi; {AGENT}");
+    let req = LaunchRunRequest {
+        backends: vec![share("e2b", 2), share("local", 1)],
+        ..launch(src, 3, 3, &agent)
+    };
+    let run_id = gw
+        .launch_run(req)
+        .await
+        .expect("launch")
+        .into_inner()
+        .run_id;
+    let stop = Arc::new(AtomicBool::new(false));
+    let most_local = sample_local(mesh, &run_id, stop.clone());
+    let waiting = |run: &Run| {
+        run.forks[..2]
+            .iter()
+            .all(|f| f.phase == "waiting for room" && f.status == ForkStatus::Pending as i32)
+    };
+    let run = wait_until(gw, &run_id, Duration::from_secs(60), waiting).await;
+    for f in &run.forks[..2] {
+        assert!(
+            f.error.starts_with("e2b refused its create (")
+                && f.error.ends_with("waiting for room on local"),
+            "{f:#?}"
+        );
+        assert!(f.backend.is_empty(), "on no backend while it waits: {f:#?}");
+    }
+    assert_eq!(run.forks[2].backend, "local", "{:#?}", run.forks[2]);
+    // While they wait they hold no budget: only fork 3's reservation is out.
+    let mut ledger = BudgetLedgerClient::new(mesh.channel("budget-ledger").await.unwrap());
+    let account = run_account(&mut ledger, &run_id).await;
+    let fork_budget = run.spec.as_ref().unwrap().fork_budget_micros;
+    assert_eq!(account.reserved_micros, fork_budget, "{account:?}");
+    let run = wait_finished(gw, &run_id, Duration::from_secs(180)).await;
+    *e2b.fail.lock().unwrap() = None;
+    assert_eq!(backends_of(gw, &run).await, ["local", "local", "local"]);
+    // Local's share held: each started on it after the one before ended (fork 3, the
+    // long one, first). (ListSandboxes cannot be sampled: E2B fails its listing too.)
+    let f = &run.forks;
+    assert!(
+        f[0].sandbox_ready_unix_ms >= f[2].finished_unix_ms,
+        "{f:#?}"
+    );
+    assert!(
+        f[1].sandbox_ready_unix_ms >= f[0].finished_unix_ms,
+        "{f:#?}"
+    );
+    let account = run_account(&mut ledger, &run_id).await;
+    assert_eq!(account.spent_micros, run.cost_micros, "{account:?}");
+    assert_eq!(account.reserved_micros, 0);
+}
+
 /// Refused with `code`, the message naming `field` first.
 async fn assert_refused(gw: &mut Gateway, req: LaunchRunRequest, code: Code, field: &str) {
     let e = gw.launch_run(req).await.expect_err("refused");
@@ -318,4 +381,5 @@ async fn one_run_over_local_and_e2b_overflows_and_fails_over() {
     gvisor_refused_at_launch(&mut gw, &src, mesh.state_dir()).await;
     overflow(&mesh, &mut gw, &src, &e2b.fake).await;
     failover(&mut gw, &src, &e2b.fake).await;
+    waits_for_room(&mesh, &mut gw, &src, &e2b.fake).await;
 }

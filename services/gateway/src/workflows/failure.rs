@@ -13,6 +13,9 @@ pub(super) enum StepFailure {
     /// or lost its disk): the run starts the fork again on a new sandbox (`record`).
     SandboxLost(String),
     Failed(String),
+    /// Its backend refused its create and none after it had room: the run keeps it
+    /// pending until one has (`placement`); the message says which.
+    WaitsForRoom(String),
 }
 
 impl StepFailure {
@@ -20,9 +23,10 @@ impl StepFailure {
     pub(super) fn names_lost(&self) -> bool {
         match self {
             Self::Cancelled => false,
-            Self::BudgetExceeded(m) | Self::SandboxLost(m) | Self::Failed(m) => {
-                m.contains(SANDBOX_LOST)
-            }
+            Self::BudgetExceeded(m)
+            | Self::SandboxLost(m)
+            | Self::Failed(m)
+            | Self::WaitsForRoom(m) => m.contains(SANDBOX_LOST),
         }
     }
 }
@@ -118,6 +122,9 @@ pub(super) fn classify(step: &str, e: &ActivityExecutionError) -> StepFailure {
 pub(super) fn failure_message(f: StepFailure) -> String {
     match f {
         StepFailure::Cancelled => "cancelled".to_owned(),
-        StepFailure::BudgetExceeded(m) | StepFailure::SandboxLost(m) | StepFailure::Failed(m) => m,
+        StepFailure::BudgetExceeded(m)
+        | StepFailure::SandboxLost(m)
+        | StepFailure::Failed(m)
+        | StepFailure::WaitsForRoom(m) => m,
     }
 }

@@ -38,7 +38,10 @@ pub(super) fn apply_failure(result: &mut ForkResult, f: StepFailure) {
     let status = match &f {
         StepFailure::Cancelled => ForkStatus::Cancelled,
         StepFailure::BudgetExceeded(_) => ForkStatus::BudgetExceeded,
-        StepFailure::SandboxLost(_) | StepFailure::Failed(_) => ForkStatus::Failed,
+        // A fork waiting for room is pending in the run, never given a result (`run_loop`).
+        StepFailure::SandboxLost(_) | StepFailure::Failed(_) | StepFailure::WaitsForRoom(_) => {
+            ForkStatus::Failed
+        }
     };
     result.status = status as i32;
     result.error = failure_message(f);

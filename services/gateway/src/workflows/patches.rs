@@ -35,6 +35,7 @@ const GENERATIONS: &[&str] = &[
     "backend-per-run",
     FORK_TREES,
     SEVERAL_BACKENDS,
+    REFUSED_FORK_WAITS,
 ];
 
 /// Fork trees (#45): the generation is found by name, not by place, so that it stays
@@ -43,6 +44,9 @@ const FORK_TREES: &str = "fork-trees";
 
 /// #44 item 2: found by name, like [`FORK_TREES`].
 const SEVERAL_BACKENDS: &str = "several-backends";
+
+/// #44: found by name, like [`FORK_TREES`].
+const REFUSED_FORK_WAITS: &str = "refused-fork-waits-for-room";
 
 /// Changes introduced by earlier builds, each with the patch those builds recorded.
 #[derive(Clone, Copy, Debug)]
@@ -85,6 +89,11 @@ pub enum Change {
     /// backend with room for it (forks in flight there under its share) and waits while
     /// none has; a create its backend refuses moves the fork to the next one with room.
     SeveralBackends,
+    /// A run over several backends: a fork whose create its backend refused, with no
+    /// backend after it with room, waits (pending) for room on those instead of failing
+    /// once its wave's retry rounds are over; and a fork retried after a refusal is
+    /// created where it was moved to, never back on an earlier backend.
+    RefusedForkWaits,
 }
 
 impl Change {
@@ -103,6 +112,7 @@ impl Change {
             Self::BackendPerRun => 6,
             Self::ForkTrees => generation_of(FORK_TREES),
             Self::SeveralBackends => generation_of(SEVERAL_BACKENDS),
+            Self::RefusedForkWaits => generation_of(REFUSED_FORK_WAITS),
         }
     }
 
@@ -122,6 +132,7 @@ impl Change {
             Self::BackendPerRun => GENERATIONS[5],
             Self::ForkTrees => FORK_TREES,
             Self::SeveralBackends => SEVERAL_BACKENDS,
+            Self::RefusedForkWaits => REFUSED_FORK_WAITS,
         }
     }
 }

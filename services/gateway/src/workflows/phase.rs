@@ -11,3 +11,6 @@ pub const CLEANUP: &str = "cleaning up";
 pub const DONE: &str = "done";
 /// The run's budget could not cover this fork's reservation: it waits for RaiseBudget.
 pub const AWAITING_BUDGET: &str = "awaiting budget";
+/// Its backend refused its create and the run's later backends were full: it waits for
+/// a fork in flight there to end (a run over several backends).
+pub const WAITING_FOR_ROOM: &str = "waiting for room";

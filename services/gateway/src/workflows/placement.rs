@@ -14,6 +14,15 @@
 //! backend itself refuses moves the fork to the next backend after it with room
 //! ([`SandboxOrchestrationWorkflow::move_on`]), never back to an earlier one: the list
 //! is the caller's order of preference, and an earlier one's share is full or it failed.
+//!
+//! When none after it has room, the fork waits for room there
+//! ([`SandboxOrchestrationWorkflow::wait_for_room`], [`Change::RefusedForkWaits`]): it
+//! gives back its reservation, is pending again with a floor (the first backend it may
+//! still go to), and starts as soon as a fork in flight on one of those ends. Runs of
+//! earlier builds failed it once their wave's retry rounds (about three minutes) were
+//! over, however long the forks ahead of it ran.
+//!
+//! [`Change::RefusedForkWaits`]: super::patches::Change::RefusedForkWaits
 
 use super::run_state::SandboxOrchestrationWorkflow;
 use forkyard_proto::common::v1::ForkStatus;
@@ -33,11 +42,29 @@ impl SandboxOrchestrationWorkflow {
         b.max_concurrent == 0 || self.in_flight_on(&b.name) < b.max_concurrent
     }
 
-    /// The first of the run's backends with room for a fork, if any.
-    pub(super) fn backend_with_room(&self) -> Option<String> {
-        (0..self.spec.backends.len())
-            .find(|&i| self.has_room(i))
-            .map(|i| self.spec.backends[i].name.clone())
+    /// The first backend `fork` may go to with room, if any: from its floor on.
+    fn room_for(&self, fork: u32) -> Option<usize> {
+        let floor = self.floors.get(&fork).copied().unwrap_or(0);
+        (floor..self.spec.backends.len()).find(|&i| self.has_room(i))
+    }
+
+    /// The next pending fork that some backend has room for, in fork order, marked
+    /// running and placed there: (fork, attempt, backend). A fork waiting for room on a
+    /// later backend does not hold back the forks after it that may go to an earlier one.
+    /// Without floors this is the first pending fork on the first backend with room.
+    pub(super) fn next_placed(&mut self) -> Option<(u32, u32, String)> {
+        if !self.may_start() {
+            return None;
+        }
+        let (fork, at) = self
+            .forks
+            .iter()
+            .filter(|f| f.status == ForkStatus::Pending as i32)
+            .find_map(|f| self.room_for(f.fork).map(|at| (f.fork, at)))?;
+        let attempt = self.begin(fork);
+        let name = self.spec.backends[at].name.clone();
+        self.place(fork, &name);
+        Some((fork, attempt, name))
     }
 
     /// `fork` goes to `backend`: it counts there from now until it ends, and its result
@@ -56,6 +83,29 @@ impl SandboxOrchestrationWorkflow {
         let name = self.spec.backends[next].name.clone();
         self.place(fork, &name);
         Some(name)
+    }
+
+    /// `fork`'s create was refused by `from` and no backend after it has room: it is to
+    /// wait for room on those (its floor), if there are any. `Some`: the backends it
+    /// waits for, as the fork's result names them.
+    pub(super) fn wait_for_room(&mut self, fork: u32, from: &str) -> Option<String> {
+        let at = self.spec.backends.iter().position(|b| b.name == from)?;
+        let later = self.spec.backends.get(at + 1..).filter(|l| !l.is_empty())?;
+        let names: Vec<&str> = later.iter().map(|b| b.name.as_str()).collect();
+        self.floors.insert(fork, at + 1);
+        Some(names.join(" or "))
+    }
+
+    /// A fork that waits for room ([`Self::wait_for_room`]) is pending again, on no
+    /// backend, saying why.
+    pub(super) fn pend_for_room(&mut self, fork: u32, why: String) {
+        if let Some(f) = self.slot_mut(fork) {
+            f.status = ForkStatus::Pending as i32;
+            f.phase = super::phase::WAITING_FOR_ROOM.into();
+            f.backend.clear();
+            f.sandbox_id.clear();
+            f.error = why;
+        }
     }
 
     /// The backend `fork` was placed on ("" for a run of one backend).
@@ -93,10 +143,7 @@ mod tests {
 
     /// Start the next fork where there is room, as the run loop does.
     fn start(s: &mut SandboxOrchestrationWorkflow) -> Option<(u32, String)> {
-        let b = s.backend_with_room()?;
-        let (fork, _) = s.next_startable()?;
-        s.place(fork, &b);
-        Some((fork, b))
+        s.next_placed().map(|(fork, _, b)| (fork, b))
     }
 
     fn end(s: &mut SandboxOrchestrationWorkflow, fork: u32) {
@@ -133,5 +180,42 @@ mod tests {
         assert_eq!(s.placed_on(1), "local");
         // From the last backend there is no next one.
         assert_eq!(s.move_on(1, "local"), None);
+    }
+
+    #[test]
+    fn a_refused_fork_with_no_room_after_waits_for_it_and_lets_others_pass() {
+        let mut s = run(&[("e2b", 2), ("local", 1)], 4);
+        assert_eq!(start(&mut s), Some((1, "e2b".into())));
+        assert_eq!(start(&mut s), Some((2, "e2b".into())));
+        assert_eq!(start(&mut s), Some((3, "local".into())));
+        // e2b refuses fork 1; local is full: it waits for room there, pending.
+        assert_eq!(s.move_on(1, "e2b"), None);
+        assert_eq!(s.wait_for_room(1, "e2b"), Some("local".into()));
+        s.pend_for_room(
+            1,
+            "e2b refused its create; waiting for room on local".into(),
+        );
+        assert_eq!(s.forks[0].status, ForkStatus::Pending as i32);
+        assert_eq!(s.forks[0].phase, crate::workflows::phase::WAITING_FOR_ROOM);
+        assert_eq!(s.placed_on(1), "", "it is on no backend while it waits");
+        // e2b has room again: fork 4 goes there, fork 1 does not go back to it.
+        assert_eq!(start(&mut s), Some((4, "e2b".into())));
+        assert_eq!(start(&mut s), None, "fork 1 waits: local is full");
+        end(&mut s, 3);
+        let (fork, attempt, b) = s.next_placed().unwrap();
+        assert_eq!((fork, b.as_str()), (1, "local"));
+        assert_eq!(attempt, 2, "a new start: its steps get keys of their own");
+        // Refused on the last backend there is nothing after it to wait for.
+        assert_eq!(s.wait_for_room(1, "local"), None);
+    }
+
+    #[test]
+    fn without_floors_the_choice_is_what_runs_of_earlier_builds_made() {
+        // Generation 8 took the first backend with room, then the first pending fork.
+        let mut s = run(&[("local", 1), ("e2b", 1)], 3);
+        s.forks[0].status = ForkStatus::Cancelled as i32;
+        assert_eq!(start(&mut s), Some((2, "local".into())));
+        assert_eq!(start(&mut s), Some((3, "e2b".into())));
+        assert_eq!(start(&mut s), None);
     }
 }

@@ -108,6 +108,9 @@ pub(super) trait OpensAccount {
     /// A fork whose create `from` refused goes to the next backend with room, if any
     /// (`workflows::placement`).
     fn move_fork(&mut self, fork: u32, from: &str) -> Option<String>;
+    /// None after `from` has room: the fork is to wait for room on the backends after
+    /// it, if any (their names).
+    fn wait_for_room(&mut self, fork: u32, from: &str) -> Option<String>;
 }
 
 /// How a wave is prepared, decided by the run (the patches its history takes).
@@ -126,6 +129,9 @@ pub(super) struct WavePlan {
     /// A create its backend refused moves the fork to the run's next backend
     /// (`Change::SeveralBackends`, a run with `RunSpec.backends`).
     pub fails_over: bool,
+    /// A refused fork with no room after its backend waits for room there, and a retry
+    /// stays on the backend it was moved to (`Change::RefusedForkWaits`).
+    pub waits_for_room: bool,
 }
 
 impl WavePlan {
@@ -215,7 +221,7 @@ pub(super) async fn prepare_wave<W: OpensAccount>(
                 moved.push(i);
                 continue;
             }
-            advance(&wave[i], &mut steps[i], outcome, last, waits);
+            advance(&wave[i], &mut steps[i], outcome, last, waits, plan);
         }
         only_moved = !moved.is_empty()
             && steps
@@ -246,11 +252,15 @@ fn advance(
     outcome: Result<ForkPrepared, StepFailure>,
     last: bool,
     waits: bool,
+    plan: WavePlan,
 ) {
-    let Step::Todo { reservation_id, .. } = step else {
+    let Step::Todo { reservation_id, on } = step else {
         return;
     };
     let holds = held(std::mem::take(reservation_id));
+    // Tried again where it was moved to (runs of earlier builds went back to the
+    // fork's own backend, which had refused it).
+    let moved_to = on.take().filter(|_| plan.waits_for_room);
     *step = match outcome {
         Err(why) => Step::Failed {
             reservation_id: holds,
@@ -259,7 +269,13 @@ fn advance(
         },
         Ok(p) => {
             let draining = p.error_type == forkyard_proto::activities::errors::SANDBOX_DRAINING;
-            next_step(f, p, last && !(waits && draining))
+            match next_step(f, p, last && !(waits && draining)) {
+                Step::Todo { reservation_id, .. } => Step::Todo {
+                    reservation_id,
+                    on: moved_to,
+                },
+                other => other,
+            }
         }
     };
 }

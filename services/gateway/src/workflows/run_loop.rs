@@ -250,21 +250,20 @@ impl<'a> Flight<'a> {
         let ctx = self.ctx;
         let mut wave = Vec::new();
         while self.in_flight.len() + wave.len() < self.max_concurrent && !cancel.is_cancelled() {
-            // A run over several backends starts a fork only where one has room.
-            let room = if self.several {
-                let Some(b) = ctx.state(|s| s.backend_with_room()) else {
+            // A run over several backends starts a fork only where one has room for it.
+            let (fork, attempt, room) = if self.several {
+                let Some((fork, attempt, b)) = ctx.state_mut(|s| s.next_placed()) else {
                     break;
                 };
-                Some(b)
+                (fork, attempt, Some(b))
             } else {
-                None
-            };
-            let Some((fork, attempt)) = ctx.state_mut(|s| s.next_startable()) else {
-                break;
+                let Some((fork, attempt)) = ctx.state_mut(|s| s.next_startable()) else {
+                    break;
+                };
+                (fork, attempt, None)
             };
             let mut spec = self.spec.clone();
             if let Some(b) = room {
-                ctx.state_mut(|s| s.place(fork, &b));
                 // The fork's own copy names where it goes (its create, its result).
                 spec.backend = b;
             }
@@ -342,6 +341,11 @@ impl<'a> Flight<'a> {
                     }
                     self.in_flight.push(start_fork(ctx, f, prepared));
                 }
+                Err(super::failure::StepFailure::WaitsForRoom(why)) => {
+                    // Pending again; the next wave takes it once a backend has room.
+                    self.tokens.remove(&fork);
+                    ctx.state_mut(|s| s.pend_for_room(fork, why));
+                }
                 Err(why) => {
                     self.tokens.remove(&fork);
                     let mut result = not_started(ctx, &f.input, why);
@@ -381,6 +385,7 @@ fn wave_plan(ctx: &Ctx) -> WavePlan {
         waits_out_drains: patches.takes(ctx, Change::FinishesBesideWaves),
         backend_per_run: patches.takes(ctx, Change::BackendPerRun),
         fails_over: patches.takes(ctx, Change::SeveralBackends),
+        waits_for_room: patches.takes(ctx, Change::RefusedForkWaits),
     }
 }
 

@@ -73,6 +73,9 @@ pub struct SandboxOrchestrationWorkflow {
     pub(super) branchable_until_unix_ms: i64,
     /// Where the run's search is (`rounds`).
     pub(super) search: super::search_state::SearchState,
+    /// A fork that waits for room after its backend refused it: the first of the run's
+    /// backends it may go to (`placement`).
+    pub(super) floors: BTreeMap<u32, usize>,
 }
 
 /// Times a fork whose sandbox was lost is started again (beyond its first start).
@@ -131,6 +134,7 @@ impl SandboxOrchestrationWorkflow {
             branches_closed: false,
             branchable_until_unix_ms: 0,
             search,
+            floors: BTreeMap::new(),
         }
     }
 
@@ -160,19 +164,31 @@ impl SandboxOrchestrationWorkflow {
 
     /// The next pending fork, marked running, with its attempt number.
     pub(super) fn next_startable(&mut self) -> Option<(u32, u32)> {
-        if self.paused || self.awaiting_budget || self.winner_found() {
+        if !self.may_start() {
             return None;
         }
-        let f = self
+        let fork = self
             .forks
-            .iter_mut()
-            .find(|f| f.status == ForkStatus::Pending as i32)?;
+            .iter()
+            .find(|f| f.status == ForkStatus::Pending as i32)?
+            .fork;
+        Some((fork, self.begin(fork)))
+    }
+
+    /// Whether any fork may start now (not paused, not waiting for budget, no winner).
+    pub(super) fn may_start(&self) -> bool {
+        !(self.paused || self.awaiting_budget || self.winner_found())
+    }
+
+    /// Pending `fork` starts: marked running; its attempt number.
+    pub(super) fn begin(&mut self, fork: u32) -> u32 {
+        let i = (fork - 1) as usize;
+        let f = &mut self.forks[i];
         f.status = ForkStatus::Running as i32;
         f.phase = phase::RESERVING.into();
         f.error.clear();
-        let i = (f.fork - 1) as usize;
         self.attempts[i] += 1;
-        Some((f.fork, self.attempts[i]))
+        self.attempts[i]
     }
 
     /// A running inline fork's progress as the run shows it (compact).
@@ -364,5 +380,9 @@ impl OpensAccount for SandboxOrchestrationWorkflow {
 
     fn move_fork(&mut self, fork: u32, from: &str) -> Option<String> {
         self.move_on(fork, from)
+    }
+
+    fn wait_for_room(&mut self, fork: u32, from: &str) -> Option<String> {
+        SandboxOrchestrationWorkflow::wait_for_room(self, fork, from)
     }
 }

@@ -106,9 +106,11 @@ fn create_request(
     }
 }
 
-/// A fork whose create its backend refused, in a run over several backends and not in
-/// the last round: moved to the next backend with room, to be created there in the next
-/// round (`true`); otherwise (`false`) its outcome is for [`super::advance`].
+/// A fork whose create its backend refused, in a run over several backends: moved to
+/// the next backend with room, to be created there in the next round (not in the last
+/// round); or, when none has room (or in the last round), waiting for room on those
+/// after it (`plan.waits_for_room`), its step stopped so that what it holds is given
+/// back. `true` either way; otherwise (`false`) its outcome is for [`super::advance`].
 pub(super) fn moved_on<W: OpensAccount>(
     ctx: &WorkflowContext<W>,
     plan: WavePlan,
@@ -121,20 +123,31 @@ pub(super) fn moved_on<W: OpensAccount>(
     let Step::Todo { on, .. } = step else {
         return false;
     };
-    if !plan.fails_over || last || !p.backend_refused || p.sandbox.is_some() {
-        return false;
-    }
-    if f.cancel.is_cancelled() {
+    if !plan.fails_over || !p.backend_refused || p.sandbox.is_some() || f.cancel.is_cancelled() {
         return false;
     }
     let from = on.clone().unwrap_or_else(|| f.input.spec.backend.clone());
     let fork = f.input.fork;
-    let Some(next) = ctx.state_mut(|s| s.move_fork(fork, &from)) else {
+    if !last && let Some(next) = ctx.state_mut(|s| s.move_fork(fork, &from)) {
+        *step = Step::Todo {
+            reservation_id: p.reservation_id.clone(),
+            on: Some(next),
+        };
+        return true;
+    }
+    if !plan.waits_for_room {
+        return false;
+    }
+    let Some(later) = ctx.state_mut(|s| s.wait_for_room(fork, &from)) else {
         return false;
     };
-    *step = Step::Todo {
-        reservation_id: p.reservation_id.clone(),
-        on: Some(next),
+    *step = Step::Failed {
+        reservation_id: held(p.reservation_id.clone()),
+        sandbox: None,
+        why: StepFailure::WaitsForRoom(format!(
+            "{from} refused its create ({}); waiting for room on {later}",
+            p.error
+        )),
     };
     true
 }
