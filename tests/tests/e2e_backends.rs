@@ -263,8 +263,6 @@ async fn waits_for_room(mesh: &Mesh, gw: &mut Gateway, src: &Path, e2b: &fake_e2
         .expect("launch")
         .into_inner()
         .run_id;
-    let stop = Arc::new(AtomicBool::new(false));
-    let most_local = sample_local(mesh, &run_id, stop.clone());
     let waiting = |run: &Run| {
         run.forks[..2]
             .iter()
