@@ -8,6 +8,7 @@
 
 #[cfg(feature = "activities")]
 pub mod activities;
+pub mod backends;
 pub mod driver;
 pub mod ids;
 pub mod money;

@@ -173,46 +173,12 @@ fn isolation(s: &str) -> Result<String, String> {
 }
 
 /// `--backend`: empty, one of the backends a sandbox can run on, or a list of them
-/// with shares (`local:40,e2b`); the gateway checks the rest (each name once, a share
-/// on every entry but the last).
+/// with shares (`local:40,e2b`): `forkyard_proto::backends`.
 fn backend(s: &str) -> Result<String, String> {
-    let text = s.trim();
-    if text.is_empty() {
-        return Ok(String::new());
-    }
-    for entry in text.split(',') {
-        let (name, share) = entry.split_once(':').unwrap_or((entry, ""));
-        if !forkyard_proto::BACKENDS.contains(&name.trim()) {
-            return Err(format!(
-                "{:?}: one of: {}, or a list such as local:40,e2b",
-                name.trim(),
-                forkyard_proto::BACKENDS.join(", ")
-            ));
-        }
-        if !share.is_empty() && share.trim().parse::<u32>().is_err() {
-            return Err(format!(
-                "{entry:?}: a share is a number of forks (local:40)"
-            ));
-        }
-    }
-    Ok(text.to_owned())
+    forkyard_proto::backends::parse(s).map(|_| s.trim().to_owned())
 }
 
-/// What `--backend` asks of LaunchRun: one backend (`backend`), or a list with shares
-/// (`backends`) once it has a comma or a share.
+/// What `--backend` (checked by [`backend`]) asks of LaunchRun.
 pub(crate) fn backends_of(flag: &str) -> (String, Vec<BackendShare>) {
-    if !flag.contains([',', ':']) {
-        return (flag.to_owned(), Vec::new());
-    }
-    let list = flag
-        .split(',')
-        .map(|entry| {
-            let (name, share) = entry.split_once(':').unwrap_or((entry, ""));
-            BackendShare {
-                name: name.trim().to_owned(),
-                max_concurrent: share.trim().parse().unwrap_or(0),
-            }
-        })
-        .collect();
-    (String::new(), list)
+    forkyard_proto::backends::parse(flag).unwrap_or_default()
 }

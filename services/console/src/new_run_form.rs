@@ -3,7 +3,10 @@
 //! Below both the runs page (which shows it) and its handler (`new_run`).
 
 use crate::{layout::csrf_field, session::Session};
-use forkyard_proto::{common::v1::AgentSpec, gateway::v1::LaunchRunRequest};
+use forkyard_proto::{
+    common::v1::AgentSpec,
+    gateway::v1::{LaunchRunRequest, Search},
+};
 use maud::{Markup, html};
 use std::collections::{BTreeMap, HashMap};
 
@@ -29,6 +32,34 @@ pub struct NewRunForm {
     pub verify: String,
     /// `key=value` pairs separated by commas.
     pub labels: String,
+    /// Forks in flight at once; empty: all of them.
+    pub max_concurrent: String,
+    /// `local`, `e2b` or a list with shares (`local:40,e2b`); empty: the operator's.
+    pub backend: String,
+    /// `bubblewrap` or `gvisor`; empty: the operator's.
+    pub isolation: String,
+    /// Seconds the run stays open for branches after its last fork; empty: none.
+    pub branch_window: String,
+    /// A search (rounds of 2 or more); empty: one round.
+    pub rounds: String,
+    pub keep: String,
+    pub branches: String,
+    pub follow_up: String,
+}
+
+/// A number field: empty is `None`; anything else not a number is the form's refusal.
+fn number(errors: &mut FieldErrors, field: &'static str, text: &str) -> Option<u32> {
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    text.parse().map_or_else(
+        |_| {
+            errors.insert(field, format!("{field}: {text:?} is not a number"));
+            None
+        },
+        Some,
+    )
 }
 
 impl NewRunForm {
@@ -59,6 +90,14 @@ impl NewRunForm {
                 }
             };
         }
+        let max_concurrent = number(&mut errors, "max_concurrent", &self.max_concurrent);
+        let branch_window_secs = number(&mut errors, "branch_window", &self.branch_window);
+        let search = self.search(&mut errors);
+        let (backend, backends) =
+            forkyard_proto::backends::parse(&self.backend).unwrap_or_else(|e| {
+                errors.insert("backend", format!("backend: {e}"));
+                Default::default()
+            });
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -67,7 +106,12 @@ impl NewRunForm {
             repo: self.repo.trim().to_owned(),
             prompt: self.prompt.clone(),
             forks,
-            max_concurrent: forks,
+            max_concurrent: max_concurrent.unwrap_or(forks),
+            backend,
+            backends,
+            isolation: self.isolation.trim().to_owned(),
+            branch_window_secs: branch_window_secs.unwrap_or(0),
+            search,
             budget_usd: self.budget.trim().to_owned(),
             agent: Some(AgentSpec {
                 driver: self.driver.trim().to_owned(),
@@ -80,6 +124,18 @@ impl NewRunForm {
             ..Default::default()
         })
     }
+
+    /// The search the form asks for: none unless rounds is filled in; the gateway
+    /// checks the figures (`search.rounds: …`).
+    fn search(&self, errors: &mut FieldErrors) -> Option<Search> {
+        let rounds = number(errors, "rounds", &self.rounds)?;
+        Some(Search {
+            rounds,
+            keep: number(errors, "keep", &self.keep).unwrap_or(1),
+            branches: number(errors, "branches", &self.branches).unwrap_or(1),
+            follow_up: self.follow_up.clone(),
+        })
+    }
 }
 
 /// The form field a gateway message is about: its messages start with the request's
@@ -89,7 +145,16 @@ pub fn field_of(message: &str) -> &'static str {
     match name {
         "repo" | "base_ref" => "repo",
         "prompt" => "prompt",
-        "forks" | "max_concurrent" => "forks",
+        "forks" => "forks",
+        "max_concurrent" => "max_concurrent",
+        "backend" => "backend",
+        name if name.starts_with("backends") => "backend",
+        "isolation" => "isolation",
+        "branch_window_secs" => "branch_window",
+        "search.rounds" | "search" => "rounds",
+        "search.keep" => "keep",
+        "search.branches" => "branches",
+        "search.follow_up" => "follow_up",
         "budget_usd" | "fork_budget_usd" => "budget",
         "agent" | "agent.driver" => "driver",
         "agent.command" => "command",
@@ -128,10 +193,56 @@ pub fn form(session: &Session, form: &NewRunForm, errors: &FieldErrors) -> Marku
                 (input("budget", "Budget (USD)", "text", &form.budget, errors))
                 (input("verify", "Verify command", "text", &form.verify, errors))
                 (input("labels", "Labels (key=value, …)", "text", &form.labels, errors))
+                details #more open[more_open(form, errors)] {
+                    summary { "Placement, isolation and search" }
+                    (input("max_concurrent", "At most at once (empty: every fork)", "number", &form.max_concurrent, errors))
+                    (input("backend", "Backend (local, e2b, or shares such as local:40,e2b)", "text", &form.backend, errors))
+                    div.field {
+                        label for="isolation" { "Isolation" }
+                        select #isolation name="isolation" aria-describedby=[described("isolation", errors)] {
+                            option value="" selected[form.isolation.is_empty()] { "the operator's default" }
+                            @for i in forkyard_proto::ISOLATIONS { option value=(i) selected[form.isolation == *i] { (i) } }
+                        }
+                        (error("isolation", errors))
+                    }
+                    (input("branch_window", "Branch window (seconds open for branches)", "number", &form.branch_window, errors))
+                    fieldset #search {
+                        legend { "Search: the best forks of each round branched into the next" }
+                        (input("rounds", "Rounds (2 or more; empty: no search)", "number", &form.rounds, errors))
+                        (input("keep", "Kept each round", "number", &form.keep, errors))
+                        (input("branches", "Branches of each kept fork", "number", &form.branches, errors))
+                        (input("follow_up", "Follow-up ({prompt} {fork} {round} {verify_exit_code} {verify_output})", "text", &form.follow_up, errors))
+                    }
+                }
                 button type="submit" { "Start run" }
             }
         }
     }
+}
+
+/// The optional fields are shown when one is filled in or refused.
+fn more_open(form: &NewRunForm, errors: &FieldErrors) -> bool {
+    const MORE: [&str; 8] = [
+        "max_concurrent",
+        "backend",
+        "isolation",
+        "branch_window",
+        "rounds",
+        "keep",
+        "branches",
+        "follow_up",
+    ];
+    let filled = [
+        &form.max_concurrent,
+        &form.backend,
+        &form.isolation,
+        &form.branch_window,
+        &form.rounds,
+        &form.keep,
+        &form.branches,
+        &form.follow_up,
+    ];
+    filled.iter().any(|v| !v.trim().is_empty()) || MORE.iter().any(|f| errors.contains_key(f))
 }
 
 fn input(name: &str, text: &str, kind: &str, value: &str, errors: &FieldErrors) -> Markup {
@@ -169,6 +280,60 @@ mod tests {
         assert_eq!(field_of("forks: must be at least 1"), "forks");
         assert_eq!(field_of("repo: not a git repository"), "repo");
         assert_eq!(field_of("the tenant's limit is spent"), "");
+        assert_eq!(field_of("search.keep: at most forks (3)"), "keep");
+        assert_eq!(
+            field_of("backends[1].name: \"modal\" is not offered"),
+            "backend"
+        );
+        assert_eq!(
+            field_of("max_concurrent: must be at least 1"),
+            "max_concurrent"
+        );
+        assert_eq!(
+            field_of("branch_window_secs: at most 86400"),
+            "branch_window"
+        );
+    }
+
+    #[test]
+    fn placement_and_search_reach_the_launch() {
+        let f = NewRunForm {
+            forks: "4".into(),
+            max_concurrent: "2".into(),
+            backend: "local:1, e2b".into(),
+            isolation: "gvisor".into(),
+            branch_window: "60".into(),
+            rounds: "3".into(),
+            keep: "2".into(),
+            follow_up: "round {round}: {verify_output}".into(),
+            ..NewRunForm::blank()
+        };
+        let req = f.to_request().unwrap();
+        assert_eq!((req.forks, req.max_concurrent), (4, 2));
+        assert_eq!(req.backend, "");
+        let shares: Vec<_> = req
+            .backends
+            .iter()
+            .map(|b| (b.name.as_str(), b.max_concurrent))
+            .collect();
+        assert_eq!(shares, [("local", 1), ("e2b", 0)]);
+        assert_eq!(
+            (req.isolation.as_str(), req.branch_window_secs),
+            ("gvisor", 60)
+        );
+        assert_eq!(
+            req.search,
+            Some(Search {
+                rounds: 3,
+                keep: 2,
+                branches: 1,
+                follow_up: "round {round}: {verify_output}".into(),
+            })
+        );
+        // Left empty: every fork at once, no search, the operator's backend.
+        let plain = NewRunForm::blank().to_request().unwrap();
+        assert_eq!(plain.max_concurrent, plain.forks);
+        assert_eq!((plain.search, plain.backend.as_str()), (None, ""));
     }
 
     #[test]
@@ -194,10 +359,14 @@ mod tests {
         let f = NewRunForm {
             forks: "three".into(),
             labels: "oops".into(),
+            backend: "modal".into(),
+            rounds: "two".into(),
             ..NewRunForm::blank()
         };
         let errors = f.to_request().unwrap_err();
         assert!(errors["forks"].starts_with("forks:"));
         assert!(errors["labels"].starts_with("labels:"));
+        assert!(errors["backend"].starts_with("backend: \"modal\""));
+        assert!(errors["rounds"].starts_with("rounds:"));
     }
 }

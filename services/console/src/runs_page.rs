@@ -192,10 +192,10 @@ pub fn forks_done(run: &Run) -> String {
         .iter()
         .filter(|f| format::fork_done(f.status))
         .count();
-    let total = run
-        .spec
-        .as_ref()
-        .map_or(run.forks.len(), |s| s.forks as usize);
+    // A run's branches and search rounds add forks to the launch's: what it holds now
+    // (a listing may carry no forks, only the spec).
+    let launched = run.spec.as_ref().map_or(0, |s| s.forks as usize);
+    let total = launched.max(run.forks.len());
     format!("{done} / {total}")
 }
 

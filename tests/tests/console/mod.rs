@@ -8,6 +8,7 @@ use forkyard_tests::{
 use std::{path::PathBuf, time::Duration};
 
 pub mod actions;
+pub mod search_form;
 
 /// Markup that would run if a page did not escape it.
 pub const XSS: &str = "<script>window.__pwned=1</script><img src=x onerror=window.__pwned=2>";
