@@ -346,9 +346,14 @@ async fn on_image(core: &Arc<Provisioner>, repo: &str, n: usize) -> anyhow::Resu
     Ok(())
 }
 
+/// The wait between a create and its first command in the bench's third series: about
+/// what a fork's health check and its agent's dispatch to a runner take on the mesh.
+const AFTER_CREATE: std::time::Duration = std::time::Duration::from_millis(150);
+
 /// Each isolation level side by side, `n` sandboxes one at a time: the create, the first
-/// command (which starts the sandbox's init: bubblewrap, or gVisor's runsc container)
-/// and a second one. gVisor is skipped, saying why, where runsc cannot run.
+/// command (which starts the sandbox's init: bubblewrap, or waits for the gVisor container
+/// its create started), a second one, and a first command 150 ms after a create.
+/// gVisor is skipped, saying why, where runsc cannot run.
 async fn isolations(core: &Arc<Provisioner>, repo: &str, n: usize) -> anyhow::Result<()> {
     println!("  by isolation ({n} sandboxes each, one at a time):");
     for isolation in forkyard_proto::ISOLATIONS {
@@ -364,7 +369,7 @@ async fn isolations(core: &Arc<Provisioner>, repo: &str, n: usize) -> anyhow::Re
                 continue;
             }
         }
-        let (mut create, mut first, mut second) = (vec![], vec![], vec![]);
+        let (mut create, mut first, mut second, mut later) = (vec![], vec![], vec![], vec![]);
         for i in 0..n {
             let t = Instant::now();
             let s = core.create(req(i)).await?;
@@ -381,10 +386,25 @@ async fn isolations(core: &Arc<Provisioner>, repo: &str, n: usize) -> anyhow::Re
             core.exec(true_req(&s.id)).await?;
             second.push(ms(t.elapsed()));
             destroy(core, &s.id).await;
+            // A fork's first command comes after its health check and its agent's
+            // dispatch to a runner: a gVisor sandbox boots meanwhile (at its create).
+            let s = core.create(req(i)).await?;
+            tokio::time::sleep(AFTER_CREATE).await;
+            let t = Instant::now();
+            core.exec(true_req(&s.id)).await?;
+            later.push(ms(t.elapsed()));
+            destroy(core, &s.id).await;
         }
         report(&format!("{isolation} create"), create);
         report(&format!("{isolation} first exec"), first);
         report(&format!("{isolation} second exec"), second);
+        report(
+            &format!(
+                "{isolation} first exec {} ms after create",
+                AFTER_CREATE.as_millis()
+            ),
+            later,
+        );
     }
     Ok(())
 }

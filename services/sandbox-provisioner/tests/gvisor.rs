@@ -285,3 +285,57 @@ async fn egress_and_the_llm_relay_are_the_only_ways_out_of_a_gvisor_sandbox() {
     assert!(out.stdout.starts_with("llm "), "{out:?}");
     destroy(&f, &sbx.id).await;
 }
+
+/// The runsc container ids (`<sandbox>-<8 hex>`, one per start of the sandbox's init)
+/// that host processes name.
+fn containers_of(id: &str) -> std::collections::BTreeSet<String> {
+    host_processes_naming(id)
+        .iter()
+        .flat_map(|c| c.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        .filter(|w| {
+            w.strip_prefix(id)
+                .and_then(|r| r.strip_prefix('-'))
+                .is_some_and(|r| r.len() == 8 && r.bytes().all(|b| b.is_ascii_hexdigit()))
+        })
+        .collect()
+}
+
+/// A gVisor sandbox's container boots as soon as it is made, before any command (its
+/// start then overlaps what its caller does before the first one); the first command
+/// runs in that container, not a second one; a sandbox destroyed before any command
+/// leaves no runsc process.
+#[tokio::test]
+async fn a_gvisor_sandbox_boots_at_its_create_and_its_first_command_runs_there() {
+    if !has_runsc() {
+        return;
+    }
+    let f = fixture().await;
+    let sbx = gvisor_sandbox(&f, |_| {}).await;
+    assert!(
+        common::eventually(Duration::from_secs(20), || containers_of(&sbx.id).len()
+            == 1)
+        .await,
+        "no runsc container started at the create: {:?}",
+        host_processes_naming(&sbx.id)
+    );
+    let booted = containers_of(&sbx.id);
+    ok(&f.sh(&sbx.id, "uname -r").await);
+    assert_eq!(
+        containers_of(&sbx.id),
+        booted,
+        "the first command started another container"
+    );
+
+    let unused = gvisor_sandbox(&f, |r| r.branch = "forkyard-fork-2".into()).await;
+    destroy(&f, &unused.id).await;
+    assert!(
+        common::eventually(Duration::from_secs(10), || host_processes_naming(
+            &unused.id
+        )
+        .is_empty())
+        .await,
+        "runsc processes outlived the destroy of a sandbox never used: {:?}",
+        host_processes_naming(&unused.id)
+    );
+    destroy(&f, &sbx.id).await;
+}

@@ -33,6 +33,9 @@ impl Provisioner {
         tokio::spawn(async move {
             let keyed = !req.idempotency_key.is_empty();
             let out = core.create_to_the_end(req).await;
+            if let Ok(sandbox) = &out {
+                core.boot_in_background(&sandbox.id);
+            }
             if let Err(Ok(sandbox)) = tx.send(out)
                 && !keyed
             {

@@ -1,6 +1,7 @@
 //! A sandbox's init as the provisioner keeps it: started at the sandbox's first command
-//! (again after a stop, a provisioner restart, or an init that went away), with the one
-//! LLM relay the sandbox's commands share while it runs.
+//! (again after a stop, a provisioner restart, or an init that went away), or for a
+//! gVisor sandbox as soon as it is made ([`Provisioner::boot_in_background`]), with the
+//! one LLM relay the sandbox's commands share while it runs.
 
 use crate::{
     error::{ProvisionerError, Result},
@@ -36,6 +37,32 @@ impl Provisioner {
         self.config.sandbox_init
             && self.isolation.forwarder.is_some()
             && (tools == prepare::Tools::Sandbox || record.image.is_none())
+    }
+
+    /// A gVisor sandbox's container is started as soon as the sandbox is made, in the
+    /// background: runsc's start (about 150 ms here, `docs/performance.md`) then runs
+    /// while its caller does what comes before the first command (a fork's health check,
+    /// its agent activity's dispatch to a runner) instead of in front of that command.
+    /// Bubblewrap's init starts in a few ms: left to the first command. A start that
+    /// fails is only logged: the first command starts the init again and says why.
+    pub(crate) fn boot_in_background(self: &Arc<Self>, id: &str) {
+        let Ok(entry) = self.entry(id) else { return };
+        let record = entry.record();
+        if record.isolation != Kind::Gvisor
+            || !self.runs_under_init(&record, prepare::Tools::Sandbox)
+        {
+            return;
+        }
+        let core = self.clone();
+        tokio::task::spawn_blocking(move || {
+            // Its cgroups first, as before any command (`ensure_cgroups`).
+            let started = core
+                .ensure_cgroups(&entry)
+                .and_then(|()| core.init_of(&entry, &record));
+            if let Err(e) = started {
+                tracing::debug!(sandbox_id = %record.id, error = %e, "sandbox init not started at create");
+            }
+        });
     }
 
     /// The sandbox's running init, started now when it has none.
