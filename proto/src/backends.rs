@@ -9,35 +9,35 @@ use crate::gateway::v1::BackendShare;
 /// default), or a list with shares (`backends`) once it has a comma or a share.
 pub fn parse(text: &str) -> Result<(String, Vec<BackendShare>), String> {
     let text = text.trim();
-    for entry in text.split(',').filter(|_| !text.is_empty()) {
+    if text.is_empty() {
+        return Ok((String::new(), Vec::new()));
+    }
+    let mut list = Vec::new();
+    for entry in text.split(',') {
         let (name, share) = entry.split_once(':').unwrap_or((entry, ""));
-        if !crate::BACKENDS.contains(&name.trim()) {
+        let name = name.trim();
+        if !crate::BACKENDS.contains(&name) {
             return Err(format!(
-                "{:?}: one of: {}, or a list such as local:40,e2b",
-                name.trim(),
+                "{name:?}: one of: {}, or a list such as local:40,e2b",
                 crate::BACKENDS.join(", ")
             ));
         }
-        if !share.is_empty() && share.trim().parse::<u32>().is_err() {
-            return Err(format!(
-                "{entry:?}: a share is a number of forks (local:40)"
-            ));
-        }
+        let max_concurrent = match share.trim() {
+            "" => 0,
+            n => n
+                .parse()
+                .map_err(|_| format!("{entry:?}: a share is a number of forks (local:40)"))?,
+        };
+        list.push(BackendShare {
+            name: name.to_owned(),
+            max_concurrent,
+        });
     }
-    if !text.contains([',', ':']) {
-        return Ok((text.to_owned(), Vec::new()));
+    if text.contains([',', ':']) {
+        Ok((String::new(), list))
+    } else {
+        Ok((text.to_owned(), Vec::new()))
     }
-    let list = text
-        .split(',')
-        .map(|entry| {
-            let (name, share) = entry.split_once(':').unwrap_or((entry, ""));
-            BackendShare {
-                name: name.trim().to_owned(),
-                max_concurrent: share.trim().parse().unwrap_or(0),
-            }
-        })
-        .collect();
-    Ok((String::new(), list))
 }
 
 #[cfg(test)]

@@ -222,27 +222,18 @@ pub fn form(session: &Session, form: &NewRunForm, errors: &FieldErrors) -> Marku
 
 /// The optional fields are shown when one is filled in or refused.
 fn more_open(form: &NewRunForm, errors: &FieldErrors) -> bool {
-    const MORE: [&str; 8] = [
-        "max_concurrent",
-        "backend",
-        "isolation",
-        "branch_window",
-        "rounds",
-        "keep",
-        "branches",
-        "follow_up",
-    ];
-    let filled = [
-        &form.max_concurrent,
-        &form.backend,
-        &form.isolation,
-        &form.branch_window,
-        &form.rounds,
-        &form.keep,
-        &form.branches,
-        &form.follow_up,
-    ];
-    filled.iter().any(|v| !v.trim().is_empty()) || MORE.iter().any(|f| errors.contains_key(f))
+    [
+        ("max_concurrent", &form.max_concurrent),
+        ("backend", &form.backend),
+        ("isolation", &form.isolation),
+        ("branch_window", &form.branch_window),
+        ("rounds", &form.rounds),
+        ("keep", &form.keep),
+        ("branches", &form.branches),
+        ("follow_up", &form.follow_up),
+    ]
+    .iter()
+    .any(|(name, value)| !value.trim().is_empty() || errors.contains_key(name))
 }
 
 fn input(name: &str, text: &str, kind: &str, value: &str, errors: &FieldErrors) -> Markup {

@@ -42,25 +42,33 @@ impl SandboxOrchestrationWorkflow {
         b.max_concurrent == 0 || self.in_flight_on(&b.name) < b.max_concurrent
     }
 
-    /// The first backend `fork` may go to with room, if any: from its floor on.
-    fn room_for(&self, fork: u32) -> Option<usize> {
-        let floor = self.floors.get(&fork).copied().unwrap_or(0);
-        (floor..self.spec.backends.len()).find(|&i| self.has_room(i))
-    }
-
     /// The next pending fork that some backend has room for, in fork order, marked
     /// running and placed there: (fork, attempt, backend). A fork waiting for room on a
     /// later backend does not hold back the forks after it that may go to an earlier one.
     /// Without floors this is the first pending fork on the first backend with room.
+    /// Each backend's room is counted once a call (a count walks every fork: once per
+    /// pending fork it would cost a large run's every start its forks squared).
     pub(super) fn next_placed(&mut self) -> Option<(u32, u32, String)> {
         if !self.may_start() {
             return None;
         }
+        let rooms: Vec<bool> = (0..self.spec.backends.len())
+            .map(|i| self.has_room(i))
+            .collect();
+        let first = rooms.iter().position(|r| *r)?;
         let (fork, at) = self
             .forks
             .iter()
             .filter(|f| f.status == ForkStatus::Pending as i32)
-            .find_map(|f| self.room_for(f.fork).map(|at| (f.fork, at)))?;
+            .find_map(|f| {
+                let floor = self
+                    .floors
+                    .get(&f.fork)
+                    .map_or(first, |fl| (*fl).max(first));
+                (floor..rooms.len())
+                    .find(|&i| rooms[i])
+                    .map(|at| (f.fork, at))
+            })?;
         let attempt = self.begin(fork);
         let name = self.spec.backends[at].name.clone();
         self.place(fork, &name);
