@@ -169,7 +169,7 @@ impl Provisioner {
             overlay: overlay.map(std::os::fd::AsFd::as_fd),
             sandbox_id: &record.id,
             relays: None,
-            cgroup_procs: &[],
+            cgroup_joins: &[],
             argv,
             env,
             seccomp: &self.isolation.seccomp,
@@ -252,7 +252,7 @@ impl Provisioner {
             (Some(path), Some(gateway)) => Some(self.llm_relay(entry, record, path, gateway)?),
             _ => None,
         };
-        let procs = self.cgroup_procs(id);
+        let procs = self.cgroup_joins(id);
         let argv = if pty {
             terminal::with_ctty(argv)
         } else {
@@ -260,7 +260,7 @@ impl Provisioner {
         };
         let inv = Invocation {
             relays,
-            cgroup_procs: &procs,
+            cgroup_joins: &procs,
             image,
             ..self.invocation(record, &workspace, overlay.as_deref(), &argv, env)
         };

@@ -136,12 +136,13 @@ impl Provisioner {
         }
     }
 
-    /// The `cgroup.procs` files a sandbox's first process joins; none without cgroups.
-    pub(crate) fn cgroup_procs(&self, id: &str) -> Vec<PathBuf> {
+    /// The files a sandbox's first process writes itself into to join its cgroups
+    /// (`Cgroups::join_files`); none without cgroups.
+    pub(crate) fn cgroup_joins(&self, id: &str) -> Vec<PathBuf> {
         self.isolation
             .cgroups
             .as_ref()
-            .map(|cg| cg.procs_files(id))
+            .map(|cg| cg.join_files(id))
             .unwrap_or_default()
     }
 

@@ -114,7 +114,7 @@ impl Provisioner {
         let workspace = self.storage.store.mountpoint(id);
         let overlay = self.storage.store.overlays().mount_of(id);
         let egress = self.storage.store.egress_socket(id);
-        let procs = self.cgroup_procs(id);
+        let procs = self.cgroup_joins(id);
         let argv = forwarder.argv();
         let inv = Invocation {
             relays: Some(Relays {
@@ -122,7 +122,7 @@ impl Provisioner {
                 egress: (!record.egress_allow.is_empty()).then_some(egress.as_path()),
                 llm: Some(llm_socket),
             }),
-            cgroup_procs: &procs,
+            cgroup_joins: &procs,
             image: record.image.as_ref().map(|i| ImageRoot {
                 rootfs: &i.rootfs,
                 env: &i.env,

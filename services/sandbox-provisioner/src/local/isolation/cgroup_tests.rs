@@ -148,7 +148,7 @@ fn v2_tree_gets_controllers_enabled_and_limit_files_written() {
     assert_eq!(read(&d, "memory.swap.max"), "0");
     assert_eq!(read(&d, "pids.max"), "64");
     assert_eq!(read(&d, "cpu.max"), "150000 100000");
-    assert_eq!(cg.procs_files("sbx-1"), [d.join("cgroup.procs")]);
+    assert_eq!(cg.join_files("sbx-1"), [d.join("cgroup.procs")]);
 
     cg.create("sbx-2", Limits::default()).unwrap();
     let d2 = root.join("forkyard/0123abcd/sbx-2");
@@ -222,5 +222,11 @@ fn v1_tree_gets_limit_files_in_each_controller() {
     assert_eq!(read(&at(1), "pids.max"), "100");
     assert_eq!(read(&at(2), "cpu.cfs_quota_us"), "25000");
     assert_eq!(read(&at(2), "cpu.cfs_period_us"), "100000");
-    assert_eq!(cg.procs_files("sbx-1").len(), 4);
+    let joins = cg.join_files("sbx-1");
+    assert_eq!(joins.len(), 4);
+    // v1: the single-threaded child moves itself through `tasks` (no global lock).
+    assert!(
+        joins.iter().all(|f| f.ends_with("sbx-1/tasks")),
+        "{joins:?}"
+    );
 }

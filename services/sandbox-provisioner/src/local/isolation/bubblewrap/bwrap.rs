@@ -106,8 +106,9 @@ pub struct Invocation<'a> {
     pub sandbox_id: &'a str,
     /// `None`: no network at all. The sandbox always has its own network namespace.
     pub relays: Option<Relays<'a>>,
-    /// `cgroup.procs` files the command joins before bubblewrap starts.
-    pub cgroup_procs: &'a [PathBuf],
+    /// The cgroup files the command joins through before bubblewrap starts
+    /// (`Cgroups::join_files`).
+    pub cgroup_joins: &'a [PathBuf],
     pub argv: &'a [String],
     pub env: &'a [(String, String)],
     /// Seccomp filters the command runs under (compiled BPF; see `crate::local::isolation::bubblewrap::seccomp`).
@@ -335,11 +336,11 @@ impl Invocation<'_> {
     /// sandboxed command's environment reaches bwrap on [`ENV_FD`] (a memfd, so values are
     /// never on a command line or on disk).
     pub fn command(&self) -> std::io::Result<Command> {
-        // The uid drop comes after the cgroup join (writing `cgroup.procs` takes the
+        // The uid drop comes after the cgroup join (writing the join files takes the
         // provisioner's rights) and before bubblewrap, so its user namespace maps the
         // sandbox to the dropped uid.
         let mut cmd = Command::new(self.bwrap);
-        enter::set(&mut cmd, self.cgroup_procs, self.attach()?, self.uid)?;
+        enter::set(&mut cmd, self.cgroup_joins, self.attach()?, self.uid)?;
         cmd.env_clear().args(self.args());
         let fds: Vec<FdMapping> = self
             .bwrap_fds()?
@@ -420,7 +421,7 @@ impl Invocation<'_> {
             argv,
             env: Vec::new(),
             fds,
-            procs: enter::open_procs(self.cgroup_procs)?,
+            procs: enter::open_joins(self.cgroup_joins)?,
             attach: self.attach()?,
             binds: Vec::new(),
             ids: self.uid.map(|u| (u, u)),

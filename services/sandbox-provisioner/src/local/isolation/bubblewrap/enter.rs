@@ -28,10 +28,10 @@ use std::{
 };
 use tokio::process::Command;
 
-/// The `cgroup.procs` files, opened for writing (as the provisioner): a missing cgroup
+/// The cgroup files a process joins through (`Cgroups::join_files`), opened for writing (as the provisioner): a missing cgroup
 /// fails here, naming its path.
-pub fn open_procs(cgroup_procs: &[PathBuf]) -> std::io::Result<Vec<OwnedFd>> {
-    cgroup_procs
+pub fn open_joins(cgroup_joins: &[PathBuf]) -> std::io::Result<Vec<OwnedFd>> {
+    cgroup_joins
         .iter()
         .map(|p| {
             rustix::fs::open(p, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())
@@ -40,7 +40,7 @@ pub fn open_procs(cgroup_procs: &[PathBuf]) -> std::io::Result<Vec<OwnedFd>> {
         .collect()
 }
 
-/// Make `cmd`'s process join the cgroups whose `cgroup.procs` files are `cgroup_procs`
+/// Make `cmd`'s process join the cgroups whose join files are `cgroup_joins`
 /// (as the provisioner), then become `uid` (its gid too, no supplementary groups).
 ///
 /// The files are opened here, in the provisioner: a missing cgroup fails now, with its
@@ -49,22 +49,22 @@ pub fn open_procs(cgroup_procs: &[PathBuf]) -> std::io::Result<Vec<OwnedFd>> {
 /// namespace of the process's own first (`crate::local::storage::overlay::attach`).
 pub fn set(
     cmd: &mut Command,
-    cgroup_procs: &[PathBuf],
+    cgroup_joins: &[PathBuf],
     attach: Option<(OwnedFd, std::ffi::CString)>,
     uid: Option<u32>,
 ) -> std::io::Result<()> {
-    if cgroup_procs.is_empty() && uid.is_none() && attach.is_none() {
+    if cgroup_joins.is_empty() && uid.is_none() && attach.is_none() {
         return Ok(());
     }
-    let procs = open_procs(cgroup_procs)?;
+    let procs = open_joins(cgroup_joins)?;
     let ids = uid.map(|u| (Uid::from_raw(u), Gid::from_raw(u)));
     // SAFETY: the hook only makes system calls on values it owns (no allocation, no lock,
     // no libc state), which is what a forked child of a multi-threaded process may do.
     // The per-thread set*id calls are what we want there: the child has one thread.
     unsafe {
         cmd.pre_exec(move || {
-            // "0" moves the writing process itself (cgroup v2), checked with the
-            // opener's rights: the provisioner's.
+            // "0" moves the writer itself (the forked child has one thread), checked
+            // with the opener's rights: the provisioner's.
             for fd in &procs {
                 rustix::io::write(fd, b"0")?;
             }

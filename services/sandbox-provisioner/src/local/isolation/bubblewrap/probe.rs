@@ -16,7 +16,7 @@ pub async fn probe(bwrap: &Path, scratch: &Path, uid: Option<u32>) -> Result<Fea
             overlay: None,
             sandbox_id: "probe",
             relays: None,
-            cgroup_procs: &[],
+            cgroup_joins: &[],
             argv: &argv,
             env: &[],
             seccomp: &[],

@@ -39,7 +39,8 @@ pub(crate) struct Plan {
     pub env: Vec<CString>,
     /// Each descriptor here, and the number it has in the child.
     pub fds: Vec<(OwnedFd, i32)>,
-    /// `cgroup.procs` files (opened by the provisioner) the child writes itself into.
+    /// Cgroup join files (opened by the provisioner, `Cgroups::join_files`) the child
+    /// writes itself into.
     pub procs: Vec<OwnedFd>,
     /// An overlay workspace's mount and its mount point (`crate::local::storage::overlay::attach`).
     pub attach: Option<(OwnedFd, CString)>,
@@ -296,7 +297,8 @@ unsafe fn enter_and_exec(ctx: &Ctx<'_>) -> Result<std::convert::Infallible, Fail
     // SAFETY: as this function's contract says.
     unsafe {
         default_handlers()?;
-        // "0" moves the writing process itself; checked with the opener's rights.
+        // "0" moves the writer itself (this child has one thread); checked with the
+        // opener's rights.
         for &fd in ctx.procs {
             if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
                 return Err((2, errno()));

@@ -25,7 +25,7 @@ fn with_init<R>(image: Option<&Path>, f: impl FnOnce(&Invocation<'_>, &Forwarder
             egress: Some(Path::new("/state/sbx-1/egress.sock")),
             llm: Some(Path::new("/state/sbx-1/llm.sock")),
         }),
-        cgroup_procs: &[],
+        cgroup_joins: &[],
         argv: &argv,
         env: &[],
         seccomp: &[],

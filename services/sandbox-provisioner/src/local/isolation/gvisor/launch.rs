@@ -99,7 +99,7 @@ impl Runsc {
             argv,
             env: Vec::new(),
             fds: vec![(stdin, 0), (null, 1), (stderr, 2)],
-            procs: enter::open_procs(inv.cgroup_procs)?,
+            procs: enter::open_joins(inv.cgroup_joins)?,
             attach: inv.attach()?,
             binds,
             ids: inv.uid.map(|u| (u, u)),
