@@ -8,7 +8,10 @@
 //! conversation; an admin tenant's key reads every tenant's runs and changes none;
 //! the live view reconnects after a gateway restart; pause, resume and a budget raise
 //! (refused, then made) from the page. A search from the form's optional fields: refused
-//! next to its field, then run (its second round branching the first's fork).
+//! next to its field, then run (its second round branching the first's fork). Image,
+//! egress and delivery from the form: a pull request without a push, a push of a local
+//! repository's forks and a private egress address refused next to their fields; a run
+//! with the egress named.
 //! Screenshots of each page are kept (the directory is printed) and checked as images.
 
 #[allow(dead_code)]
@@ -59,6 +62,7 @@ async fn console_in_a_real_browser() {
     actions::admin_key_reads_every_tenant(&c, &key_ops, &run_id).await;
     steer_from_page(&c, &mut mesh, &mut gw, &key_a, src.path()).await;
     console::search_form::search_from_form(&c, &mut gw, &key_a, src.path()).await;
+    console::delivery_form::delivery_from_form(&c, &mut gw, &key_a, src.path()).await;
 }
 
 /// A budget the gateway refuses: its message next to the budget field, no run started.

@@ -20,6 +20,7 @@ pub mod live;
 pub mod login;
 pub mod new_run;
 pub mod new_run_form;
+pub mod new_run_view;
 pub mod run_actions;
 pub mod run_forms;
 pub mod run_page;

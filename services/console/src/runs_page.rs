@@ -4,7 +4,8 @@
 use crate::{
     AppState, ConsoleError, format, gateway,
     layout::page as layout,
-    new_run_form::{self, FieldErrors, NewRunForm},
+    new_run_form::{FieldErrors, NewRunForm},
+    new_run_view,
     session::Session,
 };
 use axum::{
@@ -93,7 +94,7 @@ pub async fn render(
         @if let Some(token) = next {
             p { a #next-page href=(next_href(filter, &token)) { "Next page →" } }
         }
-        (new_run_form::form(session, form, errors))
+        (new_run_view::form(session, form, errors))
     };
     Ok(layout("Runs", Some(session), body))
 }

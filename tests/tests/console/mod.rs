@@ -8,6 +8,7 @@ use forkyard_tests::{
 use std::{path::PathBuf, time::Duration};
 
 pub mod actions;
+pub mod delivery_form;
 pub mod search_form;
 
 /// Markup that would run if a page did not escape it.
