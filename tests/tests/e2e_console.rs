@@ -95,17 +95,8 @@ async fn launch_from_form(c: &Console, src: &Path) -> String {
     c.b.goto(&c.url("/runs")).await.unwrap();
     c.fill_new_run(src, XSS, "1", &format!("xss={XSS}")).await;
     c.submit_new_run().await;
-    let url = c.b.url().await.unwrap();
-    let run_id = url
-        .rsplit_once("/runs/")
-        .map(|(_, id)| id.to_owned())
-        .unwrap_or_default();
-    if !run_id.starts_with("run-team-a.") {
-        let errors = c.b.execute(
-            "return Array.from(document.querySelectorAll('.field-error')).map(e => e.innerText)",
-        );
-        panic!("after launch: {url}; errors: {:?}", errors.await);
-    }
+    let run_id = c.launched_run_id().await;
+    assert!(run_id.starts_with("run-team-a."), "{run_id}");
     run_id
 }
 

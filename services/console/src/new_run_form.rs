@@ -170,8 +170,8 @@ impl NewRunForm {
             return None;
         }
         Some(Delivery {
-            push: push.map_or(Push::None, |p| p) as i32,
-            pull_requests: pull_requests.map_or(PullRequests::None, |p| p) as i32,
+            push: push.unwrap_or(Push::None) as i32,
+            pull_requests: pull_requests.unwrap_or(PullRequests::None) as i32,
             draft,
             ..Default::default()
         })

@@ -41,14 +41,7 @@ pub fn form(session: &Session, form: &NewRunForm, errors: &FieldErrors) -> Marku
                     summary { "Placement, isolation and search" }
                     (input("max_concurrent", "At most at once (empty: every fork)", "number", &form.max_concurrent, errors))
                     (input("backend", "Backend (local, e2b, or shares such as local:40,e2b)", "text", &form.backend, errors))
-                    div.field {
-                        label for="isolation" { "Isolation" }
-                        select #isolation name="isolation" aria-describedby=[described("isolation", errors)] {
-                            option value="" selected[form.isolation.is_empty()] { "the operator's default" }
-                            @for i in forkyard_proto::ISOLATIONS { option value=(i) selected[form.isolation == *i] { (i) } }
-                        }
-                        (error("isolation", errors))
-                    }
+                    (select("isolation", "Isolation", &form.isolation, forkyard_proto::ISOLATIONS.iter().copied(), "the operator's default", errors))
                     (input("branch_window", "Branch window (seconds open for branches)", "number", &form.branch_window, errors))
                     fieldset #search {
                         legend { "Search: the best forks of each round branched into the next" }
@@ -82,8 +75,8 @@ fn sandbox_and_delivery(form: &NewRunForm, errors: &FieldErrors) -> Markup {
             summary { "Image, egress and delivery" }
             (input("image", "Image (archive:<file>, or a registry reference; empty: the host's tools)", "text", &form.image, errors))
             (input("egress", "Egress (hosts, host:port, *.domain or sets such as crates, pypi, npm, github; commas between)", "text", &form.egress, errors))
-            (select("push", "Push as branches", &form.push, PUSHES, "nothing (the patches stay in the run)", errors))
-            (select("pull_requests", "Pull requests", &form.pull_requests, PULL_REQUESTS, "none", errors))
+            (select("push", "Push as branches", &form.push, PUSHES.iter().map(|c| c.0), "nothing (the patches stay in the run)", errors))
+            (select("pull_requests", "Pull requests", &form.pull_requests, PULL_REQUESTS.iter().map(|c| c.0), "none", errors))
             div.field {
                 label {
                     input #draft type="checkbox" name="draft" checked[!form.draft.is_empty()];
@@ -94,11 +87,12 @@ fn sandbox_and_delivery(form: &NewRunForm, errors: &FieldErrors) -> Markup {
     }
 }
 
-fn select<T>(
+/// A select of `choices` with an empty first option (`none`, what leaving it means).
+fn select<'a>(
     name: &str,
     text: &str,
     value: &str,
-    choices: &[(&str, T)],
+    choices: impl Iterator<Item = &'a str>,
     none: &str,
     errors: &FieldErrors,
 ) -> Markup {
@@ -107,7 +101,7 @@ fn select<T>(
             label for=(name) { (text) }
             select id=(name) name=(name) aria-describedby=[described(name, errors)] {
                 option value="" selected[value.is_empty()] { (none) }
-                @for (c, _) in choices { option value=(c) selected[value == *c] { (c) } }
+                @for c in choices { option value=(c) selected[value == c] { (c) } }
             }
             (error(name, errors))
         }

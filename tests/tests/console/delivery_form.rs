@@ -8,16 +8,9 @@ use crate::tenant_calls::{self, Gw, list_ids, wait_closed};
 use forkyard_proto::gateway::v1::RunState;
 use std::{path::Path, time::Duration};
 
-/// Fill the form as `fill_new_run` does with one fork, then open the delivery section:
-/// `selects` picks options (`#push`, `#pull_requests`), `fields` types.
+/// The form for one fork with its delivery section open: `selects` picks options (`#push`, `#pull_requests`), `fields` types.
 async fn fill(c: &Console, src: &Path, selects: &[(&str, &str)], fields: &[(&str, &str)]) {
-    c.b.goto(&c.url("/runs")).await.unwrap();
-    let loaded =
-        "return document.readyState === 'complete' && !!document.getElementById('deliver')";
-    c.b.wait_for(loaded, Duration::from_secs(30)).await.unwrap();
-    c.fill_new_run(src, "deliver it", "1", "").await;
-    c.b.fill("#forks", "1").await.unwrap();
-    c.click("#deliver summary").await;
+    c.fill_one_fork(src, "deliver it", "deliver").await;
     for (id, value) in selects {
         c.click(&format!("{id} option[value=\"{value}\"]")).await;
     }
@@ -57,11 +50,7 @@ pub async fn delivery_from_form(c: &Console, gw: &mut Gw, key: &str, src: &Path)
 
     fill(c, src, &[], &[("#egress", "pypi.org")]).await;
     c.submit_new_run().await;
-    let url = c.b.url().await.unwrap();
-    let run_id = url
-        .rsplit_once("/runs/")
-        .map(|(_, id)| id.to_owned())
-        .unwrap_or_else(|| panic!("no run page after the launch: {url}"));
+    let run_id = c.launched_run_id().await;
     let run = tenant_calls::get(gw, key, &run_id).await.expect("the run");
     let spec = run.spec.expect("spec");
     assert_eq!(spec.egress, ["pypi.org"]);

@@ -157,6 +157,40 @@ impl Console {
         self.click_to_load("#new-run button[type=submit]").await;
     }
 
+    /// The runs page's form filled in as [`Self::fill_new_run`] does, for one fork, with
+    /// its optional section `section` (`more`, `deliver`) opened.
+    pub async fn fill_one_fork(&self, src: &std::path::Path, prompt: &str, section: &str) {
+        self.b.goto(&self.url("/runs")).await.unwrap();
+        let loaded = format!(
+            "return document.readyState === 'complete' && !!document.getElementById('{section}')"
+        );
+        self.b
+            .wait_for(&loaded, Duration::from_secs(30))
+            .await
+            .unwrap();
+        self.fill_new_run(src, prompt, "1", "").await;
+        self.b.fill("#forks", "1").await.unwrap();
+        self.click(&format!("#{section} summary")).await;
+    }
+
+    /// The run a submitted form launched, from the run page it led to; else the form's
+    /// errors are the panic's message.
+    pub async fn launched_run_id(&self) -> String {
+        let url = self.b.url().await.unwrap();
+        match url.rsplit_once("/runs/") {
+            Some((_, id)) if id.starts_with("run-") => id.to_owned(),
+            _ => {
+                let errors = self.b.execute(
+                    "return Array.from(document.querySelectorAll('.field-error')).map(e => e.innerText)",
+                );
+                panic!(
+                    "no run page after the launch: {url}; errors: {:?}",
+                    errors.await
+                )
+            }
+        }
+    }
+
     /// The page ran nothing from the run's data, and shows it as text.
     pub async fn assert_nothing_ran(&self, page: &str) {
         let v = self

@@ -7,14 +7,9 @@ use crate::tenant_calls::{self, Gw, wait_closed};
 use forkyard_proto::gateway::v1::{RunState, Search};
 use std::{path::Path, time::Duration};
 
-/// Fill the form as `fill_new_run` does with one fork, then the optional fields.
+/// The form for one fork with its placement and search section open, then `fields`.
 async fn fill(c: &Console, src: &Path, fields: &[(&str, &str)]) {
-    c.b.goto(&c.url("/runs")).await.unwrap();
-    let loaded = "return document.readyState === 'complete' && !!document.getElementById('more')";
-    c.b.wait_for(loaded, Duration::from_secs(30)).await.unwrap();
-    c.fill_new_run(src, "search it", "1", "").await;
-    c.b.fill("#forks", "1").await.unwrap();
-    c.click("#more summary").await;
+    c.fill_one_fork(src, "search it", "more").await;
     for (id, value) in fields {
         c.b.fill(id, value).await.unwrap();
     }
@@ -45,11 +40,7 @@ pub async fn search_from_form(c: &Console, gw: &mut Gw, key: &str, src: &Path) {
     ];
     fill(c, src, &fields).await;
     c.submit_new_run().await;
-    let url = c.b.url().await.unwrap();
-    let run_id = url
-        .rsplit_once("/runs/")
-        .map(|(_, id)| id.to_owned())
-        .unwrap_or_else(|| panic!("no run page after the launch: {url}"));
+    let run_id = c.launched_run_id().await;
     let run = tenant_calls::get(gw, key, &run_id).await.expect("the run");
     let spec = run.spec.expect("spec");
     assert_eq!(

@@ -28,8 +28,8 @@ use std::{
 };
 use tokio::process::Command;
 
-/// The cgroup files a process joins through (`Cgroups::join_files`), opened for writing (as the provisioner): a missing cgroup
-/// fails here, naming its path.
+/// The cgroup files a process joins through (`Cgroups::join_files`), opened for writing
+/// (as the provisioner): a missing cgroup fails here, naming its path.
 pub fn open_joins(cgroup_joins: &[PathBuf]) -> std::io::Result<Vec<OwnedFd>> {
     cgroup_joins
         .iter()
